@@ -1,0 +1,385 @@
+/* Eager benchmark: the workloads W1..W7 of WORKLOADS.md, written op by op
+ * with the public API, the way a user would write them. Each call runs inside
+ * its own scope, so freeing the temporaries is part of the measured cost.
+ *
+ *   kiln_bench [--threads N] [--only W1,W3] [--json PATH]
+ *
+ * Prints a table; with --json also writes one object per (workload, threads).
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kiln.h"
+
+#define GELU_C 0.7978845608 /* sqrt(2/pi) */
+#define GELU_A 0.044715
+#define LN_EPS 1e-5
+#define LR 1e-3
+
+#define WARMUP 5
+#define MIN_SAMPLES 20
+#define MAX_SAMPLES 1000
+#define SAMPLE_BUDGET_S 0.6 /* aim for about this much timed work per workload */
+#define MAX_INPUTS 10
+
+typedef struct bench_state {
+  kiln_tensor *t[MAX_INPUTS]; /* inputs and parameters, owned here */
+} bench_state;
+
+typedef struct workload {
+  const char *id;   /* "W1" */
+  const char *name; /* "W1_gelu" */
+  int (*setup)(bench_state *);
+  kiln_tensor *(*call)(bench_state *); /* one call; result lives in the open scope */
+  int out_ndim;
+  int64_t out_shape[3];
+} workload;
+
+/* ---- inputs ------------------------------------------------------------ */
+
+/* scale * N(0,1) + shift, made in place so the result is a plain leaf. */
+static kiln_tensor *input(int ndim, const int64_t *shape, uint64_t seed, double scale, double shift) {
+  kiln_tensor *t = kiln_randn(KILN_F32, ndim, shape, seed);
+  if (!t) return NULL;
+  kiln_scope_begin();
+  kiln_tensor *ok = t;
+  if (scale != 1.0) ok = kiln_mul_(t, kiln_scalar(KILN_F32, scale));
+  if (ok && shift != 0.0) ok = kiln_add_(t, kiln_scalar(KILN_F32, shift));
+  kiln_scope_end();
+  if (!ok) {
+    kiln_release(t);
+    return NULL;
+  }
+  return t;
+}
+
+static int check_inputs(const bench_state *s, int n) {
+  for (int i = 0; i < n; i++)
+    if (!s->t[i]) return -1;
+  return 0;
+}
+
+static kiln_tensor *f32(double v) { return kiln_scalar(KILN_F32, v); }
+
+/* ---- the formulations, op by op --------------------------------------- */
+
+/* 0.5*x*(1 + tanh(C*(x + A*x**3))): pow, mul, add, mul, tanh, add, mul, mul. */
+static kiln_tensor *gelu_ops(kiln_tensor *x) {
+  kiln_tensor *x3 = kiln_pow(x, f32(3.0));
+  kiln_tensor *ax3 = kiln_mul(f32(GELU_A), x3);
+  kiln_tensor *inner = kiln_add(x, ax3);
+  kiln_tensor *arg = kiln_mul(f32(GELU_C), inner);
+  kiln_tensor *th = kiln_tanh(arg);
+  kiln_tensor *one_th = kiln_add(f32(1.0), th);
+  kiln_tensor *half_x = kiln_mul(f32(0.5), x);
+  return kiln_mul(half_x, one_th);
+}
+
+/* max, sub, exp, sum, div over the last dim. */
+static kiln_tensor *softmax_ops(kiln_tensor *x) {
+  kiln_tensor *m = kiln_max(x, -1, true);
+  kiln_tensor *e = kiln_exp(kiln_sub(x, m));
+  kiln_tensor *s = kiln_sum(e, -1, true);
+  return kiln_div(e, s);
+}
+
+static kiln_tensor *layernorm_ops(kiln_tensor *x, kiln_tensor *w, kiln_tensor *b) {
+  kiln_tensor *mu = kiln_mean(x, -1, true);
+  kiln_tensor *d = kiln_sub(x, mu);
+  kiln_tensor *var = kiln_mean(kiln_mul(d, d), -1, true);
+  kiln_tensor *r = kiln_rsqrt(kiln_add(var, f32(LN_EPS)));
+  return kiln_add(kiln_mul(kiln_mul(d, r), w), b);
+}
+
+static kiln_tensor *mlp_ops(kiln_tensor *x, kiln_tensor *w1, kiln_tensor *b1, kiln_tensor *w2,
+                            kiln_tensor *b2) {
+  kiln_tensor *h = kiln_add(kiln_matmul(x, w1), b1);
+  kiln_tensor *g = gelu_ops(h);
+  return kiln_add(kiln_matmul(g, w2), b2);
+}
+
+/* x @ W^T + b with W stored (out,in). */
+static kiln_tensor *linear_ops(kiln_tensor *x, kiln_tensor *w, kiln_tensor *b) {
+  return kiln_add(kiln_matmul(x, kiln_transpose(w, 0, 1)), b);
+}
+
+/* ---- W1..W7 ------------------------------------------------------------ */
+
+static int setup_w1(bench_state *s) {
+  int64_t n[1] = {4194304};
+  s->t[0] = input(1, n, 11, 1.0, 0.0);
+  return check_inputs(s, 1);
+}
+static kiln_tensor *call_w1(bench_state *s) { return gelu_ops(s->t[0]); }
+
+static int setup_w2(bench_state *s) {
+  int64_t sh[2] = {4096, 1024};
+  s->t[0] = input(2, sh, 21, 1.0, 0.0);
+  return check_inputs(s, 1);
+}
+static kiln_tensor *call_w2(bench_state *s) { return softmax_ops(s->t[0]); }
+
+static int setup_w3(bench_state *s) {
+  int64_t sh[2] = {4096, 1024}, c[1] = {1024};
+  s->t[0] = input(2, sh, 31, 1.0, 0.0);
+  s->t[1] = input(1, c, 32, 0.1, 1.0);
+  s->t[2] = input(1, c, 33, 0.1, 0.0);
+  return check_inputs(s, 3);
+}
+static kiln_tensor *call_w3(bench_state *s) { return layernorm_ops(s->t[0], s->t[1], s->t[2]); }
+
+/* t[0..4] = x, W1, b1, W2, b2; t[5] = target (W5 only). */
+static int setup_mlp(bench_state *s, bool train) {
+  int64_t xs[2] = {256, 1024}, w1s[2] = {1024, 4096}, b1s[1] = {4096}, w2s[2] = {4096, 1024},
+          b2s[1] = {1024};
+  s->t[0] = input(2, xs, 41, 1.0, 0.0);
+  s->t[1] = input(2, w1s, 42, 0.02, 0.0);
+  s->t[2] = input(1, b1s, 43, 0.02, 0.0);
+  s->t[3] = input(2, w2s, 44, 0.02, 0.0);
+  s->t[4] = input(1, b2s, 45, 0.02, 0.0);
+  if (!train) return check_inputs(s, 5);
+  s->t[5] = input(2, xs, 46, 1.0, 0.0);
+  if (check_inputs(s, 6) != 0) return -1;
+  for (int i = 1; i <= 4; i++) kiln_requires_grad(s->t[i], true);
+  return 0;
+}
+static int setup_w4(bench_state *s) { return setup_mlp(s, false); }
+static int setup_w5(bench_state *s) { return setup_mlp(s, true); }
+static kiln_tensor *call_w4(bench_state *s) { return mlp_ops(s->t[0], s->t[1], s->t[2], s->t[3], s->t[4]); }
+
+/* Forward, loss, backward, then SGD; returns the loss. */
+static kiln_tensor *call_w5(bench_state *s) {
+  kiln_tensor *y = mlp_ops(s->t[0], s->t[1], s->t[2], s->t[3], s->t[4]);
+  kiln_tensor *diff = kiln_sub(y, s->t[5]);
+  kiln_tensor *loss = kiln_mean_all(kiln_pow(diff, f32(2.0)));
+  if (!loss || kiln_backward(loss) != 0) return NULL;
+  bool ok = true;
+  kiln_no_grad_begin();
+  for (int i = 1; i <= 4 && ok; i++) {
+    kiln_tensor *p = s->t[i];
+    ok = kiln_sub_(p, kiln_mul(f32(LR), kiln_grad(p))) != NULL;
+    kiln_zero_grad(p);
+  }
+  kiln_no_grad_end();
+  return ok ? loss : NULL;
+}
+
+/* t[0] = x; t[1+2i], t[2+2i] = W_i, b_i. */
+static int setup_w6(bench_state *s) {
+  int64_t xs[2] = {1, 256}, ws[2] = {256, 256}, bs[1] = {256};
+  s->t[0] = input(2, xs, 61, 1.0, 0.0);
+  for (int i = 0; i < 3; i++) {
+    s->t[1 + 2 * i] = input(2, ws, 62 + 2 * (uint64_t)i, 1.0 / 16, 0.0);
+    s->t[2 + 2 * i] = input(1, bs, 63 + 2 * (uint64_t)i, 1.0 / 16, 0.0);
+  }
+  return check_inputs(s, 7);
+}
+static kiln_tensor *call_w6(bench_state *s) {
+  kiln_tensor *h = kiln_relu(linear_ops(s->t[0], s->t[1], s->t[2]));
+  h = kiln_relu(linear_ops(h, s->t[3], s->t[4]));
+  return linear_ops(h, s->t[5], s->t[6]);
+}
+
+static int setup_w7(bench_state *s) {
+  int64_t sh[3] = {8, 512, 64};
+  for (int i = 0; i < 3; i++) s->t[i] = input(3, sh, 71 + (uint64_t)i, 1.0, 0.0);
+  return check_inputs(s, 3);
+}
+static kiln_tensor *call_w7(bench_state *s) {
+  kiln_tensor *sc = kiln_div(kiln_matmul(s->t[0], kiln_transpose(s->t[1], 1, 2)), f32(8.0));
+  return kiln_matmul(softmax_ops(sc), s->t[2]);
+}
+
+static const workload WORKLOADS[] = {
+    {"W1", "W1_gelu", setup_w1, call_w1, 1, {4194304}},
+    {"W2", "W2_softmax", setup_w2, call_w2, 2, {4096, 1024}},
+    {"W3", "W3_layernorm", setup_w3, call_w3, 2, {4096, 1024}},
+    {"W4", "W4_mlp_fwd", setup_w4, call_w4, 2, {256, 1024}},
+    {"W5", "W5_mlp_train", setup_w5, call_w5, 0, {0}},
+    {"W6", "W6_batch1", setup_w6, call_w6, 2, {1, 256}},
+    {"W7", "W7_attention", setup_w7, call_w7, 3, {8, 512, 64}},
+};
+#define N_WORKLOADS ((int)(sizeof WORKLOADS / sizeof WORKLOADS[0]))
+
+/* ---- timing ------------------------------------------------------------ */
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* One call in its own scope; 0 or -1. */
+static int run_once(const workload *w, bench_state *s) {
+  kiln_scope_begin();
+  kiln_tensor *out = w->call(s);
+  kiln_scope_end();
+  return out ? 0 : -1;
+}
+
+/* One call that also checks the output shape, so a wrong formulation is not timed. */
+static int run_checked(const workload *w, bench_state *s) {
+  kiln_scope_begin();
+  kiln_tensor *out = w->call(s);
+  int rc = out ? 0 : -1;
+  if (out && kiln_ndim(out) != w->out_ndim) rc = -2;
+  for (int d = 0; rc == 0 && d < w->out_ndim; d++)
+    if (kiln_size(out, d) != w->out_shape[d]) rc = -2;
+  kiln_scope_end();
+  if (rc == -2) fprintf(stderr, "%s: output has the wrong shape\n", w->name);
+  return rc;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+typedef struct result {
+  const char *name;
+  int threads;
+  bool ok;
+  double median_ms, min_ms;
+  int samples;
+  size_t base_bytes, peak_bytes; /* live storage before the call, and the peak during it */
+} result;
+
+static result bench_one(const workload *w, int threads) {
+  result r = {.name = w->name, .threads = threads};
+  bench_state s = {{0}};
+  kiln_set_num_threads(threads);
+  if (w->setup(&s) != 0) {
+    fprintf(stderr, "%s: setup failed: %s\n", w->name, kiln_last_error());
+    goto done;
+  }
+
+  double t0 = now_s();
+  for (int i = 0; i < WARMUP; i++) {
+    if (run_once(w, &s) != 0) {
+      fprintf(stderr, "%s: %s\n", w->name, kiln_last_error());
+      goto done;
+    }
+  }
+  double per_call = (now_s() - t0) / WARMUP;
+
+  r.base_bytes = kiln_mem_in_use();
+  kiln_mem_reset_peak();
+  if (run_checked(w, &s) != 0) {
+    fprintf(stderr, "%s: %s\n", w->name, kiln_last_error());
+    goto done;
+  }
+  r.peak_bytes = kiln_mem_peak();
+
+  int n = (int)(SAMPLE_BUDGET_S / (per_call > 0 ? per_call : 1e-9));
+  if (n < MIN_SAMPLES) n = MIN_SAMPLES;
+  if (n > MAX_SAMPLES) n = MAX_SAMPLES;
+  double *ms = malloc((size_t)n * sizeof *ms);
+  if (!ms) goto done;
+  for (int i = 0; i < n; i++) {
+    double a = now_s();
+    int rc = run_once(w, &s);
+    ms[i] = 1e3 * (now_s() - a);
+    if (rc != 0) {
+      fprintf(stderr, "%s: %s\n", w->name, kiln_last_error());
+      free(ms);
+      goto done;
+    }
+  }
+  qsort(ms, (size_t)n, sizeof *ms, cmp_double);
+  r.median_ms = n % 2 ? ms[n / 2] : 0.5 * (ms[n / 2 - 1] + ms[n / 2]);
+  r.min_ms = ms[0];
+  r.samples = n;
+  r.ok = true;
+  free(ms);
+
+done:
+  for (int i = 0; i < MAX_INPUTS; i++) kiln_release(s.t[i]);
+  return r;
+}
+
+/* ---- command line and output ------------------------------------------ */
+
+static bool selected(const workload *w, const char *only) {
+  if (!only) return true;
+  char buf[256];
+  snprintf(buf, sizeof buf, "%s", only);
+  for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save))
+    if (strcmp(tok, w->id) == 0 || strcmp(tok, w->name) == 0) return true;
+  return false;
+}
+
+static int write_json(const char *path, const result *rs, int n) {
+  FILE *f = fopen(path, "w");
+  if (!f) {
+    perror(path);
+    return -1;
+  }
+  fprintf(f, "[\n");
+  for (int i = 0; i < n; i++) {
+    const result *r = &rs[i];
+    fprintf(f, "  {\"name\": \"%s\", \"threads\": %d, ", r->name, r->threads);
+    if (r->ok)
+      fprintf(f, "\"kiln_eager_ms\": %.6f, \"kiln_eager_min_ms\": %.6f, \"samples\": %d, ", r->median_ms,
+              r->min_ms, r->samples);
+    else
+      fprintf(f, "\"kiln_eager_ms\": null, \"kiln_eager_min_ms\": null, \"samples\": 0, ");
+    fprintf(f, "\"eager_peak_bytes\": %zu, \"eager_base_bytes\": %zu}%s\n", r->peak_bytes, r->base_bytes,
+            i + 1 < n ? "," : "");
+  }
+  fprintf(f, "]\n");
+  return fclose(f) == 0 ? 0 : -1;
+}
+
+static void usage(const char *argv0) {
+  fprintf(stderr, "usage: %s [--threads N] [--only W1,W3] [--json PATH]\n", argv0);
+}
+
+int main(int argc, char **argv) {
+  int threads_list[2] = {1, 2}, n_threads = 2;
+  const char *only = NULL, *json = NULL;
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
+      threads_list[0] = atoi(argv[++i]);
+      n_threads = 1;
+      if (threads_list[0] < 1) {
+        usage(argv[0]);
+        return 2;
+      }
+    } else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
+      only = argv[++i];
+    } else if (strcmp(argv[i], "--json") == 0 && i + 1 < argc) {
+      json = argv[++i];
+    } else {
+      usage(argv[0]);
+      return 2;
+    }
+  }
+
+  result rs[2 * N_WORKLOADS];
+  int n = 0, failed = 0;
+  printf("%-14s %7s %12s %12s %8s %12s\n", "workload", "threads", "median ms", "min ms", "samples",
+         "peak MiB");
+  for (int w = 0; w < N_WORKLOADS; w++) {
+    if (!selected(&WORKLOADS[w], only)) continue;
+    for (int t = 0; t < n_threads; t++) {
+      result r = bench_one(&WORKLOADS[w], threads_list[t]);
+      rs[n++] = r;
+      if (r.ok)
+        printf("%-14s %7d %12.3f %12.3f %8d %12.1f\n", r.name, r.threads, r.median_ms, r.min_ms, r.samples,
+               (double)r.peak_bytes / (1024.0 * 1024.0));
+      else
+        printf("%-14s %7d %12s\n", r.name, r.threads, "FAILED");
+      fflush(stdout);
+      failed += !r.ok;
+    }
+  }
+  if (n == 0) {
+    fprintf(stderr, "no workload matches --only %s\n", only);
+    return 2;
+  }
+  if (json && write_json(json, rs, n) != 0) return 1;
+  return failed ? 1 : 0;
+}

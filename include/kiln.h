@@ -1,0 +1,289 @@
+/* kiln: tensors in C, eager by default.
+ *
+ * A worked example (eager forward and backward):
+ *
+ *   kiln_scope_begin();
+ *   int64_t xs[2] = {32, 784}, ws[2] = {784, 10};
+ *   kiln_tensor *x = kiln_randn(KILN_F32, 2, xs, 1);
+ *   kiln_tensor *w = kiln_keep(kiln_randn(KILN_F32, 2, ws, 2));
+ *   kiln_requires_grad(w, true);
+ *   kiln_tensor *y = kiln_relu(kiln_matmul(x, w));
+ *   kiln_tensor *loss = kiln_mean_all(kiln_mul(y, y));
+ *   if (!loss || kiln_backward(loss) != 0)
+ *     fprintf(stderr, "%s\n", kiln_last_error());  // "app.c:7: kiln_matmul: ..."
+ *   kiln_scope_end();                              // frees x, y, loss; w was kept
+ *   const kiln_tensor *gw = kiln_grad(w);          // d loss / d w, shape (784,10)
+ *   kiln_release(w);
+ *
+ * Every op is a macro that passes the caller's __FILE__ and __LINE__, so an
+ * error names the line of user code that caused it. Ops given NULL return NULL,
+ * so one check at the end of a chain is enough.
+ *
+ * Lifetime: a tensor returned by kiln belongs to the innermost open scope, else
+ * to the caller (who calls kiln_release). kiln_keep() hands a tensor out of the
+ * innermost scope to the one around it (or to the caller when there is none).
+ */
+#ifndef KILN_H
+#define KILN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(KILN_BUILD)
+#define KILN_API __attribute__((visibility("default")))
+#else
+#define KILN_API
+#endif
+
+#define KILN_MAX_DIMS 8
+
+typedef struct kiln_tensor kiln_tensor; /* opaque, reference counted */
+typedef enum kiln_dtype { KILN_F32, KILN_F64, KILN_I64, KILN_BOOL } kiln_dtype;
+
+/* ---- make, inspect, read back ---------------------------------------- */
+
+KILN_API kiln_tensor *kiln_tensor_from_at(kiln_dtype, int ndim, const int64_t *shape,
+                                          const void *data, const char *file, int line);
+KILN_API kiln_tensor *kiln_zeros_at(kiln_dtype, int ndim, const int64_t *shape, const char *file, int line);
+KILN_API kiln_tensor *kiln_ones_at(kiln_dtype, int ndim, const int64_t *shape, const char *file, int line);
+KILN_API kiln_tensor *kiln_full_at(kiln_dtype, int ndim, const int64_t *shape, double value,
+                                   const char *file, int line);
+KILN_API kiln_tensor *kiln_scalar_at(kiln_dtype, double value, const char *file, int line);
+/* [start, stop) by step, 1-D. */
+KILN_API kiln_tensor *kiln_arange_at(kiln_dtype, double start, double stop, double step,
+                                     const char *file, int line);
+/* Counter-based: element i depends only on (seed, i), the same on every machine
+ * and every thread count. randn: standard normal; rand: uniform in [0, 1). */
+KILN_API kiln_tensor *kiln_randn_at(kiln_dtype, int ndim, const int64_t *shape, uint64_t seed,
+                                    const char *file, int line);
+KILN_API kiln_tensor *kiln_rand_at(kiln_dtype, int ndim, const int64_t *shape, uint64_t seed,
+                                   const char *file, int line);
+#define kiln_tensor_from(dt, nd, sh, data) kiln_tensor_from_at((dt), (nd), (sh), (data), __FILE__, __LINE__)
+#define kiln_zeros(dt, nd, sh) kiln_zeros_at((dt), (nd), (sh), __FILE__, __LINE__)
+#define kiln_ones(dt, nd, sh) kiln_ones_at((dt), (nd), (sh), __FILE__, __LINE__)
+#define kiln_full(dt, nd, sh, v) kiln_full_at((dt), (nd), (sh), (v), __FILE__, __LINE__)
+#define kiln_scalar(dt, v) kiln_scalar_at((dt), (v), __FILE__, __LINE__)
+#define kiln_arange(dt, a, b, s) kiln_arange_at((dt), (a), (b), (s), __FILE__, __LINE__)
+#define kiln_randn(dt, nd, sh, seed) kiln_randn_at((dt), (nd), (sh), (seed), __FILE__, __LINE__)
+#define kiln_rand(dt, nd, sh, seed) kiln_rand_at((dt), (nd), (sh), (seed), __FILE__, __LINE__)
+
+KILN_API int kiln_ndim(const kiln_tensor *);
+KILN_API int64_t kiln_size(const kiln_tensor *, int dim); /* dim < 0 counts from the end; -1 on error */
+KILN_API int64_t kiln_numel(const kiln_tensor *);
+KILN_API kiln_dtype kiln_type(const kiln_tensor *);
+KILN_API int64_t kiln_stride(const kiln_tensor *, int dim); /* in elements */
+KILN_API bool kiln_is_contiguous(const kiln_tensor *);
+KILN_API size_t kiln_dtype_size(kiln_dtype);
+KILN_API const char *kiln_dtype_name(kiln_dtype);
+/* Row-major copy of the elements into dst (bytes must equal numel*dtype size). 0 or -1. */
+KILN_API int kiln_read_at(const kiln_tensor *, void *dst, size_t bytes, const char *file, int line);
+/* The value of a one-element tensor as a double; NaN and an error otherwise. */
+KILN_API double kiln_item_at(const kiln_tensor *, const char *file, int line);
+#define kiln_read(t, dst, bytes) kiln_read_at((t), (dst), (bytes), __FILE__, __LINE__)
+#define kiln_item(t) kiln_item_at((t), __FILE__, __LINE__)
+/* Writes a short description ("f32[2,3] strides [3,1]") into buf; returns buf. */
+KILN_API char *kiln_describe(const kiln_tensor *, char *buf, size_t n);
+/* Prints the tensor (shape and values, elided when large) to stdout. */
+KILN_API void kiln_print(const kiln_tensor *);
+
+/* ---- lifetime --------------------------------------------------------- */
+
+KILN_API kiln_tensor *kiln_retain(kiln_tensor *);
+KILN_API void kiln_release(kiln_tensor *);
+KILN_API void kiln_scope_begin(void);
+KILN_API void kiln_scope_end(void);
+KILN_API kiln_tensor *kiln_keep(kiln_tensor *);
+
+/* ---- views (no copy) and layout -------------------------------------- */
+
+KILN_API kiln_tensor *kiln_reshape_at(kiln_tensor *, int ndim, const int64_t *shape, const char *, int);
+KILN_API kiln_tensor *kiln_transpose_at(kiln_tensor *, int d0, int d1, const char *, int);
+KILN_API kiln_tensor *kiln_permute_at(kiln_tensor *, const int *perm, const char *, int);
+KILN_API kiln_tensor *kiln_expand_at(kiln_tensor *, int ndim, const int64_t *shape, const char *, int);
+KILN_API kiln_tensor *kiln_squeeze_at(kiln_tensor *, int dim, const char *, int);
+KILN_API kiln_tensor *kiln_unsqueeze_at(kiln_tensor *, int dim, const char *, int);
+/* Elements start, start+step, ... below end along dim (Python slice rules for
+ * negative and out-of-range bounds; step >= 1). */
+KILN_API kiln_tensor *kiln_slice_at(kiln_tensor *, int dim, int64_t start, int64_t end, int64_t step,
+                                    const char *, int);
+KILN_API kiln_tensor *kiln_contiguous_at(kiln_tensor *, const char *, int);
+KILN_API kiln_tensor *kiln_cat_at(kiln_tensor *const *ts, int n, int dim, const char *, int);
+KILN_API kiln_tensor *kiln_stack_at(kiln_tensor *const *ts, int n, int dim, const char *, int);
+KILN_API kiln_tensor *kiln_cast_at(kiln_tensor *, kiln_dtype, const char *, int);
+#define kiln_reshape(a, nd, sh) kiln_reshape_at((a), (nd), (sh), __FILE__, __LINE__)
+#define kiln_transpose(a, d0, d1) kiln_transpose_at((a), (d0), (d1), __FILE__, __LINE__)
+#define kiln_permute(a, perm) kiln_permute_at((a), (perm), __FILE__, __LINE__)
+#define kiln_expand(a, nd, sh) kiln_expand_at((a), (nd), (sh), __FILE__, __LINE__)
+#define kiln_squeeze(a, d) kiln_squeeze_at((a), (d), __FILE__, __LINE__)
+#define kiln_unsqueeze(a, d) kiln_unsqueeze_at((a), (d), __FILE__, __LINE__)
+#define kiln_slice(a, d, s, e, st) kiln_slice_at((a), (d), (s), (e), (st), __FILE__, __LINE__)
+#define kiln_contiguous(a) kiln_contiguous_at((a), __FILE__, __LINE__)
+#define kiln_cat(ts, n, d) kiln_cat_at((ts), (n), (d), __FILE__, __LINE__)
+#define kiln_stack(ts, n, d) kiln_stack_at((ts), (n), (d), __FILE__, __LINE__)
+#define kiln_cast(a, dt) kiln_cast_at((a), (dt), __FILE__, __LINE__)
+
+/* ---- pointwise ops (NumPy broadcasting; f32/f64/i64 where it makes sense) */
+
+#define KILN_BINARY_OPS(X) X(add) X(sub) X(mul) X(div) X(pow) X(maximum) X(minimum) \
+  X(eq) X(ne) X(lt) X(le) X(gt) X(ge)
+#define KILN_UNARY_OPS(X) X(neg) X(abs) X(exp) X(log) X(sqrt) X(rsqrt) X(tanh) X(sigmoid) \
+  X(relu) X(gelu) X(gelu_erf) X(erf) X(sin) X(cos)
+
+#define KILN_DECL_BINARY(name) \
+  KILN_API kiln_tensor *kiln_##name##_at(kiln_tensor *a, kiln_tensor *b, const char *, int);
+#define KILN_DECL_UNARY(name) KILN_API kiln_tensor *kiln_##name##_at(kiln_tensor *a, const char *, int);
+KILN_BINARY_OPS(KILN_DECL_BINARY)
+KILN_UNARY_OPS(KILN_DECL_UNARY)
+#undef KILN_DECL_BINARY
+#undef KILN_DECL_UNARY
+
+#define kiln_add(a, b) kiln_add_at((a), (b), __FILE__, __LINE__)
+#define kiln_sub(a, b) kiln_sub_at((a), (b), __FILE__, __LINE__)
+#define kiln_mul(a, b) kiln_mul_at((a), (b), __FILE__, __LINE__)
+#define kiln_div(a, b) kiln_div_at((a), (b), __FILE__, __LINE__)
+#define kiln_pow(a, b) kiln_pow_at((a), (b), __FILE__, __LINE__)
+#define kiln_maximum(a, b) kiln_maximum_at((a), (b), __FILE__, __LINE__)
+#define kiln_minimum(a, b) kiln_minimum_at((a), (b), __FILE__, __LINE__)
+#define kiln_eq(a, b) kiln_eq_at((a), (b), __FILE__, __LINE__)
+#define kiln_ne(a, b) kiln_ne_at((a), (b), __FILE__, __LINE__)
+#define kiln_lt(a, b) kiln_lt_at((a), (b), __FILE__, __LINE__)
+#define kiln_le(a, b) kiln_le_at((a), (b), __FILE__, __LINE__)
+#define kiln_gt(a, b) kiln_gt_at((a), (b), __FILE__, __LINE__)
+#define kiln_ge(a, b) kiln_ge_at((a), (b), __FILE__, __LINE__)
+#define kiln_neg(a) kiln_neg_at((a), __FILE__, __LINE__)
+#define kiln_abs(a) kiln_abs_at((a), __FILE__, __LINE__)
+#define kiln_exp(a) kiln_exp_at((a), __FILE__, __LINE__)
+#define kiln_log(a) kiln_log_at((a), __FILE__, __LINE__)
+#define kiln_sqrt(a) kiln_sqrt_at((a), __FILE__, __LINE__)
+#define kiln_rsqrt(a) kiln_rsqrt_at((a), __FILE__, __LINE__)
+#define kiln_tanh(a) kiln_tanh_at((a), __FILE__, __LINE__)
+#define kiln_sigmoid(a) kiln_sigmoid_at((a), __FILE__, __LINE__)
+#define kiln_relu(a) kiln_relu_at((a), __FILE__, __LINE__)
+#define kiln_gelu(a) kiln_gelu_at((a), __FILE__, __LINE__)         /* tanh form */
+#define kiln_gelu_erf(a) kiln_gelu_erf_at((a), __FILE__, __LINE__) /* exact (erf) form */
+#define kiln_erf(a) kiln_erf_at((a), __FILE__, __LINE__)
+#define kiln_sin(a) kiln_sin_at((a), __FILE__, __LINE__)
+#define kiln_cos(a) kiln_cos_at((a), __FILE__, __LINE__)
+
+/* cond ? a : b, all three broadcast; cond is bool. */
+KILN_API kiln_tensor *kiln_where_at(kiln_tensor *cond, kiln_tensor *a, kiln_tensor *b, const char *, int);
+#define kiln_where(c, a, b) kiln_where_at((c), (a), (b), __FILE__, __LINE__)
+
+/* ---- reductions ------------------------------------------------------- */
+
+/* One axis (negative counts from the end). */
+KILN_API kiln_tensor *kiln_sum_at(kiln_tensor *, int axis, bool keepdim, const char *, int);
+KILN_API kiln_tensor *kiln_mean_at(kiln_tensor *, int axis, bool keepdim, const char *, int);
+KILN_API kiln_tensor *kiln_max_at(kiln_tensor *, int axis, bool keepdim, const char *, int);
+KILN_API kiln_tensor *kiln_min_at(kiln_tensor *, int axis, bool keepdim, const char *, int);
+KILN_API kiln_tensor *kiln_var_at(kiln_tensor *, int axis, int correction, bool keepdim, const char *, int);
+KILN_API kiln_tensor *kiln_argmax_at(kiln_tensor *, int axis, bool keepdim, const char *, int); /* i64 */
+/* A list of axes; naxes == 0 reduces over every axis. */
+KILN_API kiln_tensor *kiln_sum_axes_at(kiln_tensor *, const int *axes, int naxes, bool keepdim, const char *, int);
+KILN_API kiln_tensor *kiln_mean_axes_at(kiln_tensor *, const int *axes, int naxes, bool keepdim, const char *, int);
+KILN_API kiln_tensor *kiln_max_axes_at(kiln_tensor *, const int *axes, int naxes, bool keepdim, const char *, int);
+KILN_API kiln_tensor *kiln_min_axes_at(kiln_tensor *, const int *axes, int naxes, bool keepdim, const char *, int);
+KILN_API kiln_tensor *kiln_var_axes_at(kiln_tensor *, const int *axes, int naxes, int correction, bool keepdim,
+                                       const char *, int);
+#define kiln_sum(a, ax, kd) kiln_sum_at((a), (ax), (kd), __FILE__, __LINE__)
+#define kiln_mean(a, ax, kd) kiln_mean_at((a), (ax), (kd), __FILE__, __LINE__)
+#define kiln_max(a, ax, kd) kiln_max_at((a), (ax), (kd), __FILE__, __LINE__)
+#define kiln_min(a, ax, kd) kiln_min_at((a), (ax), (kd), __FILE__, __LINE__)
+#define kiln_var(a, ax, corr, kd) kiln_var_at((a), (ax), (corr), (kd), __FILE__, __LINE__)
+#define kiln_argmax(a, ax, kd) kiln_argmax_at((a), (ax), (kd), __FILE__, __LINE__)
+#define kiln_sum_axes(a, axes, n, kd) kiln_sum_axes_at((a), (axes), (n), (kd), __FILE__, __LINE__)
+#define kiln_mean_axes(a, axes, n, kd) kiln_mean_axes_at((a), (axes), (n), (kd), __FILE__, __LINE__)
+#define kiln_max_axes(a, axes, n, kd) kiln_max_axes_at((a), (axes), (n), (kd), __FILE__, __LINE__)
+#define kiln_min_axes(a, axes, n, kd) kiln_min_axes_at((a), (axes), (n), (kd), __FILE__, __LINE__)
+#define kiln_var_axes(a, axes, n, corr, kd) kiln_var_axes_at((a), (axes), (n), (corr), (kd), __FILE__, __LINE__)
+#define kiln_sum_all(a) kiln_sum_axes_at((a), NULL, 0, false, __FILE__, __LINE__)
+#define kiln_mean_all(a) kiln_mean_axes_at((a), NULL, 0, false, __FILE__, __LINE__)
+
+/* ---- matmul and NN ---------------------------------------------------- */
+
+/* 1-D, 2-D and batched (broadcast batch dims), f32/f64 through OpenBLAS. */
+KILN_API kiln_tensor *kiln_matmul_at(kiln_tensor *a, kiln_tensor *b, const char *, int);
+KILN_API kiln_tensor *kiln_softmax_at(kiln_tensor *, int axis, const char *, int);
+KILN_API kiln_tensor *kiln_log_softmax_at(kiln_tensor *, int axis, const char *, int);
+/* Normalizes the last dim (biased variance); weight and bias (shape (C,)) may each be NULL. */
+KILN_API kiln_tensor *kiln_layer_norm_at(kiln_tensor *x, kiln_tensor *weight, kiln_tensor *bias, double eps,
+                                         const char *, int);
+/* Rows of table (V,C) picked by the i64 indices (any shape): shape idx.shape + (C,). */
+KILN_API kiln_tensor *kiln_embedding_at(kiln_tensor *table, kiln_tensor *idx, const char *, int);
+KILN_API kiln_tensor *kiln_index_select_at(kiln_tensor *a, int dim, kiln_tensor *idx, const char *, int);
+/* Mean over rows of -log_softmax(logits)[target]; logits (N,C), targets i64 (N,). */
+KILN_API kiln_tensor *kiln_cross_entropy_at(kiln_tensor *logits, kiln_tensor *targets, const char *, int);
+KILN_API kiln_tensor *kiln_mse_loss_at(kiln_tensor *a, kiln_tensor *b, const char *, int);
+#define kiln_matmul(a, b) kiln_matmul_at((a), (b), __FILE__, __LINE__)
+#define kiln_softmax(a, ax) kiln_softmax_at((a), (ax), __FILE__, __LINE__)
+#define kiln_log_softmax(a, ax) kiln_log_softmax_at((a), (ax), __FILE__, __LINE__)
+#define kiln_layer_norm(x, w, b, eps) kiln_layer_norm_at((x), (w), (b), (eps), __FILE__, __LINE__)
+#define kiln_embedding(t, i) kiln_embedding_at((t), (i), __FILE__, __LINE__)
+#define kiln_index_select(a, d, i) kiln_index_select_at((a), (d), (i), __FILE__, __LINE__)
+#define kiln_cross_entropy(l, t) kiln_cross_entropy_at((l), (t), __FILE__, __LINE__)
+#define kiln_mse_loss(a, b) kiln_mse_loss_at((a), (b), __FILE__, __LINE__)
+
+/* ---- in place (return dst, or NULL on error) -------------------------- */
+
+/* Refused when src overlaps dst other than exactly, when dst is an expanded
+ * view, and outside a no-grad scope when dst or src requires grad. */
+KILN_API kiln_tensor *kiln_add__at(kiln_tensor *dst, kiln_tensor *src, const char *, int);
+KILN_API kiln_tensor *kiln_sub__at(kiln_tensor *dst, kiln_tensor *src, const char *, int);
+KILN_API kiln_tensor *kiln_mul__at(kiln_tensor *dst, kiln_tensor *src, const char *, int);
+KILN_API kiln_tensor *kiln_copy__at(kiln_tensor *dst, kiln_tensor *src, const char *, int);
+KILN_API kiln_tensor *kiln_fill__at(kiln_tensor *dst, double value, const char *, int);
+KILN_API kiln_tensor *kiln_zero__at(kiln_tensor *dst, const char *, int);
+#define kiln_add_(d, s) kiln_add__at((d), (s), __FILE__, __LINE__)
+#define kiln_sub_(d, s) kiln_sub__at((d), (s), __FILE__, __LINE__)
+#define kiln_mul_(d, s) kiln_mul__at((d), (s), __FILE__, __LINE__)
+#define kiln_copy_(d, s) kiln_copy__at((d), (s), __FILE__, __LINE__)
+#define kiln_fill_(d, v) kiln_fill__at((d), (v), __FILE__, __LINE__)
+#define kiln_zero_(d) kiln_zero__at((d), __FILE__, __LINE__)
+
+/* ---- autograd --------------------------------------------------------- */
+
+KILN_API void kiln_requires_grad(kiln_tensor *, bool);
+KILN_API bool kiln_get_requires_grad(const kiln_tensor *);
+/* loss must have one element. Frees the graph behind it. 0 or -1. */
+KILN_API int kiln_backward_at(kiln_tensor *loss, const char *, int);
+/* Same, seeded with grad_out (the shape of out). */
+KILN_API int kiln_backward_with_at(kiln_tensor *out, kiln_tensor *grad_out, const char *, int);
+/* Gradients of out (one element) with respect to wrt[0..n): grads[i] is a new
+ * tensor (zeros where wrt[i] does not reach out). Leaves .grad alone and keeps
+ * the graph. 0 or -1. */
+KILN_API int kiln_grad_of_at(kiln_tensor *out, kiln_tensor *const *wrt, int n, kiln_tensor **grads,
+                             const char *, int);
+#define kiln_backward(l) kiln_backward_at((l), __FILE__, __LINE__)
+#define kiln_backward_with(o, g) kiln_backward_with_at((o), (g), __FILE__, __LINE__)
+#define kiln_grad_of(o, w, n, g) kiln_grad_of_at((o), (w), (n), (g), __FILE__, __LINE__)
+/* Borrowed; NULL before any backward reached the tensor. */
+KILN_API kiln_tensor *kiln_grad(const kiln_tensor *);
+KILN_API void kiln_zero_grad(kiln_tensor *); /* drops .grad */
+/* No-grad scopes nest; ops inside record nothing for autograd. */
+KILN_API void kiln_no_grad_begin(void);
+KILN_API void kiln_no_grad_end(void);
+KILN_API bool kiln_grad_enabled(void);
+
+/* ---- errors and runtime ----------------------------------------------- */
+
+/* The last error on this thread: "file.c:42: kiln_op: message". "" when none. */
+KILN_API const char *kiln_last_error(void);
+KILN_API void kiln_clear_error(void);
+/* Threads of the compute pool (default: KILN_NUM_THREADS, else the core count).
+ * Also sets OpenBLAS's count, so the two never oversubscribe the cores. */
+KILN_API void kiln_set_num_threads(int n);
+KILN_API int kiln_get_num_threads(void);
+/* Bytes of tensor storage alive now, and the peak since the last reset. */
+KILN_API size_t kiln_mem_in_use(void);
+KILN_API size_t kiln_mem_peak(void);
+KILN_API void kiln_mem_reset_peak(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

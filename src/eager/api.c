@@ -1,0 +1,295 @@
+/* The public op entry points: argument checks that need the user's view of
+ * the call (axes, -1 in reshape, slice bounds), then op_dispatch. */
+#include <inttypes.h>
+#include <string.h>
+
+#include "eager/eager.h"
+
+#define BINARY(name, ID)                                                             \
+  kiln_tensor *kiln_##name##_at(kiln_tensor *a, kiln_tensor *b, const char *file, int line) { \
+    kiln_tensor *in[2] = {a, b};                                                     \
+    return op_dispatch(OP_##ID, in, 2, NULL, file, line);                            \
+  }
+#define UNARY(name, ID)                                                              \
+  kiln_tensor *kiln_##name##_at(kiln_tensor *a, const char *file, int line) {        \
+    return op_dispatch(OP_##ID, &a, 1, NULL, file, line);                            \
+  }
+
+BINARY(add, ADD) BINARY(sub, SUB) BINARY(mul, MUL) BINARY(div, DIV) BINARY(pow, POW)
+BINARY(maximum, MAXIMUM) BINARY(minimum, MINIMUM) BINARY(eq, EQ) BINARY(ne, NE) BINARY(lt, LT)
+BINARY(le, LE) BINARY(gt, GT) BINARY(ge, GE) BINARY(matmul, MATMUL)
+UNARY(neg, NEG) UNARY(abs, ABS) UNARY(exp, EXP) UNARY(log, LOG) UNARY(sqrt, SQRT) UNARY(rsqrt, RSQRT)
+UNARY(tanh, TANH) UNARY(sigmoid, SIGMOID) UNARY(relu, RELU) UNARY(gelu, GELU) UNARY(gelu_erf, GELU_ERF)
+UNARY(erf, ERF) UNARY(sin, SIN) UNARY(cos, COS)
+
+kiln_tensor *kiln_where_at(kiln_tensor *c, kiln_tensor *a, kiln_tensor *b, const char *file, int line) {
+  kiln_tensor *in[3] = {c, a, b};
+  return op_dispatch(OP_WHERE, in, 3, NULL, file, line);
+}
+
+/* A new reference to t itself, owned like any op result. */
+static kiln_tensor *same(kiln_tensor *t) { return scope_adopt(kiln_retain(t)); }
+
+kiln_tensor *kiln_cast_at(kiln_tensor *t, kiln_dtype dt, const char *file, int line) {
+  if (t && t->dtype == dt) return same(t);
+  op_attrs a = {.dtype = dt};
+  return op_dispatch(OP_CAST, &t, 1, &a, file, line);
+}
+
+kiln_tensor *kiln_contiguous_at(kiln_tensor *t, const char *file, int line) {
+  if (!t) return err_null(file, line, "contiguous", "input 0");
+  if (tensor_contiguous(t)) return same(t);
+  return op_dispatch(OP_COPY, &t, 1, NULL, file, line);
+}
+
+/* ---- reductions ---- */
+
+/* Sorted, unique, non-negative axes into a; naxes == 0 means all. */
+static int norm_axes(const char *op, const kiln_tensor *t, const int *axes, int naxes, op_attrs *a,
+                     const char *file, int line) {
+  if (!t) return err_null(file, line, op, "input 0"), -1;
+  if (naxes < 0 || naxes > MAXD || (naxes > 0 && !axes)) return err_set(file, line, op, "bad axis list (%d axes)", naxes), -1;
+  bool seen[MAXD] = {0};
+  if (naxes == 0)
+    for (int i = 0; i < t->ndim; i++) seen[i] = true;
+  for (int i = 0; i < naxes; i++) {
+    int ax = axis_norm(axes[i], t->ndim);
+    if (ax < 0) {
+      char b[SHAPE_BUF];
+      return err_set(file, line, op, "axis %d is out of range for shape %s", axes[i], err_shape(b, t->ndim, t->shape)), -1;
+    }
+    if (t->ndim == 0) continue;
+    if (seen[ax]) return err_set(file, line, op, "axis %d appears twice", axes[i]), -1;
+    seen[ax] = true;
+  }
+  a->naxes = 0;
+  for (int i = 0; i < t->ndim; i++)
+    if (seen[i]) a->axes[a->naxes++] = i;
+  return 0;
+}
+
+static kiln_tensor *reduce(op_id op, const char *name, kiln_tensor *t, const int *axes, int naxes, bool keepdim,
+                           const char *file, int line) {
+  op_attrs a = {.keepdim = keepdim};
+  if (norm_axes(name, t, axes, naxes, &a, file, line)) return NULL;
+  return op_dispatch(op, &t, 1, &a, file, line);
+}
+
+#define REDUCTION(name, ID)                                                                              \
+  kiln_tensor *kiln_##name##_axes_at(kiln_tensor *t, const int *axes, int n, bool kd, const char *f, int l) { \
+    return reduce(OP_##ID, #name "_axes", t, axes, n, kd, f, l);                                                 \
+  }                                                                                                      \
+  kiln_tensor *kiln_##name##_at(kiln_tensor *t, int axis, bool kd, const char *f, int l) {              \
+    return reduce(OP_##ID, #name, t, &axis, 1, kd, f, l);                                                \
+  }
+REDUCTION(sum, SUM)
+REDUCTION(mean, MEAN)
+REDUCTION(max, MAX)
+REDUCTION(min, MIN)
+
+kiln_tensor *kiln_argmax_at(kiln_tensor *t, int axis, bool keepdim, const char *file, int line) {
+  return reduce(OP_ARGMAX, "argmax", t, &axis, 1, keepdim, file, line);
+}
+
+/* var = sum((x - mean)^2) / (N - correction), written with primitives */
+static kiln_tensor *var(const char *name, kiln_tensor *t, const int *axes, int naxes, int correction, bool keepdim,
+                        const char *file, int line) {
+  op_attrs a = {0};
+  if (norm_axes(name, t, axes, naxes, &a, file, line)) return NULL;
+  if (!dtype_is_float(t->dtype)) return err_set(file, line, name, "dtype %s is not supported (floats only)", kiln_dtype_name(t->dtype));
+  int64_t n = 1;
+  for (int i = 0; i < a.naxes; i++) n *= t->shape[a.axes[i]];
+  kiln_scope_begin();
+  kiln_tensor *mu = kiln_mean_axes_at(t, a.axes, a.naxes, true, file, line);
+  kiln_tensor *d = kiln_sub_at(t, mu, file, line);
+  kiln_tensor *ss = kiln_sum_axes_at(kiln_mul_at(d, d, file, line), a.axes, a.naxes, keepdim, file, line);
+  kiln_tensor *v = kiln_div_at(ss, kiln_scalar_at(t->dtype, (double)(n - correction), file, line), file, line);
+  kiln_keep(v);
+  kiln_scope_end();
+  return v;
+}
+
+kiln_tensor *kiln_var_axes_at(kiln_tensor *t, const int *axes, int naxes, int correction, bool keepdim,
+                              const char *file, int line) {
+  return var("var_axes", t, axes, naxes, correction, keepdim, file, line);
+}
+
+kiln_tensor *kiln_var_at(kiln_tensor *t, int axis, int correction, bool keepdim, const char *file, int line) {
+  return var("var", t, &axis, 1, correction, keepdim, file, line);
+}
+
+/* ---- views ---- */
+
+static kiln_tensor *view(op_id op, kiln_tensor *t, const op_attrs *a, const char *file, int line) {
+  return op_dispatch(op, &t, 1, a, file, line);
+}
+
+kiln_tensor *kiln_reshape_at(kiln_tensor *t, int ndim, const int64_t *shape, const char *file, int line) {
+  if (!t) return err_null(file, line, "reshape", "input 0");
+  char b0[SHAPE_BUF], b1[SHAPE_BUF];
+  if (ndim < 0 || ndim > MAXD || (ndim > 0 && !shape)) return err_set(file, line, "reshape", "rank %d is outside 0..%d", ndim, MAXD);
+  op_attrs a = {.ndim = ndim};
+  int infer = -1;
+  int64_t known = 1;
+  for (int i = 0; i < ndim; i++) {
+    a.shape[i] = shape[i];
+    if (shape[i] == -1) {
+      if (infer >= 0) return err_set(file, line, "reshape", "shape %s has more than one -1", err_shape(b0, ndim, shape));
+      infer = i;
+    } else if (shape[i] < 0) {
+      return err_set(file, line, "reshape", "shape %s has a negative size", err_shape(b0, ndim, shape));
+    } else {
+      if (shape[i] && known > INT64_MAX / shape[i]) return err_set(file, line, "reshape", "shape %s is too large", err_shape(b0, ndim, shape));
+      known *= shape[i];
+    }
+  }
+  int64_t numel = kiln_numel(t);
+  if (infer >= 0) {
+    if (known == 0 || numel % known)
+      return err_set(file, line, "reshape", "cannot reshape %s (%" PRId64 " elements) to %s", err_shape(b0, t->ndim, t->shape),
+                     numel, err_shape(b1, ndim, shape));
+    a.shape[infer] = numel / known;
+  } else if (known != numel) {
+    return err_set(file, line, "reshape", "cannot reshape %s (%" PRId64 " elements) to %s (%" PRId64 ")",
+                   err_shape(b0, t->ndim, t->shape), numel, err_shape(b1, ndim, shape), known);
+  }
+  return view(OP_RESHAPE, t, &a, file, line);
+}
+
+kiln_tensor *kiln_permute_at(kiln_tensor *t, const int *perm, const char *file, int line) {
+  if (!t) return err_null(file, line, "permute", "input 0");
+  if (t->ndim > 0 && !perm) return err_set(file, line, "permute", "perm is NULL");
+  op_attrs a = {0};
+  bool seen[MAXD] = {0};
+  for (int i = 0; i < t->ndim; i++) {
+    int p = perm[i] < 0 ? perm[i] + t->ndim : perm[i];
+    if (p < 0 || p >= t->ndim || seen[p]) {
+      char b[SHAPE_BUF];
+      return err_set(file, line, "permute", "(%d at position %d) is not a permutation of the dims of %s", perm[i], i,
+                     err_shape(b, t->ndim, t->shape));
+    }
+    seen[p] = true;
+    a.perm[i] = p;
+  }
+  return view(OP_PERMUTE, t, &a, file, line);
+}
+
+kiln_tensor *kiln_transpose_at(kiln_tensor *t, int d0, int d1, const char *file, int line) {
+  if (!t) return err_null(file, line, "transpose", "input 0");
+  int a0 = axis_norm(d0, t->ndim), a1 = axis_norm(d1, t->ndim);
+  if (a0 < 0 || a1 < 0 || t->ndim == 0) {
+    char b[SHAPE_BUF];
+    return err_set(file, line, "transpose", "dims (%d, %d) are out of range for shape %s", d0, d1, err_shape(b, t->ndim, t->shape));
+  }
+  int perm[MAXD];
+  for (int i = 0; i < t->ndim; i++) perm[i] = i;
+  perm[a0] = a1;
+  perm[a1] = a0;
+  return kiln_permute_at(t, perm, file, line);
+}
+
+kiln_tensor *kiln_expand_at(kiln_tensor *t, int ndim, const int64_t *shape, const char *file, int line) {
+  if (!t) return err_null(file, line, "expand", "input 0");
+  char b0[SHAPE_BUF], b1[SHAPE_BUF];
+  if (ndim < t->ndim || ndim > MAXD || (ndim && !shape))
+    return err_set(file, line, "expand", "cannot expand %s to rank %d", err_shape(b0, t->ndim, t->shape), ndim);
+  op_attrs a = {.ndim = ndim};
+  for (int i = 0; i < ndim; i++) {
+    int j = i - (ndim - t->ndim);
+    int64_t want = shape[i] == -1 && j >= 0 ? t->shape[j] : shape[i];
+    if (want < 0 || (j >= 0 && t->shape[j] != 1 && t->shape[j] != want) || (j < 0 && shape[i] == -1))
+      return err_set(file, line, "expand", "cannot expand %s to %s", err_shape(b0, t->ndim, t->shape), err_shape(b1, ndim, shape));
+    a.shape[i] = want;
+  }
+  return view(OP_EXPAND, t, &a, file, line);
+}
+
+kiln_tensor *kiln_squeeze_at(kiln_tensor *t, int dim, const char *file, int line) {
+  if (!t) return err_null(file, line, "squeeze", "input 0");
+  int d = axis_norm(dim, t->ndim);
+  char b[SHAPE_BUF];
+  if (d < 0) return err_set(file, line, "squeeze", "dim %d is out of range for shape %s", dim, err_shape(b, t->ndim, t->shape));
+  if (t->ndim == 0 || t->shape[d] != 1) return same(t); /* as torch: squeezing a dim that is not 1 keeps it */
+  op_attrs a = {.ndim = t->ndim - 1};
+  for (int i = 0, k = 0; i < t->ndim; i++)
+    if (i != d) a.shape[k++] = t->shape[i];
+  return view(OP_RESHAPE, t, &a, file, line);
+}
+
+kiln_tensor *kiln_unsqueeze_at(kiln_tensor *t, int dim, const char *file, int line) {
+  if (!t) return err_null(file, line, "unsqueeze", "input 0");
+  int n = t->ndim + 1;
+  char b[SHAPE_BUF];
+  if (dim < -n || dim >= n || n > MAXD)
+    return err_set(file, line, "unsqueeze", "dim %d is out of range for shape %s", dim, err_shape(b, t->ndim, t->shape));
+  int d = dim < 0 ? dim + n : dim;
+  op_attrs a = {.ndim = n};
+  for (int i = 0, k = 0; i < n; i++) a.shape[i] = i == d ? 1 : t->shape[k++];
+  return view(OP_RESHAPE, t, &a, file, line);
+}
+
+kiln_tensor *kiln_slice_at(kiln_tensor *t, int dim, int64_t start, int64_t end, int64_t step, const char *file,
+                           int line) {
+  if (!t) return err_null(file, line, "slice", "input 0");
+  char b[SHAPE_BUF];
+  int d = axis_norm(dim, t->ndim);
+  if (d < 0 || t->ndim == 0) return err_set(file, line, "slice", "dim %d is out of range for shape %s", dim, err_shape(b, t->ndim, t->shape));
+  if (step < 1) return err_set(file, line, "slice", "step %" PRId64 " must be at least 1", step);
+  int64_t n = t->shape[d];
+  /* Python's rules: negative bounds count from the end, then clamp */
+  if (start < 0) start = start + n < 0 ? 0 : start + n;
+  if (end < 0) end = end + n < 0 ? 0 : end + n;
+  if (start > n) start = n;
+  if (end > n) end = n;
+  if (end < start) end = start;
+  op_attrs a = {.dim = d, .start = start, .end = end, .step = step};
+  return view(OP_SLICE, t, &a, file, line);
+}
+
+kiln_tensor *kiln_cat_at(kiln_tensor *const *ts, int n, int dim, const char *file, int line) {
+  if (n < 1 || !ts) return err_set(file, line, "cat", "needs at least one tensor, got %d", n);
+  for (int i = 0; i < n; i++)
+    if (!ts[i]) return err_null(file, line, "cat", "input %d", i);
+  int d = axis_norm(dim, ts[0]->ndim);
+  char b[SHAPE_BUF];
+  if (d < 0 || ts[0]->ndim == 0)
+    return err_set(file, line, "cat", "dim %d is out of range for shape %s", dim, err_shape(b, ts[0]->ndim, ts[0]->shape));
+  op_attrs a = {.dim = d};
+  return op_dispatch(OP_CAT, ts, n, &a, file, line);
+}
+
+kiln_tensor *kiln_stack_at(kiln_tensor *const *ts, int n, int dim, const char *file, int line) {
+  if (n < 1 || !ts) return err_set(file, line, "stack", "needs at least one tensor, got %d", n);
+  for (int i = 0; i < n; i++)
+    if (!ts[i]) return err_null(file, line, "stack", "input %d", i);
+  int nd = ts[0]->ndim + 1;
+  if (dim < -nd || dim >= nd) return err_set(file, line, "stack", "dim %d is out of range for rank %d", dim, nd);
+  for (int i = 1; i < n; i++) {
+    char b0[SHAPE_BUF], b1[SHAPE_BUF];
+    if (ts[i]->ndim != ts[0]->ndim || memcmp(ts[i]->shape, ts[0]->shape, sizeof(int64_t) * (size_t)ts[0]->ndim))
+      return err_set(file, line, "stack", "input %d %s does not match input 0 %s", i, err_shape(b0, ts[i]->ndim, ts[i]->shape),
+                     err_shape(b1, ts[0]->ndim, ts[0]->shape));
+  }
+  kiln_scope_begin();
+  kiln_tensor **us = kiln_malloc(sizeof *us * (size_t)n), *r = NULL;
+  if (us) {
+    for (int i = 0; i < n; i++) us[i] = kiln_unsqueeze_at(ts[i], dim, file, line);
+    r = kiln_keep(kiln_cat_at(us, n, dim, file, line));
+    kiln_free(us);
+  } else {
+    err_set(file, line, "stack", "out of memory");
+  }
+  kiln_scope_end();
+  return r;
+}
+
+kiln_tensor *kiln_index_select_at(kiln_tensor *t, int dim, kiln_tensor *idx, const char *file, int line) {
+  if (!t || !idx) return err_null(file, line, "index_select", "input %d", t ? 1 : 0);
+  int d = axis_norm(dim, t->ndim);
+  char b[SHAPE_BUF];
+  if (d < 0 || t->ndim == 0)
+    return err_set(file, line, "index_select", "dim %d is out of range for shape %s", dim, err_shape(b, t->ndim, t->shape));
+  op_attrs a = {.dim = d};
+  kiln_tensor *in[2] = {t, idx};
+  return op_dispatch(OP_INDEX_SELECT, in, 2, &a, file, line);
+}

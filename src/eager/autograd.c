@@ -1,0 +1,683 @@
+/* Reverse-mode autograd. An op whose inputs require grad records a node: edges
+ * to the nodes (or leaves) of its inputs, the input metadata, and only the
+ * values its backward needs (an output is saved as a storage-sharing view
+ * with no history, so nothing points back at itself). Backward walks the
+ * nodes in dependency order; every formula is written with the public ops, so
+ * a tracer that watches dispatch records backward like any other code. */
+#include <math.h>
+#include <string.h>
+
+#include "eager/eager.h"
+
+static _Thread_local int no_grad_depth;
+
+bool grad_mode(void) { return no_grad_depth == 0; }
+void kiln_no_grad_begin(void) { no_grad_depth++; }
+void kiln_no_grad_end(void) {
+  if (no_grad_depth > 0) no_grad_depth--;
+}
+bool kiln_grad_enabled(void) { return grad_mode(); }
+
+/* ---- nodes ---- */
+
+typedef struct ag_input {
+  kiln_dtype dtype;
+  int ndim;
+  int64_t shape[MAXD];
+  bool need;        /* requires grad: the backward computes its gradient */
+  ag_node *next;    /* the node that made it (retained), or */
+  kiln_tensor *leaf; /* the leaf it is (retained) */
+} ag_input;
+
+struct ag_extra {
+  ag_input *inputs; /* n_in of them */
+  kiln_tensor *saved_out;
+  unsigned long out_version;
+  unsigned long epoch; /* the backward that last visited it */
+};
+
+/* The extra block lives right after the node; the struct in eager.h keeps
+ * only what the tracer may read. */
+typedef struct node_full {
+  ag_node n;
+  struct ag_extra x;
+} node_full;
+#define EXTRA(nd) (&((node_full *)(nd))->x)
+
+/* Which input values (bit i) and whether the output (bit 7) a backward reads. */
+#define SAVE_OUT 0x80
+static unsigned saves(op_id op) {
+  switch (op) {
+  case OP_MUL: case OP_DIV: case OP_MAXIMUM: case OP_MINIMUM: case OP_MATMUL: return 3;
+  case OP_POW: return 3 | SAVE_OUT;
+  case OP_WHERE: return 1;
+  case OP_ABS: case OP_LOG: case OP_GELU: case OP_GELU_ERF: case OP_ERF: case OP_SIN: case OP_COS: return 1;
+  case OP_EXP: case OP_SQRT: case OP_RSQRT: case OP_TANH: case OP_SIGMOID: case OP_RELU: return SAVE_OUT;
+  case OP_MAX: case OP_MIN: return 1 | SAVE_OUT;
+  case OP_INDEX_SELECT: case OP_INDEX_ADD: return 2;
+  default: return 0;
+  }
+}
+
+static void node_free_saved(ag_node *nd) {
+  for (int i = 0; i < nd->n_in; i++) {
+    kiln_release(nd->in[i]);
+    nd->in[i] = NULL;
+  }
+}
+
+
+void ag_node_release(ag_node *nd) {
+  if (!nd || atomic_fetch_sub(&nd->refcount, 1) != 1) return;
+  /* iterative: a long chain of nodes must not overflow the C stack */
+  ag_node *stack_small[64], **stack = stack_small;
+  int sp = 0, cap = 64;
+  stack[sp++] = nd;
+  while (sp) {
+    ag_node *n = stack[--sp];
+    struct ag_extra *x = EXTRA(n);
+    node_free_saved(n);
+    kiln_release(x->saved_out);
+    for (int i = 0; i < n->n_in; i++) {
+      kiln_release(x->inputs[i].leaf);
+      ag_node *c = x->inputs[i].next;
+      if (c && atomic_fetch_sub(&c->refcount, 1) == 1) {
+        if (sp == cap) {
+          ag_node **ns = kiln_malloc(sizeof *ns * (size_t)cap * 2);
+          if (!ns) continue; /* out of memory while freeing: leak this branch rather than crash */
+          memcpy(ns, stack, sizeof *ns * (size_t)sp);
+          if (stack != stack_small) kiln_free(stack);
+          stack = ns;
+          cap *= 2;
+        }
+        stack[sp++] = c;
+      }
+    }
+    kiln_release(n->acc);
+    kiln_free(x->inputs);
+    kiln_free(n->in);
+    kiln_free(n->version);
+    kiln_free(n);
+  }
+  if (stack != stack_small) kiln_free(stack);
+}
+
+static bool differentiable(op_id op);
+
+int ag_record(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out, const char *file,
+              int line) {
+  if (!grad_mode() || !differentiable(op) || !dtype_is_float(out->dtype)) return 0;
+  bool any = false;
+  for (int i = 0; i < n; i++) any |= in[i]->requires_grad;
+  if (!any) return 0;
+  node_full *f = kiln_calloc(1, sizeof *f);
+  ag_node *nd = &f->n;
+  if (!f) return err_set(file, line, op_table[op].name, "out of memory recording for autograd"), -1;
+  atomic_init(&nd->refcount, 1);
+  nd->op = op;
+  if (a) nd->attrs = *a;
+  nd->n_in = n;
+  nd->file = file;
+  nd->line = line;
+  nd->out_dtype = out->dtype;
+  nd->out_ndim = out->ndim;
+  memcpy(nd->out_shape, out->shape, sizeof nd->out_shape);
+  nd->in = kiln_calloc((size_t)n, sizeof *nd->in);
+  nd->version = kiln_calloc((size_t)n, sizeof *nd->version);
+  f->x.inputs = kiln_calloc((size_t)n, sizeof *f->x.inputs);
+  unsigned sv = saves(op);
+  if (sv & SAVE_OUT) f->x.saved_out = tensor_view(out, out->ndim, out->shape, out->stride, out->offset);
+  if (!nd->in || !nd->version || !f->x.inputs || ((sv & SAVE_OUT) && !f->x.saved_out)) {
+    ag_node_release(nd);
+    return err_set(file, line, op_table[op].name, "out of memory recording for autograd"), -1;
+  }
+  f->x.out_version = atomic_load(&out->st->version);
+  for (int i = 0; i < n; i++) {
+    ag_input *ai = &f->x.inputs[i];
+    ai->dtype = in[i]->dtype;
+    ai->ndim = in[i]->ndim;
+    memcpy(ai->shape, in[i]->shape, sizeof ai->shape);
+    ai->need = in[i]->requires_grad && dtype_is_float(in[i]->dtype);
+    if (ai->need) {
+      if (in[i]->grad_fn) {
+        ai->next = in[i]->grad_fn;
+        atomic_fetch_add(&ai->next->refcount, 1);
+      } else {
+        ai->leaf = kiln_retain(in[i]);
+      }
+    }
+    if (i < 7 && (sv & (1u << i))) {
+      nd->in[i] = kiln_retain(in[i]);
+      nd->version[i] = atomic_load(&in[i]->st->version);
+    }
+  }
+  out->grad_fn = nd;
+  out->requires_grad = true;
+  return 0;
+}
+
+/* ---- backward formulas (public ops, reported at the forward op's line) ---- */
+
+#define AT nd->file, nd->line
+#define IN(i) (EXTRA(nd)->inputs[i])
+#define OUT (EXTRA(nd)->saved_out)
+
+static kiln_tensor *scal(kiln_dtype dt, double v, ag_node *nd) { return kiln_scalar_at(dt, v, AT); }
+
+/* Sums g over the dims broadcasting stretched, back to (ndim, shape). */
+static kiln_tensor *reduce_to(kiln_tensor *g, int ndim, const int64_t *shape, ag_node *nd) {
+  if (!g) return NULL;
+  int lead = g->ndim - ndim, axes[MAXD], na = 0;
+  for (int i = 0; i < g->ndim; i++)
+    if (i < lead || (shape[i - lead] == 1 && g->shape[i] != 1)) axes[na++] = i;
+  if (na == 0 && lead == 0) return g;
+  kiln_tensor *s = na ? kiln_sum_axes_at(g, axes, na, true, AT) : g;
+  return kiln_reshape_at(s, ndim, shape, AT);
+}
+#define REDUCE_IN(g, i) reduce_to((g), IN(i).ndim, IN(i).shape, nd)
+
+static int bw_add(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  if (IN(0).need) gin[0] = REDUCE_IN(g, 0);
+  if (IN(1).need) gin[1] = REDUCE_IN(g, 1);
+  return 0;
+}
+static int bw_sub(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  if (IN(0).need) gin[0] = REDUCE_IN(g, 0);
+  if (IN(1).need) gin[1] = REDUCE_IN(kiln_neg_at(g, AT), 1);
+  return 0;
+}
+static int bw_mul(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  if (IN(0).need) gin[0] = REDUCE_IN(kiln_mul_at(g, nd->in[1], AT), 0);
+  if (IN(1).need) gin[1] = REDUCE_IN(kiln_mul_at(g, nd->in[0], AT), 1);
+  return 0;
+}
+static int bw_div(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  kiln_tensor *a = nd->in[0], *b = nd->in[1];
+  kiln_tensor *gb = kiln_div_at(g, b, AT);
+  if (IN(0).need) gin[0] = REDUCE_IN(gb, 0);
+  if (IN(1).need) gin[1] = REDUCE_IN(kiln_neg_at(kiln_div_at(kiln_mul_at(gb, a, AT), b, AT), AT), 1);
+  return 0;
+}
+static int bw_pow(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  kiln_tensor *a = nd->in[0], *b = nd->in[1];
+  kiln_dtype dt = nd->out_dtype;
+  if (IN(0).need) {
+    kiln_tensor *p = kiln_pow_at(a, kiln_sub_at(b, scal(dt, 1, nd), AT), AT);
+    gin[0] = REDUCE_IN(kiln_mul_at(g, kiln_mul_at(b, p, AT), AT), 0);
+  }
+  if (IN(1).need) {
+    /* d/db a^b = a^b log a; taken as 0 where a <= 0 (as torch does at a == 0) */
+    kiln_tensor *pos = kiln_gt_at(a, scal(dt, 0, nd), AT);
+    kiln_tensor *safe = kiln_where_at(pos, a, scal(dt, 1, nd), AT);
+    kiln_tensor *t = kiln_mul_at(g, kiln_mul_at(OUT, kiln_log_at(safe, AT), AT), AT);
+    gin[1] = REDUCE_IN(kiln_where_at(pos, t, scal(dt, 0, nd), AT), 1);
+  }
+  return 0;
+}
+/* maximum/minimum: the gradient goes to the chosen input, split evenly on ties */
+static int bw_extremum(ag_node *nd, kiln_tensor *g, kiln_tensor **gin, bool is_max) {
+  kiln_tensor *a = nd->in[0], *b = nd->in[1];
+  kiln_dtype dt = nd->out_dtype;
+  kiln_tensor *wins = is_max ? kiln_gt_at(a, b, AT) : kiln_lt_at(a, b, AT);
+  kiln_tensor *ties = kiln_eq_at(a, b, AT);
+  kiln_tensor *wa = kiln_add_at(kiln_cast_at(wins, dt, AT),
+                                kiln_mul_at(kiln_cast_at(ties, dt, AT), scal(dt, 0.5, nd), AT), AT);
+  if (IN(0).need) gin[0] = REDUCE_IN(kiln_mul_at(g, wa, AT), 0);
+  if (IN(1).need) gin[1] = REDUCE_IN(kiln_mul_at(g, kiln_sub_at(scal(dt, 1, nd), wa, AT), AT), 1);
+  return 0;
+}
+static int bw_maximum(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) { return bw_extremum(nd, g, gin, true); }
+static int bw_minimum(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) { return bw_extremum(nd, g, gin, false); }
+static int bw_where(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  kiln_tensor *zero = scal(nd->out_dtype, 0, nd);
+  if (IN(1).need) gin[1] = REDUCE_IN(kiln_where_at(nd->in[0], g, zero, AT), 1);
+  if (IN(2).need) gin[2] = REDUCE_IN(kiln_where_at(nd->in[0], zero, g, AT), 2);
+  return 0;
+}
+static int bw_neg(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  gin[0] = kiln_neg_at(g, AT);
+  return 0;
+}
+static int bw_abs(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  kiln_tensor *x = nd->in[0], *z = scal(nd->out_dtype, 0, nd);
+  kiln_tensor *sign = kiln_sub_at(kiln_cast_at(kiln_gt_at(x, z, AT), nd->out_dtype, AT),
+                                  kiln_cast_at(kiln_lt_at(x, z, AT), nd->out_dtype, AT), AT);
+  gin[0] = kiln_mul_at(g, sign, AT);
+  return 0;
+}
+static int bw_exp(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  gin[0] = kiln_mul_at(g, OUT, AT);
+  return 0;
+}
+static int bw_log(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  gin[0] = kiln_div_at(g, nd->in[0], AT);
+  return 0;
+}
+static int bw_sqrt(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  gin[0] = kiln_div_at(kiln_mul_at(g, scal(nd->out_dtype, 0.5, nd), AT), OUT, AT);
+  return 0;
+}
+static int bw_rsqrt(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  kiln_tensor *y3 = kiln_mul_at(kiln_mul_at(OUT, OUT, AT), OUT, AT);
+  gin[0] = kiln_mul_at(kiln_mul_at(g, scal(nd->out_dtype, -0.5, nd), AT), y3, AT);
+  return 0;
+}
+static int bw_tanh(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  kiln_tensor *d = kiln_sub_at(scal(nd->out_dtype, 1, nd), kiln_mul_at(OUT, OUT, AT), AT);
+  gin[0] = kiln_mul_at(g, d, AT);
+  return 0;
+}
+static int bw_sigmoid(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  kiln_tensor *d = kiln_mul_at(OUT, kiln_sub_at(scal(nd->out_dtype, 1, nd), OUT, AT), AT);
+  gin[0] = kiln_mul_at(g, d, AT);
+  return 0;
+}
+static int bw_relu(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  kiln_tensor *z = scal(nd->out_dtype, 0, nd);
+  gin[0] = kiln_where_at(kiln_gt_at(OUT, z, AT), g, z, AT);
+  return 0;
+}
+static int bw_gelu(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  /* y = x/2 (1 + tanh u), u = C (x + A x^3):
+   * dy/dx = (1 + t)/2 + x/2 (1 - t^2) C (1 + 3 A x^2) */
+  kiln_dtype dt = nd->out_dtype;
+  const double C = 0.7978845608028654, A = 0.044715;
+  kiln_tensor *x = nd->in[0], *x2 = kiln_mul_at(x, x, AT);
+  kiln_tensor *u = kiln_mul_at(scal(dt, C, nd), kiln_add_at(x, kiln_mul_at(scal(dt, A, nd), kiln_mul_at(x2, x, AT), AT), AT), AT);
+  kiln_tensor *t = kiln_tanh_at(u, AT), *half = scal(dt, 0.5, nd), *one = scal(dt, 1, nd);
+  kiln_tensor *left = kiln_mul_at(half, kiln_add_at(one, t, AT), AT);
+  kiln_tensor *du = kiln_mul_at(scal(dt, C, nd), kiln_add_at(one, kiln_mul_at(scal(dt, 3 * A, nd), x2, AT), AT), AT);
+  kiln_tensor *right = kiln_mul_at(kiln_mul_at(half, x, AT), kiln_mul_at(kiln_sub_at(one, kiln_mul_at(t, t, AT), AT), du, AT), AT);
+  gin[0] = kiln_mul_at(g, kiln_add_at(left, right, AT), AT);
+  return 0;
+}
+static int bw_gelu_erf(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  /* d/dx x Phi(x) = Phi(x) + x phi(x) */
+  kiln_dtype dt = nd->out_dtype;
+  kiln_tensor *x = nd->in[0];
+  kiln_tensor *cdf = kiln_mul_at(scal(dt, 0.5, nd), kiln_add_at(scal(dt, 1, nd), kiln_erf_at(kiln_mul_at(x, scal(dt, M_SQRT1_2, nd), AT), AT), AT), AT);
+  kiln_tensor *pdf = kiln_mul_at(scal(dt, 0.3989422804014327, nd), kiln_exp_at(kiln_mul_at(kiln_mul_at(x, x, AT), scal(dt, -0.5, nd), AT), AT), AT);
+  gin[0] = kiln_mul_at(g, kiln_add_at(cdf, kiln_mul_at(x, pdf, AT), AT), AT);
+  return 0;
+}
+static int bw_erf(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  kiln_dtype dt = nd->out_dtype;
+  kiln_tensor *x = nd->in[0];
+  kiln_tensor *d = kiln_mul_at(scal(dt, M_2_SQRTPI, nd), kiln_exp_at(kiln_neg_at(kiln_mul_at(x, x, AT), AT), AT), AT);
+  gin[0] = kiln_mul_at(g, d, AT);
+  return 0;
+}
+static int bw_sin(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  gin[0] = kiln_mul_at(g, kiln_cos_at(nd->in[0], AT), AT);
+  return 0;
+}
+static int bw_cos(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  gin[0] = kiln_neg_at(kiln_mul_at(g, kiln_sin_at(nd->in[0], AT), AT), AT);
+  return 0;
+}
+static int bw_cast(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  gin[0] = kiln_cast_at(g, IN(0).dtype, AT);
+  return 0;
+}
+static int bw_copy(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  (void)nd;
+  gin[0] = g;
+  return 0;
+}
+/* g with the reduced axes put back as size-1 dims, then expanded to the input */
+static kiln_tensor *unreduce(ag_node *nd, kiln_tensor *g) {
+  int64_t kshape[MAXD];
+  for (int i = 0, j = 0; i < IN(0).ndim; i++) {
+    bool red = j < nd->attrs.naxes && nd->attrs.axes[j] == i;
+    if (red) j++;
+    kshape[i] = red ? 1 : IN(0).shape[i];
+  }
+  kiln_tensor *k = kiln_reshape_at(g, IN(0).ndim, kshape, AT);
+  return kiln_expand_at(k, IN(0).ndim, IN(0).shape, AT);
+}
+static int64_t reduced_count(ag_node *nd) {
+  int64_t c = 1;
+  for (int i = 0; i < nd->attrs.naxes; i++) c *= IN(0).shape[nd->attrs.axes[i]];
+  return c;
+}
+static int bw_sum(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  gin[0] = unreduce(nd, g);
+  return 0;
+}
+static int bw_mean(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  gin[0] = unreduce(nd, kiln_div_at(g, scal(nd->out_dtype, (double)reduced_count(nd), nd), AT));
+  return 0;
+}
+static int bw_maxmin(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  /* to every element equal to the extremum, shared evenly between ties */
+  kiln_tensor *mask = kiln_eq_at(nd->in[0], unreduce(nd, OUT), AT);
+  kiln_tensor *m = kiln_cast_at(mask, nd->out_dtype, AT);
+  kiln_tensor *cnt = kiln_sum_axes_at(m, nd->attrs.axes, nd->attrs.naxes, true, AT);
+  kiln_tensor *share = kiln_div_at(unreduce(nd, g), kiln_expand_at(cnt, IN(0).ndim, IN(0).shape, AT), AT);
+  gin[0] = kiln_mul_at(share, m, AT);
+  return 0;
+}
+static int bw_matmul(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  kiln_tensor *a = nd->in[0], *b = nd->in[1];
+  /* 1-D operands as matrices, and g with their dims put back */
+  kiln_tensor *a2 = a->ndim == 1 ? kiln_unsqueeze_at(a, 0, AT) : a;
+  kiln_tensor *b2 = b->ndim == 1 ? kiln_unsqueeze_at(b, 1, AT) : b;
+  kiln_tensor *g2 = g;
+  if (a->ndim == 1) g2 = kiln_unsqueeze_at(g2, b->ndim == 1 ? 0 : g->ndim - 1, AT);
+  if (b->ndim == 1) g2 = kiln_unsqueeze_at(g2, -1, AT);
+  if (IN(0).need) {
+    kiln_tensor *ga = kiln_matmul_at(g2, kiln_transpose_at(b2, -1, -2, AT), AT);
+    ga = reduce_to(ga, a2->ndim, a2->shape, nd);
+    gin[0] = kiln_reshape_at(ga, IN(0).ndim, IN(0).shape, AT);
+  }
+  if (IN(1).need) {
+    kiln_tensor *gb = kiln_matmul_at(kiln_transpose_at(a2, -1, -2, AT), g2, AT);
+    gb = reduce_to(gb, b2->ndim, b2->shape, nd);
+    gin[1] = kiln_reshape_at(gb, IN(1).ndim, IN(1).shape, AT);
+  }
+  return 0;
+}
+static int bw_reshape(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  gin[0] = kiln_reshape_at(g, IN(0).ndim, IN(0).shape, AT);
+  return 0;
+}
+static int bw_permute(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  int inv[MAXD];
+  for (int i = 0; i < IN(0).ndim; i++) inv[nd->attrs.perm[i]] = i;
+  gin[0] = kiln_permute_at(g, inv, AT);
+  return 0;
+}
+static int bw_expand(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  gin[0] = REDUCE_IN(g, 0);
+  return 0;
+}
+static kiln_tensor *slice_scatter(kiln_tensor *base, kiln_tensor *src, const op_attrs *a, ag_node *nd) {
+  kiln_tensor *in[2] = {base, src};
+  return op_dispatch(OP_SLICE_SCATTER, in, 2, a, AT);
+}
+static int bw_slice(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  gin[0] = slice_scatter(kiln_zeros_at(IN(0).dtype, IN(0).ndim, IN(0).shape, AT), g, &nd->attrs, nd);
+  return 0;
+}
+static int bw_cat(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  int64_t at = 0;
+  for (int i = 0; i < nd->n_in; i++) {
+    int64_t len = IN(i).shape[nd->attrs.dim];
+    if (IN(i).need) gin[i] = kiln_slice_at(g, nd->attrs.dim, at, at + len, 1, AT);
+    at += len;
+  }
+  return 0;
+}
+static int bw_index_select(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  kiln_tensor *in[3] = {kiln_zeros_at(IN(0).dtype, IN(0).ndim, IN(0).shape, AT), nd->in[1], g};
+  gin[0] = op_dispatch(OP_INDEX_ADD, in, 3, &nd->attrs, AT);
+  return 0;
+}
+static int bw_index_add(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  if (IN(0).need) gin[0] = g;
+  if (IN(2).need) gin[2] = kiln_index_select_at(g, nd->attrs.dim, nd->in[1], AT);
+  return 0;
+}
+static int bw_slice_scatter(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  if (IN(0).need) gin[0] = slice_scatter(g, kiln_zeros_at(IN(1).dtype, IN(1).ndim, IN(1).shape, AT), &nd->attrs, nd);
+  if (IN(1).need) gin[1] = kiln_slice_at(g, nd->attrs.dim, nd->attrs.start, nd->attrs.end, nd->attrs.step, AT);
+  return 0;
+}
+
+static const backward_fn backwards[OP_COUNT] = {
+#define X(id, name, arity, kind, kernel, backward) [OP_##id] = backward,
+#include "ops.def"
+#undef X
+};
+
+static bool differentiable(op_id op) { return backwards[op] != NULL; }
+
+/* ---- the engine ---- */
+
+typedef struct nodelist {
+  ag_node **v;
+  int n, cap;
+} nodelist;
+
+static int nl_push(nodelist *l, ag_node *nd) {
+  if (l->n == l->cap) {
+    int cap = l->cap ? 2 * l->cap : 64;
+    ag_node **v = kiln_realloc(l->v, sizeof *v * (size_t)cap);
+    if (!v) return -1;
+    l->v = v;
+    l->cap = cap;
+  }
+  l->v[l->n++] = nd;
+  return 0;
+}
+
+typedef struct bw_req {
+  kiln_tensor *const *wrt; /* grad_of: the tensors whose gradients are wanted */
+  kiln_tensor **res;
+  int nwrt;
+  bool accumulate; /* backward: into .grad of leaves */
+  bool free_graph;
+} bw_req;
+
+/* acc += g (the first one is kept as is: it may be a view, it is never written) */
+static kiln_tensor *acc_add(kiln_tensor *acc, kiln_tensor *g, const char *file, int line) {
+  if (!acc) return kiln_retain(g);
+  kiln_tensor *in[2] = {acc, g};
+  kiln_tensor *s = op_dispatch(OP_ADD, in, 2, NULL, file, line);
+  kiln_release(acc);
+  return kiln_retain(s);
+}
+
+static int leaf_grad(kiln_tensor *leaf, kiln_tensor *g, const bw_req *rq, const char *file, int line) {
+  for (int j = 0; j < rq->nwrt; j++)
+    if (rq->wrt[j] == leaf) {
+      rq->res[j] = acc_add(rq->res[j], g, file, line);
+      if (!rq->res[j]) return -1;
+    }
+  if (!rq->accumulate) return 0;
+  /* .grad is always a tensor of its own (a fresh copy, then out-of-place sums) */
+  kiln_tensor *in[2] = {leaf->grad, g};
+  kiln_tensor *ng = leaf->grad ? op_dispatch(OP_ADD, in, 2, NULL, file, line) : op_dispatch(OP_COPY, &g, 1, NULL, file, line);
+  if (!ng) return -1;
+  kiln_release(leaf->grad);
+  leaf->grad = kiln_retain(ng);
+  return 0;
+}
+
+static int check_versions(ag_node *nd) {
+  for (int i = 0; i < nd->n_in; i++)
+    if (nd->in[i] && atomic_load(&nd->in[i]->st->version) != nd->version[i])
+      return err_set(nd->file, nd->line, op_table[nd->op].name,
+                     "input %d, needed to compute gradients, was modified in place after this op", i),
+             -1;
+  struct ag_extra *x = EXTRA(nd);
+  if (x->saved_out && atomic_load(&x->saved_out->st->version) != x->out_version)
+    return err_set(nd->file, nd->line, op_table[nd->op].name,
+                   "its output, needed to compute gradients, was modified in place"),
+           -1;
+  return 0;
+}
+
+static int run_backward(kiln_tensor *root, kiln_tensor *seed, const bw_req *rq, const char *file, int line) {
+  if (!root->requires_grad)
+    return err_set(file, line, "backward", "the tensor does not require grad (no input of it requires grad)"), -1;
+  if (!root->grad_fn) return leaf_grad(root, seed, rq, file, line);
+  if (root->grad_fn->freed)
+    return err_set(file, line, "backward",
+                   "the graph was already freed by an earlier backward; call backward once per forward"),
+           -1;
+  /* count, for every reachable node, how many reachable nodes consume it */
+  static atomic_ulong epochs;
+  unsigned long epoch = atomic_fetch_add(&epochs, 1) + 1;
+  nodelist all = {0}, stack = {0}, ready = {0};
+  int rc = -1;
+  if (nl_push(&stack, root->grad_fn)) goto oom;
+  EXTRA(root->grad_fn)->epoch = epoch;
+  while (stack.n) {
+    ag_node *nd = stack.v[--stack.n];
+    if (nl_push(&all, nd)) goto oom;
+    nd->pending = 0;
+    for (int i = 0; i < nd->n_in; i++) {
+      ag_node *c = EXTRA(nd)->inputs[i].next;
+      if (!c) continue;
+      if (c->freed) {
+        err_set(file, line, "backward", "part of the graph was already freed by an earlier backward");
+        goto done;
+      }
+      if (EXTRA(c)->epoch == epoch) continue;
+      EXTRA(c)->epoch = epoch;
+      if (nl_push(&stack, c)) goto oom;
+    }
+  }
+  for (int k = 0; k < all.n; k++)
+    for (int i = 0; i < all.v[k]->n_in; i++)
+      if (EXTRA(all.v[k])->inputs[i].next) EXTRA(all.v[k])->inputs[i].next->pending++;
+  root->grad_fn->acc = kiln_retain(seed);
+  if (nl_push(&ready, root->grad_fn)) goto oom;
+  while (ready.n) {
+    ag_node *nd = ready.v[--ready.n];
+    kiln_tensor *g = nd->acc;
+    nd->acc = NULL;
+    kiln_tensor *gin[64] = {0}, **gp = nd->n_in <= 64 ? gin : kiln_calloc((size_t)nd->n_in, sizeof *gp);
+    if (!gp) goto oom;
+    if (g) {
+      for (int j = 0; j < rq->nwrt; j++)
+        if (rq->wrt[j]->grad_fn == nd) rq->res[j] = acc_add(rq->res[j], g, file, line);
+      if (check_versions(nd) || backwards[nd->op](nd, g, gp)) {
+        kiln_release(g);
+        if (gp != gin) kiln_free(gp);
+        goto done;
+      }
+    }
+    for (int i = 0; i < nd->n_in; i++) {
+      ag_input *ai = &EXTRA(nd)->inputs[i];
+      kiln_tensor *gi = gp[i];
+      if (g && ai->need && !gi) {
+        /* a formula returned NULL: its op failed and set the error */
+        kiln_release(g);
+        if (gp != gin) kiln_free(gp);
+        goto done;
+      }
+      if (gi && gi->dtype != ai->dtype) gi = kiln_cast_at(gi, ai->dtype, nd->file, nd->line);
+      if (gi) KILN_ASSERT(gi->ndim == ai->ndim);
+      int r = 0;
+      if (ai->next) {
+        if (gi) ai->next->acc = acc_add(ai->next->acc, gi, file, line);
+        if (--ai->next->pending == 0) r = nl_push(&ready, ai->next);
+      } else if (ai->leaf && gi) {
+        r = leaf_grad(ai->leaf, gi, rq, file, line);
+      }
+      if (r) {
+        kiln_release(g);
+        if (gp != gin) kiln_free(gp);
+        goto done;
+      }
+    }
+    kiln_release(g);
+    if (gp != gin) kiln_free(gp);
+  }
+  rc = 0;
+  goto done;
+oom:
+  err_set(file, line, "backward", "out of memory");
+done:
+  for (int k = 0; k < all.n; k++) {
+    ag_node *nd = all.v[k];
+    kiln_release(nd->acc);
+    nd->acc = NULL;
+    if (rq->free_graph && rc == 0) {
+      node_free_saved(nd);
+      kiln_release(EXTRA(nd)->saved_out);
+      EXTRA(nd)->saved_out = NULL;
+      nd->freed = true;
+    }
+  }
+  kiln_free(all.v);
+  kiln_free(stack.v);
+  kiln_free(ready.v);
+  return rc;
+}
+
+/* Runs the engine with grad mode off, inside a scope of its own. */
+static int backward_entry(kiln_tensor *root, kiln_tensor *seed_in, const bw_req *rq, const char *file, int line) {
+  kiln_scope_begin();
+  kiln_no_grad_begin();
+  int rc = -1;
+  kiln_tensor *seed = seed_in;
+  if (!seed) seed = kiln_ones_at(root->dtype, root->ndim, root->shape, file, line);
+  if (seed) rc = run_backward(root, seed, rq, file, line);
+  kiln_no_grad_end();
+  kiln_scope_end(); /* rq->res[] hold references of their own */
+  return rc;
+}
+
+int kiln_backward_at(kiln_tensor *loss, const char *file, int line) {
+  if (!loss) return err_null(file, line, "backward", "loss"), -1;
+  if (kiln_numel(loss) != 1) {
+    char b[SHAPE_BUF];
+    return err_set(file, line, "backward", "loss must have one element, got %s; use kiln_backward_with",
+                   err_shape(b, loss->ndim, loss->shape)),
+           -1;
+  }
+  bw_req rq = {.accumulate = true, .free_graph = true};
+  return backward_entry(loss, NULL, &rq, file, line);
+}
+
+int kiln_backward_with_at(kiln_tensor *out, kiln_tensor *grad_out, const char *file, int line) {
+  if (!out || !grad_out) return err_null(file, line, "backward_with", "%s", out ? "grad_out" : "out"), -1;
+  if (out->ndim != grad_out->ndim || memcmp(out->shape, grad_out->shape, sizeof(int64_t) * (size_t)out->ndim)) {
+    char b0[SHAPE_BUF], b1[SHAPE_BUF];
+    return err_set(file, line, "backward_with", "grad_out %s does not match out %s", err_shape(b0, grad_out->ndim, grad_out->shape),
+                   err_shape(b1, out->ndim, out->shape)),
+           -1;
+  }
+  bw_req rq = {.accumulate = true, .free_graph = true};
+  return backward_entry(out, grad_out, &rq, file, line);
+}
+
+int kiln_grad_of_at(kiln_tensor *out, kiln_tensor *const *wrt, int n, kiln_tensor **grads, const char *file,
+                    int line) {
+  if (!out || (n > 0 && (!wrt || !grads)) || n < 0) return err_set(file, line, "grad_of", "NULL argument"), -1;
+  for (int j = 0; j < n; j++) {
+    grads[j] = NULL;
+    if (!wrt[j]) return err_set(file, line, "grad_of", "wrt[%d] is NULL", j), -1;
+  }
+  if (kiln_numel(out) != 1) return err_set(file, line, "grad_of", "out must have one element"), -1;
+  bw_req rq = {.wrt = wrt, .res = grads, .nwrt = n};
+  int rc = backward_entry(out, NULL, &rq, file, line);
+  for (int j = 0; j < n; j++) {
+    kiln_tensor *g = grads[j];
+    if (rc == 0) {
+      /* a tensor of its own, with wrt's shape and dtype (zeros where out does not depend on it) */
+      kiln_no_grad_begin();
+      kiln_tensor *r = g ? op_dispatch(OP_COPY, &g, 1, NULL, file, line)
+                         : kiln_zeros_at(wrt[j]->dtype, wrt[j]->ndim, wrt[j]->shape, file, line);
+      kiln_no_grad_end();
+      grads[j] = r;
+      if (!r) rc = -1;
+    } else {
+      grads[j] = NULL;
+    }
+    kiln_release(g);
+  }
+  return rc;
+}
+
+void kiln_requires_grad(kiln_tensor *t, bool on) {
+  if (!t) return;
+  if (on && !dtype_is_float(t->dtype)) {
+    err_set(__FILE__, __LINE__, "requires_grad", "only float tensors can require grad, not %s", kiln_dtype_name(t->dtype));
+    return;
+  }
+  if (t->grad_fn) return; /* a computed tensor's flag follows its inputs */
+  t->requires_grad = on;
+}
+
+bool kiln_get_requires_grad(const kiln_tensor *t) { return t && t->requires_grad; }
+kiln_tensor *kiln_grad(const kiln_tensor *t) { return t ? t->grad : NULL; }
+
+void kiln_zero_grad(kiln_tensor *t) {
+  if (!t) return;
+  kiln_release(t->grad);
+  t->grad = NULL;
+}

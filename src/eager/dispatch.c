@@ -1,0 +1,110 @@
+/* The one dispatch point: every op, from the user or from a backward formula,
+ * passes through op_dispatch, which checks inputs, promotes dtypes, applies
+ * the shape rule, runs the kernel (or makes the view), records the op for
+ * autograd and shows it to the tracer's hook. */
+#include <string.h>
+
+#include "eager/eager.h"
+
+const op_info op_table[OP_COUNT] = {
+#define X(id, name, arity, kind, kernel, backward) [OP_##id] = {#name, arity, KIND_##kind},
+#include "ops.def"
+#undef X
+};
+
+static const kernel_fn kernels[OP_COUNT] = {
+#define X(id, name, arity, kind, kernel, backward) [OP_##id] = kernel,
+#include "ops.def"
+#undef X
+};
+
+_Static_assert(OP_COUNT == 44, "ops.def changed: update the op count here and check every switch over op_id");
+
+static _Thread_local dispatch_hook hook;
+static _Thread_local void *hook_ctx;
+
+void dispatch_set_hook(dispatch_hook fn, void *ctx) {
+  hook = fn;
+  hook_ctx = ctx;
+}
+
+static bool promotes(op_id op) {
+  return (op >= OP_ADD && op <= OP_GE) || op == OP_WHERE || op == OP_MATMUL;
+}
+
+/* Like op_dispatch, but the result belongs to the caller, not to a scope. */
+static kiln_tensor *dispatch_owned(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, const char *file,
+                                   int line) {
+  static const op_attrs none;
+  if (!a) a = &none;
+  const char *name = op_table[op].name;
+  if (op_table[op].arity >= 0 && n != op_table[op].arity)
+    return err_set(file, line, name, "takes %d inputs, got %d", op_table[op].arity, n);
+  if (n < 1) return err_set(file, line, name, "needs at least one input");
+  for (int i = 0; i < n; i++)
+    if (!in[i]) return err_null(file, line, name, "input %d", i);
+
+  /* mixed dtypes: cast to the promoted type through the dispatcher, so autograd and the tracer see the casts */
+  kiln_tensor *cast[3] = {0}, *args[3], *out = NULL;
+  if (promotes(op)) {
+    int first = op == OP_WHERE ? 1 : 0;
+    kiln_dtype dt = dtype_promote(in[first], in[first + 1]);
+    for (int i = 0; i < n; i++) {
+      args[i] = in[i];
+      if (i >= first && in[i]->dtype != dt) {
+        op_attrs ca = {.dtype = dt};
+        cast[i] = dispatch_owned(OP_CAST, &in[i], 1, &ca, file, line);
+        if (!cast[i]) goto fail;
+        args[i] = cast[i];
+      }
+    }
+    in = args;
+  }
+
+  kiln_dtype dt;
+  int ndim;
+  int64_t shape[MAXD];
+  if (shape_rule(op, in, n, a, &dt, &ndim, shape, file, line)) goto fail;
+  if (op_table[op].kind == KIND_VIEW) {
+    int64_t stride[MAXD], off;
+    int r = view_layout(op, in[0], a, &ndim, shape, stride, &off);
+    if (r == 0) {
+      out = tensor_view(in[0], ndim, shape, stride, off);
+    } else {
+      /* a reshape of a layout that cannot be viewed: copy, then view the copy */
+      kiln_tensor *c = tensor_new(in[0]->dtype, in[0]->ndim, in[0]->shape);
+      if (c) {
+        pw_copy(c, in[0]);
+        contiguous_strides(ndim, shape, stride);
+        out = tensor_view(c, ndim, shape, stride, 0);
+        kiln_release(c);
+      }
+    }
+    if (!out) {
+      err_set(file, line, name, "out of memory");
+      goto fail;
+    }
+  } else {
+    out = tensor_new(dt, ndim, shape);
+    if (!out) {
+      err_set(file, line, name, "out of memory");
+      goto fail;
+    }
+    if (kernels[op](op, in, n, a, out)) {
+      err_set(file, line, name, "out of memory");
+      goto fail;
+    }
+  }
+  if (ag_record(op, in, n, a, out, file, line)) goto fail;
+  if (hook) hook(hook_ctx, op, in, n, a, out, file, line);
+  for (int i = 0; i < 3; i++) kiln_release(cast[i]);
+  return out;
+fail:
+  kiln_release(out);
+  for (int i = 0; i < 3; i++) kiln_release(cast[i]);
+  return NULL;
+}
+
+kiln_tensor *op_dispatch(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, const char *file, int line) {
+  return scope_adopt(dispatch_owned(op, in, n, a, file, line));
+}

@@ -1,0 +1,199 @@
+/* Internal header of the eager layer: tensors and storage, the op table,
+ * dispatch, kernels, autograd. The tracer reads the op table and sets the
+ * dispatch hook; nothing here knows about the tracer. Sectioned by file. */
+#ifndef KILN_EAGER_H
+#define KILN_EAGER_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "kiln.h"
+
+#define MAXD KILN_MAX_DIMS
+
+#ifdef KILN_TEST_BUILD
+#define KILN_ASSERT(x) \
+  ((x) ? (void)0 : (fprintf(stderr, "%s:%d: internal error: %s\n", __FILE__, __LINE__, #x), __builtin_trap()))
+#else
+#define KILN_ASSERT(x) ((void)0)
+#endif
+
+/* ---- alloc.c: the one allocator (fails on demand in the test build) ---- */
+
+void *kiln_malloc(size_t n);
+void *kiln_calloc(size_t n, size_t size);
+void *kiln_realloc(void *p, size_t n);
+void *kiln_aligned_alloc(size_t n); /* n a multiple of 64; free with kiln_storage_free */
+void kiln_storage_free(void *p, size_t n);
+void kiln_free(void *p);
+/* Test build: make the n-th allocation from now fail (0 = never). */
+void alloc_fail_after(int64_t n);
+/* Storage bytes accounting (tensor data only). */
+void alloc_track(int64_t delta);
+
+/* ---- error.c ---------------------------------------------------------- */
+
+/* Sets the thread's message to "file:line: kiln_<op>: <fmt>". Always returns NULL. */
+void *err_set(const char *file, int line, const char *op, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* For a NULL argument: sets "<what> is NULL" unless an earlier error is pending. */
+void *err_null(const char *file, int line, const char *op, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+/* Formats a shape as "[2,3]" into buf (at least 128 bytes). */
+const char *err_shape(char *buf, int ndim, const int64_t *shape);
+#define SHAPE_BUF 160
+
+/* ---- tensor.c --------------------------------------------------------- */
+
+typedef struct storage {
+  atomic_long refcount;
+  void *data;
+  size_t bytes;
+  atomic_ulong version; /* bumped by every in-place write, checked by autograd */
+} storage;
+
+typedef struct ag_node ag_node;
+
+struct kiln_tensor {
+  atomic_int refcount;
+  kiln_dtype dtype;
+  int ndim;
+  int64_t shape[MAXD];
+  int64_t stride[MAXD]; /* in elements */
+  int64_t offset;       /* in elements */
+  storage *st;
+  bool requires_grad;
+  kiln_tensor *grad; /* leaves: accumulated gradient, owned */
+  ag_node *grad_fn;  /* non-leaves: the node that made it */
+};
+
+int64_t shape_numel(int ndim, const int64_t *shape);
+/* New contiguous tensor with uninitialized data, owned by the caller (not by a scope). */
+kiln_tensor *tensor_new(kiln_dtype dt, int ndim, const int64_t *shape);
+/* New view of t's storage with the given layout, owned by the caller. */
+kiln_tensor *tensor_view(kiln_tensor *t, int ndim, const int64_t *shape, const int64_t *stride, int64_t offset);
+/* Registers a freshly made tensor with the innermost scope; returns it. */
+kiln_tensor *scope_adopt(kiln_tensor *t);
+static inline void *tensor_data(const kiln_tensor *t) {
+  return (char *)t->st->data + t->offset * (int64_t)kiln_dtype_size(t->dtype);
+}
+bool tensor_contiguous(const kiln_tensor *t);
+void contiguous_strides(int ndim, const int64_t *shape, int64_t *stride);
+/* One element as a double (index in row-major order). */
+double tensor_get(const kiln_tensor *t, int64_t linear);
+
+/* ---- ops.def expanded ------------------------------------------------- */
+
+typedef enum op_kind { KIND_POINTWISE, KIND_REDUCE, KIND_MATMUL, KIND_VIEW, KIND_OTHER } op_kind;
+
+typedef enum op_id {
+#define X(id, name, arity, kind, kernel, backward) OP_##id,
+#include "ops.def"
+#undef X
+  OP_COUNT
+} op_id;
+
+/* Attributes are inline and fixed-size: they are part of a node's identity. */
+typedef struct op_attrs {
+  int ndim;                 /* reshape/expand target rank */
+  int64_t shape[MAXD];      /* reshape/expand target; index_add/slice_scatter: none */
+  int perm[MAXD];           /* permute */
+  int naxes;                /* reductions: sorted, non-negative */
+  int axes[MAXD];
+  bool keepdim;
+  int dim;                  /* slice, cat, index_select, index_add, slice_scatter */
+  int64_t start, end, step; /* slice, slice_scatter */
+  kiln_dtype dtype;         /* cast */
+} op_attrs;
+
+typedef struct op_info {
+  const char *name;
+  int arity; /* -1: variadic */
+  op_kind kind;
+} op_info;
+extern const op_info op_table[OP_COUNT];
+
+/* ---- dispatch.c: the one point every op passes through ----------------- */
+
+/* Runs op on in[0..n) with attrs: checks, shape rule, kernel, autograd record,
+ * then the hook. Returns a tensor owned by the innermost scope or NULL with the
+ * error set. */
+kiln_tensor *op_dispatch(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, const char *file,
+                         int line);
+
+/* Set by the tracer while tracing (thread-local): sees every op with its result. */
+typedef void (*dispatch_hook)(void *ctx, op_id op, kiln_tensor *const *in, int n, const op_attrs *a,
+                              kiln_tensor *out, const char *file, int line);
+void dispatch_set_hook(dispatch_hook fn, void *ctx);
+
+/* ---- shape.c: shape and dtype rules ------------------------------------ */
+
+/* Fills out dtype/ndim/shape; 0 or -1 with the error set (file/line for it). */
+int shape_rule(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_dtype *dt, int *ndim,
+               int64_t *shape, const char *file, int line);
+int shape_broadcast(int na, const int64_t *sa, int nb, const int64_t *sb, int *nout, int64_t *out);
+kiln_dtype dtype_promote(const kiln_tensor *a, const kiln_tensor *b);
+/* Normalizes axis in [-ndim, ndim) to [0, ndim); -1 when out of range. */
+int axis_norm(int axis, int ndim);
+bool dtype_is_float(kiln_dtype dt);
+
+/* ---- kernels: write out (allocated, contiguous) from in ---------------- */
+
+typedef int (*kernel_fn)(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out);
+int k_binary(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
+int k_unary(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
+int k_where(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
+int k_cast(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
+int k_copy(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
+int k_reduce(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
+int k_argmax(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
+int k_matmul(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
+int k_cat(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
+int k_index_select(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
+int k_index_add(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
+int k_slice_scatter(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
+
+/* pointwise.c: elementwise into an arbitrary (possibly strided) destination.
+ * The in-place ops use these directly. All operands already have dtype dt
+ * (dst may be bool for comparisons). */
+void pw_binary(op_id op, kiln_tensor *dst, const kiln_tensor *a, const kiln_tensor *b);
+void pw_unary(op_id op, kiln_tensor *dst, const kiln_tensor *a);
+/* dst = src converted to dst's dtype, broadcasting src to dst's shape. */
+void pw_copy(kiln_tensor *dst, const kiln_tensor *src);
+void pw_fill(kiln_tensor *dst, double v);
+
+/* ---- views.c: view layouts (shared by dispatch and in-place checks) ----- */
+
+/* Layout of op's view of t; 0 or -1 (reshape that needs a copy returns 1). */
+int view_layout(op_id op, const kiln_tensor *t, const op_attrs *a, int *ndim, int64_t *shape,
+                int64_t *stride, int64_t *offset);
+
+/* ---- autograd.c -------------------------------------------------------- */
+
+typedef int (*backward_fn)(ag_node *node, kiln_tensor *g, kiln_tensor **gin);
+struct ag_node {
+  atomic_int refcount;
+  op_id op;
+  op_attrs attrs;
+  int n_in;
+  kiln_tensor **in;       /* saved inputs (retained) */
+  unsigned long *version; /* storage versions of the inputs when saved */
+  kiln_dtype out_dtype;
+  int out_ndim;
+  int64_t out_shape[MAXD];
+  const char *file; /* the forward op's caller: backward ops report it too */
+  int line;
+  bool freed;             /* saved tensors released by a backward */
+  kiln_tensor *acc;       /* during backward: gradient of the output so far */
+  int pending;            /* during backward: consumers not yet processed */
+};
+bool grad_mode(void);
+/* Records out = op(in) for autograd when grad mode is on and an input requires grad. */
+int ag_record(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out, const char *file,
+              int line);
+void ag_node_release(ag_node *node);
+
+/* ---- pool.h is separate (thread pool) ----------------------------------- */
+
+#endif

@@ -1,0 +1,46 @@
+/* Errors: a thread-local message that names the caller's file:line and the op,
+ * in the form "mlp.c:42: kiln_matmul: shapes [32,100] and [784,10] ...". */
+#include <stdarg.h>
+#include <string.h>
+
+#include "eager/eager.h"
+
+static _Thread_local char msg[1024];
+
+static const char *base_name(const char *path) {
+  /* Keep the path as the user's compiler gave it, minus a leading "./". */
+  if (path && path[0] == '.' && path[1] == '/') return path + 2;
+  return path ? path : "?";
+}
+
+void *err_set(const char *file, int line, const char *op, const char *fmt, ...) {
+  int n = snprintf(msg, sizeof msg, "%s:%d: kiln_%s: ", base_name(file), line, op);
+  if (n < 0 || n >= (int)sizeof msg) return NULL;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg + n, sizeof msg - (size_t)n, fmt, ap);
+  va_end(ap);
+  return NULL;
+}
+
+const char *err_shape(char *buf, int ndim, const int64_t *shape) {
+  int n = snprintf(buf, SHAPE_BUF, "[");
+  for (int i = 0; i < ndim && n < SHAPE_BUF - 24; i++)
+    n += snprintf(buf + n, (size_t)(SHAPE_BUF - n), i ? ",%lld" : "%lld", (long long)shape[i]);
+  snprintf(buf + n, (size_t)(SHAPE_BUF - n), "]");
+  return buf;
+}
+
+void *err_null(const char *file, int line, const char *op, const char *fmt, ...) {
+  /* NULL usually means an earlier op failed: keep that op's message, it is the useful one */
+  if (msg[0]) return NULL;
+  char what[128];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(what, sizeof what, fmt, ap);
+  va_end(ap);
+  return err_set(file, line, op, "%s is NULL", what);
+}
+
+const char *kiln_last_error(void) { return msg; }
+void kiln_clear_error(void) { msg[0] = 0; }

@@ -1,0 +1,97 @@
+/* In-place ops: add_ sub_ mul_ copy_ fill_ zero_. They write into dst's own
+ * storage (bumping its version, which autograd checks), so they refuse what
+ * would make the result depend on the order of writes (src overlapping dst
+ * other than exactly, dst with repeated elements) and writes into tensors
+ * autograd may still need. */
+#include <string.h>
+
+#include "eager/eager.h"
+#include "eager/pool.h"
+
+/* The element range [lo, hi] that t touches in its storage. */
+static void extent(const kiln_tensor *t, int64_t *lo, int64_t *hi) {
+  *lo = *hi = t->offset;
+  for (int i = 0; i < t->ndim; i++) {
+    int64_t span = (t->shape[i] - 1) * t->stride[i];
+    if (span < 0) *lo += span;
+    else *hi += span;
+  }
+}
+
+static bool has_repeats(const kiln_tensor *t) {
+  for (int i = 0; i < t->ndim; i++)
+    if (t->shape[i] > 1 && t->stride[i] == 0) return true;
+  return false;
+}
+
+static bool same_layout(const kiln_tensor *a, const kiln_tensor *b) {
+  return a->offset == b->offset && a->ndim == b->ndim && !memcmp(a->shape, b->shape, sizeof(int64_t) * (size_t)a->ndim) &&
+         !memcmp(a->stride, b->stride, sizeof(int64_t) * (size_t)a->ndim);
+}
+
+static int check_dst(const char *op, kiln_tensor *dst, const char *file, int line) {
+  if (!dst) return err_null(file, line, op, "dst"), -1;
+  if (grad_mode() && dst->requires_grad)
+    return err_set(file, line, op,
+                   "dst requires grad: an in-place write would corrupt autograd; do it inside kiln_no_grad_begin/end"),
+           -1;
+  return 0;
+}
+
+static kiln_tensor *inplace(op_id op, const char *name, kiln_tensor *dst, kiln_tensor *src, const char *file,
+                            int line) {
+  if (check_dst(name, dst, file, line)) return NULL;
+  if (!src) return err_null(file, line, name, "src");
+  char b0[SHAPE_BUF], b1[SHAPE_BUF];
+  int nd;
+  int64_t shape[MAXD];
+  if (shape_broadcast(dst->ndim, dst->shape, src->ndim, src->shape, &nd, shape) || nd != dst->ndim ||
+      memcmp(shape, dst->shape, sizeof(int64_t) * (size_t)nd))
+    return err_set(file, line, name, "src %s does not broadcast to dst %s", err_shape(b0, src->ndim, src->shape),
+                   err_shape(b1, dst->ndim, dst->shape));
+  if (grad_mode() && src->requires_grad)
+    return err_set(file, line, name, "src requires grad: in-place ops do not record history; use the out-of-place op");
+  if (has_repeats(dst)) return err_set(file, line, name, "dst %s has repeated elements (an expanded view)", err_shape(b0, dst->ndim, dst->shape));
+  if (dst->dtype == KILN_BOOL && op != OP_COPY) return err_set(file, line, name, "dst is bool");
+  if (src->st == dst->st && !same_layout(src, dst) && kiln_numel(src) && kiln_numel(dst)) {
+    int64_t l0, h0, l1, h1;
+    extent(dst, &l0, &h0);
+    extent(src, &l1, &h1);
+    if (l0 <= h1 && l1 <= h0)
+      return err_set(file, line, name, "src overlaps dst in memory; compute the result out of place, then copy_ it");
+  }
+  kiln_tensor *cast = NULL;
+  if (src->dtype != dst->dtype && op != OP_COPY) {
+    kiln_no_grad_begin();
+    cast = kiln_cast_at(src, dst->dtype, file, line);
+    kiln_no_grad_end();
+    if (!cast) return NULL;
+    kiln_retain(cast); /* ours until the end, whatever the scope */
+    src = cast;
+  }
+  if (op == OP_COPY) pw_copy(dst, src);
+  else pw_binary(op, dst, dst, src);
+  atomic_fetch_add(&dst->st->version, 1);
+  kiln_release(cast);
+  return dst;
+}
+
+kiln_tensor *kiln_add__at(kiln_tensor *d, kiln_tensor *s, const char *f, int l) { return inplace(OP_ADD, "add_", d, s, f, l); }
+kiln_tensor *kiln_sub__at(kiln_tensor *d, kiln_tensor *s, const char *f, int l) { return inplace(OP_SUB, "sub_", d, s, f, l); }
+kiln_tensor *kiln_mul__at(kiln_tensor *d, kiln_tensor *s, const char *f, int l) { return inplace(OP_MUL, "mul_", d, s, f, l); }
+kiln_tensor *kiln_copy__at(kiln_tensor *d, kiln_tensor *s, const char *f, int l) { return inplace(OP_COPY, "copy_", d, s, f, l); }
+
+kiln_tensor *kiln_fill__at(kiln_tensor *dst, double v, const char *file, int line) {
+  if (check_dst("fill_", dst, file, line)) return NULL;
+  pw_fill(dst, v);
+  atomic_fetch_add(&dst->st->version, 1);
+  return dst;
+}
+
+kiln_tensor *kiln_zero__at(kiln_tensor *dst, const char *file, int line) {
+  if (!dst) return err_null(file, line, "zero_", "dst");
+  return kiln_fill__at(dst, 0.0, file, line) ? dst : NULL;
+}
+
+void kiln_set_num_threads(int n) { pool_set_num_threads(n); }
+int kiln_get_num_threads(void) { return pool_num_threads(); }

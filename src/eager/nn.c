@@ -1,0 +1,141 @@
+/* Neural-network ops written with the primitives: softmax, log_softmax,
+ * layer_norm, embedding, cross_entropy, mse_loss. Being compositions, they get
+ * their backward from the primitives and reach the tracer as primitives that
+ * the compiler fuses. Each runs in a scope of its own and keeps its result. */
+#include <inttypes.h>
+
+#include "eager/eager.h"
+
+static int check_float(const char *op, const kiln_tensor *t, int idx, const char *file, int line) {
+  if (!t) return err_null(file, line, op, "input %d", idx), -1;
+  if (!dtype_is_float(t->dtype))
+    return err_set(file, line, op, "dtype %s is not supported (floats only)", kiln_dtype_name(t->dtype)), -1;
+  return 0;
+}
+
+static int check_axis(const char *op, const kiln_tensor *t, int axis, const char *file, int line) {
+  if (axis_norm(axis, t->ndim) < 0) {
+    char b[SHAPE_BUF];
+    return err_set(file, line, op, "axis %d is out of range for shape %s", axis, err_shape(b, t->ndim, t->shape)), -1;
+  }
+  return 0;
+}
+
+/* max over axis, without history: softmax is invariant to it, so its gradient is zero */
+static kiln_tensor *row_max(kiln_tensor *x, int axis, const char *file, int line) {
+  kiln_no_grad_begin();
+  kiln_tensor *m = kiln_max_at(x, axis, true, file, line);
+  kiln_no_grad_end();
+  return m;
+}
+
+kiln_tensor *kiln_softmax_at(kiln_tensor *x, int axis, const char *file, int line) {
+  if (check_float("softmax", x, 0, file, line) || check_axis("softmax", x, axis, file, line)) return NULL;
+  kiln_scope_begin();
+  kiln_tensor *e = kiln_exp_at(kiln_sub_at(x, row_max(x, axis, file, line), file, line), file, line);
+  kiln_tensor *y = kiln_keep(kiln_div_at(e, kiln_sum_at(e, axis, true, file, line), file, line));
+  kiln_scope_end();
+  return y;
+}
+
+kiln_tensor *kiln_log_softmax_at(kiln_tensor *x, int axis, const char *file, int line) {
+  if (check_float("log_softmax", x, 0, file, line) || check_axis("log_softmax", x, axis, file, line)) return NULL;
+  kiln_scope_begin();
+  kiln_tensor *z = kiln_sub_at(x, row_max(x, axis, file, line), file, line);
+  kiln_tensor *lse = kiln_log_at(kiln_sum_at(kiln_exp_at(z, file, line), axis, true, file, line), file, line);
+  kiln_tensor *y = kiln_keep(kiln_sub_at(z, lse, file, line));
+  kiln_scope_end();
+  return y;
+}
+
+kiln_tensor *kiln_layer_norm_at(kiln_tensor *x, kiln_tensor *w, kiln_tensor *b, double eps, const char *file,
+                                int line) {
+  if (check_float("layer_norm", x, 0, file, line)) return NULL;
+  char b0[SHAPE_BUF], b1[SHAPE_BUF];
+  if (x->ndim == 0) return err_set(file, line, "layer_norm", "input must have at least one dim");
+  int64_t c = x->shape[x->ndim - 1];
+  kiln_tensor *wb[2] = {w, b};
+  for (int i = 0; i < 2; i++)
+    if (wb[i] && (wb[i]->ndim != 1 || wb[i]->shape[0] != c))
+      return err_set(file, line, "layer_norm", "%s %s does not match the last dim of %s", i ? "bias" : "weight",
+                     err_shape(b0, wb[i]->ndim, wb[i]->shape), err_shape(b1, x->ndim, x->shape));
+  kiln_scope_begin();
+  kiln_tensor *mu = kiln_mean_at(x, -1, true, file, line);
+  kiln_tensor *d = kiln_sub_at(x, mu, file, line);
+  kiln_tensor *var = kiln_mean_at(kiln_mul_at(d, d, file, line), -1, true, file, line);
+  kiln_tensor *r = kiln_rsqrt_at(kiln_add_at(var, kiln_scalar_at(x->dtype, eps, file, line), file, line), file, line);
+  kiln_tensor *y = kiln_mul_at(d, r, file, line);
+  if (w) y = kiln_mul_at(y, w, file, line);
+  if (b) y = kiln_add_at(y, b, file, line);
+  kiln_keep(y);
+  kiln_scope_end();
+  return y;
+}
+
+kiln_tensor *kiln_embedding_at(kiln_tensor *table, kiln_tensor *idx, const char *file, int line) {
+  if (!table || !idx) return err_null(file, line, "embedding", "input %d", table ? 1 : 0);
+  char b0[SHAPE_BUF];
+  if (table->ndim != 2) return err_set(file, line, "embedding", "table must be (V,C), got %s", err_shape(b0, table->ndim, table->shape));
+  if (idx->dtype != KILN_I64) return err_set(file, line, "embedding", "indices must be i64, got %s", kiln_dtype_name(idx->dtype));
+  if (idx->ndim >= MAXD) return err_set(file, line, "embedding", "indices have too many dims (%d)", idx->ndim);
+  for (int64_t i = 0, n = kiln_numel(idx), v = table->shape[0]; i < n; i++) {
+    int64_t k = (int64_t)tensor_get(idx, i);
+    if (k < 0 || k >= v)
+      return err_set(file, line, "embedding", "index %" PRId64 " is out of range for a table of %" PRId64 " rows", k, v);
+  }
+  int64_t flat = -1, shape[MAXD];
+  for (int i = 0; i < idx->ndim; i++) shape[i] = idx->shape[i];
+  shape[idx->ndim] = table->shape[1];
+  kiln_scope_begin();
+  kiln_tensor *rows = kiln_index_select_at(table, 0, kiln_reshape_at(idx, 1, &flat, file, line), file, line);
+  kiln_tensor *y = kiln_keep(kiln_reshape_at(rows, idx->ndim + 1, shape, file, line));
+  kiln_scope_end();
+  return y;
+}
+
+kiln_tensor *kiln_cross_entropy_at(kiln_tensor *logits, kiln_tensor *targets, const char *file, int line) {
+  if (check_float("cross_entropy", logits, 0, file, line)) return NULL;
+  if (!targets) return err_null(file, line, "cross_entropy", "input 1");
+  char b0[SHAPE_BUF], b1[SHAPE_BUF];
+  if (logits->ndim != 2 || targets->ndim != 1 || targets->shape[0] != logits->shape[0] || targets->dtype != KILN_I64)
+    return err_set(file, line, "cross_entropy", "expects logits (N,C) and i64 targets (N,), got %s and %s%s",
+                   err_shape(b0, logits->ndim, logits->shape), kiln_dtype_name(targets->dtype),
+                   err_shape(b1, targets->ndim, targets->shape));
+  int64_t n = logits->shape[0], c = logits->shape[1];
+  if (n == 0) return err_set(file, line, "cross_entropy", "no rows (N = 0)");
+  for (int64_t i = 0; i < n; i++) {
+    int64_t t = (int64_t)tensor_get(targets, i);
+    if (t < 0 || t >= c)
+      return err_set(file, line, "cross_entropy", "target %" PRId64 " of row %" PRId64 " is out of range [0, %" PRId64 ")", t,
+                     i, c);
+  }
+  kiln_scope_begin();
+  /* pick row i's target as element i*C + t[i] of the flattened log-probabilities */
+  kiln_tensor *pick = kiln_zeros_at(KILN_I64, 1, &n, file, line);
+  if (pick) {
+    int64_t *pd = tensor_data(pick);
+    for (int64_t i = 0; i < n; i++) pd[i] = i * c + (int64_t)tensor_get(targets, i);
+  }
+  int64_t all = -1;
+  kiln_tensor *lp = kiln_reshape_at(kiln_log_softmax_at(logits, 1, file, line), 1, &all, file, line);
+  kiln_tensor *picked = kiln_index_select_at(lp, 0, pick, file, line);
+  kiln_tensor *y = kiln_keep(kiln_neg_at(kiln_mean_at(picked, 0, false, file, line), file, line));
+  kiln_scope_end();
+  return y;
+}
+
+kiln_tensor *kiln_mse_loss_at(kiln_tensor *a, kiln_tensor *b, const char *file, int line) {
+  if (check_float("mse_loss", a, 0, file, line) || check_float("mse_loss", b, 1, file, line)) return NULL;
+  int nd;
+  int64_t shape[MAXD];
+  if (shape_broadcast(a->ndim, a->shape, b->ndim, b->shape, &nd, shape)) {
+    char b0[SHAPE_BUF], b1[SHAPE_BUF];
+    return err_set(file, line, "mse_loss", "shapes %s and %s do not broadcast", err_shape(b0, a->ndim, a->shape),
+                   err_shape(b1, b->ndim, b->shape));
+  }
+  kiln_scope_begin();
+  kiln_tensor *d = kiln_sub_at(a, b, file, line);
+  kiln_tensor *y = kiln_keep(kiln_mean_axes_at(kiln_mul_at(d, d, file, line), NULL, 0, false, file, line));
+  kiln_scope_end();
+  return y;
+}

@@ -1,0 +1,310 @@
+/* Pointwise kernels: binary, unary, where, cast and copy, for every dtype.
+ * Each inner loop has fast paths for unit and zero (broadcast) strides that
+ * the compiler vectorizes, and a general strided path; the iterator splits
+ * large tensors across the pool. */
+#include <math.h>
+#include <string.h>
+
+#include "eager/iter.h"
+#include "eager/vmath.h"
+
+/* ---- binary ---- */
+
+/* The loop body with the three stride cases the compiler can vectorize. */
+#define BIN_BODY(T, TO, EXPR)                                                     \
+  do {                                                                            \
+    TO *o = (TO *)p[0];                                                           \
+    const T *xp = (const T *)p[1], *yp = (const T *)p[2];                         \
+    int64_t so = s[0], sx = s[1], sy = s[2];                                      \
+    if (so == 1 && sx == 1 && sy == 1) {                                          \
+      for (int64_t i = 0; i < n; i++) { T x = xp[i], y = yp[i]; o[i] = (EXPR); }  \
+    } else if (so == 1 && sx == 1 && sy == 0) {                                   \
+      T y = yp[0];                                                                \
+      for (int64_t i = 0; i < n; i++) { T x = xp[i]; o[i] = (EXPR); }             \
+    } else if (so == 1 && sx == 0 && sy == 1) {                                   \
+      T x = xp[0];                                                                \
+      for (int64_t i = 0; i < n; i++) { T y = yp[i]; o[i] = (EXPR); }             \
+    } else {                                                                      \
+      for (int64_t i = 0; i < n; i++) {                                           \
+        T x = xp[i * sx], y = yp[i * sy];                                         \
+        o[i * so] = (EXPR);                                                       \
+      }                                                                           \
+    }                                                                             \
+  } while (0)
+
+/* NaN-propagating max/min as NumPy's maximum/minimum. */
+#define MAXNAN(x, y) (((x) > (y) || (x) != (x)) ? (x) : (y))
+#define MINNAN(x, y) (((x) < (y) || (x) != (x)) ? (x) : (y))
+
+#define BIN_FLOAT(T, SFX, POWF)                                                     \
+  static void add_##SFX(char **p, const int64_t *s, int64_t n, const void *c) { (void)c; BIN_BODY(T, T, x + y); } \
+  static void sub_##SFX(char **p, const int64_t *s, int64_t n, const void *c) { (void)c; BIN_BODY(T, T, x - y); } \
+  static void mul_##SFX(char **p, const int64_t *s, int64_t n, const void *c) { (void)c; BIN_BODY(T, T, x * y); } \
+  static void div_##SFX(char **p, const int64_t *s, int64_t n, const void *c) { (void)c; BIN_BODY(T, T, x / y); } \
+  static void max_##SFX(char **p, const int64_t *s, int64_t n, const void *c) { (void)c; BIN_BODY(T, T, MAXNAN(x, y)); } \
+  static void min_##SFX(char **p, const int64_t *s, int64_t n, const void *c) { (void)c; BIN_BODY(T, T, MINNAN(x, y)); } \
+  static void pow_##SFX(char **p, const int64_t *s, int64_t n, const void *c) {   \
+    (void)c;                                                                      \
+    if (s[2] == 0) { /* common exponents as products: exact and vectorized */     \
+      T e = *(const T *)p[2];                                                     \
+      if (e == 2) { BIN_BODY(T, T, x * x + 0 * y); return; }                      \
+      if (e == 3) { BIN_BODY(T, T, x * x * x + 0 * y); return; }                  \
+      if (e == 1) { BIN_BODY(T, T, x + 0 * y); return; }                          \
+    }                                                                             \
+    BIN_BODY(T, T, POWF(x, y));                                                   \
+  }
+
+BIN_FLOAT(float, f32, powf)
+BIN_FLOAT(double, f64, pow)
+
+static void add_i64(char **p, const int64_t *s, int64_t n, const void *c) { (void)c; BIN_BODY(int64_t, int64_t, (int64_t)((uint64_t)x + (uint64_t)y)); }
+static void sub_i64(char **p, const int64_t *s, int64_t n, const void *c) { (void)c; BIN_BODY(int64_t, int64_t, (int64_t)((uint64_t)x - (uint64_t)y)); }
+static void mul_i64(char **p, const int64_t *s, int64_t n, const void *c) { (void)c; BIN_BODY(int64_t, int64_t, (int64_t)((uint64_t)x * (uint64_t)y)); }
+static void max_i64(char **p, const int64_t *s, int64_t n, const void *c) { (void)c; BIN_BODY(int64_t, int64_t, x > y ? x : y); }
+static void min_i64(char **p, const int64_t *s, int64_t n, const void *c) { (void)c; BIN_BODY(int64_t, int64_t, x < y ? x : y); }
+
+#define CMP_ALL(T, SFX)                                                                                          \
+  static void eq_##SFX(char **p, const int64_t *s, int64_t n, const void *c) { (void)c; BIN_BODY(T, bool, x == y); } \
+  static void ne_##SFX(char **p, const int64_t *s, int64_t n, const void *c) { (void)c; BIN_BODY(T, bool, x != y); } \
+  static void lt_##SFX(char **p, const int64_t *s, int64_t n, const void *c) { (void)c; BIN_BODY(T, bool, x < y); }  \
+  static void le_##SFX(char **p, const int64_t *s, int64_t n, const void *c) { (void)c; BIN_BODY(T, bool, x <= y); } \
+  static void gt_##SFX(char **p, const int64_t *s, int64_t n, const void *c) { (void)c; BIN_BODY(T, bool, x > y); }  \
+  static void ge_##SFX(char **p, const int64_t *s, int64_t n, const void *c) { (void)c; BIN_BODY(T, bool, x >= y); }
+CMP_ALL(float, f32)
+CMP_ALL(double, f64)
+CMP_ALL(int64_t, i64)
+CMP_ALL(bool, b8)
+
+/* [op - OP_ADD][dtype]; NULL where the shape rule refuses the combination */
+static const iter_inner binary_loops[OP_GE - OP_ADD + 1][4] = {
+    [OP_ADD - OP_ADD] = {add_f32, add_f64, add_i64, NULL},
+    [OP_SUB - OP_ADD] = {sub_f32, sub_f64, sub_i64, NULL},
+    [OP_MUL - OP_ADD] = {mul_f32, mul_f64, mul_i64, NULL},
+    [OP_DIV - OP_ADD] = {div_f32, div_f64, NULL, NULL},
+    [OP_POW - OP_ADD] = {pow_f32, pow_f64, NULL, NULL},
+    [OP_MAXIMUM - OP_ADD] = {max_f32, max_f64, max_i64, NULL},
+    [OP_MINIMUM - OP_ADD] = {min_f32, min_f64, min_i64, NULL},
+    [OP_EQ - OP_ADD] = {eq_f32, eq_f64, eq_i64, eq_b8},
+    [OP_NE - OP_ADD] = {ne_f32, ne_f64, ne_i64, ne_b8},
+    [OP_LT - OP_ADD] = {lt_f32, lt_f64, lt_i64, lt_b8},
+    [OP_LE - OP_ADD] = {le_f32, le_f64, le_i64, le_b8},
+    [OP_GT - OP_ADD] = {gt_f32, gt_f64, gt_i64, gt_b8},
+    [OP_GE - OP_ADD] = {ge_f32, ge_f64, ge_i64, ge_b8},
+};
+
+void pw_binary(op_id op, kiln_tensor *dst, const kiln_tensor *a, const kiln_tensor *b) {
+  iter it;
+  const kiln_tensor *ops[2] = {a, b};
+  iter_build(&it, dst, ops, 2);
+  iter_inner fn = binary_loops[op - OP_ADD][a->dtype];
+  KILN_ASSERT(fn);
+  if (fn) iter_run(&it, fn, NULL);
+}
+
+int k_binary(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out) {
+  (void)n, (void)a;
+  pw_binary(op, out, in[0], in[1]);
+  return 0;
+}
+
+/* ---- unary ---- */
+
+#define UN_BODY(T, EXPR)                                                  \
+  do {                                                                    \
+    T *o = (T *)p[0];                                                     \
+    const T *xp = (const T *)p[1];                                        \
+    int64_t so = s[0], sx = s[1];                                         \
+    if (so == 1 && sx == 1) {                                             \
+      for (int64_t i = 0; i < n; i++) { T x = xp[i]; o[i] = (EXPR); }     \
+    } else {                                                              \
+      for (int64_t i = 0; i < n; i++) { T x = xp[i * sx]; o[i * so] = (EXPR); } \
+    }                                                                     \
+  } while (0)
+
+#define UN(NAME, T, EXPR) \
+  static void NAME(char **p, const int64_t *s, int64_t n, const void *c) { (void)c; UN_BODY(T, EXPR); }
+
+UN(neg_f32, float, -x)
+UN(abs_f32, float, fabsf(x))
+UN(exp_f32, float, vm_expf(x))
+UN(log_f32, float, vm_logf(x))
+UN(sqrt_f32, float, sqrtf(x))
+UN(rsqrt_f32, float, 1.0f / sqrtf(x))
+UN(tanh_f32, float, vm_tanhf(x))
+UN(sigmoid_f32, float, vm_sigmoidf(x))
+UN(relu_f32, float, x > 0.0f ? x : (x != x ? x : 0.0f))
+UN(gelu_f32, float, vm_geluf(x))
+UN(gelu_erf_f32, float, vm_gelu_erff(x))
+UN(erf_f32, float, vm_erff(x))
+UN(sin_f32, float, vm_sinf(x))
+UN(cos_f32, float, vm_cosf(x))
+UN(neg_f64, double, -x)
+UN(abs_f64, double, fabs(x))
+UN(exp_f64, double, exp(x))
+UN(log_f64, double, log(x))
+UN(sqrt_f64, double, sqrt(x))
+UN(rsqrt_f64, double, 1.0 / sqrt(x))
+UN(tanh_f64, double, tanh(x))
+UN(sigmoid_f64, double, vm_sigmoid(x))
+UN(relu_f64, double, x > 0.0 ? x : (x != x ? x : 0.0))
+UN(gelu_f64, double, vm_gelu(x))
+UN(gelu_erf_f64, double, vm_gelu_erf(x))
+UN(erf_f64, double, erf(x))
+UN(sin_f64, double, sin(x))
+UN(cos_f64, double, cos(x))
+UN(neg_i64, int64_t, (int64_t)(0 - (uint64_t)x))
+UN(abs_i64, int64_t, x < 0 ? (int64_t)(0 - (uint64_t)x) : x)
+UN(relu_i64, int64_t, x > 0 ? x : 0)
+
+static const iter_inner unary_loops[OP_COS - OP_NEG + 1][3] = {
+    [OP_NEG - OP_NEG] = {neg_f32, neg_f64, neg_i64},
+    [OP_ABS - OP_NEG] = {abs_f32, abs_f64, abs_i64},
+    [OP_EXP - OP_NEG] = {exp_f32, exp_f64, NULL},
+    [OP_LOG - OP_NEG] = {log_f32, log_f64, NULL},
+    [OP_SQRT - OP_NEG] = {sqrt_f32, sqrt_f64, NULL},
+    [OP_RSQRT - OP_NEG] = {rsqrt_f32, rsqrt_f64, NULL},
+    [OP_TANH - OP_NEG] = {tanh_f32, tanh_f64, NULL},
+    [OP_SIGMOID - OP_NEG] = {sigmoid_f32, sigmoid_f64, NULL},
+    [OP_RELU - OP_NEG] = {relu_f32, relu_f64, relu_i64},
+    [OP_GELU - OP_NEG] = {gelu_f32, gelu_f64, NULL},
+    [OP_GELU_ERF - OP_NEG] = {gelu_erf_f32, gelu_erf_f64, NULL},
+    [OP_ERF - OP_NEG] = {erf_f32, erf_f64, NULL},
+    [OP_SIN - OP_NEG] = {sin_f32, sin_f64, NULL},
+    [OP_COS - OP_NEG] = {cos_f32, cos_f64, NULL},
+};
+
+void pw_unary(op_id op, kiln_tensor *dst, const kiln_tensor *a) {
+  iter it;
+  iter_build(&it, dst, &a, 1);
+  iter_inner fn = a->dtype <= KILN_I64 ? unary_loops[op - OP_NEG][a->dtype] : NULL;
+  KILN_ASSERT(fn);
+  if (fn) iter_run(&it, fn, NULL);
+}
+
+int k_unary(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out) {
+  (void)n, (void)a;
+  pw_unary(op, out, in[0]);
+  return 0;
+}
+
+/* ---- where ---- */
+
+#define WHERE_LOOP(T, SFX)                                                                  \
+  static void where_##SFX(char **p, const int64_t *s, int64_t n, const void *c) {          \
+    (void)c;                                                                                \
+    T *o = (T *)p[0];                                                                       \
+    const bool *cp = (const bool *)p[1];                                                    \
+    const T *xp = (const T *)p[2], *yp = (const T *)p[3];                                   \
+    if (s[0] == 1 && s[1] == 1 && s[2] == 1 && s[3] == 1) {                                 \
+      for (int64_t i = 0; i < n; i++) o[i] = cp[i] ? xp[i] : yp[i];                         \
+    } else {                                                                                \
+      for (int64_t i = 0; i < n; i++) o[i * s[0]] = cp[i * s[1]] ? xp[i * s[2]] : yp[i * s[3]]; \
+    }                                                                                       \
+  }
+WHERE_LOOP(float, f32)
+WHERE_LOOP(double, f64)
+WHERE_LOOP(int64_t, i64)
+WHERE_LOOP(bool, b8)
+static const iter_inner where_loops[4] = {where_f32, where_f64, where_i64, where_b8};
+
+int k_where(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out) {
+  (void)op, (void)n, (void)a;
+  iter it;
+  const kiln_tensor *ops[3] = {in[0], in[1], in[2]};
+  iter_build(&it, out, ops, 3);
+  iter_run(&it, where_loops[out->dtype], NULL);
+  return 0;
+}
+
+/* ---- cast and copy: dst = convert(src), src broadcast to dst ---- */
+
+#define CVT_LOOP(TO, TI, NAME, EXPR)                                                   \
+  static void NAME(char **p, const int64_t *s, int64_t n, const void *c) {             \
+    (void)c;                                                                           \
+    TO *o = (TO *)p[0];                                                                \
+    const TI *xp = (const TI *)p[1];                                                   \
+    if (s[0] == 1 && s[1] == 1) {                                                      \
+      for (int64_t i = 0; i < n; i++) { TI x = xp[i]; o[i] = (TO)(EXPR); }             \
+    } else if (s[0] == 1 && s[1] == 0) {                                               \
+      TI x = xp[0];                                                                    \
+      TO v = (TO)(EXPR);                                                               \
+      for (int64_t i = 0; i < n; i++) o[i] = v;                                        \
+    } else {                                                                           \
+      for (int64_t i = 0; i < n; i++) { TI x = xp[i * s[1]]; o[i * s[0]] = (TO)(EXPR); } \
+    }                                                                                  \
+  }
+
+/* float -> i64 truncates toward zero; out-of-range and NaN saturate (defined, unlike C) */
+static inline int64_t f2i(double x) {
+  if (x != x) return 0;
+  if (x >= 9.2233720368547758e18) return INT64_MAX;
+  if (x <= -9.2233720368547758e18) return INT64_MIN;
+  return (int64_t)x;
+}
+
+CVT_LOOP(float, float, cvt_f32_f32, x)
+CVT_LOOP(float, double, cvt_f32_f64, x)
+CVT_LOOP(float, int64_t, cvt_f32_i64, x)
+CVT_LOOP(float, bool, cvt_f32_b8, x)
+CVT_LOOP(double, float, cvt_f64_f32, x)
+CVT_LOOP(double, double, cvt_f64_f64, x)
+CVT_LOOP(double, int64_t, cvt_f64_i64, x)
+CVT_LOOP(double, bool, cvt_f64_b8, x)
+CVT_LOOP(int64_t, float, cvt_i64_f32, f2i(x))
+CVT_LOOP(int64_t, double, cvt_i64_f64, f2i(x))
+CVT_LOOP(int64_t, int64_t, cvt_i64_i64, x)
+CVT_LOOP(int64_t, bool, cvt_i64_b8, x)
+CVT_LOOP(bool, float, cvt_b8_f32, x != 0)
+CVT_LOOP(bool, double, cvt_b8_f64, x != 0)
+CVT_LOOP(bool, int64_t, cvt_b8_i64, x != 0)
+CVT_LOOP(bool, bool, cvt_b8_b8, x)
+
+static const iter_inner cvt_loops[4][4] = {
+    {cvt_f32_f32, cvt_f32_f64, cvt_f32_i64, cvt_f32_b8},
+    {cvt_f64_f32, cvt_f64_f64, cvt_f64_i64, cvt_f64_b8},
+    {cvt_i64_f32, cvt_i64_f64, cvt_i64_i64, cvt_i64_b8},
+    {cvt_b8_f32, cvt_b8_f64, cvt_b8_i64, cvt_b8_b8},
+};
+
+void pw_copy(kiln_tensor *dst, const kiln_tensor *src) {
+  if (dst->dtype == src->dtype && tensor_contiguous(dst) && tensor_contiguous(src) &&
+      shape_numel(dst->ndim, dst->shape) == shape_numel(src->ndim, src->shape)) {
+    size_t bytes = (size_t)shape_numel(dst->ndim, dst->shape) * kiln_dtype_size(dst->dtype);
+    if (bytes) memmove(tensor_data(dst), tensor_data(src), bytes);
+    return;
+  }
+  iter it;
+  iter_build(&it, dst, &src, 1);
+  iter_run(&it, cvt_loops[dst->dtype][src->dtype], NULL);
+}
+
+void pw_fill(kiln_tensor *dst, double v) {
+  union {
+    float f;
+    double d;
+    int64_t i;
+    bool b;
+  } u;
+  switch (dst->dtype) {
+  case KILN_F32: u.f = (float)v; break;
+  case KILN_F64: u.d = v; break;
+  case KILN_I64: u.i = f2i(v); break;
+  case KILN_BOOL: u.b = v != 0; break;
+  }
+  storage st = {.data = &u, .bytes = sizeof u};
+  kiln_tensor one = {.dtype = dst->dtype, .ndim = 0, .st = &st};
+  const kiln_tensor *src = &one;
+  iter it;
+  iter_build(&it, dst, &src, 1);
+  iter_run(&it, cvt_loops[dst->dtype][dst->dtype], NULL);
+}
+
+int k_cast(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out) {
+  (void)op, (void)n, (void)a;
+  pw_copy(out, in[0]);
+  return 0;
+}
+
+int k_copy(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out) {
+  return k_cast(op, in, n, a, out);
+}

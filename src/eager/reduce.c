@@ -1,0 +1,252 @@
+/* Reductions: sum, mean, max, min over any set of axes, and argmax over one.
+ * The output is viewed with stride 0 along reduced dims and walked with the
+ * input in memory order, so a reduction over the inner dim sums contiguous
+ * rows (blocked accumulators) and one over an outer dim adds whole rows into
+ * the output (vectorized); threads split kept dims, so every output element
+ * is reduced in the same order whatever the thread count. */
+#include <math.h>
+#include <string.h>
+
+#include "eager/iter.h"
+#include "eager/pool.h"
+
+/* Blocked sum: 16 independent lanes combined pairwise at the end. */
+#define CONTIG_SUM(T, NAME)                                      \
+  static inline T NAME(const T *x, int64_t n) {                  \
+    T acc[16] = {0};                                             \
+    int64_t i = 0;                                               \
+    for (; i + 16 <= n; i += 16)                                 \
+      for (int j = 0; j < 16; j++) acc[j] += x[i + j];           \
+    T tail = 0;                                                  \
+    for (; i < n; i++) tail += x[i];                             \
+    for (int w = 8; w; w >>= 1)                                  \
+      for (int j = 0; j < w; j++) acc[j] += acc[j + w];          \
+    return acc[0] + tail;                                        \
+  }
+CONTIG_SUM(float, csum_f32)
+CONTIG_SUM(double, csum_f64)
+CONTIG_SUM(int64_t, csum_i64)
+
+#define MAXNAN(x, y) (((x) > (y) || (x) != (x)) ? (x) : (y))
+#define MINNAN(x, y) (((x) < (y) || (x) != (x)) ? (x) : (y))
+
+#define CONTIG_EXT(T, NAME, F)                                   \
+  static inline T NAME(const T *x, int64_t n, T init) {          \
+    T acc[8];                                                    \
+    for (int j = 0; j < 8; j++) acc[j] = init;                   \
+    int64_t i = 0;                                               \
+    for (; i + 8 <= n; i += 8)                                   \
+      for (int j = 0; j < 8; j++) acc[j] = F(acc[j], x[i + j]);  \
+    T r = init;                                                  \
+    for (; i < n; i++) r = F(r, x[i]);                           \
+    for (int j = 0; j < 8; j++) r = F(r, acc[j]);                \
+    return r;                                                    \
+  }
+CONTIG_EXT(float, cmax_f32, MAXNAN)
+CONTIG_EXT(double, cmax_f64, MAXNAN)
+CONTIG_EXT(int64_t, cmax_i64, MAXNAN)
+CONTIG_EXT(float, cmin_f32, MINNAN)
+CONTIG_EXT(double, cmin_f64, MINNAN)
+CONTIG_EXT(int64_t, cmin_i64, MINNAN)
+
+#define SUM_LOOP(T, SFX)                                                          \
+  static void sum_##SFX(char **p, const int64_t *s, int64_t n, const void *c) {  \
+    (void)c;                                                                      \
+    T *o = (T *)p[0];                                                             \
+    const T *x = (const T *)p[1];                                                 \
+    if (s[0] == 0) {                                                              \
+      if (s[1] == 1) {                                                            \
+        *o += csum_##SFX(x, n);                                                   \
+      } else {                                                                    \
+        T a = 0;                                                                  \
+        for (int64_t i = 0; i < n; i++) a += x[i * s[1]];                         \
+        *o += a;                                                                  \
+      }                                                                           \
+    } else if (s[0] == 1 && s[1] == 1) {                                          \
+      for (int64_t i = 0; i < n; i++) o[i] += x[i];                               \
+    } else {                                                                      \
+      for (int64_t i = 0; i < n; i++) o[i * s[0]] += x[i * s[1]];                 \
+    }                                                                             \
+  }
+SUM_LOOP(float, f32)
+SUM_LOOP(double, f64)
+SUM_LOOP(int64_t, i64)
+
+#define EXT_LOOP(T, NAME, CFN, F)                                                 \
+  static void NAME(char **p, const int64_t *s, int64_t n, const void *c) {       \
+    (void)c;                                                                      \
+    T *o = (T *)p[0];                                                             \
+    const T *x = (const T *)p[1];                                                 \
+    if (s[0] == 0) {                                                              \
+      if (s[1] == 1) {                                                            \
+        *o = CFN(x, n, *o);                                                       \
+      } else {                                                                    \
+        T a = *o;                                                                 \
+        for (int64_t i = 0; i < n; i++) a = F(a, x[i * s[1]]);                    \
+        *o = a;                                                                   \
+      }                                                                           \
+    } else if (s[0] == 1 && s[1] == 1) {                                          \
+      for (int64_t i = 0; i < n; i++) o[i] = F(o[i], x[i]);                       \
+    } else {                                                                      \
+      for (int64_t i = 0; i < n; i++) o[i * s[0]] = F(o[i * s[0]], x[i * s[1]]);  \
+    }                                                                             \
+  }
+EXT_LOOP(float, max_f32, cmax_f32, MAXNAN)
+EXT_LOOP(double, max_f64, cmax_f64, MAXNAN)
+EXT_LOOP(int64_t, max_i64, cmax_i64, MAXNAN)
+EXT_LOOP(float, min_f32, cmin_f32, MINNAN)
+EXT_LOOP(double, min_f64, cmin_f64, MINNAN)
+EXT_LOOP(int64_t, min_i64, cmin_i64, MINNAN)
+
+typedef struct red_job {
+  const iter *it;
+  iter_inner fn;
+  int split;          /* the dim threads divide (a kept dim), or -1 */
+  char *partials;     /* full reductions: one slot per block */
+  int64_t block;
+} red_job;
+
+static void red_split_chunk(void *c, int64_t b, int64_t e) {
+  red_job *j = c;
+  iter sub = *j->it;
+  sub.shape[j->split] = e - b;
+  for (int o = 0; o < sub.nop; o++) sub.base[o] += b * sub.stride[o][j->split] * sub.esize[o];
+  sub.numel = shape_numel(sub.ndim, sub.shape);
+  iter_run_range(&sub, j->fn, NULL, 0, sub.numel);
+}
+
+static void red_block_chunk(void *c, int64_t b, int64_t e) {
+  red_job *j = c;
+  for (int64_t blk = b; blk < e; blk++) {
+    iter sub = *j->it;
+    sub.base[0] = j->partials + blk * sub.esize[0];
+    int64_t lo = blk * j->block, hi = lo + j->block < sub.numel ? lo + j->block : sub.numel;
+    iter_run_range(&sub, j->fn, NULL, lo, hi);
+  }
+}
+
+static void fill_init(kiln_tensor *out, op_id op) {
+  double v = 0;
+  if (op == OP_MAX) v = out->dtype == KILN_I64 ? (double)INT64_MIN : -INFINITY;
+  if (op == OP_MIN) v = out->dtype == KILN_I64 ? (double)INT64_MAX : INFINITY;
+  if (out->dtype == KILN_I64 && op != OP_SUM) {
+    int64_t *o = tensor_data(out);
+    for (int64_t i = 0, n = shape_numel(out->ndim, out->shape); i < n; i++) o[i] = op == OP_MAX ? INT64_MIN : INT64_MAX;
+    return;
+  }
+  pw_fill(out, v);
+}
+
+int k_reduce(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out) {
+  (void)n;
+  const kiln_tensor *x = in[0];
+  fill_init(out, op);
+  if (shape_numel(x->ndim, x->shape) == 0) goto finish;
+  /* the output viewed with the input's rank: size 1 and stride 0 on reduced dims */
+  kiln_tensor ov = *out;
+  ov.ndim = x->ndim;
+  int64_t s = 1;
+  for (int d = x->ndim - 1; d >= 0; d--) {
+    bool red = false;
+    for (int j = 0; j < a->naxes; j++) red |= a->axes[j] == d;
+    ov.shape[d] = red ? 1 : x->shape[d];
+    ov.stride[d] = red ? 0 : s;
+    s *= ov.shape[d];
+  }
+  iter it;
+  iter_build(&it, &ov, &x, 1);
+  iter_sort_by(&it, 1);
+  static const iter_inner loops[3][3] = {
+      {sum_f32, sum_f64, sum_i64}, {max_f32, max_f64, max_i64}, {min_f32, min_f64, min_i64}};
+  int which = op == OP_MAX ? 1 : op == OP_MIN ? 2 : 0;
+  red_job j = {&it, loops[which][x->dtype], -1, NULL, 0};
+  for (int d = 0; d < it.ndim && j.split < 0; d++)
+    if (it.stride[0][d] != 0 && it.shape[d] > 1) j.split = d;
+  if (j.split >= 0) {
+    int64_t per = it.numel / it.shape[j.split];
+    int64_t grain = per >= PARALLEL_GRAIN ? 1 : PARALLEL_GRAIN / (per ? per : 1);
+    pool_parallel_for(it.shape[j.split], grain, red_split_chunk, &j);
+  } else {
+    /* every dim reduced: fixed-size blocks (independent of thread count), combined in order */
+    j.block = 1 << 16;
+    int64_t nblk = (it.numel + j.block - 1) / j.block;
+    kiln_tensor *part = tensor_new(out->dtype, 1, &nblk);
+    if (!part) return -1;
+    fill_init(part, op);
+    j.partials = tensor_data(part);
+    pool_parallel_for(nblk, 1, red_block_chunk, &j);
+    iter pit;
+    kiln_tensor *pp = part;
+    iter_build(&pit, out, (const kiln_tensor *const *)&pp, 1);
+    /* out has one element, so it gets stride 0 over the partials */
+    iter_run_range(&pit, j.fn, NULL, 0, nblk);
+    kiln_release(part);
+  }
+finish:
+  if (op == OP_MEAN) {
+    int64_t cnt = 1;
+    for (int k = 0; k < a->naxes; k++) cnt *= x->shape[a->axes[k]];
+    int64_t no = shape_numel(out->ndim, out->shape);
+    if (out->dtype == KILN_F32) {
+      float *o = tensor_data(out);
+      for (int64_t i = 0; i < no; i++) o[i] = (float)((double)o[i] / (double)cnt);
+    } else {
+      double *o = tensor_data(out);
+      for (int64_t i = 0; i < no; i++) o[i] = o[i] / (double)cnt;
+    }
+  }
+  return 0;
+}
+
+/* ---- argmax over one axis: the first index of the largest value (NaN wins) ---- */
+
+typedef struct argmax_job {
+  const kiln_tensor *x;
+  kiln_tensor *out;
+  int axis;
+} argmax_job;
+
+static void argmax_chunk(void *c, int64_t b, int64_t e) {
+  argmax_job *j = c;
+  const kiln_tensor *x = j->x;
+  int64_t len = x->shape[j->axis], st = x->stride[j->axis];
+  int64_t *o = tensor_data(j->out);
+  for (int64_t r = b; r < e; r++) {
+    /* offset of row r: decompose r over the dims other than axis */
+    int64_t off = x->offset, rem = r;
+    for (int d = x->ndim - 1; d >= 0; d--) {
+      if (d == j->axis) continue;
+      off += (rem % x->shape[d]) * x->stride[d];
+      rem /= x->shape[d];
+    }
+    int64_t best = 0;
+    if (x->dtype == KILN_I64) {
+      const int64_t *p = (const int64_t *)x->st->data + off;
+      for (int64_t i = 1; i < len; i++)
+        if (p[i * st] > p[best * st]) best = i;
+    } else if (x->dtype == KILN_F32) {
+      const float *p = (const float *)x->st->data + off;
+      for (int64_t i = 1; i < len && p[best * st] == p[best * st]; i++)
+        if (p[i * st] > p[best * st] || p[i * st] != p[i * st]) best = i;
+    } else {
+      const double *p = (const double *)x->st->data + off;
+      for (int64_t i = 1; i < len && p[best * st] == p[best * st]; i++)
+        if (p[i * st] > p[best * st] || p[i * st] != p[i * st]) best = i;
+    }
+    o[r] = best;
+  }
+}
+
+int k_argmax(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out) {
+  (void)op, (void)n;
+  const kiln_tensor *x = in[0];
+  argmax_job j = {x, out, x->ndim ? a->axes[0] : 0};
+  if (x->ndim == 0) {
+    *(int64_t *)tensor_data(out) = 0;
+    return 0;
+  }
+  int64_t rows = shape_numel(out->ndim, out->shape);
+  int64_t len = x->shape[j.axis] ? x->shape[j.axis] : 1;
+  pool_parallel_for(rows, PARALLEL_GRAIN / len + 1, argmax_chunk, &j);
+  return 0;
+}

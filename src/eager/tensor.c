@@ -1,0 +1,449 @@
+/* Tensors: reference-counted views over reference-counted storage, creation,
+ * inspection, scopes, and the counter-based random generator. */
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "eager/eager.h"
+#include "eager/pool.h"
+
+/* ---- sizes and layout ---- */
+
+size_t kiln_dtype_size(kiln_dtype dt) {
+  switch (dt) {
+  case KILN_F32: return 4;
+  case KILN_F64: return 8;
+  case KILN_I64: return 8;
+  case KILN_BOOL: return 1;
+  }
+  return 0;
+}
+
+const char *kiln_dtype_name(kiln_dtype dt) {
+  switch (dt) {
+  case KILN_F32: return "f32";
+  case KILN_F64: return "f64";
+  case KILN_I64: return "i64";
+  case KILN_BOOL: return "bool";
+  }
+  return "?";
+}
+
+int64_t shape_numel(int ndim, const int64_t *shape) {
+  int64_t n = 1;
+  for (int i = 0; i < ndim; i++) n *= shape[i];
+  return n;
+}
+
+void contiguous_strides(int ndim, const int64_t *shape, int64_t *stride) {
+  int64_t s = 1;
+  for (int i = ndim - 1; i >= 0; i--) {
+    stride[i] = s;
+    s *= shape[i] > 1 ? shape[i] : 1;
+  }
+}
+
+bool tensor_contiguous(const kiln_tensor *t) {
+  int64_t s = 1;
+  for (int i = t->ndim - 1; i >= 0; i--) {
+    if (t->shape[i] == 0) return true;
+    if (t->shape[i] != 1 && t->stride[i] != s) return false;
+    s *= t->shape[i];
+  }
+  return true;
+}
+
+/* Checks a user-given shape: rank in range, sizes >= 0, element count and byte
+ * count that fit in int64. */
+static int check_shape(const char *op, int ndim, const int64_t *shape, kiln_dtype dt, const char *file,
+                       int line) {
+  if (ndim < 0 || ndim > MAXD) return err_set(file, line, op, "rank %d is outside 0..%d", ndim, MAXD), -1;
+  if (ndim > 0 && !shape) return err_set(file, line, op, "shape is NULL for rank %d", ndim), -1;
+  if ((unsigned)dt > KILN_BOOL) return err_set(file, line, op, "unknown dtype %d", (int)dt), -1;
+  int64_t n = 1;
+  for (int i = 0; i < ndim; i++) {
+    if (shape[i] < 0) return err_set(file, line, op, "size %" PRId64 " of dim %d is negative", shape[i], i), -1;
+    if (shape[i] && n > INT64_MAX / 8 / shape[i]) {
+      char b[SHAPE_BUF];
+      return err_set(file, line, op, "shape %s has too many elements", err_shape(b, ndim, shape)), -1;
+    }
+    n *= shape[i];
+  }
+  return 0;
+}
+
+/* ---- storage and tensors ---- */
+
+static storage *storage_new(size_t bytes) {
+  storage *s = kiln_malloc(sizeof *s);
+  if (!s) return NULL;
+  /* 64-byte aligned data so vector loads never split cache lines at the start */
+  size_t rounded = (bytes + 63) & ~(size_t)63;
+  s->data = kiln_aligned_alloc(rounded ? rounded : 64);
+  if (!s->data) {
+    kiln_free(s);
+    return NULL;
+  }
+  atomic_init(&s->refcount, 1);
+  atomic_init(&s->version, 0);
+  s->bytes = bytes;
+  alloc_track((int64_t)bytes);
+  return s;
+}
+
+static void storage_release(storage *s) {
+  if (atomic_fetch_sub(&s->refcount, 1) != 1) return;
+  alloc_track(-(int64_t)s->bytes);
+  kiln_storage_free(s->data, (s->bytes + 63) & ~(size_t)63);
+  kiln_free(s);
+}
+
+static kiln_tensor *tensor_alloc(kiln_dtype dt, int ndim, const int64_t *shape) {
+  kiln_tensor *t = kiln_calloc(1, sizeof *t);
+  if (!t) return NULL;
+  atomic_init(&t->refcount, 1);
+  t->dtype = dt;
+  t->ndim = ndim;
+  for (int i = 0; i < ndim; i++) t->shape[i] = shape[i];
+  return t;
+}
+
+kiln_tensor *tensor_new(kiln_dtype dt, int ndim, const int64_t *shape) {
+  kiln_tensor *t = tensor_alloc(dt, ndim, shape);
+  if (!t) return NULL;
+  t->st = storage_new((size_t)shape_numel(ndim, shape) * kiln_dtype_size(dt));
+  if (!t->st) {
+    kiln_free(t);
+    return NULL;
+  }
+  contiguous_strides(ndim, shape, t->stride);
+  return t;
+}
+
+kiln_tensor *tensor_view(kiln_tensor *base, int ndim, const int64_t *shape, const int64_t *stride,
+                         int64_t offset) {
+  kiln_tensor *t = tensor_alloc(base->dtype, ndim, shape);
+  if (!t) return NULL;
+  for (int i = 0; i < ndim; i++) t->stride[i] = stride[i];
+  t->offset = offset;
+  t->st = base->st;
+  atomic_fetch_add(&t->st->refcount, 1);
+  return t;
+}
+
+kiln_tensor *kiln_retain(kiln_tensor *t) {
+  if (t) atomic_fetch_add(&t->refcount, 1);
+  return t;
+}
+
+void kiln_release(kiln_tensor *t) {
+  if (!t || atomic_fetch_sub(&t->refcount, 1) != 1) return;
+  if (t->grad) kiln_release(t->grad);
+  if (t->grad_fn) ag_node_release(t->grad_fn);
+  storage_release(t->st);
+  kiln_free(t);
+}
+
+/* ---- scopes ---- */
+
+typedef struct scope {
+  kiln_tensor **items;
+  int n, cap;
+} scope;
+static _Thread_local scope *scopes;
+static _Thread_local int nscopes, capscopes;
+
+static int scope_push(scope *s, kiln_tensor *t) {
+  if (s->n == s->cap) {
+    int cap = s->cap ? s->cap * 2 : 64;
+    kiln_tensor **items = kiln_realloc(s->items, (size_t)cap * sizeof *items);
+    if (!items) return -1;
+    s->items = items;
+    s->cap = cap;
+  }
+  s->items[s->n++] = t;
+  return 0;
+}
+
+kiln_tensor *scope_adopt(kiln_tensor *t) {
+  if (!t || nscopes == 0) return t;
+  if (scope_push(&scopes[nscopes - 1], t) != 0) {
+    kiln_release(t);
+    return NULL;
+  }
+  return t;
+}
+
+void kiln_scope_begin(void) {
+  if (nscopes == capscopes) {
+    int cap = capscopes ? capscopes * 2 : 8;
+    scope *s = kiln_realloc(scopes, (size_t)cap * sizeof *s);
+    if (!s) {
+      /* Cannot open a scope: count it anyway so begin/end stay paired; the
+       * tensors go to the scope below (freed later, never leaked). */
+      err_set(__FILE__, __LINE__, "scope_begin", "out of memory");
+      return;
+    }
+    scopes = s;
+    capscopes = cap;
+  }
+  scopes[nscopes++] = (scope){0};
+}
+
+void kiln_scope_end(void) {
+  if (nscopes == 0) return;
+  scope *s = &scopes[--nscopes];
+  for (int i = s->n - 1; i >= 0; i--) kiln_release(s->items[i]);
+  kiln_free(s->items);
+  if (nscopes == 0) {
+    kiln_free(scopes);
+    scopes = NULL;
+    capscopes = 0;
+  }
+}
+
+kiln_tensor *kiln_keep(kiln_tensor *t) {
+  if (!t || nscopes == 0) return t;
+  scope *s = &scopes[nscopes - 1];
+  for (int i = s->n - 1; i >= 0; i--) {
+    if (s->items[i] != t) continue;
+    memmove(s->items + i, s->items + i + 1, (size_t)(s->n - i - 1) * sizeof *s->items);
+    s->n--;
+    if (nscopes >= 2 && scope_push(&scopes[nscopes - 2], t) != 0) {
+      /* cannot move it out: leave it where it was rather than leak it */
+      s->items[s->n++] = t;
+      return err_set(__FILE__, __LINE__, "keep", "out of memory");
+    }
+    return t;
+  }
+  return t;
+}
+
+/* ---- creation ---- */
+
+kiln_tensor *kiln_tensor_from_at(kiln_dtype dt, int ndim, const int64_t *shape, const void *data,
+                                 const char *file, int line) {
+  if (check_shape("tensor_from", ndim, shape, dt, file, line)) return NULL;
+  int64_t n = shape_numel(ndim, shape);
+  if (!data && n > 0) return err_set(file, line, "tensor_from", "data is NULL");
+  kiln_tensor *t = tensor_new(dt, ndim, shape);
+  if (!t) return err_set(file, line, "tensor_from", "out of memory");
+  if (n) memcpy(t->st->data, data, (size_t)n * kiln_dtype_size(dt));
+  return scope_adopt(t);
+}
+
+static kiln_tensor *full(const char *op, kiln_dtype dt, int ndim, const int64_t *shape, double v, const char *file,
+                         int line) {
+  if (check_shape(op, ndim, shape, dt, file, line)) return NULL;
+  kiln_tensor *t = tensor_new(dt, ndim, shape);
+  if (!t) return err_set(file, line, op, "out of memory");
+  pw_fill(t, v);
+  return scope_adopt(t);
+}
+
+kiln_tensor *kiln_full_at(kiln_dtype dt, int ndim, const int64_t *shape, double v, const char *file, int line) {
+  return full("full", dt, ndim, shape, v, file, line);
+}
+
+kiln_tensor *kiln_zeros_at(kiln_dtype dt, int ndim, const int64_t *shape, const char *file, int line) {
+  return full("zeros", dt, ndim, shape, 0.0, file, line);
+}
+
+kiln_tensor *kiln_ones_at(kiln_dtype dt, int ndim, const int64_t *shape, const char *file, int line) {
+  return full("ones", dt, ndim, shape, 1.0, file, line);
+}
+
+kiln_tensor *kiln_scalar_at(kiln_dtype dt, double v, const char *file, int line) {
+  return full("scalar", dt, 0, NULL, v, file, line);
+}
+
+kiln_tensor *kiln_arange_at(kiln_dtype dt, double start, double stop, double step, const char *file, int line) {
+  if (step == 0 || !isfinite(step) || !isfinite(start) || !isfinite(stop))
+    return err_set(file, line, "arange", "bad range (%g, %g, step %g)", start, stop, step);
+  if (dt == KILN_BOOL) return err_set(file, line, "arange", "dtype bool is not allowed");
+  double count = ceil((stop - start) / step);
+  if (count < 0) count = 0;
+  if (count > 1e15) return err_set(file, line, "arange", "range (%g, %g, step %g) is too long", start, stop, step);
+  int64_t n = (int64_t)count;
+  kiln_tensor *t = tensor_new(dt, 1, &n);
+  if (!t) return err_set(file, line, "arange", "out of memory");
+  for (int64_t i = 0; i < n; i++) {
+    double v = start + (double)i * step;
+    switch (dt) {
+    case KILN_F32: ((float *)t->st->data)[i] = (float)v; break;
+    case KILN_F64: ((double *)t->st->data)[i] = v; break;
+    default: ((int64_t *)t->st->data)[i] = (int64_t)v; break;
+    }
+  }
+  return scope_adopt(t);
+}
+
+/* Counter-based generator: value i is a hash of (seed, i), so the numbers do
+ * not depend on the tensor size, the machine or the thread count. */
+static inline uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+static inline double unit_open(uint64_t key, uint64_t i) { /* in (0, 1] */
+  return (double)((mix64(key + (i + 1) * 0x9E3779B97F4A7C15ull) >> 11) + 1) * 0x1p-53;
+}
+
+typedef struct rng_job {
+  kiln_tensor *t;
+  uint64_t key;
+  bool normal;
+} rng_job;
+
+static void rng_chunk(void *ctx, int64_t b, int64_t e) {
+  rng_job *j = ctx;
+  for (int64_t i = b; i < e; i++) {
+    double v;
+    if (j->normal) {
+      double u1 = unit_open(j->key, 2 * (uint64_t)i), u2 = unit_open(j->key, 2 * (uint64_t)i + 1);
+      v = sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+    } else {
+      v = 1.0 - unit_open(j->key, (uint64_t)i); /* [0, 1) */
+    }
+    if (j->t->dtype == KILN_F32) {
+      float f = (float)v;
+      if (!j->normal && f >= 1.0f) f = 0x1.fffffep-1f; /* rounding must not reach 1 */
+      ((float *)j->t->st->data)[i] = f;
+    } else {
+      ((double *)j->t->st->data)[i] = v;
+    }
+  }
+}
+
+static kiln_tensor *random_tensor(const char *op, bool normal, kiln_dtype dt, int ndim, const int64_t *shape,
+                                  uint64_t seed, const char *file, int line) {
+  if (check_shape(op, ndim, shape, dt, file, line)) return NULL;
+  if (!dtype_is_float(dt)) return err_set(file, line, op, "dtype %s is not a float type", kiln_dtype_name(dt));
+  kiln_tensor *t = tensor_new(dt, ndim, shape);
+  if (!t) return err_set(file, line, op, "out of memory");
+  rng_job j = {t, mix64(seed ^ 0x6A09E667F3BCC909ull), normal};
+  pool_parallel_for(kiln_numel(t), 1 << 14, rng_chunk, &j);
+  return scope_adopt(t);
+}
+
+kiln_tensor *kiln_randn_at(kiln_dtype dt, int ndim, const int64_t *shape, uint64_t seed, const char *file,
+                           int line) {
+  return random_tensor("randn", true, dt, ndim, shape, seed, file, line);
+}
+
+kiln_tensor *kiln_rand_at(kiln_dtype dt, int ndim, const int64_t *shape, uint64_t seed, const char *file,
+                          int line) {
+  return random_tensor("rand", false, dt, ndim, shape, seed, file, line);
+}
+
+/* ---- inspection ---- */
+
+int kiln_ndim(const kiln_tensor *t) { return t ? t->ndim : -1; }
+int64_t kiln_numel(const kiln_tensor *t) { return t ? shape_numel(t->ndim, t->shape) : -1; }
+kiln_dtype kiln_type(const kiln_tensor *t) { return t ? t->dtype : KILN_F32; }
+bool kiln_is_contiguous(const kiln_tensor *t) { return t && tensor_contiguous(t); }
+
+int64_t kiln_size(const kiln_tensor *t, int dim) {
+  if (!t) return -1;
+  int d = axis_norm(dim, t->ndim);
+  return d < 0 ? -1 : t->shape[d];
+}
+
+int64_t kiln_stride(const kiln_tensor *t, int dim) {
+  if (!t) return -1;
+  int d = axis_norm(dim, t->ndim);
+  return d < 0 ? -1 : t->stride[d];
+}
+
+double tensor_get(const kiln_tensor *t, int64_t linear) {
+  int64_t off = t->offset;
+  for (int i = t->ndim - 1; i >= 0; i--) {
+    off += (linear % t->shape[i]) * t->stride[i];
+    linear /= t->shape[i];
+  }
+  switch (t->dtype) {
+  case KILN_F32: return ((const float *)t->st->data)[off];
+  case KILN_F64: return ((const double *)t->st->data)[off];
+  case KILN_I64: return (double)((const int64_t *)t->st->data)[off];
+  case KILN_BOOL: return ((const bool *)t->st->data)[off];
+  }
+  return 0;
+}
+
+int kiln_read_at(const kiln_tensor *t, void *dst, size_t bytes, const char *file, int line) {
+  if (!t) return err_set(file, line, "read", "tensor is NULL"), -1;
+  size_t need = (size_t)kiln_numel(t) * kiln_dtype_size(t->dtype);
+  char b[SHAPE_BUF];
+  if (bytes != need)
+    return err_set(file, line, "read", "%s%s needs %zu bytes, got %zu", kiln_dtype_name(t->dtype),
+                   err_shape(b, t->ndim, t->shape), need, bytes),
+           -1;
+  if (need == 0) return 0;
+  if (!dst) return err_set(file, line, "read", "dst is NULL"), -1;
+  if (tensor_contiguous(t)) {
+    memcpy(dst, tensor_data(t), need);
+    return 0;
+  }
+  /* a temporary contiguous tensor over the caller's buffer */
+  storage st = {.data = dst, .bytes = need};
+  kiln_tensor out = {.dtype = t->dtype, .ndim = t->ndim, .st = &st};
+  memcpy(out.shape, t->shape, sizeof out.shape);
+  contiguous_strides(t->ndim, t->shape, out.stride);
+  pw_copy(&out, t);
+  return 0;
+}
+
+double kiln_item_at(const kiln_tensor *t, const char *file, int line) {
+  if (!t) return err_set(file, line, "item", "tensor is NULL"), NAN;
+  if (kiln_numel(t) != 1) {
+    char b[SHAPE_BUF];
+    return err_set(file, line, "item", "tensor %s has %" PRId64 " elements, not 1", err_shape(b, t->ndim, t->shape),
+                   kiln_numel(t)),
+           NAN;
+  }
+  return tensor_get(t, 0);
+}
+
+char *kiln_describe(const kiln_tensor *t, char *buf, size_t n) {
+  if (!buf || !n) return buf;
+  if (!t) {
+    snprintf(buf, n, "(null)");
+    return buf;
+  }
+  char s[SHAPE_BUF], st[SHAPE_BUF];
+  snprintf(buf, n, "%s%s strides %s%s", kiln_dtype_name(t->dtype), err_shape(s, t->ndim, t->shape),
+           err_shape(st, t->ndim, t->stride), t->requires_grad ? " requires_grad" : "");
+  return buf;
+}
+
+static void print_rec(const kiln_tensor *t, int d, int64_t *linear, int64_t block) {
+  if (d == t->ndim) {
+    double v = tensor_get(t, *linear);
+    if (t->dtype == KILN_I64 || t->dtype == KILN_BOOL) printf("%lld", (long long)v);
+    else printf("%.6g", v);
+    (*linear)++;
+    return;
+  }
+  block /= t->shape[d] ? t->shape[d] : 1;
+  printf("[");
+  for (int64_t i = 0; i < t->shape[d]; i++) {
+    if (t->shape[d] > 8 && i == 3) {
+      printf(", ...");
+      i = t->shape[d] - 3;
+      *linear += block * (t->shape[d] - 6);
+    }
+    if (i) printf(", ");
+    print_rec(t, d + 1, linear, block);
+  }
+  printf("]");
+}
+
+void kiln_print(const kiln_tensor *t) {
+  char b[2 * SHAPE_BUF + 32];
+  printf("%s\n", kiln_describe(t, b, sizeof b));
+  if (!t) return;
+  int64_t linear = 0;
+  print_rec(t, 0, &linear, kiln_numel(t));
+  printf("\n");
+}

@@ -1,0 +1,907 @@
+#!/usr/bin/python3
+"""Reference cases for tests/test_ops_ref.c, computed with numpy.
+
+Usage: /usr/bin/python3 tests/gen_refs.py OUTDIR   (writes OUTDIR/ops.txt)
+
+numpy is the oracle for the eager ops. Every case is an op name, attributes,
+inputs and expected outputs. An input is a contiguous base array plus a list of
+view transforms (transpose, permute, slice, expand) that the C side replays
+with kiln's view ops, so ops see non-contiguous operands; numpy applies the
+same views before computing the reference. Floats are written as hex floats
+(float.hex) so they round-trip exactly; f32 data is exactly representable.
+
+File format (whitespace separated tokens):
+  case FAMILY OP
+  attr NAME N V1..VN                  numbers, or dtype names (f32 f64 i64 bool)
+  in DTYPE NDIM D1..DN NVIEWS VIEW... VALUES    (row-major values of the base)
+     VIEW: transpose D0 D1 | permute N P1..PN | slice DIM START END STEP
+         | expand N D1..DN
+  out DTYPE NDIM D1..DN VALUES
+  tol RTOL ATOL                       pass when |got-exp| <= atol + rtol*|exp|
+  end
+
+Semantics the references follow (the contract kiln is held to):
+  - inputs of a binary op share a dtype; the result has it, except comparisons,
+    which return bool. div on i64 is an error, so it is not generated.
+  - sum of i64 is i64; mean and var of f32 are f32; argmax returns the i64
+    index of the first maximum. var(correction=c) = sum((x-mean)^2)/(N-c).
+  - max/min over an empty reduced dim, and mean/var over one, are not generated.
+  - gelu is the tanh form 0.5*x*(1+tanh(0.7978845608*(x+0.044715*x^3)));
+    gelu_erf is 0.5*x*(1+erf(x/sqrt(2))); rsqrt = 1/sqrt; relu = max(x, 0);
+    sigmoid = 1/(1+exp(-x)).
+  - layer_norm normalizes the last dim with the biased variance:
+    (x-mean)/sqrt(var+eps)*w+b.
+  - embedding(table (V,C), idx) -> idx.shape+(C,); index_select(a, dim, idx 1-D).
+  - cross_entropy(logits (N,C), targets (N,)) = mean_n -log_softmax(logits)[n, t_n];
+    mse_loss(a, b) = mean((a-b)^2) over the broadcast shape; both are 0-d.
+  - matmul follows numpy.matmul (1-D, 2-D, batched with broadcast batch dims).
+  - cast: float->i64 truncates toward zero; anything->bool is x != 0.
+  - arange(start, stop, step) has ceil((stop-start)/step) elements start+i*step.
+  - in-place ops: outputs are the returned tensor and the whole base tensor the
+    destination view was made from (so writes through strided views are checked).
+"""
+import math
+import os
+import sys
+
+import numpy as np
+
+SEED = 20240611
+NP = {"f32": np.float32, "f64": np.float64, "i64": np.int64, "bool": np.bool_}
+FLOATS = ("f32", "f64")
+
+GELU_C = 0.7978845608
+GELU_A = 0.044715
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+
+
+def dtname(a):
+    for k, v in NP.items():
+        if a.dtype == v:
+            return k
+    raise ValueError(a.dtype)
+
+
+def fmt_values(a):
+    flat = np.ascontiguousarray(a).reshape(-1)
+    dt = dtname(a)
+    if dt in FLOATS:
+        return " ".join(float(x).hex() for x in flat.tolist())
+    if dt == "bool":
+        return " ".join("1" if x else "0" for x in flat.tolist())
+    return " ".join(str(int(x)) for x in flat.tolist())
+
+
+def fmt_num(x):
+    if isinstance(x, str):
+        return x
+    if isinstance(x, (bool, np.bool_)):
+        return "1" if x else "0"
+    if isinstance(x, (int, np.integer)):
+        return str(int(x))
+    return float(x).hex()
+
+
+# ---- inputs: a base array plus view transforms -----------------------------
+
+def apply_view(a, v):
+    kind = v[0]
+    if kind == "transpose":
+        return np.swapaxes(a, v[1], v[2])
+    if kind == "permute":
+        return np.transpose(a, v[1])
+    if kind == "slice":
+        idx = [slice(None)] * a.ndim
+        idx[v[1]] = slice(v[2], v[3], v[4])
+        return a[tuple(idx)]
+    if kind == "expand":
+        return np.broadcast_to(a, tuple(v[1]))
+    raise ValueError(kind)
+
+
+class Input:
+    def __init__(self, base, views=()):
+        self.base = np.array(base, order="C")   # keeps 0-d arrays 0-d
+        self.views = list(views)
+
+    def value(self):
+        a = self.base
+        for v in self.views:
+            a = apply_view(a, v)
+        return a
+
+    def text(self):
+        b = self.base
+        parts = ["in", dtname(b), str(b.ndim)] + [str(d) for d in b.shape]
+        parts.append(str(len(self.views)))
+        for v in self.views:
+            if v[0] == "transpose":
+                parts += ["transpose", str(v[1]), str(v[2])]
+            elif v[0] == "permute":
+                parts += ["permute", str(len(v[1]))] + [str(p) for p in v[1]]
+            elif v[0] == "slice":
+                parts += ["slice"] + [str(int(x)) for x in v[1:]]
+            elif v[0] == "expand":
+                parts += ["expand", str(len(v[1]))] + [str(d) for d in v[1]]
+        vals = fmt_values(b)
+        return " ".join(parts) + ((" " + vals) if vals else "")
+
+
+def pre_shape(rng, shape, layout):
+    """The shape before one view of kind `layout`, and that view."""
+    r = len(shape)
+    shape = list(shape)
+    if layout == "transpose":
+        d0, d1 = sorted(rng.choice(r, 2, replace=False).tolist())
+        s = list(shape)
+        s[d0], s[d1] = s[d1], s[d0]
+        return s, ("transpose", d0, d1)
+    if layout == "permute":
+        while True:
+            p = rng.permutation(r).tolist()
+            if p != list(range(r)):
+                break
+        s = [0] * r
+        for i in range(r):
+            s[p[i]] = shape[i]
+        return s, ("permute", p)
+    if layout == "slice":
+        d = int(rng.integers(r))
+        n = shape[d]
+        s0 = int(rng.integers(0, 2))
+        length = s0 + 2 * n
+        ends = [length, length + 3] + ([-1] if n >= 1 else [])
+        end = ends[int(rng.integers(len(ends)))]
+        # a negative start names the same element when the slice is non-empty
+        start = s0 - length if n >= 1 and rng.random() < 0.3 else s0
+        s = list(shape)
+        s[d] = length
+        return s, ("slice", d, start, end, 2)
+    if layout == "expand":
+        s = [1 if rng.random() < 0.5 else shape[i] for i in range(r)]
+        drop = int(rng.integers(0, r + 1)) if rng.random() < 0.4 else 0
+        return s[drop:], ("expand", list(shape))
+    raise ValueError(layout)
+
+
+def layouts_for(rank, rng, allow_expand=True):
+    opts = [[]]
+    if rank >= 1:
+        opts += [["slice"]]
+        if allow_expand:
+            opts += [["expand"]]
+    if rank >= 2:
+        opts += [["transpose"], ["transpose", "slice"]]
+    if rank >= 3:
+        opts += [["permute"]]
+    return opts[int(rng.integers(len(opts)))]
+
+
+def make_input(rng, shape, gen, layouts=None, allow_expand=True):
+    """An Input whose value has `shape`; gen(shape) makes base data."""
+    if layouts is None:
+        # about half the operands are plain contiguous
+        layouts = [] if rng.random() < 0.45 else layouts_for(len(shape), rng, allow_expand)
+    shape = list(shape)
+    views = []
+    for layout in reversed(layouts):
+        shape, v = pre_shape(rng, shape, layout)
+        views.insert(0, v)
+    return Input(gen(tuple(shape)), views)
+
+
+# ---- value generators -------------------------------------------------------
+
+def g_normal(rng, dt, scale=1.0, shift=0.0):
+    return lambda s: (rng.standard_normal(s) * scale + shift).astype(NP[dt])
+
+
+def g_uniform(rng, dt, lo, hi):
+    return lambda s: rng.uniform(lo, hi, s).astype(NP[dt])
+
+
+def g_grid(rng, dt):
+    """Few distinct values, so comparisons and argmax meet ties."""
+    if dt == "i64":
+        return lambda s: rng.integers(-3, 4, s).astype(np.int64)
+    return lambda s: (rng.integers(-4, 5, s) / 2.0).astype(NP[dt])
+
+
+def g_int(rng, lo=-20, hi=21):
+    return lambda s: rng.integers(lo, hi, s).astype(np.int64)
+
+
+def g_bool(rng):
+    return lambda s: rng.random(s) < 0.5
+
+
+def g_default(rng, dt):
+    if dt == "i64":
+        return g_int(rng)
+    if dt == "bool":
+        return g_bool(rng)
+    return g_normal(rng, dt)
+
+
+def g_nonzero(rng, dt, lo=0.5, hi=2.0):
+    def f(s):
+        mag = rng.uniform(lo, hi, s)
+        sign = np.where(rng.random(s) < 0.5, -1.0, 1.0)
+        return (mag * sign).astype(NP[dt])
+    return f
+
+
+# ---- shapes -----------------------------------------------------------------
+
+def rand_dim(rng, allow0=True):
+    if allow0 and rng.random() < 0.06:
+        return 0
+    return int(rng.choice([1, 2, 3, 4, 5], p=[0.2, 0.25, 0.25, 0.15, 0.15]))
+
+
+def rand_shape(rng, rmin=0, rmax=4, allow0=True):
+    r = int(rng.integers(rmin, rmax + 1))
+    return [rand_dim(rng, allow0) for _ in range(r)]
+
+
+def derive(rng, out):
+    """A shape that broadcasts to `out`: leading dims dropped, some dims 1."""
+    drop = int(rng.integers(0, len(out) + 1)) if rng.random() < 0.4 else 0
+    return [1 if rng.random() < 0.3 else d for d in out[drop:]]
+
+
+BCAST_PAIRS = [
+    ([], [3, 4]), ([3, 4], []), ([3, 1], [1, 4]), ([2, 1, 5], [4, 1]),
+    ([4, 1], [2, 1, 5]), ([], []), ([1], []), ([0], [1]), ([2, 0, 3], [3]),
+    ([2, 0, 3], [1, 1]), ([5], [5]), ([1, 1, 1, 1], [3]), ([2, 3, 4, 5], [2, 3, 4, 5]),
+    ([3, 1, 4, 1], [2, 1, 5]), ([1, 4], [3, 1]), ([4], [2, 3, 4]),
+]
+
+
+def bshape(*shapes):
+    return list(np.broadcast_shapes(*[tuple(s) for s in shapes]))
+
+
+# ---- tolerances -------------------------------------------------------------
+
+EXACT = (0.0, 0.0)
+
+
+def tol(dt, kind="transc"):
+    if dt not in FLOATS:
+        return EXACT
+    table = {
+        # correctly rounded in IEEE arithmetic; a little slack for fused or
+        # reciprocal-based kernels
+        "arith": {"f32": (2e-6, 1e-30), "f64": (1e-14, 1e-300)},
+        "transc": {"f32": (1e-5, 1e-6), "f64": (1e-10, 1e-12)},
+        "reduce": {"f32": (1e-5, 1e-5), "f64": (1e-12, 1e-12)},
+        "norm": {"f32": (1e-4, 2e-5), "f64": (1e-11, 1e-11)},
+    }
+    return table[kind][dt]
+
+
+def tol_matmul(dt, k):
+    s = max(1.0, math.sqrt(k))
+    return (1e-5, 2e-5 * s) if dt == "f32" else (1e-12, 1e-12 * s)
+
+
+def ref(x, dt):
+    """A float64 reference rounded to dtype dt."""
+    return np.asarray(x).astype(NP[dt])
+
+
+def f64(a):
+    return np.asarray(a).astype(np.float64)
+
+
+# ---- the case file ----------------------------------------------------------
+
+class Writer:
+    def __init__(self):
+        self.lines = []
+        self.count = {}
+
+    def case(self, family, op, inputs, outputs, attrs=None, tolerance=EXACT):
+        self.lines.append("case %s %s" % (family, op))
+        for name, vals in (attrs or {}).items():
+            if not isinstance(vals, (list, tuple)):
+                vals = [vals]
+            line = "attr %s %d %s" % (name, len(vals), " ".join(fmt_num(v) for v in vals))
+            self.lines.append(line.rstrip())
+        for inp in inputs:
+            self.lines.append(inp.text())
+        for out in outputs:
+            out = np.asarray(out)
+            head = "out %s %d %s" % (dtname(out), out.ndim, " ".join(str(d) for d in out.shape))
+            vals = fmt_values(out)
+            self.lines.append((head.rstrip() + " " + vals).rstrip())
+        self.lines.append("tol %s %s" % (float(tolerance[0]).hex(), float(tolerance[1]).hex()))
+        self.lines.append("end")
+        self.count[family] = self.count.get(family, 0) + 1
+
+
+# ---- families ---------------------------------------------------------------
+
+BIN_FN = {
+    "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
+    "pow": np.power, "maximum": np.maximum, "minimum": np.minimum,
+}
+CMP_FN = {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal,
+          "gt": np.greater, "ge": np.greater_equal}
+
+
+def binary_family(w, rng):
+    dtypes = {"add": FLOATS + ("i64",), "sub": FLOATS + ("i64",), "mul": FLOATS + ("i64",),
+              "div": FLOATS, "pow": FLOATS, "maximum": FLOATS + ("i64",),
+              "minimum": FLOATS + ("i64",)}
+    rot = 0
+    for op, dts in dtypes.items():
+        for dt in dts:
+            if op == "add":
+                pairs = list(BCAST_PAIRS)
+            else:
+                pairs = [BCAST_PAIRS[(rot + j) % len(BCAST_PAIRS)] for j in range(4)]
+                rot += 4
+            for _ in range(5):
+                out = rand_shape(rng)
+                pairs.append((derive(rng, out), derive(rng, out)))
+            for sa, sb in pairs:
+                ga = gb = g_default(rng, dt)
+                if op == "div":
+                    gb = g_nonzero(rng, dt)
+                elif op in ("maximum", "minimum") and rng.random() < 0.5:
+                    ga = gb = g_grid(rng, dt)
+                elif op == "pow":
+                    if rng.random() < 0.5:
+                        # positive base, real exponent
+                        ga = g_uniform(rng, dt, 0.1, 3.0)
+                        gb = g_uniform(rng, dt, -2.5, 2.5)
+                    else:
+                        # either sign of base, integral exponent: no NaN
+                        ga = g_nonzero(rng, dt, 0.25, 2.0)
+                        gb = lambda s, dt=dt: rng.integers(-3, 4, s).astype(NP[dt])
+                a = make_input(rng, sa, ga)
+                b = make_input(rng, sb, gb)
+                av, bv = a.value(), b.value()
+                if dt == "i64":
+                    exp = BIN_FN[op](av, bv).astype(np.int64)
+                    t = EXACT
+                else:
+                    exp = ref(BIN_FN[op](f64(av), f64(bv)), dt)
+                    t = tol(dt, "transc" if op == "pow" else "arith")
+                w.case("binary", op, [a, b], [exp], tolerance=t)
+
+
+def compare_family(w, rng):
+    rot = 0
+    for op, fn in CMP_FN.items():
+        for dt in FLOATS + ("i64",):
+            pairs = [BCAST_PAIRS[(rot + j) % len(BCAST_PAIRS)] for j in range(3)]
+            rot += 3
+            for _ in range(3):
+                out = rand_shape(rng)
+                pairs.append((derive(rng, out), derive(rng, out)))
+            for sa, sb in pairs:
+                g = g_grid(rng, dt) if rng.random() < 0.7 else g_default(rng, dt)
+                a = make_input(rng, sa, g)
+                b = make_input(rng, sb, g)
+                exp = fn(a.value(), b.value())
+                w.case("compare", op, [a, b], [exp])
+
+
+def where_family(w, rng):
+    fixed = [([], [3, 4], [4]), ([3, 1], [1, 4], []), ([2, 1, 5], [4, 1], [5]),
+             ([0, 3], [3], [1, 1]), ([], [], []), ([4], [], [2, 1])]
+    for dt in FLOATS + ("i64",):
+        shapes = list(fixed)
+        for _ in range(5):
+            out = rand_shape(rng)
+            shapes.append((derive(rng, out), derive(rng, out), derive(rng, out)))
+        for sc, sa, sb in shapes:
+            c = make_input(rng, sc, g_bool(rng))
+            a = make_input(rng, sa, g_default(rng, dt))
+            b = make_input(rng, sb, g_default(rng, dt))
+            exp = np.where(c.value(), a.value(), b.value()).astype(NP[dt])
+            w.case("where", "where", [c, a, b], [exp])
+
+
+def gelu_tanh(x):
+    return 0.5 * x * (1.0 + np.tanh(GELU_C * (x + GELU_A * x ** 3)))
+
+
+UNARY = {
+    # name: (reference on float64, domain generator factory, dtypes)
+    "neg": (np.negative, None, FLOATS + ("i64",)),
+    "abs": (np.abs, None, FLOATS + ("i64",)),
+    "exp": (np.exp, (-10.0, 10.0), FLOATS),
+    "log": (np.log, (0.01, 20.0), FLOATS),
+    "sqrt": (np.sqrt, (0.0, 20.0), FLOATS),
+    "rsqrt": (lambda x: 1.0 / np.sqrt(x), (0.01, 20.0), FLOATS),
+    "tanh": (np.tanh, "wide", FLOATS),
+    "sigmoid": (lambda x: 1.0 / (1.0 + np.exp(-x)), "wide", FLOATS),
+    "relu": (lambda x: np.maximum(x, 0.0), None, FLOATS),
+    "gelu": (gelu_tanh, "wide", FLOATS),
+    "gelu_erf": (lambda x: 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0))), "wide", FLOATS),
+    "erf": (_erf, "wide", FLOATS),
+    "sin": (np.sin, (-10.0, 10.0), FLOATS),
+    "cos": (np.cos, (-10.0, 10.0), FLOATS),
+}
+
+
+def unary_family(w, rng):
+    for op, (fn, dom, dts) in UNARY.items():
+        for dt in dts:
+            shapes = [[], [0], [7], [3, 4], [2, 3, 4]] + [rand_shape(rng) for _ in range(3)]
+            for i, s in enumerate(shapes):
+                if dt == "i64":
+                    g = g_int(rng)
+                elif dom is None:
+                    g = g_normal(rng, dt, 3.0)
+                elif dom == "wide":
+                    # the last shapes reach saturation, where naive formulas give NaN
+                    lim = 30.0 if i >= 5 else 4.0
+                    g = g_uniform(rng, dt, -lim, lim)
+                else:
+                    g = g_uniform(rng, dt, dom[0], dom[1])
+                a = make_input(rng, s, g)
+                if dt == "i64":
+                    exp = fn(a.value()).astype(np.int64)
+                    t = EXACT
+                else:
+                    exp = ref(fn(f64(a.value())), dt)
+                    t = tol(dt, "arith" if op in ("neg", "abs", "relu") else "transc")
+                w.case("unary", op, [a], [exp], tolerance=t)
+
+
+def reduction_family(w, rng):
+    def red_np(op, x, axes, keepdim, corr=0):
+        ax = tuple(axes) if axes is not None else None
+        if op == "sum":
+            return np.sum(x, axis=ax, keepdims=keepdim)
+        if op == "mean":
+            return np.mean(x, axis=ax, keepdims=keepdim)
+        if op == "max":
+            return np.max(x, axis=ax, keepdims=keepdim)
+        if op == "min":
+            return np.min(x, axis=ax, keepdims=keepdim)
+        if op == "var":
+            return np.var(x, axis=ax, ddof=corr, keepdims=keepdim)
+        raise ValueError(op)
+
+    kinds = {"sum": FLOATS + ("i64",), "mean": FLOATS, "max": FLOATS + ("i64",),
+             "min": FLOATS + ("i64",), "var": FLOATS}
+    for op, dts in kinds.items():
+        for dt in dts:
+            for form in ("axis", "axes"):
+                n_cases = 6 if form == "axis" else 7
+                made = 0
+                tries = 0
+                while made < n_cases and tries < 500:
+                    tries += 1
+                    if form == "axis":
+                        shape = rand_shape(rng, 1, 4)
+                        r = len(shape)
+                        ax = int(rng.integers(-r, r))
+                        axes = [ax % r]
+                        attrs_axes = ax
+                    else:
+                        shape = rand_shape(rng, 0, 4)
+                        r = len(shape)
+                        if made == 0 or r == 0 or rng.random() < 0.2:
+                            axes = list(range(r))
+                            attrs_axes = []          # naxes == 0: every axis
+                        else:
+                            k = int(rng.integers(1, r + 1))
+                            axes = sorted(rng.choice(r, k, replace=False).tolist())
+                            attrs_axes = [a - r if rng.random() < 0.3 else a for a in axes]
+                    nred = int(np.prod([shape[a] for a in axes])) if axes else 1
+                    corr = int(rng.integers(0, 3)) if op == "var" else 0
+                    if op in ("max", "min") and nred == 0:
+                        continue
+                    if op in ("mean", "var") and nred - corr <= 0:
+                        continue
+                    keepdim = bool(rng.random() < 0.5)
+                    g = g_default(rng, dt)
+                    if op in ("max", "min") and rng.random() < 0.4:
+                        g = g_grid(rng, dt)
+                    a = make_input(rng, shape, g)
+                    x = a.value()
+                    if dt == "i64":
+                        exp = red_np(op, x, axes, keepdim).astype(np.int64)
+                        t = EXACT
+                    else:
+                        exp = ref(red_np(op, f64(x), axes, keepdim, corr), dt)
+                        t = tol(dt, "norm" if op == "var" else "reduce")
+                        if op == "sum":
+                            # rounding grows with the count when kiln sums in the dtype
+                            t = (t[0], max(t[1], (1e-6 if dt == "f32" else 1e-15) * nred))
+                        if op in ("max", "min"):
+                            t = EXACT
+                    attrs = {"keepdim": int(keepdim)}
+                    if form == "axis":
+                        attrs["axis"] = attrs_axes
+                    else:
+                        attrs["axes"] = attrs_axes
+                    if op == "var":
+                        attrs["correction"] = corr
+                    w.case("reduce", op if form == "axis" else op + "_axes", [a], [exp], attrs, t)
+                    made += 1
+        # sum_all / mean_all spelled through naxes == 0 are the _axes form above;
+        # the macros kiln_sum_all/kiln_mean_all get their own op names.
+    for op in ("sum_all", "mean_all"):
+        for dt in FLOATS:
+            for shape in ([], [5], [3, 4], [2, 3, 4]):
+                a = make_input(rng, shape, g_normal(rng, dt))
+                x = f64(a.value())
+                exp = ref(np.sum(x) if op == "sum_all" else np.mean(x), dt)
+                w.case("reduce", op, [a], [exp], tolerance=tol(dt, "reduce"))
+    # argmax: first index of the maximum, ties included
+    for dt in FLOATS + ("i64",):
+        for i in range(9):
+            shape = rand_shape(rng, 1, 4, allow0=False) if i else [6]
+            r = len(shape)
+            ax = int(rng.integers(-r, r))
+            keepdim = bool(rng.random() < 0.5)
+            g = g_grid(rng, dt) if i % 2 == 0 else g_default(rng, dt)
+            a = make_input(rng, shape, g)
+            exp = np.argmax(a.value(), axis=ax % r)
+            if keepdim:
+                exp = np.expand_dims(exp, ax % r)
+            w.case("reduce", "argmax", [a], [exp.astype(np.int64)], {"axis": ax, "keepdim": int(keepdim)})
+    # sums over size-0 dims are zeros
+    for dt in FLOATS + ("i64",):
+        a = make_input(rng, [2, 0, 3], g_default(rng, dt), layouts=[])
+        w.case("reduce", "sum", [a], [np.zeros((2, 3), NP[dt])], {"axis": 1, "keepdim": 0})
+        w.case("reduce", "sum_axes", [a], [np.zeros((), NP[dt])], {"axes": [], "keepdim": 0})
+
+
+def matmul_family(w, rng):
+    shapes = [
+        ([4], [4]), ([3], [3, 5]), ([3, 5], [5]), ([2, 3], [3, 4]), ([1, 1], [1, 1]),
+        ([5, 7], [7, 3]), ([2, 3, 4], [2, 4, 5]), ([2, 3, 4], [4, 5]), ([3, 4], [2, 4, 5]),
+        ([2, 1, 3, 4], [5, 4, 2]), ([2, 3, 4], [4]), ([4], [2, 4, 3]),
+        ([3, 0], [0, 4]), ([0, 3], [3, 4]), ([2, 3], [3, 0]), ([0, 2, 3], [3, 2]),
+        ([1, 4, 3], [3, 3, 2]), ([16, 33], [33, 17]), ([8, 64], [64, 8]),
+        ([2, 2, 3, 5], [2, 1, 5, 3]),
+    ]
+    for dt in FLOATS:
+        for sa, sb in shapes:
+            for variant in range(2):
+                # variant 1: transposed (or sliced) operands
+                la = lb = []
+                if variant:
+                    la = ["transpose"] if len(sa) >= 2 and rng.random() < 0.7 else (["slice"] if sa else [])
+                    lb = ["transpose"] if len(sb) >= 2 and rng.random() < 0.7 else (["slice"] if sb else [])
+                    if not la and not lb:
+                        continue
+                a = make_input(rng, sa, g_normal(rng, dt), layouts=la)
+                b = make_input(rng, sb, g_normal(rng, dt), layouts=lb)
+                exp = ref(np.matmul(f64(a.value()), f64(b.value())), dt)
+                w.case("matmul", "matmul", [a, b], [exp], tolerance=tol_matmul(dt, sa[-1]))
+        # a last-two-dims transpose, as in q @ k^T
+        a = make_input(rng, [2, 5, 4], g_normal(rng, dt), layouts=[])
+        b = Input(g_normal(rng, dt)((2, 6, 4)), [("transpose", 1, 2)])
+        exp = ref(np.matmul(f64(a.value()), f64(b.value())), dt)
+        w.case("matmul", "matmul", [a, b], [exp], tolerance=tol_matmul(dt, 4))
+
+
+def log_softmax_np(x, axis):
+    m = np.max(x, axis=axis, keepdims=True)
+    z = x - m
+    return z - np.log(np.sum(np.exp(z), axis=axis, keepdims=True))
+
+
+def nn_family(w, rng):
+    for op in ("softmax", "log_softmax"):
+        for dt in FLOATS:
+            for i in range(8):
+                shape = rand_shape(rng, 1, 4, allow0=False) if i else [5]
+                r = len(shape)
+                ax = int(rng.integers(-r, r))
+                # large offsets and scales check the max-subtraction
+                shift = [0.0, 100.0, -300.0][i % 3]
+                scale = 10.0 if i % 4 == 3 else 1.0
+                a = make_input(rng, shape, g_normal(rng, dt, scale, shift))
+                ls = log_softmax_np(f64(a.value()), ax % r)
+                exp = ref(np.exp(ls) if op == "softmax" else ls, dt)
+                # log_softmax values can be large: a relative bound suits them;
+                # x - (max + log sum) rounds at the scale of the offset
+                t = (1e-5, 3e-5 if op == "log_softmax" else 1e-6) if dt == "f32" else (1e-11, 1e-12)
+                w.case("nn", op, [a], [exp], {"axis": ax}, t)
+    for dt in FLOATS:
+        for i, shape in enumerate([[4], [3, 5], [2, 3, 8], [2, 2, 2, 16], [1, 1], [0, 4], [3, 64], [5, 2]]):
+            eps = [1e-5, 0.1, 1.0][i % 3]
+            x = make_input(rng, shape, g_normal(rng, dt, 2.0, 0.5))
+            xv = f64(x.value())
+            mu = xv.mean(axis=-1, keepdims=True)
+            var = ((xv - mu) ** 2).mean(axis=-1, keepdims=True)
+            y = (xv - mu) / np.sqrt(var + eps)
+            ins = [x]
+            if i % 2 == 0:
+                c = shape[-1]
+                wt = make_input(rng, [c], g_normal(rng, dt, 0.1, 1.0))
+                bs = make_input(rng, [c], g_normal(rng, dt, 0.1))
+                y = y * f64(wt.value()) + f64(bs.value())
+                ins += [wt, bs]
+            w.case("nn", "layer_norm", ins, [ref(y, dt)], {"eps": eps}, tol(dt, "norm"))
+    for dt in FLOATS:
+        for ishape in ([], [4], [2, 3], [0], [2, 0, 2], [3, 1, 2]):
+            v, c = int(rng.integers(1, 7)), int(rng.integers(1, 5))
+            table = make_input(rng, [v, c], g_normal(rng, dt))
+            idx = make_input(rng, ishape, lambda s, v=v: rng.integers(0, v, s).astype(np.int64))
+            exp = table.value()[idx.value()]
+            w.case("nn", "embedding", [table, idx], [exp.astype(NP[dt])])
+    for dt in FLOATS + ("i64",):
+        for i in range(6):
+            shape = rand_shape(rng, 1, 4, allow0=(i > 2))
+            d = int(rng.integers(0, len(shape)))
+            if shape[d] == 0:
+                shape[d] = 2
+            n = int(rng.integers(0, 6))
+            a = make_input(rng, shape, g_default(rng, dt))
+            idx = Input(rng.integers(0, shape[d], n).astype(np.int64))
+            exp = np.take(a.value(), idx.value(), axis=d)
+            w.case("nn", "index_select", [a, idx], [exp], {"dim": d})
+    for dt in FLOATS:
+        for i, (n, c) in enumerate([(1, 2), (4, 3), (8, 10), (3, 7), (5, 5), (2, 4)]):
+            scale = 20.0 if i % 3 == 2 else 1.0
+            lg = make_input(rng, [n, c], g_normal(rng, dt, scale), layouts=(["transpose"] if i % 2 else []))
+            tg = Input(rng.integers(0, c, n).astype(np.int64))
+            ls = log_softmax_np(f64(lg.value()), 1)
+            loss = -np.mean(ls[np.arange(n), tg.value()])
+            w.case("nn", "cross_entropy", [lg, tg], [ref(loss, dt)], tolerance=tol(dt, "norm"))
+    for dt in FLOATS:
+        pairs = [([3, 4], [3, 4]), ([], [5]), ([3, 1], [1, 4]), ([2, 1, 5], [4, 1]), ([7], [7])]
+        for _ in range(3):
+            out = rand_shape(rng, allow0=False)
+            pairs.append((derive(rng, out), derive(rng, out)))
+        for sa, sb in pairs:
+            a = make_input(rng, sa, g_normal(rng, dt))
+            b = make_input(rng, sb, g_normal(rng, dt))
+            loss = np.mean((f64(a.value()) - f64(b.value())) ** 2)
+            w.case("nn", "mse_loss", [a, b], [ref(loss, dt)], tolerance=tol(dt, "reduce"))
+
+
+def np_strides(a):
+    return [s // a.itemsize for s in a.strides]
+
+
+def view_attrs(out, attrs):
+    """Expected strides, where numpy's are meaningful (every dim > 1)."""
+    if out.ndim and all(d > 1 for d in out.shape):
+        attrs["strides"] = np_strides(out)
+    return attrs
+
+
+def views_family(w, rng):
+    dts = FLOATS + ("i64", "bool")
+    for i in range(12):
+        dt = dts[i % 4]
+        shape = rand_shape(rng, 0, 4)
+        n = int(np.prod(shape)) if shape else 1
+        # a target shape with the same element count, one dim maybe -1
+        target = []
+        rem = n
+        for f in (2, 3, 2, 5):
+            if rem > 0 and rem % f == 0 and rng.random() < 0.6:
+                target.append(f)
+                rem //= f
+        target.append(rem)
+        rng.shuffle(target)
+        spec = list(target)
+        if rng.random() < 0.6 and n > 0:
+            spec[int(rng.integers(len(spec)))] = -1
+        # reshape of contiguous tensors; a view in torch's sense
+        a = make_input(rng, shape, g_default(rng, dt), layouts=[])
+        w.case("views", "reshape", [a], [a.value().reshape(target)], {"shape": spec})
+    # reshape of a transposed tensor must copy, as torch's reshape does
+    for dt in FLOATS:
+        a = make_input(rng, [3, 4], g_default(rng, dt), layouts=["transpose"])
+        w.case("views", "reshape", [a], [a.value().reshape(12)], {"shape": [-1]})
+        a = make_input(rng, [2, 3, 4], g_default(rng, dt), layouts=["transpose"])
+        w.case("views", "reshape", [a], [a.value().reshape(6, 4)], {"shape": [6, 4]})
+    for i in range(10):
+        dt = dts[i % 4]
+        shape = rand_shape(rng, 2, 4)
+        r = len(shape)
+        d0, d1 = int(rng.integers(r)), int(rng.integers(r))
+        a = make_input(rng, shape, g_default(rng, dt), allow_expand=False)
+        out = np.swapaxes(a.value(), d0, d1)
+        w.case("views", "transpose", [a], [out], view_attrs(out, {"d0": d0, "d1": d1}))
+    for i in range(8):
+        dt = dts[i % 4]
+        shape = rand_shape(rng, 1, 4)
+        p = rng.permutation(len(shape)).tolist()
+        a = make_input(rng, shape, g_default(rng, dt), allow_expand=False)
+        out = np.transpose(a.value(), p)
+        w.case("views", "permute", [a], [out], view_attrs(out, {"perm": p}))
+    for i in range(10):
+        dt = dts[i % 4]
+        out_shape = rand_shape(rng, 1, 4)
+        src_shape = derive(rng, out_shape)
+        a = make_input(rng, src_shape, g_default(rng, dt), layouts=[] if i % 2 else None, allow_expand=False)
+        out = np.broadcast_to(a.value(), out_shape)
+        w.case("views", "expand", [a], [out], view_attrs(out, {"shape": out_shape}))
+    for i in range(8):
+        dt = dts[i % 4]
+        shape = rand_shape(rng, 1, 4)
+        d = int(rng.integers(len(shape)))
+        shape[d] = 1
+        a = make_input(rng, shape, g_default(rng, dt))
+        w.case("views", "squeeze", [a], [np.squeeze(a.value(), d)], {"dim": d})
+    for i in range(8):
+        dt = dts[i % 4]
+        shape = rand_shape(rng, 0, 3)
+        d = int(rng.integers(0, len(shape) + 1))
+        a = make_input(rng, shape, g_default(rng, dt))
+        w.case("views", "unsqueeze", [a], [np.expand_dims(a.value(), d)], {"dim": d})
+    # Python slice rules: negative and out-of-range bounds, steps 1..3
+    for i in range(16):
+        dt = dts[i % 4]
+        shape = rand_shape(rng, 1, 3)
+        d = int(rng.integers(len(shape)))
+        n = shape[d]
+        start = int(rng.integers(-n - 3, n + 4))
+        end = int(rng.integers(-n - 3, n + 4))
+        if i % 5 == 0:
+            end = 2 ** 62       # "to the end"
+        step = int(rng.integers(1, 4))
+        a = make_input(rng, shape, g_default(rng, dt), allow_expand=False)
+        idx = [slice(None)] * len(shape)
+        idx[d] = slice(start, end, step)
+        out = a.value()[tuple(idx)]
+        w.case("views", "slice", [a], [out], view_attrs(out, {"dim": d, "start": start, "end": end, "step": step}))
+    for i in range(6):
+        dt = dts[i % 4]
+        a = make_input(rng, rand_shape(rng, 1, 4), g_default(rng, dt), layouts=["transpose"] if i % 2 else ["expand"])
+        w.case("views", "contiguous", [a], [a.value()])
+    a = make_input(rng, [], g_default(rng, "f32"))
+    w.case("views", "contiguous", [a], [a.value()])
+    for i in range(12):
+        dt = dts[i % 4] if i % 3 else "f32"
+        shape = rand_shape(rng, 1, 4)
+        d = int(rng.integers(len(shape)))
+        k = int(rng.integers(1, 5))
+        ins = []
+        for _ in range(k):
+            s = list(shape)
+            s[d] = int(rng.integers(0, 4))
+            ins.append(make_input(rng, s, g_default(rng, dt)))
+        out = np.concatenate([x.value() for x in ins], axis=d)
+        w.case("views", "cat", ins, [out], {"dim": d})
+    for i in range(10):
+        dt = dts[i % 4] if i % 3 else "f32"
+        shape = rand_shape(rng, 0, 3)
+        d = int(rng.integers(0, len(shape) + 1))
+        k = int(rng.integers(1, 4))
+        ins = [make_input(rng, shape, g_default(rng, dt)) for _ in range(k)]
+        out = np.stack([x.value() for x in ins], axis=d)
+        w.case("views", "stack", ins, [out], {"dim": d})
+    # cast between all four dtypes
+    def g_cast(src):
+        if src in FLOATS:
+            def f(s):
+                v = rng.uniform(-40, 40, s)
+                v = np.where(rng.random(s) < 0.2, np.round(v), v)   # exact integers
+                v = np.where(rng.random(s) < 0.15, 0.0, v)          # zeros
+                v = np.where(rng.random(s) < 0.1, rng.uniform(-1, 1, s), v)
+                return v.astype(NP[src])
+            return f
+        if src == "i64":
+            return lambda s: np.where(rng.random(s) < 0.2, 0, rng.integers(-1000, 1000, s)).astype(np.int64)
+        return g_bool(rng)
+    for src in dts:
+        for dst in dts:
+            for j in range(2):
+                shape = rand_shape(rng, 0, 3) if j else [3, 4]
+                a = make_input(rng, shape, g_cast(src))
+                x = a.value()
+                if dst == "bool":
+                    out = x != 0
+                elif dst == "i64" and src in FLOATS:
+                    out = np.trunc(x).astype(np.int64)
+                else:
+                    out = x.astype(NP[dst])
+                w.case("views", "cast", [a], [out], {"dtype": dst})
+    # i64 -> f32 rounds to nearest, ties to even
+    big = Input(np.array([16777217, 16777219, -16777217, 2 ** 40 + 1, 3], np.int64))
+    w.case("views", "cast", [big], [big.value().astype(np.float32)], {"dtype": "f32"})
+    neg0 = Input(np.array([-0.0, 0.0, 1e-30, -2.7, 2.7, -0.5], np.float64))
+    w.case("views", "cast", [neg0], [neg0.value() != 0], {"dtype": "bool"})
+    w.case("views", "cast", [neg0], [np.trunc(neg0.value()).astype(np.int64)], {"dtype": "i64"})
+
+
+def creation_family(w, rng):
+    dts = FLOATS + ("i64", "bool")
+    for dt in dts:
+        for shape in ([], [0], [3], [2, 3], [2, 0, 4], [1, 2, 1, 3]):
+            w.case("creation", "zeros", [], [np.zeros(shape, NP[dt])], {"dtype": dt, "shape": shape})
+            w.case("creation", "ones", [], [np.ones(shape, NP[dt])], {"dtype": dt, "shape": shape})
+        for shape, v in (([2, 2], 1.0), ([3], 0.0), ([], 1.0), ([2, 0], 1.0)):
+            if dt in FLOATS:
+                v = [3.25, -1.5e-3, 7.0, 2.0][len(shape) % 4]
+            elif dt == "i64":
+                v = [-7.0, 42.0, 3.0, 1.0][len(shape) % 4]
+            w.case("creation", "full", [], [np.full(shape, v, NP[dt])], {"dtype": dt, "shape": shape, "value": v})
+        for v in ((0.0, 1.0) if dt == "bool" else (2.5, -4.0) if dt in FLOATS else (-9.0, 12.0)):
+            w.case("creation", "scalar", [], [np.array(v).astype(NP[dt])], {"dtype": dt, "value": v})
+    ar = [(0.0, 5.0, 1.0), (0.0, 1.0, 0.25), (-3.0, 3.0, 1.5), (2.0, 2.0, 1.0), (0.0, 10.0, 3.0),
+          (5.0, 0.0, -1.0), (1.0, 2.0, 0.3), (0.5, 4.0, 0.5)]
+    for dt in FLOATS + ("i64",):
+        for start, stop, step in ar:
+            if dt == "i64" and (start != int(start) or step != int(step)):
+                continue
+            n = max(0, math.ceil((stop - start) / step))
+            vals = np.array([start + i * step for i in range(n)], np.float64).astype(NP[dt])
+            t = (1e-6, 1e-12) if dt == "f32" else (1e-15, 1e-15) if dt == "f64" else EXACT
+            w.case("creation", "arange", [], [vals], {"dtype": dt, "start": start, "stop": stop, "step": step}, t)
+
+
+def inplace_family(w, rng):
+    def dst_layout(shape):
+        opts = [[]]
+        if shape:
+            opts.append(["slice"])
+        if len(shape) >= 2:
+            opts += [["transpose"], ["transpose", "slice"]]
+        if len(shape) >= 3:
+            opts.append(["permute"])
+        return opts[int(rng.integers(len(opts)))]
+
+    fns = {"add_": np.add, "sub_": np.subtract, "mul_": np.multiply}
+    for op in ("add_", "sub_", "mul_", "copy_", "fill_", "zero_"):
+        for dt in FLOATS + ("i64",):
+            for i in range(5):
+                shape = rand_shape(rng, 0, 3) if i > 1 else [[3, 4], [2, 3, 2]][i]
+                layout = dst_layout(shape) if i != 0 else (["transpose", "slice"])
+                dst = make_input(rng, shape, g_default(rng, dt), layouts=layout)
+                base = dst.base.copy()
+                view = base                              # a view: writes go through to base
+                for v in dst.views:
+                    view = apply_view(view, v)
+                ins = [dst]
+                attrs = {}
+                if op in fns or op == "copy_":
+                    src = make_input(rng, derive(rng, shape), g_default(rng, dt))
+                    ins.append(src)
+                    if op == "copy_":
+                        view[...] = src.value()
+                    else:
+                        fns[op](view, src.value(), out=view)
+                elif op == "fill_":
+                    v = float(rng.integers(-9, 10)) if dt == "i64" else float(np.float32(rng.standard_normal()))
+                    attrs["value"] = v
+                    view[...] = v
+                else:
+                    view[...] = 0
+                t = tol(dt, "arith") if op == "mul_" else EXACT
+                w.case("inplace", op, ins, [view.copy(), base], attrs, t)
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.stderr.write("usage: gen_refs.py OUTDIR\n")
+        return 2
+    outdir = sys.argv[1]
+    os.makedirs(outdir, exist_ok=True)
+    rng = np.random.default_rng(SEED)
+    w = Writer()
+    for fam in (binary_family, compare_family, where_family, unary_family, reduction_family,
+                matmul_family, nn_family, views_family, creation_family, inplace_family):
+        fam(w, rng)
+    path = os.path.join(outdir, "ops.txt")
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write("kiln-refs 1\n")
+        f.write("\n".join(w.lines))
+        f.write("\n")
+    os.replace(tmp, path)
+    total = sum(w.count.values())
+    print("gen_refs: %d cases in %s (%s)" % (total, path,
+          ", ".join("%s %d" % kv for kv in w.count.items())))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

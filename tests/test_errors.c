@@ -1,0 +1,582 @@
+/* Error paths: every bad call returns NULL (or -1, or NaN) without aborting,
+ * and kiln_last_error() names the op and the caller's file:line, plus the
+ * shapes where they are the problem. After each error the library keeps
+ * working. */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "kiln.h"
+
+/* Checks the message of the last error: "test_errors.c:<line>: <op>: ...",
+ * plus up to two more fragments it must contain (NULL: none). */
+static void expect_error(int line, const char *op, const char *frag1, const char *frag2)
+{
+  const char *e = kiln_last_error();
+  ck_assert_ptr_nonnull(e);
+  char loc[64], opc[64];
+  snprintf(loc, sizeof loc, "test_errors.c:%d", line);
+  snprintf(opc, sizeof opc, "%s:", op);
+  ck_assert_msg(strstr(e, loc) != NULL, "error \"%s\" does not name %s", e, loc);
+  ck_assert_msg(strstr(e, opc) != NULL, "error \"%s\" does not name %s", e, op);
+  if (frag1)
+    ck_assert_msg(strstr(e, frag1) != NULL, "error \"%s\" does not mention %s", e, frag1);
+  if (frag2)
+    ck_assert_msg(strstr(e, frag2) != NULL, "error \"%s\" does not mention %s", e, frag2);
+}
+
+/* A valid op after an error still works. */
+static void still_works(void)
+{
+  kiln_scope_begin();
+  float av[3] = {1, 2, 3};
+  kiln_tensor *a = kiln_tensor_from(KILN_F32, 1, (int64_t[]){3}, av);
+  kiln_tensor *b = kiln_add(a, kiln_scalar(KILN_F32, 0.5));
+  ck_assert_msg(b != NULL, "valid op after an error failed: %s", kiln_last_error());
+  float bv[3];
+  ck_assert_int_eq(0, kiln_read(b, bv, sizeof bv));
+  for (int i = 0; i < 3; i++)
+    ck_assert_float_eq(av[i] + 0.5f, bv[i]);
+  kiln_scope_end();
+}
+
+static kiln_tensor *f32(int ndim, const int64_t *shape) { return kiln_ones(KILN_F32, ndim, shape); }
+
+static const int64_t S23[2] = {2, 3}, S4[1] = {4}, S45[2] = {4, 5}, S22[2] = {2, 2}, S3[1] = {3};
+
+START_TEST(test_clear_error)
+{
+  kiln_scope_begin();
+  kiln_clear_error();
+  ck_assert_str_eq("", kiln_last_error());
+  ck_assert_ptr_null(kiln_reshape(f32(1, S4), 1, S3));
+  ck_assert_str_ne("", kiln_last_error());
+  kiln_clear_error();
+  ck_assert_str_eq("", kiln_last_error());
+  kiln_scope_end();
+}
+END_TEST
+
+START_TEST(test_broadcast_mismatch)
+{
+  kiln_scope_begin();
+  kiln_tensor *a = f32(2, S23), *b = f32(1, S4);
+  kiln_clear_error();
+  int line = __LINE__ + 1;
+  kiln_tensor *r = kiln_add(a, b);
+  ck_assert_ptr_null(r);
+  expect_error(line, "kiln_add", "[2,3]", "[4]");
+  still_works();
+
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_mul(b, a));
+  expect_error(line, "kiln_mul", "[4]", "[2,3]");
+  still_works();
+
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_mse_loss(f32(1, S3), b));
+  expect_error(line, "kiln_mse_loss", NULL, NULL);
+  still_works();
+  kiln_scope_end();
+}
+END_TEST
+
+START_TEST(test_matmul_errors)
+{
+  kiln_scope_begin();
+  kiln_tensor *a = f32(2, S23), *b = f32(2, S45);
+  int line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_matmul(a, b));
+  expect_error(line, "kiln_matmul", "[2,3]", "[4,5]");
+  still_works();
+
+  /* Batch dims that do not broadcast. */
+  kiln_tensor *p = kiln_ones(KILN_F32, 3, ((int64_t[]){2, 3, 4}));
+  kiln_tensor *q = kiln_ones(KILN_F32, 3, ((int64_t[]){3, 4, 5}));
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_matmul(p, q));
+  expect_error(line, "kiln_matmul", NULL, NULL);
+  still_works();
+
+  kiln_tensor *ia = kiln_ones(KILN_I64, 2, S22), *ib = kiln_ones(KILN_I64, 2, S22);
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_matmul(ia, ib));
+  expect_error(line, "kiln_matmul", NULL, NULL);
+  still_works();
+
+  kiln_tensor *ba = kiln_ones(KILN_BOOL, 2, S22), *bb = kiln_ones(KILN_BOOL, 2, S22);
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_matmul(ba, bb));
+  expect_error(line, "kiln_matmul", NULL, NULL);
+  still_works();
+
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_matmul(kiln_scalar(KILN_F32, 2), a));
+  expect_error(line, "kiln_matmul", NULL, NULL);
+  still_works();
+  kiln_scope_end();
+}
+END_TEST
+
+START_TEST(test_shape_op_errors)
+{
+  kiln_scope_begin();
+  kiln_tensor *a = f32(2, S23);
+
+  int line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_reshape(a, 1, S4));
+  expect_error(line, "kiln_reshape", NULL, NULL);
+  still_works();
+
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_reshape(a, 2, ((int64_t[]){-1, -1})));
+  expect_error(line, "kiln_reshape", NULL, NULL);
+  still_works();
+
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_reshape(a, 2, ((int64_t[]){4, -1})));
+  expect_error(line, "kiln_reshape", NULL, NULL);
+  still_works();
+
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_transpose(a, 0, 2));
+  expect_error(line, "kiln_transpose", NULL, NULL);
+  still_works();
+
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_permute(a, ((int[]){0, 2})));
+  expect_error(line, "kiln_permute", NULL, NULL);
+  still_works();
+
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_permute(a, ((int[]){1, 1})));
+  expect_error(line, "kiln_permute", NULL, NULL);
+  still_works();
+
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_squeeze(a, 2));
+  expect_error(line, "kiln_squeeze", NULL, NULL);
+  still_works();
+
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_squeeze(a, -3));
+  expect_error(line, "kiln_squeeze", NULL, NULL);
+  still_works();
+
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_unsqueeze(a, 3));
+  expect_error(line, "kiln_unsqueeze", NULL, NULL);
+  still_works();
+
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_expand(a, 2, ((int64_t[]){2, 4})));
+  expect_error(line, "kiln_expand", NULL, NULL);
+  still_works();
+
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_expand(a, 1, S3));
+  expect_error(line, "kiln_expand", NULL, NULL);
+  still_works();
+
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_slice(a, 1, 0, 3, 0));
+  expect_error(line, "kiln_slice", NULL, NULL);
+  still_works();
+
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_slice(a, 1, 3, 0, -1));
+  expect_error(line, "kiln_slice", NULL, NULL);
+  still_works();
+
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_slice(a, 2, 0, 1, 1));
+  expect_error(line, "kiln_slice", NULL, NULL);
+  still_works();
+  kiln_scope_end();
+}
+END_TEST
+
+START_TEST(test_axis_errors)
+{
+  kiln_scope_begin();
+  kiln_tensor *a = f32(2, S23);
+
+  int line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_sum(a, 2, false));
+  expect_error(line, "kiln_sum", NULL, NULL);
+  still_works();
+
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_mean(a, -3, true));
+  expect_error(line, "kiln_mean", NULL, NULL);
+  still_works();
+
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_max_axes(a, ((int[]){0, 5}), 2, false));
+  expect_error(line, "kiln_max_axes", NULL, NULL);
+  still_works();
+
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_var(a, 2, 1, false));
+  expect_error(line, "kiln_var", NULL, NULL);
+  still_works();
+
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_argmax(a, 7, false));
+  expect_error(line, "kiln_argmax", NULL, NULL);
+  still_works();
+
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_softmax(a, 2));
+  expect_error(line, "kiln_softmax", NULL, NULL);
+  still_works();
+  kiln_scope_end();
+}
+END_TEST
+
+START_TEST(test_cat_errors)
+{
+  kiln_scope_begin();
+  kiln_tensor *ab[2] = {f32(2, S23), kiln_ones(KILN_F32, 2, ((int64_t[]){3, 4}))};
+  int line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_cat(ab, 2, 0));
+  expect_error(line, "kiln_cat", NULL, NULL);
+  still_works();
+
+  kiln_tensor *mixed[2] = {f32(2, S23), kiln_ones(KILN_F64, 2, S23)};
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_cat(mixed, 2, 0));
+  expect_error(line, "kiln_cat", NULL, NULL);
+  still_works();
+
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_cat(mixed, 0, 0));
+  expect_error(line, "kiln_cat", NULL, NULL);
+  still_works();
+
+  kiln_tensor *same[2] = {f32(2, S23), f32(2, S23)};
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_cat(same, 2, 2));
+  expect_error(line, "kiln_cat", NULL, NULL);
+  still_works();
+
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_stack(ab, 2, 0));
+  expect_error(line, "kiln_stack", NULL, NULL);
+  still_works();
+  kiln_scope_end();
+}
+END_TEST
+
+START_TEST(test_dtype_errors)
+{
+  kiln_scope_begin();
+  kiln_tensor *fa = f32(2, S23), *fb = f32(2, S23);
+  kiln_tensor *ia = kiln_ones(KILN_I64, 2, S23), *ib = kiln_ones(KILN_I64, 2, S23);
+
+  int line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_where(fa, fa, fb));
+  expect_error(line, "kiln_where", NULL, NULL);
+  still_works();
+
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_div(ia, ib));
+  expect_error(line, "kiln_div", NULL, NULL);
+  still_works();
+
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_log(ia));
+  expect_error(line, "kiln_log", NULL, NULL);
+  still_works();
+
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_exp(ia));
+  expect_error(line, "kiln_exp", NULL, NULL);
+  still_works();
+
+  /* Integers are fine where the op is exact. */
+  kiln_tensor *isum = kiln_add(ia, ib);
+  ck_assert_ptr_nonnull(isum);
+  ck_assert_int_eq(KILN_I64, kiln_type(isum));
+  kiln_scope_end();
+}
+END_TEST
+
+START_TEST(test_index_errors)
+{
+  kiln_scope_begin();
+  kiln_tensor *table = kiln_ones(KILN_F32, 2, ((int64_t[]){4, 3}));
+  float fidx[2] = {0, 1};
+  kiln_tensor *fi = kiln_tensor_from(KILN_F32, 1, (int64_t[]){2}, fidx);
+  int line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_embedding(table, fi));
+  expect_error(line, "kiln_embedding", NULL, NULL);
+  still_works();
+
+  int64_t bad[3] = {0, 4, 1};
+  kiln_tensor *bi = kiln_tensor_from(KILN_I64, 1, (int64_t[]){3}, bad);
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_embedding(table, bi));
+  expect_error(line, "kiln_embedding", NULL, NULL);
+  still_works();
+
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_index_select(table, 0, bi));
+  expect_error(line, "kiln_index_select", NULL, NULL);
+  still_works();
+
+  kiln_tensor *logits = kiln_ones(KILN_F32, 2, ((int64_t[]){3, 5}));
+  int64_t t_hi[3] = {0, 5, 2}, t_neg[3] = {0, -1, 2};
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_cross_entropy(logits, kiln_tensor_from(KILN_I64, 1, (int64_t[]){3}, t_hi)));
+  expect_error(line, "kiln_cross_entropy", NULL, NULL);
+  still_works();
+
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_cross_entropy(logits, kiln_tensor_from(KILN_I64, 1, (int64_t[]){3}, t_neg)));
+  expect_error(line, "kiln_cross_entropy", NULL, NULL);
+  still_works();
+
+  /* One target per row. */
+  int64_t t_ok[2] = {0, 1};
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_cross_entropy(logits, kiln_tensor_from(KILN_I64, 1, (int64_t[]){2}, t_ok)));
+  expect_error(line, "kiln_cross_entropy", NULL, NULL);
+  still_works();
+  kiln_scope_end();
+}
+END_TEST
+
+START_TEST(test_layer_norm_errors)
+{
+  kiln_scope_begin();
+  kiln_tensor *x = kiln_ones(KILN_F32, 2, ((int64_t[]){3, 6}));
+  kiln_tensor *w5 = kiln_ones(KILN_F32, 1, (int64_t[]){5}), *b5 = kiln_zeros(KILN_F32, 1, (int64_t[]){5});
+  kiln_tensor *w6 = kiln_ones(KILN_F32, 1, (int64_t[]){6});
+  int line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_layer_norm(x, w5, b5, 1e-5));
+  expect_error(line, "kiln_layer_norm", NULL, NULL);
+  still_works();
+
+  /* weight without bias is valid (an affine norm with no shift) */
+  ck_assert_ptr_nonnull(kiln_layer_norm(x, w6, NULL, 1e-5));
+  kiln_scope_end();
+}
+END_TEST
+
+START_TEST(test_creation_errors)
+{
+  int64_t nine[9] = {1, 1, 1, 1, 1, 1, 1, 1, 1};
+  float v[4] = {0};
+  int line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_tensor_from(KILN_F32, 9, nine, v));
+  expect_error(line, "kiln_tensor_from", NULL, NULL);
+  still_works();
+
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_tensor_from(KILN_F32, 2, ((int64_t[]){2, -2}), v));
+  expect_error(line, "kiln_tensor_from", NULL, NULL);
+  still_works();
+
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_tensor_from(KILN_F32, -1, S4, v));
+  expect_error(line, "kiln_tensor_from", NULL, NULL);
+  still_works();
+
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_zeros(KILN_F64, 1, ((int64_t[]){-5})));
+  expect_error(line, "kiln_zeros", NULL, NULL);
+  still_works();
+
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_arange(KILN_F32, 0, 10, 0));
+  expect_error(line, "kiln_arange", NULL, NULL);
+  still_works();
+}
+END_TEST
+
+START_TEST(test_read_and_item_errors)
+{
+  kiln_scope_begin();
+  kiln_tensor *a = f32(2, S23);
+  float buf[7];
+  int line = __LINE__ + 1;
+  ck_assert_int_eq(-1, kiln_read(a, buf, 5 * sizeof(float)));
+  expect_error(line, "kiln_read", NULL, NULL);
+  still_works();
+
+  line = __LINE__ + 1;
+  ck_assert_int_eq(-1, kiln_read(a, buf, 7 * sizeof(float)));
+  expect_error(line, "kiln_read", NULL, NULL);
+  still_works();
+  ck_assert_int_eq(0, kiln_read(a, buf, 6 * sizeof(float)));
+
+  line = __LINE__ + 1;
+  double x = kiln_item(a);
+  ck_assert(isnan(x));
+  expect_error(line, "kiln_item", NULL, NULL);
+  still_works();
+  kiln_scope_end();
+}
+END_TEST
+
+START_TEST(test_inplace_errors)
+{
+  kiln_scope_begin();
+  kiln_tensor *dst = f32(2, S23);
+  int line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_add_(dst, f32(1, S4)));
+  expect_error(line, "kiln_add_", NULL, NULL);
+  still_works();
+
+  /* src may broadcast to dst, never the other way round. */
+  kiln_tensor *small = f32(1, S3);
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_add_(small, dst));
+  expect_error(line, "kiln_add_", NULL, NULL);
+  still_works();
+  ck_assert_ptr_eq(dst, kiln_add_(dst, small));
+
+  float xv[4] = {1, 2, 3, 4};
+  kiln_tensor *x = kiln_tensor_from(KILN_F32, 1, S4, xv);
+  kiln_tensor *d = kiln_slice(x, 0, 1, 3, 1), *s = kiln_slice(x, 0, 0, 2, 1);
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_copy_(d, s));
+  expect_error(line, "kiln_copy_", NULL, NULL);
+  still_works();
+  float got[4];
+  ck_assert_int_eq(0, kiln_read(x, got, sizeof got));
+  for (int i = 0; i < 4; i++)
+    ck_assert_float_eq(xv[i], got[i]); /* untouched by the refused copy */
+  kiln_scope_end();
+}
+END_TEST
+
+/* Disjoint slices of one base, and src == dst exactly, are both fine. */
+START_TEST(test_inplace_allowed_overlaps)
+{
+  kiln_scope_begin();
+  float xv[4] = {1, 2, 3, 4};
+  kiln_tensor *x = kiln_tensor_from(KILN_F32, 1, S4, xv);
+  kiln_tensor *hi = kiln_slice(x, 0, 2, 4, 1), *lo = kiln_slice(x, 0, 0, 2, 1);
+  ck_assert_ptr_eq(hi, kiln_copy_(hi, lo));
+  float got[4];
+  ck_assert_int_eq(0, kiln_read(x, got, sizeof got));
+  const float want1[4] = {1, 2, 1, 2};
+  for (int i = 0; i < 4; i++)
+    ck_assert_float_eq(want1[i], got[i]);
+  ck_assert_ptr_eq(x, kiln_add_(x, x));
+  ck_assert_int_eq(0, kiln_read(x, got, sizeof got));
+  for (int i = 0; i < 4; i++)
+    ck_assert_float_eq(2 * want1[i], got[i]);
+  kiln_scope_end();
+}
+END_TEST
+
+START_TEST(test_autograd_errors)
+{
+  kiln_scope_begin();
+  kiln_tensor *x = kiln_ones(KILN_F64, 2, S23);
+  kiln_requires_grad(x, true);
+  kiln_tensor *y = kiln_mul(x, x);
+  int line = __LINE__ + 1;
+  ck_assert_int_eq(-1, kiln_backward(y));
+  expect_error(line, "kiln_backward", NULL, NULL);
+  still_works();
+
+  line = __LINE__ + 1;
+  ck_assert_int_eq(-1, kiln_backward_with(y, kiln_ones(KILN_F64, 1, S3)));
+  expect_error(line, "kiln_backward_with", NULL, NULL);
+  still_works();
+
+  kiln_tensor *g[1] = {NULL};
+  line = __LINE__ + 1;
+  ck_assert_int_eq(-1, kiln_grad_of(y, &x, 1, g));
+  expect_error(line, "kiln_grad_of", NULL, NULL);
+  still_works();
+  kiln_scope_end();
+}
+END_TEST
+
+START_TEST(test_null_propagates)
+{
+  kiln_scope_begin();
+  kiln_tensor *x = f32(2, S23);
+  kiln_clear_error();
+  ck_assert_ptr_null(kiln_add(NULL, x));
+  ck_assert_msg(strstr(kiln_last_error(), "NULL") != NULL, "error \"%s\" does not mention NULL", kiln_last_error());
+  ck_assert_ptr_null(kiln_add(x, NULL));
+  ck_assert_ptr_null(kiln_exp(NULL));
+  ck_assert_ptr_null(kiln_matmul(NULL, x));
+  ck_assert_ptr_null(kiln_reshape(NULL, 1, S4));
+  ck_assert_ptr_null(kiln_transpose(NULL, 0, 1));
+  ck_assert_ptr_null(kiln_sum(NULL, 0, false));
+  ck_assert_ptr_null(kiln_sum_all(NULL));
+  ck_assert_ptr_null(kiln_softmax(NULL, 0));
+  ck_assert_ptr_null(kiln_where(NULL, x, x));
+  ck_assert_ptr_null(kiln_cast(NULL, KILN_F64));
+  ck_assert_ptr_null(kiln_contiguous(NULL));
+  ck_assert_ptr_null(kiln_add_(NULL, x));
+  ck_assert_ptr_null(kiln_add_(x, NULL));
+  ck_assert_ptr_null(kiln_cat(((kiln_tensor *[]){x, NULL}), 2, 0));
+  ck_assert_int_eq(-1, kiln_backward(NULL));
+  float buf[6];
+  ck_assert_int_eq(-1, kiln_read(NULL, buf, sizeof buf));
+  ck_assert(isnan(kiln_item(NULL)));
+  kiln_release(NULL);
+  ck_assert_ptr_null(kiln_keep(NULL));
+  still_works();
+  kiln_scope_end();
+}
+END_TEST
+
+START_TEST(test_first_error_survives_chain)
+{
+  /* NULL in -> NULL out keeps the message of the op that failed first, so
+   * one check at the end of a chain points at the real cause. */
+  kiln_scope_begin();
+  kiln_tensor *a = f32(2, S23), *b = f32(1, S4);
+  int line = __LINE__ + 1;
+  kiln_tensor *s = kiln_add(a, b);
+  kiln_tensor *r = kiln_sum_all(kiln_exp(kiln_matmul(s, a)));
+  ck_assert_ptr_null(r);
+  expect_error(line, "kiln_add", "[2,3]", "[4]");
+  still_works();
+  kiln_scope_end();
+}
+END_TEST
+
+static Suite *errors_suite(void)
+{
+  Suite *s = suite_create("errors");
+  TCase *tc = tcase_create("errors");
+  tcase_set_timeout(tc, 60);
+  tcase_add_test(tc, test_clear_error);
+  tcase_add_test(tc, test_broadcast_mismatch);
+  tcase_add_test(tc, test_matmul_errors);
+  tcase_add_test(tc, test_shape_op_errors);
+  tcase_add_test(tc, test_axis_errors);
+  tcase_add_test(tc, test_cat_errors);
+  tcase_add_test(tc, test_dtype_errors);
+  tcase_add_test(tc, test_index_errors);
+  tcase_add_test(tc, test_layer_norm_errors);
+  tcase_add_test(tc, test_creation_errors);
+  tcase_add_test(tc, test_read_and_item_errors);
+  tcase_add_test(tc, test_inplace_errors);
+  tcase_add_test(tc, test_inplace_allowed_overlaps);
+  tcase_add_test(tc, test_autograd_errors);
+  tcase_add_test(tc, test_null_propagates);
+  tcase_add_test(tc, test_first_error_survives_chain);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void)
+{
+  SRunner *sr = srunner_create(errors_suite());
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed == 0 ? 0 : 1;
+}
