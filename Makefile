@@ -4,7 +4,7 @@
 #   make          release build in build/
 #   make test     release build + its tests, then the sanitized test build in build-asan/ + its tests
 #   make demo     release build, then the demo
-#   make bench    release build, then the benchmarks against PyTorch and NumPy
+#   make bench    release build, then the benchmarks, kiln against PyTorch
 #   make clean
 
 BUILD      ?= build

@@ -17,6 +17,9 @@ File format (whitespace separated tokens):
      VIEW: transpose D0 D1 | permute N P1..PN | slice DIM START END STEP
          | expand N D1..DN
   out DTYPE NDIM D1..DN VALUES
+  VALUES are the numbers, or 'gen A B M C S' (inputs: see formula()), or
+  'bin OFFSET': raw little-endian values at that byte offset of OUTDIR/big.bin
+  (bool as one byte), for large expected outputs.
   tol RTOL ATOL                       pass when |got-exp| <= atol + rtol*|exp|
   end
 
@@ -100,9 +103,10 @@ def apply_view(a, v):
 
 
 class Input:
-    def __init__(self, base, views=()):
+    def __init__(self, base, views=(), gen=None):
         self.base = np.array(base, order="C")   # keeps 0-d arrays 0-d
         self.views = list(views)
+        self.gen = gen                          # (A, B, M, C, S): see formula()
 
     def value(self):
         a = self.base
@@ -123,8 +127,26 @@ class Input:
                 parts += ["slice"] + [str(int(x)) for x in v[1:]]
             elif v[0] == "expand":
                 parts += ["expand", str(len(v[1]))] + [str(d) for d in v[1]]
+        if self.gen:
+            return " ".join(parts + ["gen"] + [fmt_num(x) for x in self.gen])
         vals = fmt_values(b)
         return " ".join(parts) + ((" " + vals) if vals else "")
+
+
+def formula(dt, shape, a, b, m, c, s):
+    """Element i of the base is ((i*a + b) % m - c) * s in exact integer
+    arithmetic (bool: > 0), so C rebuilds large inputs from five numbers. With
+    s a power of two and small m the values are exact in f32, and so are their
+    sums while they stay below 2^24 * s."""
+    n = int(np.prod(shape)) if shape else 1
+    k = (np.arange(n, dtype=np.int64) * a + b) % m - c
+    if dt == "bool":
+        v = k > 0
+    elif dt == "i64":
+        v = k * int(s)
+    else:
+        v = (k.astype(np.float64) * s).astype(NP[dt])
+    return Input(v.reshape(shape), gen=(a, b, m, c, s))
 
 
 def pre_shape(rng, shape, layout):
@@ -297,10 +319,14 @@ def f64(a):
 
 # ---- the case file ----------------------------------------------------------
 
+BIN_MIN = 2048   # outputs with more elements go to big.bin
+
+
 class Writer:
     def __init__(self):
         self.lines = []
         self.count = {}
+        self.bin = bytearray()
 
     def case(self, family, op, inputs, outputs, attrs=None, tolerance=EXACT):
         self.lines.append("case %s %s" % (family, op))
@@ -314,7 +340,12 @@ class Writer:
         for out in outputs:
             out = np.asarray(out)
             head = "out %s %d %s" % (dtname(out), out.ndim, " ".join(str(d) for d in out.shape))
-            vals = fmt_values(out)
+            if out.size > BIN_MIN:
+                vals = "bin %d" % len(self.bin)
+                le = out.dtype.newbyteorder("<") if out.dtype != np.bool_ else np.uint8
+                self.bin += np.ascontiguousarray(out).astype(le).tobytes()
+            else:
+                vals = fmt_values(out)
             self.lines.append((head.rstrip() + " " + vals).rstrip())
         self.lines.append("tol %s %s" % (float(tolerance[0]).hex(), float(tolerance[1]).hex()))
         self.lines.append("end")
@@ -879,6 +910,107 @@ def inplace_family(w, rng):
                 w.case("inplace", op, ins, [view.copy(), base], attrs, t)
 
 
+def big_family(w, rng):
+    """Tensors large enough that kiln splits the work across threads (the C
+    side runs these with 3 threads, so chunk edges fall mid-row)."""
+    def fx(dt, shape, seed, views=(), m=1021):
+        a = [97, 389, 211, 613, 59, 743][seed % 6]
+        inp = formula(dt, list(shape), a, 13 + seed, m, (m - 1) // 2, 1 if dt == "i64" else 2.0 ** -8)
+        inp.views = list(views)
+        return inp
+
+    def case(op, ins, outs, attrs=None, t=EXACT):
+        w.case("big", op, ins, outs, attrs, t)
+
+    f32a = tol("f32", "arith")
+    a = fx("f32", (350, 300), 0, [("transpose", 0, 1)])
+    b = fx("f32", (350,), 1)
+    case("add", [a, b], [a.value() + b.value()], t=f32a)
+    a = fx("f64", (300, 460), 2, [("slice", 1, 1, 460, 2)])
+    b = fx("f64", (300, 1), 3)
+    case("mul", [a, b], [a.value() * b.value()], t=tol("f64", "arith"))
+    a = fx("i64", (240, 300), 4, [("transpose", 0, 1)])
+    b = fx("i64", (240,), 5)
+    case("sub", [a, b], [a.value() - b.value()])
+    a = fx("f32", (30, 40, 100), 0, [("permute", [2, 0, 1])])
+    case("exp", [a], [ref(np.exp(f64(a.value())), "f32")], t=tol("f32"))
+    a = fx("f32", (1, 300), 1, [("expand", [350, 300])])
+    case("gelu", [a], [ref(gelu_tanh(f64(a.value())), "f32")], t=tol("f32"))
+    a = fx("f32", (350, 300), 2)
+    b = fx("f32", (300,), 3)
+    case("lt", [a, b], [a.value() < b.value()])
+    c = fx("bool", (350, 1), 4)
+    a = fx("f32", (300, 350), 5, [("transpose", 0, 1)])
+    b = Input(np.array(0.5, np.float32))
+    case("where", [c, a, b], [np.where(c.value(), a.value(), b.value()).astype(np.float32)])
+    # sums of these values are exact in f32 in any order
+    x = fx("f32", (400, 300), 0)
+    for ax in (0, 1):
+        case("sum", [x], [np.sum(x.value(), axis=ax)], {"axis": ax, "keepdim": 0}, (1e-7, 1e-7))
+    xl = fx("f32", (400, 400), 1)
+    case("sum_all", [xl], [np.sum(f64(xl.value())).astype(np.float32)], t=(1e-7, 1e-7))
+    xt = fx("f32", (300, 400), 2, [("transpose", 0, 1)])
+    case("sum", [xt], [np.sum(xt.value(), axis=0, keepdims=True)], {"axis": 0, "keepdim": 1}, (1e-7, 1e-7))
+    case("max", [xt], [np.max(xt.value(), axis=0)], {"axis": 0, "keepdim": 0})
+    case("argmax", [xt], [np.argmax(xt.value(), axis=0).astype(np.int64)], {"axis": 0, "keepdim": 0})
+    case("argmax", [xt], [np.argmax(xt.value(), axis=1).astype(np.int64)], {"axis": 1, "keepdim": 0})
+    xi = fx("i64", (200000,), 3)
+    case("sum_axes", [xi], [np.sum(xi.value())], {"axes": [], "keepdim": 0})
+    xi2 = fx("i64", (300, 400), 4)
+    case("min", [xi2], [np.min(xi2.value(), axis=1)], {"axis": 1, "keepdim": 0})
+    x3 = fx("f32", (40, 50, 60), 5)
+    case("sum_axes", [x3], [np.sum(x3.value(), axis=(0, 2))], {"axes": [0, 2], "keepdim": 0}, (1e-7, 1e-7))
+    x = fx("f32", (400, 300), 0)
+    case("mean", [x], [ref(np.mean(f64(x.value()), axis=1, keepdims=True), "f32")], {"axis": 1, "keepdim": 1},
+         tol("f32", "reduce"))
+    xd = fx("f64", (400, 300), 1, [("transpose", 0, 1)])
+    case("var", [xd], [np.var(xd.value(), axis=1, ddof=1)], {"axis": 1, "keepdim": 0, "correction": 1},
+         tol("f64", "norm"))
+    # row-wise nn ops, along the last dim and across rows
+    x = fx("f32", (400, 300), 2)
+    case("softmax", [x], [ref(np.exp(log_softmax_np(f64(x.value()), 1)), "f32")], {"axis": -1}, (1e-5, 1e-6))
+    xt = fx("f32", (400, 300), 3, [("transpose", 0, 1)])
+    case("softmax", [xt], [ref(np.exp(log_softmax_np(f64(xt.value()), 0)), "f32")], {"axis": 0}, (1e-5, 1e-6))
+    xd = fx("f64", (300, 250), 4)
+    case("log_softmax", [xd], [log_softmax_np(xd.value(), 1)], {"axis": 1}, (1e-11, 1e-12))
+    x = fx("f32", (400, 256), 5)
+    wt = fx("f32", (256,), 0)
+    bs = fx("f32", (256,), 1)
+    xv = f64(x.value())
+    mu = xv.mean(axis=-1, keepdims=True)
+    y = (xv - mu) / np.sqrt(((xv - mu) ** 2).mean(axis=-1, keepdims=True) + 1e-5) * f64(wt.value()) + f64(bs.value())
+    case("layer_norm", [x, wt, bs], [ref(y, "f32")], {"eps": 1e-5}, tol("f32", "norm"))
+    lg = fx("f32", (1000, 100), 2)
+    tg = formula("i64", [1000], 7, 3, 100, 0, 1)
+    ls = log_softmax_np(f64(lg.value()), 1)
+    case("cross_entropy", [lg, tg], [ref(-np.mean(ls[np.arange(1000), tg.value()]), "f32")], t=tol("f32", "norm"))
+    a = fx("f32", (400, 300), 3)
+    b = fx("f32", (300,), 4)
+    case("mse_loss", [a, b], [ref(np.mean((f64(a.value()) - f64(b.value())) ** 2), "f32")], t=tol("f32", "norm"))
+    table = fx("f32", (50, 64), 5)
+    idx = formula("i64", [1100], 17, 5, 50, 0, 1)
+    case("embedding", [table, idx], [table.value()[idx.value()]])
+    a = fx("f32", (350, 300), 0, [("transpose", 0, 1)])
+    case("contiguous", [a], [a.value()])
+    a = fx("f64", (350, 300), 1)
+    case("cast", [a], [a.value().astype(np.float32)], {"dtype": "f32"})
+    p = fx("f32", (300, 120), 2)
+    q = fx("f32", (130, 300), 3, [("transpose", 0, 1)])
+    case("cat", [p, q], [np.concatenate([p.value(), q.value()], axis=1)], {"dim": 1})
+    a = fx("f32", (200, 300), 4)
+    b = fx("f32", (150, 300), 5, [("transpose", 0, 1)])
+    case("matmul", [a, b], [ref(f64(a.value()) @ f64(b.value()), "f32")], t=tol_matmul("f32", 300))
+    # in place through a strided view of a large base
+    dst = fx("f32", (300, 460), 0, [("slice", 1, 0, 460, 2)])
+    src = fx("f32", (230,), 1)
+    base = dst.base.copy()
+    view = base                                  # a view: writes go through to base
+    for v in dst.views:
+        view = apply_view(view, v)
+    view += src.value()
+    case("add_", [dst, src], [view.copy(), base], t=f32a)
+
+
 def main():
     if len(sys.argv) != 2:
         sys.stderr.write("usage: gen_refs.py OUTDIR\n")
@@ -888,15 +1020,16 @@ def main():
     rng = np.random.default_rng(SEED)
     w = Writer()
     for fam in (binary_family, compare_family, where_family, unary_family, reduction_family,
-                matmul_family, nn_family, views_family, creation_family, inplace_family):
+                matmul_family, nn_family, views_family, creation_family, inplace_family,
+                big_family):
         fam(w, rng)
     path = os.path.join(outdir, "ops.txt")
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write("kiln-refs 1\n")
-        f.write("\n".join(w.lines))
-        f.write("\n")
-    os.replace(tmp, path)
+    for name, data in (("big.bin", bytes(w.bin)),
+                       ("ops.txt", ("kiln-refs 1\n" + "\n".join(w.lines) + "\n").encode())):
+        tmp = os.path.join(outdir, name + ".tmp")
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, os.path.join(outdir, name))
     total = sum(w.count.values())
     print("gen_refs: %d cases in %s (%s)" % (total, path,
           ", ".join("%s %d" % kv for kv in w.count.items())))

@@ -67,6 +67,8 @@ typedef struct ref_file {
 typedef struct ref_lexer {
   char *p;
   const char *path;
+  const unsigned char *bin; /* big.bin, for 'bin OFFSET' values */
+  size_t binlen;
   char err[256];
 } ref_lexer;
 
@@ -104,9 +106,9 @@ static int ref_dtype_of(const char *s, kiln_dtype *dt)
   return -1;
 }
 
-static int ref_int(ref_lexer *lx, int64_t *v)
+static int ref_int_of(ref_lexer *lx, const char *t, int64_t *v)
 {
-  char *t = ref_tok(lx), *end;
+  char *end;
   if (!t)
     return ref_fail(lx, "an integer", t);
   errno = 0;
@@ -116,9 +118,11 @@ static int ref_int(ref_lexer *lx, int64_t *v)
   return 0;
 }
 
-static int ref_double(ref_lexer *lx, double *v)
+static int ref_int(ref_lexer *lx, int64_t *v) { return ref_int_of(lx, ref_tok(lx), v); }
+
+static int ref_double_of(ref_lexer *lx, const char *t, double *v)
 {
-  char *t = ref_tok(lx), *end;
+  char *end;
   if (!t)
     return ref_fail(lx, "a number", t);
   kiln_dtype dt;
@@ -129,6 +133,66 @@ static int ref_double(ref_lexer *lx, double *v)
   *v = strtod(t, &end);
   if (*end)
     return ref_fail(lx, "a number", t);
+  return 0;
+}
+
+static int ref_double(ref_lexer *lx, double *v) { return ref_double_of(lx, ref_tok(lx), v); }
+
+/* The numel values of t: listed, 'gen A B M C S' or 'bin OFFSET'. */
+static int ref_values(ref_lexer *lx, ref_tensor *t)
+{
+  bool fl = t->dt == KILN_F32 || t->dt == KILN_F64;
+  size_t n = (size_t)(t->numel > 0 ? t->numel : 1);
+  if (fl)
+    t->f = calloc(n, sizeof *t->f);
+  else
+    t->i = calloc(n, sizeof *t->i);
+  if (t->numel == 0)
+    return 0;
+  char *first = ref_tok(lx);
+  if (first && strcmp(first, "gen") == 0) {
+    /* element k is ((k*A + B) % M - C) * S, as in gen_refs.py formula() */
+    int64_t A, B, M, C;
+    double S;
+    if (ref_int(lx, &A) || ref_int(lx, &B) || ref_int(lx, &M) || ref_int(lx, &C) || ref_double(lx, &S))
+      return -1;
+    if (M <= 0)
+      return ref_fail(lx, "a positive modulus", NULL);
+    for (int64_t k = 0; k < t->numel; k++) {
+      int64_t v = (k * A + B) % M - C;
+      if (fl)
+        t->f[k] = t->dt == KILN_F32 ? (double)(float)((double)v * S) : (double)v * S;
+      else
+        t->i[k] = t->dt == KILN_BOOL ? v > 0 : v * (int64_t)S;
+    }
+    return 0;
+  }
+  if (first && strcmp(first, "bin") == 0) {
+    int64_t off;
+    size_t es = t->dt == KILN_F32 ? 4 : t->dt == KILN_BOOL ? 1 : 8;
+    if (ref_int(lx, &off))
+      return -1;
+    if (off < 0 || (size_t)off + n * es > lx->binlen)
+      return ref_fail(lx, "an offset inside big.bin", NULL);
+    const unsigned char *p = lx->bin + off;
+    for (size_t k = 0; k < n; k++, p += es) {
+      float f32;
+      double f64;
+      int64_t i64;
+      switch (t->dt) {
+      case KILN_F32: memcpy(&f32, p, 4); t->f[k] = f32; break;
+      case KILN_F64: memcpy(&f64, p, 8); t->f[k] = f64; break;
+      case KILN_I64: memcpy(&i64, p, 8); t->i[k] = i64; break;
+      case KILN_BOOL: t->i[k] = *p; break;
+      }
+    }
+    return 0;
+  }
+  for (int64_t k = 0; k < t->numel; k++) {
+    const char *tok = k ? ref_tok(lx) : first;
+    if (fl ? ref_double_of(lx, tok, &t->f[k]) : ref_int_of(lx, tok, &t->i[k]))
+      return -1;
+  }
   return 0;
 }
 
@@ -184,19 +248,7 @@ static int ref_tensor_parse(ref_lexer *lx, ref_tensor *t, bool with_views)
           return -1;
     }
   }
-  size_t n = (size_t)(t->numel > 0 ? t->numel : 1);
-  if (t->dt == KILN_F32 || t->dt == KILN_F64) {
-    t->f = calloc(n, sizeof *t->f);
-    for (int64_t k = 0; k < t->numel; k++)
-      if (ref_double(lx, &t->f[k]))
-        return -1;
-  } else {
-    t->i = calloc(n, sizeof *t->i);
-    for (int64_t k = 0; k < t->numel; k++)
-      if (ref_int(lx, &t->i[k]))
-        return -1;
-  }
-  return 0;
+  return ref_values(lx, t);
 }
 
 static int ref_case_parse(ref_lexer *lx, refcase *c)
@@ -267,29 +319,49 @@ static void ref_file_free(ref_file *rf)
   rf->n = 0;
 }
 
-/* Loads every case of path; 0, or -1 with a message in err. */
-static int ref_file_load(const char *path, ref_file *rf, char *err, size_t errn)
+/* The whole file, NUL-terminated; NULL with a message in err. */
+static char *ref_slurp(const char *path, size_t *len, char *err, size_t errn)
 {
-  memset(rf, 0, sizeof *rf);
   FILE *fp = fopen(path, "rb");
   if (!fp) {
     snprintf(err, errn, "%s: %s", path, strerror(errno));
-    return -1;
+    return NULL;
   }
   fseek(fp, 0, SEEK_END);
-  long len = ftell(fp);
+  long n = ftell(fp);
   fseek(fp, 0, SEEK_SET);
-  char *text = malloc((size_t)len + 1);
-  if (!text || fread(text, 1, (size_t)len, fp) != (size_t)len) {
+  char *text = n >= 0 ? malloc((size_t)n + 1) : NULL;
+  if (!text || fread(text, 1, (size_t)n, fp) != (size_t)n) {
     fclose(fp);
     free(text);
     snprintf(err, errn, "%s: read failed", path);
-    return -1;
+    return NULL;
   }
   fclose(fp);
-  text[len] = '\0';
+  text[n] = '\0';
+  *len = (size_t)n;
+  return text;
+}
 
-  ref_lexer lx = {.p = text, .path = path};
+/* Loads every case of DIR/ops.txt (with DIR/big.bin); 0, or -1 with a
+ * message in err. */
+static int ref_file_load(const char *dir, ref_file *rf, char *err, size_t errn)
+{
+  memset(rf, 0, sizeof *rf);
+  char path[4096], binpath[4096];
+  snprintf(path, sizeof path, "%s/ops.txt", dir);
+  snprintf(binpath, sizeof binpath, "%s/big.bin", dir);
+  size_t len, binlen;
+  char *text = ref_slurp(path, &len, err, errn);
+  if (!text)
+    return -1;
+  char *bin = ref_slurp(binpath, &binlen, err, errn);
+  if (!bin) {
+    free(text);
+    return -1;
+  }
+
+  ref_lexer lx = {.p = text, .path = path, .bin = (const unsigned char *)bin, .binlen = binlen};
   int rc = 0, cap = 0;
   char *t = ref_tok(&lx);
   if (!t || strcmp(t, "kiln-refs") != 0 || !(t = ref_tok(&lx)) || strcmp(t, "1") != 0)
@@ -309,6 +381,7 @@ static int ref_file_load(const char *path, ref_file *rf, char *err, size_t errn)
     rc = ref_case_parse(&lx, c);
   }
   free(text);
+  free(bin);
   if (rc) {
     snprintf(err, errn, "%s (in case %d)", lx.err, rf->n - 1);
     ref_file_free(rf);

@@ -318,6 +318,15 @@ START_TEST(test_creation) { run_family("creation"); }
 END_TEST
 START_TEST(test_inplace) { run_family("inplace"); }
 END_TEST
+/* Large tensors, with 3 threads so that chunk edges fall mid-row. */
+START_TEST(test_big)
+{
+  int nt = kiln_get_num_threads();
+  kiln_set_num_threads(3);
+  run_family("big");
+  kiln_set_num_threads(nt);
+}
+END_TEST
 
 static int count_op(const char *op)
 {
@@ -608,7 +617,8 @@ static Suite *ops_ref_suite(void)
       {"coverage", test_coverage}, {"binary", test_binary},     {"compare", test_compare},
       {"where", test_where},       {"unary", test_unary},       {"reduce", test_reduce},
       {"matmul", test_matmul},     {"nn", test_nn},             {"views", test_views},
-      {"creation", test_creation}, {"inplace", test_inplace},   {"hand_nn", test_hand_nn},
+      {"creation", test_creation}, {"inplace", test_inplace},   {"big", test_big},
+      {"hand_nn", test_hand_nn},
       {"hand_math", test_hand_math}, {"hand_views", test_hand_views}, {"hand_random", test_hand_random},
       {"hand_errors", test_hand_errors},
   };
@@ -629,9 +639,8 @@ int main(void)
                     "'/usr/bin/python3 tests/gen_refs.py DIR'\n");
     return EXIT_FAILURE;
   }
-  char path[4096], err[8192];
-  snprintf(path, sizeof path, "%s/ops.txt", dir);
-  if (ref_file_load(path, &refs, err, sizeof err) != 0) {
+  char err[16384];
+  if (ref_file_load(dir, &refs, err, sizeof err) != 0) {
     fprintf(stderr, "test_ops_ref: %s\n", err);
     return EXIT_FAILURE;
   }

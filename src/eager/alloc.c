@@ -21,22 +21,22 @@ static bool should_fail(void) {
   return false;
 }
 
-void *kiln_malloc(size_t n) {
+void *alloc_malloc(size_t n) {
   if (should_fail()) return NULL;
   return malloc(n ? n : 1);
 }
 
-void *kiln_calloc(size_t n, size_t size) {
+void *alloc_calloc(size_t n, size_t size) {
   if (should_fail()) return NULL;
   return calloc(n ? n : 1, size ? size : 1);
 }
 
-void *kiln_realloc(void *p, size_t n) {
+void *alloc_realloc(void *p, size_t n) {
   if (should_fail()) return NULL;
   return realloc(p, n ? n : 1);
 }
 
-/* Tensor storage: 64-byte aligned, freed with kiln_storage_free. Large
+/* Tensor storage: 64-byte aligned, freed with alloc_aligned_free. Large
  * blocks are cached on free and handed out again: glibc returns them to the
  * kernel, and touching fresh pages (a fault per 4 KiB) cost more than the op
  * itself on a 16 MiB tensor. */
@@ -50,7 +50,7 @@ static struct {
 static size_t cache_bytes;
 static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
 
-void *kiln_aligned_alloc(size_t n) {
+void *alloc_aligned(size_t n) {
   if (should_fail()) return NULL;
   if (n >= CACHE_MIN) {
     n = (n + 65535) & ~(size_t)65535;
@@ -68,7 +68,7 @@ void *kiln_aligned_alloc(size_t n) {
   return aligned_alloc(64, n);
 }
 
-void kiln_storage_free(void *p, size_t n) {
+void alloc_aligned_free(void *p, size_t n) {
   if (!p) return;
   if (n >= CACHE_MIN) {
     n = (n + 65535) & ~(size_t)65535;
@@ -85,7 +85,7 @@ void kiln_storage_free(void *p, size_t n) {
   free(p);
 }
 
-void kiln_free(void *p) { free(p); }
+void alloc_free(void *p) { free(p); }
 
 void alloc_track(int64_t delta) {
   long long now = atomic_fetch_add(&mem_in_use, delta) + delta;

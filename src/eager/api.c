@@ -271,11 +271,11 @@ kiln_tensor *kiln_stack_at(kiln_tensor *const *ts, int n, int dim, const char *f
                      err_shape(b1, ts[0]->ndim, ts[0]->shape));
   }
   kiln_scope_begin();
-  kiln_tensor **us = kiln_malloc(sizeof *us * (size_t)n), *r = NULL;
+  kiln_tensor **us = alloc_malloc(sizeof *us * (size_t)n), *r = NULL;
   if (us) {
     for (int i = 0; i < n; i++) us[i] = kiln_unsqueeze_at(ts[i], dim, file, line);
     r = kiln_keep(kiln_cat_at(us, n, dim, file, line));
-    kiln_free(us);
+    alloc_free(us);
   } else {
     err_set(file, line, "stack", "out of memory");
   }

@@ -83,10 +83,10 @@ void ag_node_release(ag_node *nd) {
       ag_node *c = x->inputs[i].next;
       if (c && atomic_fetch_sub(&c->refcount, 1) == 1) {
         if (sp == cap) {
-          ag_node **ns = kiln_malloc(sizeof *ns * (size_t)cap * 2);
+          ag_node **ns = alloc_malloc(sizeof *ns * (size_t)cap * 2);
           if (!ns) continue; /* out of memory while freeing: leak this branch rather than crash */
           memcpy(ns, stack, sizeof *ns * (size_t)sp);
-          if (stack != stack_small) kiln_free(stack);
+          if (stack != stack_small) alloc_free(stack);
           stack = ns;
           cap *= 2;
         }
@@ -94,12 +94,12 @@ void ag_node_release(ag_node *nd) {
       }
     }
     kiln_release(n->acc);
-    kiln_free(x->inputs);
-    kiln_free(n->in);
-    kiln_free(n->version);
-    kiln_free(n);
+    alloc_free(x->inputs);
+    alloc_free(n->in);
+    alloc_free(n->version);
+    alloc_free(n);
   }
-  if (stack != stack_small) kiln_free(stack);
+  if (stack != stack_small) alloc_free(stack);
 }
 
 static bool differentiable(op_id op);
@@ -110,7 +110,7 @@ int ag_record(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_t
   bool any = false;
   for (int i = 0; i < n; i++) any |= in[i]->requires_grad;
   if (!any) return 0;
-  node_full *f = kiln_calloc(1, sizeof *f);
+  node_full *f = alloc_calloc(1, sizeof *f);
   ag_node *nd = &f->n;
   if (!f) return err_set(file, line, op_table[op].name, "out of memory recording for autograd"), -1;
   atomic_init(&nd->refcount, 1);
@@ -122,9 +122,9 @@ int ag_record(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_t
   nd->out_dtype = out->dtype;
   nd->out_ndim = out->ndim;
   memcpy(nd->out_shape, out->shape, sizeof nd->out_shape);
-  nd->in = kiln_calloc((size_t)n, sizeof *nd->in);
-  nd->version = kiln_calloc((size_t)n, sizeof *nd->version);
-  f->x.inputs = kiln_calloc((size_t)n, sizeof *f->x.inputs);
+  nd->in = alloc_calloc((size_t)n, sizeof *nd->in);
+  nd->version = alloc_calloc((size_t)n, sizeof *nd->version);
+  f->x.inputs = alloc_calloc((size_t)n, sizeof *f->x.inputs);
   unsigned sv = saves(op);
   if (sv & SAVE_OUT) f->x.saved_out = tensor_view(out, out->ndim, out->shape, out->stride, out->offset);
   if (!nd->in || !nd->version || !f->x.inputs || ((sv & SAVE_OUT) && !f->x.saved_out)) {
@@ -442,7 +442,7 @@ typedef struct nodelist {
 static int nl_push(nodelist *l, ag_node *nd) {
   if (l->n == l->cap) {
     int cap = l->cap ? 2 * l->cap : 64;
-    ag_node **v = kiln_realloc(l->v, sizeof *v * (size_t)cap);
+    ag_node **v = alloc_realloc(l->v, sizeof *v * (size_t)cap);
     if (!v) return -1;
     l->v = v;
     l->cap = cap;
@@ -538,14 +538,14 @@ static int run_backward(kiln_tensor *root, kiln_tensor *seed, const bw_req *rq, 
     ag_node *nd = ready.v[--ready.n];
     kiln_tensor *g = nd->acc;
     nd->acc = NULL;
-    kiln_tensor *gin[64] = {0}, **gp = nd->n_in <= 64 ? gin : kiln_calloc((size_t)nd->n_in, sizeof *gp);
+    kiln_tensor *gin[64] = {0}, **gp = nd->n_in <= 64 ? gin : alloc_calloc((size_t)nd->n_in, sizeof *gp);
     if (!gp) goto oom;
     if (g) {
       for (int j = 0; j < rq->nwrt; j++)
         if (rq->wrt[j]->grad_fn == nd) rq->res[j] = acc_add(rq->res[j], g, file, line);
       if (check_versions(nd) || backwards[nd->op](nd, g, gp)) {
         kiln_release(g);
-        if (gp != gin) kiln_free(gp);
+        if (gp != gin) alloc_free(gp);
         goto done;
       }
     }
@@ -555,7 +555,7 @@ static int run_backward(kiln_tensor *root, kiln_tensor *seed, const bw_req *rq, 
       if (g && ai->need && !gi) {
         /* a formula returned NULL: its op failed and set the error */
         kiln_release(g);
-        if (gp != gin) kiln_free(gp);
+        if (gp != gin) alloc_free(gp);
         goto done;
       }
       if (gi && gi->dtype != ai->dtype) gi = kiln_cast_at(gi, ai->dtype, nd->file, nd->line);
@@ -569,12 +569,12 @@ static int run_backward(kiln_tensor *root, kiln_tensor *seed, const bw_req *rq, 
       }
       if (r) {
         kiln_release(g);
-        if (gp != gin) kiln_free(gp);
+        if (gp != gin) alloc_free(gp);
         goto done;
       }
     }
     kiln_release(g);
-    if (gp != gin) kiln_free(gp);
+    if (gp != gin) alloc_free(gp);
   }
   rc = 0;
   goto done;
@@ -592,9 +592,9 @@ done:
       nd->freed = true;
     }
   }
-  kiln_free(all.v);
-  kiln_free(stack.v);
-  kiln_free(ready.v);
+  alloc_free(all.v);
+  alloc_free(stack.v);
+  alloc_free(ready.v);
   return rc;
 }
 

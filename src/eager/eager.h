@@ -22,12 +22,12 @@
 
 /* ---- alloc.c: the one allocator (fails on demand in the test build) ---- */
 
-void *kiln_malloc(size_t n);
-void *kiln_calloc(size_t n, size_t size);
-void *kiln_realloc(void *p, size_t n);
-void *kiln_aligned_alloc(size_t n); /* n a multiple of 64; free with kiln_storage_free */
-void kiln_storage_free(void *p, size_t n);
-void kiln_free(void *p);
+void *alloc_malloc(size_t n);
+void *alloc_calloc(size_t n, size_t size);
+void *alloc_realloc(void *p, size_t n);
+void *alloc_aligned(size_t n); /* n a multiple of 64; free with alloc_aligned_free */
+void alloc_aligned_free(void *p, size_t n);
+void alloc_free(void *p);
 /* Test build: make the n-th allocation from now fail (0 = never). */
 void alloc_fail_after(int64_t n);
 /* Storage bytes accounting (tensor data only). */

@@ -76,13 +76,13 @@ static int check_shape(const char *op, int ndim, const int64_t *shape, kiln_dtyp
 /* ---- storage and tensors ---- */
 
 static storage *storage_new(size_t bytes) {
-  storage *s = kiln_malloc(sizeof *s);
+  storage *s = alloc_malloc(sizeof *s);
   if (!s) return NULL;
   /* 64-byte aligned data so vector loads never split cache lines at the start */
   size_t rounded = (bytes + 63) & ~(size_t)63;
-  s->data = kiln_aligned_alloc(rounded ? rounded : 64);
+  s->data = alloc_aligned(rounded ? rounded : 64);
   if (!s->data) {
-    kiln_free(s);
+    alloc_free(s);
     return NULL;
   }
   atomic_init(&s->refcount, 1);
@@ -95,12 +95,12 @@ static storage *storage_new(size_t bytes) {
 static void storage_release(storage *s) {
   if (atomic_fetch_sub(&s->refcount, 1) != 1) return;
   alloc_track(-(int64_t)s->bytes);
-  kiln_storage_free(s->data, (s->bytes + 63) & ~(size_t)63);
-  kiln_free(s);
+  alloc_aligned_free(s->data, (s->bytes + 63) & ~(size_t)63);
+  alloc_free(s);
 }
 
 static kiln_tensor *tensor_alloc(kiln_dtype dt, int ndim, const int64_t *shape) {
-  kiln_tensor *t = kiln_calloc(1, sizeof *t);
+  kiln_tensor *t = alloc_calloc(1, sizeof *t);
   if (!t) return NULL;
   atomic_init(&t->refcount, 1);
   t->dtype = dt;
@@ -114,7 +114,7 @@ kiln_tensor *tensor_new(kiln_dtype dt, int ndim, const int64_t *shape) {
   if (!t) return NULL;
   t->st = storage_new((size_t)shape_numel(ndim, shape) * kiln_dtype_size(dt));
   if (!t->st) {
-    kiln_free(t);
+    alloc_free(t);
     return NULL;
   }
   contiguous_strides(ndim, shape, t->stride);
@@ -142,7 +142,7 @@ void kiln_release(kiln_tensor *t) {
   if (t->grad) kiln_release(t->grad);
   if (t->grad_fn) ag_node_release(t->grad_fn);
   storage_release(t->st);
-  kiln_free(t);
+  alloc_free(t);
 }
 
 /* ---- scopes ---- */
@@ -157,7 +157,7 @@ static _Thread_local int nscopes, capscopes;
 static int scope_push(scope *s, kiln_tensor *t) {
   if (s->n == s->cap) {
     int cap = s->cap ? s->cap * 2 : 64;
-    kiln_tensor **items = kiln_realloc(s->items, (size_t)cap * sizeof *items);
+    kiln_tensor **items = alloc_realloc(s->items, (size_t)cap * sizeof *items);
     if (!items) return -1;
     s->items = items;
     s->cap = cap;
@@ -178,7 +178,7 @@ kiln_tensor *scope_adopt(kiln_tensor *t) {
 void kiln_scope_begin(void) {
   if (nscopes == capscopes) {
     int cap = capscopes ? capscopes * 2 : 8;
-    scope *s = kiln_realloc(scopes, (size_t)cap * sizeof *s);
+    scope *s = alloc_realloc(scopes, (size_t)cap * sizeof *s);
     if (!s) {
       /* Cannot open a scope: count it anyway so begin/end stay paired; the
        * tensors go to the scope below (freed later, never leaked). */
@@ -195,9 +195,9 @@ void kiln_scope_end(void) {
   if (nscopes == 0) return;
   scope *s = &scopes[--nscopes];
   for (int i = s->n - 1; i >= 0; i--) kiln_release(s->items[i]);
-  kiln_free(s->items);
+  alloc_free(s->items);
   if (nscopes == 0) {
-    kiln_free(scopes);
+    alloc_free(scopes);
     scopes = NULL;
     capscopes = 0;
   }
