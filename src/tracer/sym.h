@@ -72,7 +72,8 @@ void sym_bounds(sym_dim d, int64_t *lo, int64_t *hi);
 int sym_eval(sym_dim d, const int64_t *vals, int nvals, int64_t *out);
 
 /* Canonical text (grammar at the top of sym.c), snprintf-style: returns the
- * length it needed (writes at most n-1 chars and a NUL), or -1 for the error dim. */
+ * length it needed (writes at most n-1 chars and a NUL), or -1 for the error
+ * dim or a text over 64 MiB (shared subexpressions print once per use). */
 int sym_print(sym_dim d, char *buf, size_t n);
 
 /* Parses one expression. With end == NULL the whole text must be the
@@ -84,7 +85,7 @@ int sym_parse(sym_ctx *ctx, const char *text, sym_dim *out, const char **end, ch
 
 typedef enum sym_cmp {
   SYM_EQ, SYM_NE, SYM_LT, SYM_LE, SYM_GE, SYM_GT,
-  SYM_DIVIDES /* rhs divides lhs: lhs % rhs == 0, rhs >= 1; printed that way */
+  SYM_DIVIDES /* rhs divides lhs: lhs % rhs == 0; printed so, and reads back when rhs >= 1 by bounds */
 } sym_cmp;
 
 typedef struct sym_guard {
