@@ -36,4 +36,8 @@ void iter_sort_by(iter *it, int by);
 
 #define PARALLEL_GRAIN (1 << 15)
 
+/* NaN-propagating max/min, as NumPy's maximum/minimum and max/min reductions. */
+#define MAXNAN(x, y) (((x) > (y) || (x) != (x)) ? (x) : (y))
+#define MINNAN(x, y) (((x) < (y) || (x) != (x)) ? (x) : (y))
+
 #endif

@@ -32,10 +32,6 @@
     }                                                                             \
   } while (0)
 
-/* NaN-propagating max/min as NumPy's maximum/minimum. */
-#define MAXNAN(x, y) (((x) > (y) || (x) != (x)) ? (x) : (y))
-#define MINNAN(x, y) (((x) < (y) || (x) != (x)) ? (x) : (y))
-
 #define BIN_FLOAT(T, SFX, POWF)                                                     \
   static void add_##SFX(char **p, const int64_t *s, int64_t n, const void *c) { (void)c; BIN_BODY(T, T, x + y); } \
   static void sub_##SFX(char **p, const int64_t *s, int64_t n, const void *c) { (void)c; BIN_BODY(T, T, x - y); } \

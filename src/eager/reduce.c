@@ -33,9 +33,6 @@ CONTIG_SUM(float, csum_f32)
 CONTIG_SUM(double, csum_f64)
 CONTIG_SUM(int64_t, csum_i64)
 
-#define MAXNAN(x, y) (((x) > (y) || (x) != (x)) ? (x) : (y))
-#define MINNAN(x, y) (((x) < (y) || (x) != (x)) ? (x) : (y))
-
 #define CONTIG_EXT(T, NAME, F)                                   \
   static inline T NAME(const T *x, int64_t n, T init) {          \
     T acc[8];                                                    \
