@@ -1030,6 +1030,36 @@ START_TEST(test_nondifferentiable_outputs)
 }
 END_TEST
 
+
+/* A value saved for backward and then written in place makes backward fail
+ * with a message naming the op that saved it and that op's line. */
+START_TEST(test_saved_tensor_modified_in_place)
+{
+  kiln_scope_begin();
+  int64_t n = 5;
+  kiln_tensor *a = kiln_randn(KILN_F64, 1, &n, 7), *b = kiln_randn(KILN_F64, 1, &n, 8);
+  kiln_requires_grad(a, true);
+  int line = __LINE__ + 1;
+  kiln_tensor *z = kiln_mul(a, b); /* saves b for d/da */
+  ck_assert_ptr_nonnull(kiln_add_(b, kiln_scalar(KILN_F64, 1.0))); /* b needs no grad: allowed */
+  ck_assert_int_eq(-1, kiln_backward(kiln_sum_all(z)));
+  char where[64];
+  snprintf(where, sizeof where, "test_autograd.c:%d: kiln_mul", line);
+  ck_assert_msg(strstr(kiln_last_error(), where) && strstr(kiln_last_error(), "modified in place"), "got: %s",
+                kiln_last_error());
+  ck_assert_ptr_null(kiln_grad(a));
+
+  /* an output saved for backward (exp keeps its result), written under no-grad */
+  kiln_tensor *y = kiln_exp(a);
+  kiln_no_grad_begin();
+  ck_assert_ptr_nonnull(kiln_mul_(y, kiln_scalar(KILN_F64, 2.0)));
+  kiln_no_grad_end();
+  ck_assert_int_eq(-1, kiln_backward(kiln_sum_all(y)));
+  ck_assert_msg(strstr(kiln_last_error(), "kiln_exp") != NULL, "got: %s", kiln_last_error());
+  kiln_scope_end();
+}
+END_TEST
+
 static Suite *autograd_suite(void)
 {
   Suite *s = suite_create("autograd");
@@ -1060,6 +1090,7 @@ static Suite *autograd_suite(void)
   tcase_add_test(eng, test_inplace_on_leaf);
   tcase_add_test(eng, test_sgd_step);
   tcase_add_test(eng, test_nondifferentiable_outputs);
+  tcase_add_test(eng, test_saved_tensor_modified_in_place);
   suite_add_tcase(s, eng);
   return s;
 }
