@@ -7,6 +7,8 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "eager/pool.h"
 
@@ -240,6 +242,33 @@ START_TEST(test_shutdown_then_inline) {
 }
 END_TEST
 
+/* A forked child (Check's own fork mode, for one) gets a working pool even
+ * when the parent had started workers. TSan cannot start threads in a
+ * forked child, so a TSan build leaves this out. */
+#ifndef __SANITIZE_THREAD__
+START_TEST(test_fork_child) {
+  int64_t begins[MAX_CALLS], nb;
+  run_case(1000, 1, 3, begins, &nb);
+  ck_assert_int_eq(3, nb);
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    cover c = {0};
+    _Atomic int hits[1000] = {0};
+    c.hits = hits;
+    pool_parallel_for(1000, 1, cover_fn, &c);
+    int bad = atomic_load(&c.ncalls) != 3;
+    for (int i = 0; i < 1000; i++) bad += atomic_load(&hits[i]) != 1;
+    _exit(bad ? 1 : 0);
+  }
+  int status = 0;
+  ck_assert_int_eq(pid, waitpid(pid, &status, 0));
+  ck_assert(WIFEXITED(status));
+  ck_assert_int_eq(0, WEXITSTATUS(status));
+}
+END_TEST
+#endif
+
 static Suite *pool_suite(void) {
   Suite *s = suite_create("pool");
   TCase *tc = tcase_create("core");
@@ -249,6 +278,9 @@ static Suite *pool_suite(void) {
   tcase_add_test(tc, test_cover_every_index_once);
   tcase_add_test(tc, test_nested_runs_inline);
   tcase_add_test(tc, test_concurrent_callers);
+#ifndef __SANITIZE_THREAD__
+  tcase_add_test(tc, test_fork_child);
+#endif
   suite_add_tcase(s, tc);
   /* shutdown is final for the process, so it gets its own case (and fork) */
   TCase *end = tcase_create("shutdown");

@@ -80,12 +80,12 @@ static inline float vm__copysign(float x, float s) {
 /* exp(hi + lo) for |lo| small next to |hi| (a -0.0f lo folds away). The sum
  * is reduced as hi - n*ln2 + lo with ln2 in two parts: hi - n*C1 is exact,
  * and lo joins only after that difference has shrunk, so lo is never
- * rounded at the magnitude of hi. Nan comes out as some number; callers
- * put it back. */
+ * rounded at the magnitude of hi. hi is clamped to [-104, 88.8] (callers
+ * that pass a lo keep hi inside, where a dropped lo would matter). Nan
+ * comes out as some number; callers put it back. */
 static inline float vm__exp2(float hi, float lo) {
   float h = vm__sel(hi < 88.8f, hi, 88.8f);
   h = vm__sel(h > -104.0f, h, -104.0f);
-  lo = vm__sel(h == hi, lo, 0.0f); /* a clamped hi drops its lo */
   float t = (h + lo) * 1.44269504f + VM__ROUND;
   float n = t - VM__ROUND;
   int32_t ni = (int32_t)(vm__bits(t) - vm__bits(VM__ROUND));
@@ -171,17 +171,15 @@ static inline float vm__erf_small(float z) {
   return p;
 }
 
-/* scale * erfc(t) for t >= 0.5, given t and t*t in f64 (t*t exact for t a
- * float, or a float over sqrt2). erfc(t) = u * exp(P(u) - t^2) with
- * u = 1 / (1 + t/2) and P fitted near-minimax on t in [0.5, 10.5] (error
- * 3e-9); t is capped there, as erfc(10.5) is below every float. The
+/* scale * erfc(t) for t in [0.5, 10.5], given t and t*t in f64 (t*t exact
+ * for t a float, or a float over sqrt2); callers cap t at 10.5, as
+ * erfc(10.5) is below every float. erfc(t) = u * exp(P(u) - t^2) with
+ * u = 1 / (1 + t/2) and P fitted near-minimax on that range (error 3e-9). The
  * exponent is formed in f64, since u's rounding and P's size would cost
  * several ulp in f32, and reaches the f32 exp as an exact hi + lo pair,
  * raised by 64 ln2 so that it stays normal: the 2^-64 and the scale go in
  * afterwards in f64, and a subnormal result rounds only once. */
 static inline float vm__erfc_tail(double t, double t2, double scale) {
-  t = vm__seld(t < 10.5, t, 10.5);
-  t2 = vm__seld(t2 < 110.25, t2, 110.25);
   double u = 1.0 / (1.0 + 0.5 * t);
   double p = 0.26450133617389646;
   p = p * u - 1.2395561333502182;
@@ -203,7 +201,7 @@ static inline float vm__erfc_tail(double t, double t2, double scale) {
 static inline float vm_erff(float x) {
   float a = vm__abs(x);
   float small = x + x * vm__erf_small(x * x);
-  double ad = (double)a;
+  double ad = (double)vm__sel(a < 10.5f, a, 10.5f);
   float big = vm__copysign(1.0f - vm__erfc_tail(ad, ad * ad, 1.0), x);
   float r = vm__sel(a < 0.5f, small, big);
   r = vm__sel(x == 0.0f, x, r);
@@ -224,8 +222,8 @@ static inline float vm__reduce_pio2(float x, uint32_t *q) {
   r = r - j * 6.12323426292737821433955307425e-17f;
   /* past the exact range r is off: keep it where the polynomials stay
    * within [-1, 1] (a nan passes through) */
-  r = vm__sel(r > 0.786f, 0.786f, r);
-  return vm__sel(r < -0.786f, -0.786f, r);
+  r = vm__sel(r > 0.8f, 0.8f, r);
+  return vm__sel(r < -0.8f, -0.8f, r);
 }
 
 /* sin(r) and cos(r) for |r| <= pi/4. */
@@ -271,14 +269,17 @@ static inline float vm_cosf(float x) {
  * magnifies it. The exponent is raised by 64 ln2 (and the 2^-64 put back
  * after the product with x) so that tiny results round only once. */
 static inline float vm_geluf(float x) {
-  double xd = (double)x;
-  double s = 1.5957691216057308 * (xd + 0.044715 * (xd * xd * xd)); /* 2u */
-  double ns = vm__seld(s < 0.0, s, -s) + 44.361419555836499803;     /* 64 ln2 - |2u| */
+  /* past |x| = 20, e^-|2u| is 0 in f32; capping keeps the f64 part small */
+  float xc = vm__sel(x < 20.0f, x, 20.0f);
+  xc = vm__sel(xc > -20.0f, xc, -20.0f);
+  double xd = (double)xc;
+  double s = xd * (1.5957691216057308 + 0.07135481627260025 * (xd * xd)); /* 2u */
+  double ns = vm__double(vm__bits64(s) | 0x8000000000000000u) + 44.361419555836499803; /* 64 ln2 - |2u| */
   float hi = (float)ns;
   float lo = (float)(ns - (double)hi);
   float e64 = vm__exp2(hi, lo); /* 2^64 e^-|2u| */
   float e = e64 * 0x1p-64f;
-  float g = vm__sel(s >= 0.0, x, x * e64 * 0x1p-64f) / (1.0f + e);
+  float g = vm__sel(x >= 0.0f, x, x * e64 * 0x1p-64f) / (1.0f + e);
   g = vm__sel(x == -INFINITY, -0.0f, g);
   return vm__sel(x != x, x, g);
 }
@@ -288,11 +289,14 @@ static inline float vm_geluf(float x) {
 static inline float vm_gelu_erff(float x) {
   float t = vm__abs(x) * 0.707106781f;
   float small = t * vm__erf_small(t * t) + t; /* erf(t) for t < 0.5 */
-  double xd = (double)x;
-  /* erfc(t) for x >= 0; for x < 0 the result itself, 0.5*x*erfc(t), with x
-   * capped at -15 where that has long rounded to -0 */
-  double scale = vm__seld(x >= 0.0f, 1.0, vm__seld(x > -15.0f, 0.5 * xd, -7.5));
-  float tail = vm__erfc_tail((double)vm__abs(x) * 0.70710678118654752, 0.5 * xd * xd, scale);
+  /* |x| capped at 14.84 (t <= 10.5), where 0.5*x*erfc(t) has long rounded to
+   * 0 and 2 - erfc(t) to 2 */
+  float xc = vm__sel(x < 14.84f, x, 14.84f);
+  xc = vm__sel(xc > -14.84f, xc, -14.84f);
+  double xd = (double)xc;
+  /* erfc(t) for x >= 0; for x < 0 the result itself, 0.5*x*erfc(t) */
+  float scale = vm__sel(x >= 0.0f, 1.0f, 0.5f * xc);
+  float tail = vm__erfc_tail((double)vm__abs(xc) * 0.70710678118654752, 0.5 * xd * xd, (double)scale);
   float near0 = 0.5f * x * (1.0f + vm__copysign(small, x));
   float far = vm__sel(x >= 0.0f, 0.5f * x * (2.0f - tail), tail);
   float g = vm__sel(t < 0.5f, near0, far);
@@ -320,6 +324,8 @@ static inline double vm_gelu(double x) {
   return x == -INFINITY ? -0.0 : g;
 }
 
-static inline double vm_gelu_erf(double x) { return 0.5 * x * erfc(-x * 0.70710678118654752440); }
+static inline double vm_gelu_erf(double x) {
+  return x == -INFINITY ? -0.0 : 0.5 * x * erfc(-x * 0.70710678118654752440);
+}
 
 #endif
