@@ -1,6 +1,8 @@
 /* test_pool.c - the thread pool: every index is covered exactly once, the
- * split follows the documented rule, nested calls run inline, and several
- * user threads may call it at once. */
+ * split follows the documented rule (and is the same on every run), the
+ * caller runs chunk 0, nested calls run inline, several user threads may
+ * call it at once, KILN_NUM_THREADS sets the default, a forked child gets
+ * a working pool, and after shutdown every call runs inline. */
 #include <check.h>
 #include <pthread.h>
 #include <stdatomic.h>

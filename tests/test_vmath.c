@@ -51,12 +51,12 @@ static float from_bits(uint32_t u) {
 /* Independent f64 references for the composite functions. */
 static double ref_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
 /* 0.5*x*(1 + tanh(u)) rewritten as x / (1 + e^-2u), which does not cancel
- * for large negative x */
+ * for large negative x; both GELUs tend to -0 at -inf */
 static double ref_gelu(double x) {
   double u = 0.7978845608028654 * (x + 0.044715 * x * x * x);
-  return x / (1.0 + exp(-2.0 * u));
+  return x == -INFINITY ? -0.0 : x / (1.0 + exp(-2.0 * u));
 }
-static double ref_gelu_erf(double x) { return 0.5 * x * erfc(-x / sqrt(2.0)); }
+static double ref_gelu_erf(double x) { return x == -INFINITY ? -0.0 : 0.5 * x * erfc(-x / sqrt(2.0)); }
 
 /* sweep_F(lo, hi, stride, w): F over the floats in [lo, hi] whose bit
  * pattern is a multiple of stride (stride 1: all of them), nan patterns
