@@ -64,10 +64,14 @@ static kiln_tensor *dispatch_owned(op_id op, kiln_tensor *const *in, int n, cons
   kiln_dtype dt;
   int ndim;
   int64_t shape[MAXD];
-  if (shape_rule(op, in, n, a, &dt, &ndim, shape, file, line)) goto fail;
   if (op_table[op].kind == KIND_VIEW) {
+    /* the layout is the shape rule of a view (and gives its strides too) */
     int64_t stride[MAXD], off;
     int r = view_layout(op, in[0], a, &ndim, shape, stride, &off);
+    if (r < 0) {
+      err_set(file, line, name, "no view layout");
+      goto fail;
+    }
     if (r == 0) {
       out = tensor_view(in[0], ndim, shape, stride, off);
     } else {
@@ -85,6 +89,7 @@ static kiln_tensor *dispatch_owned(op_id op, kiln_tensor *const *in, int n, cons
       goto fail;
     }
   } else {
+    if (shape_rule(op, in, n, a, &dt, &ndim, shape, file, line)) goto fail;
     out = tensor_new(dt, ndim, shape);
     if (!out) {
       err_set(file, line, name, "out of memory");

@@ -132,12 +132,7 @@ static void fill_init(kiln_tensor *out, op_id op) {
   double v = 0;
   if (op == OP_MAX) v = out->dtype == KILN_I64 ? (double)INT64_MIN : -INFINITY;
   if (op == OP_MIN) v = out->dtype == KILN_I64 ? (double)INT64_MAX : INFINITY;
-  if (out->dtype == KILN_I64 && op != OP_SUM) {
-    int64_t *o = tensor_data(out);
-    for (int64_t i = 0, n = shape_numel(out->ndim, out->shape); i < n; i++) o[i] = op == OP_MAX ? INT64_MIN : INT64_MAX;
-    return;
-  }
-  pw_fill(out, v);
+  pw_fill(out, v); /* its float-to-i64 conversion saturates to exactly INT64_MIN/MAX */
 }
 
 int k_reduce(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out) {
