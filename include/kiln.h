@@ -269,6 +269,85 @@ KILN_API void kiln_no_grad_begin(void);
 KILN_API void kiln_no_grad_end(void);
 KILN_API bool kiln_grad_enabled(void);
 
+/* ---- compile: trace once, run the graph after ---------------------------- */
+
+/* The function a compiled kiln_fn wraps: reads in[0..n_in), sets out[0..n_out),
+ * returns 0 (or nonzero for an error of its own, which kiln_call passes on). */
+typedef int (*kiln_body)(void *ctx, kiln_tensor *const *in, kiln_tensor **out);
+
+enum kiln_dynamic {
+  KILN_DYNAMIC_AUTO = 0,   /* first trace static; a dim that later changes becomes a symbol */
+  KILN_DYNAMIC_STATIC = 1, /* every dim static: a new size is a new variant */
+  KILN_DYNAMIC_ALL = 2     /* every input dim a symbol from the first trace (sizes 0 stay static) */
+};
+
+/* Dump flags (opts.dump), ORed with the KILN_DUMP variable ("trace,graph,guards"). */
+enum kiln_dump {
+  KILN_DUMP_TRACE = 1 << 0,      /* the IR as traced */
+  KILN_DUMP_GRAPH = 1 << 1,      /* the IR after the passes */
+  KILN_DUMP_GUARDS = 1 << 2,     /* what a call must satisfy to run a variant */
+  KILN_DUMP_RECOMPILES = 1 << 3, /* every retrace and fallback, with the reason */
+  KILN_DUMP_KERNELS = 1 << 4,    /* codegen: fusion groups and the memory plan */
+  KILN_DUMP_LLVM = 1 << 5,       /* codegen: the optimized LLVM module */
+  KILN_DUMP_ASM = 1 << 6,        /* codegen: machine code */
+  KILN_DUMP_ALL = 0x7f
+};
+
+enum kiln_backend {
+  KILN_BACKEND_DEFAULT = 0, /* KILN_BACKEND variable ("interp", "llvm"), else the best there is */
+  KILN_BACKEND_INTERP = 1,  /* the IR interpreter: runs the graph through the eager kernels */
+  KILN_BACKEND_LLVM = 2
+};
+
+/* Zero means default for every field. */
+typedef struct kiln_options {
+  const char *name;  /* shown in dumps and errors; default "fn" */
+  int n_in, n_out;   /* tensors the body takes and sets (n_out >= 1) */
+  int dynamic;       /* enum kiln_dynamic */
+  unsigned dump;     /* enum kiln_dump bits */
+  int max_variants;  /* cached graphs before eager fallback; 0 = 8 */
+  int check;         /* also run eagerly on every compiled call and compare (KILN_CHECK=1 too) */
+  int freeze;        /* implicit inputs (weights the body reaches) become constants */
+  int backend;       /* enum kiln_backend */
+} kiln_options;
+
+typedef struct kiln_fn kiln_fn;
+
+/* Counters of one kiln_fn since kiln_compile. */
+typedef struct kiln_fn_stats {
+  int64_t calls;         /* kiln_call */
+  int64_t hits;          /* calls a cached variant served */
+  int64_t traces;        /* calls that traced (each runs the body eagerly) */
+  int64_t fallbacks;     /* calls that ran the body eagerly without tracing */
+  int64_t variants;      /* graphs cached now */
+  int64_t check_fails;   /* check mode: calls whose compiled result differed from eager */
+  double trace_ms;       /* total time spent tracing (eager run + recording) */
+  double compile_ms;     /* total time in passes and backend compile */
+  double guard_ns;       /* mean time to check guards on a hit */
+} kiln_fn_stats;
+
+KILN_API kiln_fn *kiln_compile_at(kiln_body body, void *ctx, const kiln_options *opts, const char *file, int line);
+#define kiln_compile(body, ctx, opts) kiln_compile_at((body), (ctx), (opts), __FILE__, __LINE__)
+/* Runs fn: a cached variant whose guards pass, else a new trace, else the body
+ * eagerly. out[i] are new tensors (owned by the innermost scope, else the
+ * caller's). 0, or -1 with the error set. */
+KILN_API int kiln_call(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out);
+KILN_API void kiln_fn_free(kiln_fn *fn);
+/* Makes input's dim symbolic from the first trace on. 0 or -1. */
+KILN_API int kiln_mark_dynamic(kiln_fn *fn, int input, int dim);
+KILN_API int kiln_fn_get_stats(const kiln_fn *fn, kiln_fn_stats *stats);
+/* The text of variant i (newest last) after the passes; a malloc'ed string
+ * (free() it), NULL when there is no such variant. */
+KILN_API char *kiln_fn_graph(const kiln_fn *fn, int variant);
+/* Writes the newest variant's graph as text (docs/ir.md): 0 or -1. */
+KILN_API int kiln_save(kiln_fn *fn, const char *path);
+/* A callable kiln_fn from a saved graph, without the C body: its inputs are
+ * the graph's inputs, then its params in order. NULL with the error set (a
+ * malformed file names its line and column). */
+KILN_API kiln_fn *kiln_load(const char *path);
+/* Same, from text in memory. */
+KILN_API kiln_fn *kiln_load_string(const char *text);
+
 /* ---- errors and runtime ----------------------------------------------- */
 
 /* The last error on this thread: "file.c:42: kiln_op: message". "" when none. */

@@ -20,12 +20,13 @@ static const kernel_fn kernels[OP_COUNT] = {
 
 _Static_assert(OP_COUNT == 44, "ops.def changed: update the op count here and check every switch over op_id");
 
-static _Thread_local dispatch_hook hook;
-static _Thread_local void *hook_ctx;
+static _Thread_local const trace_hooks *hooks;
 
-void dispatch_set_hook(dispatch_hook fn, void *ctx) {
-  hook = fn;
-  hook_ctx = ctx;
+void dispatch_set_hooks(const trace_hooks *h) { hooks = h; }
+const trace_hooks *dispatch_hooks(void) { return hooks; }
+
+void hook_read(const char *what, const kiln_tensor *t, const char *file, int line) {
+  if (hooks && hooks->read) hooks->read(hooks->ctx, what, t, file, line);
 }
 
 static bool promotes(op_id op) {
@@ -101,7 +102,7 @@ static kiln_tensor *dispatch_owned(op_id op, kiln_tensor *const *in, int n, cons
     }
   }
   if (ag_record(op, in, n, a, out, file, line)) goto fail;
-  if (hook) hook(hook_ctx, op, in, n, a, out, file, line);
+  if (hooks && hooks->op) hooks->op(hooks->ctx, op, in, n, a, out, file, line);
   for (int i = 0; i < 3; i++) kiln_release(cast[i]);
   return out;
 fail:

@@ -66,9 +66,12 @@ struct kiln_tensor {
   bool requires_grad;
   kiln_tensor *grad; /* leaves: accumulated gradient, owned */
   ag_node *grad_fn;  /* non-leaves: the node that made it */
+  uint64_t serial;   /* unique for the process's life, unlike the address */
 };
 
 int64_t shape_numel(int ndim, const int64_t *shape);
+/* The serial the next tensor made will get: every tensor made before now has a smaller one. */
+uint64_t tensor_serial_now(void);
 /* New contiguous tensor with uninitialized data, owned by the caller (not by a scope). */
 kiln_tensor *tensor_new(kiln_dtype dt, int ndim, const int64_t *shape);
 /* New view of t's storage with the given layout, owned by the caller. */
@@ -122,10 +125,22 @@ extern const op_info op_table[OP_COUNT];
 kiln_tensor *op_dispatch(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, const char *file,
                          int line);
 
-/* Set by the tracer while tracing (thread-local): sees every op with its result. */
-typedef void (*dispatch_hook)(void *ctx, op_id op, kiln_tensor *const *in, int n, const op_attrs *a,
-                              kiln_tensor *out, const char *file, int line);
-void dispatch_set_hook(dispatch_hook fn, void *ctx);
+/* Set by the tracer while tracing (thread-local, so other threads run eager
+ * ops untouched). op: after every dispatched op, with its result. inplace:
+ * before an in-place write (op ADD/SUB/MUL/COPY with src, or OP_COUNT for
+ * fill_ with value). read: the caller looked at the data (kiln_item, kiln_read,
+ * kiln_print), so what it does next may depend on values. */
+typedef struct trace_hooks {
+  void *ctx;
+  void (*op)(void *ctx, op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out,
+             const char *file, int line);
+  void (*inplace)(void *ctx, op_id op, kiln_tensor *dst, kiln_tensor *src, double value, const char *file, int line);
+  void (*read)(void *ctx, const char *what, const kiln_tensor *t, const char *file, int line);
+} trace_hooks;
+/* NULL clears. The hooks struct must outlive its use. */
+void dispatch_set_hooks(const trace_hooks *h);
+const trace_hooks *dispatch_hooks(void);
+void hook_read(const char *what, const kiln_tensor *t, const char *file, int line);
 
 /* ---- shape.c: shape and dtype rules ------------------------------------ */
 

@@ -69,6 +69,8 @@ static kiln_tensor *inplace(op_id op, const char *name, kiln_tensor *dst, kiln_t
     kiln_retain(cast); /* ours until the end, whatever the scope */
     src = cast;
   }
+  const trace_hooks *h = dispatch_hooks();
+  if (h && h->inplace) h->inplace(h->ctx, op, dst, src, 0, file, line);
   if (op == OP_COPY) pw_copy(dst, src);
   else pw_binary(op, dst, dst, src);
   atomic_fetch_add(&dst->st->version, 1);
@@ -83,6 +85,8 @@ kiln_tensor *kiln_copy__at(kiln_tensor *d, kiln_tensor *s, const char *f, int l)
 
 kiln_tensor *kiln_fill__at(kiln_tensor *dst, double v, const char *file, int line) {
   if (check_dst("fill_", dst, file, line)) return NULL;
+  const trace_hooks *h = dispatch_hooks();
+  if (h && h->inplace) h->inplace(h->ctx, OP_COUNT, dst, NULL, v, file, line);
   pw_fill(dst, v);
   atomic_fetch_add(&dst->st->version, 1);
   return dst;

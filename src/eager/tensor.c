@@ -99,10 +99,16 @@ static void storage_release(storage *s) {
   alloc_free(s);
 }
 
+/* Serial numbers never repeat (addresses do): the tracer tells tensors apart by them. */
+static atomic_ullong next_serial = 1;
+
+uint64_t tensor_serial_now(void) { return atomic_load(&next_serial); }
+
 static kiln_tensor *tensor_alloc(kiln_dtype dt, int ndim, const int64_t *shape) {
   kiln_tensor *t = alloc_calloc(1, sizeof *t);
   if (!t) return NULL;
   atomic_init(&t->refcount, 1);
+  t->serial = atomic_fetch_add(&next_serial, 1);
   t->dtype = dt;
   t->ndim = ndim;
   for (int i = 0; i < ndim; i++) t->shape[i] = shape[i];
@@ -373,6 +379,7 @@ double tensor_get(const kiln_tensor *t, int64_t linear) {
 
 int kiln_read_at(const kiln_tensor *t, void *dst, size_t bytes, const char *file, int line) {
   if (!t) return err_set(file, line, "read", "tensor is NULL"), -1;
+  hook_read("kiln_read", t, file, line);
   size_t need = (size_t)kiln_numel(t) * kiln_dtype_size(t->dtype);
   char b[SHAPE_BUF];
   if (bytes != need)
@@ -396,6 +403,7 @@ int kiln_read_at(const kiln_tensor *t, void *dst, size_t bytes, const char *file
 
 double kiln_item_at(const kiln_tensor *t, const char *file, int line) {
   if (!t) return err_set(file, line, "item", "tensor is NULL"), NAN;
+  hook_read("kiln_item", t, file, line);
   if (kiln_numel(t) != 1) {
     char b[SHAPE_BUF];
     return err_set(file, line, "item", "tensor %s has %" PRId64 " elements, not 1", err_shape(b, t->ndim, t->shape),
@@ -441,6 +449,7 @@ static void print_rec(const kiln_tensor *t, int d, int64_t *linear, int64_t bloc
 
 void kiln_print(const kiln_tensor *t) {
   char b[2 * SHAPE_BUF + 32];
+  if (t) hook_read("kiln_print", t, "", 0);
   printf("%s\n", kiln_describe(t, b, sizeof b));
   if (!t) return;
   int64_t linear = 0;

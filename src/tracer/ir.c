@@ -1,0 +1,374 @@
+/* The IR: a graph of nodes in topological order that refer to each other by
+ * index, with inputs, implicit inputs (params), the .grad of params and
+ * constants as leaf nodes. Everything a graph owns beyond its arrays lives in
+ * one arena, freed in one call. Nodes are interned on (op, dtype, shape,
+ * inputs, attrs, data), so equal subexpressions are one node by construction. */
+#include <string.h>
+
+#include "tracer/tracer.h"
+
+/* ---- arena ---- */
+
+typedef struct ir_block {
+  struct ir_block *next;
+  size_t used, cap;
+  max_align_t data[];
+} ir_block;
+
+struct ir_arena {
+  ir_block *head;
+};
+
+void *ir_alloc(ir_graph *g, size_t n) {
+  n = (n + 15) & ~(size_t)15;
+  ir_block *b = g->arena->head;
+  if (!b || b->cap - b->used < n) {
+    size_t cap = n > 16384 ? n : 16384;
+    ir_block *nb = alloc_malloc(sizeof *nb + cap);
+    if (!nb) return NULL;
+    nb->next = b;
+    nb->used = 0;
+    nb->cap = cap;
+    g->arena->head = b = nb;
+  }
+  void *p = (char *)b->data + b->used;
+  b->used += n;
+  memset(p, 0, n);
+  return p;
+}
+
+const char *ir_str(ir_graph *g, const char *s) {
+  if (!s) return "";
+  /* file names repeat on every node: reuse the last few */
+  for (int i = 0; i < g->n_nodes && i < 8; i++) {
+    const ir_node *n = &g->nodes[g->n_nodes - 1 - i];
+    if (n->file && !strcmp(n->file, s)) return n->file;
+  }
+  size_t len = strlen(s);
+  char *c = ir_alloc(g, len + 1);
+  if (!c) return NULL;
+  memcpy(c, s, len + 1);
+  return c;
+}
+
+/* ---- interning: open addressing over node ids ---- */
+
+typedef struct ir_intern ir_intern;
+struct ir_intern {
+  int *slot; /* node id + 1, 0 empty */
+  size_t cap;
+};
+
+static uint64_t mix(uint64_t h, uint64_t v) {
+  h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+  return h;
+}
+
+static uint64_t dim_hash(sym_dim d) { return d.e ? (uint64_t)(uintptr_t)d.e : (uint64_t)d.c * 31 + 7; }
+
+static size_t node_data_bytes(const ir_node *n) {
+  int64_t k = ir_node_numel_const(n);
+  return k < 0 ? 0 : (size_t)k * kiln_dtype_size(n->dtype);
+}
+
+static uint64_t attrs_hash(const ir_attrs *a) {
+  uint64_t h = mix((uint64_t)a->ndim, (uint64_t)a->naxes);
+  for (int i = 0; i < a->ndim && i < MAXD; i++) h = mix(h, dim_hash(a->shape[i]));
+  for (int i = 0; i < MAXD; i++) h = mix(h, (uint64_t)a->perm[i]);
+  for (int i = 0; i < a->naxes && i < MAXD; i++) h = mix(h, (uint64_t)a->axes[i]);
+  h = mix(h, (uint64_t)a->keepdim * 3 + (uint64_t)a->dim * 5 + (uint64_t)a->step * 7 + (uint64_t)a->dtype);
+  return mix(mix(h, dim_hash(a->start)), dim_hash(a->end));
+}
+
+static uint64_t node_hash(const ir_node *n) {
+  uint64_t h = mix((uint64_t)n->op, (uint64_t)n->dtype * 17 + (uint64_t)n->ndim);
+  for (int i = 0; i < n->ndim; i++) h = mix(h, dim_hash(n->shape[i]));
+  for (int i = 0; i < n->n_in; i++) h = mix(h, (uint64_t)n->in[i]);
+  h = mix(h, attrs_hash(&n->attrs));
+  h = mix(h, (uint64_t)n->index);
+  if (n->op == IR_CONST) {
+    const unsigned char *p = n->data;
+    size_t k = node_data_bytes(n);
+    for (size_t i = 0; i < k && i < 256; i++) h = mix(h, p[i]);
+  }
+  return h;
+}
+
+static bool dim_eq(sym_dim a, sym_dim b) { return a.e == b.e && (a.e || a.c == b.c); }
+
+static bool attrs_eq(const ir_attrs *a, const ir_attrs *b) {
+  if (a->ndim != b->ndim || a->naxes != b->naxes || a->keepdim != b->keepdim || a->dim != b->dim ||
+      a->step != b->step || a->dtype != b->dtype || !dim_eq(a->start, b->start) || !dim_eq(a->end, b->end))
+    return false;
+  for (int i = 0; i < a->ndim && i < MAXD; i++)
+    if (!dim_eq(a->shape[i], b->shape[i])) return false;
+  if (memcmp(a->perm, b->perm, sizeof a->perm)) return false;
+  return !memcmp(a->axes, b->axes, sizeof(int) * (size_t)(a->naxes < MAXD ? a->naxes : MAXD));
+}
+
+static bool node_eq(const ir_node *a, const ir_node *b) {
+  if (a->op != b->op || a->dtype != b->dtype || a->ndim != b->ndim || a->n_in != b->n_in || a->index != b->index)
+    return false;
+  for (int i = 0; i < a->ndim; i++)
+    if (!dim_eq(a->shape[i], b->shape[i])) return false;
+  for (int i = 0; i < a->n_in; i++)
+    if (a->in[i] != b->in[i]) return false;
+  if (!attrs_eq(&a->attrs, &b->attrs)) return false;
+  if (a->op == IR_CONST) return !memcmp(a->data, b->data, node_data_bytes(a));
+  return true;
+}
+
+static int intern_grow(ir_graph *g) {
+  ir_intern *t = g->intern;
+  size_t cap = t->cap ? t->cap * 2 : 256;
+  int *slot = alloc_calloc(cap, sizeof *slot);
+  if (!slot) return -1;
+  for (int id = 0; id < g->n_nodes; id++) {
+    size_t i = node_hash(&g->nodes[id]) & (cap - 1);
+    while (slot[i]) i = (i + 1) & (cap - 1);
+    slot[i] = id + 1;
+  }
+  alloc_free(t->slot);
+  t->slot = slot;
+  t->cap = cap;
+  return 0;
+}
+
+/* ---- graphs ---- */
+
+ir_graph *ir_new(const char *name) {
+  ir_graph *g = alloc_calloc(1, sizeof *g);
+  if (!g) return NULL;
+  g->arena = alloc_calloc(1, sizeof *g->arena);
+  g->intern = alloc_calloc(1, sizeof *g->intern);
+  g->sym = sym_ctx_new();
+  if (!g->arena || !g->intern || !g->sym) {
+    ir_free(g);
+    return NULL;
+  }
+  snprintf(g->name, sizeof g->name, "%s", name && *name ? name : "graph");
+  return g;
+}
+
+void ir_free(ir_graph *g) {
+  if (!g) return;
+  if (g->arena) {
+    for (ir_block *b = g->arena->head, *nb; b; b = nb) {
+      nb = b->next;
+      alloc_free(b);
+    }
+    alloc_free(g->arena);
+  }
+  if (g->intern) alloc_free(g->intern->slot);
+  alloc_free(g->intern);
+  sym_ctx_free(g->sym);
+  alloc_free(g->nodes);
+  alloc_free(g->outputs);
+  alloc_free(g->writes);
+  alloc_free(g->guards);
+  alloc_free(g);
+}
+
+int ir_add_sym(ir_graph *g, int64_t lo, int64_t hi, sym_dim *out) {
+  if (g->n_syms >= IR_MAX_SYMS) return -1;
+  sym_dim d = sym_var(g->sym, g->n_syms, lo, hi);
+  if (sym_is_err(d)) return -1;
+  g->sym_lo[g->n_syms] = lo;
+  g->sym_hi[g->n_syms] = hi;
+  g->n_syms++;
+  *out = d;
+  return 0;
+}
+
+static int grow(void **p, int *cap, int n, size_t size) {
+  if (n < *cap) return 0;
+  int nc = *cap ? *cap * 2 : 16;
+  void *q = alloc_realloc(*p, (size_t)nc * size);
+  if (!q) return -1;
+  *p = q;
+  *cap = nc;
+  return 0;
+}
+
+/* Copies n into the graph (its inputs and data into the arena). */
+static int push(ir_graph *g, const ir_node *n) {
+  if (grow((void **)&g->nodes, &g->cap_nodes, g->n_nodes, sizeof *g->nodes)) return -1;
+  ir_node c = *n;
+  if (n->n_in) {
+    c.in = ir_alloc(g, sizeof(int) * (size_t)n->n_in);
+    if (!c.in) return -1;
+    memcpy(c.in, n->in, sizeof(int) * (size_t)n->n_in);
+  } else {
+    c.in = NULL;
+  }
+  if (n->op == IR_CONST) {
+    size_t k = node_data_bytes(n);
+    c.data = ir_alloc(g, k ? k : 1);
+    if (!c.data) return -1;
+    if (k) memcpy(c.data, n->data, k);
+  }
+  c.file = ir_str(g, n->file);
+  if (!c.file) return -1;
+  if (n->op == IR_INPUT) g->n_inputs++;
+  if (n->op == IR_PARAM) g->n_params++;
+  g->nodes[g->n_nodes] = c;
+  return g->n_nodes++;
+}
+
+int ir_append(ir_graph *g, const ir_node *n) {
+  int id = push(g, n);
+  if (id < 0) return -1;
+  /* keep the table consistent so later ir_add calls can find it */
+  ir_intern *t = g->intern;
+  if ((size_t)(g->n_nodes * 2) > t->cap) return intern_grow(g) ? -1 : id;
+  size_t i = node_hash(&g->nodes[id]) & (t->cap - 1);
+  while (t->slot[i]) i = (i + 1) & (t->cap - 1);
+  t->slot[i] = id + 1;
+  return id;
+}
+
+int ir_add(ir_graph *g, const ir_node *n) {
+  ir_intern *t = g->intern;
+  if (t->cap) {
+    size_t i = node_hash(n) & (t->cap - 1);
+    for (; t->slot[i]; i = (i + 1) & (t->cap - 1))
+      if (node_eq(&g->nodes[t->slot[i] - 1], n)) return t->slot[i] - 1;
+  }
+  return ir_append(g, n);
+}
+
+int ir_add_output(ir_graph *g, int node) {
+  int cap = g->n_outputs; /* exact growth: outputs are few */
+  int *o = alloc_realloc(g->outputs, sizeof(int) * (size_t)(cap + 1));
+  if (!o) return -1;
+  g->outputs = o;
+  g->outputs[g->n_outputs++] = node;
+  return 0;
+}
+
+int ir_add_write(ir_graph *g, ir_write w) {
+  ir_write *o = alloc_realloc(g->writes, sizeof *o * (size_t)(g->n_writes + 1));
+  if (!o) return -1;
+  g->writes = o;
+  w.file = ir_str(g, w.file);
+  if (!w.file) return -1;
+  g->writes[g->n_writes++] = w;
+  return 0;
+}
+
+int ir_add_guard(ir_graph *g, sym_guard gd) {
+  for (int i = 0; i < g->n_guards; i++)
+    if (g->guards[i].op == gd.op && sym_same(g->guards[i].lhs, gd.lhs) && sym_same(g->guards[i].rhs, gd.rhs)) return 0;
+  sym_guard *o = alloc_realloc(g->guards, sizeof *o * (size_t)(g->n_guards + 1));
+  if (!o) return -1;
+  g->guards = o;
+  g->guards[g->n_guards++] = gd;
+  return 0;
+}
+
+/* ---- names ---- */
+
+static const char *const leaf_names[] = {"input", "param", "grad", "const"};
+
+const char *ir_op_name(int op) {
+  if (op >= 0 && op < OP_COUNT) return op_table[op].name;
+  if (op >= IR_INPUT && op < IR_OP_COUNT) return leaf_names[op - IR_INPUT];
+  return "?";
+}
+
+int ir_op_parse(const char *name, size_t n) {
+  for (int op = 0; op < IR_OP_COUNT; op++) {
+    const char *s = ir_op_name(op);
+    if (strlen(s) == n && !memcmp(s, name, n)) return op;
+  }
+  return -1;
+}
+
+/* ---- evaluation helpers ---- */
+
+int64_t ir_node_numel_const(const ir_node *n) {
+  int64_t k = 1;
+  for (int i = 0; i < n->ndim; i++) {
+    if (!sym_is_const(n->shape[i]) || n->shape[i].c < 0) return -1;
+    if (n->shape[i].c && k > INT64_MAX / n->shape[i].c) return -1;
+    k *= n->shape[i].c;
+  }
+  return k;
+}
+
+int ir_node_shape(const ir_node *n, const int64_t *vals, int nvals, int64_t *shape) {
+  for (int i = 0; i < n->ndim; i++)
+    if (sym_eval(n->shape[i], vals, nvals, &shape[i]) || shape[i] < 0) return -1;
+  return 0;
+}
+
+int ir_attrs_eval(const ir_attrs *a, const int64_t *vals, int nvals, op_attrs *out) {
+  memset(out, 0, sizeof *out);
+  out->ndim = a->ndim;
+  for (int i = 0; i < a->ndim && i < MAXD; i++)
+    if (sym_eval(a->shape[i], vals, nvals, &out->shape[i])) return -1;
+  memcpy(out->perm, a->perm, sizeof out->perm);
+  out->naxes = a->naxes;
+  memcpy(out->axes, a->axes, sizeof out->axes);
+  out->keepdim = a->keepdim;
+  out->dim = a->dim;
+  if (sym_eval(a->start, vals, nvals, &out->start) || sym_eval(a->end, vals, nvals, &out->end)) return -1;
+  out->step = a->step;
+  out->dtype = a->dtype;
+  return 0;
+}
+
+int *ir_use_counts(const ir_graph *g) {
+  int *uses = alloc_calloc((size_t)g->n_nodes + 1, sizeof *uses);
+  if (!uses) return NULL;
+  for (int i = 0; i < g->n_nodes; i++)
+    for (int j = 0; j < g->nodes[i].n_in; j++) uses[g->nodes[i].in[j]]++;
+  for (int i = 0; i < g->n_outputs; i++) uses[g->outputs[i]]++;
+  for (int i = 0; i < g->n_writes; i++) {
+    uses[g->writes[i].target]++;
+    if (g->writes[i].value >= 0) uses[g->writes[i].value]++;
+  }
+  return uses;
+}
+
+ir_graph *ir_compact(const ir_graph *src, const bool *keep) {
+  ir_graph *g = ir_new(src->name);
+  int *map = alloc_malloc(sizeof(int) * ((size_t)src->n_nodes + 1));
+  if (!g || !map) goto oom;
+  /* the symbols' expressions live in src's context: move it over */
+  sym_ctx_free(g->sym);
+  g->sym = src->sym;
+  ((ir_graph *)src)->sym = NULL;
+  g->n_syms = src->n_syms;
+  memcpy(g->sym_lo, src->sym_lo, sizeof g->sym_lo);
+  memcpy(g->sym_hi, src->sym_hi, sizeof g->sym_hi);
+  int in_buf[64];
+  for (int i = 0; i < src->n_nodes; i++) {
+    map[i] = -1;
+    if (!keep[i]) continue;
+    ir_node n = src->nodes[i];
+    int *ins = n.n_in <= 64 ? in_buf : alloc_malloc(sizeof(int) * (size_t)n.n_in);
+    if (!ins) goto oom;
+    for (int j = 0; j < n.n_in; j++) ins[j] = map[n.in[j]];
+    n.in = ins;
+    map[i] = ir_append(g, &n);
+    if (ins != in_buf) alloc_free(ins);
+    if (map[i] < 0) goto oom;
+  }
+  for (int i = 0; i < src->n_outputs; i++)
+    if (ir_add_output(g, map[src->outputs[i]])) goto oom;
+  for (int i = 0; i < src->n_writes; i++) {
+    ir_write w = src->writes[i];
+    w.target = map[w.target];
+    if (w.value >= 0) w.value = map[w.value];
+    if (ir_add_write(g, w)) goto oom;
+  }
+  for (int i = 0; i < src->n_guards; i++)
+    if (ir_add_guard(g, src->guards[i])) goto oom;
+  alloc_free(map);
+  return g;
+oom:
+  alloc_free(map);
+  ir_free(g);
+  return NULL;
+}

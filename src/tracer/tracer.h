@@ -1,0 +1,210 @@
+/* Internal header of the tracer layer: the IR (graph, node, symbolic shapes),
+ * symbolic shape rules, capture, passes, the text printer and parser, the
+ * verifier, the interpreter backend and the compile front. Sectioned by file.
+ * The tracer reads the eager op table and sets the dispatch hooks; it talks
+ * to backends through the table in the backend section. */
+#ifndef KILN_TRACER_H
+#define KILN_TRACER_H
+
+#include "eager/eager.h"
+#include "tracer/sym.h"
+
+/* ---- ir.c: graphs ------------------------------------------------------ */
+
+/* Node ops: every eager op_id, plus the leaves below. */
+enum {
+  IR_INPUT = OP_COUNT, /* an argument of the call: in[index] */
+  IR_PARAM,            /* an implicit input (a tensor the function reached, a weight): params[index] */
+  IR_GRAD,             /* the .grad of the param node in[0] when the call starts */
+  IR_CONST,            /* data inside the graph (scalars, tensors made in the trace, frozen params) */
+  IR_OP_COUNT
+};
+
+/* Symbolic attributes: op_attrs with sizes that may be symbols. */
+typedef struct ir_attrs {
+  int ndim;              /* reshape/expand target rank */
+  sym_dim shape[MAXD];   /* reshape/expand target */
+  int perm[MAXD];        /* permute */
+  int naxes;             /* reductions: sorted, non-negative */
+  int axes[MAXD];
+  bool keepdim;
+  int dim;               /* slice, cat, index_select, index_add, slice_scatter */
+  sym_dim start, end;    /* slice, slice_scatter: normalized, 0 <= start <= end <= size */
+  int64_t step;          /* slice, slice_scatter: >= 1 */
+  kiln_dtype dtype;      /* cast */
+} ir_attrs;
+
+typedef struct ir_node {
+  int op;                /* op_id or IR_INPUT.. IR_CONST */
+  kiln_dtype dtype;
+  int ndim;
+  sym_dim shape[MAXD];
+  int n_in;
+  int *in;               /* node ids, all smaller than this node's (graph arena) */
+  ir_attrs attrs;
+  int index;             /* IR_INPUT / IR_PARAM: position in the call's inputs / params */
+  void *data;            /* IR_CONST: numel * dtype size bytes, row-major (graph arena) */
+  const char *file;      /* the user's call that made it (interned in the graph); "" when unknown */
+  int line;
+} ir_node;
+
+/* After a call, each write copies a value into an input or param (a functionalized
+ * in-place update) or sets a param's .grad (value -1: .grad becomes NULL). */
+typedef enum ir_write_kind { IR_WRITE_DATA, IR_WRITE_GRAD } ir_write_kind;
+typedef struct ir_write {
+  ir_write_kind kind;
+  int target;            /* node id of an IR_INPUT or IR_PARAM node */
+  int value;             /* node id, or -1 for IR_WRITE_GRAD to NULL */
+  const char *file;
+  int line;
+} ir_write;
+
+typedef struct ir_graph {
+  char name[64];
+  sym_ctx *sym;          /* symbols and expressions of this graph */
+  int n_syms;            /* symbols s0 .. s(n_syms-1) are declared */
+  int64_t sym_lo[64], sym_hi[64]; /* their bounds (IR_MAX_SYMS) */
+  ir_node *nodes;        /* topological order; a node's id is its index */
+  int n_nodes, cap_nodes;
+  int n_inputs, n_params; /* counts of IR_INPUT / IR_PARAM nodes */
+  int *outputs;
+  int n_outputs;
+  ir_write *writes;
+  int n_writes;
+  sym_guard *guards;     /* relations the symbols must satisfy */
+  int n_guards;
+  struct ir_arena *arena; /* everything the graph owns but nodes/outputs/writes/guards arrays */
+  struct ir_intern *intern; /* (op, dtype, inputs, attrs) -> node id */
+} ir_graph;
+
+enum { IR_MAX_SYMS = 64, IR_MAX_IN = 1 << 16 };
+
+ir_graph *ir_new(const char *name);          /* NULL when out of memory */
+void ir_free(ir_graph *g);
+void *ir_alloc(ir_graph *g, size_t n);       /* zeroed, freed with the graph */
+const char *ir_str(ir_graph *g, const char *s); /* interned copy of s */
+
+/* Declares symbol s<id> (id == g->n_syms) with bounds; 0 or -1. */
+int ir_add_sym(ir_graph *g, int64_t lo, int64_t hi, sym_dim *out);
+
+/* Appends a node, or returns the id of an equal one (same op, dtype, shape,
+ * inputs, attrs, index and data): CSE by construction. file/line of the first
+ * one are kept. -1 when out of memory. Inputs and params are never merged
+ * (index differs); consts merge when their data are equal. */
+int ir_add(ir_graph *g, const ir_node *n);
+/* Like ir_add but never merges (parser: ids must be what the text says). */
+int ir_append(ir_graph *g, const ir_node *n);
+int ir_add_output(ir_graph *g, int node);
+int ir_add_write(ir_graph *g, ir_write w);
+int ir_add_guard(ir_graph *g, sym_guard gd); /* drops duplicates */
+
+const char *ir_op_name(int op);             /* "add", "input", "const" ... */
+int ir_op_parse(const char *name, size_t n); /* op for a name, -1 when unknown */
+int64_t ir_node_numel_const(const ir_node *n); /* -1 when some dim is symbolic */
+/* The concrete shape of n for symbol values vals; 0 or -1. */
+int ir_node_shape(const ir_node *n, const int64_t *vals, int nvals, int64_t *shape);
+/* op_attrs for symbol values vals (slice bounds and target shapes evaluated); 0 or -1. */
+int ir_attrs_eval(const ir_attrs *a, const int64_t *vals, int nvals, op_attrs *out);
+/* Number of users of every node (outputs and writes count); caller frees with alloc_free. */
+int *ir_use_counts(const ir_graph *g);
+/* A fresh graph holding only the nodes with keep[i] (renumbered in order),
+ * with outputs, writes, guards and symbols carried over. NULL on OOM. */
+ir_graph *ir_compact(const ir_graph *g, const bool *keep);
+
+/* ---- symshape.c: shape rules over symbolic dims -------------------------- */
+
+/* What a rule may use when it has to decide about a symbol: the traced values
+ * (vals == NULL: only what the bounds prove, else it fails) and where to
+ * record the guards it needs (NULL: none recorded). */
+typedef struct shape_env {
+  ir_graph *g;
+  const int64_t *vals;
+  int nvals;
+  bool record;           /* add the guards a decision needed to g */
+} shape_env;
+
+/* Decides a op b under env: 1 true, 0 false, -1 undecidable. Records the
+ * guard (or its negation) when the answer came from vals. */
+int shape_decide(shape_env *env, sym_dim a, sym_cmp op, sym_dim b);
+
+/* Output dtype and symbolic shape of node n (op, in, attrs set) from its
+ * inputs; 0, or -1 with why in err. */
+int symshape_infer(shape_env *env, ir_node *n, char *err, size_t errn);
+
+/* ---- trace.c: capture ------------------------------------------------------ */
+
+typedef enum trace_dyn { TRACE_STATIC, TRACE_DYNAMIC } trace_dyn;
+
+/* What a trace is told about its inputs: which dims get a symbol. */
+typedef struct trace_spec {
+  int n_in;
+  uint8_t (*dynamic)[MAXD];  /* [n_in][MAXD]: 1 = symbolic */
+  bool freeze;               /* implicit inputs become constants */
+} trace_spec;
+
+/* A finished trace: the graph and what a call needs to bind it. */
+typedef struct trace_result {
+  ir_graph *g;               /* NULL when the trace could not make a graph */
+  kiln_tensor **params;      /* the implicit inputs, retained, g->n_params of them */
+  char why[512];             /* when g is NULL: why ("examples/x.c:12: kiln_item reads data ...") */
+  bool value_dependent;      /* the function read tensor data: it runs eagerly from now on */
+} trace_result;
+
+/* Runs body once eagerly (its outputs are real results) while recording it.
+ * Returns the body's return value; res->g is the graph when one could be made. */
+int trace_run(kiln_body body, void *ctx, kiln_tensor *const *in, int n_in, kiln_tensor **out, int n_out,
+              const trace_spec *spec, const char *name, trace_result *res);
+void trace_result_free(trace_result *res);
+
+/* ---- passes.c -------------------------------------------------------------- */
+
+/* Each pass rewrites g in place or returns a new graph (the old one freed);
+ * NULL on out of memory (g is freed then too). */
+ir_graph *pass_dce(ir_graph *g);      /* drop nodes no output or write reaches */
+ir_graph *pass_cse(ir_graph *g);      /* merge equal nodes (after other rewrites) */
+ir_graph *pass_fold(ir_graph *g);     /* evaluate nodes whose inputs are all constants (small results) */
+ir_graph *pass_simplify(ir_graph *g); /* x*1, x+0, x-0, x/1, neg(neg x), transpose of transpose,
+                                         reshape of reshape, identity views, cast to own type */
+/* The pipeline: the passes in order, the verifier between them in test builds,
+ * a dump after the pass named in dump_after (NULL: none). */
+ir_graph *pass_pipeline(ir_graph *g, char *err, size_t errn);
+
+/* ---- verify.c -------------------------------------------------------------- */
+
+/* Definitions before uses, arity, leaf kinds, dtypes and ranks by the op's
+ * rule, dims the rule proves; 0 or -1 with "%N: why" in err. */
+int ir_verify(const ir_graph *g, char *err, size_t errn);
+
+/* ---- print.c / parse.c: the text form (docs/ir.md) --------------------------- */
+
+/* Writes the graph's text to f; 0 or -1. */
+int ir_print(const ir_graph *g, FILE *f);
+/* The text as a malloc'ed string (alloc_free it); NULL on OOM. */
+char *ir_to_string(const ir_graph *g);
+/* Parses one graph; NULL with "line L, col C: why" in err. */
+ir_graph *ir_parse(const char *text, char *err, size_t errn);
+
+/* ---- interp.c: the interpreter backend --------------------------------------- */
+
+/* Concrete values of the graph's symbols bound from the inputs' shapes and
+ * checked against the guards and bounds; 0, or -1 with why in err. */
+int ir_bind_syms(const ir_graph *g, kiln_tensor *const *in, kiln_tensor *const *params, int64_t *vals,
+                 char *err, size_t errn);
+
+/* ---- backend.c: the interface every backend implements ----------------------- */
+
+typedef struct backend_exec backend_exec; /* a compiled graph, backend-specific */
+typedef struct backend {
+  const char *name;
+  /* Compiles g (still owned by the caller, alive as long as the exec). NULL with err. */
+  backend_exec *(*compile)(const ir_graph *g, unsigned dump, FILE *dump_to, char *err, size_t errn);
+  /* Runs: out[i] are new tensors owned by the caller; writes applied. 0 or -1 (error set). */
+  int (*run)(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const *params, kiln_tensor **out);
+  void (*free)(backend_exec *e);
+} backend;
+
+extern const backend backend_interp;
+/* Runs node by node through the eager kernels (no autograd); out as in backend.run. */
+int interp_run(const ir_graph *g, kiln_tensor *const *in, kiln_tensor *const *params, kiln_tensor **out);
+
+#endif
