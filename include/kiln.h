@@ -331,7 +331,8 @@ KILN_API kiln_fn *kiln_compile_at(kiln_body body, void *ctx, const kiln_options 
 /* Runs fn: a cached variant whose guards pass, else a new trace, else the body
  * eagerly. out[i] are new tensors (owned by the innermost scope, else the
  * caller's). 0, or -1 with the error set. */
-KILN_API int kiln_call(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out);
+KILN_API int kiln_call_at(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out, const char *file, int line);
+#define kiln_call(fn, in, out) kiln_call_at((fn), (in), (out), __FILE__, __LINE__)
 KILN_API void kiln_fn_free(kiln_fn *fn);
 /* Makes input's dim symbolic from the first trace on. 0 or -1. */
 KILN_API int kiln_mark_dynamic(kiln_fn *fn, int input, int dim);

@@ -149,6 +149,7 @@ kiln_tensor *kiln_reshape_at(kiln_tensor *t, int ndim, const int64_t *shape, con
       return err_set(file, line, "reshape", "cannot reshape %s (%" PRId64 " elements) to %s", err_shape(b0, t->ndim, t->shape),
                      numel, err_shape(b1, ndim, shape));
     a.shape[infer] = numel / known;
+    a.infer = infer + 1;
   } else if (known != numel) {
     return err_set(file, line, "reshape", "cannot reshape %s (%" PRId64 " elements) to %s (%" PRId64 ")",
                    err_shape(b0, t->ndim, t->shape), numel, err_shape(b1, ndim, shape), known);

@@ -678,6 +678,8 @@ kiln_tensor *kiln_grad(const kiln_tensor *t) { return t ? t->grad : NULL; }
 
 void kiln_zero_grad(kiln_tensor *t) {
   if (!t) return;
+  const trace_hooks *h = dispatch_hooks();
+  if (h && h->zero_grad) h->zero_grad(h->ctx, t);
   kiln_release(t->grad);
   t->grad = NULL;
 }

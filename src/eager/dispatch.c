@@ -111,6 +111,10 @@ fail:
   return NULL;
 }
 
+kiln_tensor *op_run(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, const char *file, int line) {
+  return dispatch_owned(op, in, n, a, file, line);
+}
+
 kiln_tensor *op_dispatch(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, const char *file, int line) {
   return scope_adopt(dispatch_owned(op, in, n, a, file, line));
 }

@@ -51,6 +51,7 @@ typedef struct storage {
   void *data;
   size_t bytes;
   atomic_ulong version; /* bumped by every in-place write, checked by autograd */
+  uint64_t serial;      /* unique, like a tensor's */
 } storage;
 
 typedef struct ag_node ag_node;
@@ -108,6 +109,7 @@ typedef struct op_attrs {
   int dim;                  /* slice, cat, index_select, index_add, slice_scatter */
   int64_t start, end, step; /* slice, slice_scatter */
   kiln_dtype dtype;         /* cast */
+  int infer;                /* reshape: 1 + the dim the caller gave as -1, else 0 (for the tracer) */
 } op_attrs;
 
 typedef struct op_info {
@@ -125,6 +127,9 @@ extern const op_info op_table[OP_COUNT];
 kiln_tensor *op_dispatch(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, const char *file,
                          int line);
 
+/* Same, but the result belongs to the caller (no scope): the interpreter frees at last use. */
+kiln_tensor *op_run(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, const char *file, int line);
+
 /* Set by the tracer while tracing (thread-local, so other threads run eager
  * ops untouched). op: after every dispatched op, with its result. inplace:
  * before an in-place write (op ADD/SUB/MUL/COPY with src, or OP_COUNT for
@@ -136,6 +141,7 @@ typedef struct trace_hooks {
              const char *file, int line);
   void (*inplace)(void *ctx, op_id op, kiln_tensor *dst, kiln_tensor *src, double value, const char *file, int line);
   void (*read)(void *ctx, const char *what, const kiln_tensor *t, const char *file, int line);
+  void (*zero_grad)(void *ctx, kiln_tensor *t); /* before .grad is dropped */
 } trace_hooks;
 /* NULL clears. The hooks struct must outlive its use. */
 void dispatch_set_hooks(const trace_hooks *h);

@@ -14,7 +14,9 @@ static const char *base_name(const char *path) {
 }
 
 void *err_set(const char *file, int line, const char *op, const char *fmt, ...) {
-  int n = snprintf(msg, sizeof msg, "%s:%d: kiln_%s: ", base_name(file), line, op);
+  /* no location for errors that have no caller (a loaded graph's own nodes) */
+  int n = file && *file ? snprintf(msg, sizeof msg, "%s:%d: kiln_%s: ", base_name(file), line, op)
+                        : snprintf(msg, sizeof msg, "kiln_%s: ", op);
   if (n < 0 || n >= (int)sizeof msg) return NULL;
   va_list ap;
   va_start(ap, fmt);

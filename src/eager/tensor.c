@@ -75,6 +75,11 @@ static int check_shape(const char *op, int ndim, const int64_t *shape, kiln_dtyp
 
 /* ---- storage and tensors ---- */
 
+/* Serial numbers never repeat (addresses do): the tracer tells tensors and storages apart by them. */
+static atomic_ullong next_serial = 1;
+
+uint64_t tensor_serial_now(void) { return atomic_load(&next_serial); }
+
 static storage *storage_new(size_t bytes) {
   storage *s = alloc_malloc(sizeof *s);
   if (!s) return NULL;
@@ -87,6 +92,7 @@ static storage *storage_new(size_t bytes) {
   }
   atomic_init(&s->refcount, 1);
   atomic_init(&s->version, 0);
+  s->serial = atomic_fetch_add(&next_serial, 1);
   s->bytes = bytes;
   alloc_track((int64_t)bytes);
   return s;
@@ -98,11 +104,6 @@ static void storage_release(storage *s) {
   alloc_aligned_free(s->data, (s->bytes + 63) & ~(size_t)63);
   alloc_free(s);
 }
-
-/* Serial numbers never repeat (addresses do): the tracer tells tensors apart by them. */
-static atomic_ullong next_serial = 1;
-
-uint64_t tensor_serial_now(void) { return atomic_load(&next_serial); }
 
 static kiln_tensor *tensor_alloc(kiln_dtype dt, int ndim, const int64_t *shape) {
   kiln_tensor *t = alloc_calloc(1, sizeof *t);

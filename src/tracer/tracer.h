@@ -142,10 +142,20 @@ typedef struct trace_spec {
   bool freeze;               /* implicit inputs become constants */
 } trace_spec;
 
+/* Autograd state of a leaf (input or param) when the call started: a
+ * variant runs only where it is the same. */
+typedef struct trace_leaf {
+  bool requires_grad;
+  bool grad_present;
+} trace_leaf;
+
 /* A finished trace: the graph and what a call needs to bind it. */
 typedef struct trace_result {
   ir_graph *g;               /* NULL when the trace could not make a graph */
   kiln_tensor **params;      /* the implicit inputs, retained, g->n_params of them */
+  trace_leaf *in_leaf;       /* n_in of them */
+  trace_leaf *param_leaf;    /* g->n_params of them */
+  int64_t vals[IR_MAX_SYMS]; /* the traced value of each symbol */
   char why[512];             /* when g is NULL: why ("examples/x.c:12: kiln_item reads data ...") */
   bool value_dependent;      /* the function read tensor data: it runs eagerly from now on */
 } trace_result;

@@ -1,0 +1,245 @@
+/* The interpreter backend: runs a graph node by node through the eager
+ * kernels, with autograd off (a traced backward is already in the graph).
+ * It is the reference the compiled code is checked against, and the backend
+ * that serves every graph the compiler cannot. Each intermediate is freed at
+ * its last use; every result's shape is checked against the node's symbolic
+ * shape, so a graph loaded from a file can never run with sizes it did not
+ * declare. */
+#include <string.h>
+
+#include "tracer/tracer.h"
+
+/* Symbol id of d when d is exactly a symbol, else -1. */
+static int sym_id_of(const ir_graph *g, sym_dim d) {
+  if (sym_is_const(d)) return -1;
+  for (int k = 0; k < g->n_syms; k++)
+    if (sym_same(d, sym_var(g->sym, k, g->sym_lo[k], g->sym_hi[k]))) return k;
+  return -1;
+}
+
+static const char *leaf_tensor_desc(const ir_node *n, char *buf, size_t len) {
+  snprintf(buf, len, "%s %d", n->op == IR_INPUT ? "input" : "param", n->index);
+  return buf;
+}
+
+int ir_bind_syms(const ir_graph *g, kiln_tensor *const *in, kiln_tensor *const *params, int64_t *vals, char *err,
+                 size_t errn) {
+  bool bound[IR_MAX_SYMS] = {0};
+  char who[32];
+  /* two rounds: plain symbols bind first, expressions check after */
+  for (int round = 0; round < 2; round++) {
+    for (int i = 0; i < g->n_nodes; i++) {
+      const ir_node *n = &g->nodes[i];
+      if (n->op != IR_INPUT && n->op != IR_PARAM) continue;
+      const kiln_tensor *t = n->op == IR_INPUT ? in[n->index] : params[n->index];
+      leaf_tensor_desc(n, who, sizeof who);
+      if (!t) return snprintf(err, errn, "%s is NULL", who), -1;
+      if (round == 0) {
+        if (t->dtype != n->dtype)
+          return snprintf(err, errn, "%s: dtype %s, the graph wants %s", who, kiln_dtype_name(t->dtype), kiln_dtype_name(n->dtype)), -1;
+        if (t->ndim != n->ndim) return snprintf(err, errn, "%s: rank %d, the graph wants %d", who, t->ndim, n->ndim), -1;
+      }
+      for (int d = 0; d < n->ndim; d++) {
+        sym_dim s = n->shape[d];
+        int64_t got = t->shape[d], want;
+        if (sym_is_const(s)) {
+          if (round == 0 && got != s.c)
+            return snprintf(err, errn, "%s dim %d: the graph wants %lld, got %lld", who, d, (long long)s.c, (long long)got), -1;
+          continue;
+        }
+        int k = sym_id_of(g, s);
+        if (round == 0 && k >= 0) {
+          if (!bound[k]) {
+            if (got < g->sym_lo[k] || got > g->sym_hi[k])
+              return snprintf(err, errn, "%s dim %d: %lld is outside the bounds of s%d [%lld, %lld]", who, d, (long long)got, k,
+                              (long long)g->sym_lo[k], (long long)g->sym_hi[k]), -1;
+            vals[k] = got;
+            bound[k] = true;
+          } else if (vals[k] != got) {
+            return snprintf(err, errn, "%s dim %d: s%d is %lld here but %lld elsewhere", who, d, k, (long long)got, (long long)vals[k]), -1;
+          }
+        } else if (round == 1 && k < 0) {
+          if (sym_eval(s, vals, g->n_syms, &want) || want != got)
+            return snprintf(err, errn, "%s dim %d: %lld does not fit the graph's size expression", who, d, (long long)got), -1;
+        }
+      }
+    }
+    if (round == 0)
+      for (int k = 0; k < g->n_syms; k++)
+        if (!bound[k]) return snprintf(err, errn, "s%d is not the size of any input", k), -1;
+  }
+  for (int i = 0; i < g->n_guards; i++) {
+    if (sym_guard_check(&g->guards[i], vals, g->n_syms) == 1) continue;
+    char gt[256];
+    if (sym_guard_print(&g->guards[i], gt, sizeof gt) < 0) snprintf(gt, sizeof gt, "?");
+    return snprintf(err, errn, "guard %s fails", gt), -1;
+  }
+  return 0;
+}
+
+static kiln_tensor *const_tensor(const ir_node *n) {
+  int64_t shape[MAXD];
+  for (int i = 0; i < n->ndim; i++) shape[i] = n->shape[i].c;
+  kiln_tensor *t = tensor_new(n->dtype, n->ndim, shape);
+  if (t) {
+    size_t bytes = (size_t)shape_numel(n->ndim, shape) * kiln_dtype_size(n->dtype);
+    if (bytes) memcpy(t->st->data, n->data, bytes);
+  }
+  return t;
+}
+
+/* The tensor a leaf node stands for (borrowed). */
+static kiln_tensor *leaf_tensor(const ir_graph *g, const ir_node *n, kiln_tensor *const *in, kiln_tensor *const *params) {
+  if (n->op == IR_INPUT) return in[n->index];
+  if (n->op == IR_PARAM) return params[n->index];
+  const ir_node *p = &g->nodes[n->in[0]];
+  kiln_tensor *owner = p->op == IR_INPUT ? in[p->index] : params[p->index];
+  return owner->grad;
+}
+
+/* Copies value into dst's storage (same shape and dtype). */
+static void write_data(kiln_tensor *dst, const kiln_tensor *value) {
+  if (dst == value) return;
+  pw_copy(dst, value);
+  atomic_fetch_add(&dst->st->version, 1);
+}
+
+static int run(const ir_graph *g, kiln_tensor *const *consts, kiln_tensor *const *in, kiln_tensor *const *params,
+               kiln_tensor **out) {
+  int64_t vals[IR_MAX_SYMS];
+  char err[512];
+  if (ir_bind_syms(g, in, params, vals, err, sizeof err)) return err_set("", 0, "call", "%s: %s", g->name, err), -1;
+  int *uses = ir_use_counts(g);
+  kiln_tensor **v = alloc_calloc((size_t)g->n_nodes + 1, sizeof *v);
+  bool *owned = alloc_calloc((size_t)g->n_nodes + 1, sizeof *owned);
+  int rc = -1;
+  if (!uses || !v || !owned) {
+    err_set("", 0, "call", "%s: out of memory", g->name);
+    goto done;
+  }
+  kiln_no_grad_begin();
+  for (int i = 0; i < g->n_nodes; i++) {
+    const ir_node *n = &g->nodes[i];
+    if (n->op >= IR_INPUT) {
+      if (n->op == IR_CONST) {
+        v[i] = consts ? consts[i] : const_tensor(n);
+        owned[i] = !consts;
+        if (!v[i]) {
+          err_set(n->file, n->line, "const", "out of memory");
+          goto fail;
+        }
+      } else {
+        v[i] = leaf_tensor(g, n, in, params);
+        if (!v[i]) {
+          err_set(n->file, n->line, "call", "%s: %%%d: the .grad it reads is NULL", g->name, i);
+          goto fail;
+        }
+      }
+      continue;
+    }
+    kiln_tensor *args[16], **a = n->n_in <= 16 ? args : alloc_malloc(sizeof *a * (size_t)n->n_in);
+    if (!a) {
+      err_set(n->file, n->line, ir_op_name(n->op), "out of memory");
+      goto fail;
+    }
+    for (int j = 0; j < n->n_in; j++) a[j] = v[n->in[j]];
+    op_attrs at;
+    if (ir_attrs_eval(&n->attrs, vals, g->n_syms, &at)) {
+      if (a != args) alloc_free(a);
+      err_set(n->file, n->line, ir_op_name(n->op), "%s: %%%d: attributes do not evaluate", g->name, i);
+      goto fail;
+    }
+    v[i] = op_run((op_id)n->op, a, n->n_in, &at, n->file, n->line);
+    owned[i] = true;
+    if (a != args) alloc_free(a);
+    if (!v[i]) goto fail;
+    int64_t shape[MAXD];
+    if (v[i]->dtype != n->dtype || v[i]->ndim != n->ndim || ir_node_shape(n, vals, g->n_syms, shape) ||
+        memcmp(shape, v[i]->shape, sizeof(int64_t) * (size_t)n->ndim)) {
+      err_set(n->file, n->line, ir_op_name(n->op), "%s: %%%d: the result's shape differs from the graph's", g->name, i);
+      goto fail;
+    }
+    /* free inputs at their last use */
+    for (int j = 0; j < n->n_in; j++) {
+      int k = n->in[j];
+      if (--uses[k] == 0 && owned[k]) {
+        kiln_release(v[k]);
+        v[k] = NULL;
+      }
+    }
+  }
+  for (int i = 0; i < g->n_outputs; i++) out[i] = kiln_retain(v[g->outputs[i]]);
+  /* writes after every read: in-place updates take effect at the end of the call */
+  for (int i = 0; i < g->n_writes; i++) {
+    const ir_write *w = &g->writes[i];
+    kiln_tensor *dst = leaf_tensor(g, &g->nodes[w->target], in, params);
+    if (w->kind == IR_WRITE_DATA) {
+      write_data(dst, v[w->value]);
+      continue;
+    }
+    kiln_tensor *gv = NULL;
+    if (w->value >= 0) {
+      /* .grad is a tensor of its own, as in eager */
+      kiln_tensor *src = v[w->value];
+      gv = owned[w->value] && atomic_load(&src->refcount) == 1 ? kiln_retain(src) : op_run(OP_COPY, &src, 1, NULL, w->file, w->line);
+      if (!gv) {
+        for (int j = 0; j < g->n_outputs; j++) kiln_release(out[j]), out[j] = NULL;
+        goto fail;
+      }
+    }
+    kiln_release(dst->grad);
+    dst->grad = gv;
+  }
+  rc = 0;
+fail:
+  kiln_no_grad_end();
+  for (int i = 0; i < g->n_nodes; i++)
+    if (owned[i]) kiln_release(v[i]);
+done:
+  alloc_free(uses);
+  alloc_free(v);
+  alloc_free(owned);
+  return rc;
+}
+
+int interp_run(const ir_graph *g, kiln_tensor *const *in, kiln_tensor *const *params, kiln_tensor **out) {
+  return run(g, NULL, in, params, out);
+}
+
+/* ---- as a backend: constants made once ---- */
+
+struct backend_exec {
+  const ir_graph *g;
+  kiln_tensor **consts; /* by node id; NULL for other nodes */
+};
+
+static backend_exec *interp_compile(const ir_graph *g, unsigned dump, FILE *dump_to, char *err, size_t errn) {
+  (void)dump, (void)dump_to;
+  backend_exec *e = alloc_calloc(1, sizeof *e);
+  if (e) e->consts = alloc_calloc((size_t)g->n_nodes + 1, sizeof *e->consts);
+  if (!e || !e->consts) goto oom;
+  e->g = g;
+  for (int i = 0; i < g->n_nodes; i++)
+    if (g->nodes[i].op == IR_CONST && !(e->consts[i] = const_tensor(&g->nodes[i]))) goto oom;
+  return e;
+oom:
+  snprintf(err, errn, "out of memory");
+  if (e && e->consts)
+    for (int i = 0; i < g->n_nodes; i++) kiln_release(e->consts[i]);
+  if (e) alloc_free(e->consts);
+  alloc_free(e);
+  return NULL;
+}
+
+static int interp_exec(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const *params, kiln_tensor **out) {
+  return run(e->g, e->consts, in, params, out);
+}
+
+static void interp_free(backend_exec *e) {
+  if (!e) return;
+  for (int i = 0; i < e->g->n_nodes; i++) kiln_release(e->consts[i]);
+  alloc_free(e->consts);
+  alloc_free(e);
+}
+
+const backend backend_interp = {"interp", interp_compile, interp_exec, interp_free};

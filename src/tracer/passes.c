@@ -1,0 +1,343 @@
+/* Graph passes between the trace and a backend: simplify (algebraic
+ * identities and view chains), fold (evaluate small constant subgraphs with
+ * the eager kernels), cse (merge equal nodes) and dce (drop what no output or
+ * write reaches). pass_pipeline lists them in order; test builds run the
+ * verifier after each one.
+ *
+ * simplify, fold and cse rebuild the graph node by node in topological order
+ * through ir_add, so each node's inputs are already rewritten when it is met
+ * and equal nodes merge on the way. A rewrite replaces a node only by one of
+ * exactly the same dtype and shape; leaves are copied as they are. */
+#include <string.h>
+
+#include "tracer/tracer.h"
+
+enum {
+  FOLD_MAX_NUMEL = 4096,   /* fold a node only when its result is at most this big */
+  SIMPLIFY_MAX_ROUNDS = 8, /* one round reaches the fixed point; the next one confirms it */
+  SIMPLIFY_MAX_STEPS = 64  /* rewrites of one node in a row (each shortens a view chain) */
+};
+
+static bool is_leaf(int op) { return op == IR_INPUT || op == IR_PARAM || op == IR_GRAD; }
+
+static bool same_type(const ir_node *a, const ir_node *b) {
+  if (a->dtype != b->dtype || a->ndim != b->ndim) return false;
+  for (int i = 0; i < a->ndim; i++)
+    if (!sym_same(a->shape[i], b->shape[i])) return false;
+  return true;
+}
+
+/* ---- rebuilding ---------------------------------------------------------- */
+
+/* What node n (its inputs already dst's ids) becomes: appends it, or what
+ * replaces it, to dst and returns the id; -1 on out of memory. Counts the
+ * rewrites it made in *changed. */
+typedef int (*rewrite_fn)(ir_graph *dst, ir_node *n, int *changed);
+
+/* An empty graph that takes over src's symbols (the expressions of src's
+ * shapes live in src->sym). NULL on out of memory, src untouched. */
+static ir_graph *graph_like(ir_graph *src) {
+  ir_graph *g = ir_new(src->name);
+  if (!g) return NULL;
+  sym_ctx_free(g->sym);
+  g->sym = src->sym;
+  src->sym = NULL;
+  g->n_syms = src->n_syms;
+  memcpy(g->sym_lo, src->sym_lo, sizeof g->sym_lo);
+  memcpy(g->sym_hi, src->sym_hi, sizeof g->sym_hi);
+  return g;
+}
+
+/* A new graph with every op node of src passed through rw (or just
+ * interned when rw is NULL), outputs and writes following their nodes.
+ * Frees src; NULL on out of memory. */
+static ir_graph *rebuild(ir_graph *src, rewrite_fn rw, int *changed) {
+  *changed = 0;
+  int max_in = 1;
+  for (int i = 0; i < src->n_nodes; i++)
+    if (src->nodes[i].n_in > max_in) max_in = src->nodes[i].n_in;
+  int *map = alloc_malloc(sizeof(int) * ((size_t)src->n_nodes + 1));
+  int *ins = alloc_malloc(sizeof(int) * (size_t)max_in);
+  ir_graph *dst = map && ins ? graph_like(src) : NULL;
+  if (!dst) goto oom;
+  for (int i = 0; i < src->n_nodes; i++) {
+    ir_node n = src->nodes[i];
+    for (int j = 0; j < n.n_in; j++) ins[j] = map[n.in[j]];
+    n.in = ins;
+    map[i] = rw && n.op < OP_COUNT ? rw(dst, &n, changed) : ir_add(dst, &n);
+    if (map[i] < 0) goto oom;
+  }
+  for (int i = 0; i < src->n_outputs; i++)
+    if (ir_add_output(dst, map[src->outputs[i]])) goto oom;
+  for (int i = 0; i < src->n_writes; i++) {
+    ir_write w = src->writes[i];
+    w.target = map[w.target];
+    if (w.value >= 0) w.value = map[w.value];
+    if (ir_add_write(dst, w)) goto oom;
+  }
+  for (int i = 0; i < src->n_guards; i++)
+    if (ir_add_guard(dst, src->guards[i])) goto oom;
+  alloc_free(map);
+  alloc_free(ins);
+  ir_free(src);
+  return dst;
+oom:
+  alloc_free(map);
+  alloc_free(ins);
+  ir_free(dst);
+  ir_free(src);
+  return NULL;
+}
+
+/* ---- dce ------------------------------------------------------------------ */
+
+ir_graph *pass_dce(ir_graph *g) {
+  bool *keep = alloc_calloc((size_t)g->n_nodes + 1, sizeof *keep);
+  if (!keep) {
+    ir_free(g);
+    return NULL;
+  }
+  for (int i = 0; i < g->n_outputs; i++) keep[g->outputs[i]] = true;
+  for (int i = 0; i < g->n_writes; i++) {
+    keep[g->writes[i].target] = true;
+    if (g->writes[i].value >= 0) keep[g->writes[i].value] = true;
+  }
+  int kept = 0;
+  for (int i = g->n_nodes - 1; i >= 0; i--) {
+    /* leaves are the calling convention: a variant takes every input and param */
+    if (is_leaf(g->nodes[i].op)) keep[i] = true;
+    if (!keep[i]) continue;
+    kept++;
+    for (int j = 0; j < g->nodes[i].n_in; j++) keep[g->nodes[i].in[j]] = true;
+  }
+  ir_graph *r = g;
+  if (kept < g->n_nodes) {
+    r = ir_compact(g, keep);
+    ir_free(g);
+  }
+  alloc_free(keep);
+  return r;
+}
+
+/* ---- cse ------------------------------------------------------------------ */
+
+ir_graph *pass_cse(ir_graph *g) {
+  int changed;
+  return rebuild(g, NULL, &changed);
+}
+
+/* ---- simplify ------------------------------------------------------------ */
+
+/* Whether n is a constant whose elements all equal v (and there is one). */
+static bool const_uniform(const ir_node *n, double v) {
+  if (n->op != IR_CONST) return false;
+  int64_t k = ir_node_numel_const(n);
+  if (k <= 0) return false;
+  for (int64_t i = 0; i < k; i++) {
+    double x;
+    switch (n->dtype) {
+    case KILN_F32: x = ((const float *)n->data)[i]; break;
+    case KILN_F64: x = ((const double *)n->data)[i]; break;
+    case KILN_I64: x = (double)((const int64_t *)n->data)[i]; break;
+    default: return false;
+    }
+    if (x != v) return false;
+  }
+  return true;
+}
+
+enum { NO_RULE = -1, REWRITTEN = -2 };
+
+/* One rule applied to n in g: the id of the node n equals, REWRITTEN when
+ * n itself became a simpler node (try the rules again), NO_RULE. */
+static int simplify_step(const ir_graph *g, ir_node *n) {
+  const ir_node *x = &g->nodes[n->in[0]];
+  switch (n->op) {
+  case OP_ADD:
+  case OP_SUB:
+  case OP_MUL:
+  case OP_DIV: {
+    /* x+0, 0+x, x-0, x*1, 1*x, x/1: unless the constant broadcasts x or changes its type */
+    double unit = n->op == OP_MUL || n->op == OP_DIV ? 1.0 : 0.0;
+    int first = n->op == OP_ADD || n->op == OP_MUL ? 0 : 1;
+    for (int k = 1; k >= first; k--) {
+      int other = n->in[1 - k];
+      if (const_uniform(&g->nodes[n->in[k]], unit) && same_type(n, &g->nodes[other])) return other;
+    }
+    return NO_RULE;
+  }
+  case OP_NEG:
+    return x->op == OP_NEG && same_type(n, &g->nodes[x->in[0]]) ? x->in[0] : NO_RULE;
+  case OP_CAST:
+    return n->attrs.dtype == x->dtype && same_type(n, x) ? n->in[0] : NO_RULE;
+  case OP_PERMUTE: {
+    const int *p = n->attrs.perm;
+    for (int i = 0; i < n->ndim; i++)
+      if (p[i] < 0 || p[i] >= n->ndim) return NO_RULE;
+    if (x->op == OP_PERMUTE && x->ndim == n->ndim) {
+      /* out[i] = x[p[i]] = y[q[p[i]]]; entries past the rank stay 0, as the tracer leaves them */
+      int composed[MAXD] = {0};
+      for (int i = 0; i < n->ndim; i++) composed[i] = x->attrs.perm[p[i]];
+      memcpy(n->attrs.perm, composed, sizeof composed);
+      n->in[0] = x->in[0];
+      return REWRITTEN;
+    }
+    for (int i = 0; i < n->ndim; i++)
+      if (p[i] != i) return NO_RULE;
+    return same_type(n, x) ? n->in[0] : NO_RULE;
+  }
+  case OP_RESHAPE:
+    if (x->op == OP_RESHAPE) {
+      n->in[0] = x->in[0];
+      return REWRITTEN;
+    }
+    return same_type(n, x) ? n->in[0] : NO_RULE;
+  case OP_EXPAND:
+    return same_type(n, x) ? n->in[0] : NO_RULE;
+  case OP_SLICE: {
+    const ir_attrs *a = &n->attrs;
+    bool whole = a->step == 1 && a->dim >= 0 && a->dim < x->ndim && sym_same(a->start, sym_const(0)) &&
+                 sym_same(a->end, x->shape[a->dim]);
+    return whole && same_type(n, x) ? n->in[0] : NO_RULE;
+  }
+  default:
+    /* contiguous (COPY) stays: it decides the layout a consumer sees */
+    return NO_RULE;
+  }
+}
+
+static int simplify_node(ir_graph *dst, ir_node *n, int *changed) {
+  for (int step = 0; n->n_in > 0 && step < SIMPLIFY_MAX_STEPS; step++) {
+    int r = simplify_step(dst, n);
+    if (r == NO_RULE) break;
+    ++*changed;
+    if (r >= 0) return r;
+  }
+  return ir_add(dst, n);
+}
+
+ir_graph *pass_simplify(ir_graph *g) {
+  int changed = 1;
+  for (int round = 0; g && changed && round < SIMPLIFY_MAX_ROUNDS; round++) g = rebuild(g, simplify_node, &changed);
+  return g;
+}
+
+/* ---- fold ----------------------------------------------------------------- */
+
+/* Whether n can be folded: constant inputs, concrete attrs and a small concrete result. */
+static bool foldable(const ir_graph *g, const ir_node *n, op_attrs *a) {
+  if (n->n_in < 1) return false;
+  for (int j = 0; j < n->n_in; j++)
+    if (g->nodes[n->in[j]].op != IR_CONST || ir_node_numel_const(&g->nodes[n->in[j]]) < 0) return false;
+  int64_t k = ir_node_numel_const(n);
+  return k >= 0 && k <= FOLD_MAX_NUMEL && ir_attrs_eval(&n->attrs, NULL, 0, a) == 0;
+}
+
+static kiln_tensor *const_tensor(const ir_node *c) {
+  int64_t shape[MAXD];
+  for (int i = 0; i < c->ndim; i++) shape[i] = c->shape[i].c;
+  kiln_tensor *t = tensor_new(c->dtype, c->ndim, shape);
+  if (t) memcpy(tensor_data(t), c->data, (size_t)ir_node_numel_const(c) * kiln_dtype_size(c->dtype));
+  return t;
+}
+
+/* Runs n on its constant inputs with the eager kernels into data (numel of n
+ * elements, row-major). 1 done, 0 the op failed (leave the node), -1 out of memory. */
+static int evaluate(const ir_graph *g, const ir_node *n, const op_attrs *a, void *data) {
+  kiln_tensor **ins = alloc_calloc((size_t)n->n_in, sizeof *ins), *t = NULL;
+  if (!ins) return -1;
+  bool made = true;
+  for (int j = 0; j < n->n_in && made; j++) made = (ins[j] = const_tensor(&g->nodes[n->in[j]])) != NULL;
+  if (made) {
+    /* no tracer may see these ops, and nothing here needs a gradient */
+    const trace_hooks *hooks = dispatch_hooks();
+    dispatch_set_hooks(NULL);
+    kiln_no_grad_begin();
+    t = op_run((op_id)n->op, ins, n->n_in, a, n->file, n->line);
+    kiln_no_grad_end();
+    dispatch_set_hooks(hooks);
+  }
+  int rc;
+  if (!made) {
+    rc = -1;
+  } else if (!t) {
+    /* every failure of op_run sets a message; out of memory is not the op's fault */
+    rc = strstr(kiln_last_error(), "out of memory") ? -1 : 0;
+  } else {
+    bool same = t->dtype == n->dtype && t->ndim == n->ndim;
+    for (int i = 0; same && i < n->ndim; i++) same = t->shape[i] == n->shape[i].c;
+    rc = same && kiln_read(t, data, (size_t)kiln_numel(t) * kiln_dtype_size(t->dtype)) == 0;
+  }
+  kiln_release(t);
+  for (int j = 0; j < n->n_in; j++) kiln_release(ins[j]);
+  alloc_free(ins);
+  return rc;
+}
+
+static int fold_node(ir_graph *dst, ir_node *n, int *changed) {
+  op_attrs a;
+  if (!foldable(dst, n, &a)) return ir_add(dst, n);
+  size_t bytes = (size_t)ir_node_numel_const(n) * kiln_dtype_size(n->dtype);
+  void *data = alloc_malloc(bytes ? bytes : 1);
+  if (!data) return -1;
+  int r = evaluate(dst, n, &a, data), id = -1;
+  if (r == 0) {
+    id = ir_add(dst, n);
+  } else if (r == 1) {
+    ir_node c = {.op = IR_CONST, .dtype = n->dtype, .ndim = n->ndim, .data = data, .file = n->file, .line = n->line};
+    memcpy(c.shape, n->shape, sizeof c.shape);
+    id = ir_add(dst, &c);
+    ++*changed;
+  }
+  alloc_free(data);
+  return id;
+}
+
+ir_graph *pass_fold(ir_graph *g) {
+  int changed;
+  return rebuild(g, fold_node, &changed);
+}
+
+/* ---- the pipeline ------------------------------------------------------- */
+
+static const struct {
+  const char *name;
+  ir_graph *(*run)(ir_graph *g);
+} pipeline[] = {
+    {"simplify", pass_simplify}, /* x*1, cast(cast...), view chains: exposes constants */
+    {"fold", pass_fold},         /* constant subgraphs, the casts of scalars among them */
+    {"simplify", pass_simplify}, /* identities the folded constants made visible */
+    {"cse", pass_cse},
+    {"dce", pass_dce},
+};
+
+ir_graph *pass_pipeline(ir_graph *g, char *err, size_t errn) {
+  if (errn) err[0] = '\0';
+  if (!g) {
+    snprintf(err, errn, "no graph");
+    return NULL;
+  }
+#ifdef KILN_TEST_BUILD
+  char why[512];
+  if (ir_verify(g, why, sizeof why)) {
+    snprintf(err, errn, "before the passes: %s", why);
+    ir_free(g);
+    return NULL;
+  }
+#endif
+  for (size_t i = 0; i < sizeof pipeline / sizeof pipeline[0]; i++) {
+    g = pipeline[i].run(g);
+    if (!g) {
+      snprintf(err, errn, "%s: out of memory", pipeline[i].name);
+      return NULL;
+    }
+#ifdef KILN_TEST_BUILD
+    if (ir_verify(g, why, sizeof why)) {
+      snprintf(err, errn, "after %s: %s", pipeline[i].name, why);
+      ir_free(g);
+      return NULL;
+    }
+#endif
+  }
+  return g;
+}

@@ -1,0 +1,716 @@
+/* Capture: runs the user's function once eagerly with the dispatch hooks set,
+ * and records every op into a graph. Tensors are told apart by serial number:
+ * the call's inputs become input nodes; tensors the function makes through an
+ * op become op nodes; tensors it makes otherwise (kiln_scalar, kiln_zeros)
+ * become constants; older tensors it reaches (weights in its context) become
+ * params, read by reference on every call, and the .grad of a param becomes
+ * a grad leaf. In-place writes rebind the tensor to a new value (functional
+ * form) and are written back at the end. Sizes are symbolic where the spec
+ * says so; a concrete size the function passes (a reshape target, a slice
+ * bound) becomes symbolic when exactly one symbolic size of the trace has that
+ * value, else it stays a constant and the guards keep that honest. */
+#include <stdarg.h>
+#include <string.h>
+
+#include "tracer/tracer.h"
+
+/* serial -> node id, open addressing */
+typedef struct tmap {
+  uint64_t *key;
+  int *val;
+  size_t cap, n;
+} tmap;
+
+/* traced value -> the one dim seen with it (or ambiguous) */
+typedef struct size_entry {
+  int64_t v;
+  sym_dim d;
+  bool used, ambiguous;
+} size_entry;
+
+typedef struct leaf {
+  kiln_tensor *t;    /* the input or param tensor (params retained) */
+  uint64_t serial;
+  int node;          /* its leaf node */
+  kiln_tensor *grad0; /* .grad when it was lifted (or at the start, for inputs) */
+  uint64_t grad0_serial;
+  int grad_node;     /* IR_GRAD node, -1 until read */
+  trace_leaf info;
+} leaf;
+
+typedef struct tracer {
+  ir_graph *g;
+  const trace_spec *spec;
+  trace_hooks hooks;
+  uint64_t serial0;
+  tmap map;
+  tmap layouts;      /* (storage, layout) of every op result -> its node: views made outside dispatch */
+  tmap storages;     /* storage serials of op results */
+  size_entry *sizes;
+  size_t sizes_cap;
+  int64_t vals[IR_MAX_SYMS];
+  leaf *leaves;      /* inputs first, then params in lift order */
+  int n_leaves, cap_leaves, n_in;
+  int n_params;
+  bool failed, value_dep;
+  char why[512];
+} tracer;
+
+static void tfail(tracer *tr, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void tfail(tracer *tr, const char *fmt, ...) {
+  if (tr->failed) return;
+  tr->failed = true;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(tr->why, sizeof tr->why, fmt, ap);
+  va_end(ap);
+}
+
+/* ---- serial map ---- */
+
+static uint64_t hash64(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  return x;
+}
+
+static int map_get(const tmap *m, uint64_t k) {
+  if (!m->cap) return -1;
+  for (size_t i = hash64(k) & (m->cap - 1);; i = (i + 1) & (m->cap - 1)) {
+    if (!m->key[i]) return -1;
+    if (m->key[i] == k) return m->val[i];
+  }
+}
+
+static int map_put(tmap *m, uint64_t k, int v) {
+  if ((m->n + 1) * 2 > m->cap) {
+    size_t cap = m->cap ? m->cap * 2 : 1024;
+    uint64_t *key = alloc_calloc(cap, sizeof *key);
+    int *val = alloc_calloc(cap, sizeof *val);
+    if (!key || !val) {
+      alloc_free(key);
+      alloc_free(val);
+      return -1;
+    }
+    for (size_t i = 0; i < m->cap; i++) {
+      if (!m->key[i]) continue;
+      size_t j = hash64(m->key[i]) & (cap - 1);
+      while (key[j]) j = (j + 1) & (cap - 1);
+      key[j] = m->key[i];
+      val[j] = m->val[i];
+    }
+    alloc_free(m->key);
+    alloc_free(m->val);
+    m->key = key;
+    m->val = val;
+    m->cap = cap;
+  }
+  size_t i = hash64(k) & (m->cap - 1);
+  while (m->key[i] && m->key[i] != k) i = (i + 1) & (m->cap - 1);
+  if (!m->key[i]) m->n++;
+  m->key[i] = k;
+  m->val[i] = v;
+  return 0;
+}
+
+static uint64_t layout_key(const kiln_tensor *t) {
+  uint64_t h = hash64(t->st->serial ^ 0x5bd1e995u);
+  h = hash64(h ^ ((uint64_t)t->dtype << 8 | (uint64_t)t->ndim));
+  for (int i = 0; i < t->ndim; i++) h = hash64(h ^ (uint64_t)t->shape[i]) + (uint64_t)t->stride[i] * 0x9e3779b97f4a7c15ull;
+  h = hash64(h ^ (uint64_t)t->offset);
+  return h ? h : 1;
+}
+
+/* ---- sizes seen, for resolving concrete sizes the function passes ---- */
+
+static int64_t dim_value(const tracer *tr, sym_dim d) {
+  int64_t v = -1;
+  if (sym_eval(d, tr->vals, tr->g->n_syms, &v)) return -1;
+  return v;
+}
+
+static void note_size(tracer *tr, sym_dim d) {
+  int64_t v = dim_value(tr, d);
+  if (v < 2) return; /* 0 and 1 always stay constants */
+  if (tr->sizes_cap == 0) {
+    tr->sizes = alloc_calloc(256, sizeof *tr->sizes);
+    if (!tr->sizes) return tfail(tr, "out of memory");
+    tr->sizes_cap = 256;
+  }
+  size_t i = hash64((uint64_t)v) & (tr->sizes_cap - 1);
+  for (size_t probes = 0; probes < tr->sizes_cap; probes++, i = (i + 1) & (tr->sizes_cap - 1)) {
+    size_entry *e = &tr->sizes[i];
+    if (!e->used) {
+      *e = (size_entry){v, d, true, false};
+      return;
+    }
+    if (e->v == v) {
+      if (!sym_same(e->d, d)) e->ambiguous = true;
+      return;
+    }
+  }
+  /* table full: sizes past the first few hundred distinct values resolve to constants */
+}
+
+static void note_shape(tracer *tr, const ir_node *n) {
+  for (int i = 0; i < n->ndim; i++) note_size(tr, n->shape[i]);
+}
+
+/* The symbolic dim for a concrete size v the function passed, or the constant v. */
+static sym_dim resolve(tracer *tr, int64_t v) {
+  if (v < 2 || !tr->sizes_cap) return sym_const(v);
+  size_t i = hash64((uint64_t)v) & (tr->sizes_cap - 1);
+  for (size_t probes = 0; probes < tr->sizes_cap; probes++, i = (i + 1) & (tr->sizes_cap - 1)) {
+    size_entry *e = &tr->sizes[i];
+    if (!e->used) break;
+    if (e->v == v) return e->ambiguous ? sym_const(v) : e->d;
+  }
+  return sym_const(v);
+}
+
+/* ---- leaves and constants ---- */
+
+static int push_leaf(tracer *tr, leaf l) {
+  if (tr->n_leaves == tr->cap_leaves) {
+    int cap = tr->cap_leaves ? tr->cap_leaves * 2 : 16;
+    leaf *nl = alloc_realloc(tr->leaves, sizeof *nl * (size_t)cap);
+    if (!nl) return -1;
+    tr->leaves = nl;
+    tr->cap_leaves = cap;
+  }
+  tr->leaves[tr->n_leaves++] = l;
+  return 0;
+}
+
+static void set_concrete(ir_node *n, const kiln_tensor *t) {
+  n->dtype = t->dtype;
+  n->ndim = t->ndim;
+  for (int i = 0; i < t->ndim; i++) n->shape[i] = sym_const(t->shape[i]);
+}
+
+static int make_const(tracer *tr, const kiln_tensor *t, const char *file, int line) {
+  ir_node n = {.op = IR_CONST, .file = file, .line = line};
+  set_concrete(&n, t);
+  size_t bytes = (size_t)kiln_numel(t) * kiln_dtype_size(t->dtype);
+  void *buf = alloc_malloc(bytes ? bytes : 1);
+  if (!buf) return -1;
+  if (bytes) {
+    storage st = {.data = buf, .bytes = bytes};
+    kiln_tensor dst = {.dtype = t->dtype, .ndim = t->ndim, .st = &st};
+    memcpy(dst.shape, t->shape, sizeof dst.shape);
+    contiguous_strides(t->ndim, t->shape, dst.stride);
+    pw_copy(&dst, t);
+  }
+  n.data = buf;
+  int id = ir_add(tr->g, &n);
+  alloc_free(buf);
+  return id;
+}
+
+/* The node for tensor t, making a constant, param or grad leaf when it is new. */
+static int node_of(tracer *tr, kiln_tensor *t, const char *file, int line) {
+  int id = map_get(&tr->map, t->serial);
+  if (id >= 0) return id;
+  if (t->serial >= tr->serial0) {
+    /* a view of an op result made outside dispatch (autograd saves outputs so) */
+    id = map_get(&tr->layouts, layout_key(t));
+    if (id < 0 && map_get(&tr->storages, t->st->serial + 1) >= 0) {
+      tfail(tr, "%s:%d: a tensor made in the traced function views an op result without going through an op", file, line);
+      return -1;
+    }
+    if (id < 0) id = make_const(tr, t, file, line);
+  } else {
+    /* the .grad of a leaf we know, read before it changed? */
+    for (int i = 0; i < tr->n_leaves; i++) {
+      leaf *l = &tr->leaves[i];
+      if (l->grad0 != t || l->grad0_serial != t->serial) continue;
+      ir_node n = {.op = IR_GRAD, .n_in = 1, .in = &l->node, .file = file, .line = line};
+      set_concrete(&n, t);
+      n.dtype = tr->g->nodes[l->node].dtype;
+      n.ndim = tr->g->nodes[l->node].ndim;
+      memcpy(n.shape, tr->g->nodes[l->node].shape, sizeof n.shape);
+      id = ir_append(tr->g, &n);
+      if (id >= 0) l->grad_node = id;
+      break;
+    }
+    if (id < 0 && tr->spec->freeze && !t->requires_grad) {
+      id = make_const(tr, t, file, line);
+    } else if (id < 0) {
+      ir_node n = {.op = IR_PARAM, .index = tr->n_params, .file = file, .line = line};
+      set_concrete(&n, t);
+      id = ir_append(tr->g, &n);
+      if (id >= 0) {
+        leaf l = {kiln_retain(t), t->serial, id, t->grad, t->grad ? t->grad->serial : 0, -1,
+                  {t->requires_grad, t->grad != NULL}};
+        if (push_leaf(tr, l)) {
+          kiln_release(t);
+          id = -1;
+        } else {
+          tr->n_params++;
+        }
+      }
+    }
+  }
+  if (id < 0 || map_put(&tr->map, t->serial, id)) {
+    tfail(tr, "out of memory while tracing");
+    return -1;
+  }
+  note_shape(tr, &tr->g->nodes[id]);
+  return id;
+}
+
+/* ---- attributes: concrete sizes back to symbols ---- */
+
+/* Target dims of a reshape of node x to the concrete shape t[0..tn). */
+static void reshape_target(tracer *tr, const ir_node *x, int tn, const int64_t *t, int infer, sym_dim *out) {
+  ir_graph *g = tr->g;
+  int xn = x->ndim;
+  int64_t xv[MAXD];
+  for (int i = 0; i < xn; i++) xv[i] = dim_value(tr, x->shape[i]);
+  for (int j = 0; j < tn; j++) out[j] = sym_const(t[j]);
+  int i = 0, j = 0;
+  while (j < tn) {
+    if (t[j] == 1 && (i >= xn || xv[i] != 1)) {
+      j++;
+      continue;
+    }
+    if (i < xn && xv[i] == 1 && t[j] != 1) {
+      i++;
+      continue;
+    }
+    if (i >= xn) return;
+    if (t[j] == 1 && xv[i] == 1) {
+      out[j++] = x->shape[i++];
+      continue;
+    }
+    if (xv[i] == 0 || t[j] == 0) return; /* empty tensors keep constant shapes */
+    /* the smallest groups x[i..i1) and t[j..j1) with equal products */
+    int i1 = i + 1, j1 = j + 1;
+    int64_t pi = xv[i], pj = t[j];
+    while (pi != pj) {
+      if (pi < pj) {
+        if (i1 >= xn || pi > INT64_MAX / (xv[i1] ? xv[i1] : 1)) return;
+        pi *= xv[i1++];
+      } else {
+        if (j1 >= tn || pj > INT64_MAX / (t[j1] ? t[j1] : 1)) return;
+        pj *= t[j1++];
+      }
+    }
+    sym_dim p = sym_const(1);
+    bool all_const = true;
+    for (int k = i; k < i1; k++) {
+      p = sym_mul(g->sym, p, x->shape[k]);
+      all_const &= sym_is_const(x->shape[k]);
+    }
+    if (!all_const) {
+      if (j1 - j == 1) {
+        out[j] = p;
+      } else {
+        /* match target dims to the group's input dims in order, else resolve them */
+        bool taken[MAXD] = {0};
+        int next = i;
+        for (int k = j; k < j1; k++) {
+          int m = -1;
+          for (int q = next; q < i1; q++)
+            if (xv[q] == t[k]) {
+              m = q;
+              break;
+            }
+          if (m >= 0) {
+            out[k] = x->shape[m];
+            next = m + 1;
+            taken[k] = true;
+          } else {
+            out[k] = resolve(tr, t[k]);
+          }
+        }
+        sym_dim q = sym_const(1);
+        for (int k = j; k < j1; k++) q = sym_mul(g->sym, q, out[k]);
+        /* sizes that are all constants cannot cover a symbolic product: one of
+         * them (the -1 if there was one, else the last not matched) takes the rest;
+         * otherwise the shape rule guards that the products agree */
+        if (!sym_same(p, q) && sym_is_const(q)) {
+          int free = infer > j && infer <= j1 ? infer - 1 : -1;
+          for (int k = j1 - 1; k >= j && free < 0; k--)
+            if (!taken[k] && t[k] > 1) free = k;
+          if (free >= 0) {
+            sym_dim others = sym_const(1);
+            for (int k = j; k < j1; k++)
+              if (k != free) others = sym_mul(g->sym, others, out[k]);
+            sym_dim f = sym_floordiv(g->sym, p, others);
+            if (!sym_is_err(f) && dim_value(tr, f) == t[free]) out[free] = f;
+          }
+        }
+      }
+    }
+    i = i1;
+    j = j1;
+  }
+}
+
+static void convert_attrs(tracer *tr, int op, const ir_node *x, const op_attrs *a, const ir_node *n_in,
+                          kiln_tensor *const *in, ir_attrs *o) {
+  (void)n_in, (void)in;
+  memset(o, 0, sizeof *o);
+  o->start = o->end = sym_const(0);
+  switch (op) {
+  case OP_SUM: case OP_MEAN: case OP_MAX: case OP_MIN: case OP_ARGMAX:
+    o->naxes = a->naxes;
+    memcpy(o->axes, a->axes, sizeof o->axes);
+    o->keepdim = a->keepdim;
+    break;
+  case OP_PERMUTE:
+    memcpy(o->perm, a->perm, sizeof o->perm);
+    break;
+  case OP_CAST:
+    o->dtype = a->dtype;
+    break;
+  case OP_CAT: case OP_INDEX_SELECT: case OP_INDEX_ADD:
+    o->dim = a->dim;
+    break;
+  case OP_RESHAPE:
+    o->ndim = a->ndim;
+    reshape_target(tr, x, a->ndim, a->shape, a->infer, o->shape);
+    if (a->infer > 0 && a->infer <= a->ndim && sym_is_const(o->shape[a->infer - 1])) {
+      /* the dim given as -1 is exactly what the others leave */
+      ir_graph *g = tr->g;
+      sym_dim p = sym_const(1), q = sym_const(1);
+      for (int i = 0; i < x->ndim; i++) p = sym_mul(g->sym, p, x->shape[i]);
+      for (int i = 0; i < a->ndim; i++)
+        if (i != a->infer - 1) q = sym_mul(g->sym, q, o->shape[i]);
+      sym_dim f = sym_floordiv(g->sym, p, q);
+      if (!sym_is_err(f) && dim_value(tr, f) == a->shape[a->infer - 1]) o->shape[a->infer - 1] = f;
+    }
+    break;
+  case OP_EXPAND:
+    o->ndim = a->ndim;
+    for (int i = 0; i < a->ndim; i++) {
+      int j = i - (a->ndim - x->ndim);
+      o->shape[i] = j >= 0 && dim_value(tr, x->shape[j]) == a->shape[i] ? x->shape[j] : resolve(tr, a->shape[i]);
+    }
+    break;
+  case OP_SLICE:
+  case OP_SLICE_SCATTER: {
+    o->dim = a->dim;
+    o->step = a->step;
+    sym_dim size = x->shape[a->dim];
+    int64_t sv = dim_value(tr, size);
+    o->start = a->start == sv ? size : resolve(tr, a->start);
+    o->end = a->end == sv ? size : resolve(tr, a->end);
+    break;
+  }
+  default:
+    break;
+  }
+}
+
+/* ---- hooks ---- */
+
+static void on_op(void *ctx, op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out,
+                  const char *file, int line) {
+  tracer *tr = ctx;
+  if (tr->failed || tr->value_dep) return;
+  int buf[16];
+  int *ids = n <= 16 ? buf : alloc_malloc(sizeof(int) * (size_t)n);
+  if (!ids) return tfail(tr, "out of memory while tracing");
+  ir_node node = {.op = (int)op, .n_in = n, .in = ids, .file = file, .line = line};
+  for (int i = 0; i < n; i++)
+    if ((ids[i] = node_of(tr, in[i], file, line)) < 0) goto done;
+  static const op_attrs none;
+  convert_attrs(tr, (int)op, &tr->g->nodes[ids[0]], a ? a : &none, NULL, in, &node.attrs);
+  shape_env env = {tr->g, tr->vals, tr->g->n_syms, true};
+  char err[256];
+  if (symshape_infer(&env, &node, err, sizeof err)) {
+    tfail(tr, "%s:%d: %s", file, line, err);
+    goto done;
+  }
+  int64_t shape[MAXD];
+  if (node.dtype != out->dtype || node.ndim != out->ndim || ir_node_shape(&node, tr->vals, tr->g->n_syms, shape) ||
+      memcmp(shape, out->shape, sizeof(int64_t) * (size_t)out->ndim)) {
+    tfail(tr, "%s:%d: kiln_%s: the symbolic shape rule disagrees with the eager result", file, line, op_table[op].name);
+    goto done;
+  }
+  int id = ir_add(tr->g, &node);
+  if (id < 0 || map_put(&tr->map, out->serial, id) || map_put(&tr->layouts, layout_key(out), id) ||
+      map_put(&tr->storages, out->st->serial + 1, id)) {
+    tfail(tr, "out of memory while tracing");
+    goto done;
+  }
+  note_shape(tr, &tr->g->nodes[id]);
+done:
+  if (ids != buf) alloc_free(ids);
+}
+
+static void on_inplace(void *ctx, op_id op, kiln_tensor *dst, kiln_tensor *src, double value, const char *file,
+                       int line) {
+  tracer *tr = ctx;
+  if (tr->failed || tr->value_dep) return;
+  if (atomic_load(&dst->st->refcount) > 1)
+    return tfail(tr, "%s:%d: an in-place write into a tensor that shares its storage with a view; compiled code "
+                     "does not follow writes through views (write to a tensor of its own, or compute out of place)",
+                 file, line);
+  int d = node_of(tr, dst, file, line);
+  if (d < 0) return;
+  const ir_node *dn = &tr->g->nodes[d];
+  ir_node n = {.file = file, .line = line};
+  int ins[2];
+  int id = -1;
+  if (op == OP_COUNT) {
+    /* fill_: a scalar constant expanded to dst's (possibly symbolic) shape */
+    kiln_tensor *s = tensor_new(dst->dtype, 0, NULL);
+    if (!s) return tfail(tr, "out of memory while tracing");
+    pw_fill(s, value);
+    int c = make_const(tr, s, file, line);
+    kiln_release(s);
+    if (c < 0) return tfail(tr, "out of memory while tracing");
+    dn = &tr->g->nodes[d];
+    ins[0] = c;
+    n.op = OP_EXPAND;
+    n.n_in = 1;
+    n.attrs.ndim = dn->ndim;
+    memcpy(n.attrs.shape, dn->shape, sizeof n.attrs.shape);
+  } else {
+    int s = node_of(tr, src, file, line);
+    if (s < 0) return;
+    dn = &tr->g->nodes[d];
+    const ir_node *sn = &tr->g->nodes[s];
+    if (op == OP_COPY) {
+      id = s;
+      if (sn->dtype != dn->dtype) {
+        ir_node c = {.op = OP_CAST, .n_in = 1, .in = &id, .file = file, .line = line};
+        c.attrs.dtype = dn->dtype;
+        int src_id = s;
+        c.in = &src_id;
+        shape_env env = {tr->g, tr->vals, tr->g->n_syms, true};
+        char err[256];
+        if (symshape_infer(&env, &c, err, sizeof err) || (id = ir_add(tr->g, &c)) < 0) return tfail(tr, "%s:%d: %s", file, line, err);
+        dn = &tr->g->nodes[d];
+      }
+      ins[0] = id;
+      n.op = OP_EXPAND;
+      n.n_in = 1;
+      n.attrs.ndim = dn->ndim;
+      memcpy(n.attrs.shape, dn->shape, sizeof n.attrs.shape);
+    } else {
+      ins[0] = d;
+      ins[1] = s;
+      n.op = (int)op;
+      n.n_in = 2;
+    }
+  }
+  n.in = ins;
+  n.attrs.start = n.attrs.end = sym_const(0);
+  shape_env env = {tr->g, tr->vals, tr->g->n_syms, true};
+  char err[256];
+  if (symshape_infer(&env, &n, err, sizeof err)) return tfail(tr, "%s:%d: %s", file, line, err);
+  /* an expand to the input's own shape is the input itself */
+  if (n.op == OP_EXPAND) {
+    const ir_node *x = &tr->g->nodes[ins[0]];
+    bool same = x->ndim == n.ndim;
+    for (int i = 0; same && i < n.ndim; i++) same = sym_same(x->shape[i], n.shape[i]);
+    if (same) id = ins[0];
+    else id = ir_add(tr->g, &n);
+  } else {
+    id = ir_add(tr->g, &n);
+  }
+  if (id < 0 || map_put(&tr->map, dst->serial, id) || map_put(&tr->layouts, layout_key(dst), id))
+    return tfail(tr, "out of memory while tracing");
+}
+
+static void on_read(void *ctx, const char *what, const kiln_tensor *t, const char *file, int line) {
+  tracer *tr = ctx;
+  (void)t;
+  if (tr->value_dep) return;
+  tr->value_dep = true;
+  if (!tr->failed) {
+    snprintf(tr->why, sizeof tr->why, "%s:%d: %s reads tensor data inside the traced function, so what it does next may "
+             "depend on values: it runs eagerly from now on", file && *file ? file : "?", line, what);
+  }
+}
+
+static void on_zero_grad(void *ctx, kiln_tensor *t) {
+  tracer *tr = ctx;
+  if (tr->failed || tr->value_dep) return;
+  node_of(tr, t, "", 0); /* lift it now, so its .grad at the start of the call is what we record */
+}
+
+/* ---- the run ---- */
+
+static void tracer_free(tracer *tr) {
+  for (int i = tr->n_in; i < tr->n_leaves; i++) kiln_release(tr->leaves[i].t);
+  alloc_free(tr->leaves);
+  tmap *maps[3] = {&tr->map, &tr->layouts, &tr->storages};
+  for (int i = 0; i < 3; i++) {
+    alloc_free(maps[i]->key);
+    alloc_free(maps[i]->val);
+  }
+  alloc_free(tr->sizes);
+  ir_free(tr->g);
+}
+
+static int add_inputs(tracer *tr, kiln_tensor *const *in, int n_in) {
+  for (int i = 0; i < n_in; i++) {
+    kiln_tensor *t = in[i];
+    ir_node n = {.op = IR_INPUT, .index = i, .dtype = t->dtype, .ndim = t->ndim, .file = "", .line = 0};
+    for (int d = 0; d < t->ndim; d++) {
+      n.shape[d] = sym_const(t->shape[d]);
+      /* size 0 stays static: an empty tensor is not worth a symbolic variant */
+      if (tr->spec->dynamic && tr->spec->dynamic[i][d] && t->shape[d] > 0) {
+        int k = tr->g->n_syms;
+        if (ir_add_sym(tr->g, 1, INT64_MAX, &n.shape[d])) return -1;
+        tr->vals[k] = t->shape[d];
+      }
+    }
+    int id = ir_append(tr->g, &n);
+    if (id < 0) return -1;
+    leaf l = {t, t->serial, id, t->grad, t->grad ? t->grad->serial : 0, -1, {t->requires_grad, t->grad != NULL}};
+    if (push_leaf(tr, l)) return -1;
+    tr->n_in++;
+    /* the same tensor passed twice: the first input stands for both (the alias guard covers it) */
+    if (map_get(&tr->map, t->serial) < 0 && map_put(&tr->map, t->serial, id)) return -1;
+    note_shape(tr, &tr->g->nodes[id]);
+  }
+  return 0;
+}
+
+/* Leaves first (inputs, params, grads), then the rest in order. */
+static ir_graph *reorder(ir_graph *g) {
+  int *order = alloc_malloc(sizeof(int) * (size_t)g->n_nodes + 1), k = 0;
+  int *pos = alloc_malloc(sizeof(int) * (size_t)g->n_nodes + 1);
+  ir_graph *r = ir_new(g->name);
+  if (!order || !pos || !r) goto fail;
+  for (int pass = IR_INPUT; pass <= IR_GRAD; pass++)
+    for (int i = 0; i < g->n_nodes; i++)
+      if (g->nodes[i].op == pass) order[k++] = i;
+  for (int i = 0; i < g->n_nodes; i++)
+    if (g->nodes[i].op < IR_INPUT || g->nodes[i].op > IR_GRAD) order[k++] = i;
+  sym_ctx_free(r->sym);
+  r->sym = g->sym;
+  g->sym = NULL;
+  r->n_syms = g->n_syms;
+  memcpy(r->sym_lo, g->sym_lo, sizeof r->sym_lo);
+  memcpy(r->sym_hi, g->sym_hi, sizeof r->sym_hi);
+  for (int i = 0; i < k; i++) {
+    ir_node n = g->nodes[order[i]];
+    int ins[64], *p = n.n_in <= 64 ? ins : alloc_malloc(sizeof(int) * (size_t)n.n_in);
+    if (!p) goto fail;
+    for (int j = 0; j < n.n_in; j++) p[j] = pos[n.in[j]];
+    n.in = p;
+    pos[order[i]] = ir_append(r, &n);
+    if (p != ins) alloc_free(p);
+    if (pos[order[i]] < 0) goto fail;
+  }
+  for (int i = 0; i < g->n_outputs; i++)
+    if (ir_add_output(r, pos[g->outputs[i]])) goto fail;
+  for (int i = 0; i < g->n_writes; i++) {
+    ir_write w = g->writes[i];
+    w.target = pos[w.target];
+    if (w.value >= 0) w.value = pos[w.value];
+    if (ir_add_write(r, w)) goto fail;
+  }
+  for (int i = 0; i < g->n_guards; i++)
+    if (ir_add_guard(r, g->guards[i])) goto fail;
+  alloc_free(order);
+  alloc_free(pos);
+  ir_free(g);
+  return r;
+fail:
+  alloc_free(order);
+  alloc_free(pos);
+  ir_free(r);
+  ir_free(g);
+  return NULL;
+}
+
+static int finish(tracer *tr, kiln_tensor **out, int n_out) {
+  ir_graph *g = tr->g;
+  for (int i = 0; i < n_out; i++) {
+    if (!out[i]) {
+      tfail(tr, "output %d is NULL", i);
+      return -1;
+    }
+    int id = node_of(tr, out[i], "", 0);
+    if (id < 0 || ir_add_output(g, id)) return -1;
+  }
+  for (int i = 0; i < tr->n_leaves; i++) {
+    leaf *l = &tr->leaves[i];
+    int now = map_get(&tr->map, l->serial);
+    if (now >= 0 && now != l->node) {
+      ir_write w = {IR_WRITE_DATA, l->node, now, g->nodes[now].file, g->nodes[now].line};
+      if (ir_add_write(g, w)) return -1;
+    }
+    kiln_tensor *gr = l->t->grad;
+    bool same = gr == l->grad0 && (!gr || gr->serial == l->grad0_serial);
+    int gv = -1;
+    if (gr) {
+      gv = map_get(&tr->map, gr->serial);
+      if (same && (gv < 0 || gv == l->grad_node)) continue; /* untouched */
+      if (gv < 0) gv = node_of(tr, gr, "", 0);
+      if (gv < 0) return -1;
+    } else if (!l->grad0) {
+      continue;
+    }
+    if (i < tr->n_in && l->info.requires_grad == false && gr == NULL) continue;
+    ir_write w = {IR_WRITE_GRAD, l->node, gv, "", 0};
+    if (ir_add_write(g, w)) return -1;
+  }
+  return 0;
+}
+
+int trace_run(kiln_body body, void *ctx, kiln_tensor *const *in, int n_in, kiln_tensor **out, int n_out,
+              const trace_spec *spec, const char *name, trace_result *res) {
+  memset(res, 0, sizeof *res);
+  tracer tr = {.spec = spec, .serial0 = tensor_serial_now()};
+  tr.g = ir_new(name);
+  tr.hooks = (trace_hooks){&tr, on_op, on_inplace, on_read, on_zero_grad};
+  if (!tr.g || add_inputs(&tr, in, n_in)) tfail(&tr, "out of memory while tracing");
+
+  const trace_hooks *saved = dispatch_hooks();
+  dispatch_set_hooks(&tr.hooks);
+  int rc = body(ctx, in, out);
+  dispatch_set_hooks(saved);
+
+  if (rc == 0 && !tr.failed && !tr.value_dep && finish(&tr, out, n_out)) tfail(&tr, "out of memory while tracing");
+  res->value_dependent = tr.value_dep;
+  if (rc == 0 && !tr.failed && !tr.value_dep) {
+    res->in_leaf = alloc_calloc((size_t)n_in + 1, sizeof *res->in_leaf);
+    res->param_leaf = alloc_calloc((size_t)tr.n_params + 1, sizeof *res->param_leaf);
+    res->params = alloc_calloc((size_t)tr.n_params + 1, sizeof *res->params);
+    ir_graph *g = res->in_leaf && res->param_leaf && res->params ? reorder(tr.g) : NULL;
+    if (!g) ir_free(tr.g);
+    tr.g = NULL;
+    if (g) {
+      for (int i = 0; i < n_in; i++) res->in_leaf[i] = tr.leaves[i].info;
+      for (int i = 0; i < tr.n_params; i++) {
+        res->params[i] = kiln_retain(tr.leaves[n_in + i].t);
+        res->param_leaf[i] = tr.leaves[n_in + i].info;
+      }
+      memcpy(res->vals, tr.vals, sizeof res->vals);
+      res->g = g;
+    } else {
+      snprintf(res->why, sizeof res->why, "out of memory while tracing");
+    }
+  } else if (rc == 0) {
+    snprintf(res->why, sizeof res->why, "%s", tr.why);
+  }
+  tracer_free(&tr);
+  if (!res->g) {
+    alloc_free(res->in_leaf);
+    alloc_free(res->param_leaf);
+    alloc_free(res->params);
+    res->in_leaf = res->param_leaf = NULL;
+    res->params = NULL;
+  }
+  return rc;
+}
+
+void trace_result_free(trace_result *res) {
+  if (res->g)
+    for (int i = 0; i < res->g->n_params; i++) kiln_release(res->params[i]);
+  alloc_free(res->params);
+  alloc_free(res->in_leaf);
+  alloc_free(res->param_leaf);
+  ir_free(res->g);
+  memset(res, 0, sizeof *res);
+}

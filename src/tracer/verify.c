@@ -1,0 +1,270 @@
+/* The IR verifier: checks that a graph means what its nodes say. Inputs are
+ * defined before use, leaves sit at the front in order, arities match the op
+ * table, every symbol is declared, and each op node's dtype, rank and dims
+ * are what its shape rule (symshape_infer) gives from its inputs. Test builds
+ * run it between passes (passes.c), so a pass that breaks the graph is named.
+ *
+ * Shape rules decide from bounds and guards only (vals == NULL). Where that is
+ * not enough, the node is checked at one assignment of the symbols that
+ * satisfies the bounds and guards (a witness); with no witness found, the
+ * declared dims are accepted: the runtime binds the sizes and checks them. */
+#include <ctype.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tracer/tracer.h"
+
+typedef struct verifier {
+  ir_graph *g; /* shape rules may add expressions to g->sym: nothing else changes */
+  char *err;
+  size_t errn;
+  int witness_state; /* 0 not searched yet, 1 found, -1 none */
+  int64_t witness[IR_MAX_SYMS];
+} verifier;
+
+static int fail(verifier *v, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int fail(verifier *v, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  if (v->errn) vsnprintf(v->err, v->errn, fmt, ap);
+  va_end(ap);
+  return -1;
+}
+
+static bool is_leaf(int op) { return op == IR_INPUT || op == IR_PARAM || op == IR_GRAD; }
+
+/* The text of d for a message ("?" for the error dim), truncated to n. */
+static const char *dim_text(sym_dim d, char *buf, size_t n) {
+  if (sym_print(d, buf, n) < 0) snprintf(buf, n, "?");
+  return buf;
+}
+
+/* The first symbol id in d that g does not declare, -1 when all are declared,
+ * -2 when d cannot be printed (the error dim, or out of memory). Symbols are
+ * read off the text: `s` followed by digits is nothing else in the grammar. */
+static long undeclared_symbol(const ir_graph *g, sym_dim d) {
+  if (sym_is_const(d)) return -1;
+  char buf[512], *text = buf;
+  int len = sym_print(d, buf, sizeof buf);
+  if (len < 0) return -2;
+  if ((size_t)len >= sizeof buf) {
+    text = alloc_malloc((size_t)len + 1);
+    if (!text) return -2;
+    sym_print(d, text, (size_t)len + 1);
+  }
+  long bad = -1;
+  for (const char *p = text; *p && bad < 0; p++) {
+    if (*p != 's' || !isdigit((unsigned char)p[1])) continue;
+    char *end;
+    long id = strtol(p + 1, &end, 10);
+    if (id >= g->n_syms) bad = id;
+    p = end - 1;
+  }
+  if (text != buf) alloc_free(text);
+  return bad;
+}
+
+/* Checks one dim of a node ("dim 2", "reshape target 1", ...); 0 or -1. */
+static int check_dim(verifier *v, int id, const char *what, int k, sym_dim d) {
+  const char *op = ir_op_name(v->g->nodes[id].op);
+  if (sym_is_err(d)) return fail(v, "%%%d: %s: %s %d is the error dim", id, op, what, k);
+  if (sym_is_const(d)) return d.c < 0 ? fail(v, "%%%d: %s: %s %d is negative (%lld)", id, op, what, k, (long long)d.c) : 0;
+  long s = undeclared_symbol(v->g, d);
+  if (s == -2) return fail(v, "%%%d: %s: %s %d cannot be printed (out of memory?)", id, op, what, k);
+  if (s >= 0) return fail(v, "%%%d: %s: %s %d uses s%ld, which is not declared (%d symbols)", id, op, what, k, s, v->g->n_syms);
+  return 0;
+}
+
+/* Finds symbol values within the bounds that satisfy every guard, trying a
+ * few simple assignments (all equal, or all distinct); 1 found, -1 none. */
+static int find_witness(verifier *v) {
+  if (v->witness_state) return v->witness_state;
+  const ir_graph *g = v->g;
+  static const int64_t bases[] = {0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128, 256, 1024};
+  v->witness_state = -1;
+  for (int distinct = 0; distinct < 2 && v->witness_state < 0; distinct++)
+    for (size_t b = 0; b < sizeof bases / sizeof bases[0] && v->witness_state < 0; b++) {
+      for (int i = 0; i < g->n_syms; i++) {
+        int64_t x = bases[b] + (distinct ? i : 0);
+        v->witness[i] = x < g->sym_lo[i] ? g->sym_lo[i] : x > g->sym_hi[i] ? g->sym_hi[i] : x;
+      }
+      bool ok = true;
+      for (int k = 0; k < g->n_guards && ok; k++) ok = sym_guard_check(&g->guards[k], v->witness, g->n_syms) == 1;
+      if (ok) v->witness_state = 1;
+    }
+  return v->witness_state;
+}
+
+/* Whether the declared dim d agrees with the rule's r: provably, by a guard,
+ * or (undecidable) at the witness; accepted when there is no witness. */
+static bool dims_agree(verifier *v, sym_dim d, sym_dim r) {
+  if (sym_same(d, r)) return true;
+  shape_env env = {v->g, NULL, 0, false};
+  int same = shape_decide(&env, d, SYM_EQ, r);
+  if (same >= 0) return same == 1;
+  if (find_witness(v) < 0) return true;
+  int64_t a, b;
+  return sym_eval(d, v->witness, v->g->n_syms, &a) == 0 && sym_eval(r, v->witness, v->g->n_syms, &b) == 0 && a == b;
+}
+
+/* An op node against its shape rule. */
+static int check_rule(verifier *v, int id) {
+  const ir_node *n = &v->g->nodes[id];
+  const char *op = ir_op_name(n->op);
+  ir_node r = *n;
+  r.dtype = 0;
+  r.ndim = 0;
+  memset(r.shape, 0, sizeof r.shape);
+  char why[384];
+  shape_env env = {v->g, NULL, 0, false};
+  if (symshape_infer(&env, &r, why, sizeof why)) {
+    /* undecidable from bounds and guards, or wrong: try concrete sizes */
+    if (find_witness(v) < 0) return 0;
+    env.vals = v->witness;
+    env.nvals = v->g->n_syms;
+    r = *n;
+    r.dtype = 0;
+    r.ndim = 0;
+    memset(r.shape, 0, sizeof r.shape);
+    if (symshape_infer(&env, &r, why, sizeof why)) return fail(v, "%%%d: %s", id, why);
+  }
+  n = &v->g->nodes[id]; /* the rule may not add nodes, but be safe about the pointer */
+  if (r.dtype != n->dtype)
+    return fail(v, "%%%d: %s: dtype %s, but the rule gives %s", id, op, kiln_dtype_name(n->dtype), kiln_dtype_name(r.dtype));
+  if (r.ndim != n->ndim) return fail(v, "%%%d: %s: rank %d, but the rule gives %d", id, op, n->ndim, r.ndim);
+  for (int i = 0; i < n->ndim; i++)
+    if (!dims_agree(v, n->shape[i], r.shape[i])) {
+      char b0[128], b1[128];
+      return fail(v, "%%%d: %s: dim %d is %s, but the rule gives %s", id, op, i, dim_text(n->shape[i], b0, sizeof b0),
+                  dim_text(r.shape[i], b1, sizeof b1));
+    }
+  return 0;
+}
+
+/* What any node must satisfy: op, inputs before it, arity, dtype, dims, symbols. */
+static int check_node(verifier *v, int id) {
+  const ir_node *n = &v->g->nodes[id];
+  if (n->op < 0 || n->op >= IR_OP_COUNT) return fail(v, "%%%d: unknown op %d", id, n->op);
+  const char *op = ir_op_name(n->op);
+  if (n->n_in < 0 || n->n_in > IR_MAX_IN || (n->n_in > 0 && !n->in)) return fail(v, "%%%d: %s: bad input list (%d)", id, op, n->n_in);
+  for (int j = 0; j < n->n_in; j++)
+    if (n->in[j] < 0 || n->in[j] >= id)
+      return fail(v, "%%%d: %s: input %d is %%%d, which is not defined before it", id, op, j, n->in[j]);
+  int want = n->op < OP_COUNT ? op_table[n->op].arity : n->op == IR_GRAD ? 1 : 0;
+  if (want >= 0 && n->n_in != want) return fail(v, "%%%d: %s: takes %d inputs, has %d", id, op, want, n->n_in);
+  if (want < 0 && n->n_in < 1) return fail(v, "%%%d: %s: needs at least one input", id, op);
+  if ((unsigned)n->dtype > KILN_BOOL) return fail(v, "%%%d: %s: unknown dtype %d", id, op, (int)n->dtype);
+  if (n->ndim < 0 || n->ndim > MAXD) return fail(v, "%%%d: %s: rank %d is outside 0..%d", id, op, n->ndim, MAXD);
+  for (int i = 0; i < n->ndim; i++)
+    if (check_dim(v, id, "dim", i, n->shape[i])) return -1;
+  const ir_attrs *a = &n->attrs;
+  if (a->ndim < 0 || a->ndim > MAXD || a->naxes < 0 || a->naxes > MAXD)
+    return fail(v, "%%%d: %s: attribute ranks %d, %d are outside 0..%d", id, op, a->ndim, a->naxes, MAXD);
+  for (int i = 0; i < a->ndim; i++)
+    if (check_dim(v, id, "target dim", i, a->shape[i])) return -1;
+  if (check_dim(v, id, "slice bound", 0, a->start) || check_dim(v, id, "slice bound", 1, a->end)) return -1;
+  return 0;
+}
+
+/* Leaves: kinds at the front, indices in order, grads of inputs and params. */
+static int check_leaves(verifier *v) {
+  const ir_graph *g = v->g;
+  int n_in = 0, n_par = 0, first_other = -1;
+  for (int id = 0; id < g->n_nodes; id++) {
+    const ir_node *n = &g->nodes[id];
+    if (!is_leaf(n->op)) {
+      if (first_other < 0) first_other = id;
+      continue;
+    }
+    const char *op = ir_op_name(n->op);
+    if (first_other >= 0) return fail(v, "%%%d: %s: leaf after %%%d, which is not a leaf", id, op, first_other);
+    if (n->op == IR_INPUT && n->index != n_in++)
+      return fail(v, "%%%d: input: index %d, expected %d", id, n->index, n_in - 1);
+    if (n->op == IR_PARAM && n->index != n_par++)
+      return fail(v, "%%%d: param: index %d, expected %d", id, n->index, n_par - 1);
+    if (n->op == IR_GRAD) {
+      const ir_node *p = &g->nodes[n->in[0]];
+      if (p->op != IR_PARAM && p->op != IR_INPUT)
+        return fail(v, "%%%d: grad: %%%d is a %s, not a param or input", id, n->in[0], ir_op_name(p->op));
+      bool same = p->dtype == n->dtype && p->ndim == n->ndim;
+      for (int i = 0; same && i < n->ndim; i++) same = sym_same(p->shape[i], n->shape[i]);
+      if (!same) return fail(v, "%%%d: grad: dtype or shape differs from its leaf %%%d", id, n->in[0]);
+    }
+  }
+  if (n_in != g->n_inputs || n_par != g->n_params)
+    return fail(v, "graph: %d inputs and %d params, but the counts say %d and %d", n_in, n_par, g->n_inputs, g->n_params);
+  return 0;
+}
+
+static bool same_type(const ir_node *a, const ir_node *b) {
+  if (a->dtype != b->dtype || a->ndim != b->ndim) return false;
+  for (int i = 0; i < a->ndim; i++)
+    if (!sym_same(a->shape[i], b->shape[i])) return false;
+  return true;
+}
+
+static int check_outputs_writes(verifier *v) {
+  const ir_graph *g = v->g;
+  if (g->n_outputs < 0 || (g->n_outputs > 0 && !g->outputs)) return fail(v, "graph: bad output list");
+  for (int i = 0; i < g->n_outputs; i++)
+    if (g->outputs[i] < 0 || g->outputs[i] >= g->n_nodes) return fail(v, "output %d: %%%d is not a node", i, g->outputs[i]);
+  if (g->n_writes < 0 || (g->n_writes > 0 && !g->writes)) return fail(v, "graph: bad write list");
+  for (int i = 0; i < g->n_writes; i++) {
+    const ir_write *w = &g->writes[i];
+    if (w->target < 0 || w->target >= g->n_nodes) return fail(v, "write %d: target %%%d is not a node", i, w->target);
+    const ir_node *t = &g->nodes[w->target];
+    if (t->op != IR_INPUT && t->op != IR_PARAM)
+      return fail(v, "write %d: target %%%d is a %s, not an input or param", i, w->target, ir_op_name(t->op));
+    if (w->kind != IR_WRITE_DATA && w->kind != IR_WRITE_GRAD) return fail(v, "write %d: unknown kind %d", i, (int)w->kind);
+    if (w->value == -1 && w->kind == IR_WRITE_GRAD) continue;
+    if (w->value < 0 || w->value >= g->n_nodes) return fail(v, "write %d: value %%%d is not a node", i, w->value);
+    if (!same_type(t, &g->nodes[w->value]))
+      return fail(v, "write %d: value %%%d differs from target %%%d in dtype or shape", i, w->value, w->target);
+  }
+  return 0;
+}
+
+static int check_guards(verifier *v) {
+  const ir_graph *g = v->g;
+  if (g->n_guards < 0 || (g->n_guards > 0 && !g->guards)) return fail(v, "graph: bad guard list");
+  for (int i = 0; i < g->n_guards; i++) {
+    const sym_guard *gd = &g->guards[i];
+    if ((unsigned)gd->op > SYM_DIVIDES) return fail(v, "guard %d: unknown relation %d", i, (int)gd->op);
+    sym_dim side[2] = {gd->lhs, gd->rhs};
+    for (int k = 0; k < 2; k++) {
+      if (sym_is_err(side[k])) return fail(v, "guard %d: the error dim", i);
+      long s = undeclared_symbol(g, side[k]);
+      if (s == -2) return fail(v, "guard %d: cannot be printed (out of memory?)", i);
+      if (s >= 0) return fail(v, "guard %d: uses s%ld, which is not declared (%d symbols)", i, s, g->n_syms);
+    }
+    int64_t lo, hi;
+    sym_bounds(gd->rhs, &lo, &hi);
+    if (gd->op == SYM_DIVIDES && lo < 1) return fail(v, "guard %d: divisor is not provably positive", i);
+  }
+  return 0;
+}
+
+int ir_verify(const ir_graph *g, char *err, size_t errn) {
+  verifier v = {(ir_graph *)g, err, errn, 0, {0}};
+  if (errn) err[0] = '\0';
+  if (!g) return fail(&v, "graph: NULL");
+  if (!g->sym || g->n_syms < 0 || g->n_syms > IR_MAX_SYMS) return fail(&v, "graph: %d symbols", g->n_syms);
+  for (int i = 0; i < g->n_syms; i++)
+    if (g->sym_lo[i] > g->sym_hi[i])
+      return fail(&v, "graph: s%d has bounds %lld..%lld", i, (long long)g->sym_lo[i], (long long)g->sym_hi[i]);
+  if (g->n_nodes < 0 || (g->n_nodes > 0 && !g->nodes)) return fail(&v, "graph: bad node list");
+  for (int id = 0; id < g->n_nodes; id++)
+    if (check_node(&v, id)) return -1;
+  if (check_leaves(&v) || check_guards(&v)) return -1;
+  for (int id = 0; id < g->n_nodes; id++) {
+    const ir_node *n = &g->nodes[id];
+    if (n->op == IR_CONST) {
+      if (ir_node_numel_const(n) < 0) return fail(&v, "%%%d: const: shape is not concrete", id);
+      if (!n->data) return fail(&v, "%%%d: const: no data", id);
+    } else if (n->op < OP_COUNT && check_rule(&v, id)) {
+      return -1;
+    }
+  }
+  return check_outputs_writes(&v);
+}

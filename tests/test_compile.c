@@ -1,0 +1,673 @@
+/* kiln_compile end to end on the interpreter backend: traced results equal
+ * eager ones, shapes stay symbolic, guards retrace, the cap and value reads
+ * fall back, training steps compile, save/load round-trips, threads share a
+ * kiln_fn. Eager is the oracle throughout (its own tests check it against
+ * numpy and finite differences). */
+#include <check.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kiln.h"
+
+/* max |a - b| over two tensors of the same shape (read as f64) */
+static double maxdiff(const kiln_tensor *a, const kiln_tensor *b) {
+  ck_assert_ptr_nonnull(a);
+  ck_assert_ptr_nonnull(b);
+  ck_assert_int_eq(kiln_ndim(a), kiln_ndim(b));
+  for (int d = 0; d < kiln_ndim(a); d++) ck_assert_int_eq(kiln_size(a, d), kiln_size(b, d));
+  int64_t n = kiln_numel(a);
+  kiln_scope_begin();
+  kiln_tensor *da = kiln_cast((kiln_tensor *)a, KILN_F64), *db = kiln_cast((kiln_tensor *)b, KILN_F64);
+  double *x = malloc(sizeof(double) * (size_t)(n + 1)), *y = malloc(sizeof(double) * (size_t)(n + 1)), m = 0;
+  ck_assert_int_eq(0, kiln_read(da, x, sizeof(double) * (size_t)n));
+  ck_assert_int_eq(0, kiln_read(db, y, sizeof(double) * (size_t)n));
+  for (int64_t i = 0; i < n; i++) {
+    if (isnan(x[i]) && isnan(y[i])) continue;
+    double e = fabs(x[i] - y[i]);
+    if (!(e <= m)) m = e;
+  }
+  free(x), free(y);
+  kiln_scope_end();
+  return m;
+}
+
+static bool has(const char *s, const char *needle) { return s && strstr(s, needle) != NULL; }
+
+/* ---- an MLP with weights in its context (implicit inputs) ---- */
+
+typedef struct mlp {
+  kiln_tensor *w1, *b1, *w2, *b2;
+  float lr;
+} mlp;
+
+static void mlp_init(mlp *m, int in, int hid, int out, bool grad) {
+  int64_t s1[2] = {in, hid}, s2[2] = {hid, out}, sb1[1] = {hid}, sb2[1] = {out};
+  kiln_scope_begin();
+  m->w1 = kiln_mul(kiln_randn(KILN_F32, 2, s1, 1), kiln_scalar(KILN_F32, 0.3));
+  m->b1 = kiln_mul(kiln_randn(KILN_F32, 1, sb1, 2), kiln_scalar(KILN_F32, 0.1));
+  m->w2 = kiln_mul(kiln_randn(KILN_F32, 2, s2, 3), kiln_scalar(KILN_F32, 0.3));
+  m->b2 = kiln_mul(kiln_randn(KILN_F32, 1, sb2, 4), kiln_scalar(KILN_F32, 0.1));
+  kiln_keep(m->w1), kiln_keep(m->b1), kiln_keep(m->w2), kiln_keep(m->b2);
+  kiln_scope_end();
+  m->lr = 0.05f;
+  if (grad) {
+    kiln_requires_grad(m->w1, true), kiln_requires_grad(m->b1, true);
+    kiln_requires_grad(m->w2, true), kiln_requires_grad(m->b2, true);
+  }
+}
+
+static void mlp_free(mlp *m) {
+  kiln_release(m->w1), kiln_release(m->b1), kiln_release(m->w2), kiln_release(m->b2);
+}
+
+static kiln_tensor *mlp_forward(mlp *m, kiln_tensor *x) {
+  kiln_tensor *h = kiln_gelu(kiln_add(kiln_matmul(x, m->w1), m->b1));
+  return kiln_add(kiln_matmul(h, m->w2), m->b2);
+}
+
+static int mlp_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  out[0] = mlp_forward(ctx, in[0]);
+  return out[0] ? 0 : -1;
+}
+
+START_TEST(test_mlp_dynamic_batch) {
+  mlp m;
+  mlp_init(&m, 16, 32, 8, false);
+  kiln_options o = {.name = "mlp", .n_in = 1, .n_out = 1};
+  kiln_fn *fn = kiln_compile(mlp_body, &m, &o);
+  ck_assert_ptr_nonnull(fn);
+  int64_t batches[] = {32, 7, 33, 1000, 1, 32};
+  for (size_t i = 0; i < sizeof batches / sizeof *batches; i++) {
+    kiln_scope_begin();
+    int64_t s[2] = {batches[i], 16};
+    kiln_tensor *x = kiln_randn(KILN_F32, 2, s, 100 + i), *y = NULL;
+    ck_assert_msg(kiln_call(fn, &x, &y) == 0, "%s", kiln_last_error());
+    kiln_tensor *ref = mlp_forward(&m, x);
+    ck_assert_double_le(maxdiff(y, ref), 1e-5);
+    kiln_scope_end();
+  }
+  kiln_fn_stats st;
+  ck_assert_int_eq(0, kiln_fn_get_stats(fn, &st));
+  /* batch 32 traced static, batch 7 made dim 0 a symbol; the rest hit that variant */
+  ck_assert_int_eq(2, st.traces);
+  ck_assert_int_eq(6, st.calls);
+  ck_assert_int_eq(4, st.hits);
+  ck_assert_int_eq(0, st.fallbacks);
+  char *text = kiln_fn_graph(fn, 1);
+  ck_assert(has(text, "f32[s0,16]") && has(text, "f32[s0,8]"));
+  ck_assert(has(text, "@param") && has(text, "test_compile.c:"));
+  free(text);
+  kiln_fn_free(fn);
+  mlp_free(&m);
+}
+END_TEST
+
+/* reshape with -1, and sizes the function computes from kiln_size, stay symbolic */
+static int reshape_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  kiln_tensor *x = in[0];
+  int64_t b = kiln_size(x, 0), t = kiln_size(x, 1);
+  kiln_tensor *flat = kiln_reshape(x, 2, ((int64_t[]){b * t, 8}));       /* (B*T, 8) */
+  kiln_tensor *four = kiln_reshape(flat, 2, ((int64_t[]){-1, 4}));        /* (B*T*2, 4) */
+  kiln_tensor *back = kiln_reshape(kiln_tanh(four), 3, ((int64_t[]){b, t, 8}));
+  kiln_tensor *heads = kiln_reshape(back, 4, ((int64_t[]){b, t, 2, 4})); /* split the last dim */
+  out[0] = kiln_sum(kiln_transpose(heads, 1, 2), 3, false);                /* (B, 2, T) */
+  return out[0] ? 0 : -1;
+}
+
+START_TEST(test_reshape_stays_symbolic) {
+  kiln_options o = {.name = "rs", .n_in = 1, .n_out = 1};
+  kiln_fn *fn = kiln_compile(reshape_body, NULL, &o);
+  ck_assert_int_eq(0, kiln_mark_dynamic(fn, 0, 0));
+  ck_assert_int_eq(0, kiln_mark_dynamic(fn, 0, 1));
+  ck_assert_int_eq(-1, kiln_mark_dynamic(fn, 1, 0));
+  int64_t sizes[][2] = {{3, 5}, {4, 6}, {1, 9}, {7, 1}, {2, 2}};
+  for (int i = 0; i < 5; i++) {
+    kiln_scope_begin();
+    kiln_tensor *x = kiln_randn(KILN_F32, 3, ((int64_t[]){sizes[i][0], sizes[i][1], 8}), 7 + i), *y = NULL, *ref = NULL;
+    ck_assert_msg(kiln_call(fn, &x, &y) == 0, "%s", kiln_last_error());
+    ck_assert_int_eq(0, reshape_body(NULL, &x, &ref));
+    ck_assert_double_le(maxdiff(y, ref), 1e-6);
+    kiln_scope_end();
+  }
+  kiln_fn_stats st;
+  kiln_fn_get_stats(fn, &st);
+  char *text = kiln_fn_graph(fn, 0);
+  /* one trace served every size: T=1 and B=1 included */
+  ck_assert_ptr_nonnull(text);
+  if (st.traces != 1 || !has(text, "{shape=[2*s0*s1,4]}")) fprintf(stderr, "%s\n", text);
+  ck_assert_int_eq(1, st.traces);
+  ck_assert(has(text, "{shape=[2*s0*s1,4]}"));
+  free(text);
+  kiln_fn_free(fn);
+}
+END_TEST
+
+/* ---- guards ---- */
+
+static int add_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  out[0] = kiln_add(kiln_mul(in[0], in[1]), in[0]);
+  return out[0] ? 0 : -1;
+}
+
+START_TEST(test_guards_retrace) {
+  kiln_options o = {.name = "add", .n_in = 2, .n_out = 1};
+  kiln_fn *fn = kiln_compile(add_body, NULL, &o);
+  kiln_scope_begin();
+  int64_t s[1] = {6};
+  kiln_tensor *a = kiln_randn(KILN_F32, 1, s, 1), *b = kiln_randn(KILN_F32, 1, s, 2);
+  kiln_tensor *a64 = kiln_cast(a, KILN_F64), *b64 = kiln_cast(b, KILN_F64);
+  kiln_tensor *bb = kiln_randn(KILN_F32, 2, ((int64_t[]){3, 6}), 3);
+  kiln_tensor *cases[][2] = {{a, b}, {a, b}, {a64, b64}, {a, bb}, {a64, b64}, {a, a}, {a, b}};
+  long traces[] = {1, 1, 2, 3, 3, 4, 4};
+  for (int i = 0; i < 7; i++) {
+    kiln_tensor *y = NULL, *ref = NULL;
+    ck_assert_msg(kiln_call(fn, cases[i], &y) == 0, "%s", kiln_last_error());
+    ck_assert_int_eq(0, add_body(NULL, cases[i], &ref));
+    ck_assert_double_le(maxdiff(y, ref), 1e-12);
+    kiln_fn_stats st;
+    kiln_fn_get_stats(fn, &st);
+    ck_assert_msg(st.traces == traces[i], "call %d: traces %lld, want %ld", i, (long long)st.traces, traces[i]);
+  }
+  kiln_scope_end();
+  kiln_fn_free(fn);
+}
+END_TEST
+
+START_TEST(test_cap_falls_back) {
+  kiln_options o = {.name = "capped", .n_in = 2, .n_out = 1, .dynamic = KILN_DYNAMIC_STATIC, .max_variants = 2};
+  kiln_fn *fn = kiln_compile(add_body, NULL, &o);
+  for (int n = 1; n <= 5; n++) {
+    kiln_scope_begin();
+    int64_t s[1] = {n};
+    kiln_tensor *in[2] = {kiln_randn(KILN_F32, 1, s, 1), kiln_randn(KILN_F32, 1, s, 2)}, *y = NULL, *ref = NULL;
+    ck_assert_int_eq(0, kiln_call(fn, in, &y));
+    ck_assert_int_eq(0, add_body(NULL, in, &ref));
+    ck_assert_double_le(maxdiff(y, ref), 0);
+    kiln_scope_end();
+  }
+  kiln_fn_stats st;
+  kiln_fn_get_stats(fn, &st);
+  ck_assert_int_eq(2, st.traces);
+  ck_assert_int_eq(2, st.variants);
+  ck_assert_int_eq(3, st.fallbacks);
+  kiln_fn_free(fn);
+}
+END_TEST
+
+/* a body that looks at a value and branches on it */
+static int branchy(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  double s = kiln_item(kiln_sum_all(in[0]));
+  out[0] = s > 0 ? kiln_exp(in[0]) : kiln_neg(in[0]);
+  return out[0] ? 0 : -1;
+}
+
+START_TEST(test_value_dependent_falls_back) {
+  kiln_options o = {.name = "branchy", .n_in = 1, .n_out = 1};
+  kiln_fn *fn = kiln_compile(branchy, NULL, &o);
+  kiln_scope_begin();
+  int64_t s[1] = {4};
+  float pos[4] = {1, 2, 3, 4}, neg[4] = {-1, -2, -3, -4};
+  kiln_tensor *p = kiln_tensor_from(KILN_F32, 1, s, pos), *q = kiln_tensor_from(KILN_F32, 1, s, neg), *y = NULL;
+  ck_assert_int_eq(0, kiln_call(fn, &p, &y));
+  ck_assert_double_le(maxdiff(y, kiln_exp(p)), 0);
+  ck_assert_int_eq(0, kiln_call(fn, &q, &y)); /* the other branch: eager follows it */
+  ck_assert_double_le(maxdiff(y, kiln_neg(q)), 0);
+  kiln_scope_end();
+  kiln_fn_stats st;
+  kiln_fn_get_stats(fn, &st);
+  ck_assert_int_eq(1, st.traces);
+  ck_assert_int_eq(1, st.fallbacks);
+  ck_assert_int_eq(0, st.variants);
+  kiln_fn_free(fn);
+}
+END_TEST
+
+/* ---- training: forward, backward and SGD in one compiled step ---- */
+
+static kiln_tensor *train_step(mlp *m, kiln_tensor *x, kiln_tensor *t) {
+  kiln_tensor *loss = kiln_mse_loss(mlp_forward(m, x), t);
+  if (!loss || kiln_backward(loss)) return NULL;
+  kiln_no_grad_begin();
+  kiln_tensor *ps[4] = {m->w1, m->b1, m->w2, m->b2};
+  for (int i = 0; i < 4; i++) {
+    kiln_sub_(ps[i], kiln_mul(kiln_grad(ps[i]), kiln_scalar(KILN_F32, m->lr)));
+    kiln_zero_grad(ps[i]);
+  }
+  kiln_no_grad_end();
+  return loss;
+}
+
+static int train_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  out[0] = train_step(ctx, in[0], in[1]);
+  return out[0] ? 0 : -1;
+}
+
+START_TEST(test_training_step_matches_eager) {
+  mlp a, b;
+  mlp_init(&a, 8, 16, 4, true);
+  mlp_init(&b, 8, 16, 4, true);
+  kiln_options o = {.name = "train", .n_in = 2, .n_out = 1};
+  kiln_fn *fn = kiln_compile(train_body, &a, &o);
+  for (int step = 0; step < 20; step++) {
+    kiln_scope_begin();
+    int64_t sx[2] = {10, 8}, st[2] = {10, 4};
+    kiln_tensor *in[2] = {kiln_randn(KILN_F32, 2, sx, 50 + step), kiln_randn(KILN_F32, 2, st, 90 + step)}, *loss = NULL;
+    ck_assert_msg(kiln_call(fn, in, &loss) == 0, "step %d: %s", step, kiln_last_error());
+    kiln_tensor *ref = train_step(&b, in[0], in[1]);
+    ck_assert_double_le(maxdiff(loss, ref), 1e-5);
+    kiln_scope_end();
+  }
+  ck_assert_double_le(maxdiff(a.w1, b.w1), 1e-5);
+  ck_assert_double_le(maxdiff(a.b1, b.b1), 1e-5);
+  ck_assert_double_le(maxdiff(a.w2, b.w2), 1e-5);
+  ck_assert_double_le(maxdiff(a.b2, b.b2), 1e-5);
+  ck_assert_ptr_null(kiln_grad(a.w1)); /* zero_grad ran inside the step */
+  kiln_fn_stats st;
+  kiln_fn_get_stats(fn, &st);
+  ck_assert_int_eq(1, st.traces);
+  ck_assert_int_eq(19, st.hits);
+  char *text = kiln_fn_graph(fn, 0);
+  /* four parameter updates written back; .grad was NULL before and after, so no grad line */
+  int writes = 0;
+  for (const char *p = text; (p = strstr(p, "  write %")); p++) writes++;
+  ck_assert_int_eq(4, writes);
+  ck_assert(!has(text, "  grad %"));
+  free(text);
+  kiln_fn_free(fn);
+  mlp_free(&a), mlp_free(&b);
+}
+END_TEST
+
+/* the grad accumulates across calls when the step does not zero it */
+static int accumulate_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  kiln_tensor *w = ctx;
+  out[0] = kiln_sum_all(kiln_mul(kiln_mul(w, w), in[0]));
+  return out[0] && kiln_backward(out[0]) == 0 ? 0 : -1;
+}
+
+START_TEST(test_grad_accumulates) {
+  int64_t s[1] = {3};
+  float wv[3] = {1, 2, 3}, xv[3] = {1, 10, 100};
+  kiln_tensor *w = kiln_tensor_from(KILN_F32, 1, s, wv), *x = kiln_tensor_from(KILN_F32, 1, s, xv), *y = NULL;
+  kiln_requires_grad(w, true);
+  kiln_options o = {.name = "acc", .n_in = 1, .n_out = 1};
+  kiln_fn *fn = kiln_compile(accumulate_body, w, &o);
+  for (int i = 0; i < 4; i++) {
+    ck_assert_msg(kiln_call(fn, &x, &y) == 0, "%s", kiln_last_error());
+    kiln_release(y);
+  }
+  /* d/dw sum(w*w*x) = 2*w*x, added four times */
+  float g[3];
+  ck_assert_int_eq(0, kiln_read(kiln_grad(w), g, sizeof g));
+  for (int i = 0; i < 3; i++) ck_assert_float_eq(4 * 2 * wv[i] * xv[i], g[i]);
+  kiln_fn_stats st;
+  kiln_fn_get_stats(fn, &st);
+  /* first call: .grad NULL; second: set (a new variant); then hits */
+  ck_assert_int_eq(2, st.traces);
+  kiln_fn_free(fn);
+  kiln_release(w), kiln_release(x);
+}
+END_TEST
+
+/* ---- aliasing, outputs that are inputs or views ---- */
+
+static int view_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  out[0] = kiln_transpose(in[0], 0, 1);
+  out[1] = in[0];
+  return 0;
+}
+
+START_TEST(test_outputs_alias_inputs) {
+  kiln_options o = {.name = "views", .n_in = 1, .n_out = 2};
+  kiln_fn *fn = kiln_compile(view_body, NULL, &o);
+  for (int i = 0; i < 3; i++) {
+    kiln_scope_begin();
+    kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){2, 3}), 5), *y[2] = {0};
+    ck_assert_int_eq(0, kiln_call(fn, &x, y));
+    ck_assert_ptr_eq(x, y[1]);
+    ck_assert_int_eq(3, kiln_size(y[0], 0));
+    ck_assert_int_eq(1, kiln_stride(y[0], 0)); /* a view of x, not a copy */
+    kiln_fill_(x, 2.0);
+    ck_assert_double_eq(2.0, kiln_item(kiln_sum_all(kiln_slice(kiln_slice(y[0], 0, 1, 2, 1), 1, 0, 1, 1))));
+    kiln_scope_end();
+  }
+  kiln_fn_free(fn);
+}
+END_TEST
+
+static int inplace_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  kiln_add_(in[0], in[1]); /* writes into the caller's tensor */
+  out[0] = kiln_mul(in[0], in[1]);
+  return out[0] ? 0 : -1;
+}
+
+START_TEST(test_inplace_and_alias_guard) {
+  kiln_options o = {.name = "inplace", .n_in = 2, .n_out = 1};
+  kiln_fn *fn = kiln_compile(inplace_body, NULL, &o);
+  kiln_scope_begin();
+  int64_t s[1] = {3};
+  float av[3] = {1, 2, 3}, bv[3] = {10, 20, 30};
+  for (int i = 0; i < 3; i++) {
+    kiln_tensor *a = kiln_tensor_from(KILN_F32, 1, s, av), *b = kiln_tensor_from(KILN_F32, 1, s, bv);
+    kiln_tensor *in[2] = {a, b}, *y = NULL;
+    ck_assert_int_eq(0, kiln_call(fn, in, &y));
+    float ga[3], gy[3];
+    kiln_read(a, ga, sizeof ga), kiln_read(y, gy, sizeof gy);
+    for (int k = 0; k < 3; k++) {
+      ck_assert_float_eq(av[k] + bv[k], ga[k]);
+      ck_assert_float_eq((av[k] + bv[k]) * bv[k], gy[k]);
+    }
+  }
+  /* the same tensor twice: a += a, then a*a; a variant for distinct inputs must not run */
+  kiln_tensor *a = kiln_tensor_from(KILN_F32, 1, s, av), *in[2] = {a, a}, *y = NULL;
+  ck_assert_int_eq(0, kiln_call(fn, in, &y));
+  float gy[3];
+  kiln_read(y, gy, sizeof gy);
+  for (int k = 0; k < 3; k++) ck_assert_float_eq(4 * av[k] * av[k], gy[k]);
+  kiln_fn_stats st;
+  kiln_fn_get_stats(fn, &st);
+  ck_assert_int_eq(2, st.traces);
+  kiln_scope_end();
+  kiln_fn_free(fn);
+}
+END_TEST
+
+/* ---- save and load ---- */
+
+START_TEST(test_save_load) {
+  mlp m;
+  mlp_init(&m, 16, 32, 8, false);
+  kiln_options o = {.name = "mlp", .n_in = 1, .n_out = 1, .dynamic = KILN_DYNAMIC_ALL};
+  kiln_fn *fn = kiln_compile(mlp_body, &m, &o);
+  kiln_scope_begin();
+  kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){5, 16}), 1), *y = NULL;
+  ck_assert_int_eq(0, kiln_call(fn, &x, &y));
+  char path[] = "/tmp/kiln_test_saveXXXXXX";
+  int fd = mkstemp(path);
+  ck_assert_int_ge(fd, 0);
+  close(fd);
+  ck_assert_msg(kiln_save(fn, path) == 0, "%s", kiln_last_error());
+  kiln_fn *ld = kiln_load(path);
+  ck_assert_msg(ld != NULL, "%s", kiln_last_error());
+  kiln_tensor *x2 = kiln_randn(KILN_F32, 2, ((int64_t[]){9, 16}), 2), *y2 = NULL;
+  kiln_tensor *in[5] = {x2, m.w1, m.b1, m.w2, m.b2};
+  ck_assert_msg(kiln_call(ld, in, &y2) == 0, "%s", kiln_last_error());
+  ck_assert_double_le(maxdiff(y2, mlp_forward(&m, x2)), 1e-5);
+  /* a call that does not fit: a clear error, no retrace */
+  in[1] = m.w2;
+  ck_assert_int_eq(-1, kiln_call(ld, in, &y2));
+  ck_assert_msg(has(kiln_last_error(), "does not fit the loaded graph") && has(kiln_last_error(), "test_compile.c:"), "%s",
+                kiln_last_error());
+  kiln_scope_end();
+  unlink(path);
+  kiln_fn_free(ld);
+  kiln_fn_free(fn);
+  mlp_free(&m);
+}
+END_TEST
+
+START_TEST(test_load_rejects_bad_text) {
+  ck_assert_ptr_null(kiln_load_string("graph g(%0: f32[4]) -> (%1)\n  %1: f32[4] = exq(%0)\n"));
+  ck_assert_msg(has(kiln_last_error(), "line 2"), "%s", kiln_last_error());
+  ck_assert_ptr_null(kiln_load_string("graph g(%0: f32[4]) -> (%1)\n  %1: f32[5] = exp(%0)\n"));
+  ck_assert_msg(has(kiln_last_error(), "%1"), "%s", kiln_last_error());
+  ck_assert_ptr_null(kiln_load("/nonexistent/kiln.ir"));
+  ck_assert_msg(has(kiln_last_error(), "cannot open"), "%s", kiln_last_error());
+}
+END_TEST
+
+/* ---- every op traced and replayed equals eager ---- */
+
+typedef struct op_case {
+  const char *name;
+  kiln_tensor *(*f)(kiln_tensor *a, kiln_tensor *b);
+} op_case;
+
+#define BIN(n) static kiln_tensor *f_##n(kiln_tensor *a, kiln_tensor *b) { return kiln_##n(a, b); }
+#define UN(n) static kiln_tensor *f_##n(kiln_tensor *a, kiln_tensor *b) { (void)b; return kiln_##n(a); }
+BIN(add) BIN(sub) BIN(mul) BIN(div) BIN(maximum) BIN(minimum)
+UN(neg) UN(abs) UN(exp) UN(tanh) UN(sigmoid) UN(relu) UN(gelu) UN(gelu_erf) UN(erf) UN(sin) UN(cos)
+static kiln_tensor *f_pow(kiln_tensor *a, kiln_tensor *b) { return kiln_pow(kiln_abs(a), b); }
+static kiln_tensor *f_log(kiln_tensor *a, kiln_tensor *b) { (void)b; return kiln_log(kiln_abs(a)); }
+static kiln_tensor *f_sqrt(kiln_tensor *a, kiln_tensor *b) { (void)b; return kiln_sqrt(kiln_abs(a)); }
+static kiln_tensor *f_rsqrt(kiln_tensor *a, kiln_tensor *b) { (void)b; return kiln_rsqrt(kiln_add(kiln_abs(a), kiln_scalar(KILN_F32, 1))); }
+static kiln_tensor *f_cmp(kiln_tensor *a, kiln_tensor *b) {
+  return kiln_where(kiln_lt(a, b), kiln_cast(kiln_eq(a, a), KILN_F32), kiln_cast(kiln_ge(a, b), KILN_F32));
+}
+static kiln_tensor *f_sum(kiln_tensor *a, kiln_tensor *b) { (void)b; return kiln_sum(a, 1, true); }
+static kiln_tensor *f_mean(kiln_tensor *a, kiln_tensor *b) { (void)b; return kiln_mean(a, 0, false); }
+static kiln_tensor *f_max(kiln_tensor *a, kiln_tensor *b) { (void)b; return kiln_max(a, -1, false); }
+static kiln_tensor *f_min(kiln_tensor *a, kiln_tensor *b) { (void)b; return kiln_min_axes(a, NULL, 0, false); }
+static kiln_tensor *f_argmax(kiln_tensor *a, kiln_tensor *b) { (void)b; return kiln_cast(kiln_argmax(a, 1, false), KILN_F32); }
+static kiln_tensor *f_var(kiln_tensor *a, kiln_tensor *b) { (void)b; return kiln_var(a, 1, 1, false); }
+static kiln_tensor *f_matmul(kiln_tensor *a, kiln_tensor *b) { return kiln_matmul(a, kiln_transpose(b, 0, 1)); }
+static kiln_tensor *f_softmax(kiln_tensor *a, kiln_tensor *b) { (void)b; return kiln_softmax(a, 1); }
+static kiln_tensor *f_logsm(kiln_tensor *a, kiln_tensor *b) { (void)b; return kiln_log_softmax(a, 0); }
+static kiln_tensor *f_ln(kiln_tensor *a, kiln_tensor *b) { (void)b; return kiln_layer_norm(a, NULL, NULL, 1e-5); }
+static kiln_tensor *f_views(kiln_tensor *a, kiln_tensor *b) {
+  kiln_tensor *t = kiln_slice(kiln_permute(a, ((int[]){1, 0})), 0, 1, -1, 2);
+  kiln_tensor *col = kiln_transpose(kiln_slice(b, 1, 0, 1, 1), 0, 1); /* (1, 5) */
+  return kiln_add(kiln_contiguous(t), kiln_expand(kiln_slice(col, 1, 0, 1, 1), 2, ((int64_t[]){kiln_size(t, 0), kiln_size(t, 1)})));
+}
+static kiln_tensor *f_cat(kiln_tensor *a, kiln_tensor *b) { return kiln_stack(((kiln_tensor *[]){a, b, a}), 3, 1); }
+static kiln_tensor *f_squeeze(kiln_tensor *a, kiln_tensor *b) { (void)b; return kiln_squeeze(kiln_unsqueeze(a, 1), 1); }
+static kiln_tensor *f_index(kiln_tensor *a, kiln_tensor *b) {
+  (void)b;
+  int64_t idx[3] = {2, 0, 2};
+  kiln_tensor *i = kiln_tensor_from(KILN_I64, 1, ((int64_t[]){3}), idx);
+  return kiln_index_select(a, 0, i);
+}
+static kiln_tensor *f_ce(kiln_tensor *a, kiln_tensor *b) {
+  (void)b;
+  int64_t tv[5] = {0, 3, 1, 6, 2};
+  kiln_tensor *t = kiln_tensor_from(KILN_I64, 1, ((int64_t[]){5}), tv);
+  return kiln_cross_entropy(a, t);
+}
+
+static const op_case op_cases[] = {
+    {"add", f_add}, {"sub", f_sub}, {"mul", f_mul}, {"div", f_div}, {"maximum", f_maximum}, {"minimum", f_minimum},
+    {"pow", f_pow}, {"neg", f_neg}, {"abs", f_abs}, {"exp", f_exp}, {"log", f_log}, {"sqrt", f_sqrt}, {"rsqrt", f_rsqrt},
+    {"tanh", f_tanh}, {"sigmoid", f_sigmoid}, {"relu", f_relu}, {"gelu", f_gelu}, {"gelu_erf", f_gelu_erf}, {"erf", f_erf},
+    {"sin", f_sin}, {"cos", f_cos}, {"compare/where/cast", f_cmp}, {"sum", f_sum}, {"mean", f_mean}, {"max", f_max},
+    {"min", f_min}, {"argmax", f_argmax}, {"var", f_var}, {"matmul", f_matmul}, {"softmax", f_softmax},
+    {"log_softmax", f_logsm}, {"layer_norm", f_ln}, {"views", f_views}, {"cat/stack", f_cat}, {"squeeze", f_squeeze},
+    {"index_select", f_index}, {"cross_entropy", f_ce},
+};
+
+static int op_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  const op_case *c = ctx;
+  out[0] = c->f(in[0], in[1]);
+  return out[0] ? 0 : -1;
+}
+
+/* and the gradient of each differentiable op, traced */
+static int op_grad_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  const op_case *c = ctx;
+  kiln_tensor *y = c->f(in[0], in[1]);
+  if (!y) return -1;
+  kiln_tensor *loss = kiln_sum_all(kiln_mul(y, y));
+  kiln_tensor *g[2] = {0};
+  if (kiln_grad_of(loss, (kiln_tensor *const *)in, 2, g)) return -1;
+  out[0] = g[0], out[1] = g[1];
+  return 0;
+}
+
+START_TEST(test_every_op_replays) {
+  const op_case *c = &op_cases[_i];
+  for (int grad = 0; grad < 2; grad++) {
+    bool differentiable = strcmp(c->name, "argmax") && strcmp(c->name, "compare/where/cast");
+    if (grad && !differentiable) continue;
+    kiln_options o = {.name = c->name, .n_in = 2, .n_out = grad ? 2 : 1};
+    kiln_fn *fn = kiln_compile(grad ? op_grad_body : op_body, (void *)c, &o);
+    for (int call = 0; call < 3; call++) {
+      kiln_scope_begin();
+      int64_t s[2] = {5, 7};
+      kiln_tensor *in[2] = {kiln_randn(KILN_F32, 2, s, 10 + call), kiln_randn(KILN_F32, 2, s, 20 + call)};
+      if (grad) kiln_requires_grad(in[0], true), kiln_requires_grad(in[1], true);
+      kiln_tensor *y[2] = {0}, *ref[2] = {0};
+      ck_assert_msg(kiln_call(fn, in, y) == 0, "%s: %s", c->name, kiln_last_error());
+      ck_assert_msg((grad ? op_grad_body : op_body)((void *)c, in, ref) == 0, "%s", kiln_last_error());
+      for (int k = 0; k < (grad ? 2 : 1); k++) {
+        double d = maxdiff(y[k], ref[k]);
+        ck_assert_msg(d <= 1e-5, "%s%s call %d output %d: max diff %g", c->name, grad ? " (grad)" : "", call, k, d);
+      }
+      kiln_scope_end();
+    }
+    kiln_fn_stats st;
+    kiln_fn_get_stats(fn, &st);
+    ck_assert_msg(st.traces == 1 && st.hits == 2, "%s: traces %lld hits %lld", c->name, (long long)st.traces, (long long)st.hits);
+    kiln_fn_free(fn);
+  }
+}
+END_TEST
+
+/* ---- check mode ---- */
+
+START_TEST(test_check_mode) {
+  mlp a;
+  mlp_init(&a, 8, 16, 4, true);
+  kiln_options o = {.name = "train", .n_in = 2, .n_out = 1, .check = 1};
+  kiln_fn *fn = kiln_compile(train_body, &a, &o);
+  kiln_scope_begin();
+  kiln_tensor *w1_start = kiln_keep(kiln_mul(a.w1, kiln_scalar(KILN_F32, 1))); /* a copy */
+  kiln_scope_end();
+  for (int step = 0; step < 3; step++) {
+    kiln_scope_begin();
+    kiln_tensor *in[2] = {kiln_randn(KILN_F32, 2, ((int64_t[]){10, 8}), step), kiln_randn(KILN_F32, 2, ((int64_t[]){10, 4}), 9)};
+    kiln_tensor *loss = NULL;
+    ck_assert_msg(kiln_call(fn, in, &loss) == 0, "%s", kiln_last_error());
+    kiln_scope_end();
+  }
+  kiln_fn_stats st;
+  kiln_fn_get_stats(fn, &st);
+  ck_assert_int_eq(2, st.hits);
+  ck_assert_int_eq(0, st.check_fails);
+  /* three steps happened, not five: the eager check run does not update twice */
+  mlp b;
+  mlp_init(&b, 8, 16, 4, true);
+  for (int step = 0; step < 3; step++) {
+    kiln_scope_begin();
+    train_step(&b, kiln_randn(KILN_F32, 2, ((int64_t[]){10, 8}), step), kiln_randn(KILN_F32, 2, ((int64_t[]){10, 4}), 9));
+    kiln_scope_end();
+  }
+  ck_assert_double_le(maxdiff(a.w1, b.w1), 1e-5);
+  ck_assert_double_gt(maxdiff(a.w1, w1_start), 1e-4);
+  kiln_release(w1_start);
+  kiln_fn_free(fn);
+  mlp_free(&a), mlp_free(&b);
+}
+END_TEST
+
+/* ---- threads: one kiln_fn, many callers, new sizes at once ---- */
+
+typedef struct tjob {
+  kiln_fn *fn;
+  mlp *m;
+  int seed;
+  int bad;
+} tjob;
+
+static void *caller(void *arg) {
+  tjob *j = arg;
+  for (int i = 0; i < 30; i++) {
+    kiln_scope_begin();
+    int64_t s[2] = {1 + (j->seed * 7 + i * 3) % 17, 16};
+    kiln_tensor *x = kiln_randn(KILN_F32, 2, s, (uint64_t)(j->seed * 1000 + i)), *y = NULL;
+    if (kiln_call(j->fn, &x, &y) || maxdiff(y, mlp_forward(j->m, x)) > 1e-5) j->bad++;
+    /* and eager work of its own meanwhile */
+    if (!kiln_softmax(kiln_randn(KILN_F32, 2, ((int64_t[]){8, 8}), 3), 1)) j->bad++;
+    kiln_scope_end();
+  }
+  return NULL;
+}
+
+START_TEST(test_threads_share_fn) {
+  mlp m;
+  mlp_init(&m, 16, 32, 8, false);
+  kiln_options o = {.name = "mlp", .n_in = 1, .n_out = 1};
+  kiln_fn *fn = kiln_compile(mlp_body, &m, &o);
+  pthread_t th[4];
+  tjob jobs[4];
+  for (int i = 0; i < 4; i++) {
+    jobs[i] = (tjob){fn, &m, i, 0};
+    pthread_create(&th[i], NULL, caller, &jobs[i]);
+  }
+  for (int i = 0; i < 4; i++) {
+    pthread_join(th[i], NULL);
+    ck_assert_int_eq(0, jobs[i].bad);
+  }
+  kiln_fn_stats st;
+  kiln_fn_get_stats(fn, &st);
+  ck_assert_int_eq(120, st.calls);
+  ck_assert_int_le(st.variants, 8);
+  kiln_fn_free(fn);
+  mlp_free(&m);
+}
+END_TEST
+
+/* ---- errors ---- */
+
+START_TEST(test_errors_name_the_caller) {
+  kiln_options o = {.name = "add", .n_in = 2, .n_out = 1};
+  kiln_fn *fn = kiln_compile(add_body, NULL, &o);
+  kiln_tensor *in[2] = {NULL, NULL}, *y = NULL;
+  int line = __LINE__ + 1;
+  ck_assert_int_eq(-1, kiln_call(fn, in, &y));
+  char want[64];
+  snprintf(want, sizeof want, "test_compile.c:%d: kiln_call", line);
+  ck_assert_msg(has(kiln_last_error(), want), "%s", kiln_last_error());
+  /* a shape error inside the body names the body's line, on the first call and on later ones */
+  kiln_scope_begin();
+  kiln_tensor *a = kiln_randn(KILN_F32, 1, ((int64_t[]){3}), 1), *b = kiln_randn(KILN_F32, 1, ((int64_t[]){4}), 1);
+  in[0] = a, in[1] = b;
+  kiln_clear_error();
+  ck_assert_int_eq(-1, kiln_call(fn, in, &y));
+  ck_assert_msg(has(kiln_last_error(), "kiln_mul: shapes [3] and [4]"), "%s", kiln_last_error());
+  kiln_scope_end();
+  ck_assert_ptr_null(kiln_compile(NULL, NULL, &o));
+  o.n_out = 0;
+  ck_assert_ptr_null(kiln_compile(add_body, NULL, &o));
+  ck_assert_msg(has(kiln_last_error(), "n_out"), "%s", kiln_last_error());
+  kiln_fn_free(fn);
+}
+END_TEST
+
+static Suite *suite(void) {
+  Suite *s = suite_create("compile");
+  TCase *tc = tcase_create("core");
+  tcase_set_timeout(tc, 300);
+  tcase_add_test(tc, test_mlp_dynamic_batch);
+  tcase_add_test(tc, test_reshape_stays_symbolic);
+  tcase_add_test(tc, test_guards_retrace);
+  tcase_add_test(tc, test_cap_falls_back);
+  tcase_add_test(tc, test_value_dependent_falls_back);
+  tcase_add_test(tc, test_training_step_matches_eager);
+  tcase_add_test(tc, test_grad_accumulates);
+  tcase_add_test(tc, test_outputs_alias_inputs);
+  tcase_add_test(tc, test_inplace_and_alias_guard);
+  tcase_add_test(tc, test_save_load);
+  tcase_add_test(tc, test_load_rejects_bad_text);
+  tcase_add_loop_test(tc, test_every_op_replays, 0, (int)(sizeof op_cases / sizeof *op_cases));
+  tcase_add_test(tc, test_check_mode);
+  tcase_add_test(tc, test_threads_share_fn);
+  tcase_add_test(tc, test_errors_name_the_caller);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) {
+  SRunner *r = srunner_create(suite());
+  srunner_run_all(r, CK_NORMAL);
+  int failed = srunner_ntests_failed(r);
+  srunner_free(r);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
