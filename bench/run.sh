@@ -22,6 +22,8 @@ echo "== kiln eager"
 "$BIN" --json "$OUT/kiln_eager.json" "$@" || status=$?
 echo "== torch eager"
 "$PY" bench/torch_workloads.py --json "$OUT/torch_eager.json" "$@" || status=$?
+echo "== compiled call overhead"
+"$BIN" --overhead || status=$?
 echo "== kiln / torch"
 "$PY" bench/report.py "$OUT/kiln_eager.json" "$OUT/torch_eager.json" --out "$OUT/eager.json"
 exit "$status"

@@ -3,6 +3,7 @@
  * its own scope, so freeing the temporaries is part of the measured cost.
  *
  *   kiln_bench [--threads N] [--only W1,W3] [--json PATH]
+ *   kiln_bench --overhead      (compiled call overhead, overhead.c)
  *
  * Prints a table; with --json also writes one object per (workload, threads).
  */
@@ -334,8 +335,10 @@ static int write_json(const char *path, const result *rs, int n) {
 }
 
 static void usage(const char *argv0) {
-  fprintf(stderr, "usage: %s [--threads N] [--only W1,W3] [--json PATH]\n", argv0);
+  fprintf(stderr, "usage: %s [--threads N] [--only W1,W3] [--json PATH] | --overhead\n", argv0);
 }
+
+int bench_overhead(void); /* overhead.c */
 
 int main(int argc, char **argv) {
   int threads_list[2] = {1, 2}, n_threads = 2;
@@ -352,6 +355,8 @@ int main(int argc, char **argv) {
       only = argv[++i];
     } else if (strcmp(argv[i], "--json") == 0 && i + 1 < argc) {
       json = argv[++i];
+    } else if (strcmp(argv[i], "--overhead") == 0) {
+      return bench_overhead();
     } else {
       usage(argv[0]);
       return 2;

@@ -641,6 +641,75 @@ START_TEST(test_errors_name_the_caller) {
 }
 END_TEST
 
+/* ---- freeze, dumps ---- */
+
+START_TEST(test_freeze_and_dump_dir) {
+  mlp m;
+  mlp_init(&m, 4, 8, 2, false);
+  char dir[] = "/tmp/kiln_dumpXXXXXX";
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  setenv("KILN_DUMP_DIR", dir, 1);
+  kiln_options o = {.name = "frozen", .n_in = 1, .n_out = 1, .freeze = 1,
+                    .dump = KILN_DUMP_TRACE | KILN_DUMP_GRAPH | KILN_DUMP_GUARDS | KILN_DUMP_RECOMPILES};
+  kiln_fn *fn = kiln_compile(mlp_body, &m, &o);
+  unsetenv("KILN_DUMP_DIR");
+  for (int b = 3; b <= 4; b++) {
+    kiln_scope_begin();
+    kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){b, 4}), 1), *y = NULL;
+    ck_assert_int_eq(0, kiln_call(fn, &x, &y));
+    ck_assert_double_le(maxdiff(y, mlp_forward(&m, x)), 1e-5);
+    kiln_scope_end();
+  }
+  char *text = kiln_fn_graph(fn, 1);
+  ck_assert_ptr_nonnull(text);
+  ck_assert(!has(text, "@param"));    /* the weights are constants now */
+  ck_assert(has(text, "= const("));
+  free(text);
+  /* the dumps went to files, one per kind and variant, and the recompile says why */
+  const char *kinds[] = {"frozen.1.trace.txt", "frozen.2.graph.txt", "frozen.2.guards.txt", "frozen.recompiles.txt"};
+  const char *want[] = {"graph frozen(%0: f32[3,4])", "f32[s0,4]", "s0 in [1,", "input 0 dim 0: traced 3, got 4"};
+  for (int i = 0; i < 4; i++) {
+    char path[256], buf[4096] = "";
+    snprintf(path, sizeof path, "%s/%s", dir, kinds[i]);
+    FILE *f = fopen(path, "r");
+    ck_assert_msg(f != NULL, "%s missing", path);
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = 0;
+    fclose(f);
+    ck_assert_msg(has(buf, want[i]), "%s lacks '%s'", kinds[i], want[i]);
+    unlink(path);
+  }
+  char cmd[300];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  ck_assert_int_eq(0, system(cmd));
+  kiln_fn_free(fn);
+  mlp_free(&m);
+}
+END_TEST
+
+/* a released weight is noticed: the variant that captured it does not run */
+START_TEST(test_released_param_retraces) {
+  mlp m;
+  mlp_init(&m, 4, 8, 2, false);
+  kiln_options o = {.name = "mlp", .n_in = 1, .n_out = 1};
+  kiln_fn *fn = kiln_compile(mlp_body, &m, &o);
+  kiln_scope_begin();
+  kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){3, 4}), 1), *y = NULL;
+  ck_assert_int_eq(0, kiln_call(fn, &x, &y));
+  /* new weights in the struct, the old ones released */
+  kiln_release(m.w2);
+  m.w2 = kiln_keep(kiln_randn(KILN_F32, 2, ((int64_t[]){8, 2}), 77));
+  ck_assert_int_eq(0, kiln_call(fn, &x, &y));
+  ck_assert_double_le(maxdiff(y, mlp_forward(&m, x)), 1e-5);
+  kiln_scope_end();
+  kiln_fn_stats st;
+  kiln_fn_get_stats(fn, &st);
+  ck_assert_int_eq(2, st.traces);
+  kiln_fn_free(fn);
+  mlp_free(&m);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("compile");
   TCase *tc = tcase_create("core");
@@ -660,6 +729,8 @@ static Suite *suite(void) {
   tcase_add_test(tc, test_check_mode);
   tcase_add_test(tc, test_threads_share_fn);
   tcase_add_test(tc, test_errors_name_the_caller);
+  tcase_add_test(tc, test_freeze_and_dump_dir);
+  tcase_add_test(tc, test_released_param_retraces);
   suite_add_tcase(s, tc);
   return s;
 }
