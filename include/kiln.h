@@ -89,7 +89,8 @@ KILN_API double kiln_item_at(const kiln_tensor *, const char *file, int line);
 /* Writes a short description ("f32[2,3] strides [3,1]") into buf; returns buf. */
 KILN_API char *kiln_describe(const kiln_tensor *, char *buf, size_t n);
 /* Prints the tensor (shape and values, elided when large) to stdout. */
-KILN_API void kiln_print(const kiln_tensor *);
+KILN_API void kiln_print_at(const kiln_tensor *, const char *file, int line);
+#define kiln_print(t) kiln_print_at((t), __FILE__, __LINE__)
 
 /* ---- lifetime --------------------------------------------------------- */
 

@@ -285,6 +285,58 @@ START_TEST(test_training_step_matches_eager) {
 }
 END_TEST
 
+/* the batch changes between steps: the mean's gradient must divide by the
+ * batch of each call, not by the one traced */
+START_TEST(test_training_dynamic_batch) {
+  mlp a, b;
+  mlp_init(&a, 8, 16, 4, true);
+  mlp_init(&b, 8, 16, 4, true);
+  kiln_options o = {.name = "train", .n_in = 2, .n_out = 1};
+  kiln_fn *fn = kiln_compile(train_body, &a, &o);
+  int64_t batches[] = {10, 7, 13, 1, 7, 10, 33};
+  for (int step = 0; step < 7; step++) {
+    kiln_scope_begin();
+    int64_t sx[2] = {batches[step], 8}, st[2] = {batches[step], 4};
+    kiln_tensor *in[2] = {kiln_randn(KILN_F32, 2, sx, 50 + step), kiln_randn(KILN_F32, 2, st, 90 + step)}, *loss = NULL;
+    ck_assert_msg(kiln_call(fn, in, &loss) == 0, "step %d: %s", step, kiln_last_error());
+    kiln_tensor *ref = train_step(&b, in[0], in[1]);
+    ck_assert_double_le(maxdiff(loss, ref), 1e-5);
+    ck_assert_double_le(maxdiff(a.w1, b.w1), 1e-5);
+    kiln_scope_end();
+  }
+  kiln_fn_stats st;
+  kiln_fn_get_stats(fn, &st);
+  ck_assert_int_eq(2, st.traces); /* static at 10, then one symbolic batch for all */
+  kiln_fn_free(fn);
+  mlp_free(&a), mlp_free(&b);
+}
+END_TEST
+
+/* var divides by its count too */
+static int var_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  out[0] = kiln_var(in[0], 0, 1, false);
+  return out[0] ? 0 : -1;
+}
+
+START_TEST(test_var_dynamic) {
+  kiln_options o = {.name = "var", .n_in = 1, .n_out = 1, .dynamic = KILN_DYNAMIC_ALL};
+  kiln_fn *fn = kiln_compile(var_body, NULL, &o);
+  for (int n = 3; n < 9; n += 2) {
+    kiln_scope_begin();
+    kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){n, 3}), (uint64_t)n), *y = NULL, *ref = NULL;
+    ck_assert_int_eq(0, kiln_call(fn, &x, &y));
+    ck_assert_int_eq(0, var_body(NULL, &x, &ref));
+    ck_assert_double_le(maxdiff(y, ref), 1e-5);
+    kiln_scope_end();
+  }
+  kiln_fn_stats st;
+  kiln_fn_get_stats(fn, &st);
+  ck_assert_int_eq(1, st.traces);
+  kiln_fn_free(fn);
+}
+END_TEST
+
 /* the grad accumulates across calls when the step does not zero it */
 static int accumulate_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
   kiln_tensor *w = ctx;
@@ -721,6 +773,8 @@ static Suite *suite(void) {
   tcase_add_test(tc, test_value_dependent_falls_back);
   tcase_add_test(tc, test_training_step_matches_eager);
   tcase_add_test(tc, test_grad_accumulates);
+  tcase_add_test(tc, test_training_dynamic_batch);
+  tcase_add_test(tc, test_var_dynamic);
   tcase_add_test(tc, test_outputs_alias_inputs);
   tcase_add_test(tc, test_inplace_and_alias_guard);
   tcase_add_test(tc, test_save_load);

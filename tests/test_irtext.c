@@ -68,8 +68,14 @@ static int add_node(ir_node *n, kiln_dtype dt, const char *shape, const char *fi
   return id;
 }
 
-static int input(kiln_dtype dt, const char *shape) { return add_node(&(ir_node){.op = IR_INPUT, .index = g->n_inputs}, dt, shape, "", 0); }
-static int param(kiln_dtype dt, const char *shape) { return add_node(&(ir_node){.op = IR_PARAM, .index = g->n_params}, dt, shape, "", 0); }
+static int input(kiln_dtype dt, const char *shape)
+{
+  return add_node(&(ir_node){.op = IR_INPUT, .index = g->n_inputs}, dt, shape, "", 0);
+}
+static int param(kiln_dtype dt, const char *shape)
+{
+  return add_node(&(ir_node){.op = IR_PARAM, .index = g->n_params}, dt, shape, "", 0);
+}
 static int grad(int p)
 {
   ir_node n = {.op = IR_GRAD, .n_in = 1, .in = &p};
@@ -127,7 +133,8 @@ static const char *dim_text(sym_dim d, char *buf)
 static void same_dims(int n, const sym_dim *a, const sym_dim *b, int id)
 {
   char x[256], y[256];
-  for (int i = 0; i < n; i++) ck_assert_msg(!strcmp(dim_text(a[i], x), dim_text(b[i], y)), "%%%d dim %d: %s vs %s", id, i, x, y);
+  for (int i = 0; i < n; i++)
+    ck_assert_msg(!strcmp(dim_text(a[i], x), dim_text(b[i], y)), "%%%d dim %d: %s vs %s", id, i, x, y);
 }
 
 /* Equal as the text form carries them: leaves' source locations are not in it. */
@@ -164,28 +171,37 @@ static void same_graph(const ir_graph *a, const ir_graph *b)
     ck_assert_int_eq(x->index, y->index);
     const ir_attrs *p = &x->attrs, *q = &y->attrs;
     switch (x->op) {
-    case OP_SUM: case OP_MEAN: case OP_MAX: case OP_MIN: case OP_ARGMAX:
+    case OP_SUM:
+    case OP_MEAN:
+    case OP_MAX:
+    case OP_MIN:
+    case OP_ARGMAX:
       ck_assert_int_eq(p->naxes, q->naxes);
       ck_assert_int_eq(0, memcmp(p->axes, q->axes, sizeof(int) * (size_t)p->naxes));
       ck_assert_int_eq(p->keepdim, q->keepdim);
       break;
-    case OP_RESHAPE: case OP_EXPAND:
+    case OP_RESHAPE:
+    case OP_EXPAND:
       ck_assert_int_eq(p->ndim, q->ndim);
       same_dims(p->ndim, p->shape, q->shape, id);
       break;
     case OP_PERMUTE: ck_assert_int_eq(0, memcmp(p->perm, q->perm, sizeof p->perm)); break;
-    case OP_SLICE: case OP_SLICE_SCATTER:
+    case OP_SLICE:
+    case OP_SLICE_SCATTER:
       same_dims(1, &p->start, &q->start, id);
       same_dims(1, &p->end, &q->end, id);
       ck_assert_int_eq(p->step, q->step);
       /* fallthrough */
-    case OP_CAT: case OP_INDEX_SELECT: case OP_INDEX_ADD: ck_assert_int_eq(p->dim, q->dim); break;
+    case OP_CAT:
+    case OP_INDEX_SELECT:
+    case OP_INDEX_ADD: ck_assert_int_eq(p->dim, q->dim); break;
     case OP_CAST: ck_assert_int_eq(p->dtype, q->dtype); break;
     default: break;
     }
     if (x->op == IR_CONST) {
       int64_t k = ir_node_numel_const(x);
-      for (int64_t i = 0; i < k; i++) ck_assert_msg(same_value(x, x->data, y->data, i), "%%%d value %lld", id, (long long)i);
+      for (int64_t i = 0; i < k; i++)
+        ck_assert_msg(same_value(x, x->data, y->data, i), "%%%d value %lld", id, (long long)i);
     }
     if (x->op < IR_INPUT || x->op > IR_GRAD) {
       ck_assert_str_eq(x->file, y->file);
@@ -239,17 +255,17 @@ static void assert_canonical(const char *text)
 
 /* ---- cases ---- */
 
-static const char mlp_text[] =
-    "graph mlp(%0: f32[s0,1024], %1: f32[1024,4096] @param, %2: f32[4096] @param, %3: f32[1024,4096] @grad(%1)) -> (%6, %2)\n"
-    "  sym s0 in [1, 9223372036854775807]\n"
-    "  guards: s0 % 4 == 0, s0 >= 2\n"
-    "  %4: f32[s0,4096] = matmul(%0, %1)  # examples/mlp.c:41\n"
-    "  %5: f32[] = const(0x1p-1)  # examples/mlp.c:40\n"
-    "  %6: f32[s0,4096] = add(%4, %2)  # examples/mlp.c:41\n"
-    "  %7: f32[s0,4,1024] = reshape(%6) {shape=[s0,4,1024]}  # examples/mlp.c:43\n"
-    "  write %2 = %6  # examples/mlp.c:50\n"
-    "  grad %1 = %4\n"
-    "  grad %2 = none\n";
+static const char mlp_text[] = "graph mlp(%0: f32[s0,1024], %1: f32[1024,4096] @param, %2: f32[4096] @param, %3: "
+                               "f32[1024,4096] @grad(%1)) -> (%6, %2)\n"
+                               "  sym s0 in [1, 9223372036854775807]\n"
+                               "  guards: s0 % 4 == 0, s0 >= 2\n"
+                               "  %4: f32[s0,4096] = matmul(%0, %1)  # examples/mlp.c:41\n"
+                               "  %5: f32[] = const(0x1p-1)  # examples/mlp.c:40\n"
+                               "  %6: f32[s0,4096] = add(%4, %2)  # examples/mlp.c:41\n"
+                               "  %7: f32[s0,4,1024] = reshape(%6) {shape=[s0,4,1024]}  # examples/mlp.c:43\n"
+                               "  write %2 = %6  # examples/mlp.c:50\n"
+                               "  grad %1 = %4\n"
+                               "  grad %2 = none\n";
 
 START_TEST(test_example)
 {
@@ -282,19 +298,19 @@ START_TEST(test_example)
   ir_free(x);
 
   /* any spaces, comments, blank lines and CRLF read the same */
-  const char *loose =
-      "; a comment\n\n"
-      "graph   mlp ( %0 : f32 [ s0 , 1024 ] , %1: f32[1024,4096]   @param,%2: f32[4096] @param, %3: f32[1024,4096] @grad( %1 ) ) -> ( %6 , %2 )\r\n"
-      "\t sym s0 in [ 1 , 9223372036854775807 ]\n"
-      "   ; another\n"
-      "guards:s0 % 4 == 0,s0>=2\n"
-      "%4: f32[s0,4096] = matmul( %0,%1 )   # examples/mlp.c:41   \n"
-      "%5: f32[] = const( 0x1p-1 )  # examples/mlp.c:40\n"
-      "      %6: f32[s0, 4096]=add(%4, %2)  # examples/mlp.c:41\n"
-      "%7: f32[s0,4,1024] = reshape(%6){ shape = [s0, 4, 1024] }  # examples/mlp.c:43\n"
-      "write %2 = %6  # examples/mlp.c:50\n"
-      "grad %1=%4\n"
-      "grad %2 = none";
+  const char *loose = "; a comment\n\n"
+                      "graph   mlp ( %0 : f32 [ s0 , 1024 ] , %1: f32[1024,4096]   @param,%2: f32[4096] @param, %3: "
+                      "f32[1024,4096] @grad( %1 ) ) -> ( %6 , %2 )\r\n"
+                      "\t sym s0 in [ 1 , 9223372036854775807 ]\n"
+                      "   ; another\n"
+                      "guards:s0 % 4 == 0,s0>=2\n"
+                      "%4: f32[s0,4096] = matmul( %0,%1 )   # examples/mlp.c:41   \n"
+                      "%5: f32[] = const( 0x1p-1 )  # examples/mlp.c:40\n"
+                      "      %6: f32[s0, 4096]=add(%4, %2)  # examples/mlp.c:41\n"
+                      "%7: f32[s0,4,1024] = reshape(%6){ shape = [s0, 4, 1024] }  # examples/mlp.c:43\n"
+                      "write %2 = %6  # examples/mlp.c:50\n"
+                      "grad %1=%4\n"
+                      "grad %2 = none";
   x = ir_parse(loose, err, sizeof err);
   ck_assert_msg(x != NULL, "%s", err);
   char *t = text_of(x);
@@ -307,20 +323,24 @@ END_TEST
 START_TEST(test_leaves_and_outputs)
 {
   int x = input(KILN_F32, "2,3"), w = param(KILN_F32, "3"), y = input(KILN_I64, ""), b = param(KILN_BOOL, "1");
-  int gw = grad(w), gb = grad(b);
+  int gw = grad(w), gb = grad(b), gx = grad(x); /* an input's .grad too */
   int s = OP(OP_ADD, KILN_F32, "2,3", NULL, 5, x, w);
   output(s);
   output(x);
   output(s);
   output(gw);
   output(y);
+  write_(IR_WRITE_GRAD, x, s, "", 0);
+  write_(IR_WRITE_GRAD, b, gb, "", 0);
   char *t = round_trip(g);
   ck_assert_str_eq("graph test(%0: f32[2,3], %1: f32[3] @param, %2: i64[], %3: bool[1] @param, %4: f32[3] @grad(%1), "
-                   "%5: bool[1] @grad(%3)) -> (%6, %0, %6, %4, %2)\n"
-                   "  %6: f32[2,3] = add(%0, %1)  # t.c:5\n",
+                   "%5: bool[1] @grad(%3), %6: f32[2,3] @grad(%0)) -> (%7, %0, %7, %4, %2)\n"
+                   "  %7: f32[2,3] = add(%0, %1)  # t.c:5\n"
+                   "  grad %0 = %7\n"
+                   "  grad %3 = %5\n",
                    t);
   alloc_free(t);
-  (void)gb;
+  (void)gx;
 
   /* no leaves, no outputs */
   ir_graph *e = ir_new("empty");
@@ -346,9 +366,11 @@ START_TEST(test_names)
   alloc_free(t);
   /* 63 chars fit, 64 do not */
   char text[200];
-  snprintf(text, sizeof text, "graph %.63s() -> ()\n", "abcdefghijklmnopqrstuvwxyzabcdefghijklmnopqrstuvwxyzabcdefghijklmnopqrstuvwxyz");
+  snprintf(text, sizeof text, "graph %.63s() -> ()\n",
+           "abcdefghijklmnopqrstuvwxyzabcdefghijklmnopqrstuvwxyzabcdefghijklmnopqrstuvwxyz");
   assert_canonical(text);
-  snprintf(text, sizeof text, "graph %.64s() -> ()\n", "abcdefghijklmnopqrstuvwxyzabcdefghijklmnopqrstuvwxyzabcdefghijklmnopqrstuvwxyz");
+  snprintf(text, sizeof text, "graph %.64s() -> ()\n",
+           "abcdefghijklmnopqrstuvwxyzabcdefghijklmnopqrstuvwxyzabcdefghijklmnopqrstuvwxyz");
   ck_assert_ptr_null(ir_parse(text, err, sizeof err));
   ck_assert_str_eq("line 1, col 7: graph name longer than 63 chars", err);
 }
@@ -380,22 +402,23 @@ START_TEST(test_consts)
   uint32_t nan_bits[2] = {0x7fc00001u, 0x7fc00002u};
   konst(KILN_F32, "2", nan_bits);
   char *t = round_trip(g);
-  ck_assert_str_eq("graph test() -> ()\n"
-                   "  %0: f32[10] = const(0x1p-1, -0x0p+0, inf, -inf, nan, -nan, 0x1p-149, 0x1.fffffep+127, "
-                   "0x1.921fap+1, 0x1.16c2p-133)  # c.c:7\n"
-                   "  %1: f64[2,3] = const(0x0.0000000000001p-1022, 0x1.fffffffffffffp+1023, -0x1.5555555555555p-2, nan, "
-                   "0x1p-1022, -0x0p+0)  # c.c:7\n"
-                   "  %2: i64[4] = const(-9223372036854775808, -1, 0, 9223372036854775807)  # c.c:7\n"
-                   "  %3: bool[3] = const(1, 0, 1)  # c.c:7\n"
-                   "  %4: f32[2,3] = const(0x1.4p+1)  # c.c:7\n"
-                   "  %5: f32[2] = const(0x0p+0, -0x0p+0)  # c.c:7\n"
-                   "  %6: f64[] = const(0x1p+0)  # c.c:7\n"
-                   "  %7: i64[2,2] = const(7)  # c.c:7\n"
-                   "  %8: bool[1,3] = const(1)  # c.c:7\n"
-                   "  %9: f32[0,3] = const()  # c.c:7\n"
-                   "  %10: i64[1,1,1] = const(7)  # c.c:7\n"
-                   "  %11: f32[2] = const(nan)  # c.c:7\n",
-                   t);
+  ck_assert_str_eq(
+      "graph test() -> ()\n"
+      "  %0: f32[10] = const(0x1p-1, -0x0p+0, inf, -inf, nan, -nan, 0x1p-149, 0x1.fffffep+127, "
+      "0x1.921fap+1, 0x1.16c2p-133)  # c.c:7\n"
+      "  %1: f64[2,3] = const(0x0.0000000000001p-1022, 0x1.fffffffffffffp+1023, -0x1.5555555555555p-2, nan, "
+      "0x1p-1022, -0x0p+0)  # c.c:7\n"
+      "  %2: i64[4] = const(-9223372036854775808, -1, 0, 9223372036854775807)  # c.c:7\n"
+      "  %3: bool[3] = const(1, 0, 1)  # c.c:7\n"
+      "  %4: f32[2,3] = const(0x1.4p+1)  # c.c:7\n"
+      "  %5: f32[2] = const(0x0p+0, -0x0p+0)  # c.c:7\n"
+      "  %6: f64[] = const(0x1p+0)  # c.c:7\n"
+      "  %7: i64[2,2] = const(7)  # c.c:7\n"
+      "  %8: bool[1,3] = const(1)  # c.c:7\n"
+      "  %9: f32[0,3] = const()  # c.c:7\n"
+      "  %10: i64[1,1,1] = const(7)  # c.c:7\n"
+      "  %11: f32[2] = const(nan)  # c.c:7\n",
+      t);
   alloc_free(t);
 }
 END_TEST
@@ -453,13 +476,28 @@ START_TEST(test_float_reading)
     const char *text;
     double want;
   } cases[] = {
-      {"1.5", 1.5}, {"-2", -2.0}, {"1e-3", 1e-3}, {".25", 0.25}, {"+7", 7.0}, {"-0", -0.0}, {"0x1.8p1", 3.0},
-      {"0X1P-2", 0.25}, {"0x.8", 0.5}, {"0x10", 16.0}, {"0x1.00000000000008p0", 1.0}, /* tie: to even */
-      {"0x1.00000000000018p0", 0x1.0000000000002p0},                                  /* tie: up to even */
-      {"0x1.000000000000080001p0", 0x1.0000000000001p0},                              /* past the tie */
-      {"0x1.fffffffffffff8p1023", INFINITY}, {"0x1p-1075", 0.0}, {"0x1.0000001p-1075", 0x1p-1074},
-      {"0x1p-99999999", 0.0}, {"0x1p+99999999", INFINITY}, {"0x0.0000000000001p-1022", 0x1p-1074},
-      {"0x000000000000000000001p0", 1.0}, {"0x1234567890abcdef1234p0", 0x1234567890abcdef1234p0}, {"1e400", INFINITY},
+      {"1.5", 1.5},
+      {"-2", -2.0},
+      {"1e-3", 1e-3},
+      {".25", 0.25},
+      {"+7", 7.0},
+      {"-0", -0.0},
+      {"0x1.8p1", 3.0},
+      {"0X1P-2", 0.25},
+      {"0x.8", 0.5},
+      {"0x10", 16.0},
+      {"0x1.00000000000008p0", 1.0},                     /* tie: to even */
+      {"0x1.00000000000018p0", 0x1.0000000000002p0},     /* tie: up to even */
+      {"0x1.000000000000080001p0", 0x1.0000000000001p0}, /* past the tie */
+      {"0x1.fffffffffffff8p1023", INFINITY},
+      {"0x1p-1075", 0.0},
+      {"0x1.0000001p-1075", 0x1p-1074},
+      {"0x1p-99999999", 0.0},
+      {"0x1p+99999999", INFINITY},
+      {"0x0.0000000000001p-1022", 0x1p-1074},
+      {"0x000000000000000000001p0", 1.0},
+      {"0x1234567890abcdef1234p0", 0x1234567890abcdef1234p0},
+      {"1e400", INFINITY},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     char text[200];
@@ -492,7 +530,8 @@ START_TEST(test_attrs)
   OP(OP_MIN, KILN_F32, "2,3,4", (&(ir_attrs){.naxes = 0}), line++, x);
   OP(OP_ARGMAX, KILN_I64, "2,3", (&(ir_attrs){.naxes = 1, .axes = {2}}), line++, x);
   OP(OP_RESHAPE, KILN_F32, "6,4", (&(ir_attrs){.ndim = 2, .shape = {{6, NULL}, {4, NULL}}}), line++, x);
-  OP(OP_RESHAPE, KILN_F32, "", (&(ir_attrs){.ndim = 0}), line++, OP(OP_SUM, KILN_F32, "", (&(ir_attrs){.naxes = 3, .axes = {0, 1, 2}}), 0, x));
+  OP(OP_RESHAPE, KILN_F32, "", (&(ir_attrs){.ndim = 0}), line++,
+     OP(OP_SUM, KILN_F32, "", (&(ir_attrs){.naxes = 3, .axes = {0, 1, 2}}), 0, x));
   ir_attrs ex = {.ndim = 4};
   dims_of("7,2,s0,4", ex.shape);
   OP(OP_EXPAND, KILN_F32, "7,2,s0,4", &ex, line++, s);
@@ -531,7 +570,8 @@ START_TEST(test_attrs)
       "= where(%19, %0, %0)  # t.c:27\n",
       "  %22: f32[2,3,4] = contiguous(%0)\n",
   };
-  for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) ck_assert_msg(strstr(t, want[i]), "missing '%s' in\n%s", want[i], t);
+  for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+    ck_assert_msg(strstr(t, want[i]), "missing '%s' in\n%s", want[i], t);
   alloc_free(t);
 }
 END_TEST
@@ -662,7 +702,8 @@ static const struct {
     {"graph f(%0: f33[4]) -> ()", "line 1, col 13: unknown dtype 'f33'"},
     {"graph f(%0: f32[s1]) -> ()\n  sym s0 in [1, 10]", "line 1, col 17: s1 is not declared"},
     {"graph f(%0: f32[4] @parm) -> ()", "line 1, col 21: expected '@param' or '@grad(%N)'"},
-    {"graph f(%0: f32[4], %1: f32[4] @grad(%0)) -> ()", "line 1, col 38: %0 is not a param"},
+    {"graph f(%0: f32[4], %1: f32[4] @grad(%2)) -> ()", "line 1, col 38: %2 is not defined yet"},
+    {"graph f(%0: f32[4], %1: f32[4] @grad(%0), %2: f32[4] @grad(%1)) -> ()", "line 1, col 60: %1 is not an input or a param"},
     {"graph f(%0: f32[4] @param, %1: f32[4] @grad(%2)) -> ()", "line 1, col 45: %2 is not defined yet"},
     {"graph f(%0: f32[4]) -> (%3)", "line 1, col 25: output %3 is not defined"},
     {"graph f(%0: f32[4]) - (%0)", "line 1, col 21: expected '->'"},
@@ -708,16 +749,19 @@ static const struct {
     {H "  guards: s0 >= 2 s0", "line 3, col 19: expected ',' or end of line, not 's'"},
     {H "  guards: s3 >= 2", "line 3, col 11: s3 is not declared"},
     {H "  %2: f32[4] = neg(%1)\n  guards: s0 >= 2", "line 4, col 3: a guards line after the node lines"},
-    {H "  %2: f32[4] = neg(%1)\n  sym s1 in [0, 1]", "line 4, col 3: a sym line must follow the header or another sym line"},
-    {H "  %2: f32[4] = neg(%1)\n  grad %1 = none\n  %3: f32[4] = neg(%1)", "line 5, col 3: a node line after the write and grad lines"},
+    {H "  %2: f32[4] = neg(%1)\n  sym s1 in [0, 1]",
+     "line 4, col 3: a sym line must follow the header or another sym line"},
+    {H "  %2: f32[4] = neg(%1)\n  grad %1 = none\n  %3: f32[4] = neg(%1)",
+     "line 5, col 3: a node line after the write and grad lines"},
     {H "  %2: f32[4] = neg(%1)\n  write %2 = %1", "line 4, col 9: %2 is not an input or a param"},
-    {H "  %2: f32[4] = neg(%1)\n  grad %0 = none", "line 4, col 8: %0 is not a param"},
+    {H "  %2: f32[4] = neg(%1)\n  grad %2 = none", "line 4, col 8: %2 is not an input or a param"},
     {H "  %2: f32[4] = neg(%1)\n  write %1 = none", "line 4, col 14: expected a node id '%N'"},
     {H "  %2: f32[4] = neg(%1)\n  grad %1 = %5", "line 4, col 13: %5 is not defined yet"},
     {H "  %2: f32[4] = neg(%1)\n  graph g() -> ()", "line 4, col 3: a second graph (one per text)"},
     {H "  hello", "line 3, col 3: expected a node line, 'write' or 'grad'"},
     {H "  %2: f32[4] = neg(%1)\n  %3: f32[s0 // 0] = neg(%1)", "line 4, col 14: divisor not provably positive"},
-    {"graph f() -> ()\n  sym s0 in [1, 2]\n  sym s0 in [1, 2]", "line 3, col 7: expected s1 (symbols are declared in order)"},
+    {"graph f() -> ()\n  sym s0 in [1, 2]\n  sym s0 in [1, 2]",
+     "line 3, col 7: expected s1 (symbols are declared in order)"},
 };
 
 START_TEST(test_errors)
@@ -729,6 +773,13 @@ START_TEST(test_errors)
     ck_assert_msg(!strncmp(err, bad[i].want, strlen(bad[i].want)), "case %zu:\n%s\nwant: %s\ngot:  %s", i, bad[i].text,
                   bad[i].want, err);
   }
+  /* guards are few: a text with thousands is refused before it gets slow */
+  char *many = malloc(1 << 16);
+  int n = snprintf(many, 1 << 16, "graph f() -> ()\n  sym s0 in [0, 100000]\n  guards: s0 >= 0");
+  for (int i = 1; i <= 4096; i++) n += snprintf(many + n, (size_t)(1 << 16) - (size_t)n, ", s0 >= %d", i);
+  ck_assert_ptr_null(ir_parse(many, err, sizeof err));
+  ck_assert_str_eq("line 3, col 48053: more than 4096 guards", err);
+  free(many);
   /* a short err buffer is cut, never overrun; none at all is fine */
   char small[8];
   ck_assert_ptr_null(ir_parse("x", small, sizeof small));

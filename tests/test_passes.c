@@ -6,6 +6,7 @@
  * broken graph, and (test build) that every allocation failure in the
  * pipeline returns NULL without a leak. */
 #include <check.h>
+#include <dirent.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -143,8 +144,10 @@ START_TEST(test_mul_one_add_zero)
   output(OP2(OP_ADD, zero, x));
   output(OP2(OP_SUB, x, zero));
   output(OP2(OP_DIV, x, one));
+  output(OP2(OP_MUL, x, vec_f32(4, (float[]){1, 1, 1, 1}))); /* broadcasts into x's own shape */
+  output(OP2(OP_ADD, x, vec_f32(4, (float[]){0, -0.0f, 0, 0})));
   pass(pass_simplify);
-  for (int i = 0; i < 6; i++) ck_assert_int_eq(x, g->outputs[i]);
+  for (int i = 0; i < 8; i++) ck_assert_int_eq(x, g->outputs[i]);
   pass(pass_dce);
   ck_assert_int_eq(1, g->n_nodes); /* the constants went with their users */
   ck_assert_int_eq(IR_INPUT, g->nodes[0].op);
@@ -700,6 +703,86 @@ START_TEST(test_verify_accepts)
 }
 END_TEST
 
+/* Text the parser accepts is not always a sound graph (kiln_load verifies
+ * what it reads): mutated golden inputs never crash the verifier, and every
+ * graph it accepts goes through the pipeline and still verifies. */
+static uint64_t rng = 88172645463325252ull;
+static uint64_t rnd(void) {
+  rng ^= rng << 13;
+  rng ^= rng >> 7;
+  rng ^= rng << 17;
+  return rng;
+}
+
+static char *golden_inputs(size_t *len) {
+  char dir[4096];
+  snprintf(dir, sizeof dir, "%s", __FILE__);
+  char *slash = strrchr(dir, '/');
+  ck_assert_ptr_nonnull(slash);
+  snprintf(slash, sizeof dir - (size_t)(slash - dir), "/ir");
+  DIR *d = opendir(dir);
+  ck_assert_msg(d != NULL, "cannot open %s", dir);
+  char *all = calloc(1, 1);
+  *len = 0;
+  for (struct dirent *e; (e = readdir(d));) {
+    size_t n = strlen(e->d_name);
+    if (n < 4 || strcmp(e->d_name + n - 3, ".ir")) continue;
+    char path[8192];
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    FILE *f = fopen(path, "rb");
+    ck_assert_ptr_nonnull(f);
+    char buf[1 << 16];
+    size_t k = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[k] = '\0';
+    char *mark = strstr(buf, ";---- pipeline");
+    if (mark) *mark = '\0';
+    /* the graph lines only: a flip inside a comment tests nothing */
+    all = realloc(all, *len + strlen(buf) + 2);
+    for (char *line = strtok(buf, "\n"); line; line = strtok(NULL, "\n")) {
+      if (line[0] == ';') continue;
+      k = strlen(line);
+      memcpy(all + *len, line, k);
+      all[*len + k] = '\n';
+      *len += k + 1;
+    }
+    all[(*len)++] = '\0'; /* texts separated by NULs */
+  }
+  closedir(d);
+  return all;
+}
+
+START_TEST(test_verify_hostile)
+{
+  size_t len;
+  char *all = golden_inputs(&len);
+  static const char alphabet[] = "0123456789%,[]()s+-*fi:=\n ";
+  int parsed = 0, accepted = 0;
+  for (const char *text = all; text < all + len; text += strlen(text) + 1) {
+    size_t n = strlen(text);
+    char *m = malloc(n + 1);
+    for (int it = 0; it < 4000 && n; it++) {
+      memcpy(m, text, n + 1);
+      for (int k = 1 + (int)(rnd() % 3); k > 0; k--) m[rnd() % n] = alphabet[rnd() % (sizeof alphabet - 1)];
+      ir_graph *x = ir_parse(m, err, sizeof err);
+      if (!x) continue;
+      parsed++;
+      if (ir_verify(x, err, sizeof err) == 0) {
+        accepted++;
+        x = pass_pipeline(x, err, sizeof err);
+        ck_assert_msg(x != NULL, "pipeline failed on a verified graph: %s\n%s", err, m);
+        ck_assert_msg(ir_verify(x, err, sizeof err) == 0, "%s\n%s", err, m);
+      }
+      ir_free(x);
+    }
+    free(m);
+  }
+  free(all);
+  ck_assert_int_gt(parsed, 100);
+  ck_assert_int_gt(accepted, 10);
+}
+END_TEST
+
 /* ---- out of memory ---- */
 
 #ifdef KILN_TEST_BUILD
@@ -755,6 +838,7 @@ static Suite *passes_suite(void) {
   tcase_add_test(tc, test_pipeline_same_numbers);
   tcase_add_test(tc, test_verify_rejects);
   tcase_add_test(tc, test_verify_accepts);
+  tcase_add_test(tc, test_verify_hostile);
 #ifdef KILN_TEST_BUILD
   tcase_add_test(tc, test_pipeline_out_of_memory);
 #endif

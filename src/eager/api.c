@@ -97,13 +97,11 @@ static kiln_tensor *var(const char *name, kiln_tensor *t, const int *axes, int n
   op_attrs a = {0};
   if (norm_axes(name, t, axes, naxes, &a, file, line)) return NULL;
   if (!dtype_is_float(t->dtype)) return err_set(file, line, name, "dtype %s is not supported (floats only)", kiln_dtype_name(t->dtype));
-  int64_t n = 1;
-  for (int i = 0; i < a.naxes; i++) n *= t->shape[a.axes[i]];
   kiln_scope_begin();
   kiln_tensor *mu = kiln_mean_axes_at(t, a.axes, a.naxes, true, file, line);
   kiln_tensor *d = kiln_sub_at(t, mu, file, line);
   kiln_tensor *ss = kiln_sum_axes_at(kiln_mul_at(d, d, file, line), a.axes, a.naxes, keepdim, file, line);
-  kiln_tensor *v = kiln_div_at(ss, kiln_scalar_at(t->dtype, (double)(n - correction), file, line), file, line);
+  kiln_tensor *v = kiln_div_at(ss, numel_scalar(t, a.axes, a.naxes, -correction, t->dtype, file, line), file, line);
   kiln_keep(v);
   kiln_scope_end();
   return v;

@@ -335,17 +335,14 @@ static kiln_tensor *unreduce(ag_node *nd, kiln_tensor *g) {
   kiln_tensor *k = kiln_reshape_at(g, IN(0).ndim, kshape, AT);
   return kiln_expand_at(k, IN(0).ndim, IN(0).shape, AT);
 }
-static int64_t reduced_count(ag_node *nd) {
-  int64_t c = 1;
-  for (int i = 0; i < nd->attrs.naxes; i++) c *= IN(0).shape[nd->attrs.axes[i]];
-  return c;
-}
 static int bw_sum(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
   gin[0] = unreduce(nd, g);
   return 0;
 }
 static int bw_mean(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
-  gin[0] = unreduce(nd, kiln_div_at(g, scal(nd->out_dtype, (double)reduced_count(nd), nd), AT));
+  /* the count comes from the expanded gradient's shape: the input is not saved */
+  kiln_tensor *e = unreduce(nd, g);
+  gin[0] = e ? kiln_div_at(e, numel_scalar(e, nd->attrs.axes, nd->attrs.naxes, 0, nd->out_dtype, AT), AT) : NULL;
   return 0;
 }
 static int bw_maxmin(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {

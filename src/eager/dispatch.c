@@ -29,6 +29,19 @@ void hook_read(const char *what, const kiln_tensor *t, const char *file, int lin
   if (hooks && hooks->read) hooks->read(hooks->ctx, what, t, file, line);
 }
 
+kiln_tensor *numel_scalar(const kiln_tensor *x, const int *axes, int naxes, int64_t offset, kiln_dtype dt,
+                          const char *file, int line) {
+  int64_t n = 1;
+  if (naxes == 0)
+    for (int i = 0; i < x->ndim; i++) n *= x->shape[i];
+  for (int i = 0; i < naxes; i++) n *= x->shape[axes[i]];
+  kiln_tensor *t = tensor_new(dt, 0, NULL);
+  if (!t) return err_set(file, line, "numel", "out of memory");
+  pw_fill(t, (double)(n + offset));
+  if (hooks && hooks->numel) hooks->numel(hooks->ctx, t, x, axes, naxes, offset, file, line);
+  return scope_adopt(t);
+}
+
 static bool promotes(op_id op) {
   return (op >= OP_ADD && op <= OP_GE) || op == OP_WHERE || op == OP_MATMUL;
 }

@@ -142,11 +142,20 @@ typedef struct trace_hooks {
   void (*inplace)(void *ctx, op_id op, kiln_tensor *dst, kiln_tensor *src, double value, const char *file, int line);
   void (*read)(void *ctx, const char *what, const kiln_tensor *t, const char *file, int line);
   void (*zero_grad)(void *ctx, kiln_tensor *t); /* before .grad is dropped */
+  /* out is a new 0-d tensor holding x's element count over axes plus offset (see numel_scalar) */
+  void (*numel)(void *ctx, kiln_tensor *out, const kiln_tensor *x, const int *axes, int naxes, int64_t offset,
+                const char *file, int line);
 } trace_hooks;
 /* NULL clears. The hooks struct must outlive its use. */
 void dispatch_set_hooks(const trace_hooks *h);
 const trace_hooks *dispatch_hooks(void);
 void hook_read(const char *what, const kiln_tensor *t, const char *file, int line);
+/* A 0-d tensor of dtype dt holding the product of x's sizes over axes (all
+ * when naxes is 0) plus offset: a count that formulas divide by (the mean's
+ * gradient, var). The tracer records it as a function of x's symbolic shape,
+ * where a kiln_scalar would freeze the traced number. Owned by the scope. */
+kiln_tensor *numel_scalar(const kiln_tensor *x, const int *axes, int naxes, int64_t offset, kiln_dtype dt,
+                          const char *file, int line);
 
 /* ---- shape.c: shape and dtype rules ------------------------------------ */
 

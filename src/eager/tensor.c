@@ -448,9 +448,9 @@ static void print_rec(const kiln_tensor *t, int d, int64_t *linear, int64_t bloc
   printf("]");
 }
 
-void kiln_print(const kiln_tensor *t) {
+void kiln_print_at(const kiln_tensor *t, const char *file, int line) {
   char b[2 * SHAPE_BUF + 32];
-  if (t) hook_read("kiln_print", t, "", 0);
+  if (t) hook_read("kiln_print", t, file, line);
   printf("%s\n", kiln_describe(t, b, sizeof b));
   if (!t) return;
   int64_t linear = 0;

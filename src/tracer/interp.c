@@ -120,6 +120,17 @@ static int run(const ir_graph *g, kiln_tensor *const *consts, kiln_tensor *const
   kiln_no_grad_begin();
   for (int i = 0; i < g->n_nodes; i++) {
     const ir_node *n = &g->nodes[i];
+    if (n->op == IR_NUMEL) {
+      int64_t c;
+      v[i] = tensor_new(n->dtype, 0, NULL);
+      owned[i] = true;
+      if (!v[i] || sym_eval(ir_numel_value(g, n), vals, g->n_syms, &c)) {
+        err_set(n->file, n->line, "numel", "%s: %%%d: cannot evaluate", g->name, i);
+        goto fail;
+      }
+      pw_fill(v[i], (double)c);
+      continue;
+    }
     if (n->op >= IR_INPUT) {
       if (n->op == IR_CONST) {
         v[i] = consts ? consts[i] : const_tensor(n);

@@ -268,7 +268,7 @@ int ir_add_guard(ir_graph *g, sym_guard gd) {
 
 /* ---- names ---- */
 
-static const char *const leaf_names[] = {"input", "param", "grad", "const"};
+static const char *const leaf_names[] = {"input", "param", "grad", "const", "numel"};
 
 const char *ir_op_name(int op) {
   if (op >= 0 && op < OP_COUNT) return op_table[op].name;
@@ -371,4 +371,14 @@ oom:
   alloc_free(map);
   ir_free(g);
   return NULL;
+}
+
+sym_dim ir_numel_value(const ir_graph *g, const ir_node *n) {
+  const ir_node *x = &g->nodes[n->in[0]];
+  sym_dim p = sym_const(1);
+  if (n->attrs.naxes == 0)
+    for (int i = 0; i < x->ndim; i++) p = sym_mul(g->sym, p, x->shape[i]);
+  for (int i = 0; i < n->attrs.naxes && i < MAXD; i++)
+    if (n->attrs.axes[i] >= 0 && n->attrs.axes[i] < x->ndim) p = sym_mul(g->sym, p, x->shape[n->attrs.axes[i]]);
+  return sym_add(g->sym, p, n->attrs.start);
 }

@@ -17,7 +17,10 @@
 
 #include "tracer/tracer.h"
 
-enum { CONST_MAX_NUMEL = 1 << 28 };
+enum {
+  CONST_MAX_NUMEL = 1 << 28, /* elements of one const */
+  MAX_GUARDS = 1 << 12       /* ir_add_guard looks for duplicates: quadratic beyond this */
+};
 
 typedef struct out_ref {
   int id;
@@ -27,21 +30,21 @@ typedef struct out_ref {
 
 typedef struct parser {
   ir_graph *g;
-  char *text;       /* the copy, each line NUL-terminated */
-  char *end;        /* one past the last line's NUL */
-  char *next;       /* the next unread line */
+  char *text; /* the copy, each line NUL-terminated */
+  char *end;  /* one past the last line's NUL */
+  char *next; /* the next unread line */
   long next_lno;
-  char *line;       /* the current line */
-  long lno;         /* its number, 1-based */
-  const char *p;    /* the cursor in it */
+  char *line;    /* the current line */
+  long lno;      /* its number, 1-based */
+  const char *p; /* the cursor in it */
   char *err;
   size_t errn;
   bool failed;
-  int *ins;         /* a node line's inputs */
+  int *ins; /* a node line's inputs */
   int cap_ins;
-  out_ref *outs;    /* the header's outputs, checked once all nodes are read */
+  out_ref *outs; /* the header's outputs, checked once all nodes are read */
   int n_outs, cap_outs;
-  void *vals;       /* a const's data while its line is read */
+  void *vals; /* a const's data while its line is read */
 } parser;
 
 /* ---- errors ---- */
@@ -158,8 +161,10 @@ static int read_int(parser *ps, int64_t lo, int64_t hi, int64_t *out) {
   bool big = false;
   for (; is_digit(*q); q++) {
     uint64_t d = (uint64_t)(*q - '0');
-    if (v > (limit - d) / 10) big = true;
-    else v = v * 10 + d;
+    if (v > (limit - d) / 10)
+      big = true;
+    else
+      v = v * 10 + d;
   }
   int64_t x = !neg ? (int64_t)v : v == (uint64_t)INT64_MAX + 1 ? INT64_MIN : -(int64_t)v;
   if (big || x < lo || x > hi) {
@@ -352,8 +357,8 @@ static const char *hex_float(const char *q, double *v) {
   }
   int lz = __builtin_clzll(m);
   m <<= lz;
-  e2 -= lz;              /* value = m * 2^e2, m in [2^63, 2^64) */
-  int64_t e = e2 + 63;   /* value in [2^e, 2^(e+1)) */
+  e2 -= lz;            /* value = m * 2^e2, m in [2^63, 2^64) */
+  int64_t e = e2 + 63; /* value in [2^e, 2^(e+1)) */
   if (e > 1023) {
     *v = INFINITY;
     return q;
@@ -452,9 +457,12 @@ static int read_const(parser *ps, ir_node *n, const char *type_at) {
     if (!sym_is_const(n->shape[i]) || n->shape[i].c < 0)
       return fail(ps, type_at, "a const's shape must be concrete and non-negative");
     int64_t c = n->shape[i].c;
-    if (c == 0) zero = true;
-    else if (numel > CONST_MAX_NUMEL / c) return fail(ps, type_at, "a const holds at most %d elements", CONST_MAX_NUMEL);
-    else numel *= c;
+    if (c == 0)
+      zero = true;
+    else if (numel > CONST_MAX_NUMEL / c)
+      return fail(ps, type_at, "a const holds at most %d elements", CONST_MAX_NUMEL);
+    else
+      numel *= c;
   }
   if (zero) numel = 0;
   size_t size = kiln_dtype_size(n->dtype);
@@ -562,7 +570,8 @@ static int parse_header(parser *ps) {
           if (expect(ps, "(")) return -1;
           const char *kat = (skip_blank(ps), ps->p);
           if (read_use(ps, &k)) return -1;
-          if (g->nodes[k].op != IR_PARAM) return fail(ps, kat, "%%%d is not a param", k);
+          int kop = g->nodes[k].op;
+          if (kop != IR_PARAM && kop != IR_INPUT) return fail(ps, kat, "%%%d is not an input or a param", k);
           if (expect(ps, ")")) return -1;
           leaf.op = IR_GRAD;
           leaf.n_in = 1;
@@ -612,6 +621,7 @@ static int parse_guards(parser *ps) {
     const char *at = ps->p, *end;
     char e[192];
     sym_guard gd;
+    if (ps->g->n_guards == MAX_GUARDS) return fail(ps, at, "more than %d guards", MAX_GUARDS);
     if (check_syms(ps, at)) return -1;
     if (sym_guard_parse(ps->g->sym, at, &gd, &end, e, sizeof e)) return fail_sym(ps, at, e);
     if (ir_add_guard(ps->g, gd)) return fail_oom(ps);
@@ -640,8 +650,10 @@ static int read_attrs(parser *ps, ir_node *n) {
   if (is_reduce(op)) {
     if (expect_key(ps, "axes") || read_ints(ps, &a->naxes, a->axes)) return -1;
     if (expect(ps, ",") || expect_key(ps, "keepdim")) return -1;
-    if (accept_word(ps, "true")) a->keepdim = true;
-    else if (!accept_word(ps, "false")) return fail(ps, ps->p, "expected 'true' or 'false'");
+    if (accept_word(ps, "true"))
+      a->keepdim = true;
+    else if (!accept_word(ps, "false"))
+      return fail(ps, ps->p, "expected 'true' or 'false'");
   } else if (op == OP_RESHAPE || op == OP_EXPAND) {
     if (expect_key(ps, "shape") || read_dims(ps, &a->ndim, a->shape)) return -1;
   } else if (op == OP_PERMUTE) {
@@ -681,7 +693,8 @@ static int parse_node(parser *ps) {
   if (!len) return fail(ps, op_at, "expected an op name");
   n.op = ir_op_parse(op_at, len);
   if (n.op < 0) return fail(ps, op_at, "unknown op '%.*s'", (int)(len > 32 ? 32 : len), op_at);
-  if (is_header_leaf(n.op)) return fail(ps, op_at, "'%s' is a leaf: leaves are listed in the graph header", ir_op_name(n.op));
+  if (is_header_leaf(n.op))
+    return fail(ps, op_at, "'%s' is a leaf: leaves are listed in the graph header", ir_op_name(n.op));
   ps->p += len;
   if (expect(ps, "(")) return -1;
   if (n.op == IR_CONST) {
@@ -725,9 +738,7 @@ static int parse_write(parser *ps, ir_write_kind kind) {
   const char *at = (skip_blank(ps), ps->p);
   if (read_use(ps, &w.target)) return -1;
   int op = g->nodes[w.target].op;
-  if (kind == IR_WRITE_DATA && op != IR_INPUT && op != IR_PARAM)
-    return fail(ps, at, "%%%d is not an input or a param", w.target);
-  if (kind == IR_WRITE_GRAD && op != IR_PARAM) return fail(ps, at, "%%%d is not a param", w.target);
+  if (op != IR_INPUT && op != IR_PARAM) return fail(ps, at, "%%%d is not an input or a param", w.target);
   if (expect(ps, "=")) return -1;
   if (kind == IR_WRITE_DATA || !accept_word(ps, "none"))
     if (read_use(ps, &w.value)) return -1;

@@ -234,12 +234,12 @@ static void put_where(out *o, const char *file, int line) {
 static bool is_header_leaf(int op) { return op == IR_INPUT || op == IR_PARAM || op == IR_GRAD; }
 
 static void put_name(out *o, const char *name) {
-  char b[sizeof ((ir_graph *)0)->name];
+  char b[sizeof((ir_graph *)0)->name];
   size_t n = strnlen(name, sizeof b - 1);
   for (size_t i = 0; i < n; i++) {
     char c = name[i];
-    bool ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || c == '_' ||
-              (i > 0 && ((c >= '0' && c <= '9') || c == '.'));
+    bool ok =
+        (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || c == '_' || (i > 0 && ((c >= '0' && c <= '9') || c == '.'));
     b[i] = ok ? c : '_';
   }
   b[n] = '\0';
@@ -313,9 +313,12 @@ static void print_graph(out *o, const ir_graph *g) {
 
   for (int i = 0; i < g->n_writes; i++) {
     const ir_write *w = &g->writes[i];
-    if (w->kind == IR_WRITE_DATA) putf(o, "  write %%%d = %%%d", w->target, w->value);
-    else if (w->value < 0) putf(o, "  grad %%%d = none", w->target);
-    else putf(o, "  grad %%%d = %%%d", w->target, w->value);
+    if (w->kind == IR_WRITE_DATA)
+      putf(o, "  write %%%d = %%%d", w->target, w->value);
+    else if (w->value < 0)
+      putf(o, "  grad %%%d = none", w->target);
+    else
+      putf(o, "  grad %%%d = %%%d", w->target, w->value);
     put_where(o, w->file, w->line);
     put_str(o, "\n");
   }

@@ -75,17 +75,17 @@ static int bcast_dim(shape_env *env, sym_dim a, sym_dim b, sym_dim *out) {
   if (sym_same(a, b)) return *out = a, 0;
   if (sym_is_const(b) && b.c == 1) return *out = a, 0;
   if (sym_is_const(a) && a.c == 1) return *out = b, 0;
-  int r = shape_decide(env, a, SYM_EQ, sym_const(1));
+  /* equal sizes first: one guard a == b serves every size, 1 included */
+  int r = shape_decide(env, a, SYM_EQ, b);
+  if (r < 0) return -1;
+  if (r) return *out = sym_is_const(b) ? b : a, 0;
+  r = shape_decide(env, a, SYM_EQ, sym_const(1));
   if (r < 0) return -1;
   if (r) return *out = b, 0;
   r = shape_decide(env, b, SYM_EQ, sym_const(1));
   if (r < 0) return -1;
   if (r) return *out = a, 0;
-  r = shape_decide(env, a, SYM_EQ, b);
-  if (r <= 0) return -1;
-  /* equal: keep the simpler (a constant, else the first) */
-  *out = sym_is_const(b) ? b : a;
-  return 0;
+  return -1;
 }
 
 static int bcast(shape_env *env, int na, const sym_dim *sa, int nb, const sym_dim *sb, int *nout, sym_dim *out) {
@@ -111,6 +111,12 @@ int symshape_infer(shape_env *env, ir_node *n, char *err, size_t errn) {
   ir_graph *g = env->g;
   const char *name = ir_op_name(n->op);
   char b0[256], b1[256];
+  if (n->op == IR_NUMEL) {
+    if (n->n_in != 1 || n->in[0] < 0 || n->in[0] >= g->n_nodes) return fail(err, errn, "numel: needs one input");
+    if (!dtype_is_float(n->dtype) && n->dtype != KILN_I64) return fail(err, errn, "numel: dtype %s", kiln_dtype_name(n->dtype));
+    n->ndim = 0;
+    return 0;
+  }
   if (n->op >= IR_INPUT) {
     if (n->op == IR_GRAD) {
       const ir_node *p = &g->nodes[n->in[0]];

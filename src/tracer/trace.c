@@ -24,8 +24,9 @@ typedef struct tmap {
 /* traced value -> the one dim seen with it (or ambiguous) */
 typedef struct size_entry {
   int64_t v;
-  sym_dim d;
-  bool used, ambiguous;
+  sym_dim d[4];      /* the distinct dims seen with this value */
+  int n;
+  bool used, ambiguous; /* ambiguous: more than fit */
 } size_entry;
 
 typedef struct leaf {
@@ -142,11 +143,14 @@ static void note_size(tracer *tr, sym_dim d) {
   for (size_t probes = 0; probes < tr->sizes_cap; probes++, i = (i + 1) & (tr->sizes_cap - 1)) {
     size_entry *e = &tr->sizes[i];
     if (!e->used) {
-      *e = (size_entry){v, d, true, false};
+      *e = (size_entry){.v = v, .d = {d}, .n = 1, .used = true};
       return;
     }
     if (e->v == v) {
-      if (!sym_same(e->d, d)) e->ambiguous = true;
+      for (int k = 0; k < e->n; k++)
+        if (sym_same(e->d[k], d)) return;
+      if (e->n < 4) e->d[e->n++] = d;
+      else e->ambiguous = true;
       return;
     }
   }
@@ -164,7 +168,13 @@ static sym_dim resolve(tracer *tr, int64_t v) {
   for (size_t probes = 0; probes < tr->sizes_cap; probes++, i = (i + 1) & (tr->sizes_cap - 1)) {
     size_entry *e = &tr->sizes[i];
     if (!e->used) break;
-    if (e->v == v) return e->ambiguous ? sym_const(v) : e->d;
+    if (e->v != v) continue;
+    if (e->ambiguous) break;
+    /* one dim, or several the guards say are equal (s0 == s1): the first */
+    shape_env env = {tr->g, NULL, 0, false};
+    for (int k = 1; k < e->n; k++)
+      if (shape_decide(&env, e->d[0], SYM_EQ, e->d[k]) != 1) return sym_const(v);
+    return e->d[0];
   }
   return sym_const(v);
 }
@@ -535,6 +545,21 @@ static void on_zero_grad(void *ctx, kiln_tensor *t) {
   node_of(tr, t, "", 0); /* lift it now, so its .grad at the start of the call is what we record */
 }
 
+static void on_numel(void *ctx, kiln_tensor *out, const kiln_tensor *x, const int *axes, int naxes, int64_t offset,
+                     const char *file, int line) {
+  tracer *tr = ctx;
+  if (tr->failed || tr->value_dep) return;
+  int xid = node_of(tr, (kiln_tensor *)x, file, line);
+  if (xid < 0) return;
+  ir_node n = {.op = IR_NUMEL, .dtype = out->dtype, .n_in = 1, .in = &xid, .file = file, .line = line};
+  n.attrs.naxes = naxes;
+  for (int i = 0; i < naxes && i < MAXD; i++) n.attrs.axes[i] = axes[i];
+  n.attrs.start = sym_const(offset);
+  n.attrs.end = sym_const(0);
+  int id = ir_add(tr->g, &n);
+  if (id < 0 || map_put(&tr->map, out->serial, id)) tfail(tr, "out of memory while tracing");
+}
+
 /* ---- the run ---- */
 
 static void tracer_free(tracer *tr) {
@@ -663,7 +688,7 @@ int trace_run(kiln_body body, void *ctx, kiln_tensor *const *in, int n_in, kiln_
   memset(res, 0, sizeof *res);
   tracer tr = {.spec = spec, .serial0 = tensor_serial_now()};
   tr.g = ir_new(name);
-  tr.hooks = (trace_hooks){&tr, on_op, on_inplace, on_read, on_zero_grad};
+  tr.hooks = (trace_hooks){&tr, on_op, on_inplace, on_read, on_zero_grad, on_numel};
   if (!tr.g || add_inputs(&tr, in, n_in)) tfail(&tr, "out of memory while tracing");
 
   const trace_hooks *saved = dispatch_hooks();

@@ -17,6 +17,7 @@ enum {
   IR_PARAM,            /* an implicit input (a tensor the function reached, a weight): params[index] */
   IR_GRAD,             /* the .grad of the param node in[0] when the call starts */
   IR_CONST,            /* data inside the graph (scalars, tensors made in the trace, frozen params) */
+  IR_NUMEL,            /* 0-d: the product of in[0]'s sizes over attrs.axes (all when naxes is 0) plus attrs.start */
   IR_OP_COUNT
 };
 
@@ -86,6 +87,9 @@ const char *ir_str(ir_graph *g, const char *s); /* interned copy of s */
 
 /* Declares symbol s<id> (id == g->n_syms) with bounds; 0 or -1. */
 int ir_add_sym(ir_graph *g, int64_t lo, int64_t hi, sym_dim *out);
+
+/* The value of an IR_NUMEL node as a symbolic size (the error dim on overflow). */
+sym_dim ir_numel_value(const ir_graph *g, const ir_node *n);
 
 /* Appends a node, or returns the id of an equal one (same op, dtype, shape,
  * inputs, attrs, index and data): CSE by construction. file/line of the first

@@ -108,7 +108,7 @@ static bool dims_agree(verifier *v, sym_dim d, sym_dim r) {
   return sym_eval(d, v->witness, v->g->n_syms, &a) == 0 && sym_eval(r, v->witness, v->g->n_syms, &b) == 0 && a == b;
 }
 
-/* An op node against its shape rule. */
+/* An op node against its shape rule: dtype, rank, then each dim. */
 static int check_rule(verifier *v, int id) {
   const ir_node *n = &v->g->nodes[id];
   const char *op = ir_op_name(n->op);
@@ -129,7 +129,6 @@ static int check_rule(verifier *v, int id) {
     memset(r.shape, 0, sizeof r.shape);
     if (symshape_infer(&env, &r, why, sizeof why)) return fail(v, "%%%d: %s", id, why);
   }
-  n = &v->g->nodes[id]; /* the rule may not add nodes, but be safe about the pointer */
   if (r.dtype != n->dtype)
     return fail(v, "%%%d: %s: dtype %s, but the rule gives %s", id, op, kiln_dtype_name(n->dtype), kiln_dtype_name(r.dtype));
   if (r.ndim != n->ndim) return fail(v, "%%%d: %s: rank %d, but the rule gives %d", id, op, n->ndim, r.ndim);
@@ -151,7 +150,7 @@ static int check_node(verifier *v, int id) {
   for (int j = 0; j < n->n_in; j++)
     if (n->in[j] < 0 || n->in[j] >= id)
       return fail(v, "%%%d: %s: input %d is %%%d, which is not defined before it", id, op, j, n->in[j]);
-  int want = n->op < OP_COUNT ? op_table[n->op].arity : n->op == IR_GRAD ? 1 : 0;
+  int want = n->op < OP_COUNT ? op_table[n->op].arity : (n->op == IR_GRAD || n->op == IR_NUMEL) ? 1 : 0;
   if (want >= 0 && n->n_in != want) return fail(v, "%%%d: %s: takes %d inputs, has %d", id, op, want, n->n_in);
   if (want < 0 && n->n_in < 1) return fail(v, "%%%d: %s: needs at least one input", id, op);
   if ((unsigned)n->dtype > KILN_BOOL) return fail(v, "%%%d: %s: unknown dtype %d", id, op, (int)n->dtype);
