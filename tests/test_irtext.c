@@ -196,6 +196,11 @@ static void same_graph(const ir_graph *a, const ir_graph *b)
     case OP_INDEX_SELECT:
     case OP_INDEX_ADD: ck_assert_int_eq(p->dim, q->dim); break;
     case OP_CAST: ck_assert_int_eq(p->dtype, q->dtype); break;
+    case IR_NUMEL:
+      ck_assert_int_eq(p->naxes, q->naxes);
+      ck_assert_int_eq(0, memcmp(p->axes, q->axes, sizeof(int) * (size_t)p->naxes));
+      same_dims(1, &p->start, &q->start, id);
+      break;
     default: break;
     }
     if (x->op == IR_CONST) {
@@ -548,6 +553,10 @@ START_TEST(test_attrs)
   OP(OP_CAST, KILN_BOOL, "2,3,4", (&(ir_attrs){.dtype = KILN_BOOL}), line++, x);
   OP(OP_WHERE, KILN_F32, "2,3,4", NULL, line++, n + 16, x, x);
   OP(OP_COPY, KILN_F32, "2,3,4", NULL, 0, x);
+  OP(IR_NUMEL, KILN_I64, "", (&(ir_attrs){.naxes = 2, .axes = {0, 2}, .start = sym_const(-1)}), line++, x);
+  ir_attrs nu = {.naxes = 0};
+  dims_of("s0 + 1", &nu.start);
+  OP(IR_NUMEL, KILN_F32, "", &nu, line++, s);
   char *t = round_trip(g);
   const char *want[] = {
       "= sum(%0) {axes=[1,2], keepdim=true}  # t.c:10",
@@ -569,6 +578,8 @@ START_TEST(test_attrs)
       "bool[2,3,4] = cast(%0) {dtype=bool}",
       "= where(%19, %0, %0)  # t.c:27\n",
       "  %22: f32[2,3,4] = contiguous(%0)\n",
+      "  %23: i64[] = numel(%0) {axes=[0,2], start=-1}  # t.c:28\n",
+      "  %24: f32[] = numel(%2) {axes=[], start=s0 + 1}  # t.c:29\n",
   };
   for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
     ck_assert_msg(strstr(t, want[i]), "missing '%s' in\n%s", want[i], t);
@@ -723,6 +734,8 @@ static const struct {
     {H "  %2: f32[s0,4] = neg(%0, %1)", "line 3, col 19: 'neg' takes 1 input, not 2"},
     {H "  %2: f32[s0,4] = cat() {dim=0}", "line 3, col 19: 'cat' takes at least 1 input"},
     {H "  %2: f32[s0,4] = input()", "line 3, col 19: 'input' is a leaf: leaves are listed in the graph header"},
+    {H "  %2: i64[] = numel(%0) {axes=[1]}", "line 3, col 34: expected ','"},
+    {H "  %2: i64[] = numel(%0, %1) {axes=[1], start=0}", "line 3, col 15: 'numel' takes 1 input, not 2"},
     {H "  %2: f32[s0] = const(1)", "line 3, col 7: a const's shape must be concrete and non-negative"},
     {H "  %2: f32[3] = const(1, 2)", "line 3, col 26: a const of 3 elements needs 3 values or one, not 2"},
     {H "  %2: f32[3] = const(1, 2, 3, 4)", "line 3, col 31: more values than the 3 of the shape"},

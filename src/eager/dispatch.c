@@ -124,6 +124,12 @@ fail:
   return NULL;
 }
 
+int op_kernel(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out) {
+  static const op_attrs none;
+  if (!kernels[op]) return -1;
+  return kernels[op](op, in, n, a ? a : &none, out);
+}
+
 kiln_tensor *op_run(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, const char *file, int line) {
   return dispatch_owned(op, in, n, a, file, line);
 }

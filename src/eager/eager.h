@@ -127,6 +127,9 @@ extern const op_info op_table[OP_COUNT];
 kiln_tensor *op_dispatch(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, const char *file,
                          int line);
 
+/* Runs op's eager kernel into out (allocated, contiguous, the right shape and
+ * dtype); inputs already promoted. No checks, no autograd, no hooks. 0 or -1. */
+int op_kernel(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out);
 /* Same, but the result belongs to the caller (no scope): the interpreter frees at last use. */
 kiln_tensor *op_run(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, const char *file, int line);
 

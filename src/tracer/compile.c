@@ -323,11 +323,10 @@ kiln_fn *kiln_compile_at(kiln_body body, void *ctx, const kiln_options *opts, co
   if (dir) snprintf(fn->dump_dir, sizeof fn->dump_dir, "%s", dir);
   const char *chk = getenv("KILN_CHECK");
   if (chk && *chk && strcmp(chk, "0")) fn->opts.check = 1;
-  fn->be = &backend_interp;
   int be = o.backend;
   const char *bn = getenv("KILN_BACKEND");
   if (be == KILN_BACKEND_DEFAULT && bn && !strcmp(bn, "interp")) be = KILN_BACKEND_INTERP;
-  (void)be; /* the interpreter is the only backend so far */
+  fn->be = be == KILN_BACKEND_INTERP ? &backend_interp : &backend_llvm;
   if (o.dynamic == KILN_DYNAMIC_ALL) memset(fn->dyn, 1, sizeof fn->dyn);
   pthread_mutex_init(&fn->mu, NULL);
   return fn;
@@ -480,6 +479,14 @@ static int trace_and_cache(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **ou
     dump_close(f);
   }
   v->exec = v->be->compile(g, fn->dump, stderr, err, sizeof err);
+  if (!v->exec && v->be != &backend_interp) {
+    /* never a crash or a wrong answer: the interpreter runs what LLVM could not */
+    fprintf(stderr, "kiln: warning: %s: the %s backend failed (%s); this variant runs on the interpreter\n", fn->name,
+            v->be->name, err);
+    dump_note(fn, "%s backend failed: %s; interpreter instead", v->be->name, err);
+    v->be = &backend_interp;
+    v->exec = v->be->compile(g, fn->dump, stderr, err, sizeof err);
+  }
   if (!v->exec) goto fail;
   double t2 = now_ms();
   pthread_mutex_lock(&fn->mu);
@@ -745,12 +752,10 @@ kiln_fn *kiln_load_string(const char *text) {
   for (int i = 0; i < g->n_nodes; i++)
     if (g->nodes[i].op == IR_PARAM) {
       g->nodes[i].op = IR_INPUT;
-      g->nodes[i].index += g->n_inputs - 0;
+      g->nodes[i].index += g->n_inputs;
     }
   int n_in = g->n_inputs + g->n_params;
   int n_params = g->n_params;
-  for (int i = 0; i < g->n_nodes; i++)
-    if (g->nodes[i].op == IR_INPUT && i >= g->n_inputs) g->nodes[i].index = i; /* leaves are first, in order */
   g->n_inputs = n_in;
   g->n_params = 0;
   (void)n_params;
@@ -778,6 +783,12 @@ kiln_fn *kiln_load_string(const char *text) {
   }
   for (int i = 0; i < n_in; i++) v->alias[i] = i; /* compiled for distinct inputs */
   v->exec = v->be->compile(g, 0, stderr, err, sizeof err);
+  if (!v->exec && v->be != &backend_interp) {
+    fprintf(stderr, "kiln: warning: %s: the %s backend failed (%s); the loaded graph runs on the interpreter\n", fn->name,
+            v->be->name, err);
+    v->be = &backend_interp;
+    v->exec = v->be->compile(g, 0, stderr, err, sizeof err);
+  }
   if (!v->exec) goto oom;
   fn->variants[0] = v;
   fn->n_variants = fn->cap = 1;

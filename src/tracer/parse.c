@@ -633,6 +633,12 @@ static int parse_guards(parser *ps) {
   }
 }
 
+/* Inputs an op takes: -1 for one or more, -2 for an op with no node line. */
+static int op_arity(int op) {
+  if (op >= 0 && op < OP_COUNT) return op_table[op].arity;
+  return op == IR_NUMEL ? 1 : -2;
+}
+
 static bool is_reduce(int op) {
   return op == OP_SUM || op == OP_MEAN || op == OP_MAX || op == OP_MIN || op == OP_ARGMAX;
 }
@@ -642,7 +648,8 @@ static int read_attrs(parser *ps, ir_node *n) {
   ir_attrs *a = &n->attrs;
   int op = n->op;
   bool has = is_reduce(op) || op == OP_RESHAPE || op == OP_EXPAND || op == OP_PERMUTE || op == OP_SLICE ||
-             op == OP_SLICE_SCATTER || op == OP_CAT || op == OP_INDEX_SELECT || op == OP_INDEX_ADD || op == OP_CAST;
+             op == OP_SLICE_SCATTER || op == OP_CAT || op == OP_INDEX_SELECT || op == OP_INDEX_ADD || op == OP_CAST ||
+             op == IR_NUMEL;
   skip_blank(ps);
   if (!has) return *ps->p == '{' ? fail(ps, ps->p, "'%s' takes no attributes", ir_op_name(op)) : 0;
   if (expect(ps, "{")) return -1;
@@ -668,6 +675,9 @@ static int read_attrs(parser *ps, ir_node *n) {
     if (expect(ps, ",") || expect_key(ps, "start") || read_dim(ps, &a->start)) return -1;
     if (expect(ps, ",") || expect_key(ps, "end") || read_dim(ps, &a->end)) return -1;
     if (expect(ps, ",") || expect_key(ps, "step") || read_int(ps, INT64_MIN, INT64_MAX, &a->step)) return -1;
+  } else if (op == IR_NUMEL) {
+    if (expect_key(ps, "axes") || read_ints(ps, &a->naxes, a->axes)) return -1;
+    if (expect(ps, ",") || expect_key(ps, "start") || read_dim(ps, &a->start)) return -1;
   } else if (op == OP_CAST) {
     if (expect_key(ps, "dtype") || read_dtype(ps, &a->dtype)) return -1;
   } else {
@@ -695,6 +705,7 @@ static int parse_node(parser *ps) {
   if (n.op < 0) return fail(ps, op_at, "unknown op '%.*s'", (int)(len > 32 ? 32 : len), op_at);
   if (is_header_leaf(n.op))
     return fail(ps, op_at, "'%s' is a leaf: leaves are listed in the graph header", ir_op_name(n.op));
+  if (n.op != IR_CONST && op_arity(n.op) == -2) return fail(ps, op_at, "'%s' has no node line", ir_op_name(n.op));
   ps->p += len;
   if (expect(ps, "(")) return -1;
   if (n.op == IR_CONST) {
@@ -719,7 +730,7 @@ static int parse_node(parser *ps) {
       }
     ps->p++;
     n.in = ps->ins;
-    int arity = op_table[n.op].arity;
+    int arity = op_arity(n.op);
     if (arity < 0 && n.n_in < 1) return fail(ps, op_at, "'%s' takes at least 1 input", ir_op_name(n.op));
     if (arity >= 0 && n.n_in != arity)
       return fail(ps, op_at, "'%s' takes %d input%s, not %d", ir_op_name(n.op), arity, arity == 1 ? "" : "s", n.n_in);

@@ -214,6 +214,13 @@ static void put_attrs(out *o, const ir_graph *g, int id) {
   case OP_INDEX_SELECT:
   case OP_INDEX_ADD: putf(o, " {dim=%d}", a->dim); break;
   case OP_CAST: putf(o, " {dtype=%s}", kiln_dtype_name(a->dtype)); break;
+  case IR_NUMEL:
+    put_str(o, " {axes=");
+    put_ints(o, clamp_rank(a->naxes), a->axes);
+    put_str(o, ", start=");
+    put_dim(o, a->start);
+    put_str(o, "}");
+    break;
   default: break;
   }
 }

@@ -218,6 +218,7 @@ typedef struct backend {
 } backend;
 
 extern const backend backend_interp;
+extern const backend backend_llvm; /* src/codegen */
 /* Runs node by node through the eager kernels (no autograd); out as in backend.run. */
 int interp_run(const ir_graph *g, kiln_tensor *const *in, kiln_tensor *const *params, kiln_tensor **out);
 

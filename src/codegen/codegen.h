@@ -1,0 +1,184 @@
+/* Internal header of the codegen layer: fusion into kernels, the memory plan,
+ * lowering to LLVM IR, vector math, the ORC JIT and the runtime that runs a
+ * compiled graph. Only src/codegen includes LLVM's headers. Sectioned by file.
+ *
+ * The stages, in order (runtime.c lists them):
+ *   fuse   graph -> kernels: each kernel a loop nest over symbolic sizes whose
+ *          body is a small expression DAG over loads from buffers
+ *   plan   buffers -> arena slots by liveness (sizes evaluated per call)
+ *   lower  kernels -> one LLVM module (vector math inline)
+ *   jit    optimize for the host CPU, compile with LLJIT, look the kernels up
+ *   run    bind symbols, evaluate the kernels' parameters, run each kernel
+ *          over the thread pool (or BLAS, or an eager kernel), write back */
+#ifndef KILN_CODEGEN_H
+#define KILN_CODEGEN_H
+
+#include <llvm-c/Core.h>
+
+#include "tracer/tracer.h"
+
+/* ---- fuse.c: kernels ------------------------------------------------------ */
+
+/* A buffer: memory one node's value lives in. */
+typedef enum cg_buf_kind {
+  CG_BUF_INPUT,  /* an input or param tensor */
+  CG_BUF_GRAD,   /* the .grad of a leaf */
+  CG_BUF_CONST,  /* a constant of the graph */
+  CG_BUF_TEMP,   /* an intermediate in the arena, contiguous */
+  CG_BUF_OUTPUT  /* a graph output or write value: a fresh contiguous tensor */
+} cg_buf_kind;
+
+typedef struct cg_buf {
+  cg_buf_kind kind;
+  int node;             /* the graph node whose value it holds */
+  kiln_dtype dtype;
+  int ndim;
+  sym_dim shape[MAXD];  /* of the node */
+  int first, last;      /* kernels that write it first and read it last (liveness) */
+  int alias_of;         /* TEMP reusing a dying input's memory in place, else -1 */
+} cg_buf;
+
+/* How a kernel reads or writes a buffer: element offset and one stride per
+ * loop dim (0 where it broadcasts), all symbolic, in the buffer's contiguous
+ * row-major numbering (the runtime makes a strided input contiguous first). */
+typedef struct cg_access {
+  int buf;
+  sym_dim offset;        /* elements, in the buffer's contiguous numbering */
+  sym_dim stride[MAXD];  /* per loop dim, in the buffer's contiguous numbering */
+} cg_access;
+
+/* One scalar operation of a kernel body, evaluated per loop element. */
+typedef enum cg_eop {
+  CG_LOAD,   /* access index in a */
+  CG_CONST,  /* value in c, dtype */
+  CG_ACC,    /* the result of reduce stage a of this kernel (per outer element) */
+  CG_SYM,    /* the symbolic size s, converted to dtype (a count: IR_NUMEL) */
+  CG_OP      /* op (an eager op_id, pointwise) over in[0..n_in) */
+} cg_eop;
+
+typedef struct cg_expr {
+  cg_eop kind;
+  int op;           /* CG_OP: OP_ADD ... OP_CAST, OP_WHERE */
+  kiln_dtype dtype; /* of the result */
+  int n_in;
+  int in[3];        /* expression ids, smaller than this one's */
+  int a;            /* CG_LOAD: access id; CG_ACC: stage id */
+  double c;         /* CG_CONST */
+  sym_dim s;        /* CG_SYM */
+  kiln_dtype cast_to; /* CG_OP with OP_CAST */
+} cg_expr;
+
+/* A stage of a kernel, run for each outer element in order:
+ *   REDUCE: acc = reduce over the inner dims of expr (sum, max, min; mean is a sum then a divide)
+ *   MAP:    for each inner element, store expr to the access (inner dims may be none) */
+typedef enum cg_stage_kind { CG_REDUCE, CG_MAP } cg_stage_kind;
+
+typedef struct cg_stage {
+  cg_stage_kind kind;
+  int op;           /* REDUCE: OP_SUM, OP_MAX, OP_MIN */
+  int expr;         /* expression id */
+  int store;        /* MAP: access id to write */
+  bool inner;       /* MAP: loops over the inner dims (else once per outer element) */
+} cg_stage;
+
+typedef enum cg_kernel_kind {
+  CG_K_LOOP,    /* a loop nest (lowered to LLVM): pointwise, reductions, row-wise */
+  CG_K_MATMUL,  /* cblas gemm on buffers, then (optionally) a loop epilogue kernel */
+  CG_K_EAGER    /* one graph node run through the eager kernel (cat, index ops, argmax ...) */
+} cg_kernel_kind;
+
+typedef struct cg_kernel {
+  cg_kernel_kind kind;
+  int id;
+  /* loops: dims [0, n_outer) are outer (parallel, flattened), [n_outer, ndim) inner */
+  int ndim, n_outer;
+  sym_dim dim[MAXD];
+  cg_access *acc;
+  int n_acc;
+  cg_expr *expr;
+  int n_expr;
+  cg_stage *stage;
+  int n_stage;
+  /* CG_K_MATMUL / CG_K_EAGER: the graph node and its operands' buffers */
+  int node;
+  int in_buf[3], out_buf;
+  /* what it covers, for dumps and check mode */
+  int *nodes;
+  int n_nodes;
+  char name[32];     /* "k3_pointwise", symbol in the module */
+  sym_dim *param;    /* what p[i] holds when the kernel runs (filled by lowering) */
+  int n_param;
+} cg_kernel;
+
+/* Where a node's value lives: a buffer read through an offset and strides
+ * (per node dim), or buf -1 for a node inlined into kernels. */
+typedef struct cg_view {
+  int buf;
+  sym_dim off;
+  sym_dim stride[MAXD];
+} cg_view;
+
+typedef struct cg_program {
+  const ir_graph *g;
+  cg_buf *buf;
+  int n_buf;
+  int *node_buf;     /* graph node -> the buffer it is stored in, or -1 */
+  cg_view *views;    /* graph node -> where its value is (buffers and views of them) */
+  cg_kernel *k;
+  int n_k;
+} cg_program;
+
+/* Partitions g into kernels; NULL with err on failure (the caller falls back). */
+cg_program *fuse_graph(const ir_graph *g, char *err, size_t errn);
+void cg_program_free(cg_program *p);
+/* The kernels, their nodes with file:line, loops and buffers, as text. */
+void fuse_dump(const cg_program *p, FILE *f);
+
+/* ---- jit.c: LLVM target, optimization, ORC LLJIT ---------------------------- */
+
+typedef struct cg_jit cg_jit;
+
+/* One-time LLVM setup (thread safe); 0 or -1. */
+int jit_init(char *err, size_t errn);
+/* A fresh context and module to build into, for the host target. */
+typedef struct cg_module {
+  LLVMContextRef ctx;
+  LLVMModuleRef mod;
+  void *tsc; /* the thread-safe context that owns ctx */
+} cg_module;
+int jit_module_new(cg_module *m, const char *name, char *err, size_t errn);
+void jit_module_dispose(cg_module *m); /* only for a module not handed to jit_compile */
+/* Verifies, optimizes (O2 for the host CPU name and features) and JIT-compiles
+ * m (consumed). Dumps the optimized module (KILN_DUMP_LLVM) and the machine
+ * code (KILN_DUMP_ASM) to dump_to. Times the two phases. NULL with err. */
+cg_jit *jit_compile(cg_module *m, unsigned dump, FILE *dump_to, double *opt_ms, double *codegen_ms, char *err,
+                    size_t errn);
+/* Address of a function of the compiled module, or NULL. */
+void *jit_lookup(cg_jit *j, const char *name);
+void jit_free(cg_jit *j);
+
+/* ---- vmath_ir.c: vector math emitted as IR ---------------------------------- */
+
+/* Emits op (OP_EXP, OP_LOG, OP_TANH, OP_SIGMOID, OP_GELU, OP_GELU_ERF, OP_ERF,
+ * OP_SIN, OP_COS, OP_SQRT, OP_RSQRT) applied to x, a float or double scalar or
+ * vector, with branch-free code (selects, no calls) that the loop vectorizer
+ * can widen. Accuracy: the bounds of src/eager/vmath.h (tested). NULL when op
+ * is not one of these. */
+LLVMValueRef vmath_emit(LLVMBuilderRef b, int op, LLVMValueRef x);
+
+/* ---- lower.c ------------------------------------------------------------------ */
+
+/* Adds kernel k (CG_K_LOOP) to module m as function k->name; 0 or -1. */
+int lower_kernel(const cg_program *p, cg_kernel *k, LLVMModuleRef m);
+
+/* ---- plan.c: memory ------------------------------------------------------------ */
+
+/* Arena offsets for the TEMP buffers of p given their byte sizes this call:
+ * first fit by liveness over the kernel order. Returns the arena bytes. */
+size_t plan_arena(const cg_program *p, const size_t *bytes, size_t *offset);
+
+/* ---- runtime.c: the LLVM backend ------------------------------------------------ */
+
+extern const backend backend_llvm;
+
+#endif

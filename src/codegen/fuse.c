@@ -1,0 +1,638 @@
+/* Fusion: partitions a graph into kernels. A node is either materialized (it
+ * gets a buffer and is the root of a kernel that stores it) or inlined into
+ * the expressions of the kernels that use it. Views never run: they compose
+ * into the index map (offset and strides) through which a kernel reads their
+ * base buffer. Kernels come in three kinds:
+ *   pointwise   a MAP over the root's shape, the whole inlined tree in one loop
+ *   row-wise    reductions over the trailing dims of the root's shape, run as
+ *               REDUCE stages per row before the MAP (softmax, layer norm)
+ *   reduction   a materialized reduce: its inlined prologue in the inner loop,
+ *               the result stored once per outer element
+ * plus matmul (BLAS) and eager (one node through its eager kernel).
+ * The partition is found by building kernels and materializing what does not
+ * fit (a reduce wanted by two kernels, a costly node that two kernels would
+ * recompute, a reduce whose space differs from its consumer's), until stable. */
+#include <string.h>
+
+#include "codegen/codegen.h"
+
+typedef cg_view vmap;
+
+typedef struct fuser {
+  const ir_graph *g;
+  sym_ctx *sym;
+  uint8_t *mat;          /* node -> materialized */
+  uint8_t *is_out;       /* node -> a graph output */
+  int *uses;             /* consumers per node */
+  int *kcount;           /* node -> kernels that inlined it (this round) */
+  int *klast;            /* node -> last kernel that counted it */
+  vmap *map;             /* per node: for leaves, materialized nodes and views */
+  cg_program *p;
+  int cap_k, cap_buf;
+  int restart;           /* a node became materialized: build again */
+  char *err;
+  size_t errn;
+} fuser;
+
+static bool is_compute(int op) {
+  return op == IR_NUMEL || (op < OP_COUNT && (op_table[op].kind == KIND_POINTWISE || op == OP_SUM || op == OP_MEAN || op == OP_MAX ||
+                           op == OP_MIN));
+}
+static bool is_reduce(int op) { return op == OP_SUM || op == OP_MEAN || op == OP_MAX || op == OP_MIN; }
+static bool is_view(int op) { return op < OP_COUNT && op_table[op].kind == KIND_VIEW; }
+static bool is_heavy(int op) {
+  switch (op) {
+  case OP_EXP: case OP_LOG: case OP_TANH: case OP_SIGMOID: case OP_GELU: case OP_GELU_ERF: case OP_ERF:
+  case OP_SIN: case OP_COS: case OP_POW: case OP_SQRT: case OP_RSQRT: case OP_DIV:
+    return true;
+  default:
+    return false;
+  }
+}
+
+static bool is_one(const ir_graph *g, sym_dim d) {
+  if (sym_is_const(d)) return d.c == 1;
+  for (int i = 0; i < g->n_guards; i++) {
+    const sym_guard *gd = &g->guards[i];
+    if (gd->op != SYM_EQ) continue;
+    if ((sym_same(gd->lhs, d) && sym_is_const(gd->rhs) && gd->rhs.c == 1) ||
+        (sym_same(gd->rhs, d) && sym_is_const(gd->lhs) && gd->lhs.c == 1))
+      return true;
+  }
+  return false;
+}
+
+static void contiguous(sym_ctx *s, int ndim, const sym_dim *shape, sym_dim *stride) {
+  sym_dim acc = sym_const(1);
+  for (int i = ndim - 1; i >= 0; i--) {
+    stride[i] = acc;
+    acc = sym_mul(s, acc, shape[i]);
+  }
+}
+
+static bool same_dims(int n, const sym_dim *a, const sym_dim *b) {
+  for (int i = 0; i < n; i++)
+    if (!sym_same(a[i], b[i])) return false;
+  return true;
+}
+
+/* ---- buffers and maps ---- */
+
+static int add_buf(fuser *f, cg_buf_kind kind, int node) {
+  cg_program *p = f->p;
+  if (p->n_buf == f->cap_buf) {
+    int cap = f->cap_buf ? f->cap_buf * 2 : 32;
+    cg_buf *nb = alloc_realloc(p->buf, sizeof *nb * (size_t)cap);
+    if (!nb) return -1;
+    p->buf = nb;
+    f->cap_buf = cap;
+  }
+  const ir_node *n = &f->g->nodes[node];
+  cg_buf *b = &p->buf[p->n_buf];
+  memset(b, 0, sizeof *b);
+  b->kind = kind;
+  b->node = node;
+  b->dtype = n->dtype;
+  b->ndim = n->ndim;
+  memcpy(b->shape, n->shape, sizeof b->shape);
+  b->first = b->last = -1;
+  b->alias_of = -1;
+  p->node_buf[node] = p->n_buf;
+  f->map[node].buf = p->n_buf;
+  f->map[node].off = sym_const(0);
+  contiguous(f->sym, n->ndim, n->shape, f->map[node].stride);
+  return p->n_buf++;
+}
+
+/* The index map of a view node from its input's; 0, or 1 when the view cannot
+ * be expressed with strides (a reshape of a non-contiguous map). */
+static int view_map(fuser *f, const ir_node *n, vmap *out) {
+  const ir_graph *g = f->g;
+  const ir_node *x = &g->nodes[n->in[0]];
+  const vmap *m = &f->map[n->in[0]];
+  sym_ctx *s = f->sym;
+  out->buf = m->buf;
+  out->off = m->off;
+  const ir_attrs *a = &n->attrs;
+  switch (n->op) {
+  case OP_PERMUTE:
+    for (int i = 0; i < n->ndim; i++) out->stride[i] = m->stride[a->perm[i]];
+    return 0;
+  case OP_EXPAND:
+    for (int i = 0; i < n->ndim; i++) {
+      int j = i - (n->ndim - x->ndim);
+      out->stride[i] = j < 0 || (is_one(g, x->shape[j]) && !is_one(g, n->shape[i])) ? sym_const(0) : m->stride[j];
+    }
+    return 0;
+  case OP_SLICE:
+    memcpy(out->stride, m->stride, sizeof out->stride);
+    out->off = sym_add(s, m->off, sym_mul(s, a->start, m->stride[a->dim]));
+    out->stride[a->dim] = sym_mul(s, m->stride[a->dim], sym_const(a->step));
+    return 0;
+  case OP_RESHAPE: {
+    sym_dim want[MAXD];
+    contiguous(s, x->ndim, x->shape, want);
+    for (int i = 0; i < x->ndim; i++)
+      if (!is_one(g, x->shape[i]) && !sym_same(want[i], m->stride[i])) return 1;
+    contiguous(s, n->ndim, n->shape, out->stride);
+    return 0;
+  }
+  default:
+    return 1;
+  }
+}
+
+/* ---- kernels ---- */
+
+typedef struct kbuild {
+  cg_kernel *k;
+  int cap_acc, cap_expr, cap_stage, cap_nodes;
+  int *memo;             /* node -> expr id + 1 in this kernel */
+  int ref_ndim;          /* the reference shape values align with (right-aligned) */
+  sym_dim ref[MAXD];
+  int perm[MAXD];        /* space dim -> reference dim */
+  int n_kept;            /* reduce kernels with keepdim=false: values of rank n_kept map to the kept dims */
+  int kept[MAXD];
+  bool row;              /* trailing dims of the reference are inner */
+  int row_inner;         /* how many */
+} kbuild;
+
+#define GROW(ptr, n, cap)                                                    \
+  do {                                                                       \
+    if ((n) == (cap)) {                                                      \
+      int nc_ = (cap) ? (cap) * 2 : 8;                                       \
+      void *np_ = alloc_realloc((ptr), sizeof *(ptr) * (size_t)nc_);         \
+      if (!np_) return -1;                                                   \
+      (ptr) = np_;                                                           \
+      (cap) = nc_;                                                           \
+    }                                                                        \
+  } while (0)
+
+static int add_acc(fuser *f, kbuild *kb, int node) {
+  cg_kernel *k = kb->k;
+  const ir_node *n = &f->g->nodes[node];
+  const vmap *m = &f->map[node];
+  GROW(k->acc, k->n_acc, kb->cap_acc);
+  cg_access *a = &k->acc[k->n_acc];
+  a->buf = m->buf;
+  a->offset = m->off;
+  for (int d = 0; d < k->ndim; d++) {
+    int r = kb->perm[d];
+    int j;
+    if (kb->n_kept && n->ndim == kb->n_kept) {
+      j = -1;
+      for (int q = 0; q < kb->n_kept; q++)
+        if (kb->kept[q] == r) j = q;
+    } else {
+      j = r - (kb->ref_ndim - n->ndim);
+    }
+    a->stride[d] = j < 0 || is_one(f->g, n->shape[j]) ? sym_const(0) : m->stride[j];
+  }
+  return k->n_acc++;
+}
+
+static int add_expr(kbuild *kb, cg_expr e) {
+  cg_kernel *k = kb->k;
+  GROW(k->expr, k->n_expr, kb->cap_expr);
+  k->expr[k->n_expr] = e;
+  return k->n_expr++;
+}
+
+static int add_stage(kbuild *kb, cg_stage s) {
+  cg_kernel *k = kb->k;
+  GROW(k->stage, k->n_stage, kb->cap_stage);
+  k->stage[k->n_stage] = s;
+  return k->n_stage++;
+}
+
+static int note_node(fuser *f, kbuild *kb, int node) {
+  cg_kernel *k = kb->k;
+  GROW(k->nodes, k->n_nodes, kb->cap_nodes);
+  k->nodes[k->n_nodes++] = node;
+  if (f->klast[node] != k->id) {
+    f->klast[node] = k->id;
+    f->kcount[node]++;
+  }
+  return 0;
+}
+
+static void materialize(fuser *f, int node) {
+  if (!f->mat[node]) {
+    f->mat[node] = 1;
+    f->restart = 1;
+  }
+}
+
+/* Does reduce node r fit this kernel as a REDUCE stage? */
+static bool reduce_fits(fuser *f, kbuild *kb, const ir_node *r) {
+  const ir_node *x = &f->g->nodes[r->in[0]];
+  if (x->ndim != kb->ref_ndim || !same_dims(x->ndim, x->shape, kb->ref)) return false;
+  if (!kb->row) {
+    /* a reduction kernel: the same axes as its root */
+    if (r->attrs.naxes != kb->k->ndim - kb->k->n_outer) return false;
+    for (int i = 0; i < r->attrs.naxes; i++)
+      if (r->attrs.axes[i] != kb->perm[kb->k->n_outer + i]) return false;
+    return true;
+  }
+  /* a row kernel: the trailing dims, keepdim so the result broadcasts back */
+  if (!r->attrs.keepdim || r->attrs.naxes != kb->row_inner) return false;
+  for (int i = 0; i < r->attrs.naxes; i++)
+    if (r->attrs.axes[i] != x->ndim - kb->row_inner + i) return false;
+  return true;
+}
+
+static int expr_of(fuser *f, kbuild *kb, int node, bool root);
+
+static int reduce_stage(fuser *f, kbuild *kb, int node, int op_override) {
+  const ir_node *n = &f->g->nodes[node];
+  int e = expr_of(f, kb, n->in[0], false);
+  if (e < 0) return e;
+  if (note_node(f, kb, node)) return -1;
+  int st = add_stage(kb, (cg_stage){CG_REDUCE, op_override >= 0 ? op_override : n->op, e, -1, true});
+  if (st < 0) return -1;
+  return add_expr(kb, (cg_expr){.kind = CG_ACC, .dtype = n->dtype, .a = st});
+}
+
+/* Expression id for node's value inside the kernel; -1 on OOM, -2 when the
+ * build must restart (something was materialized). */
+static int expr_of(fuser *f, kbuild *kb, int node, bool root) {
+  if (kb->memo[node]) return kb->memo[node] - 1;
+  const ir_node *n = &f->g->nodes[node];
+  int id;
+  if (!root && (f->mat[node] || !is_compute(n->op))) {
+    int a = add_acc(f, kb, node);
+    if (a < 0) return -1;
+    id = add_expr(kb, (cg_expr){.kind = CG_LOAD, .dtype = n->dtype, .a = a});
+  } else if (is_reduce(n->op)) {
+    if (!reduce_fits(f, kb, n)) {
+      materialize(f, node);
+      return -2;
+    }
+    id = reduce_stage(f, kb, node, -1);
+  } else if (n->op == IR_NUMEL) {
+    sym_dim s = ir_numel_value(f->g, n);
+    if (sym_is_err(s)) {
+      snprintf(f->err, f->errn, "%%%d: numel does not evaluate", node);
+      return -1;
+    }
+    if (note_node(f, kb, node)) return -1;
+    id = add_expr(kb, (cg_expr){.kind = CG_SYM, .dtype = n->dtype, .s = s});
+  } else if (n->op == OP_COPY) {
+    id = expr_of(f, kb, n->in[0], false);
+    if (id >= 0 && note_node(f, kb, node)) return -1;
+  } else {
+    cg_expr e = {.kind = CG_OP, .op = n->op, .dtype = n->dtype, .n_in = n->n_in, .cast_to = n->attrs.dtype};
+    for (int i = 0; i < n->n_in; i++) {
+      int c = expr_of(f, kb, n->in[i], false);
+      if (c < 0) return c;
+      e.in[i] = c;
+    }
+    if (note_node(f, kb, node)) return -1;
+    id = add_expr(kb, e);
+  }
+  if (id >= 0) kb->memo[node] = id + 1;
+  return id;
+}
+
+static cg_kernel *new_kernel(fuser *f, cg_kernel_kind kind, int node) {
+  cg_program *p = f->p;
+  if (p->n_k == f->cap_k) {
+    int cap = f->cap_k ? f->cap_k * 2 : 16;
+    cg_kernel *nk = alloc_realloc(p->k, sizeof *nk * (size_t)cap);
+    if (!nk) return NULL;
+    p->k = nk;
+    f->cap_k = cap;
+  }
+  cg_kernel *k = &p->k[p->n_k];
+  memset(k, 0, sizeof *k);
+  k->kind = kind;
+  k->id = p->n_k++;
+  k->node = node;
+  k->in_buf[0] = k->in_buf[1] = k->in_buf[2] = k->out_buf = -1;
+  return k;
+}
+
+/* Finds the trailing-axes reductions under root's inlined tree: 0 none,
+ * k > 0 their inner count when they all agree (others get materialized). */
+static int find_row(fuser *f, int node, const ir_node *root, int *k, uint8_t *seen) {
+  if (seen[node]) return 0;
+  seen[node] = 1;
+  const ir_node *n = &f->g->nodes[node];
+  if (f->mat[node] && node != (int)(root - f->g->nodes)) return 0;
+  if (!is_compute(n->op)) return 0;
+  if (is_reduce(n->op)) {
+    const ir_node *x = &f->g->nodes[n->in[0]];
+    bool trailing = n->attrs.keepdim && x->ndim == root->ndim && same_dims(x->ndim, x->shape, root->shape);
+    for (int i = 0; trailing && i < n->attrs.naxes; i++) trailing = n->attrs.axes[i] == x->ndim - n->attrs.naxes + i;
+    if (!trailing || (*k && *k != n->attrs.naxes)) {
+      materialize(f, node);
+      return -2;
+    }
+    *k = n->attrs.naxes;
+  }
+  for (int i = 0; i < n->n_in; i++) {
+    int r = find_row(f, n->in[i], root, k, seen);
+    if (r) return r;
+  }
+  return 0;
+}
+
+static int build_loop_kernel(fuser *f, int node, int *memo, uint8_t *seen) {
+  const ir_graph *g = f->g;
+  const ir_node *n = &g->nodes[node];
+  cg_kernel *k = new_kernel(f, CG_K_LOOP, node);
+  if (!k) return -1;
+  kbuild kb = {.k = k, .memo = memo};
+  memset(memo, 0, sizeof(int) * (size_t)g->n_nodes);
+  int store_acc;
+  if (is_reduce(n->op)) {
+    /* space: the input's dims, kept first (outer), reduced last (inner) */
+    const ir_node *x = &g->nodes[n->in[0]];
+    kb.ref_ndim = x->ndim;
+    memcpy(kb.ref, x->shape, sizeof kb.ref);
+    bool red[MAXD] = {0};
+    for (int i = 0; i < n->attrs.naxes; i++) red[n->attrs.axes[i]] = true;
+    int d = 0;
+    for (int i = 0; i < x->ndim; i++)
+      if (!red[i]) kb.perm[d++] = i;
+    k->n_outer = d;
+    for (int i = 0; i < x->ndim; i++)
+      if (red[i]) kb.perm[d++] = i;
+    k->ndim = x->ndim;
+    for (int i = 0; i < x->ndim; i++) k->dim[i] = x->shape[kb.perm[i]];
+    if (!n->attrs.keepdim) {
+      kb.n_kept = k->n_outer;
+      memcpy(kb.kept, kb.perm, sizeof kb.kept);
+    }
+    int acc = reduce_stage(f, &kb, node, -1);
+    if (acc < 0) return acc;
+    store_acc = add_acc(f, &kb, node);
+    if (store_acc < 0 || add_stage(&kb, (cg_stage){CG_MAP, 0, acc, store_acc, false}) < 0) return -1;
+    snprintf(k->name, sizeof k->name, "k%d_reduce", k->id);
+  } else {
+    int inner = 0;
+    memset(seen, 0, (size_t)g->n_nodes);
+    int r = find_row(f, node, n, &inner, seen);
+    if (r) return r;
+    kb.ref_ndim = n->ndim;
+    memcpy(kb.ref, n->shape, sizeof kb.ref);
+    for (int i = 0; i < n->ndim; i++) kb.perm[i] = i;
+    k->ndim = n->ndim;
+    memcpy(k->dim, n->shape, sizeof k->dim);
+    kb.row = inner > 0;
+    kb.row_inner = inner;
+    k->n_outer = inner > 0 ? n->ndim - inner : n->ndim;
+    int e = expr_of(f, &kb, node, true);
+    if (e < 0) return e;
+    store_acc = add_acc(f, &kb, node);
+    if (store_acc < 0 || add_stage(&kb, (cg_stage){CG_MAP, 0, e, store_acc, inner > 0}) < 0) return -1;
+    snprintf(k->name, sizeof k->name, inner ? "k%d_row" : "k%d_pointwise", k->id);
+  }
+  k->out_buf = f->map[node].buf;
+  return 0;
+}
+
+/* A copy kernel that makes the strided map of node contiguous in a new buffer. */
+static int build_copy_kernel(fuser *f, int node, int *memo) {
+  const ir_node *n = &f->g->nodes[node];
+  vmap src = f->map[node];
+  cg_kernel *k = new_kernel(f, CG_K_LOOP, node);
+  if (!k) return -1;
+  kbuild kb = {.k = k, .memo = memo, .ref_ndim = n->ndim};
+  memcpy(kb.ref, n->shape, sizeof kb.ref);
+  for (int i = 0; i < n->ndim; i++) kb.perm[i] = i;
+  k->ndim = k->n_outer = n->ndim;
+  memcpy(k->dim, n->shape, sizeof k->dim);
+  int la = add_acc(f, &kb, node); /* reads through the view map */
+  if (la < 0) return -1;
+  int e = add_expr(&kb, (cg_expr){.kind = CG_LOAD, .dtype = n->dtype, .a = la});
+  if (e < 0 || add_buf(f, CG_BUF_TEMP, node) < 0) return -1;
+  int sa = add_acc(f, &kb, node); /* writes contiguous */
+  if (sa < 0 || add_stage(&kb, (cg_stage){CG_MAP, 0, e, sa, false}) < 0) return -1;
+  (void)src;
+  k->out_buf = f->map[node].buf;
+  if (note_node(f, &kb, node)) return -1;
+  snprintf(k->name, sizeof k->name, "k%d_copy", k->id);
+  return 0;
+}
+
+static void free_kernels(cg_program *p) {
+  for (int i = 0; i < p->n_k; i++) {
+    alloc_free(p->k[i].acc);
+    alloc_free(p->k[i].expr);
+    alloc_free(p->k[i].stage);
+    alloc_free(p->k[i].nodes);
+    alloc_free(p->k[i].param);
+  }
+  p->n_k = 0;
+}
+
+void cg_program_free(cg_program *p) {
+  if (!p) return;
+  free_kernels(p);
+  alloc_free(p->k);
+  alloc_free(p->buf);
+  alloc_free(p->node_buf);
+  alloc_free(p->views);
+  alloc_free(p);
+}
+
+/* One round: buffers and kernels for the current materialization. 0, -1 OOM, -2 again. */
+static int build(fuser *f, int *memo, uint8_t *seen) {
+  const ir_graph *g = f->g;
+  cg_program *p = f->p;
+  free_kernels(p);
+  p->n_buf = 0;
+  for (int i = 0; i < g->n_nodes; i++) {
+    p->node_buf[i] = -1;
+    f->map[i].buf = -1;
+    f->kcount[i] = 0;
+    f->klast[i] = -1;
+  }
+  for (int i = 0; i < g->n_nodes; i++) {
+    const ir_node *n = &g->nodes[i];
+    int r = 0;
+    if (n->op == IR_INPUT || n->op == IR_PARAM) r = add_buf(f, CG_BUF_INPUT, i);
+    else if (n->op == IR_GRAD) r = add_buf(f, CG_BUF_GRAD, i);
+    else if (n->op == IR_CONST) r = add_buf(f, CG_BUF_CONST, i);
+    else if (is_view(n->op)) {
+      if (f->map[n->in[0]].buf < 0) { /* a view of an inlined node: materialize that */
+        materialize(f, n->in[0]);
+        return -2;
+      }
+      int v = view_map(f, n, &f->map[i]);
+      if (v == 1) {
+        /* cannot be strided: make the input contiguous first */
+        int src = n->in[0];
+        if (!f->mat[src] && !is_compute(g->nodes[src].op) && g->nodes[src].op < OP_COUNT) {
+          materialize(f, src);
+          return -2;
+        }
+        materialize(f, src);
+        return -2;
+      }
+      if (f->mat[i]) {
+        /* a view someone needs contiguous (an eager op, a reshape of it) */
+        r = build_copy_kernel(f, i, memo);
+      }
+    } else if (is_compute(n->op)) {
+      if (f->mat[i]) {
+        if (add_buf(f, f->is_out[i] ? CG_BUF_OUTPUT : CG_BUF_TEMP, i) < 0) return -1;
+        r = build_loop_kernel(f, i, memo, seen);
+      }
+    } else {
+      /* matmul and eager ops: operands must be buffers or views of buffers */
+      for (int j = 0; j < n->n_in; j++)
+        if (f->map[n->in[j]].buf < 0) {
+          materialize(f, n->in[j]);
+          return -2;
+        }
+      if (add_buf(f, f->is_out[i] ? CG_BUF_OUTPUT : CG_BUF_TEMP, i) < 0) return -1;
+      cg_kernel *k = new_kernel(f, n->op == OP_MATMUL ? CG_K_MATMUL : CG_K_EAGER, i);
+      if (!k) return -1;
+      for (int j = 0; j < n->n_in && j < 3; j++) k->in_buf[j] = f->map[n->in[j]].buf;
+      k->out_buf = p->node_buf[i];
+      k->nodes = alloc_malloc(sizeof(int));
+      if (!k->nodes) return -1;
+      k->nodes[0] = i;
+      k->n_nodes = 1;
+      snprintf(k->name, sizeof k->name, "k%d_%s", k->id, n->op == OP_MATMUL ? "matmul" : op_table[n->op].name);
+    }
+    if (r < 0) return r;
+  }
+  /* recompute is fine for cheap nodes; a reduce or a costly node in two kernels is stored once */
+  for (int i = 0; i < g->n_nodes; i++) {
+    const ir_node *n = &g->nodes[i];
+    if (f->mat[i] || f->kcount[i] < 2) continue;
+    if (is_reduce(n->op) || is_heavy(n->op)) materialize(f, i);
+  }
+  /* every node a kernel reads, or an output or write names, must have a buffer or view map */
+  for (int i = 0; i < g->n_outputs; i++)
+    if (f->map[g->outputs[i]].buf < 0) materialize(f, g->outputs[i]);
+  for (int i = 0; i < g->n_writes; i++)
+    if (g->writes[i].value >= 0 && f->map[g->writes[i].value].buf < 0) materialize(f, g->writes[i].value);
+  return f->restart ? -2 : 0;
+}
+
+cg_program *fuse_graph(const ir_graph *g, char *err, size_t errn) {
+  fuser f = {.g = g, .sym = g->sym, .err = err, .errn = errn};
+  size_t n = (size_t)g->n_nodes + 1;
+  f.p = alloc_calloc(1, sizeof *f.p);
+  f.mat = alloc_calloc(n, 1);
+  f.is_out = alloc_calloc(n, 1);
+  f.kcount = alloc_calloc(n, sizeof(int));
+  f.klast = alloc_calloc(n, sizeof(int));
+  f.map = alloc_calloc(n, sizeof *f.map);
+  int *memo = alloc_calloc(n, sizeof(int));
+  uint8_t *seen = alloc_calloc(n, 1);
+  f.uses = ir_use_counts(g);
+  if (f.p) f.p->node_buf = alloc_calloc(n, sizeof(int));
+  if (!f.p || !f.mat || !f.is_out || !f.kcount || !f.klast || !f.map || !memo || !seen || !f.uses || !f.p->node_buf) {
+    snprintf(err, errn, "out of memory");
+    goto fail;
+  }
+  f.p->g = g;
+  /* outputs of the graph that are computed get fresh tensors */
+  for (int i = 0; i < g->n_outputs; i++) {
+    int o = g->outputs[i];
+    while (is_view(g->nodes[o].op)) o = g->nodes[o].in[0]; /* a returned view keeps its base alive */
+    f.is_out[o] = 1;
+    if (is_compute(g->nodes[o].op)) f.mat[o] = 1;
+  }
+  for (int i = 0; i < g->n_writes; i++)
+    if (g->writes[i].value >= 0 && is_compute(g->nodes[g->writes[i].value].op)) f.mat[g->writes[i].value] = 1;
+  for (int i = 0; i < g->n_nodes; i++) {
+    const ir_node *nd = &g->nodes[i];
+    /* what a view, a matmul or an eager op reads must exist in memory */
+    if (!is_compute(nd->op) && nd->op < OP_COUNT)
+      for (int j = 0; j < nd->n_in; j++)
+        if (is_compute(g->nodes[nd->in[j]].op)) f.mat[nd->in[j]] = 1;
+  }
+  for (int round = 0; round < 4 * g->n_nodes + 8; round++) {
+    f.restart = 0;
+    int r = build(&f, memo, seen);
+    if (r == 0) break;
+    if (r == -1) {
+      snprintf(err, errn, "out of memory");
+      goto fail;
+    }
+  }
+  if (f.restart) {
+    snprintf(err, errn, "fusion did not settle");
+    goto fail;
+  }
+  /* liveness over the kernel order */
+  cg_program *p = f.p;
+  for (int ki = 0; ki < p->n_k; ki++) {
+    cg_kernel *k = &p->k[ki];
+    if (k->out_buf >= 0 && p->buf[k->out_buf].first < 0) p->buf[k->out_buf].first = ki;
+    for (int a = 0; a < k->n_acc; a++) p->buf[k->acc[a].buf].last = ki;
+    for (int j = 0; j < 3; j++)
+      if (k->in_buf[j] >= 0) p->buf[k->in_buf[j]].last = ki;
+  }
+  /* write-backs read their values after the last kernel */
+  for (int i = 0; i < g->n_writes; i++)
+    if (g->writes[i].value >= 0 && f.map[g->writes[i].value].buf >= 0) p->buf[f.map[g->writes[i].value].buf].last = p->n_k;
+  alloc_free(f.mat), alloc_free(f.is_out), alloc_free(f.kcount), alloc_free(f.klast);
+  alloc_free(memo), alloc_free(seen), alloc_free(f.uses);
+  /* keep the view maps: the runtime reads outputs and operands through them */
+  p->views = f.map;
+  return p;
+fail:
+  alloc_free(f.mat), alloc_free(f.is_out), alloc_free(f.kcount), alloc_free(f.klast), alloc_free(f.map);
+  alloc_free(memo), alloc_free(seen), alloc_free(f.uses);
+  cg_program_free(f.p);
+  return NULL;
+}
+
+/* ---- dump ---- */
+
+static void print_dim(FILE *o, sym_dim d) {
+  char b[128];
+  if (sym_print(d, b, sizeof b) < 0) snprintf(b, sizeof b, "?");
+  fputs(b, o);
+}
+
+static const char *buf_kind_name(cg_buf_kind k) {
+  static const char *const names[] = {"input", "grad", "const", "temp", "output"};
+  return names[k];
+}
+
+void fuse_dump(const cg_program *p, FILE *o) {
+  const ir_graph *g = p->g;
+  fprintf(o, "kernels of %s: %d\n", g->name, p->n_k);
+  for (int ki = 0; ki < p->n_k; ki++) {
+    const cg_kernel *k = &p->k[ki];
+    fprintf(o, "  %s", k->name);
+    if (k->kind == CG_K_LOOP) {
+      fprintf(o, "  loops [");
+      for (int d = 0; d < k->ndim; d++) {
+        if (d) fputs(d == k->n_outer ? " | " : ",", o);
+        print_dim(o, k->dim[d]);
+      }
+      fprintf(o, "]%s", k->n_outer == k->ndim ? "" : " (outer | inner)");
+      int nr = 0;
+      for (int s = 0; s < k->n_stage; s++) nr += k->stage[s].kind == CG_REDUCE;
+      if (nr) fprintf(o, ", %d reduce stage%s", nr, nr > 1 ? "s" : "");
+    }
+    fprintf(o, " -> b%d\n", k->out_buf);
+    for (int i = 0; i < k->n_nodes; i++) {
+      const ir_node *n = &g->nodes[k->nodes[i]];
+      fprintf(o, "      %%%d %s", k->nodes[i], ir_op_name(n->op));
+      if (n->file && *n->file) fprintf(o, "  # %s:%d", n->file, n->line);
+      fputc('\n', o);
+    }
+  }
+  fprintf(o, "buffers:\n");
+  for (int b = 0; b < p->n_buf; b++) {
+    const cg_buf *bf = &p->buf[b];
+    fprintf(o, "  b%d %s %%%d %s[", b, buf_kind_name(bf->kind), bf->node, kiln_dtype_name(bf->dtype));
+    for (int d = 0; d < bf->ndim; d++) {
+      if (d) fputc(',', o);
+      print_dim(o, bf->shape[d]);
+    }
+    fprintf(o, "]");
+    if (bf->kind == CG_BUF_TEMP) fprintf(o, " live k%d..k%d", bf->first, bf->last);
+    fputc('\n', o);
+  }
+}

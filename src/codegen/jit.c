@@ -1,0 +1,304 @@
+/* jit.c - the last codegen stage: an LLVM module built by lower.c is verified,
+ * optimized at O2 for the host CPU (its name and features, so the loop
+ * vectorizer uses the widest vectors the machine has), and compiled with ORC
+ * LLJIT. Every defined function is looked up inside jit_compile, so all the
+ * machine code exists (and is timed) before the first call; jit_lookup only
+ * searches the resulting table. One LLJIT per compiled variant: variants are
+ * compiled by different threads at once, each in its own LLVM context, and
+ * freeing a variant frees its code. LLVM's errors come back as text in err;
+ * nothing here aborts. */
+#include <pthread.h>
+#include <string.h>
+#include <time.h>
+
+#include <llvm-c/Analysis.h>
+#include <llvm-c/Error.h>
+#include <llvm-c/LLJIT.h>
+#include <llvm-c/Orc.h>
+#include <llvm-c/Target.h>
+#include <llvm-c/TargetMachine.h>
+#include <llvm-c/Transforms/PassBuilder.h>
+
+#include "codegen/codegen.h"
+
+/* The host target, found once by jit_init. */
+static struct {
+  pthread_once_t once;
+  int status;          /* 0 or -1 after the first jit_init */
+  char err[256];       /* why it failed */
+  char *triple;        /* LLVM strings, kept for the life of the process */
+  char *cpu;
+  char *features;
+  char *layout;        /* data layout of the host target machine */
+  LLVMTargetRef target;
+} host = {.once = PTHREAD_ONCE_INIT};
+
+typedef struct jit_sym {
+  char *name;
+  void *addr;
+} jit_sym;
+
+struct cg_jit {
+  LLVMOrcLLJITRef lljit;
+  jit_sym *sym;          /* every function the module defines, compiled */
+  int n_sym;
+  char session_err[256]; /* last error the ORC session reported on its own */
+};
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* Writes "what: LLVM's message" into err and consumes e. */
+static void error_text(LLVMErrorRef e, const char *what, char *err, size_t errn) {
+  char *msg = LLVMGetErrorMessage(e);
+  if (err && errn) snprintf(err, errn, "%s: %s", what, msg);
+  LLVMDisposeErrorMessage(msg);
+}
+
+static const char *module_name(LLVMModuleRef mod) {
+  size_t len;
+  return LLVMGetModuleIdentifier(mod, &len);
+}
+
+static LLVMTargetMachineRef host_machine(void) {
+  return LLVMCreateTargetMachine(host.target, host.triple, host.cpu, host.features, LLVMCodeGenLevelAggressive,
+                                 LLVMRelocPIC, LLVMCodeModelJITDefault);
+}
+
+static void init_once(void) {
+  host.status = -1;
+  if (LLVMInitializeNativeTarget() || LLVMInitializeNativeAsmPrinter() || LLVMInitializeNativeAsmParser()) {
+    snprintf(host.err, sizeof host.err, "LLVM has no native target for this machine");
+    return;
+  }
+  host.triple = LLVMGetDefaultTargetTriple();
+  host.cpu = LLVMGetHostCPUName();
+  host.features = LLVMGetHostCPUFeatures();
+  char *msg = NULL;
+  if (LLVMGetTargetFromTriple(host.triple, &host.target, &msg)) {
+    snprintf(host.err, sizeof host.err, "LLVM target %s: %s", host.triple, msg ? msg : "not found");
+    LLVMDisposeMessage(msg);
+    return;
+  }
+  LLVMTargetMachineRef tm = host_machine();
+  if (!tm) {
+    snprintf(host.err, sizeof host.err, "LLVM: no target machine for %s (%s)", host.triple, host.cpu);
+    return;
+  }
+  LLVMTargetDataRef td = LLVMCreateTargetDataLayout(tm);
+  host.layout = LLVMCopyStringRepOfTargetData(td);
+  LLVMDisposeTargetData(td);
+  LLVMDisposeTargetMachine(tm);
+  host.status = 0;
+}
+
+int jit_init(char *err, size_t errn) {
+  pthread_once(&host.once, init_once);
+  if (host.status != 0 && err && errn) snprintf(err, errn, "%s", host.err);
+  return host.status;
+}
+
+int jit_module_new(cg_module *m, const char *name, char *err, size_t errn) {
+  memset(m, 0, sizeof *m);
+  if (jit_init(err, errn) != 0) return -1;
+  LLVMOrcThreadSafeContextRef tsc = LLVMOrcCreateNewThreadSafeContext();
+  m->tsc = tsc;
+  m->ctx = LLVMOrcThreadSafeContextGetContext(tsc);
+  m->mod = LLVMModuleCreateWithNameInContext(name, m->ctx);
+  /* the lowering asks the data layout for sizes and alignments */
+  LLVMSetTarget(m->mod, host.triple);
+  LLVMSetDataLayout(m->mod, host.layout);
+  return 0;
+}
+
+void jit_module_dispose(cg_module *m) {
+  if (m->mod) LLVMDisposeModule(m->mod);
+  if (m->tsc) LLVMOrcDisposeThreadSafeContext(m->tsc);
+  memset(m, 0, sizeof *m);
+}
+
+/* The ORC session reports some failures only here (and by default prints
+ * them); keep the text for jit_compile's message instead. */
+static void session_error(void *ctx, LLVMErrorRef e) {
+  cg_jit *j = ctx;
+  error_text(e, "LLJIT", j->session_err, sizeof j->session_err);
+}
+
+/* An LLJIT for the host whose main library also resolves the process's
+ * symbols (libm, the runtime's helpers). NULL with err. */
+static LLVMOrcLLJITRef lljit_new(cg_jit *j, char *err, size_t errn) {
+  LLVMTargetMachineRef tm = host_machine();
+  if (!tm) {
+    snprintf(err, errn, "LLVM: no target machine for %s (%s)", host.triple, host.cpu);
+    return NULL;
+  }
+  LLVMOrcLLJITBuilderRef builder = LLVMOrcCreateLLJITBuilder();
+  LLVMOrcLLJITBuilderSetJITTargetMachineBuilder(builder, LLVMOrcJITTargetMachineBuilderCreateFromTargetMachine(tm));
+  LLVMOrcLLJITRef lljit = NULL;
+  LLVMErrorRef e = LLVMOrcCreateLLJIT(&lljit, builder);
+  if (e) {
+    error_text(e, "LLJIT", err, errn);
+    return NULL;
+  }
+  LLVMOrcExecutionSessionSetErrorReporter(LLVMOrcLLJITGetExecutionSession(lljit), session_error, j);
+  LLVMOrcDefinitionGeneratorRef gen = NULL;
+  e = LLVMOrcCreateDynamicLibrarySearchGeneratorForProcess(&gen, LLVMOrcLLJITGetGlobalPrefix(lljit), NULL, NULL);
+  if (e) {
+    error_text(e, "LLJIT process symbols", err, errn);
+    LLVMConsumeError(LLVMOrcDisposeLLJIT(lljit));
+    return NULL;
+  }
+  LLVMOrcJITDylibAddGenerator(LLVMOrcLLJITGetMainJITDylib(lljit), gen);
+  return lljit;
+}
+
+/* The names of the functions m defines with external linkage (those the
+ * JIT can look up). -1 when out of memory. */
+static int defined_functions(cg_jit *j, LLVMModuleRef mod) {
+  int n = 0;
+  for (LLVMValueRef f = LLVMGetFirstFunction(mod); f; f = LLVMGetNextFunction(f))
+    if (!LLVMIsDeclaration(f) && LLVMGetLinkage(f) == LLVMExternalLinkage) n++;
+  j->sym = alloc_calloc(n ? (size_t)n : 1, sizeof *j->sym);
+  if (!j->sym) return -1;
+  for (LLVMValueRef f = LLVMGetFirstFunction(mod); f; f = LLVMGetNextFunction(f)) {
+    if (LLVMIsDeclaration(f) || LLVMGetLinkage(f) != LLVMExternalLinkage) continue;
+    size_t len;
+    const char *name = LLVMGetValueName2(f, &len);
+    char *copy = alloc_malloc(len + 1);
+    if (!copy) return -1;
+    memcpy(copy, name, len);
+    copy[len] = '\0';
+    j->sym[j->n_sym++].name = copy;
+  }
+  return 0;
+}
+
+/* Prints the optimized module, and its machine code from a clone (code
+ * generation would change the module the JIT still needs). */
+static void dump_module(LLVMModuleRef mod, LLVMTargetMachineRef tm, unsigned dump, FILE *f) {
+  if (dump & KILN_DUMP_LLVM) {
+    char *text = LLVMPrintModuleToString(mod);
+    fprintf(f, "; ---- LLVM module %s (optimized, %s) ----\n", module_name(mod), host.cpu);
+    fputs(text, f);
+    LLVMDisposeMessage(text);
+  }
+  if (dump & KILN_DUMP_ASM) {
+    LLVMModuleRef clone = LLVMCloneModule(mod);
+    char *msg = NULL;
+    LLVMMemoryBufferRef buf = NULL;
+    fprintf(f, "# ---- machine code %s (%s) ----\n", module_name(mod), host.cpu);
+    if (LLVMTargetMachineEmitToMemoryBuffer(tm, clone, LLVMAssemblyFile, &msg, &buf)) {
+      fprintf(f, "# no assembly: %s\n", msg ? msg : "LLVM failed");
+    } else {
+      fwrite(LLVMGetBufferStart(buf), 1, LLVMGetBufferSize(buf), f);
+      LLVMDisposeMemoryBuffer(buf);
+    }
+    LLVMDisposeMessage(msg);
+    LLVMDisposeModule(clone);
+  }
+  fflush(f);
+}
+
+cg_jit *jit_compile(cg_module *m, unsigned dump, FILE *dump_to, double *opt_ms, double *codegen_ms, char *err,
+                    size_t errn) {
+  char scratch[1];
+  if (!err || !errn) err = scratch, errn = sizeof scratch;
+  if (opt_ms) *opt_ms = 0;
+  if (codegen_ms) *codegen_ms = 0;
+  cg_jit *j = NULL;
+  LLVMTargetMachineRef tm = NULL;
+  if (jit_init(err, errn) != 0) goto fail;
+
+  char *msg = NULL;
+  if (LLVMVerifyModule(m->mod, LLVMReturnStatusAction, &msg)) {
+    size_t len = msg ? strlen(msg) : 0;
+    while (len && (msg[len - 1] == '\n' || msg[len - 1] == ' ')) msg[--len] = '\0';
+    snprintf(err, errn, "invalid LLVM module %s: %s", module_name(m->mod), msg ? msg : "");
+    LLVMDisposeMessage(msg);
+    goto fail;
+  }
+  LLVMDisposeMessage(msg);
+
+  tm = host_machine();
+  if (!tm) {
+    snprintf(err, errn, "LLVM: no target machine for %s (%s)", host.triple, host.cpu);
+    goto fail;
+  }
+  double t0 = now_ms();
+  LLVMPassBuilderOptionsRef po = LLVMCreatePassBuilderOptions();
+  LLVMPassBuilderOptionsSetLoopVectorization(po, 1);
+  LLVMPassBuilderOptionsSetSLPVectorization(po, 1);
+  LLVMPassBuilderOptionsSetLoopUnrolling(po, 1);
+  LLVMPassBuilderOptionsSetLoopInterleaving(po, 1);
+  LLVMErrorRef e = LLVMRunPasses(m->mod, "default<O2>", tm, po);
+  LLVMDisposePassBuilderOptions(po);
+  if (e) {
+    error_text(e, "LLVM optimization", err, errn);
+    goto fail;
+  }
+  if (opt_ms) *opt_ms = now_ms() - t0;
+  if (dump & (KILN_DUMP_LLVM | KILN_DUMP_ASM)) dump_module(m->mod, tm, dump, dump_to ? dump_to : stderr);
+  LLVMDisposeTargetMachine(tm);
+  tm = NULL;
+
+  double t1 = now_ms();
+
+  j = alloc_calloc(1, sizeof *j);
+  if (!j || defined_functions(j, m->mod) != 0) {
+    snprintf(err, errn, "jit_compile: out of memory");
+    goto fail;
+  }
+  j->lljit = lljit_new(j, err, errn);
+  if (!j->lljit) goto fail;
+  LLVMOrcThreadSafeModuleRef tsm = LLVMOrcCreateNewThreadSafeModule(m->mod, m->tsc);
+  LLVMOrcDisposeThreadSafeContext(m->tsc); /* the module holds its own reference */
+  memset(m, 0, sizeof *m);
+  e = LLVMOrcLLJITAddLLVMIRModule(j->lljit, LLVMOrcLLJITGetMainJITDylib(j->lljit), tsm);
+  if (e) {
+    error_text(e, "LLJIT add module", err, errn);
+    goto fail;
+  }
+  /* the first lookup compiles the whole module */
+  for (int i = 0; i < j->n_sym; i++) {
+    LLVMOrcExecutorAddress addr = 0;
+    e = LLVMOrcLLJITLookup(j->lljit, &addr, j->sym[i].name);
+    if (e) {
+      /* the session's report names the missing symbol; the lookup's only
+       * says that materializing failed */
+      if (j->session_err[0]) {
+        LLVMConsumeError(e);
+        snprintf(err, errn, "%s (compiling %s)", j->session_err, j->sym[i].name);
+      } else {
+        error_text(e, "LLJIT", err, errn);
+      }
+      goto fail;
+    }
+    j->sym[i].addr = (void *)(uintptr_t)addr;
+  }
+  if (codegen_ms) *codegen_ms = now_ms() - t1;
+  return j;
+
+fail:
+  if (tm) LLVMDisposeTargetMachine(tm);
+  jit_module_dispose(m);
+  jit_free(j);
+  return NULL;
+}
+
+void *jit_lookup(cg_jit *j, const char *name) {
+  if (!j) return NULL;
+  for (int i = 0; i < j->n_sym; i++)
+    if (strcmp(j->sym[i].name, name) == 0) return j->sym[i].addr;
+  return NULL;
+}
+
+void jit_free(cg_jit *j) {
+  if (!j) return;
+  if (j->lljit) LLVMConsumeError(LLVMOrcDisposeLLJIT(j->lljit));
+  for (int i = 0; i < j->n_sym; i++) alloc_free(j->sym[i].name);
+  alloc_free(j->sym);
+  alloc_free(j);
+}

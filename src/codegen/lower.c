@@ -1,0 +1,454 @@
+/* Lowering: each loop kernel becomes one LLVM function
+ *
+ *   void kN(const int64_t *p, char *const *bufs, int64_t begin, int64_t end)
+ *
+ * p holds the kernel's symbolic sizes, offsets and strides evaluated for this
+ * call (the kernel lists which, in k->param); a size or stride that is a
+ * constant in the graph is emitted as a constant, so unit-stride inner loops
+ * vectorize. bufs are the base addresses of the program's buffers.
+ * Pointwise kernels run the flat element range [begin, end) as rows of the
+ * last dim; staged kernels (row-wise, reductions) run the outer range, and
+ * for each outer element their stages in order: REDUCE loops that leave a
+ * scalar, then the MAP that stores. Reductions of f32 accumulate in f64. */
+#include <math.h>
+#include <string.h>
+
+#include <llvm-c/Core.h>
+
+#include "codegen/codegen.h"
+
+typedef struct lctx {
+  LLVMContextRef c;
+  LLVMModuleRef m;
+  LLVMBuilderRef b;
+  LLVMValueRef fn;
+  LLVMBuilderRef eb;       /* positioned in the entry block: parameter loads and allocas */
+  LLVMValueRef pval[256];  /* loaded parameters, by index */
+  LLVMTypeRef i64, i8, f32, f64, ptr;
+  cg_kernel *k;
+  const cg_program *prog;
+  LLVMValueRef p, bufs;
+  LLVMValueRef base[64];   /* per access: element offset of the current outer point */
+  LLVMValueRef ptrs[64];   /* per access: its buffer's base address */
+  LLVMValueRef accv[16];   /* per stage: the REDUCE result */
+  LLVMValueRef *memo;      /* per expr: value in the current loop body */
+  int cap_param;
+} lctx;
+
+static LLVMValueRef ci64(lctx *L, int64_t v) { return LLVMConstInt(L->i64, (unsigned long long)v, 1); }
+
+/* A symbolic value: a constant, or p[k] with k registered in the kernel. */
+static LLVMValueRef sym_val(lctx *L, sym_dim d) {
+  if (sym_is_const(d)) return ci64(L, d.c);
+  cg_kernel *k = L->k;
+  int idx = -1;
+  for (int i = 0; i < k->n_param; i++)
+    if (sym_same(k->param[i], d)) idx = i;
+  if (idx < 0) {
+    if (k->n_param == L->cap_param) {
+      int cap = L->cap_param ? L->cap_param * 2 : 16;
+      sym_dim *np = alloc_realloc(k->param, sizeof *np * (size_t)cap);
+      if (!np) return NULL;
+      k->param = np;
+      L->cap_param = cap;
+    }
+    idx = k->n_param++;
+    k->param[idx] = d;
+  }
+  if (idx >= 256) return NULL;
+  if (!L->pval[idx]) {
+    /* in the entry block, so loops see it as invariant */
+    LLVMValueRef gep = LLVMBuildGEP2(L->eb, L->i64, L->p, (LLVMValueRef[]){ci64(L, idx)}, 1, "");
+    L->pval[idx] = LLVMBuildLoad2(L->eb, L->i64, gep, "");
+  }
+  return L->pval[idx];
+}
+
+static LLVMTypeRef elem_type(lctx *L, kiln_dtype dt) {
+  switch (dt) {
+  case KILN_F32: return L->f32;
+  case KILN_F64: return L->f64;
+  case KILN_I64: return L->i64;
+  case KILN_BOOL: return L->i8;
+  }
+  return L->f32;
+}
+
+static bool is_float(kiln_dtype dt) { return dt == KILN_F32 || dt == KILN_F64; }
+
+static LLVMValueRef call_intrinsic(lctx *L, const char *name, LLVMTypeRef t, LLVMValueRef *args, int n) {
+  unsigned id = LLVMLookupIntrinsicID(name, strlen(name));
+  LLVMValueRef f = LLVMGetIntrinsicDeclaration(L->m, id, &t, 1);
+  LLVMTypeRef ft = LLVMIntrinsicGetType(L->c, id, &t, 1);
+  return LLVMBuildCall2(L->b, ft, f, args, (unsigned)n, "");
+}
+
+static LLVMValueRef const_of(lctx *L, kiln_dtype dt, double v) {
+  if (is_float(dt)) return LLVMConstReal(elem_type(L, dt), v);
+  return LLVMConstInt(elem_type(L, dt), (unsigned long long)(int64_t)v, 1);
+}
+
+/* NaN-propagating max/min, as eager's MAXNAN/MINNAN. */
+static LLVMValueRef maxnan(lctx *L, kiln_dtype dt, LLVMValueRef x, LLVMValueRef y, bool max) {
+  if (!is_float(dt)) return LLVMBuildSelect(L->b, LLVMBuildICmp(L->b, max ? LLVMIntSGT : LLVMIntSLT, x, y, ""), x, y, "");
+  LLVMValueRef c = LLVMBuildFCmp(L->b, max ? LLVMRealOGT : LLVMRealOLT, x, y, "");
+  LLVMValueRef nan = LLVMBuildFCmp(L->b, LLVMRealUNO, x, x, "");
+  return LLVMBuildSelect(L->b, LLVMBuildOr(L->b, c, nan, ""), x, y, "");
+}
+
+static LLVMValueRef convert(lctx *L, LLVMValueRef v, kiln_dtype from, kiln_dtype to) {
+  if (from == to) return v;
+  LLVMTypeRef t = elem_type(L, to);
+  if (to == KILN_BOOL) {
+    LLVMValueRef nz = is_float(from) ? LLVMBuildFCmp(L->b, LLVMRealUNE, v, LLVMConstReal(elem_type(L, from), 0), "")
+                                     : LLVMBuildICmp(L->b, LLVMIntNE, v, LLVMConstInt(elem_type(L, from), 0, 0), "");
+    return LLVMBuildZExt(L->b, nz, L->i8, "");
+  }
+  if (from == KILN_BOOL) {
+    return is_float(to) ? LLVMBuildUIToFP(L->b, v, t, "") : LLVMBuildZExt(L->b, v, t, "");
+  }
+  if (is_float(from) && is_float(to)) return to == KILN_F64 ? LLVMBuildFPExt(L->b, v, t, "") : LLVMBuildFPTrunc(L->b, v, t, "");
+  if (is_float(from)) return LLVMBuildFPToSI(L->b, v, t, "");
+  return LLVMBuildSIToFP(L->b, v, t, "");
+}
+
+static LLVMValueRef emit(lctx *L, int e, LLVMValueRef *off);
+
+static LLVMValueRef emit_op(lctx *L, const cg_expr *x, LLVMValueRef *off) {
+  LLVMValueRef a = emit(L, x->in[0], off);
+  if (!a) return NULL;
+  LLVMValueRef b = x->n_in > 1 ? emit(L, x->in[1], off) : NULL;
+  if (x->n_in > 1 && !b) return NULL;
+  kiln_dtype it = L->k->expr[x->in[0]].dtype; /* operand type (binary ops have equal types) */
+  bool fl = is_float(it);
+  LLVMBuilderRef B = L->b;
+  switch (x->op) {
+  case OP_ADD: return fl ? LLVMBuildFAdd(B, a, b, "") : LLVMBuildAdd(B, a, b, "");
+  case OP_SUB: return fl ? LLVMBuildFSub(B, a, b, "") : LLVMBuildSub(B, a, b, "");
+  case OP_MUL: return fl ? LLVMBuildFMul(B, a, b, "") : LLVMBuildMul(B, a, b, "");
+  case OP_DIV: return LLVMBuildFDiv(B, a, b, "");
+  case OP_POW: {
+    const cg_expr *ex = &L->k->expr[x->in[1]];
+    if (ex->kind == CG_CONST && ex->c == 2.0) return LLVMBuildFMul(B, a, a, "");
+    if (ex->kind == CG_CONST && ex->c == 3.0) return LLVMBuildFMul(B, LLVMBuildFMul(B, a, a, ""), a, "");
+    if (ex->kind == CG_CONST && ex->c == 1.0) return a;
+    return call_intrinsic(L, "llvm.pow", elem_type(L, it), (LLVMValueRef[]){a, b}, 2);
+  }
+  case OP_MAXIMUM: return maxnan(L, it, a, b, true);
+  case OP_MINIMUM: return maxnan(L, it, a, b, false);
+  case OP_EQ: case OP_NE: case OP_LT: case OP_LE: case OP_GT: case OP_GE: {
+    static const LLVMRealPredicate fp[] = {LLVMRealOEQ, LLVMRealUNE, LLVMRealOLT, LLVMRealOLE, LLVMRealOGT, LLVMRealOGE};
+    static const LLVMIntPredicate ip[] = {LLVMIntEQ, LLVMIntNE, LLVMIntSLT, LLVMIntSLE, LLVMIntSGT, LLVMIntSGE};
+    int k = x->op - OP_EQ;
+    LLVMValueRef c = fl ? LLVMBuildFCmp(B, fp[k], a, b, "") : LLVMBuildICmp(B, ip[k], a, b, "");
+    return LLVMBuildZExt(B, c, L->i8, "");
+  }
+  case OP_NEG: return fl ? LLVMBuildFNeg(B, a, "") : LLVMBuildNeg(B, a, "");
+  case OP_ABS:
+    if (fl) return call_intrinsic(L, "llvm.fabs", elem_type(L, it), &a, 1);
+    return LLVMBuildSelect(B, LLVMBuildICmp(B, LLVMIntSLT, a, ci64(L, 0), ""), LLVMBuildNeg(B, a, ""), a, "");
+  case OP_RELU:
+    if (fl) return LLVMBuildSelect(B, LLVMBuildFCmp(B, LLVMRealUGT, a, const_of(L, it, 0), ""), a, const_of(L, it, 0), "");
+    return LLVMBuildSelect(B, LLVMBuildICmp(B, LLVMIntSGT, a, ci64(L, 0), ""), a, ci64(L, 0), "");
+  case OP_CAST: return convert(L, a, it, x->cast_to);
+  case OP_COPY: return a;
+  default: {
+    LLVMValueRef r = vmath_emit(B, x->op, a);
+    return r;
+  }
+  }
+}
+
+/* The value of expression e at the current loop point (off: per access element offset). */
+static LLVMValueRef emit(lctx *L, int e, LLVMValueRef *off) {
+  if (L->memo[e]) return L->memo[e];
+  const cg_expr *x = &L->k->expr[e];
+  LLVMValueRef v = NULL;
+  switch (x->kind) {
+  case CG_LOAD: {
+    LLVMTypeRef t = elem_type(L, x->dtype);
+    LLVMValueRef ptr = LLVMBuildGEP2(L->b, t, L->ptrs[x->a], &off[x->a], 1, "");
+    v = LLVMBuildLoad2(L->b, t, ptr, "");
+    break;
+  }
+  case CG_CONST:
+    v = const_of(L, x->dtype, x->c);
+    break;
+  case CG_ACC:
+    v = L->accv[x->a];
+    break;
+  case CG_SYM: {
+    LLVMValueRef s = sym_val(L, x->s);
+    v = is_float(x->dtype) ? LLVMBuildSIToFP(L->b, s, elem_type(L, x->dtype), "") : s;
+    break;
+  }
+  case CG_OP:
+    if (x->op == OP_WHERE) {
+      LLVMValueRef c = emit(L, x->in[0], off), a = emit(L, x->in[1], off), b = emit(L, x->in[2], off);
+      if (!c || !a || !b) return NULL;
+      v = LLVMBuildSelect(L->b, LLVMBuildICmp(L->b, LLVMIntNE, c, LLVMConstInt(L->i8, 0, 0), ""), a, b, "");
+    } else {
+      v = emit_op(L, x, off);
+    }
+    break;
+  }
+  L->memo[e] = v;
+  return v;
+}
+
+/* ---- loops ---- */
+
+typedef struct loop {
+  LLVMBasicBlockRef head, body, exit;
+  LLVMValueRef i, phi_acc;
+} loop;
+
+/* for (i = from; i < to; i++): leaves the builder in the body; i is the index. */
+static void loop_open(lctx *L, loop *lp, LLVMValueRef from, LLVMValueRef to, const char *name) {
+  LLVMBasicBlockRef pre = LLVMGetInsertBlock(L->b);
+  lp->head = LLVMAppendBasicBlockInContext(L->c, L->fn, name);
+  lp->body = LLVMAppendBasicBlockInContext(L->c, L->fn, "body");
+  lp->exit = LLVMAppendBasicBlockInContext(L->c, L->fn, "exit");
+  LLVMBuildBr(L->b, lp->head);
+  LLVMPositionBuilderAtEnd(L->b, lp->head);
+  lp->i = LLVMBuildPhi(L->b, L->i64, "i");
+  LLVMAddIncoming(lp->i, &from, &pre, 1);
+  LLVMBuildCondBr(L->b, LLVMBuildICmp(L->b, LLVMIntSLT, lp->i, to, ""), lp->body, lp->exit);
+  LLVMPositionBuilderAtEnd(L->b, lp->body);
+}
+
+static void loop_close(lctx *L, loop *lp) {
+  LLVMValueRef next = LLVMBuildAdd(L->b, lp->i, ci64(L, 1), "");
+  LLVMBasicBlockRef end = LLVMGetInsertBlock(L->b);
+  LLVMAddIncoming(lp->i, &next, &end, 1);
+  LLVMBuildBr(L->b, lp->head);
+  LLVMPositionBuilderAtEnd(L->b, lp->exit);
+}
+
+static void clear_memo(lctx *L) { memset(L->memo, 0, sizeof *L->memo * (size_t)L->k->n_expr); }
+
+/* Per access offsets at inner point idx[] added to the outer bases. */
+static void inner_offsets(lctx *L, LLVMValueRef *idx, LLVMValueRef *off) {
+  cg_kernel *k = L->k;
+  for (int a = 0; a < k->n_acc; a++) {
+    LLVMValueRef o = L->base[a];
+    for (int d = k->n_outer; d < k->ndim; d++) {
+      if (sym_is_const(k->acc[a].stride[d]) && k->acc[a].stride[d].c == 0) continue;
+      o = LLVMBuildAdd(L->b, o, LLVMBuildMul(L->b, idx[d], sym_val(L, k->acc[a].stride[d]), ""), "");
+    }
+    off[a] = o;
+  }
+}
+
+/* Emits the inner loop nest over dims [d, ndim), running body at the innermost point. */
+typedef void (*inner_body)(lctx *L, LLVMValueRef *off, void *ctx);
+
+static void inner_nest(lctx *L, int d, LLVMValueRef *idx, inner_body body, void *ctx) {
+  cg_kernel *k = L->k;
+  if (d == k->ndim) {
+    LLVMValueRef off[64];
+    inner_offsets(L, idx, off);
+    body(L, off, ctx);
+    return;
+  }
+  loop lp;
+  loop_open(L, &lp, ci64(L, 0), sym_val(L, k->dim[d]), "inner");
+  idx[d] = lp.i;
+  inner_nest(L, d + 1, idx, body, ctx);
+  loop_close(L, &lp);
+}
+
+typedef struct reduce_ctx {
+  const cg_stage *st;
+  LLVMValueRef acc_ptr;   /* an alloca holding the accumulator */
+  LLVMTypeRef acc_t;
+  kiln_dtype dt;
+} reduce_ctx;
+
+static void reduce_body(lctx *L, LLVMValueRef *off, void *vctx) {
+  reduce_ctx *r = vctx;
+  clear_memo(L);
+  LLVMValueRef v = emit(L, r->st->expr, off);
+  if (!v) return;
+  LLVMValueRef acc = LLVMBuildLoad2(L->b, r->acc_t, r->acc_ptr, "");
+  LLVMValueRef nv;
+  if (r->st->op == OP_SUM || r->st->op == OP_MEAN) {
+    if (r->dt == KILN_F32) v = LLVMBuildFPExt(L->b, v, L->f64, "");
+    if (is_float(r->dt)) {
+      nv = LLVMBuildFAdd(L->b, acc, v, "");
+      LLVMSetFastMathFlags(nv, LLVMFastMathAllowReassoc);
+    } else {
+      nv = LLVMBuildAdd(L->b, acc, v, "");
+    }
+  } else {
+    nv = maxnan(L, r->dt, v, acc, r->st->op == OP_MAX);
+  }
+  LLVMBuildStore(L->b, nv, r->acc_ptr);
+}
+
+static void map_body(lctx *L, LLVMValueRef *off, void *vctx) {
+  const cg_stage *st = vctx;
+  clear_memo(L);
+  LLVMValueRef v = emit(L, st->expr, off);
+  if (!v) return;
+  const cg_access *a = &L->k->acc[st->store];
+  LLVMTypeRef t = elem_type(L, L->prog->buf[a->buf].dtype);
+  LLVMValueRef ptr = LLVMBuildGEP2(L->b, t, L->ptrs[st->store], &off[st->store], 1, "");
+  LLVMBuildStore(L->b, v, ptr);
+}
+
+/* Outer bases at flat outer index o (dims [0, n_outer) split by div/mod). */
+static void outer_bases(lctx *L, LLVMValueRef o, int n_outer) {
+  cg_kernel *k = L->k;
+  LLVMValueRef rem = o;
+  LLVMValueRef idx[MAXD];
+  for (int d = n_outer - 1; d >= 0; d--) {
+    if (d == 0) {
+      idx[d] = rem;
+    } else {
+      LLVMValueRef n = sym_val(L, k->dim[d]);
+      idx[d] = LLVMBuildSRem(L->b, rem, n, "");
+      rem = LLVMBuildSDiv(L->b, rem, n, "");
+    }
+  }
+  for (int a = 0; a < k->n_acc; a++) {
+    LLVMValueRef b = sym_val(L, k->acc[a].offset);
+    for (int d = 0; d < n_outer; d++) {
+      if (sym_is_const(k->acc[a].stride[d]) && k->acc[a].stride[d].c == 0) continue;
+      b = LLVMBuildAdd(L->b, b, LLVMBuildMul(L->b, idx[d], sym_val(L, k->acc[a].stride[d]), ""), "");
+    }
+    L->base[a] = b;
+  }
+}
+
+/* Staged kernels: for o in [begin, end): stages. */
+static void lower_staged(lctx *L, LLVMValueRef begin, LLVMValueRef end) {
+  cg_kernel *k = L->k;
+  /* accumulators live in allocas in the entry block, promoted to registers by mem2reg */
+  LLVMValueRef acc_ptr[16];
+  LLVMTypeRef acc_t[16];
+  for (int s = 0; s < k->n_stage; s++) {
+    if (k->stage[s].kind != CG_REDUCE) continue;
+    kiln_dtype dt = k->expr[k->stage[s].expr].dtype;
+    acc_t[s] = dt == KILN_F32 ? L->f64 : elem_type(L, dt);
+    acc_ptr[s] = LLVMBuildAlloca(L->eb, L->f64, "acc"); /* f64 is the widest accumulator */
+  }
+  loop outer;
+  loop_open(L, &outer, begin, end, "outer");
+  outer_bases(L, outer.i, k->n_outer);
+  LLVMValueRef idx[MAXD];
+  for (int s = 0; s < k->n_stage; s++) {
+    const cg_stage *st = &k->stage[s];
+    if (st->kind == CG_REDUCE) {
+      kiln_dtype dt = k->expr[st->expr].dtype;
+      double init = st->op == OP_MAX ? -INFINITY : st->op == OP_MIN ? INFINITY : 0.0;
+      LLVMValueRef iv = dt == KILN_F32 ? LLVMConstReal(L->f64, init) : const_of(L, dt, init);
+      if (!is_float(dt) && st->op == OP_MAX) iv = ci64(L, INT64_MIN);
+      if (!is_float(dt) && st->op == OP_MIN) iv = ci64(L, INT64_MAX);
+      if (dt == KILN_F32 && st->op != OP_SUM && st->op != OP_MEAN) {
+        /* max/min of f32 stay in f32 */
+        acc_t[s] = L->f32;
+        iv = LLVMConstReal(L->f32, init);
+      }
+      LLVMBuildStore(L->b, iv, acc_ptr[s]);
+      reduce_ctx rc = {st, acc_ptr[s], acc_t[s], dt};
+      inner_nest(L, k->n_outer, idx, reduce_body, &rc);
+      LLVMValueRef r = LLVMBuildLoad2(L->b, acc_t[s], acc_ptr[s], "");
+      if (st->op == OP_MEAN) {
+        LLVMValueRef cnt = ci64(L, 1);
+        for (int d = k->n_outer; d < k->ndim; d++) cnt = LLVMBuildMul(L->b, cnt, sym_val(L, k->dim[d]), "");
+        r = LLVMBuildFDiv(L->b, r, LLVMBuildSIToFP(L->b, cnt, acc_t[s], ""), "");
+      }
+      if (acc_t[s] != elem_type(L, dt)) r = LLVMBuildFPTrunc(L->b, r, elem_type(L, dt), "");
+      L->accv[s] = r;
+    } else if (st->inner) {
+      inner_nest(L, k->n_outer, idx, map_body, (void *)st);
+    } else {
+      LLVMValueRef off[64];
+      for (int a = 0; a < k->n_acc; a++) off[a] = L->base[a];
+      map_body(L, off, (void *)st);
+    }
+  }
+  loop_close(L, &outer);
+}
+
+/* Pointwise kernels: flat elements [begin, end) as runs along the last dim. */
+static void lower_flat(lctx *L, LLVMValueRef begin, LLVMValueRef end) {
+  cg_kernel *k = L->k;
+  const cg_stage *st = &k->stage[0];
+  if (k->ndim == 0) {
+    for (int a = 0; a < k->n_acc; a++) L->base[a] = sym_val(L, k->acc[a].offset);
+    LLVMValueRef off[64];
+    memcpy(off, L->base, sizeof(LLVMValueRef) * (size_t)k->n_acc);
+    map_body(L, off, (void *)st);
+    return;
+  }
+  int last = k->ndim - 1;
+  LLVMValueRef len = sym_val(L, k->dim[last]);
+  /* pos walks [begin, end); each run covers the rest of one row */
+  LLVMValueRef pos_ptr = LLVMBuildAlloca(L->eb, L->i64, "pos");
+  LLVMBuildStore(L->b, begin, pos_ptr);
+  LLVMBasicBlockRef head = LLVMAppendBasicBlockInContext(L->c, L->fn, "run"), body = LLVMAppendBasicBlockInContext(L->c, L->fn, "runbody"),
+                    exit = LLVMAppendBasicBlockInContext(L->c, L->fn, "done");
+  LLVMBuildBr(L->b, head);
+  LLVMPositionBuilderAtEnd(L->b, head);
+  LLVMValueRef pos = LLVMBuildLoad2(L->b, L->i64, pos_ptr, "");
+  LLVMBuildCondBr(L->b, LLVMBuildICmp(L->b, LLVMIntSLT, pos, end, ""), body, exit);
+  LLVMPositionBuilderAtEnd(L->b, body);
+  LLVMValueRef row = LLVMBuildSDiv(L->b, pos, len, ""), col = LLVMBuildSRem(L->b, pos, len, "");
+  LLVMValueRef n = LLVMBuildSub(L->b, len, col, "");
+  LLVMValueRef left = LLVMBuildSub(L->b, end, pos, "");
+  n = LLVMBuildSelect(L->b, LLVMBuildICmp(L->b, LLVMIntSLT, left, n, ""), left, n, "");
+  outer_bases(L, row, last);
+  LLVMValueRef stop = LLVMBuildAdd(L->b, col, n, "");
+  loop in;
+  loop_open(L, &in, col, stop, "inner");
+  LLVMValueRef off[64];
+  for (int a = 0; a < k->n_acc; a++) {
+    sym_dim s = k->acc[a].stride[last];
+    off[a] = sym_is_const(s) && s.c == 0 ? L->base[a] : LLVMBuildAdd(L->b, L->base[a], LLVMBuildMul(L->b, in.i, sym_val(L, s), ""), "");
+  }
+  map_body(L, off, (void *)st);
+  loop_close(L, &in);
+  LLVMBuildStore(L->b, LLVMBuildAdd(L->b, pos, n, ""), pos_ptr);
+  LLVMBuildBr(L->b, head);
+  LLVMPositionBuilderAtEnd(L->b, exit);
+}
+
+int lower_kernel(const cg_program *prog, cg_kernel *k, LLVMModuleRef m) {
+  lctx L = {.m = m, .k = k, .prog = prog};
+  L.c = LLVMGetModuleContext(m);
+  L.i64 = LLVMInt64TypeInContext(L.c);
+  L.i8 = LLVMInt8TypeInContext(L.c);
+  L.f32 = LLVMFloatTypeInContext(L.c);
+  L.f64 = LLVMDoubleTypeInContext(L.c);
+  L.ptr = LLVMPointerTypeInContext(L.c, 0);
+  if (k->n_acc > 64 || k->n_stage > 16) return -1;
+  L.memo = alloc_calloc((size_t)k->n_expr + 1, sizeof *L.memo);
+  if (!L.memo) return -1;
+  LLVMTypeRef params[4] = {L.ptr, L.ptr, L.i64, L.i64};
+  LLVMTypeRef ft = LLVMFunctionType(LLVMVoidTypeInContext(L.c), params, 4, 0);
+  L.fn = LLVMAddFunction(m, k->name, ft);
+  L.b = LLVMCreateBuilderInContext(L.c);
+  L.eb = LLVMCreateBuilderInContext(L.c);
+  LLVMBasicBlockRef entry = LLVMAppendBasicBlockInContext(L.c, L.fn, "entry");
+  LLVMBasicBlockRef start = LLVMAppendBasicBlockInContext(L.c, L.fn, "start");
+  LLVMPositionBuilderAtEnd(L.eb, entry);
+  LLVMPositionBuilderAtEnd(L.b, start);
+  L.p = LLVMGetParam(L.fn, 0);
+  L.bufs = LLVMGetParam(L.fn, 1);
+  for (int a = 0; a < k->n_acc; a++) {
+    LLVMValueRef g = LLVMBuildGEP2(L.eb, L.ptr, L.bufs, (LLVMValueRef[]){ci64(&L, k->acc[a].buf)}, 1, "");
+    L.ptrs[a] = LLVMBuildLoad2(L.eb, L.ptr, g, "");
+  }
+  bool staged = false;
+  for (int s = 0; s < k->n_stage; s++) staged |= k->stage[s].kind == CG_REDUCE || k->stage[s].inner;
+  if (staged) lower_staged(&L, LLVMGetParam(L.fn, 2), LLVMGetParam(L.fn, 3));
+  else lower_flat(&L, LLVMGetParam(L.fn, 2), LLVMGetParam(L.fn, 3));
+  LLVMBuildRetVoid(L.b);
+  LLVMBuildBr(L.eb, start);
+  LLVMDisposeBuilder(L.b);
+  LLVMDisposeBuilder(L.eb);
+  alloc_free(L.memo);
+  return 0;
+}

@@ -1,0 +1,364 @@
+/* The LLVM backend: the stages of codegen.h in order, and the runtime that
+ * runs a compiled graph. compile: fuse -> lower every loop kernel into one
+ * module -> optimize and JIT -> look the kernels up. run: bind the symbols,
+ * evaluate each kernel's parameters, place the intermediates in the arena
+ * (kept between calls), run the kernels in order (loops split across the
+ * thread pool, matmul through BLAS, the rest through eager kernels), then
+ * hand out the outputs and apply the writes. */
+#include <pthread.h>
+#include <string.h>
+#include <time.h>
+
+#include "codegen/codegen.h"
+#include "eager/pool.h"
+
+typedef void (*kern_fn)(const int64_t *p, char *const *bufs, int64_t begin, int64_t end);
+
+struct backend_exec {
+  const ir_graph *g;
+  cg_program *prog;
+  cg_jit *jit;
+  kern_fn *fn;            /* per kernel (loops only) */
+  kiln_tensor **consts;   /* per buffer (CONST only) */
+  pthread_mutex_t mu;     /* guards the arena */
+  char *arena;
+  size_t arena_cap;
+  bool arena_busy;
+  unsigned dump;
+  FILE *dump_to;
+  bool plan_dumped;
+};
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static void exec_free(backend_exec *e) {
+  if (!e) return;
+  if (e->consts && e->prog)
+    for (int i = 0; i < e->prog->n_buf; i++) kiln_release(e->consts[i]);
+  alloc_free(e->consts);
+  alloc_free(e->fn);
+  jit_free(e->jit);
+  cg_program_free(e->prog);
+  if (e->arena) alloc_aligned_free(e->arena, e->arena_cap);
+  pthread_mutex_destroy(&e->mu);
+  alloc_free(e);
+}
+
+static kiln_tensor *const_tensor(const ir_node *n) {
+  int64_t shape[MAXD];
+  for (int i = 0; i < n->ndim; i++) shape[i] = n->shape[i].c;
+  kiln_tensor *t = tensor_new(n->dtype, n->ndim, shape);
+  if (t) {
+    size_t bytes = (size_t)shape_numel(n->ndim, shape) * kiln_dtype_size(n->dtype);
+    if (bytes) memcpy(t->st->data, n->data, bytes);
+  }
+  return t;
+}
+
+static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_to, char *err, size_t errn) {
+  if (jit_init(err, errn)) return NULL;
+  backend_exec *e = alloc_calloc(1, sizeof *e);
+  if (!e) return snprintf(err, errn, "out of memory"), NULL;
+  pthread_mutex_init(&e->mu, NULL);
+  e->g = g;
+  e->dump = dump;
+  e->dump_to = dump_to ? dump_to : stderr;
+  double t0 = now_ms();
+  e->prog = fuse_graph(g, err, errn);
+  if (!e->prog) goto fail;
+  cg_program *p = e->prog;
+  e->fn = alloc_calloc((size_t)p->n_k + 1, sizeof *e->fn);
+  e->consts = alloc_calloc((size_t)p->n_buf + 1, sizeof *e->consts);
+  if (!e->fn || !e->consts) goto oom;
+  for (int b = 0; b < p->n_buf; b++)
+    if (p->buf[b].kind == CG_BUF_CONST && !(e->consts[b] = const_tensor(&g->nodes[p->buf[b].node]))) goto oom;
+  cg_module m;
+  if (jit_module_new(&m, g->name, err, errn)) goto fail;
+  int loops = 0;
+  for (int k = 0; k < p->n_k; k++) {
+    if (p->k[k].kind != CG_K_LOOP) continue;
+    loops++;
+    if (lower_kernel(p, &p->k[k], m.mod)) {
+      jit_module_dispose(&m);
+      snprintf(err, errn, "lowering %s failed", p->k[k].name);
+      goto fail;
+    }
+  }
+  double t1 = now_ms(), opt_ms = 0, cg_ms = 0;
+  if (dump & KILN_DUMP_KERNELS) {
+    fuse_dump(p, e->dump_to);
+    fprintf(e->dump_to, "fusion and lowering: %.2f ms\n", t1 - t0);
+  }
+  if (loops) {
+    e->jit = jit_compile(&m, dump, e->dump_to, &opt_ms, &cg_ms, err, errn);
+    if (!e->jit) goto fail;
+    for (int k = 0; k < p->n_k; k++) {
+      if (p->k[k].kind != CG_K_LOOP) continue;
+      e->fn[k] = (kern_fn)jit_lookup(e->jit, p->k[k].name);
+      if (!e->fn[k]) {
+        snprintf(err, errn, "kernel %s not found after compiling", p->k[k].name);
+        goto fail;
+      }
+    }
+  } else {
+    jit_module_dispose(&m);
+  }
+  if (dump & KILN_DUMP_KERNELS)
+    fprintf(e->dump_to, "compile time: fuse+lower %.2f ms, LLVM optimize %.2f ms, machine code %.2f ms\n", t1 - t0, opt_ms,
+            cg_ms);
+  return e;
+oom:
+  snprintf(err, errn, "out of memory");
+fail:
+  exec_free(e);
+  return NULL;
+}
+
+/* ---- running ---- */
+
+typedef struct kern_job {
+  kern_fn fn;
+  const int64_t *p;
+  char *const *bufs;
+} kern_job;
+
+static void kern_chunk(void *ctx, int64_t begin, int64_t end) {
+  kern_job *j = ctx;
+  j->fn(j->p, j->bufs, begin, end);
+}
+
+/* A tensor header over memory the runtime owns (no refcount; never released). */
+typedef struct tview {
+  kiln_tensor t;
+  storage st;
+} tview;
+
+static int make_view(tview *v, char *base, kiln_dtype dt, const ir_node *n, const cg_view *m, const int64_t *vals,
+                     int nvals) {
+  memset(v, 0, sizeof *v);
+  v->st.data = base;
+  v->st.bytes = 0;
+  atomic_init(&v->st.refcount, 1 << 30);
+  v->t.st = &v->st;
+  v->t.dtype = dt;
+  v->t.ndim = n->ndim;
+  atomic_init(&v->t.refcount, 1 << 30);
+  if (sym_eval(m->off, vals, nvals, &v->t.offset)) return -1;
+  for (int i = 0; i < n->ndim; i++)
+    if (sym_eval(n->shape[i], vals, nvals, &v->t.shape[i]) || sym_eval(m->stride[i], vals, nvals, &v->t.stride[i])) return -1;
+  return 0;
+}
+
+static int64_t eval_or(sym_dim d, const int64_t *vals, int n) {
+  int64_t v = 0;
+  return sym_eval(d, vals, n, &v) ? -1 : v;
+}
+
+static int llvm_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const *params, kiln_tensor **out) {
+  const ir_graph *g = e->g;
+  cg_program *p = e->prog;
+  int64_t vals[IR_MAX_SYMS];
+  char err[512];
+  if (ir_bind_syms(g, in, params, vals, err, sizeof err)) return err_set("", 0, "call", "%s: %s", g->name, err), -1;
+  int nb = p->n_buf, ns = g->n_syms, rc = -1;
+  char **bufs = alloc_calloc((size_t)nb + 1, sizeof *bufs);
+  kiln_tensor **tens = alloc_calloc((size_t)nb + 1, sizeof *tens);  /* the tensor behind a buffer, when there is one */
+  kiln_tensor **own = alloc_calloc((size_t)nb + 1, sizeof *own);    /* ours to release */
+  size_t *bytes = alloc_calloc((size_t)nb + 1, sizeof *bytes), *off = alloc_calloc((size_t)nb + 1, sizeof *off);
+  char *arena = NULL;
+  size_t arena_bytes = 0;
+  bool shared_arena = false;
+  int n_out_done = 0;
+  if (!bufs || !tens || !own || !bytes || !off) goto oom;
+  for (int b = 0; b < nb; b++) {
+    const cg_buf *bf = &p->buf[b];
+    const ir_node *n = &g->nodes[bf->node];
+    int64_t shape[MAXD];
+    if (ir_node_shape(n, vals, ns, shape)) goto bad_shape;
+    kiln_tensor *t = NULL;
+    switch (bf->kind) {
+    case CG_BUF_INPUT:
+    case CG_BUF_GRAD:
+      if (n->op == IR_INPUT) t = in[n->index];
+      else if (n->op == IR_PARAM) t = params[n->index];
+      else {
+        const ir_node *o = &g->nodes[n->in[0]];
+        kiln_tensor *owner = o->op == IR_INPUT ? in[o->index] : params[o->index];
+        t = owner->grad;
+        if (!t) {
+          err_set("", 0, "call", "%s: %%%d: the .grad it reads is NULL", g->name, bf->node);
+          goto done;
+        }
+      }
+      if (!tensor_contiguous(t)) {
+        /* kernels read their buffers as contiguous: copy a strided argument once */
+        if (!(own[b] = op_run(OP_COPY, &t, 1, NULL, "", 0))) goto done;
+        t = own[b];
+      }
+      break;
+    case CG_BUF_CONST:
+      t = e->consts[b];
+      break;
+    case CG_BUF_OUTPUT:
+      if (!(own[b] = t = tensor_new(bf->dtype, bf->ndim, shape))) goto oom;
+      break;
+    case CG_BUF_TEMP:
+      bytes[b] = (size_t)shape_numel(bf->ndim, shape) * kiln_dtype_size(bf->dtype);
+      break;
+    }
+    tens[b] = t;
+    if (t) bufs[b] = tensor_data(t);
+  }
+  arena_bytes = plan_arena(p, bytes, off);
+  pthread_mutex_lock(&e->mu);
+  if (!e->arena_busy) {
+    e->arena_busy = shared_arena = true;
+    if (arena_bytes > e->arena_cap) {
+      if (e->arena) alloc_aligned_free(e->arena, e->arena_cap);
+      e->arena_cap = (arena_bytes + 63) / 64 * 64;
+      e->arena = alloc_aligned(e->arena_cap);
+      if (!e->arena) e->arena_cap = 0;
+    }
+    arena = e->arena;
+  }
+  if ((e->dump & KILN_DUMP_KERNELS) && !e->plan_dumped) {
+    e->plan_dumped = true;
+    fprintf(e->dump_to, "memory plan of %s at this call's sizes: arena %zu bytes\n", g->name, arena_bytes);
+    for (int b = 0; b < nb; b++)
+      if (p->buf[b].kind == CG_BUF_TEMP) fprintf(e->dump_to, "  b%d at %zu, %zu bytes\n", b, off[b], bytes[b]);
+  }
+  pthread_mutex_unlock(&e->mu);
+  if (!shared_arena) {
+    /* another call holds the kept arena: this one gets its own */
+    arena = arena_bytes ? alloc_aligned((arena_bytes + 63) / 64 * 64) : NULL;
+  }
+  if (arena_bytes && !arena) goto oom;
+  for (int b = 0; b < nb; b++)
+    if (p->buf[b].kind == CG_BUF_TEMP) bufs[b] = arena + off[b];
+
+  for (int ki = 0; ki < p->n_k; ki++) {
+    cg_kernel *k = &p->k[ki];
+    if (k->kind == CG_K_LOOP) {
+      int64_t prm[256];
+      for (int i = 0; i < k->n_param && i < 256; i++)
+        if (sym_eval(k->param[i], vals, ns, &prm[i])) goto bad_shape;
+      bool staged = false;
+      for (int s = 0; s < k->n_stage; s++) staged |= k->stage[s].kind == CG_REDUCE || k->stage[s].inner;
+      int64_t range = 1, inner = 1;
+      for (int d = 0; d < k->ndim; d++) {
+        int64_t v = eval_or(k->dim[d], vals, ns);
+        if (v < 0) goto bad_shape;
+        if (!staged || d < k->n_outer) range *= v;
+        else inner *= v;
+      }
+      kern_job job = {e->fn[ki], prm, bufs};
+      int64_t grain = staged ? (inner >= 16384 ? 1 : 16384 / (inner ? inner : 1)) : 16384;
+      pool_parallel_for(range, grain, kern_chunk, &job);
+      continue;
+    }
+    /* matmul and eager ops: run the eager kernel on views of the buffers */
+    const ir_node *n = &g->nodes[k->node];
+    tview iv[3], ov;
+    kiln_tensor *ins[3];
+    int nin = n->n_in < 3 ? n->n_in : 3;
+    kiln_tensor **many = NULL;
+    tview *mv = NULL;
+    if (n->n_in > 3) { /* cat of many */
+      many = alloc_calloc((size_t)n->n_in, sizeof *many);
+      mv = alloc_calloc((size_t)n->n_in, sizeof *mv);
+      if (!many || !mv) {
+        alloc_free(many), alloc_free(mv);
+        goto oom;
+      }
+    }
+    bool ok = true;
+    for (int j = 0; j < n->n_in && ok; j++) {
+      const cg_view *m = &p->views[n->in[j]];
+      tview *tv = many ? &mv[j] : &iv[j];
+      ok = make_view(tv, bufs[m->buf], g->nodes[n->in[j]].dtype, &g->nodes[n->in[j]], m, vals, ns) == 0;
+      if (many) many[j] = &tv->t;
+      else ins[j] = &tv->t;
+    }
+    cg_view self = p->views[k->node];
+    ok = ok && make_view(&ov, bufs[k->out_buf], n->dtype, n, &self, vals, ns) == 0;
+    op_attrs at;
+    ok = ok && ir_attrs_eval(&n->attrs, vals, ns, &at) == 0;
+    int r = ok ? op_kernel((op_id)n->op, many ? many : ins, many ? n->n_in : nin, &at, &ov.t) : -1;
+    alloc_free(many), alloc_free(mv);
+    if (r) {
+      err_set(n->file, n->line, ir_op_name(n->op), "%s: %%%d: the kernel failed", g->name, k->node);
+      goto done;
+    }
+  }
+
+  /* outputs: fresh tensors, or views of them and of the arguments, as in the graph */
+  for (int i = 0; i < g->n_outputs; i++) {
+    int o = g->outputs[i];
+    const cg_view *m = &p->views[o];
+    const cg_buf *bf = &p->buf[m->buf];
+    const ir_node *n = &g->nodes[o];
+    tview v;
+    if (make_view(&v, bufs[m->buf], n->dtype, n, m, vals, ns)) goto bad_shape;
+    kiln_tensor *base = tens[m->buf];
+    kiln_tensor *r = NULL;
+    if (base && base->st != NULL && (bf->kind == CG_BUF_OUTPUT || (bf->kind != CG_BUF_CONST && !own[m->buf]))) {
+      /* the same elements as base, seen through the view */
+      bool same = base->ndim == v.t.ndim && v.t.offset == 0;
+      for (int d = 0; same && d < v.t.ndim; d++) same = base->shape[d] == v.t.shape[d] && (base->shape[d] < 2 || base->stride[d] == v.t.stride[d]);
+      r = same ? kiln_retain(base) : tensor_view(base, v.t.ndim, v.t.shape, v.t.stride, base->offset + v.t.offset);
+    } else {
+      kiln_tensor *src = &v.t;
+      r = op_run(OP_COPY, &src, 1, NULL, "", 0);
+    }
+    if (!r) goto oom;
+    out[n_out_done++] = r;
+  }
+  /* writes after every read */
+  for (int i = 0; i < g->n_writes; i++) {
+    const ir_write *w = &g->writes[i];
+    const ir_node *tn = &g->nodes[w->target];
+    kiln_tensor *dst = tn->op == IR_INPUT ? in[tn->index] : params[tn->index];
+    kiln_tensor *gv = NULL;
+    if (w->value >= 0) {
+      const cg_view *m = &p->views[w->value];
+      tview v;
+      if (make_view(&v, bufs[m->buf], g->nodes[w->value].dtype, &g->nodes[w->value], m, vals, ns)) goto bad_shape;
+      if (w->kind == IR_WRITE_DATA) {
+        pw_copy(dst, &v.t);
+        atomic_fetch_add(&dst->st->version, 1);
+        continue;
+      }
+      kiln_tensor *src = &v.t;
+      if (!(gv = op_run(OP_COPY, &src, 1, NULL, w->file, w->line))) goto oom;
+    }
+    kiln_release(dst->grad);
+    dst->grad = gv;
+  }
+  rc = 0;
+  goto done;
+bad_shape:
+  err_set("", 0, "call", "%s: a size does not evaluate", g->name);
+  goto done;
+oom:
+  err_set("", 0, "call", "%s: out of memory", g->name);
+done:
+  if (rc)
+    for (int i = 0; i < n_out_done; i++) kiln_release(out[i]), out[i] = NULL;
+  if (shared_arena) {
+    pthread_mutex_lock(&e->mu);
+    e->arena_busy = false;
+    pthread_mutex_unlock(&e->mu);
+  } else if (arena) {
+    alloc_aligned_free(arena, (arena_bytes + 63) / 64 * 64);
+  }
+  if (own)
+    for (int b = 0; b < nb; b++) kiln_release(own[b]);
+  alloc_free(bufs), alloc_free(tens), alloc_free(own), alloc_free(bytes), alloc_free(off);
+  return rc;
+}
+
+const backend backend_llvm = {"llvm", llvm_compile, llvm_run, exec_free};
