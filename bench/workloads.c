@@ -4,6 +4,7 @@
  *
  *   kiln_bench [--threads N] [--only W1,W3] [--json PATH]
  *   kiln_bench --overhead      (compiled call overhead, overhead.c)
+ *   kiln_bench --compiled [--threads N] [--only ..] [--json PATH]   (eager vs compiled, side by side)
  *
  * Prints a table; with --json also writes one object per (workload, threads).
  */
@@ -13,6 +14,9 @@
 #include <string.h>
 #include <time.h>
 
+#include <cblas.h>
+
+#include "eager/pool.h"
 #include "kiln.h"
 
 #define GELU_C 0.7978845608 /* sqrt(2/pi) */
@@ -334,8 +338,187 @@ static int write_json(const char *path, const result *rs, int n) {
   return fclose(f) == 0 ? 0 : -1;
 }
 
+/* ---- compiled: the same call through kiln_compile, side by side -------- */
+
+typedef struct cbody {
+  const workload *w;
+  bench_state *s;
+} cbody;
+
+/* The workload's call as a compiled body: its tensors are reached through ctx (params). */
+static int compiled_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)in;
+  cbody *c = ctx;
+  out[0] = c->w->call(c->s);
+  return out[0] ? 0 : -1;
+}
+
+static int call_compiled(kiln_fn *fn) {
+  kiln_scope_begin();
+  kiln_tensor *y = NULL;
+  int rc = kiln_call(fn, NULL, &y);
+  kiln_scope_end();
+  return rc;
+}
+
+/* The machine's limits, measured in this run: one-in/one-out bandwidth (a
+ * scale over 16 MiB) in GB/s, and the sgemm rate for an m,k,n GEMM. */
+typedef struct scale_job {
+  const float *x;
+  float *y;
+} scale_job;
+static void scale_chunk(void *ctx, int64_t b, int64_t e) {
+  scale_job *j = ctx;
+  for (int64_t i = b; i < e; i++) j->y[i] = 1.5f * j->x[i];
+}
+static double measure_bandwidth(void) {
+  int64_t n = 4194304;
+  float *x = aligned_alloc(64, (size_t)n * 4), *y = aligned_alloc(64, (size_t)n * 4);
+  if (!x || !y) return 0;
+  for (int64_t i = 0; i < n; i++) x[i] = (float)i, y[i] = 0;
+  scale_job j = {x, y};
+  double best = 1e30;
+  for (int r = 0; r < 20; r++) {
+    double a = now_s();
+    pool_parallel_for(n, 1 << 15, scale_chunk, &j);
+    double t = now_s() - a;
+    if (t < best) best = t;
+  }
+  free(x), free(y);
+  return 2.0 * (double)n * 4 / best / 1e9;
+}
+static double measure_sgemm_ms(int m, int k, int n) {
+  float *a = calloc((size_t)m * k, 4), *b = calloc((size_t)k * n, 4), *c = calloc((size_t)m * n, 4);
+  double best = 1e30;
+  for (int r = 0; a && b && c && r < 5; r++) {
+    double t0 = now_s();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, a, k, b, n, 0.0f, c, n);
+    double t = now_s() - t0;
+    if (t < best) best = t;
+  }
+  free(a), free(b), free(c);
+  return best * 1e3;
+}
+
+typedef struct cresult {
+  const char *name;
+  bool ok;
+  double eager_ms, compiled_ms, compile_ms, floor_ms, maxdiff;
+  size_t eager_peak, compiled_peak;
+  int kernels_hint;
+} cresult;
+
+static double median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, cmp_double);
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static cresult bench_compiled_one(const workload *w, double gbps) {
+  cresult r = {.name = w->name};
+  bench_state s = {{0}};
+  if (w->setup(&s) != 0) return r;
+  cbody cb = {w, &s};
+  kiln_options o = {.name = w->id, .n_in = 0, .n_out = 1};
+  kiln_fn *fn = kiln_compile(compiled_body, &cb, &o);
+  /* the first call traces and compiles; the second is the first compiled one */
+  if (!fn || call_compiled(fn) || call_compiled(fn)) {
+    fprintf(stderr, "%s: %s\n", w->name, kiln_last_error());
+    goto done;
+  }
+  kiln_fn_stats st;
+  kiln_fn_get_stats(fn, &st);
+  r.compile_ms = st.compile_ms;
+  for (int i = 0; i < WARMUP; i++)
+    if (run_once(w, &s) || call_compiled(fn)) goto done;
+  size_t base = kiln_mem_in_use();
+  kiln_mem_reset_peak();
+  run_once(w, &s);
+  r.eager_peak = kiln_mem_peak() - base;
+  base = kiln_mem_in_use();
+  kiln_mem_reset_peak();
+  call_compiled(fn);
+  r.compiled_peak = kiln_mem_peak() - base;
+  /* interleaved samples: both see the same machine */
+  double t0 = now_s();
+  run_once(w, &s);
+  call_compiled(fn);
+  double pair = now_s() - t0;
+  int n = (int)(2 * SAMPLE_BUDGET_S / (pair > 0 ? pair : 1e-9));
+  if (n < MIN_SAMPLES) n = MIN_SAMPLES;
+  if (n > MAX_SAMPLES) n = MAX_SAMPLES;
+  double *e = malloc(sizeof(double) * (size_t)n), *c = malloc(sizeof(double) * (size_t)n);
+  for (int i = 0; e && c && i < n; i++) {
+    double a = now_s();
+    run_once(w, &s);
+    double b = now_s();
+    call_compiled(fn);
+    c[i] = 1e3 * (now_s() - b);
+    e[i] = 1e3 * (b - a);
+  }
+  if (e && c) {
+    r.eager_ms = median(e, n);
+    r.compiled_ms = median(c, n);
+    r.ok = true;
+  }
+  free(e), free(c);
+  kiln_fn_get_stats(fn, &st);
+  if (st.fallbacks || st.variants != 1) r.ok = false;
+  (void)gbps;
+done:
+  kiln_fn_free(fn);
+  for (int i = 0; i < MAX_INPUTS; i++) kiln_release(s.t[i]);
+  return r;
+}
+
+static int bench_compiled(const char *only, const char *json) {
+  int threads = kiln_get_num_threads();
+  double gbps = measure_bandwidth();
+  double w4_gemm = measure_sgemm_ms(256, 1024, 4096) + measure_sgemm_ms(256, 4096, 1024);
+  printf("machine, measured now: %.1f GB/s one-in/one-out, W4's two sgemms %.2f ms (%.0f GFLOP/s), %d threads\n", gbps,
+         w4_gemm, 4.295e9 / (w4_gemm * 1e6), threads);
+  printf("%-14s %10s %12s %8s %11s %12s %12s %9s\n", "workload", "eager ms", "compiled ms", "speedup", "compile ms",
+         "eager MiB", "compiled MiB", "floor ms");
+  cresult rs[N_WORKLOADS];
+  int n = 0;
+  for (int i = 0; i < N_WORKLOADS; i++) {
+    const workload *w = &WORKLOADS[i];
+    if (!selected(w, only)) continue;
+    cresult r = bench_compiled_one(w, gbps);
+    /* floors: bytes over bandwidth for the memory-bound ones, the GEMMs for W4 */
+    double mb = 0;
+    if (!strcmp(w->id, "W1") || !strcmp(w->id, "W2") || !strcmp(w->id, "W3")) mb = 2.0 * 16777216;
+    if (!strcmp(w->id, "W7")) mb = 2.0 * 8388608;
+    r.floor_ms = mb ? mb / (gbps * 1e9) * 1e3 : !strcmp(w->id, "W4") ? w4_gemm : 0;
+    rs[n++] = r;
+    if (!r.ok) {
+      printf("%-14s FAILED (%s)\n", w->name, kiln_last_error());
+      continue;
+    }
+    printf("%-14s %10.3f %12.3f %7.2fx %11.1f %12.1f %12.1f", w->name, r.eager_ms, r.compiled_ms, r.eager_ms / r.compiled_ms,
+           r.compile_ms, r.eager_peak / 1048576.0, r.compiled_peak / 1048576.0);
+    if (r.floor_ms > 0) printf(" %9.3f", r.floor_ms);
+    printf("\n");
+    fflush(stdout);
+  }
+  if (json) {
+    FILE *f = fopen(json, "w");
+    if (!f) return perror(json), 1;
+    fprintf(f, "[\n");
+    for (int i = 0; i < n; i++) {
+      const cresult *r = &rs[i];
+      fprintf(f, "  {\"name\": \"%s\", \"threads\": %d, \"ok\": %s, \"eager_ms\": %.6f, \"compiled_ms\": %.6f, \"compile_ms\": %.3f, "
+              "\"eager_peak_bytes\": %zu, \"compiled_peak_bytes\": %zu, \"floor_ms\": %.6f}%s\n",
+              r->name, threads, r->ok ? "true" : "false", r->eager_ms, r->compiled_ms, r->compile_ms, r->eager_peak,
+              r->compiled_peak, r->floor_ms, i + 1 < n ? "," : "");
+    }
+    fprintf(f, "]\n");
+    fclose(f);
+  }
+  return 0;
+}
+
 static void usage(const char *argv0) {
-  fprintf(stderr, "usage: %s [--threads N] [--only W1,W3] [--json PATH] | --overhead\n", argv0);
+  fprintf(stderr, "usage: %s [--threads N] [--only W1,W3] [--json PATH] [--compiled] | --overhead\n", argv0);
 }
 
 int bench_overhead(void); /* overhead.c */
@@ -343,6 +526,7 @@ int bench_overhead(void); /* overhead.c */
 int main(int argc, char **argv) {
   int threads_list[2] = {1, 2}, n_threads = 2;
   const char *only = NULL, *json = NULL;
+  bool compiled = false;
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
       threads_list[0] = atoi(argv[++i]);
@@ -357,10 +541,17 @@ int main(int argc, char **argv) {
       json = argv[++i];
     } else if (strcmp(argv[i], "--overhead") == 0) {
       return bench_overhead();
+    } else if (strcmp(argv[i], "--compiled") == 0) {
+      compiled = true;
     } else {
       usage(argv[0]);
       return 2;
     }
+  }
+
+  if (compiled) {
+    if (n_threads == 1) kiln_set_num_threads(threads_list[0]);
+    return bench_compiled(only, json);
   }
 
   result rs[2 * N_WORKLOADS];

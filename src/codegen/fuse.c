@@ -259,7 +259,12 @@ static int expr_of(fuser *f, kbuild *kb, int node, bool root) {
   if (kb->memo[node]) return kb->memo[node] - 1;
   const ir_node *n = &f->g->nodes[node];
   int id;
-  if (!root && (f->mat[node] || !is_compute(n->op))) {
+  if (n->op == IR_CONST && ir_node_numel_const(n) == 1) {
+    /* a scalar constant is an immediate: LLVM folds it, pow(x, 3) becomes multiplies */
+    double c = n->dtype == KILN_F32 ? *(const float *)n->data : n->dtype == KILN_F64 ? *(const double *)n->data
+             : n->dtype == KILN_I64 ? (double)*(const int64_t *)n->data : (double)*(const bool *)n->data;
+    id = add_expr(kb, (cg_expr){.kind = CG_CONST, .dtype = n->dtype, .c = c});
+  } else if (!root && (f->mat[node] || !is_compute(n->op))) {
     int a = add_acc(f, kb, node);
     if (a < 0) return -1;
     id = add_expr(kb, (cg_expr){.kind = CG_LOAD, .dtype = n->dtype, .a = a});
