@@ -32,6 +32,7 @@ typedef struct lctx {
   LLVMValueRef ptrs[64];   /* per access: its buffer's base address */
   LLVMValueRef accv[16];   /* per stage: the REDUCE result */
   LLVMValueRef *memo;      /* per expr: value in the current loop body */
+  int reuse_expr, reuse_acc; /* a reduced expression kept in the output for the MAP, or -1 */
   int cap_param;
 } lctx;
 
@@ -260,6 +261,7 @@ static void inner_nest(lctx *L, int d, LLVMValueRef *idx, inner_body body, void 
 
 typedef struct reduce_ctx {
   const cg_stage *st;
+  int keep_in;            /* access to store the reduced values to (a later MAP reads them back), or -1 */
   LLVMValueRef acc_ptr;   /* an alloca holding the accumulator */
   LLVMTypeRef acc_t;
   kiln_dtype dt;
@@ -270,16 +272,22 @@ static void reduce_body(lctx *L, LLVMValueRef *off, void *vctx) {
   clear_memo(L);
   LLVMValueRef v = emit(L, r->st->expr, off);
   if (!v) return;
+  if (r->keep_in >= 0)
+    LLVMBuildStore(L->b, v, LLVMBuildGEP2(L->b, elem_type(L, r->dt), L->ptrs[r->keep_in], &off[r->keep_in], 1, ""));
   LLVMValueRef acc = LLVMBuildLoad2(L->b, r->acc_t, r->acc_ptr, "");
   LLVMValueRef nv;
   if (r->st->op == OP_SUM || r->st->op == OP_MEAN) {
-    if (r->dt == KILN_F32) v = LLVMBuildFPExt(L->b, v, L->f64, "");
+    if (r->dt == KILN_F32 && r->acc_t == L->f64) v = LLVMBuildFPExt(L->b, v, L->f64, "");
     if (is_float(r->dt)) {
       nv = LLVMBuildFAdd(L->b, acc, v, "");
       LLVMSetFastMathFlags(nv, LLVMFastMathAllowReassoc);
     } else {
       nv = LLVMBuildAdd(L->b, acc, v, "");
     }
+  } else if (is_float(r->dt)) {
+    /* llvm.maximum propagates NaN like eager and is a reduction the vectorizer knows
+     * (eager's select form is not); they differ only on which zero max(-0, +0) is */
+    nv = call_intrinsic(L, r->st->op == OP_MAX ? "llvm.maximum" : "llvm.minimum", r->acc_t, (LLVMValueRef[]){acc, v}, 2);
   } else {
     nv = maxnan(L, r->dt, v, acc, r->st->op == OP_MAX);
   }
@@ -289,6 +297,11 @@ static void reduce_body(lctx *L, LLVMValueRef *off, void *vctx) {
 static void map_body(lctx *L, LLVMValueRef *off, void *vctx) {
   const cg_stage *st = vctx;
   clear_memo(L);
+  if (L->reuse_expr >= 0 && st->store == L->reuse_acc) {
+    /* an earlier REDUCE stage left this value where this stage stores: read it back */
+    LLVMTypeRef t = elem_type(L, L->k->expr[L->reuse_expr].dtype);
+    L->memo[L->reuse_expr] = LLVMBuildLoad2(L->b, t, LLVMBuildGEP2(L->b, t, L->ptrs[st->store], &off[st->store], 1, ""), "");
+  }
   LLVMValueRef v = emit(L, st->expr, off);
   if (!v) return;
   const cg_access *a = &L->k->acc[st->store];
@@ -321,6 +334,64 @@ static void outer_bases(lctx *L, LLVMValueRef o, int n_outer) {
   }
 }
 
+static bool uses_expr(const cg_kernel *k, int e, int want) {
+  if (e == want) return true;
+  const cg_expr *x = &k->expr[e];
+  if (x->kind != CG_OP) return false;
+  for (int i = 0; i < x->n_in; i++)
+    if (uses_expr(k, x->in[i], want)) return true;
+  return false;
+}
+
+static bool costly(const cg_kernel *k, int e) {
+  const cg_expr *x = &k->expr[e];
+  if (x->kind != CG_OP) return false;
+  switch (x->op) {
+  case OP_EXP: case OP_LOG: case OP_TANH: case OP_SIGMOID: case OP_GELU: case OP_GELU_ERF: case OP_ERF: case OP_SIN:
+  case OP_COS: case OP_POW:
+    return true;
+  default:
+    for (int i = 0; i < x->n_in; i++)
+      if (costly(k, x->in[i])) return true;
+    return false;
+  }
+}
+
+/* Row kernels like softmax sum a costly value (exp) that their MAP needs again:
+ * the REDUCE stage stores it where the MAP will store (same loops, same
+ * offsets, same dtype) and the MAP loads it instead of computing it twice. */
+static void plan_reuse(lctx *L) {
+  const cg_kernel *k = L->k;
+  L->reuse_expr = L->reuse_acc = -1;
+  const cg_stage *map = &k->stage[k->n_stage - 1];
+  if (map->kind != CG_MAP || !map->inner) return;
+  const cg_access *sa = &k->acc[map->store];
+  for (int s = 0; s < k->n_stage - 1; s++) {
+    const cg_stage *st = &k->stage[s];
+    if (st->kind != CG_REDUCE || !costly(k, st->expr)) continue;
+    if (k->expr[st->expr].dtype != L->prog->buf[sa->buf].dtype || !uses_expr(k, map->expr, st->expr)) continue;
+    /* nothing else in the kernel may read the output buffer */
+    bool alone = true;
+    for (int a = 0; a < k->n_acc; a++)
+      if (a != map->store && k->acc[a].buf == sa->buf) alone = false;
+    if (!alone) continue;
+    L->reuse_expr = st->expr;
+    L->reuse_acc = map->store;
+  }
+}
+
+/* f32 sums accumulate in f32 (8 lanes, 4 interleaved: 32 partial sums) when
+ * the rows are short and known, which keeps them within a few ulp of
+ * eager's pairwise sums and twice as fast; long or symbolic rows sum in f64. */
+static bool short_rows(const cg_kernel *k) {
+  int64_t n = 1;
+  for (int d = k->n_outer; d < k->ndim; d++) {
+    if (!sym_is_const(k->dim[d])) return false;
+    n *= k->dim[d].c;
+  }
+  return n <= 8192;
+}
+
 /* Staged kernels: for o in [begin, end): stages. */
 static void lower_staged(lctx *L, LLVMValueRef begin, LLVMValueRef end) {
   cg_kernel *k = L->k;
@@ -330,9 +401,10 @@ static void lower_staged(lctx *L, LLVMValueRef begin, LLVMValueRef end) {
   for (int s = 0; s < k->n_stage; s++) {
     if (k->stage[s].kind != CG_REDUCE) continue;
     kiln_dtype dt = k->expr[k->stage[s].expr].dtype;
-    acc_t[s] = dt == KILN_F32 ? L->f64 : elem_type(L, dt);
+    acc_t[s] = dt == KILN_F32 && !short_rows(k) ? L->f64 : elem_type(L, dt);
     acc_ptr[s] = LLVMBuildAlloca(L->eb, L->f64, "acc"); /* f64 is the widest accumulator */
   }
+  plan_reuse(L);
   loop outer;
   loop_open(L, &outer, begin, end, "outer");
   outer_bases(L, outer.i, k->n_outer);
@@ -342,7 +414,7 @@ static void lower_staged(lctx *L, LLVMValueRef begin, LLVMValueRef end) {
     if (st->kind == CG_REDUCE) {
       kiln_dtype dt = k->expr[st->expr].dtype;
       double init = st->op == OP_MAX ? -INFINITY : st->op == OP_MIN ? INFINITY : 0.0;
-      LLVMValueRef iv = dt == KILN_F32 ? LLVMConstReal(L->f64, init) : const_of(L, dt, init);
+      LLVMValueRef iv = acc_t[s] == L->f64 ? LLVMConstReal(L->f64, init) : const_of(L, dt, init);
       if (!is_float(dt) && st->op == OP_MAX) iv = ci64(L, INT64_MIN);
       if (!is_float(dt) && st->op == OP_MIN) iv = ci64(L, INT64_MAX);
       if (dt == KILN_F32 && st->op != OP_SUM && st->op != OP_MEAN) {
@@ -351,7 +423,8 @@ static void lower_staged(lctx *L, LLVMValueRef begin, LLVMValueRef end) {
         iv = LLVMConstReal(L->f32, init);
       }
       LLVMBuildStore(L->b, iv, acc_ptr[s]);
-      reduce_ctx rc = {st, acc_ptr[s], acc_t[s], dt};
+      reduce_ctx rc = {st, -1, acc_ptr[s], acc_t[s], dt};
+      if (L->reuse_expr == st->expr) rc.keep_in = L->reuse_acc;
       inner_nest(L, k->n_outer, idx, reduce_body, &rc);
       LLVMValueRef r = LLVMBuildLoad2(L->b, acc_t[s], acc_ptr[s], "");
       if (st->op == OP_MEAN) {
@@ -416,7 +489,7 @@ static void lower_flat(lctx *L, LLVMValueRef begin, LLVMValueRef end) {
 }
 
 int lower_kernel(const cg_program *prog, cg_kernel *k, LLVMModuleRef m) {
-  lctx L = {.m = m, .k = k, .prog = prog};
+  lctx L = {.m = m, .k = k, .prog = prog, .reuse_expr = -1, .reuse_acc = -1};
   L.c = LLVMGetModuleContext(m);
   L.i64 = LLVMInt64TypeInContext(L.c);
   L.i8 = LLVMInt8TypeInContext(L.c);
