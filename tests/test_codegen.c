@@ -153,6 +153,17 @@ START_TEST(test_fusion_plans) {
   ck_assert_int_eq(CG_K_LOOP, p->k[1].kind);
   free_plan(p);
   kiln_fn_free(fn);
+
+  /* batch 1 (and up to 8 constant rows): the matmul is our own dot-product loop */
+  kiln_tensor *row = kiln_randn(KILN_F32, 2, ((int64_t[]){1, 70}), 6);
+  kiln_tensor *lr1[3] = {row, kiln_transpose(kiln_randn(KILN_F32, 2, ((int64_t[]){20, 70}), 7), 0, 1), c};
+  fn = compile_once(linear_relu_body, 3, lr1);
+  p = plan_of(fn);
+  ck_assert_int_eq(0, count_kind(p, CG_K_MATMUL));
+  ck_assert_int_eq(2, p->n_k); /* the dot products, then the epilogue */
+  ck_assert(strstr(p->k[0].name, "matvec") != NULL);
+  free_plan(p);
+  kiln_fn_free(fn);
   kiln_scope_end();
 }
 END_TEST

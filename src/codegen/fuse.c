@@ -50,6 +50,14 @@ static bool is_heavy(int op) {
   }
 }
 
+/* A matmul with a few constant rows (batch-1 inference): a dot product per
+ * output element runs faster as our own vectorized loop than as a BLAS call. */
+static bool small_matmul(const ir_graph *g, const ir_node *n) {
+  if (n->op != OP_MATMUL || n->n_in != 2) return false;
+  const ir_node *a = &g->nodes[n->in[0]], *b = &g->nodes[n->in[1]];
+  return a->ndim == 2 && b->ndim == 2 && dtype_is_float(n->dtype) && sym_is_const(a->shape[0]) && a->shape[0].c <= 8;
+}
+
 static bool is_one(const ir_graph *g, sym_dim d) {
   if (sym_is_const(d)) return d.c == 1;
   for (int i = 0; i < g->n_guards; i++) {
@@ -153,6 +161,8 @@ typedef struct kbuild {
   int perm[MAXD];        /* space dim -> reference dim */
   int n_kept;            /* reduce kernels with keepdim=false: values of rank n_kept map to the kept dims */
   int kept[MAXD];
+  int ovr_node[2];       /* nodes whose dims map to reference dims ovr_dims (a small matmul's operands) */
+  int ovr_dims[2][MAXD];
   bool row;              /* trailing dims of the reference are inner */
   int row_inner;         /* how many */
 } kbuild;
@@ -176,10 +186,15 @@ static int add_acc(fuser *f, kbuild *kb, int node) {
   cg_access *a = &k->acc[k->n_acc];
   a->buf = m->buf;
   a->offset = m->off;
+  int ovr = node == kb->ovr_node[0] ? 0 : node == kb->ovr_node[1] ? 1 : -1;
   for (int d = 0; d < k->ndim; d++) {
     int r = kb->perm[d];
     int j;
-    if (kb->n_kept && n->ndim == kb->n_kept) {
+    if (ovr >= 0) {
+      j = -1;
+      for (int q = 0; q < n->ndim; q++)
+        if (kb->ovr_dims[ovr][q] == r) j = q;
+    } else if (kb->n_kept && n->ndim == kb->n_kept) {
       j = -1;
       for (int q = 0; q < kb->n_kept; q++)
         if (kb->kept[q] == r) j = q;
@@ -347,10 +362,36 @@ static int build_loop_kernel(fuser *f, int node, int *memo, uint8_t *seen) {
   const ir_node *n = &g->nodes[node];
   cg_kernel *k = new_kernel(f, CG_K_LOOP, node);
   if (!k) return -1;
-  kbuild kb = {.k = k, .memo = memo};
+  kbuild kb = {.k = k, .memo = memo, .ovr_node = {-1, -1}};
   memset(memo, 0, sizeof(int) * (size_t)g->n_nodes);
   int store_acc;
-  if (is_reduce(n->op)) {
+  if (n->op == OP_MATMUL) {
+    /* (M,K) @ (K,N): loops [M, N | K], a sum of products per output element */
+    const ir_node *a = &g->nodes[n->in[0]], *b = &g->nodes[n->in[1]];
+    kb.ref_ndim = k->ndim = 3;
+    kb.ref[0] = k->dim[0] = a->shape[0];
+    kb.ref[1] = k->dim[1] = b->shape[1];
+    kb.ref[2] = k->dim[2] = a->shape[1];
+    for (int i = 0; i < 3; i++) kb.perm[i] = i;
+    k->n_outer = 2;
+    kb.n_kept = 2;
+    kb.kept[0] = 0, kb.kept[1] = 1;
+    kb.ovr_node[0] = n->in[0], kb.ovr_dims[0][0] = 0, kb.ovr_dims[0][1] = 2;
+    kb.ovr_node[1] = n->in[1], kb.ovr_dims[1][0] = 2, kb.ovr_dims[1][1] = 1;
+    if (n->in[0] == n->in[1]) return -1; /* x @ x: the two maps differ; BLAS takes it */
+    int la = add_acc(f, &kb, n->in[0]), lb = add_acc(f, &kb, n->in[1]);
+    if (la < 0 || lb < 0) return -1;
+    kb.ovr_node[0] = kb.ovr_node[1] = -1;
+    int ea = add_expr(&kb, (cg_expr){.kind = CG_LOAD, .dtype = a->dtype, .a = la});
+    int eb = add_expr(&kb, (cg_expr){.kind = CG_LOAD, .dtype = b->dtype, .a = lb});
+    int em = add_expr(&kb, (cg_expr){.kind = CG_OP, .op = OP_MUL, .dtype = n->dtype, .n_in = 2, .in = {ea, eb}});
+    if (ea < 0 || eb < 0 || em < 0 || note_node(f, &kb, node)) return -1;
+    int st = add_stage(&kb, (cg_stage){CG_REDUCE, OP_SUM, em, -1, true});
+    int acc = add_expr(&kb, (cg_expr){.kind = CG_ACC, .dtype = n->dtype, .a = st});
+    store_acc = add_acc(f, &kb, node);
+    if (st < 0 || acc < 0 || store_acc < 0 || add_stage(&kb, (cg_stage){CG_MAP, 0, acc, store_acc, false}) < 0) return -1;
+    snprintf(k->name, sizeof k->name, "k%d_matvec", k->id);
+  } else if (is_reduce(n->op)) {
     /* space: the input's dims, kept first (outer), reduced last (inner) */
     const ir_node *x = &g->nodes[n->in[0]];
     kb.ref_ndim = x->ndim;
@@ -485,6 +526,14 @@ static int build(fuser *f, int *memo, uint8_t *seen) {
         if (add_buf(f, f->is_out[i] ? CG_BUF_OUTPUT : CG_BUF_TEMP, i) < 0) return -1;
         r = build_loop_kernel(f, i, memo, seen);
       }
+    } else if (small_matmul(g, n) && n->in[0] != n->in[1]) {
+      for (int j = 0; j < 2; j++)
+        if (f->map[n->in[j]].buf < 0) {
+          materialize(f, n->in[j]);
+          return -2;
+        }
+      if (add_buf(f, f->is_out[i] ? CG_BUF_OUTPUT : CG_BUF_TEMP, i) < 0) return -1;
+      r = build_loop_kernel(f, i, memo, seen);
     } else {
       /* matmul and eager ops: operands must be buffers or views of buffers */
       for (int j = 0; j < n->n_in; j++)
