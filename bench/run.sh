@@ -1,8 +1,8 @@
 #!/bin/sh
-# Eager benchmark, kiln against PyTorch, side by side in one run.
+# Benchmarks in one run: kiln eager against PyTorch, kiln eager against kiln compiled.
 #   bench/run.sh [--threads N] [--only W1,W3]
 # Needs $BUILD/bench/kiln_bench ($BUILD defaults to build); the torch side is
-# skipped when PyTorch is missing. Writes $BUILD/bench/eager.json and a table.
+# skipped when PyTorch is missing. Writes $BUILD/bench/eager.json, compiled.json and tables.
 set -eu
 cd "$(dirname "$0")/.."
 
@@ -15,13 +15,15 @@ if [ ! -x "$BIN" ]; then
   exit 1
 fi
 mkdir -p "$OUT"
-rm -f "$OUT/kiln_eager.json" "$OUT/torch_eager.json" # never merge a stale run
+rm -f "$OUT/kiln_eager.json" "$OUT/torch_eager.json" "$OUT/compiled.json" # never merge a stale run
 
 status=0
 echo "== kiln eager"
 "$BIN" --json "$OUT/kiln_eager.json" "$@" || status=$?
 echo "== torch eager"
 "$PY" bench/torch_workloads.py --json "$OUT/torch_eager.json" "$@" || status=$?
+echo "== kiln eager vs kiln compiled (side by side)"
+"$BIN" --compiled --json "$OUT/compiled.json" "$@" || status=$?
 echo "== compiled call overhead"
 "$BIN" --overhead || status=$?
 echo "== kiln / torch"

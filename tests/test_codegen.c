@@ -315,6 +315,43 @@ START_TEST(test_threads_bitwise) {
 }
 END_TEST
 
+#ifdef KILN_TEST_BUILD
+/* Faults forced in the test build: LLVM refusing a graph falls back to the
+ * interpreter with a warning and the right answer; a corrupted kernel is
+ * named by check mode, with its nodes' lines, and eager's answer returned. */
+START_TEST(test_forced_faults) {
+  kiln_scope_begin();
+  kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){33, 70}), 1), *y = NULL, *ref = NULL;
+  ck_assert_int_eq(0, softmax_body(NULL, &x, &ref));
+  int64_t bad;
+
+  setenv("KILN_TEST_FAIL_LLVM", "1", 1);
+  kiln_options o = {.name = "fallback", .n_in = 1, .n_out = 1, .backend = KILN_BACKEND_LLVM};
+  kiln_fn *fn = kiln_compile(softmax_body, NULL, &o);
+  ck_assert_int_eq(0, kiln_call(fn, &x, &y));
+  ck_assert_int_eq(0, kiln_call(fn, &x, &y)); /* the interpreter runs the variant */
+  unsetenv("KILN_TEST_FAIL_LLVM");
+  ck_assert_double_le(maxdiff_rel(y, ref, &bad), 1e-6);
+  kiln_fn_stats st;
+  kiln_fn_get_stats(fn, &st);
+  ck_assert_int_eq(1, st.hits);
+  kiln_fn_free(fn);
+
+  setenv("KILN_TEST_CORRUPT_KERNEL", "k0_row", 1);
+  o = (kiln_options){.name = "checked", .n_in = 1, .n_out = 1, .backend = KILN_BACKEND_LLVM, .check = 1};
+  fn = kiln_compile(softmax_body, NULL, &o);
+  ck_assert_int_eq(0, kiln_call(fn, &x, &y));
+  ck_assert_int_eq(0, kiln_call(fn, &x, &y));
+  unsetenv("KILN_TEST_CORRUPT_KERNEL");
+  ck_assert_double_le(maxdiff_rel(y, ref, &bad), 1e-6); /* eager's answer, not the corrupted one */
+  kiln_fn_get_stats(fn, &st);
+  ck_assert_int_eq(1, st.check_fails);
+  kiln_fn_free(fn);
+  kiln_scope_end();
+}
+END_TEST
+#endif
+
 static Suite *suite(void) {
   Suite *s = suite_create("codegen");
   TCase *tc = tcase_create("core");
@@ -322,6 +359,9 @@ static Suite *suite(void) {
   tcase_add_test(tc, test_fusion_plans);
   tcase_add_test(tc, test_threads_bitwise);
   tcase_add_test(tc, test_random_programs);
+#ifdef KILN_TEST_BUILD
+  tcase_add_test(tc, test_forced_faults);
+#endif
   suite_add_tcase(s, tc);
   return s;
 }

@@ -5,7 +5,9 @@
  * (kept between calls), run the kernels in order (loops split across the
  * thread pool, matmul through BLAS, the rest through eager kernels), then
  * hand out the outputs and apply the writes. */
+#include <math.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -43,7 +45,10 @@ static void exec_free(backend_exec *e) {
   alloc_free(e->fn);
   jit_free(e->jit);
   cg_program_free(e->prog);
-  if (e->arena) alloc_aligned_free(e->arena, e->arena_cap);
+  if (e->arena) {
+    alloc_aligned_free(e->arena, e->arena_cap);
+    alloc_track(-(int64_t)e->arena_cap);
+  }
   pthread_mutex_destroy(&e->mu);
   alloc_free(e);
 }
@@ -60,6 +65,10 @@ static kiln_tensor *const_tensor(const ir_node *n) {
 }
 
 static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_to, char *err, size_t errn) {
+#ifdef KILN_TEST_BUILD
+  /* fault injection: the fallback to the interpreter must hold */
+  if (getenv("KILN_TEST_FAIL_LLVM")) return snprintf(err, errn, "LLVM failure forced by KILN_TEST_FAIL_LLVM"), NULL;
+#endif
   if (jit_init(err, errn)) return NULL;
   backend_exec *e = alloc_calloc(1, sizeof *e);
   if (!e) return snprintf(err, errn, "out of memory"), NULL;
@@ -158,7 +167,48 @@ static int64_t eval_or(sym_dim d, const int64_t *vals, int n) {
   return sym_eval(d, vals, n, &v) ? -1 : v;
 }
 
-static int llvm_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const *params, kiln_tensor **out) {
+/* Compares kernel k's result buffer, just after it ran (the plan reuses
+ * memory later), with the interpreter's value of its node; 1 and a report
+ * when they differ. */
+static int compare_kernel(backend_exec *e, const cg_kernel *k, char *const *bufs, const int64_t *vals,
+                          kiln_tensor *const *all, char *report, size_t rn) {
+  const ir_graph *g = e->g;
+  cg_program *p = e->prog;
+  if (k->out_buf < 0) return 0;
+  const cg_buf *bf = &p->buf[k->out_buf];
+  const ir_node *n = &g->nodes[bf->node];
+  tview v;
+  cg_view whole = {k->out_buf, sym_const(0), {{0}}};
+  sym_dim acc = sym_const(1);
+  for (int d = n->ndim - 1; d >= 0; d--) {
+    whole.stride[d] = acc;
+    acc = sym_mul(g->sym, acc, n->shape[d]);
+  }
+  if (!all[bf->node] || make_view(&v, bufs[k->out_buf], n->dtype, n, &whole, vals, g->n_syms)) return 0;
+  int64_t cnt = kiln_numel(&v.t), worst_at = -1;
+  double worst = 0, tol = n->dtype == KILN_F32 ? 1e-4 : n->dtype == KILN_F64 ? 1e-10 : 0;
+  for (int64_t i = 0; i < cnt; i++) {
+    double x = tensor_get(&v.t, i), y = tensor_get(all[bf->node], i);
+    if (x == y || (x != x && y != y)) continue;
+    double d = fabs(x - y);
+    if (!(d <= tol * (1 + fabs(y))) && !(d <= worst)) {
+      worst = d != d ? INFINITY : d;
+      worst_at = i;
+    }
+  }
+  if (worst_at < 0) return 0;
+  int w = snprintf(report, rn, "kernel %s differs from the interpreter: max abs error %g (element %lld); its nodes:", k->name,
+                   worst, (long long)worst_at);
+  for (int j = 0; j < k->n_nodes && w > 0 && (size_t)w < rn; j++) {
+    const ir_node *m = &g->nodes[k->nodes[j]];
+    w += snprintf(report + w, rn - (size_t)w, " %%%d %s", k->nodes[j], ir_op_name(m->op));
+    if (m->file && *m->file && (size_t)w < rn) w += snprintf(report + w, rn - (size_t)w, " (%s:%d)", m->file, m->line);
+  }
+  return 1;
+}
+
+static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const *params, kiln_tensor **out, char *report,
+                    size_t rn) {
   const ir_graph *g = e->g;
   cg_program *p = e->prog;
   int64_t vals[IR_MAX_SYMS];
@@ -172,7 +222,8 @@ static int llvm_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
   char *arena = NULL;
   size_t arena_bytes = 0;
   bool shared_arena = false;
-  int n_out_done = 0;
+  int n_out_done = 0, mismatch = 0;
+  kiln_tensor **all = NULL; /* check mode: the interpreter's values */
   if (!bufs || !tens || !own || !bytes || !off) goto oom;
   for (int b = 0; b < nb; b++) {
     const cg_buf *bf = &p->buf[b];
@@ -218,10 +269,15 @@ static int llvm_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
   if (!e->arena_busy) {
     e->arena_busy = shared_arena = true;
     if (arena_bytes > e->arena_cap) {
-      if (e->arena) alloc_aligned_free(e->arena, e->arena_cap);
+      /* the arena counts as tensor memory (kiln_mem_in_use), so peaks compare with eager's */
+      if (e->arena) {
+        alloc_aligned_free(e->arena, e->arena_cap);
+        alloc_track(-(int64_t)e->arena_cap);
+      }
       e->arena_cap = (arena_bytes + 63) / 64 * 64;
       e->arena = alloc_aligned(e->arena_cap);
       if (!e->arena) e->arena_cap = 0;
+      alloc_track((int64_t)e->arena_cap);
     }
     arena = e->arena;
   }
@@ -235,13 +291,23 @@ static int llvm_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
   if (!shared_arena) {
     /* another call holds the kept arena: this one gets its own */
     arena = arena_bytes ? alloc_aligned((arena_bytes + 63) / 64 * 64) : NULL;
+    if (arena) alloc_track((int64_t)((arena_bytes + 63) / 64 * 64));
   }
   if (arena_bytes && !arena) goto oom;
   for (int b = 0; b < nb; b++)
     if (p->buf[b].kind == CG_BUF_TEMP) bufs[b] = arena + off[b];
 
-  for (int ki = 0; ki < p->n_k; ki++) {
+  if (report) {
+    /* check mode: the interpreter's value of every node, then each kernel against it */
+    all = alloc_calloc((size_t)g->n_nodes + 1, sizeof *all);
+    if (!all || interp_values(g, in, params, all)) goto oom;
+  }
+  for (int ki = 0; ki < p->n_k && !mismatch; ki++) {
     cg_kernel *k = &p->k[ki];
+    if (ki > 0 && all && compare_kernel(e, &p->k[ki - 1], bufs, vals, all, report, rn)) {
+      mismatch = 1;
+      break;
+    }
     if (k->kind == CG_K_LOOP) {
       int64_t prm[256];
       for (int i = 0; i < k->n_param && i < 256; i++)
@@ -258,6 +324,12 @@ static int llvm_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
       kern_job job = {e->fn[ki], prm, bufs};
       int64_t grain = staged ? (inner >= 16384 ? 1 : 16384 / (inner ? inner : 1)) : 16384;
       pool_parallel_for(range, grain, kern_chunk, &job);
+#ifdef KILN_TEST_BUILD
+      /* fault injection: a miscompiled kernel, for check mode to find */
+      const char *bad = getenv("KILN_TEST_CORRUPT_KERNEL");
+      if (bad && !strcmp(bad, k->name) && k->out_buf >= 0 && p->buf[k->out_buf].dtype == KILN_F32 && range > 0)
+        ((float *)bufs[k->out_buf])[0] += 1.0f;
+#endif
       continue;
     }
     /* matmul and eager ops: run the eager kernel on views of the buffers */
@@ -295,6 +367,11 @@ static int llvm_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
     }
   }
 
+  if (report) {
+    if (!mismatch && p->n_k) mismatch = compare_kernel(e, &p->k[p->n_k - 1], bufs, vals, all, report, rn);
+    rc = mismatch;
+    goto done;
+  }
   /* outputs: fresh tensors, or views of them and of the arguments, as in the graph */
   for (int i = 0; i < g->n_outputs; i++) {
     int o = g->outputs[i];
@@ -354,11 +431,23 @@ done:
     pthread_mutex_unlock(&e->mu);
   } else if (arena) {
     alloc_aligned_free(arena, (arena_bytes + 63) / 64 * 64);
+    alloc_track(-(int64_t)((arena_bytes + 63) / 64 * 64));
   }
   if (own)
     for (int b = 0; b < nb; b++) kiln_release(own[b]);
+  if (all)
+    for (int i = 0; i < g->n_nodes; i++) kiln_release(all[i]);
+  alloc_free(all);
   alloc_free(bufs), alloc_free(tens), alloc_free(own), alloc_free(bytes), alloc_free(off);
   return rc;
 }
 
-const backend backend_llvm = {"llvm", llvm_compile, llvm_run, exec_free};
+static int llvm_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const *params, kiln_tensor **out) {
+  return exec_run(e, in, params, out, NULL, 0);
+}
+
+static int llvm_check(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const *params, char *report, size_t n) {
+  return exec_run(e, in, params, NULL, report, n);
+}
+
+const backend backend_llvm = {"llvm", llvm_compile, llvm_run, exec_free, llvm_check};

@@ -601,6 +601,9 @@ static int run_checked(kiln_fn *fn, variant *v, kiln_tensor *const *in, kiln_ten
     return -1;
   }
   snap_swap(fn, v, in, &s); /* leaves back to the start, compiled state in s */
+  /* kernel by kernel against the interpreter, from the same start */
+  char kreport[1024] = "";
+  if (v->be->check && v->be->check(v->exec, in, v->params, kreport, sizeof kreport) != 1) kreport[0] = 0;
   kiln_scope_begin();
   int rc = fn->body(fn->ctx, in, eo);
   char report[512] = "";
@@ -632,12 +635,13 @@ static int run_checked(kiln_fn *fn, variant *v, kiln_tensor *const *in, kiln_ten
   if (!use_eager) snap_swap(fn, v, in, &s); /* the compiled state stands */
   snap_free(&s);
   for (int i = 0; i < fn->opts.n_out; i++) scope_adopt(out[i]);
-  if (report[0]) {
+  if (report[0] || kreport[0]) {
     pthread_mutex_lock(&fn->mu);
     fn->st.check_fails++;
     pthread_mutex_unlock(&fn->mu);
-    fprintf(stderr, "kiln: check: %s (compiled at %s:%d): %s%s\n", fn->name, fn->file, fn->line, report,
-            use_eager ? "; returning the eager results" : "");
+    fprintf(stderr, "kiln: check: %s (compiled at %s:%d): %s%s%s%s\n", fn->name, fn->file, fn->line,
+            report[0] ? report : "outputs agree with eager", use_eager ? "; returning the eager results" : "",
+            kreport[0] ? "; " : "", kreport);
   }
   return 0;
 }

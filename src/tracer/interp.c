@@ -104,8 +104,10 @@ static void write_data(kiln_tensor *dst, const kiln_tensor *value) {
   atomic_fetch_add(&dst->st->version, 1);
 }
 
+/* all: when not NULL, every node's value is kept there (retained) and
+ * nothing is written back: the check mode's view of the whole graph. */
 static int run(const ir_graph *g, kiln_tensor *const *consts, kiln_tensor *const *in, kiln_tensor *const *params,
-               kiln_tensor **out) {
+               kiln_tensor **out, kiln_tensor **all) {
   int64_t vals[IR_MAX_SYMS];
   char err[512];
   if (ir_bind_syms(g, in, params, vals, err, sizeof err)) return err_set("", 0, "call", "%s: %s", g->name, err), -1;
@@ -171,13 +173,18 @@ static int run(const ir_graph *g, kiln_tensor *const *consts, kiln_tensor *const
       goto fail;
     }
     /* free inputs at their last use */
-    for (int j = 0; j < n->n_in; j++) {
+    for (int j = 0; j < n->n_in && !all; j++) {
       int k = n->in[j];
       if (--uses[k] == 0 && owned[k]) {
         kiln_release(v[k]);
         v[k] = NULL;
       }
     }
+  }
+  if (all) {
+    for (int i = 0; i < g->n_nodes; i++) all[i] = kiln_retain(v[i]);
+    rc = 0;
+    goto fail;
   }
   for (int i = 0; i < g->n_outputs; i++) out[i] = kiln_retain(v[g->outputs[i]]);
   /* writes after every read: in-place updates take effect at the end of the call */
@@ -214,7 +221,11 @@ done:
 }
 
 int interp_run(const ir_graph *g, kiln_tensor *const *in, kiln_tensor *const *params, kiln_tensor **out) {
-  return run(g, NULL, in, params, out);
+  return run(g, NULL, in, params, out, NULL);
+}
+
+int interp_values(const ir_graph *g, kiln_tensor *const *in, kiln_tensor *const *params, kiln_tensor **all) {
+  return run(g, NULL, in, params, NULL, all);
 }
 
 /* ---- as a backend: constants made once ---- */
@@ -243,7 +254,7 @@ oom:
 }
 
 static int interp_exec(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const *params, kiln_tensor **out) {
-  return run(e->g, e->consts, in, params, out);
+  return run(e->g, e->consts, in, params, out, NULL);
 }
 
 static void interp_free(backend_exec *e) {
@@ -253,4 +264,4 @@ static void interp_free(backend_exec *e) {
   alloc_free(e);
 }
 
-const backend backend_interp = {"interp", interp_compile, interp_exec, interp_free};
+const backend backend_interp = {"interp", interp_compile, interp_exec, interp_free, NULL};

@@ -215,11 +215,18 @@ typedef struct backend {
   /* Runs: out[i] are new tensors owned by the caller; writes applied. 0 or -1 (error set). */
   int (*run)(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const *params, kiln_tensor **out);
   void (*free)(backend_exec *e);
+  /* Check mode, optional: runs e without writing back and compares each of
+   * its kernels' results with the interpreter's value of the same node;
+   * writes the first that differs (kernel, nodes with file:line, max error)
+   * into report. 0 when all agree, 1 when one differs, -1 on error. */
+  int (*check)(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const *params, char *report, size_t n);
 } backend;
 
 extern const backend backend_interp;
 extern const backend backend_llvm; /* src/codegen */
 /* Runs node by node through the eager kernels (no autograd); out as in backend.run. */
 int interp_run(const ir_graph *g, kiln_tensor *const *in, kiln_tensor *const *params, kiln_tensor **out);
+/* Every node's value (all[i] retained, g->n_nodes of them), no writes. 0 or -1. */
+int interp_values(const ir_graph *g, kiln_tensor *const *in, kiln_tensor *const *params, kiln_tensor **all);
 
 #endif
