@@ -323,7 +323,11 @@ typedef struct kiln_fn_stats {
   int64_t variants;      /* graphs cached now */
   int64_t check_fails;   /* check mode: calls whose compiled result differed from eager */
   double trace_ms;       /* total time spent tracing (eager run + recording) */
-  double compile_ms;     /* total time in passes and backend compile */
+  double compile_ms;     /* total time in passes and backend compile, which splits into: */
+  double passes_ms;      /*   the IR passes */
+  double fuse_ms;        /*   fusion, planning and lowering to LLVM IR */
+  double llvm_opt_ms;    /*   LLVM's optimization */
+  double llvm_codegen_ms; /*  machine code */
   double guard_ns;       /* mean time to check guards on a hit */
 } kiln_fn_stats;
 

@@ -111,6 +111,12 @@ static kiln_fn *compile_once(body_fn body, int n_in, kiln_tensor *const *in) {
   ck_assert(same_shape(y, ref));
   double d = maxdiff_rel(y, ref, &bad);
   ck_assert_msg(d <= 1e-5, "max rel diff %g at %lld", d, (long long)bad);
+  /* compile time splits into its phases */
+  kiln_fn_stats st;
+  ck_assert_int_eq(0, kiln_fn_get_stats(fn, &st));
+  ck_assert_double_gt(st.llvm_opt_ms, 0);
+  ck_assert_double_gt(st.llvm_codegen_ms, 0);
+  ck_assert_double_le(st.passes_ms + st.fuse_ms + st.llvm_opt_ms + st.llvm_codegen_ms, st.compile_ms + 1e-6);
   return fn;
 }
 

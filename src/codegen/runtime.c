@@ -29,6 +29,7 @@ struct backend_exec {
   unsigned dump;
   FILE *dump_to;
   bool plan_dumped;
+  double front_ms, opt_ms, machine_ms; /* compile time, by phase */
 };
 
 static double now_ms(void) {
@@ -119,6 +120,9 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
   if (dump & KILN_DUMP_KERNELS)
     fprintf(e->dump_to, "compile time: fuse+lower %.2f ms, LLVM optimize %.2f ms, machine code %.2f ms\n", t1 - t0, opt_ms,
             cg_ms);
+  e->front_ms = t1 - t0;
+  e->opt_ms = opt_ms;
+  e->machine_ms = cg_ms;
   return e;
 oom:
   snprintf(err, errn, "out of memory");
@@ -450,4 +454,10 @@ static int llvm_check(backend_exec *e, kiln_tensor *const *in, kiln_tensor *cons
   return exec_run(e, in, params, NULL, report, n);
 }
 
-const backend backend_llvm = {"llvm", llvm_compile, llvm_run, exec_free, llvm_check};
+static void llvm_times(const backend_exec *e, double *front, double *opt, double *machine) {
+  *front = e->front_ms;
+  *opt = e->opt_ms;
+  *machine = e->machine_ms;
+}
+
+const backend backend_llvm = {"llvm", llvm_compile, llvm_run, exec_free, llvm_check, llvm_times};

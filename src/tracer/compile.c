@@ -455,6 +455,7 @@ static int trace_and_cache(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **ou
   char err[512] = "";
   variant *v = alloc_calloc(1, sizeof *v);
   ir_graph *g = pass_pipeline(res.g, err, sizeof err);
+  double t_passes = now_ms();
   res.g = NULL;
   if (!v || !g) {
     if (!g && !err[0]) snprintf(err, sizeof err, "out of memory");
@@ -491,6 +492,12 @@ static int trace_and_cache(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **ou
   double t2 = now_ms();
   pthread_mutex_lock(&fn->mu);
   fn->st.compile_ms += t2 - t1;
+  fn->st.passes_ms += t_passes - t1;
+  if (v->be->times) {
+    double a, b, c;
+    v->be->times(v->exec, &a, &b, &c);
+    fn->st.fuse_ms += a, fn->st.llvm_opt_ms += b, fn->st.llvm_codegen_ms += c;
+  }
   if (fn->n_variants < fn->opts.max_variants) {
     if (fn->n_variants == fn->cap) {
       int cap = fn->cap ? fn->cap * 2 : 8;

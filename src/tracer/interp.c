@@ -264,4 +264,4 @@ static void interp_free(backend_exec *e) {
   alloc_free(e);
 }
 
-const backend backend_interp = {"interp", interp_compile, interp_exec, interp_free, NULL};
+const backend backend_interp = {"interp", interp_compile, interp_exec, interp_free, NULL, NULL};

@@ -220,6 +220,8 @@ typedef struct backend {
    * writes the first that differs (kernel, nodes with file:line, max error)
    * into report. 0 when all agree, 1 when one differs, -1 on error. */
   int (*check)(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const *params, char *report, size_t n);
+  /* Optional: how long compile spent in its front (fusion, lowering), optimization and machine code. */
+  void (*times)(const backend_exec *e, double *front_ms, double *opt_ms, double *machine_ms);
 } backend;
 
 extern const backend backend_interp;
