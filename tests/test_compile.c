@@ -693,6 +693,64 @@ START_TEST(test_errors_name_the_caller) {
 }
 END_TEST
 
+/* ---- regressions: each once gave a wrong answer compiled ---- */
+
+static int reg_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  int which = *(const int *)ctx;
+  kiln_tensor *x = in[0], *w = in[1];
+  switch (which) {
+  case 0: out[0] = kiln_sum(kiln_mul(x, w), 1, false); break;                    /* a lower-rank operand under keepdim=false */
+  case 1: { /* a nested keepdim=false reduce (on a square matrix, where it broadcasts along the other dim) */
+    kiln_tensor *sq = kiln_matmul(kiln_transpose(x, 0, 1), x);
+    out[0] = kiln_sum(kiln_sub(sq, kiln_max(sq, 1, false)), 1, false);
+    break;
+  }
+  case 2: out[0] = kiln_reshape(kiln_transpose(x, 0, 1), 1, ((int64_t[]){-1}));   /* an output in a copy buffer */
+    out[1] = kiln_sum_all(kiln_exp(kiln_matmul(kiln_relu(kiln_mul(x, x)), kiln_transpose(x, 0, 1))));
+    return out[0] && out[1] ? 0 : -1;
+  case 3: { /* the mean's gradient after a trace at size 1 */
+    kiln_tensor *g = NULL;
+    kiln_tensor *loss = kiln_mean_all(kiln_mul(x, x));
+    if (!loss || kiln_grad_of(loss, &x, 1, &g)) return -1;
+    out[0] = g;
+    break;
+  }
+  case 4: out[0] = kiln_sum_all(kiln_mul(kiln_ones(KILN_F32, 2, ((int64_t[]){kiln_size(x, 0), kiln_size(x, 1)})), x)); break;
+  case 5: { /* labels differ on every call */
+    kiln_tensor *t = kiln_cast(kiln_gt(kiln_sum(x, 1, false), kiln_scalar(KILN_F32, 0)), KILN_I64);
+    out[0] = kiln_cross_entropy(x, t);
+    break;
+  }
+  case 6: out[0] = kiln_sum(kiln_add(kiln_sum(x, 1, true), w), 1, false); break;  /* (N,1) + (C,) under a reduction */
+  }
+  if (which != 2) out[1] = kiln_sum_all(x);
+  return out[0] ? 0 : -1;
+}
+
+START_TEST(test_regressions) {
+  int64_t rows[] = {4, 1, 3, 6, 4};
+  for (int which = 0; which < 7; which++) {
+    kiln_options o = {.name = "reg", .n_in = 2, .n_out = 2};
+    kiln_fn *fn = kiln_compile(reg_body, &which, &o);
+    for (int i = 0; i < 5; i++) {
+      kiln_scope_begin();
+      int64_t n = rows[i], c = 4;
+      kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){n, c}), 10 + (uint64_t)i), *w = kiln_randn(KILN_F32, 1, ((int64_t[]){c}), 20);
+      if (which == 3) kiln_requires_grad(x, true);
+      kiln_tensor *in[2] = {x, w}, *y[2] = {0}, *ref[2] = {0};
+      ck_assert_msg(kiln_call(fn, in, y) == 0, "case %d call %d: %s", which, i, kiln_last_error());
+      ck_assert_int_eq(0, reg_body(&which, in, ref));
+      for (int k = 0; k < 2; k++) {
+        double d = maxdiff(y[k], ref[k]);
+        ck_assert_msg(d <= 1e-5, "case %d call %d (rows %lld) output %d: max diff %g", which, i, (long long)n, k, d);
+      }
+      kiln_scope_end();
+    }
+    kiln_fn_free(fn);
+  }
+}
+END_TEST
+
 /* ---- freeze, dumps ---- */
 
 START_TEST(test_freeze_and_dump_dir) {
@@ -784,6 +842,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, test_threads_share_fn);
   tcase_add_test(tc, test_errors_name_the_caller);
   tcase_add_test(tc, test_freeze_and_dump_dir);
+  tcase_add_test(tc, test_regressions);
   tcase_add_test(tc, test_released_param_retraces);
   suite_add_tcase(s, tc);
   return s;

@@ -23,7 +23,6 @@ typedef struct fuser {
   sym_ctx *sym;
   uint8_t *mat;          /* node -> materialized */
   uint8_t *is_out;       /* node -> a graph output */
-  int *uses;             /* consumers per node */
   int *kcount;           /* node -> kernels that inlined it (this round) */
   int *klast;            /* node -> last kernel that counted it */
   vmap *map;             /* per node: for leaves, materialized nodes and views */
@@ -243,8 +242,10 @@ static bool reduce_fits(fuser *f, kbuild *kb, const ir_node *r) {
   const ir_node *x = &f->g->nodes[r->in[0]];
   if (x->ndim != kb->ref_ndim || !same_dims(x->ndim, x->shape, kb->ref)) return false;
   if (!kb->row) {
-    /* a reduction kernel: the same axes as its root */
+    /* a reduction kernel: the same axes as its root, and a result that broadcasts
+     * back along the kept dims (keepdim, or a reduction to a scalar) */
     if (r->attrs.naxes != kb->k->ndim - kb->k->n_outer) return false;
+    if (!r->attrs.keepdim && r->attrs.naxes != x->ndim) return false;
     for (int i = 0; i < r->attrs.naxes; i++)
       if (r->attrs.axes[i] != kb->perm[kb->k->n_outer + i]) return false;
     return true;
@@ -406,12 +407,13 @@ static int build_loop_kernel(fuser *f, int node, int *memo, uint8_t *seen) {
       if (red[i]) kb.perm[d++] = i;
     k->ndim = x->ndim;
     for (int i = 0; i < x->ndim; i++) k->dim[i] = x->shape[kb.perm[i]];
+    int acc = reduce_stage(f, &kb, node, -1);
+    if (acc < 0) return acc;
     if (!n->attrs.keepdim) {
+      /* only the result drops the reduced dims: the prologue's values broadcast right-aligned */
       kb.n_kept = k->n_outer;
       memcpy(kb.kept, kb.perm, sizeof kb.kept);
     }
-    int acc = reduce_stage(f, &kb, node, -1);
-    if (acc < 0) return acc;
     store_acc = add_acc(f, &kb, node);
     if (store_acc < 0 || add_stage(&kb, (cg_stage){CG_MAP, 0, acc, store_acc, false}) < 0) return -1;
     snprintf(k->name, sizeof k->name, "k%d_reduce", k->id);
@@ -441,7 +443,6 @@ static int build_loop_kernel(fuser *f, int node, int *memo, uint8_t *seen) {
 /* A copy kernel that makes the strided map of node contiguous in a new buffer. */
 static int build_copy_kernel(fuser *f, int node, int *memo) {
   const ir_node *n = &f->g->nodes[node];
-  vmap src = f->map[node];
   cg_kernel *k = new_kernel(f, CG_K_LOOP, node);
   if (!k) return -1;
   kbuild kb = {.k = k, .memo = memo, .ref_ndim = n->ndim};
@@ -455,7 +456,6 @@ static int build_copy_kernel(fuser *f, int node, int *memo) {
   if (e < 0 || add_buf(f, CG_BUF_TEMP, node) < 0) return -1;
   int sa = add_acc(f, &kb, node); /* writes contiguous */
   if (sa < 0 || add_stage(&kb, (cg_stage){CG_MAP, 0, e, sa, false}) < 0) return -1;
-  (void)src;
   k->out_buf = f->map[node].buf;
   if (note_node(f, &kb, node)) return -1;
   snprintf(k->name, sizeof k->name, "k%d_copy", k->id);
@@ -508,13 +508,8 @@ static int build(fuser *f, int *memo, uint8_t *seen) {
       }
       int v = view_map(f, n, &f->map[i]);
       if (v == 1) {
-        /* cannot be strided: make the input contiguous first */
-        int src = n->in[0];
-        if (!f->mat[src] && !is_compute(g->nodes[src].op) && g->nodes[src].op < OP_COUNT) {
-          materialize(f, src);
-          return -2;
-        }
-        materialize(f, src);
+        /* cannot be strided: make the input contiguous first (a copy kernel for a view) */
+        materialize(f, n->in[0]);
         return -2;
       }
       if (f->mat[i]) {
@@ -579,9 +574,8 @@ cg_program *fuse_graph(const ir_graph *g, char *err, size_t errn) {
   f.map = alloc_calloc(n, sizeof *f.map);
   int *memo = alloc_calloc(n, sizeof(int));
   uint8_t *seen = alloc_calloc(n, 1);
-  f.uses = ir_use_counts(g);
   if (f.p) f.p->node_buf = alloc_calloc(n, sizeof(int));
-  if (!f.p || !f.mat || !f.is_out || !f.kcount || !f.klast || !f.map || !memo || !seen || !f.uses || !f.p->node_buf) {
+  if (!f.p || !f.mat || !f.is_out || !f.kcount || !f.klast || !f.map || !memo || !seen || !f.p->node_buf) {
     snprintf(err, errn, "out of memory");
     goto fail;
   }
@@ -624,17 +618,19 @@ cg_program *fuse_graph(const ir_graph *g, char *err, size_t errn) {
     for (int j = 0; j < 3; j++)
       if (k->in_buf[j] >= 0) p->buf[k->in_buf[j]].last = ki;
   }
-  /* write-backs read their values after the last kernel */
+  /* write-backs and outputs read their buffers after the last kernel */
   for (int i = 0; i < g->n_writes; i++)
     if (g->writes[i].value >= 0 && f.map[g->writes[i].value].buf >= 0) p->buf[f.map[g->writes[i].value].buf].last = p->n_k;
+  for (int i = 0; i < g->n_outputs; i++)
+    if (f.map[g->outputs[i]].buf >= 0) p->buf[f.map[g->outputs[i]].buf].last = p->n_k;
   alloc_free(f.mat), alloc_free(f.is_out), alloc_free(f.kcount), alloc_free(f.klast);
-  alloc_free(memo), alloc_free(seen), alloc_free(f.uses);
+  alloc_free(memo), alloc_free(seen);
   /* keep the view maps: the runtime reads outputs and operands through them */
   p->views = f.map;
   return p;
 fail:
   alloc_free(f.mat), alloc_free(f.is_out), alloc_free(f.kcount), alloc_free(f.klast), alloc_free(f.map);
-  alloc_free(memo), alloc_free(seen), alloc_free(f.uses);
+  alloc_free(memo), alloc_free(seen);
   cg_program_free(f.p);
   return NULL;
 }

@@ -110,15 +110,14 @@ kiln_tensor *kiln_cross_entropy_at(kiln_tensor *logits, kiln_tensor *targets, co
                      i, c);
   }
   kiln_scope_begin();
-  /* pick row i's target as element i*C + t[i] of the flattened log-probabilities */
-  kiln_tensor *pick = kiln_zeros_at(KILN_I64, 1, &n, file, line);
-  if (pick) {
-    int64_t *pd = tensor_data(pick);
-    for (int64_t i = 0; i < n; i++) pd[i] = i * c + (int64_t)tensor_get(targets, i);
-  }
-  int64_t all = -1;
-  kiln_tensor *lp = kiln_reshape_at(kiln_log_softmax_at(logits, 1, file, line), 1, &all, file, line);
-  kiln_tensor *picked = kiln_index_select_at(lp, 0, pick, file, line);
+  /* row i's log-probability at its target, picked by a one-hot mask made with
+   * ops, so that a traced loss reads the targets of every call (indices
+   * computed here in C would freeze the first call's labels) */
+  kiln_tensor *classes = kiln_arange_at(KILN_I64, 0, (double)c, 1, file, line);                         /* (C,) */
+  kiln_tensor *hot = kiln_eq_at(kiln_unsqueeze_at(targets, 1, file, line), classes, file, line);          /* (N,C) */
+  kiln_tensor *lp = kiln_log_softmax_at(logits, 1, file, line);
+  kiln_tensor *mask = kiln_cast_at(hot, logits->dtype, file, line);
+  kiln_tensor *picked = kiln_sum_at(kiln_mul_at(lp, mask, file, line), 1, false, file, line);
   kiln_tensor *y = kiln_keep(kiln_neg_at(kiln_mean_at(picked, 0, false, file, line), file, line));
   kiln_scope_end();
   return y;

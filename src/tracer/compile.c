@@ -461,6 +461,22 @@ static int trace_and_cache(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **ou
     if (!g && !err[0]) snprintf(err, sizeof err, "out of memory");
     goto fail;
   }
+#ifdef KILN_TEST_BUILD
+  /* every graph a test makes must print, parse and print to the same text */
+  {
+    char *txt = ir_to_string(g), perr[256] = "";
+    ir_graph *back = txt ? ir_parse(txt, perr, sizeof perr) : NULL;
+    char *t2 = back ? ir_to_string(back) : NULL;
+    if (txt && (!back || (t2 && strcmp(txt, t2)))) {
+      fprintf(stderr, "kiln: internal: the graph of %s does not round-trip (%s)\n%s\n---\n%s\n", fn->name, perr, txt,
+              t2 ? t2 : "");
+      KILN_ASSERT(!"print/parse round trip");
+    }
+    alloc_free(txt);
+    alloc_free(t2);
+    ir_free(back);
+  }
+#endif
   v->g = g;
   v->be = fn->be;
   v->n_params = g->n_params;

@@ -199,7 +199,48 @@ static void set_concrete(ir_node *n, const kiln_tensor *t) {
   for (int i = 0; i < t->ndim; i++) n->shape[i] = sym_const(t->shape[i]);
 }
 
+/* A tensor made in the trace by a factory (kiln_zeros, kiln_full, kiln_randn,
+ * kiln_tensor_from ...): its sizes may come from kiln_size, so a size equal
+ * to a symbol's traced value is either that symbol (a uniform tensor becomes
+ * a scalar expanded to the symbolic shape) or is guarded to stay that value. */
+static int make_const_raw(tracer *tr, const kiln_tensor *t, const char *file, int line);
+
 static int make_const(tracer *tr, const kiln_tensor *t, const char *file, int line) {
+  int64_t n = kiln_numel(t);
+  bool uniform = n > 1;
+  for (int64_t i = 1; uniform && i < n; i++) {
+    double a = tensor_get(t, 0), b = tensor_get(t, i);
+    uniform = a == b || (a != a && b != b);
+  }
+  sym_dim dims[MAXD];
+  bool symbolic = false;
+  for (int d = 0; d < t->ndim; d++) {
+    dims[d] = uniform ? resolve(tr, t->shape[d]) : sym_const(t->shape[d]);
+    symbolic |= !sym_is_const(dims[d]);
+    if (sym_is_const(dims[d]))
+      for (int k = 0; k < tr->g->n_syms; k++)
+        if (tr->vals[k] == t->shape[d]) {
+          /* the same number as a symbol, but not known to be it: keep it this size */
+          sym_dim s = sym_var(tr->g->sym, k, tr->g->sym_lo[k], tr->g->sym_hi[k]);
+          if (ir_add_guard(tr->g, (sym_guard){SYM_EQ, s, sym_const(t->shape[d])})) return -1;
+        }
+  }
+  if (!symbolic) return make_const_raw(tr, t, file, line);
+  kiln_tensor one = *t;
+  one.ndim = 0; /* the first element, as a scalar */
+  int c = make_const_raw(tr, &one, file, line);
+  if (c < 0) return -1;
+  ir_node e = {.op = OP_EXPAND, .n_in = 1, .in = &c, .file = file, .line = line};
+  e.attrs.ndim = t->ndim;
+  memcpy(e.attrs.shape, dims, sizeof dims);
+  e.attrs.start = e.attrs.end = sym_const(0);
+  shape_env env = {tr->g, tr->vals, tr->g->n_syms, true};
+  char err[256];
+  if (symshape_infer(&env, &e, err, sizeof err)) return make_const_raw(tr, t, file, line);
+  return ir_add(tr->g, &e);
+}
+
+static int make_const_raw(tracer *tr, const kiln_tensor *t, const char *file, int line) {
   ir_node n = {.op = IR_CONST, .file = file, .line = line};
   set_concrete(&n, t);
   size_t bytes = (size_t)kiln_numel(t) * kiln_dtype_size(t->dtype);
@@ -580,8 +621,11 @@ static int add_inputs(tracer *tr, kiln_tensor *const *in, int n_in) {
     ir_node n = {.op = IR_INPUT, .index = i, .dtype = t->dtype, .ndim = t->ndim, .file = "", .line = 0};
     for (int d = 0; d < t->ndim; d++) {
       n.shape[d] = sym_const(t->shape[d]);
-      /* size 0 stays static: an empty tensor is not worth a symbolic variant */
-      if (tr->spec->dynamic && tr->spec->dynamic[i][d] && t->shape[d] > 0) {
+      /* sizes 0 and 1 stay static when traced (as torch does): a 1 that
+       * broadcasts cannot be told from one that does not, and formulas
+       * (autograd's expand back to an input's shape) pass it as a number.
+       * A variant traced at a larger size still serves 1 where no guard objects. */
+      if (tr->spec->dynamic && tr->spec->dynamic[i][d] && t->shape[d] > 1) {
         int k = tr->g->n_syms;
         if (ir_add_sym(tr->g, 1, INT64_MAX, &n.shape[d])) return -1;
         tr->vals[k] = t->shape[d];
