@@ -71,7 +71,7 @@ int bench_overhead(void) {
   kiln_fn_get_stats(fn, &st);
   printf("call overhead (W6, 1x256, weights captured; best of 5 rounds of %d calls)\n", CALLS);
   printf("  eager            %8.2f us/call\n", best_eager);
-  printf("  kiln_call        %8.2f us/call (interpreter backend)\n", best_call);
+  printf("  kiln_call        %8.2f us/call (default backend)\n", best_call);
   printf("  guard check      %8.0f ns/call (mean over %lld hits)\n", st.guard_ns, (long long)st.hits);
   printf("  trace            %8.2f ms, passes and compile %.2f ms\n", st.trace_ms, st.compile_ms);
   kiln_fn_free(fn);

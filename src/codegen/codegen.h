@@ -168,8 +168,8 @@ LLVMValueRef vmath_emit(LLVMBuilderRef b, int op, LLVMValueRef x);
 
 /* ---- lower.c ------------------------------------------------------------------ */
 
-/* Adds kernel k (CG_K_LOOP) to module m as function k->name; 0 or -1. */
-int lower_kernel(const cg_program *p, cg_kernel *k, LLVMModuleRef m);
+/* Adds kernel k (CG_K_LOOP) to module m as function k->name; 0, or -1 with why. */
+int lower_kernel(const cg_program *p, cg_kernel *k, LLVMModuleRef m, char *why, size_t whyn);
 
 /* ---- plan.c: memory ------------------------------------------------------------ */
 

@@ -9,7 +9,8 @@
  * Pointwise kernels run the flat element range [begin, end) as rows of the
  * last dim; staged kernels (row-wise, reductions) run the outer range, and
  * for each outer element their stages in order: REDUCE loops that leave a
- * scalar, then the MAP that stores. Reductions of f32 accumulate in f64. */
+ * scalar, then the MAP that stores. f32 sums accumulate in f32 over short
+ * known rows, else in f64 (short_rows). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +35,7 @@ typedef struct lctx {
   LLVMValueRef accv[16];   /* per stage: the REDUCE result */
   LLVMValueRef *memo;      /* per expr: value in the current loop body */
   int reuse_expr, reuse_acc; /* a reduced expression kept in the output for the MAP, or -1 */
+  const char *failed;      /* why lowering gave up (the module is then discarded) */
   int cap_param;
 } lctx;
 
@@ -50,14 +52,20 @@ static LLVMValueRef sym_val(lctx *L, sym_dim d) {
     if (k->n_param == L->cap_param) {
       int cap = L->cap_param ? L->cap_param * 2 : 16;
       sym_dim *np = alloc_realloc(k->param, sizeof *np * (size_t)cap);
-      if (!np) return NULL;
+      if (!np) {
+        L->failed = "out of memory";
+        return ci64(L, 0);
+      }
       k->param = np;
       L->cap_param = cap;
     }
     idx = k->n_param++;
     k->param[idx] = d;
   }
-  if (idx >= 256) return NULL;
+  if (idx >= 256) {
+    L->failed = "more than 256 symbolic sizes";
+    return ci64(L, 0);
+  }
   if (!L->pval[idx]) {
     /* in the entry block, so loops see it as invariant */
     LLVMValueRef gep = LLVMBuildGEP2(L->eb, L->i64, L->p, (LLVMValueRef[]){ci64(L, idx)}, 1, "");
@@ -381,7 +389,7 @@ static void plan_reuse(lctx *L) {
   }
 }
 
-/* f32 sums accumulate in f32 (8 lanes, 4 interleaved: 32 partial sums) when
+/* f32 sums accumulate in f32 (one vector of lanes, 4 interleaved: 32 or 64 partial sums) when
  * the rows are short and known, which keeps them within a few ulp of
  * eager's pairwise sums and twice as fast; long or symbolic rows sum in f64. */
 static bool short_rows(const cg_kernel *k) {
@@ -489,7 +497,7 @@ static void lower_flat(lctx *L, LLVMValueRef begin, LLVMValueRef end) {
   LLVMPositionBuilderAtEnd(L->b, exit);
 }
 
-int lower_kernel(const cg_program *prog, cg_kernel *k, LLVMModuleRef m) {
+int lower_kernel(const cg_program *prog, cg_kernel *k, LLVMModuleRef m, char *why, size_t whyn) {
   lctx L = {.m = m, .k = k, .prog = prog, .reuse_expr = -1, .reuse_acc = -1};
   L.c = LLVMGetModuleContext(m);
   L.i64 = LLVMInt64TypeInContext(L.c);
@@ -497,7 +505,10 @@ int lower_kernel(const cg_program *prog, cg_kernel *k, LLVMModuleRef m) {
   L.f32 = LLVMFloatTypeInContext(L.c);
   L.f64 = LLVMDoubleTypeInContext(L.c);
   L.ptr = LLVMPointerTypeInContext(L.c, 0);
-  if (k->n_acc > 64 || k->n_stage > 16) return -1;
+  if (k->n_acc > 64 || k->n_stage > 16) {
+    snprintf(why, whyn, "%s has %d accesses and %d stages (at most 64 and 16)", k->name, k->n_acc, k->n_stage);
+    return -1;
+  }
   L.memo = alloc_calloc((size_t)k->n_expr + 1, sizeof *L.memo);
   if (!L.memo) return -1;
   LLVMTypeRef params[4] = {L.ptr, L.ptr, L.i64, L.i64};
@@ -526,5 +537,9 @@ int lower_kernel(const cg_program *prog, cg_kernel *k, LLVMModuleRef m) {
   LLVMDisposeBuilder(L.b);
   LLVMDisposeBuilder(L.eb);
   alloc_free(L.memo);
+  if (L.failed) {
+    snprintf(why, whyn, "%s: %s", k->name, L.failed);
+    return -1;
+  }
   return 0;
 }

@@ -92,9 +92,10 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
   for (int k = 0; k < p->n_k; k++) {
     if (p->k[k].kind != CG_K_LOOP) continue;
     loops++;
-    if (lower_kernel(p, &p->k[k], m.mod)) {
+    char why[256] = "";
+    if (lower_kernel(p, &p->k[k], m.mod, why, sizeof why)) {
       jit_module_dispose(&m);
-      snprintf(err, errn, "lowering %s failed", p->k[k].name);
+      snprintf(err, errn, "lowering failed: %s", why[0] ? why : p->k[k].name);
       goto fail;
     }
   }
@@ -120,6 +121,9 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
   if (dump & KILN_DUMP_KERNELS)
     fprintf(e->dump_to, "compile time: fuse+lower %.2f ms, LLVM optimize %.2f ms, machine code %.2f ms\n", t1 - t0, opt_ms,
             cg_ms);
+  /* the plan is printed at the first call, when the sizes are known: to stderr
+   * only, since a dump file given for compiling is closed by then */
+  if (e->dump_to != stderr) e->dump_to = NULL;
   e->front_ms = t1 - t0;
   e->opt_ms = opt_ms;
   e->machine_ms = cg_ms;
@@ -285,7 +289,7 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
     }
     arena = e->arena;
   }
-  if ((e->dump & KILN_DUMP_KERNELS) && !e->plan_dumped) {
+  if ((e->dump & KILN_DUMP_KERNELS) && e->dump_to && !e->plan_dumped) {
     e->plan_dumped = true;
     fprintf(e->dump_to, "memory plan of %s at this call's sizes: arena %zu bytes\n", g->name, arena_bytes);
     for (int b = 0; b < nb; b++)
@@ -386,7 +390,10 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
     if (make_view(&v, bufs[m->buf], n->dtype, n, m, vals, ns)) goto bad_shape;
     kiln_tensor *base = tens[m->buf];
     kiln_tensor *r = NULL;
-    if (base && base->st != NULL && (bf->kind == CG_BUF_OUTPUT || (bf->kind != CG_BUF_CONST && !own[m->buf]))) {
+    if (g->nodes[o].op == IR_INPUT || g->nodes[o].op == IR_PARAM) {
+      /* an argument handed back as it came, strided or not */
+      r = kiln_retain(g->nodes[o].op == IR_INPUT ? in[g->nodes[o].index] : params[g->nodes[o].index]);
+    } else if (base && base->st != NULL && (bf->kind == CG_BUF_OUTPUT || (bf->kind != CG_BUF_CONST && !own[m->buf]))) {
       /* the same elements as base, seen through the view */
       bool same = base->ndim == v.t.ndim && v.t.offset == 0;
       for (int d = 0; same && d < v.t.ndim; d++) same = base->shape[d] == v.t.shape[d] && (base->shape[d] < 2 || base->stride[d] == v.t.stride[d]);

@@ -495,7 +495,10 @@ static int trace_and_cache(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **ou
     print_guards(f, fn, v);
     dump_close(f);
   }
-  v->exec = v->be->compile(g, fn->dump, stderr, err, sizeof err);
+  /* the backend's dumps (kernels, llvm, asm) follow KILN_DUMP_DIR like the others */
+  FILE *bdump = fn->dump & (KILN_DUMP_KERNELS | KILN_DUMP_LLVM | KILN_DUMP_ASM) ? dump_open(fn, "kernels", no) : stderr;
+  v->exec = v->be->compile(g, fn->dump, bdump, err, sizeof err);
+  if (bdump != stderr) fclose(bdump);
   if (!v->exec && v->be != &backend_interp) {
     /* never a crash or a wrong answer: the interpreter runs what LLVM could not */
     fprintf(stderr, "kiln: warning: %s: the %s backend failed (%s); this variant runs on the interpreter\n", fn->name,
