@@ -563,6 +563,50 @@ static int build(fuser *f, int *memo, uint8_t *seen) {
   return f->restart ? -2 : 0;
 }
 
+/* In place: a pointwise kernel whose input buffer dies in it, with the same
+ * dtype, shape and element order as its result, stores into that buffer
+ * (a matmul's output under its epilogue, a chain of materialized nodes).
+ * Reading and writing the same element in the same iteration, through the
+ * same pointer, keeps the loop vectorizable. */
+static void reuse_in_place(cg_program *p, cg_view *views, int n_nodes) {
+  for (int ki = 0; ki < p->n_k; ki++) {
+    cg_kernel *k = &p->k[ki];
+    if (k->kind != CG_K_LOOP || k->n_stage != 1 || k->stage[0].kind != CG_MAP || k->n_outer != k->ndim) continue;
+    int o = k->out_buf;
+    if (o < 0 || p->buf[o].kind != CG_BUF_TEMP || p->buf[o].alias_of >= 0) continue;
+    const cg_access *st = &k->acc[k->stage[0].store];
+    for (int a = 0; a < k->n_acc; a++) {
+      int b = k->acc[a].buf;
+      const cg_buf *bb = &p->buf[b], *ob = &p->buf[o];
+      if (a == k->stage[0].store || b == o || bb->kind != CG_BUF_TEMP || bb->last != ki || bb->alias_of >= 0) continue;
+      if (bb->dtype != ob->dtype || bb->ndim != ob->ndim || !same_dims(bb->ndim, bb->shape, ob->shape)) continue;
+      bool same = true;
+      for (int c = 0; c < k->n_acc && same; c++) {
+        if (k->acc[c].buf != b) continue;
+        same = sym_same(k->acc[c].offset, st->offset);
+        for (int d = 0; d < k->ndim && same; d++) same = sym_same(k->acc[c].stride[d], st->stride[d]);
+      }
+      if (!same) continue;
+      p->buf[b].last = p->buf[o].last;
+      p->buf[o].alias_of = b;
+      p->buf[o].first = p->buf[o].last = -1;
+      for (int kj = ki; kj < p->n_k; kj++) {
+        cg_kernel *q = &p->k[kj];
+        for (int c = 0; c < q->n_acc; c++)
+          if (q->acc[c].buf == o) q->acc[c].buf = b;
+        for (int j = 0; j < 3; j++)
+          if (q->in_buf[j] == o) q->in_buf[j] = b;
+        if (q->out_buf == o) q->out_buf = b;
+      }
+      for (int n = 0; n < n_nodes; n++) {
+        if (views[n].buf == o) views[n].buf = b;
+        if (p->node_buf[n] == o) p->node_buf[n] = b;
+      }
+      break;
+    }
+  }
+}
+
 cg_program *fuse_graph(const ir_graph *g, char *err, size_t errn) {
   fuser f = {.g = g, .sym = g->sym, .err = err, .errn = errn};
   size_t n = (size_t)g->n_nodes + 1;
@@ -623,6 +667,7 @@ cg_program *fuse_graph(const ir_graph *g, char *err, size_t errn) {
     if (g->writes[i].value >= 0 && f.map[g->writes[i].value].buf >= 0) p->buf[f.map[g->writes[i].value].buf].last = p->n_k;
   for (int i = 0; i < g->n_outputs; i++)
     if (f.map[g->outputs[i]].buf >= 0) p->buf[f.map[g->outputs[i]].buf].last = p->n_k;
+  reuse_in_place(p, f.map, g->n_nodes);
   alloc_free(f.mat), alloc_free(f.is_out), alloc_free(f.kcount), alloc_free(f.klast);
   alloc_free(memo), alloc_free(seen);
   /* keep the view maps: the runtime reads outputs and operands through them */

@@ -181,10 +181,9 @@ static int64_t eval_or(sym_dim d, const int64_t *vals, int n) {
 static int compare_kernel(backend_exec *e, const cg_kernel *k, char *const *bufs, const int64_t *vals,
                           kiln_tensor *const *all, char *report, size_t rn) {
   const ir_graph *g = e->g;
-  cg_program *p = e->prog;
   if (k->out_buf < 0) return 0;
-  const cg_buf *bf = &p->buf[k->out_buf];
-  const ir_node *n = &g->nodes[bf->node];
+  /* the kernel's own node: the buffer may hold another's value before it (in-place reuse) */
+  const ir_node *n = &g->nodes[k->node];
   tview v;
   cg_view whole = {k->out_buf, sym_const(0), {{0}}};
   sym_dim acc = sym_const(1);
@@ -192,11 +191,11 @@ static int compare_kernel(backend_exec *e, const cg_kernel *k, char *const *bufs
     whole.stride[d] = acc;
     acc = sym_mul(g->sym, acc, n->shape[d]);
   }
-  if (!all[bf->node] || make_view(&v, bufs[k->out_buf], n->dtype, n, &whole, vals, g->n_syms)) return 0;
+  if (!all[k->node] || make_view(&v, bufs[k->out_buf], n->dtype, n, &whole, vals, g->n_syms)) return 0;
   int64_t cnt = kiln_numel(&v.t), worst_at = -1;
   double worst = 0, tol = n->dtype == KILN_F32 ? 1e-4 : n->dtype == KILN_F64 ? 1e-10 : 0;
   for (int64_t i = 0; i < cnt; i++) {
-    double x = tensor_get(&v.t, i), y = tensor_get(all[bf->node], i);
+    double x = tensor_get(&v.t, i), y = tensor_get(all[k->node], i);
     if (x == y || (x != x && y != y)) continue;
     double d = fabs(x - y);
     if (!(d <= tol * (1 + fabs(y))) && !(d <= worst)) {
@@ -266,7 +265,8 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
       if (!(own[b] = t = tensor_new(bf->dtype, bf->ndim, shape))) goto oom;
       break;
     case CG_BUF_TEMP:
-      bytes[b] = (size_t)shape_numel(bf->ndim, shape) * kiln_dtype_size(bf->dtype);
+      /* a buffer merged into another by the in-place reuse takes no space */
+      bytes[b] = bf->alias_of >= 0 ? 0 : (size_t)shape_numel(bf->ndim, shape) * kiln_dtype_size(bf->dtype);
       break;
     }
     tens[b] = t;
@@ -304,6 +304,8 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
   if (arena_bytes && !arena) goto oom;
   for (int b = 0; b < nb; b++)
     if (p->buf[b].kind == CG_BUF_TEMP) bufs[b] = arena + off[b];
+  for (int b = 0; b < nb; b++)
+    if (p->buf[b].kind == CG_BUF_TEMP && p->buf[b].alias_of >= 0) bufs[b] = bufs[p->buf[b].alias_of];
 
   if (report) {
     /* check mode: the interpreter's value of every node, then each kernel against it */
