@@ -98,6 +98,14 @@ static int linear_relu_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out
   return 0;
 }
 
+/* two layers: the relu between them can run in place over the first GEMM's buffer */
+static int two_layer_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  kiln_tensor *h = kiln_relu(kiln_add(kiln_matmul(in[0], in[1]), in[2]));
+  out[0] = kiln_matmul(h, kiln_transpose(in[1], 0, 1));
+  return 0;
+}
+
 typedef int (*body_fn)(void *, kiln_tensor *const *, kiln_tensor **);
 
 static kiln_fn *compile_once(body_fn body, int n_in, kiln_tensor *const *in) {
@@ -157,6 +165,15 @@ START_TEST(test_fusion_plans) {
   ck_assert_int_eq(1, count_kind(p, CG_K_MATMUL));
   ck_assert_int_eq(CG_K_MATMUL, p->k[0].kind);
   ck_assert_int_eq(CG_K_LOOP, p->k[1].kind);
+  free_plan(p);
+  kiln_fn_free(fn);
+
+  kiln_tensor *tl[3] = {x, kiln_randn(KILN_F32, 2, ((int64_t[]){70, 70}), 8), kiln_randn(KILN_F32, 1, ((int64_t[]){70}), 9)};
+  fn = compile_once(two_layer_body, 3, tl);
+  p = plan_of(fn);
+  ck_assert_int_eq(3, p->n_k); /* GEMM, epilogue, GEMM */
+  ck_assert_int_eq(CG_K_LOOP, p->k[1].kind);
+  ck_assert_int_eq(p->k[0].out_buf, p->k[1].out_buf); /* the epilogue stores in place */
   free_plan(p);
   kiln_fn_free(fn);
 
