@@ -54,17 +54,6 @@ static void exec_free(backend_exec *e) {
   alloc_free(e);
 }
 
-static kiln_tensor *const_tensor(const ir_node *n) {
-  int64_t shape[MAXD];
-  for (int i = 0; i < n->ndim; i++) shape[i] = n->shape[i].c;
-  kiln_tensor *t = tensor_new(n->dtype, n->ndim, shape);
-  if (t) {
-    size_t bytes = (size_t)shape_numel(n->ndim, shape) * kiln_dtype_size(n->dtype);
-    if (bytes) memcpy(t->st->data, n->data, bytes);
-  }
-  return t;
-}
-
 static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_to, char *err, size_t errn) {
 #ifdef KILN_TEST_BUILD
   /* fault injection: the fallback to the interpreter must hold */
@@ -85,7 +74,7 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
   e->consts = alloc_calloc((size_t)p->n_buf + 1, sizeof *e->consts);
   if (!e->fn || !e->consts) goto oom;
   for (int b = 0; b < p->n_buf; b++)
-    if (p->buf[b].kind == CG_BUF_CONST && !(e->consts[b] = const_tensor(&g->nodes[p->buf[b].node]))) goto oom;
+    if (p->buf[b].kind == CG_BUF_CONST && !(e->consts[b] = ir_const_tensor(&g->nodes[p->buf[b].node]))) goto oom;
   cg_module m;
   if (jit_module_new(&m, g->name, err, errn)) goto fail;
   int loops = 0;

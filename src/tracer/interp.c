@@ -77,17 +77,6 @@ int ir_bind_syms(const ir_graph *g, kiln_tensor *const *in, kiln_tensor *const *
   return 0;
 }
 
-static kiln_tensor *const_tensor(const ir_node *n) {
-  int64_t shape[MAXD];
-  for (int i = 0; i < n->ndim; i++) shape[i] = n->shape[i].c;
-  kiln_tensor *t = tensor_new(n->dtype, n->ndim, shape);
-  if (t) {
-    size_t bytes = (size_t)shape_numel(n->ndim, shape) * kiln_dtype_size(n->dtype);
-    if (bytes) memcpy(t->st->data, n->data, bytes);
-  }
-  return t;
-}
-
 /* The tensor a leaf node stands for (borrowed). */
 static kiln_tensor *leaf_tensor(const ir_graph *g, const ir_node *n, kiln_tensor *const *in, kiln_tensor *const *params) {
   if (n->op == IR_INPUT) return in[n->index];
@@ -135,7 +124,7 @@ static int run(const ir_graph *g, kiln_tensor *const *consts, kiln_tensor *const
     }
     if (n->op >= IR_INPUT) {
       if (n->op == IR_CONST) {
-        v[i] = consts ? consts[i] : const_tensor(n);
+        v[i] = consts ? consts[i] : ir_const_tensor(n);
         owned[i] = !consts;
         if (!v[i]) {
           err_set(n->file, n->line, "const", "out of memory");
@@ -242,7 +231,7 @@ static backend_exec *interp_compile(const ir_graph *g, unsigned dump, FILE *dump
   if (!e || !e->consts) goto oom;
   e->g = g;
   for (int i = 0; i < g->n_nodes; i++)
-    if (g->nodes[i].op == IR_CONST && !(e->consts[i] = const_tensor(&g->nodes[i]))) goto oom;
+    if (g->nodes[i].op == IR_CONST && !(e->consts[i] = ir_const_tensor(&g->nodes[i]))) goto oom;
   return e;
 oom:
   snprintf(err, errn, "out of memory");

@@ -382,3 +382,14 @@ sym_dim ir_numel_value(const ir_graph *g, const ir_node *n) {
     if (n->attrs.axes[i] >= 0 && n->attrs.axes[i] < x->ndim) p = sym_mul(g->sym, p, x->shape[n->attrs.axes[i]]);
   return sym_add(g->sym, p, n->attrs.start);
 }
+
+kiln_tensor *ir_const_tensor(const ir_node *n) {
+  int64_t shape[MAXD];
+  for (int i = 0; i < n->ndim; i++) shape[i] = n->shape[i].c;
+  kiln_tensor *t = tensor_new(n->dtype, n->ndim, shape);
+  if (t) {
+    size_t bytes = (size_t)shape_numel(n->ndim, shape) * kiln_dtype_size(n->dtype);
+    if (bytes) memcpy(t->st->data, n->data, bytes);
+  }
+  return t;
+}

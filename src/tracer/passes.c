@@ -233,21 +233,13 @@ static bool foldable(const ir_graph *g, const ir_node *n, op_attrs *a) {
   return k >= 0 && k <= FOLD_MAX_NUMEL && ir_attrs_eval(&n->attrs, NULL, 0, a) == 0;
 }
 
-static kiln_tensor *const_tensor(const ir_node *c) {
-  int64_t shape[MAXD];
-  for (int i = 0; i < c->ndim; i++) shape[i] = c->shape[i].c;
-  kiln_tensor *t = tensor_new(c->dtype, c->ndim, shape);
-  if (t) memcpy(tensor_data(t), c->data, (size_t)ir_node_numel_const(c) * kiln_dtype_size(c->dtype));
-  return t;
-}
-
 /* Runs n on its constant inputs with the eager kernels into data (numel of n
  * elements, row-major). 1 done, 0 the op failed (leave the node), -1 out of memory. */
 static int evaluate(const ir_graph *g, const ir_node *n, const op_attrs *a, void *data) {
   kiln_tensor **ins = alloc_calloc((size_t)n->n_in, sizeof *ins), *t = NULL;
   if (!ins) return -1;
   bool made = true;
-  for (int j = 0; j < n->n_in && made; j++) made = (ins[j] = const_tensor(&g->nodes[n->in[j]])) != NULL;
+  for (int j = 0; j < n->n_in && made; j++) made = (ins[j] = ir_const_tensor(&g->nodes[n->in[j]])) != NULL;
   if (made) {
     /* no tracer may see these ops, and nothing here needs a gradient */
     const trace_hooks *hooks = dispatch_hooks();

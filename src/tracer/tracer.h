@@ -88,6 +88,8 @@ const char *ir_str(ir_graph *g, const char *s); /* interned copy of s */
 /* Declares symbol s<id> (id == g->n_syms) with bounds; 0 or -1. */
 int ir_add_sym(ir_graph *g, int64_t lo, int64_t hi, sym_dim *out);
 
+/* A new tensor (owned by the caller) holding an IR_CONST node's data; NULL on OOM. */
+kiln_tensor *ir_const_tensor(const ir_node *n);
 /* The value of an IR_NUMEL node as a symbolic size (the error dim on overflow). */
 sym_dim ir_numel_value(const ir_graph *g, const ir_node *n);
 
