@@ -16,10 +16,13 @@
 
 typedef void (*kern_fn)(const int64_t *p, char *const *bufs, int64_t begin, int64_t end);
 
+#define MAX_GROUPS 4
+
 struct backend_exec {
   const ir_graph *g;
   cg_program *prog;
-  cg_jit *jit;
+  cg_jit *jit[MAX_GROUPS]; /* one per group of kernels compiled in parallel */
+  int n_jit;
   kern_fn *fn;            /* per kernel (loops only) */
   kiln_tensor **consts;   /* per buffer (CONST only) */
   pthread_mutex_t mu;     /* guards the arena */
@@ -44,7 +47,7 @@ static void exec_free(backend_exec *e) {
     for (int i = 0; i < e->prog->n_buf; i++) kiln_release(e->consts[i]);
   alloc_free(e->consts);
   alloc_free(e->fn);
-  jit_free(e->jit);
+  for (int i = 0; i < e->n_jit; i++) jit_free(e->jit[i]);
   cg_program_free(e->prog);
   if (e->arena) {
     alloc_aligned_free(e->arena, e->arena_cap);
@@ -52,6 +55,21 @@ static void exec_free(backend_exec *e) {
   }
   pthread_mutex_destroy(&e->mu);
   alloc_free(e);
+}
+
+typedef struct compile_job {
+  cg_module m;
+  unsigned dump;
+  FILE *dump_to;
+  cg_jit *jit;
+  double opt_ms, cg_ms;
+  char err[256];
+} compile_job;
+
+static void *compile_group(void *arg) {
+  compile_job *j = arg;
+  j->jit = jit_compile(&j->m, j->dump, j->dump_to, &j->opt_ms, &j->cg_ms, j->err, sizeof j->err);
+  return NULL;
 }
 
 static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_to, char *err, size_t errn) {
@@ -75,17 +93,33 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
   if (!e->fn || !e->consts) goto oom;
   for (int b = 0; b < p->n_buf; b++)
     if (p->buf[b].kind == CG_BUF_CONST && !(e->consts[b] = ir_const_tensor(&g->nodes[p->buf[b].node]))) goto oom;
-  cg_module m;
-  if (jit_module_new(&m, g->name, err, errn)) goto fail;
-  int loops = 0;
-  for (int k = 0; k < p->n_k; k++) {
+  /* kernels go into groups, one module each, optimized and compiled on as
+   * many threads (LLVM's time dominates compiling a big graph) */
+  int loops = 0, exprs = 0;
+  for (int k = 0; k < p->n_k; k++)
+    if (p->k[k].kind == CG_K_LOOP) loops++, exprs += p->k[k].n_expr;
+  int groups = pool_num_threads();
+  if (groups > MAX_GROUPS) groups = MAX_GROUPS;
+  if (groups > loops) groups = loops;
+  if (loops < 4 || exprs < 200 || (dump & (KILN_DUMP_LLVM | KILN_DUMP_ASM))) groups = loops ? 1 : 0;
+  compile_job jobs[MAX_GROUPS] = {0};
+  int made = 0;
+  for (; made < groups; made++) {
+    jobs[made].dump = dump;
+    jobs[made].dump_to = e->dump_to;
+    if (jit_module_new(&jobs[made].m, g->name, err, errn)) goto fail_modules;
+  }
+  int64_t load[MAX_GROUPS] = {0};
+  for (int k = 0; k < p->n_k && groups; k++) {
     if (p->k[k].kind != CG_K_LOOP) continue;
-    loops++;
+    int to = 0; /* the least loaded group */
+    for (int q = 1; q < groups; q++)
+      if (load[q] < load[to]) to = q;
+    load[to] += p->k[k].n_expr + 8;
     char why[256] = "";
-    if (lower_kernel(p, &p->k[k], m.mod, why, sizeof why)) {
-      jit_module_dispose(&m);
+    if (lower_kernel(p, &p->k[k], jobs[to].m.mod, why, sizeof why)) {
       snprintf(err, errn, "lowering failed: %s", why[0] ? why : p->k[k].name);
-      goto fail;
+      goto fail_modules;
     }
   }
   double t1 = now_ms(), opt_ms = 0, cg_ms = 0;
@@ -93,19 +127,31 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
     fuse_dump(p, e->dump_to);
     fprintf(e->dump_to, "fusion and lowering: %.2f ms\n", t1 - t0);
   }
-  if (loops) {
-    e->jit = jit_compile(&m, dump, e->dump_to, &opt_ms, &cg_ms, err, errn);
-    if (!e->jit) goto fail;
-    for (int k = 0; k < p->n_k; k++) {
-      if (p->k[k].kind != CG_K_LOOP) continue;
-      e->fn[k] = (kern_fn)jit_lookup(e->jit, p->k[k].name);
-      if (!e->fn[k]) {
-        snprintf(err, errn, "kernel %s not found after compiling", p->k[k].name);
-        goto fail;
-      }
+  pthread_t th[MAX_GROUPS];
+  bool started[MAX_GROUPS] = {0};
+  for (int q = 1; q < groups; q++) started[q] = pthread_create(&th[q], NULL, compile_group, &jobs[q]) == 0;
+  for (int q = 0; q < groups; q++)
+    if (!started[q]) compile_group(&jobs[q]);
+  for (int q = 1; q < groups; q++)
+    if (started[q]) pthread_join(th[q], NULL);
+  made = 0; /* every module is consumed now */
+  for (int q = 0; q < groups; q++) {
+    e->jit[e->n_jit++] = jobs[q].jit;
+    opt_ms += jobs[q].opt_ms;
+    cg_ms += jobs[q].cg_ms;
+  }
+  for (int q = 0; q < groups; q++)
+    if (!jobs[q].jit) {
+      snprintf(err, errn, "%s", jobs[q].err);
+      goto fail;
     }
-  } else {
-    jit_module_dispose(&m);
+  for (int k = 0; k < p->n_k; k++) {
+    if (p->k[k].kind != CG_K_LOOP) continue;
+    for (int q = 0; q < groups && !e->fn[k]; q++) e->fn[k] = (kern_fn)jit_lookup(e->jit[q], p->k[k].name);
+    if (!e->fn[k]) {
+      snprintf(err, errn, "kernel %s not found after compiling", p->k[k].name);
+      goto fail;
+    }
   }
   if (dump & KILN_DUMP_KERNELS)
     fprintf(e->dump_to, "compile time: fuse+lower %.2f ms, LLVM optimize %.2f ms, machine code %.2f ms\n", t1 - t0, opt_ms,
@@ -117,6 +163,9 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
   e->opt_ms = opt_ms;
   e->machine_ms = cg_ms;
   return e;
+fail_modules:
+  for (int q = 0; q < made; q++) jit_module_dispose(&jobs[q].m);
+  goto fail;
 oom:
   snprintf(err, errn, "out of memory");
 fail:

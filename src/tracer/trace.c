@@ -162,6 +162,18 @@ static void note_shape(tracer *tr, const ir_node *n) {
 }
 
 /* The symbolic dim for a concrete size v the function passed, or the constant v. */
+/* A constant v that a symbol also has as its traced value: the number may
+ * have come from that symbol (kiln_size arithmetic), so the variant is kept
+ * to that value of the symbol. Never a wrong answer, at worst a retrace. */
+static sym_dim pin(tracer *tr, int64_t v) {
+  for (int k = 0; k < tr->g->n_syms; k++)
+    if (tr->vals[k] == v) {
+      sym_dim s = sym_var(tr->g->sym, k, tr->g->sym_lo[k], tr->g->sym_hi[k]);
+      if (ir_add_guard(tr->g, (sym_guard){SYM_EQ, s, sym_const(v)})) tfail(tr, "out of memory while tracing");
+    }
+  return sym_const(v);
+}
+
 static sym_dim resolve(tracer *tr, int64_t v) {
   if (v < 2 || !tr->sizes_cap) return sym_const(v);
   size_t i = hash64((uint64_t)v) & (tr->sizes_cap - 1);
@@ -173,10 +185,10 @@ static sym_dim resolve(tracer *tr, int64_t v) {
     /* one dim, or several the guards say are equal (s0 == s1): the first */
     shape_env env = {tr->g, NULL, 0, false};
     for (int k = 1; k < e->n; k++)
-      if (shape_decide(&env, e->d[0], SYM_EQ, e->d[k]) != 1) return sym_const(v);
-    return e->d[0];
+      if (shape_decide(&env, e->d[0], SYM_EQ, e->d[k]) != 1) return pin(tr, v);
+    return sym_is_const(e->d[0]) ? pin(tr, v) : e->d[0];
   }
-  return sym_const(v);
+  return pin(tr, v);
 }
 
 /* ---- leaves and constants ---- */
@@ -215,15 +227,8 @@ static int make_const(tracer *tr, const kiln_tensor *t, const char *file, int li
   sym_dim dims[MAXD];
   bool symbolic = false;
   for (int d = 0; d < t->ndim; d++) {
-    dims[d] = uniform ? resolve(tr, t->shape[d]) : sym_const(t->shape[d]);
+    dims[d] = uniform ? resolve(tr, t->shape[d]) : pin(tr, t->shape[d]);
     symbolic |= !sym_is_const(dims[d]);
-    if (sym_is_const(dims[d]))
-      for (int k = 0; k < tr->g->n_syms; k++)
-        if (tr->vals[k] == t->shape[d]) {
-          /* the same number as a symbol, but not known to be it: keep it this size */
-          sym_dim s = sym_var(tr->g->sym, k, tr->g->sym_lo[k], tr->g->sym_hi[k]);
-          if (ir_add_guard(tr->g, (sym_guard){SYM_EQ, s, sym_const(t->shape[d])})) return -1;
-        }
   }
   if (!symbolic) return make_const_raw(tr, t, file, line);
   kiln_tensor one = *t;
