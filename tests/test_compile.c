@@ -826,6 +826,20 @@ START_TEST(test_released_param_retraces) {
   kiln_fn_stats st;
   kiln_fn_get_stats(fn, &st);
   ck_assert_int_eq(2, st.traces);
+  ck_assert_int_eq(1, st.variants); /* the variant that held the old weight is gone */
+  /* replacing weights again and again never reaches the cap */
+  for (int i = 0; i < 12; i++) {
+    kiln_scope_begin();
+    kiln_release(m.w1);
+    m.w1 = kiln_keep(kiln_randn(KILN_F32, 2, ((int64_t[]){4, 8}), 100 + (uint64_t)i));
+    kiln_tensor *xi = kiln_randn(KILN_F32, 2, ((int64_t[]){3, 4}), 1), *yi = NULL;
+    ck_assert_int_eq(0, kiln_call(fn, &xi, &yi));
+    ck_assert_double_le(maxdiff(yi, mlp_forward(&m, xi)), 1e-5);
+    kiln_scope_end();
+  }
+  kiln_fn_get_stats(fn, &st);
+  ck_assert_int_eq(0, st.fallbacks);
+  ck_assert_int_eq(1, st.variants);
   kiln_fn_free(fn);
   mlp_free(&m);
 }

@@ -34,6 +34,8 @@ typedef struct variant {
   dim_check (*in_dims)[MAXD]; /* [n_in][MAXD] */
   int *alias;                 /* [n_in + n_params]: the first leaf sharing storage with this one */
   bool loaded;                /* from kiln_load: no autograd-state guards */
+  int users;                  /* calls running it now (fn->mu) */
+  bool dead;                  /* dropped from the cache: freed when the last user is done */
 } variant;
 
 struct kiln_fn {
@@ -683,11 +685,27 @@ int kiln_call_at(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out, const c
   clock_gettime(CLOCK_MONOTONIC, &g0);
   pthread_mutex_lock(&fn->mu);
   fn->st.calls++;
+  /* a variant whose weights their owner released can never run again: drop it,
+   * so that replacing weights does not fill the cache */
+  for (int i = 0; i < fn->n_variants; i++) {
+    variant *v = fn->variants[i];
+    bool gone = false;
+    for (int k = 0; k < v->n_params && !v->loaded; k++) gone |= atomic_load(&v->params[k]->refcount) <= 1;
+    if (!gone) continue;
+    dump_note(fn, "variant %d dropped: a weight it captured was released by its owner", i + 1);
+    memmove(&fn->variants[i], &fn->variants[i + 1], sizeof *fn->variants * (size_t)(fn->n_variants - i - 1));
+    fn->n_variants--;
+    i--;
+    if (v->users) v->dead = true;
+    else variant_free(v);
+  }
+  fn->st.variants = fn->n_variants;
   variant *hit = NULL;
   for (int i = fn->n_variants - 1; i >= 0 && !hit; i--)
     if (guards_pass(fn, fn->variants[i], in, vals, NULL, 0)) hit = fn->variants[i];
   clock_gettime(CLOCK_MONOTONIC, &g1);
   if (hit) {
+    hit->users++;
     fn->st.hits++;
     fn->guard_ns_total += (double)(g1.tv_sec - g0.tv_sec) * 1e9 + (double)(g1.tv_nsec - g0.tv_nsec);
     fn->guard_samples++;
@@ -700,7 +718,14 @@ int kiln_call_at(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out, const c
   if (eager && !fn->loaded) fn->st.fallbacks++;
   pthread_mutex_unlock(&fn->mu);
 
-  if (hit) return fn->opts.check && !fn->loaded ? run_checked(fn, hit, in, out) : run_variant(fn, hit, in, out);
+  if (hit) {
+    int rc = fn->opts.check && !fn->loaded ? run_checked(fn, hit, in, out) : run_variant(fn, hit, in, out);
+    pthread_mutex_lock(&fn->mu);
+    bool free_it = --hit->users == 0 && hit->dead;
+    pthread_mutex_unlock(&fn->mu);
+    if (free_it) variant_free(hit);
+    return rc;
+  }
   if (fn->loaded) return err_set(file, line, "call", "%s: the call does not fit the loaded graph: %s", fn->name, why), -1;
   if (eager) {
     if (warn_cap) {
