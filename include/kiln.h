@@ -15,6 +15,21 @@
  *   const kiln_tensor *gw = kiln_grad(w);          // d loss / d w, shape (784,10)
  *   kiln_release(w);
  *
+ * Compiling: wrap a function; the first call traces it (and runs it eagerly),
+ * later calls whose inputs pass the guards run fused native code.
+ *
+ *   static int step(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+ *     model *m = ctx;                                // weights: captured by reference
+ *     out[0] = kiln_relu(kiln_add(kiln_matmul(in[0], m->w), m->b));
+ *     return out[0] ? 0 : -1;
+ *   }
+ *   kiln_options o = {.name = "step", .n_in = 1, .n_out = 1};
+ *   kiln_fn *fn = kiln_compile(step, &m, &o);
+ *   kiln_tensor *y;
+ *   kiln_call(fn, &x, &y);   // batch 32: traced; a later new batch size: traced once more
+ *                            // with the batch dim symbolic (s0), then that graph serves all
+ *   kiln_fn_free(fn);        // KILN_DUMP=graph,guards,recompiles shows what happened
+ *
  * Every op is a macro that passes the caller's __FILE__ and __LINE__, so an
  * error names the line of user code that caused it. Ops given NULL return NULL,
  * so one check at the end of a chain is enough.
