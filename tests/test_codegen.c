@@ -547,7 +547,10 @@ static int step(gen *g) {
   case 12: { /* matmuls */
     kiln_tensor *P = g->in[4]; /* (8, C) */
     int k = 1 + pick(r, 8);
-    kiln_tensor *rows = kiln_slice(P, 0, 0, k, 1); /* (k, C): a few constant rows */
+    /* (k, C): a few constant rows. The bound counts from P's end: a literal
+     * that equals a size the body read would be taken for that size (C has
+     * no symbolic ints; docs/guide.md says so) */
+    kiln_tensor *rows = kiln_slice(P, 0, 0, k == 8 ? INT64_MAX : k - 8, 1);
     int last = a.nd ? a.d[a.nd - 1] : 0;
     switch (pick(r, 7)) {
     case 0: /* (..., C) @ (C, k) */

@@ -730,14 +730,16 @@ static int reg_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
     break;
   }
   case 6: out[0] = kiln_sum(kiln_add(kiln_sum(x, 1, true), w), 1, false); break;  /* (N,1) + (C,) under a reduction */
+  case 7: out[0] = kiln_reshape(x, 2, ((int64_t[]){2, -1})); break;              /* a literal 2, never the batch */
+  case 8: out[0] = kiln_slice(x, 0, 0, 3, 1); break;                              /* a literal bound, never the batch */
   }
   if (which != 2) out[1] = kiln_sum_all(x);
   return out[0] ? 0 : -1;
 }
 
 START_TEST(test_regressions) {
-  int64_t rows[] = {4, 1, 3, 6, 4};
-  for (int which = 0; which < 7; which++) {
+  int64_t rows[] = {4, 2, 3, 6, 4};
+  for (int which = 0; which < 9; which++) {
     kiln_options o = {.name = "reg", .n_in = 2, .n_out = 2};
     kiln_fn *fn = kiln_compile(reg_body, &which, &o);
     for (int i = 0; i < 5; i++) {
@@ -756,6 +758,34 @@ START_TEST(test_regressions) {
     }
     kiln_fn_free(fn);
   }
+}
+END_TEST
+
+/* sizes the body reads with kiln_size stay symbolic where it passes them back */
+static int pos_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  kiln_tensor *table = ctx; /* (16, 4): positions */
+  int64_t t = kiln_size(in[0], 0);
+  out[0] = kiln_add(in[0], kiln_slice(table, 0, 0, t, 1)); /* x + table[:T] */
+  return out[0] ? 0 : -1;
+}
+
+START_TEST(test_read_sizes_stay_symbolic) {
+  kiln_tensor *table = kiln_randn(KILN_F32, 2, ((int64_t[]){16, 4}), 3);
+  kiln_options o = {.name = "pos", .n_in = 1, .n_out = 1};
+  kiln_fn *fn = kiln_compile(pos_body, table, &o);
+  for (int64_t t = 5; t <= 12; t++) {
+    kiln_scope_begin();
+    kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){t, 4}), (uint64_t)t), *y = NULL, *ref = NULL;
+    ck_assert_msg(kiln_call(fn, &x, &y) == 0, "%s", kiln_last_error());
+    ck_assert_int_eq(0, pos_body(table, &x, &ref));
+    ck_assert_double_le(maxdiff(y, ref), 0);
+    kiln_scope_end();
+  }
+  kiln_fn_stats st;
+  kiln_fn_get_stats(fn, &st);
+  ck_assert_int_eq(2, st.traces); /* T=5 static, then one symbolic variant for T=6..12 */
+  kiln_fn_free(fn);
+  kiln_release(table);
 }
 END_TEST
 
@@ -868,6 +898,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, test_errors_name_the_caller);
   tcase_add_test(tc, test_freeze_and_dump_dir);
   tcase_add_test(tc, test_regressions);
+  tcase_add_test(tc, test_read_sizes_stay_symbolic);
   tcase_add_test(tc, test_released_param_retraces);
   suite_add_tcase(s, tc);
   return s;

@@ -152,7 +152,10 @@ kiln_tensor *kiln_reshape_at(kiln_tensor *t, int ndim, const int64_t *shape, con
     return err_set(file, line, "reshape", "cannot reshape %s (%" PRId64 " elements) to %s (%" PRId64 ")",
                    err_shape(b0, t->ndim, t->shape), numel, err_shape(b1, ndim, shape), known);
   }
-  return view(OP_RESHAPE, t, &a, file, line);
+  user_numbers_begin();
+  kiln_tensor *r = view(OP_RESHAPE, t, &a, file, line);
+  user_numbers_end();
+  return r;
 }
 
 kiln_tensor *kiln_permute_at(kiln_tensor *t, const int *perm, const char *file, int line) {
@@ -200,7 +203,10 @@ kiln_tensor *kiln_expand_at(kiln_tensor *t, int ndim, const int64_t *shape, cons
       return err_set(file, line, "expand", "cannot expand %s to %s", err_shape(b0, t->ndim, t->shape), err_shape(b1, ndim, shape));
     a.shape[i] = want;
   }
-  return view(OP_EXPAND, t, &a, file, line);
+  user_numbers_begin();
+  kiln_tensor *r = view(OP_EXPAND, t, &a, file, line);
+  user_numbers_end();
+  return r;
 }
 
 kiln_tensor *kiln_squeeze_at(kiln_tensor *t, int dim, const char *file, int line) {
@@ -234,15 +240,18 @@ kiln_tensor *kiln_slice_at(kiln_tensor *t, int dim, int64_t start, int64_t end, 
   int d = axis_norm(dim, t->ndim);
   if (d < 0 || t->ndim == 0) return err_set(file, line, "slice", "dim %d is out of range for shape %s", dim, err_shape(b, t->ndim, t->shape));
   if (step < 1) return err_set(file, line, "slice", "step %" PRId64 " must be at least 1", step);
-  int64_t n = t->shape[d];
+  int64_t n = t->shape[d], raw_start = start, raw_end = end;
   /* Python's rules: negative bounds count from the end, then clamp */
   if (start < 0) start = start + n < 0 ? 0 : start + n;
   if (end < 0) end = end + n < 0 ? 0 : end + n;
   if (start > n) start = n;
   if (end > n) end = n;
   if (end < start) end = start;
-  op_attrs a = {.dim = d, .start = start, .end = end, .step = step};
-  return view(OP_SLICE, t, &a, file, line);
+  op_attrs a = {.dim = d, .start = start, .end = end, .step = step, .raw = true, .raw_start = raw_start, .raw_end = raw_end};
+  user_numbers_begin();
+  kiln_tensor *r = view(OP_SLICE, t, &a, file, line);
+  user_numbers_end();
+  return r;
 }
 
 kiln_tensor *kiln_cat_at(kiln_tensor *const *ts, int n, int dim, const char *file, int line) {

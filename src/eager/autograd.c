@@ -540,7 +540,10 @@ static int run_backward(kiln_tensor *root, kiln_tensor *seed, const bw_req *rq, 
     if (g) {
       for (int j = 0; j < rq->nwrt; j++)
         if (rq->wrt[j]->grad_fn == nd) rq->res[j] = acc_add(rq->res[j], g, file, line);
-      if (check_versions(nd) || backwards[nd->op](nd, g, gp)) {
+      internal_begin();
+      int bad = check_versions(nd) || backwards[nd->op](nd, g, gp);
+      internal_end();
+      if (bad) {
         kiln_release(g);
         if (gp != gin) alloc_free(gp);
         goto done;

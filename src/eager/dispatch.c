@@ -29,6 +29,13 @@ void hook_read(const char *what, const kiln_tensor *t, const char *file, int lin
   if (hooks && hooks->read) hooks->read(hooks->ctx, what, t, file, line);
 }
 
+static _Thread_local int internal_depth, user_depth;
+void internal_begin(void) { internal_depth++; }
+void internal_end(void) { internal_depth--; }
+void user_numbers_begin(void) { user_depth += internal_depth == 0; }
+void user_numbers_end(void) { user_depth -= internal_depth == 0; }
+bool user_numbers(void) { return user_depth > 0 && internal_depth == 0; }
+
 kiln_tensor *numel_scalar(const kiln_tensor *x, const int *axes, int naxes, int64_t offset, kiln_dtype dt,
                           const char *file, int line) {
   int64_t n = 1;

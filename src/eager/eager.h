@@ -110,6 +110,8 @@ typedef struct op_attrs {
   int64_t start, end, step; /* slice, slice_scatter */
   kiln_dtype dtype;         /* cast */
   int infer;                /* reshape: 1 + the dim the caller gave as -1, else 0 (for the tracer) */
+  bool raw;                 /* slice: raw_start/raw_end hold the caller's bounds before normalizing */
+  int64_t raw_start, raw_end;
 } op_attrs;
 
 typedef struct op_info {
@@ -148,11 +150,22 @@ typedef struct trace_hooks {
   /* out is a new 0-d tensor holding x's element count over axes plus offset (see numel_scalar) */
   void (*numel)(void *ctx, kiln_tensor *out, const kiln_tensor *x, const int *axes, int naxes, int64_t offset,
                 const char *file, int line);
+  /* the caller read a size (kiln_size): numbers it passes later may be made from it */
+  void (*size_read)(void *ctx, const kiln_tensor *t, int dim);
 } trace_hooks;
 /* NULL clears. The hooks struct must outlive its use. */
 void dispatch_set_hooks(const trace_hooks *h);
 const trace_hooks *dispatch_hooks(void);
 void hook_read(const char *what, const kiln_tensor *t, const char *file, int line);
+/* Where the numbers an op is given come from (thread-local): user code passes
+ * its own (a reshape target, slice bounds), while kiln's formulas (autograd,
+ * composite ops) pass sizes of real tensors. The tracer trusts the second kind
+ * to be the sizes they equal; the first only where the caller read them. */
+void internal_begin(void);
+void internal_end(void);
+void user_numbers_begin(void);
+void user_numbers_end(void);
+bool user_numbers(void); /* inside a user-facing op called by user code */
 /* A 0-d tensor of dtype dt holding the product of x's sizes over axes (all
  * when naxes is 0) plus offset: a count that formulas divide by (the mean's
  * gradient, var). The tracer records it as a function of x's symbolic shape,

@@ -86,10 +86,12 @@ kiln_tensor *kiln_embedding_at(kiln_tensor *table, kiln_tensor *idx, const char 
   int64_t flat = -1, shape[MAXD];
   for (int i = 0; i < idx->ndim; i++) shape[i] = idx->shape[i];
   shape[idx->ndim] = table->shape[1];
+  internal_begin(); /* the shapes below are idx's own */
   kiln_scope_begin();
   kiln_tensor *rows = kiln_index_select_at(table, 0, kiln_reshape_at(idx, 1, &flat, file, line), file, line);
   kiln_tensor *y = kiln_keep(kiln_reshape_at(rows, idx->ndim + 1, shape, file, line));
   kiln_scope_end();
+  internal_end();
   return y;
 }
 

@@ -354,7 +354,10 @@ bool kiln_is_contiguous(const kiln_tensor *t) { return t && tensor_contiguous(t)
 int64_t kiln_size(const kiln_tensor *t, int dim) {
   if (!t) return -1;
   int d = axis_norm(dim, t->ndim);
-  return d < 0 ? -1 : t->shape[d];
+  if (d < 0) return -1;
+  const trace_hooks *h = dispatch_hooks();
+  if (h && h->size_read && t->ndim > 0) h->size_read(h->ctx, t, d);
+  return t->shape[d];
 }
 
 int64_t kiln_stride(const kiln_tensor *t, int dim) {

@@ -50,6 +50,8 @@ typedef struct tracer {
   size_entry *sizes;
   size_t sizes_cap;
   int64_t vals[IR_MAX_SYMS];
+  sym_dim reads[64]; /* symbolic sizes the body read with kiln_size */
+  int n_reads;
   leaf *leaves;      /* inputs first, then params in lift order */
   int n_leaves, cap_leaves, n_in;
   int n_params;
@@ -174,6 +176,24 @@ static sym_dim pin(tracer *tr, int64_t v) {
   return sym_const(v);
 }
 
+/* A number user code passed (a reshape target, a slice bound, a factory's
+ * size): a symbolic size only when the body read sizes (kiln_size) of which
+ * exactly one, or one product of two, has that value; else pinned. */
+static sym_dim resolve_user(tracer *tr, int64_t v) {
+  if (v < 2) return sym_const(v);
+  ir_graph *g = tr->g;
+  shape_env env = {g, NULL, 0, false};
+  sym_dim found = sym_error();
+  for (int i = 0; i < tr->n_reads; i++)
+    for (int j = i - 1; j < tr->n_reads; j++) {
+      sym_dim c = j < i ? tr->reads[i] : sym_mul(g->sym, tr->reads[i], tr->reads[j]);
+      if (sym_is_err(c) || dim_value(tr, c) != v) continue;
+      if (sym_is_err(found)) found = c;
+      else if (!sym_same(found, c) && shape_decide(&env, found, SYM_EQ, c) != 1) return pin(tr, v);
+    }
+  return sym_is_err(found) ? pin(tr, v) : found;
+}
+
 static sym_dim resolve(tracer *tr, int64_t v) {
   if (v < 2 || !tr->sizes_cap) return sym_const(v);
   size_t i = hash64((uint64_t)v) & (tr->sizes_cap - 1);
@@ -227,7 +247,7 @@ static int make_const(tracer *tr, const kiln_tensor *t, const char *file, int li
   sym_dim dims[MAXD];
   bool symbolic = false;
   for (int d = 0; d < t->ndim; d++) {
-    dims[d] = uniform ? resolve(tr, t->shape[d]) : pin(tr, t->shape[d]);
+    dims[d] = uniform ? resolve_user(tr, t->shape[d]) : pin(tr, t->shape[d]);
     symbolic |= !sym_is_const(dims[d]);
   }
   if (!symbolic) return make_const_raw(tr, t, file, line);
@@ -405,6 +425,32 @@ static void reshape_target(tracer *tr, const ir_node *x, int tn, const int64_t *
   }
 }
 
+/* A slice bound as the caller meant it: negative counts from the end of the
+ * (maybe symbolic) size, past the end clamps to it, otherwise the number
+ * (a symbolic size when it resolves to one: x[:T] with T from kiln_size). */
+static sym_dim slice_bound(tracer *tr, sym_dim size, int64_t sv, bool raw, int64_t given, int64_t normalized) {
+  ir_graph *g = tr->g;
+  shape_env env = {g, tr->vals, g->n_syms, true};
+  if (!raw) return normalized == sv ? size : resolve(tr, normalized);
+  bool user = user_numbers();
+  if (given < 0) {
+    if (given + sv < 0) {
+      /* clamped to 0: keep it so */
+      if (shape_decide(&env, sym_add(g->sym, size, sym_const(given)), SYM_LT, sym_const(0)) != 1) tfail(tr, "slice bound");
+      return sym_const(0);
+    }
+    sym_dim b = sym_add(g->sym, size, sym_const(given));
+    if (shape_decide(&env, b, SYM_GE, sym_const(0)) != 1) tfail(tr, "slice bound");
+    return b;
+  }
+  if (given >= sv) {
+    /* past the end: the size itself, as long as it stays at most the number given */
+    if (given < INT64_MAX / 2 && shape_decide(&env, size, SYM_LE, sym_const(given)) != 1) tfail(tr, "slice bound");
+    return size;
+  }
+  return user ? resolve_user(tr, given) : resolve(tr, given);
+}
+
 static void convert_attrs(tracer *tr, int op, const ir_node *x, const op_attrs *a, const ir_node *n_in,
                           kiln_tensor *const *in, ir_attrs *o) {
   (void)n_in, (void)in;
@@ -427,7 +473,12 @@ static void convert_attrs(tracer *tr, int op, const ir_node *x, const op_attrs *
     break;
   case OP_RESHAPE:
     o->ndim = a->ndim;
-    reshape_target(tr, x, a->ndim, a->shape, a->infer, o->shape);
+    if (user_numbers()) {
+      /* the caller's numbers: sizes it read, the -1, else pinned constants */
+      for (int i = 0; i < a->ndim; i++) o->shape[i] = i == a->infer - 1 ? sym_const(a->shape[i]) : resolve_user(tr, a->shape[i]);
+    } else {
+      reshape_target(tr, x, a->ndim, a->shape, a->infer, o->shape);
+    }
     if (a->infer > 0 && a->infer <= a->ndim && sym_is_const(o->shape[a->infer - 1])) {
       /* the dim given as -1 is exactly what the others leave */
       ir_graph *g = tr->g;
@@ -443,7 +494,9 @@ static void convert_attrs(tracer *tr, int op, const ir_node *x, const op_attrs *
     o->ndim = a->ndim;
     for (int i = 0; i < a->ndim; i++) {
       int j = i - (a->ndim - x->ndim);
-      o->shape[i] = j >= 0 && dim_value(tr, x->shape[j]) == a->shape[i] ? x->shape[j] : resolve(tr, a->shape[i]);
+      o->shape[i] = j >= 0 && dim_value(tr, x->shape[j]) == a->shape[i] ? x->shape[j]
+                    : user_numbers()                             ? resolve_user(tr, a->shape[i])
+                                                                 : resolve(tr, a->shape[i]);
     }
     break;
   case OP_SLICE:
@@ -452,8 +505,8 @@ static void convert_attrs(tracer *tr, int op, const ir_node *x, const op_attrs *
     o->step = a->step;
     sym_dim size = x->shape[a->dim];
     int64_t sv = dim_value(tr, size);
-    o->start = a->start == sv ? size : resolve(tr, a->start);
-    o->end = a->end == sv ? size : resolve(tr, a->end);
+    o->start = slice_bound(tr, size, sv, a->raw, a->raw_start, a->start);
+    o->end = slice_bound(tr, size, sv, a->raw, a->raw_end, a->end);
     break;
   }
   default:
@@ -589,6 +642,17 @@ static void on_zero_grad(void *ctx, kiln_tensor *t) {
   tracer *tr = ctx;
   if (tr->failed || tr->value_dep) return;
   node_of(tr, t, "", 0); /* lift it now, so its .grad at the start of the call is what we record */
+}
+
+static void on_size_read(void *ctx, const kiln_tensor *t, int dim) {
+  tracer *tr = ctx;
+  int id = map_get(&tr->map, t->serial);
+  if (tr->failed || id < 0 || tr->n_reads == 64) return;
+  sym_dim d = tr->g->nodes[id].shape[dim];
+  if (sym_is_const(d)) return;
+  for (int i = 0; i < tr->n_reads; i++)
+    if (sym_same(tr->reads[i], d)) return;
+  tr->reads[tr->n_reads++] = d;
 }
 
 static void on_numel(void *ctx, kiln_tensor *out, const kiln_tensor *x, const int *axes, int naxes, int64_t offset,
@@ -737,7 +801,7 @@ int trace_run(kiln_body body, void *ctx, kiln_tensor *const *in, int n_in, kiln_
   memset(res, 0, sizeof *res);
   tracer tr = {.spec = spec, .serial0 = tensor_serial_now()};
   tr.g = ir_new(name);
-  tr.hooks = (trace_hooks){&tr, on_op, on_inplace, on_read, on_zero_grad, on_numel};
+  tr.hooks = (trace_hooks){&tr, on_op, on_inplace, on_read, on_zero_grad, on_numel, on_size_read};
   if (!tr.g || add_inputs(&tr, in, n_in)) tfail(&tr, "out of memory while tracing");
 
   const trace_hooks *saved = dispatch_hooks();
