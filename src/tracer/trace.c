@@ -191,7 +191,7 @@ static sym_dim resolve_user(tracer *tr, int64_t v) {
       if (sym_is_err(found)) found = c;
       else if (!sym_same(found, c) && shape_decide(&env, found, SYM_EQ, c) != 1) return pin(tr, v);
     }
-  return sym_is_err(found) ? pin(tr, v) : found;
+  return sym_is_err(found) || sym_is_const(found) ? pin(tr, v) : found;
 }
 
 static sym_dim resolve(tracer *tr, int64_t v) {
@@ -647,9 +647,9 @@ static void on_zero_grad(void *ctx, kiln_tensor *t) {
 static void on_size_read(void *ctx, const kiln_tensor *t, int dim) {
   tracer *tr = ctx;
   int id = map_get(&tr->map, t->serial);
-  if (tr->failed || id < 0 || tr->n_reads == 64) return;
-  sym_dim d = tr->g->nodes[id].shape[dim];
-  if (sym_is_const(d)) return;
+  if (tr->failed || tr->n_reads == 64) return;
+  /* static sizes count too: a number equal to both a static and a symbolic size read is ambiguous */
+  sym_dim d = id >= 0 ? tr->g->nodes[id].shape[dim] : sym_const(t->shape[dim]);
   for (int i = 0; i < tr->n_reads; i++)
     if (sym_same(tr->reads[i], d)) return;
   tr->reads[tr->n_reads++] = d;
