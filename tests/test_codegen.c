@@ -1006,11 +1006,11 @@ END_TEST
 START_TEST(test_threads_bitwise) {
   body_fn bodies[] = {gelu_body, softmax_body, layernorm_body};
   for (int k = 0; k < 3; k++) {
-    float out[2][64 * 300];
+    static float out[2][512 * 300];
     for (int t = 1; t <= 2; t++) {
       kiln_set_num_threads(t);
       kiln_scope_begin();
-      kiln_tensor *in[3] = {kiln_randn(KILN_F32, 2, ((int64_t[]){64, 300}), 7), kiln_randn(KILN_F32, 1, ((int64_t[]){300}), 8),
+      kiln_tensor *in[3] = {kiln_randn(KILN_F32, 2, ((int64_t[]){512, 300}), 7), kiln_randn(KILN_F32, 1, ((int64_t[]){300}), 8),
                             kiln_randn(KILN_F32, 1, ((int64_t[]){300}), 9)};
       kiln_options o = {.name = "bits", .n_in = k == 2 ? 3 : 1, .n_out = 1, .backend = KILN_BACKEND_LLVM};
       kiln_fn *fn = kiln_compile(bodies[k], NULL, &o);

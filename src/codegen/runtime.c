@@ -370,7 +370,8 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
         else inner *= v;
       }
       kern_job job = {e->fn[ki], prm, bufs};
-      int64_t grain = staged ? (inner >= 16384 ? 1 : 16384 / (inner ? inner : 1)) : 16384;
+      /* about 64K elements of work per chunk: waking a worker costs more than a small kernel */
+      int64_t grain = staged ? (inner >= 65536 ? 1 : 65536 / (inner ? inner : 1)) : 32768;
       pool_parallel_for(range, grain, kern_chunk, &job);
 #ifdef KILN_TEST_BUILD
       /* fault injection: a miscompiled kernel, for check mode to find */
