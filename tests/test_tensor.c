@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "eager/eager.h" /* alloc_fail_after */
 #include "kiln.h"
 
 static void read_f64(const kiln_tensor *t, double *dst, int64_t n)
@@ -520,11 +521,35 @@ START_TEST(test_scalar_broadcast)
 }
 END_TEST
 
+#ifdef KILN_TEST_BUILD
+/* A scope that cannot be opened (out of memory) still pairs with its end:
+ * that end must not close the scope around it. */
+START_TEST(test_scope_begin_out_of_memory) {
+  kiln_tensor *held[8];
+  for (int i = 0; i < 8; i++) { /* fill the scope stack's first allocation */
+    kiln_scope_begin();
+    held[i] = kiln_zeros(KILN_F32, 1, ((int64_t[]){4}));
+  }
+  alloc_fail_after(1);
+  kiln_scope_begin(); /* needs to grow the stack: fails */
+  alloc_fail_after(0);
+  ck_assert(strstr(kiln_last_error(), "out of memory") != NULL);
+  kiln_scope_end(); /* closes nothing */
+  ck_assert_int_eq(4, kiln_numel(held[7])); /* still alive: its scope is open */
+  for (int i = 0; i < 8; i++) kiln_scope_end();
+  kiln_clear_error();
+}
+END_TEST
+#endif
+
 static Suite *tensor_suite(void)
 {
   Suite *s = suite_create("tensor");
   TCase *make = tcase_create("make and inspect");
   tcase_add_test(make, test_creation);
+#ifdef KILN_TEST_BUILD
+  tcase_add_test(make, test_scope_begin_out_of_memory);
+#endif
   tcase_add_test(make, test_dtypes);
   tcase_add_test(make, test_sizes_and_strides);
   tcase_add_test(make, test_views_share_storage);

@@ -160,6 +160,9 @@ typedef struct scope {
 } scope;
 static _Thread_local scope *scopes;
 static _Thread_local int nscopes, capscopes;
+/* Scopes that could not be opened (out of memory), by the depth they stood
+ * at: their scope_end must close nothing, so begin/end stay paired. */
+static _Thread_local int phantom_at[64], nphantom;
 
 static int scope_push(scope *s, kiln_tensor *t) {
   if (s->n == s->cap) {
@@ -189,6 +192,7 @@ void kiln_scope_begin(void) {
     if (!s) {
       /* Cannot open a scope: count it anyway so begin/end stay paired; the
        * tensors go to the scope below (freed later, never leaked). */
+      if (nphantom < 64) phantom_at[nphantom++] = nscopes;
       err_set(__FILE__, __LINE__, "scope_begin", "out of memory");
       return;
     }
@@ -199,6 +203,10 @@ void kiln_scope_begin(void) {
 }
 
 void kiln_scope_end(void) {
+  if (nphantom && phantom_at[nphantom - 1] == nscopes) {
+    nphantom--; /* the matching begin opened nothing */
+    return;
+  }
   if (nscopes == 0) return;
   scope *s = &scopes[--nscopes];
   for (int i = s->n - 1; i >= 0; i--) kiln_release(s->items[i]);
