@@ -727,7 +727,8 @@ void fuse_dump(const cg_program *p, FILE *o) {
       print_dim(o, bf->shape[d]);
     }
     fprintf(o, "]");
-    if (bf->kind == CG_BUF_TEMP) fprintf(o, " live k%d..k%d", bf->first, bf->last);
+    if (bf->kind == CG_BUF_TEMP && bf->alias_of >= 0) fprintf(o, " stored in place in b%d", bf->alias_of);
+    else if (bf->kind == CG_BUF_TEMP) fprintf(o, " live k%d..k%d", bf->first, bf->last);
     fputc('\n', o);
   }
 }

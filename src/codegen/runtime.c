@@ -331,7 +331,8 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
     e->plan_dumped = true;
     fprintf(e->dump_to, "memory plan of %s at this call's sizes: arena %zu bytes\n", g->name, arena_bytes);
     for (int b = 0; b < nb; b++)
-      if (p->buf[b].kind == CG_BUF_TEMP) fprintf(e->dump_to, "  b%d at %zu, %zu bytes\n", b, off[b], bytes[b]);
+      if (p->buf[b].kind == CG_BUF_TEMP && p->buf[b].alias_of < 0)
+        fprintf(e->dump_to, "  b%d at %zu, %zu bytes\n", b, off[b], bytes[b]);
   }
   pthread_mutex_unlock(&e->mu);
   if (!shared_arena) {
