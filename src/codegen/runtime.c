@@ -279,16 +279,9 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
     switch (bf->kind) {
     case CG_BUF_INPUT:
     case CG_BUF_GRAD:
-      if (n->op == IR_INPUT) t = in[n->index];
-      else if (n->op == IR_PARAM) t = params[n->index];
-      else {
-        const ir_node *o = &g->nodes[n->in[0]];
-        kiln_tensor *owner = o->op == IR_INPUT ? in[o->index] : params[o->index];
-        t = owner->grad;
-        if (!t) {
-          err_set("", 0, "call", "%s: %%%d: the .grad it reads is NULL", g->name, bf->node);
-          goto done;
-        }
+      if (!(t = ir_leaf_tensor(g, n, in, params))) {
+        err_set("", 0, "call", "%s: %%%d: the .grad it reads is NULL", g->name, bf->node);
+        goto done;
       }
       if (!tensor_contiguous(t)) {
         /* kernels read their buffers as contiguous: copy a strided argument once */
@@ -451,7 +444,7 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
   for (int i = 0; i < g->n_writes; i++) {
     const ir_write *w = &g->writes[i];
     const ir_node *tn = &g->nodes[w->target];
-    kiln_tensor *dst = tn->op == IR_INPUT ? in[tn->index] : params[tn->index];
+    kiln_tensor *dst = ir_leaf_tensor(g, tn, in, params);
     kiln_tensor *gv = NULL;
     if (w->value >= 0) {
       const cg_view *m = &p->views[w->value];

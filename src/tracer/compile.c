@@ -271,10 +271,15 @@ static void variant_free(variant *v) {
   alloc_free(v);
 }
 
-static int sym_id_of(const ir_graph *g, sym_dim d) {
-  for (int k = 0; k < g->n_syms; k++)
-    if (sym_same(d, sym_var(g->sym, k, g->sym_lo[k], g->sym_hi[k]))) return k;
-  return -2;
+/* The guard of each input dim: its constant, its symbol, or an expression (-2). */
+static void fill_in_dims(variant *v) {
+  for (int i = 0; i < v->g->n_inputs; i++) {
+    const ir_node *n = &v->g->nodes[i];
+    for (int d = 0; d < n->ndim; d++) {
+      int k = ir_sym_id(v->g, n->shape[d]);
+      v->in_dims[n->index][d] = sym_is_const(n->shape[d]) ? (dim_check){n->shape[d].c, -1} : (dim_check){0, k >= 0 ? k : -2};
+    }
+  }
 }
 
 /* The flat guard list of v, from its graph and the tensors of the trace. */
@@ -283,11 +288,7 @@ static int variant_prepare(const kiln_fn *fn, variant *v, kiln_tensor *const *in
   v->in_dims = alloc_calloc((size_t)n_in + 1, sizeof *v->in_dims);
   v->alias = alloc_calloc((size_t)(n_in + v->n_params) + 1, sizeof *v->alias);
   if (!v->in_dims || !v->alias) return -1;
-  for (int i = 0; i < v->g->n_inputs; i++) {
-    const ir_node *n = &v->g->nodes[i];
-    for (int d = 0; d < n->ndim; d++)
-      v->in_dims[n->index][d] = sym_is_const(n->shape[d]) ? (dim_check){n->shape[d].c, -1} : (dim_check){0, sym_id_of(v->g, n->shape[d])};
-  }
+  fill_in_dims(v);
   for (int i = 0; i < n_in + v->n_params; i++) {
     v->alias[i] = i;
     kiln_tensor *a = leaf_at(fn, v, in, i);
@@ -831,11 +832,7 @@ kiln_fn *kiln_load_string(const char *text) {
   v->alias = alloc_calloc((size_t)n_in + 1, sizeof *v->alias);
   fn->variants = alloc_calloc(1, sizeof *fn->variants);
   if (!v->in_dims || !v->alias || !fn->variants) goto oom;
-  for (int i = 0; i < g->n_inputs; i++) {
-    const ir_node *n = &g->nodes[i];
-    for (int d = 0; d < n->ndim; d++)
-      v->in_dims[n->index][d] = sym_is_const(n->shape[d]) ? (dim_check){n->shape[d].c, -1} : (dim_check){0, sym_id_of(g, n->shape[d])};
-  }
+  fill_in_dims(v);
   for (int i = 0; i < n_in; i++) v->alias[i] = i; /* compiled for distinct inputs */
   v->exec = v->be->compile(g, 0, stderr, err, sizeof err);
   if (!v->exec && v->be != &backend_interp) {

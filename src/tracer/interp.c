@@ -9,14 +9,6 @@
 
 #include "tracer/tracer.h"
 
-/* Symbol id of d when d is exactly a symbol, else -1. */
-static int sym_id_of(const ir_graph *g, sym_dim d) {
-  if (sym_is_const(d)) return -1;
-  for (int k = 0; k < g->n_syms; k++)
-    if (sym_same(d, sym_var(g->sym, k, g->sym_lo[k], g->sym_hi[k]))) return k;
-  return -1;
-}
-
 static const char *leaf_tensor_desc(const ir_node *n, char *buf, size_t len) {
   snprintf(buf, len, "%s %d", n->op == IR_INPUT ? "input" : "param", n->index);
   return buf;
@@ -31,7 +23,7 @@ int ir_bind_syms(const ir_graph *g, kiln_tensor *const *in, kiln_tensor *const *
     for (int i = 0; i < g->n_nodes; i++) {
       const ir_node *n = &g->nodes[i];
       if (n->op != IR_INPUT && n->op != IR_PARAM) continue;
-      const kiln_tensor *t = n->op == IR_INPUT ? in[n->index] : params[n->index];
+      const kiln_tensor *t = ir_leaf_tensor(g, n, in, params);
       leaf_tensor_desc(n, who, sizeof who);
       if (!t) return snprintf(err, errn, "%s is NULL", who), -1;
       if (round == 0) {
@@ -47,7 +39,7 @@ int ir_bind_syms(const ir_graph *g, kiln_tensor *const *in, kiln_tensor *const *
             return snprintf(err, errn, "%s dim %d: the graph wants %lld, got %lld", who, d, (long long)s.c, (long long)got), -1;
           continue;
         }
-        int k = sym_id_of(g, s);
+        int k = ir_sym_id(g, s);
         if (round == 0 && k >= 0) {
           if (!bound[k]) {
             if (got < g->sym_lo[k] || got > g->sym_hi[k])
@@ -75,15 +67,6 @@ int ir_bind_syms(const ir_graph *g, kiln_tensor *const *in, kiln_tensor *const *
     return snprintf(err, errn, "guard %s fails", gt), -1;
   }
   return 0;
-}
-
-/* The tensor a leaf node stands for (borrowed). */
-static kiln_tensor *leaf_tensor(const ir_graph *g, const ir_node *n, kiln_tensor *const *in, kiln_tensor *const *params) {
-  if (n->op == IR_INPUT) return in[n->index];
-  if (n->op == IR_PARAM) return params[n->index];
-  const ir_node *p = &g->nodes[n->in[0]];
-  kiln_tensor *owner = p->op == IR_INPUT ? in[p->index] : params[p->index];
-  return owner->grad;
 }
 
 /* Copies value into dst's storage (same shape and dtype). */
@@ -131,7 +114,7 @@ static int run(const ir_graph *g, kiln_tensor *const *consts, kiln_tensor *const
           goto fail;
         }
       } else {
-        v[i] = leaf_tensor(g, n, in, params);
+        v[i] = ir_leaf_tensor(g, n, in, params);
         if (!v[i]) {
           err_set(n->file, n->line, "call", "%s: %%%d: the .grad it reads is NULL", g->name, i);
           goto fail;
@@ -179,7 +162,7 @@ static int run(const ir_graph *g, kiln_tensor *const *consts, kiln_tensor *const
   /* writes after every read: in-place updates take effect at the end of the call */
   for (int i = 0; i < g->n_writes; i++) {
     const ir_write *w = &g->writes[i];
-    kiln_tensor *dst = leaf_tensor(g, &g->nodes[w->target], in, params);
+    kiln_tensor *dst = ir_leaf_tensor(g, &g->nodes[w->target], in, params);
     if (w->kind == IR_WRITE_DATA) {
       write_data(dst, v[w->value]);
       continue;

@@ -393,3 +393,18 @@ kiln_tensor *ir_const_tensor(const ir_node *n) {
   }
   return t;
 }
+
+int ir_sym_id(const ir_graph *g, sym_dim d) {
+  if (sym_is_const(d)) return -1;
+  for (int k = 0; k < g->n_syms; k++)
+    if (sym_same(d, sym_var(g->sym, k, g->sym_lo[k], g->sym_hi[k]))) return k;
+  return -1;
+}
+
+kiln_tensor *ir_leaf_tensor(const ir_graph *g, const ir_node *n, kiln_tensor *const *in, kiln_tensor *const *params) {
+  if (n->op == IR_INPUT) return in[n->index];
+  if (n->op == IR_PARAM) return params[n->index];
+  const ir_node *p = &g->nodes[n->in[0]];
+  kiln_tensor *owner = p->op == IR_INPUT ? in[p->index] : params[p->index];
+  return owner->grad;
+}

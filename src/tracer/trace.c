@@ -514,6 +514,30 @@ static void convert_attrs(tracer *tr, int op, const ir_node *x, const op_attrs *
   }
 }
 
+/* Infers node n's dtype and shape (recording the guards that needs) and
+ * interns it; the node id, or -1 with the trace failed. */
+static int add_node(tracer *tr, ir_node *n, const char *file, int line) {
+  shape_env env = {tr->g, tr->vals, tr->g->n_syms, true};
+  char err[256];
+  if (symshape_infer(&env, n, err, sizeof err)) return tfail(tr, "%s:%d: %s", file, line, err), -1;
+  int id = ir_add(tr->g, n);
+  if (id < 0) tfail(tr, "out of memory while tracing");
+  return id;
+}
+
+/* Node x broadcast to node like's shape (x itself when it has it already). */
+static int expand_to(tracer *tr, int x, int like, const char *file, int line) {
+  const ir_node *xn = &tr->g->nodes[x], *ln = &tr->g->nodes[like];
+  bool same = xn->ndim == ln->ndim;
+  for (int i = 0; same && i < ln->ndim; i++) same = sym_same(xn->shape[i], ln->shape[i]);
+  if (same) return x;
+  ir_node e = {.op = OP_EXPAND, .n_in = 1, .in = &x, .file = file, .line = line};
+  e.attrs.ndim = ln->ndim;
+  memcpy(e.attrs.shape, ln->shape, sizeof e.attrs.shape);
+  e.attrs.start = e.attrs.end = sym_const(0);
+  return add_node(tr, &e, file, line);
+}
+
 /* ---- hooks ---- */
 
 static void on_op(void *ctx, op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out,
@@ -528,20 +552,16 @@ static void on_op(void *ctx, op_id op, kiln_tensor *const *in, int n, const op_a
     if ((ids[i] = node_of(tr, in[i], file, line)) < 0) goto done;
   static const op_attrs none;
   convert_attrs(tr, (int)op, &tr->g->nodes[ids[0]], a ? a : &none, NULL, in, &node.attrs);
-  shape_env env = {tr->g, tr->vals, tr->g->n_syms, true};
-  char err[256];
-  if (symshape_infer(&env, &node, err, sizeof err)) {
-    tfail(tr, "%s:%d: %s", file, line, err);
-    goto done;
-  }
+  int id = add_node(tr, &node, file, line);
+  if (id < 0) goto done;
   int64_t shape[MAXD];
-  if (node.dtype != out->dtype || node.ndim != out->ndim || ir_node_shape(&node, tr->vals, tr->g->n_syms, shape) ||
+  const ir_node *nn = &tr->g->nodes[id];
+  if (nn->dtype != out->dtype || nn->ndim != out->ndim || ir_node_shape(nn, tr->vals, tr->g->n_syms, shape) ||
       memcmp(shape, out->shape, sizeof(int64_t) * (size_t)out->ndim)) {
     tfail(tr, "%s:%d: kiln_%s: the symbolic shape rule disagrees with the eager result", file, line, op_table[op].name);
     goto done;
   }
-  int id = ir_add(tr->g, &node);
-  if (id < 0 || map_put(&tr->map, out->serial, id) || map_put(&tr->layouts, layout_key(out), id) ||
+  if (map_put(&tr->map, out->serial, id) || map_put(&tr->layouts, layout_key(out), id) ||
       map_put(&tr->storages, out->st->serial + 1, id)) {
     tfail(tr, "out of memory while tracing");
     goto done;
@@ -551,6 +571,8 @@ done:
   if (ids != buf) alloc_free(ids);
 }
 
+/* An in-place write as a new value of dst: dst op src, src converted and
+ * broadcast to dst (copy_), or value broadcast (fill_). */
 static void on_inplace(void *ctx, op_id op, kiln_tensor *dst, kiln_tensor *src, double value, const char *file,
                        int line) {
   tracer *tr = ctx;
@@ -559,72 +581,35 @@ static void on_inplace(void *ctx, op_id op, kiln_tensor *dst, kiln_tensor *src, 
     return tfail(tr, "%s:%d: an in-place write into a tensor that shares its storage with a view; compiled code "
                      "does not follow writes through views (write to a tensor of its own, or compute out of place)",
                  file, line);
-  int d = node_of(tr, dst, file, line);
+  int d = node_of(tr, dst, file, line), id;
   if (d < 0) return;
-  const ir_node *dn = &tr->g->nodes[d];
-  ir_node n = {.file = file, .line = line};
-  int ins[2];
-  int id = -1;
   if (op == OP_COUNT) {
-    /* fill_: a scalar constant expanded to dst's (possibly symbolic) shape */
     kiln_tensor *s = tensor_new(dst->dtype, 0, NULL);
     if (!s) return tfail(tr, "out of memory while tracing");
     pw_fill(s, value);
     int c = make_const(tr, s, file, line);
     kiln_release(s);
     if (c < 0) return tfail(tr, "out of memory while tracing");
-    dn = &tr->g->nodes[d];
-    ins[0] = c;
-    n.op = OP_EXPAND;
-    n.n_in = 1;
-    n.attrs.ndim = dn->ndim;
-    memcpy(n.attrs.shape, dn->shape, sizeof n.attrs.shape);
+    id = expand_to(tr, c, d, file, line);
   } else {
     int s = node_of(tr, src, file, line);
     if (s < 0) return;
-    dn = &tr->g->nodes[d];
-    const ir_node *sn = &tr->g->nodes[s];
     if (op == OP_COPY) {
-      id = s;
-      if (sn->dtype != dn->dtype) {
-        ir_node c = {.op = OP_CAST, .n_in = 1, .in = &id, .file = file, .line = line};
-        c.attrs.dtype = dn->dtype;
-        int src_id = s;
-        c.in = &src_id;
-        shape_env env = {tr->g, tr->vals, tr->g->n_syms, true};
-        char err[256];
-        if (symshape_infer(&env, &c, err, sizeof err) || (id = ir_add(tr->g, &c)) < 0) return tfail(tr, "%s:%d: %s", file, line, err);
-        dn = &tr->g->nodes[d];
+      if (tr->g->nodes[s].dtype != tr->g->nodes[d].dtype) {
+        ir_node c = {.op = OP_CAST, .n_in = 1, .in = &s, .file = file, .line = line};
+        c.attrs.dtype = tr->g->nodes[d].dtype;
+        if ((s = add_node(tr, &c, file, line)) < 0) return;
       }
-      ins[0] = id;
-      n.op = OP_EXPAND;
-      n.n_in = 1;
-      n.attrs.ndim = dn->ndim;
-      memcpy(n.attrs.shape, dn->shape, sizeof n.attrs.shape);
+      id = expand_to(tr, s, d, file, line);
     } else {
-      ins[0] = d;
-      ins[1] = s;
-      n.op = (int)op;
-      n.n_in = 2;
+      int ins[2] = {d, s};
+      ir_node b = {.op = (int)op, .n_in = 2, .in = ins, .file = file, .line = line};
+      id = add_node(tr, &b, file, line);
     }
   }
-  n.in = ins;
-  n.attrs.start = n.attrs.end = sym_const(0);
-  shape_env env = {tr->g, tr->vals, tr->g->n_syms, true};
-  char err[256];
-  if (symshape_infer(&env, &n, err, sizeof err)) return tfail(tr, "%s:%d: %s", file, line, err);
-  /* an expand to the input's own shape is the input itself */
-  if (n.op == OP_EXPAND) {
-    const ir_node *x = &tr->g->nodes[ins[0]];
-    bool same = x->ndim == n.ndim;
-    for (int i = 0; same && i < n.ndim; i++) same = sym_same(x->shape[i], n.shape[i]);
-    if (same) id = ins[0];
-    else id = ir_add(tr->g, &n);
-  } else {
-    id = ir_add(tr->g, &n);
-  }
-  if (id < 0 || map_put(&tr->map, dst->serial, id) || map_put(&tr->layouts, layout_key(dst), id))
-    return tfail(tr, "out of memory while tracing");
+  if (id < 0) return;
+  if (map_put(&tr->map, dst->serial, id) || map_put(&tr->layouts, layout_key(dst), id))
+    tfail(tr, "out of memory while tracing");
 }
 
 static void on_read(void *ctx, const char *what, const kiln_tensor *t, const char *file, int line) {

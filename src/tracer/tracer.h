@@ -88,6 +88,11 @@ const char *ir_str(ir_graph *g, const char *s); /* interned copy of s */
 /* Declares symbol s<id> (id == g->n_syms) with bounds; 0 or -1. */
 int ir_add_sym(ir_graph *g, int64_t lo, int64_t hi, sym_dim *out);
 
+/* The tensor a leaf node (input, param, grad) stands for in a call (borrowed;
+ * NULL for a grad that is not set). */
+kiln_tensor *ir_leaf_tensor(const ir_graph *g, const ir_node *n, kiln_tensor *const *in, kiln_tensor *const *params);
+/* The id of symbol d when d is exactly one declared symbol, else -1. */
+int ir_sym_id(const ir_graph *g, sym_dim d);
 /* A new tensor (owned by the caller) holding an IR_CONST node's data; NULL on OOM. */
 kiln_tensor *ir_const_tensor(const ir_node *n);
 /* The value of an IR_NUMEL node as a symbolic size (the error dim on overflow). */
