@@ -231,14 +231,7 @@ static int guards_pass(const kiln_fn *fn, const variant *v, kiln_tensor *const *
         return 0;
       }
     }
-    for (int i = 0; i < v->n_params; i++)
-      if (atomic_load(&v->params[i]->refcount) <= 1) {
-        if (why) {
-          const ir_node *p = &g->nodes[g->n_inputs + i];
-          snprintf(why, whyn, "param %d (captured at %s:%d) was released by its owner", i, p->file, p->line);
-        }
-        return 0;
-      }
+    /* a param its owner released is not checked here: kiln_call drops that variant first */
   }
   /* aliasing: the same sharing of storage as when traced */
   int n_leaves = n_in + v->n_params;
@@ -690,10 +683,13 @@ int kiln_call_at(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out, const c
    * so that replacing weights does not fill the cache */
   for (int i = 0; i < fn->n_variants; i++) {
     variant *v = fn->variants[i];
-    bool gone = false;
-    for (int k = 0; k < v->n_params && !v->loaded; k++) gone |= atomic_load(&v->params[k]->refcount) <= 1;
-    if (!gone) continue;
-    dump_note(fn, "variant %d dropped: a weight it captured was released by its owner", i + 1);
+    int gone = -1;
+    for (int k = 0; k < v->n_params && !v->loaded && gone < 0; k++)
+      if (atomic_load(&v->params[k]->refcount) <= 1) gone = k;
+    if (gone < 0) continue;
+    const ir_node *pn = &v->g->nodes[v->g->n_inputs + gone];
+    dump_note(fn, "variant %d dropped: param %d (captured at %s:%d) was released by its owner", i + 1, gone, pn->file,
+              pn->line);
     memmove(&fn->variants[i], &fn->variants[i + 1], sizeof *fn->variants * (size_t)(fn->n_variants - i - 1));
     fn->n_variants--;
     i--;
