@@ -473,6 +473,9 @@ done:
   return r;
 }
 
+int bench_gpt(const char *only);         /* gpt.c: rows it printed */
+void bench_gpt_json(FILE *f, int threads); /* gpt.c: those rows as JSON objects */
+
 static int bench_compiled(const char *only, const char *json) {
   int threads = kiln_get_num_threads();
   double gbps = measure_bandwidth();
@@ -503,6 +506,7 @@ static int bench_compiled(const char *only, const char *json) {
     printf("\n");
     fflush(stdout);
   }
+  int n_gpt = bench_gpt(only); /* W8, W9: gpt.c */
   if (json) {
     FILE *f = fopen(json, "w");
     if (!f) return perror(json), 1;
@@ -510,10 +514,12 @@ static int bench_compiled(const char *only, const char *json) {
     for (int i = 0; i < n; i++) {
       const cresult *r = &rs[i];
       fprintf(f, "  {\"name\": \"%s\", \"threads\": %d, \"ok\": %s, \"eager_ms\": %.6f, \"compiled_ms\": %.6f, \"compile_ms\": %.3f, "
-              "\"eager_peak_bytes\": %zu, \"compiled_peak_bytes\": %zu, \"floor_ms\": %.6f}%s\n",
+              "\"eager_peak_bytes\": %zu, \"compiled_peak_bytes\": %zu, \"floor_ms\": %.6f, "
+              "\"bandwidth_gbps\": %.3f, \"sgemm_gflops\": %.3f}%s\n",
               r->name, threads, r->ok ? "true" : "false", r->eager_ms, r->compiled_ms, r->compile_ms, r->eager_peak,
-              r->compiled_peak, r->floor_ms, i + 1 < n ? "," : "");
+              r->compiled_peak, r->floor_ms, gbps, 4.295e9 / (w4_gemm * 1e6), i + 1 < n || n_gpt ? "," : "");
     }
+    bench_gpt_json(f, threads);
     fprintf(f, "]\n");
     fclose(f);
   }
