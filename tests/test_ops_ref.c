@@ -448,6 +448,36 @@ START_TEST(test_hand_nn)
 }
 END_TEST
 
+/* max/min along rows long enough for the vector loop: a NaN anywhere (in
+ * the vector part or the tail) is the result, and so is the first of two;
+ * otherwise the extreme value, wherever it sits. */
+START_TEST(test_hand_extremes)
+{
+  kiln_scope_begin();
+  for (int dt = 0; dt < 2; dt++) {
+    enum { N = 37 };
+    double v[4][N];
+    for (int r = 0; r < 4; r++)
+      for (int i = 0; i < N; i++) v[r][i] = (double)((i * 7 + r) % N) - 18.5; /* a permutation of -18.5..17.5 */
+    v[1][20] = NAN;   /* in the vector part */
+    v[2][35] = -NAN;  /* in the tail */
+    v[3][3] = NAN, v[3][30] = -NAN;
+    int64_t sh[2] = {4, N};
+    kiln_tensor *x = kiln_tensor_from(KILN_F64, 2, sh, &v[0][0]);
+    if (dt == 0) x = kiln_cast(x, KILN_F32);
+    double mx[4], mn[4];
+    kiln_tensor *m = kiln_cast(kiln_max(x, 1, false), KILN_F64), *n = kiln_cast(kiln_min(x, 1, false), KILN_F64);
+    ck_assert_int_eq(0, kiln_read(m, mx, sizeof mx));
+    ck_assert_int_eq(0, kiln_read(n, mn, sizeof mn));
+    ck_assert_double_eq(mx[0], 17.5);
+    ck_assert_double_eq(mn[0], -18.5);
+    for (int r = 1; r < 4; r++) ck_assert_msg(isnan(mx[r]) && isnan(mn[r]), "dtype %d row %d: %g %g", dt, r, mx[r], mn[r]);
+    ck_assert(!signbit(mx[1]) && signbit(mx[2]) && !signbit(mx[3]));
+  }
+  kiln_scope_end();
+}
+END_TEST
+
 START_TEST(test_hand_math)
 {
   size_t mem0 = kiln_mem_in_use();
@@ -618,7 +648,7 @@ static Suite *ops_ref_suite(void)
       {"where", test_where},       {"unary", test_unary},       {"reduce", test_reduce},
       {"matmul", test_matmul},     {"nn", test_nn},             {"views", test_views},
       {"creation", test_creation}, {"inplace", test_inplace},   {"big", test_big},
-      {"hand_nn", test_hand_nn},
+      {"hand_nn", test_hand_nn},       {"hand_extremes", test_hand_extremes},
       {"hand_math", test_hand_math}, {"hand_views", test_hand_views}, {"hand_random", test_hand_random},
       {"hand_errors", test_hand_errors},
   };

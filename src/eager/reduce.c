@@ -33,24 +33,44 @@ CONTIG_SUM(float, csum_f32)
 CONTIG_SUM(double, csum_f64)
 CONTIG_SUM(int64_t, csum_i64)
 
-#define CONTIG_EXT(T, NAME, F)                                   \
+/* max/min of a row: 64-byte vectors of a plain compare-and-select (GCC's
+ * vectorizer leaves the NaN-propagating form scalar), NaNs noted on the
+ * side; a row that has one is scanned again for its first NaN, the result
+ * the NaN-propagating F gives too. */
+typedef float vf32 __attribute__((vector_size(64)));
+typedef double vf64 __attribute__((vector_size(64)));
+typedef int64_t vi64 __attribute__((vector_size(64)));
+typedef int32_t vi32 __attribute__((vector_size(64)));
+#define CONTIG_EXT(T, VT, VI, NAME, F, CMP)                      \
   static inline T NAME(const T *x, int64_t n, T init) {          \
-    T acc[8];                                                    \
-    for (int j = 0; j < 8; j++) acc[j] = init;                   \
+    if (init != init) return init;                               \
+    enum { L = 64 / sizeof(T) };                                 \
+    VT acc;                                                      \
+    VI bad = {0};                                                \
+    for (int j = 0; j < L; j++) acc[j] = init;                   \
     int64_t i = 0;                                               \
-    for (; i + 8 <= n; i += 8)                                   \
-      for (int j = 0; j < 8; j++) acc[j] = F(acc[j], x[i + j]);  \
+    for (; i + L <= n; i += L) {                                 \
+      VT v;                                                      \
+      memcpy(&v, x + i, sizeof v);                               \
+      VI keep = acc CMP v;                                       \
+      acc = (VT)((keep & (VI)acc) | (~keep & (VI)v));            \
+      bad |= v != v;                                             \
+    }                                                            \
+    VI none = {0};                                               \
+    if (memcmp(&bad, &none, sizeof bad))                         \
+      for (int64_t k = 0; k < i; k++)                            \
+        if (x[k] != x[k]) return x[k];                           \
     T r = init;                                                  \
+    for (int j = 0; j < L; j++) r = F(r, acc[j]);                \
     for (; i < n; i++) r = F(r, x[i]);                           \
-    for (int j = 0; j < 8; j++) r = F(r, acc[j]);                \
     return r;                                                    \
   }
-CONTIG_EXT(float, cmax_f32, MAXNAN)
-CONTIG_EXT(double, cmax_f64, MAXNAN)
-CONTIG_EXT(int64_t, cmax_i64, MAXNAN)
-CONTIG_EXT(float, cmin_f32, MINNAN)
-CONTIG_EXT(double, cmin_f64, MINNAN)
-CONTIG_EXT(int64_t, cmin_i64, MINNAN)
+CONTIG_EXT(float, vf32, vi32, cmax_f32, MAXNAN, >)
+CONTIG_EXT(double, vf64, vi64, cmax_f64, MAXNAN, >)
+CONTIG_EXT(int64_t, vi64, vi64, cmax_i64, MAXNAN, >)
+CONTIG_EXT(float, vf32, vi32, cmin_f32, MINNAN, <)
+CONTIG_EXT(double, vf64, vi64, cmin_f64, MINNAN, <)
+CONTIG_EXT(int64_t, vi64, vi64, cmin_i64, MINNAN, <)
 
 #define SUM_LOOP(T, SFX)                                                          \
   static void sum_##SFX(char **p, const int64_t *s, int64_t n, const void *c) {  \
