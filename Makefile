@@ -2,13 +2,17 @@
 # missing (and does nothing, needing no root, when they are all there).
 #
 #   make          release build in build/
-#   make test     release build + its tests, then the sanitized test build in build-asan/ + its tests
+#   make test     release build + its tests, then the sanitized test build in build-asan/ + its tests,
+#                 then the tests that start threads under ThreadSanitizer in build-tsan/
 #   make demo     release build, then the demo
 #   make bench    release build, then the benchmarks, kiln against PyTorch
 #   make clean
 
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
+TSAN_BUILD ?= build-tsan
+# The tests that start threads, the only ones worth ThreadSanitizer's slowdown.
+TSAN_TESTS := test_stress test_threads test_pool
 JOBS       ?= 2
 CMAKE_ARGS ?=
 
@@ -58,7 +62,13 @@ release-build: $(BUILD)/CMakeCache.txt
 asan-build: $(ASAN_BUILD)/CMakeCache.txt
 	cmake --build $(ASAN_BUILD) -j$(JOBS)
 
-.PHONY: release-build asan-build
+$(TSAN_BUILD)/CMakeCache.txt:
+	cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DKILN_TSAN=ON $(CMAKE_ARGS)
+
+tsan-build: $(TSAN_BUILD)/CMakeCache.txt
+	cmake --build $(TSAN_BUILD) -j$(JOBS) --target $(TSAN_TESTS)
+
+.PHONY: release-build asan-build tsan-build
 
 build: deps
 	$(MAKE) --no-print-directory release-build
@@ -68,6 +78,8 @@ test: deps
 	cd $(BUILD) && ctest --output-on-failure -j$(JOBS)
 	$(MAKE) --no-print-directory asan-build
 	cd $(ASAN_BUILD) && ctest --output-on-failure -j$(JOBS)
+	$(MAKE) --no-print-directory tsan-build
+	cd $(TSAN_BUILD) && ctest --output-on-failure -j$(JOBS) -R '^($(subst $() ,|,$(TSAN_TESTS)))$$'
 
 demo: deps
 	$(MAKE) --no-print-directory release-build
@@ -79,4 +91,34 @@ bench: bench-deps
 	BUILD=$(BUILD) bench/run.sh
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD)
+
+# ---- fuzzing: the libFuzzer targets of tests/fuzz, built with clang-19 in build-fuzz/
+#
+#   make fuzz-ci    each target FUZZ_CI_SECONDS (45) after its seed corpus: bounded, for CI
+#   make fuzz       each target FUZZ_SECONDS (600)
+
+FUZZ_BUILD      ?= build-fuzz
+FUZZ_SECONDS    ?= 600
+FUZZ_CI_SECONDS ?= 45
+FUZZ_TARGETS    ?= fuzz_irtext fuzz_eager fuzz_compile
+FUZZ_DEPS       := clang-19 libclang-rt-19-dev
+
+fuzz-deps:
+	$(call apt_ensure,$(DEPS) $(FUZZ_DEPS))
+
+$(FUZZ_BUILD)/CMakeCache.txt:
+	cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=Debug -DKILN_FUZZ=ON -DCMAKE_C_COMPILER=clang-19 $(CMAKE_ARGS)
+
+fuzz-build: $(FUZZ_BUILD)/CMakeCache.txt
+	cmake --build $(FUZZ_BUILD) -j$(JOBS) --target kiln_fuzzers
+
+fuzz: fuzz-deps
+	$(MAKE) --no-print-directory fuzz-build
+	tests/fuzz/run.sh $(FUZZ_BUILD) $(FUZZ_SECONDS) $(FUZZ_TARGETS)
+
+fuzz-ci: fuzz-deps
+	$(MAKE) --no-print-directory fuzz-build
+	tests/fuzz/run.sh $(FUZZ_BUILD) $(FUZZ_CI_SECONDS) $(FUZZ_TARGETS)
+
+.PHONY: fuzz fuzz-ci fuzz-deps fuzz-build

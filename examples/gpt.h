@@ -333,9 +333,8 @@ static inline int gpt_adamw_step(gpt *g) {
 
 /* Forward, backward and AdamW: the loss before the update, or NULL. Call it
  * in an open scope, which owns what it makes (as everything here). The
- * forward pass runs in a scope of its own: its views of the weights (wte^T,
- * wpe[0:T]) must be gone before the update writes the weights in place, as a
- * compiled step cannot follow a write through a view. */
+ * forward and backward run in a scope of their own, so that their
+ * temporaries are freed before the update, in eager mode too. */
 static inline kiln_tensor *gpt_train_step(gpt *g, kiln_tensor *idx, kiln_tensor *targets) {
   kiln_scope_begin();
   kiln_tensor *loss = gpt_loss(g, idx, targets);

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "kiln.h"
+#include "eager/eager.h" /* alloc_fail_after */
 
 /* max |a - b| over two tensors of the same shape (read as f64) */
 static double maxdiff(const kiln_tensor *a, const kiln_tensor *b) {
@@ -441,6 +442,49 @@ START_TEST(test_inplace_and_alias_guard) {
 }
 END_TEST
 
+/* A weight updated in place while a view of it (the transposed weight a
+ * forward made) still lives in the scope: compiles, and matches eager. A view
+ * used after the write cannot be followed: that trace falls back. */
+typedef struct {
+  kiln_tensor *w;
+  bool late; /* use the old view after the write */
+} tied;
+
+static int tied_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  tied *c = ctx;
+  kiln_tensor *wt = kiln_transpose(c->w, 0, 1);
+  kiln_tensor *y = kiln_matmul(in[0], wt);
+  kiln_sub_(c->w, kiln_mul(kiln_sum(y, 0, false), kiln_scalar(KILN_F32, 0.01)));
+  out[0] = c->late ? kiln_matmul(in[0], wt) : y;
+  return out[0] ? 0 : -1;
+}
+
+START_TEST(test_write_with_live_view) {
+  for (int late = 0; late < 2; late++) {
+    int64_t ws[2] = {3, 3};
+    tied a = {kiln_keep(kiln_randn(KILN_F32, 2, ws, 5)), late}, b = {kiln_keep(kiln_randn(KILN_F32, 2, ws, 5)), late};
+    kiln_options o = {.name = "tied", .n_in = 1, .n_out = 1};
+    kiln_fn *fn = kiln_compile(tied_body, &a, &o);
+    for (int i = 0; i < 4; i++) {
+      kiln_scope_begin();
+      kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){4, 3}), 10 + (uint64_t)i), *y = NULL, *ye = NULL;
+      ck_assert_int_eq(0, kiln_call(fn, &x, &y));
+      ck_assert_int_eq(0, tied_body(&b, &x, &ye));
+      ck_assert_double_le(maxdiff(y, ye), 1e-6);
+      ck_assert_double_le(maxdiff(a.w, b.w), 1e-6);
+      kiln_scope_end();
+    }
+    kiln_fn_stats st;
+    kiln_fn_get_stats(fn, &st);
+    ck_assert_int_eq(1, st.traces);
+    ck_assert_int_eq(late ? 0 : 1, st.variants);
+    ck_assert_int_eq(3, late ? st.fallbacks : st.hits);
+    kiln_fn_free(fn);
+    kiln_release(a.w), kiln_release(b.w);
+  }
+}
+END_TEST
+
 /* ---- save and load ---- */
 
 START_TEST(test_save_load) {
@@ -693,6 +737,27 @@ START_TEST(test_errors_name_the_caller) {
   ck_assert_int_eq(-1, kiln_call(fn, in, &y));
   ck_assert_msg(has(kiln_last_error(), "kiln_mul: shapes [3] and [4]"), "%s", kiln_last_error());
   kiln_scope_end();
+#ifdef KILN_TEST_BUILD
+  /* a compiled call that fails deep in its run (out of memory) names a line
+   * of the caller: the call's, or (interpreter) the body's node */
+  kiln_scope_begin();
+  in[0] = kiln_randn(KILN_F32, 1, ((int64_t[]){3}), 1), in[1] = kiln_randn(KILN_F32, 1, ((int64_t[]){3}), 2);
+  ck_assert_int_eq(0, kiln_call(fn, in, &y));
+  int failed = 0;
+  for (int n = 1; n < 64; n++) {
+    alloc_fail_after(n);
+    line = __LINE__ + 1;
+    int rc = kiln_call(fn, in, &y);
+    alloc_fail_after(0);
+    if (rc == 0) break;
+    snprintf(want, sizeof want, "test_compile.c:%d: kiln_", line);
+    ck_assert_msg(has(kiln_last_error(), want) || (getenv("KILN_BACKEND") && has(kiln_last_error(), "test_compile.c:")),
+                  "n=%d: %s", n, kiln_last_error());
+    failed++;
+  }
+  ck_assert_int_ge(failed, 1);
+  kiln_scope_end();
+#endif
   ck_assert_ptr_null(kiln_compile(NULL, NULL, &o));
   o.n_out = 0;
   ck_assert_ptr_null(kiln_compile(add_body, NULL, &o));
@@ -890,6 +955,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, test_var_dynamic);
   tcase_add_test(tc, test_outputs_alias_inputs);
   tcase_add_test(tc, test_inplace_and_alias_guard);
+  tcase_add_test(tc, test_write_with_live_view);
   tcase_add_test(tc, test_save_load);
   tcase_add_test(tc, test_load_rejects_bad_text);
   tcase_add_loop_test(tc, test_every_op_replays, 0, (int)(sizeof op_cases / sizeof *op_cases));

@@ -547,6 +547,42 @@ START_TEST(test_first_error_survives_chain)
 }
 END_TEST
 
+/* Found by fuzzing (tests/fuzz/fuzz_eager.c): composite ops refuse with their
+ * own name, not that of a primitive inside them, and a batch dim of 0
+ * broadcasts against a 1. */
+START_TEST(test_fuzz_findings)
+{
+  kiln_scope_begin();
+  /* softmax over an axis of size 0: the max inside used to name itself */
+  kiln_tensor *e = kiln_zeros(KILN_F32, 3, ((int64_t[]){1, 5, 0}));
+  int line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_softmax(e, 2));
+  expect_error(line, "kiln_softmax", "[1,5,0]", "size 0");
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_log_softmax(e, -1));
+  expect_error(line, "kiln_log_softmax", "[1,5,0]", NULL);
+  /* stack of mixed dtypes: the cat inside used to name itself */
+  kiln_tensor *a = kiln_zeros(KILN_F32, 1, ((int64_t[]){1})), *b = kiln_zeros(KILN_F64, 1, ((int64_t[]){1}));
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_stack(((kiln_tensor *[]){a, b}), 2, 0));
+  expect_error(line, "kiln_stack", "f64", "f32");
+  /* (4) @ (3,0,4,5): the batch (3,0) is empty; it used to run one GEMV into a 0-element output */
+  kiln_tensor *v = kiln_ones(KILN_F64, 1, ((int64_t[]){4}));
+  kiln_tensor *m = kiln_ones(KILN_F64, 4, ((int64_t[]){3, 0, 4, 5}));
+  kiln_tensor *p = kiln_matmul(v, m);
+  ck_assert_msg(p != NULL, "%s", kiln_last_error());
+  ck_assert_int_eq(3, kiln_ndim(p));
+  ck_assert_int_eq(3, kiln_size(p, 0));
+  ck_assert_int_eq(0, kiln_size(p, 1));
+  ck_assert_int_eq(5, kiln_size(p, 2));
+  p = kiln_matmul(kiln_ones(KILN_F32, 3, ((int64_t[]){1, 2, 3})), kiln_ones(KILN_F32, 3, ((int64_t[]){0, 3, 2})));
+  ck_assert_msg(p != NULL, "%s", kiln_last_error());
+  ck_assert_int_eq(0, kiln_numel(p));
+  still_works();
+  kiln_scope_end();
+}
+END_TEST
+
 static Suite *errors_suite(void)
 {
   Suite *s = suite_create("errors");
@@ -568,6 +604,7 @@ static Suite *errors_suite(void)
   tcase_add_test(tc, test_autograd_errors);
   tcase_add_test(tc, test_null_propagates);
   tcase_add_test(tc, test_first_error_survives_chain);
+  tcase_add_test(tc, test_fuzz_findings);
   suite_add_tcase(s, tc);
   return s;
 }

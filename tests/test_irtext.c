@@ -1022,6 +1022,70 @@ START_TEST(test_golden)
 }
 END_TEST
 
+/* Found by fuzzing (tests/fuzz/fuzz_irtext.c): a graph without outputs is
+ * refused by kiln_load_string, whose message used to read the freed graph. */
+START_TEST(test_load_no_outputs)
+{
+  ck_assert_ptr_null(kiln_load_string("graph e() -> ()"));
+  ck_assert_msg(strstr(kiln_last_error(), "kiln_load: the graph has 0 inputs and 0 outputs") != NULL, "%s",
+                kiln_last_error());
+  ck_assert_ptr_null(kiln_load_string("graph e(%0: f32[2]) -> ()\n"));
+  ck_assert_msg(strstr(kiln_last_error(), "1 inputs and 0 outputs") != NULL, "%s", kiln_last_error());
+}
+END_TEST
+
+/* Found by fuzzing (tests/fuzz/fuzz_irtext.c, LLVM against the interpreter):
+ * the verifier accepts a dim it cannot decide from the bounds ([s0,1] for a
+ * sum that gives [1,s1]); the backends used to trust it at any size. Now a
+ * call checks a loaded graph at its sizes, on either backend, broadcasts
+ * included. */
+START_TEST(test_load_checks_dims)
+{
+  static const char text[] = "graph bad(%0: f32[s0,s1]) -> (%1)\n"
+                             "  sym s0 in [1, 4096]\n"
+                             "  sym s1 in [1, 4096]\n"
+                             "  %1: f32[s0,1] = sum(%0) {axes=[0], keepdim=true}\n";
+  kiln_fn *fn = kiln_load_string(text);
+  ck_assert_msg(fn != NULL, "%s", kiln_last_error());
+  kiln_scope_begin();
+  kiln_tensor *y = NULL, *x = kiln_ones(KILN_F32, 2, ((int64_t[]){2, 5}));
+  ck_assert_int_eq(-1, kiln_call(fn, &x, &y));
+  ck_assert_msg(strstr(kiln_last_error(), "kiln_call: bad: the call does not fit the loaded graph") &&
+                    strstr(kiln_last_error(), "%1: sum: the graph says f32[2,1], the rule gives f32[1,5]"),
+                "%s", kiln_last_error());
+  /* a reshape whose count holds only at some sizes: the interpreter used to view a prefix */
+  kiln_fn *fn2 = kiln_load_string("graph r(%0: f32[s0,8]) -> (%1)\n"
+                                  "  sym s0 in [4, 4096]\n"
+                                  "  %1: f32[s0//4,4,8] = reshape(%0) {shape=[s0//4,4,8]}\n");
+  ck_assert_msg(fn2 != NULL, "%s", kiln_last_error());
+  x = kiln_ones(KILN_F32, 2, ((int64_t[]){5, 8}));
+  ck_assert_int_eq(-1, kiln_call(fn2, &x, &y));
+  ck_assert_msg(strstr(kiln_last_error(), "%1: reshape: cannot reshape"), "%s", kiln_last_error());
+  x = kiln_ones(KILN_F32, 2, ((int64_t[]){8, 8}));
+  ck_assert_msg(kiln_call(fn2, &x, &y) == 0, "%s", kiln_last_error());
+  kiln_fn_free(fn2);
+  /* a symbolic dim that is 1 at the call broadcasts; compiled code broadcast
+   * only constant 1s and read past the input */
+  fn2 = kiln_load_string("graph b(%0: f32[s0,8], %1: f32[s1,8]) -> (%2)\n"
+                         "  sym s0 in [1, 64]\n"
+                         "  sym s1 in [1, 64]\n"
+                         "  %2: f32[s0,8] = add(%1, %0)\n");
+  ck_assert_msg(fn2 != NULL, "%s", kiln_last_error());
+  kiln_tensor *in2[2] = {kiln_ones(KILN_F32, 2, ((int64_t[]){4, 8})), kiln_ones(KILN_F32, 2, ((int64_t[]){1, 8}))};
+  ck_assert_int_eq(-1, kiln_call(fn2, in2, &y));
+  ck_assert_msg(strstr(kiln_last_error(), "%2: add: input 0's dim s1 is 1 here and broadcasts"), "%s", kiln_last_error());
+  in2[1] = kiln_ones(KILN_F32, 2, ((int64_t[]){4, 8}));
+  ck_assert_msg(kiln_call(fn2, in2, &y) == 0, "%s", kiln_last_error());
+  ck_assert_double_eq(64, kiln_item(kiln_sum_all(y)));
+  kiln_fn_free(fn2);
+  x = kiln_ones(KILN_F32, 2, ((int64_t[]){1, 1})); /* the sizes where it holds */
+  ck_assert_msg(kiln_call(fn, &x, &y) == 0, "%s", kiln_last_error());
+  ck_assert_double_eq(1, kiln_item(y));
+  kiln_scope_end();
+  kiln_fn_free(fn);
+}
+END_TEST
+
 static Suite *irtext_suite(void)
 {
   Suite *s = suite_create("irtext");
@@ -1046,6 +1110,8 @@ static Suite *irtext_suite(void)
   tcase_add_test(tc, test_out_of_memory);
 #endif
   tcase_add_test(tc, test_golden);
+  tcase_add_test(tc, test_load_no_outputs);
+  tcase_add_test(tc, test_load_checks_dims);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -9,7 +9,7 @@
 static atomic_llong fail_countdown; /* 0: never fail */
 static atomic_llong mem_in_use, mem_peak;
 
-void alloc_fail_after(int64_t n) { atomic_store(&fail_countdown, n); }
+int64_t alloc_fail_after(int64_t n) { return atomic_exchange(&fail_countdown, n); }
 
 static bool should_fail(void) {
 #ifdef KILN_TEST_BUILD
@@ -86,6 +86,25 @@ void alloc_aligned_free(void *p, size_t n) {
 }
 
 void alloc_free(void *p) { free(p); }
+
+#ifdef KILN_TEST_BUILD
+#define QUARANTINE 4096
+static void *quarantine[QUARANTINE]; /* a ring: the oldest is freed for real */
+static int quarantine_next;
+static pthread_mutex_t quarantine_lock = PTHREAD_MUTEX_INITIALIZER;
+#endif
+
+void alloc_quarantine(void *p) {
+#ifdef KILN_TEST_BUILD
+  pthread_mutex_lock(&quarantine_lock);
+  void *old = quarantine[quarantine_next];
+  quarantine[quarantine_next] = p;
+  quarantine_next = (quarantine_next + 1) % QUARANTINE;
+  pthread_mutex_unlock(&quarantine_lock);
+  p = old;
+#endif
+  free(p);
+}
 
 void alloc_track(int64_t delta) {
   long long now = atomic_fetch_add(&mem_in_use, delta) + delta;

@@ -203,6 +203,13 @@ kiln_tensor *kiln_expand_at(kiln_tensor *t, int ndim, const int64_t *shape, cons
       return err_set(file, line, "expand", "cannot expand %s to %s", err_shape(b0, t->ndim, t->shape), err_shape(b1, ndim, shape));
     a.shape[i] = want;
   }
+  /* a view allocates nothing, but every op on it counts its elements */
+  int64_t count = 1;
+  for (int i = 0; i < ndim; i++) {
+    if (a.shape[i] && count > INT64_MAX / a.shape[i])
+      return err_set(file, line, "expand", "shape %s has too many elements", err_shape(b1, ndim, shape));
+    count *= a.shape[i];
+  }
   user_numbers_begin();
   kiln_tensor *r = view(OP_EXPAND, t, &a, file, line);
   user_numbers_end();
@@ -277,6 +284,10 @@ kiln_tensor *kiln_stack_at(kiln_tensor *const *ts, int n, int dim, const char *f
     if (ts[i]->ndim != ts[0]->ndim || memcmp(ts[i]->shape, ts[0]->shape, sizeof(int64_t) * (size_t)ts[0]->ndim))
       return err_set(file, line, "stack", "input %d %s does not match input 0 %s", i, err_shape(b0, ts[i]->ndim, ts[i]->shape),
                      err_shape(b1, ts[0]->ndim, ts[0]->shape));
+    /* checked here, or the cat inside would report it under its own name */
+    if (ts[i]->dtype != ts[0]->dtype)
+      return err_set(file, line, "stack", "input %d is %s, input 0 %s", i, kiln_dtype_name(ts[i]->dtype),
+                     kiln_dtype_name(ts[0]->dtype));
   }
   kiln_scope_begin();
   kiln_tensor **us = alloc_malloc(sizeof *us * (size_t)n), *r = NULL;

@@ -60,7 +60,7 @@ static unsigned saves(op_id op) {
 }
 
 static void node_free_saved(ag_node *nd) {
-  for (int i = 0; i < nd->n_in; i++) {
+  for (int i = 0; nd->in && i < nd->n_in; i++) {
     kiln_release(nd->in[i]);
     nd->in[i] = NULL;
   }
@@ -78,7 +78,7 @@ void ag_node_release(ag_node *nd) {
     struct ag_extra *x = EXTRA(n);
     node_free_saved(n);
     kiln_release(x->saved_out);
-    for (int i = 0; i < n->n_in; i++) {
+    for (int i = 0; x->inputs && i < n->n_in; i++) { /* NULL: recording ran out of memory */
       kiln_release(x->inputs[i].leaf);
       ag_node *c = x->inputs[i].next;
       if (c && atomic_fetch_sub(&c->refcount, 1) == 1) {
@@ -111,8 +111,8 @@ int ag_record(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_t
   for (int i = 0; i < n; i++) any |= in[i]->requires_grad;
   if (!any) return 0;
   node_full *f = alloc_calloc(1, sizeof *f);
-  ag_node *nd = &f->n;
   if (!f) return err_set(file, line, op_table[op].name, "out of memory recording for autograd"), -1;
+  ag_node *nd = &f->n;
   atomic_init(&nd->refcount, 1);
   nd->op = op;
   if (a) nd->attrs = *a;
@@ -538,10 +538,12 @@ static int run_backward(kiln_tensor *root, kiln_tensor *seed, const bw_req *rq, 
     kiln_tensor *gin[64] = {0}, **gp = nd->n_in <= 64 ? gin : alloc_calloc((size_t)nd->n_in, sizeof *gp);
     if (!gp) goto oom;
     if (g) {
+      /* a sum that could not be made (out of memory) fails the call: never a gradient short of a term */
+      int bad = 0;
       for (int j = 0; j < rq->nwrt; j++)
-        if (rq->wrt[j]->grad_fn == nd) rq->res[j] = acc_add(rq->res[j], g, file, line);
+        if (rq->wrt[j]->grad_fn == nd && !(rq->res[j] = acc_add(rq->res[j], g, file, line))) bad = 1;
       internal_begin();
-      int bad = check_versions(nd) || backwards[nd->op](nd, g, gp);
+      bad = bad || check_versions(nd) || backwards[nd->op](nd, g, gp);
       internal_end();
       if (bad) {
         kiln_release(g);
@@ -558,12 +560,13 @@ static int run_backward(kiln_tensor *root, kiln_tensor *seed, const bw_req *rq, 
         if (gp != gin) alloc_free(gp);
         goto done;
       }
-      if (gi && gi->dtype != ai->dtype) gi = kiln_cast_at(gi, ai->dtype, nd->file, nd->line);
       if (gi) KILN_ASSERT(gi->ndim == ai->ndim);
       int r = 0;
-      if (ai->next) {
-        if (gi) ai->next->acc = acc_add(ai->next->acc, gi, file, line);
-        if (--ai->next->pending == 0) r = nl_push(&ready, ai->next);
+      if (gi && gi->dtype != ai->dtype && !(gi = kiln_cast_at(gi, ai->dtype, nd->file, nd->line))) {
+        r = -1;
+      } else if (ai->next) {
+        if (gi && !(ai->next->acc = acc_add(ai->next->acc, gi, file, line))) r = -1;
+        else if (--ai->next->pending == 0) r = nl_push(&ready, ai->next);
       } else if (ai->leaf && gi) {
         r = leaf_grad(ai->leaf, gi, rq, file, line);
       }

@@ -53,6 +53,17 @@ static bool promotes(op_id op) {
   return (op >= OP_ADD && op <= OP_GE) || op == OP_WHERE || op == OP_MATMUL;
 }
 
+/* A result whose byte count would not fit int64 (broadcasting two huge
+ * expanded views): refused before anything multiplies its sizes. */
+static bool too_many_elements(int ndim, const int64_t *shape) {
+  int64_t n = 1;
+  for (int i = 0; i < ndim; i++) {
+    if (shape[i] && n > INT64_MAX / 8 / shape[i]) return true;
+    n *= shape[i];
+  }
+  return false;
+}
+
 /* Like op_dispatch, but the result belongs to the caller, not to a scope. */
 static kiln_tensor *dispatch_owned(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, const char *file,
                                    int line) {
@@ -64,6 +75,7 @@ static kiln_tensor *dispatch_owned(op_id op, kiln_tensor *const *in, int n, cons
   if (n < 1) return err_set(file, line, name, "needs at least one input");
   for (int i = 0; i < n; i++)
     if (!in[i]) return err_null(file, line, name, "input %d", i);
+    else if (tensor_check_live(in[i], n > 1 ? "an input" : "its input", name, file, line)) return NULL;
 
   /* mixed dtypes: cast to the promoted type through the dispatcher, so autograd and the tracer see the casts */
   kiln_tensor *cast[3] = {0}, *args[3], *out = NULL;
@@ -111,6 +123,11 @@ static kiln_tensor *dispatch_owned(op_id op, kiln_tensor *const *in, int n, cons
     }
   } else {
     if (shape_rule(op, in, n, a, &dt, &ndim, shape, file, line)) goto fail;
+    if (too_many_elements(ndim, shape)) {
+      char b[SHAPE_BUF];
+      err_set(file, line, name, "the result %s has too many elements", err_shape(b, ndim, shape));
+      goto fail;
+    }
     out = tensor_new(dt, ndim, shape);
     if (!out) {
       err_set(file, line, name, "out of memory");
@@ -142,5 +159,7 @@ kiln_tensor *op_run(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, 
 }
 
 kiln_tensor *op_dispatch(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, const char *file, int line) {
-  return scope_adopt(dispatch_owned(op, in, n, a, file, line));
+  kiln_tensor *t = dispatch_owned(op, in, n, a, file, line);
+  if (t && !(t = scope_adopt(t))) err_set(file, line, op_table[op].name, "out of memory");
+  return t;
 }

@@ -28,10 +28,15 @@ void *alloc_realloc(void *p, size_t n);
 void *alloc_aligned(size_t n); /* n a multiple of 64; free with alloc_aligned_free */
 void alloc_aligned_free(void *p, size_t n);
 void alloc_free(void *p);
-/* Test build: make the n-th allocation from now fail (0 = never). */
-void alloc_fail_after(int64_t n);
+/* Test build: make the n-th allocation from now fail (0 = never). Returns the
+ * allocations the previous setting still had to go (0: it fired, or was off). */
+int64_t alloc_fail_after(int64_t n);
 /* Storage bytes accounting (tensor data only). */
 void alloc_track(int64_t delta);
+/* Frees a handle (a tensor or kiln_fn header, from alloc_malloc/calloc). The
+ * test build keeps the last few thousand, poisoned by the caller, so that a
+ * second release or a use after free reads defined memory and is reported. */
+void alloc_quarantine(void *p);
 
 /* ---- error.c ---------------------------------------------------------- */
 
@@ -40,6 +45,8 @@ void *err_set(const char *file, int line, const char *op, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 /* For a NULL argument: sets "<what> is NULL" unless an earlier error is pending. */
 void *err_null(const char *file, int line, const char *op, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+/* Gives a message set without a location (deep in a compiled call) the caller's file:line. */
+void err_locate(const char *file, int line);
 /* Formats a shape as "[2,3]" into buf (at least 128 bytes). */
 const char *err_shape(char *buf, int ndim, const int64_t *shape);
 #define SHAPE_BUF 160
@@ -68,7 +75,12 @@ struct kiln_tensor {
   kiln_tensor *grad; /* leaves: accumulated gradient, owned */
   ag_node *grad_fn;  /* non-leaves: the node that made it */
   uint64_t serial;   /* unique for the process's life, unlike the address */
+  bool released;     /* test build: its last reference is gone (kept in quarantine) */
 };
+
+/* Test build: a released tensor given to op (0 when t is live, or always
+ * outside the test build); sets "<what> was already released" and returns -1. */
+int tensor_check_live(const kiln_tensor *t, const char *what, const char *op, const char *file, int line);
 
 int64_t shape_numel(int ndim, const int64_t *shape);
 /* The serial the next tensor made will get: every tensor made before now has a smaller one. */
@@ -81,6 +93,15 @@ kiln_tensor *tensor_view(kiln_tensor *t, int ndim, const int64_t *shape, const i
 kiln_tensor *scope_adopt(kiln_tensor *t);
 static inline void *tensor_data(const kiln_tensor *t) {
   return (char *)t->st->data + t->offset * (int64_t)kiln_dtype_size(t->dtype);
+}
+/* t's layout and identity (dtype, shape, strides, offset, storage, serial)
+ * as a local header that owns nothing. Not `= *t`: that would read t's
+ * refcount, which another thread may be changing. */
+static inline kiln_tensor tensor_header(const kiln_tensor *t) {
+  kiln_tensor v = {.dtype = t->dtype, .ndim = t->ndim, .offset = t->offset, .st = t->st,
+                   .requires_grad = t->requires_grad, .serial = t->serial};
+  for (int i = 0; i < MAXD; i++) v.shape[i] = t->shape[i], v.stride[i] = t->stride[i];
+  return v;
 }
 bool tensor_contiguous(const kiln_tensor *t);
 void contiguous_strides(int ndim, const int64_t *shape, int64_t *stride);

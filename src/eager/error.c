@@ -44,5 +44,17 @@ void *err_null(const char *file, int line, const char *op, const char *fmt, ...)
   return err_set(file, line, op, "%s is NULL", what);
 }
 
+void err_locate(const char *file, int line) {
+  if (!file || !*file || strncmp(msg, "kiln_", 5) != 0) return;
+  char pre[256];
+  int n = snprintf(pre, sizeof pre, "%s:%d: ", base_name(file), line);
+  if (n <= 0 || n >= (int)sizeof pre) return;
+  size_t len = strlen(msg);
+  if (len + (size_t)n >= sizeof msg) len = sizeof msg - 1 - (size_t)n;
+  memmove(msg + n, msg, len);
+  msg[(size_t)n + len] = 0;
+  memcpy(msg, pre, (size_t)n);
+}
+
 const char *kiln_last_error(void) { return msg; }
 void kiln_clear_error(void) { msg[0] = 0; }

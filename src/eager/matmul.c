@@ -63,7 +63,7 @@ int k_matmul(op_id op, kiln_tensor *const *in, int n, const op_attrs *attrs, kil
   const kiln_tensor *a = in[0], *b = in[1];
   kiln_tensor *ca = NULL, *cb = NULL;
   /* 1-D operands as (1,K) and (K,1) matrices with the same storage */
-  kiln_tensor av = *a, bv = *b;
+  kiln_tensor av = tensor_header(a), bv = tensor_header(b);
   if (a->ndim == 1) {
     av.ndim = 2;
     av.shape[0] = 1, av.shape[1] = a->shape[0];
@@ -98,7 +98,7 @@ int k_matmul(op_id op, kiln_tensor *const *in, int n, const op_attrs *attrs, kil
   for (int i = 0; i < nb; i++) {
     int ia = i - (nb - nba), ib = i - (nb - nbb);
     int64_t da = ia >= 0 ? av.shape[ia] : 1, db = ib >= 0 ? bv.shape[ib] : 1;
-    bshape[i] = da > db ? da : db;
+    bshape[i] = da == 1 ? db : da; /* not the max: a 1 broadcasts to a 0 */
     batch *= bshape[i];
   }
   char *pa = tensor_data(&av), *pb = tensor_data(&bv), *pc = tensor_data(out);

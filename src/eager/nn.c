@@ -14,10 +14,11 @@ static int check_float(const char *op, const kiln_tensor *t, int idx, const char
 }
 
 static int check_axis(const char *op, const kiln_tensor *t, int axis, const char *file, int line) {
-  if (axis_norm(axis, t->ndim) < 0) {
-    char b[SHAPE_BUF];
-    return err_set(file, line, op, "axis %d is out of range for shape %s", axis, err_shape(b, t->ndim, t->shape)), -1;
-  }
+  int k = axis_norm(axis, t->ndim);
+  char b[SHAPE_BUF];
+  if (k < 0) return err_set(file, line, op, "axis %d is out of range for shape %s", axis, err_shape(b, t->ndim, t->shape)), -1;
+  /* refused here, not by the max inside, so that the message names this op */
+  if (t->shape[k] == 0) return err_set(file, line, op, "axis %d of shape %s has size 0", axis, err_shape(b, t->ndim, t->shape)), -1;
   return 0;
 }
 
@@ -79,9 +80,9 @@ kiln_tensor *kiln_embedding_at(kiln_tensor *table, kiln_tensor *idx, const char 
   if (idx->dtype != KILN_I64) return err_set(file, line, "embedding", "indices must be i64, got %s", kiln_dtype_name(idx->dtype));
   if (idx->ndim >= MAXD) return err_set(file, line, "embedding", "indices have too many dims (%d)", idx->ndim);
   for (int64_t i = 0, n = kiln_numel(idx), v = table->shape[0]; i < n; i++) {
-    int64_t k = (int64_t)tensor_get(idx, i);
-    if (k < 0 || k >= v)
-      return err_set(file, line, "embedding", "index %" PRId64 " is out of range for a table of %" PRId64 " rows", k, v);
+    double k = tensor_get(idx, i); /* compared as a double: near 2^63 the cast itself would overflow */
+    if (k < 0 || k >= (double)v)
+      return err_set(file, line, "embedding", "index %.0f is out of range for a table of %" PRId64 " rows", k, v);
   }
   int64_t flat = -1, shape[MAXD];
   for (int i = 0; i < idx->ndim; i++) shape[i] = idx->shape[i];

@@ -140,16 +140,41 @@ kiln_tensor *tensor_view(kiln_tensor *base, int ndim, const int64_t *shape, cons
 }
 
 kiln_tensor *kiln_retain(kiln_tensor *t) {
+  if (tensor_check_live(t, "tensor", "retain", "", 0)) return NULL;
   if (t) atomic_fetch_add(&t->refcount, 1);
   return t;
 }
 
+int tensor_check_live(const kiln_tensor *t, const char *what, const char *op, const char *file, int line) {
+#ifdef KILN_TEST_BUILD
+  if (t && t->released) {
+    char b[SHAPE_BUF];
+    err_set(file, line, op, "%s (%s%s, tensor #%" PRIu64 ") was already released: its last reference was dropped before", what,
+            kiln_dtype_name(t->dtype), err_shape(b, t->ndim, t->shape), t->serial);
+    return -1;
+  }
+#else
+  (void)t, (void)what, (void)op, (void)file, (void)line;
+#endif
+  return 0;
+}
+
 void kiln_release(kiln_tensor *t) {
-  if (!t || atomic_fetch_sub(&t->refcount, 1) != 1) return;
+  if (!t) return;
+  /* a release no caller can check: the test build says it on stderr too */
+  if (tensor_check_live(t, "tensor", "release", "", 0)) {
+    fprintf(stderr, "kiln: error: %s (released twice, or released while a scope still owned it)\n", kiln_last_error());
+    return;
+  }
+  if (atomic_fetch_sub(&t->refcount, 1) != 1) return;
   if (t->grad) kiln_release(t->grad);
   if (t->grad_fn) ag_node_release(t->grad_fn);
   storage_release(t->st);
-  alloc_free(t);
+  t->released = true;
+  t->st = NULL;
+  t->grad = NULL;
+  t->grad_fn = NULL;
+  alloc_quarantine(t);
 }
 
 /* ---- scopes ---- */
@@ -158,10 +183,16 @@ typedef struct scope {
   kiln_tensor **items;
   int n, cap;
 } scope;
+/* The first levels need no allocation, so the outermost scope always opens
+ * (one that could not would leave its tensors to nobody); deeper ones grow
+ * on the heap. */
+#define SCOPES_INLINE 16
+static _Thread_local scope scopes_inline[SCOPES_INLINE];
 static _Thread_local scope *scopes;
 static _Thread_local int nscopes, capscopes;
 /* Scopes that could not be opened (out of memory), by the depth they stood
- * at: their scope_end must close nothing, so begin/end stay paired. */
+ * at: their scope_end must close nothing, so begin/end stay paired; their
+ * tensors go to the scope below. */
 static _Thread_local int phantom_at[64], nphantom;
 
 static int scope_push(scope *s, kiln_tensor *t) {
@@ -180,22 +211,23 @@ kiln_tensor *scope_adopt(kiln_tensor *t) {
   if (!t || nscopes == 0) return t;
   if (scope_push(&scopes[nscopes - 1], t) != 0) {
     kiln_release(t);
-    return NULL;
+    return err_set("", 0, "scope", "out of memory (no room in the scope for a new tensor)");
   }
   return t;
 }
 
 void kiln_scope_begin(void) {
+  if (!scopes) scopes = scopes_inline, capscopes = SCOPES_INLINE;
   if (nscopes == capscopes) {
-    int cap = capscopes ? capscopes * 2 : 8;
-    scope *s = alloc_realloc(scopes, (size_t)cap * sizeof *s);
+    int cap = capscopes * 2;
+    scope *s = scopes == scopes_inline ? alloc_malloc((size_t)cap * sizeof *s)
+                                       : alloc_realloc(scopes, (size_t)cap * sizeof *s);
     if (!s) {
-      /* Cannot open a scope: count it anyway so begin/end stay paired; the
-       * tensors go to the scope below (freed later, never leaked). */
       if (nphantom < 64) phantom_at[nphantom++] = nscopes;
-      err_set(__FILE__, __LINE__, "scope_begin", "out of memory");
+      err_set("", 0, "scope_begin", "out of memory");
       return;
     }
+    if (scopes == scopes_inline) memcpy(s, scopes_inline, sizeof scopes_inline);
     scopes = s;
     capscopes = cap;
   }
@@ -211,10 +243,9 @@ void kiln_scope_end(void) {
   scope *s = &scopes[--nscopes];
   for (int i = s->n - 1; i >= 0; i--) kiln_release(s->items[i]);
   alloc_free(s->items);
-  if (nscopes == 0) {
+  if (nscopes == 0 && scopes != scopes_inline) {
     alloc_free(scopes);
     scopes = NULL;
-    capscopes = 0;
   }
 }
 
@@ -391,6 +422,7 @@ double tensor_get(const kiln_tensor *t, int64_t linear) {
 
 int kiln_read_at(const kiln_tensor *t, void *dst, size_t bytes, const char *file, int line) {
   if (!t) return err_set(file, line, "read", "tensor is NULL"), -1;
+  if (tensor_check_live(t, "tensor", "read", file, line)) return -1;
   hook_read("kiln_read", t, file, line);
   size_t need = (size_t)kiln_numel(t) * kiln_dtype_size(t->dtype);
   char b[SHAPE_BUF];
@@ -415,6 +447,7 @@ int kiln_read_at(const kiln_tensor *t, void *dst, size_t bytes, const char *file
 
 double kiln_item_at(const kiln_tensor *t, const char *file, int line) {
   if (!t) return err_set(file, line, "item", "tensor is NULL"), NAN;
+  if (tensor_check_live(t, "tensor", "item", file, line)) return NAN;
   hook_read("kiln_item", t, file, line);
   if (kiln_numel(t) != 1) {
     char b[SHAPE_BUF];

@@ -64,9 +64,10 @@ int view_layout(op_id op, const kiln_tensor *t, const op_attrs *a, int *ndim, in
     memcpy(shape, t->shape, sizeof(int64_t) * (size_t)t->ndim);
     memcpy(stride, t->stride, sizeof(int64_t) * (size_t)t->ndim);
     int d = a->dim;
-    int64_t len = a->end > a->start ? (a->end - a->start + a->step - 1) / a->step : 0;
+    /* written so that a huge step cannot overflow: such a slice has one element, whose stride never applies */
+    int64_t len = a->end > a->start ? 1 + (a->end - a->start - 1) / a->step : 0;
     shape[d] = len;
-    stride[d] = t->stride[d] * a->step;
+    if (__builtin_mul_overflow(t->stride[d], a->step, &stride[d])) stride[d] = t->stride[d];
     if (len > 0) *offset += a->start * t->stride[d];
     return 0;
   }

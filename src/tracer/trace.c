@@ -54,6 +54,10 @@ typedef struct tracer {
   int n_reads;
   leaf *leaves;      /* inputs first, then params in lift order */
   int n_leaves, cap_leaves, n_in;
+  /* storages written in place while views of them lived: a view made before
+   * the write (serial below upto) other than the written tensor is stale */
+  struct { uint64_t st, upto, dst; const char *file; int line; } stale[16];
+  int n_stale;
   int n_params;
   bool failed, value_dep;
   char why[512];
@@ -251,7 +255,7 @@ static int make_const(tracer *tr, const kiln_tensor *t, const char *file, int li
     symbolic |= !sym_is_const(dims[d]);
   }
   if (!symbolic) return make_const_raw(tr, t, file, line);
-  kiln_tensor one = *t;
+  kiln_tensor one = tensor_header(t);
   one.ndim = 0; /* the first element, as a scalar */
   int c = make_const_raw(tr, &one, file, line);
   if (c < 0) return -1;
@@ -286,6 +290,13 @@ static int make_const_raw(tracer *tr, const kiln_tensor *t, const char *file, in
 
 /* The node for tensor t, making a constant, param or grad leaf when it is new. */
 static int node_of(tracer *tr, kiln_tensor *t, const char *file, int line) {
+  for (int i = 0; i < tr->n_stale; i++)
+    if (t->st->serial == tr->stale[i].st && t->serial < tr->stale[i].upto && t->serial != tr->stale[i].dst) {
+      tfail(tr, "%s:%d: uses a view made before the in-place write at %s:%d into the tensor it views; compiled code "
+            "does not follow writes through views (make the view again after the write)", file, line,
+            tr->stale[i].file, tr->stale[i].line);
+      return -1;
+    }
   int id = map_get(&tr->map, t->serial);
   if (id >= 0) return id;
   if (t->serial >= tr->serial0) {
@@ -577,12 +588,26 @@ static void on_inplace(void *ctx, op_id op, kiln_tensor *dst, kiln_tensor *src, 
                        int line) {
   tracer *tr = ctx;
   if (tr->failed || tr->value_dep) return;
-  if (atomic_load(&dst->st->refcount) > 1)
-    return tfail(tr, "%s:%d: an in-place write into a tensor that shares its storage with a view; compiled code "
-                     "does not follow writes through views (write to a tensor of its own, or compute out of place)",
-                 file, line);
   int d = node_of(tr, dst, file, line), id;
   if (d < 0) return;
+  if (atomic_load(&dst->st->refcount) > 1) {
+    /* Views of it may live on (a transposed weight in a scope): fine while
+     * none is used after the write. A write into a view itself would have to
+     * reach the tensor it views, which compiled code does not do. */
+    bool whole = dst->offset == 0 && kiln_is_contiguous(dst) &&
+                 (size_t)shape_numel(dst->ndim, dst->shape) * kiln_dtype_size(dst->dtype) == dst->st->bytes;
+    int k = 0;
+    while (k < tr->n_stale && tr->stale[k].st != dst->st->serial) k++;
+    if (!whole || k == 16)
+      return tfail(tr, "%s:%d: an in-place write into a view of another tensor; compiled code does not follow writes "
+                   "through views (write to a tensor of its own, or compute out of place)", file, line);
+    if (k == tr->n_stale) tr->n_stale++;
+    tr->stale[k].st = dst->st->serial;
+    tr->stale[k].upto = tensor_serial_now();
+    tr->stale[k].dst = dst->serial;
+    tr->stale[k].file = file;
+    tr->stale[k].line = line;
+  }
   if (op == OP_COUNT) {
     kiln_tensor *s = tensor_new(dst->dtype, 0, NULL);
     if (!s) return tfail(tr, "out of memory while tracing");
@@ -697,7 +722,7 @@ static int add_inputs(tracer *tr, kiln_tensor *const *in, int n_in) {
   return 0;
 }
 
-/* Leaves first (inputs, params, grads), then the rest in order. */
+/* Leaves first (inputs, params, grads), then the rest in order. Frees g. */
 static ir_graph *reorder(ir_graph *g) {
   int *order = alloc_malloc(sizeof(int) * (size_t)g->n_nodes + 1), k = 0;
   int *pos = alloc_malloc(sizeof(int) * (size_t)g->n_nodes + 1);
@@ -800,8 +825,8 @@ int trace_run(kiln_body body, void *ctx, kiln_tensor *const *in, int n_in, kiln_
     res->in_leaf = alloc_calloc((size_t)n_in + 1, sizeof *res->in_leaf);
     res->param_leaf = alloc_calloc((size_t)tr.n_params + 1, sizeof *res->param_leaf);
     res->params = alloc_calloc((size_t)tr.n_params + 1, sizeof *res->params);
-    ir_graph *g = res->in_leaf && res->param_leaf && res->params ? reorder(tr.g) : NULL;
-    if (!g) ir_free(tr.g);
+    /* reorder takes tr.g (and frees it, even when it fails) */
+    ir_graph *g = res->in_leaf && res->param_leaf && res->params ? reorder(tr.g) : (ir_free(tr.g), NULL);
     tr.g = NULL;
     if (g) {
       for (int i = 0; i < n_in; i++) res->in_leaf[i] = tr.leaves[i].info;

@@ -195,6 +195,9 @@ ir_graph *pass_pipeline(ir_graph *g, char *err, size_t errn);
 /* Definitions before uses, arity, leaf kinds, dtypes and ranks by the op's
  * rule, dims the rule proves; 0 or -1 with "%N: why" in err. */
 int ir_verify(const ir_graph *g, char *err, size_t errn);
+/* Every op node checked at the concrete sizes vals (a loaded graph's dims that
+ * ir_verify could not decide). 0, or -1 with why in err. */
+int ir_verify_at(ir_graph *g, const int64_t *vals, char *err, size_t errn);
 
 /* ---- print.c / parse.c: the text form (docs/ir.md) --------------------------- */
 

@@ -267,3 +267,52 @@ int ir_verify(const ir_graph *g, char *err, size_t errn) {
   }
   return check_outputs_writes(&v);
 }
+
+/* Each op node's dtype and dims at the sizes vals against its shape rule: for
+ * a backend that trusts the declared shapes, where ir_verify accepted dims it
+ * could not decide. Adds expressions to g->sym (callers serialize). 0, or -1
+ * with why in err. */
+int ir_verify_at(ir_graph *g, const int64_t *vals, char *err, size_t errn) {
+  shape_env env = {g, vals, g->n_syms, false};
+  for (int id = 0; id < g->n_nodes; id++) {
+    const ir_node *n = &g->nodes[id];
+    if (n->op >= OP_COUNT) continue;
+    ir_node r = *n;
+    r.dtype = 0;
+    r.ndim = 0;
+    memset(r.shape, 0, sizeof r.shape);
+    char why[384];
+    if (symshape_infer(&env, &r, why, sizeof why)) return snprintf(err, errn, "%%%d: %s", id, why), -1;
+    int64_t want[MAXD] = {0}, got[MAXD] = {0};
+    bool same = r.dtype == n->dtype && r.ndim == n->ndim && !ir_node_shape(&r, vals, g->n_syms, want) &&
+                !ir_node_shape(n, vals, g->n_syms, got);
+    for (int i = 0; same && i < n->ndim; i++) same = want[i] == got[i];
+    if (same && (op_table[n->op].kind == KIND_POINTWISE || op_table[n->op].kind == KIND_MATMUL)) {
+      /* a symbolic input dim that is 1 here while the output's is not: the
+       * compiled kernels read it as full-size, broadcasting only constant 1s */
+      int skip = op_table[n->op].kind == KIND_MATMUL ? 2 : 0; /* matmul: the batch dims */
+      for (int j = 0; j < n->n_in; j++) {
+        const ir_node *x = &g->nodes[n->in[j]];
+        for (int i = 0; i < x->ndim - skip && i < n->ndim - skip; i++) {
+          sym_dim xd = x->shape[x->ndim - skip - 1 - i], od = n->shape[n->ndim - skip - 1 - i];
+          int64_t xv, ov;
+          if (sym_is_const(xd) || sym_same(xd, od) || sym_eval(xd, vals, g->n_syms, &xv) || sym_eval(od, vals, g->n_syms, &ov))
+            continue;
+          if (xv != ov) {
+            char b0[64];
+            sym_print(xd, b0, sizeof b0);
+            return snprintf(err, errn, "%%%d: %s: input %d's dim %s is %lld here and broadcasts, which only a constant 1 may",
+                            id, ir_op_name(n->op), j, b0, (long long)xv), -1;
+          }
+        }
+      }
+    }
+    if (!same) {
+      char b0[SHAPE_BUF], b1[SHAPE_BUF];
+      return snprintf(err, errn, "%%%d: %s: the graph says %s%s, the rule gives %s%s at these sizes", id,
+                      ir_op_name(n->op), kiln_dtype_name(n->dtype), err_shape(b0, n->ndim, got), kiln_dtype_name(r.dtype),
+                      err_shape(b1, r.ndim, want)), -1;
+    }
+  }
+  return 0;
+}
