@@ -197,701 +197,9 @@ START_TEST(test_fusion_plans) {
 }
 END_TEST
 
-/* ---- random programs ---- */
+/* ---- random programs (the generator: tests/fuzz/randprog.h) ---- */
 
-typedef struct rng {
-  uint64_t s;
-} rng;
-static uint64_t next(rng *r) {
-  r->s ^= r->s << 13;
-  r->s ^= r->s >> 7;
-  r->s ^= r->s << 17;
-  return r->s;
-}
-static int pick(rng *r, int n) { return (int)(next(r) % (uint64_t)n); }
-static bool chance(rng *r, int one_in) { return pick(r, one_in) == 0; }
-
-/* The generator decides everything from the seed and the symbolic shapes it
- * tracks, never from a concrete size, so one program is valid (and the same)
- * at every size it runs. A dim is a constant (>= 1, C among them), B, T, B*T,
- * or an opaque size (a strided slice of B, a flattening) that only matches
- * itself. */
-enum { D_B = -1, D_T = -2, D_BT = -3, D_OPAQUE = -10 };
-enum { N_IN = 5, POOL = 64 };
-
-typedef struct prog {
-  uint64_t seed;
-  int C;         /* the constant last dim of x */
-  int nd_x;      /* x is (B,C) or (B,T,C) */
-  bool f64;      /* every float is f64 */
-  bool grad;     /* inputs require grad; the gradients w.r.t. them are outputs too */
-  int n_val;     /* value outputs; n_out = n_val (+ N_IN gradients) */
-  int n_out;
-  int rot;       /* where in the sizes list the calls start */
-} prog;
-
-static void prog_init(prog *p, uint64_t seed) {
-  rng r = {seed * 0x9E3779B97F4A7C15ull + 0x1234567};
-  for (int i = 0; i < 4; i++) next(&r);
-  static const int cs[] = {3, 4, 6, 8, 12};
-  p->seed = seed;
-  p->C = cs[pick(&r, 5)];
-  p->nd_x = 2 + pick(&r, 2);
-  p->f64 = chance(&r, 6);
-  p->grad = chance(&r, 4);
-  p->n_val = 1 + pick(&r, 3);
-  p->n_out = p->n_val + (p->grad ? N_IN : 0);
-  p->rot = pick(&r, 5);
-}
-
-typedef struct val {
-  kiln_tensor *t;
-  int nd;
-  int d[KILN_MAX_DIMS];
-  int stor;      /* storage id: views share their base's */
-  bool writable; /* made in the body (kiln_zeros ...) or a plain view of such: an in-place target */
-} val;
-
-typedef struct gen {
-  rng r;
-  const prog *p;
-  kiln_dtype ft;
-  kiln_tensor *const *in;
-  val v[POOL];
-  int n, opaque, stor;
-  char err[200];
-} gen;
-
-static kiln_tensor *S(gen *g, double c) { return kiln_scalar(g->ft, c); }
-
-/* The concrete size a symbolic dim must have now. */
-static int64_t dim_now(gen *g, int d) {
-  int64_t b = kiln_size(g->in[0], 0), t = g->p->nd_x == 3 ? kiln_size(g->in[0], 1) : 1;
-  return d == D_B ? b : d == D_T ? t : d == D_BT ? b * t : d;
-}
-
-/* Adds t with shape dims to the pool; checks the tracked shape against the
- * tensor (a generator bug otherwise). -1 when t is NULL (an op failed). */
-static int push(gen *g, kiln_tensor *t, int nd, const int *d, int stor, bool writable) {
-  if (!t) {
-    if (!g->err[0]) snprintf(g->err, sizeof g->err, "op failed: %s", kiln_last_error());
-    return -1;
-  }
-  if (kiln_ndim(t) != nd) {
-    snprintf(g->err, sizeof g->err, "generator: tracked rank %d, tensor rank %d", nd, kiln_ndim(t));
-    return -1;
-  }
-  for (int i = 0; i < nd; i++)
-    if (d[i] > D_OPAQUE && kiln_size(t, i) != dim_now(g, d[i])) {
-      snprintf(g->err, sizeof g->err, "generator: dim %d tracked %d (= %lld), tensor %lld", i, d[i], (long long)dim_now(g, d[i]),
-               (long long)kiln_size(t, i));
-      return -1;
-    }
-  if (g->n == POOL) return 0;
-  val *v = &g->v[g->n++];
-  v->t = t, v->nd = nd, v->stor = stor < 0 ? ++g->stor : stor, v->writable = writable;
-  memcpy(v->d, d, sizeof(int) * (size_t)nd);
-  return 0;
-}
-
-static int push_like(gen *g, kiln_tensor *t, const val *a) { return push(g, t, a->nd, a->d, -1, false); }
-
-/* A random float value of the pool (there always is one: the inputs). */
-static int pick_float(gen *g) {
-  for (int tries = 0; tries < 16; tries++) {
-    int i = pick(&g->r, g->n);
-    if (kiln_type(g->v[i].t) == g->ft) return i;
-  }
-  return 0;
-}
-
-/* The broadcast of two tracked shapes, or false. */
-static bool bcast(const val *a, const val *b, int *nd, int *d) {
-  int n = a->nd > b->nd ? a->nd : b->nd;
-  for (int i = 0; i < n; i++) {
-    int ia = a->nd - n + i, ib = b->nd - n + i;
-    int x = ia >= 0 ? a->d[ia] : 1, y = ib >= 0 ? b->d[ib] : 1;
-    if (x == y) d[i] = x;
-    else if (x == 1) d[i] = y;
-    else if (y == 1) d[i] = x;
-    else return false;
-  }
-  *nd = n;
-  return true;
-}
-
-static bool same_dims(const val *a, const val *b) {
-  if (a->nd != b->nd) return false;
-  for (int i = 0; i < a->nd; i++)
-    if (a->d[i] != b->d[i]) return false;
-  return true;
-}
-
-/* A float partner of a that broadcasts with it (want_same: of a's very shape), or -1. */
-static int partner(gen *g, const val *a, bool want_same) {
-  for (int tries = 0; tries < 12; tries++) {
-    int i = pick(&g->r, g->n), nd, d[KILN_MAX_DIMS];
-    if (kiln_type(g->v[i].t) != g->ft) continue;
-    if (want_same ? same_dims(a, &g->v[i]) : bcast(a, &g->v[i], &nd, d)) return i;
-  }
-  return -1;
-}
-
-/* The sizes of a as an array, from kiln_size (symbolic in the trace). */
-static void sizes_of(const val *a, int64_t *s) {
-  for (int i = 0; i < a->nd; i++) s[i] = kiln_size(a->t, i);
-}
-
-static int bin(gen *g, int op, kiln_tensor *a, kiln_tensor *b, kiln_tensor **out) {
-  switch (op) {
-  case 0: *out = kiln_add(a, b); break;
-  case 1: *out = kiln_sub(a, b); break;
-  case 2: *out = kiln_mul(a, b); break;
-  case 3: *out = kiln_div(a, kiln_add(kiln_abs(b), S(g, 0.5))); break;
-  case 4: *out = kiln_maximum(a, b); break;
-  default: *out = kiln_minimum(a, b); break;
-  }
-  return 0;
-}
-
-static kiln_tensor *unary(gen *g, int op, kiln_tensor *a) {
-  switch (op) {
-  case 0: return kiln_tanh(a);
-  case 1: return kiln_exp(kiln_tanh(a));
-  case 2: return kiln_exp(kiln_mul(a, S(g, -0.25)));
-  case 3: return kiln_log(kiln_add(kiln_abs(a), S(g, 1)));
-  case 4: return kiln_sqrt(kiln_add(kiln_abs(a), S(g, 0.1)));
-  case 5: return kiln_rsqrt(kiln_add(kiln_abs(a), S(g, 1)));
-  case 6: return kiln_sigmoid(a);
-  case 7: return kiln_relu(a);
-  case 8: return kiln_gelu(a);
-  case 9: return kiln_gelu_erf(a);
-  case 10: return kiln_erf(a);
-  case 11: return kiln_sin(a);
-  case 12: return kiln_cos(a);
-  case 13: return kiln_neg(a);
-  case 14: return kiln_abs(a);
-  case 15: return kiln_pow(kiln_add(kiln_abs(a), S(g, 0.5)), S(g, 1.5));
-  default: return kiln_pow(a, S(g, 2));
-  }
-}
-
-static kiln_tensor *compare(int op, kiln_tensor *a, kiln_tensor *b) {
-  switch (op) {
-  case 0: return kiln_gt(a, b);
-  case 1: return kiln_lt(a, b);
-  case 2: return kiln_ge(a, b);
-  case 3: return kiln_le(a, b);
-  case 4: return kiln_eq(a, b);
-  default: return kiln_ne(a, b);
-  }
-}
-
-/* The dims of a reduced over the axes in mask. */
-static int reduced(const val *a, unsigned mask, bool keepdim, int *d) {
-  int nd = 0;
-  for (int i = 0; i < a->nd; i++) {
-    if (!(mask >> i & 1)) d[nd++] = a->d[i];
-    else if (keepdim) d[nd++] = 1;
-  }
-  return nd;
-}
-
-/* The merge of two adjacent dims. */
-static int merged(gen *g, int x, int y) {
-  if (x == 1) return y;
-  if (y == 1) return x;
-  if (x > 0 && y > 0) return x * y;
-  if (x == D_B && y == D_T) return D_BT;
-  return D_OPAQUE - ++g->opaque;
-}
-
-/* In-place ops write to body-made tensors; outside a no-grad scope they are
- * refused when src requires grad, so grad programs run them in one. */
-static void ng_begin(gen *g) {
-  if (g->p->grad) kiln_no_grad_begin();
-}
-static void ng_end(gen *g) {
-  if (g->p->grad) kiln_no_grad_end();
-}
-
-/* One random step: adds one value (or a few) to the pool. 0, or -1 when an op failed. */
-static int step(gen *g) {
-  rng *r = &g->r;
-  int ia = pick_float(g);
-  val a = g->v[ia]; /* a copy: pushes may not move it, but keep it simple */
-  int d[KILN_MAX_DIMS], nd;
-  int64_t s[KILN_MAX_DIMS];
-  int C = g->p->C;
-  switch (pick(r, 24)) {
-  case 0:
-  case 1: { /* binary pointwise with a broadcasting partner (lower rank, size-1 dims) */
-    int ib = partner(g, &a, false);
-    kiln_tensor *o;
-    if (ib < 0 || !bcast(&a, &g->v[ib], &nd, d)) {
-      bin(g, pick(r, 6), a.t, S(g, 0.5 + pick(r, 3)), &o);
-      return push_like(g, o, &a);
-    }
-    if (chance(r, 2)) bin(g, pick(r, 6), a.t, g->v[ib].t, &o);
-    else bin(g, pick(r, 6), g->v[ib].t, a.t, &o);
-    return push(g, o, nd, d, -1, false);
-  }
-  case 2:
-  case 3: return push_like(g, unary(g, pick(r, 17), a.t), &a);
-  case 4: { /* compare, where, cast with bool */
-    int ib = partner(g, &a, false);
-    if (ib < 0) ib = ia;
-    if (!bcast(&a, &g->v[ib], &nd, d)) return 0;
-    kiln_tensor *c = compare(pick(r, 6), a.t, g->v[ib].t);
-    if (push(g, c, nd, d, -1, false)) return -1;
-    switch (pick(r, 3)) {
-    case 0: return push(g, kiln_where(c, a.t, kiln_neg(g->v[ib].t)), nd, d, -1, false);
-    case 1: return push(g, kiln_where(c, S(g, 0.25), g->v[ib].t), nd, d, -1, false);
-    default: return push(g, kiln_mul(kiln_cast(c, g->ft), a.t), nd, d, -1, false);
-    }
-  }
-  case 5: { /* where with a bool from the pool; casts between dtypes */
-    for (int tries = 0; tries < 8; tries++) {
-      int ic = pick(r, g->n);
-      if (kiln_type(g->v[ic].t) == KILN_BOOL && bcast(&a, &g->v[ic], &nd, d)) {
-        if (chance(r, 2)) return push(g, kiln_where(g->v[ic].t, a.t, kiln_sin(a.t)), nd, d, -1, false);
-        return push(g, kiln_add(kiln_cast(g->v[ic].t, g->ft), a.t), nd, d, -1, false);
-      }
-      if (kiln_type(g->v[ic].t) == KILN_I64 && bcast(&a, &g->v[ic], &nd, d))
-        return push(g, kiln_mul(a.t, kiln_cast(g->v[ic].t, g->ft)), nd, d, -1, false);
-    }
-    kiln_dtype other = g->ft == KILN_F32 ? KILN_F64 : KILN_F32;
-    return push_like(g, kiln_cast(kiln_exp(kiln_cast(kiln_tanh(a.t), other)), g->ft), &a);
-  }
-  case 6:
-  case 7: { /* a reduction over one axis, keepdim or not, sometimes broadcast back */
-    if (a.nd == 0) return 0;
-    int ax = pick(r, a.nd), op = pick(r, 5);
-    bool keep = chance(r, 2);
-    int axarg = chance(r, 2) ? ax : ax - a.nd;
-    kiln_tensor *o;
-    switch (op) {
-    case 0: o = kiln_sum(a.t, axarg, keep); break;
-    case 1: o = kiln_mean(a.t, axarg, keep); break;
-    case 2: o = kiln_max(a.t, axarg, keep); break;
-    case 3: o = kiln_min(a.t, axarg, keep); break;
-    default: o = kiln_var(a.t, axarg, a.d[ax] > 1 ? pick(r, 2) : 0, keep); break;
-    }
-    nd = reduced(&a, 1u << ax, keep, d);
-    if (push(g, o, nd, d, -1, false)) return -1;
-    if (chance(r, 2)) {
-      val *rv = &g->v[g->n - 1];
-      int nd2, d2[KILN_MAX_DIMS];
-      if (!bcast(&a, rv, &nd2, d2)) {
-        /* put the axis back */
-        o = kiln_unsqueeze(rv->t, ax);
-        nd = reduced(&a, 1u << ax, true, d);
-        if (push(g, o, nd, d, rv->stor, false)) return -1;
-        rv = &g->v[g->n - 1];
-        if (!bcast(&a, rv, &nd2, d2)) return 0;
-      }
-      kiln_tensor *b = rv->t;
-      o = chance(r, 2) ? kiln_sub(a.t, b) : kiln_mul(a.t, kiln_exp(kiln_neg(kiln_abs(b))));
-      return push(g, o, nd2, d2, -1, false);
-    }
-    return 0;
-  }
-  case 8: { /* several axes (or all) */
-    if (a.nd < 2) return 0;
-    unsigned mask = 0;
-    int axes[2], n = 0;
-    if (!chance(r, 4)) {
-      int x = pick(r, a.nd), y = (x + 1 + pick(r, a.nd - 1)) % a.nd;
-      axes[n++] = x, axes[n++] = y, mask = 1u << x | 1u << y;
-    } else {
-      mask = (1u << a.nd) - 1;
-    }
-    bool keep = chance(r, 2);
-    kiln_tensor *o;
-    switch (pick(r, 5)) {
-    case 0: o = kiln_sum_axes(a.t, axes, n, keep); break;
-    case 1: o = kiln_mean_axes(a.t, axes, n, keep); break;
-    case 2: o = kiln_max_axes(a.t, axes, n, keep); break;
-    case 3: o = kiln_min_axes(a.t, axes, n, keep); break;
-    default: o = kiln_var_axes(a.t, axes, n, 0, keep); break;
-    }
-    nd = reduced(&a, mask, keep, d);
-    if (push(g, o, nd, d, -1, false)) return -1;
-    val *rv = &g->v[g->n - 1];
-    int nd2, d2[KILN_MAX_DIMS];
-    if (chance(r, 2) && bcast(&a, rv, &nd2, d2)) return push(g, kiln_sub(a.t, rv->t), nd2, d2, -1, false);
-    return 0;
-  }
-  case 9: { /* argmax: i64, used as a float or kept */
-    if (a.nd == 0) return 0;
-    int ax = pick(r, a.nd);
-    bool keep = chance(r, 2);
-    nd = reduced(&a, 1u << ax, keep, d);
-    kiln_tensor *o = kiln_argmax(a.t, ax, keep);
-    if (push(g, o, nd, d, -1, false)) return -1;
-    return push(g, kiln_cast(o, g->ft), nd, d, -1, false);
-  }
-  case 10: { /* softmax, log_softmax, layer_norm over the last dim */
-    if (a.nd == 0) return 0;
-    int k = pick(r, 4);
-    if (k == 0) return push_like(g, kiln_softmax(a.t, chance(r, 4) ? 0 : -1), &a);
-    if (k == 1) return push_like(g, kiln_log_softmax(a.t, a.nd - 1), &a);
-    kiln_tensor *w = NULL, *b = NULL;
-    if (a.d[a.nd - 1] == C) {
-      if (chance(r, 2)) w = g->in[1];
-      if (chance(r, 2)) b = kiln_squeeze(kiln_slice(g->in[2], 0, 0, 1, 1), 0);
-    }
-    return push_like(g, kiln_layer_norm(a.t, w, b, 1e-5), &a);
-  }
-  case 11:
-  case 12: { /* matmuls */
-    kiln_tensor *P = g->in[4]; /* (8, C) */
-    int k = 1 + pick(r, 8);
-    /* (k, C): a few constant rows. The bound counts from P's end: a literal
-     * that equals a size the body read would be taken for that size (C has
-     * no symbolic ints; docs/guide.md says so) */
-    kiln_tensor *rows = kiln_slice(P, 0, 0, k == 8 ? INT64_MAX : k - 8, 1);
-    int last = a.nd ? a.d[a.nd - 1] : 0;
-    switch (pick(r, 7)) {
-    case 0: /* (..., C) @ (C, k) */
-      if (last != C) return 0;
-      memcpy(d, a.d, sizeof(int) * (size_t)a.nd), d[a.nd - 1] = k;
-      return push(g, kiln_matmul(a.t, kiln_transpose(rows, 0, 1)), a.nd, d, -1, false);
-    case 1: /* (..., C) @ (C,) */
-      if (last != C) return 0;
-      return push(g, kiln_matmul(a.t, g->in[1]), a.nd - 1, a.d, -1, false);
-    case 2: { /* (k, C) @ (..., C, R): constant rows, batch dims broadcast */
-      if (last != C || a.nd < 2) return 0;
-      memcpy(d, a.d, sizeof(int) * (size_t)a.nd);
-      d[a.nd - 2] = k, d[a.nd - 1] = a.d[a.nd - 2];
-      kiln_tensor *o = kiln_matmul(rows, kiln_transpose(a.t, -1, -2));
-      if (push(g, o, a.nd, d, -1, false)) return -1;
-      int t = d[a.nd - 2];
-      d[a.nd - 2] = d[a.nd - 1], d[a.nd - 1] = t;
-      return push(g, kiln_transpose(o, -1, -2), a.nd, d, g->v[g->n - 1].stor, false);
-    }
-    case 3: { /* a Gram matrix over the last dim: (..., R, K) @ (..., K, R) */
-      if (a.nd < 2) return 0;
-      int ib = partner(g, &a, true);
-      if (ib < 0) ib = ia;
-      memcpy(d, a.d, sizeof(int) * (size_t)a.nd), d[a.nd - 1] = a.d[a.nd - 2];
-      return push(g, kiln_matmul(a.t, kiln_transpose(g->v[ib].t, -1, -2)), a.nd, d, -1, false);
-    }
-    case 4: { /* a contraction over the first dim of 2-D values: (K, R)ᵀ @ (R, K') */
-      if (a.nd != 2) return 0;
-      for (int tries = 0; tries < 8; tries++) {
-        int ib = pick(r, g->n);
-        val *b = &g->v[ib];
-        if (kiln_type(b->t) == g->ft && b->nd == 2 && b->d[0] == a.d[0]) {
-          d[0] = a.d[1], d[1] = b->d[1];
-          return push(g, kiln_matmul(kiln_transpose(a.t, 0, 1), b->t), 2, d, -1, false);
-        }
-      }
-      return 0;
-    }
-    case 5: { /* batched with an expanded batch dim: (X, Y, C) @ (X, C, k) */
-      if (a.nd != 3 || last != C) return 0;
-      kiln_tensor *m = kiln_expand(kiln_unsqueeze(kiln_transpose(rows, 0, 1), 0), 3, ((int64_t[]){kiln_size(a.t, 0), C, k}));
-      d[0] = a.d[0], d[1] = a.d[1], d[2] = k;
-      return push(g, kiln_matmul(a.t, m), 3, d, -1, false);
-    }
-    default: { /* a 1-D vector times a matrix: (C,) @ (..., C, R) */
-      if (a.nd < 2 || a.d[a.nd - 2] != C) return 0;
-      memcpy(d, a.d, sizeof(int) * (size_t)a.nd);
-      for (int i = a.nd - 2; i + 1 < a.nd; i++) d[i] = d[i + 1];
-      return push(g, kiln_matmul(g->in[1], a.t), a.nd - 1, d, -1, false);
-    }
-    }
-  }
-  case 13:
-  case 14: { /* views */
-    memcpy(d, a.d, sizeof(int) * (size_t)a.nd);
-    nd = a.nd;
-    kiln_tensor *o = NULL;
-    bool plain = true; /* a view an in-place op may write through */
-    switch (pick(r, 8)) {
-    case 0: { /* transpose / permute */
-      if (a.nd < 2) return 0;
-      if (a.nd == 3 && chance(r, 2)) {
-        int perms[6][3] = {{0, 2, 1}, {1, 0, 2}, {1, 2, 0}, {2, 0, 1}, {2, 1, 0}, {0, 1, 2}};
-        int *pm = perms[pick(r, 6)];
-        for (int i = 0; i < 3; i++) d[i] = a.d[pm[i]];
-        o = kiln_permute(a.t, pm);
-      } else {
-        int x = pick(r, a.nd), y = (x + 1 + pick(r, a.nd - 1)) % a.nd;
-        d[x] = a.d[y], d[y] = a.d[x];
-        o = kiln_transpose(a.t, x, y);
-      }
-      break;
-    }
-    case 1: { /* slice with a step */
-      if (a.nd == 0) return 0;
-      int ax = pick(r, a.nd);
-      int64_t st = 1 + pick(r, 3);
-      if (a.d[ax] > 0) {
-        int64_t n = a.d[ax], start = pick(r, (int)n), end = start + 1 + pick(r, (int)(n - start));
-        if (chance(r, 3)) end = INT64_MAX / 2; /* past the end */
-        int64_t e = end > n ? n : end;
-        d[ax] = (int)((e - start + st - 1) / st);
-        o = kiln_slice(a.t, ax, chance(r, 4) ? start - n : start, chance(r, 4) && end < n ? end - n : end, st);
-      } else if (chance(r, 2)) {
-        d[ax] = 1; /* the first one */
-        o = kiln_slice(a.t, ax, 0, 1, 1);
-      } else {
-        d[ax] = st == 1 ? a.d[ax] : D_OPAQUE - ++g->opaque;
-        o = kiln_slice(a.t, ax, 0, INT64_MAX / 2, st);
-      }
-      break;
-    }
-    case 2: { /* unsqueeze, then maybe expand the new dim */
-      if (a.nd >= 5) return 0;
-      int ax = pick(r, a.nd + 1);
-      for (int i = a.nd; i > ax; i--) d[i] = d[i - 1];
-      d[ax] = 1, nd = a.nd + 1;
-      o = kiln_unsqueeze(a.t, ax);
-      if (chance(r, 2)) {
-        val u = {.t = o, .nd = nd};
-        memcpy(u.d, d, sizeof d);
-        sizes_of(&u, s);
-        int w = pick(r, 3);
-        d[ax] = w == 0 ? C : w == 1 ? 2 : D_B;
-        s[ax] = w == 2 ? kiln_size(g->in[0], 0) : d[ax];
-        o = kiln_expand(o, nd, s);
-        plain = false;
-      }
-      break;
-    }
-    case 3: { /* squeeze a size-1 dim, or expand one */
-      int ax = -1;
-      for (int i = 0; i < a.nd; i++)
-        if (a.d[i] == 1) ax = i;
-      if (ax < 0) return 0;
-      if (chance(r, 2)) {
-        for (int i = ax; i + 1 < a.nd; i++) d[i] = d[i + 1];
-        nd = a.nd - 1;
-        o = kiln_squeeze(a.t, ax);
-      } else {
-        sizes_of(&a, s);
-        d[ax] = chance(r, 2) ? C : D_B;
-        s[ax] = d[ax] == C ? C : kiln_size(g->in[0], 0);
-        o = kiln_expand(a.t, a.nd, s);
-        plain = false;
-      }
-      break;
-    }
-    case 4: /* contiguous: a copy */
-      o = kiln_contiguous(a.t);
-      return push(g, o, nd, d, -1, false);
-    case 5: { /* merge two adjacent dims: sizes from kiln_size, or -1 */
-      if (a.nd < 2) return 0;
-      int ax = pick(r, a.nd - 1);
-      sizes_of(&a, s);
-      int m = merged(g, a.d[ax], a.d[ax + 1]);
-      s[ax] *= s[ax + 1];
-      d[ax] = m;
-      for (int i = ax + 1; i + 1 < a.nd; i++) d[i] = d[i + 1], s[i] = s[i + 1];
-      nd = a.nd - 1;
-      if (chance(r, 2)) s[ax] = -1;
-      o = kiln_reshape(a.t, nd, s);
-      plain = false;
-      break;
-    }
-    case 6: { /* split: B*T back into (B, T), or a constant dim in two */
-      if (a.nd == 0 || a.nd >= 5) return 0;
-      int ax = -1;
-      for (int i = 0; i < a.nd; i++)
-        if (a.d[i] == D_BT || (a.d[i] > 0 && a.d[i] % 2 == 0)) ax = i;
-      if (ax < 0) return 0;
-      sizes_of(&a, s);
-      for (int i = a.nd; i > ax + 1; i--) d[i] = d[i - 1], s[i] = s[i - 1];
-      if (a.d[ax] == D_BT) {
-        d[ax] = D_B, d[ax + 1] = D_T;
-        s[ax] = kiln_size(g->in[0], 0), s[ax + 1] = chance(r, 2) ? -1 : kiln_size(g->in[0], 1);
-      } else {
-        d[ax] = a.d[ax] / 2, d[ax + 1] = 2;
-        s[ax] = d[ax], s[ax + 1] = 2;
-      }
-      nd = a.nd + 1;
-      o = kiln_reshape(a.t, nd, s);
-      plain = false;
-      break;
-    }
-    default: { /* flatten */
-      int m = 1;
-      for (int i = 0; i < a.nd; i++) m = merged(g, m, a.d[i]);
-      d[0] = m, nd = 1;
-      o = kiln_reshape(a.t, 1, ((int64_t[]){-1}));
-      plain = false;
-      break;
-    }
-    }
-    return push(g, o, nd, d, a.stor, a.writable && plain);
-  }
-  case 15: { /* factories sized from kiln_size inside the body */
-    sizes_of(&a, s);
-    kiln_tensor *f;
-    switch (pick(r, 3)) {
-    case 0: f = kiln_ones(g->ft, a.nd, s); break;
-    case 1: f = kiln_full(g->ft, a.nd, s, 0.5 + pick(r, 4)); break;
-    default: /* (B*T, C) made before any node has that shape */
-      if (g->p->nd_x != 3) return 0;
-      f = kiln_full(g->ft, 2, ((int64_t[]){kiln_size(g->in[0], 0) * kiln_size(g->in[0], 1), C}), 1.5);
-      if (push(g, f, 2, ((int[]){D_BT, C}), -1, true)) return -1;
-      return push(g, kiln_mul(f, kiln_reshape(g->in[0], 2, ((int64_t[]){-1, C}))), 2, ((int[]){D_BT, C}), -1, false);
-    }
-    if (push(g, f, a.nd, a.d, -1, true)) return -1;
-    return push_like(g, kiln_mul(f, a.t), &a);
-  }
-  case 16:
-  case 17: { /* in place: on a fresh kiln_zeros, or on a body-made value (or a view of one) */
-    int idst = -1;
-    for (int tries = 0; tries < 6 && idst < 0; tries++) {
-      int i = pick(r, g->n);
-      if (g->v[i].writable && kiln_type(g->v[i].t) == g->ft) idst = i;
-    }
-    /* with grads, a tensor an earlier op saved for backward must not change: a fresh one only */
-    if (idst < 0 || chance(r, 3) || g->p->grad) {
-      sizes_of(&a, s);
-      kiln_tensor *z = kiln_zeros(g->ft, a.nd, s);
-      if (push(g, z, a.nd, a.d, -1, true)) return -1;
-      idst = g->n - 1;
-    }
-    val dst = g->v[idst];
-    int isrc = -1;
-    for (int tries = 0; tries < 8 && isrc < 0; tries++) {
-      int i = pick(r, g->n);
-      if (kiln_type(g->v[i].t) != g->ft || g->v[i].stor == dst.stor) continue;
-      if (bcast(&dst, &g->v[i], &nd, d) && nd == dst.nd && !memcmp(d, dst.d, sizeof(int) * (size_t)nd)) isrc = i;
-    }
-    kiln_tensor *src = isrc >= 0 ? g->v[isrc].t : S(g, 0.75);
-    kiln_tensor *o;
-    ng_begin(g);
-    switch (pick(r, 5)) {
-    case 0: o = kiln_add_(dst.t, src); break;
-    case 1: o = kiln_sub_(dst.t, src); break;
-    case 2: o = kiln_mul_(kiln_add_(dst.t, S(g, 1)), src); break;
-    case 3: o = kiln_copy_(dst.t, src); break;
-    default: o = kiln_add_(kiln_fill_(dst.t, 0.25), src); break;
-    }
-    ng_end(g);
-    if (!o) return push(g, NULL, 0, d, -1, false);
-    /* a value computed from dst after the write */
-    return push(g, kiln_add(dst.t, S(g, 0.125)), dst.nd, dst.d, -1, false);
-  }
-  case 18: { /* cross_entropy on (N, K) logits, labels from an argmax or a comparison */
-    for (int tries = 0; tries < 8; tries++) {
-      int i = pick(r, g->n);
-      val *l = &g->v[i];
-      if (kiln_type(l->t) != g->ft || l->nd != 2 || l->d[1] < 2) continue;
-      kiln_tensor *lab = NULL;
-      for (int t2 = 0; t2 < 6 && !lab; t2++) {
-        val *b = &g->v[pick(r, g->n)];
-        if (kiln_type(b->t) == g->ft && b->nd == 2 && b->d[0] == l->d[0] && b->d[1] > 0 && b->d[1] <= l->d[1])
-          lab = kiln_argmax(b->t, 1, false);
-      }
-      if (!lab) lab = kiln_cast(kiln_gt(kiln_sum(l->t, 1, false), kiln_mean(l->t, 1, false)), KILN_I64);
-      return push(g, kiln_cross_entropy(l->t, lab), 0, d, -1, false);
-    }
-    return 0;
-  }
-  case 19: { /* mse_loss, a scalar broadcast into a value */
-    int ib = partner(g, &a, true);
-    kiln_tensor *o = ib >= 0 ? kiln_mse_loss(a.t, g->v[ib].t) : kiln_mean_all(a.t);
-    if (push(g, o, 0, d, -1, false)) return -1;
-    return push_like(g, kiln_sub(a.t, g->v[g->n - 1].t), &a);
-  }
-  case 20: { /* cat and stack */
-    if (a.nd == 0 || a.nd >= 5) return 0;
-    int ib = partner(g, &a, true);
-    if (ib < 0) ib = ia;
-    if (chance(r, 2)) {
-      int ax = pick(r, a.nd + 1);
-      for (int i = 0, j = 0; i <= a.nd; i++) d[i] = i == ax ? 2 : a.d[j++];
-      return push(g, kiln_stack(((kiln_tensor *[]){a.t, g->v[ib].t}), 2, ax), a.nd + 1, d, -1, false);
-    }
-    int ax = pick(r, a.nd);
-    memcpy(d, a.d, sizeof(int) * (size_t)a.nd);
-    d[ax] = a.d[ax] > 0 ? 2 * a.d[ax] : D_OPAQUE - ++g->opaque;
-    return push(g, kiln_cat(((kiln_tensor *[]){a.t, g->v[ib].t}), 2, ax), a.nd, d, -1, false);
-  }
-  case 21: { /* index_select with constant indices on a constant dim */
-    int ax = -1;
-    for (int i = 0; i < a.nd; i++)
-      if (a.d[i] > 0 && chance(r, 2)) ax = i;
-    if (ax < 0) return 0;
-    int64_t idx[4];
-    int n = 1 + pick(r, 4);
-    for (int i = 0; i < n; i++) idx[i] = pick(r, a.d[ax]);
-    memcpy(d, a.d, sizeof(int) * (size_t)a.nd), d[ax] = n;
-    return push(g, kiln_index_select(a.t, ax, kiln_tensor_from(KILN_I64, 1, ((int64_t[]){n}), idx)), a.nd, d, -1, false);
-  }
-  default: /* the mean of another value added */
-    return push_like(g, kiln_add(a.t, kiln_mean_all(g->v[pick_float(g)].t)), &a);
-  }
-}
-
-/* A random program over x (B,C) or (B,T,C), w (C,), m (1,C) or (T,C), u (B,1)
- * or (B,1,C), P (8,C): a pool of values grows by random steps; the outputs
- * mix the last values, and may be views, inputs returned as they are, and the
- * gradients of a loss w.r.t. every input. */
-static char body_err[256]; /* why the last body failed */
-
-static int random_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
-  const prog *pg = ctx;
-  gen *g = calloc(1, sizeof *g);
-  if (!g) return -1;
-  g->r = (rng){pg->seed * 2654435761u + 1};
-  g->p = pg;
-  g->ft = pg->f64 ? KILN_F64 : KILN_F32;
-  g->in = in;
-  int C = pg->C, rc = -1;
-  if (pg->nd_x == 2) {
-    push(g, in[0], 2, ((int[]){D_B, C}), -1, false);
-    push(g, in[1], 1, ((int[]){C}), -1, false);
-    push(g, in[2], 2, ((int[]){1, C}), -1, false);
-    push(g, in[3], 2, ((int[]){D_B, 1}), -1, false);
-  } else {
-    push(g, in[0], 3, ((int[]){D_B, D_T, C}), -1, false);
-    push(g, in[1], 1, ((int[]){C}), -1, false);
-    push(g, in[2], 2, ((int[]){D_T, C}), -1, false);
-    push(g, in[3], 3, ((int[]){D_B, 1, C}), -1, false);
-  }
-  push(g, in[4], 2, ((int[]){8, C}), -1, false);
-  /* a strided view of a copy */
-  val *x = &g->v[0];
-  if (push(g, kiln_transpose(kiln_contiguous(kiln_transpose(in[0], 0, 1)), 0, 1), x->nd, x->d, -1, false)) goto done;
-  int steps = 5 + pick(&g->r, 14);
-  for (int s = 0; s < steps; s++)
-    if (step(g)) goto done;
-  /* out[0]: the last float value plus the mean of another, so more than the last op matters */
-  int last = g->n - 1;
-  while (last > 0 && kiln_type(g->v[last].t) != g->ft) last--;
-  kiln_tensor *o0 = kiln_add(g->v[last].t, kiln_mean_all(g->v[pick_float(g)].t));
-  if (!o0) goto done;
-  out[0] = o0;
-  for (int i = 1; i < pg->n_val; i++) {
-    val *v = &g->v[pick(&g->r, g->n)];
-    switch (pick(&g->r, 5)) {
-    case 0: out[i] = in[pick(&g->r, N_IN)]; break; /* an input as it is */
-    case 1: out[i] = v->nd >= 2 ? kiln_transpose(v->t, 0, v->nd - 1) : v->t; break; /* a view */
-    case 2: out[i] = v->nd >= 2 ? kiln_reshape(kiln_transpose(v->t, 0, 1), 1, ((int64_t[]){-1})) : v->t; break; /* a view that needs a copy */
-    default: out[i] = v->t; break;
-    }
-    if (!out[i]) goto done;
-  }
-  if (pg->grad) {
-    kiln_tensor *loss = kiln_sum_all(kiln_mul(o0, o0));
-    val *v = &g->v[pick_float(g)];
-    loss = kiln_add(loss, kiln_mean_all(kiln_mul(v->t, v->t)));
-    loss = kiln_add(loss, kiln_mean_all(in[pick(&g->r, N_IN)])); /* so that the loss requires grad */
-    if (!loss || kiln_grad_of(loss, in, N_IN, out + pg->n_val)) goto done;
-  }
-  rc = 0;
-done:
-  if (rc) snprintf(body_err, sizeof body_err, "%s", g->err[0] ? g->err : kiln_last_error());
-  free(g);
-  return rc;
-}
+#include "fuzz/randprog.h"
 
 static int run_program(uint64_t seed, int threads, char *why, size_t whyn) {
   prog pg;
@@ -1027,6 +335,53 @@ START_TEST(test_threads_bitwise) {
 }
 END_TEST
 
+static int full_reduce_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  out[0] = kiln_sum_all(kiln_mul(in[0], in[0]));
+  out[1] = kiln_max_axes(kiln_exp(in[0]), ((int[]){0, 1}), 2, false);
+  out[2] = kiln_mean_all(in[1]); /* f64 */
+  return 0;
+}
+
+/* Reductions over every dim run in fixed blocks across threads: the same
+ * bits at 1 and 2 threads, close to eager's. */
+START_TEST(test_full_reduce_blocks) {
+  double got[2][3];
+  for (int t = 1; t <= 2; t++) {
+    kiln_set_num_threads(t);
+    kiln_scope_begin();
+    kiln_tensor *in[2] = {kiln_randn(KILN_F32, 2, ((int64_t[]){700, 300}), 11), kiln_randn(KILN_F64, 1, ((int64_t[]){300001}), 12)};
+    kiln_options o = {.name = "full", .n_in = 2, .n_out = 3, .backend = KILN_BACKEND_LLVM};
+    kiln_fn *fn = kiln_compile(full_reduce_body, NULL, &o);
+    kiln_tensor *y[3], *ref[3];
+    ck_assert_int_eq(0, kiln_call(fn, in, y));
+    ck_assert_int_eq(0, kiln_call(fn, in, y));
+    ck_assert_int_eq(0, full_reduce_body(NULL, in, ref));
+    for (int i = 0; i < 3; i++) {
+      got[t - 1][i] = kiln_item(y[i]);
+      double want = kiln_item(ref[i]);
+      ck_assert_msg(fabs(got[t - 1][i] - want) <= 1e-5 * fabs(want), "output %d: %.9g, eager %.9g", i, got[t - 1][i], want);
+    }
+    cg_program *p = plan_of(fn);
+    ck_assert_int_eq(3, p->n_k);
+    cg_module m;
+    char err[256];
+    ck_assert_int_eq(0, jit_module_new(&m, "full", err, sizeof err));
+    for (int k = 0; k < 3; k++) {
+      ck_assert_int_eq(0, p->k[k].n_outer); /* one reduction kernel per output */
+      ck_assert_int_eq(0, lower_kernel(p, &p->k[k], m.mod, err, sizeof err));
+      ck_assert(p->k[k].split); /* lowered in blocks */
+    }
+    jit_module_dispose(&m);
+    free_plan(p);
+    kiln_fn_free(fn);
+    kiln_scope_end();
+  }
+  ck_assert_msg(!memcmp(got[0], got[1], sizeof got[0]), "full reductions differ between 1 and 2 threads");
+  kiln_set_num_threads(0);
+}
+END_TEST
+
 #ifdef KILN_TEST_BUILD
 /* Faults forced in the test build: LLVM refusing a graph falls back to the
  * interpreter with a warning and the right answer; a corrupted kernel is
@@ -1064,6 +419,149 @@ START_TEST(test_forced_faults) {
 END_TEST
 #endif
 
+/* Found by fuzzing (tests/fuzz/fuzz_irtext.c): compiled index_select and
+ * index_add check the call's indices as eager does; they used to read and
+ * write out of bounds. */
+static int gather_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  out[0] = kiln_index_select(in[0], 0, in[1]);
+  return out[0] ? 0 : -1;
+}
+
+START_TEST(test_index_bounds) {
+  kiln_scope_begin();
+  kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){4, 3}), 1), *y = NULL;
+  kiln_tensor *ok = kiln_tensor_from(KILN_I64, 1, ((int64_t[]){2}), ((int64_t[]){3, 0}));
+  kiln_tensor *bad = kiln_tensor_from(KILN_I64, 1, ((int64_t[]){2}), ((int64_t[]){1, 4}));
+  kiln_tensor *neg = kiln_tensor_from(KILN_I64, 1, ((int64_t[]){2}), ((int64_t[]){-1, 0}));
+  kiln_options o = {.name = "gather", .n_in = 2, .n_out = 1, .backend = KILN_BACKEND_LLVM};
+  kiln_fn *fn = kiln_compile(gather_body, NULL, &o);
+  ck_assert_int_eq(0, kiln_call(fn, ((kiln_tensor *[]){x, ok}), &y)); /* traced */
+  ck_assert_int_eq(0, kiln_call(fn, ((kiln_tensor *[]){x, ok}), &y)); /* compiled */
+  ck_assert_int_eq(-1, kiln_call(fn, ((kiln_tensor *[]){x, bad}), &y));
+  ck_assert_msg(strstr(kiln_last_error(), "kiln_index_select: index 4 at position 1 is out of range [0, 4)"), "%s",
+                kiln_last_error());
+  ck_assert_int_eq(-1, kiln_call(fn, ((kiln_tensor *[]){x, neg}), &y));
+  ck_assert_msg(strstr(kiln_last_error(), "index -1 at position 0"), "%s", kiln_last_error());
+  ck_assert_int_eq(0, kiln_call(fn, ((kiln_tensor *[]){x, ok}), &y)); /* still works */
+  kiln_fn_stats st;
+  kiln_fn_get_stats(fn, &st);
+  ck_assert_int_eq(1, st.traces);
+  kiln_fn_free(fn);
+
+  /* a loaded graph: index_add's indices too */
+  fn = kiln_load_string("graph g(%0: f32[4,3], %1: i64[2], %2: f32[2,3]) -> (%3)\n"
+                        "  %3: f32[4,3] = index_add(%0, %1, %2) {dim=0}  # g.c:7\n");
+  ck_assert_msg(fn != NULL, "%s", kiln_last_error());
+  kiln_tensor *src = kiln_ones(KILN_F32, 2, ((int64_t[]){2, 3}));
+  ck_assert_int_eq(0, kiln_call(fn, ((kiln_tensor *[]){x, ok, src}), &y));
+  ck_assert_int_eq(-1, kiln_call(fn, ((kiln_tensor *[]){x, bad, src}), &y));
+  ck_assert_msg(strstr(kiln_last_error(), "g.c:7: kiln_index_add: index 4"), "%s", kiln_last_error());
+  kiln_fn_free(fn);
+  kiln_scope_end();
+}
+END_TEST
+
+/* Found by fuzzing (tests/fuzz/fuzz_irtext.c, LLVM against the interpreter):
+ * a node no one reads (a loaded graph is not pruned) had a buffer that lived
+ * nowhere, so the planner laid it over a live one (here index_select's result). */
+START_TEST(test_dead_node_buffer) {
+  kiln_scope_begin();
+  kiln_fn *fn = kiln_load_string("graph g(%0: f32[s0,8], %1: i64[s1], %2: f32[s0,8]) -> (%6)\n"
+                                 "  sym s0 in [4, 4096]\n"
+                                 "  sym s1 in [1, 64]\n"
+                                 "  %3: f32[s1,8] = index_select(%0, %1) {dim=0}\n"
+                                 "  %4: f32[s0,4] = slice(%0) {dim=1, start=0, end=8, step=2}\n"
+                                 "  %5: f32[s0,8] = slice_scatter(%2, %4) {dim=1, start=0, end=8, step=2}\n"
+                                 "  %6: f32[s0,8] = index_add(%2, %1, %3) {dim=0}\n");
+  ck_assert_msg(fn != NULL, "%s", kiln_last_error());
+  float a[32], b[32], y[32];
+  for (int i = 0; i < 32; i++) a[i] = (float)i, b[i] = 100.0f + (float)i;
+  kiln_tensor *in[3] = {kiln_tensor_from(KILN_F32, 2, ((int64_t[]){4, 8}), a),
+                        kiln_tensor_from(KILN_I64, 1, ((int64_t[]){2}), ((int64_t[]){1, 1})),
+                        kiln_tensor_from(KILN_F32, 2, ((int64_t[]){4, 8}), b)};
+  kiln_tensor *out;
+  ck_assert_int_eq(0, kiln_call(fn, in, &out));
+  ck_assert_int_eq(0, kiln_read(out, y, sizeof y));
+  for (int i = 0; i < 32; i++) /* row 1 gets row 1 of a twice */
+    ck_assert_msg(y[i] == b[i] + (i / 8 == 1 ? 2 * a[i] : 0), "element %d: %g", i, y[i]);
+  kiln_fn_free(fn);
+  kiln_scope_end();
+}
+END_TEST
+
+/* ---- GEMM epilogues folded into the GEMM's beta ---- */
+
+static int bias_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  out[0] = kiln_add(in[2], kiln_matmul(in[0], kiln_transpose(in[1], 0, 1)));
+  return 0;
+}
+
+/* one SGD step on in[1] with the gradient in[0]^T @ in[2], and a loss-like output */
+static int sgd_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  kiln_tensor *grad = kiln_matmul(kiln_transpose(in[0], 0, 1), in[2]);
+  out[0] = kiln_sub_(in[1], kiln_mul(kiln_scalar(KILN_F32, 0.1), grad)) ? kiln_sum_all(in[2]) : NULL;
+  return out[0] ? 0 : -1;
+}
+
+START_TEST(test_gemm_folds) {
+  kiln_scope_begin();
+  /* x @ w^T + b: the bias fills the output first, the GEMM adds into it (beta 1) */
+  kiln_tensor *lb[3] = {kiln_randn(KILN_F32, 2, ((int64_t[]){33, 70}), 1), kiln_randn(KILN_F32, 2, ((int64_t[]){20, 70}), 2),
+                        kiln_randn(KILN_F32, 1, ((int64_t[]){20}), 3)};
+  kiln_fn *fn = compile_once(bias_body, 3, lb);
+  cg_program *p = plan_of(fn);
+  ck_assert_int_eq(2, p->n_k);
+  ck_assert_int_eq(CG_K_LOOP, p->k[0].kind); /* the bias, broadcast into the output */
+  ck_assert_int_eq(CG_K_MATMUL, p->k[1].kind);
+  ck_assert(p->k[1].beta == 1.0 && p->k[1].alpha == 1.0);
+  ck_assert_int_eq(p->k[0].out_buf, p->k[1].out_buf);
+  ck_assert_int_eq(CG_BUF_OUTPUT, p->buf[p->k[1].out_buf].kind); /* no buffer for the bare product */
+  free_plan(p);
+  kiln_fn_free(fn);
+
+  /* w -= 0.1 * x^T @ dy: one GEMM into w (alpha -0.1, beta 1), no update kernel, nothing copied back */
+  int64_t xs[2] = {16, 12}, ws[2] = {12, 5}, ds[2] = {16, 5}; /* 12 rows: BLAS, not dot products */
+  {
+    /* with check mode too, which runs the kernels twice from the same start */
+    for (int check = 0; check < 2; check++) {
+      kiln_tensor *x = kiln_randn(KILN_F32, 2, xs, 4), *dy = kiln_randn(KILN_F32, 2, ds, 5);
+      kiln_tensor *wc = kiln_randn(KILN_F32, 2, ws, 6);
+      kiln_tensor *we = kiln_mul(wc, kiln_scalar(KILN_F32, 1)); /* a copy for eager */
+      kiln_options o = {.name = "sgd", .n_in = 3, .n_out = 1, .backend = KILN_BACKEND_LLVM, .check = check};
+      fn = kiln_compile(sgd_body, NULL, &o);
+      for (int step = 0; step < 3; step++) {
+        kiln_tensor *y = NULL, *ref = NULL;
+        ck_assert_int_eq(0, kiln_call(fn, ((kiln_tensor *[]){x, wc, dy}), &y));
+        ck_assert_int_eq(0, sgd_body(NULL, ((kiln_tensor *[]){x, we, dy}), &ref));
+        int64_t bad;
+        double d = maxdiff_rel(wc, we, &bad);
+        ck_assert_msg(d <= 1e-5, "check %d step %d: w differs by %g at %lld", check, step, d, (long long)bad);
+      }
+      kiln_fn_stats st;
+      ck_assert_int_eq(0, kiln_fn_get_stats(fn, &st));
+      ck_assert_int_eq(2, st.hits);
+      ck_assert_int_eq(0, st.check_fails);
+      p = plan_of(fn);
+      ck_assert_int_eq(1, count_kind(p, CG_K_MATMUL));
+      ck_assert_int_eq(2, p->n_k); /* the GEMM and the sum */
+      for (int k = 0; k < p->n_k; k++)
+        if (p->k[k].kind == CG_K_MATMUL) {
+          ck_assert(p->k[k].beta == 1.0 && p->k[k].alpha == -(double)0.1f);
+          int ob = p->k[k].out_buf;
+          ck_assert_int_ge(p->buf[ob].alias_of, 0);
+          ck_assert_int_eq(CG_BUF_INPUT, p->buf[p->buf[ob].alias_of].kind); /* stored in w itself */
+        }
+      free_plan(p);
+      kiln_fn_free(fn);
+    }
+  }
+  kiln_scope_end();
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("codegen");
   TCase *tc = tcase_create("core");
@@ -1071,6 +569,10 @@ static Suite *suite(void) {
   tcase_add_test(tc, test_fusion_plans);
   tcase_add_test(tc, test_threads_bitwise);
   tcase_add_test(tc, test_random_programs);
+  tcase_add_test(tc, test_index_bounds);
+  tcase_add_test(tc, test_dead_node_buffer);
+  tcase_add_test(tc, test_gemm_folds);
+  tcase_add_test(tc, test_full_reduce_blocks);
 #ifdef KILN_TEST_BUILD
   tcase_add_test(tc, test_forced_faults);
 #endif

@@ -102,12 +102,22 @@ typedef struct cg_kernel {
   /* CG_K_MATMUL / CG_K_EAGER: the graph node and its operands' buffers */
   int node;
   int in_buf[3], out_buf;
+  /* CG_K_MATMUL: out = alpha * a @ b + beta * out, with beta 1 when an
+   * epilogue was folded in (out then holds result_node's value, not node's) */
+  double alpha, beta;
+  int result_node;   /* the node whose value out_buf holds after the kernel, -1 none (a prefill) */
   /* what it covers, for dumps and check mode */
   int *nodes;
   int n_nodes;
   char name[32];     /* "k3_pointwise", symbol in the module */
   sym_dim *param;    /* what p[i] holds when the kernel runs (filled by lowering) */
   int n_param;
+  /* A reduction over every dim, split by lowering into CG_BLOCKS blocks of
+   * its first dim: kN(p, bufs, b0, b1) leaves block b's partial in the
+   * scratch bufs[n_buf] (f64 [CG_BLOCKS]); kN(p, bufs, -1, 0) then combines
+   * them in block order and stores. The blocks do not depend on the thread
+   * count, so neither do the bits. */
+  bool split;
 } cg_kernel;
 
 /* Where a node's value lives: a buffer read through an offset and strides
@@ -167,6 +177,8 @@ void jit_free(cg_jit *j);
 LLVMValueRef vmath_emit(LLVMBuilderRef b, int op, LLVMValueRef x);
 
 /* ---- lower.c ------------------------------------------------------------------ */
+
+#define CG_BLOCKS 64
 
 /* Adds kernel k (CG_K_LOOP) to module m as function k->name; 0, or -1 with why. */
 int lower_kernel(const cg_program *p, cg_kernel *k, LLVMModuleRef m, char *why, size_t whyn);

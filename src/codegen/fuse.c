@@ -8,7 +8,9 @@
  *               REDUCE stages per row before the MAP (softmax, layer norm)
  *   reduction   a materialized reduce: its inlined prologue in the inner loop,
  *               the result stored once per outer element
- * plus matmul (BLAS) and eager (one node through its eager kernel).
+ * plus matmul (BLAS) and eager (one node through its eager kernel). A bias
+ * add or an SGD-style update right after a GEMM is folded into the GEMM's
+ * beta (fold_epilogues).
  * The partition is found by building kernels and materializing what does not
  * fit (a reduce wanted by two kernels, a costly node that two kernels would
  * recompute, a reduce whose space differs from its consumer's), until stable. */
@@ -39,7 +41,16 @@ static bool is_compute(int op) {
 }
 static bool is_reduce(int op) { return op == OP_SUM || op == OP_MEAN || op == OP_MAX || op == OP_MIN; }
 static bool is_view(int op) { return op < OP_COUNT && op_table[op].kind == KIND_VIEW; }
-static bool is_heavy(int op) {
+/* pow by a constant 1, 2 or 3 is lowered to multiplies (lower.c), so it is cheap */
+static bool pow_is_mul(const ir_graph *g, const ir_node *n) {
+  const ir_node *e = &g->nodes[n->in[1]];
+  if (e->op != IR_CONST || ir_node_numel_const(e) != 1) return false;
+  double c = e->dtype == KILN_F32 ? *(const float *)e->data : e->dtype == KILN_F64 ? *(const double *)e->data : 0;
+  return c == 1.0 || c == 2.0 || c == 3.0;
+}
+static bool is_heavy(const ir_graph *g, const ir_node *n) {
+  int op = n->op;
+  if (op == OP_POW && pow_is_mul(g, n)) return false;
   switch (op) {
   case OP_EXP: case OP_LOG: case OP_TANH: case OP_SIGMOID: case OP_GELU: case OP_GELU_ERF: case OP_ERF:
   case OP_SIN: case OP_COS: case OP_POW: case OP_SQRT: case OP_RSQRT: case OP_DIV:
@@ -328,8 +339,9 @@ static cg_kernel *new_kernel(fuser *f, cg_kernel_kind kind, int node) {
   memset(k, 0, sizeof *k);
   k->kind = kind;
   k->id = p->n_k++;
-  k->node = node;
+  k->node = k->result_node = node;
   k->in_buf[0] = k->in_buf[1] = k->in_buf[2] = k->out_buf = -1;
+  k->alpha = 1.0;
   return k;
 }
 
@@ -549,11 +561,17 @@ static int build(fuser *f, int *memo, uint8_t *seen) {
     }
     if (r < 0) return r;
   }
-  /* recompute is fine for cheap nodes; a reduce or a costly node in two kernels is stored once */
-  for (int i = 0; i < g->n_nodes; i++) {
+  /* recompute is fine for cheap nodes; a reduce or a costly node in two
+   * kernels is stored once. One per round, the last in graph order: storing
+   * it often leaves the costly nodes under it in one kernel only (a tanh
+   * stored for the backward keeps the pow under it inlined). */
+  for (int i = g->n_nodes - 1; i >= 0; i--) {
     const ir_node *n = &g->nodes[i];
     if (f->mat[i] || f->kcount[i] < 2) continue;
-    if (is_reduce(n->op) || is_heavy(n->op)) materialize(f, i);
+    if (is_reduce(n->op) || is_heavy(g, n)) {
+      materialize(f, i);
+      break;
+    }
   }
   /* every node a kernel reads, or an output or write names, must have a buffer or view map */
   for (int i = 0; i < g->n_outputs; i++)
@@ -561,6 +579,140 @@ static int build(fuser *f, int *memo, uint8_t *seen) {
   for (int i = 0; i < g->n_writes; i++)
     if (g->writes[i].value >= 0 && f->map[g->writes[i].value].buf < 0) materialize(f, g->writes[i].value);
   return f->restart ? -2 : 0;
+}
+
+/* ---- GEMM epilogues folded into the GEMM's beta ---- */
+
+static bool same_access(const cg_kernel *k, const cg_access *a, const cg_access *b) {
+  if (!sym_same(a->offset, b->offset)) return false;
+  for (int d = 0; d < k->ndim; d++)
+    if (!sym_same(a->stride[d], b->stride[d])) return false;
+  return true;
+}
+
+/* Does kernel ki read buffer b (its own store aside)? */
+static bool kernel_reads(const cg_program *p, int ki, int b) {
+  const cg_kernel *k = &p->k[ki];
+  for (int j = 0; j < 3; j++)
+    if (k->in_buf[j] == b) return true;
+  for (int a = 0; a < k->n_acc; a++) {
+    bool store = false;
+    for (int s = 0; s < k->n_stage; s++) store |= k->stage[s].kind == CG_MAP && k->stage[s].store == a;
+    if (!store && k->acc[a].buf == b) return true;
+  }
+  return false;
+}
+
+/* Is buffer b what an output or a write reads? */
+static bool handed_out(const cg_program *p, const cg_view *views, int b) {
+  const ir_graph *g = p->g;
+  for (int i = 0; i < g->n_outputs; i++)
+    if (views[g->outputs[i]].buf == b) return true;
+  for (int i = 0; i < g->n_writes; i++)
+    if (g->writes[i].value >= 0 && views[g->writes[i].value].buf == b) return true;
+  return false;
+}
+
+/* The pointwise kernel right after a 2-D GEMM whose product only it reads:
+ *   bias   out = mm + b (b broadcast):  out is filled with b first, then the
+ *          GEMM adds into it (beta 1), so the product is never stored apart;
+ *   update P - c * mm written back to P (SGD): the GEMM adds -c * a @ b
+ *          straight into P's buffer, and the update kernel goes away.
+ * Either way one pass over the product less, and no buffer for it. */
+static void fold_epilogues(cg_program *p, cg_view *views) {
+  const ir_graph *g = p->g;
+  for (int ki = 1; ki < p->n_k; ki++) {
+    cg_kernel *k = &p->k[ki];
+    if (k->kind != CG_K_LOOP || k->n_stage != 1 || k->stage[0].kind != CG_MAP || k->stage[0].inner || k->n_outer != k->ndim)
+      continue;
+    /* the GEMM: the kernel before k that stores a buffer k loads */
+    int mi = -1;
+    for (int kj = 0; kj < ki && mi < 0; kj++)
+      for (int a = 0; a < k->n_acc && mi < 0; a++)
+        if (p->k[kj].kind == CG_K_MATMUL && p->k[kj].out_buf == k->acc[a].buf && p->k[kj].beta == 0) mi = kj;
+    if (mi < 0) continue;
+    cg_kernel *m = &p->k[mi];
+    const ir_node *mn = &g->nodes[m->node], *kn = &g->nodes[k->node];
+    int mm = m->out_buf, o = k->out_buf;
+    if (mn->ndim != 2 || g->nodes[mn->in[0]].ndim != 2 || g->nodes[mn->in[1]].ndim != 2 || !dtype_is_float(mn->dtype) ||
+        kn->dtype != mn->dtype || kn->ndim != 2 || !same_dims(2, kn->shape, mn->shape))
+      continue;
+    if (mm < 0 || p->buf[mm].kind != CG_BUF_TEMP || handed_out(p, views, mm)) continue;
+    bool alone = true; /* only k reads the product */
+    for (int kj = 0; kj < p->n_k && alone; kj++) alone = kj == ki || !kernel_reads(p, kj, mm);
+    if (!alone) continue;
+    const cg_access *st = &k->acc[k->stage[0].store];
+    const cg_expr *e = &k->expr[k->stage[0].expr];
+    if (e->kind != CG_OP || e->n_in != 2) continue;
+    const cg_expr *l = &k->expr[e->in[0]], *r = &k->expr[e->in[1]];
+    /* a load of the product, element for element with the store */
+#define IS_MM(x) ((x)->kind == CG_LOAD && k->acc[(x)->a].buf == mm && same_access(k, &k->acc[(x)->a], st))
+    if (e->op == OP_ADD && (IS_MM(l) || IS_MM(r))) {
+      const cg_expr *bias = IS_MM(l) ? r : l;
+      if (bias->kind != CG_LOAD || bias->dtype != kn->dtype) continue;
+      int bb = k->acc[bias->a].buf;
+      if (bb == mm || bb == o || p->buf[o].kind == CG_BUF_INPUT) continue;
+      for (int j = 0; j < 3; j++)
+        if (m->in_buf[j] == o) bb = -1;
+      /* the bias must exist before the GEMM runs */
+      for (int kj = mi; kj < ki && bb >= 0; kj++)
+        if (p->k[kj].out_buf == bb) bb = -1;
+      if (bb < 0) continue;
+      /* k becomes the prefill and runs just before the GEMM, which adds into its buffer */
+      k->stage[0].expr = (int)(bias - k->expr);
+      k->result_node = -1;
+      m->out_buf = o;
+      m->beta = 1.0;
+      m->result_node = k->node;
+      cg_kernel t = *k;
+      memmove(m + 1, m, sizeof *m * (size_t)(ki - mi));
+      p->k[mi] = t;
+    } else if (e->op == OP_SUB && r->kind == CG_OP && r->op == OP_MUL && r->n_in == 2 && l->kind == CG_LOAD &&
+               same_access(k, &k->acc[l->a], st)) {
+      const cg_expr *c = &k->expr[r->in[0]], *x = &k->expr[r->in[1]];
+      if (c->kind != CG_CONST) {
+        const cg_expr *t = c;
+        c = x, x = t;
+      }
+      if (c->kind != CG_CONST || !IS_MM(x)) continue;
+      /* P - c * mm, stored to a temp that is written back to P and read by nothing else */
+      int pb = k->acc[l->a].buf, w = -1;
+      if (p->buf[pb].kind != CG_BUF_INPUT || p->buf[o].kind != CG_BUF_TEMP || p->buf[pb].dtype != kn->dtype ||
+          p->buf[pb].ndim != 2 || !same_dims(2, p->buf[pb].shape, kn->shape))
+        continue;
+      for (int i = 0; i < g->n_writes; i++)
+        if (g->writes[i].kind == IR_WRITE_DATA && g->writes[i].value == k->node && p->node_buf[g->writes[i].target] == pb) w = i;
+      if (w < 0 || views[k->node].buf != o) continue;
+      bool ok = true;
+      for (int i = 0; i < g->n_outputs && ok; i++) ok = views[g->outputs[i]].buf != o && views[g->outputs[i]].buf != pb;
+      for (int i = 0; i < g->n_writes && ok; i++)
+        ok = i == w || g->writes[i].value < 0 || (views[g->writes[i].value].buf != o && views[g->writes[i].value].buf != pb);
+      for (int j = 0; j < 3 && ok; j++) ok = m->in_buf[j] != pb;
+      /* nothing after the GEMM but the update reads P, and nothing after the update its new value */
+      for (int kj = mi + 1; kj < p->n_k && ok; kj++) ok = kj == ki || (!kernel_reads(p, kj, pb) && !kernel_reads(p, kj, o));
+      if (!ok) continue;
+      m->out_buf = o;
+      m->alpha = -c->c;
+      m->beta = 1.0;
+      m->result_node = k->node;
+      p->buf[o].alias_of = pb; /* o is P's memory: the GEMM updates P in place */
+      /* drop k */
+      alloc_free(k->acc), alloc_free(k->expr), alloc_free(k->stage), alloc_free(k->nodes), alloc_free(k->param);
+      memmove(k, k + 1, sizeof *k * (size_t)(p->n_k - ki - 1));
+      p->n_k--;
+      ki--; /* the next kernel is at ki now */
+    }
+#undef IS_MM
+  }
+  /* kernels are named by their place in the order */
+  for (int ki = 0; ki < p->n_k; ki++) {
+    cg_kernel *k = &p->k[ki];
+    const char *rest = strchr(k->name, '_');
+    char name[80];
+    snprintf(name, sizeof name, "k%d%s", ki, rest ? rest : "");
+    k->id = ki;
+    snprintf(k->name, sizeof k->name, "%.31s", name);
+  }
 }
 
 /* In place: a pointwise kernel whose input buffer dies in it, with the same
@@ -653,11 +805,14 @@ cg_program *fuse_graph(const ir_graph *g, char *err, size_t errn) {
     snprintf(err, errn, "fusion did not settle");
     goto fail;
   }
-  /* liveness over the kernel order */
   cg_program *p = f.p;
+  fold_epilogues(p, f.map);
+  /* liveness over the kernel order */
   for (int ki = 0; ki < p->n_k; ki++) {
     cg_kernel *k = &p->k[ki];
     if (k->out_buf >= 0 && p->buf[k->out_buf].first < 0) p->buf[k->out_buf].first = ki;
+    /* a result no kernel reads (a dead node of a loaded graph) still occupies its buffer while written */
+    if (k->out_buf >= 0 && p->buf[k->out_buf].last < ki) p->buf[k->out_buf].last = ki;
     for (int a = 0; a < k->n_acc; a++) p->buf[k->acc[a].buf].last = ki;
     for (int j = 0; j < 3; j++)
       if (k->in_buf[j] >= 0) p->buf[k->in_buf[j]].last = ki;
@@ -728,6 +883,7 @@ void fuse_dump(const cg_program *p, FILE *o) {
     }
     fprintf(o, "]");
     if (bf->kind == CG_BUF_TEMP && bf->alias_of >= 0) fprintf(o, " stored in place in b%d", bf->alias_of);
+    else if (bf->kind == CG_BUF_TEMP && bf->first < 0) fprintf(o, " unused (folded into a GEMM)");
     else if (bf->kind == CG_BUF_TEMP) fprintf(o, " live k%d..k%d", bf->first, bf->last);
     fputc('\n', o);
   }

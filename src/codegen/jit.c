@@ -15,6 +15,7 @@
 #include <llvm-c/Error.h>
 #include <llvm-c/LLJIT.h>
 #include <llvm-c/Orc.h>
+#include <llvm-c/Support.h>
 #include <llvm-c/Target.h>
 #include <llvm-c/TargetMachine.h>
 #include <llvm-c/Transforms/PassBuilder.h>
@@ -63,9 +64,13 @@ static const char *module_name(LLVMModuleRef mod) {
   return LLVMGetModuleIdentifier(mod, &len);
 }
 
+/* The small code model: constants are RIP-relative operands. The JIT
+ * default (large) loads each one's 64-bit address into a register, which in
+ * a long vector loop (GELU) ran out of registers and spilled. ORC's JITLink
+ * places a module's code and data in one allocation, as the small model needs. */
 static LLVMTargetMachineRef host_machine(void) {
   return LLVMCreateTargetMachine(host.target, host.triple, host.cpu, host.features, LLVMCodeGenLevelAggressive,
-                                 LLVMRelocPIC, LLVMCodeModelJITDefault);
+                                 LLVMRelocPIC, LLVMCodeModelSmall);
 }
 
 static void init_once(void) {
@@ -74,6 +79,11 @@ static void init_once(void) {
     snprintf(host.err, sizeof host.err, "LLVM has no native target for this machine");
     return;
   }
+  /* A vectorized loop keeps a scalar remainder but no second, narrower
+   * vector loop for it: that copy of the body costs compile time and gains
+   * nothing on kernels whose rows are long or a multiple of the vector */
+  const char *const opts[] = {"kiln", "-enable-epilogue-vectorization=false"};
+  LLVMParseCommandLineOptions(2, opts, NULL);
   host.triple = LLVMGetDefaultTargetTriple();
   host.cpu = LLVMGetHostCPUName();
   host.features = LLVMGetHostCPUFeatures();
@@ -231,7 +241,9 @@ cg_jit *jit_compile(cg_module *m, unsigned dump, FILE *dump_to, double *opt_ms, 
   LLVMPassBuilderOptionsRef po = LLVMCreatePassBuilderOptions();
   LLVMPassBuilderOptionsSetLoopVectorization(po, 1);
   LLVMPassBuilderOptionsSetSLPVectorization(po, 1);
-  LLVMPassBuilderOptionsSetLoopUnrolling(po, 1);
+  /* no unrolling beyond the vectorizer's interleaving: it doubled the code
+   * (and its compile time) of every loop for no measured gain */
+  LLVMPassBuilderOptionsSetLoopUnrolling(po, 0);
   LLVMPassBuilderOptionsSetLoopInterleaving(po, 1);
   LLVMErrorRef e = LLVMRunPasses(m->mod, "default<O2>", tm, po);
   LLVMDisposePassBuilderOptions(po);

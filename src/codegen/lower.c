@@ -35,6 +35,9 @@ typedef struct lctx {
   LLVMValueRef accv[16];   /* per stage: the REDUCE result */
   LLVMValueRef *memo;      /* per expr: value in the current loop body */
   int reuse_expr, reuse_acc; /* a reduced expression kept in the output for the MAP, or -1 */
+  LLVMValueRef first_lo, first_hi; /* a split reduction: the bounds of dim 0 for this block */
+  LLVMValueRef scope[64], noalias[64]; /* per access: alias scope metadata of its buffer, and of the others */
+  unsigned scope_kind, noalias_kind;
   const char *failed;      /* why lowering gave up (the module is then discarded) */
   int cap_param;
 } lctx;
@@ -124,6 +127,44 @@ static LLVMValueRef convert(lctx *L, LLVMValueRef v, kiln_dtype from, kiln_dtype
 
 static LLVMValueRef emit(lctx *L, int e, LLVMValueRef *off);
 
+/* Distinct buffers of a kernel never overlap in memory (the plan keeps the
+ * live ones apart; an in-place store uses its input's buffer id), so each
+ * buffer is an alias scope: the vectorizer then needs no run-time overlap
+ * checks and no second, scalar copy of the loop for them. */
+static void alias_scopes(lctx *L) {
+  cg_kernel *k = L->k;
+  LLVMContextRef c = L->c;
+  L->scope_kind = LLVMGetMDKindIDInContext(c, "alias.scope", 11);
+  L->noalias_kind = LLVMGetMDKindIDInContext(c, "noalias", 7);
+  LLVMMetadataRef dom_name = LLVMMDStringInContext2(c, "kiln.buffers", 12);
+  LLVMMetadataRef dom = LLVMMDNodeInContext2(c, &dom_name, 1);
+  LLVMMetadataRef scope_of[64];
+  for (int a = 0; a < k->n_acc; a++) {
+    char name[32];
+    int n = snprintf(name, sizeof name, "kiln.b%d", k->acc[a].buf);
+    LLVMMetadataRef ops[2] = {LLVMMDStringInContext2(c, name, (size_t)n), dom};
+    scope_of[a] = LLVMMDNodeInContext2(c, ops, 2); /* uniqued: one node per buffer */
+  }
+  for (int a = 0; a < k->n_acc; a++) {
+    LLVMMetadataRef others[64];
+    int n = 0;
+    for (int b = 0; b < k->n_acc; b++) {
+      bool seen = k->acc[b].buf == k->acc[a].buf;
+      for (int q = 0; q < b && !seen; q++) seen = k->acc[q].buf == k->acc[b].buf;
+      if (!seen) others[n++] = scope_of[b];
+    }
+    L->scope[a] = LLVMMetadataAsValue(c, LLVMMDNodeInContext2(c, &scope_of[a], 1));
+    L->noalias[a] = n ? LLVMMetadataAsValue(c, LLVMMDNodeInContext2(c, others, (size_t)n)) : NULL;
+  }
+}
+
+/* A load or store through access a, tagged with its buffer's scope. */
+static LLVMValueRef tag(lctx *L, LLVMValueRef inst, int a) {
+  LLVMSetMetadata(inst, L->scope_kind, L->scope[a]);
+  if (L->noalias[a]) LLVMSetMetadata(inst, L->noalias_kind, L->noalias[a]);
+  return inst;
+}
+
 static LLVMValueRef emit_op(lctx *L, const cg_expr *x, LLVMValueRef *off) {
   LLVMValueRef a = emit(L, x->in[0], off);
   if (!a) return NULL;
@@ -178,7 +219,7 @@ static LLVMValueRef emit(lctx *L, int e, LLVMValueRef *off) {
   case CG_LOAD: {
     LLVMTypeRef t = elem_type(L, x->dtype);
     LLVMValueRef ptr = LLVMBuildGEP2(L->b, t, L->ptrs[x->a], &off[x->a], 1, "");
-    v = LLVMBuildLoad2(L->b, t, ptr, "");
+    v = tag(L, LLVMBuildLoad2(L->b, t, ptr, ""), x->a);
     break;
   }
   case CG_CONST:
@@ -262,7 +303,8 @@ static void inner_nest(lctx *L, int d, LLVMValueRef *idx, inner_body body, void 
     return;
   }
   loop lp;
-  loop_open(L, &lp, ci64(L, 0), sym_val(L, k->dim[d]), "inner");
+  if (d == 0 && L->first_lo) loop_open(L, &lp, L->first_lo, L->first_hi, "inner");
+  else loop_open(L, &lp, ci64(L, 0), sym_val(L, k->dim[d]), "inner");
   idx[d] = lp.i;
   inner_nest(L, d + 1, idx, body, ctx);
   loop_close(L, &lp);
@@ -282,7 +324,8 @@ static void reduce_body(lctx *L, LLVMValueRef *off, void *vctx) {
   LLVMValueRef v = emit(L, r->st->expr, off);
   if (!v) return;
   if (r->keep_in >= 0)
-    LLVMBuildStore(L->b, v, LLVMBuildGEP2(L->b, elem_type(L, r->dt), L->ptrs[r->keep_in], &off[r->keep_in], 1, ""));
+    tag(L, LLVMBuildStore(L->b, v, LLVMBuildGEP2(L->b, elem_type(L, r->dt), L->ptrs[r->keep_in], &off[r->keep_in], 1, "")),
+        r->keep_in);
   LLVMValueRef acc = LLVMBuildLoad2(L->b, r->acc_t, r->acc_ptr, "");
   LLVMValueRef nv;
   if (r->st->op == OP_SUM || r->st->op == OP_MEAN) {
@@ -309,14 +352,15 @@ static void map_body(lctx *L, LLVMValueRef *off, void *vctx) {
   if (L->reuse_expr >= 0 && st->store == L->reuse_acc) {
     /* an earlier REDUCE stage left this value where this stage stores: read it back */
     LLVMTypeRef t = elem_type(L, L->k->expr[L->reuse_expr].dtype);
-    L->memo[L->reuse_expr] = LLVMBuildLoad2(L->b, t, LLVMBuildGEP2(L->b, t, L->ptrs[st->store], &off[st->store], 1, ""), "");
+    L->memo[L->reuse_expr] =
+        tag(L, LLVMBuildLoad2(L->b, t, LLVMBuildGEP2(L->b, t, L->ptrs[st->store], &off[st->store], 1, ""), ""), st->store);
   }
   LLVMValueRef v = emit(L, st->expr, off);
   if (!v) return;
   const cg_access *a = &L->k->acc[st->store];
   LLVMTypeRef t = elem_type(L, L->prog->buf[a->buf].dtype);
   LLVMValueRef ptr = LLVMBuildGEP2(L->b, t, L->ptrs[st->store], &off[st->store], 1, "");
-  LLVMBuildStore(L->b, v, ptr);
+  tag(L, LLVMBuildStore(L->b, v, ptr), st->store);
 }
 
 /* Outer bases at flat outer index o (dims [0, n_outer) split by div/mod). */
@@ -454,6 +498,67 @@ static void lower_staged(lctx *L, LLVMValueRef begin, LLVMValueRef end) {
   loop_close(L, &outer);
 }
 
+/* A full reduction in blocks (cg_kernel.split): begin >= 0 reduces blocks
+ * [begin, end) of dim 0 into the scratch; begin < 0 combines the scratch in
+ * block order (f64 sums, no reassociation) and runs the MAP. */
+static void lower_split(lctx *L, LLVMValueRef begin, LLVMValueRef end) {
+  cg_kernel *k = L->k;
+  const cg_stage *st = &k->stage[0];
+  kiln_dtype dt = k->expr[st->expr].dtype;
+  bool sum = st->op == OP_SUM || st->op == OP_MEAN;
+  LLVMTypeRef acc_t = dt == KILN_F32 && !(sum && !short_rows(k)) ? L->f32 : L->f64;
+  double init = st->op == OP_MAX ? -INFINITY : st->op == OP_MIN ? INFINITY : 0.0;
+  LLVMValueRef acc_ptr = LLVMBuildAlloca(L->eb, L->f64, "acc");
+  LLVMValueRef scratch = LLVMBuildLoad2(
+      L->eb, L->ptr, LLVMBuildGEP2(L->eb, L->ptr, L->bufs, (LLVMValueRef[]){ci64(L, L->prog->n_buf)}, 1, ""), "scratch");
+  for (int a = 0; a < k->n_acc; a++) L->base[a] = sym_val(L, k->acc[a].offset);
+  LLVMBasicBlockRef blocks = LLVMAppendBasicBlockInContext(L->c, L->fn, "blocks"),
+                    combine = LLVMAppendBasicBlockInContext(L->c, L->fn, "combine"),
+                    done = LLVMAppendBasicBlockInContext(L->c, L->fn, "alldone");
+  LLVMBuildCondBr(L->b, LLVMBuildICmp(L->b, LLVMIntSLT, begin, ci64(L, 0), ""), combine, blocks);
+  /* phase 1: block b covers dim 0 in [b * n / B, (b + 1) * n / B) */
+  LLVMPositionBuilderAtEnd(L->b, blocks);
+  LLVMValueRef n0 = sym_val(L, k->dim[0]);
+  loop lb;
+  loop_open(L, &lb, begin, end, "block");
+  L->first_lo = LLVMBuildSDiv(L->b, LLVMBuildMul(L->b, lb.i, n0, ""), ci64(L, CG_BLOCKS), "");
+  L->first_hi = LLVMBuildSDiv(L->b, LLVMBuildMul(L->b, LLVMBuildAdd(L->b, lb.i, ci64(L, 1), ""), n0, ""), ci64(L, CG_BLOCKS), "");
+  LLVMBuildStore(L->b, LLVMConstReal(acc_t, init), acc_ptr);
+  reduce_ctx rc = {st, -1, acc_ptr, acc_t, dt};
+  LLVMValueRef idx[MAXD];
+  inner_nest(L, 0, idx, reduce_body, &rc);
+  L->first_lo = L->first_hi = NULL;
+  LLVMValueRef part = LLVMBuildLoad2(L->b, acc_t, acc_ptr, "");
+  if (acc_t != L->f64) part = LLVMBuildFPExt(L->b, part, L->f64, "");
+  LLVMBuildStore(L->b, part, LLVMBuildGEP2(L->b, L->f64, scratch, &lb.i, 1, ""));
+  loop_close(L, &lb);
+  LLVMBuildBr(L->b, done);
+  /* phase 2: the partials in block order, then the MAP */
+  LLVMPositionBuilderAtEnd(L->b, combine);
+  LLVMBuildStore(L->b, LLVMConstReal(L->f64, init), acc_ptr);
+  loop lc;
+  loop_open(L, &lc, ci64(L, 0), ci64(L, CG_BLOCKS), "combine");
+  LLVMValueRef acc = LLVMBuildLoad2(L->b, L->f64, acc_ptr, "");
+  LLVMValueRef v = LLVMBuildLoad2(L->b, L->f64, LLVMBuildGEP2(L->b, L->f64, scratch, &lc.i, 1, ""), "");
+  LLVMValueRef nv = sum ? LLVMBuildFAdd(L->b, acc, v, "")
+                        : call_intrinsic(L, st->op == OP_MAX ? "llvm.maximum" : "llvm.minimum", L->f64, (LLVMValueRef[]){acc, v}, 2);
+  LLVMBuildStore(L->b, nv, acc_ptr);
+  loop_close(L, &lc);
+  LLVMValueRef r = LLVMBuildLoad2(L->b, L->f64, acc_ptr, "");
+  if (st->op == OP_MEAN) {
+    LLVMValueRef cnt = ci64(L, 1);
+    for (int d = 0; d < k->ndim; d++) cnt = LLVMBuildMul(L->b, cnt, sym_val(L, k->dim[d]), "");
+    r = LLVMBuildFDiv(L->b, r, LLVMBuildSIToFP(L->b, cnt, L->f64, ""), "");
+  }
+  if (dt == KILN_F32) r = LLVMBuildFPTrunc(L->b, r, L->f32, "");
+  L->accv[0] = r;
+  LLVMValueRef off[64];
+  memcpy(off, L->base, sizeof(LLVMValueRef) * (size_t)k->n_acc);
+  map_body(L, off, (void *)&k->stage[1]);
+  LLVMBuildBr(L->b, done);
+  LLVMPositionBuilderAtEnd(L->b, done);
+}
+
 /* Pointwise kernels: flat elements [begin, end) as runs along the last dim. */
 static void lower_flat(lctx *L, LLVMValueRef begin, LLVMValueRef end) {
   cg_kernel *k = L->k;
@@ -528,9 +633,14 @@ int lower_kernel(const cg_program *prog, cg_kernel *k, LLVMModuleRef m, char *wh
     LLVMValueRef g = LLVMBuildGEP2(L.eb, L.ptr, L.bufs, (LLVMValueRef[]){ci64(&L, k->acc[a].buf)}, 1, "");
     L.ptrs[a] = LLVMBuildLoad2(L.eb, L.ptr, g, "");
   }
+  alias_scopes(&L);
   bool staged = false;
   for (int s = 0; s < k->n_stage; s++) staged |= k->stage[s].kind == CG_REDUCE || k->stage[s].inner;
-  if (staged) lower_staged(&L, LLVMGetParam(L.fn, 2), LLVMGetParam(L.fn, 3));
+  /* a float sum, mean, max or min over every dim, then one store: split into blocks */
+  k->split = k->n_outer == 0 && k->ndim >= 1 && k->n_stage == 2 && k->stage[0].kind == CG_REDUCE &&
+             k->stage[1].kind == CG_MAP && !k->stage[1].inner && is_float(k->expr[k->stage[0].expr].dtype);
+  if (k->split) lower_split(&L, LLVMGetParam(L.fn, 2), LLVMGetParam(L.fn, 3));
+  else if (staged) lower_staged(&L, LLVMGetParam(L.fn, 2), LLVMGetParam(L.fn, 3));
   else lower_flat(&L, LLVMGetParam(L.fn, 2), LLVMGetParam(L.fn, 3));
   LLVMBuildRetVoid(L.b);
   LLVMBuildBr(L.eb, start);

@@ -5,11 +5,14 @@
  * (kept between calls), run the kernels in order (loops split across the
  * thread pool, matmul through BLAS, the rest through eager kernels), then
  * hand out the outputs and apply the writes. */
+#include <cblas.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "codegen/codegen.h"
 #include "eager/pool.h"
@@ -43,6 +46,7 @@ static double now_ms(void) {
 
 static void exec_free(backend_exec *e) {
   if (!e) return;
+  if (e->dump_to && e->dump_to != stderr) fclose(e->dump_to);
   if (e->consts && e->prog)
     for (int i = 0; i < e->prog->n_buf; i++) kiln_release(e->consts[i]);
   alloc_free(e->consts);
@@ -156,9 +160,14 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
   if (dump & KILN_DUMP_KERNELS)
     fprintf(e->dump_to, "compile time: fuse+lower %.2f ms, LLVM optimize %.2f ms, machine code %.2f ms\n", t1 - t0, opt_ms,
             cg_ms);
-  /* the plan is printed at the first call, when the sizes are known: to stderr
-   * only, since a dump file given for compiling is closed by then */
-  if (e->dump_to != stderr) e->dump_to = NULL;
+  /* the plan is printed at the first call, when the sizes are known; the
+   * caller closes a dump file after compiling, so keep a handle of our own on
+   * the same open file (appending) until then */
+  if (e->dump_to != stderr) {
+    int fd = (dump & KILN_DUMP_KERNELS) ? dup(fileno(e->dump_to)) : -1;
+    e->dump_to = fd >= 0 ? fdopen(fd, "a") : NULL;
+    if (!e->dump_to && fd >= 0) close(fd);
+  }
   e->front_ms = t1 - t0;
   e->opt_ms = opt_ms;
   e->machine_ms = cg_ms;
@@ -175,15 +184,72 @@ fail:
 
 /* ---- running ---- */
 
+/* A loop kernel's range handed out in blocks: each thread of the pool takes
+ * the next block until none is left, so a thread the OS delays (a shared
+ * machine) leaves its blocks to the others instead of holding up the kernel.
+ * Results do not depend on who runs a block: a pointwise element, and a whole
+ * row of a staged kernel, are computed in one call. */
 typedef struct kern_job {
   kern_fn fn;
   const int64_t *p;
   char *const *bufs;
+  int64_t range, block;
+  _Atomic int64_t next;
 } kern_job;
 
 static void kern_chunk(void *ctx, int64_t begin, int64_t end) {
+  (void)begin, (void)end;
   kern_job *j = ctx;
-  j->fn(j->p, j->bufs, begin, end);
+  for (int64_t b; (b = atomic_fetch_add_explicit(&j->next, j->block, memory_order_relaxed)) < j->range;)
+    j->fn(j->p, j->bufs, b, b + j->block < j->range ? b + j->block : j->range);
+}
+
+/* How BLAS reads a (rows, cols) view with strides (rs, cs): 0, or -1 when
+ * neither dim is unit-stride. */
+static int blas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs, CBLAS_TRANSPOSE *tr, int64_t *ld) {
+  if (cs == 1 && (rows <= 1 || rs >= (cols > 1 ? cols : 1))) {
+    *tr = CblasNoTrans;
+    *ld = rows <= 1 ? (cols > 1 ? cols : 1) : rs;
+    return 0;
+  }
+  if (rs == 1 && (cols <= 1 || cs >= (rows > 1 ? rows : 1))) {
+    *tr = CblasTrans;
+    *ld = cols <= 1 ? (rows > 1 ? rows : 1) : cs;
+    return 0;
+  }
+  return -1;
+}
+
+/* c = alpha * a @ b + beta * c for 2-D float views, c contiguous: a GEMM
+ * with an epilogue folded in (fuse.c, fold_epilogues). 0 or -1. */
+static int gemm_into(kiln_tensor *a, kiln_tensor *b, double alpha, double beta, kiln_tensor *c) {
+  kiln_tensor *ca = NULL, *cb = NULL;
+  int64_t m = a->shape[0], k = a->shape[1], n = b->shape[1], lda = 1, ldb = 1;
+  CBLAS_TRANSPOSE ta = CblasNoTrans, tb = CblasNoTrans;
+  if (blas_layout(m, k, a->stride[0], a->stride[1], &ta, &lda)) {
+    if (!(ca = op_run(OP_COPY, &a, 1, NULL, "", 0))) return -1;
+    a = ca;
+    blas_layout(m, k, a->stride[0], a->stride[1], &ta, &lda);
+  }
+  if (blas_layout(k, n, b->stride[0], b->stride[1], &tb, &ldb)) {
+    if (!(cb = op_run(OP_COPY, &b, 1, NULL, "", 0))) {
+      kiln_release(ca);
+      return -1;
+    }
+    b = cb;
+    blas_layout(k, n, b->stride[0], b->stride[1], &tb, &ldb);
+  }
+  if (m > 0 && n > 0 && k > 0) {
+    if (c->dtype == KILN_F32)
+      cblas_sgemm(CblasRowMajor, ta, tb, (int)m, (int)n, (int)k, (float)alpha, tensor_data(a), (int)lda, tensor_data(b),
+                  (int)ldb, (float)beta, tensor_data(c), (int)n);
+    else
+      cblas_dgemm(CblasRowMajor, ta, tb, (int)m, (int)n, (int)k, alpha, tensor_data(a), (int)lda, tensor_data(b), (int)ldb,
+                  beta, tensor_data(c), (int)n);
+  }
+  kiln_release(ca);
+  kiln_release(cb);
+  return 0;
 }
 
 /* A tensor header over memory the runtime owns (no refcount; never released). */
@@ -191,6 +257,21 @@ typedef struct tview {
   kiln_tensor t;
   storage st;
 } tview;
+
+/* The indices of index_select and index_add come from the call's data, and
+ * their kernels trust them: checked here as eager checks them. 0 or -1 (error set). */
+static int check_indices(const ir_node *n, kiln_tensor *const *ins, const op_attrs *at) {
+  if (n->op != OP_INDEX_SELECT && n->op != OP_INDEX_ADD) return 0;
+  const kiln_tensor *idx = ins[1];
+  int64_t bound = ins[0]->shape[at->dim];
+  for (int64_t i = 0; i < idx->shape[0]; i++) {
+    int64_t k = ((const int64_t *)idx->st->data)[idx->offset + i * idx->stride[0]];
+    if (k < 0 || k >= bound)
+      return err_set(n->file, n->line, ir_op_name(n->op), "index %lld at position %lld is out of range [0, %lld)",
+                     (long long)k, (long long)i, (long long)bound), -1;
+  }
+  return 0;
+}
 
 static int make_view(tview *v, char *base, kiln_dtype dt, const ir_node *n, const cg_view *m, const int64_t *vals,
                      int nvals) {
@@ -219,9 +300,9 @@ static int64_t eval_or(sym_dim d, const int64_t *vals, int n) {
 static int compare_kernel(backend_exec *e, const cg_kernel *k, char *const *bufs, const int64_t *vals,
                           kiln_tensor *const *all, char *report, size_t rn) {
   const ir_graph *g = e->g;
-  if (k->out_buf < 0) return 0;
+  if (k->out_buf < 0 || k->result_node < 0) return 0;
   /* the kernel's own node: the buffer may hold another's value before it (in-place reuse) */
-  const ir_node *n = &g->nodes[k->node];
+  const ir_node *n = &g->nodes[k->result_node];
   tview v;
   cg_view whole = {k->out_buf, sym_const(0), {{0}}};
   sym_dim acc = sym_const(1);
@@ -229,11 +310,11 @@ static int compare_kernel(backend_exec *e, const cg_kernel *k, char *const *bufs
     whole.stride[d] = acc;
     acc = sym_mul(g->sym, acc, n->shape[d]);
   }
-  if (!all[k->node] || make_view(&v, bufs[k->out_buf], n->dtype, n, &whole, vals, g->n_syms)) return 0;
+  if (!all[k->result_node] || make_view(&v, bufs[k->out_buf], n->dtype, n, &whole, vals, g->n_syms)) return 0;
   int64_t cnt = kiln_numel(&v.t), worst_at = -1;
   double worst = 0, tol = n->dtype == KILN_F32 ? 1e-4 : n->dtype == KILN_F64 ? 1e-10 : 0;
   for (int64_t i = 0; i < cnt; i++) {
-    double x = tensor_get(&v.t, i), y = tensor_get(all[k->node], i);
+    double x = tensor_get(&v.t, i), y = tensor_get(all[k->result_node], i);
     if (x == y || (x != x && y != y)) continue;
     double d = fabs(x - y);
     if (!(d <= tol * (1 + fabs(y))) && !(d <= worst)) {
@@ -297,7 +378,7 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
       break;
     case CG_BUF_TEMP:
       /* a buffer merged into another by the in-place reuse takes no space */
-      bytes[b] = bf->alias_of >= 0 ? 0 : (size_t)shape_numel(bf->ndim, shape) * kiln_dtype_size(bf->dtype);
+      bytes[b] = bf->alias_of >= 0 || bf->first < 0 ? 0 : (size_t)shape_numel(bf->ndim, shape) * kiln_dtype_size(bf->dtype);
       break;
     }
     tens[b] = t;
@@ -326,6 +407,12 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
     for (int b = 0; b < nb; b++)
       if (p->buf[b].kind == CG_BUF_TEMP && p->buf[b].alias_of < 0)
         fprintf(e->dump_to, "  b%d at %zu, %zu bytes\n", b, off[b], bytes[b]);
+    if (e->dump_to != stderr) {
+      fclose(e->dump_to);
+      e->dump_to = NULL;
+    } else {
+      fflush(stderr);
+    }
   }
   pthread_mutex_unlock(&e->mu);
   if (!shared_arena) {
@@ -336,8 +423,18 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
   if (arena_bytes && !arena) goto oom;
   for (int b = 0; b < nb; b++)
     if (p->buf[b].kind == CG_BUF_TEMP) bufs[b] = arena + off[b];
-  for (int b = 0; b < nb; b++)
-    if (p->buf[b].kind == CG_BUF_TEMP && p->buf[b].alias_of >= 0) bufs[b] = bufs[p->buf[b].alias_of];
+  for (int b = 0; b < nb; b++) {
+    const cg_buf *bf = &p->buf[b];
+    if (bf->kind != CG_BUF_TEMP || bf->alias_of < 0) continue;
+    bufs[b] = bufs[bf->alias_of];
+    if (report && p->buf[bf->alias_of].kind == CG_BUF_INPUT) {
+      /* a GEMM updates this argument in place; check mode runs the kernels
+       * again from the same start, so it updates a copy instead */
+      kiln_tensor *src = tens[bf->alias_of];
+      if (!(own[b] = op_run(OP_COPY, &src, 1, NULL, "", 0))) goto oom;
+      bufs[b] = tensor_data(own[b]);
+    }
+  }
 
   if (report) {
     /* check mode: the interpreter's value of every node, then each kernel against it */
@@ -363,10 +460,31 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
         if (!staged || d < k->n_outer) range *= v;
         else inner *= v;
       }
-      kern_job job = {e->fn[ki], prm, bufs};
-      /* about 64K elements of work per chunk: waking a worker costs more than a small kernel */
-      int64_t grain = staged ? (inner >= 65536 ? 1 : 65536 / (inner ? inner : 1)) : 32768;
-      pool_parallel_for(range, grain, kern_chunk, &job);
+      /* about 64K elements of work per block; a kernel of fewer than two blocks
+       * runs on the calling thread, since waking a worker costs more */
+      int64_t grain = staged ? (inner >= 65536 ? 1 : 65536 / (inner ? inner : 1)) : 65536;
+      int threads = pool_num_threads();
+      if (k->split) {
+        /* a full reduction: its fixed blocks in parallel, then the combine */
+        double scratch[CG_BLOCKS];
+        bufs[nb] = (char *)scratch;
+        if (inner < 2 * 65536 || threads < 2) {
+          e->fn[ki](prm, bufs, 0, CG_BLOCKS);
+        } else {
+          kern_job job = {e->fn[ki], prm, bufs, CG_BLOCKS, 1, 0};
+          pool_parallel_for(threads, 1, kern_chunk, &job);
+        }
+        e->fn[ki](prm, bufs, -1, 0);
+        bufs[nb] = NULL;
+      } else if (range < 2 * grain || threads < 2) {
+        e->fn[ki](prm, bufs, 0, range);
+      } else {
+        /* about 8 blocks per thread, for the balance */
+        int64_t block = range / (8 * (int64_t)threads);
+        if (block < grain) block = grain;
+        kern_job job = {e->fn[ki], prm, bufs, range, block, 0};
+        pool_parallel_for(threads, 1, kern_chunk, &job);
+      }
 #ifdef KILN_TEST_BUILD
       /* fault injection: a miscompiled kernel, for check mode to find */
       const char *bad = getenv("KILN_TEST_CORRUPT_KERNEL");
@@ -402,7 +520,13 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
     ok = ok && make_view(&ov, bufs[k->out_buf], n->dtype, n, &self, vals, ns) == 0;
     op_attrs at;
     ok = ok && ir_attrs_eval(&n->attrs, vals, ns, &at) == 0;
-    int r = ok ? op_kernel((op_id)n->op, many ? many : ins, many ? n->n_in : nin, &at, &ov.t) : -1;
+    if (ok && check_indices(n, ins, &at)) {
+      alloc_free(many), alloc_free(mv);
+      goto done;
+    }
+    int r = !ok ? -1
+            : k->kind == CG_K_MATMUL && k->beta != 0 ? gemm_into(ins[0], ins[1], k->alpha, k->beta, &ov.t)
+                                                     : op_kernel((op_id)n->op, many ? many : ins, many ? n->n_in : nin, &at, &ov.t);
     alloc_free(many), alloc_free(mv);
     if (r) {
       err_set(n->file, n->line, ir_op_name(n->op), "%s: %%%d: the kernel failed", g->name, k->node);
@@ -451,7 +575,8 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
       tview v;
       if (make_view(&v, bufs[m->buf], g->nodes[w->value].dtype, &g->nodes[w->value], m, vals, ns)) goto bad_shape;
       if (w->kind == IR_WRITE_DATA) {
-        pw_copy(dst, &v.t);
+        /* a GEMM that updated the argument in place left nothing to copy */
+        if (tensor_data(dst) != tensor_data(&v.t) || !tensor_contiguous(dst)) pw_copy(dst, &v.t);
         atomic_fetch_add(&dst->st->version, 1);
         continue;
       }
