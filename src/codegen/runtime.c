@@ -204,20 +204,12 @@ static void kern_chunk(void *ctx, int64_t begin, int64_t end) {
     j->fn(j->p, j->bufs, b, b + j->block < j->range ? b + j->block : j->range);
 }
 
-/* How BLAS reads a (rows, cols) view with strides (rs, cs): 0, or -1 when
- * neither dim is unit-stride. */
-static int blas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs, CBLAS_TRANSPOSE *tr, int64_t *ld) {
-  if (cs == 1 && (rows <= 1 || rs >= (cols > 1 ? cols : 1))) {
-    *tr = CblasNoTrans;
-    *ld = rows <= 1 ? (cols > 1 ? cols : 1) : rs;
-    return 0;
-  }
-  if (rs == 1 && (cols <= 1 || cs >= (rows > 1 ? rows : 1))) {
-    *tr = CblasTrans;
-    *ld = cols <= 1 ? (rows > 1 ? rows : 1) : cs;
-    return 0;
-  }
-  return -1;
+/* blas_layout (eager's) as BLAS takes it. */
+static int cblas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs, CBLAS_TRANSPOSE *tr, int64_t *ld) {
+  bool t = false;
+  int rc = blas_layout(rows, cols, rs, cs, &t, ld);
+  *tr = t ? CblasTrans : CblasNoTrans;
+  return rc;
 }
 
 /* c = alpha * a @ b + beta * c for 2-D float views, c contiguous: a GEMM
@@ -226,18 +218,18 @@ static int gemm_into(kiln_tensor *a, kiln_tensor *b, double alpha, double beta, 
   kiln_tensor *ca = NULL, *cb = NULL;
   int64_t m = a->shape[0], k = a->shape[1], n = b->shape[1], lda = 1, ldb = 1;
   CBLAS_TRANSPOSE ta = CblasNoTrans, tb = CblasNoTrans;
-  if (blas_layout(m, k, a->stride[0], a->stride[1], &ta, &lda)) {
+  if (cblas_layout(m, k, a->stride[0], a->stride[1], &ta, &lda)) {
     if (!(ca = op_run(OP_COPY, &a, 1, NULL, "", 0))) return -1;
     a = ca;
-    blas_layout(m, k, a->stride[0], a->stride[1], &ta, &lda);
+    cblas_layout(m, k, a->stride[0], a->stride[1], &ta, &lda);
   }
-  if (blas_layout(k, n, b->stride[0], b->stride[1], &tb, &ldb)) {
+  if (cblas_layout(k, n, b->stride[0], b->stride[1], &tb, &ldb)) {
     if (!(cb = op_run(OP_COPY, &b, 1, NULL, "", 0))) {
       kiln_release(ca);
       return -1;
     }
     b = cb;
-    blas_layout(k, n, b->stride[0], b->stride[1], &tb, &ldb);
+    cblas_layout(k, n, b->stride[0], b->stride[1], &tb, &ldb);
   }
   if (m > 0 && n > 0 && k > 0) {
     if (c->dtype == KILN_F32)

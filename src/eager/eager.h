@@ -47,6 +47,9 @@ void *err_set(const char *file, int line, const char *op, const char *fmt, ...)
 void *err_null(const char *file, int line, const char *op, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 /* Gives a message set without a location (deep in a compiled call) the caller's file:line. */
 void err_locate(const char *file, int line);
+/* How BLAS reads a (rows, cols) matrix with strides (rs, cs): 0 with its
+ * transpose flag and leading dim, or -1 when neither dim is unit-stride. */
+int blas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs, bool *trans, int64_t *ld);
 /* Formats a shape as "[2,3]" into buf (at least 128 bytes). */
 const char *err_shape(char *buf, int ndim, const int64_t *shape);
 #define SHAPE_BUF 160

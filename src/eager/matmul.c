@@ -8,19 +8,26 @@
 
 #include "eager/eager.h"
 
-/* How BLAS sees a (rows, cols) matrix with strides (rs, cs): 0 ok, -1 needs a copy. */
-static int blas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs, CBLAS_TRANSPOSE *tr, int64_t *ld) {
+int blas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs, bool *trans, int64_t *ld) {
   if (cs == 1 && (rows <= 1 || rs >= (cols > 1 ? cols : 1))) {
-    *tr = CblasNoTrans;
+    *trans = false;
     *ld = rows <= 1 ? (cols > 1 ? cols : 1) : rs;
     return 0;
   }
   if (rs == 1 && (cols <= 1 || cs >= (rows > 1 ? rows : 1))) {
-    *tr = CblasTrans;
+    *trans = true;
     *ld = cols <= 1 ? (rows > 1 ? rows : 1) : cs;
     return 0;
   }
   return -1;
+}
+
+/* As BLAS takes it. */
+static int cblas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs, CBLAS_TRANSPOSE *tr, int64_t *ld) {
+  bool t = false;
+  int rc = blas_layout(rows, cols, rs, cs, &t, ld);
+  *tr = t ? CblasTrans : CblasNoTrans;
+  return rc;
 }
 
 static void gemm(kiln_dtype dt, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int64_t k,
@@ -77,18 +84,18 @@ int k_matmul(op_id op, kiln_tensor *const *in, int n, const op_attrs *attrs, kil
   int64_t m = av.shape[av.ndim - 2], k = av.shape[av.ndim - 1], nn = bv.shape[bv.ndim - 1];
   CBLAS_TRANSPOSE ta = CblasNoTrans, tb = CblasNoTrans;
   int64_t lda = 1, ldb = 1;
-  if (blas_layout(m, k, av.stride[av.ndim - 2], av.stride[av.ndim - 1], &ta, &lda)) {
+  if (cblas_layout(m, k, av.stride[av.ndim - 2], av.stride[av.ndim - 1], &ta, &lda)) {
     if (!(ca = dense_copy(&av))) return -1;
     av = *ca;
-    blas_layout(m, k, av.stride[av.ndim - 2], av.stride[av.ndim - 1], &ta, &lda);
+    cblas_layout(m, k, av.stride[av.ndim - 2], av.stride[av.ndim - 1], &ta, &lda);
   }
-  if (blas_layout(k, nn, bv.stride[bv.ndim - 2], bv.stride[bv.ndim - 1], &tb, &ldb)) {
+  if (cblas_layout(k, nn, bv.stride[bv.ndim - 2], bv.stride[bv.ndim - 1], &tb, &ldb)) {
     if (!(cb = dense_copy(&bv))) {
       kiln_release(ca);
       return -1;
     }
     bv = *cb;
-    blas_layout(k, nn, bv.stride[bv.ndim - 2], bv.stride[bv.ndim - 1], &tb, &ldb);
+    cblas_layout(k, nn, bv.stride[bv.ndim - 2], bv.stride[bv.ndim - 1], &tb, &ldb);
   }
   size_t es = kiln_dtype_size(a->dtype);
   int nba = av.ndim - 2, nbb = bv.ndim - 2;
