@@ -345,6 +345,47 @@ static int full_reduce_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out
 
 /* Reductions over every dim run in fixed blocks across threads: the same
  * bits at 1 and 2 threads, close to eager's. */
+/* Kernels of the same shape share one compiled function: two equal chains
+ * over inputs of one shape compile once, one over another shape does not. */
+static int twin_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  for (int i = 0; i < 3; i++)
+    out[i] = kiln_tanh(kiln_add(kiln_mul(in[i], kiln_scalar(KILN_F32, 2)), kiln_scalar(KILN_F32, 1)));
+  return 0;
+}
+
+START_TEST(test_shared_kernels) {
+  kiln_scope_begin();
+  kiln_tensor *in[3] = {kiln_randn(KILN_F32, 2, ((int64_t[]){40, 33}), 1), kiln_randn(KILN_F32, 2, ((int64_t[]){40, 33}), 2),
+                        kiln_randn(KILN_F32, 2, ((int64_t[]){5, 7}), 3)};
+  kiln_options o = {.name = "twins", .n_in = 3, .n_out = 3, .backend = KILN_BACKEND_LLVM};
+  kiln_fn *fn = kiln_compile(twin_body, NULL, &o);
+  kiln_tensor *y[3], *ref[3];
+  ck_assert_int_eq(0, kiln_call(fn, in, y));
+  ck_assert_int_eq(0, kiln_call(fn, in, y));
+  ck_assert_int_eq(0, twin_body(NULL, in, ref));
+  for (int i = 0; i < 3; i++) {
+    int64_t bad;
+    ck_assert(same_shape(y[i], ref[i]));
+    ck_assert_double_le(maxdiff_rel(y[i], ref[i], &bad), 1e-6);
+  }
+  cg_program *p = plan_of(fn);
+  ck_assert_int_eq(3, count_kind(p, CG_K_LOOP));
+  char err[256], *dump = NULL;
+  size_t dn = 0;
+  FILE *f = open_memstream(&dump, &dn);
+  backend_exec *e = backend_llvm.compile(p->g, KILN_DUMP_KERNELS, f, err, sizeof err);
+  ck_assert_msg(e != NULL, "%s", err);
+  backend_llvm.free(e);
+  fclose(f);
+  ck_assert_msg(strstr(dump, "shared code: 1 of 3 loop kernels") != NULL, "%s", dump);
+  free(dump);
+  free_plan(p);
+  kiln_fn_free(fn);
+  kiln_scope_end();
+}
+END_TEST
+
 START_TEST(test_full_reduce_blocks) {
   double got[2][3];
   for (int t = 1; t <= 2; t++) {
@@ -573,6 +614,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, test_dead_node_buffer);
   tcase_add_test(tc, test_gemm_folds);
   tcase_add_test(tc, test_full_reduce_blocks);
+  tcase_add_test(tc, test_shared_kernels);
 #ifdef KILN_TEST_BUILD
   tcase_add_test(tc, test_forced_faults);
 #endif

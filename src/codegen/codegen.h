@@ -114,7 +114,7 @@ typedef struct cg_kernel {
   int n_param;
   /* A reduction over every dim, split by lowering into CG_BLOCKS blocks of
    * its first dim: kN(p, bufs, b0, b1) leaves block b's partial in the
-   * scratch bufs[n_buf] (f64 [CG_BLOCKS]); kN(p, bufs, -1, 0) then combines
+   * scratch bufs[n_acc] (f64 [CG_BLOCKS]); kN(p, bufs, -1, 0) then combines
    * them in block order and stores. The blocks do not depend on the thread
    * count, so neither do the bits. */
   bool split;

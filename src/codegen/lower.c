@@ -5,7 +5,9 @@
  * p holds the kernel's symbolic sizes, offsets and strides evaluated for this
  * call (the kernel lists which, in k->param); a size or stride that is a
  * constant in the graph is emitted as a constant, so unit-stride inner loops
- * vectorize. bufs are the base addresses of the program's buffers.
+ * vectorize. bufs are the base addresses of the kernel's accesses, in the
+ * order of k->acc (then the scratch of a split reduction): nothing in the
+ * code names a program buffer, so kernels of one shape share their code.
  * Pointwise kernels run the flat element range [begin, end) as rows of the
  * last dim; staged kernels (row-wise, reductions) run the outer range, and
  * for each outer element their stages in order: REDUCE loops that leave a
@@ -141,7 +143,11 @@ static void alias_scopes(lctx *L) {
   LLVMMetadataRef scope_of[64];
   for (int a = 0; a < k->n_acc; a++) {
     char name[32];
-    int n = snprintf(name, sizeof name, "kiln.b%d", k->acc[a].buf);
+    /* named by the first access to the same buffer, not the buffer: kernels
+     * of the same shape then print the same, and share code (runtime.c) */
+    int first = 0;
+    while (k->acc[first].buf != k->acc[a].buf) first++;
+    int n = snprintf(name, sizeof name, "kiln.a%d", first);
     LLVMMetadataRef ops[2] = {LLVMMDStringInContext2(c, name, (size_t)n), dom};
     scope_of[a] = LLVMMDNodeInContext2(c, ops, 2); /* uniqued: one node per buffer */
   }
@@ -510,7 +516,7 @@ static void lower_split(lctx *L, LLVMValueRef begin, LLVMValueRef end) {
   double init = st->op == OP_MAX ? -INFINITY : st->op == OP_MIN ? INFINITY : 0.0;
   LLVMValueRef acc_ptr = LLVMBuildAlloca(L->eb, L->f64, "acc");
   LLVMValueRef scratch = LLVMBuildLoad2(
-      L->eb, L->ptr, LLVMBuildGEP2(L->eb, L->ptr, L->bufs, (LLVMValueRef[]){ci64(L, L->prog->n_buf)}, 1, ""), "scratch");
+      L->eb, L->ptr, LLVMBuildGEP2(L->eb, L->ptr, L->bufs, (LLVMValueRef[]){ci64(L, L->k->n_acc)}, 1, ""), "scratch");
   for (int a = 0; a < k->n_acc; a++) L->base[a] = sym_val(L, k->acc[a].offset);
   LLVMBasicBlockRef blocks = LLVMAppendBasicBlockInContext(L->c, L->fn, "blocks"),
                     combine = LLVMAppendBasicBlockInContext(L->c, L->fn, "combine"),
@@ -630,7 +636,7 @@ int lower_kernel(const cg_program *prog, cg_kernel *k, LLVMModuleRef m, char *wh
   L.p = LLVMGetParam(L.fn, 0);
   L.bufs = LLVMGetParam(L.fn, 1);
   for (int a = 0; a < k->n_acc; a++) {
-    LLVMValueRef g = LLVMBuildGEP2(L.eb, L.ptr, L.bufs, (LLVMValueRef[]){ci64(&L, k->acc[a].buf)}, 1, "");
+    LLVMValueRef g = LLVMBuildGEP2(L.eb, L.ptr, L.bufs, (LLVMValueRef[]){ci64(&L, a)}, 1, "");
     L.ptrs[a] = LLVMBuildLoad2(L.eb, L.ptr, g, "");
   }
   alias_scopes(&L);

@@ -76,6 +76,56 @@ static void *compile_group(void *arg) {
   return NULL;
 }
 
+/* A loop kernel's code as text, with what differs between kernels of the
+ * same shape made canonical (its name, metadata and attribute numbers),
+ * then which of its accesses share a buffer (their alias scopes). Kernels
+ * with equal keys run the same code: sizes that are constants are in the
+ * text, the rest come in p, and buffers in the access order. NULL: no key
+ * (out of memory, or numbers too large), so no sharing. */
+static char *kernel_key(LLVMValueRef fn, const cg_kernel *k) {
+  char *txt = LLVMPrintValueToString(fn);
+  if (!txt) return NULL;
+  size_t n = strlen(txt), cap = n + 8 * (size_t)k->n_acc + 16, o = 0;
+  char *key = alloc_malloc(cap);
+  enum { MAXNUM = 4096 };
+  int *map = alloc_calloc(2 * MAXNUM, sizeof *map); /* ! then #: old number -> new + 1 */
+  int next[2] = {0, 0};
+  bool ok = key && map;
+  const char *name = LLVMGetValueName(fn);
+  size_t nl = strlen(name);
+  for (size_t i = 0; ok && i < n;) {
+    if (txt[i] == '@' && !strncmp(txt + i + 1, name, nl) && txt[i + 1 + nl] == '(') {
+      memcpy(key + o, "@k(", 3), o += 3, i += nl + 2;
+    } else if ((txt[i] == '!' || txt[i] == '#') && i + 1 < n && txt[i + 1] >= '0' && txt[i + 1] <= '9') {
+      int kind = txt[i] == '#', v = 0;
+      size_t j = i + 1;
+      while (j < n && txt[j] >= '0' && txt[j] <= '9' && v < MAXNUM) v = v * 10 + (txt[j++] - '0');
+      if (v >= MAXNUM) ok = false;
+      else {
+        if (!map[kind * MAXNUM + v]) map[kind * MAXNUM + v] = ++next[kind];
+        /* the new number is never longer than the old: it counts distinct ones seen */
+        o += (size_t)snprintf(key + o, cap - o, "%c%d", txt[i], map[kind * MAXNUM + v] - 1);
+        i = j;
+      }
+    } else {
+      key[o++] = txt[i++];
+    }
+  }
+  for (int a = 0; ok && a < k->n_acc; a++) {
+    int first = 0;
+    while (k->acc[first].buf != k->acc[a].buf) first++;
+    o += (size_t)snprintf(key + o, cap - o, "|%d", first);
+  }
+  LLVMDisposeMessage(txt);
+  alloc_free(map);
+  if (!ok) {
+    alloc_free(key);
+    return NULL;
+  }
+  key[o] = 0;
+  return key;
+}
+
 static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_to, char *err, size_t errn) {
 #ifdef KILN_TEST_BUILD
   /* fault injection: the fallback to the interpreter must hold */
@@ -114,18 +164,45 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
     if (jit_module_new(&jobs[made].m, g->name, err, errn)) goto fail_modules;
   }
   int64_t load[MAX_GROUPS] = {0};
+  /* a kernel whose code is another's (a repeated layer, the same optimizer
+   * update on weights of one shape) is not compiled again: LLVM's time
+   * dominates compiling a big graph */
+  int *same = alloc_malloc(sizeof(int) * (size_t)p->n_k + 1);
+  char **keys = alloc_calloc((size_t)p->n_k + 1, sizeof *keys);
+  if (!same || !keys) {
+    alloc_free(same), alloc_free(keys);
+    snprintf(err, errn, "out of memory");
+    goto fail_modules;
+  }
+  int n_same = 0;
+  for (int k = 0; k < p->n_k; k++) same[k] = -1;
   for (int k = 0; k < p->n_k && groups; k++) {
     if (p->k[k].kind != CG_K_LOOP) continue;
     int to = 0; /* the least loaded group */
     for (int q = 1; q < groups; q++)
       if (load[q] < load[to]) to = q;
-    load[to] += p->k[k].n_expr + 8;
     char why[256] = "";
     if (lower_kernel(p, &p->k[k], jobs[to].m.mod, why, sizeof why)) {
       snprintf(err, errn, "lowering failed: %s", why[0] ? why : p->k[k].name);
+      for (int j = 0; j < k; j++) alloc_free(keys[j]);
+      alloc_free(same), alloc_free(keys);
       goto fail_modules;
     }
+    LLVMValueRef fn = LLVMGetNamedFunction(jobs[to].m.mod, p->k[k].name);
+    keys[k] = fn ? kernel_key(fn, &p->k[k]) : NULL;
+    for (int j = 0; j < k && keys[k] && same[k] < 0; j++)
+      if (keys[j] && !strcmp(keys[j], keys[k])) same[k] = j;
+    if (same[k] >= 0) {
+      LLVMDeleteFunction(fn);
+      alloc_free(keys[k]);
+      keys[k] = NULL;
+      n_same++;
+    } else {
+      load[to] += p->k[k].n_expr + 8;
+    }
   }
+  for (int k = 0; k < p->n_k; k++) alloc_free(keys[k]);
+  alloc_free(keys);
   double t1 = now_ms(), opt_ms = 0, cg_ms = 0;
   if (dump & KILN_DUMP_KERNELS) {
     fuse_dump(p, e->dump_to);
@@ -147,19 +224,30 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
   for (int q = 0; q < groups; q++)
     if (!jobs[q].jit) {
       snprintf(err, errn, "%s", jobs[q].err);
+      alloc_free(same);
       goto fail;
     }
   for (int k = 0; k < p->n_k; k++) {
     if (p->k[k].kind != CG_K_LOOP) continue;
+    if (same[k] >= 0) e->fn[k] = e->fn[same[k]];
     for (int q = 0; q < groups && !e->fn[k]; q++) e->fn[k] = (kern_fn)jit_lookup(e->jit[q], p->k[k].name);
     if (!e->fn[k]) {
       snprintf(err, errn, "kernel %s not found after compiling", p->k[k].name);
+      alloc_free(same);
       goto fail;
     }
   }
-  if (dump & KILN_DUMP_KERNELS)
+  if (dump & KILN_DUMP_KERNELS) {
+    if (n_same) {
+      fprintf(e->dump_to, "shared code: %d of %d loop kernels run another's (", n_same, loops);
+      for (int k = 0, shown = 0; k < p->n_k; k++)
+        if (same[k] >= 0 && shown++ < 12) fprintf(e->dump_to, "%s%s=%s", shown > 1 ? " " : "", p->k[k].name, p->k[same[k]].name);
+      fprintf(e->dump_to, "%s)\n", n_same > 12 ? " ..." : "");
+    }
     fprintf(e->dump_to, "compile time: fuse+lower %.2f ms, LLVM optimize %.2f ms, machine code %.2f ms\n", t1 - t0, opt_ms,
             cg_ms);
+  }
+  alloc_free(same);
   /* the plan is printed at the first call, when the sizes are known; the
    * caller closes a dump file after compiling, so keep a handle of our own on
    * the same open file (appending) until then */
@@ -456,25 +544,27 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
        * runs on the calling thread, since waking a worker costs more */
       int64_t grain = staged ? (inner >= 65536 ? 1 : 65536 / (inner ? inner : 1)) : 65536;
       int threads = pool_num_threads();
+      char *acc[65]; /* the kernel's accesses in its own order (lower.c), then a scratch */
+      for (int a = 0; a < k->n_acc; a++) acc[a] = bufs[k->acc[a].buf];
+      acc[k->n_acc] = NULL;
       if (k->split) {
         /* a full reduction: its fixed blocks in parallel, then the combine */
         double scratch[CG_BLOCKS];
-        bufs[nb] = (char *)scratch;
+        acc[k->n_acc] = (char *)scratch;
         if (inner < 2 * 65536 || threads < 2) {
-          e->fn[ki](prm, bufs, 0, CG_BLOCKS);
+          e->fn[ki](prm, acc, 0, CG_BLOCKS);
         } else {
-          kern_job job = {e->fn[ki], prm, bufs, CG_BLOCKS, 1, 0};
+          kern_job job = {e->fn[ki], prm, acc, CG_BLOCKS, 1, 0};
           pool_parallel_for(threads, 1, kern_chunk, &job);
         }
-        e->fn[ki](prm, bufs, -1, 0);
-        bufs[nb] = NULL;
+        e->fn[ki](prm, acc, -1, 0);
       } else if (range < 2 * grain || threads < 2) {
-        e->fn[ki](prm, bufs, 0, range);
+        e->fn[ki](prm, acc, 0, range);
       } else {
         /* about 8 blocks per thread, for the balance */
         int64_t block = range / (8 * (int64_t)threads);
         if (block < grain) block = grain;
-        kern_job job = {e->fn[ki], prm, bufs, range, block, 0};
+        kern_job job = {e->fn[ki], prm, acc, range, block, 0};
         pool_parallel_for(threads, 1, kern_chunk, &job);
       }
 #ifdef KILN_TEST_BUILD
