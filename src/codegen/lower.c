@@ -636,6 +636,14 @@ int lower_kernel(const cg_program *prog, cg_kernel *k, LLVMModuleRef m, char *wh
   L.p = LLVMGetParam(L.fn, 0);
   L.bufs = LLVMGetParam(L.fn, 1);
   for (int a = 0; a < k->n_acc; a++) {
+    /* accesses to one buffer (an in-place store) use one pointer: LLVM then
+     * knows they are the same, and vectorizes the loop without overlap checks */
+    int first = 0;
+    while (k->acc[first].buf != k->acc[a].buf) first++;
+    if (first < a) {
+      L.ptrs[a] = L.ptrs[first];
+      continue;
+    }
     LLVMValueRef g = LLVMBuildGEP2(L.eb, L.ptr, L.bufs, (LLVMValueRef[]){ci64(&L, a)}, 1, "");
     L.ptrs[a] = LLVMBuildLoad2(L.eb, L.ptr, g, "");
   }
