@@ -17,42 +17,41 @@ static const char *leaf_tensor_desc(const ir_node *n, char *buf, size_t len) {
 int ir_bind_syms(const ir_graph *g, kiln_tensor *const *in, kiln_tensor *const *params, int64_t *vals, char *err,
                  size_t errn) {
   bool bound[IR_MAX_SYMS] = {0};
-  char who[32];
+  char who[32]; /* filled only for a message: a call binds every leaf */
   /* two rounds: plain symbols bind first, expressions check after */
   for (int round = 0; round < 2; round++) {
     for (int i = 0; i < g->n_nodes; i++) {
       const ir_node *n = &g->nodes[i];
       if (n->op != IR_INPUT && n->op != IR_PARAM) continue;
       const kiln_tensor *t = ir_leaf_tensor(g, n, in, params);
-      leaf_tensor_desc(n, who, sizeof who);
-      if (!t) return snprintf(err, errn, "%s is NULL", who), -1;
+      if (!t) return snprintf(err, errn, "%s is NULL", leaf_tensor_desc(n, who, sizeof who)), -1;
       if (round == 0) {
         if (t->dtype != n->dtype)
-          return snprintf(err, errn, "%s: dtype %s, the graph wants %s", who, kiln_dtype_name(t->dtype), kiln_dtype_name(n->dtype)), -1;
-        if (t->ndim != n->ndim) return snprintf(err, errn, "%s: rank %d, the graph wants %d", who, t->ndim, n->ndim), -1;
+          return snprintf(err, errn, "%s: dtype %s, the graph wants %s", leaf_tensor_desc(n, who, sizeof who), kiln_dtype_name(t->dtype), kiln_dtype_name(n->dtype)), -1;
+        if (t->ndim != n->ndim) return snprintf(err, errn, "%s: rank %d, the graph wants %d", leaf_tensor_desc(n, who, sizeof who), t->ndim, n->ndim), -1;
       }
       for (int d = 0; d < n->ndim; d++) {
         sym_dim s = n->shape[d];
         int64_t got = t->shape[d], want;
         if (sym_is_const(s)) {
           if (round == 0 && got != s.c)
-            return snprintf(err, errn, "%s dim %d: the graph wants %lld, got %lld", who, d, (long long)s.c, (long long)got), -1;
+            return snprintf(err, errn, "%s dim %d: the graph wants %lld, got %lld", leaf_tensor_desc(n, who, sizeof who), d, (long long)s.c, (long long)got), -1;
           continue;
         }
         int k = ir_sym_id(g, s);
         if (round == 0 && k >= 0) {
           if (!bound[k]) {
             if (got < g->sym_lo[k] || got > g->sym_hi[k])
-              return snprintf(err, errn, "%s dim %d: %lld is outside the bounds of s%d [%lld, %lld]", who, d, (long long)got, k,
+              return snprintf(err, errn, "%s dim %d: %lld is outside the bounds of s%d [%lld, %lld]", leaf_tensor_desc(n, who, sizeof who), d, (long long)got, k,
                               (long long)g->sym_lo[k], (long long)g->sym_hi[k]), -1;
             vals[k] = got;
             bound[k] = true;
           } else if (vals[k] != got) {
-            return snprintf(err, errn, "%s dim %d: s%d is %lld here but %lld elsewhere", who, d, k, (long long)got, (long long)vals[k]), -1;
+            return snprintf(err, errn, "%s dim %d: s%d is %lld here but %lld elsewhere", leaf_tensor_desc(n, who, sizeof who), d, k, (long long)got, (long long)vals[k]), -1;
           }
         } else if (round == 1 && k < 0) {
           if (sym_eval(s, vals, g->n_syms, &want) || want != got)
-            return snprintf(err, errn, "%s dim %d: %lld does not fit the graph's size expression", who, d, (long long)got), -1;
+            return snprintf(err, errn, "%s dim %d: %lld does not fit the graph's size expression", leaf_tensor_desc(n, who, sizeof who), d, (long long)got), -1;
         }
       }
     }
