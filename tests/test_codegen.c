@@ -345,6 +345,40 @@ static int full_reduce_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out
 
 /* Reductions over every dim run in fixed blocks across threads: the same
  * bits at 1 and 2 threads, close to eager's. */
+/* A chain of residual adds read by two row reductions is stored once
+ * instead of being recomputed (reading every addend) in each. */
+static int residual_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  kiln_tensor *h = in[0];
+  for (int i = 1; i < 5; i++) h = kiln_add(h, in[i]);
+  out[0] = kiln_sum(h, -1, false);
+  out[1] = kiln_max(h, -1, false);
+  return 0;
+}
+
+START_TEST(test_residual_chain_stored) {
+  kiln_scope_begin();
+  kiln_tensor *in[5];
+  for (int i = 0; i < 5; i++) in[i] = kiln_randn(KILN_F32, 2, ((int64_t[]){64, 96}), 20 + (uint64_t)i);
+  kiln_options o = {.name = "residual", .n_in = 5, .n_out = 2, .backend = KILN_BACKEND_LLVM};
+  kiln_fn *fn = kiln_compile(residual_body, NULL, &o);
+  kiln_tensor *y[2], *ref[2];
+  ck_assert_int_eq(0, kiln_call(fn, in, y));
+  ck_assert_int_eq(0, kiln_call(fn, in, y));
+  ck_assert_int_eq(0, residual_body(NULL, in, ref));
+  for (int i = 0; i < 2; i++) {
+    int64_t bad;
+    ck_assert_double_le(maxdiff_rel(y[i], ref[i], &bad), 1e-5);
+  }
+  cg_program *p = plan_of(fn);
+  /* the chain in one pointwise kernel, then the two reductions reading it */
+  ck_assert_int_eq(3, count_kind(p, CG_K_LOOP));
+  free_plan(p);
+  kiln_fn_free(fn);
+  kiln_scope_end();
+}
+END_TEST
+
 /* Kernels of the same shape share one compiled function: two equal chains
  * over inputs of one shape compile once, one over another shape does not. */
 static int twin_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
@@ -615,6 +649,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, test_gemm_folds);
   tcase_add_test(tc, test_full_reduce_blocks);
   tcase_add_test(tc, test_shared_kernels);
+  tcase_add_test(tc, test_residual_chain_stored);
 #ifdef KILN_TEST_BUILD
   tcase_add_test(tc, test_forced_faults);
 #endif

@@ -495,6 +495,31 @@ void cg_program_free(cg_program *p) {
   alloc_free(p);
 }
 
+/* How many full-size buffers (the shape of node root) a kernel reads to
+ * recompute root: the leaves and stored nodes under its inlined inputs. A
+ * chain of residual adds reads one more per layer. At most 64 nodes are
+ * looked at: past that the count is large anyway. */
+static int full_reads(const fuser *f, int root) {
+  const ir_graph *g = f->g;
+  const ir_node *r = &g->nodes[root];
+  int stack[64], seen[64], ns = 0, nseen = 0, count = 0;
+  for (int k = 0; k < r->n_in && ns < 64; k++) stack[ns++] = r->in[k];
+  while (ns > 0 && nseen < 64) {
+    int j = stack[--ns];
+    bool dup = false;
+    for (int q = 0; q < nseen && !dup; q++) dup = seen[q] == j;
+    if (dup) continue;
+    seen[nseen++] = j;
+    const ir_node *n = &g->nodes[j];
+    if (!f->mat[j] && ((is_compute(n->op) && !is_reduce(n->op)) || is_view(n->op))) {
+      for (int k = 0; k < n->n_in && ns < 64; k++) stack[ns++] = n->in[k];
+    } else if (n->ndim == r->ndim && same_dims(r->ndim, n->shape, r->shape)) {
+      count++;
+    }
+  }
+  return count;
+}
+
 /* One round: buffers and kernels for the current materialization. 0, -1 OOM, -2 again. */
 static int build(fuser *f, int *memo, uint8_t *seen) {
   const ir_graph *g = f->g;
@@ -568,7 +593,12 @@ static int build(fuser *f, int *memo, uint8_t *seen) {
   for (int i = g->n_nodes - 1; i >= 0; i--) {
     const ir_node *n = &g->nodes[i];
     if (f->mat[i] || f->kcount[i] < 2) continue;
-    if (is_reduce(n->op) || is_heavy(g, n)) {
+    /* a cheap node too: when the k kernels recomputing it would read more
+     * (k reads of its r inputs) than storing it costs (r reads, a write,
+     * then k reads) */
+    int users = f->kcount[i];
+    if (is_reduce(n->op) || is_heavy(g, n) ||
+        (is_compute(n->op) && (users - 1) * full_reads(f, i) > users + 1)) {
       materialize(f, i);
       break;
     }
