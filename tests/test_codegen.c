@@ -345,6 +345,37 @@ static int full_reduce_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out
 
 /* Reductions over every dim run in fixed blocks across threads: the same
  * bits at 1 and 2 threads, close to eager's. */
+/* A .grad accumulated across calls: grad = old grad + x^T @ dy folds the add
+ * into the GEMM (a prefill, then beta 1); the folded product's buffer must
+ * not lend its (absent) memory to the sum. */
+static int accum_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  kiln_tensor *w = ctx;
+  kiln_tensor *y = kiln_matmul(in[0], w);
+  out[0] = kiln_mean_all(kiln_mul(y, y));
+  return out[0] && kiln_backward(out[0]) == 0 ? 0 : -1;
+}
+
+START_TEST(test_grad_accumulates_into_gemm) {
+  kiln_tensor *wa = kiln_keep(kiln_randn(KILN_F32, 2, ((int64_t[]){16, 8}), 40));
+  kiln_tensor *wb = kiln_keep(kiln_randn(KILN_F32, 2, ((int64_t[]){16, 8}), 40));
+  kiln_requires_grad(wa, true), kiln_requires_grad(wb, true);
+  kiln_options o = {.name = "accum", .n_in = 1, .n_out = 1, .backend = KILN_BACKEND_LLVM};
+  kiln_fn *fn = kiln_compile(accum_body, wa, &o);
+  for (int i = 0; i < 4; i++) {
+    kiln_scope_begin();
+    kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){4, 16}), 50 + (uint64_t)i), *y = NULL, *ye = NULL;
+    ck_assert_int_eq(0, kiln_call(fn, &x, &y));
+    ck_assert_int_eq(0, accum_body(wb, &x, &ye));
+    int64_t bad;
+    ck_assert_double_le(maxdiff_rel(y, ye, &bad), 1e-5);
+    ck_assert_msg(maxdiff_rel(kiln_grad(wa), kiln_grad(wb), &bad) <= 1e-5, "call %d: grads differ at %lld", i, (long long)bad);
+    kiln_scope_end();
+  }
+  kiln_fn_free(fn);
+  kiln_release(wa), kiln_release(wb);
+}
+END_TEST
+
 /* A chain of residual adds read by two row reductions is stored once
  * instead of being recomputed (reading every addend) in each. */
 static int residual_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
@@ -650,6 +681,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, test_full_reduce_blocks);
   tcase_add_test(tc, test_shared_kernels);
   tcase_add_test(tc, test_residual_chain_stored);
+  tcase_add_test(tc, test_grad_accumulates_into_gemm);
 #ifdef KILN_TEST_BUILD
   tcase_add_test(tc, test_forced_faults);
 #endif

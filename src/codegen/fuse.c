@@ -760,7 +760,11 @@ static void reuse_in_place(cg_program *p, cg_view *views, int n_nodes) {
     for (int a = 0; a < k->n_acc; a++) {
       int b = k->acc[a].buf;
       const cg_buf *bb = &p->buf[b], *ob = &p->buf[o];
-      if (a == k->stage[0].store || b == o || bb->kind != CG_BUF_TEMP || bb->last != ki || bb->alias_of >= 0) continue;
+      /* a temp no kernel writes (a GEMM product folded away, still among the
+       * prefill's accesses) has no memory to lend */
+      if (a == k->stage[0].store || b == o || bb->kind != CG_BUF_TEMP || bb->first < 0 || bb->last != ki ||
+          bb->alias_of >= 0)
+        continue;
       if (bb->dtype != ob->dtype || bb->ndim != ob->ndim || !same_dims(bb->ndim, bb->shape, ob->shape)) continue;
       bool same = true;
       for (int c = 0; c < k->n_acc && same; c++) {
