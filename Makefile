@@ -95,7 +95,8 @@ clean:
 
 # ---- fuzzing: the libFuzzer targets of tests/fuzz, built with clang-19 in build-fuzz/
 #
-#   make fuzz-ci    each target FUZZ_CI_SECONDS (45) after its seed corpus: bounded, for CI
+#   make fuzz-ci    each target FUZZ_CI_SECONDS (45) or 25000 inputs after its seed corpus, seed 1:
+#                   bounded and repeatable, for CI
 #   make fuzz       each target FUZZ_SECONDS (600)
 
 FUZZ_BUILD      ?= build-fuzz
@@ -119,6 +120,6 @@ fuzz: fuzz-deps
 
 fuzz-ci: fuzz-deps
 	$(MAKE) --no-print-directory fuzz-build
-	tests/fuzz/run.sh $(FUZZ_BUILD) $(FUZZ_CI_SECONDS) $(FUZZ_TARGETS)
+	FUZZ_SEED=1 FUZZ_RUNS=25000 tests/fuzz/run.sh $(FUZZ_BUILD) $(FUZZ_CI_SECONDS) $(FUZZ_TARGETS)
 
 .PHONY: fuzz fuzz-ci fuzz-deps fuzz-build

@@ -26,7 +26,12 @@ for t in "$@"; do
   echo "== $t: $secs s (log: $log)"
   start=$(date +%s)
   # -timeout: one input running longer is a hang; -rss_limit_mb: the process's memory
-  "$bin" -max_total_time="$secs" -timeout=60 -rss_limit_mb=4096 -print_final_stats=1 \
+  # FUZZ_SEED and FUZZ_RUNS (make fuzz-ci sets them) make a run repeatable: the
+  # same mutations in the same order, so a CI failure reproduces anywhere
+  extra=""
+  [ -n "${FUZZ_SEED:-}" ] && extra="$extra -seed=$FUZZ_SEED"
+  [ -n "${FUZZ_RUNS:-}" ] && extra="$extra -runs=$FUZZ_RUNS"
+  "$bin" -max_total_time="$secs" -timeout=60 -rss_limit_mb=4096 -print_final_stats=1 $extra \
     -artifact_prefix="$build/fuzz/artifacts/$t-" $dict "$work" "$src/corpus/$t" >"$log" 2>&1
   rc=$?
   end=$(date +%s)
