@@ -566,6 +566,11 @@ START_TEST(test_fuzz_findings)
   line = __LINE__ + 1;
   ck_assert_ptr_null(kiln_stack(((kiln_tensor *[]){a, b}), 2, 0));
   expect_error(line, "kiln_stack", "f64", "f32");
+  /* stack of rank-8 inputs: the result would have 9 dims; the unsqueeze inside used to name itself */
+  kiln_tensor *r8 = kiln_zeros(KILN_F32, 8, ((int64_t[]){2, 2, 2, 2, 2, 2, 2, 3}));
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_stack(((kiln_tensor *[]){r8, r8}), 2, -1));
+  expect_error(line, "kiln_stack", "rank 9", NULL);
   /* (4) @ (3,0,4,5): the batch (3,0) is empty; it used to run one GEMV into a 0-element output */
   kiln_tensor *v = kiln_ones(KILN_F64, 1, ((int64_t[]){4}));
   kiln_tensor *m = kiln_ones(KILN_F64, 4, ((int64_t[]){3, 0, 4, 5}));

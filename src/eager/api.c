@@ -278,6 +278,8 @@ kiln_tensor *kiln_stack_at(kiln_tensor *const *ts, int n, int dim, const char *f
   for (int i = 0; i < n; i++)
     if (!ts[i]) return err_null(file, line, "stack", "input %d", i);
   int nd = ts[0]->ndim + 1;
+  /* checked here, or the unsqueeze inside would report it under its own name */
+  if (nd > MAXD) return err_set(file, line, "stack", "inputs of rank %d would give rank %d, more than %d", nd - 1, nd, MAXD);
   if (dim < -nd || dim >= nd) return err_set(file, line, "stack", "dim %d is out of range for rank %d", dim, nd);
   for (int i = 1; i < n; i++) {
     char b0[SHAPE_BUF], b1[SHAPE_BUF];

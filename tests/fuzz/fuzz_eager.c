@@ -27,7 +27,7 @@ typedef struct ref {
 } ref;
 
 static kiln_tensor *pool[POOL];
-static int n_pool;
+static int n_pool, next_slot; /* both reset per input: a finding must replay from its bytes alone */
 static bool verbose;
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
@@ -154,7 +154,6 @@ static kiln_tensor *check(kiln_tensor *got, verdict want, ref *r, double eps) {
     ref_free(r);
   }
   /* a full pool replaces its entries in turn (the scope still owns them) */
-  static int next_slot;
   if (n_pool < POOL) pool[n_pool++] = got;
   else pool[next_slot++ % POOL] = got;
   return got;
@@ -636,7 +635,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   fuzz_in f = {data, size, 0};
   size_t mem0 = kiln_mem_in_use();
   kiln_scope_begin();
-  n_pool = 0;
+  n_pool = next_slot = 0;
   for (int s = 0; s < MAX_STEPS && fuzz_left(&f); s++) {
     int k = fuzz_pick(&f, 16);
     if (verbose) fprintf(stderr, "step %d: kind %d (pool %d)\n", s, k, n_pool);
