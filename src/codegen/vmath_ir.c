@@ -86,11 +86,14 @@ static LLVMValueRef copysign_bits(const vm *v, LLVMValueRef x, LLVMValueRef s) {
 
 static LLVMValueRef exp2_core(const vm *v, LLVMValueRef h, LLVMValueRef lo, bool small);
 
-/* vm__exp2: exp(hi + lo), hi clamped to [-104, 88.8]. */
+/* vm__exp2: exp(hi + lo), hi clamped to [-104, 88.8]; lanes below -150 ln2
+ * compute e^0 and give 0, with no subnormal product (a microcode assist). */
 static LLVMValueRef exp2_hl(const vm *v, LLVMValueRef hi, LLVMValueRef lo) {
+  LLVMValueRef dead = lt(v, hi, kf(v, -103.9721f));
   LLVMValueRef h = sel(v, lt(v, hi, kf(v, 88.8f)), hi, kf(v, 88.8f));
   h = sel(v, gt(v, h, kf(v, -104.0f)), h, kf(v, -104.0f));
-  return exp2_core(v, h, lo, false);
+  h = sel(v, dead, kf(v, 0.0f), h);
+  return sel(v, dead, kf(v, 0.0f), exp2_core(v, h, lo, false));
 }
 
 /* The same steps on an h already within the clamps. With small, h is in
