@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "codegen/codegen.h"
 #include "kiln.h"
@@ -451,6 +452,72 @@ START_TEST(test_shared_kernels) {
 }
 END_TEST
 
+/* A row of a length the kernel does not know (here the softmax of a growing
+ * sequence) is vectorized with a masked tail, or rows shorter than the
+ * vectorizer's step would run scalar; known rows of whole vectors are not
+ * masked. Results match eager at lengths on both sides of the vector steps.
+ * KILN_PERF_MAP=1 names the kernels for perf. */
+START_TEST(test_masked_tails) {
+  kiln_scope_begin();
+  ck_assert_int_eq(0, setenv("KILN_PERF_MAP", "1", 1));
+  kiln_options o = {.name = "rows", .n_in = 1, .n_out = 1, .backend = KILN_BACKEND_LLVM};
+  kiln_fn *fn = kiln_compile(softmax_body, NULL, &o);
+  ck_assert_int_eq(0, kiln_mark_dynamic(fn, 0, 1));
+  const int64_t len[] = {37, 5, 16, 64, 65, 1, 100};
+  for (int i = 0; i < 7; i++) {
+    kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){3, len[i]}), (uint64_t)i + 1), *y = NULL, *ref = NULL;
+    ck_assert_int_eq(0, kiln_call(fn, &x, &y));
+    ck_assert_int_eq(0, softmax_body(NULL, &x, &ref));
+    int64_t bad;
+    ck_assert(same_shape(y, ref));
+    double d = maxdiff_rel(y, ref, &bad);
+    ck_assert_msg(d <= 1e-6, "row length %lld: max rel diff %g at %lld", (long long)len[i], d, (long long)bad);
+  }
+  kiln_fn_stats st;
+  ck_assert_int_eq(0, kiln_fn_get_stats(fn, &st));
+  ck_assert_int_eq(1, st.variants);
+  unsetenv("KILN_PERF_MAP");
+  char path[64], line[256];
+  snprintf(path, sizeof path, "/tmp/perf-%ld.map", (long)getpid());
+  FILE *m = fopen(path, "r");
+  ck_assert_msg(m != NULL, "KILN_PERF_MAP=1 wrote no %s", path);
+  bool named = false;
+  while (fgets(line, sizeof line, m)) named |= strstr(line, "_row") != NULL;
+  fclose(m);
+  remove(path);
+  ck_assert_msg(named, "no row kernel in %s", path);
+
+  cg_program *p = plan_of(fn);
+  char err[256], *dump = NULL;
+  size_t dn = 0;
+  FILE *f = open_memstream(&dump, &dn);
+  backend_exec *e = backend_llvm.compile(p->g, KILN_DUMP_LLVM, f, err, sizeof err);
+  ck_assert_msg(e != NULL, "%s", err);
+  backend_llvm.free(e);
+  fclose(f);
+  ck_assert_msg(strstr(dump, "llvm.masked.load") != NULL, "no masked tail for a symbolic row:\n%.1500s", dump);
+  free(dump);
+  free_plan(p);
+  kiln_fn_free(fn);
+
+  /* rows of 1024: whole vectors, no masks */
+  kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){4, 1024}), 9);
+  fn = compile_once(softmax_body, 1, &x);
+  p = plan_of(fn);
+  dump = NULL;
+  f = open_memstream(&dump, &dn);
+  e = backend_llvm.compile(p->g, KILN_DUMP_LLVM, f, err, sizeof err);
+  ck_assert_msg(e != NULL, "%s", err);
+  backend_llvm.free(e);
+  fclose(f);
+  ck_assert_msg(strstr(dump, "llvm.masked") == NULL, "rows of 1024 masked:\n%.1500s", strstr(dump, "llvm.masked") - 200);
+  free(dump);
+  free_plan(p);
+  kiln_fn_free(fn);
+  kiln_scope_end();
+}
+END_TEST
+
 START_TEST(test_full_reduce_blocks) {
   double got[2][3];
   for (int t = 1; t <= 2; t++) {
@@ -679,6 +746,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, test_dead_node_buffer);
   tcase_add_test(tc, test_gemm_folds);
   tcase_add_test(tc, test_full_reduce_blocks);
+  tcase_add_test(tc, test_masked_tails);
   tcase_add_test(tc, test_shared_kernels);
   tcase_add_test(tc, test_residual_chain_stored);
   tcase_add_test(tc, test_grad_accumulates_into_gemm);

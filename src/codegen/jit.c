@@ -8,8 +8,11 @@
  * freeing a variant frees its code. LLVM's errors come back as text in err;
  * nothing here aborts. */
 #include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <llvm-c/Analysis.h>
 #include <llvm-c/Error.h>
@@ -81,7 +84,9 @@ static void init_once(void) {
   }
   /* A vectorized loop keeps a scalar remainder but no second, narrower
    * vector loop for it: that copy of the body costs compile time and gains
-   * nothing on kernels whose rows are long or a multiple of the vector */
+   * nothing on rows that are long or a multiple of the vector. Rows of a
+   * length not known, or short and ragged, get a masked tail instead
+   * (lower.c asks for it per loop). */
   const char *const opts[] = {"kiln", "-enable-epilogue-vectorization=false"};
   LLVMParseCommandLineOptions(2, opts, NULL);
   host.triple = LLVMGetDefaultTargetTriple();
@@ -212,6 +217,34 @@ static void dump_module(LLVMModuleRef mod, LLVMTargetMachineRef tm, unsigned dum
   fflush(f);
 }
 
+static int addr_order(const void *a, const void *b) {
+  uintptr_t x = (uintptr_t)((const jit_sym *)a)->addr, y = (uintptr_t)((const jit_sym *)b)->addr;
+  return (x > y) - (x < y);
+}
+
+/* KILN_PERF_MAP=1: name the kernels for perf in /tmp/perf-PID.map. A function
+ * runs to the next one; the last is given 4 KiB. */
+static void perf_map_write(const cg_jit *j) {
+  static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+  const char *want = getenv("KILN_PERF_MAP");
+  if (!want || !*want || !strcmp(want, "0") || j->n_sym == 0) return;
+  jit_sym *s = alloc_calloc((size_t)j->n_sym, sizeof *s);
+  if (!s) return;
+  memcpy(s, j->sym, (size_t)j->n_sym * sizeof *s);
+  qsort(s, (size_t)j->n_sym, sizeof *s, addr_order);
+  char path[64];
+  snprintf(path, sizeof path, "/tmp/perf-%ld.map", (long)getpid());
+  pthread_mutex_lock(&mu);
+  FILE *f = fopen(path, "a");
+  for (int i = 0; f && i < j->n_sym; i++) {
+    uintptr_t a = (uintptr_t)s[i].addr, next = i + 1 < j->n_sym ? (uintptr_t)s[i + 1].addr : a + 4096;
+    fprintf(f, "%lx %lx %s\n", (unsigned long)a, (unsigned long)(next - a), s[i].name);
+  }
+  if (f) fclose(f);
+  pthread_mutex_unlock(&mu);
+  alloc_free(s);
+}
+
 cg_jit *jit_compile(cg_module *m, unsigned dump, FILE *dump_to, double *opt_ms, double *codegen_ms, char *err,
                     size_t errn) {
   char scratch[1];
@@ -290,6 +323,7 @@ cg_jit *jit_compile(cg_module *m, unsigned dump, FILE *dump_to, double *opt_ms, 
     }
     j->sym[i].addr = (void *)(uintptr_t)addr;
   }
+  perf_map_write(j);
   if (codegen_ms) *codegen_ms = now_ms() - t1;
   return j;
 

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include <llvm-c/Core.h>
+#include <llvm-c/DebugInfo.h>
 
 #include "codegen/codegen.h"
 
@@ -39,7 +40,7 @@ typedef struct lctx {
   int reuse_expr, reuse_acc; /* a reduced expression kept in the output for the MAP, or -1 */
   LLVMValueRef first_lo, first_hi; /* a split reduction: the bounds of dim 0 for this block */
   LLVMValueRef scope[64], noalias[64]; /* per access: alias scope metadata of its buffer, and of the others */
-  unsigned scope_kind, noalias_kind;
+  unsigned scope_kind, noalias_kind, loop_kind;
   const char *failed;      /* why lowering gave up (the module is then discarded) */
   int cap_param;
 } lctx;
@@ -138,6 +139,7 @@ static void alias_scopes(lctx *L) {
   LLVMContextRef c = L->c;
   L->scope_kind = LLVMGetMDKindIDInContext(c, "alias.scope", 11);
   L->noalias_kind = LLVMGetMDKindIDInContext(c, "noalias", 7);
+  L->loop_kind = LLVMGetMDKindIDInContext(c, "llvm.loop", 9);
   LLVMMetadataRef dom_name = LLVMMDStringInContext2(c, "kiln.buffers", 12);
   LLVMMetadataRef dom = LLVMMDNodeInContext2(c, &dom_name, 1);
   LLVMMetadataRef scope_of[64];
@@ -258,7 +260,14 @@ static LLVMValueRef emit(lctx *L, int e, LLVMValueRef *off) {
 typedef struct loop {
   LLVMBasicBlockRef head, body, exit;
   LLVMValueRef i, phi_acc;
+  bool masked; /* ask the vectorizer for a masked tail instead of a scalar one */
 } loop;
+
+/* An inner loop of n iterations gets a masked vector tail when n is not
+ * known, or known and not a multiple of the widest vector step: the
+ * vectorizer's step is up to 4 vectors of 16, so a row of 40 would run
+ * entirely in the scalar remainder (attention rows of a growing sequence). */
+static bool want_masked_tail(sym_dim n) { return !sym_is_const(n) || (n.c % 64 != 0 && n.c < 4096); }
 
 /* for (i = from; i < to; i++): leaves the builder in the body; i is the index. */
 static void loop_open(lctx *L, loop *lp, LLVMValueRef from, LLVMValueRef to, const char *name) {
@@ -266,6 +275,7 @@ static void loop_open(lctx *L, loop *lp, LLVMValueRef from, LLVMValueRef to, con
   lp->head = LLVMAppendBasicBlockInContext(L->c, L->fn, name);
   lp->body = LLVMAppendBasicBlockInContext(L->c, L->fn, "body");
   lp->exit = LLVMAppendBasicBlockInContext(L->c, L->fn, "exit");
+  lp->masked = false;
   LLVMBuildBr(L->b, lp->head);
   LLVMPositionBuilderAtEnd(L->b, lp->head);
   lp->i = LLVMBuildPhi(L->b, L->i64, "i");
@@ -278,7 +288,18 @@ static void loop_close(lctx *L, loop *lp) {
   LLVMValueRef next = LLVMBuildAdd(L->b, lp->i, ci64(L, 1), "");
   LLVMBasicBlockRef end = LLVMGetInsertBlock(L->b);
   LLVMAddIncoming(lp->i, &next, &end, 1);
-  LLVMBuildBr(L->b, lp->head);
+  LLVMValueRef br = LLVMBuildBr(L->b, lp->head);
+  if (lp->masked) {
+    /* !llvm.loop !{self, !{"llvm.loop.vectorize.predicate.enable", true}}:
+     * a loop id refers to itself, made through a temporary node */
+    LLVMMetadataRef hint[2] = {LLVMMDStringInContext2(L->c, "llvm.loop.vectorize.predicate.enable", 36),
+                               LLVMValueAsMetadata(LLVMConstInt(LLVMInt1TypeInContext(L->c), 1, 0))};
+    LLVMMetadataRef tmp = LLVMTemporaryMDNode(L->c, NULL, 0);
+    LLVMMetadataRef ops[2] = {tmp, LLVMMDNodeInContext2(L->c, hint, 2)};
+    LLVMMetadataRef id = LLVMMDNodeInContext2(L->c, ops, 2);
+    LLVMMetadataReplaceAllUsesWith(tmp, id);
+    LLVMSetMetadata(br, L->loop_kind, LLVMMetadataAsValue(L->c, id));
+  }
   LLVMPositionBuilderAtEnd(L->b, lp->exit);
 }
 
@@ -311,6 +332,7 @@ static void inner_nest(lctx *L, int d, LLVMValueRef *idx, inner_body body, void 
   loop lp;
   if (d == 0 && L->first_lo) loop_open(L, &lp, L->first_lo, L->first_hi, "inner");
   else loop_open(L, &lp, ci64(L, 0), sym_val(L, k->dim[d]), "inner");
+  lp.masked = d == k->ndim - 1 && want_masked_tail(k->dim[d]);
   idx[d] = lp.i;
   inner_nest(L, d + 1, idx, body, ctx);
   loop_close(L, &lp);
@@ -596,6 +618,7 @@ static void lower_flat(lctx *L, LLVMValueRef begin, LLVMValueRef end) {
   LLVMValueRef stop = LLVMBuildAdd(L->b, col, n, "");
   loop in;
   loop_open(L, &in, col, stop, "inner");
+  in.masked = want_masked_tail(k->dim[last]);
   LLVMValueRef off[64];
   for (int a = 0; a < k->n_acc; a++) {
     sym_dim s = k->acc[a].stride[last];
