@@ -190,7 +190,7 @@ START_TEST(test_fusion_plans) {
   fn = compile_once(linear_relu_body, 3, lr1);
   p = plan_of(fn);
   ck_assert_int_eq(0, count_kind(p, CG_K_MATMUL));
-  ck_assert_int_eq(2, p->n_k); /* the dot products, then the epilogue */
+  ck_assert_int_eq(1, p->n_k); /* the dot products, bias and relu behind them per output */
   ck_assert(strstr(p->k[0].name, "matvec") != NULL);
   free_plan(p);
   kiln_fn_free(fn);
@@ -518,6 +518,61 @@ START_TEST(test_masked_tails) {
 }
 END_TEST
 
+static int matvec_relu_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  out[0] = kiln_relu(kiln_add(kiln_matmul(in[0], kiln_transpose(in[1], 0, 1)), in[2]));
+  return 0;
+}
+
+static int mean_scale_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  out[0] = kiln_tanh(kiln_mul(kiln_sum(kiln_mul(in[0], in[0]), 1, false), in[1]));
+  return 0;
+}
+
+/* Pointwise consumers behind a reduction run in the reduction's kernel, once
+ * per outer element: batch-1 linear + bias + relu is one loop kernel, and so
+ * is tanh(sum(x*x, 1) * s). Row counts that are not multiples of the
+ * grouped dot products (lower.c) leave a remainder; 1 and 2 threads agree
+ * bitwise. */
+START_TEST(test_reduce_epilogues) {
+  kiln_scope_begin();
+  for (int64_t n = 1; n <= 13; n += 6) {
+    kiln_tensor *in[3] = {kiln_randn(KILN_F32, 2, ((int64_t[]){1, 70}), 1), kiln_randn(KILN_F32, 2, ((int64_t[]){n + 32, 70}), 2),
+                          kiln_randn(KILN_F32, 1, ((int64_t[]){n + 32}), 3)};
+    kiln_fn *fn = compile_once(matvec_relu_body, 3, in);
+    cg_program *p = plan_of(fn);
+    ck_assert_int_eq(1, p->n_k);
+    ck_assert_int_eq(CG_K_LOOP, p->k[0].kind);
+    ck_assert_int_eq(3, p->k[0].n_nodes); /* matmul, add, relu */
+    free_plan(p);
+    kiln_tensor *y1 = NULL, *y2 = NULL;
+    kiln_set_num_threads(1);
+    ck_assert_int_eq(0, kiln_call(fn, in, &y1));
+    kiln_set_num_threads(2);
+    ck_assert_int_eq(0, kiln_call(fn, in, &y2));
+    int64_t bad;
+    ck_assert_double_eq(0, maxdiff_rel(y1, y2, &bad));
+    kiln_fn_free(fn);
+  }
+  kiln_tensor *in[2] = {kiln_randn(KILN_F32, 2, ((int64_t[]){4101, 37}), 4), kiln_randn(KILN_F32, 1, ((int64_t[]){4101}), 5)};
+  kiln_fn *fn = compile_once(mean_scale_body, 2, in);
+  cg_program *p = plan_of(fn);
+  ck_assert_int_eq(1, p->n_k);
+  ck_assert_int_eq(1, count_kind(p, CG_K_LOOP));
+  free_plan(p);
+  kiln_tensor *y1 = NULL, *y2 = NULL;
+  kiln_set_num_threads(1);
+  ck_assert_int_eq(0, kiln_call(fn, in, &y1));
+  kiln_set_num_threads(2);
+  ck_assert_int_eq(0, kiln_call(fn, in, &y2));
+  int64_t bad;
+  ck_assert_double_eq(0, maxdiff_rel(y1, y2, &bad));
+  kiln_fn_free(fn);
+  kiln_scope_end();
+}
+END_TEST
+
 START_TEST(test_full_reduce_blocks) {
   double got[2][3];
   for (int t = 1; t <= 2; t++) {
@@ -747,6 +802,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, test_gemm_folds);
   tcase_add_test(tc, test_full_reduce_blocks);
   tcase_add_test(tc, test_masked_tails);
+  tcase_add_test(tc, test_reduce_epilogues);
   tcase_add_test(tc, test_shared_kernels);
   tcase_add_test(tc, test_residual_chain_stored);
   tcase_add_test(tc, test_grad_accumulates_into_gemm);

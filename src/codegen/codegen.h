@@ -81,6 +81,10 @@ typedef struct cg_stage {
   bool inner;       /* MAP: loops over the inner dims (else once per outer element) */
 } cg_stage;
 
+/* Outer elements a dot-product kernel runs per pass of its inner loop
+ * (lower.c); the runtime's blocks of staged kernels are multiples of it. */
+enum { CG_JAM = 4 };
+
 typedef enum cg_kernel_kind {
   CG_K_LOOP,    /* a loop nest (lowered to LLVM): pointwise, reductions, row-wise */
   CG_K_MATMUL,  /* cblas gemm on buffers, then (optionally) a loop epilogue kernel */

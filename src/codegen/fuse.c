@@ -745,6 +745,154 @@ static void fold_epilogues(cg_program *p, cg_view *views) {
   }
 }
 
+/* ---- pointwise consumers behind a reduction ---- */
+
+/* Does b get written by a kernel in (from, to)? A buffer updated in place
+ * through an alias counts for the buffer it aliases. */
+static bool written_between(const cg_program *p, int from, int to, int b) {
+  for (int kj = from + 1; kj < to; kj++) {
+    int o = p->k[kj].out_buf;
+    if (o >= 0 && (o == b || p->buf[o].alias_of == b)) return true;
+  }
+  return false;
+}
+
+/* Appends B's expression e (and what it uses) to A, a load of the reduced
+ * buffer rb becoming A's value `red`; returns the new id, -1 OOM, -2 when B
+ * reads rb at another element. map[] memoizes B's expression ids. */
+static int move_expr(cg_kernel *a, const cg_kernel *b, int e, int rb, int red, int *map, int *acc_map) {
+  if (map[e] >= 0) return map[e];
+  cg_expr x = b->expr[e];
+  if (x.kind == CG_LOAD) {
+    const cg_access *ba = &b->acc[x.a];
+    if (ba->buf == rb) {
+      /* only element for element with A's store: the same offset, and the
+       * same strides over the outer dims, which are B's dims */
+      const cg_access *st = &a->acc[a->stage[a->n_stage - 1].store];
+      if (!sym_same(ba->offset, st->offset)) return -2;
+      for (int d = 0; d < b->ndim; d++)
+        if (!sym_same(ba->stride[d], st->stride[d])) return -2;
+      return map[e] = red;
+    }
+    if (acc_map[x.a] < 0) {
+      cg_access na = {.buf = ba->buf, .offset = ba->offset};
+      for (int d = 0; d < a->ndim; d++) na.stride[d] = d < b->ndim ? ba->stride[d] : sym_const(0);
+      a->acc[a->n_acc] = na;
+      acc_map[x.a] = a->n_acc++;
+    }
+    x.a = acc_map[x.a];
+  } else if (x.kind == CG_OP) {
+    for (int i = 0; i < x.n_in; i++) {
+      int c = move_expr(a, b, x.in[i], rb, red, map, acc_map);
+      if (c < 0) return c;
+      x.in[i] = c;
+    }
+  } else if (x.kind == CG_ACC) {
+    return -2;
+  }
+  a->expr[a->n_expr] = x;
+  return map[e] = a->n_expr++;
+}
+
+static bool expr_loads(const cg_kernel *k, int e, int a) {
+  const cg_expr *x = &k->expr[e];
+  if (x->kind == CG_LOAD) return x->a == a;
+  for (int i = 0; x->kind == CG_OP && i < x->n_in; i++)
+    if (expr_loads(k, x->in[i], a)) return true;
+  return false;
+}
+
+/* Removes access a, which no stage stores to or reaches through a load, so
+ * that liveness and lowering never see a buffer the kernel no longer uses.
+ * Unreachable loads of it become constants. */
+static void drop_access(cg_kernel *k, int a) {
+  for (int s = 0; s < k->n_stage; s++)
+    if ((k->stage[s].kind == CG_MAP && k->stage[s].store == a) || expr_loads(k, k->stage[s].expr, a)) return;
+  for (int e = 0; e < k->n_expr; e++) {
+    cg_expr *x = &k->expr[e];
+    if (x->kind != CG_LOAD) continue;
+    if (x->a == a) *x = (cg_expr){.kind = CG_CONST, .dtype = x->dtype, .c = 0};
+    else if (x->a > a) x->a--;
+  }
+  for (int s = 0; s < k->n_stage; s++)
+    if (k->stage[s].kind == CG_MAP && k->stage[s].store > a) k->stage[s].store--;
+  memmove(&k->acc[a], &k->acc[a + 1], sizeof *k->acc * (size_t)(k->n_acc - a - 1));
+  k->n_acc--;
+}
+
+/* A reduction (or matvec) kernel A whose result only a pointwise kernel B
+ * reads, B looping over A's outer dims: B's expression becomes A's final
+ * MAP, run once per outer element right after the reduction (bias and relu
+ * behind a batch-1 matmul, the scale behind a mean). The reduced values are
+ * never stored, and B's loop goes away. 0, or -1 out of memory. */
+static int merge_reduce_epilogues(cg_program *p, cg_view *views) {
+  for (int ai = 0; ai < p->n_k; ai++) {
+    cg_kernel *a = &p->k[ai];
+    if (a->kind != CG_K_LOOP || a->n_stage < 2 || a->stage[a->n_stage - 1].kind != CG_MAP ||
+        a->stage[a->n_stage - 1].inner || a->stage[0].kind != CG_REDUCE)
+      continue;
+    int rb = a->out_buf;
+    if (rb < 0 || p->buf[rb].kind != CG_BUF_TEMP || handed_out(p, views, rb)) continue;
+    int bi = -1, readers = 0;
+    for (int kj = ai + 1; kj < p->n_k; kj++)
+      if (kernel_reads(p, kj, rb)) readers++, bi = bi < 0 ? kj : bi;
+    if (readers != 1) continue;
+    cg_kernel *b = &p->k[bi];
+    if (b->kind != CG_K_LOOP || b->n_stage != 1 || b->stage[0].kind != CG_MAP || b->stage[0].inner ||
+        b->n_outer != b->ndim || b->ndim != a->n_outer || b->result_node != b->node || a->n_acc + b->n_acc > 48)
+      continue;
+    bool ok = true;
+    for (int d = 0; d < b->ndim && ok; d++) ok = sym_same(b->dim[d], a->dim[d]);
+    /* what B reads must be there when A runs, and B's result written by nothing in between */
+    for (int c = 0; c < b->n_acc && ok; c++) ok = !written_between(p, ai, bi, b->acc[c].buf);
+    ok = ok && !written_between(p, ai, bi, b->out_buf);
+    for (int kj = ai + 1; kj < bi && ok; kj++) ok = !kernel_reads(p, kj, b->out_buf);
+    if (!ok) continue;
+    int *map = alloc_malloc(sizeof(int) * (size_t)(b->n_expr + b->n_acc));
+    cg_access *nacc = alloc_realloc(a->acc, sizeof *nacc * (size_t)(a->n_acc + b->n_acc));
+    if (nacc) a->acc = nacc;
+    cg_expr *nexp = alloc_realloc(a->expr, sizeof *nexp * (size_t)(a->n_expr + b->n_expr));
+    if (nexp) a->expr = nexp;
+    int *nnodes = alloc_realloc(a->nodes, sizeof *nnodes * (size_t)(a->n_nodes + b->n_nodes));
+    if (nnodes) a->nodes = nnodes;
+    if (!map || !nacc || !nexp || !nnodes) {
+      alloc_free(map);
+      return -1;
+    }
+    for (int i = 0; i < b->n_expr + b->n_acc; i++) map[i] = -1;
+    int n_acc0 = a->n_acc, n_expr0 = a->n_expr;
+    cg_stage *last = &a->stage[a->n_stage - 1];
+    int e = move_expr(a, b, b->stage[0].expr, rb, last->expr, map, map + b->n_expr);
+    /* B's store, in A's space */
+    int store = -1;
+    if (e >= 0) {
+      const cg_access *bs = &b->acc[b->stage[0].store];
+      cg_access na = {.buf = bs->buf, .offset = bs->offset};
+      for (int d = 0; d < a->ndim; d++) na.stride[d] = d < b->ndim ? bs->stride[d] : sym_const(0);
+      a->acc[a->n_acc] = na;
+      store = a->n_acc++;
+    }
+    alloc_free(map);
+    if (e < 0) { /* -2: not element for element; undo */
+      a->n_acc = n_acc0, a->n_expr = n_expr0;
+      continue;
+    }
+    /* A's own store of the reduced values goes, and rb gets no memory */
+    int old_store = last->store;
+    last->expr = e;
+    last->store = store;
+    drop_access(a, old_store);
+    memcpy(a->nodes + a->n_nodes, b->nodes, sizeof(int) * (size_t)b->n_nodes);
+    a->n_nodes += b->n_nodes;
+    a->out_buf = b->out_buf;
+    a->result_node = b->result_node;
+    alloc_free(b->acc), alloc_free(b->expr), alloc_free(b->stage), alloc_free(b->nodes), alloc_free(b->param);
+    memmove(b, b + 1, sizeof *b * (size_t)(p->n_k - bi - 1));
+    p->n_k--;
+  }
+  return 0;
+}
+
 /* In place: a pointwise kernel whose input buffer dies in it, with the same
  * dtype, shape and element order as its result, stores into that buffer
  * (a matmul's output under its epilogue, a chain of materialized nodes).
@@ -840,6 +988,10 @@ cg_program *fuse_graph(const ir_graph *g, char *err, size_t errn) {
     goto fail;
   }
   cg_program *p = f.p;
+  if (merge_reduce_epilogues(p, f.map)) {
+    snprintf(err, errn, "out of memory");
+    goto fail;
+  }
   fold_epilogues(p, f.map);
   /* liveness over the kernel order */
   for (int ki = 0; ki < p->n_k; ki++) {
@@ -917,7 +1069,7 @@ void fuse_dump(const cg_program *p, FILE *o) {
     }
     fprintf(o, "]");
     if (bf->kind == CG_BUF_TEMP && bf->alias_of >= 0) fprintf(o, " stored in place in b%d", bf->alias_of);
-    else if (bf->kind == CG_BUF_TEMP && bf->first < 0) fprintf(o, " unused (folded into a GEMM)");
+    else if (bf->kind == CG_BUF_TEMP && bf->first < 0) fprintf(o, " unused (folded into another kernel)");
     else if (bf->kind == CG_BUF_TEMP) fprintf(o, " live k%d..k%d", bf->first, bf->last);
     fputc('\n', o);
   }

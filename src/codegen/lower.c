@@ -473,6 +473,57 @@ static bool short_rows(const cg_kernel *k) {
   return n <= 8192;
 }
 
+/* Dot-product kernels (one sum over one inner dim, then a store per outer
+ * element: a matvec, row sums) run CG_JAM outer elements per pass of the
+ * inner loop: an operand the CG_JAM share (the vector of a matvec) loads
+ * once, and their sums overlap. Groups start at multiples of CG_JAM (the
+ * runtime's blocks are multiples of it), so which elements run grouped, and
+ * so the bits, do not depend on the thread count. */
+static bool jammable(const cg_kernel *k) {
+  return k->n_stage == 2 && k->stage[0].kind == CG_REDUCE && (k->stage[0].op == OP_SUM || k->stage[0].op == OP_MEAN) &&
+         k->stage[1].kind == CG_MAP && !k->stage[1].inner && k->n_outer >= 1 && k->ndim == k->n_outer + 1;
+}
+
+/* Outer elements [begin, begin + n*CG_JAM) of a jammable kernel. */
+static void lower_jammed(lctx *L, LLVMValueRef begin, LLVMValueRef groups, LLVMValueRef *acc_ptr, LLVMTypeRef acc_t) {
+  cg_kernel *k = L->k;
+  const cg_stage *st = &k->stage[0];
+  kiln_dtype dt = k->expr[st->expr].dtype;
+  LLVMValueRef base[CG_JAM][64];
+  loop lg;
+  loop_open(L, &lg, ci64(L, 0), groups, "groups");
+  LLVMValueRef o = LLVMBuildAdd(L->b, begin, LLVMBuildMul(L->b, lg.i, ci64(L, CG_JAM), ""), "");
+  for (int r = 0; r < CG_JAM; r++) {
+    outer_bases(L, LLVMBuildAdd(L->b, o, ci64(L, r), ""), k->n_outer);
+    memcpy(base[r], L->base, sizeof(LLVMValueRef) * (size_t)k->n_acc);
+    LLVMBuildStore(L->b, acc_t == L->f64 ? LLVMConstReal(L->f64, 0) : const_of(L, dt, 0), acc_ptr[r]);
+  }
+  loop in;
+  loop_open(L, &in, ci64(L, 0), sym_val(L, k->dim[k->n_outer]), "inner");
+  in.masked = want_masked_tail(k->dim[k->n_outer]);
+  LLVMValueRef idx[MAXD];
+  idx[k->n_outer] = in.i;
+  for (int r = 0; r < CG_JAM; r++) {
+    memcpy(L->base, base[r], sizeof(LLVMValueRef) * (size_t)k->n_acc);
+    LLVMValueRef off[64];
+    inner_offsets(L, idx, off);
+    reduce_ctx rc = {st, -1, acc_ptr[r], acc_t, dt};
+    reduce_body(L, off, &rc);
+  }
+  loop_close(L, &in);
+  for (int r = 0; r < CG_JAM; r++) {
+    LLVMValueRef v = LLVMBuildLoad2(L->b, acc_t, acc_ptr[r], "");
+    if (st->op == OP_MEAN) v = LLVMBuildFDiv(L->b, v, LLVMBuildSIToFP(L->b, sym_val(L, k->dim[k->n_outer]), acc_t, ""), "");
+    if (acc_t != elem_type(L, dt)) v = LLVMBuildFPTrunc(L->b, v, elem_type(L, dt), "");
+    L->accv[0] = v;
+    memcpy(L->base, base[r], sizeof(LLVMValueRef) * (size_t)k->n_acc);
+    LLVMValueRef off[64];
+    memcpy(off, base[r], sizeof(LLVMValueRef) * (size_t)k->n_acc);
+    map_body(L, off, (void *)&k->stage[1]);
+  }
+  loop_close(L, &lg);
+}
+
 /* Staged kernels: for o in [begin, end): stages. */
 static void lower_staged(lctx *L, LLVMValueRef begin, LLVMValueRef end) {
   cg_kernel *k = L->k;
@@ -486,6 +537,13 @@ static void lower_staged(lctx *L, LLVMValueRef begin, LLVMValueRef end) {
     acc_ptr[s] = LLVMBuildAlloca(L->eb, L->f64, "acc"); /* f64 is the widest accumulator */
   }
   plan_reuse(L);
+  if (jammable(k) && is_float(k->expr[k->stage[0].expr].dtype)) {
+    LLVMValueRef jam_ptr[CG_JAM];
+    for (int r = 0; r < CG_JAM; r++) jam_ptr[r] = LLVMBuildAlloca(L->eb, L->f64, "jam");
+    LLVMValueRef groups = LLVMBuildSDiv(L->b, LLVMBuildSub(L->b, end, begin, ""), ci64(L, CG_JAM), "");
+    lower_jammed(L, begin, groups, jam_ptr, acc_t[0]);
+    begin = LLVMBuildAdd(L->b, begin, LLVMBuildMul(L->b, groups, ci64(L, CG_JAM), ""), "");
+  }
   loop outer;
   loop_open(L, &outer, begin, end, "outer");
   outer_bases(L, outer.i, k->n_outer);

@@ -485,7 +485,7 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
     e->plan_dumped = true;
     fprintf(e->dump_to, "memory plan of %s at this call's sizes: arena %zu bytes\n", g->name, arena_bytes);
     for (int b = 0; b < nb; b++)
-      if (p->buf[b].kind == CG_BUF_TEMP && p->buf[b].alias_of < 0)
+      if (p->buf[b].kind == CG_BUF_TEMP && p->buf[b].alias_of < 0 && bytes[b] > 0)
         fprintf(e->dump_to, "  b%d at %zu, %zu bytes\n", b, off[b], bytes[b]);
     if (e->dump_to != stderr) {
       fclose(e->dump_to);
@@ -564,6 +564,7 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
         /* about 8 blocks per thread, for the balance */
         int64_t block = range / (8 * (int64_t)threads);
         if (block < grain) block = grain;
+        if (staged) block = (block + CG_JAM - 1) / CG_JAM * CG_JAM; /* grouped outer elements, lower.c */
         kern_job job = {e->fn[ki], prm, acc, range, block, 0};
         pool_parallel_for(threads, 1, kern_chunk, &job);
       }
