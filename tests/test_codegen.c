@@ -530,6 +530,16 @@ static int mean_scale_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out)
   return 0;
 }
 
+static void same_at_1_and_2_threads(kiln_fn *fn, kiln_tensor *const *in) {
+  kiln_tensor *y1 = NULL, *y2 = NULL;
+  kiln_set_num_threads(1);
+  ck_assert_int_eq(0, kiln_call(fn, in, &y1));
+  kiln_set_num_threads(2);
+  ck_assert_int_eq(0, kiln_call(fn, in, &y2));
+  int64_t bad;
+  ck_assert_double_eq(0, maxdiff_rel(y1, y2, &bad));
+}
+
 /* Pointwise consumers behind a reduction run in the reduction's kernel, once
  * per outer element: batch-1 linear + bias + relu is one loop kernel, and so
  * is tanh(sum(x*x, 1) * s). Row counts that are not multiples of the
@@ -546,13 +556,7 @@ START_TEST(test_reduce_epilogues) {
     ck_assert_int_eq(CG_K_LOOP, p->k[0].kind);
     ck_assert_int_eq(3, p->k[0].n_nodes); /* matmul, add, relu */
     free_plan(p);
-    kiln_tensor *y1 = NULL, *y2 = NULL;
-    kiln_set_num_threads(1);
-    ck_assert_int_eq(0, kiln_call(fn, in, &y1));
-    kiln_set_num_threads(2);
-    ck_assert_int_eq(0, kiln_call(fn, in, &y2));
-    int64_t bad;
-    ck_assert_double_eq(0, maxdiff_rel(y1, y2, &bad));
+    same_at_1_and_2_threads(fn, in);
     kiln_fn_free(fn);
   }
   kiln_tensor *in[2] = {kiln_randn(KILN_F32, 2, ((int64_t[]){4101, 37}), 4), kiln_randn(KILN_F32, 1, ((int64_t[]){4101}), 5)};
@@ -561,13 +565,7 @@ START_TEST(test_reduce_epilogues) {
   ck_assert_int_eq(1, p->n_k);
   ck_assert_int_eq(1, count_kind(p, CG_K_LOOP));
   free_plan(p);
-  kiln_tensor *y1 = NULL, *y2 = NULL;
-  kiln_set_num_threads(1);
-  ck_assert_int_eq(0, kiln_call(fn, in, &y1));
-  kiln_set_num_threads(2);
-  ck_assert_int_eq(0, kiln_call(fn, in, &y2));
-  int64_t bad;
-  ck_assert_double_eq(0, maxdiff_rel(y1, y2, &bad));
+  same_at_1_and_2_threads(fn, in);
   kiln_fn_free(fn);
   kiln_scope_end();
 }
