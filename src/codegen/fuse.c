@@ -643,6 +643,32 @@ static bool handed_out(const cg_program *p, const cg_view *views, int b) {
   return false;
 }
 
+static bool expr_loads(const cg_kernel *k, int e, int a) {
+  const cg_expr *x = &k->expr[e];
+  if (x->kind == CG_LOAD) return x->a == a;
+  for (int i = 0; x->kind == CG_OP && i < x->n_in; i++)
+    if (expr_loads(k, x->in[i], a)) return true;
+  return false;
+}
+
+/* Removes access a, which no stage stores to or reaches through a load, so
+ * that liveness and lowering never see a buffer the kernel no longer uses.
+ * Unreachable loads of it become constants. */
+static void drop_access(cg_kernel *k, int a) {
+  for (int s = 0; s < k->n_stage; s++)
+    if ((k->stage[s].kind == CG_MAP && k->stage[s].store == a) || expr_loads(k, k->stage[s].expr, a)) return;
+  for (int e = 0; e < k->n_expr; e++) {
+    cg_expr *x = &k->expr[e];
+    if (x->kind != CG_LOAD) continue;
+    if (x->a == a) *x = (cg_expr){.kind = CG_CONST, .dtype = x->dtype, .c = 0};
+    else if (x->a > a) x->a--;
+  }
+  for (int s = 0; s < k->n_stage; s++)
+    if (k->stage[s].kind == CG_MAP && k->stage[s].store > a) k->stage[s].store--;
+  memmove(&k->acc[a], &k->acc[a + 1], sizeof *k->acc * (size_t)(k->n_acc - a - 1));
+  k->n_acc--;
+}
+
 /* The pointwise kernel right after a 2-D GEMM whose product only it reads:
  *   bias   out = mm + b (b broadcast):  out is filled with b first, then the
  *          GEMM adds into it (beta 1), so the product is never stored apart;
@@ -689,7 +715,9 @@ static void fold_epilogues(cg_program *p, cg_view *views) {
         if (p->k[kj].out_buf == bb) bb = -1;
       if (bb < 0) continue;
       /* k becomes the prefill and runs just before the GEMM, which adds into its buffer */
+      int product = IS_MM(l) ? l->a : r->a;
       k->stage[0].expr = (int)(bias - k->expr);
+      drop_access(k, product); /* so that liveness never sees the product's buffer */
       k->result_node = -1;
       m->out_buf = o;
       m->beta = 1.0;
@@ -794,32 +822,6 @@ static int move_expr(cg_kernel *a, const cg_kernel *b, int e, int rb, int red, i
   return map[e] = a->n_expr++;
 }
 
-static bool expr_loads(const cg_kernel *k, int e, int a) {
-  const cg_expr *x = &k->expr[e];
-  if (x->kind == CG_LOAD) return x->a == a;
-  for (int i = 0; x->kind == CG_OP && i < x->n_in; i++)
-    if (expr_loads(k, x->in[i], a)) return true;
-  return false;
-}
-
-/* Removes access a, which no stage stores to or reaches through a load, so
- * that liveness and lowering never see a buffer the kernel no longer uses.
- * Unreachable loads of it become constants. */
-static void drop_access(cg_kernel *k, int a) {
-  for (int s = 0; s < k->n_stage; s++)
-    if ((k->stage[s].kind == CG_MAP && k->stage[s].store == a) || expr_loads(k, k->stage[s].expr, a)) return;
-  for (int e = 0; e < k->n_expr; e++) {
-    cg_expr *x = &k->expr[e];
-    if (x->kind != CG_LOAD) continue;
-    if (x->a == a) *x = (cg_expr){.kind = CG_CONST, .dtype = x->dtype, .c = 0};
-    else if (x->a > a) x->a--;
-  }
-  for (int s = 0; s < k->n_stage; s++)
-    if (k->stage[s].kind == CG_MAP && k->stage[s].store > a) k->stage[s].store--;
-  memmove(&k->acc[a], &k->acc[a + 1], sizeof *k->acc * (size_t)(k->n_acc - a - 1));
-  k->n_acc--;
-}
-
 /* A reduction (or matvec) kernel A whose result only a pointwise kernel B
  * reads, B looping over A's outer dims: B's expression becomes A's final
  * MAP, run once per outer element right after the reduction (bias and relu
@@ -908,8 +910,7 @@ static void reuse_in_place(cg_program *p, cg_view *views, int n_nodes) {
     for (int a = 0; a < k->n_acc; a++) {
       int b = k->acc[a].buf;
       const cg_buf *bb = &p->buf[b], *ob = &p->buf[o];
-      /* a temp no kernel writes (a GEMM product folded away, still among the
-       * prefill's accesses) has no memory to lend */
+      /* a temp no kernel writes has no memory to lend */
       if (a == k->stage[0].store || b == o || bb->kind != CG_BUF_TEMP || bb->first < 0 || bb->last != ki ||
           bb->alias_of >= 0)
         continue;

@@ -473,6 +473,19 @@ static bool short_rows(const cg_kernel *k) {
   return n <= 8192;
 }
 
+/* A REDUCE stage's value from its accumulator r: a mean divides by the
+ * inner count, and a wider accumulator rounds back to the stage's dtype. */
+static LLVMValueRef reduced_value(lctx *L, const cg_stage *st, LLVMTypeRef acc_t, LLVMValueRef r) {
+  cg_kernel *k = L->k;
+  kiln_dtype dt = k->expr[st->expr].dtype;
+  if (st->op == OP_MEAN) {
+    LLVMValueRef cnt = ci64(L, 1);
+    for (int d = k->n_outer; d < k->ndim; d++) cnt = LLVMBuildMul(L->b, cnt, sym_val(L, k->dim[d]), "");
+    r = LLVMBuildFDiv(L->b, r, LLVMBuildSIToFP(L->b, cnt, acc_t, ""), "");
+  }
+  return acc_t != elem_type(L, dt) ? LLVMBuildFPTrunc(L->b, r, elem_type(L, dt), "") : r;
+}
+
 /* Dot-product kernels (one sum over one inner dim, then a store per outer
  * element: a matvec, row sums) run CG_JAM outer elements per pass of the
  * inner loop: an operand the CG_JAM share (the vector of a matvec) loads
@@ -512,10 +525,7 @@ static void lower_jammed(lctx *L, LLVMValueRef begin, LLVMValueRef groups, LLVMV
   }
   loop_close(L, &in);
   for (int r = 0; r < CG_JAM; r++) {
-    LLVMValueRef v = LLVMBuildLoad2(L->b, acc_t, acc_ptr[r], "");
-    if (st->op == OP_MEAN) v = LLVMBuildFDiv(L->b, v, LLVMBuildSIToFP(L->b, sym_val(L, k->dim[k->n_outer]), acc_t, ""), "");
-    if (acc_t != elem_type(L, dt)) v = LLVMBuildFPTrunc(L->b, v, elem_type(L, dt), "");
-    L->accv[0] = v;
+    L->accv[0] = reduced_value(L, st, acc_t, LLVMBuildLoad2(L->b, acc_t, acc_ptr[r], ""));
     memcpy(L->base, base[r], sizeof(LLVMValueRef) * (size_t)k->n_acc);
     LLVMValueRef off[64];
     memcpy(off, base[r], sizeof(LLVMValueRef) * (size_t)k->n_acc);
@@ -565,14 +575,7 @@ static void lower_staged(lctx *L, LLVMValueRef begin, LLVMValueRef end) {
       reduce_ctx rc = {st, -1, acc_ptr[s], acc_t[s], dt};
       if (L->reuse_expr == st->expr) rc.keep_in = L->reuse_acc;
       inner_nest(L, k->n_outer, idx, reduce_body, &rc);
-      LLVMValueRef r = LLVMBuildLoad2(L->b, acc_t[s], acc_ptr[s], "");
-      if (st->op == OP_MEAN) {
-        LLVMValueRef cnt = ci64(L, 1);
-        for (int d = k->n_outer; d < k->ndim; d++) cnt = LLVMBuildMul(L->b, cnt, sym_val(L, k->dim[d]), "");
-        r = LLVMBuildFDiv(L->b, r, LLVMBuildSIToFP(L->b, cnt, acc_t[s], ""), "");
-      }
-      if (acc_t[s] != elem_type(L, dt)) r = LLVMBuildFPTrunc(L->b, r, elem_type(L, dt), "");
-      L->accv[s] = r;
+      L->accv[s] = reduced_value(L, st, acc_t[s], LLVMBuildLoad2(L->b, acc_t[s], acc_ptr[s], ""));
     } else if (st->inner) {
       inner_nest(L, k->n_outer, idx, map_body, (void *)st);
     } else {
