@@ -854,6 +854,41 @@ START_TEST(test_read_sizes_stay_symbolic) {
 }
 END_TEST
 
+/* a factory size two read sizes share when traced (2*s0 and 2*s1 are both 32
+ * at B=16): once it lost both guards, and B=7 got the 32 rows of the trace */
+static int shared_size_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  kiln_tensor *x = in[0], *y = in[1];
+  int64_t n = kiln_size(kiln_cat(((kiln_tensor *[]){x, x}), 2, 0), 0); /* 2*s0 */
+  int64_t m = kiln_size(kiln_cat(((kiln_tensor *[]){y, y}), 2, 0), 0); /* 2*s1 */
+  kiln_tensor *z = kiln_zeros(KILN_F32, 2, ((int64_t[]){n, kiln_size(x, 1)}));
+  kiln_copy_(z, kiln_slice(x, 0, 0, 1, 1)); /* (1,C) over (2B,C): meets no symbolic size */
+  out[0] = kiln_add(z, kiln_mean_all(y));
+  out[1] = kiln_add(kiln_zeros(KILN_F32, 1, ((int64_t[]){m})), kiln_mean_all(x));
+  return out[0] && out[1] ? 0 : -1;
+}
+
+START_TEST(test_shared_read_size_guarded) {
+  kiln_options o = {.name = "shared", .n_in = 2, .n_out = 2};
+  kiln_fn *fn = kiln_compile(shared_size_body, NULL, &o);
+  int64_t batch[] = {5, 16, 7, 16, 9};
+  for (int i = 0; i < 5; i++) {
+    kiln_scope_begin();
+    int64_t b = batch[i];
+    kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){b, 3}), 30 + (uint64_t)i);
+    kiln_tensor *y = kiln_randn(KILN_F32, 2, ((int64_t[]){b, 1}), 40 + (uint64_t)i);
+    kiln_tensor *in[2] = {x, y}, *got[2] = {0}, *ref[2] = {0};
+    ck_assert_msg(kiln_call(fn, in, got) == 0, "B=%lld: %s", (long long)b, kiln_last_error());
+    ck_assert_int_eq(0, shared_size_body(NULL, in, ref));
+    ck_assert_int_eq(2 * b, kiln_size(got[0], 0));
+    ck_assert_int_eq(2 * b, kiln_size(got[1], 0));
+    for (int k = 0; k < 2; k++) ck_assert_msg(maxdiff(got[k], ref[k]) <= 1e-6, "B=%lld output %d", (long long)b, k);
+    kiln_scope_end();
+  }
+  kiln_fn_free(fn);
+}
+END_TEST
+
 /* ---- freeze, dumps ---- */
 
 START_TEST(test_freeze_and_dump_dir) {
@@ -965,6 +1000,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, test_freeze_and_dump_dir);
   tcase_add_test(tc, test_regressions);
   tcase_add_test(tc, test_read_sizes_stay_symbolic);
+  tcase_add_test(tc, test_shared_read_size_guarded);
   tcase_add_test(tc, test_released_param_retraces);
   suite_add_tcase(s, tc);
   return s;

@@ -167,15 +167,29 @@ static void note_shape(tracer *tr, const ir_node *n) {
   for (int i = 0; i < n->ndim; i++) note_size(tr, n->shape[i]);
 }
 
-/* The symbolic dim for a concrete size v the function passed, or the constant v. */
-/* A constant v that a symbol also has as its traced value: the number may
- * have come from that symbol (kiln_size arithmetic), so the variant is kept
- * to that value of the symbol. Never a wrong answer, at worst a retrace. */
+/* The sizes the body read, one by one (j < i) and as products of two. */
+static sym_dim read_size(tracer *tr, int i, int j) {
+  return j < i ? tr->reads[i] : sym_mul(tr->g->sym, tr->reads[i], tr->reads[j]);
+}
+
+/* Keeps the variant to d == v (true at the trace); nothing when d is constant. */
+static void keep_equal(tracer *tr, sym_dim d, int64_t v) {
+  if (sym_is_err(d) || sym_is_const(d)) return;
+  shape_env env = {tr->g, tr->vals, tr->g->n_syms, true};
+  if (shape_decide(&env, d, SYM_EQ, sym_const(v)) != 1) tfail(tr, "out of memory while tracing");
+}
+
+/* A constant v that a symbol, a size the body read or a product of two such
+ * sizes also has as its traced value: the number may have come from it
+ * (kiln_size arithmetic, 2*s0 included), so the variant is kept to that
+ * value. Never a wrong answer, at worst a retrace. */
 static sym_dim pin(tracer *tr, int64_t v) {
   for (int k = 0; k < tr->g->n_syms; k++)
-    if (tr->vals[k] == v) {
-      sym_dim s = sym_var(tr->g->sym, k, tr->g->sym_lo[k], tr->g->sym_hi[k]);
-      if (ir_add_guard(tr->g, (sym_guard){SYM_EQ, s, sym_const(v)})) tfail(tr, "out of memory while tracing");
+    if (tr->vals[k] == v) keep_equal(tr, sym_var(tr->g->sym, k, tr->g->sym_lo[k], tr->g->sym_hi[k]), v);
+  for (int i = 0; i < tr->n_reads; i++)
+    for (int j = i - 1; j < tr->n_reads; j++) {
+      sym_dim c = read_size(tr, i, j);
+      if (!sym_is_err(c) && dim_value(tr, c) == v) keep_equal(tr, c, v);
     }
   return sym_const(v);
 }
@@ -185,12 +199,11 @@ static sym_dim pin(tracer *tr, int64_t v) {
  * exactly one, or one product of two, has that value; else pinned. */
 static sym_dim resolve_user(tracer *tr, int64_t v) {
   if (v < 2) return sym_const(v);
-  ir_graph *g = tr->g;
-  shape_env env = {g, NULL, 0, false};
+  shape_env env = {tr->g, NULL, 0, false};
   sym_dim found = sym_error();
   for (int i = 0; i < tr->n_reads; i++)
     for (int j = i - 1; j < tr->n_reads; j++) {
-      sym_dim c = j < i ? tr->reads[i] : sym_mul(g->sym, tr->reads[i], tr->reads[j]);
+      sym_dim c = read_size(tr, i, j);
       if (sym_is_err(c) || dim_value(tr, c) != v) continue;
       if (sym_is_err(found)) found = c;
       else if (!sym_same(found, c) && shape_decide(&env, found, SYM_EQ, c) != 1) return pin(tr, v);
@@ -198,6 +211,9 @@ static sym_dim resolve_user(tracer *tr, int64_t v) {
   return sym_is_err(found) || sym_is_const(found) ? pin(tr, v) : found;
 }
 
+/* A number the library passed (autograd's formulas, a view's bounds): the
+ * one dim seen in the trace with that value, else pinned to every dim seen
+ * with it (all symbols, when more were seen than the table keeps). */
 static sym_dim resolve(tracer *tr, int64_t v) {
   if (v < 2 || !tr->sizes_cap) return sym_const(v);
   size_t i = hash64((uint64_t)v) & (tr->sizes_cap - 1);
@@ -205,12 +221,18 @@ static sym_dim resolve(tracer *tr, int64_t v) {
     size_entry *e = &tr->sizes[i];
     if (!e->used) break;
     if (e->v != v) continue;
-    if (e->ambiguous) break;
+    if (e->ambiguous) {
+      for (int k = 0; k < tr->g->n_syms; k++)
+        keep_equal(tr, sym_var(tr->g->sym, k, tr->g->sym_lo[k], tr->g->sym_hi[k]), tr->vals[k]);
+      return sym_const(v);
+    }
     /* one dim, or several the guards say are equal (s0 == s1): the first */
     shape_env env = {tr->g, NULL, 0, false};
-    for (int k = 1; k < e->n; k++)
-      if (shape_decide(&env, e->d[0], SYM_EQ, e->d[k]) != 1) return pin(tr, v);
-    return sym_is_const(e->d[0]) ? pin(tr, v) : e->d[0];
+    bool one = !sym_is_const(e->d[0]);
+    for (int k = 1; one && k < e->n; k++) one = shape_decide(&env, e->d[0], SYM_EQ, e->d[k]) == 1;
+    if (one) return e->d[0];
+    for (int k = 0; k < e->n; k++) keep_equal(tr, e->d[k], v);
+    return pin(tr, v);
   }
   return pin(tr, v);
 }
