@@ -263,13 +263,27 @@ static void set_concrete(ir_node *n, const kiln_tensor *t) {
  * a scalar expanded to the symbolic shape) or is guarded to stay that value. */
 static int make_const_raw(tracer *tr, const kiln_tensor *t, const char *file, int line);
 
+/* Whether every element of t equals the first (NaN equal to NaN). */
+static bool all_equal(const kiln_tensor *t, int64_t n) {
+  if (tensor_contiguous(t)) {
+    /* each element against the next, as bytes: one pass at memcmp's speed
+     * (a tensor of zeros made in the body can be large); on a difference
+     * (+0 and -0, two NaNs) the element-wise test below decides */
+    size_t esz = kiln_dtype_size(t->dtype);
+    const char *p = tensor_data(t);
+    if (!memcmp(p, p + esz, (size_t)(n - 1) * esz)) return true;
+  }
+  double a = tensor_get(t, 0);
+  for (int64_t i = 1; i < n; i++) {
+    double b = tensor_get(t, i);
+    if (!(a == b || (a != a && b != b))) return false;
+  }
+  return true;
+}
+
 static int make_const(tracer *tr, const kiln_tensor *t, const char *file, int line) {
   int64_t n = kiln_numel(t);
-  bool uniform = n > 1;
-  for (int64_t i = 1; uniform && i < n; i++) {
-    double a = tensor_get(t, 0), b = tensor_get(t, i);
-    uniform = a == b || (a != a && b != b);
-  }
+  bool uniform = n > 1 && all_equal(t, n);
   sym_dim dims[MAXD];
   bool symbolic = false;
   for (int d = 0; d < t->ndim; d++) {
