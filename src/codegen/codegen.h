@@ -162,7 +162,7 @@ typedef struct cg_module {
 } cg_module;
 int jit_module_new(cg_module *m, const char *name, char *err, size_t errn);
 void jit_module_dispose(cg_module *m); /* only for a module not handed to jit_compile */
-/* Verifies, optimizes (O2 for the host CPU name and features) and JIT-compiles
+/* Verifies, optimizes (jit.c's kernel passes, for the host CPU name and features) and JIT-compiles
  * m (consumed). Dumps the optimized module (KILN_DUMP_LLVM) and the machine
  * code (KILN_DUMP_ASM) to dump_to. Times the two phases. NULL with err. */
 cg_jit *jit_compile(cg_module *m, unsigned dump, FILE *dump_to, double *opt_ms, double *codegen_ms, char *err,
