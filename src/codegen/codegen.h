@@ -154,22 +154,57 @@ typedef struct cg_jit cg_jit;
 
 /* One-time LLVM setup (thread safe); 0 or -1. */
 int jit_init(char *err, size_t errn);
-/* A fresh context and module to build into, for the host target. */
+/* A module to build into, for the host target: in a context of its own
+ * (jit_module_new), or in ctx, which must outlive it (jit_module_in). */
 typedef struct cg_module {
   LLVMContextRef ctx;
   LLVMModuleRef mod;
-  void *tsc; /* the thread-safe context that owns ctx */
+  bool own_ctx;
 } cg_module;
 int jit_module_new(cg_module *m, const char *name, char *err, size_t errn);
-void jit_module_dispose(cg_module *m); /* only for a module not handed to jit_compile */
-/* Verifies, optimizes (jit.c's kernel passes, for the host CPU name and features) and JIT-compiles
- * m (consumed). Dumps the optimized module (KILN_DUMP_LLVM) and the machine
- * code (KILN_DUMP_ASM) to dump_to. Times the two phases. NULL with err. */
+int jit_module_in(cg_module *m, LLVMContextRef ctx, const char *name, char *err, size_t errn);
+void jit_module_dispose(cg_module *m); /* only for a module not handed to jit_emit or jit_compile */
+/* The pass pipeline kernels are optimized with (KILN_LLVM_PASSES, or the kernel passes). */
+const char *jit_passes(void);
+/* What compiled code depends on besides its IR: LLVM's version, the host
+ * target, CPU and features, the code generator's options (a string kept for
+ * the life of the process; part of every kernel cache key). */
+const char *jit_target_id(void);
+/* Verifies and optimizes m (consumed) for the host, dumps the optimized IR
+ * (KILN_DUMP_LLVM) and machine code (KILN_DUMP_ASM) to dump_to, and emits an
+ * object file into *obj (alloc_malloc'ed, *len bytes). Times the two phases.
+ * 0, or -1 with err. */
+int jit_emit(cg_module *m, unsigned dump, FILE *dump_to, double *opt_ms, double *codegen_ms, void **obj, size_t *len,
+             char *err, size_t errn);
+/* An LLJIT for the host, empty; objects are added, their functions expected
+ * by name, then linked. NULL with err. */
+cg_jit *jit_new(char *err, size_t errn);
+int jit_add(cg_jit *j, const void *obj, size_t len, const char *what, char *err, size_t errn); /* copies obj */
+int jit_expect(cg_jit *j, const char *name, const char *display); /* display: perf's name, or NULL */
+int jit_link(cg_jit *j, char *err, size_t errn); /* looks every expected function up */
+/* jit_emit, jit_new, jit_add and jit_link for m's functions: NULL with err. */
 cg_jit *jit_compile(cg_module *m, unsigned dump, FILE *dump_to, double *opt_ms, double *codegen_ms, char *err,
                     size_t errn);
-/* Address of a function of the compiled module, or NULL. */
+/* Address of a linked function, or NULL. */
 void *jit_lookup(cg_jit *j, const char *name);
 void jit_free(cg_jit *j);
+
+/* ---- kcache.c: compiled kernels by key ---------------------------------------- */
+
+/* The kernel cache: object files by key (jit_target_id, the pipeline and a
+ * kernel's unoptimized IR), kept in memory for the process and, when
+ * KILN_CACHE_DIR names a directory, on disk for later processes. A kernel
+ * is in the object as a weak_odr function named kcache_symbol(key); an
+ * object may hold other kernels too. A hit copies the object into *obj
+ * (alloc_malloc'ed) and gives its id (equal ids, equal objects): true.
+ * Errors are misses. kcache_put files obj under each of keys[0..n) and
+ * returns its id. */
+bool kcache_get(const char *key, size_t keylen, void **obj, size_t *len, uint64_t *id, bool *from_disk);
+uint64_t kcache_put(const char *const *keys, const size_t *keylens, int n, const void *obj, size_t len);
+/* Empties the memory of the cache (the files stay). */
+void kcache_forget(void);
+/* The symbol a kernel of this key is compiled under: "kiln_" and 32 hex digits of its hash. */
+void kcache_symbol(const char *key, size_t keylen, char out[40]);
 
 /* ---- vmath_ir.c: vector math emitted as IR ---------------------------------- */
 

@@ -1,12 +1,13 @@
 /* jit.c - the last codegen stage: an LLVM module built by lower.c is verified,
- * optimized for the host CPU (its name and features, so the loop
- * vectorizer uses the widest vectors the machine has), and compiled with ORC
- * LLJIT. Every defined function is looked up inside jit_compile, so all the
- * machine code exists (and is timed) before the first call; jit_lookup only
- * searches the resulting table. One LLJIT per compiled variant: variants are
- * compiled by different threads at once, each in its own LLVM context, and
- * freeing a variant frees its code. LLVM's errors come back as text in err;
- * nothing here aborts. */
+ * optimized for the host CPU (its name and features, so the loop vectorizer
+ * uses the widest vectors the machine has) and emitted as an object file;
+ * objects (fresh, or from the kernel cache) are linked by ORC LLJIT. Every
+ * expected function is looked up in jit_link, so all the machine code is
+ * linked (and timed) before the first call; jit_lookup only searches the
+ * resulting table. One LLJIT per compiled variant: variants are compiled by
+ * different threads at once, each module in an LLVM context of its thread,
+ * and freeing a variant frees its code. LLVM's errors come back as text in
+ * err; nothing here aborts. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,18 +35,20 @@ static struct {
   char *cpu;
   char *features;
   char *layout;        /* data layout of the host target machine */
+  char *id;            /* jit_target_id */
   LLVMTargetRef target;
 } host = {.once = PTHREAD_ONCE_INIT};
 
 typedef struct jit_sym {
   char *name;
+  char *display; /* perf's name for it, or NULL: the name */
   void *addr;
 } jit_sym;
 
 struct cg_jit {
   LLVMOrcLLJITRef lljit;
-  jit_sym *sym;          /* every function the module defines, compiled */
-  int n_sym;
+  jit_sym *sym;          /* the functions to look up, then their addresses */
+  int n_sym, cap_sym;
   char session_err[256]; /* last error the ORC session reported on its own */
 };
 
@@ -101,7 +104,7 @@ static void init_once(void) {
   /* Loop strength reduction rewrites a loop's addresses around one
    * induction variable; x86 addressing already does base + index * 4, and
    * the pass took a quarter of the machine-code time for no measured gain. */
-  const char *const opts[] = {"kiln", "-enable-epilogue-vectorization=false", "-disable-lsr"};
+  static const char *const opts[] = {"kiln", "-enable-epilogue-vectorization=false", "-disable-lsr"};
   LLVMParseCommandLineOptions(3, opts, NULL);
   host.triple = LLVMGetDefaultTargetTriple();
   host.cpu = LLVMGetHostCPUName();
@@ -121,6 +124,17 @@ static void init_once(void) {
   host.layout = LLVMCopyStringRepOfTargetData(td);
   LLVMDisposeTargetData(td);
   LLVMDisposeTargetMachine(tm);
+  unsigned major, minor, patch;
+  LLVMGetVersion(&major, &minor, &patch);
+  size_t n = strlen(host.triple) + strlen(host.cpu) + strlen(host.features) + 256;
+  host.id = malloc(n);
+  if (!host.id) {
+    snprintf(host.err, sizeof host.err, "out of memory");
+    return;
+  }
+  /* the code model, relocations and level are host_machine's */
+  snprintf(host.id, n, "LLVM %u.%u.%u; %s; %s; %s; small PIC O3; %s %s", major, minor, patch, host.triple, host.cpu,
+           host.features, opts[1], opts[2]);
   host.status = 0;
 }
 
@@ -130,22 +144,33 @@ int jit_init(char *err, size_t errn) {
   return host.status;
 }
 
-int jit_module_new(cg_module *m, const char *name, char *err, size_t errn) {
-  memset(m, 0, sizeof *m);
-  if (jit_init(err, errn) != 0) return -1;
-  LLVMOrcThreadSafeContextRef tsc = LLVMOrcCreateNewThreadSafeContext();
-  m->tsc = tsc;
-  m->ctx = LLVMOrcThreadSafeContextGetContext(tsc);
+static void module_init(cg_module *m, const char *name) {
   m->mod = LLVMModuleCreateWithNameInContext(name, m->ctx);
   /* the lowering asks the data layout for sizes and alignments */
   LLVMSetTarget(m->mod, host.triple);
   LLVMSetDataLayout(m->mod, host.layout);
+}
+
+int jit_module_new(cg_module *m, const char *name, char *err, size_t errn) {
+  memset(m, 0, sizeof *m);
+  if (jit_init(err, errn) != 0) return -1;
+  m->ctx = LLVMContextCreate();
+  m->own_ctx = true;
+  module_init(m, name);
+  return 0;
+}
+
+int jit_module_in(cg_module *m, LLVMContextRef ctx, const char *name, char *err, size_t errn) {
+  memset(m, 0, sizeof *m);
+  if (jit_init(err, errn) != 0) return -1;
+  m->ctx = ctx;
+  module_init(m, name);
   return 0;
 }
 
 void jit_module_dispose(cg_module *m) {
   if (m->mod) LLVMDisposeModule(m->mod);
-  if (m->tsc) LLVMOrcDisposeThreadSafeContext(m->tsc);
+  if (m->own_ctx && m->ctx) LLVMContextDispose(m->ctx);
   memset(m, 0, sizeof *m);
 }
 
@@ -184,29 +209,46 @@ static LLVMOrcLLJITRef lljit_new(cg_jit *j, char *err, size_t errn) {
   return lljit;
 }
 
-/* The names of the functions m defines with external linkage (those the
- * JIT can look up). -1 when out of memory. */
-static int defined_functions(cg_jit *j, LLVMModuleRef mod) {
-  int n = 0;
-  for (LLVMValueRef f = LLVMGetFirstFunction(mod); f; f = LLVMGetNextFunction(f))
-    if (!LLVMIsDeclaration(f) && LLVMGetLinkage(f) == LLVMExternalLinkage) n++;
-  j->sym = alloc_calloc(n ? (size_t)n : 1, sizeof *j->sym);
-  if (!j->sym) return -1;
+/* Adds name to the functions jit_link will look up; display is what
+ * perf's map calls it (NULL: the name). -1 when out of memory. */
+int jit_expect(cg_jit *j, const char *name, const char *display) {
+  if (j->n_sym == j->cap_sym) {
+    int cap = j->cap_sym ? 2 * j->cap_sym : 16;
+    jit_sym *ns = alloc_realloc(j->sym, sizeof *ns * (size_t)cap);
+    if (!ns) return -1;
+    j->sym = ns;
+    j->cap_sym = cap;
+  }
+  jit_sym *y = &j->sym[j->n_sym];
+  size_t n = strlen(name), d = display ? strlen(display) : 0;
+  y->name = alloc_malloc(n + 1);
+  y->display = display ? alloc_malloc(d + 1) : NULL;
+  y->addr = NULL;
+  if (!y->name || (display && !y->display)) {
+    alloc_free(y->name);
+    alloc_free(y->display);
+    return -1;
+  }
+  memcpy(y->name, name, n + 1);
+  if (display) memcpy(y->display, display, d + 1);
+  j->n_sym++;
+  return 0;
+}
+
+/* Expects every function mod defines with external linkage (those the JIT
+ * can look up). -1 when out of memory. */
+static int expect_defined(cg_jit *j, LLVMModuleRef mod) {
   for (LLVMValueRef f = LLVMGetFirstFunction(mod); f; f = LLVMGetNextFunction(f)) {
     if (LLVMIsDeclaration(f) || LLVMGetLinkage(f) != LLVMExternalLinkage) continue;
     size_t len;
     const char *name = LLVMGetValueName2(f, &len);
-    char *copy = alloc_malloc(len + 1);
-    if (!copy) return -1;
-    memcpy(copy, name, len);
-    copy[len] = '\0';
-    j->sym[j->n_sym++].name = copy;
+    if (jit_expect(j, name, NULL)) return -1;
   }
   return 0;
 }
 
 /* Prints the optimized module, and its machine code from a clone (code
- * generation would change the module the JIT still needs). */
+ * generation changes the module the object is then emitted from). */
 static void dump_module(LLVMModuleRef mod, LLVMTargetMachineRef tm, unsigned dump, FILE *f) {
   if (dump & KILN_DUMP_LLVM) {
     char *text = LLVMPrintModuleToString(mod);
@@ -252,37 +294,47 @@ static void perf_map_write(const cg_jit *j) {
   FILE *f = fopen(path, "a");
   for (int i = 0; f && i < j->n_sym; i++) {
     uintptr_t a = (uintptr_t)s[i].addr, next = i + 1 < j->n_sym ? (uintptr_t)s[i + 1].addr : a + 4096;
-    fprintf(f, "%lx %lx %s\n", (unsigned long)a, (unsigned long)(next - a), s[i].name);
+    fprintf(f, "%lx %lx %s\n", (unsigned long)a, (unsigned long)(next - a), s[i].display ? s[i].display : s[i].name);
   }
   if (f) fclose(f);
   pthread_mutex_unlock(&mu);
   alloc_free(s);
 }
 
-cg_jit *jit_compile(cg_module *m, unsigned dump, FILE *dump_to, double *opt_ms, double *codegen_ms, char *err,
-                    size_t errn) {
+const char *jit_target_id(void) { return host.id; }
+
+const char *jit_passes(void) {
+  const char *passes = getenv("KILN_LLVM_PASSES");
+  return passes && *passes ? passes : KERNEL_PASSES;
+}
+
+int jit_emit(cg_module *m, unsigned dump, FILE *dump_to, double *opt_ms, double *codegen_ms, void **obj, size_t *len,
+             char *err, size_t errn) {
   char scratch[1];
   if (!err || !errn) err = scratch, errn = sizeof scratch;
   if (opt_ms) *opt_ms = 0;
   if (codegen_ms) *codegen_ms = 0;
-  cg_jit *j = NULL;
+  *obj = NULL;
+  *len = 0;
   LLVMTargetMachineRef tm = NULL;
-  if (jit_init(err, errn) != 0) goto fail;
+  LLVMMemoryBufferRef buf = NULL;
+  int rc = -1;
+  if (jit_init(err, errn) != 0) goto done;
 
   char *msg = NULL;
   if (LLVMVerifyModule(m->mod, LLVMReturnStatusAction, &msg)) {
-    size_t len = msg ? strlen(msg) : 0;
-    while (len && (msg[len - 1] == '\n' || msg[len - 1] == ' ')) msg[--len] = '\0';
+    size_t n = msg ? strlen(msg) : 0;
+    while (n && (msg[n - 1] == '\n' || msg[n - 1] == ' ')) msg[--n] = '\0';
     snprintf(err, errn, "invalid LLVM module %s: %s", module_name(m->mod), msg ? msg : "");
     LLVMDisposeMessage(msg);
-    goto fail;
+    goto done;
   }
   LLVMDisposeMessage(msg);
 
   tm = host_machine();
   if (!tm) {
     snprintf(err, errn, "LLVM: no target machine for %s (%s)", host.triple, host.cpu);
-    goto fail;
+    goto done;
   }
   double t0 = now_ms();
   LLVMPassBuilderOptionsRef po = LLVMCreatePassBuilderOptions();
@@ -292,61 +344,131 @@ cg_jit *jit_compile(cg_module *m, unsigned dump, FILE *dump_to, double *opt_ms, 
    * (and its compile time) of every loop for no measured gain */
   LLVMPassBuilderOptionsSetLoopUnrolling(po, 0);
   LLVMPassBuilderOptionsSetLoopInterleaving(po, 1);
-  const char *passes = getenv("KILN_LLVM_PASSES");
-  LLVMErrorRef e = LLVMRunPasses(m->mod, passes && *passes ? passes : KERNEL_PASSES, tm, po);
+  LLVMErrorRef e = LLVMRunPasses(m->mod, jit_passes(), tm, po);
   LLVMDisposePassBuilderOptions(po);
   if (e) {
     error_text(e, "LLVM optimization", err, errn);
-    goto fail;
+    goto done;
   }
   if (opt_ms) *opt_ms = now_ms() - t0;
   if (dump & (KILN_DUMP_LLVM | KILN_DUMP_ASM)) dump_module(m->mod, tm, dump, dump_to ? dump_to : stderr);
-  LLVMDisposeTargetMachine(tm);
-  tm = NULL;
 
   double t1 = now_ms();
+  msg = NULL;
+  if (LLVMTargetMachineEmitToMemoryBuffer(tm, m->mod, LLVMObjectFile, &msg, &buf)) {
+    snprintf(err, errn, "LLVM machine code for %s: %s", module_name(m->mod), msg ? msg : "failed");
+    LLVMDisposeMessage(msg);
+    goto done;
+  }
+  size_t n = LLVMGetBufferSize(buf);
+  *obj = alloc_malloc(n);
+  if (!*obj) {
+    snprintf(err, errn, "jit_emit: out of memory");
+    goto done;
+  }
+  memcpy(*obj, LLVMGetBufferStart(buf), n);
+  *len = n;
+  if (codegen_ms) *codegen_ms = now_ms() - t1;
+  rc = 0;
+done:
+  if (buf) LLVMDisposeMemoryBuffer(buf);
+  if (tm) LLVMDisposeTargetMachine(tm);
+  jit_module_dispose(m);
+  return rc;
+}
 
-  j = alloc_calloc(1, sizeof *j);
-  if (!j || defined_functions(j, m->mod) != 0) {
-    snprintf(err, errn, "jit_compile: out of memory");
-    goto fail;
+cg_jit *jit_new(char *err, size_t errn) {
+  char scratch[1];
+  if (!err || !errn) err = scratch, errn = sizeof scratch;
+  if (jit_init(err, errn) != 0) return NULL;
+  cg_jit *j = alloc_calloc(1, sizeof *j);
+  if (!j) {
+    snprintf(err, errn, "jit_new: out of memory");
+    return NULL;
   }
   j->lljit = lljit_new(j, err, errn);
-  if (!j->lljit) goto fail;
-  LLVMOrcThreadSafeModuleRef tsm = LLVMOrcCreateNewThreadSafeModule(m->mod, m->tsc);
-  LLVMOrcDisposeThreadSafeContext(m->tsc); /* the module holds its own reference */
-  memset(m, 0, sizeof *m);
-  e = LLVMOrcLLJITAddLLVMIRModule(j->lljit, LLVMOrcLLJITGetMainJITDylib(j->lljit), tsm);
-  if (e) {
-    error_text(e, "LLJIT add module", err, errn);
-    goto fail;
+  if (!j->lljit) {
+    alloc_free(j);
+    return NULL;
   }
-  /* the first lookup compiles the whole module */
+  return j;
+}
+
+int jit_add(cg_jit *j, const void *obj, size_t len, const char *what, char *err, size_t errn) {
+  char scratch[1];
+  if (!err || !errn) err = scratch, errn = sizeof scratch;
+  LLVMMemoryBufferRef buf = LLVMCreateMemoryBufferWithMemoryRangeCopy(obj, len, what);
+  if (!buf) {
+    snprintf(err, errn, "jit_add: out of memory");
+    return -1;
+  }
+  /* the JIT owns buf from here, on failure too */
+  LLVMErrorRef e = LLVMOrcLLJITAddObjectFile(j->lljit, LLVMOrcLLJITGetMainJITDylib(j->lljit), buf);
+  if (e) {
+    error_text(e, "LLJIT add object", err, errn);
+    return -1;
+  }
+  return 0;
+}
+
+int jit_link(cg_jit *j, char *err, size_t errn) {
+  char scratch[1];
+  if (!err || !errn) err = scratch, errn = sizeof scratch;
+  /* the first lookup of an object's function links the object */
   for (int i = 0; i < j->n_sym; i++) {
     LLVMOrcExecutorAddress addr = 0;
-    e = LLVMOrcLLJITLookup(j->lljit, &addr, j->sym[i].name);
+    LLVMErrorRef e = LLVMOrcLLJITLookup(j->lljit, &addr, j->sym[i].name);
     if (e) {
       /* the session's report names the missing symbol; the lookup's only
        * says that materializing failed */
       if (j->session_err[0]) {
         LLVMConsumeError(e);
-        snprintf(err, errn, "%s (compiling %s)", j->session_err, j->sym[i].name);
+        snprintf(err, errn, "%s (linking %s)", j->session_err, j->sym[i].name);
       } else {
         error_text(e, "LLJIT", err, errn);
       }
-      goto fail;
+      return -1;
     }
     j->sym[i].addr = (void *)(uintptr_t)addr;
   }
   perf_map_write(j);
-  if (codegen_ms) *codegen_ms = now_ms() - t1;
-  return j;
+  return 0;
+}
 
-fail:
-  if (tm) LLVMDisposeTargetMachine(tm);
-  jit_module_dispose(m);
-  jit_free(j);
-  return NULL;
+cg_jit *jit_compile(cg_module *m, unsigned dump, FILE *dump_to, double *opt_ms, double *codegen_ms, char *err,
+                    size_t errn) {
+  char scratch[1];
+  if (!err || !errn) err = scratch, errn = sizeof scratch;
+  if (opt_ms) *opt_ms = 0;
+  if (codegen_ms) *codegen_ms = 0;
+  cg_jit *j = jit_new(err, errn);
+  if (!j) {
+    jit_module_dispose(m);
+    return NULL;
+  }
+  if (expect_defined(j, m->mod)) {
+    snprintf(err, errn, "jit_compile: out of memory");
+    jit_module_dispose(m);
+    jit_free(j);
+    return NULL;
+  }
+  char name[256];
+  snprintf(name, sizeof name, "%s", module_name(m->mod));
+  void *obj = NULL;
+  size_t len = 0;
+  if (jit_emit(m, dump, dump_to, opt_ms, codegen_ms, &obj, &len, err, errn)) {
+    jit_free(j);
+    return NULL;
+  }
+  double t0 = now_ms();
+  int rc = jit_add(j, obj, len, name, err, errn);
+  alloc_free(obj);
+  if (rc || jit_link(j, err, errn)) {
+    jit_free(j);
+    return NULL;
+  }
+  if (codegen_ms) *codegen_ms += now_ms() - t0;
+  return j;
 }
 
 void *jit_lookup(cg_jit *j, const char *name) {
@@ -359,7 +481,7 @@ void *jit_lookup(cg_jit *j, const char *name) {
 void jit_free(cg_jit *j) {
   if (!j) return;
   if (j->lljit) LLVMConsumeError(LLVMOrcDisposeLLJIT(j->lljit));
-  for (int i = 0; i < j->n_sym; i++) alloc_free(j->sym[i].name);
+  for (int i = 0; i < j->n_sym; i++) alloc_free(j->sym[i].name), alloc_free(j->sym[i].display);
   alloc_free(j->sym);
   alloc_free(j);
 }

@@ -24,8 +24,7 @@ typedef void (*kern_fn)(const int64_t *p, char *const *bufs, int64_t begin, int6
 struct backend_exec {
   const ir_graph *g;
   cg_program *prog;
-  cg_jit *jit[MAX_GROUPS]; /* one per group of kernels compiled in parallel */
-  int n_jit;
+  cg_jit *jit;            /* the kernels' machine code, linked */
   kern_fn *fn;            /* per kernel (loops only) */
   kiln_tensor **consts;   /* per buffer (CONST only) */
   pthread_mutex_t mu;     /* guards the arena */
@@ -34,6 +33,7 @@ struct backend_exec {
   bool arena_busy;
   unsigned dump;
   FILE *dump_to;
+  bool own_dump;          /* dump_to is a handle of ours, to close */
   bool plan_dumped;
   double front_ms, opt_ms, machine_ms; /* compile time, by phase */
 };
@@ -46,12 +46,14 @@ static double now_ms(void) {
 
 static void exec_free(backend_exec *e) {
   if (!e) return;
-  if (e->dump_to && e->dump_to != stderr) fclose(e->dump_to);
+  /* the caller's dump file is the caller's to close (a compile that fails
+   * has not made its own handle yet) */
+  if (e->own_dump && e->dump_to) fclose(e->dump_to);
   if (e->consts && e->prog)
     for (int i = 0; i < e->prog->n_buf; i++) kiln_release(e->consts[i]);
   alloc_free(e->consts);
   alloc_free(e->fn);
-  for (int i = 0; i < e->n_jit; i++) jit_free(e->jit[i]);
+  jit_free(e->jit);
   cg_program_free(e->prog);
   if (e->arena) {
     alloc_aligned_free(e->arena, e->arena_cap);
@@ -61,18 +63,45 @@ static void exec_free(backend_exec *e) {
   alloc_free(e);
 }
 
-typedef struct compile_job {
+/* A distinct loop kernel of a variant. */
+typedef struct kern_code {
+  int k;              /* kernel index */
+  char *key;          /* the cache key: target, pipeline, kernel_key; NULL: none */
+  size_t keylen;
+  char sym[40];       /* the symbol it is compiled under */
+} kern_code;
+
+/* An object to link into the variant: a group's, or one from the cache. */
+typedef struct kern_obj {
+  void *obj;
+  size_t len;
+  uint64_t id;
+} kern_obj;
+
+/* The kernels one thread compiles, in one module. */
+typedef struct compile_group {
   cg_module m;
+  int n;              /* kernels in m */
+  const char **keys;  /* the keys of those that have one */
+  size_t *keylens;
+  int n_keys;
+  int64_t load;
   unsigned dump;
   FILE *dump_to;
-  cg_jit *jit;
   double opt_ms, cg_ms;
+  kern_obj out;
   char err[256];
-} compile_job;
+} compile_group;
 
-static void *compile_group(void *arg) {
-  compile_job *j = arg;
-  j->jit = jit_compile(&j->m, j->dump, j->dump_to, &j->opt_ms, &j->cg_ms, j->err, sizeof j->err);
+static void *compile_group_run(void *arg) {
+  compile_group *g = arg;
+  if (!g->n) {
+    jit_module_dispose(&g->m);
+    return NULL;
+  }
+  if (jit_emit(&g->m, g->dump, g->dump_to, &g->opt_ms, &g->cg_ms, &g->out.obj, &g->out.len, g->err, sizeof g->err))
+    return NULL;
+  g->out.id = kcache_put(g->keys, g->keylens, g->n_keys, g->out.obj, g->out.len);
   return NULL;
 }
 
@@ -126,6 +155,24 @@ static char *kernel_key(LLVMValueRef fn, const cg_kernel *k) {
   return key;
 }
 
+/* Frees what compiling made, modules not compiled included. */
+static void compile_free(kern_code *code, int n_code, kern_obj *objs, int n_objs, compile_group *grp, int groups,
+                         int *same, char **keys, int n_k) {
+  for (int i = 0; code && i < n_code; i++) alloc_free(code[i].key);
+  for (int i = 0; objs && i < n_objs; i++) alloc_free(objs[i].obj);
+  for (int q = 0; q < groups; q++) {
+    jit_module_dispose(&grp[q].m);
+    alloc_free(grp[q].keys);
+    alloc_free(grp[q].keylens);
+    alloc_free(grp[q].out.obj);
+  }
+  for (int k = 0; keys && k < n_k; k++) alloc_free(keys[k]);
+  alloc_free(keys);
+  alloc_free(same);
+  alloc_free(code);
+  alloc_free(objs);
+}
+
 static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_to, char *err, size_t errn) {
 #ifdef KILN_TEST_BUILD
   /* fault injection: the fallback to the interpreter must hold */
@@ -147,62 +194,85 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
   if (!e->fn || !e->consts) goto oom;
   for (int b = 0; b < p->n_buf; b++)
     if (p->buf[b].kind == CG_BUF_CONST && !(e->consts[b] = ir_const_tensor(&g->nodes[p->buf[b].node]))) goto oom;
-  /* kernels go into groups, one module each, optimized and compiled on as
-   * many threads (LLVM's time dominates compiling a big graph) */
+  /* Kernels go into groups, one module each, optimized and compiled on as
+   * many threads (LLVM's time dominates compiling a big graph). A kernel
+   * whose code is another's (a repeated layer, the same optimizer update on
+   * weights of one shape) is not compiled again, nor one the kernel cache
+   * has (kcache.c): its object is linked instead. A compile that dumps LLVM
+   * IR or machine code compiles every kernel, in one module. */
+  bool dumping = dump & (KILN_DUMP_LLVM | KILN_DUMP_ASM);
   int loops = 0, exprs = 0;
   for (int k = 0; k < p->n_k; k++)
     if (p->k[k].kind == CG_K_LOOP) loops++, exprs += p->k[k].n_expr;
   int groups = pool_num_threads();
   if (groups > MAX_GROUPS) groups = MAX_GROUPS;
   if (groups > loops) groups = loops;
-  if (loops < 4 || exprs < 200 || (dump & (KILN_DUMP_LLVM | KILN_DUMP_ASM))) groups = loops ? 1 : 0;
-  compile_job jobs[MAX_GROUPS] = {0};
-  int made = 0;
-  for (; made < groups; made++) {
-    jobs[made].dump = dump;
-    jobs[made].dump_to = e->dump_to;
-    if (jit_module_new(&jobs[made].m, g->name, err, errn)) goto fail_modules;
-  }
-  int64_t load[MAX_GROUPS] = {0};
-  /* a kernel whose code is another's (a repeated layer, the same optimizer
-   * update on weights of one shape) is not compiled again: LLVM's time
-   * dominates compiling a big graph */
+  if (loops < 4 || exprs < 200 || dumping) groups = loops ? 1 : 0;
+  compile_group grp[MAX_GROUPS] = {0};
+  int n_same = 0, n_code = 0, n_objs = 0, n_cached = 0, n_disk = 0;
+  kern_code *code = alloc_calloc((size_t)p->n_k + 1, sizeof *code);
+  kern_obj *objs = alloc_calloc((size_t)p->n_k + MAX_GROUPS, sizeof *objs);
   int *same = alloc_malloc(sizeof(int) * (size_t)p->n_k + 1);
   char **keys = alloc_calloc((size_t)p->n_k + 1, sizeof *keys);
-  if (!same || !keys) {
-    alloc_free(same), alloc_free(keys);
-    snprintf(err, errn, "out of memory");
-    goto fail_modules;
+  if (!code || !objs || !same || !keys) goto oom_compile;
+  for (int q = 0; q < groups; q++) {
+    grp[q].keys = alloc_calloc((size_t)p->n_k + 1, sizeof *grp[q].keys);
+    grp[q].keylens = alloc_calloc((size_t)p->n_k + 1, sizeof *grp[q].keylens);
+    grp[q].dump = dump;
+    grp[q].dump_to = e->dump_to;
+    if (!grp[q].keys || !grp[q].keylens) goto oom_compile;
+    if (jit_module_new(&grp[q].m, g->name, err, errn)) goto fail_compile;
   }
-  int n_same = 0;
+  const char *target = jit_target_id(), *passes = jit_passes();
   for (int k = 0; k < p->n_k; k++) same[k] = -1;
   for (int k = 0; k < p->n_k && groups; k++) {
     if (p->k[k].kind != CG_K_LOOP) continue;
     int to = 0; /* the least loaded group */
     for (int q = 1; q < groups; q++)
-      if (load[q] < load[to]) to = q;
+      if (grp[q].load < grp[to].load) to = q;
     char why[256] = "";
-    if (lower_kernel(p, &p->k[k], jobs[to].m.mod, why, sizeof why)) {
+    if (lower_kernel(p, &p->k[k], grp[to].m.mod, why, sizeof why)) {
       snprintf(err, errn, "lowering failed: %s", why[0] ? why : p->k[k].name);
-      for (int j = 0; j < k; j++) alloc_free(keys[j]);
-      alloc_free(same), alloc_free(keys);
-      goto fail_modules;
+      goto fail_compile;
     }
-    LLVMValueRef fn = LLVMGetNamedFunction(jobs[to].m.mod, p->k[k].name);
+    LLVMValueRef fn = LLVMGetNamedFunction(grp[to].m.mod, p->k[k].name);
     keys[k] = fn ? kernel_key(fn, &p->k[k]) : NULL;
     for (int j = 0; j < k && keys[k] && same[k] < 0; j++)
       if (keys[j] && !strcmp(keys[j], keys[k])) same[k] = j;
     if (same[k] >= 0) {
       LLVMDeleteFunction(fn);
-      alloc_free(keys[k]);
-      keys[k] = NULL;
       n_same++;
-    } else {
-      load[to] += p->k[k].n_expr + 8;
+      continue;
     }
+    kern_code *c = &code[n_code++];
+    c->k = k;
+    snprintf(c->sym, sizeof c->sym, "%s", p->k[k].name);
+    if (keys[k]) {
+      size_t tl = strlen(target), pl = strlen(passes), kl = strlen(keys[k]);
+      c->keylen = tl + pl + kl + 2;
+      if (!(c->key = alloc_malloc(c->keylen + 1))) goto oom_compile;
+      snprintf(c->key, c->keylen + 1, "%s\n%s\n%s", target, passes, keys[k]);
+      kcache_symbol(c->key, c->keylen, c->sym);
+      kern_obj o;
+      bool disk = false;
+      if (!dumping && kcache_get(c->key, c->keylen, &o.obj, &o.len, &o.id, &disk)) {
+        int have = 0;
+        while (have < n_objs && objs[have].id != o.id) have++;
+        if (have < n_objs) alloc_free(o.obj);
+        else objs[n_objs++] = o;
+        n_cached++, n_disk += disk;
+        LLVMDeleteFunction(fn);
+        continue;
+      }
+      /* weak: two objects linked into one variant may both hold it */
+      LLVMSetValueName2(fn, c->sym, strlen(c->sym));
+      LLVMSetLinkage(fn, LLVMWeakODRLinkage);
+      grp[to].keys[grp[to].n_keys] = c->key;
+      grp[to].keylens[grp[to].n_keys++] = c->keylen;
+    }
+    grp[to].n++;
+    grp[to].load += p->k[k].n_expr + 8;
   }
-  for (int k = 0; k < p->n_k; k++) alloc_free(keys[k]);
-  alloc_free(keys);
   double t1 = now_ms(), opt_ms = 0, cg_ms = 0;
   if (dump & KILN_DUMP_KERNELS) {
     fuse_dump(p, e->dump_to);
@@ -210,33 +280,37 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
   }
   pthread_t th[MAX_GROUPS];
   bool started[MAX_GROUPS] = {0};
-  for (int q = 1; q < groups; q++) started[q] = pthread_create(&th[q], NULL, compile_group, &jobs[q]) == 0;
+  for (int q = 1; q < groups; q++) started[q] = pthread_create(&th[q], NULL, compile_group_run, &grp[q]) == 0;
   for (int q = 0; q < groups; q++)
-    if (!started[q]) compile_group(&jobs[q]);
+    if (!started[q]) compile_group_run(&grp[q]);
   for (int q = 1; q < groups; q++)
     if (started[q]) pthread_join(th[q], NULL);
-  made = 0; /* every module is consumed now */
+  bool failed = false;
   for (int q = 0; q < groups; q++) {
-    e->jit[e->n_jit++] = jobs[q].jit;
-    opt_ms += jobs[q].opt_ms;
-    cg_ms += jobs[q].cg_ms;
+    opt_ms += grp[q].opt_ms;
+    cg_ms += grp[q].cg_ms;
+    if (grp[q].err[0] && !failed) snprintf(err, errn, "%s", grp[q].err), failed = true;
   }
+  if (failed) goto fail_compile;
+  double t2 = now_ms();
+  if (!(e->jit = jit_new(err, errn))) goto fail_compile;
   for (int q = 0; q < groups; q++)
-    if (!jobs[q].jit) {
-      snprintf(err, errn, "%s", jobs[q].err);
-      alloc_free(same);
-      goto fail;
-    }
+    if (grp[q].out.obj && jit_add(e->jit, grp[q].out.obj, grp[q].out.len, g->name, err, errn)) goto fail_compile;
+  for (int i = 0; i < n_objs; i++)
+    if (jit_add(e->jit, objs[i].obj, objs[i].len, g->name, err, errn)) goto fail_compile;
+  for (int i = 0; i < n_code; i++)
+    if (jit_expect(e->jit, code[i].sym, p->k[code[i].k].name)) goto oom_compile;
+  if (jit_link(e->jit, err, errn)) goto fail_compile;
+  for (int i = 0; i < n_code; i++) e->fn[code[i].k] = (kern_fn)jit_lookup(e->jit, code[i].sym);
   for (int k = 0; k < p->n_k; k++) {
     if (p->k[k].kind != CG_K_LOOP) continue;
     if (same[k] >= 0) e->fn[k] = e->fn[same[k]];
-    for (int q = 0; q < groups && !e->fn[k]; q++) e->fn[k] = (kern_fn)jit_lookup(e->jit[q], p->k[k].name);
     if (!e->fn[k]) {
       snprintf(err, errn, "kernel %s not found after compiling", p->k[k].name);
-      alloc_free(same);
-      goto fail;
+      goto fail_compile;
     }
   }
+  cg_ms += now_ms() - t2;
   if (dump & KILN_DUMP_KERNELS) {
     if (n_same) {
       fprintf(e->dump_to, "shared code: %d of %d loop kernels run another's (", n_same, loops);
@@ -244,10 +318,13 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
         if (same[k] >= 0 && shown++ < 12) fprintf(e->dump_to, "%s%s=%s", shown > 1 ? " " : "", p->k[k].name, p->k[same[k]].name);
       fprintf(e->dump_to, "%s)\n", n_same > 12 ? " ..." : "");
     }
+    if (n_cached)
+      fprintf(e->dump_to, "kernel cache: %d of %d distinct kernels compiled before (%d from KILN_CACHE_DIR)\n", n_cached,
+              n_code, n_disk);
     fprintf(e->dump_to, "compile time: fuse+lower %.2f ms, LLVM optimize %.2f ms, machine code %.2f ms\n", t1 - t0, opt_ms,
             cg_ms);
   }
-  alloc_free(same);
+  compile_free(code, n_code, objs, n_objs, grp, groups, same, keys, p->n_k);
   /* the plan is printed at the first call, when the sizes are known; the
    * caller closes a dump file after compiling, so keep a handle of our own on
    * the same open file (appending) until then */
@@ -255,13 +332,16 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
     int fd = (dump & KILN_DUMP_KERNELS) ? dup(fileno(e->dump_to)) : -1;
     e->dump_to = fd >= 0 ? fdopen(fd, "a") : NULL;
     if (!e->dump_to && fd >= 0) close(fd);
+    e->own_dump = e->dump_to != NULL;
   }
   e->front_ms = t1 - t0;
   e->opt_ms = opt_ms;
   e->machine_ms = cg_ms;
   return e;
-fail_modules:
-  for (int q = 0; q < made; q++) jit_module_dispose(&jobs[q].m);
+oom_compile:
+  snprintf(err, errn, "out of memory");
+fail_compile:
+  compile_free(code, n_code, objs, n_objs, grp, groups, same, keys, p->n_k);
   goto fail;
 oom:
   snprintf(err, errn, "out of memory");

@@ -1,0 +1,309 @@
+/* kcache.c - compiled kernels by key, so a kernel is optimized and compiled
+ * once: per process in memory (later variants, other compiled functions),
+ * and across processes in the directory KILN_CACHE_DIR names.
+ *
+ * The key is the whole text the code depends on (runtime.c: LLVM's version,
+ * the host CPU and its features, the pass pipeline, the kernel's IR before
+ * optimization), compared in full on every hit: a hash only names things.
+ * A kernel's code is in the object of the group it was compiled with, as a
+ * weak_odr function named by the key's hash: the object is stored once and
+ * each kernel's key points at it, and when two objects loaded into one JIT
+ * both have a kernel, the linker keeps one (equal keys, equal code). On
+ * disk an index file per key holds the key and the object's hash; a file
+ * that is short, foreign, for another key or whose object does not hash to
+ * the name is a miss and is replaced. Files appear by rename, so a reader
+ * never sees half of one. The cache is an optimization: every error
+ * (a full disk, a directory that cannot be made) is a miss, never a failure.
+ *
+ * The files hold machine code that kiln runs: the directory is made private
+ * (0700), and must not be writable by anyone you would not let run code. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "codegen/codegen.h"
+
+enum { MEM_CAP = 64 << 20, FILE_CAP = 256 << 20 };
+static const char KEY_MAGIC[8] = "KILNKEY1", OBJ_MAGIC[8] = "KILNOBJ1";
+
+/* An object file several kernels' code is in, shared by their entries. */
+typedef struct blob {
+  struct blob *next;
+  uint64_t id;
+  void *obj;
+  size_t len;
+  int refs;
+} blob;
+
+typedef struct entry {
+  struct entry *next, *older; /* hash chain; insertion order, for eviction */
+  char *key;
+  size_t keylen;
+  uint64_t h;
+  blob *b;
+} entry;
+
+static struct {
+  pthread_mutex_t mu;
+  entry *slot[1024];
+  entry *oldest, *newest;
+  blob *blobs;
+  size_t bytes;
+} mem = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+/* 64-bit hash of p under seed (a multiply-rotate over 8-byte words). */
+static uint64_t hash64(const void *p, size_t n, uint64_t seed) {
+  const char *key = p;
+  uint64_t h = seed ^ (n * 0x9e3779b97f4a7c15ull);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t w;
+    memcpy(&w, key + i, 8);
+    h = (h ^ (w * 0xff51afd7ed558ccdull)) * 0xc4ceb9fe1a85ec53ull;
+    h = (h << 29) | (h >> 35);
+  }
+  uint64_t w = 0;
+  memcpy(&w, key + i, n - i);
+  h ^= w * 0xff51afd7ed558ccdull;
+  h ^= h >> 33;
+  h *= 0xc4ceb9fe1a85ec53ull;
+  h ^= h >> 33;
+  return h;
+}
+
+void kcache_symbol(const char *key, size_t keylen, char out[40]) {
+  snprintf(out, 40, "kiln_%016llx%016llx", (unsigned long long)hash64(key, keylen, 1),
+           (unsigned long long)hash64(key, keylen, 2));
+}
+
+static uint64_t blob_id(const void *obj, size_t len) { return hash64(obj, len, 3); }
+
+static entry **chain(uint64_t h) { return &mem.slot[h % (sizeof mem.slot / sizeof mem.slot[0])]; }
+
+static void *copy_of(const void *p, size_t n) {
+  void *c = alloc_malloc(n);
+  if (c) memcpy(c, p, n);
+  return c;
+}
+
+/* With mem.mu held: the blob of id, made from obj when new (NULL: out of memory). */
+static blob *blob_ref(uint64_t id, const void *obj, size_t len) {
+  for (blob *b = mem.blobs; b; b = b->next)
+    if (b->id == id && b->len == len) return b->refs++, b;
+  blob *b = alloc_calloc(1, sizeof *b);
+  if (!b || !(b->obj = copy_of(obj, len))) {
+    alloc_free(b);
+    return NULL;
+  }
+  b->id = id, b->len = len, b->refs = 1;
+  b->next = mem.blobs;
+  mem.blobs = b;
+  mem.bytes += len;
+  return b;
+}
+
+static void blob_unref(blob *b) {
+  if (--b->refs) return;
+  for (blob **pp = &mem.blobs; *pp; pp = &(*pp)->next)
+    if (*pp == b) {
+      *pp = b->next;
+      break;
+    }
+  mem.bytes -= b->len;
+  alloc_free(b->obj);
+  alloc_free(b);
+}
+
+/* With mem.mu held: the oldest entries go until the memory holds at most cap bytes. */
+static void evict(size_t cap) {
+  while (mem.bytes > cap && mem.oldest) {
+    entry *e = mem.oldest;
+    for (entry **pp = chain(e->h); *pp; pp = &(*pp)->next)
+      if (*pp == e) {
+        *pp = e->next;
+        break;
+      }
+    mem.oldest = e->older;
+    if (!mem.oldest) mem.newest = NULL;
+    mem.bytes -= e->keylen;
+    blob_unref(e->b);
+    alloc_free(e->key);
+    alloc_free(e);
+  }
+}
+
+static entry *find(const char *key, size_t keylen, uint64_t h) {
+  for (entry *x = *chain(h); x; x = x->next)
+    if (x->h == h && x->keylen == keylen && !memcmp(x->key, key, keylen)) return x;
+  return NULL;
+}
+
+static void mem_put(const char *key, size_t keylen, uint64_t id, const void *obj, size_t len) {
+  uint64_t h = hash64(key, keylen, 0);
+  char *kc = copy_of(key, keylen);
+  entry *e = alloc_calloc(1, sizeof *e);
+  pthread_mutex_lock(&mem.mu);
+  if (!kc || !e || find(key, keylen, h) || !(e->b = blob_ref(id, obj, len))) {
+    /* out of memory, or another thread compiled it too */
+    pthread_mutex_unlock(&mem.mu);
+    alloc_free(kc);
+    alloc_free(e);
+    return;
+  }
+  e->key = kc, e->keylen = keylen, e->h = h;
+  e->next = *chain(h);
+  *chain(h) = e;
+  if (mem.newest) mem.newest->older = e;
+  else mem.oldest = e;
+  mem.newest = e;
+  mem.bytes += keylen;
+  evict(MEM_CAP);
+  pthread_mutex_unlock(&mem.mu);
+}
+
+static bool mem_get(const char *key, size_t keylen, void **obj, size_t *len, uint64_t *id) {
+  pthread_mutex_lock(&mem.mu);
+  entry *x = find(key, keylen, hash64(key, keylen, 0));
+  bool hit = x && (*obj = copy_of(x->b->obj, x->b->len)) != NULL;
+  if (hit) *len = x->b->len, *id = x->b->id;
+  pthread_mutex_unlock(&mem.mu);
+  return hit;
+}
+
+/* ---- disk: KILN_CACHE_DIR/kiln_<hash of key>.k names the object file
+ * (KILN_CACHE_DIR/obj_<hash of object>.o) a kernel's code is in ---- */
+
+static const char *cache_dir(void) {
+  const char *d = getenv("KILN_CACHE_DIR");
+  return d && *d ? d : NULL;
+}
+
+static bool read_all(int fd, void *p, size_t n) {
+  for (size_t got = 0; got < n;) {
+    ssize_t r = read(fd, (char *)p + got, n - got);
+    if (r <= 0) {
+      if (r < 0 && errno == EINTR) continue;
+      return false;
+    }
+    got += (size_t)r;
+  }
+  return true;
+}
+
+static bool write_all(int fd, const void *p, size_t n) {
+  for (size_t put = 0; put < n;) {
+    ssize_t w = write(fd, (const char *)p + put, n - put);
+    if (w <= 0) {
+      if (w < 0 && errno == EINTR) continue;
+      return false;
+    }
+    put += (size_t)w;
+  }
+  return true;
+}
+
+/* A whole regular file of at least min bytes (alloc_malloc'ed), or NULL. */
+static char *slurp(const char *path, size_t min, size_t *n) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return NULL;
+  struct stat st;
+  char *buf = NULL;
+  bool ok = !fstat(fd, &st) && S_ISREG(st.st_mode) && st.st_size >= (off_t)min && st.st_size <= FILE_CAP &&
+            (buf = alloc_malloc((size_t)st.st_size)) && read_all(fd, buf, (size_t)st.st_size);
+  close(fd);
+  if (!ok) {
+    alloc_free(buf);
+    return NULL;
+  }
+  *n = (size_t)st.st_size;
+  return buf;
+}
+
+/* Writes the parts to path through a temporary file and a rename, so that
+ * no reader sees half of it. */
+static void publish(const char *path, const void *const *part, const size_t *size, int n) {
+  static atomic_uint serial;
+  char tmp[4200];
+  snprintf(tmp, sizeof tmp, "%s.tmp.%ld.%u", path, (long)getpid(), atomic_fetch_add(&serial, 1));
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) return;
+  bool ok = true;
+  for (int i = 0; i < n && ok; i++) ok = write_all(fd, part[i], size[i]);
+  ok &= close(fd) == 0;
+  if (!ok || rename(tmp, path)) unlink(tmp);
+}
+
+static bool disk_get(const char *dir, const char *key, size_t keylen, void **obj, size_t *len, uint64_t *id) {
+  char path[4096], sym[40];
+  kcache_symbol(key, keylen, sym);
+  if ((size_t)snprintf(path, sizeof path, "%s/%s.k", dir, sym) >= sizeof path) return false;
+  size_t n = 0;
+  char *idx = slurp(path, 24, &n);
+  uint64_t kl = 0;
+  if (idx) memcpy(&kl, idx + 8, 8);
+  bool ok = idx && !memcmp(idx, KEY_MAGIC, 8) && kl == keylen && n == 24 + keylen && !memcmp(idx + 16, key, keylen);
+  if (ok) memcpy(id, idx + 16 + keylen, 8);
+  alloc_free(idx);
+  if (!ok || (size_t)snprintf(path, sizeof path, "%s/obj_%016llx.o", dir, (unsigned long long)*id) >= sizeof path)
+    return false;
+  char *o = slurp(path, 17, &n);
+  uint64_t ol = 0;
+  if (o) memcpy(&ol, o + 8, 8);
+  /* the object must be the one the index names, whole */
+  ok = o && !memcmp(o, OBJ_MAGIC, 8) && ol == n - 16 && blob_id(o + 16, ol) == *id;
+  if (!ok) {
+    alloc_free(o);
+    return false;
+  }
+  memmove(o, o + 16, ol);
+  *obj = o;
+  *len = ol;
+  return true;
+}
+
+static void disk_put(const char *dir, const char *const *keys, const size_t *keylens, int n, uint64_t id,
+                     const void *obj, size_t len) {
+  char path[4096];
+  if (mkdir(dir, 0700) && errno != EEXIST) return;
+  if ((size_t)snprintf(path, sizeof path, "%s/obj_%016llx.o", dir, (unsigned long long)id) >= sizeof path) return;
+  uint64_t ol = len;
+  publish(path, (const void *[]){OBJ_MAGIC, &ol, obj}, (size_t[]){8, 8, len}, 3);
+  for (int i = 0; i < n; i++) {
+    char sym[40];
+    kcache_symbol(keys[i], keylens[i], sym);
+    if ((size_t)snprintf(path, sizeof path, "%s/%s.k", dir, sym) >= sizeof path) return;
+    uint64_t kl = keylens[i];
+    publish(path, (const void *[]){KEY_MAGIC, &kl, keys[i], &id}, (size_t[]){8, 8, keylens[i], 8}, 4);
+  }
+}
+
+void kcache_forget(void) {
+  pthread_mutex_lock(&mem.mu);
+  evict(0);
+  pthread_mutex_unlock(&mem.mu);
+}
+
+bool kcache_get(const char *key, size_t keylen, void **obj, size_t *len, uint64_t *id, bool *from_disk) {
+  *from_disk = false;
+  if (mem_get(key, keylen, obj, len, id)) return true;
+  const char *dir = cache_dir();
+  if (!dir || !disk_get(dir, key, keylen, obj, len, id)) return false;
+  *from_disk = true;
+  mem_put(key, keylen, *id, *obj, *len);
+  return true;
+}
+
+uint64_t kcache_put(const char *const *keys, const size_t *keylens, int n, const void *obj, size_t len) {
+  uint64_t id = blob_id(obj, len);
+  for (int i = 0; i < n; i++) mem_put(keys[i], keylens[i], id, obj, len);
+  const char *dir = cache_dir();
+  if (dir && n) disk_put(dir, keys, keylens, n, id, obj, len);
+  return id;
+}
