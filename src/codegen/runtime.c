@@ -155,9 +155,132 @@ static char *kernel_key(LLVMValueRef fn, const cg_kernel *k) {
   return key;
 }
 
+/* A loop kernel's signature: everything lower_kernel reads from it, with
+ * each size, offset or stride that is not a constant numbered by its first
+ * appearance (syms). Kernels of equal signatures lower to the same code,
+ * up to which symbolic size each p[i] holds; so a kernel whose signature an
+ * earlier one has is neither lowered nor printed (most kernels of a large
+ * graph repeat a layer's), and runs the earlier one's code with its own
+ * sizes in p. The test build lowers it anyway and checks that claim. */
+typedef struct ksig {
+  uint64_t *w;
+  size_t n, cap;
+  sym_dim *syms;
+  int n_syms, cap_syms;
+  uint64_t hash;
+  bool oom;
+} ksig;
+
+static void sig_word(ksig *s, uint64_t v) {
+  if (s->n == s->cap) {
+    size_t cap = s->cap ? 2 * s->cap : 64;
+    uint64_t *w = alloc_realloc(s->w, sizeof *w * cap);
+    if (!w) {
+      s->oom = true;
+      return;
+    }
+    s->w = w, s->cap = cap;
+  }
+  s->w[s->n++] = v;
+  s->hash = (s->hash ^ v) * 0x100000001b3ull;
+}
+
+static void sig_dim(ksig *s, sym_dim d) {
+  if (sym_is_const(d)) {
+    sig_word(s, 0), sig_word(s, (uint64_t)d.c);
+    return;
+  }
+  int i = 0;
+  while (i < s->n_syms && !sym_same(s->syms[i], d)) i++;
+  if (i == s->n_syms) {
+    if (s->n_syms == s->cap_syms) {
+      int cap = s->cap_syms ? 2 * s->cap_syms : 16;
+      sym_dim *ns = alloc_realloc(s->syms, sizeof *ns * (size_t)cap);
+      if (!ns) {
+        s->oom = true;
+        return;
+      }
+      s->syms = ns, s->cap_syms = cap;
+    }
+    s->syms[s->n_syms++] = d;
+  }
+  sig_word(s, 1), sig_word(s, (uint64_t)i);
+}
+
+static void kernel_sig(const cg_program *p, const cg_kernel *k, ksig *s) {
+  s->hash = 0xcbf29ce484222325ull;
+  sig_word(s, (uint64_t)k->ndim), sig_word(s, (uint64_t)k->n_outer);
+  sig_word(s, (uint64_t)k->n_acc), sig_word(s, (uint64_t)k->n_expr), sig_word(s, (uint64_t)k->n_stage);
+  for (int d = 0; d < k->ndim; d++) sig_dim(s, k->dim[d]);
+  for (int a = 0; a < k->n_acc; a++) {
+    const cg_access *x = &k->acc[a];
+    int first = 0; /* accesses to one buffer share its pointer and alias scope */
+    while (k->acc[first].buf != x->buf) first++;
+    sig_word(s, (uint64_t)first), sig_word(s, (uint64_t)p->buf[x->buf].dtype);
+    sig_dim(s, x->offset);
+    for (int d = 0; d < k->ndim; d++) sig_dim(s, x->stride[d]);
+  }
+  for (int e = 0; e < k->n_expr; e++) {
+    const cg_expr *x = &k->expr[e];
+    sig_word(s, (uint64_t)x->kind), sig_word(s, (uint64_t)x->dtype);
+    switch (x->kind) {
+    case CG_LOAD: case CG_ACC:
+      sig_word(s, (uint64_t)x->a);
+      break;
+    case CG_CONST: {
+      uint64_t bits;
+      memcpy(&bits, &x->c, sizeof bits);
+      sig_word(s, bits);
+      break;
+    }
+    case CG_SYM:
+      sig_dim(s, x->s);
+      break;
+    case CG_OP:
+      sig_word(s, (uint64_t)x->op), sig_word(s, (uint64_t)x->n_in), sig_word(s, (uint64_t)x->cast_to);
+      for (int i = 0; i < x->n_in; i++) sig_word(s, (uint64_t)x->in[i]);
+      break;
+    }
+  }
+  for (int t = 0; t < k->n_stage; t++) {
+    const cg_stage *x = &k->stage[t];
+    sig_word(s, (uint64_t)x->kind), sig_word(s, (uint64_t)x->op), sig_word(s, (uint64_t)x->expr);
+    sig_word(s, (uint64_t)x->store), sig_word(s, (uint64_t)x->inner);
+  }
+}
+
+static bool sig_equal(const ksig *a, const ksig *b) {
+  return !a->oom && !b->oom && a->hash == b->hash && a->n == b->n && a->n_syms == b->n_syms &&
+         !memcmp(a->w, b->w, sizeof *a->w * a->n);
+}
+
+/* Gives dup (signature ds) the parameters of its twin k (lowered, signature
+ * ks): each p[i] of k's code is a sym of k's signature, and dup's is the
+ * sym of dup's at the same place. 0, or -1 (then dup is lowered itself). */
+static int borrow_params(const cg_kernel *k, const ksig *ks, cg_kernel *dup, const ksig *ds) {
+  sym_dim *param = alloc_calloc((size_t)k->n_param + 1, sizeof *param);
+  if (!param) return -1;
+  for (int i = 0; i < k->n_param; i++) {
+    int t = 0;
+    while (t < ks->n_syms && !sym_same(ks->syms[t], k->param[i])) t++;
+    if (t == ks->n_syms) { /* a size lowering made up: not in the signature */
+      alloc_free(param);
+      return -1;
+    }
+    param[i] = ds->syms[t];
+  }
+  alloc_free(dup->param);
+  dup->param = param;
+  dup->n_param = k->n_param;
+  dup->split = k->split;
+  return 0;
+}
+
 /* Frees what compiling made, modules not compiled included. */
 static void compile_free(kern_code *code, int n_code, kern_obj *objs, int n_objs, compile_group *grp, int groups,
-                         int *same, char **keys, int n_k) {
+                         int *same, char **keys, ksig *sigs, int n_k) {
+  for (int k = 0; sigs && k < n_k; k++) alloc_free(sigs[k].w), alloc_free(sigs[k].syms);
+  alloc_free(sigs);
   for (int i = 0; code && i < n_code; i++) alloc_free(code[i].key);
   for (int i = 0; objs && i < n_objs; i++) alloc_free(objs[i].obj);
   for (int q = 0; q < groups; q++) {
@@ -214,7 +337,8 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
   kern_obj *objs = alloc_calloc((size_t)p->n_k + MAX_GROUPS, sizeof *objs);
   int *same = alloc_malloc(sizeof(int) * (size_t)p->n_k + 1);
   char **keys = alloc_calloc((size_t)p->n_k + 1, sizeof *keys);
-  if (!code || !objs || !same || !keys) goto oom_compile;
+  ksig *sigs = alloc_calloc((size_t)p->n_k + 1, sizeof *sigs);
+  if (!code || !objs || !same || !keys || !sigs) goto oom_compile;
   for (int q = 0; q < groups; q++) {
     grp[q].keys = alloc_calloc((size_t)p->n_k + 1, sizeof *grp[q].keys);
     grp[q].keylens = alloc_calloc((size_t)p->n_k + 1, sizeof *grp[q].keylens);
@@ -230,6 +354,25 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
     int to = 0; /* the least loaded group */
     for (int q = 1; q < groups; q++)
       if (grp[q].load < grp[to].load) to = q;
+    kernel_sig(p, &p->k[k], &sigs[k]);
+    int twin = -1;
+    for (int j = 0; j < k && twin < 0; j++)
+      if (p->k[j].kind == CG_K_LOOP && keys[j] && sig_equal(&sigs[j], &sigs[k])) twin = j;
+    if (twin >= 0 && borrow_params(&p->k[twin], &sigs[twin], &p->k[k], &sigs[k])) twin = -1;
+#ifdef KILN_TEST_BUILD
+    sym_dim *borrowed = NULL;
+    int n_borrowed = 0;
+    if (twin >= 0) { /* lowered all the same, to check the claim */
+      borrowed = p->k[k].param, n_borrowed = p->k[k].n_param;
+      p->k[k].param = NULL, p->k[k].n_param = 0;
+    }
+#else
+    if (twin >= 0) {
+      same[k] = twin;
+      n_same++;
+      continue;
+    }
+#endif
     char why[256] = "";
     if (lower_kernel(p, &p->k[k], grp[to].m.mod, why, sizeof why)) {
       snprintf(err, errn, "lowering failed: %s", why[0] ? why : p->k[k].name);
@@ -239,6 +382,17 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
     keys[k] = fn ? kernel_key(fn, &p->k[k]) : NULL;
     for (int j = 0; j < k && keys[k] && same[k] < 0; j++)
       if (keys[j] && !strcmp(keys[j], keys[k])) same[k] = j;
+#ifdef KILN_TEST_BUILD
+    if (twin >= 0) {
+      bool ok = keys[k] && !strcmp(keys[k], keys[twin]) && n_borrowed == p->k[k].n_param;
+      for (int i = 0; ok && i < n_borrowed; i++) ok = sym_same(borrowed[i], p->k[k].param[i]);
+      alloc_free(borrowed);
+      if (!ok) {
+        snprintf(err, errn, "%s has the signature of %s but not its code or sizes", p->k[k].name, p->k[twin].name);
+        goto fail_compile;
+      }
+    }
+#endif
     if (same[k] >= 0) {
       LLVMDeleteFunction(fn);
       n_same++;
@@ -324,7 +478,7 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
     fprintf(e->dump_to, "compile time: fuse+lower %.2f ms, LLVM optimize %.2f ms, machine code %.2f ms\n", t1 - t0, opt_ms,
             cg_ms);
   }
-  compile_free(code, n_code, objs, n_objs, grp, groups, same, keys, p->n_k);
+  compile_free(code, n_code, objs, n_objs, grp, groups, same, keys, sigs, p->n_k);
   /* the plan is printed at the first call, when the sizes are known; the
    * caller closes a dump file after compiling, so keep a handle of our own on
    * the same open file (appending) until then */
@@ -341,7 +495,7 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
 oom_compile:
   snprintf(err, errn, "out of memory");
 fail_compile:
-  compile_free(code, n_code, objs, n_objs, grp, groups, same, keys, p->n_k);
+  compile_free(code, n_code, objs, n_objs, grp, groups, same, keys, sigs, p->n_k);
   goto fail;
 oom:
   snprintf(err, errn, "out of memory");
