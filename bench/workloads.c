@@ -404,6 +404,7 @@ typedef struct cresult {
   const char *name;
   bool ok;
   double eager_ms, compiled_ms, compile_ms, floor_ms, maxdiff;
+  double cached_ms, trace_ms; /* compiling again with the kernels cached; the traced call */
   size_t eager_peak, compiled_peak;
   int kernels_hint;
 } cresult;
@@ -429,6 +430,7 @@ static cresult bench_compiled_one(const workload *w, double gbps) {
   kiln_fn_stats st;
   kiln_fn_get_stats(fn, &st);
   r.compile_ms = st.compile_ms;
+  r.trace_ms = st.trace_ms;
   for (int i = 0; i < WARMUP; i++)
     if (run_once(w, &s) || call_compiled(fn)) goto done;
   size_t base = kiln_mem_in_use();
@@ -466,6 +468,10 @@ static cresult bench_compiled_one(const workload *w, double gbps) {
   free(e), free(c);
   kiln_fn_get_stats(fn, &st);
   if (st.fallbacks || st.variants != 1) r.ok = false;
+  /* a second function of the same body: its kernels come from the cache */
+  kiln_fn *again = kiln_compile(compiled_body, &cb, &o);
+  if (again && !call_compiled(again) && !kiln_fn_get_stats(again, &st)) r.cached_ms = st.compile_ms;
+  kiln_fn_free(again);
   (void)gbps;
 done:
   kiln_fn_free(fn);
@@ -482,8 +488,8 @@ static int bench_compiled(const char *only, const char *json) {
   double w4_gemm = measure_sgemm_ms(256, 1024, 4096) + measure_sgemm_ms(256, 4096, 1024);
   printf("machine, measured now: %.1f GB/s one-in/one-out, W4's two sgemms %.2f ms (%.0f GFLOP/s), %d threads\n", gbps,
          w4_gemm, 4.295e9 / (w4_gemm * 1e6), threads);
-  printf("%-14s %10s %12s %8s %11s %12s %12s %9s\n", "workload", "eager ms", "compiled ms", "speedup", "compile ms",
-         "eager MiB", "compiled MiB", "floor ms");
+  printf("%-14s %10s %12s %8s %11s %7s %12s %12s %9s\n", "workload", "eager ms", "compiled ms", "speedup", "compile ms",
+         "cached", "eager MiB", "compiled MiB", "floor ms");
   cresult rs[N_WORKLOADS];
   int n = 0;
   for (int i = 0; i < N_WORKLOADS; i++) {
@@ -500,8 +506,8 @@ static int bench_compiled(const char *only, const char *json) {
       printf("%-14s FAILED (%s)\n", w->name, kiln_last_error());
       continue;
     }
-    printf("%-14s %10.3f %12.3f %7.2fx %11.1f %12.1f %12.1f", w->name, r.eager_ms, r.compiled_ms, r.eager_ms / r.compiled_ms,
-           r.compile_ms, r.eager_peak / 1048576.0, r.compiled_peak / 1048576.0);
+    printf("%-14s %10.3f %12.3f %7.2fx %11.1f %7.1f %12.1f %12.1f", w->name, r.eager_ms, r.compiled_ms,
+           r.eager_ms / r.compiled_ms, r.compile_ms, r.cached_ms, r.eager_peak / 1048576.0, r.compiled_peak / 1048576.0);
     if (r.floor_ms > 0) printf(" %9.3f", r.floor_ms);
     printf("\n");
     fflush(stdout);
@@ -514,9 +520,11 @@ static int bench_compiled(const char *only, const char *json) {
     for (int i = 0; i < n; i++) {
       const cresult *r = &rs[i];
       fprintf(f, "  {\"name\": \"%s\", \"threads\": %d, \"ok\": %s, \"eager_ms\": %.6f, \"compiled_ms\": %.6f, \"compile_ms\": %.3f, "
+              "\"compile_cached_ms\": %.3f, \"trace_ms\": %.3f, "
               "\"eager_peak_bytes\": %zu, \"compiled_peak_bytes\": %zu, \"floor_ms\": %.6f, "
               "\"bandwidth_gbps\": %.3f, \"sgemm_gflops\": %.3f}%s\n",
-              r->name, threads, r->ok ? "true" : "false", r->eager_ms, r->compiled_ms, r->compile_ms, r->eager_peak,
+              r->name, threads, r->ok ? "true" : "false", r->eager_ms, r->compiled_ms, r->compile_ms, r->cached_ms,
+              r->trace_ms, r->eager_peak,
               r->compiled_peak, r->floor_ms, gbps, 4.295e9 / (w4_gemm * 1e6), i + 1 < n || n_gpt ? "," : "");
     }
     bench_gpt_json(f, threads);
