@@ -526,14 +526,6 @@ static void kern_chunk(void *ctx, int64_t begin, int64_t end) {
     j->fn(j->p, j->bufs, b, b + j->block < j->range ? b + j->block : j->range);
 }
 
-/* blas_layout (eager's) as BLAS takes it. */
-static int cblas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs, CBLAS_TRANSPOSE *tr, int64_t *ld) {
-  bool t = false;
-  int rc = blas_layout(rows, cols, rs, cs, &t, ld);
-  *tr = t ? CblasTrans : CblasNoTrans;
-  return rc;
-}
-
 /* c = alpha * a @ b + beta * c for 2-D float views, c contiguous: a GEMM
  * with an epilogue folded in (fuse.c, fold_epilogues). 0 or -1. */
 static int gemm_into(kiln_tensor *a, kiln_tensor *b, double alpha, double beta, kiln_tensor *c) {

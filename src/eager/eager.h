@@ -9,6 +9,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include <cblas.h>
+
 #include "kiln.h"
 
 #define MAXD KILN_MAX_DIMS
@@ -49,7 +51,7 @@ void *err_null(const char *file, int line, const char *op, const char *fmt, ...)
 void err_locate(const char *file, int line);
 /* How BLAS reads a (rows, cols) matrix with strides (rs, cs): 0 with its
  * transpose flag and leading dim, or -1 when neither dim is unit-stride. */
-int blas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs, bool *trans, int64_t *ld);
+int cblas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs, CBLAS_TRANSPOSE *tr, int64_t *ld);
 /* Formats a shape as "[2,3]" into buf (at least 128 bytes). */
 const char *err_shape(char *buf, int ndim, const int64_t *shape);
 #define SHAPE_BUF 160

@@ -8,26 +8,18 @@
 
 #include "eager/eager.h"
 
-int blas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs, bool *trans, int64_t *ld) {
+int cblas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs, CBLAS_TRANSPOSE *tr, int64_t *ld) {
   if (cs == 1 && (rows <= 1 || rs >= (cols > 1 ? cols : 1))) {
-    *trans = false;
+    *tr = CblasNoTrans;
     *ld = rows <= 1 ? (cols > 1 ? cols : 1) : rs;
     return 0;
   }
   if (rs == 1 && (cols <= 1 || cs >= (rows > 1 ? rows : 1))) {
-    *trans = true;
+    *tr = CblasTrans;
     *ld = cols <= 1 ? (rows > 1 ? rows : 1) : cs;
     return 0;
   }
   return -1;
-}
-
-/* As BLAS takes it. */
-static int cblas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs, CBLAS_TRANSPOSE *tr, int64_t *ld) {
-  bool t = false;
-  int rc = blas_layout(rows, cols, rs, cs, &t, ld);
-  *tr = t ? CblasTrans : CblasNoTrans;
-  return rc;
 }
 
 static void gemm(kiln_dtype dt, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int64_t k,
