@@ -452,6 +452,21 @@ START_TEST(test_shared_kernels) {
 }
 END_TEST
 
+/* The optimized LLVM module of fn's newest variant. */
+static char *llvm_dump_of(kiln_fn *fn) {
+  cg_program *p = plan_of(fn);
+  char err[256], *dump = NULL;
+  size_t dn = 0;
+  FILE *f = open_memstream(&dump, &dn);
+  backend_exec *e = backend_llvm.compile(p->g, KILN_DUMP_LLVM, f, err, sizeof err);
+  ck_assert_msg(e != NULL, "%s", err);
+  backend_llvm.free(e);
+  fclose(f);
+  free_plan(p);
+  ck_assert_msg(strstr(dump, "define ") != NULL, "no kernel in the LLVM dump:\n%.500s", dump); /* not vacuous */
+  return dump;
+}
+
 /* A row of a length the kernel does not know (here the softmax of a growing
  * sequence) is vectorized with a masked tail, or rows shorter than the
  * vectorizer's step would run scalar; known rows of whole vectors are not
@@ -487,32 +502,17 @@ START_TEST(test_masked_tails) {
   remove(path);
   ck_assert_msg(named, "no row kernel in %s", path);
 
-  cg_program *p = plan_of(fn);
-  char err[256], *dump = NULL;
-  size_t dn = 0;
-  FILE *f = open_memstream(&dump, &dn);
-  backend_exec *e = backend_llvm.compile(p->g, KILN_DUMP_LLVM, f, err, sizeof err);
-  ck_assert_msg(e != NULL, "%s", err);
-  backend_llvm.free(e);
-  fclose(f);
+  char *dump = llvm_dump_of(fn);
   ck_assert_msg(strstr(dump, "llvm.masked.load") != NULL, "no masked tail for a symbolic row:\n%.1500s", dump);
   free(dump);
-  free_plan(p);
   kiln_fn_free(fn);
 
   /* rows of 1024: whole vectors, no masks */
   kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){4, 1024}), 9);
   fn = compile_once(softmax_body, 1, &x);
-  p = plan_of(fn);
-  dump = NULL;
-  f = open_memstream(&dump, &dn);
-  e = backend_llvm.compile(p->g, KILN_DUMP_LLVM, f, err, sizeof err);
-  ck_assert_msg(e != NULL, "%s", err);
-  backend_llvm.free(e);
-  fclose(f);
-  ck_assert_msg(strstr(dump, "llvm.masked") == NULL, "rows of 1024 masked:\n%.1500s", strstr(dump, "llvm.masked") - 200);
+  dump = llvm_dump_of(fn);
+  ck_assert_msg(strstr(dump, "llvm.masked") == NULL, "rows of 1024 masked:\n%.1500s", strstr(dump, "llvm.masked"));
   free(dump);
-  free_plan(p);
   kiln_fn_free(fn);
   kiln_scope_end();
 }
@@ -604,6 +604,127 @@ START_TEST(test_full_reduce_blocks) {
     kiln_scope_end();
   }
   ck_assert_msg(!memcmp(got[0], got[1], sizeof got[0]), "full reductions differ between 1 and 2 threads");
+  kiln_set_num_threads(0);
+}
+END_TEST
+
+/* ---- column reductions: over the leading (outer-in-memory) axes ---- */
+
+enum { COL_SUM, COL_MEAN, COL_MAX, COL_MIN, COL_TANH, COL_VAR, COL_N };
+static const char *const col_name[COL_N] = {"sum(a*b)", "mean", "max", "min", "tanh(sum)*2", "var"};
+
+typedef struct col_case {
+  int op;    /* COL_* */
+  int naxes; /* reduces axes [0, naxes): 1 of (R,C), 2 of (R0,R1,C) */
+} col_case;
+
+static int column_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  const col_case *c = ctx;
+  const int axes[2] = {0, 1};
+  kiln_tensor *x = in[0];
+  switch (c->op) {
+  case COL_SUM: out[0] = kiln_sum_axes(kiln_mul(x, in[1]), axes, c->naxes, false); break;
+  case COL_MEAN: out[0] = kiln_mean_axes(x, axes, c->naxes, false); break;
+  case COL_MAX: out[0] = kiln_max_axes(x, axes, c->naxes, false); break;
+  case COL_MIN: out[0] = kiln_min_axes(x, axes, c->naxes, false); break;
+  case COL_TANH: out[0] = kiln_mul(kiln_tanh(kiln_sum_axes(x, axes, c->naxes, false)), kiln_scalar(KILN_F32, 2)); break;
+  case COL_VAR: out[0] = kiln_var_axes(x, axes, c->naxes, 0, false); break; /* a mean, then a sum of squares */
+  }
+  return out[0] ? 0 : -1;
+}
+
+/* fn (LLVM) on in, against the interpreter and eager: within tol of eager
+ * (0: bitwise), the interpreter bitwise (it runs eager's kernels), and the
+ * same bits at 1 and 2 threads. */
+static void column_three_ways(kiln_fn *fn, kiln_fn *interp, const col_case *c, kiln_tensor *const *in, double tol,
+                              const char *what) {
+  kiln_tensor *y = NULL, *yi = NULL, *ref = NULL;
+  ck_assert_int_eq(0, kiln_call(fn, in, &y));
+  ck_assert_int_eq(0, kiln_call(interp, in, &yi));
+  ck_assert_int_eq(0, column_body((void *)c, in, &ref));
+  ck_assert(same_shape(y, ref) && same_shape(yi, ref));
+  int64_t bad;
+  double d = maxdiff_rel(yi, ref, &bad);
+  ck_assert_msg(d == 0, "%s: interpreter differs from eager by %g at %lld", what, d, (long long)bad);
+  d = maxdiff_rel(y, ref, &bad);
+  ck_assert_msg(d <= tol, "%s: max rel diff %g from eager (tolerance %g) at %lld", what, d, tol, (long long)bad);
+  same_at_1_and_2_threads(fn, in);
+}
+
+/* Reductions over the leading axes (a bias gradient sum(dy, 0)) run in
+ * column blocks (lower.c): the reduced loops outside, a block of outputs in
+ * the unit-stride inner loop, so no gathers. Each output adds in the
+ * reduced index's order, eager's order: f32 sums over a known count of at
+ * most 8192 are bitwise eager's; a symbolic count sums in f64. Sizes cross
+ * the block (300 and 1000 outputs) and stay under a vector (5, 37). */
+START_TEST(test_column_reductions) {
+  static const int64_t sz2[][2] = {{3, 37}, {257, 5}, {1000, 300}, {7, 1000}};
+  static const int64_t sz3[][3] = {{3, 4, 37}, {20, 13, 5}, {10, 100, 300}};
+  for (int nd = 2; nd <= 3; nd++) {
+    int nsz = nd == 2 ? 4 : 3;
+    for (int op = 0; op < COL_N; op++)
+      for (int i = 0; i < nsz; i++) {
+        kiln_scope_begin();
+        col_case c = {op, nd - 1};
+        const int64_t *shape = nd == 2 ? sz2[i] : sz3[i];
+        kiln_tensor *in[2] = {kiln_randn(KILN_F32, nd, shape, 30 + (uint64_t)i), kiln_randn(KILN_F32, nd, shape, 40 + (uint64_t)i)};
+        kiln_options o = {.name = "column", .n_in = op == COL_SUM ? 2 : 1, .n_out = 1, .backend = KILN_BACKEND_LLVM};
+        kiln_fn *fn = kiln_compile(column_body, &c, &o);
+        o.backend = KILN_BACKEND_INTERP;
+        kiln_fn *interp = kiln_compile(column_body, &c, &o);
+        kiln_tensor *y;
+        ck_assert_int_eq(0, kiln_call(fn, in, &y)); /* traced */
+        char what[96];
+        snprintf(what, sizeof what, "%s over %d axes of [%lld,%lld%s]", col_name[op], nd - 1, (long long)shape[0],
+                 (long long)shape[1], nd == 3 ? ",..." : "");
+        /* tanh is eager's within a few ulp; the rest in eager's order */
+        column_three_ways(fn, interp, &c, in, op == COL_TANH ? 1e-6 : 0, what);
+        cg_program *p = plan_of(fn);
+        ck_assert_int_eq(1, p->n_k);
+        ck_assert_int_eq(1, p->k[0].n_outer);
+        int reduces = 0;
+        for (int s = 0; s < p->k[0].n_stage; s++) reduces += p->k[0].stage[s].kind == CG_REDUCE;
+        ck_assert_int_eq(op == COL_VAR ? 2 : 1, reduces);
+        free_plan(p);
+        char *dump = llvm_dump_of(fn);
+        ck_assert_msg(strstr(dump, "masked.gather") == NULL, "%s: gathers:\n%.2000s", what, strstr(dump, "masked.gather"));
+        free(dump);
+        kiln_fn_free(interp);
+        kiln_fn_free(fn);
+        kiln_scope_end();
+      }
+  }
+  /* a symbolic leading dim: one variant for every row count, summed in f64 */
+  for (int op = 0; op < COL_N; op++) {
+    col_case c = {op, 1};
+    kiln_options o = {.name = "column_dyn", .n_in = op == COL_SUM ? 2 : 1, .n_out = 1, .backend = KILN_BACKEND_LLVM};
+    kiln_fn *fn = kiln_compile(column_body, &c, &o);
+    ck_assert_int_eq(0, kiln_mark_dynamic(fn, 0, 0));
+    if (op == COL_SUM) ck_assert_int_eq(0, kiln_mark_dynamic(fn, 1, 0));
+    o.backend = KILN_BACKEND_INTERP;
+    kiln_fn *interp = kiln_compile(column_body, &c, &o);
+    const int64_t rows[] = {9, 1, 300, 1000, 64};
+    for (int i = 0; i < 5; i++) {
+      kiln_scope_begin();
+      int64_t shape[2] = {rows[i], 300};
+      kiln_tensor *in[2] = {kiln_randn(KILN_F32, 2, shape, 50 + (uint64_t)i), kiln_randn(KILN_F32, 2, shape, 60 + (uint64_t)i)};
+      kiln_tensor *y;
+      if (i == 0) ck_assert_int_eq(0, kiln_call(fn, in, &y)); /* traced */
+      char what[96];
+      snprintf(what, sizeof what, "%s over the symbolic axis 0 of [%lld,300]", col_name[op], (long long)rows[i]);
+      /* max and min do not depend on the order */
+      column_three_ways(fn, interp, &c, in, op == COL_MAX || op == COL_MIN ? 0 : 1e-4, what);
+      kiln_scope_end();
+    }
+    kiln_fn_stats st;
+    ck_assert_int_eq(0, kiln_fn_get_stats(fn, &st));
+    ck_assert_int_eq(1, st.variants);
+    char *dump = llvm_dump_of(fn);
+    ck_assert_msg(strstr(dump, "masked.gather") == NULL, "%s symbolic: gathers:\n%.2000s", col_name[op], strstr(dump, "masked.gather"));
+    free(dump);
+    kiln_fn_free(interp);
+    kiln_fn_free(fn);
+  }
   kiln_set_num_threads(0);
 }
 END_TEST
@@ -801,6 +922,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, test_full_reduce_blocks);
   tcase_add_test(tc, test_masked_tails);
   tcase_add_test(tc, test_reduce_epilogues);
+  tcase_add_test(tc, test_column_reductions);
   tcase_add_test(tc, test_shared_kernels);
   tcase_add_test(tc, test_residual_chain_stored);
   tcase_add_test(tc, test_grad_accumulates_into_gemm);

@@ -11,8 +11,10 @@
  * Pointwise kernels run the flat element range [begin, end) as rows of the
  * last dim; staged kernels (row-wise, reductions) run the outer range, and
  * for each outer element their stages in order: REDUCE loops that leave a
- * scalar, then the MAP that stores. f32 sums accumulate in f32 over short
- * known rows, else in f64 (short_rows). */
+ * scalar, then the MAP that stores; reductions over the leading dims run
+ * the same stages over blocks of outer elements instead (lower_column).
+ * f32 sums accumulate in f32 over short known rows, else in f64
+ * (short_rows). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -344,6 +346,7 @@ typedef struct reduce_ctx {
   LLVMValueRef acc_ptr;   /* an alloca holding the accumulator */
   LLVMTypeRef acc_t;
   kiln_dtype dt;
+  bool ordered;           /* no reassoc: the column schedule adds in the reduced index's order */
 } reduce_ctx;
 
 static void reduce_body(lctx *L, LLVMValueRef *off, void *vctx) {
@@ -360,7 +363,7 @@ static void reduce_body(lctx *L, LLVMValueRef *off, void *vctx) {
     if (r->dt == KILN_F32 && r->acc_t == L->f64) v = LLVMBuildFPExt(L->b, v, L->f64, "");
     if (is_float(r->dt)) {
       nv = LLVMBuildFAdd(L->b, acc, v, "");
-      LLVMSetFastMathFlags(nv, LLVMFastMathAllowReassoc);
+      if (!r->ordered) LLVMSetFastMathFlags(nv, LLVMFastMathAllowReassoc);
     } else {
       nv = LLVMBuildAdd(L->b, acc, v, "");
     }
@@ -421,6 +424,16 @@ static bool uses_expr(const cg_kernel *k, int e, int want) {
   if (x->kind != CG_OP) return false;
   for (int i = 0; i < x->n_in; i++)
     if (uses_expr(k, x->in[i], want)) return true;
+  return false;
+}
+
+/* Expression e reads the result of stage s (CG_ACC). */
+static bool uses_acc(const cg_kernel *k, int e, int s) {
+  const cg_expr *x = &k->expr[e];
+  if (x->kind == CG_ACC) return x->a == s;
+  if (x->kind != CG_OP) return false;
+  for (int i = 0; i < x->n_in; i++)
+    if (uses_acc(k, x->in[i], s)) return true;
   return false;
 }
 
@@ -520,7 +533,7 @@ static void lower_jammed(lctx *L, LLVMValueRef begin, LLVMValueRef groups, LLVMV
     memcpy(L->base, base[r], sizeof(LLVMValueRef) * (size_t)k->n_acc);
     LLVMValueRef off[64];
     inner_offsets(L, idx, off);
-    reduce_ctx rc = {st, -1, acc_ptr[r], acc_t, dt};
+    reduce_ctx rc = {st, -1, acc_ptr[r], acc_t, dt, false};
     reduce_body(L, off, &rc);
   }
   loop_close(L, &in);
@@ -534,9 +547,197 @@ static void lower_jammed(lctx *L, LLVMValueRef begin, LLVMValueRef groups, LLVMV
   loop_close(L, &lg);
 }
 
+/* The column schedule, for reductions over the slow (outer-in-memory) axes
+ * such as a bias gradient sum(dy, 0) of (B,C): per outer element, the
+ * reduced loop would stride through memory, which LLVM vectorizes with
+ * gathers (slow to run and to compile). Instead, a block of CG_COLUMN
+ * consecutive outer elements keeps one accumulator each in a stack array;
+ * the reduced dims are the outer loops and the block the innermost,
+ * unit-stride loop. Each element still adds in the reduced index's order
+ * (eager's order for such a reduction), so neither the blocks nor the
+ * threads' ranges change any bits. */
+enum { CG_COLUMN = 256, CG_COLUMN_STAGES = 4 }; /* stack: at most 4 KB per reduce stage */
+
+/* Conservative: float REDUCEs and MAPs stored once per outer element; the
+ * outer dims collapse into one range for every access (constant strides
+ * when there are several), so outer element c + j is at offset(c) + j *
+ * stride; and of the loads the reductions make, at least one is contiguous
+ * along that range and none that varies along it is contiguous along the
+ * innermost reduced dim (that is a row reduction, better as it is). */
+static bool column_ok(const cg_kernel *k) {
+  int t = k->n_outer - 1; /* the fastest outer dim */
+  if (t < 0 || k->ndim == k->n_outer) return false;
+  int reduces = 0;
+  for (int s = 0; s < k->n_stage; s++) {
+    const cg_stage *st = &k->stage[s];
+    if (st->kind == CG_MAP ? st->inner : !is_float(k->expr[st->expr].dtype)) return false;
+    reduces += st->kind == CG_REDUCE;
+  }
+  if (reduces == 0 || reduces > CG_COLUMN_STAGES) return false;
+  for (int a = 0; a < k->n_acc; a++)
+    for (int d = 0; d < t; d++) {
+      const sym_dim *st = k->acc[a].stride;
+      if (!sym_is_const(st[d]) || !sym_is_const(st[d + 1]) || !sym_is_const(k->dim[d + 1]) ||
+          st[d].c != st[d + 1].c * k->dim[d + 1].c)
+        return false;
+    }
+  /* the loads under the REDUCE expressions: expressions only refer to smaller ids */
+  bool *used = alloc_calloc((size_t)k->n_expr, sizeof *used);
+  if (!used) return false;
+  for (int s = 0; s < k->n_stage; s++)
+    if (k->stage[s].kind == CG_REDUCE) used[k->stage[s].expr] = true;
+  bool along_outer = false, along_inner = false;
+  for (int e = k->n_expr - 1; e >= 0; e--) {
+    const cg_expr *x = &k->expr[e];
+    if (!used[e]) continue;
+    if (x->kind == CG_OP)
+      for (int i = 0; i < x->n_in; i++) used[x->in[i]] = true;
+    if (x->kind != CG_LOAD) continue;
+    const sym_dim *st = k->acc[x->a].stride;
+    along_outer |= sym_is_const(st[t]) && st[t].c == 1;
+    /* a load the block shares (a layer norm's per-row statistics) is one value per reduced point, not a row */
+    bool per_block = sym_is_const(st[t]) && st[t].c == 0;
+    along_inner |= sym_is_const(st[k->ndim - 1]) && st[k->ndim - 1].c == 1 && !per_block;
+  }
+  alloc_free(used);
+  return along_outer && !along_inner;
+}
+
+typedef struct column {
+  int t;                      /* the fastest outer dim */
+  LLVMValueRef base[64];      /* per access: its offset at the block's first outer element */
+  LLVMValueRef n;             /* outer elements in this block */
+  bool masked;                /* the block loops get a masked vector tail */
+  LLVMValueRef acc[16];       /* per REDUCE stage: its accumulators */
+  LLVMTypeRef acc_t[16];
+  LLVMValueRef val[16];       /* per REDUCE stage a later one reads: its values, finished once (a mean divided), or NULL */
+} column;
+
+/* At block element j: the accesses' bases, and the values of the REDUCE
+ * stages before stage upto (a variance reads its mean). */
+static void column_point(lctx *L, const column *cl, LLVMValueRef j, int upto) {
+  cg_kernel *k = L->k;
+  for (int a = 0; a < k->n_acc; a++) {
+    sym_dim s = k->acc[a].stride[cl->t];
+    L->base[a] = sym_is_const(s) && s.c == 0 ? cl->base[a]
+                                             : LLVMBuildAdd(L->b, cl->base[a], LLVMBuildMul(L->b, j, sym_val(L, s), ""), "");
+  }
+  for (int s = 0; s < upto; s++) {
+    const cg_stage *st = &k->stage[s];
+    if (st->kind != CG_REDUCE) continue;
+    if (cl->val[s]) {
+      LLVMTypeRef t = elem_type(L, k->expr[st->expr].dtype);
+      L->accv[s] = LLVMBuildLoad2(L->b, t, LLVMBuildGEP2(L->b, t, cl->val[s], &j, 1, ""), "");
+    } else {
+      LLVMValueRef r = LLVMBuildLoad2(L->b, cl->acc_t[s], LLVMBuildGEP2(L->b, cl->acc_t[s], cl->acc[s], &j, 1, ""), "");
+      L->accv[s] = reduced_value(L, st, cl->acc_t[s], r);
+    }
+  }
+}
+
+/* The reduced dims [d, ndim) as loops around the block's loop, which adds
+ * each element's expression into its accumulator. */
+static void column_nest(lctx *L, column *cl, int s, int d, LLVMValueRef *idx) {
+  cg_kernel *k = L->k;
+  loop lp;
+  if (d < k->ndim) {
+    loop_open(L, &lp, ci64(L, 0), sym_val(L, k->dim[d]), "reduced");
+    idx[d] = lp.i;
+    column_nest(L, cl, s, d + 1, idx);
+    loop_close(L, &lp);
+    return;
+  }
+  const cg_stage *st = &k->stage[s];
+  loop_open(L, &lp, ci64(L, 0), cl->n, "column");
+  lp.masked = cl->masked;
+  column_point(L, cl, lp.i, s);
+  LLVMValueRef off[64];
+  inner_offsets(L, idx, off);
+  reduce_ctx rc = {st, -1, LLVMBuildGEP2(L->b, cl->acc_t[s], cl->acc[s], &lp.i, 1, ""), cl->acc_t[s],
+                   k->expr[st->expr].dtype, true};
+  reduce_body(L, off, &rc);
+  loop_close(L, &lp);
+}
+
+/* Outer elements [begin, end) of a column kernel, in blocks of CG_COLUMN;
+ * the stages run in order over each block. */
+static void lower_column(lctx *L, LLVMValueRef begin, LLVMValueRef end) {
+  cg_kernel *k = L->k;
+  column cl = {.t = k->n_outer - 1};
+  int64_t total = 1;
+  for (int d = 0; d < k->n_outer && !cl.masked; d++) {
+    if (sym_is_const(k->dim[d])) total *= k->dim[d].c;
+    else cl.masked = true;
+  }
+  if (!cl.masked) cl.masked = want_masked_tail(sym_const(total));
+  for (int s = 0; s < k->n_stage; s++) {
+    const cg_stage *st = &k->stage[s];
+    if (st->kind != CG_REDUCE) continue;
+    kiln_dtype dt = k->expr[st->expr].dtype;
+    /* the row rule: f32 sums widen to f64 unless the reduced count is small and known */
+    bool sum = st->op == OP_SUM || st->op == OP_MEAN;
+    cl.acc_t[s] = sum && dt == KILN_F32 && !short_rows(k) ? L->f64 : elem_type(L, dt);
+    cl.acc[s] = LLVMBuildArrayAlloca(L->eb, L->f64, ci64(L, CG_COLUMN), "colacc");
+    /* a value a later REDUCE reads at every reduced point is finished once, not there */
+    bool read_later = false;
+    for (int q = s + 1; q < k->n_stage; q++)
+      read_later |= k->stage[q].kind == CG_REDUCE && uses_acc(k, k->stage[q].expr, s);
+    if (read_later && (st->op == OP_MEAN || cl.acc_t[s] != elem_type(L, dt)))
+      cl.val[s] = LLVMBuildArrayAlloca(L->eb, L->f64, ci64(L, CG_COLUMN), "colval");
+  }
+  LLVMValueRef span = LLVMBuildSub(L->b, end, begin, "");
+  LLVMValueRef blocks = LLVMBuildSDiv(L->b, LLVMBuildAdd(L->b, span, ci64(L, CG_COLUMN - 1), ""), ci64(L, CG_COLUMN), "");
+  loop lb;
+  loop_open(L, &lb, ci64(L, 0), blocks, "blocks");
+  LLVMValueRef c = LLVMBuildAdd(L->b, begin, LLVMBuildMul(L->b, lb.i, ci64(L, CG_COLUMN), ""), "");
+  LLVMValueRef left = LLVMBuildSub(L->b, end, c, "");
+  cl.n = LLVMBuildSelect(L->b, LLVMBuildICmp(L->b, LLVMIntSLT, left, ci64(L, CG_COLUMN), ""), left, ci64(L, CG_COLUMN), "");
+  outer_bases(L, c, k->n_outer);
+  memcpy(cl.base, L->base, sizeof(LLVMValueRef) * (size_t)k->n_acc);
+  LLVMValueRef idx[MAXD];
+  for (int s = 0; s < k->n_stage; s++) {
+    const cg_stage *st = &k->stage[s];
+    loop lp;
+    if (st->kind == CG_REDUCE) {
+      kiln_dtype dt = k->expr[st->expr].dtype;
+      if (st->op == OP_SUM || st->op == OP_MEAN) {
+        /* +0.0 is all zero bits: a memset, not one more loop to vectorize */
+        LLVMValueRef bytes = LLVMBuildMul(L->b, cl.n, LLVMSizeOf(cl.acc_t[s]), "");
+        LLVMBuildMemSet(L->b, cl.acc[s], LLVMConstInt(L->i8, 0, 0), bytes, 8);
+      } else {
+        loop_open(L, &lp, ci64(L, 0), cl.n, "init");
+        LLVMBuildStore(L->b, LLVMConstReal(cl.acc_t[s], st->op == OP_MAX ? -INFINITY : INFINITY),
+                       LLVMBuildGEP2(L->b, cl.acc_t[s], cl.acc[s], &lp.i, 1, ""));
+        loop_close(L, &lp);
+      }
+      column_nest(L, &cl, s, k->n_outer, idx);
+      if (cl.val[s]) {
+        loop_open(L, &lp, ci64(L, 0), cl.n, "finish");
+        lp.masked = cl.masked;
+        LLVMValueRef r = LLVMBuildLoad2(L->b, cl.acc_t[s], LLVMBuildGEP2(L->b, cl.acc_t[s], cl.acc[s], &lp.i, 1, ""), "");
+        LLVMBuildStore(L->b, reduced_value(L, st, cl.acc_t[s], r), LLVMBuildGEP2(L->b, elem_type(L, dt), cl.val[s], &lp.i, 1, ""));
+        loop_close(L, &lp);
+      }
+    } else {
+      loop_open(L, &lp, ci64(L, 0), cl.n, "store");
+      lp.masked = cl.masked;
+      column_point(L, &cl, lp.i, s);
+      LLVMValueRef off[64];
+      memcpy(off, L->base, sizeof(LLVMValueRef) * (size_t)k->n_acc);
+      map_body(L, off, (void *)st);
+      loop_close(L, &lp);
+    }
+  }
+  loop_close(L, &lb);
+}
+
 /* Staged kernels: for o in [begin, end): stages. */
 static void lower_staged(lctx *L, LLVMValueRef begin, LLVMValueRef end) {
   cg_kernel *k = L->k;
+  if (column_ok(k)) {
+    lower_column(L, begin, end);
+    return;
+  }
   /* accumulators live in allocas in the entry block, promoted to registers by mem2reg */
   LLVMValueRef acc_ptr[16];
   LLVMTypeRef acc_t[16];
@@ -572,7 +773,7 @@ static void lower_staged(lctx *L, LLVMValueRef begin, LLVMValueRef end) {
         iv = LLVMConstReal(L->f32, init);
       }
       LLVMBuildStore(L->b, iv, acc_ptr[s]);
-      reduce_ctx rc = {st, -1, acc_ptr[s], acc_t[s], dt};
+      reduce_ctx rc = {st, -1, acc_ptr[s], acc_t[s], dt, false};
       if (L->reuse_expr == st->expr) rc.keep_in = L->reuse_acc;
       inner_nest(L, k->n_outer, idx, reduce_body, &rc);
       L->accv[s] = reduced_value(L, st, acc_t[s], LLVMBuildLoad2(L->b, acc_t[s], acc_ptr[s], ""));
@@ -613,7 +814,7 @@ static void lower_split(lctx *L, LLVMValueRef begin, LLVMValueRef end) {
   L->first_lo = LLVMBuildSDiv(L->b, LLVMBuildMul(L->b, lb.i, n0, ""), ci64(L, CG_BLOCKS), "");
   L->first_hi = LLVMBuildSDiv(L->b, LLVMBuildMul(L->b, LLVMBuildAdd(L->b, lb.i, ci64(L, 1), ""), n0, ""), ci64(L, CG_BLOCKS), "");
   LLVMBuildStore(L->b, LLVMConstReal(acc_t, init), acc_ptr);
-  reduce_ctx rc = {st, -1, acc_ptr, acc_t, dt};
+  reduce_ctx rc = {st, -1, acc_ptr, acc_t, dt, false};
   LLVMValueRef idx[MAXD];
   inner_nest(L, 0, idx, reduce_body, &rc);
   L->first_lo = L->first_hi = NULL;
