@@ -322,7 +322,8 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
    * whose code is another's (a repeated layer, the same optimizer update on
    * weights of one shape) is not compiled again, nor one the kernel cache
    * has (kcache.c): its object is linked instead. A compile that dumps LLVM
-   * IR or machine code compiles every kernel, in one module. */
+   * IR or machine code compiles every kernel, in one module, under its own
+   * name. */
   bool dumping = dump & (KILN_DUMP_LLVM | KILN_DUMP_ASM);
   int loops = 0, exprs = 0;
   for (int k = 0; k < p->n_k; k++)
@@ -401,7 +402,9 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
     kern_code *c = &code[n_code++];
     c->k = k;
     snprintf(c->sym, sizeof c->sym, "%s", p->k[k].name);
-    if (keys[k]) {
+    /* a compile that dumps the code keeps the kernels' own names, and so
+     * stays out of the cache (its symbols are the key's hash) */
+    if (keys[k] && !dumping) {
       size_t tl = strlen(target), pl = strlen(passes), kl = strlen(keys[k]);
       c->keylen = tl + pl + kl + 2;
       if (!(c->key = alloc_malloc(c->keylen + 1))) goto oom_compile;
@@ -409,7 +412,7 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
       kcache_symbol(c->key, c->keylen, c->sym);
       kern_obj o;
       bool disk = false;
-      if (!dumping && kcache_get(c->key, c->keylen, &o.obj, &o.len, &o.id, &disk)) {
+      if (kcache_get(c->key, c->keylen, &o.obj, &o.len, &o.id, &disk)) {
         int have = 0;
         while (have < n_objs && objs[have].id != o.id) have++;
         if (have < n_objs) alloc_free(o.obj);
