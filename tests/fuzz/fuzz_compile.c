@@ -19,34 +19,6 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
   return 0;
 }
 
-/* max |x - y| / (1 + |y|) over the elements (NaN where only one is NaN: infinite). */
-static double maxdiff_rel(kiln_tensor *a, kiln_tensor *b, int64_t *bad) {
-  kiln_scope_begin();
-  int64_t n = kiln_numel(a);
-  double *x = malloc(sizeof(double) * (size_t)(n + 1)), *y = malloc(sizeof(double) * (size_t)(n + 1)), m = 0;
-  FUZZ_CHECK(kiln_read(kiln_cast(a, KILN_F64), x, sizeof(double) * (size_t)n) == 0, "%s", kiln_last_error());
-  FUZZ_CHECK(kiln_read(kiln_cast(b, KILN_F64), y, sizeof(double) * (size_t)n) == 0, "%s", kiln_last_error());
-  *bad = -1;
-  for (int64_t i = 0; i < n; i++) {
-    if ((isnan(x[i]) && isnan(y[i])) || x[i] == y[i]) continue;
-    double e = fabs(x[i] - y[i]) / (1 + fabs(y[i]));
-    if (!(e <= m)) {
-      m = isnan(e) ? INFINITY : e;
-      *bad = i;
-    }
-  }
-  free(x), free(y);
-  kiln_scope_end();
-  return m;
-}
-
-static bool same_shape(kiln_tensor *a, kiln_tensor *b) {
-  if (kiln_ndim(a) != kiln_ndim(b)) return false;
-  for (int d = 0; d < kiln_ndim(a); d++)
-    if (kiln_size(a, d) != kiln_size(b, d)) return false;
-  return true;
-}
-
 static void fail(kiln_fn *fn, const prog *pg, const char *why) {
   char *text = kiln_fn_graph(fn, 0);
   for (int v = 1;; v++) { /* the newest variant */

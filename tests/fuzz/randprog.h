@@ -7,6 +7,7 @@
 #ifndef KILN_RANDPROG_H
 #define KILN_RANDPROG_H
 
+#include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -712,6 +713,36 @@ done:
   if (rc) snprintf(body_err, sizeof body_err, "%s", g->err[0] ? g->err : kiln_last_error());
   free(g);
   return rc;
+}
+
+/* max |x - y| / (1 + |y|) over the elements, at element *bad (NaN where
+ * only one is NaN, or a failed read: infinite). */
+static double maxdiff_rel(kiln_tensor *a, kiln_tensor *b, int64_t *bad) {
+  kiln_scope_begin();
+  int64_t n = kiln_numel(a);
+  double *x = malloc(sizeof(double) * (size_t)(n + 1)), *y = malloc(sizeof(double) * (size_t)(n + 1)), m = 0;
+  *bad = -1;
+  if (!x || !y || kiln_read(kiln_cast(a, KILN_F64), x, sizeof(double) * (size_t)n) ||
+      kiln_read(kiln_cast(b, KILN_F64), y, sizeof(double) * (size_t)n))
+    m = INFINITY;
+  for (int64_t i = 0; m != INFINITY && i < n; i++) {
+    if ((isnan(x[i]) && isnan(y[i])) || x[i] == y[i]) continue;
+    double e = fabs(x[i] - y[i]) / (1 + fabs(y[i]));
+    if (!(e <= m)) {
+      m = isnan(e) ? INFINITY : e;
+      *bad = i;
+    }
+  }
+  free(x), free(y);
+  kiln_scope_end();
+  return m;
+}
+
+static bool same_shape(kiln_tensor *a, kiln_tensor *b) {
+  if (kiln_ndim(a) != kiln_ndim(b)) return false;
+  for (int d = 0; d < kiln_ndim(a); d++)
+    if (kiln_size(a, d) != kiln_size(b, d)) return false;
+  return true;
 }
 
 #endif
