@@ -17,6 +17,7 @@
 
 #include <llvm-c/Analysis.h>
 #include <llvm-c/Error.h>
+#include <llvm-c/ErrorHandling.h>
 #include <llvm-c/LLJIT.h>
 #include <llvm-c/Orc.h>
 #include <llvm-c/Support.h>
@@ -94,8 +95,21 @@ static LLVMTargetMachineRef host_machine(void) {
                                  LLVMRelocPIC, LLVMCodeModelSmall);
 }
 
+/* The module this thread is optimizing or compiling, for the fatal error handler. */
+static _Thread_local const char *compiling;
+
+/* LLVM ends the process after a fatal error (it cannot unwind); before it
+ * does, say which compile it was and how to run without LLVM. */
+static void fatal_error(const char *reason) {
+  fprintf(stderr, "kiln: LLVM failed fatally while compiling %s: %s\n"
+                  "kiln: this is a bug in kiln (or in the pipeline KILN_LLVM_PASSES gives); "
+                  "KILN_BACKEND=interp runs compiled functions without LLVM\n",
+          compiling ? compiling : "(no kiln module)", reason);
+}
+
 static void init_once(void) {
   host.status = -1;
+  LLVMInstallFatalErrorHandler(fatal_error);
   if (LLVMInitializeNativeTarget() || LLVMInitializeNativeAsmPrinter() || LLVMInitializeNativeAsmParser()) {
     snprintf(host.err, sizeof host.err, "LLVM has no native target for this machine");
     return;
@@ -340,6 +354,7 @@ int jit_emit(cg_module *m, unsigned dump, FILE *dump_to, double *opt_ms, double 
     snprintf(err, errn, "LLVM: no target machine for %s (%s)", host.triple, host.cpu);
     goto done;
   }
+  compiling = module_name(m->mod);
   double t0 = now_ms();
   LLVMPassBuilderOptionsRef po = LLVMCreatePassBuilderOptions();
   LLVMPassBuilderOptionsSetLoopVectorization(po, 1);
@@ -375,6 +390,7 @@ int jit_emit(cg_module *m, unsigned dump, FILE *dump_to, double *opt_ms, double 
   if (codegen_ms) *codegen_ms = now_ms() - t1;
   rc = 0;
 done:
+  compiling = NULL;
   if (buf) LLVMDisposeMemoryBuffer(buf);
   if (tm) LLVMDisposeTargetMachine(tm);
   jit_module_dispose(m);
