@@ -102,7 +102,7 @@ clean:
 FUZZ_BUILD      ?= build-fuzz
 FUZZ_SECONDS    ?= 600
 FUZZ_CI_SECONDS ?= 45
-FUZZ_TARGETS    ?= fuzz_irtext fuzz_eager fuzz_compile
+FUZZ_TARGETS    ?= fuzz_irtext fuzz_eager fuzz_compile fuzz_kcache
 FUZZ_DEPS       := clang-19 libclang-rt-19-dev
 
 fuzz-deps:
