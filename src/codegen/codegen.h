@@ -154,15 +154,13 @@ typedef struct cg_jit cg_jit;
 
 /* One-time LLVM setup (thread safe); 0 or -1. */
 int jit_init(char *err, size_t errn);
-/* A module to build into, for the host target: in a context of its own
- * (jit_module_new), or in ctx, which must outlive it (jit_module_in). */
+/* A module to build into, for the host target, in a context of its own. */
 typedef struct cg_module {
   LLVMContextRef ctx;
   LLVMModuleRef mod;
   bool own_ctx;
 } cg_module;
 int jit_module_new(cg_module *m, const char *name, char *err, size_t errn);
-int jit_module_in(cg_module *m, LLVMContextRef ctx, const char *name, char *err, size_t errn);
 void jit_module_dispose(cg_module *m); /* only for a module not handed to jit_emit or jit_compile */
 /* The pass pipeline kernels are optimized with (KILN_LLVM_PASSES, or the kernel passes). */
 const char *jit_passes(void);
@@ -170,12 +168,13 @@ const char *jit_passes(void);
  * target, CPU and features, the code generator's options (a string kept for
  * the life of the process; part of every kernel cache key). */
 const char *jit_target_id(void);
-/* Verifies and optimizes m (consumed) for the host, dumps the optimized IR
+/* Verifies and optimizes m (consumed) for the host with the pass pipeline
+ * passes (NULL: jit_passes()), dumps the optimized IR
  * (KILN_DUMP_LLVM) and machine code (KILN_DUMP_ASM) to dump_to, and emits an
  * object file into *obj (alloc_malloc'ed, *len bytes). Times the two phases.
  * 0, or -1 with err. */
-int jit_emit(cg_module *m, unsigned dump, FILE *dump_to, double *opt_ms, double *codegen_ms, void **obj, size_t *len,
-             char *err, size_t errn);
+int jit_emit(cg_module *m, const char *passes, unsigned dump, FILE *dump_to, double *opt_ms, double *codegen_ms,
+             void **obj, size_t *len, char *err, size_t errn);
 /* An LLJIT for the host, empty; objects are added, their functions expected
  * by name, then linked. NULL with err. */
 cg_jit *jit_new(char *err, size_t errn);
@@ -195,11 +194,12 @@ void jit_free(cg_jit *j);
  * kernel's unoptimized IR), kept in memory for the process and, when
  * KILN_CACHE_DIR names a directory, on disk for later processes. A kernel
  * is in the object as a weak_odr function named kcache_symbol(key); an
- * object may hold other kernels too. A hit copies the object into *obj
- * (alloc_malloc'ed) and gives its id (equal ids, equal objects): true.
- * Errors are misses. kcache_put files obj under each of keys[0..n) and
- * returns its id. */
-bool kcache_get(const char *key, size_t keylen, void **obj, size_t *len, uint64_t *id, bool *from_disk);
+ * object may hold other kernels too. A hit gives the object's id (equal
+ * ids, equal objects) and, unless the id is one of held[0..n_held), a copy
+ * of it in *obj (alloc_malloc'ed; else *obj is NULL): true. Errors are
+ * misses. kcache_put files obj under each of keys[0..n) and returns its id. */
+bool kcache_get(const char *key, size_t keylen, const uint64_t *held, int n_held, void **obj, size_t *len, uint64_t *id,
+                bool *from_disk);
 uint64_t kcache_put(const char *const *keys, const size_t *keylens, int n, const void *obj, size_t len);
 /* Empties the memory of the cache (the files stay). */
 void kcache_forget(void);

@@ -5,8 +5,9 @@
  * expected function is looked up in jit_link, so all the machine code is
  * linked (and timed) before the first call; jit_lookup only searches the
  * resulting table. One LLJIT per compiled variant: variants are compiled by
- * different threads at once, each module in an LLVM context of its thread,
- * and freeing a variant frees its code. LLVM's errors come back as text in
+ * different threads at once, each module in an LLVM context of its own
+ * (built on one thread, then optimized and compiled on another), and freeing
+ * a variant frees its code. LLVM's errors come back as text in
  * err; nothing here aborts. */
 #include <pthread.h>
 #include <stdio.h>
@@ -64,6 +65,15 @@ struct cg_jit {
  * replaces it. instcombine named in a pipeline's text checks that one run
  * reached a fixpoint and, when not, ends the process (O2's does not
  * check): hence no-verify-fixpoint. */
+/* The kernel cache's key is the kernel's printed IR and this: a function's
+ * text names its metadata and attributes (!3, #0) without their contents,
+ * so when lowering changes what those hold for the same text, the format
+ * number changes, and objects compiled before are not taken. */
+enum { KERNEL_FORMAT = 1 };
+
+/* The pass builder's options jit_emit sets, as they enter the cache key. */
+#define PASS_OPTIONS "loop and SLP vectorization, interleaving, no unrolling"
+
 #define KERNEL_PASSES                                                                        \
   "function(sroa,early-cse,instcombine<no-verify-fixpoint>,simplifycfg,loop-mssa(licm),"     \
   "loop(loop-rotate),loop-vectorize,instcombine<no-verify-fixpoint>,simplifycfg,"            \
@@ -152,8 +162,8 @@ static void init_once(void) {
     return;
   }
   /* the code model, relocations and level are host_machine's */
-  snprintf(host.id, n, "LLVM %u.%u.%u; %s; %s; %s; small PIC O3; %s %s", major, minor, patch, host.triple, host.cpu,
-           host.features, opts[1], opts[2]);
+  snprintf(host.id, n, "kiln kernels %d; LLVM %u.%u.%u; %s; %s; %s; small PIC O3; %s %s; %s", KERNEL_FORMAT, major, minor, patch, host.triple,
+           host.cpu, host.features, opts[1], opts[2], PASS_OPTIONS);
   host.status = 0;
 }
 
@@ -175,14 +185,6 @@ int jit_module_new(cg_module *m, const char *name, char *err, size_t errn) {
   if (jit_init(err, errn) != 0) return -1;
   m->ctx = LLVMContextCreate();
   m->own_ctx = true;
-  module_init(m, name);
-  return 0;
-}
-
-int jit_module_in(cg_module *m, LLVMContextRef ctx, const char *name, char *err, size_t errn) {
-  memset(m, 0, sizeof *m);
-  if (jit_init(err, errn) != 0) return -1;
-  m->ctx = ctx;
   module_init(m, name);
   return 0;
 }
@@ -327,8 +329,8 @@ const char *jit_passes(void) {
   return passes && *passes ? passes : KERNEL_PASSES;
 }
 
-int jit_emit(cg_module *m, unsigned dump, FILE *dump_to, double *opt_ms, double *codegen_ms, void **obj, size_t *len,
-             char *err, size_t errn) {
+int jit_emit(cg_module *m, const char *passes, unsigned dump, FILE *dump_to, double *opt_ms, double *codegen_ms,
+             void **obj, size_t *len, char *err, size_t errn) {
   char scratch[1];
   if (!err || !errn) err = scratch, errn = sizeof scratch;
   if (opt_ms) *opt_ms = 0;
@@ -364,7 +366,7 @@ int jit_emit(cg_module *m, unsigned dump, FILE *dump_to, double *opt_ms, double 
    * (and its compile time) of every loop for no measured gain */
   LLVMPassBuilderOptionsSetLoopUnrolling(po, 0);
   LLVMPassBuilderOptionsSetLoopInterleaving(po, 1);
-  LLVMErrorRef e = LLVMRunPasses(m->mod, jit_passes(), tm, po);
+  LLVMErrorRef e = LLVMRunPasses(m->mod, passes ? passes : jit_passes(), tm, po);
   LLVMDisposePassBuilderOptions(po);
   if (e) {
     error_text(e, "LLVM optimization", err, errn);
@@ -477,7 +479,7 @@ cg_jit *jit_compile(cg_module *m, unsigned dump, FILE *dump_to, double *opt_ms, 
   snprintf(name, sizeof name, "%s", module_name(m->mod));
   void *obj = NULL;
   size_t len = 0;
-  if (jit_emit(m, dump, dump_to, opt_ms, codegen_ms, &obj, &len, err, errn)) {
+  if (jit_emit(m, NULL, dump, dump_to, opt_ms, codegen_ms, &obj, &len, err, errn)) {
     jit_free(j);
     return NULL;
   }

@@ -15,8 +15,9 @@
  * never sees half of one. The cache is an optimization: every error
  * (a full disk, a directory that cannot be made) is a miss, never a failure.
  *
- * The files hold machine code that kiln runs: the directory is made private
- * (0700), and must not be writable by anyone you would not let run code. */
+ * The files hold machine code that kiln runs: a directory kiln makes is
+ * private (0700), and no directory it uses may be writable by anyone you
+ * would not let run code. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -43,7 +44,7 @@ typedef struct blob {
 } blob;
 
 typedef struct entry {
-  struct entry *next, *older; /* hash chain; insertion order, for eviction */
+  struct entry *next, *newer; /* hash chain; the next entry filed, for eviction */
   char *key;
   size_t keylen;
   uint64_t h;
@@ -130,7 +131,7 @@ static void evict(size_t cap) {
         *pp = e->next;
         break;
       }
-    mem.oldest = e->older;
+    mem.oldest = e->newer;
     if (!mem.oldest) mem.newest = NULL;
     mem.bytes -= e->keylen;
     blob_unref(e->b);
@@ -160,7 +161,7 @@ static void mem_put(const char *key, size_t keylen, uint64_t id, const void *obj
   e->key = kc, e->keylen = keylen, e->h = h;
   e->next = *chain(h);
   *chain(h) = e;
-  if (mem.newest) mem.newest->older = e;
+  if (mem.newest) mem.newest->newer = e;
   else mem.oldest = e;
   mem.newest = e;
   mem.bytes += keylen;
@@ -168,11 +169,24 @@ static void mem_put(const char *key, size_t keylen, uint64_t id, const void *obj
   pthread_mutex_unlock(&mem.mu);
 }
 
-static bool mem_get(const char *key, size_t keylen, void **obj, size_t *len, uint64_t *id) {
+static bool is_held(uint64_t id, const uint64_t *held, int n_held) {
+  for (int i = 0; i < n_held; i++)
+    if (held[i] == id) return true;
+  return false;
+}
+
+/* A hit copies the object only when the caller does not hold it already:
+ * a group's object is filed under each of its kernels' keys. */
+static bool mem_get(const char *key, size_t keylen, const uint64_t *held, int n_held, void **obj, size_t *len,
+                    uint64_t *id) {
   pthread_mutex_lock(&mem.mu);
   entry *x = find(key, keylen, hash64(key, keylen, 0));
-  bool hit = x && (*obj = copy_of(x->b->obj, x->b->len)) != NULL;
-  if (hit) *len = x->b->len, *id = x->b->id;
+  bool hit = false;
+  if (x && is_held(x->b->id, held, n_held)) {
+    *obj = NULL, *len = 0, *id = x->b->id, hit = true;
+  } else if (x && (*obj = copy_of(x->b->obj, x->b->len)) != NULL) {
+    *len = x->b->len, *id = x->b->id, hit = true;
+  }
   pthread_mutex_unlock(&mem.mu);
   return hit;
 }
@@ -240,7 +254,8 @@ static void publish(const char *path, const void *const *part, const size_t *siz
   if (!ok || rename(tmp, path)) unlink(tmp);
 }
 
-static bool disk_get(const char *dir, const char *key, size_t keylen, void **obj, size_t *len, uint64_t *id) {
+static bool disk_get(const char *dir, const char *key, size_t keylen, const uint64_t *held, int n_held, void **obj,
+                     size_t *len, uint64_t *id) {
   char path[4096], sym[40];
   kcache_symbol(key, keylen, sym);
   if ((size_t)snprintf(path, sizeof path, "%s/%s.k", dir, sym) >= sizeof path) return false;
@@ -251,6 +266,10 @@ static bool disk_get(const char *dir, const char *key, size_t keylen, void **obj
   bool ok = idx && !memcmp(idx, KEY_MAGIC, 8) && kl == keylen && n == 24 + keylen && !memcmp(idx + 16, key, keylen);
   if (ok) memcpy(id, idx + 16 + keylen, 8);
   alloc_free(idx);
+  if (ok && is_held(*id, held, n_held)) { /* its object is read already: not again */
+    *obj = NULL, *len = 0;
+    return true;
+  }
   if (!ok || (size_t)snprintf(path, sizeof path, "%s/obj_%016llx.o", dir, (unsigned long long)*id) >= sizeof path)
     return false;
   char *o = slurp(path, 17, &n);
@@ -290,13 +309,15 @@ void kcache_forget(void) {
   pthread_mutex_unlock(&mem.mu);
 }
 
-bool kcache_get(const char *key, size_t keylen, void **obj, size_t *len, uint64_t *id, bool *from_disk) {
+bool kcache_get(const char *key, size_t keylen, const uint64_t *held, int n_held, void **obj, size_t *len, uint64_t *id,
+                bool *from_disk) {
   *from_disk = false;
-  if (mem_get(key, keylen, obj, len, id)) return true;
+  if (mem_get(key, keylen, held, n_held, obj, len, id)) return true;
   const char *dir = cache_dir();
-  if (!dir || !disk_get(dir, key, keylen, obj, len, id)) return false;
+  if (!dir || !disk_get(dir, key, keylen, held, n_held, obj, len, id)) return false;
   *from_disk = true;
-  mem_put(key, keylen, *id, *obj, *len);
+  /* a held object is in memory already, under another key (or in the caller's hands) */
+  if (*obj) mem_put(key, keylen, *id, *obj, *len);
   return true;
 }
 

@@ -85,6 +85,8 @@ typedef struct compile_group {
   const char **keys;  /* the keys of those that have one */
   size_t *keylens;
   int n_keys;
+  bool keyless;       /* m holds a kernel without a key: its object is not filed */
+  const char *passes;
   int64_t load;
   unsigned dump;
   FILE *dump_to;
@@ -99,9 +101,12 @@ static void *compile_group_run(void *arg) {
     jit_module_dispose(&g->m);
     return NULL;
   }
-  if (jit_emit(&g->m, g->dump, g->dump_to, &g->opt_ms, &g->cg_ms, &g->out.obj, &g->out.len, g->err, sizeof g->err))
+  if (jit_emit(&g->m, g->passes, g->dump, g->dump_to, &g->opt_ms, &g->cg_ms, &g->out.obj, &g->out.len, g->err,
+               sizeof g->err))
     return NULL;
-  g->out.id = kcache_put(g->keys, g->keylens, g->n_keys, g->out.obj, g->out.len);
+  /* a kernel without a key keeps its own strong name, which a later variant
+   * linking this object beside its own kernels could define twice */
+  if (!g->keyless) g->out.id = kcache_put(g->keys, g->keylens, g->n_keys, g->out.obj, g->out.len);
   return NULL;
 }
 
@@ -277,8 +282,9 @@ static int borrow_params(const cg_kernel *k, const ksig *ks, cg_kernel *dup, con
 }
 
 /* Frees what compiling made, modules not compiled included. */
-static void compile_free(kern_code *code, int n_code, kern_obj *objs, int n_objs, compile_group *grp, int groups,
-                         int *same, char **keys, ksig *sigs, int n_k) {
+static void compile_free(kern_code *code, int n_code, kern_obj *objs, uint64_t *held, int n_objs, compile_group *grp,
+                         int groups, int *same, char **keys, ksig *sigs, int n_k) {
+  alloc_free(held);
   for (int k = 0; sigs && k < n_k; k++) alloc_free(sigs[k].w), alloc_free(sigs[k].syms);
   alloc_free(sigs);
   for (int i = 0; code && i < n_code; i++) alloc_free(code[i].key);
@@ -333,22 +339,25 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
   if (groups > loops) groups = loops;
   if (loops < 4 || exprs < 200 || dumping) groups = loops ? 1 : 0;
   compile_group grp[MAX_GROUPS] = {0};
+  /* read once: the key and the compile must agree on the pipeline */
+  const char *target = jit_target_id(), *passes = jit_passes();
   int n_same = 0, n_code = 0, n_objs = 0, n_cached = 0, n_disk = 0;
   kern_code *code = alloc_calloc((size_t)p->n_k + 1, sizeof *code);
   kern_obj *objs = alloc_calloc((size_t)p->n_k + MAX_GROUPS, sizeof *objs);
+  uint64_t *held = alloc_calloc((size_t)p->n_k + 1, sizeof *held); /* the ids of objs */
   int *same = alloc_malloc(sizeof(int) * (size_t)p->n_k + 1);
   char **keys = alloc_calloc((size_t)p->n_k + 1, sizeof *keys);
   ksig *sigs = alloc_calloc((size_t)p->n_k + 1, sizeof *sigs);
-  if (!code || !objs || !same || !keys || !sigs) goto oom_compile;
+  if (!code || !objs || !held || !same || !keys || !sigs) goto oom_compile;
   for (int q = 0; q < groups; q++) {
     grp[q].keys = alloc_calloc((size_t)p->n_k + 1, sizeof *grp[q].keys);
     grp[q].keylens = alloc_calloc((size_t)p->n_k + 1, sizeof *grp[q].keylens);
     grp[q].dump = dump;
     grp[q].dump_to = e->dump_to;
+    grp[q].passes = passes;
     if (!grp[q].keys || !grp[q].keylens) goto oom_compile;
     if (jit_module_new(&grp[q].m, g->name, err, errn)) goto fail_compile;
   }
-  const char *target = jit_target_id(), *passes = jit_passes();
   for (int k = 0; k < p->n_k; k++) same[k] = -1;
   for (int k = 0; k < p->n_k && groups; k++) {
     if (p->k[k].kind != CG_K_LOOP) continue;
@@ -377,6 +386,9 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
     char why[256] = "";
     if (lower_kernel(p, &p->k[k], grp[to].m.mod, why, sizeof why)) {
       snprintf(err, errn, "lowering failed: %s", why[0] ? why : p->k[k].name);
+#ifdef KILN_TEST_BUILD
+      alloc_free(borrowed);
+#endif
       goto fail_compile;
     }
     LLVMValueRef fn = LLVMGetNamedFunction(grp[to].m.mod, p->k[k].name);
@@ -412,11 +424,8 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
       kcache_symbol(c->key, c->keylen, c->sym);
       kern_obj o;
       bool disk = false;
-      if (kcache_get(c->key, c->keylen, &o.obj, &o.len, &o.id, &disk)) {
-        int have = 0;
-        while (have < n_objs && objs[have].id != o.id) have++;
-        if (have < n_objs) alloc_free(o.obj);
-        else objs[n_objs++] = o;
+      if (kcache_get(c->key, c->keylen, held, n_objs, &o.obj, &o.len, &o.id, &disk)) {
+        if (o.obj) held[n_objs] = o.id, objs[n_objs++] = o; /* else one of objs already */
         n_cached++, n_disk += disk;
         LLVMDeleteFunction(fn);
         continue;
@@ -426,6 +435,8 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
       LLVMSetLinkage(fn, LLVMWeakODRLinkage);
       grp[to].keys[grp[to].n_keys] = c->key;
       grp[to].keylens[grp[to].n_keys++] = c->keylen;
+    } else {
+      grp[to].keyless = true;
     }
     grp[to].n++;
     grp[to].load += p->k[k].n_expr + 8;
@@ -481,7 +492,7 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
     fprintf(e->dump_to, "compile time: fuse+lower %.2f ms, LLVM optimize %.2f ms, machine code %.2f ms\n", t1 - t0, opt_ms,
             cg_ms);
   }
-  compile_free(code, n_code, objs, n_objs, grp, groups, same, keys, sigs, p->n_k);
+  compile_free(code, n_code, objs, held, n_objs, grp, groups, same, keys, sigs, p->n_k);
   /* the plan is printed at the first call, when the sizes are known; the
    * caller closes a dump file after compiling, so keep a handle of our own on
    * the same open file (appending) until then */
@@ -498,7 +509,7 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
 oom_compile:
   snprintf(err, errn, "out of memory");
 fail_compile:
-  compile_free(code, n_code, objs, n_objs, grp, groups, same, keys, sigs, p->n_k);
+  compile_free(code, n_code, objs, held, n_objs, grp, groups, same, keys, sigs, p->n_k);
   goto fail;
 oom:
   snprintf(err, errn, "out of memory");

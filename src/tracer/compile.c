@@ -750,6 +750,7 @@ int kiln_call_at(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out, const c
   bool warn_cap = eager && !fn->eager_only && !fn->loaded && !fn->warned_cap;
   if (warn_cap) fn->warned_cap = true;
   if (eager && !fn->loaded) fn->st.fallbacks++;
+  int next_variant = fn->n_variants + 1; /* for the note below: read under the lock */
   pthread_mutex_unlock(&fn->mu);
 
   if (hit) {
@@ -770,7 +771,7 @@ int kiln_call_at(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out, const c
     }
     return run_eager(fn, in, out);
   }
-  if (why[0]) dump_note(fn, "%s; tracing variant %d", why, fn->n_variants + 1);
+  if (why[0]) dump_note(fn, "%s; tracing variant %d", why, next_variant);
   return trace_and_cache(fn, in, out);
 }
 

@@ -15,7 +15,8 @@
 #include "fuzz/fuzz.h"
 
 /* kcache.c's interface (codegen.h would bring LLVM's headers) */
-bool kcache_get(const char *key, size_t keylen, void **obj, size_t *len, uint64_t *id, bool *from_disk);
+bool kcache_get(const char *key, size_t keylen, const uint64_t *held, int n_held, void **obj, size_t *len, uint64_t *id,
+                bool *from_disk);
 uint64_t kcache_put(const char *const *keys, const size_t *keylens, int n, const void *obj, size_t len);
 void kcache_forget(void);
 void alloc_free(void *p);
@@ -107,7 +108,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   size_t len = 0;
   uint64_t id = 0;
   bool disk = false;
-  if (kcache_get(KEY, sizeof KEY - 1, &got, &len, &id, &disk)) {
+  if (kcache_get(KEY, sizeof KEY - 1, NULL, 0, &got, &len, &id, &disk)) {
     FUZZ_CHECK(disk, "a hit after forgetting did not come from disk");
     FUZZ_CHECK(len == n && !memcmp(got, obj, n), "a hit gave %zu bytes, not the %zu filed (files changed: %d)", len, n,
                changed);
