@@ -176,7 +176,9 @@ static sym_dim read_size(tracer *tr, int i, int j) {
 static void keep_equal(tracer *tr, sym_dim d, int64_t v) {
   if (sym_is_err(d) || sym_is_const(d)) return;
   shape_env env = {tr->g, tr->vals, tr->g->n_syms, true};
-  if (shape_decide(&env, d, SYM_EQ, sym_const(v)) != 1) tfail(tr, "out of memory while tracing");
+  if (shape_decide(&env, d, SYM_EQ, sym_const(v)) != 1)
+    tfail(tr, "could not keep a size equal to its traced value %lld as a guard (out of memory, or a size that overflows)",
+          (long long)v);
 }
 
 /* A constant v that a symbol, a size the body read or a product of two such
