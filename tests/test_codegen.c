@@ -396,6 +396,20 @@ static int twin_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
   return 0;
 }
 
+/* What compiling fn's newest variant on LLVM dumps (KILN_DUMP_* flags in what). */
+static char *dump_of(kiln_fn *fn, unsigned what) {
+  cg_program *p = plan_of(fn);
+  char err[256], *dump = NULL;
+  size_t dn = 0;
+  FILE *f = open_memstream(&dump, &dn);
+  backend_exec *e = backend_llvm.compile(p->g, what, f, err, sizeof err);
+  ck_assert_msg(e != NULL, "%s", err);
+  backend_llvm.free(e);
+  fclose(f);
+  free_plan(p);
+  return dump;
+}
+
 START_TEST(test_shared_kernels) {
   kiln_scope_begin();
   kiln_tensor *in[3] = {kiln_randn(KILN_F32, 2, ((int64_t[]){40, 33}), 1), kiln_randn(KILN_F32, 2, ((int64_t[]){40, 33}), 2),
@@ -413,16 +427,10 @@ START_TEST(test_shared_kernels) {
   }
   cg_program *p = plan_of(fn);
   ck_assert_int_eq(3, count_kind(p, CG_K_LOOP));
-  char err[256], *dump = NULL;
-  size_t dn = 0;
-  FILE *f = open_memstream(&dump, &dn);
-  backend_exec *e = backend_llvm.compile(p->g, KILN_DUMP_KERNELS, f, err, sizeof err);
-  ck_assert_msg(e != NULL, "%s", err);
-  backend_llvm.free(e);
-  fclose(f);
+  free_plan(p);
+  char *dump = dump_of(fn, KILN_DUMP_KERNELS);
   ck_assert_msg(strstr(dump, "shared code: 1 of 3 loop kernels") != NULL, "%s", dump);
   free(dump);
-  free_plan(p);
   kiln_fn_free(fn);
   kiln_scope_end();
 }
@@ -430,15 +438,7 @@ END_TEST
 
 /* The optimized LLVM module of fn's newest variant. */
 static char *llvm_dump_of(kiln_fn *fn) {
-  cg_program *p = plan_of(fn);
-  char err[256], *dump = NULL;
-  size_t dn = 0;
-  FILE *f = open_memstream(&dump, &dn);
-  backend_exec *e = backend_llvm.compile(p->g, KILN_DUMP_LLVM, f, err, sizeof err);
-  ck_assert_msg(e != NULL, "%s", err);
-  backend_llvm.free(e);
-  fclose(f);
-  free_plan(p);
+  char *dump = dump_of(fn, KILN_DUMP_LLVM);
   ck_assert_msg(strstr(dump, "define ") != NULL, "no kernel in the LLVM dump:\n%.500s", dump); /* not vacuous */
   return dump;
 }
