@@ -742,7 +742,7 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
   }
   if (arena_bytes && !arena) goto oom;
   for (int b = 0; b < nb; b++)
-    if (p->buf[b].kind == CG_BUF_TEMP) bufs[b] = arena + off[b];
+    if (p->buf[b].kind == CG_BUF_TEMP) bufs[b] = arena ? arena + off[b] : NULL; /* all empty: no arena */
   for (int b = 0; b < nb; b++) {
     const cg_buf *bf = &p->buf[b];
     if (bf->kind != CG_BUF_TEMP || bf->alias_of < 0) continue;
