@@ -5,10 +5,13 @@
  * Each compile's results are compared with eager. */
 #include <check.h>
 #include <dirent.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "codegen/codegen.h"
@@ -286,6 +289,146 @@ START_TEST(test_failed_compile_keeps_dump_file) {
 }
 END_TEST
 
+/* Bytes of the files of dir whose names start with prefix. */
+static long long dir_bytes(const char *dir, const char *prefix) {
+  DIR *d = opendir(dir);
+  ck_assert_ptr_nonnull(d);
+  long long n = 0;
+  for (struct dirent *de; (de = readdir(d));) {
+    char path[512];
+    struct stat st;
+    snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+    if (!strncmp(de->d_name, prefix, strlen(prefix)) && !stat(path, &st) && S_ISREG(st.st_mode)) n += st.st_size;
+  }
+  closedir(d);
+  return n;
+}
+
+/* A file of size bytes whose times are t. */
+static void make_file(const char *dir, const char *name, int size, time_t t) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  FILE *f = fopen(path, "w");
+  ck_assert_ptr_nonnull(f);
+  for (int i = 0; i < size; i++) fputc('x', f);
+  fclose(f);
+  struct timespec ts[2] = {{t, 0}, {t, 0}};
+  ck_assert_int_eq(0, utimensat(AT_FDCWD, path, ts, 0));
+}
+
+static bool exists(const char *dir, const char *name) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  return access(path, F_OK) == 0;
+}
+
+START_TEST(test_size_setting) {
+  const char *text[] = {"", "100", "64K", "512M", "2g", "0", "12X", "-5", "M", "99999999999999999999", "3G "};
+  const unsigned long long want[] = {1ull << 30, 100, 64 << 10, 512ull << 20, 2ull << 30, 0,
+                                     1ull << 30, 1ull << 30, 1ull << 30, 1ull << 30, 1ull << 30};
+  for (int i = 0; i < (int)(sizeof want / sizeof want[0]); i++) {
+    ck_assert_int_eq(0, setenv("KILN_CACHE_SIZE", text[i], 1));
+    ck_assert_msg(kcache_size_limit() == want[i], "KILN_CACHE_SIZE=\"%s\": %llu bytes", text[i],
+                  (unsigned long long)kcache_size_limit());
+  }
+  unsetenv("KILN_CACHE_SIZE");
+  ck_assert_uint_eq(1ull << 30, kcache_size_limit());
+}
+END_TEST
+
+/* Ten cache files of 1000 bytes used one second apart, under a limit of
+ * 8000: the four used least recently go (down to 6000, three quarters).
+ * A temporary older than an hour goes, a new one and files not the
+ * cache's stay and do not count. */
+START_TEST(test_trim_order) {
+  char dir[] = "/tmp/kiln-cache-XXXXXX";
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  time_t t0 = time(NULL) - 1000;
+  char name[64];
+  for (int i = 0; i < 10; i++) {
+    /* used order is not name order */
+    snprintf(name, sizeof name, i % 2 ? "kiln_%02d.k" : "obj_%02d.o", 9 - i);
+    make_file(dir, name, 1000, t0 + i);
+  }
+  make_file(dir, "obj_aa.o.tmp.123.0", 500, t0 - 7200);
+  make_file(dir, "kiln_bb.k.tmp.124.0", 500, time(NULL));
+  make_file(dir, "notes.txt", 50000, t0 - 7200);
+  ck_assert_int_eq(0, setenv("KILN_CACHE_DIR", dir, 1));
+  ck_assert_int_eq(0, setenv("KILN_CACHE_SIZE", "8000", 1));
+  kcache_trim();
+  for (int i = 0; i < 10; i++) {
+    snprintf(name, sizeof name, i % 2 ? "kiln_%02d.k" : "obj_%02d.o", 9 - i);
+    ck_assert_msg(exists(dir, name) == (i >= 4), "%s (used %d of 10) %s", name, i + 1, i >= 4 ? "went" : "stayed");
+  }
+  ck_assert(!exists(dir, "obj_aa.o.tmp.123.0"));
+  ck_assert(exists(dir, "kiln_bb.k.tmp.124.0"));
+  ck_assert(exists(dir, "notes.txt"));
+  /* under the limit: nothing more goes */
+  kcache_trim();
+  ck_assert_int_eq(6000 + 500, dir_bytes(dir, "kiln_") + dir_bytes(dir, "obj_"));
+  unsetenv("KILN_CACHE_SIZE");
+  unsetenv("KILN_CACHE_DIR");
+  remove_dir(dir);
+}
+END_TEST
+
+/* A hit from disk marks its files used, so trim keeps them; under a
+ * limit too small for anything, a compile leaves no file behind and its
+ * answers are still right, and so are those of the compile after it. */
+START_TEST(test_size_limit_in_use) {
+  char dir[] = "/tmp/kiln-cache-XXXXXX";
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  ck_assert_int_eq(0, setenv("KILN_CACHE_DIR", dir, 1));
+  unsetenv("KILN_CACHE_SIZE");
+  kiln_tensor *x = input(5);
+  int of, disk;
+  kcache_forget();
+  free(compile_checked(body_sg, x));
+  ck_assert_int_eq(3, count_files(dir, ".k") + count_files(dir, ".o"));
+  /* every file used long ago */
+  time_t old = time(NULL) - 100000;
+  DIR *d = opendir(dir);
+  ck_assert_ptr_nonnull(d);
+  for (struct dirent *de; (de = readdir(d));) {
+    if (de->d_name[0] == '.') continue;
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+    struct timespec ts[2] = {{old, 0}, {old, 0}};
+    ck_assert_int_eq(0, utimensat(AT_FDCWD, path, ts, 0));
+  }
+  closedir(d);
+  kcache_forget();
+  char *dump = compile_checked(body_sg, x);
+  ck_assert_int_eq(2, cached(dump, &of, &disk));
+  ck_assert_int_eq(2, disk);
+  free(dump);
+  d = opendir(dir);
+  ck_assert_ptr_nonnull(d);
+  for (struct dirent *de; (de = readdir(d));) {
+    if (de->d_name[0] == '.') continue;
+    char path[512];
+    struct stat st;
+    snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+    ck_assert_int_eq(0, stat(path, &st));
+    ck_assert_msg(st.st_mtime > old + 1000, "%s was read but not marked used", de->d_name);
+  }
+  closedir(d);
+
+  ck_assert_int_eq(0, setenv("KILN_CACHE_SIZE", "1", 1));
+  kcache_forget();
+  free(compile_checked(body_gr, x)); /* G from disk, R new; then the trim */
+  ck_assert_int_eq(0, dir_bytes(dir, "kiln_") + dir_bytes(dir, "obj_"));
+  kcache_forget();
+  dump = compile_checked(body_gr, x);
+  ck_assert_msg(cached(dump, &of, &disk) < 0, "a hit from an emptied cache:\n%s", dump);
+  free(dump);
+  unsetenv("KILN_CACHE_SIZE");
+  unsetenv("KILN_CACHE_DIR");
+  remove_dir(dir);
+  kiln_release(x);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("codegen_cache");
   TCase *tc = tcase_create("cache");
@@ -294,6 +437,9 @@ static Suite *suite(void) {
   tcase_add_test(tc, test_objects_overlap);
   tcase_add_test(tc, test_unusable_dir);
   tcase_add_test(tc, test_failed_compile_keeps_dump_file);
+  tcase_add_test(tc, test_size_setting);
+  tcase_add_test(tc, test_trim_order);
+  tcase_add_test(tc, test_size_limit_in_use);
   suite_add_tcase(s, tc);
   return s;
 }

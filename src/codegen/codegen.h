@@ -203,6 +203,13 @@ bool kcache_get(const char *key, size_t keylen, const uint64_t *held, int n_held
 uint64_t kcache_put(const char *const *keys, const size_t *keylens, int n, const void *obj, size_t len);
 /* Empties the memory of the cache (the files stay). */
 void kcache_forget(void);
+/* KILN_CACHE_SIZE in bytes (default 1 GiB; 0: no limit). */
+uint64_t kcache_size_limit(void);
+/* Keeps KILN_CACHE_DIR under the limit now: temporaries older than an hour
+ * go, then the files used least recently until the cache's files come to
+ * three quarters of the limit. A put does this at a process's first write
+ * and after every eighth of the limit written. */
+void kcache_trim(void);
 /* The symbol a kernel of this key is compiled under: "kiln_" and 32 hex digits of its hash. */
 void kcache_symbol(const char *key, size_t keylen, char out[40]);
 

@@ -14,11 +14,15 @@
  * the name is a miss and is replaced. Files appear by rename, so a reader
  * never sees half of one. The cache is an optimization: every error
  * (a full disk, a directory that cannot be made) is a miss, never a failure.
+ * The directory is kept under KILN_CACHE_SIZE (default 1G): the files used
+ * least recently go first (a hit touches its files), and temporary files a
+ * killed process left behind go after an hour.
  *
  * The files hold machine code that kiln runs: a directory kiln makes is
  * private (0700), and no directory it uses may be writable by anyone you
  * would not let run code. */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -27,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "codegen/codegen.h"
@@ -254,6 +259,96 @@ static void publish(const char *path, const void *const *part, const size_t *siz
   if (!ok || rename(tmp, path)) unlink(tmp);
 }
 
+/* ---- the directory's size ---- */
+
+enum { STALE_TMP_S = 3600 };
+#define DEFAULT_SIZE (1ull << 30)
+
+/* KILN_CACHE_SIZE: bytes, or a number with K, M or G (1024s); 0 is no
+ * limit. Anything else keeps the default, with a warning once. */
+uint64_t kcache_size_limit(void) {
+  static _Atomic int warned;
+  const char *s = getenv("KILN_CACHE_SIZE");
+  if (!s || !*s) return DEFAULT_SIZE;
+  char *end;
+  errno = 0;
+  unsigned long long v = strtoull(s, &end, 10);
+  bool digits = end != s;
+  int shift = *end == 'K' || *end == 'k' ? 10 : *end == 'M' || *end == 'm' ? 20 : *end == 'G' || *end == 'g' ? 30 : 0;
+  if (shift) end++;
+  if (errno || !digits || *end || s[0] == '-' || v > (~0ull >> shift)) {
+    if (!atomic_exchange(&warned, 1))
+      fprintf(stderr, "kiln: warning: KILN_CACHE_SIZE=%s is not a size (say 512M or 2G); the cache keeps to 1G\n", s);
+    return DEFAULT_SIZE;
+  }
+  return v << shift;
+}
+
+/* The cache's own names: kiln_<hash>.k, obj_<hash>.o and their temporaries. */
+static bool ours(const char *name, bool *tmp) {
+  *tmp = strstr(name, ".tmp.") != NULL;
+  size_t l = strlen(name);
+  return (!strncmp(name, "kiln_", 5) || !strncmp(name, "obj_", 4)) &&
+         (*tmp || (l > 2 && (!strcmp(name + l - 2, ".k") || !strcmp(name + l - 2, ".o"))));
+}
+
+typedef struct dfile {
+  char name[64];
+  uint64_t bytes;
+  struct timespec used;
+} dfile;
+
+static int older(const void *a, const void *b) {
+  const struct timespec *x = &((const dfile *)a)->used, *y = &((const dfile *)b)->used;
+  return x->tv_sec != y->tv_sec ? (x->tv_sec > y->tv_sec) - (x->tv_sec < y->tv_sec)
+                                : (x->tv_nsec > y->tv_nsec) - (x->tv_nsec < y->tv_nsec);
+}
+
+/* Removes temporaries older than an hour, then, when the cache's files
+ * come to more than limit bytes, the least recently used until they come
+ * to three quarters of it. Another process may trim at the same time: a
+ * file already gone is simply gone. */
+static void trim(const char *dir, uint64_t limit) {
+  DIR *d = opendir(dir);
+  if (!d) return;
+  dfile *f = NULL;
+  size_t n = 0, cap = 0;
+  uint64_t total = 0;
+  time_t now = time(NULL);
+  for (struct dirent *de; (de = readdir(d));) {
+    bool tmp;
+    struct stat st;
+    if (strlen(de->d_name) >= sizeof f->name || !ours(de->d_name, &tmp) ||
+        fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) || !S_ISREG(st.st_mode))
+      continue;
+    if (tmp) { /* a write in progress, or one a killed process left */
+      if (now - st.st_mtim.tv_sec > STALE_TMP_S) unlinkat(dirfd(d), de->d_name, 0);
+      continue;
+    }
+    if (n == cap) {
+      dfile *g = realloc(f, (cap = cap ? 2 * cap : 256) * sizeof *f);
+      if (!g) break;
+      f = g;
+    }
+    snprintf(f[n].name, sizeof f[n].name, "%s", de->d_name);
+    f[n].bytes = (uint64_t)st.st_size;
+    f[n].used = st.st_mtim;
+    total += f[n++].bytes;
+  }
+  if (limit && total > limit) {
+    qsort(f, n, sizeof *f, older);
+    for (size_t i = 0; i < n && total > limit / 4 * 3; i++) {
+      unlinkat(dirfd(d), f[i].name, 0);
+      total -= f[i].bytes;
+    }
+  }
+  free(f);
+  closedir(d);
+}
+
+/* A hit marks its file used (its time is what trim keeps by). */
+static void touch(const char *path) { utimensat(AT_FDCWD, path, NULL, 0); }
+
 static bool disk_get(const char *dir, const char *key, size_t keylen, const uint64_t *held, int n_held, void **obj,
                      size_t *len, uint64_t *id) {
   char path[4096], sym[40];
@@ -266,6 +361,7 @@ static bool disk_get(const char *dir, const char *key, size_t keylen, const uint
   bool ok = idx && !memcmp(idx, KEY_MAGIC, 8) && kl == keylen && n == 24 + keylen && !memcmp(idx + 16, key, keylen);
   if (ok) memcpy(id, idx + 16 + keylen, 8);
   alloc_free(idx);
+  if (ok) touch(path);
   if (ok && is_held(*id, held, n_held)) { /* its object is read already: not again */
     *obj = NULL, *len = 0;
     return true;
@@ -281,6 +377,7 @@ static bool disk_get(const char *dir, const char *key, size_t keylen, const uint
     alloc_free(o);
     return false;
   }
+  touch(path);
   memmove(o, o + 16, ol);
   *obj = o;
   *len = ol;
@@ -300,7 +397,22 @@ static void disk_put(const char *dir, const char *const *keys, const size_t *key
     if ((size_t)snprintf(path, sizeof path, "%s/%s.k", dir, sym) >= sizeof path) return;
     uint64_t kl = keylens[i];
     publish(path, (const void *[]){KEY_MAGIC, &kl, keys[i], &id}, (size_t[]){8, 8, keylens[i], 8}, 4);
+    len += 24 + keylens[i];
   }
+  /* the size is checked at a process's first write, then after every
+   * eighth of the limit written */
+  static _Atomic uint64_t written;
+  static atomic_bool checked;
+  uint64_t limit = kcache_size_limit();
+  if (!atomic_exchange(&checked, true) || (limit && atomic_fetch_add(&written, len + 16) + len + 16 >= limit / 8)) {
+    atomic_store(&written, 0);
+    trim(dir, limit);
+  }
+}
+
+void kcache_trim(void) {
+  const char *dir = cache_dir();
+  if (dir) trim(dir, kcache_size_limit());
 }
 
 void kcache_forget(void) {
