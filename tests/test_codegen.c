@@ -16,7 +16,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <llvm-c/ErrorHandling.h>
 
 #include "codegen/codegen.h"
 #include "kiln.h"
@@ -286,6 +289,58 @@ START_TEST(test_random_programs) {
 }
 END_TEST
 
+static void host_handler(const char *reason) { fprintf(stderr, "host handler: %s\n", reason); }
+
+/* Runs random program 30706 in a child under a pipeline that names plain
+ * instcombine, which ends the process on it (LLVM's fatal error), with the
+ * host's own handler installed first when keep_host; returns what the
+ * child wrote to stderr (to free) and whether it ended with an error. */
+static char *fatal_child(bool keep_host, bool *failed) {
+  int fd[2];
+  ck_assert_int_eq(0, pipe(fd));
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    dup2(fd[1], 2);
+    close(fd[0]);
+    setenv("KILN_LLVM_PASSES", "function(instcombine,loop-vectorize,instcombine)", 1);
+    if (keep_host) {
+      setenv("KILN_LLVM_FATAL_HANDLER", "0", 1);
+      LLVMInstallFatalErrorHandler(host_handler);
+    }
+    char why[512];
+    run_program(30706, 1, why, sizeof why);
+    _exit(0);
+  }
+  close(fd[1]);
+  char *text = calloc(1, 1 << 16);
+  size_t n = 0;
+  char rest[4096];
+  for (ssize_t r; (r = n + 1 < (1 << 16) ? read(fd[0], text + n, (1 << 16) - 1 - n) : read(fd[0], rest, sizeof rest)) > 0;)
+    if (n + 1 < (1 << 16)) n += (size_t)r; /* the rest is read to the end, so the child never blocks */
+  close(fd[0]);
+  int st;
+  ck_assert_int_eq(pid, waitpid(pid, &st, 0));
+  *failed = !WIFEXITED(st) || WEXITSTATUS(st) != 0;
+  return text;
+}
+
+/* LLVM ends the process on a fatal error; kiln's handler names the graph
+ * first, and KILN_LLVM_FATAL_HANDLER=0 leaves the host's handler alone. */
+START_TEST(test_llvm_fatal_error) {
+  bool failed;
+  char *text = fatal_child(false, &failed);
+  ck_assert_msg(failed, "the child did not fail:\n%s", text);
+  ck_assert_msg(strstr(text, "kiln: LLVM failed fatally while compiling") && strstr(text, "KILN_BACKEND=interp"),
+                "no kiln message:\n%s", text);
+  free(text);
+  text = fatal_child(true, &failed);
+  ck_assert_msg(failed, "the child did not fail:\n%s", text);
+  ck_assert_msg(strstr(text, "host handler: ") && !strstr(text, "kiln: LLVM failed fatally"),
+                "the host's handler was replaced:\n%s", text);
+  free(text);
+}
+END_TEST
 
 /* compiled results are bitwise equal at 1 and 2 threads */
 START_TEST(test_threads_bitwise) {
@@ -892,6 +947,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, test_fusion_plans);
   tcase_add_test(tc, test_threads_bitwise);
   tcase_add_test(tc, test_random_programs);
+  tcase_add_test(tc, test_llvm_fatal_error);
   tcase_add_test(tc, test_index_bounds);
   tcase_add_test(tc, test_dead_node_buffer);
   tcase_add_test(tc, test_gemm_folds);

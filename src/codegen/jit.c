@@ -120,7 +120,10 @@ static void fatal_error(const char *reason) {
 
 static void init_once(void) {
   host.status = -1;
-  LLVMInstallFatalErrorHandler(fatal_error);
+  /* LLVM has one handler per process: a host program that installs its own
+   * (it embeds LLVM too, say) keeps it with KILN_LLVM_FATAL_HANDLER=0 */
+  const char *fh = getenv("KILN_LLVM_FATAL_HANDLER");
+  if (!fh || strcmp(fh, "0")) LLVMInstallFatalErrorHandler(fatal_error);
   if (LLVMInitializeNativeTarget() || LLVMInitializeNativeAsmPrinter() || LLVMInitializeNativeAsmParser()) {
     snprintf(host.err, sizeof host.err, "LLVM has no native target for this machine");
     return;
