@@ -318,7 +318,8 @@ static void trim(const char *dir, uint64_t limit) {
   for (struct dirent *de; (de = readdir(d));) {
     bool tmp;
     struct stat st;
-    if (strlen(de->d_name) >= sizeof f->name || !ours(de->d_name, &tmp) ||
+    size_t len = strlen(de->d_name);
+    if (len >= sizeof f->name || !ours(de->d_name, &tmp) ||
         fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) || !S_ISREG(st.st_mode))
       continue;
     if (tmp) { /* a write in progress, or one a killed process left */
@@ -330,7 +331,7 @@ static void trim(const char *dir, uint64_t limit) {
       if (!g) break;
       f = g;
     }
-    snprintf(f[n].name, sizeof f[n].name, "%s", de->d_name);
+    memcpy(f[n].name, de->d_name, len + 1); /* fits: checked above */
     f[n].bytes = (uint64_t)st.st_size;
     f[n].used = st.st_mtim;
     total += f[n++].bytes;
