@@ -31,6 +31,11 @@ typedef struct fuser {
   cg_program *p;
   int cap_k, cap_buf;
   int restart;           /* a node became materialized: build again */
+  /* the entries of memo and seen set since they were last cleared: clearing
+   * those alone keeps a round linear in the graph (a memset per kernel
+   * made rounds quadratic, most of a large graph's compile) */
+  int *memo_set, n_memo_set, *seen_set, n_seen_set;
+  int *stack;            /* a walk's nodes to visit (mark_inlined_inputs) */
   char *err;
   size_t errn;
 } fuser;
@@ -322,7 +327,10 @@ static int expr_of(fuser *f, kbuild *kb, int node, bool root) {
     if (note_node(f, kb, node)) return -1;
     id = add_expr(kb, e);
   }
-  if (id >= 0) kb->memo[node] = id + 1;
+  if (id >= 0) {
+    kb->memo[node] = id + 1;
+    f->memo_set[f->n_memo_set++] = node;
+  }
   return id;
 }
 
@@ -350,6 +358,7 @@ static cg_kernel *new_kernel(fuser *f, cg_kernel_kind kind, int node) {
 static int find_row(fuser *f, int node, const ir_node *root, int *k, uint8_t *seen) {
   if (seen[node]) return 0;
   seen[node] = 1;
+  f->seen_set[f->n_seen_set++] = node;
   const ir_node *n = &f->g->nodes[node];
   if (f->mat[node] && node != (int)(root - f->g->nodes)) return 0;
   if (!is_compute(n->op)) return 0;
@@ -376,7 +385,7 @@ static int build_loop_kernel(fuser *f, int node, int *memo, uint8_t *seen) {
   cg_kernel *k = new_kernel(f, CG_K_LOOP, node);
   if (!k) return -1;
   kbuild kb = {.k = k, .memo = memo, .ovr_node = {-1, -1}};
-  memset(memo, 0, sizeof(int) * (size_t)g->n_nodes);
+  while (f->n_memo_set) memo[f->memo_set[--f->n_memo_set]] = 0;
   int store_acc;
   if (n->op == OP_MATMUL) {
     /* (M,K) @ (K,N): loops [M, N | K], a sum of products per output element */
@@ -431,7 +440,7 @@ static int build_loop_kernel(fuser *f, int node, int *memo, uint8_t *seen) {
     snprintf(k->name, sizeof k->name, "k%d_reduce", k->id);
   } else {
     int inner = 0;
-    memset(seen, 0, (size_t)g->n_nodes);
+    while (f->n_seen_set) seen[f->seen_set[--f->n_seen_set]] = 0;
     int r = find_row(f, node, n, &inner, seen);
     if (r) return r;
     kb.ref_ndim = n->ndim;
@@ -520,6 +529,27 @@ static int full_reads(const fuser *f, int root) {
   return count;
 }
 
+/* Marks the nodes node's kernel inlines: its inputs, through compute nodes
+ * and views that are not stored, down to stored nodes and leaves. */
+static void mark_inlined_inputs(fuser *f, int node, uint8_t *under) {
+  const ir_graph *g = f->g;
+  int *stack = f->stack, ns = 0; /* each node goes on it once, when marked */
+  int j = node;
+  for (;;) {
+    const ir_node *n = &g->nodes[j];
+    for (int k = 0; k < n->n_in; k++) {
+      int x = n->in[k];
+      const ir_node *xn = &g->nodes[x];
+      if (under[x] || f->mat[x] || !(is_compute(xn->op) || is_view(xn->op))) continue;
+      under[x] = 1;
+      f->seen_set[f->n_seen_set++] = x;
+      stack[ns++] = x;
+    }
+    if (!ns) break;
+    j = stack[--ns];
+  }
+}
+
 /* One round: buffers and kernels for the current materialization. 0, -1 OOM, -2 again. */
 static int build(fuser *f, int *memo, uint8_t *seen) {
   const ir_graph *g = f->g;
@@ -587,12 +617,19 @@ static int build(fuser *f, int *memo, uint8_t *seen) {
     if (r < 0) return r;
   }
   /* recompute is fine for cheap nodes; a reduce or a costly node in two
-   * kernels is stored once. One per round, the last in graph order: storing
-   * it often leaves the costly nodes under it in one kernel only (a tanh
-   * stored for the backward keeps the pow under it inlined). */
+   * kernels is stored once. The last in graph order first: storing it often
+   * leaves the costly nodes under it in one kernel only (a tanh stored for
+   * the backward keeps the pow under it inlined). Its inlined inputs are
+   * decided again next round, as their counts change; a node outside them
+   * keeps its count, so it is decided in this round already. One node per
+   * round took 105 rounds on a GPT training step, and this 60; it stored one
+   * cheap chain fewer there (a node above one stored in the same round
+   * reads less when its turn comes). */
+  uint8_t *under = seen; /* in the inlined inputs of a node stored this round */
+  while (f->n_seen_set) under[f->seen_set[--f->n_seen_set]] = 0;
   for (int i = g->n_nodes - 1; i >= 0; i--) {
     const ir_node *n = &g->nodes[i];
-    if (f->mat[i] || f->kcount[i] < 2) continue;
+    if (f->mat[i] || f->kcount[i] < 2 || under[i]) continue;
     /* a cheap node too: when the k kernels recomputing it would read more
      * (k reads of its r inputs) than storing it costs (r reads, a write,
      * then k reads) */
@@ -600,7 +637,7 @@ static int build(fuser *f, int *memo, uint8_t *seen) {
     if (is_reduce(n->op) || is_heavy(g, n) ||
         (is_compute(n->op) && (users - 1) * full_reads(f, i) > users + 1)) {
       materialize(f, i);
-      break;
+      mark_inlined_inputs(f, i, under);
     }
   }
   /* every node a kernel reads, or an output or write names, must have a buffer or view map */
@@ -953,8 +990,12 @@ cg_program *fuse_graph(const ir_graph *g, char *err, size_t errn) {
   f.map = alloc_calloc(n, sizeof *f.map);
   int *memo = alloc_calloc(n, sizeof(int));
   uint8_t *seen = alloc_calloc(n, 1);
+  f.memo_set = alloc_calloc(n, sizeof(int));
+  f.seen_set = alloc_calloc(n, sizeof(int));
+  f.stack = alloc_calloc(n, sizeof(int));
   if (f.p) f.p->node_buf = alloc_calloc(n, sizeof(int));
-  if (!f.p || !f.mat || !f.is_out || !f.kcount || !f.klast || !f.map || !memo || !seen || !f.p->node_buf) {
+  if (!f.p || !f.mat || !f.is_out || !f.kcount || !f.klast || !f.map || !memo || !seen || !f.memo_set || !f.seen_set || !f.stack ||
+      !f.p->node_buf) {
     snprintf(err, errn, "out of memory");
     goto fail;
   }
@@ -1011,13 +1052,13 @@ cg_program *fuse_graph(const ir_graph *g, char *err, size_t errn) {
     if (f.map[g->outputs[i]].buf >= 0) p->buf[f.map[g->outputs[i]].buf].last = p->n_k;
   reuse_in_place(p, f.map, g->n_nodes);
   alloc_free(f.mat), alloc_free(f.is_out), alloc_free(f.kcount), alloc_free(f.klast);
-  alloc_free(memo), alloc_free(seen);
+  alloc_free(memo), alloc_free(seen), alloc_free(f.memo_set), alloc_free(f.seen_set), alloc_free(f.stack);
   /* keep the view maps: the runtime reads outputs and operands through them */
   p->views = f.map;
   return p;
 fail:
   alloc_free(f.mat), alloc_free(f.is_out), alloc_free(f.kcount), alloc_free(f.klast), alloc_free(f.map);
-  alloc_free(memo), alloc_free(seen);
+  alloc_free(memo), alloc_free(seen), alloc_free(f.memo_set), alloc_free(f.seen_set), alloc_free(f.stack);
   cg_program_free(f.p);
   return NULL;
 }
