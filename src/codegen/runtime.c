@@ -71,11 +71,11 @@ typedef struct kern_code {
   char sym[40];       /* the symbol it is compiled under */
 } kern_code;
 
-/* An object to link into the variant: a group's, or one from the cache. */
+/* An object to link into the variant: a group's, or one from the cache
+ * (whose id is kept beside it, in the held list kcache_get reads). */
 typedef struct kern_obj {
   void *obj;
   size_t len;
-  uint64_t id;
 } kern_obj;
 
 /* The kernels one thread compiles, in one module. */
@@ -106,7 +106,7 @@ static void *compile_group_run(void *arg) {
     return NULL;
   /* a kernel without a key keeps its own strong name, which a later variant
    * linking this object beside its own kernels could define twice */
-  if (!g->keyless) g->out.id = kcache_put(g->keys, g->keylens, g->n_keys, g->out.obj, g->out.len);
+  if (!g->keyless) kcache_put(g->keys, g->keylens, g->n_keys, g->out.obj, g->out.len);
   return NULL;
 }
 
@@ -423,9 +423,10 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
       snprintf(c->key, c->keylen + 1, "%s\n%s\n%s", target, passes, keys[k]);
       kcache_symbol(c->key, c->keylen, c->sym);
       kern_obj o;
+      uint64_t id;
       bool disk = false;
-      if (kcache_get(c->key, c->keylen, held, n_objs, &o.obj, &o.len, &o.id, &disk)) {
-        if (o.obj) held[n_objs] = o.id, objs[n_objs++] = o; /* else one of objs already */
+      if (kcache_get(c->key, c->keylen, held, n_objs, &o.obj, &o.len, &id, &disk)) {
+        if (o.obj) held[n_objs] = id, objs[n_objs++] = o; /* else one of objs already */
         n_cached++, n_disk += disk;
         LLVMDeleteFunction(fn);
         continue;
