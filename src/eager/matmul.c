@@ -4,6 +4,7 @@
  * batch whose matrices stack into one (x @ w with x (B,M,K) contiguous) runs
  * as one GEMM. */
 #include <cblas.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include "eager/eager.h"
@@ -22,11 +23,73 @@ int cblas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs, CBLAS_TRANS
   return -1;
 }
 
+/* A one-row product whose matrix has at most SMALL_GEMV elements runs here,
+ * on the calling thread. OpenBLAS splits even a 256x256 gemv over both
+ * cores: alone that gained nothing (batch-1 W6), and its second thread then
+ * spins on the other core and slowed whatever ran next, eager or compiled,
+ * by up to 2x (docs/perf.md). Larger ones go to OpenBLAS as before. */
+enum { SMALL_GEMV = 1 << 18 };
+
+/* c[0, n) = a[0, k) (stride inca) times the matrix b: with rows, b holds it
+ * transposed, row j of length k at b + j*ldb (a dot product per output, in
+ * 16 lanes added pairwise, as eager's sums); else row i of length n at
+ * b + i*ldb (c accumulates a[i] times row i, in i's order). */
+typedef float gv_f32 __attribute__((vector_size(64)));
+typedef double gv_f64 __attribute__((vector_size(64)));
+
+#define SMALL_GEMV_FN(T, VT, NAME)                                                               \
+  static void NAME(bool rows, int64_t n, int64_t k, const T *a, int64_t inca, const T *b,         \
+                   int64_t ldb, T *c) {                                                          \
+    enum { L = 64 / sizeof(T) };                                                                 \
+    if (rows) {                                                                                  \
+      /* four outputs per pass: four independent chains hide the adds' latency */               \
+      for (int64_t j = 0; j < n; j += 4) {                                                       \
+        int nr = n - j < 4 ? (int)(n - j) : 4;                                                   \
+        const T *r[4];                                                                           \
+        for (int q = 0; q < 4; q++) r[q] = b + (j + (q < nr ? q : 0)) * ldb;                    \
+        VT acc[4] = {{0}};                                                                       \
+        T tail[4] = {0};                                                                         \
+        int64_t i = 0;                                                                           \
+        for (; inca == 1 && i + L <= k; i += L) {                                                \
+          VT x, w;                                                                               \
+          memcpy(&x, a + i, sizeof x);                                                           \
+          for (int q = 0; q < 4; q++) {                                                          \
+            memcpy(&w, r[q] + i, sizeof w);                                                      \
+            acc[q] += w * x;                                                                     \
+          }                                                                                      \
+        }                                                                                        \
+        for (; i < k; i++)                                                                       \
+          for (int q = 0; q < 4; q++) tail[q] += r[q][i] * a[i * inca];                          \
+        for (int q = 0; q < nr; q++) {                                                           \
+          T lane[L];                                                                             \
+          memcpy(lane, &acc[q], sizeof lane);                                                    \
+          for (int w = L / 2; w; w >>= 1)                                                        \
+            for (int l = 0; l < w; l++) lane[l] += lane[l + w];                                  \
+          c[j + q] = lane[0] + tail[q];                                                          \
+        }                                                                                        \
+      }                                                                                          \
+      return;                                                                                    \
+    }                                                                                            \
+    for (int64_t j = 0; j < n; j++) c[j] = 0;                                                    \
+    for (int64_t i = 0; i < k; i++) {                                                            \
+      const T s = a[i * inca], *r = b + i * ldb;                                                 \
+      for (int64_t j = 0; j < n; j++) c[j] += s * r[j];                                          \
+    }                                                                                            \
+  }
+SMALL_GEMV_FN(float, gv_f32, small_gemv_f32)
+SMALL_GEMV_FN(double, gv_f64, small_gemv_f64)
+
 static void gemm(kiln_dtype dt, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int64_t k,
                  const void *a, int64_t lda, const void *b, int64_t ldb, void *c, int64_t ldc) {
   if (m == 0 || n == 0) return;
   if (k == 0) {
     memset(c, 0, (size_t)(m * n) * kiln_dtype_size(dt)); /* c is contiguous (m, n) here */
+    return;
+  }
+  if (m == 1 && n * k <= SMALL_GEMV) {
+    int64_t inca = ta == CblasNoTrans ? 1 : lda;
+    if (dt == KILN_F32) small_gemv_f32(tb == CblasTrans, n, k, a, inca, b, ldb, c);
+    else small_gemv_f64(tb == CblasTrans, n, k, a, inca, b, ldb, c);
     return;
   }
   if (dt == KILN_F32) {
