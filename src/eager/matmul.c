@@ -32,7 +32,7 @@ enum { SMALL_GEMV = 1 << 18 };
 
 /* c[0, n) = a[0, k) (stride inca) times the matrix b: with rows, b holds it
  * transposed, row j of length k at b + j*ldb (a dot product per output, in
- * 16 lanes added pairwise, as eager's sums); else row i of length n at
+ * one 64-byte vector of lanes added pairwise, as eager's sums); else row i of length n at
  * b + i*ldb (c accumulates a[i] times row i, in i's order). */
 typedef float gv_f32 __attribute__((vector_size(64)));
 typedef double gv_f64 __attribute__((vector_size(64)));
