@@ -105,46 +105,67 @@ static int cached(const char *dump, int *of, int *disk) {
   return n;
 }
 
-static int count_files(const char *dir, const char *suffix) {
+/* fn(path, name, ctx) for every entry of dir but the dot ones; false when
+ * dir cannot be opened. */
+typedef void (*file_fn)(const char *path, const char *name, void *ctx);
+static bool each_file(const char *dir, file_fn fn, void *ctx) {
   DIR *d = opendir(dir);
-  ck_assert_ptr_nonnull(d);
-  int n = 0;
-  for (struct dirent *de; (de = readdir(d));) {
-    size_t l = strlen(de->d_name), s = strlen(suffix);
-    n += l > s && !strcmp(de->d_name + l - s, suffix);
-  }
-  closedir(d);
-  return n;
-}
-
-/* Writes bytes over the start of every file of dir ending in suffix. */
-static void damage(const char *dir, const char *suffix, const char *bytes) {
-  DIR *d = opendir(dir);
-  ck_assert_ptr_nonnull(d);
-  for (struct dirent *de; (de = readdir(d));) {
-    size_t l = strlen(de->d_name), s = strlen(suffix);
-    if (l <= s || strcmp(de->d_name + l - s, suffix)) continue;
-    char path[512];
-    snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
-    FILE *f = fopen(path, "r+");
-    ck_assert_ptr_nonnull(f);
-    fwrite(bytes, 1, strlen(bytes), f);
-    fclose(f);
-  }
-  closedir(d);
-}
-
-static void remove_dir(const char *dir) {
-  DIR *d = opendir(dir);
-  if (!d) return;
+  if (!d) return false;
   for (struct dirent *de; (de = readdir(d));) {
     if (de->d_name[0] == '.') continue;
     char path[512];
     snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
-    remove(path);
+    fn(path, de->d_name, ctx);
   }
   closedir(d);
-  rmdir(dir);
+  return true;
+}
+
+static bool ends_with(const char *name, const char *suffix) {
+  size_t l = strlen(name), s = strlen(suffix);
+  return l > s && !strcmp(name + l - s, suffix);
+}
+
+typedef struct match {
+  const char *suffix;
+  const char *bytes; /* damage: written over the start */
+  int n;             /* count_files: how many */
+} match;
+
+static void count_one(const char *path, const char *name, void *ctx) {
+  (void)path;
+  match *m = ctx;
+  m->n += ends_with(name, m->suffix);
+}
+
+static int count_files(const char *dir, const char *suffix) {
+  match m = {.suffix = suffix};
+  ck_assert(each_file(dir, count_one, &m));
+  return m.n;
+}
+
+static void damage_one(const char *path, const char *name, void *ctx) {
+  const match *m = ctx;
+  if (!ends_with(name, m->suffix)) return;
+  FILE *f = fopen(path, "r+");
+  ck_assert_ptr_nonnull(f);
+  fwrite(m->bytes, 1, strlen(m->bytes), f);
+  fclose(f);
+}
+
+/* Writes bytes over the start of every file of dir ending in suffix. */
+static void damage(const char *dir, const char *suffix, const char *bytes) {
+  match m = {.suffix = suffix, .bytes = bytes};
+  ck_assert(each_file(dir, damage_one, &m));
+}
+
+static void remove_one(const char *path, const char *name, void *ctx) {
+  (void)name, (void)ctx;
+  remove(path);
+}
+
+static void remove_dir(const char *dir) {
+  if (each_file(dir, remove_one, NULL)) rmdir(dir);
 }
 
 static kiln_tensor *input(uint64_t seed) { return kiln_randn(KILN_F32, 2, ((int64_t[]){6, 37}), seed); }
@@ -290,18 +311,36 @@ START_TEST(test_failed_compile_keeps_dump_file) {
 END_TEST
 
 /* Bytes of the files of dir whose names start with prefix. */
+typedef struct sized {
+  const char *prefix;
+  long long bytes;
+} sized;
+
+static void size_one(const char *path, const char *name, void *ctx) {
+  sized *z = ctx;
+  struct stat st;
+  if (!strncmp(name, z->prefix, strlen(z->prefix)) && !stat(path, &st) && S_ISREG(st.st_mode)) z->bytes += st.st_size;
+}
+
 static long long dir_bytes(const char *dir, const char *prefix) {
-  DIR *d = opendir(dir);
-  ck_assert_ptr_nonnull(d);
-  long long n = 0;
-  for (struct dirent *de; (de = readdir(d));) {
-    char path[512];
-    struct stat st;
-    snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
-    if (!strncmp(de->d_name, prefix, strlen(prefix)) && !stat(path, &st) && S_ISREG(st.st_mode)) n += st.st_size;
-  }
-  closedir(d);
-  return n;
+  sized z = {prefix, 0};
+  ck_assert(each_file(dir, size_one, &z));
+  return z.bytes;
+}
+
+/* Sets a file's times to *(time_t *)ctx. */
+static void age_one(const char *path, const char *name, void *ctx) {
+  (void)name;
+  time_t t = *(const time_t *)ctx;
+  struct timespec ts[2] = {{t, 0}, {t, 0}};
+  ck_assert_int_eq(0, utimensat(AT_FDCWD, path, ts, 0));
+}
+
+/* Asserts a file was modified after *(time_t *)ctx. */
+static void used_since(const char *path, const char *name, void *ctx) {
+  struct stat st;
+  ck_assert_int_eq(0, stat(path, &st));
+  ck_assert_msg(st.st_mtime > *(const time_t *)ctx, "%s was read but not marked used", name);
 }
 
 /* A file of size bytes whose times are t. */
@@ -312,8 +351,7 @@ static void make_file(const char *dir, const char *name, int size, time_t t) {
   ck_assert_ptr_nonnull(f);
   for (int i = 0; i < size; i++) fputc('x', f);
   fclose(f);
-  struct timespec ts[2] = {{t, 0}, {t, 0}};
-  ck_assert_int_eq(0, utimensat(AT_FDCWD, path, ts, 0));
+  age_one(path, name, &t);
 }
 
 static bool exists(const char *dir, const char *name) {
@@ -386,33 +424,14 @@ START_TEST(test_size_limit_in_use) {
   free(compile_checked(body_sg, x));
   ck_assert_int_eq(3, count_files(dir, ".k") + count_files(dir, ".o"));
   /* every file used long ago */
-  time_t old = time(NULL) - 100000;
-  DIR *d = opendir(dir);
-  ck_assert_ptr_nonnull(d);
-  for (struct dirent *de; (de = readdir(d));) {
-    if (de->d_name[0] == '.') continue;
-    char path[512];
-    snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
-    struct timespec ts[2] = {{old, 0}, {old, 0}};
-    ck_assert_int_eq(0, utimensat(AT_FDCWD, path, ts, 0));
-  }
-  closedir(d);
+  time_t old = time(NULL) - 100000, later = old + 1000;
+  ck_assert(each_file(dir, age_one, &old));
   kcache_forget();
   char *dump = compile_checked(body_sg, x);
   ck_assert_int_eq(2, cached(dump, &of, &disk));
   ck_assert_int_eq(2, disk);
   free(dump);
-  d = opendir(dir);
-  ck_assert_ptr_nonnull(d);
-  for (struct dirent *de; (de = readdir(d));) {
-    if (de->d_name[0] == '.') continue;
-    char path[512];
-    struct stat st;
-    snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
-    ck_assert_int_eq(0, stat(path, &st));
-    ck_assert_msg(st.st_mtime > old + 1000, "%s was read but not marked used", de->d_name);
-  }
-  closedir(d);
+  ck_assert(each_file(dir, used_since, &later));
 
   ck_assert_int_eq(0, setenv("KILN_CACHE_SIZE", "1", 1));
   kcache_forget();
