@@ -197,10 +197,10 @@ void jit_free(cg_jit *j);
  * object may hold other kernels too. A hit gives the object's id (equal
  * ids, equal objects) and, unless the id is one of held[0..n_held), a copy
  * of it in *obj (alloc_malloc'ed; else *obj is NULL): true. Errors are
- * misses. kcache_put files obj under each of keys[0..n) and returns its id. */
+ * misses. kcache_put files obj under each of keys[0..n). */
 bool kcache_get(const char *key, size_t keylen, const uint64_t *held, int n_held, void **obj, size_t *len, uint64_t *id,
                 bool *from_disk);
-uint64_t kcache_put(const char *const *keys, const size_t *keylens, int n, const void *obj, size_t len);
+void kcache_put(const char *const *keys, const size_t *keylens, int n, const void *obj, size_t len);
 /* Empties the memory of the cache (the files stay). */
 void kcache_forget(void);
 /* KILN_CACHE_SIZE in bytes (default 1 GiB; 0: no limit). */

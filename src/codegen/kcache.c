@@ -434,10 +434,9 @@ bool kcache_get(const char *key, size_t keylen, const uint64_t *held, int n_held
   return true;
 }
 
-uint64_t kcache_put(const char *const *keys, const size_t *keylens, int n, const void *obj, size_t len) {
+void kcache_put(const char *const *keys, const size_t *keylens, int n, const void *obj, size_t len) {
   uint64_t id = blob_id(obj, len);
   for (int i = 0; i < n; i++) mem_put(keys[i], keylens[i], id, obj, len);
   const char *dir = cache_dir();
   if (dir && n) disk_put(dir, keys, keylens, n, id, obj, len);
-  return id;
 }

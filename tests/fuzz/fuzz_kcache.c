@@ -17,7 +17,7 @@
 /* kcache.c's interface (codegen.h would bring LLVM's headers) */
 bool kcache_get(const char *key, size_t keylen, const uint64_t *held, int n_held, void **obj, size_t *len, uint64_t *id,
                 bool *from_disk);
-uint64_t kcache_put(const char *const *keys, const size_t *keylens, int n, const void *obj, size_t len);
+void kcache_put(const char *const *keys, const size_t *keylens, int n, const void *obj, size_t len);
 void kcache_forget(void);
 void alloc_free(void *p);
 
