@@ -602,6 +602,47 @@ START_TEST(test_reduce_epilogues) {
 }
 END_TEST
 
+/* A matvec's sum of products adds each product with one rounding (the
+ * multiply and add carry `contract`, an FMA on hosts that have one), four
+ * rows per pass without interleaving. Each output is checked against the
+ * exact dot product (double) within the bound of a sum of n terms, at row
+ * lengths with and without a vector tail. */
+START_TEST(test_dot_products_fused) {
+  kiln_scope_begin();
+  const int64_t cols[] = {256, 70};
+  for (int c = 0; c < 2; c++) {
+    int64_t n = cols[c], rows = 37;
+    kiln_tensor *in[3] = {kiln_randn(KILN_F32, 2, ((int64_t[]){1, n}), 21), kiln_randn(KILN_F32, 2, ((int64_t[]){rows, n}), 22),
+                          kiln_zeros(KILN_F32, 1, ((int64_t[]){rows}))};
+    kiln_fn *fn = compile_once(matvec_relu_body, 3, in);
+    kiln_tensor *y = NULL;
+    ck_assert_int_eq(0, kiln_call(fn, in, &y));
+    static float x[256], w[37 * 256], got[37];
+    ck_assert_int_eq(0, kiln_read(in[0], x, sizeof(float) * (size_t)n));
+    ck_assert_int_eq(0, kiln_read(in[1], w, sizeof(float) * (size_t)(rows * n)));
+    ck_assert_int_eq(0, kiln_read(y, got, sizeof got));
+    for (int64_t j = 0; j < rows; j++) {
+      double exact = 0, mag = 0;
+      for (int64_t i = 0; i < n; i++) exact += (double)w[j * n + i] * x[i], mag += fabs((double)w[j * n + i] * x[i]);
+      double want = exact > 0 ? exact : 0, bound = (double)n * 0x1p-24 * mag;
+      ck_assert_msg(fabs(got[j] - want) <= bound, "n %lld row %lld: %.9g, exact %.9g (bound %g)", (long long)n, (long long)j,
+                    got[j], want, bound);
+    }
+    char *dump = llvm_dump_of(fn);
+    ck_assert_msg(strstr(dump, "fmul contract") != NULL || strstr(dump, "fmul reassoc contract") != NULL,
+                  "the products are not contractible:\n%.2000s", dump);
+    free(dump);
+#if defined(__x86_64__) && defined(__FMA__)
+    dump = dump_of(fn, KILN_DUMP_ASM);
+    ck_assert_msg(strstr(dump, "vfmadd") != NULL, "no FMA in the machine code:\n%.2000s", dump);
+    free(dump);
+#endif
+    kiln_fn_free(fn);
+  }
+  kiln_scope_end();
+}
+END_TEST
+
 START_TEST(test_full_reduce_blocks) {
   double got[2][3];
   for (int t = 1; t <= 2; t++) {
@@ -953,6 +994,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, test_gemm_folds);
   tcase_add_test(tc, test_full_reduce_blocks);
   tcase_add_test(tc, test_masked_tails);
+  tcase_add_test(tc, test_dot_products_fused);
   tcase_add_test(tc, test_reduce_epilogues);
   tcase_add_test(tc, test_column_reductions);
   tcase_add_test(tc, test_shared_kernels);

@@ -69,7 +69,7 @@ struct cg_jit {
  * text names its metadata and attributes (!3, #0) without their contents,
  * so when lowering changes what those hold for the same text, the format
  * number changes, and objects compiled before are not taken. */
-enum { KERNEL_FORMAT = 1 };
+enum { KERNEL_FORMAT = 2 };
 
 /* The pass builder's options jit_emit sets, as they enter the cache key. */
 #define PASS_OPTIONS "loop and SLP vectorization, interleaving, no unrolling"
