@@ -662,10 +662,19 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
   char err[512];
   if (ir_bind_syms(g, in, params, vals, err, sizeof err)) return err_set("", 0, "call", "%s: %s", g->name, err), -1;
   int nb = p->n_buf, ns = g->n_syms, rc = -1;
-  char **bufs = alloc_calloc((size_t)nb + 1, sizeof *bufs);
-  kiln_tensor **tens = alloc_calloc((size_t)nb + 1, sizeof *tens);  /* the tensor behind a buffer, when there is one */
-  kiln_tensor **own = alloc_calloc((size_t)nb + 1, sizeof *own);    /* ours to release */
-  size_t *bytes = alloc_calloc((size_t)nb + 1, sizeof *bytes), *off = alloc_calloc((size_t)nb + 1, sizeof *off);
+  /* per buffer: its data, the tensor behind it (when there is one), ours to
+   * release, its bytes and arena offset; on the stack for a small plan,
+   * since a batch-1 call is a few microseconds */
+  enum { STACK_BUFS = 32 };
+  char *s_bufs[STACK_BUFS] = {0};
+  kiln_tensor *s_tens[STACK_BUFS] = {0}, *s_own[STACK_BUFS] = {0};
+  size_t s_bytes[STACK_BUFS] = {0}, s_off[STACK_BUFS] = {0};
+  bool small = nb <= STACK_BUFS;
+  char **bufs = small ? s_bufs : alloc_calloc((size_t)nb, sizeof *bufs);
+  kiln_tensor **tens = small ? s_tens : alloc_calloc((size_t)nb, sizeof *tens);
+  kiln_tensor **own = small ? s_own : alloc_calloc((size_t)nb, sizeof *own);
+  size_t *bytes = small ? s_bytes : alloc_calloc((size_t)nb, sizeof *bytes);
+  size_t *off = small ? s_off : alloc_calloc((size_t)nb, sizeof *off);
   char *arena = NULL;
   size_t arena_bytes = 0;
   bool shared_arena = false;
@@ -933,7 +942,7 @@ done:
   if (all)
     for (int i = 0; i < g->n_nodes; i++) kiln_release(all[i]);
   alloc_free(all);
-  alloc_free(bufs), alloc_free(tens), alloc_free(own), alloc_free(bytes), alloc_free(off);
+  if (!small) alloc_free(bufs), alloc_free(tens), alloc_free(own), alloc_free(bytes), alloc_free(off);
   return rc;
 }
 
