@@ -1,6 +1,7 @@
 /* test_pool.c - the thread pool: every index is covered exactly once, the
  * split follows the documented rule (and is the same on every run), the
- * caller runs chunk 0, nested calls run inline, several user threads may
+ * caller runs chunk 0 and the chunks of workers that have not started,
+ * nested calls run inline, several user threads may
  * call it at once, KILN_NUM_THREADS sets the default, a forked child gets
  * a working pool, and after shutdown every call runs inline. */
 #include <check.h>
@@ -94,6 +95,34 @@ START_TEST(test_cover_every_index_once) {
         ck_assert_int_eq(n1, n2);
         ck_assert(memcmp(first, second, (size_t)n1 * sizeof *first) == 0);
       }
+}
+END_TEST
+
+/* A worker that has not taken its chunk by the time the caller is done with
+ * chunk 0 does not hold the job up: the caller runs that chunk itself. With
+ * more threads than CPUs the workers sleep between jobs, and a tiny job is
+ * over before they wake, so over many jobs the caller must have run another
+ * chunk; every index is still covered exactly once, in the same split. */
+START_TEST(test_late_chunks_run_by_caller) {
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  int t = cpus < 1 ? 2 : cpus >= 15 ? 16 : (int)cpus + 1;
+  int by_caller = 0;
+  for (int job = 0; job < 300; job++) {
+    pool_set_num_threads(t);
+    cover *c = calloc(1, sizeof *c);
+    c->hits = calloc((size_t)t, sizeof *c->hits);
+    pool_parallel_for(t, 1, cover_fn, c);
+    int calls = atomic_load(&c->ncalls), bad = calls != t;
+    for (int i = 0; i < t; i++) bad += atomic_load(&c->hits[i]) != 1;
+    for (int k = 0; k < calls && k < MAX_CALLS; k++) {
+      bad += c->end[k] - c->begin[k] != 1;
+      by_caller += c->begin[k] > 0 && pthread_equal(c->who[k], pthread_self());
+    }
+    ck_assert_msg(!bad, "job %d over %d threads: %d chunks, coverage or split wrong", job, t, calls);
+    free(c->hits);
+    free(c);
+  }
+  ck_assert_msg(by_caller > 0, "in 300 jobs over %d threads the caller never ran a worker's chunk", t);
 }
 END_TEST
 
@@ -280,6 +309,7 @@ static Suite *pool_suite(void) {
   tcase_add_test(tc, test_cover_every_index_once);
   tcase_add_test(tc, test_nested_runs_inline);
   tcase_add_test(tc, test_concurrent_callers);
+  tcase_add_test(tc, test_late_chunks_run_by_caller);
 #ifndef __SANITIZE_THREAD__
   tcase_add_test(tc, test_fork_child);
 #endif

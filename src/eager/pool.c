@@ -1,10 +1,16 @@
 /* pool.c - persistent pthread workers behind pool_parallel_for.
  *
- * Worker i (1-based) owns chunk i of every job it is handed; the caller runs
- * chunk 0. Each worker has its own slot (a generation counter, its bounds
- * and a condvar), so a job wakes only the workers it needs and a worker never
- * reads another job's fields. One job runs at a time: a second caller that
- * finds the pool busy, or any nested call, runs its range inline. */
+ * Worker i (1-based) is offered chunk i of every job it is handed; the
+ * caller runs chunk 0. Each worker has its own slot (a generation counter,
+ * its bounds, a ticket and a condvar), so a job wakes only the workers it
+ * needs and a worker never reads another job's fields. A worker takes its
+ * chunk by moving the ticket from open to running; the caller, done with
+ * its own chunk, closes every ticket still open and runs those chunks
+ * itself. A worker the OS has not run yet (on a shared machine that can be
+ * tens of microseconds) then costs the caller nothing but the parallelism:
+ * it waits only for chunks a worker started. One job runs at a time: a
+ * second caller that finds the pool busy, or any nested call, runs its
+ * range inline. */
 #include "eager/pool.h"
 
 #include <errno.h>
@@ -19,23 +25,28 @@ void openblas_set_num_threads(int);
 
 enum { MAX_THREADS = 256, SPIN = 2000 };
 
+/* A ticket is the job's generation times 4 plus its state: the worker's
+ * stale view of an earlier job can never take a later job's chunk. */
+enum { OPEN, RUNNING, DONE, CLOSED };
+#define TICKET(g, state) ((g) << 2 | (uint64_t)(state))
+
 typedef struct slot {
   pthread_t thread;
   pthread_cond_t wake;         /* signalled when gen moves on or at shutdown */
   _Atomic uint64_t gen;        /* bumped once per job handed to this worker */
+  _Atomic uint64_t ticket;     /* who runs this worker's chunk of job gen */
   int64_t begin, end;          /* this worker's chunk of the current job */
 } slot;
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t run_mu = PTHREAD_MUTEX_INITIALIZER;  /* held by the one running job */
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;      /* guards sleeping and waking */
-static pthread_cond_t done = PTHREAD_COND_INITIALIZER;      /* signalled when pending hits 0 */
+static pthread_cond_t done = PTHREAD_COND_INITIALIZER;      /* signalled when a worker finishes a chunk */
 static slot *workers[MAX_THREADS];                          /* [0] unused: chunk 0 is the caller's */
 static int nworkers;                                        /* workers started (under run_mu) */
 static _Atomic int nthreads;
 static _Atomic int spin;                                    /* SPIN, or 0 when threads > CPUs */
 static int ncpus;
-static _Atomic int pending;                                 /* worker chunks of this job not done */
 static _Atomic bool stopping;
 static bool closed;                                         /* after shutdown (under run_mu) */
 static pool_fn job_fn;                                      /* written only while no worker runs */
@@ -81,7 +92,6 @@ static void after_fork_child(void) {
     workers[i] = NULL;
   }
   nworkers = 0;
-  atomic_store(&pending, 0);
   pthread_mutex_init(&run_mu, NULL);
   pthread_mutex_init(&mu, NULL);
   pthread_cond_init(&done, NULL);
@@ -115,12 +125,15 @@ static void *worker_main(void *arg) {
     }
     if (g == seen) return NULL;  /* stopping with no job left */
     seen = g;
+    uint64_t open = TICKET(g, OPEN);
+    if (!atomic_compare_exchange_strong_explicit(&s->ticket, &open, TICKET(g, RUNNING), memory_order_acq_rel,
+                                                 memory_order_acquire))
+      continue; /* the caller ran this chunk itself */
     job_fn(job_ctx, s->begin, s->end);
-    if (atomic_fetch_sub_explicit(&pending, 1, memory_order_acq_rel) == 1) {
-      pthread_mutex_lock(&mu);
-      pthread_cond_signal(&done);
-      pthread_mutex_unlock(&mu);
-    }
+    atomic_store_explicit(&s->ticket, TICKET(g, DONE), memory_order_release);
+    pthread_mutex_lock(&mu);
+    pthread_cond_signal(&done);
+    pthread_mutex_unlock(&mu);
   }
 }
 
@@ -166,29 +179,51 @@ void pool_parallel_for(int64_t n, int64_t grain, pool_fn fn, void *ctx) {
   int have = grow((int)k - 1);  /* chunks without a worker fall back to the caller */
   job_fn = fn;
   job_ctx = ctx;
-  atomic_store(&pending, have);
+  uint64_t gen[MAX_THREADS];
   /* Bump under mu so a worker about to sleep cannot miss it; signal after
    * unlocking so the woken worker does not block on mu at once. */
   pthread_mutex_lock(&mu);
   for (int i = 1; i <= have; i++) {
-    chunk(n, k, i, &workers[i]->begin, &workers[i]->end);
-    atomic_fetch_add_explicit(&workers[i]->gen, 1, memory_order_release);
+    slot *w = workers[i];
+    chunk(n, k, i, &w->begin, &w->end);
+    gen[i] = atomic_load_explicit(&w->gen, memory_order_relaxed) + 1;
+    atomic_store_explicit(&w->ticket, TICKET(gen[i], OPEN), memory_order_release);
+    atomic_store_explicit(&w->gen, gen[i], memory_order_release);
   }
   pthread_mutex_unlock(&mu);
   for (int i = 1; i <= have; i++) pthread_cond_signal(&workers[i]->wake);
 
   in_pool = true;
-  for (int64_t c = 0, b, e; c < k; c = (c == 0 ? have + 1 : c + 1)) {
+  int64_t b, e;
+  for (int64_t c = 0; c < k; c = (c == 0 ? have + 1 : c + 1)) {
     chunk(n, k, c, &b, &e);
     fn(ctx, b, e);
   }
+  /* the chunks no worker has taken yet are the caller's */
+  bool wait[MAX_THREADS] = {false};
+  for (int i = 1; i <= have; i++) {
+    uint64_t open = TICKET(gen[i], OPEN);
+    if (atomic_compare_exchange_strong_explicit(&workers[i]->ticket, &open, TICKET(gen[i], CLOSED), memory_order_acq_rel,
+                                                memory_order_acquire)) {
+      chunk(n, k, i, &b, &e);
+      fn(ctx, b, e);
+    } else {
+      wait[i] = true;
+    }
+  }
   in_pool = false;
 
-  for (int i = 0, lim = atomic_load(&spin); i < lim && atomic_load_explicit(&pending, memory_order_acquire); i++) spin_step(i);
-  if (atomic_load_explicit(&pending, memory_order_acquire)) {
-    pthread_mutex_lock(&mu);
-    while (atomic_load(&pending)) pthread_cond_wait(&done, &mu);
-    pthread_mutex_unlock(&mu);
+  for (int i = 1; i <= have; i++) {
+    if (!wait[i]) continue;
+    slot *w = workers[i];
+    for (int j = 0, lim = atomic_load(&spin);
+         j < lim && atomic_load_explicit(&w->ticket, memory_order_acquire) != TICKET(gen[i], DONE); j++)
+      spin_step(j);
+    if (atomic_load_explicit(&w->ticket, memory_order_acquire) != TICKET(gen[i], DONE)) {
+      pthread_mutex_lock(&mu);
+      while (atomic_load_explicit(&w->ticket, memory_order_acquire) != TICKET(gen[i], DONE)) pthread_cond_wait(&done, &mu);
+      pthread_mutex_unlock(&mu);
+    }
   }
   pthread_mutex_unlock(&run_mu);
 }
