@@ -335,7 +335,8 @@ def render(rep, img_rel):
                 f"pass must move (memory-bound), GFLOP/s of its matmuls (compute-bound). Limits measured "
                 f"in the same run: {lim['bandwidth_gbps']:.1f} GB/s and {lim['sgemm_gflops']:.0f} GFLOP/s "
                 f"(a share above 100% means the limit was measured at a busier moment than the "
-                f"workload ran). W6 is bound by per-call overhead, not by either.", ""]
+                f"workload ran). W6 is bound by neither: by reading its 768 KiB of weights from the "
+                f"core's L2, and by per-call overhead.", ""]
         rows = []
         for r in side:
             if r["bound"] not in ("memory", "compute"):
