@@ -15,7 +15,7 @@
 
 #include "eager/pool.h"
 
-enum { MAX_CALLS = 64 };
+enum { MAX_CALLS = 260 }; /* more than the pool's most threads */
 
 typedef struct cover {
   _Atomic int *hits;       /* hits[i]: how many chunks contained index i */
@@ -105,7 +105,7 @@ END_TEST
  * chunk; every index is still covered exactly once, in the same split. */
 START_TEST(test_late_chunks_run_by_caller) {
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-  int t = cpus < 1 ? 2 : cpus >= 15 ? 16 : (int)cpus + 1;
+  int t = cpus < 1 ? 2 : cpus >= 255 ? 256 : (int)cpus + 1; /* oversubscribed: the workers sleep */
   int by_caller = 0;
   for (int job = 0; job < 300; job++) {
     pool_set_num_threads(t);
@@ -298,6 +298,34 @@ START_TEST(test_fork_child) {
   ck_assert_int_eq(0, WEXITSTATUS(status));
 }
 END_TEST
+
+/* A task that forks on the calling thread: in the child the job returns
+ * (its workers are gone) and a fresh pool job covers every index. */
+static void fork_in_chunk0(void *ctx, int64_t b, int64_t e) {
+  (void)e;
+  pid_t *child = ctx;
+  if (b == 0) *child = fork();
+}
+
+START_TEST(test_fork_in_task) {
+  pool_set_num_threads(3);
+  pid_t child = -1;
+  pool_parallel_for(3, 1, fork_in_chunk0, &child);
+  if (child == 0) {
+    cover c = {0};
+    _Atomic int hits[100] = {0};
+    c.hits = hits;
+    pool_parallel_for(100, 1, cover_fn, &c);
+    int bad = 0;
+    for (int i = 0; i < 100; i++) bad += atomic_load(&hits[i]) != 1;
+    _exit(bad ? 1 : 0);
+  }
+  ck_assert_int_gt(child, 0);
+  int status = 0;
+  ck_assert_int_eq(child, waitpid(child, &status, 0));
+  ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the child %s", WIFEXITED(status) ? "found a bad index" : "crashed");
+}
+END_TEST
 #endif
 
 static Suite *pool_suite(void) {
@@ -312,6 +340,7 @@ static Suite *pool_suite(void) {
   tcase_add_test(tc, test_late_chunks_run_by_caller);
 #ifndef __SANITIZE_THREAD__
   tcase_add_test(tc, test_fork_child);
+  tcase_add_test(tc, test_fork_in_task);
 #endif
   suite_add_tcase(s, tc);
   /* shutdown is final for the process, so it gets its own case (and fork) */

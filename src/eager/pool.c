@@ -49,9 +49,10 @@ static _Atomic int spin;                                    /* SPIN, or 0 when t
 static int ncpus;
 static _Atomic bool stopping;
 static bool closed;                                         /* after shutdown (under run_mu) */
-static pool_fn job_fn;                                      /* written only while no worker runs */
+static pool_fn job_fn;                                      /* written only while no ticket is running */
 static void *job_ctx;
 static _Thread_local bool in_pool;                          /* this thread is running a pool task */
+static _Atomic unsigned forks;                              /* bumped in a forked child */
 
 /* Spin step i of a wait: mostly a pause, with a yield now and then so that an
  * oversubscribed machine runs the thread being waited for instead. */
@@ -87,6 +88,7 @@ static void set_threads(int n) {
 /* In a forked child the workers are gone: forget them and reset the locks,
  * so the child (a Check test case, say) starts a fresh set on first use. */
 static void after_fork_child(void) {
+  atomic_fetch_add(&forks, 1);
   for (int i = 1; i <= nworkers; i++) {
     free(workers[i]);
     workers[i] = NULL;
@@ -177,6 +179,7 @@ void pool_parallel_for(int64_t n, int64_t grain, pool_fn fn, void *ctx) {
     return;
   }
   int have = grow((int)k - 1);  /* chunks without a worker fall back to the caller */
+  unsigned forked = atomic_load(&forks);
   job_fn = fn;
   job_ctx = ctx;
   uint64_t gen[MAX_THREADS];
@@ -198,6 +201,12 @@ void pool_parallel_for(int64_t n, int64_t grain, pool_fn fn, void *ctx) {
   for (int64_t c = 0; c < k; c = (c == 0 ? have + 1 : c + 1)) {
     chunk(n, k, c, &b, &e);
     fn(ctx, b, e);
+  }
+  if (atomic_load(&forks) != forked) {
+    /* a task forked and this is the child: its workers and their slots are
+     * gone, and with them what they had done; its pool starts afresh */
+    in_pool = false;
+    return;
   }
   /* the chunks no worker has taken yet are the caller's */
   bool wait[MAX_THREADS] = {false};
