@@ -637,12 +637,53 @@ START_TEST(test_matmul)
   gradcheck("matmul (3,4)@(2,4,5)", f_matmul, NULL, 2, b2);
   in_t bv[2] = {IN(D_ANY, 2, 3, 4), IN(D_ANY, 4)};
   gradcheck("matmul (2,3,4)@(4)", f_matmul, NULL, 2, bv);
+  /* a matrix shared by a batch: its gradient is one GEMM over the stacked rows */
+  in_t bm[2] = {IN(D_ANY, 2, 3, 4), IN(D_ANY, 4, 5)};
+  gradcheck("matmul (2,3,4)@(4,5)", f_matmul, NULL, 2, bm);
+  in_t bm4[2] = {IN(D_ANY, 2, 2, 3, 4), IN(D_ANY, 4, 5)};
+  gradcheck("matmul (2,2,3,4)@(4,5)", f_matmul, NULL, 2, bm4);
+  in_t btb[2] = {IN(D_ANY, 2, 3, 4), IN(D_ANY, 5, 4)};
+  gradcheck("matmul (2,3,4)@(5,4)^T", f_matmul_tb, NULL, 2, btb);
   in_t ta[2] = {IN(D_ANY, 4, 3), IN(D_ANY, 4, 5)};
   gradcheck("matmul (4,3)^T@(4,5)", f_matmul_ta, NULL, 2, ta);
   in_t tb[2] = {IN(D_ANY, 3, 4), IN(D_ANY, 5, 4)};
   gradcheck("matmul (3,4)@(5,4)^T", f_matmul_tb, NULL, 2, tb);
   in_t qk[2] = {IN(D_ANY, 2, 3, 4), IN(D_ANY, 2, 5, 4)};
   gradcheck("matmul q@k^T", f_matmul_qk, NULL, 2, qk);
+}
+END_TEST
+
+/* x (B,T,C) @ w (C,N) with B*T rows of width 16: w's gradient is one GEMM
+ * of the stacked rows, so the backward never holds a (B,C,N) product per
+ * batch element (64 of them here, 4 MiB); the gradient matches the sum in
+ * double. */
+START_TEST(test_shared_matrix_grad_one_gemm)
+{
+  enum { B = 64, T = 2, C = 128, N = 128 };
+  kiln_scope_begin();
+  kiln_tensor *x = kiln_randn(KILN_F32, 3, ((int64_t[]){B, T, C}), 31), *w = kiln_randn(KILN_F32, 2, ((int64_t[]){C, N}), 32);
+  kiln_tensor *r = kiln_randn(KILN_F32, 3, ((int64_t[]){B, T, N}), 33);
+  kiln_requires_grad(w, true);
+  kiln_tensor *loss = kiln_sum_all(kiln_mul(kiln_matmul(x, w), r));
+  size_t before = kiln_mem_in_use();
+  kiln_mem_reset_peak();
+  ck_assert_int_eq(0, kiln_backward(loss));
+  size_t extra = kiln_mem_peak() - before, product = (size_t)B * C * N * sizeof(float);
+  ck_assert_msg(extra < product / 4, "backward peaked %zu bytes above its start; a per-batch product is %zu", extra, product);
+  static float xs[B * T * C], rs[B * T * N], gw[C * N];
+  ck_assert_int_eq(0, kiln_read(x, xs, sizeof xs));
+  ck_assert_int_eq(0, kiln_read(r, rs, sizeof rs));
+  ck_assert_int_eq(0, kiln_read(kiln_grad(w), gw, sizeof gw));
+  double worst = 0;
+  for (int c = 0; c < C; c++)
+    for (int n = 0; n < N; n++) {
+      double want = 0, mag = 0;
+      for (int i = 0; i < B * T; i++) want += (double)xs[i * C + c] * rs[i * N + n], mag += fabs((double)xs[i * C + c] * rs[i * N + n]);
+      double err = fabs(gw[c * N + n] - want) / (mag + 1e-30);
+      if (err > worst) worst = err;
+    }
+  ck_assert_msg(worst < 1e-5, "w's gradient: relative error %g", worst);
+  kiln_scope_end();
 }
 END_TEST
 
@@ -1071,6 +1112,7 @@ static Suite *autograd_suite(void)
   tcase_add_test(ops, test_broadcast_grads);
   tcase_add_test(ops, test_reductions);
   tcase_add_test(ops, test_matmul);
+  tcase_add_test(ops, test_shared_matrix_grad_one_gemm);
   tcase_add_test(ops, test_views);
   tcase_add_test(ops, test_cast_roundtrip);
   tcase_add_test(ops, test_index_ops);

@@ -367,7 +367,18 @@ static int bw_matmul(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
     ga = reduce_to(ga, a2->ndim, a2->shape, nd);
     gin[0] = kiln_reshape_at(ga, IN(0).ndim, IN(0).shape, AT);
   }
-  if (IN(1).need) {
+  if (IN(1).need && b2->ndim == 2 && a2->ndim > 2 && g2 && g2->ndim == a2->ndim && tensor_contiguous(a2) &&
+      tensor_contiguous(g2)) {
+    /* a matrix shared by a batch (x (B,T,C) @ w): the sum over the batch of
+     * a_i^T g_i is one GEMM of the batch's rows stacked, (B*T,C)^T @ (B*T,N),
+     * not B products and a (B,C,N) temporary summed afterwards */
+    int64_t rows = 1, ka = a2->shape[a2->ndim - 1], n = g2->shape[g2->ndim - 1];
+    for (int i = 0; i < a2->ndim - 1; i++) rows *= a2->shape[i];
+    kiln_tensor *af = kiln_reshape_at(a2, 2, ((int64_t[]){rows, ka}), AT);
+    kiln_tensor *gf = kiln_reshape_at(g2, 2, ((int64_t[]){rows, n}), AT);
+    kiln_tensor *gb = kiln_matmul_at(kiln_transpose_at(af, 0, 1, AT), gf, AT);
+    gin[1] = kiln_reshape_at(gb, IN(1).ndim, IN(1).shape, AT);
+  } else if (IN(1).need) {
     kiln_tensor *gb = kiln_matmul_at(kiln_transpose_at(a2, -1, -2, AT), g2, AT);
     gb = reduce_to(gb, b2->ndim, b2->shape, nd);
     gin[1] = kiln_reshape_at(gb, IN(1).ndim, IN(1).shape, AT);
