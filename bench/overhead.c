@@ -83,7 +83,7 @@ int bench_overhead(void) {
   printf("  speedup          %8.2fx best, %.2fx median\n", eager[0] / call[0], eager[ROUNDS / 2] / call[ROUNDS / 2]);
   kiln_fn_stats st;
   kiln_fn_get_stats(fn, &st);
-  printf("  guard check      %8.0f ns/call (mean over %lld hits)\n", st.guard_ns, (long long)st.hits);
+  printf("  guard check      %8.0f ns/call (sampled mean; %lld hits)\n", st.guard_ns, (long long)st.hits);
   printf("  trace            %8.2f ms, passes and compile %.2f ms\n", st.trace_ms, st.compile_ms);
   kiln_fn_free(fn);
   for (int i = 0; i < 3; i++) kiln_release(m.w[i]), kiln_release(m.b[i]);

@@ -325,6 +325,11 @@ static kiln_tensor *f_matmul_tb(kiln_tensor *const *x, const void *c)
   (void)c;
   return kiln_matmul(x[0], kiln_transpose(x[1], 0, 1));
 }
+static kiln_tensor *f_matmul_ta3(kiln_tensor *const *x, const void *c)
+{
+  (void)c;
+  return kiln_matmul(kiln_transpose(x[0], 1, 2), x[1]);
+}
 /* q @ k^T as in attention: the last two dims of a batched operand swapped. */
 static kiln_tensor *f_matmul_qk(kiln_tensor *const *x, const void *c)
 {
@@ -644,6 +649,12 @@ START_TEST(test_matmul)
   gradcheck("matmul (2,2,3,4)@(4,5)", f_matmul, NULL, 2, bm4);
   in_t btb[2] = {IN(D_ANY, 2, 3, 4), IN(D_ANY, 5, 4)};
   gradcheck("matmul (2,3,4)@(5,4)^T", f_matmul_tb, NULL, 2, btb);
+  /* a batched operand that is a transposed view: copied into rows (T=3 <= N=5),
+   * or, when the copy would be larger (T=6 > N=2), B products summed */
+  in_t bta[2] = {IN(D_ANY, 2, 4, 3), IN(D_ANY, 4, 5)};
+  gradcheck("matmul (2,4,3)^T@(4,5)", f_matmul_ta3, NULL, 2, bta);
+  in_t btl[2] = {IN(D_ANY, 2, 4, 6), IN(D_ANY, 4, 2)};
+  gradcheck("matmul (2,4,6)^T@(4,2)", f_matmul_ta3, NULL, 2, btl);
   in_t ta[2] = {IN(D_ANY, 4, 3), IN(D_ANY, 4, 5)};
   gradcheck("matmul (4,3)^T@(4,5)", f_matmul_ta, NULL, 2, ta);
   in_t tb[2] = {IN(D_ANY, 3, 4), IN(D_ANY, 5, 4)};
@@ -683,6 +694,24 @@ START_TEST(test_shared_matrix_grad_one_gemm)
       if (err > worst) worst = err;
     }
   ck_assert_msg(worst < 1e-5, "w's gradient: relative error %g", worst);
+  /* a loss that sums the product directly: its gradient arrives expanded
+   * (stride 0), and is copied into rows (T=2 <= C) rather than summed from
+   * per-batch products */
+  kiln_zero_grad(w);
+  loss = kiln_sum_all(kiln_matmul(x, w));
+  before = kiln_mem_in_use();
+  kiln_mem_reset_peak();
+  ck_assert_int_eq(0, kiln_backward(loss));
+  extra = kiln_mem_peak() - before;
+  ck_assert_msg(extra < product / 4, "expanded gradient: backward peaked %zu bytes above its start", extra);
+  ck_assert_int_eq(0, kiln_read(kiln_grad(w), gw, sizeof gw));
+  worst = 0;
+  for (int c = 0; c < C; c++) {
+    double want = 0, mag = 0;
+    for (int i = 0; i < B * T; i++) want += xs[i * C + c], mag += fabs(xs[i * C + c]);
+    for (int n = 0; n < N; n++) worst = fmax(worst, fabs(gw[c * N + n] - want) / (mag + 1e-30));
+  }
+  ck_assert_msg(worst < 1e-5, "w's gradient of the plain sum: relative error %g", worst);
   kiln_scope_end();
 }
 END_TEST

@@ -367,11 +367,14 @@ static int bw_matmul(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
     ga = reduce_to(ga, a2->ndim, a2->shape, nd);
     gin[0] = kiln_reshape_at(ga, IN(0).ndim, IN(0).shape, AT);
   }
-  if (IN(1).need && b2->ndim == 2 && a2->ndim > 2 && g2 && g2->ndim == a2->ndim && tensor_contiguous(a2) &&
-      tensor_contiguous(g2)) {
-    /* a matrix shared by a batch (x (B,T,C) @ w): the sum over the batch of
-     * a_i^T g_i is one GEMM of the batch's rows stacked, (B*T,C)^T @ (B*T,N),
-     * not B products and a (B,C,N) temporary summed afterwards */
+  /* a matrix shared by a batch (x (B,T,C) @ w): the sum over the batch of
+   * a_i^T g_i is one GEMM of the batch's rows stacked, (B*T,C)^T @ (B*T,N),
+   * not B products and a (B,C,N) temporary summed afterwards; an operand
+   * not laid out as rows is copied first when that copy is no larger than
+   * the temporary (T <= N for a, T <= C for g: an expanded gradient, say) */
+  int64_t t_rows = a2->ndim > 2 ? a2->shape[a2->ndim - 2] : 0;
+  if (IN(1).need && b2->ndim == 2 && a2->ndim > 2 && g2 && g2->ndim == a2->ndim &&
+      (tensor_contiguous(a2) || t_rows <= b2->shape[1]) && (tensor_contiguous(g2) || t_rows <= b2->shape[0])) {
     int64_t rows = 1, ka = a2->shape[a2->ndim - 1], n = g2->shape[g2->ndim - 1];
     for (int i = 0; i < a2->ndim - 1; i++) rows *= a2->shape[i];
     kiln_tensor *af = kiln_reshape_at(a2, 2, ((int64_t[]){rows, ka}), AT);
