@@ -510,6 +510,20 @@ START_TEST(test_hand_math)
   const int64_t big = (int64_t)1 << 60;
   int64_t s3[1] = {3}, s2[1] = {2};
   EXPECT_I(kiln_sum_all(kiln_tensor_from(KILN_I64, 1, s3, ((int64_t[]){big, 1, -big}))), 1, 1);
+  /* i64 sums wrap (two's complement), as its add does: no overflow, in any of
+   * the sum's paths (one row, strided, columns, blocks combined) */
+  EXPECT_I(kiln_sum_all(kiln_tensor_from(KILN_I64, 1, s3, ((int64_t[]){INT64_MAX, 1, 1}))), 1, INT64_MIN + 1);
+  int64_t s1[1] = {1};
+  kiln_tensor *imax = kiln_tensor_from(KILN_I64, 1, s1, ((int64_t[]){INT64_MAX}));
+  EXPECT_I(kiln_add(imax, kiln_tensor_from(KILN_I64, 1, s1, ((int64_t[]){1}))), 1, INT64_MIN);
+  int64_t s22w[2] = {2, 2};
+  kiln_tensor *mw = kiln_tensor_from(KILN_I64, 2, s22w, ((int64_t[]){INT64_MAX, INT64_MIN, 2, -1}));
+  EXPECT_I(kiln_sum(mw, 0, false), 2, INT64_MIN + 1, INT64_MAX);
+  EXPECT_I(kiln_sum(mw, 1, false), 2, -1, 1);
+  EXPECT_I(kiln_sum(kiln_transpose(mw, 0, 1), 0, false), 2, -1, 1);
+  EXPECT_I(kiln_sum(kiln_expand(imax, 1, ((int64_t[]){100000})), 0, false), 1, (int64_t)((uint64_t)INT64_MAX * 100000u));
+  EXPECT_I(kiln_sum(kiln_contiguous(kiln_expand(imax, 1, ((int64_t[]){100000}))), 0, false), 1,
+           (int64_t)((uint64_t)INT64_MAX * 100000u));
   kiln_tensor *bb = kiln_tensor_from(KILN_I64, 1, s2, ((int64_t[]){big, big + 1}));
   EXPECT_I(kiln_argmax(bb, 0, false), 1, 1);
   EXPECT_I(kiln_max(bb, 0, false), 1, big + 1);

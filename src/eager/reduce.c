@@ -12,26 +12,28 @@
 
 /* Pairwise sum over blocks of at most 512, each block with 16 independent
  * lanes combined pairwise: vectorized, and the error grows with log n as in
- * NumPy rather than with n. */
-#define CONTIG_SUM(T, NAME)                                      \
+ * NumPy rather than with n. U is the type the adds are done in: T itself for
+ * floats, uint64_t for i64, whose sums wrap (two's complement) like its
+ * pointwise ops instead of overflowing. */
+#define CONTIG_SUM(T, U, NAME)                                   \
   static T NAME(const T *x, int64_t n) {                         \
     if (n > 512) {                                               \
       int64_t h = (n / 2 + 15) & ~(int64_t)15;                   \
-      return NAME(x, h) + NAME(x + h, n - h);                    \
+      return (T)((U)NAME(x, h) + (U)NAME(x + h, n - h));         \
     }                                                            \
-    T acc[16] = {0};                                             \
+    U acc[16] = {0};                                             \
     int64_t i = 0;                                               \
     for (; i + 16 <= n; i += 16)                                 \
-      for (int j = 0; j < 16; j++) acc[j] += x[i + j];           \
-    T tail = 0;                                                  \
-    for (; i < n; i++) tail += x[i];                             \
+      for (int j = 0; j < 16; j++) acc[j] += (U)x[i + j];        \
+    U tail = 0;                                                  \
+    for (; i < n; i++) tail += (U)x[i];                          \
     for (int w = 8; w; w >>= 1)                                  \
       for (int j = 0; j < w; j++) acc[j] += acc[j + w];          \
-    return acc[0] + tail;                                        \
+    return (T)(acc[0] + tail);                                   \
   }
-CONTIG_SUM(float, csum_f32)
-CONTIG_SUM(double, csum_f64)
-CONTIG_SUM(int64_t, csum_i64)
+CONTIG_SUM(float, float, csum_f32)
+CONTIG_SUM(double, double, csum_f64)
+CONTIG_SUM(int64_t, uint64_t, csum_i64)
 
 /* max/min of a row: 64-byte vectors of a plain compare-and-select (GCC's
  * vectorizer leaves the NaN-propagating form scalar), NaNs noted on the
@@ -72,28 +74,28 @@ CONTIG_EXT(float, vf32, vi32, cmin_f32, MINNAN, <)
 CONTIG_EXT(double, vf64, vi64, cmin_f64, MINNAN, <)
 CONTIG_EXT(int64_t, vi64, vi64, cmin_i64, MINNAN, <)
 
-#define SUM_LOOP(T, SFX)                                                          \
+#define SUM_LOOP(T, U, SFX)                                                       \
   static void sum_##SFX(char **p, const int64_t *s, int64_t n, const void *c) {  \
     (void)c;                                                                      \
     T *o = (T *)p[0];                                                             \
     const T *x = (const T *)p[1];                                                 \
     if (s[0] == 0) {                                                              \
       if (s[1] == 1) {                                                            \
-        *o += csum_##SFX(x, n);                                                   \
+        *o = (T)((U)*o + (U)csum_##SFX(x, n));                                    \
       } else {                                                                    \
-        T a = 0;                                                                  \
-        for (int64_t i = 0; i < n; i++) a += x[i * s[1]];                         \
-        *o += a;                                                                  \
+        U a = 0;                                                                  \
+        for (int64_t i = 0; i < n; i++) a += (U)x[i * s[1]];                      \
+        *o = (T)((U)*o + a);                                                      \
       }                                                                           \
     } else if (s[0] == 1 && s[1] == 1) {                                          \
-      for (int64_t i = 0; i < n; i++) o[i] += x[i];                               \
+      for (int64_t i = 0; i < n; i++) o[i] = (T)((U)o[i] + (U)x[i]);              \
     } else {                                                                      \
-      for (int64_t i = 0; i < n; i++) o[i * s[0]] += x[i * s[1]];                 \
+      for (int64_t i = 0; i < n; i++) o[i * s[0]] = (T)((U)o[i * s[0]] + (U)x[i * s[1]]); \
     }                                                                             \
   }
-SUM_LOOP(float, f32)
-SUM_LOOP(double, f64)
-SUM_LOOP(int64_t, i64)
+SUM_LOOP(float, float, f32)
+SUM_LOOP(double, double, f64)
+SUM_LOOP(int64_t, uint64_t, i64)
 
 #define EXT_LOOP(T, NAME, CFN, F)                                                 \
   static void NAME(char **p, const int64_t *s, int64_t n, const void *c) {       \
