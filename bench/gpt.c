@@ -20,6 +20,7 @@
 
 #include "../examples/gpt.h"
 #include "kiln.h"
+#include "stats.h"
 
 int bench_gpt(const char *only);
 void bench_gpt_json(FILE *f, int threads);
@@ -39,22 +40,6 @@ typedef struct gpt_result {
 
 static gpt_result results[2];
 static int n_results;
-
-static double secs(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_d(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-static double median_of(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_d);
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 static bool wanted(const char *id, const char *name, const char *only) {
   if (!only) return true;
@@ -118,23 +103,23 @@ static gpt_result measure(const char *name, side s, kiln_fn *fn, double per) {
   kiln_mem_reset_peak();
   s.run(s.ctx, fn);
   r.compiled_peak = kept + (kiln_mem_peak() - base);
-  double t0 = secs();
+  double t0 = bench_now_s();
   s.run(s.ctx, NULL);
   s.run(s.ctx, fn);
-  double pair = secs() - t0;
+  double pair = bench_now_s() - t0;
   int n = (int)(SAMPLE_BUDGET_S / (pair > 0 ? pair : 1e-9));
   n = n < MIN_SAMPLES ? MIN_SAMPLES : n > MAX_SAMPLES ? MAX_SAMPLES : n;
   double e[MAX_SAMPLES], c[MAX_SAMPLES];
   for (int i = 0; i < n; i++) {
-    double a = secs();
+    double a = bench_now_s();
     if (s.run(s.ctx, NULL)) return r;
-    double b = secs();
+    double b = bench_now_s();
     if (s.run(s.ctx, fn)) return r;
-    c[i] = 1e3 * (secs() - b) / per;
+    c[i] = 1e3 * (bench_now_s() - b) / per;
     e[i] = 1e3 * (b - a) / per;
   }
-  r.eager_ms = median_of(e, n);
-  r.compiled_ms = median_of(c, n);
+  r.eager_ms = bench_median(e, n);
+  r.compiled_ms = bench_median(c, n);
   kiln_fn_get_stats(fn, &st);
   r.ok = st.traces == 1 && st.variants == 1 && st.fallbacks == 0;
   return r;

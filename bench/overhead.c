@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "kiln.h"
+#include "stats.h"
 
 int bench_overhead(void);
 
@@ -32,17 +33,6 @@ static int w6_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
   return out[0] ? 0 : -1;
 }
 
-static double now_us(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
 int bench_overhead(void) {
   /* many short rounds, eager and compiled alternating: the best round shows
    * the code's own speed on a shared machine, the median what a caller saw */
@@ -58,29 +48,28 @@ int bench_overhead(void) {
   kiln_fn *fn = kiln_compile(w6_body, &m, &o);
   static double eager[ROUNDS], call[ROUNDS];
   for (int round = 0; round < ROUNDS; round++) {
-    double t0 = now_us();
+    double t0 = 1e6 * bench_now_s();
     for (int i = 0; i < CALLS; i++) {
       kiln_scope_begin();
       if (!w6_forward(&m, x)) return fprintf(stderr, "%s\n", kiln_last_error()), 1;
       kiln_scope_end();
     }
-    double t1 = now_us();
+    double t1 = 1e6 * bench_now_s();
     for (int i = 0; i < CALLS; i++) {
       kiln_scope_begin();
       kiln_tensor *y;
       if (kiln_call(fn, &x, &y)) return fprintf(stderr, "%s\n", kiln_last_error()), 1;
       kiln_scope_end();
     }
-    double t2 = now_us();
+    double t2 = 1e6 * bench_now_s();
     eager[round] = (t1 - t0) / CALLS;
     call[round] = (t2 - t1) / CALLS;
   }
-  qsort(eager, ROUNDS, sizeof *eager, cmp_double);
-  qsort(call, ROUNDS, sizeof *call, cmp_double);
+  double eager_med = bench_median(eager, ROUNDS), call_med = bench_median(call, ROUNDS);
   printf("call overhead (W6, 1x256, weights captured; %d alternating rounds of %d calls: best, median)\n", ROUNDS, CALLS);
-  printf("  eager            %8.2f us/call, %.2f\n", eager[0], eager[ROUNDS / 2]);
-  printf("  kiln_call        %8.2f us/call, %.2f (default backend)\n", call[0], call[ROUNDS / 2]);
-  printf("  speedup          %8.2fx best, %.2fx median\n", eager[0] / call[0], eager[ROUNDS / 2] / call[ROUNDS / 2]);
+  printf("  eager            %8.2f us/call, %.2f\n", eager[0], eager_med);
+  printf("  kiln_call        %8.2f us/call, %.2f (default backend)\n", call[0], call_med);
+  printf("  speedup          %8.2fx best, %.2fx median\n", eager[0] / call[0], eager_med / call_med);
   kiln_fn_stats st;
   kiln_fn_get_stats(fn, &st);
   printf("  guard check      %8.0f ns/call (sampled mean; %lld hits)\n", st.guard_ns, (long long)st.hits);

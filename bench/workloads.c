@@ -18,6 +18,7 @@
 
 #include "eager/pool.h"
 #include "kiln.h"
+#include "stats.h"
 
 #define GELU_C 0.7978845608 /* sqrt(2/pi) */
 #define GELU_A 0.044715
@@ -211,12 +212,6 @@ static const workload WORKLOADS[] = {
 
 /* ---- timing ------------------------------------------------------------ */
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* One call in its own scope; 0 or -1. */
 static int run_once(const workload *w, bench_state *s) {
   kiln_scope_begin();
@@ -238,11 +233,6 @@ static int run_checked(const workload *w, bench_state *s) {
   return rc;
 }
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
 typedef struct result {
   const char *name;
   int threads;
@@ -261,14 +251,14 @@ static result bench_one(const workload *w, int threads) {
     goto done;
   }
 
-  double t0 = now_s();
+  double t0 = bench_now_s();
   for (int i = 0; i < WARMUP; i++) {
     if (run_once(w, &s) != 0) {
       fprintf(stderr, "%s: %s\n", w->name, kiln_last_error());
       goto done;
     }
   }
-  double per_call = (now_s() - t0) / WARMUP;
+  double per_call = (bench_now_s() - t0) / WARMUP;
 
   r.base_bytes = kiln_mem_in_use();
   kiln_mem_reset_peak();
@@ -284,17 +274,16 @@ static result bench_one(const workload *w, int threads) {
   double *ms = malloc((size_t)n * sizeof *ms);
   if (!ms) goto done;
   for (int i = 0; i < n; i++) {
-    double a = now_s();
+    double a = bench_now_s();
     int rc = run_once(w, &s);
-    ms[i] = 1e3 * (now_s() - a);
+    ms[i] = 1e3 * (bench_now_s() - a);
     if (rc != 0) {
       fprintf(stderr, "%s: %s\n", w->name, kiln_last_error());
       free(ms);
       goto done;
     }
   }
-  qsort(ms, (size_t)n, sizeof *ms, cmp_double);
-  r.median_ms = n % 2 ? ms[n / 2] : 0.5 * (ms[n / 2 - 1] + ms[n / 2]);
+  r.median_ms = bench_median(ms, n);
   r.min_ms = ms[0];
   r.samples = n;
   r.ok = true;
@@ -379,9 +368,9 @@ static double measure_bandwidth(void) {
   scale_job j = {x, y};
   double best = 1e30;
   for (int r = 0; r < 20; r++) {
-    double a = now_s();
+    double a = bench_now_s();
     pool_parallel_for(n, 1 << 15, scale_chunk, &j);
-    double t = now_s() - a;
+    double t = bench_now_s() - a;
     if (t < best) best = t;
   }
   free(x), free(y);
@@ -391,9 +380,9 @@ static double measure_sgemm_ms(int m, int k, int n) {
   float *a = calloc((size_t)m * k, 4), *b = calloc((size_t)k * n, 4), *c = calloc((size_t)m * n, 4);
   double best = 1e30;
   for (int r = 0; a && b && c && r < 5; r++) {
-    double t0 = now_s();
+    double t0 = bench_now_s();
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, a, k, b, n, 0.0f, c, n);
-    double t = now_s() - t0;
+    double t = bench_now_s() - t0;
     if (t < best) best = t;
   }
   free(a), free(b), free(c);
@@ -408,11 +397,6 @@ typedef struct cresult {
   size_t eager_peak, compiled_peak;
   int kernels_hint;
 } cresult;
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_double);
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 static cresult bench_compiled_one(const workload *w, double gbps) {
   cresult r = {.name = w->name};
@@ -444,25 +428,25 @@ static cresult bench_compiled_one(const workload *w, double gbps) {
   call_compiled(fn);
   r.compiled_peak = kept + (kiln_mem_peak() - base);
   /* interleaved samples: both see the same machine */
-  double t0 = now_s();
+  double t0 = bench_now_s();
   run_once(w, &s);
   call_compiled(fn);
-  double pair = now_s() - t0;
+  double pair = bench_now_s() - t0;
   int n = (int)(2 * SAMPLE_BUDGET_S / (pair > 0 ? pair : 1e-9));
   if (n < MIN_SAMPLES) n = MIN_SAMPLES;
   if (n > MAX_SAMPLES) n = MAX_SAMPLES;
   double *e = malloc(sizeof(double) * (size_t)n), *c = malloc(sizeof(double) * (size_t)n);
   for (int i = 0; e && c && i < n; i++) {
-    double a = now_s();
+    double a = bench_now_s();
     run_once(w, &s);
-    double b = now_s();
+    double b = bench_now_s();
     call_compiled(fn);
-    c[i] = 1e3 * (now_s() - b);
+    c[i] = 1e3 * (bench_now_s() - b);
     e[i] = 1e3 * (b - a);
   }
   if (e && c) {
-    r.eager_ms = median(e, n);
-    r.compiled_ms = median(c, n);
+    r.eager_ms = bench_median(e, n);
+    r.compiled_ms = bench_median(c, n);
     r.ok = true;
   }
   free(e), free(c);
