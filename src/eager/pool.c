@@ -156,6 +156,13 @@ static int grow(int want) {
   return nworkers < want ? nworkers : want;
 }
 
+/* Is the worker's chunk of job g finished: run by the worker, or closed and
+ * run by the caller? */
+static bool chunk_over(slot *w, uint64_t g) {
+  uint64_t t = atomic_load_explicit(&w->ticket, memory_order_acquire);
+  return t == TICKET(g, DONE) || t == TICKET(g, CLOSED);
+}
+
 /* Bounds of chunk c of n items split into k nearly equal parts. */
 static void chunk(int64_t n, int64_t k, int64_t c, int64_t *b, int64_t *e) {
   int64_t q = n / k, r = n % k;
@@ -182,16 +189,15 @@ void pool_parallel_for(int64_t n, int64_t grain, pool_fn fn, void *ctx) {
   unsigned forked = atomic_load(&forks);
   job_fn = fn;
   job_ctx = ctx;
-  uint64_t gen[MAX_THREADS];
   /* Bump under mu so a worker about to sleep cannot miss it; signal after
    * unlocking so the woken worker does not block on mu at once. */
   pthread_mutex_lock(&mu);
   for (int i = 1; i <= have; i++) {
     slot *w = workers[i];
     chunk(n, k, i, &w->begin, &w->end);
-    gen[i] = atomic_load_explicit(&w->gen, memory_order_relaxed) + 1;
-    atomic_store_explicit(&w->ticket, TICKET(gen[i], OPEN), memory_order_release);
-    atomic_store_explicit(&w->gen, gen[i], memory_order_release);
+    uint64_t g = atomic_load_explicit(&w->gen, memory_order_relaxed) + 1;
+    atomic_store_explicit(&w->ticket, TICKET(g, OPEN), memory_order_release);
+    atomic_store_explicit(&w->gen, g, memory_order_release);
   }
   pthread_mutex_unlock(&mu);
   for (int i = 1; i <= have; i++) pthread_cond_signal(&workers[i]->wake);
@@ -208,29 +214,25 @@ void pool_parallel_for(int64_t n, int64_t grain, pool_fn fn, void *ctx) {
     in_pool = false;
     return;
   }
-  /* the chunks no worker has taken yet are the caller's */
-  bool wait[MAX_THREADS] = {false};
+  /* the chunks no worker has taken yet are the caller's (a slot's gen is
+   * written only here, under run_mu: the caller reads its own value) */
   for (int i = 1; i <= have; i++) {
-    uint64_t open = TICKET(gen[i], OPEN);
-    if (atomic_compare_exchange_strong_explicit(&workers[i]->ticket, &open, TICKET(gen[i], CLOSED), memory_order_acq_rel,
+    uint64_t g = atomic_load_explicit(&workers[i]->gen, memory_order_relaxed), open = TICKET(g, OPEN);
+    if (atomic_compare_exchange_strong_explicit(&workers[i]->ticket, &open, TICKET(g, CLOSED), memory_order_acq_rel,
                                                 memory_order_acquire)) {
       chunk(n, k, i, &b, &e);
       fn(ctx, b, e);
-    } else {
-      wait[i] = true;
     }
   }
   in_pool = false;
 
   for (int i = 1; i <= have; i++) {
-    if (!wait[i]) continue;
     slot *w = workers[i];
-    for (int j = 0, lim = atomic_load(&spin);
-         j < lim && atomic_load_explicit(&w->ticket, memory_order_acquire) != TICKET(gen[i], DONE); j++)
-      spin_step(j);
-    if (atomic_load_explicit(&w->ticket, memory_order_acquire) != TICKET(gen[i], DONE)) {
+    uint64_t g = atomic_load_explicit(&w->gen, memory_order_relaxed);
+    for (int j = 0, lim = atomic_load(&spin); j < lim && !chunk_over(w, g); j++) spin_step(j);
+    if (!chunk_over(w, g)) {
       pthread_mutex_lock(&mu);
-      while (atomic_load_explicit(&w->ticket, memory_order_acquire) != TICKET(gen[i], DONE)) pthread_cond_wait(&done, &mu);
+      while (!chunk_over(w, g)) pthread_cond_wait(&done, &mu);
       pthread_mutex_unlock(&mu);
     }
   }
