@@ -932,6 +932,39 @@ static int merge_reduce_epilogues(cg_program *p, cg_view *views) {
   return 0;
 }
 
+/* Adjacent outer dims that every access walks as one (stride[d] is
+ * stride[d+1] * dim[d+1]) become one dim, and outer dims of size 1 go: a
+ * [8,64,128] pointwise kernel on contiguous tensors is a loop of 65536. The
+ * code then splits fewer indices by div/mod, and kernels that differ only in
+ * how a contiguous range was shaped (one optimizer update on weights of
+ * several shapes) lower to the same code. Inner dims stay as they are: a
+ * reduction's order, and so its bits, follows them. */
+static void coalesce_dims(cg_program *p) {
+  sym_ctx *s = p->g->sym;
+  for (int ki = 0; ki < p->n_k; ki++) {
+    cg_kernel *k = &p->k[ki];
+    if (k->kind != CG_K_LOOP) continue;
+    for (int d = k->n_outer - 1; d >= 0; d--) {
+      bool one = sym_is_const(k->dim[d]) && k->dim[d].c == 1 && k->n_outer > 1;
+      bool merge = !one && d + 1 < k->n_outer;
+      for (int a = 0; a < k->n_acc && merge; a++) {
+        sym_dim want = sym_mul(s, k->acc[a].stride[d + 1], k->dim[d + 1]);
+        merge = !sym_is_err(want) && sym_same(want, k->acc[a].stride[d]);
+      }
+      if (!one && !merge) continue;
+      if (merge) {
+        sym_dim n = sym_mul(s, k->dim[d], k->dim[d + 1]);
+        if (sym_is_err(n)) continue;
+        k->dim[d + 1] = n; /* d+1 keeps its strides and stands for both */
+      }
+      memmove(&k->dim[d], &k->dim[d + 1], sizeof *k->dim * (size_t)(k->ndim - d - 1));
+      for (int a = 0; a < k->n_acc; a++)
+        memmove(&k->acc[a].stride[d], &k->acc[a].stride[d + 1], sizeof *k->acc[a].stride * (size_t)(k->ndim - d - 1));
+      k->ndim--, k->n_outer--;
+    }
+  }
+}
+
 /* In place: a pointwise kernel whose input buffer dies in it, with the same
  * dtype, shape and element order as its result, stores into that buffer
  * (a matmul's output under its epilogue, a chain of materialized nodes).
@@ -1051,6 +1084,7 @@ cg_program *fuse_graph(const ir_graph *g, char *err, size_t errn) {
   for (int i = 0; i < g->n_outputs; i++)
     if (f.map[g->outputs[i]].buf >= 0) p->buf[f.map[g->outputs[i]].buf].last = p->n_k;
   reuse_in_place(p, f.map, g->n_nodes);
+  coalesce_dims(p);
   alloc_free(f.mat), alloc_free(f.is_out), alloc_free(f.kcount), alloc_free(f.klast);
   alloc_free(memo), alloc_free(seen), alloc_free(f.memo_set), alloc_free(f.seen_set), alloc_free(f.stack);
   /* keep the view maps: the runtime reads outputs and operands through them */

@@ -872,6 +872,14 @@ static void lower_split(lctx *L, LLVMValueRef begin, LLVMValueRef end) {
   LLVMPositionBuilderAtEnd(L->b, done);
 }
 
+/* Each access's offset at index i of dim d, from its base. */
+static void run_offsets(lctx *L, LLVMValueRef i, int d, LLVMValueRef *off) {
+  for (int a = 0; a < L->k->n_acc; a++) {
+    sym_dim s = L->k->acc[a].stride[d];
+    off[a] = sym_is_const(s) && s.c == 0 ? L->base[a] : LLVMBuildAdd(L->b, L->base[a], LLVMBuildMul(L->b, i, sym_val(L, s), ""), "");
+  }
+}
+
 /* Pointwise kernels: flat elements [begin, end) as runs along the last dim. */
 static void lower_flat(lctx *L, LLVMValueRef begin, LLVMValueRef end) {
   cg_kernel *k = L->k;
@@ -881,6 +889,19 @@ static void lower_flat(lctx *L, LLVMValueRef begin, LLVMValueRef end) {
     LLVMValueRef off[64];
     memcpy(off, L->base, sizeof(LLVMValueRef) * (size_t)k->n_acc);
     map_body(L, off, (void *)st);
+    return;
+  }
+  if (k->ndim == 1) {
+    /* one run, and no size in the code: kernels over contiguous ranges of
+     * different lengths share it */
+    for (int a = 0; a < k->n_acc; a++) L->base[a] = sym_val(L, k->acc[a].offset);
+    loop in;
+    loop_open(L, &in, begin, end, "inner");
+    in.masked = want_masked_tail(k->dim[0]);
+    LLVMValueRef off[64];
+    run_offsets(L, in.i, 0, off);
+    map_body(L, off, (void *)st);
+    loop_close(L, &in);
     return;
   }
   int last = k->ndim - 1;
@@ -905,10 +926,7 @@ static void lower_flat(lctx *L, LLVMValueRef begin, LLVMValueRef end) {
   loop_open(L, &in, col, stop, "inner");
   in.masked = want_masked_tail(k->dim[last]);
   LLVMValueRef off[64];
-  for (int a = 0; a < k->n_acc; a++) {
-    sym_dim s = k->acc[a].stride[last];
-    off[a] = sym_is_const(s) && s.c == 0 ? L->base[a] : LLVMBuildAdd(L->b, L->base[a], LLVMBuildMul(L->b, in.i, sym_val(L, s), ""), "");
-  }
+  run_offsets(L, in.i, last, off);
   map_body(L, off, (void *)st);
   loop_close(L, &in);
   LLVMBuildStore(L->b, LLVMBuildAdd(L->b, pos, n, ""), pos_ptr);
