@@ -566,6 +566,36 @@ static char *llvm_dump_of(kiln_fn *fn) {
   return dump;
 }
 
+/* A row sum over short known rows runs four rows per pass, each with one
+ * vector of partial sums, and the rows left over (at most three a call)
+ * one at a time with one vector too, not the vectorizer's four: less code
+ * to compile for a loop that runs little. The accumulators are the loop
+ * phis that start from a constant vector. */
+static int plain_row_sum_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  out[0] = kiln_sum(in[0], -1, false);
+  return 0;
+}
+
+START_TEST(test_short_rows_one_chain_each) {
+  kiln_scope_begin();
+  kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){7, 256}), 3);
+  kiln_fn *fn = compile_once(plain_row_sum_body, 1, &x);
+  char *dump = llvm_dump_of(fn);
+  int chains = 0;
+  for (const char *l = dump; (l = strstr(l, "= phi <")) != NULL; l++) {
+    const char *eol = strchr(l, '\n');
+    const char *init = strstr(l, "[ <");
+    chains += init && (!eol || init < eol);
+  }
+  ck_assert_msg(chains == CG_JAM + 1, "%d vector accumulators, want %d", chains, CG_JAM + 1);
+  free(dump);
+  same_at_1_and_2_threads(fn, &x);
+  kiln_fn_free(fn);
+  kiln_scope_end();
+}
+END_TEST
+
 /* A row of a length the kernel does not know (here the softmax of a growing
  * sequence) is vectorized with a masked tail, or rows shorter than the
  * vectorizer's step would run scalar; known rows of whole vectors are not
@@ -1067,6 +1097,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, test_column_reductions);
   tcase_add_test(tc, test_shared_kernels);
   tcase_add_test(tc, test_coalesced_loops);
+  tcase_add_test(tc, test_short_rows_one_chain_each);
   tcase_add_test(tc, test_residual_chain_stored);
   tcase_add_test(tc, test_grad_accumulates_into_gemm);
 #ifdef KILN_TEST_BUILD

@@ -41,6 +41,7 @@ typedef struct lctx {
   LLVMValueRef *memo;      /* per expr: value in the current loop body */
   int reuse_expr, reuse_acc; /* a reduced expression kept in the output for the MAP, or -1 */
   LLVMValueRef first_lo, first_hi; /* a split reduction: the bounds of dim 0 for this block */
+  int inner_interleave;            /* the innermost reduced loop's interleave count, 0: LLVM's choice */
   LLVMValueRef scope[64], noalias[64]; /* per access: alias scope metadata of its buffer, and of the others */
   unsigned scope_kind, noalias_kind, loop_kind;
   const char *failed;      /* why lowering gave up (the module is then discarded) */
@@ -347,6 +348,7 @@ static void inner_nest(lctx *L, int d, LLVMValueRef *idx, inner_body body, void 
   if (d == 0 && L->first_lo) loop_open(L, &lp, L->first_lo, L->first_hi, "inner");
   else loop_open(L, &lp, ci64(L, 0), sym_val(L, k->dim[d]), "inner");
   lp.masked = d == k->ndim - 1 && want_masked_tail(k->dim[d]);
+  if (d == k->ndim - 1) lp.interleave = L->inner_interleave;
   idx[d] = lp.i;
   inner_nest(L, d + 1, idx, body, ctx);
   loop_close(L, &lp);
@@ -777,6 +779,10 @@ static void lower_staged(lctx *L, LLVMValueRef begin, LLVMValueRef end) {
     LLVMValueRef groups = LLVMBuildSDiv(L->b, LLVMBuildSub(L->b, end, begin, ""), ci64(L, CG_JAM), "");
     lower_jammed(L, begin, groups, jam_ptr, acc_t[0]);
     begin = LLVMBuildAdd(L->b, begin, LLVMBuildMul(L->b, groups, ci64(L, CG_JAM), ""), "");
+    /* the rest runs at most CG_JAM - 1 rows a call: a short row then gets
+     * one copy of its loop's body, not LLVM's four (less to compile) */
+    const sym_dim *row = &k->dim[k->n_outer];
+    if (sym_is_const(*row) && row->c <= 1024) L->inner_interleave = 1;
   }
   loop outer;
   loop_open(L, &outer, begin, end, "outer");
