@@ -485,6 +485,16 @@ static int residual_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
   return 0;
 }
 
+/* x + y, reduced by *users (2 or 3) row reductions */
+static int pair_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  int users = *(const int *)ctx;
+  kiln_tensor *h = kiln_add(in[0], in[1]);
+  out[0] = kiln_sum(h, -1, false);
+  out[1] = kiln_max(h, -1, false);
+  if (users > 2) out[2] = kiln_min(h, -1, false);
+  return 0;
+}
+
 START_TEST(test_residual_chain_stored) {
   kiln_scope_begin();
   kiln_tensor *in[5];
@@ -504,6 +514,26 @@ START_TEST(test_residual_chain_stored) {
   ck_assert_int_eq(3, count_kind(p, CG_K_LOOP));
   free_plan(p);
   kiln_fn_free(fn);
+  /* one add of two inputs: read by two reductions it is recomputed (4 reads
+   * against 2 reads, a write and 2 reads stored); by three the memory
+   * traffic is the same either way (6 reads), and it is stored, which
+   * leaves smaller kernels to compile and more of them alike */
+  for (int users = 2; users <= 3; users++) {
+    o.n_out = users;
+    fn = kiln_compile(pair_body, &users, &o);
+    kiln_tensor *py[3], *pref[3];
+    ck_assert_int_eq(0, kiln_call(fn, in, py));
+    ck_assert_int_eq(0, kiln_call(fn, in, py));
+    ck_assert_int_eq(0, pair_body(&users, in, pref));
+    for (int i = 0; i < users; i++) {
+      int64_t bad;
+      ck_assert_double_le(maxdiff_rel(py[i], pref[i], &bad), 1e-5);
+    }
+    p = plan_of(fn);
+    ck_assert_int_eq((users == 2 ? 2 : 4), count_kind(p, CG_K_LOOP));
+    free_plan(p);
+    kiln_fn_free(fn);
+  }
   kiln_scope_end();
 }
 END_TEST

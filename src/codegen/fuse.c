@@ -635,7 +635,7 @@ static int build(fuser *f, int *memo, uint8_t *seen) {
      * then k reads) */
     int users = f->kcount[i];
     if (is_reduce(n->op) || is_heavy(g, n) ||
-        (is_compute(n->op) && (users - 1) * full_reads(f, i) > users + 1)) {
+        (is_compute(n->op) && (users - 1) * full_reads(f, i) >= users + 1)) {
       materialize(f, i);
       mark_inlined_inputs(f, i, under);
     }
