@@ -525,10 +525,13 @@ static LLVMValueRef reduced_value(lctx *L, const cg_stage *st, LLVMTypeRef acc_t
  * inner loop: an operand the CG_JAM share (the vector of a matvec) loads
  * once, and their sums overlap. Groups start at multiples of CG_JAM (the
  * runtime's blocks are multiples of it), so which elements run grouped, and
- * so the bits, do not depend on the thread count. */
+ * so the bits, do not depend on the thread count. A sum of a costly term
+ * (a log, an exp) is not grouped: its polynomial has work enough to
+ * overlap within one row, and four copies of it are only more to compile. */
 static bool jammable(const cg_kernel *k) {
   return k->n_stage == 2 && k->stage[0].kind == CG_REDUCE && (k->stage[0].op == OP_SUM || k->stage[0].op == OP_MEAN) &&
-         k->stage[1].kind == CG_MAP && !k->stage[1].inner && k->n_outer >= 1 && k->ndim == k->n_outer + 1;
+         k->stage[1].kind == CG_MAP && !k->stage[1].inner && k->n_outer >= 1 && k->ndim == k->n_outer + 1 &&
+         !costly(k, k->stage[0].expr);
 }
 
 /* Outer elements [begin, begin + n*CG_JAM) of a jammable kernel. */
