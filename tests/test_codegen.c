@@ -237,6 +237,28 @@ START_TEST(test_coalesced_loops) {
   ck_assert_int_eq(1, no);
   same_at_1_and_2_threads(fn, &x);
   kiln_fn_free(fn);
+  /* a dynamic batch merges too (one loop of s0*48), and the one variant
+   * serves other batches */
+  kiln_options o = {.name = "dyn", .n_in = 2, .n_out = 1, .backend = KILN_BACKEND_LLVM};
+  fn = kiln_compile(bias_add_body, NULL, &o);
+  ck_assert_int_eq(0, kiln_mark_dynamic(fn, 0, 0));
+  ck_assert_int_eq(0, kiln_mark_dynamic(fn, 1, 0));
+  for (int64_t batch = 4; batch <= 9; batch += 5) {
+    kiln_tensor *in[2] = {kiln_randn(KILN_F32, 3, ((int64_t[]){batch, 6, 8}), 7),
+                          kiln_randn(KILN_F32, 3, ((int64_t[]){batch, 6, 8}), 8)};
+    kiln_tensor *got = NULL, *want = NULL;
+    for (int call = 0; call < 2; call++) ck_assert_int_eq(0, kiln_call(fn, in, &got));
+    ck_assert_int_eq(0, bias_add_body(NULL, in, &want));
+    int64_t bad;
+    ck_assert(same_shape(got, want));
+    ck_assert_double_le(maxdiff_rel(got, want, &bad), 0);
+  }
+  kiln_fn_stats st;
+  ck_assert_int_eq(0, kiln_fn_get_stats(fn, &st));
+  ck_assert_int_eq(1, st.variants);
+  loops_of(fn, &nd, &no);
+  ck_assert_int_eq(1, nd);
+  kiln_fn_free(fn);
   kiln_scope_end();
 }
 END_TEST
