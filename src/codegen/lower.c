@@ -881,36 +881,36 @@ static void lower_split(lctx *L, LLVMValueRef begin, LLVMValueRef end) {
   LLVMPositionBuilderAtEnd(L->b, done);
 }
 
-/* Each access's offset at index i of dim d, from its base. */
-static void run_offsets(lctx *L, LLVMValueRef i, int d, LLVMValueRef *off) {
-  for (int a = 0; a < L->k->n_acc; a++) {
-    sym_dim s = L->k->acc[a].stride[d];
-    off[a] = sym_is_const(s) && s.c == 0 ? L->base[a] : LLVMBuildAdd(L->b, L->base[a], LLVMBuildMul(L->b, i, sym_val(L, s), ""), "");
+/* A pointwise kernel's loop over [from, to) of its dim d, from the bases in L->base. */
+static void flat_run(lctx *L, LLVMValueRef from, LLVMValueRef to, int d) {
+  cg_kernel *k = L->k;
+  loop in;
+  loop_open(L, &in, from, to, "inner");
+  in.masked = want_masked_tail(k->dim[d]);
+  LLVMValueRef off[64];
+  for (int a = 0; a < k->n_acc; a++) {
+    sym_dim s = k->acc[a].stride[d];
+    off[a] = sym_is_const(s) && s.c == 0 ? L->base[a] : LLVMBuildAdd(L->b, L->base[a], LLVMBuildMul(L->b, in.i, sym_val(L, s), ""), "");
   }
+  map_body(L, off, (void *)&k->stage[0]);
+  loop_close(L, &in);
 }
 
 /* Pointwise kernels: flat elements [begin, end) as runs along the last dim. */
 static void lower_flat(lctx *L, LLVMValueRef begin, LLVMValueRef end) {
   cg_kernel *k = L->k;
   const cg_stage *st = &k->stage[0];
-  if (k->ndim == 0) {
+  if (k->ndim <= 1) {
     for (int a = 0; a < k->n_acc; a++) L->base[a] = sym_val(L, k->acc[a].offset);
-    LLVMValueRef off[64];
-    memcpy(off, L->base, sizeof(LLVMValueRef) * (size_t)k->n_acc);
-    map_body(L, off, (void *)st);
-    return;
-  }
-  if (k->ndim == 1) {
-    /* one run, and no size in the code: kernels over contiguous ranges of
-     * different lengths share it */
-    for (int a = 0; a < k->n_acc; a++) L->base[a] = sym_val(L, k->acc[a].offset);
-    loop in;
-    loop_open(L, &in, begin, end, "inner");
-    in.masked = want_masked_tail(k->dim[0]);
-    LLVMValueRef off[64];
-    run_offsets(L, in.i, 0, off);
-    map_body(L, off, (void *)st);
-    loop_close(L, &in);
+    if (k->ndim == 1) {
+      /* one run, and no size in the code: kernels over contiguous ranges of
+       * different lengths share it */
+      flat_run(L, begin, end, 0);
+    } else {
+      LLVMValueRef off[64];
+      memcpy(off, L->base, sizeof(LLVMValueRef) * (size_t)k->n_acc);
+      map_body(L, off, (void *)st);
+    }
     return;
   }
   int last = k->ndim - 1;
@@ -930,14 +930,7 @@ static void lower_flat(lctx *L, LLVMValueRef begin, LLVMValueRef end) {
   LLVMValueRef left = LLVMBuildSub(L->b, end, pos, "");
   n = LLVMBuildSelect(L->b, LLVMBuildICmp(L->b, LLVMIntSLT, left, n, ""), left, n, "");
   outer_bases(L, row, last);
-  LLVMValueRef stop = LLVMBuildAdd(L->b, col, n, "");
-  loop in;
-  loop_open(L, &in, col, stop, "inner");
-  in.masked = want_masked_tail(k->dim[last]);
-  LLVMValueRef off[64];
-  run_offsets(L, in.i, last, off);
-  map_body(L, off, (void *)st);
-  loop_close(L, &in);
+  flat_run(L, col, LLVMBuildAdd(L->b, col, n, ""), last);
   LLVMBuildStore(L->b, LLVMBuildAdd(L->b, pos, n, ""), pos_ptr);
   LLVMBuildBr(L->b, head);
   LLVMPositionBuilderAtEnd(L->b, exit);

@@ -684,9 +684,7 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
   for (int b = 0; b < nb; b++) {
     const cg_buf *bf = &p->buf[b];
     const ir_node *n = &g->nodes[bf->node];
-    int64_t shape[MAXD];
-    /* arguments and constants come with their shape */
-    if ((bf->kind == CG_BUF_OUTPUT || bf->kind == CG_BUF_TEMP) && ir_node_shape(n, vals, ns, shape)) goto bad_shape;
+    int64_t shape[MAXD]; /* outputs' and temporaries': arguments and constants come with theirs */
     kiln_tensor *t = NULL;
     switch (bf->kind) {
     case CG_BUF_INPUT:
@@ -705,9 +703,11 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
       t = e->consts[b];
       break;
     case CG_BUF_OUTPUT:
+      if (ir_node_shape(n, vals, ns, shape)) goto bad_shape;
       if (!(own[b] = t = tensor_new(bf->dtype, bf->ndim, shape))) goto oom;
       break;
     case CG_BUF_TEMP:
+      if (ir_node_shape(n, vals, ns, shape)) goto bad_shape;
       /* a buffer merged into another by the in-place reuse takes no space */
       bytes[b] = bf->alias_of >= 0 || bf->first < 0 ? 0 : (size_t)shape_numel(bf->ndim, shape) * kiln_dtype_size(bf->dtype);
       break;
