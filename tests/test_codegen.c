@@ -9,8 +9,9 @@
  * as they are) and sometimes the gradients w.r.t. the inputs; f32 or f64;
  * compiled and compared with eager at several sizes (1, and sizes equal to C
  * and to each other) and thread counts. KILN_FUZZ_PROGRAMS=N runs N programs
- * (default 100), from seed KILN_FUZZ_FIRST (default 1000); a failure prints
- * its seed, sizes, output, error and the program's IR. */
+ * (default 100), from seed KILN_FUZZ_FIRST (default 1000), and half as many
+ * again with every light kernel on the quick code generator (KILN_QUICK=1);
+ * a failure prints its seed, sizes, output, error and the program's IR. */
 #include <check.h>
 #include <math.h>
 #include <stdio.h>
@@ -377,6 +378,28 @@ START_TEST(test_random_programs) {
 }
 END_TEST
 
+/* The same generator with every light kernel on the quick code generator
+ * (KILN_QUICK=1), which otherwise only compiles of many kernels use. */
+START_TEST(test_random_programs_quick) {
+  const char *env = getenv("KILN_FUZZ_PROGRAMS");
+  int n = env ? atoi(env) / 2 : 50;
+  ck_assert_int_eq(0, setenv("KILN_QUICK", "1", 1));
+  int failed = 0;
+  uint64_t first_bad = 0;
+  for (int i = 0; i < n; i++) {
+    char why[512];
+    uint64_t seed = 50000 + (uint64_t)i;
+    if (run_program(seed, 1 + (int)(seed % 2), why, sizeof why)) {
+      if (!failed) first_bad = seed;
+      failed++;
+    }
+  }
+  unsetenv("KILN_QUICK");
+  ck_assert_msg(failed == 0, "%d of %d random programs (KILN_QUICK=1) differ from eager; the first is seed %llu", failed, n,
+                (unsigned long long)first_bad);
+}
+END_TEST
+
 static void host_handler(const char *reason) { fprintf(stderr, "host handler: %s\n", reason); }
 
 /* Runs random program 30706 in a child under a pipeline that names plain
@@ -658,6 +681,97 @@ START_TEST(test_short_rows_one_chain_each) {
   ck_assert_msg(chains >= 1 && chains <= CG_JAM, "%d vector accumulators for a sum of exp", chains);
   same_at_1_and_2_threads(fn, &x);
   kiln_fn_free(fn);
+  kiln_scope_end();
+}
+END_TEST
+
+/* A compile of many distinct kernels gives the light ones (cheap arithmetic
+ * per element) LLVM's quick code generator: twenty row sums of x + i (the
+ * constant makes each its own code) and the add of their results are light;
+ * a sum of exp and a sum of products are not. */
+enum { N_LIGHT_SUMS = 20 };
+static int many_sums_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  kiln_tensor *x = in[0];
+  kiln_tensor *acc = kiln_sum(kiln_exp(x), -1, true);
+  acc = kiln_add(acc, kiln_sum(kiln_mul(x, x), -1, true));
+  for (int i = 0; i < N_LIGHT_SUMS; i++) acc = kiln_add(acc, kiln_sum(kiln_add(x, kiln_scalar(KILN_F32, i + 1)), -1, true));
+  out[0] = acc;
+  return 0;
+}
+
+/* The kernels of an LLVM dump whose attributes hold optnone (the quick code generator's mark). */
+static int optnone_kernels(const char *dump) {
+  int n = 0;
+  for (const char *l = dump; (l = strstr(l, "\ndefine ")) != NULL; l++) {
+    const char *eol = strchr(l + 1, '\n'), *hash = strstr(l, ") #");
+    if (!eol || !hash || hash > eol) continue;
+    char want[32];
+    snprintf(want, sizeof want, "\nattributes #%d = {", atoi(hash + 3));
+    const char *attrs = strstr(dump, want);
+    ck_assert_msg(attrs != NULL, "no %s in the dump", want + 1);
+    const char *end = strchr(attrs + 1, '\n');
+    const char *on = strstr(attrs, "optnone");
+    n += on && (!end || on < end);
+  }
+  return n;
+}
+
+/* fn's output for in, made by a fresh compile under KILN_QUICK=mode. */
+static kiln_tensor *run_with_quick(body_fn body, kiln_tensor *x, const char *mode) {
+  ck_assert_int_eq(0, setenv("KILN_QUICK", mode, 1));
+  kiln_fn *fn = compile_once(body, 1, &x);
+  kiln_tensor *y = NULL;
+  ck_assert_int_eq(0, kiln_call(fn, &x, &y));
+  kiln_fn_free(fn);
+  unsetenv("KILN_QUICK");
+  return y;
+}
+
+START_TEST(test_quick_codegen) {
+  kiln_scope_begin();
+  kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){37, 45}), 11);
+  unsetenv("KILN_QUICK");
+  kiln_fn *fn = compile_once(many_sums_body, 1, &x); /* against eager */
+  char *dump = dump_of(fn, KILN_DUMP_KERNELS | KILN_DUMP_LLVM);
+  char want[128];
+  snprintf(want, sizeof want, "quick code generator: %d of %d distinct kernels", N_LIGHT_SUMS + 1, N_LIGHT_SUMS + 3);
+  ck_assert_msg(strstr(dump, want) != NULL, "no \"%s\" in\n%.3000s", want, dump);
+  ck_assert_int_eq(N_LIGHT_SUMS + 1, optnone_kernels(dump));
+  free(dump);
+  same_at_1_and_2_threads(fn, &x);
+  kiln_fn_free(fn);
+
+  /* KILN_QUICK=0: none */
+  ck_assert_int_eq(0, setenv("KILN_QUICK", "0", 1));
+  fn = compile_once(many_sums_body, 1, &x);
+  dump = dump_of(fn, KILN_DUMP_KERNELS | KILN_DUMP_LLVM);
+  ck_assert_msg(strstr(dump, "quick code generator") == NULL, "%.2000s", dump);
+  ck_assert_int_eq(0, optnone_kernels(dump));
+  free(dump);
+  kiln_fn_free(fn);
+  unsetenv("KILN_QUICK");
+
+  /* a compile of one kernel keeps the full code generator, unless KILN_QUICK=1 */
+  fn = compile_once(plain_row_sum_body, 1, &x);
+  dump = dump_of(fn, KILN_DUMP_LLVM);
+  ck_assert_int_eq(0, optnone_kernels(dump));
+  free(dump);
+  kiln_fn_free(fn);
+  ck_assert_int_eq(0, setenv("KILN_QUICK", "1", 1));
+  fn = compile_once(plain_row_sum_body, 1, &x);
+  dump = dump_of(fn, KILN_DUMP_LLVM);
+  ck_assert_int_eq(1, optnone_kernels(dump));
+  free(dump);
+  kiln_fn_free(fn);
+  unsetenv("KILN_QUICK");
+
+  /* light code gives the same bits from either code generator */
+  kiln_tensor *full = run_with_quick(many_sums_body, x, "0"), *quick = run_with_quick(many_sums_body, x, "1");
+  int64_t bad;
+  ck_assert_double_eq(0, maxdiff_rel(full, quick, &bad));
+  full = run_with_quick(plain_row_sum_body, x, "0"), quick = run_with_quick(plain_row_sum_body, x, "1");
+  ck_assert_double_eq(0, maxdiff_rel(full, quick, &bad));
   kiln_scope_end();
 }
 END_TEST
@@ -1152,6 +1266,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, test_fusion_plans);
   tcase_add_test(tc, test_threads_bitwise);
   tcase_add_test(tc, test_random_programs);
+  tcase_add_test(tc, test_random_programs_quick);
   tcase_add_test(tc, test_llvm_fatal_error);
   tcase_add_test(tc, test_index_bounds);
   tcase_add_test(tc, test_dead_node_buffer);
@@ -1164,6 +1279,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, test_shared_kernels);
   tcase_add_test(tc, test_coalesced_loops);
   tcase_add_test(tc, test_short_rows_one_chain_each);
+  tcase_add_test(tc, test_quick_codegen);
   tcase_add_test(tc, test_residual_chain_stored);
   tcase_add_test(tc, test_grad_accumulates_into_gemm);
 #ifdef KILN_TEST_BUILD

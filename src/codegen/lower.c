@@ -458,18 +458,36 @@ static bool uses_acc(const cg_kernel *k, int e, int s) {
   return false;
 }
 
-static bool costly(const cg_kernel *k, int e) {
-  const cg_expr *x = &k->expr[e];
-  if (x->kind != CG_OP) return false;
-  switch (x->op) {
+static bool costly_op(int op) {
+  switch (op) {
   case OP_EXP: case OP_LOG: case OP_TANH: case OP_SIGMOID: case OP_GELU: case OP_GELU_ERF: case OP_ERF: case OP_SIN:
   case OP_COS: case OP_POW:
     return true;
   default:
-    for (int i = 0; i < x->n_in; i++)
-      if (costly(k, x->in[i])) return true;
     return false;
   }
+}
+
+static bool costly(const cg_kernel *k, int e) {
+  const cg_expr *x = &k->expr[e];
+  if (x->kind != CG_OP) return false;
+  if (costly_op(x->op)) return true;
+  for (int i = 0; i < x->n_in; i++)
+    if (costly(k, x->in[i])) return true;
+  return false;
+}
+
+/* A sum of products is excluded too: its FMAs (reduce_body) are formed by
+ * the full instruction selector only, so the quick one's bits would differ. */
+bool lower_is_light(const cg_kernel *k) {
+  for (int e = 0; e < k->n_expr; e++)
+    if (k->expr[e].kind == CG_OP && costly_op(k->expr[e].op)) return false;
+  for (int s = 0; s < k->n_stage; s++) {
+    const cg_stage *st = &k->stage[s];
+    const cg_expr *x = &k->expr[st->expr];
+    if (st->kind == CG_REDUCE && x->kind == CG_OP && x->op == OP_MUL) return false;
+  }
+  return true;
 }
 
 /* Row kernels like softmax sum a costly value (exp) that their MAP needs again:

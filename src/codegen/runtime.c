@@ -281,6 +281,18 @@ static int borrow_params(const cg_kernel *k, const ksig *ks, cg_kernel *dup, con
   return 0;
 }
 
+/* LLVM takes about 5 ms of machine code per kernel here: a compile of many
+ * distinct kernels (a training step) gives its light ones (lower_is_light)
+ * the quick code generator, which takes half that. KILN_QUICK=0 never does,
+ * KILN_QUICK=1 does in any compile. */
+enum { QUICK_MIN_KERNELS = 16 };
+static bool want_quick(int distinct) {
+  const char *q = getenv("KILN_QUICK");
+  if (q && !strcmp(q, "0")) return false;
+  if (q && !strcmp(q, "1")) return true;
+  return distinct >= QUICK_MIN_KERNELS;
+}
+
 /* Frees what compiling made, modules not compiled included. */
 static void compile_free(kern_code *code, int n_code, kern_obj *objs, uint64_t *held, int n_objs, compile_group *grp,
                          int groups, int *same, char **keys, ksig *sigs, int n_k) {
@@ -359,12 +371,20 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
     if (jit_module_new(&grp[q].m, g->name, err, errn)) goto fail_compile;
   }
   for (int k = 0; k < p->n_k; k++) same[k] = -1;
+  int distinct = 0, n_quick = 0;
+  for (int k = 0; k < p->n_k; k++) {
+    if (p->k[k].kind != CG_K_LOOP) continue;
+    kernel_sig(p, &p->k[k], &sigs[k]);
+    int j = 0;
+    while (j < k && !(p->k[j].kind == CG_K_LOOP && sig_equal(&sigs[j], &sigs[k]))) j++;
+    distinct += j == k;
+  }
+  bool quick = want_quick(distinct);
   for (int k = 0; k < p->n_k && groups; k++) {
     if (p->k[k].kind != CG_K_LOOP) continue;
     int to = 0; /* the least loaded group */
     for (int q = 1; q < groups; q++)
       if (grp[q].load < grp[to].load) to = q;
-    kernel_sig(p, &p->k[k], &sigs[k]);
     int twin = -1;
     for (int j = 0; j < k && twin < 0; j++)
       if (p->k[j].kind == CG_K_LOOP && keys[j] && sig_equal(&sigs[j], &sigs[k])) twin = j;
@@ -392,6 +412,8 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
       goto fail_compile;
     }
     LLVMValueRef fn = LLVMGetNamedFunction(grp[to].m.mod, p->k[k].name);
+    bool light = quick && fn && lower_is_light(&p->k[k]);
+    if (light) LLVMAddTargetDependentFunctionAttr(fn, CG_QUICK_ATTR, "");
     keys[k] = fn ? kernel_key(fn, &p->k[k]) : NULL;
     for (int j = 0; j < k && keys[k] && same[k] < 0; j++)
       if (keys[j] && !strcmp(keys[j], keys[k])) same[k] = j;
@@ -413,14 +435,17 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
     }
     kern_code *c = &code[n_code++];
     c->k = k;
+    n_quick += light;
     snprintf(c->sym, sizeof c->sym, "%s", p->k[k].name);
     /* a compile that dumps the code keeps the kernels' own names, and so
      * stays out of the cache (its symbols are the key's hash) */
     if (keys[k] && !dumping) {
-      size_t tl = strlen(target), pl = strlen(passes), kl = strlen(keys[k]);
-      c->keylen = tl + pl + kl + 2;
+      /* the key names the code generator: the text of a light kernel is the same either way */
+      const char *gen = light ? "quick" : "full";
+      size_t tl = strlen(target), pl = strlen(passes), gl = strlen(gen), kl = strlen(keys[k]);
+      c->keylen = tl + pl + gl + kl + 3;
       if (!(c->key = alloc_malloc(c->keylen + 1))) goto oom_compile;
-      snprintf(c->key, c->keylen + 1, "%s\n%s\n%s", target, passes, keys[k]);
+      snprintf(c->key, c->keylen + 1, "%s\n%s\n%s\n%s", target, passes, gen, keys[k]);
       kcache_symbol(c->key, c->keylen, c->sym);
       kern_obj o;
       uint64_t id;
@@ -487,6 +512,8 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
         if (same[k] >= 0 && shown++ < 12) fprintf(e->dump_to, "%s%s=%s", shown > 1 ? " " : "", p->k[k].name, p->k[same[k]].name);
       fprintf(e->dump_to, "%s)\n", n_same > 12 ? " ..." : "");
     }
+    if (n_quick)
+      fprintf(e->dump_to, "quick code generator: %d of %d distinct kernels (the light ones)\n", n_quick, n_code);
     if (n_cached)
       fprintf(e->dump_to, "kernel cache: %d of %d distinct kernels compiled before (%d from KILN_CACHE_DIR)\n", n_cached,
               n_code, n_disk);
