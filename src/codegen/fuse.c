@@ -25,7 +25,7 @@ typedef struct fuser {
   sym_ctx *sym;
   uint8_t *mat;          /* node -> materialized */
   uint8_t *is_out;       /* node -> a graph output */
-  int *kcount;           /* node -> kernels that inlined it (this round) */
+  int *kcount;           /* node -> kernels that inlined it (so far) */
   int *klast;            /* node -> last kernel that counted it */
   vmap *map;             /* per node: for leaves, materialized nodes and views */
   cg_program *p;
@@ -36,6 +36,13 @@ typedef struct fuser {
    * made rounds quadratic, most of a large graph's compile) */
   int *memo_set, n_memo_set, *seen_set, n_seen_set;
   int *stack;            /* a walk's nodes to visit (mark_inlined_inputs) */
+  /* A round starts at the first node materialized since the last one: what
+   * the nodes before it made does not depend on that node (inputs come
+   * first), so their buffers and kernels stay. k_mark and b_mark hold the
+   * kernel and buffer counts when each node's turn came. */
+  int restart_from;
+  int *k_mark, *b_mark;
+  int *undo_stamp, stamp;
   char *err;
   size_t errn;
 } fuser;
@@ -250,6 +257,7 @@ static void materialize(fuser *f, int node) {
   if (!f->mat[node]) {
     f->mat[node] = 1;
     f->restart = 1;
+    if (node < f->restart_from) f->restart_from = node;
   }
 }
 
@@ -334,6 +342,16 @@ static int expr_of(fuser *f, kbuild *kb, int node, bool root) {
   return id;
 }
 
+/* "_kind": the number goes in front once the order is final (fold_epilogues);
+ * formatting it in every round of a large graph took a tenth of fusion */
+static void kind_name(cg_kernel *k, const char *kind) {
+  size_t n = strlen(kind);
+  if (n > sizeof k->name - 2) n = sizeof k->name - 2;
+  k->name[0] = '_';
+  memcpy(k->name + 1, kind, n);
+  k->name[n + 1] = 0;
+}
+
 static cg_kernel *new_kernel(fuser *f, cg_kernel_kind kind, int node) {
   cg_program *p = f->p;
   if (p->n_k == f->cap_k) {
@@ -412,7 +430,7 @@ static int build_loop_kernel(fuser *f, int node, int *memo, uint8_t *seen) {
     int acc = add_expr(&kb, (cg_expr){.kind = CG_ACC, .dtype = n->dtype, .a = st});
     store_acc = add_acc(f, &kb, node);
     if (st < 0 || acc < 0 || store_acc < 0 || add_stage(&kb, (cg_stage){CG_MAP, 0, acc, store_acc, false}) < 0) return -1;
-    snprintf(k->name, sizeof k->name, "k%d_matvec", k->id);
+    kind_name(k, "matvec");
   } else if (is_reduce(n->op)) {
     /* space: the input's dims, kept first (outer), reduced last (inner) */
     const ir_node *x = &g->nodes[n->in[0]];
@@ -437,7 +455,7 @@ static int build_loop_kernel(fuser *f, int node, int *memo, uint8_t *seen) {
     }
     store_acc = add_acc(f, &kb, node);
     if (store_acc < 0 || add_stage(&kb, (cg_stage){CG_MAP, 0, acc, store_acc, false}) < 0) return -1;
-    snprintf(k->name, sizeof k->name, "k%d_reduce", k->id);
+    kind_name(k, "reduce");
   } else {
     int inner = 0;
     while (f->n_seen_set) seen[f->seen_set[--f->n_seen_set]] = 0;
@@ -455,7 +473,7 @@ static int build_loop_kernel(fuser *f, int node, int *memo, uint8_t *seen) {
     if (e < 0) return e;
     store_acc = add_acc(f, &kb, node);
     if (store_acc < 0 || add_stage(&kb, (cg_stage){CG_MAP, 0, e, store_acc, inner > 0}) < 0) return -1;
-    snprintf(k->name, sizeof k->name, inner ? "k%d_row" : "k%d_pointwise", k->id);
+    kind_name(k, inner ? "row" : "pointwise");
   }
   k->out_buf = f->map[node].buf;
   return 0;
@@ -479,7 +497,7 @@ static int build_copy_kernel(fuser *f, int node, int *memo) {
   if (sa < 0 || add_stage(&kb, (cg_stage){CG_MAP, 0, e, sa, false}) < 0) return -1;
   k->out_buf = f->map[node].buf;
   if (note_node(f, &kb, node)) return -1;
-  snprintf(k->name, sizeof k->name, "k%d_copy", k->id);
+  kind_name(k, "copy");
   return 0;
 }
 
@@ -554,17 +572,34 @@ static void mark_inlined_inputs(fuser *f, int node, uint8_t *under) {
 static int build(fuser *f, int *memo, uint8_t *seen) {
   const ir_graph *g = f->g;
   cg_program *p = f->p;
-  free_kernels(p);
-  p->n_buf = 0;
-  for (int i = 0; i < g->n_nodes; i++) {
+  int from = f->restart_from;
+  f->restart_from = g->n_nodes;
+  if (from >= g->n_nodes) return 0;
+  /* drop the kernels and buffers of nodes from `from` on, and their counts */
+  int k0 = f->k_mark[from];
+  for (int ki = k0; ki < p->n_k; ki++) {
+    const cg_kernel *k = &p->k[ki];
+    f->stamp++;
+    for (int j = 0; j < k->n_nodes; j++) {
+      int x = k->nodes[j];
+      if (f->undo_stamp[x] == f->stamp) continue;
+      f->undo_stamp[x] = f->stamp;
+      f->kcount[x]--;
+      if (f->klast[x] >= k0) f->klast[x] = -1;
+    }
+    alloc_free(k->acc), alloc_free(k->expr), alloc_free(k->stage), alloc_free(k->nodes), alloc_free(k->param);
+  }
+  p->n_k = k0;
+  p->n_buf = f->b_mark[from];
+  for (int i = from; i < g->n_nodes; i++) {
     p->node_buf[i] = -1;
     f->map[i].buf = -1;
-    f->kcount[i] = 0;
-    f->klast[i] = -1;
   }
-  for (int i = 0; i < g->n_nodes; i++) {
+  for (int i = from; i < g->n_nodes; i++) {
     const ir_node *n = &g->nodes[i];
     int r = 0;
+    f->k_mark[i] = p->n_k;
+    f->b_mark[i] = p->n_buf;
     if (n->op == IR_INPUT || n->op == IR_PARAM) r = add_buf(f, CG_BUF_INPUT, i);
     else if (n->op == IR_GRAD) r = add_buf(f, CG_BUF_GRAD, i);
     else if (n->op == IR_CONST) r = add_buf(f, CG_BUF_CONST, i);
@@ -612,7 +647,7 @@ static int build(fuser *f, int *memo, uint8_t *seen) {
       if (!k->nodes) return -1;
       k->nodes[0] = i;
       k->n_nodes = 1;
-      snprintf(k->name, sizeof k->name, "k%d_%s", k->id, n->op == OP_MATMUL ? "matmul" : op_table[n->op].name);
+      kind_name(k, n->op == OP_MATMUL ? "matmul" : op_table[n->op].name);
     }
     if (r < 0) return r;
   }
@@ -1026,13 +1061,17 @@ cg_program *fuse_graph(const ir_graph *g, char *err, size_t errn) {
   f.memo_set = alloc_calloc(n, sizeof(int));
   f.seen_set = alloc_calloc(n, sizeof(int));
   f.stack = alloc_calloc(n, sizeof(int));
+  f.k_mark = alloc_calloc(n, sizeof(int));
+  f.b_mark = alloc_calloc(n, sizeof(int));
+  f.undo_stamp = alloc_calloc(n, sizeof(int));
   if (f.p) f.p->node_buf = alloc_calloc(n, sizeof(int));
   if (!f.p || !f.mat || !f.is_out || !f.kcount || !f.klast || !f.map || !memo || !seen || !f.memo_set || !f.seen_set || !f.stack ||
-      !f.p->node_buf) {
+      !f.k_mark || !f.b_mark || !f.undo_stamp || !f.p->node_buf) {
     snprintf(err, errn, "out of memory");
     goto fail;
   }
   f.p->g = g;
+  for (int i = 0; i < g->n_nodes; i++) f.klast[i] = -1;
   /* outputs of the graph that are computed get fresh tensors */
   for (int i = 0; i < g->n_outputs; i++) {
     int o = g->outputs[i];
@@ -1062,6 +1101,23 @@ cg_program *fuse_graph(const ir_graph *g, char *err, size_t errn) {
     snprintf(err, errn, "fusion did not settle");
     goto fail;
   }
+#ifdef KILN_TEST_BUILD
+  {
+    /* a round over the whole graph must find the same partition, settled */
+    int nk = f.p->n_k, nb = f.p->n_buf;
+    f.restart_from = 0;
+    int r = build(&f, memo, seen);
+    if (r == -1) {
+      snprintf(err, errn, "out of memory");
+      goto fail;
+    }
+    if (r || f.restart || f.p->n_k != nk || f.p->n_buf != nb) {
+      snprintf(err, errn, "fusion: a full round differs from the resumed ones (%d kernels, %d buffers; then %d, %d)", nk, nb,
+               f.p->n_k, f.p->n_buf);
+      goto fail;
+    }
+  }
+#endif
   cg_program *p = f.p;
   if (merge_reduce_epilogues(p, f.map)) {
     snprintf(err, errn, "out of memory");
@@ -1087,12 +1143,14 @@ cg_program *fuse_graph(const ir_graph *g, char *err, size_t errn) {
   coalesce_dims(p);
   alloc_free(f.mat), alloc_free(f.is_out), alloc_free(f.kcount), alloc_free(f.klast);
   alloc_free(memo), alloc_free(seen), alloc_free(f.memo_set), alloc_free(f.seen_set), alloc_free(f.stack);
+  alloc_free(f.k_mark), alloc_free(f.b_mark), alloc_free(f.undo_stamp);
   /* keep the view maps: the runtime reads outputs and operands through them */
   p->views = f.map;
   return p;
 fail:
   alloc_free(f.mat), alloc_free(f.is_out), alloc_free(f.kcount), alloc_free(f.klast), alloc_free(f.map);
   alloc_free(memo), alloc_free(seen), alloc_free(f.memo_set), alloc_free(f.seen_set), alloc_free(f.stack);
+  alloc_free(f.k_mark), alloc_free(f.b_mark), alloc_free(f.undo_stamp);
   cg_program_free(f.p);
   return NULL;
 }

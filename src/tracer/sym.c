@@ -544,7 +544,8 @@ sym_dim sym_add(sym_ctx *ctx, sym_dim a, sym_dim b)
     int64_t v;
     return __builtin_add_overflow(a.c, b.c, &v) ? fail(ctx, E_OVF) : sym_const(v);
   }
-  poly p = {0};
+  poly p; /* only t[0, n) is read: zeroing all of t cost most of a call */
+  p.c = 0, p.n = 0;
   if (poly_add_scaled(ctx, &p, a, 1) || poly_add_scaled(ctx, &p, b, 1)) return sym_error();
   return poly_build(ctx, &p);
 }
@@ -556,7 +557,8 @@ sym_dim sym_sub(sym_ctx *ctx, sym_dim a, sym_dim b)
     int64_t v;
     return __builtin_sub_overflow(a.c, b.c, &v) ? fail(ctx, E_OVF) : sym_const(v);
   }
-  poly p = {0};
+  poly p;
+  p.c = 0, p.n = 0;
   if (poly_add_scaled(ctx, &p, a, 1) || poly_add_scaled(ctx, &p, b, -1)) return sym_error();
   return poly_build(ctx, &p);
 }
@@ -564,7 +566,8 @@ sym_dim sym_sub(sym_ctx *ctx, sym_dim a, sym_dim b)
 sym_dim sym_mul(sym_ctx *ctx, sym_dim a, sym_dim b)
 {
   if (!ctx || sym_is_err(a) || sym_is_err(b)) return sym_error();
-  poly p = {0};
+  poly p;
+  p.c = 0, p.n = 0;
   if (!a.e || !b.e) {
     if (!a.e && !b.e) {
       int64_t v;
@@ -644,8 +647,8 @@ static int split_mono(sym_ctx *ctx, sym_dim a, int64_t kb, const sym_expr *mb, p
   int n;
   term one;
   const term *t = dim_terms(a, &c, &n, &one);
-  *q = (poly){0};
-  *r = (poly){0};
+  q->c = q->n = 0;
+  r->n = 0;
   r->c = c;
   for (int i = 0; i < n; i++) {
     bool div = kb == -1 ? t[i].coef != INT64_MIN : t[i].coef % kb == 0;
@@ -704,7 +707,8 @@ static sym_dim divmod_sym(sym_ctx *ctx, sym_dim a, sym_dim b, bool mod)
 {
   if (b.e->lo < 1) return fail(ctx, E_DIV);
   if (sym_same(a, b)) return sym_const(mod ? 0 : 1);
-  poly q = {0}, r = {0};
+  poly q, r;
+  q.c = r.c = 0, q.n = r.n = 0;
   int64_t kb;
   const sym_expr *mb;
   if (as_mono(b, &kb, &mb)) {
