@@ -235,6 +235,13 @@ int lower_kernel(const cg_program *p, cg_kernel *k, LLVMModuleRef m, char *why, 
 bool lower_is_light(const cg_kernel *k);
 #define CG_QUICK_ATTR "kiln-quick" /* a function attribute: compile with the quick code generator */
 
+/* ---- kkey.c: kernel keys ------------------------------------------------------- */
+
+/* The key of loop kernel k's unoptimized function fn (kkey.c says what it
+ * holds); equal keys, equal code. text: from LLVM's printer, which the
+ * test build compares with. NULL: no key (out of memory, or too large). */
+char *kernel_key(LLVMValueRef fn, const cg_kernel *k, bool text);
+
 /* ---- plan.c: memory ------------------------------------------------------------ */
 
 /* Arena offsets for the TEMP buffers of p given their byte sizes this call:

@@ -65,11 +65,12 @@ struct cg_jit {
  * replaces it. instcombine named in a pipeline's text checks that one run
  * reached a fixpoint and, when not, ends the process (O2's does not
  * check): hence no-verify-fixpoint. */
-/* The kernel cache's key is the kernel's printed IR and this: a function's
- * text names its metadata and attributes (!3, #0) without their contents,
- * so when lowering changes what those hold for the same text, the format
- * number changes, and objects compiled before are not taken. */
-enum { KERNEL_FORMAT = 2 };
+/* The kernel cache's key is the kernel's key (kkey.c) and this. The format
+ * number changes with the key's form, and when lowering changes what a
+ * printed function's metadata or attributes (!3, #0) hold for the same
+ * text (the key of a function the walk does not know is its text), so that
+ * objects compiled before are not taken. */
+enum { KERNEL_FORMAT = 3 };
 
 /* The pass builder's options jit_emit sets, as they enter the cache key. */
 #define PASS_OPTIONS "loop and SLP vectorization, interleaving, no unrolling"

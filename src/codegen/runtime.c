@@ -110,56 +110,6 @@ static void *compile_group_run(void *arg) {
   return NULL;
 }
 
-/* A loop kernel's code as text, with what differs between kernels of the
- * same shape made canonical (its name, metadata and attribute numbers),
- * then which of its accesses share a buffer (their alias scopes). Kernels
- * with equal keys run the same code: sizes that are constants are in the
- * text, the rest come in p, and buffers in the access order. NULL: no key
- * (out of memory, or numbers too large), so no sharing. */
-static char *kernel_key(LLVMValueRef fn, const cg_kernel *k) {
-  char *txt = LLVMPrintValueToString(fn);
-  if (!txt) return NULL;
-  size_t n = strlen(txt), cap = n + 8 * (size_t)k->n_acc + 16, o = 0;
-  char *key = alloc_malloc(cap);
-  enum { MAXNUM = 4096 };
-  int *map = alloc_calloc(2 * MAXNUM, sizeof *map); /* ! then #: old number -> new + 1 */
-  int next[2] = {0, 0};
-  bool ok = key && map;
-  const char *name = LLVMGetValueName(fn);
-  size_t nl = strlen(name);
-  for (size_t i = 0; ok && i < n;) {
-    if (txt[i] == '@' && !strncmp(txt + i + 1, name, nl) && txt[i + 1 + nl] == '(') {
-      memcpy(key + o, "@k(", 3), o += 3, i += nl + 2;
-    } else if ((txt[i] == '!' || txt[i] == '#') && i + 1 < n && txt[i + 1] >= '0' && txt[i + 1] <= '9') {
-      int kind = txt[i] == '#', v = 0;
-      size_t j = i + 1;
-      while (j < n && txt[j] >= '0' && txt[j] <= '9' && v < MAXNUM) v = v * 10 + (txt[j++] - '0');
-      if (v >= MAXNUM) ok = false;
-      else {
-        if (!map[kind * MAXNUM + v]) map[kind * MAXNUM + v] = ++next[kind];
-        /* the new number is never longer than the old: it counts distinct ones seen */
-        o += (size_t)snprintf(key + o, cap - o, "%c%d", txt[i], map[kind * MAXNUM + v] - 1);
-        i = j;
-      }
-    } else {
-      key[o++] = txt[i++];
-    }
-  }
-  for (int a = 0; ok && a < k->n_acc; a++) {
-    int first = 0;
-    while (k->acc[first].buf != k->acc[a].buf) first++;
-    o += (size_t)snprintf(key + o, cap - o, "|%d", first);
-  }
-  LLVMDisposeMessage(txt);
-  alloc_free(map);
-  if (!ok) {
-    alloc_free(key);
-    return NULL;
-  }
-  key[o] = 0;
-  return key;
-}
-
 /* A loop kernel's signature: everything lower_kernel reads from it, with
  * each size, offset or stride that is not a constant numbered by its first
  * appearance (syms). Kernels of equal signatures lower to the same code,
@@ -307,7 +257,7 @@ static void compile_free(kern_code *code, int n_code, kern_obj *objs, uint64_t *
     alloc_free(grp[q].keylens);
     alloc_free(grp[q].out.obj);
   }
-  for (int k = 0; keys && k < n_k; k++) alloc_free(keys[k]);
+  for (int k = 0; keys && k < 2 * n_k + 2; k++) alloc_free(keys[k]);
   alloc_free(keys);
   alloc_free(same);
   alloc_free(code);
@@ -358,7 +308,9 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
   kern_obj *objs = alloc_calloc((size_t)p->n_k + MAX_GROUPS, sizeof *objs);
   uint64_t *held = alloc_calloc((size_t)p->n_k + 1, sizeof *held); /* the ids of objs */
   int *same = alloc_malloc(sizeof(int) * (size_t)p->n_k + 1);
-  char **keys = alloc_calloc((size_t)p->n_k + 1, sizeof *keys);
+  /* keys, then (test build) each one's printed form */
+  char **keys = alloc_calloc(2 * (size_t)p->n_k + 2, sizeof *keys), **tkeys = keys ? keys + p->n_k + 1 : NULL;
+  (void)tkeys;
   ksig *sigs = alloc_calloc((size_t)p->n_k + 1, sizeof *sigs);
   if (!code || !objs || !held || !same || !keys || !sigs) goto oom_compile;
   for (int q = 0; q < groups; q++) {
@@ -414,9 +366,20 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
     LLVMValueRef fn = LLVMGetNamedFunction(grp[to].m.mod, p->k[k].name);
     bool light = quick && fn && lower_is_light(&p->k[k]);
     if (light) LLVMAddTargetDependentFunctionAttr(fn, CG_QUICK_ATTR, "");
-    keys[k] = fn ? kernel_key(fn, &p->k[k]) : NULL;
+    keys[k] = fn ? kernel_key(fn, &p->k[k], false) : NULL;
     for (int j = 0; j < k && keys[k] && same[k] < 0; j++)
       if (keys[j] && !strcmp(keys[j], keys[k])) same[k] = j;
+#ifdef KILN_TEST_BUILD
+    /* the walk and LLVM's printer must agree on which kernels are the same */
+    if (fn && !(tkeys[k] = kernel_key(fn, &p->k[k], true))) goto oom_compile;
+    for (int j = 0; j < k && keys[k]; j++) {
+      if (!keys[j] || !tkeys[j]) continue;
+      if (!strcmp(keys[j], keys[k]) != !strcmp(tkeys[j], tkeys[k])) {
+        snprintf(err, errn, "the keys of %s and %s disagree with their printed code", p->k[j].name, p->k[k].name);
+        goto fail_compile;
+      }
+    }
+#endif
 #ifdef KILN_TEST_BUILD
     if (twin >= 0) {
       bool ok = keys[k] && !strcmp(keys[k], keys[twin]) && n_borrowed == p->k[k].n_param;
