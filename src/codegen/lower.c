@@ -477,16 +477,9 @@ static bool costly(const cg_kernel *k, int e) {
   return false;
 }
 
-/* A sum of products is excluded too: its FMAs (reduce_body) are formed by
- * the full instruction selector only, so the quick one's bits would differ. */
 bool lower_is_light(const cg_kernel *k) {
   for (int e = 0; e < k->n_expr; e++)
     if (k->expr[e].kind == CG_OP && costly_op(k->expr[e].op)) return false;
-  for (int s = 0; s < k->n_stage; s++) {
-    const cg_stage *st = &k->stage[s];
-    const cg_expr *x = &k->expr[st->expr];
-    if (st->kind == CG_REDUCE && x->kind == CG_OP && x->op == OP_MUL) return false;
-  }
   return true;
 }
 
