@@ -1,7 +1,8 @@
 /* The memory plan: every intermediate (TEMP buffer) gets an offset in one
  * arena, first fit by liveness over the kernel order, largest first. Sizes
  * come from the symbolic shapes evaluated for the call, so the plan is made
- * per call (it is a few comparisons per buffer pair) while the arena itself
+ * per call (it is a few comparisons per buffer pair; runtime.c keeps the
+ * last one for calls of the same sizes) while the arena itself
  * is kept between calls and only grows. */
 #include <string.h>
 
