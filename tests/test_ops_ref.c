@@ -651,6 +651,29 @@ START_TEST(test_hand_errors)
 }
 END_TEST
 
+/* A row shorter than a block is summed pairwise like the rest: n equal
+ * values, n a power of two, sum to exactly n*v, and their mean is v. In
+ * order, 3v rounds and 8v does not come out (1.8734567f: 1.8734568f). */
+START_TEST(test_hand_short_sums)
+{
+  kiln_scope_begin();
+  const float vals[] = {1.87345672f, 2.70000005f, 1.89999998f, 0.1f, 3.14159274f};
+  for (size_t k = 0; k < NELEM(vals); k++)
+    for (int64_t n = 2; n <= 16; n *= 2) {
+      int64_t sh[2] = {3, n};
+      kiln_tensor *x = kiln_full(KILN_F32, 2, sh, vals[k]);
+      float mean[3], sum[3];
+      ck_assert_int_eq(0, kiln_read(kiln_mean(x, 1, false), mean, sizeof mean));
+      ck_assert_int_eq(0, kiln_read(kiln_sum(x, 1, false), sum, sizeof sum));
+      for (int r = 0; r < 3; r++) {
+        ck_assert_msg(mean[r] == vals[k], "mean of %lld x %.9g: %.9g", (long long)n, vals[k], mean[r]);
+        ck_assert_msg(sum[r] == vals[k] * (float)n, "sum of %lld x %.9g: %.9g", (long long)n, vals[k], sum[r]);
+      }
+    }
+  kiln_scope_end();
+}
+END_TEST
+
 static Suite *ops_ref_suite(void)
 {
   Suite *s = suite_create("ops_ref");
@@ -664,7 +687,7 @@ static Suite *ops_ref_suite(void)
       {"creation", test_creation}, {"inplace", test_inplace},   {"big", test_big},
       {"hand_nn", test_hand_nn},       {"hand_extremes", test_hand_extremes},
       {"hand_math", test_hand_math}, {"hand_views", test_hand_views}, {"hand_random", test_hand_random},
-      {"hand_errors", test_hand_errors},
+      {"hand_errors", test_hand_errors}, {"hand_short_sums", test_hand_short_sums},
   };
   for (size_t k = 0; k < NELEM(cases); k++) {
     TCase *tc = tcase_create(cases[k].name);

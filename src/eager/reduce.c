@@ -12,7 +12,9 @@
 
 /* Pairwise sum over blocks of at most 512, each block with 16 independent
  * lanes combined pairwise: vectorized, and the error grows with log n as in
- * NumPy rather than with n. U is the type the adds are done in: T itself for
+ * NumPy rather than with n. The last partial block goes into the lanes too
+ * (a row shorter than 16 is summed pairwise, not in order: eight equal
+ * values sum exactly). U is the type the adds are done in: T itself for
  * floats, uint64_t for i64, whose sums wrap (two's complement) like its
  * pointwise ops instead of overflowing. */
 #define CONTIG_SUM(T, U, NAME)                                   \
@@ -25,11 +27,10 @@
     int64_t i = 0;                                               \
     for (; i + 16 <= n; i += 16)                                 \
       for (int j = 0; j < 16; j++) acc[j] += (U)x[i + j];        \
-    U tail = 0;                                                  \
-    for (; i < n; i++) tail += (U)x[i];                          \
+    for (int j = 0; i + j < n; j++) acc[j] += (U)x[i + j];       \
     for (int w = 8; w; w >>= 1)                                  \
       for (int j = 0; j < w; j++) acc[j] += acc[j + w];          \
-    return (T)(acc[0] + tail);                                   \
+    return (T)acc[0];                                            \
   }
 CONTIG_SUM(float, float, csum_f32)
 CONTIG_SUM(double, double, csum_f64)
