@@ -354,6 +354,15 @@ static int run_program(uint64_t seed, int threads, char *why, size_t whyn) {
   return rc;
 }
 
+/* Runs random program seed; a failure counts in *failed (the first's seed in *first_bad). */
+static void run_seed(uint64_t seed, int *failed, uint64_t *first_bad) {
+  char why[512];
+  if (run_program(seed, 1 + (int)(seed % 2), why, sizeof why)) {
+    if (!*failed) *first_bad = seed;
+    ++*failed;
+  }
+}
+
 START_TEST(test_random_programs) {
   const char *env = getenv("KILN_FUZZ_PROGRAMS");
   const char *first = getenv("KILN_FUZZ_FIRST"); /* the first seed (to rerun one: KILN_FUZZ_FIRST=seed KILN_FUZZ_PROGRAMS=1) */
@@ -365,14 +374,7 @@ START_TEST(test_random_programs) {
   int n_found = (int)(sizeof found / sizeof found[0]);
   int failed = 0;
   uint64_t first_bad = 0;
-  for (int i = 0; i < n + n_found; i++) {
-    char why[512];
-    uint64_t seed = i < n ? base + (uint64_t)i : found[i - n];
-    if (run_program(seed, 1 + (int)(seed % 2), why, sizeof why)) {
-      if (!failed) first_bad = seed;
-      failed++;
-    }
-  }
+  for (int i = 0; i < n + n_found; i++) run_seed(i < n ? base + (uint64_t)i : found[i - n], &failed, &first_bad);
   ck_assert_msg(failed == 0, "%d of %d random programs differ from eager; the first is seed %llu", failed, n + n_found,
                 (unsigned long long)first_bad);
 }
@@ -386,14 +388,7 @@ START_TEST(test_random_programs_quick) {
   ck_assert_int_eq(0, setenv("KILN_QUICK", "1", 1));
   int failed = 0;
   uint64_t first_bad = 0;
-  for (int i = 0; i < n; i++) {
-    char why[512];
-    uint64_t seed = 50000 + (uint64_t)i;
-    if (run_program(seed, 1 + (int)(seed % 2), why, sizeof why)) {
-      if (!failed) first_bad = seed;
-      failed++;
-    }
-  }
+  for (int i = 0; i < n; i++) run_seed(50000 + (uint64_t)i, &failed, &first_bad);
   unsetenv("KILN_QUICK");
   ck_assert_msg(failed == 0, "%d of %d random programs (KILN_QUICK=1) differ from eager; the first is seed %llu", failed, n,
                 (unsigned long long)first_bad);

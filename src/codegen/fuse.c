@@ -501,14 +501,13 @@ static int build_copy_kernel(fuser *f, int node, int *memo) {
   return 0;
 }
 
+/* The arrays a kernel owns (the kernel itself is a slot of p->k). */
+static void kernel_free(cg_kernel *k) {
+  alloc_free(k->acc), alloc_free(k->expr), alloc_free(k->stage), alloc_free(k->nodes), alloc_free(k->param);
+}
+
 static void free_kernels(cg_program *p) {
-  for (int i = 0; i < p->n_k; i++) {
-    alloc_free(p->k[i].acc);
-    alloc_free(p->k[i].expr);
-    alloc_free(p->k[i].stage);
-    alloc_free(p->k[i].nodes);
-    alloc_free(p->k[i].param);
-  }
+  for (int i = 0; i < p->n_k; i++) kernel_free(&p->k[i]);
   p->n_k = 0;
 }
 
@@ -578,7 +577,7 @@ static int build(fuser *f, int *memo, uint8_t *seen) {
   /* drop the kernels and buffers of nodes from `from` on, and their counts */
   int k0 = f->k_mark[from];
   for (int ki = k0; ki < p->n_k; ki++) {
-    const cg_kernel *k = &p->k[ki];
+    cg_kernel *k = &p->k[ki];
     f->stamp++;
     for (int j = 0; j < k->n_nodes; j++) {
       int x = k->nodes[j];
@@ -587,7 +586,7 @@ static int build(fuser *f, int *memo, uint8_t *seen) {
       f->kcount[x]--;
       if (f->klast[x] >= k0) f->klast[x] = -1;
     }
-    alloc_free(k->acc), alloc_free(k->expr), alloc_free(k->stage), alloc_free(k->nodes), alloc_free(k->param);
+    kernel_free(k);
   }
   p->n_k = k0;
   p->n_buf = f->b_mark[from];
@@ -827,7 +826,7 @@ static void fold_epilogues(cg_program *p, cg_view *views) {
       m->result_node = k->node;
       p->buf[o].alias_of = pb; /* o is P's memory: the GEMM updates P in place */
       /* drop k */
-      alloc_free(k->acc), alloc_free(k->expr), alloc_free(k->stage), alloc_free(k->nodes), alloc_free(k->param);
+      kernel_free(k);
       memmove(k, k + 1, sizeof *k * (size_t)(p->n_k - ki - 1));
       p->n_k--;
       ki--; /* the next kernel is at ki now */

@@ -152,6 +152,7 @@ typedef struct ksig {
   int n_syms, cap_syms;
   uint64_t hash;
   bool oom;
+  int first; /* the first loop kernel of this signature (llvm_compile) */
 } ksig;
 
 static void sig_word(ksig *s, uint64_t v) {
@@ -351,12 +352,15 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
     if (jit_module_new(&grp[q].m, g->name, err, errn)) goto fail_compile;
   }
   for (int k = 0; k < p->n_k; k++) same[k] = -1;
+  /* signatures first: how many differ decides the code generator, and the
+   * first kernel of k's signature is where k's twin is looked for */
   int distinct = 0, n_quick = 0;
   for (int k = 0; k < p->n_k; k++) {
     if (p->k[k].kind != CG_K_LOOP) continue;
     kernel_sig(p, &p->k[k], &sigs[k]);
     int j = 0;
     while (j < k && !(p->k[j].kind == CG_K_LOOP && sig_equal(&sigs[j], &sigs[k]))) j++;
+    sigs[k].first = j;
     distinct += j == k;
   }
   bool quick = want_quick(distinct);
@@ -366,7 +370,7 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
     for (int q = 1; q < groups; q++)
       if (grp[q].load < grp[to].load) to = q;
     int twin = -1;
-    for (int j = 0; j < k && twin < 0; j++)
+    for (int j = sigs[k].first; j < k && twin < 0; j++)
       if (p->k[j].kind == CG_K_LOOP && keys[j] && sig_equal(&sigs[j], &sigs[k])) twin = j;
     if (twin >= 0 && borrow_params(&p->k[twin], &sigs[twin], &p->k[k], &sigs[k])) twin = -1;
 #ifdef KILN_TEST_BUILD
