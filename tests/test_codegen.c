@@ -669,6 +669,15 @@ START_TEST(test_short_rows_one_chain_each) {
   ck_assert_msg(chains == CG_JAM + 1, "%d vector accumulators, want %d", chains, CG_JAM + 1);
   same_at_1_and_2_threads(fn, &x);
   kiln_fn_free(fn);
+  /* a row count that is a multiple of the group: no rows are left over in
+   * any call, at one thread or in the blocks of two (2048 rows of 256 split
+   * into blocks), and the loop for the rest is not made */
+  kiln_tensor *whole = kiln_randn(KILN_F32, 2, ((int64_t[]){2048, 256}), 4);
+  fn = compile_once(plain_row_sum_body, 1, &whole);
+  chains = vector_accumulators(fn);
+  ck_assert_msg(chains == CG_JAM, "%d vector accumulators, want %d", chains, CG_JAM);
+  same_at_1_and_2_threads(fn, &whole);
+  kiln_fn_free(fn);
   /* a sum of exp(x) is not grouped: one row loop, with the vectorizer's
    * own chains, not a group's four and the rest's one */
   fn = compile_once(row_sum_body, 1, &x);
@@ -743,6 +752,11 @@ START_TEST(test_quick_codegen) {
   snprintf(want, sizeof want, "quick code generator: %d of %d distinct kernels", N_LIGHT_SUMS + 3, N_LIGHT_SUMS + 4);
   ck_assert_msg(strstr(dump, want) != NULL, "no \"%s\" in\n%.3000s", want, dump);
   ck_assert_int_eq(N_LIGHT_SUMS + 3, optnone_kernels(dump));
+  ck_assert_msg(strstr(dump, "optnone in one module with the others") != NULL, "%.3000s", dump);
+  free(dump);
+  /* without an LLVM dump the light kernels get modules of their own, made at level None */
+  dump = dump_of(fn, KILN_DUMP_KERNELS);
+  ck_assert_msg(strstr(dump, "in modules of their own at level None") != NULL, "%.3000s", dump);
   free(dump);
   same_at_1_and_2_threads(fn, &x);
   kiln_fn_free(fn);

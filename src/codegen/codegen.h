@@ -229,10 +229,10 @@ LLVMValueRef vmath_emit(LLVMBuilderRef b, int op, LLVMValueRef x);
 /* Adds kernel k (CG_K_LOOP) to module m as function k->name; 0, or -1 with why. */
 int lower_kernel(const cg_program *p, cg_kernel *k, LLVMModuleRef m, char *why, size_t whyn);
 
-/* Does k do only cheap arithmetic per element (no polynomial math)? Such a
- * kernel is bound by memory, and LLVM's quick code generator makes code for
- * it as fast as the full one's (jit.c). */
-bool lower_is_light(const cg_kernel *k);
+/* The polynomial math (exp, log, tanh ...) k does per element. A kernel
+ * without any is light: it is bound by memory, and LLVM's quick code
+ * generator makes code for it as fast as the full one's (jit.c). */
+int lower_costly_ops(const cg_kernel *k);
 #define CG_QUICK_ATTR "kiln-quick" /* a function attribute: compile with the quick code generator */
 
 /* ---- kkey.c: kernel keys ------------------------------------------------------- */

@@ -98,18 +98,28 @@ static void error_text(LLVMErrorRef e, const char *what, char *err, size_t errn)
 /* A kernel marked CG_QUICK_ATTR gets LLVM's quick code generator: optnone,
  * added after the IR passes, makes instruction selection the fast one and
  * skips the optional machine passes (the register allocator stays the
- * greedy one). It takes about half the machine code time of the full one. */
-static void quick_codegen(LLVMModuleRef mod) {
+ * greedy one). It takes about half the machine code time of the full one.
+ * True when every function of mod is marked: the module then goes to a
+ * target machine at level None, which does not even add those passes (with
+ * optnone they are added and skip the function, but the analyses they ask
+ * for still run: a fifth of the machine code time of the GPT step's light
+ * kernels). -optimize-regalloc (init_once) keeps the greedy allocator there. */
+static bool quick_codegen(LLVMModuleRef mod) {
   LLVMContextRef cx = LLVMGetModuleContext(mod);
   unsigned optnone = LLVMGetEnumAttributeKindForName("optnone", 7);
   unsigned noinline = LLVMGetEnumAttributeKindForName("noinline", 8);
+  bool all = true, any = false;
   for (LLVMValueRef f = LLVMGetFirstFunction(mod); f; f = LLVMGetNextFunction(f)) {
-    if (LLVMIsDeclaration(f) ||
-        !LLVMGetStringAttributeAtIndex(f, LLVMAttributeFunctionIndex, CG_QUICK_ATTR, sizeof CG_QUICK_ATTR - 1))
+    if (LLVMIsDeclaration(f)) continue;
+    any = true;
+    if (!LLVMGetStringAttributeAtIndex(f, LLVMAttributeFunctionIndex, CG_QUICK_ATTR, sizeof CG_QUICK_ATTR - 1)) {
+      all = false;
       continue;
+    }
     LLVMAddAttributeAtIndex(f, LLVMAttributeFunctionIndex, LLVMCreateEnumAttribute(cx, optnone, 0));
     LLVMAddAttributeAtIndex(f, LLVMAttributeFunctionIndex, LLVMCreateEnumAttribute(cx, noinline, 0));
   }
+  return any && all;
 }
 
 static const char *module_name(LLVMModuleRef mod) {
@@ -121,10 +131,11 @@ static const char *module_name(LLVMModuleRef mod) {
  * default (large) loads each one's 64-bit address into a register, which in
  * a long vector loop (GELU) ran out of registers and spilled. ORC's JITLink
  * places a module's code and data in one allocation, as the small model needs. */
-static LLVMTargetMachineRef host_machine(void) {
-  return LLVMCreateTargetMachine(host.target, host.triple, host.cpu, host.features, LLVMCodeGenLevelAggressive,
-                                 LLVMRelocPIC, LLVMCodeModelSmall);
+static LLVMTargetMachineRef host_machine_at(LLVMCodeGenOptLevel level) {
+  return LLVMCreateTargetMachine(host.target, host.triple, host.cpu, host.features, level, LLVMRelocPIC,
+                                 LLVMCodeModelSmall);
 }
+static LLVMTargetMachineRef host_machine(void) { return host_machine_at(LLVMCodeGenLevelAggressive); }
 
 /* The module this thread is optimizing or compiling, for the fatal error handler. */
 static _Thread_local const char *compiling;
@@ -156,8 +167,12 @@ static void init_once(void) {
   /* Loop strength reduction rewrites a loop's addresses around one
    * induction variable; x86 addressing already does base + index * 4, and
    * the pass took a quarter of the machine-code time for no measured gain. */
-  static const char *const opts[] = {"kiln", "-enable-epilogue-vectorization=false", "-disable-lsr"};
-  LLVMParseCommandLineOptions(3, opts, NULL);
+  /* The register allocator of level None (quick_codegen) is the fast one,
+   * which spills a vector loop's values to the stack; this makes it the
+   * greedy one, as at the other levels (which it does not change). */
+  static const char *const opts[] = {"kiln", "-enable-epilogue-vectorization=false", "-disable-lsr",
+                                     "-optimize-regalloc"};
+  LLVMParseCommandLineOptions(4, opts, NULL);
   host.triple = LLVMGetDefaultTargetTriple();
   host.cpu = LLVMGetHostCPUName();
   host.features = LLVMGetHostCPUFeatures();
@@ -185,8 +200,8 @@ static void init_once(void) {
     return;
   }
   /* the code model, relocations and level are host_machine's */
-  snprintf(host.id, n, "kiln kernels %d; LLVM %u.%u.%u; %s; %s; %s; small PIC O3; %s %s; %s", KERNEL_FORMAT, major, minor, patch, host.triple,
-           host.cpu, host.features, opts[1], opts[2], PASS_OPTIONS);
+  snprintf(host.id, n, "kiln kernels %d; LLVM %u.%u.%u; %s; %s; %s; small PIC O3; %s %s %s; %s", KERNEL_FORMAT, major, minor,
+           patch, host.triple, host.cpu, host.features, opts[1], opts[2], opts[3], PASS_OPTIONS);
   host.status = 0;
 }
 
@@ -375,6 +390,7 @@ int jit_emit(cg_module *m, const char *passes, unsigned dump, FILE *dump_to, dou
   }
   LLVMDisposeMessage(msg);
 
+  /* the IR passes ask the machine only for its costs, the same at every level */
   tm = host_machine();
   if (!tm) {
     snprintf(err, errn, "LLVM: no target machine for %s (%s)", host.triple, host.cpu);
@@ -396,7 +412,13 @@ int jit_emit(cg_module *m, const char *passes, unsigned dump, FILE *dump_to, dou
     goto done;
   }
   if (opt_ms) *opt_ms = now_ms() - t0;
-  quick_codegen(m->mod);
+  if (quick_codegen(m->mod)) {
+    LLVMDisposeTargetMachine(tm);
+    if (!(tm = host_machine_at(LLVMCodeGenLevelNone))) {
+      snprintf(err, errn, "LLVM: no target machine for %s (%s)", host.triple, host.cpu);
+      goto done;
+    }
+  }
   if (dump & (KILN_DUMP_LLVM | KILN_DUMP_ASM)) dump_module(m->mod, tm, dump, dump_to ? dump_to : stderr);
 
   double t1 = now_ms();

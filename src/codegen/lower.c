@@ -477,10 +477,10 @@ static bool costly(const cg_kernel *k, int e) {
   return false;
 }
 
-bool lower_is_light(const cg_kernel *k) {
-  for (int e = 0; e < k->n_expr; e++)
-    if (k->expr[e].kind == CG_OP && costly_op(k->expr[e].op)) return false;
-  return true;
+int lower_costly_ops(const cg_kernel *k) {
+  int n = 0;
+  for (int e = 0; e < k->n_expr; e++) n += k->expr[e].kind == CG_OP && costly_op(k->expr[e].op);
+  return n;
 }
 
 /* Row kernels like softmax sum a costly value (exp) that their MAP needs again:
@@ -792,6 +792,12 @@ static void lower_staged(lctx *L, LLVMValueRef begin, LLVMValueRef end) {
     for (int r = 0; r < CG_JAM; r++) jam_ptr[r] = LLVMBuildAlloca(L->eb, L->f64, "jam");
     LLVMValueRef groups = LLVMBuildSDiv(L->b, LLVMBuildSub(L->b, end, begin, ""), ci64(L, CG_JAM), "");
     lower_jammed(L, begin, groups, jam_ptr, acc_t[0]);
+    /* the runtime runs a staged kernel in blocks of a multiple of CG_JAM
+     * outer elements, the last one cut at the end: with a constant count of
+     * them that is a multiple too, no call has a rest to run */
+    int64_t n_outer = 1;
+    for (int d = 0; d < k->n_outer && n_outer; d++) n_outer = sym_is_const(k->dim[d]) ? n_outer * k->dim[d].c : 0;
+    if (n_outer && n_outer % CG_JAM == 0) return;
     begin = LLVMBuildAdd(L->b, begin, LLVMBuildMul(L->b, groups, ci64(L, CG_JAM), ""), "");
     /* the rest runs at most CG_JAM - 1 rows a call: a short row then gets
      * one copy of its loop's body, not LLVM's four (less to compile) */
@@ -821,7 +827,10 @@ static void lower_staged(lctx *L, LLVMValueRef begin, LLVMValueRef end) {
       inner_nest(L, k->n_outer, idx, reduce_body, &rc);
       L->accv[s] = reduced_value(L, st, acc_t[s], LLVMBuildLoad2(L->b, acc_t[s], acc_ptr[s], ""));
     } else if (st->inner) {
+      int il = L->inner_interleave;
+      if (costly(k, st->expr)) L->inner_interleave = 1; /* as flat_run's */
       inner_nest(L, k->n_outer, idx, map_body, (void *)st);
+      L->inner_interleave = il;
     } else {
       LLVMValueRef off[64];
       for (int a = 0; a < k->n_acc; a++) off[a] = L->base[a];
@@ -898,6 +907,10 @@ static void flat_run(lctx *L, LLVMValueRef from, LLVMValueRef to, int d) {
   loop in;
   loop_open(L, &in, from, to, "inner");
   in.masked = want_masked_tail(k->dim[d]);
+  /* one vector a pass when the body is polynomial math: it has work enough
+   * to overlap in one vector, and a second interleaved copy doubled the
+   * machine code time of such kernels (GELU ran no slower without it) */
+  if (costly(k, k->stage[0].expr)) in.interleave = 1;
   LLVMValueRef off[64];
   for (int a = 0; a < k->n_acc; a++) {
     sym_dim s = k->acc[a].stride[d];

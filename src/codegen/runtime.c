@@ -106,7 +106,7 @@ typedef struct kern_obj {
   size_t len;
 } kern_obj;
 
-/* The kernels one thread compiles, in one module. */
+/* Kernels compiled together, in one module, on one thread. */
 typedef struct compile_group {
   cg_module m;
   int n;              /* kernels in m */
@@ -135,6 +135,19 @@ static void *compile_group_run(void *arg) {
   /* a kernel without a key keeps its own strong name, which a later variant
    * linking this object beside its own kernels could define twice */
   if (!g->keyless) kcache_put(g->keys, g->keylens, g->n_keys, g->out.obj, g->out.len);
+  return NULL;
+}
+
+/* The groups of a compile, taken in order by as many threads. */
+typedef struct group_queue {
+  compile_group *grp;
+  int n;
+  atomic_int next;
+} group_queue;
+
+static void *group_queue_run(void *arg) {
+  group_queue *gq = arg;
+  for (int i; (i = atomic_fetch_add(&gq->next, 1)) < gq->n;) compile_group_run(&gq->grp[i]);
   return NULL;
 }
 
@@ -325,11 +338,17 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
   int loops = 0, exprs = 0;
   for (int k = 0; k < p->n_k; k++)
     if (p->k[k].kind == CG_K_LOOP) loops++, exprs += p->k[k].n_expr;
-  int groups = pool_num_threads();
-  if (groups > MAX_GROUPS) groups = MAX_GROUPS;
-  if (groups > loops) groups = loops;
-  if (loops < 4 || exprs < 200 || dumping) groups = loops ? 1 : 0;
-  compile_group grp[MAX_GROUPS] = {0};
+  int threads = pool_num_threads();
+  if (threads > MAX_GROUPS) threads = MAX_GROUPS;
+  if (threads > loops) threads = loops;
+  if (loops < 4 || exprs < 200 || dumping) threads = loops ? 1 : 0;
+  /* with the quick code generator, its kernels and the others go to groups
+   * of their own (jit_emit compiles an all-quick module at level None):
+   * groups [0, threads) take the costly kernels, the n_light after them the
+   * light ones (two a thread: the threads' ends come closer). A compile
+   * that dumps keeps one module. */
+  compile_group grp[3 * MAX_GROUPS] = {0};
+  int groups = 0;
   /* read once: the key and the compile must agree on the pipeline */
   const char *target = jit_target_id(), *passes = jit_passes();
   int n_same = 0, n_code = 0, n_objs = 0, n_cached = 0, n_disk = 0;
@@ -342,15 +361,6 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
   (void)tkeys;
   ksig *sigs = alloc_calloc((size_t)p->n_k + 1, sizeof *sigs);
   if (!code || !objs || !held || !same || !keys || !sigs) goto oom_compile;
-  for (int q = 0; q < groups; q++) {
-    grp[q].keys = alloc_calloc((size_t)p->n_k + 1, sizeof *grp[q].keys);
-    grp[q].keylens = alloc_calloc((size_t)p->n_k + 1, sizeof *grp[q].keylens);
-    grp[q].dump = dump;
-    grp[q].dump_to = e->dump_to;
-    grp[q].passes = passes;
-    if (!grp[q].keys || !grp[q].keylens) goto oom_compile;
-    if (jit_module_new(&grp[q].m, g->name, err, errn)) goto fail_compile;
-  }
   for (int k = 0; k < p->n_k; k++) same[k] = -1;
   /* signatures first: how many differ decides the code generator, and the
    * first kernel of k's signature is where k's twin is looked for */
@@ -364,10 +374,24 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
     distinct += j == k;
   }
   bool quick = want_quick(distinct);
+  int n_light = threads > 1 ? 2 * threads : 1;
+  groups = quick && !dumping && threads ? threads + n_light : threads;
+  for (int q = 0; q < groups; q++) {
+    grp[q].keys = alloc_calloc((size_t)p->n_k + 1, sizeof *grp[q].keys);
+    grp[q].keylens = alloc_calloc((size_t)p->n_k + 1, sizeof *grp[q].keylens);
+    grp[q].dump = dump;
+    grp[q].dump_to = e->dump_to;
+    grp[q].passes = passes;
+    if (!grp[q].keys || !grp[q].keylens) goto oom_compile;
+    if (jit_module_new(&grp[q].m, g->name, err, errn)) goto fail_compile;
+  }
   for (int k = 0; k < p->n_k && groups; k++) {
     if (p->k[k].kind != CG_K_LOOP) continue;
-    int to = 0; /* the least loaded group */
-    for (int q = 1; q < groups; q++)
+    int costly = lower_costly_ops(&p->k[k]);
+    bool light = quick && !costly;
+    int from = groups > threads && light ? threads : 0, n_kind = groups > threads && light ? n_light : threads;
+    int to = from; /* the least loaded group of its kind */
+    for (int q = from + 1; q < from + n_kind; q++)
       if (grp[q].load < grp[to].load) to = q;
     int twin = -1;
     for (int j = sigs[k].first; j < k && twin < 0; j++)
@@ -396,7 +420,7 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
       goto fail_compile;
     }
     LLVMValueRef fn = LLVMGetNamedFunction(grp[to].m.mod, p->k[k].name);
-    bool light = quick && fn && lower_is_light(&p->k[k]);
+    light = light && fn;
     if (light) LLVMAddTargetDependentFunctionAttr(fn, CG_QUICK_ATTR, "");
     keys[k] = fn ? kernel_key(fn, &p->k[k], false) : NULL;
     for (int j = 0; j < k && keys[k] && same[k] < 0; j++)
@@ -460,20 +484,23 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
       grp[to].keyless = true;
     }
     grp[to].n++;
-    grp[to].load += p->k[k].n_expr + 8;
+    /* a costly op's polynomial is tens of instructions */
+    grp[to].load += p->k[k].n_expr + 8 + 40 * costly;
   }
   double t1 = now_ms(), opt_ms = 0, cg_ms = 0;
   if (dump & KILN_DUMP_KERNELS) {
     fuse_dump(p, e->dump_to);
     fprintf(e->dump_to, "fusion and lowering: %.2f ms\n", t1 - t0);
   }
+  /* each thread takes the next group not taken: the costly kernels' first
+   * (each takes longest for its size), the light ones' then fill the gaps */
+  group_queue gq = {.grp = grp, .n = groups};
   pthread_t th[MAX_GROUPS];
   bool started[MAX_GROUPS] = {0};
-  for (int q = 1; q < groups; q++) started[q] = pthread_create(&th[q], NULL, compile_group_run, &grp[q]) == 0;
-  for (int q = 0; q < groups; q++)
-    if (!started[q]) compile_group_run(&grp[q]);
-  for (int q = 1; q < groups; q++)
-    if (started[q]) pthread_join(th[q], NULL);
+  for (int t = 1; t < threads; t++) started[t] = pthread_create(&th[t], NULL, group_queue_run, &gq) == 0;
+  group_queue_run(&gq);
+  for (int t = 1; t < threads; t++)
+    if (started[t]) pthread_join(th[t], NULL);
   bool failed = false;
   for (int q = 0; q < groups; q++) {
     opt_ms += grp[q].opt_ms;
@@ -508,7 +535,8 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
       fprintf(e->dump_to, "%s)\n", n_same > 12 ? " ..." : "");
     }
     if (n_quick)
-      fprintf(e->dump_to, "quick code generator: %d of %d distinct kernels (the light ones)\n", n_quick, n_code);
+      fprintf(e->dump_to, "quick code generator: %d of %d distinct kernels (the light ones, %s)\n", n_quick, n_code,
+              groups > threads ? "in modules of their own at level None" : "optnone in one module with the others");
     if (n_cached)
       fprintf(e->dump_to, "kernel cache: %d of %d distinct kernels compiled before (%d from KILN_CACHE_DIR)\n", n_cached,
               n_code, n_disk);
