@@ -233,6 +233,8 @@ int lower_kernel(const cg_program *p, cg_kernel *k, LLVMModuleRef m, char *why, 
  * without any is light: it is bound by memory, and LLVM's quick code
  * generator makes code for it as fast as the full one's (jit.c). */
 int lower_costly_ops(const cg_kernel *k);
+/* Does k run by the column schedule (reductions over the slow axes, a block of outer elements at a time)? */
+bool lower_is_column(const cg_kernel *k);
 #define CG_QUICK_ATTR "kiln-quick" /* a function attribute: compile with the quick code generator */
 
 /* ---- kkey.c: kernel keys ------------------------------------------------------- */

@@ -833,7 +833,10 @@ static void fold_epilogues(cg_program *p, cg_view *views) {
     }
 #undef IS_MM
   }
-  /* kernels are named by their place in the order */
+}
+
+/* Kernels are named by their place in the order, once it is final. */
+static void number_kernels(cg_program *p) {
   for (int ki = 0; ki < p->n_k; ki++) {
     cg_kernel *k = &p->k[ki];
     const char *rest = strchr(k->name, '_');
@@ -962,6 +965,166 @@ static int merge_reduce_epilogues(cg_program *p, cg_view *views) {
     alloc_free(b->acc), alloc_free(b->expr), alloc_free(b->stage), alloc_free(b->nodes), alloc_free(b->param);
     memmove(b, b + 1, sizeof *b * (size_t)(p->n_k - bi - 1));
     p->n_k--;
+  }
+  return 0;
+}
+
+/* ---- row kernels one after another ---- */
+
+/* A kernel with a loop over the inner dims per outer element (a REDUCE or
+ * a MAP over them), not run by the column schedule. */
+static bool row_kernel(const cg_kernel *k) {
+  if (k->kind != CG_K_LOOP || k->n_outer < 1 || k->n_outer >= k->ndim || lower_is_column(k)) return false;
+  for (int s = 0; s < k->n_stage; s++)
+    if (k->stage[s].kind == CG_REDUCE || k->stage[s].inner) return true;
+  return false;
+}
+
+/* How kernel b goes behind row kernel a, on a's loops: its stages as they
+ * are (b has a's loops too), its one MAP over a's inner dims (b is
+ * pointwise over a's whole space), or its one MAP once per outer element (b
+ * is pointwise over a's outer dims, then dims of 1: rsqrt(var + eps) after
+ * a variance). -1: b has other loops. */
+enum { BEHIND_STAGES, BEHIND_INNER, BEHIND_ROW };
+static int behind_form(const cg_kernel *a, const cg_kernel *b) {
+  if (b->kind != CG_K_LOOP || b->ndim != a->ndim) return -1;
+  for (int d = 0; d < a->n_outer; d++)
+    if (!sym_same(a->dim[d], b->dim[d])) return -1;
+  bool inner_same = true, inner_one = true;
+  for (int d = a->n_outer; d < a->ndim; d++) {
+    inner_same = inner_same && sym_same(a->dim[d], b->dim[d]);
+    inner_one = inner_one && sym_is_const(b->dim[d]) && b->dim[d].c == 1;
+  }
+  bool pointwise = b->n_stage == 1 && b->stage[0].kind == CG_MAP && b->n_outer == b->ndim;
+  if (inner_same && b->n_outer == a->n_outer && row_kernel(b)) return BEHIND_STAGES;
+  if (inner_same && pointwise) return BEHIND_INNER;
+  if (inner_one && pointwise) return BEHIND_ROW;
+  return -1;
+}
+
+/* b's access c as it reads on a's loops: a BEHIND_ROW kernel's dims of 1 walk nothing. */
+static cg_access access_behind(const cg_kernel *a, const cg_kernel *b, int c, int form) {
+  cg_access x = b->acc[c];
+  if (form == BEHIND_ROW)
+    for (int d = a->n_outer; d < a->ndim; d++) x.stride[d] = sym_const(0);
+  return x;
+}
+
+/* Kernel b (after a) reads what a's stages store only where a stored it
+ * for the same outer element, before b's stages run for it: per element
+ * of a MAP over the inner dims, or the element a once-per-row MAP stored
+ * (b's inner strides 0). b stores nothing a stores. */
+static bool reads_own_rows(const cg_kernel *a, const cg_kernel *b, int form, bool *reads_a) {
+  *reads_a = false;
+  for (int c = 0; c < b->n_acc; c++) {
+    cg_access x = access_behind(a, b, c, form);
+    bool b_stores = false;
+    for (int s = 0; s < b->n_stage; s++) b_stores |= b->stage[s].kind == CG_MAP && b->stage[s].store == c;
+    for (int s = 0; s < a->n_stage; s++) {
+      const cg_stage *st = &a->stage[s];
+      if (st->kind != CG_MAP || a->acc[st->store].buf != x.buf) continue;
+      if (b_stores) return false;
+      const cg_access *sa = &a->acc[st->store];
+      if (!sym_same(sa->offset, x.offset)) return false;
+      for (int d = 0; d < a->ndim; d++) {
+        bool walked = d < a->n_outer || st->inner; /* else b must read the row's one element */
+        if (walked ? !sym_same(sa->stride[d], x.stride[d]) : !(sym_is_const(x.stride[d]) && x.stride[d].c == 0))
+          return false;
+      }
+      *reads_a = true;
+    }
+  }
+  return true;
+}
+
+/* *out = a with kernel b's accesses, expressions, stages and nodes after
+ * its own, in arrays of its own (a's stay). 0, or -1 out of memory. */
+static int append_kernel(cg_kernel *out, const cg_kernel *a, const cg_kernel *b, int form) {
+  cg_access *acc = alloc_malloc(sizeof *acc * (size_t)(a->n_acc + b->n_acc));
+  cg_expr *expr = alloc_malloc(sizeof *expr * (size_t)(a->n_expr + b->n_expr));
+  cg_stage *stage = alloc_malloc(sizeof *stage * (size_t)(a->n_stage + b->n_stage));
+  int *nodes = alloc_malloc(sizeof *nodes * (size_t)(a->n_nodes + b->n_nodes + 1));
+  if (!acc || !expr || !stage || !nodes) {
+    alloc_free(acc), alloc_free(expr), alloc_free(stage), alloc_free(nodes);
+    return -1;
+  }
+  memcpy(acc, a->acc, sizeof *acc * (size_t)a->n_acc);
+  for (int c = 0; c < b->n_acc; c++) acc[a->n_acc + c] = access_behind(a, b, c, form);
+  memcpy(expr, a->expr, sizeof *expr * (size_t)a->n_expr);
+  for (int e = 0; e < b->n_expr; e++) {
+    cg_expr x = b->expr[e];
+    if (x.kind == CG_LOAD) x.a += a->n_acc;
+    else if (x.kind == CG_ACC) x.a += a->n_stage;
+    else if (x.kind == CG_OP)
+      for (int i = 0; i < x.n_in; i++) x.in[i] += a->n_expr;
+    expr[a->n_expr + e] = x;
+  }
+  memcpy(stage, a->stage, sizeof *stage * (size_t)a->n_stage);
+  for (int t = 0; t < b->n_stage; t++) {
+    cg_stage x = b->stage[t];
+    x.expr += a->n_expr;
+    if (x.kind == CG_MAP) x.store += a->n_acc;
+    if (form == BEHIND_INNER) x.inner = true;
+    if (form == BEHIND_ROW) x.inner = false;
+    stage[a->n_stage + t] = x;
+  }
+  memcpy(nodes, a->nodes, sizeof *nodes * (size_t)a->n_nodes);
+  memcpy(nodes + a->n_nodes, b->nodes, sizeof *nodes * (size_t)b->n_nodes);
+  *out = *a;
+  out->acc = acc, out->expr = expr, out->stage = stage, out->nodes = nodes, out->param = NULL;
+  out->n_acc += b->n_acc, out->n_expr += b->n_expr, out->n_stage += b->n_stage, out->n_nodes += b->n_nodes;
+  out->out_buf = b->out_buf;
+  out->node = b->node;
+  out->result_node = b->result_node;
+  return 0;
+}
+
+enum { ROW_MAX_STAGES = 8, ROW_MAX_ACCESSES = 48 };
+
+/* A kernel that reads what a row kernel before it stored, row by row,
+ * runs as the row kernel's next stages: a layer norm's mean, variance,
+ * rsqrt and normalize become one kernel, the row in cache from the first
+ * stage to the last, and a softmax that keeps its exp for the backward
+ * sums and divides in the same pass. What it stores is still stored (a
+ * later kernel may read it). It moves up to the row kernel's place, so
+ * what it reads must not be written in between, nor what it stores be
+ * read or written there. 0, or -1 out of memory. */
+static int merge_rows(cg_program *p) {
+  for (int ai = 0; ai < p->n_k; ai++) {
+    if (!row_kernel(&p->k[ai])) continue;
+    for (int bi = ai + 1; bi < p->n_k; bi++) {
+      cg_kernel *a = &p->k[ai], *b = &p->k[bi];
+      int form = behind_form(a, b);
+      bool reads_a;
+      if (form < 0 || a->n_stage + b->n_stage > ROW_MAX_STAGES || a->n_acc + b->n_acc > ROW_MAX_ACCESSES ||
+          !reads_own_rows(a, b, form, &reads_a) || !reads_a)
+        continue;
+      bool ok = !a->param;
+      for (int c = 0; c < b->n_acc && ok; c++) {
+        int buf = b->acc[c].buf;
+        bool b_stores = false;
+        for (int s = 0; s < b->n_stage; s++) b_stores |= b->stage[s].kind == CG_MAP && b->stage[s].store == c;
+        ok = !written_between(p, ai, bi, buf);
+        /* what b stores: its own buffer, which nothing before it reads */
+        if (b_stores) ok = ok && p->buf[buf].alias_of < 0 && !kernel_reads(p, ai, buf);
+        for (int kj = ai + 1; kj < bi && ok && b_stores; kj++) ok = !kernel_reads(p, kj, buf);
+      }
+      if (!ok) continue;
+      cg_kernel merged;
+      if (append_kernel(&merged, a, b, form)) return -1;
+      /* the column schedule keeps no stage order between its blocks' rows */
+      if (lower_is_column(&merged)) {
+        kernel_free(&merged);
+        continue;
+      }
+      kernel_free(a);
+      *a = merged;
+      kind_name(a, "row");
+      kernel_free(b);
+      memmove(b, b + 1, sizeof *b * (size_t)(p->n_k - bi - 1));
+      p->n_k--;
+      bi--;
+    }
   }
   return 0;
 }
@@ -1123,10 +1286,19 @@ cg_program *fuse_graph(const ir_graph *g, char *err, size_t errn) {
     goto fail;
   }
   fold_epilogues(p, f.map);
+  if (merge_rows(p)) {
+    snprintf(err, errn, "out of memory");
+    goto fail;
+  }
+  number_kernels(p);
   /* liveness over the kernel order */
   for (int ki = 0; ki < p->n_k; ki++) {
     cg_kernel *k = &p->k[ki];
     if (k->out_buf >= 0 && p->buf[k->out_buf].first < 0) p->buf[k->out_buf].first = ki;
+    for (int s = 0; k->kind == CG_K_LOOP && s < k->n_stage; s++) { /* a row kernel stores more than its result */
+      int b = k->stage[s].kind == CG_MAP ? k->acc[k->stage[s].store].buf : -1;
+      if (b >= 0 && p->buf[b].first < 0) p->buf[b].first = ki;
+    }
     /* a result no kernel reads (a dead node of a loaded graph) still occupies its buffer while written */
     if (k->out_buf >= 0 && p->buf[k->out_buf].last < ki) p->buf[k->out_buf].last = ki;
     for (int a = 0; a < k->n_acc; a++) p->buf[k->acc[a].buf].last = ki;

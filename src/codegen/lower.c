@@ -642,6 +642,8 @@ static bool column_ok(const cg_kernel *k) {
   return along_outer && !along_inner;
 }
 
+bool lower_is_column(const cg_kernel *k) { return column_ok(k); }
+
 typedef struct column {
   int t;                      /* the fastest outer dim */
   LLVMValueRef base[64];      /* per access: its offset at the block's first outer element */
