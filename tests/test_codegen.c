@@ -706,6 +706,12 @@ static int light_sums_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out)
   return 0;
 }
 
+static int scalar_exp_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  out[0] = kiln_exp(in[0]);
+  return 0;
+}
+
 static int many_sums_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
   (void)ctx;
   kiln_tensor *x = in[0];
@@ -782,6 +788,13 @@ START_TEST(test_quick_codegen) {
   fn = compile_once(plain_row_sum_body, 1, &x);
   dump = dump_of(fn, KILN_DUMP_LLVM);
   ck_assert_int_eq(1, optnone_kernels(dump));
+  free(dump);
+  kiln_fn_free(fn);
+  /* a kernel of one element is light whatever it computes: it has no loop to make fast */
+  kiln_tensor *s = kiln_scalar(KILN_F32, 0.75);
+  fn = compile_once(scalar_exp_body, 1, &s);
+  dump = dump_of(fn, KILN_DUMP_KERNELS);
+  ck_assert_msg(strstr(dump, "quick code generator: 1 of 1 distinct kernels") != NULL, "%.2000s", dump);
   free(dump);
   kiln_fn_free(fn);
   unsetenv("KILN_QUICK");
@@ -885,6 +898,14 @@ static int ln_stats_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
   return 0;
 }
 
+/* Row sums without keepdim, kept, and a pointwise op of them. */
+static int row_sums_kept_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  out[0] = kiln_sum(in[0], -1, false);
+  out[1] = kiln_add(kiln_mul(out[0], kiln_scalar(KILN_F32, 2)), kiln_scalar(KILN_F32, 1));
+  return 0;
+}
+
 /* The rows less the first row's mean: not row by row. */
 static int first_row_mean_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
   (void)ctx;
@@ -905,8 +926,9 @@ static kiln_fn *compile_outs(body_fn body, int n_out, kiln_tensor *x, kiln_tenso
 /* A kernel that reads what a row kernel before it stored, row by row, runs
  * as its next stages (merge_rows in fuse.c): the layer norm above is one
  * loop kernel that stores all three outputs, against the statistics taken
- * here in double; one and two threads agree bitwise. A kernel that reads
- * another row's value (the first row's mean) stays a kernel of its own. */
+ * here in double; one and two threads agree bitwise. Row sums kept as they
+ * are and scaled are one kernel too. A kernel that reads another row's
+ * value (the first row's mean) stays a kernel of its own. */
 START_TEST(test_row_merges) {
   kiln_scope_begin();
   const int64_t rows[] = {67, 3001}, cols = 45;
@@ -956,18 +978,24 @@ START_TEST(test_row_merges) {
     }
     kiln_fn_free(fn);
   }
-  kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){67, cols}), 9), *y[2], *ref[2];
-  kiln_fn *fn = compile_outs(first_row_mean_body, 2, x, y);
-  cg_program *p = plan_of(fn);
-  ck_assert_int_eq(2, count_kind(p, CG_K_LOOP));
-  free_plan(p);
-  ck_assert_int_eq(0, first_row_mean_body(NULL, &x, ref));
-  for (int i = 0; i < 2; i++) {
-    int64_t bad;
-    ck_assert(same_shape(y[i], ref[i]));
-    ck_assert_double_le(maxdiff_rel(y[i], ref[i], &bad), 1e-6);
+  /* the sums kept: the pointwise op over the outer dims alone runs once per row behind them;
+   * the first row's mean: two kernels */
+  const body_fn bodies[] = {row_sums_kept_body, first_row_mean_body};
+  const int want_loops[] = {1, 2};
+  for (int t = 0; t < 2; t++) {
+    kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){67, cols}), 9), *y[2], *ref[2];
+    kiln_fn *fn = compile_outs(bodies[t], 2, x, y);
+    cg_program *p = plan_of(fn);
+    ck_assert_int_eq(want_loops[t], count_kind(p, CG_K_LOOP));
+    free_plan(p);
+    ck_assert_int_eq(0, bodies[t](NULL, &x, ref));
+    for (int i = 0; i < 2; i++) {
+      int64_t bad;
+      ck_assert(same_shape(y[i], ref[i]));
+      ck_assert_double_le(maxdiff_rel(y[i], ref[i], &bad), 1e-6);
+    }
+    kiln_fn_free(fn);
   }
-  kiln_fn_free(fn);
   kiln_scope_end();
 }
 END_TEST

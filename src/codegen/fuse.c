@@ -983,19 +983,20 @@ static bool row_kernel(const cg_kernel *k) {
 /* How kernel b goes behind row kernel a, on a's loops: its stages as they
  * are (b has a's loops too), its one MAP over a's inner dims (b is
  * pointwise over a's whole space), or its one MAP once per outer element (b
- * is pointwise over a's outer dims, then dims of 1: rsqrt(var + eps) after
- * a variance). -1: b has other loops. */
+ * is pointwise over a's outer dims, alone or then dims of 1: rsqrt(var +
+ * eps) after a variance). -1: b has other loops. */
 enum { BEHIND_STAGES, BEHIND_INNER, BEHIND_ROW };
 static int behind_form(const cg_kernel *a, const cg_kernel *b) {
-  if (b->kind != CG_K_LOOP || b->ndim != a->ndim) return -1;
+  if (b->kind != CG_K_LOOP || (b->ndim != a->ndim && b->ndim != a->n_outer)) return -1;
   for (int d = 0; d < a->n_outer; d++)
     if (!sym_same(a->dim[d], b->dim[d])) return -1;
+  bool pointwise = b->n_stage == 1 && b->stage[0].kind == CG_MAP && b->n_outer == b->ndim;
+  if (b->ndim == a->n_outer) return pointwise ? BEHIND_ROW : -1; /* over the outer dims alone: a reduction's result without keepdim */
   bool inner_same = true, inner_one = true;
   for (int d = a->n_outer; d < a->ndim; d++) {
     inner_same = inner_same && sym_same(a->dim[d], b->dim[d]);
     inner_one = inner_one && sym_is_const(b->dim[d]) && b->dim[d].c == 1;
   }
-  bool pointwise = b->n_stage == 1 && b->stage[0].kind == CG_MAP && b->n_outer == b->ndim;
   if (inner_same && b->n_outer == a->n_outer && row_kernel(b)) return BEHIND_STAGES;
   if (inner_same && pointwise) return BEHIND_INNER;
   if (inner_one && pointwise) return BEHIND_ROW;

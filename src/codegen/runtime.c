@@ -388,7 +388,8 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
   for (int k = 0; k < p->n_k && groups; k++) {
     if (p->k[k].kind != CG_K_LOOP) continue;
     int costly = lower_costly_ops(&p->k[k]);
-    bool light = quick && !costly;
+    /* a kernel of one element has no loop for the full generator to make fast */
+    bool light = quick && (!costly || p->k[k].ndim == 0);
     int from = groups > threads && light ? threads : 0, n_kind = groups > threads && light ? n_light : threads;
     int to = from; /* the least loaded group of its kind */
     for (int q = from + 1; q < from + n_kind; q++)
