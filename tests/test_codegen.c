@@ -580,12 +580,21 @@ END_TEST
 
 /* Kernels of the same code share one compiled function: two equal chains
  * over inputs of one shape compile once, and so does one over a contiguous
- * input of another length (its 1-D loop has no size in its code); each
- * still gives its own shape's answer. */
+ * input of another length (its 1-D loop has no size in its code), or over
+ * another range of one buffer; each still gives its own answer. */
 static int twin_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
   (void)ctx;
   for (int i = 0; i < 3; i++)
     out[i] = kiln_tanh(kiln_add(kiln_mul(in[i], kiln_scalar(KILN_F32, 2)), kiln_scalar(KILN_F32, 1)));
+  return 0;
+}
+
+/* The same chain over three column ranges of one input (the q, k and v of
+ * a projection): they start at other offsets in one buffer. */
+static int thirds_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  for (int i = 0; i < 3; i++)
+    out[i] = kiln_tanh(kiln_mul(kiln_slice(in[0], 1, 24 * i, 24 * (i + 1), 1), kiln_scalar(KILN_F32, 2)));
   return 0;
 }
 
@@ -622,6 +631,22 @@ START_TEST(test_shared_kernels) {
   ck_assert_int_eq(3, count_kind(p, CG_K_LOOP));
   free_plan(p);
   char *dump = dump_of(fn, KILN_DUMP_KERNELS);
+  ck_assert_msg(strstr(dump, "shared code: 2 of 3 loop kernels") != NULL, "%s", dump);
+  free(dump);
+  kiln_fn_free(fn);
+  /* where a kernel starts in its buffer is in the pointer it is given, not its code */
+  kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){40, 72}), 4);
+  o.n_in = 1;
+  fn = kiln_compile(thirds_body, NULL, &o);
+  ck_assert_int_eq(0, kiln_call(fn, &x, y));
+  ck_assert_int_eq(0, kiln_call(fn, &x, y));
+  ck_assert_int_eq(0, thirds_body(NULL, &x, ref));
+  for (int i = 0; i < 3; i++) {
+    int64_t bad;
+    ck_assert(same_shape(y[i], ref[i]));
+    ck_assert_double_le(maxdiff_rel(y[i], ref[i], &bad), 1e-6);
+  }
+  dump = dump_of(fn, KILN_DUMP_KERNELS);
   ck_assert_msg(strstr(dump, "shared code: 2 of 3 loop kernels") != NULL, "%s", dump);
   free(dump);
   kiln_fn_free(fn);

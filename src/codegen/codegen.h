@@ -226,6 +226,22 @@ LLVMValueRef vmath_emit(LLVMBuilderRef b, int op, LLVMValueRef x);
 
 #define CG_BLOCKS 64
 
+/* The first access of k to access a's buffer: accesses to one buffer share
+ * its pointer (and alias scope) in the kernel's code. */
+static inline int cg_first_access(const cg_kernel *k, int a) {
+  int f = 0;
+  while (k->acc[f].buf != k->acc[a].buf) f++;
+  return f;
+}
+/* Elements the runtime adds to the pointer it passes for access a's buffer:
+ * the first access's offset when it is a constant, so that kernels that
+ * differ only in where in their buffers they start (the q, k and v slices
+ * of one projection) have the same code. The code adds the rest. */
+static inline int64_t cg_pointer_shift(const cg_kernel *k, int a) {
+  sym_dim o = k->acc[cg_first_access(k, a)].offset;
+  return sym_is_const(o) ? o.c : 0;
+}
+
 /* Adds kernel k (CG_K_LOOP) to module m as function k->name; 0, or -1 with why. */
 int lower_kernel(const cg_program *p, cg_kernel *k, LLVMModuleRef m, char *why, size_t whyn);
 

@@ -70,7 +70,7 @@ struct cg_jit {
  * printed function's metadata or attributes (!3, #0) hold for the same
  * text (the key of a function the walk does not know is its text), so that
  * objects compiled before are not taken. */
-enum { KERNEL_FORMAT = 3 };
+enum { KERNEL_FORMAT = 4 };
 
 /* The pass builder's options jit_emit sets, as they enter the cache key. */
 #define PASS_OPTIONS "loop and SLP vectorization, interleaving, no unrolling"

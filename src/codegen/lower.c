@@ -50,6 +50,17 @@ typedef struct lctx {
 
 static LLVMValueRef ci64(lctx *L, int64_t v) { return LLVMConstInt(L->i64, (unsigned long long)v, 1); }
 
+static LLVMValueRef sym_val(lctx *L, sym_dim d);
+
+/* Access a's offset from the pointer the runtime passes (cg_pointer_shift). */
+static LLVMValueRef access_offset(lctx *L, int a) {
+  sym_dim o = L->k->acc[a].offset;
+  int64_t shift = cg_pointer_shift(L->k, a);
+  if (sym_is_const(o)) return ci64(L, o.c - shift);
+  LLVMValueRef v = sym_val(L, o);
+  return shift ? LLVMBuildSub(L->b, v, ci64(L, shift), "") : v;
+}
+
 /* A symbolic value: a constant, or p[k] with k registered in the kernel. */
 static LLVMValueRef sym_val(lctx *L, sym_dim d) {
   if (sym_is_const(d)) return ci64(L, d.c);
@@ -430,7 +441,7 @@ static void outer_bases(lctx *L, LLVMValueRef o, int n_outer) {
     }
   }
   for (int a = 0; a < k->n_acc; a++) {
-    LLVMValueRef b = sym_val(L, k->acc[a].offset);
+    LLVMValueRef b = access_offset(L, a);
     for (int d = 0; d < n_outer; d++) {
       if (sym_is_const(k->acc[a].stride[d]) && k->acc[a].stride[d].c == 0) continue;
       b = LLVMBuildAdd(L->b, b, LLVMBuildMul(L->b, idx[d], sym_val(L, k->acc[a].stride[d]), ""), "");
@@ -855,7 +866,7 @@ static void lower_split(lctx *L, LLVMValueRef begin, LLVMValueRef end) {
   LLVMValueRef acc_ptr = LLVMBuildAlloca(L->eb, L->f64, "acc");
   LLVMValueRef scratch = LLVMBuildLoad2(
       L->eb, L->ptr, LLVMBuildGEP2(L->eb, L->ptr, L->bufs, (LLVMValueRef[]){ci64(L, L->k->n_acc)}, 1, ""), "scratch");
-  for (int a = 0; a < k->n_acc; a++) L->base[a] = sym_val(L, k->acc[a].offset);
+  for (int a = 0; a < k->n_acc; a++) L->base[a] = access_offset(L, a);
   LLVMBasicBlockRef blocks = LLVMAppendBasicBlockInContext(L->c, L->fn, "blocks"),
                     combine = LLVMAppendBasicBlockInContext(L->c, L->fn, "combine"),
                     done = LLVMAppendBasicBlockInContext(L->c, L->fn, "alldone");
@@ -927,7 +938,7 @@ static void lower_flat(lctx *L, LLVMValueRef begin, LLVMValueRef end) {
   cg_kernel *k = L->k;
   const cg_stage *st = &k->stage[0];
   if (k->ndim <= 1) {
-    for (int a = 0; a < k->n_acc; a++) L->base[a] = sym_val(L, k->acc[a].offset);
+    for (int a = 0; a < k->n_acc; a++) L->base[a] = access_offset(L, a);
     if (k->ndim == 1) {
       /* one run, and no size in the code: kernels over contiguous ranges of
        * different lengths share it */

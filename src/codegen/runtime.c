@@ -211,10 +211,16 @@ static void kernel_sig(const cg_program *p, const cg_kernel *k, ksig *s) {
   for (int d = 0; d < k->ndim; d++) sig_dim(s, k->dim[d]);
   for (int a = 0; a < k->n_acc; a++) {
     const cg_access *x = &k->acc[a];
-    int first = 0; /* accesses to one buffer share its pointer and alias scope */
-    while (k->acc[first].buf != x->buf) first++;
+    int first = cg_first_access(k, a); /* accesses to one buffer share its pointer and alias scope */
     sig_word(s, (uint64_t)first), sig_word(s, (uint64_t)p->buf[x->buf].dtype);
-    sig_dim(s, x->offset);
+    /* the offset from the pointer passed (cg_pointer_shift): the code's */
+    int64_t shift = cg_pointer_shift(k, a);
+    if (sym_is_const(x->offset)) {
+      sig_dim(s, sym_const(x->offset.c - shift));
+    } else {
+      sig_dim(s, x->offset);
+      sig_word(s, (uint64_t)shift);
+    }
     for (int d = 0; d < k->ndim; d++) sig_dim(s, x->stride[d]);
   }
   for (int e = 0; e < k->n_expr; e++) {
@@ -847,7 +853,8 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
       int64_t grain = staged ? (inner >= 65536 ? 1 : 65536 / (inner ? inner : 1)) : 65536;
       int threads = pool_num_threads();
       char *acc[65]; /* the kernel's accesses in its own order (lower.c), then a scratch */
-      for (int a = 0; a < k->n_acc; a++) acc[a] = bufs[k->acc[a].buf];
+      for (int a = 0; a < k->n_acc; a++)
+        acc[a] = bufs[k->acc[a].buf] + cg_pointer_shift(k, a) * (int64_t)kiln_dtype_size(p->buf[k->acc[a].buf].dtype);
       acc[k->n_acc] = NULL;
       if (k->split) {
         /* a full reduction: its fixed blocks in parallel, then the combine */
