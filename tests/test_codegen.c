@@ -911,6 +911,35 @@ static void same_at_1_and_2_threads(kiln_fn *fn, kiln_tensor *const *in) {
   ck_assert_double_eq(0, maxdiff_rel(y1, y2, &bad));
 }
 
+/* A pointwise kernel over rows of a constant length loops over whole rows
+ * of that length (no division of each run's start by it): a range of
+ * elements runs the rows that end in it. 3001 rows of 45 with a bias
+ * along them split into blocks of 65536 elements at two threads, which
+ * start inside rows; both thread counts give eager's sums. */
+START_TEST(test_whole_rows) {
+  kiln_scope_begin();
+  kiln_tensor *in[2] = {kiln_randn(KILN_F32, 2, ((int64_t[]){3001, 45}), 1), kiln_randn(KILN_F32, 1, ((int64_t[]){45}), 2)};
+  kiln_fn *fn = compile_once(bias_add_body, 2, in);
+  int nd, no;
+  loops_of(fn, &nd, &no);
+  ck_assert_int_eq(2, nd);
+  char *dump = llvm_dump_of(fn);
+  ck_assert_msg(strstr(dump, "srem") == NULL, "%.3000s", dump);
+  free(dump);
+  kiln_tensor *ref = NULL;
+  ck_assert_int_eq(0, bias_add_body(NULL, in, &ref));
+  for (int t = 1; t <= 2; t++) {
+    kiln_set_num_threads(t);
+    kiln_tensor *y = NULL;
+    ck_assert_int_eq(0, kiln_call(fn, in, &y));
+    int64_t bad;
+    ck_assert_double_eq(0, maxdiff_rel(y, ref, &bad));
+  }
+  kiln_fn_free(fn);
+  kiln_scope_end();
+}
+END_TEST
+
 /* A layer norm whose statistics are outputs too, as a training step keeps
  * them for the backward: mean, variance, rsqrt and the normalized rows. */
 static int ln_stats_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
@@ -1457,6 +1486,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, test_short_rows_one_chain_each);
   tcase_add_test(tc, test_quick_codegen);
   tcase_add_test(tc, test_row_merges);
+  tcase_add_test(tc, test_whole_rows);
   tcase_add_test(tc, test_residual_chain_stored);
   tcase_add_test(tc, test_grad_accumulates_into_gemm);
 #ifdef KILN_TEST_BUILD

@@ -951,6 +951,20 @@ static void lower_flat(lctx *L, LLVMValueRef begin, LLVMValueRef end) {
     return;
   }
   int last = k->ndim - 1;
+  int64_t row_len = cg_flat_row(k);
+  if (row_len) {
+    /* whole rows: [begin, end) runs rows [begin / len, end / len). The
+     * ranges a call is split into follow one another over a multiple of
+     * len, so each row goes to exactly one of them; and a loop of the
+     * constant length needs no rest when it is a multiple of the vector step */
+    loop rows;
+    loop_open(L, &rows, LLVMBuildSDiv(L->b, begin, ci64(L, row_len), ""), LLVMBuildSDiv(L->b, end, ci64(L, row_len), ""),
+              "rows");
+    outer_bases(L, rows.i, last);
+    flat_run(L, ci64(L, 0), ci64(L, row_len), last);
+    loop_close(L, &rows);
+    return;
+  }
   LLVMValueRef len = sym_val(L, k->dim[last]);
   /* pos walks [begin, end); each run covers the rest of one row */
   LLVMValueRef pos_ptr = LLVMBuildAlloca(L->eb, L->i64, "pos");
