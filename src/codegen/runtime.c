@@ -853,8 +853,11 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
       int64_t grain = staged ? (inner >= 65536 ? 1 : 65536 / (inner ? inner : 1)) : 65536;
       int threads = pool_num_threads();
       char *acc[65]; /* the kernel's accesses in its own order (lower.c), then a scratch */
-      for (int a = 0; a < k->n_acc; a++)
-        acc[a] = bufs[k->acc[a].buf] + cg_pointer_shift(k, a) * (int64_t)kiln_dtype_size(p->buf[k->acc[a].buf].dtype);
+      for (int a = 0; a < k->n_acc; a++) {
+        int64_t shift = cg_pointer_shift(k, a); /* an empty buffer is NULL: nothing to add to it */
+        char *base = bufs[k->acc[a].buf];
+        acc[a] = shift ? base + shift * (int64_t)kiln_dtype_size(p->buf[k->acc[a].buf].dtype) : base;
+      }
       acc[k->n_acc] = NULL;
       if (k->split) {
         /* a full reduction: its fixed blocks in parallel, then the combine */
