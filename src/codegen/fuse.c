@@ -342,7 +342,7 @@ static int expr_of(fuser *f, kbuild *kb, int node, bool root) {
   return id;
 }
 
-/* "_kind": the number goes in front once the order is final (fold_epilogues);
+/* "_kind": the number goes in front once the order is final (number_kernels);
  * formatting it in every round of a large graph took a tenth of fusion */
 static void kind_name(cg_kernel *k, const char *kind) {
   size_t n = strlen(kind);
@@ -691,16 +691,20 @@ static bool same_access(const cg_kernel *k, const cg_access *a, const cg_access 
   return true;
 }
 
+/* Does a MAP stage of k store through access a? */
+static bool stores_to(const cg_kernel *k, int a) {
+  for (int s = 0; s < k->n_stage; s++)
+    if (k->stage[s].kind == CG_MAP && k->stage[s].store == a) return true;
+  return false;
+}
+
 /* Does kernel ki read buffer b (its own store aside)? */
 static bool kernel_reads(const cg_program *p, int ki, int b) {
   const cg_kernel *k = &p->k[ki];
   for (int j = 0; j < 3; j++)
     if (k->in_buf[j] == b) return true;
-  for (int a = 0; a < k->n_acc; a++) {
-    bool store = false;
-    for (int s = 0; s < k->n_stage; s++) store |= k->stage[s].kind == CG_MAP && k->stage[s].store == a;
-    if (!store && k->acc[a].buf == b) return true;
-  }
+  for (int a = 0; a < k->n_acc; a++)
+    if (!stores_to(k, a) && k->acc[a].buf == b) return true;
   return false;
 }
 
@@ -1019,8 +1023,7 @@ static bool reads_own_rows(const cg_kernel *a, const cg_kernel *b, int form, boo
   *reads_a = false;
   for (int c = 0; c < b->n_acc; c++) {
     cg_access x = access_behind(a, b, c, form);
-    bool b_stores = false;
-    for (int s = 0; s < b->n_stage; s++) b_stores |= b->stage[s].kind == CG_MAP && b->stage[s].store == c;
+    bool b_stores = stores_to(b, c);
     for (int s = 0; s < a->n_stage; s++) {
       const cg_stage *st = &a->stage[s];
       if (st->kind != CG_MAP || a->acc[st->store].buf != x.buf) continue;
@@ -1103,8 +1106,7 @@ static int merge_rows(cg_program *p) {
       bool ok = !a->param;
       for (int c = 0; c < b->n_acc && ok; c++) {
         int buf = b->acc[c].buf;
-        bool b_stores = false;
-        for (int s = 0; s < b->n_stage; s++) b_stores |= b->stage[s].kind == CG_MAP && b->stage[s].store == c;
+        bool b_stores = stores_to(b, c);
         ok = !written_between(p, ai, bi, buf);
         /* what b stores: its own buffer, which nothing before it reads */
         if (b_stores) ok = ok && p->buf[buf].alias_of < 0 && !kernel_reads(p, ai, buf);

@@ -391,11 +391,7 @@ char *kernel_key(LLVMValueRef fn, const cg_kernel *k, bool text) {
   if (!body) body = kernel_key_text(fn);
   if (!body) return NULL;
   keybuf b = {.s = body, .n = strlen(body), .cap = strlen(body) + 1};
-  for (int a = 0; a < k->n_acc; a++) {
-    int first = 0;
-    while (k->acc[first].buf != k->acc[a].buf) first++;
-    putc_(&b, '|'), putnum(&b, first);
-  }
+  for (int a = 0; a < k->n_acc; a++) putc_(&b, '|'), putnum(&b, cg_first_access(k, a));
   if (b.bad) {
     alloc_free(b.s);
     return NULL;

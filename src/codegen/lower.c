@@ -161,9 +161,7 @@ static void alias_scopes(lctx *L) {
     char name[32];
     /* named by the first access to the same buffer, not the buffer: kernels
      * of the same shape then print the same, and share code (runtime.c) */
-    int first = 0;
-    while (k->acc[first].buf != k->acc[a].buf) first++;
-    int n = snprintf(name, sizeof name, "kiln.a%d", first);
+    int n = snprintf(name, sizeof name, "kiln.a%d", cg_first_access(k, a));
     LLVMMetadataRef ops[2] = {LLVMMDStringInContext2(c, name, (size_t)n), dom};
     scope_of[a] = LLVMMDNodeInContext2(c, ops, 2); /* uniqued: one node per buffer */
   }
@@ -1017,8 +1015,7 @@ int lower_kernel(const cg_program *prog, cg_kernel *k, LLVMModuleRef m, char *wh
   for (int a = 0; a < k->n_acc; a++) {
     /* accesses to one buffer (an in-place store) use one pointer: LLVM then
      * knows they are the same, and vectorizes the loop without overlap checks */
-    int first = 0;
-    while (k->acc[first].buf != k->acc[a].buf) first++;
+    int first = cg_first_access(k, a);
     if (first < a) {
       L.ptrs[a] = L.ptrs[first];
       continue;

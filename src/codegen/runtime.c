@@ -280,7 +280,7 @@ static int borrow_params(const cg_kernel *k, const ksig *ks, cg_kernel *dup, con
 }
 
 /* LLVM takes about 5 ms of machine code per kernel here: a compile of many
- * distinct kernels (a training step) gives its light ones (lower_is_light)
+ * distinct kernels (a training step) gives its light ones (no costly op, lower_costly_ops)
  * the quick code generator, which takes half that. KILN_QUICK=0 never does,
  * KILN_QUICK=1 does in any compile. */
 enum { QUICK_MIN_KERNELS = 16 };
