@@ -308,19 +308,23 @@ def render(rep, img_rel):
 
     out += ["", "### Compile time and memory", "",
             "kiln compile ms: IR passes, fusion, LLVM and linking, once per variant (the traced call, "
-            "which runs the body eagerly once and returns its results, is not counted). Cached: the "
+            "which runs the body eagerly once and returns its results, is not counted): the median of "
+            "five compiles from nothing (the kernel cache cleared before each, kiln_cache_clear), the "
+            "first one among them; compiled.json keeps the first, least and most. Cached: the "
             "same, for a second compiled function of the same body in the same process, whose kernels "
             "all come from the kernel cache (a later process gets the same with KILN_CACHE_DIR). "
             "TorchScript prep ms: script and freeze, plus what its first two (profiling) calls took "
             "beyond the steady state. Peak: tensor storage a call adds (kiln_mem_peak); the compiled "
             "side counts the arena it keeps between calls.", ""]
-    head = ["workload", "kiln compile ms", "cached ms", "TorchScript prep ms"]
+    head = ["workload", "kiln compile ms", "range of five", "cached ms", "TorchScript prep ms"]
     if has_compile:
         head.append("torch.compile prep ms")
     head += ["eager peak MiB", "compiled peak MiB", "compiled / eager"]
     rows = []
     for r in side:
-        cells = [r["name"], ms(r["kiln_compile_ms"]), ms(r.get("compile_cached_ms")), ms(r["torchscript_prep_ms"])]
+        lo, hi = r.get("compile_min_ms"), r.get("compile_max_ms")
+        span = f"{ms(lo)}-{ms(hi)}" if num(lo) and num(hi) else "-"
+        cells = [r["name"], ms(r["kiln_compile_ms"]), span, ms(r.get("compile_cached_ms")), ms(r["torchscript_prep_ms"])]
         if has_compile:
             cells.append(ms(r["torch_compiled_prep_ms"]))
         pe, pc = r["eager_peak_bytes"], r["compiled_peak_bytes"]

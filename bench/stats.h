@@ -23,4 +23,23 @@ static inline double bench_median(double *v, int n) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+/* Compile times vary by 2x on a shared machine, so each workload is
+ * compiled COLD_COMPILES times from nothing (kiln_cache_clear before each),
+ * the first compile among them, and the median is reported with the range.
+ * again(ctx) compiles once more and returns its ms, or < 0 on failure. */
+enum { COLD_COMPILES = 5 };
+typedef struct bench_compiles {
+  double first, median, lo, hi;
+} bench_compiles;
+
+static inline int bench_cold_compiles(double first, double (*again)(void *ctx), void *ctx, bench_compiles *out) {
+  double v[COLD_COMPILES] = {first};
+  for (int i = 1; i < COLD_COMPILES; i++)
+    if ((v[i] = again(ctx)) < 0) return -1;
+  out->first = first;
+  out->median = bench_median(v, COLD_COMPILES);
+  out->lo = v[0], out->hi = v[COLD_COMPILES - 1];
+  return 0;
+}
+
 #endif

@@ -368,6 +368,10 @@ KILN_API int kiln_save(kiln_fn *fn, const char *path);
 KILN_API kiln_fn *kiln_load(const char *path);
 /* Same, from text in memory. */
 KILN_API kiln_fn *kiln_load_string(const char *text);
+/* Forgets the compiled kernels kept in memory for later compiles (the
+ * kernel cache; KILN_CACHE_DIR's files stay). Compiled functions keep
+ * their code; the next compile of any kernel runs LLVM again. */
+KILN_API void kiln_cache_clear(void);
 
 /* ---- errors and runtime ----------------------------------------------- */
 

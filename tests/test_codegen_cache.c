@@ -170,6 +170,41 @@ static void remove_dir(const char *dir) {
 
 static kiln_tensor *input(uint64_t seed) { return kiln_randn(KILN_F32, 2, ((int64_t[]){6, 37}), seed); }
 
+/* kiln_cache_clear forgets the kernels kept in memory: the next compile of
+ * the same kernels runs LLVM again, and a function compiled before keeps
+ * running its code. */
+START_TEST(test_cache_clear) {
+  unsetenv("KILN_CACHE_DIR");
+  int of, disk;
+  kiln_scope_begin();
+  kiln_tensor *x = input(3);
+  kiln_options o = {.name = "kept", .n_in = 1, .n_out = 2, .backend = KILN_BACKEND_LLVM};
+  kiln_fn *fn = kiln_compile(body_sg, NULL, &o);
+  kiln_tensor *got[2], *ref[2];
+  ck_assert_int_eq(0, kiln_call(fn, &x, got));
+  ck_assert_int_eq(0, kiln_call(fn, &x, got)); /* compiled */
+  char *d = compile_checked(body_sg, x);
+  ck_assert_int_eq(2, cached(d, &of, &disk));
+  free(d);
+  kiln_cache_clear();
+  d = compile_checked(body_sg, x);
+  ck_assert_msg(cached(d, &of, &disk) < 0, "a kernel cached after kiln_cache_clear:\n%s", d);
+  free(d);
+  d = compile_checked(body_sg, x); /* kept again */
+  ck_assert_int_eq(2, cached(d, &of, &disk));
+  free(d);
+  kiln_cache_clear();
+  ck_assert_int_eq(0, kiln_call(fn, &x, got));
+  ck_assert_int_eq(0, body_sg(NULL, &x, ref));
+  for (int i = 0; i < 2; i++) ck_assert_double_le(maxdiff(got[i], ref[i]), 1e-6);
+  kiln_fn_stats st;
+  ck_assert_int_eq(0, kiln_fn_get_stats(fn, &st));
+  ck_assert_int_eq(2, st.hits);
+  kiln_fn_free(fn);
+  kiln_scope_end();
+}
+END_TEST
+
 START_TEST(test_memory_and_disk) {
   char dir[] = "/tmp/kiln-cache-XXXXXX";
   ck_assert_ptr_nonnull(mkdtemp(dir));
@@ -452,6 +487,7 @@ static Suite *suite(void) {
   Suite *s = suite_create("codegen_cache");
   TCase *tc = tcase_create("cache");
   tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, test_cache_clear);
   tcase_add_test(tc, test_memory_and_disk);
   tcase_add_test(tc, test_objects_overlap);
   tcase_add_test(tc, test_unusable_dir);

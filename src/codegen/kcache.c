@@ -422,6 +422,8 @@ void kcache_forget(void) {
   pthread_mutex_unlock(&mem.mu);
 }
 
+void kiln_cache_clear(void) { kcache_forget(); }
+
 bool kcache_get(const char *key, size_t keylen, const uint64_t *held, int n_held, void **obj, size_t *len, uint64_t *id,
                 bool *from_disk) {
   *from_disk = false;
