@@ -122,6 +122,9 @@ typedef struct cg_kernel {
    * them in block order and stores. The blocks do not depend on the thread
    * count, so neither do the bits. */
   bool split;
+  /* Set before lowering for a light kernel: lowering may emit its loops as
+   * vectors itself (lower.c, own_vectors_ok) */
+  bool own_vectors;
 } cg_kernel;
 
 /* Where a node's value lives: a buffer read through an offset and strides

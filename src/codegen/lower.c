@@ -14,7 +14,8 @@
  * scalar, then the MAP that stores; reductions over the leading dims run
  * the same stages over blocks of outer elements instead (lower_column).
  * f32 sums accumulate in f32 over short known rows, else in f64
- * (short_rows). */
+ * (short_rows). The loops are scalar, for LLVM's vectorizer; a light
+ * kernel's innermost ones are vectors already (own_vectors_ok). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,9 +47,17 @@ typedef struct lctx {
   unsigned scope_kind, noalias_kind, loop_kind;
   const char *failed;      /* why lowering gave up (the module is then discarded) */
   int cap_param;
+  /* own vectors (own_vectors_ok): lanes a vector has, lanes the values
+   * being emitted have (0: scalars), and which of a pass's vectors (copy) */
+  int lanes, vw, vcopy;
+  int vdim;   /* the dim the lanes run along: the last, or a column kernel's fastest outer one */
+  int copies; /* vectors a pass of the next vector loop takes */
+  LLVMValueRef mask; /* in a masked tail: the lanes before the end */
 } lctx;
 
 static LLVMValueRef ci64(lctx *L, int64_t v) { return LLVMConstInt(L->i64, (unsigned long long)v, 1); }
+
+static bool const_is(sym_dim d, int64_t v) { return sym_is_const(d) && d.c == v; }
 
 static LLVMValueRef sym_val(lctx *L, sym_dim d);
 
@@ -113,9 +122,61 @@ static LLVMValueRef call_intrinsic(lctx *L, const char *name, LLVMTypeRef t, LLV
   return LLVMBuildCall2(L->b, ft, f, args, (unsigned)n, "");
 }
 
+/* t, or a vector of t when the values being emitted are vectors. */
+static LLVMTypeRef vty(lctx *L, LLVMTypeRef t) { return L->vw ? LLVMVectorType(t, (unsigned)L->vw) : t; }
+
+static LLVMTypeRef val_type(lctx *L, kiln_dtype dt) { return vty(L, elem_type(L, dt)); }
+
+/* Scalar s in every lane when the values being emitted are vectors. */
+static LLVMValueRef splat(lctx *L, LLVMValueRef s) {
+  if (!L->vw) return s;
+  if (LLVMIsConstant(s)) {
+    LLVMValueRef e[64];
+    for (int i = 0; i < L->vw; i++) e[i] = s;
+    return LLVMConstVector(e, (unsigned)L->vw);
+  }
+  LLVMTypeRef i32 = LLVMInt32TypeInContext(L->c);
+  LLVMValueRef v = LLVMBuildInsertElement(L->b, LLVMGetPoison(vty(L, LLVMTypeOf(s))), s, LLVMConstInt(i32, 0, 0), "");
+  return LLVMBuildShuffleVector(L->b, v, LLVMGetPoison(LLVMTypeOf(v)), LLVMConstNull(LLVMVectorType(i32, (unsigned)L->vw)), "");
+}
+
 static LLVMValueRef const_of(lctx *L, kiln_dtype dt, double v) {
-  if (is_float(dt)) return LLVMConstReal(elem_type(L, dt), v);
-  return LLVMConstInt(elem_type(L, dt), (unsigned long long)(int64_t)v, 1);
+  if (is_float(dt)) return splat(L, LLVMConstReal(elem_type(L, dt), v));
+  return splat(L, LLVMConstInt(elem_type(L, dt), (unsigned long long)(int64_t)v, 1));
+}
+
+static LLVMValueRef tag(lctx *L, LLVMValueRef inst, int a);
+
+static unsigned elem_bytes(kiln_dtype dt) { return dt == KILN_BOOL ? 1 : dt == KILN_F32 ? 4 : 8; }
+
+/* llvm.masked.load or .store of vector type vt: the lanes L->mask leaves out are not touched. */
+static LLVMValueRef masked(lctx *L, bool store, LLVMTypeRef vt, LLVMValueRef *args, int n) {
+  const char *name = store ? "llvm.masked.store" : "llvm.masked.load";
+  unsigned id = LLVMLookupIntrinsicID(name, strlen(name));
+  LLVMTypeRef tys[2] = {vt, L->ptr};
+  LLVMValueRef f = LLVMGetIntrinsicDeclaration(L->m, id, tys, 2);
+  return LLVMBuildCall2(L->b, LLVMIntrinsicGetType(L->c, id, tys, 2), f, args, (unsigned)n, "");
+}
+
+/* Access a's element (or, in own vectors, its L->vw elements) at ptr. */
+static LLVMValueRef load_at(lctx *L, LLVMValueRef ptr, kiln_dtype dt, int a) {
+  LLVMTypeRef t = val_type(L, dt);
+  LLVMTypeRef i32 = LLVMInt32TypeInContext(L->c);
+  if (L->vw && L->mask)
+    return tag(L, masked(L, false, t, (LLVMValueRef[]){ptr, LLVMConstInt(i32, elem_bytes(dt), 0), L->mask, LLVMConstNull(t)}, 4), a);
+  LLVMValueRef v = tag(L, LLVMBuildLoad2(L->b, t, ptr, ""), a);
+  if (L->vw) LLVMSetAlignment(v, elem_bytes(dt)); /* a vector is aligned as its elements only */
+  return v;
+}
+
+static void store_at(lctx *L, LLVMValueRef v, LLVMValueRef ptr, kiln_dtype dt, int a) {
+  LLVMTypeRef i32 = LLVMInt32TypeInContext(L->c);
+  if (L->vw && L->mask) {
+    tag(L, masked(L, true, val_type(L, dt), (LLVMValueRef[]){v, ptr, LLVMConstInt(i32, elem_bytes(dt), 0), L->mask}, 4), a);
+    return;
+  }
+  LLVMValueRef st = tag(L, LLVMBuildStore(L->b, v, ptr), a);
+  if (L->vw) LLVMSetAlignment(st, elem_bytes(dt));
 }
 
 /* NaN-propagating max/min, as eager's MAXNAN/MINNAN. */
@@ -128,11 +189,11 @@ static LLVMValueRef maxnan(lctx *L, kiln_dtype dt, LLVMValueRef x, LLVMValueRef 
 
 static LLVMValueRef convert(lctx *L, LLVMValueRef v, kiln_dtype from, kiln_dtype to) {
   if (from == to) return v;
-  LLVMTypeRef t = elem_type(L, to);
+  LLVMTypeRef t = val_type(L, to);
   if (to == KILN_BOOL) {
-    LLVMValueRef nz = is_float(from) ? LLVMBuildFCmp(L->b, LLVMRealUNE, v, LLVMConstReal(elem_type(L, from), 0), "")
-                                     : LLVMBuildICmp(L->b, LLVMIntNE, v, LLVMConstInt(elem_type(L, from), 0, 0), "");
-    return LLVMBuildZExt(L->b, nz, L->i8, "");
+    LLVMValueRef nz = is_float(from) ? LLVMBuildFCmp(L->b, LLVMRealUNE, v, const_of(L, from, 0), "")
+                                     : LLVMBuildICmp(L->b, LLVMIntNE, v, const_of(L, from, 0), "");
+    return LLVMBuildZExt(L->b, nz, t, "");
   }
   if (from == KILN_BOOL) {
     return is_float(to) ? LLVMBuildUIToFP(L->b, v, t, "") : LLVMBuildZExt(L->b, v, t, "");
@@ -203,7 +264,7 @@ static LLVMValueRef emit_op(lctx *L, const cg_expr *x, LLVMValueRef *off) {
     if (ex->kind == CG_CONST && ex->c == 2.0) return LLVMBuildFMul(B, a, a, "");
     if (ex->kind == CG_CONST && ex->c == 3.0) return LLVMBuildFMul(B, LLVMBuildFMul(B, a, a, ""), a, "");
     if (ex->kind == CG_CONST && ex->c == 1.0) return a;
-    return call_intrinsic(L, "llvm.pow", elem_type(L, it), (LLVMValueRef[]){a, b}, 2);
+    return call_intrinsic(L, "llvm.pow", val_type(L, it), (LLVMValueRef[]){a, b}, 2);
   }
   case OP_MAXIMUM: return maxnan(L, it, a, b, true);
   case OP_MINIMUM: return maxnan(L, it, a, b, false);
@@ -212,15 +273,15 @@ static LLVMValueRef emit_op(lctx *L, const cg_expr *x, LLVMValueRef *off) {
     static const LLVMIntPredicate ip[] = {LLVMIntEQ, LLVMIntNE, LLVMIntSLT, LLVMIntSLE, LLVMIntSGT, LLVMIntSGE};
     int k = x->op - OP_EQ;
     LLVMValueRef c = fl ? LLVMBuildFCmp(B, fp[k], a, b, "") : LLVMBuildICmp(B, ip[k], a, b, "");
-    return LLVMBuildZExt(B, c, L->i8, "");
+    return LLVMBuildZExt(B, c, val_type(L, KILN_BOOL), "");
   }
   case OP_NEG: return fl ? LLVMBuildFNeg(B, a, "") : LLVMBuildNeg(B, a, "");
   case OP_ABS:
-    if (fl) return call_intrinsic(L, "llvm.fabs", elem_type(L, it), &a, 1);
-    return LLVMBuildSelect(B, LLVMBuildICmp(B, LLVMIntSLT, a, ci64(L, 0), ""), LLVMBuildNeg(B, a, ""), a, "");
+    if (fl) return call_intrinsic(L, "llvm.fabs", val_type(L, it), &a, 1);
+    return LLVMBuildSelect(B, LLVMBuildICmp(B, LLVMIntSLT, a, const_of(L, it, 0), ""), LLVMBuildNeg(B, a, ""), a, "");
   case OP_RELU:
     if (fl) return LLVMBuildSelect(B, LLVMBuildFCmp(B, LLVMRealUGT, a, const_of(L, it, 0), ""), a, const_of(L, it, 0), "");
-    return LLVMBuildSelect(B, LLVMBuildICmp(B, LLVMIntSGT, a, ci64(L, 0), ""), a, ci64(L, 0), "");
+    return LLVMBuildSelect(B, LLVMBuildICmp(B, LLVMIntSGT, a, const_of(L, it, 0), ""), a, const_of(L, it, 0), "");
   case OP_CAST: return convert(L, a, it, x->cast_to);
   case OP_COPY: return a;
   default: {
@@ -239,25 +300,34 @@ static LLVMValueRef emit(lctx *L, int e, LLVMValueRef *off) {
   case CG_LOAD: {
     LLVMTypeRef t = elem_type(L, x->dtype);
     LLVMValueRef ptr = LLVMBuildGEP2(L->b, t, L->ptrs[x->a], &off[x->a], 1, "");
-    v = tag(L, LLVMBuildLoad2(L->b, t, ptr, ""), x->a);
+    /* in own vectors an access moves by 1 along the vector's dim, or by 0 (one value for every lane) */
+    if (L->vw && const_is(L->k->acc[x->a].stride[L->vdim], 0)) {
+      int vw = L->vw;
+      L->vw = 0;
+      v = load_at(L, ptr, x->dtype, x->a);
+      L->vw = vw;
+      v = splat(L, v);
+    } else {
+      v = load_at(L, ptr, x->dtype, x->a);
+    }
     break;
   }
   case CG_CONST:
     v = const_of(L, x->dtype, x->c);
     break;
-  case CG_ACC:
-    v = L->accv[x->a];
+  case CG_ACC: /* a column kernel's results are vectors already */
+    v = LLVMGetTypeKind(LLVMTypeOf(L->accv[x->a])) == LLVMVectorTypeKind ? L->accv[x->a] : splat(L, L->accv[x->a]);
     break;
   case CG_SYM: {
     LLVMValueRef s = sym_val(L, x->s);
-    v = is_float(x->dtype) ? LLVMBuildSIToFP(L->b, s, elem_type(L, x->dtype), "") : s;
+    v = splat(L, is_float(x->dtype) ? LLVMBuildSIToFP(L->b, s, elem_type(L, x->dtype), "") : s);
     break;
   }
   case CG_OP:
     if (x->op == OP_WHERE) {
       LLVMValueRef c = emit(L, x->in[0], off), a = emit(L, x->in[1], off), b = emit(L, x->in[2], off);
       if (!c || !a || !b) return NULL;
-      v = LLVMBuildSelect(L->b, LLVMBuildICmp(L->b, LLVMIntNE, c, LLVMConstInt(L->i8, 0, 0), ""), a, b, "");
+      v = LLVMBuildSelect(L->b, LLVMBuildICmp(L->b, LLVMIntNE, c, const_of(L, KILN_BOOL, 0), ""), a, b, "");
     } else {
       v = emit_op(L, x, off);
     }
@@ -274,6 +344,8 @@ typedef struct loop {
   LLVMValueRef i, phi_acc;
   bool masked; /* ask the vectorizer for a masked tail instead of a scalar one */
   int interleave; /* the vectorizer's interleave count, or 0 for its own choice */
+  bool vectorized; /* own vectors, or their rest: the vectorizer leaves it */
+  int64_t step;
 } loop;
 
 /* An inner loop of n iterations gets a masked vector tail when n is not
@@ -290,6 +362,8 @@ static void loop_open(lctx *L, loop *lp, LLVMValueRef from, LLVMValueRef to, con
   lp->exit = LLVMAppendBasicBlockInContext(L->c, L->fn, "exit");
   lp->masked = false;
   lp->interleave = 0;
+  lp->vectorized = false;
+  lp->step = 1;
   LLVMBuildBr(L->b, lp->head);
   LLVMPositionBuilderAtEnd(L->b, lp->head);
   lp->i = LLVMBuildPhi(L->b, L->i64, "i");
@@ -299,11 +373,11 @@ static void loop_open(lctx *L, loop *lp, LLVMValueRef from, LLVMValueRef to, con
 }
 
 static void loop_close(lctx *L, loop *lp) {
-  LLVMValueRef next = LLVMBuildAdd(L->b, lp->i, ci64(L, 1), "");
+  LLVMValueRef next = LLVMBuildAdd(L->b, lp->i, ci64(L, lp->step), "");
   LLVMBasicBlockRef end = LLVMGetInsertBlock(L->b);
   LLVMAddIncoming(lp->i, &next, &end, 1);
   LLVMValueRef br = LLVMBuildBr(L->b, lp->head);
-  LLVMMetadataRef ops[3];
+  LLVMMetadataRef ops[4];
   int n = 1;
   if (lp->masked) {
     /* !{"llvm.loop.vectorize.predicate.enable", true} */
@@ -314,6 +388,11 @@ static void loop_close(lctx *L, loop *lp) {
   if (lp->interleave) {
     LLVMMetadataRef hint[2] = {LLVMMDStringInContext2(L->c, "llvm.loop.interleave.count", 26),
                                LLVMValueAsMetadata(LLVMConstInt(LLVMInt32TypeInContext(L->c), (unsigned)lp->interleave, 0))};
+    ops[n++] = LLVMMDNodeInContext2(L->c, hint, 2);
+  }
+  if (lp->vectorized) {
+    LLVMMetadataRef hint[2] = {LLVMMDStringInContext2(L->c, "llvm.loop.isvectorized", 22),
+                               LLVMValueAsMetadata(LLVMConstInt(LLVMInt32TypeInContext(L->c), 1, 0))};
     ops[n++] = LLVMMDNodeInContext2(L->c, hint, 2);
   }
   if (n > 1) {
@@ -342,8 +421,67 @@ static void inner_offsets(lctx *L, LLVMValueRef *idx, LLVMValueRef *off) {
   }
 }
 
+/* Own vectors: the loop over [from, to) of the last dim in steps of
+ * `copies` vectors, then what is left as one vector under a mask (none when
+ * the count is a constant multiple of the step; copies is 1 when it may not
+ * be). point(L, i, ctx) emits the body at index i, with L->vw lanes,
+ * L->vcopy the vector's place in its pass and L->mask the tail's lanes. */
+typedef void (*vec_point)(lctx *L, LLVMValueRef i, void *ctx);
+
+static void vec_loop(lctx *L, LLVMValueRef from, LLVMValueRef to, int copies, vec_point point, void *ctx) {
+  bool known = LLVMIsAConstantInt(from) && LLVMIsAConstantInt(to);
+  int64_t count = known ? LLVMConstIntGetSExtValue(to) - LLVMConstIntGetSExtValue(from) : 0;
+  if (!known || count % ((int64_t)L->lanes * copies)) copies = 1; /* the tail is one vector */
+  int64_t step = (int64_t)L->lanes * copies;
+  bool whole = known && count % step == 0;
+  LLVMValueRef end = to;
+  if (!whole) {
+    LLVMValueRef n = LLVMBuildSDiv(L->b, LLVMBuildSub(L->b, to, from, ""), ci64(L, step), "");
+    end = LLVMBuildAdd(L->b, from, LLVMBuildMul(L->b, n, ci64(L, step), ""), "");
+  }
+  loop lp;
+  loop_open(L, &lp, from, end, "vec");
+  lp.step = step;
+  lp.vectorized = true;
+  L->vw = L->lanes;
+  for (int c = 0; c < copies; c++) {
+    L->vcopy = c;
+    point(L, c ? LLVMBuildAdd(L->b, lp.i, ci64(L, c * L->lanes), "") : lp.i, ctx);
+  }
+  L->vw = L->vcopy = 0;
+  loop_close(L, &lp);
+  if (whole) return;
+  LLVMBasicBlockRef tail = LLVMAppendBasicBlockInContext(L->c, L->fn, "tail"),
+                    done = LLVMAppendBasicBlockInContext(L->c, L->fn, "taildone");
+  LLVMBuildCondBr(L->b, LLVMBuildICmp(L->b, LLVMIntSLT, end, to, ""), tail, done);
+  LLVMPositionBuilderAtEnd(L->b, tail);
+  LLVMValueRef lane[64];
+  for (int j = 0; j < L->lanes; j++) lane[j] = ci64(L, j);
+  L->vw = L->lanes;
+  L->mask = LLVMBuildICmp(L->b, LLVMIntSLT, LLVMConstVector(lane, (unsigned)L->lanes), splat(L, LLVMBuildSub(L->b, to, end, "")), "");
+  point(L, end, ctx);
+  L->vw = 0;
+  L->mask = NULL;
+  LLVMBuildBr(L->b, done);
+  LLVMPositionBuilderAtEnd(L->b, done);
+}
+
 /* Emits the inner loop nest over dims [d, ndim), running body at the innermost point. */
 typedef void (*inner_body)(lctx *L, LLVMValueRef *off, void *ctx);
+
+typedef struct nest_ctx {
+  LLVMValueRef *idx;
+  inner_body body;
+  void *ctx;
+} nest_ctx;
+
+static void nest_point(lctx *L, LLVMValueRef i, void *vctx) {
+  nest_ctx *n = vctx;
+  n->idx[L->k->ndim - 1] = i;
+  LLVMValueRef off[64];
+  inner_offsets(L, n->idx, off);
+  n->body(L, off, n->ctx);
+}
 
 static void inner_nest(lctx *L, int d, LLVMValueRef *idx, inner_body body, void *ctx) {
   cg_kernel *k = L->k;
@@ -351,6 +489,11 @@ static void inner_nest(lctx *L, int d, LLVMValueRef *idx, inner_body body, void 
     LLVMValueRef off[64];
     inner_offsets(L, idx, off);
     body(L, off, ctx);
+    return;
+  }
+  if (L->lanes && d == k->ndim - 1) {
+    nest_ctx n = {idx, body, ctx};
+    vec_loop(L, ci64(L, 0), sym_val(L, k->dim[d]), L->copies, nest_point, &n);
     return;
   }
   loop lp;
@@ -370,6 +513,8 @@ typedef struct reduce_ctx {
   LLVMTypeRef acc_t;
   kiln_dtype dt;
   bool ordered;           /* no reassoc: the column schedule adds in the reduced index's order */
+  LLVMValueRef vacc[4];   /* own vectors: an accumulator per vector of a pass */
+  bool column;            /* own vectors: acc_ptr is the block's accumulators at the vector's first */
 } reduce_ctx;
 
 static void reduce_body(lctx *L, LLVMValueRef *off, void *vctx) {
@@ -378,12 +523,14 @@ static void reduce_body(lctx *L, LLVMValueRef *off, void *vctx) {
   LLVMValueRef v = emit(L, r->st->expr, off);
   if (!v) return;
   if (r->keep_in >= 0)
-    tag(L, LLVMBuildStore(L->b, v, LLVMBuildGEP2(L->b, elem_type(L, r->dt), L->ptrs[r->keep_in], &off[r->keep_in], 1, "")),
-        r->keep_in);
-  LLVMValueRef acc = LLVMBuildLoad2(L->b, r->acc_t, r->acc_ptr, "");
+    store_at(L, v, LLVMBuildGEP2(L->b, elem_type(L, r->dt), L->ptrs[r->keep_in], &off[r->keep_in], 1, ""), r->dt, r->keep_in);
+  LLVMValueRef acc_ptr = L->vw && !r->column ? r->vacc[L->vcopy] : r->acc_ptr;
+  LLVMTypeRef acc_t = vty(L, r->acc_t);
+  LLVMValueRef acc = LLVMBuildLoad2(L->b, acc_t, acc_ptr, "");
+  if (L->vw && r->column) LLVMSetAlignment(acc, r->acc_t == L->f64 ? 8 : 4);
   LLVMValueRef nv;
   if (r->st->op == OP_SUM || r->st->op == OP_MEAN) {
-    if (r->dt == KILN_F32 && r->acc_t == L->f64) v = LLVMBuildFPExt(L->b, v, L->f64, "");
+    if (r->dt == KILN_F32 && r->acc_t == L->f64) v = LLVMBuildFPExt(L->b, v, acc_t, "");
     if (is_float(r->dt)) {
       nv = LLVMBuildFAdd(L->b, acc, v, "");
       if (!r->ordered) LLVMSetFastMathFlags(nv, LLVMFastMathAllowReassoc);
@@ -400,11 +547,14 @@ static void reduce_body(lctx *L, LLVMValueRef *off, void *vctx) {
   } else if (is_float(r->dt)) {
     /* llvm.maximum propagates NaN like eager and is a reduction the vectorizer knows
      * (eager's select form is not); they differ only on which zero max(-0, +0) is */
-    nv = call_intrinsic(L, r->st->op == OP_MAX ? "llvm.maximum" : "llvm.minimum", r->acc_t, (LLVMValueRef[]){acc, v}, 2);
+    nv = call_intrinsic(L, r->st->op == OP_MAX ? "llvm.maximum" : "llvm.minimum", acc_t, (LLVMValueRef[]){acc, v}, 2);
   } else {
     nv = maxnan(L, r->dt, v, acc, r->st->op == OP_MAX);
   }
-  LLVMBuildStore(L->b, nv, r->acc_ptr);
+  /* a masked tail's lanes past the end keep their sums */
+  if (L->vw && L->mask) nv = LLVMBuildSelect(L->b, L->mask, nv, acc, "");
+  LLVMValueRef st = LLVMBuildStore(L->b, nv, acc_ptr);
+  if (L->vw && r->column) LLVMSetAlignment(st, r->acc_t == L->f64 ? 8 : 4);
 }
 
 static void map_body(lctx *L, LLVMValueRef *off, void *vctx) {
@@ -412,16 +562,17 @@ static void map_body(lctx *L, LLVMValueRef *off, void *vctx) {
   clear_memo(L);
   if (L->reuse_expr >= 0 && st->store == L->reuse_acc) {
     /* an earlier REDUCE stage left this value where this stage stores: read it back */
-    LLVMTypeRef t = elem_type(L, L->k->expr[L->reuse_expr].dtype);
-    L->memo[L->reuse_expr] =
-        tag(L, LLVMBuildLoad2(L->b, t, LLVMBuildGEP2(L->b, t, L->ptrs[st->store], &off[st->store], 1, ""), ""), st->store);
+    kiln_dtype dt = L->k->expr[L->reuse_expr].dtype;
+    LLVMTypeRef t = elem_type(L, dt);
+    LLVMValueRef ptr = LLVMBuildGEP2(L->b, t, L->ptrs[st->store], &off[st->store], 1, "");
+    L->memo[L->reuse_expr] = load_at(L, ptr, dt, st->store);
   }
   LLVMValueRef v = emit(L, st->expr, off);
   if (!v) return;
   const cg_access *a = &L->k->acc[st->store];
-  LLVMTypeRef t = elem_type(L, L->prog->buf[a->buf].dtype);
-  LLVMValueRef ptr = LLVMBuildGEP2(L->b, t, L->ptrs[st->store], &off[st->store], 1, "");
-  tag(L, LLVMBuildStore(L->b, v, ptr), st->store);
+  kiln_dtype dt = L->prog->buf[a->buf].dtype;
+  LLVMValueRef ptr = LLVMBuildGEP2(L->b, elem_type(L, dt), L->ptrs[st->store], &off[st->store], 1, "");
+  store_at(L, v, ptr, dt, st->store);
 }
 
 /* Outer bases at flat outer index o (dims [0, n_outer) split by div/mod). */
@@ -527,6 +678,61 @@ static bool short_rows(const cg_kernel *k) {
   return n <= 8192;
 }
 
+/* Own vectors: a REDUCE stage's accumulators. A row that is a constant
+ * multiple of four vectors keeps four vectors of partial results (two
+ * vectors: two), as LLVM's vectorizer would; others one, which the masked
+ * tail adds to: lane j of vector c takes the elements at j + c * lanes
+ * modulo the pass. iv, the start value, goes in lane 0 of vector 0, the
+ * other lanes start at the op's identity. */
+static void vec_accumulators(lctx *L, reduce_ctx *r, LLVMValueRef iv) {
+  sym_dim n = L->k->dim[L->k->ndim - 1];
+  int64_t pass = 4 * (int64_t)L->lanes;
+  L->copies = !sym_is_const(n) ? 1 : n.c % pass == 0 ? 4 : n.c % (pass / 2) == 0 ? 2 : 1;
+  double id = r->st->op == OP_MAX ? -INFINITY : r->st->op == OP_MIN ? INFINITY : -0.0;
+  LLVMValueRef idv = LLVMConstReal(r->acc_t, id), lane[64];
+  LLVMTypeRef vt = LLVMVectorType(r->acc_t, (unsigned)L->lanes);
+  for (int c = 0; c < L->copies; c++) {
+    for (int j = 0; j < L->lanes; j++) lane[j] = c == 0 && j == 0 ? iv : idv;
+    r->vacc[c] = LLVMBuildAlloca(L->eb, vt, "vacc");
+    LLVMBuildStore(L->b, LLVMConstVector(lane, (unsigned)L->lanes), r->vacc[c]);
+  }
+}
+
+/* The value of r's accumulators: the vectors combined as LLVM's vectorizer
+ * does (((v1 + v0) + v2) + v3), then their lanes in a tree (sums through
+ * llvm.vector.reduce.fadd, which x86 also reduces as a tree). */
+static LLVMValueRef vec_reduced(lctx *L, reduce_ctx *r) {
+  bool sum = r->st->op == OP_SUM || r->st->op == OP_MEAN;
+  const char *mm = r->st->op == OP_MAX ? "llvm.maximum" : "llvm.minimum";
+  LLVMTypeRef vt = LLVMVectorType(r->acc_t, (unsigned)L->lanes);
+  LLVMValueRef v = LLVMBuildLoad2(L->b, vt, r->vacc[0], "");
+  for (int c = 1; c < L->copies; c++) {
+    LLVMValueRef w = LLVMBuildLoad2(L->b, vt, r->vacc[c], "");
+    if (sum) {
+      v = LLVMBuildFAdd(L->b, w, v, "");
+      LLVMSetFastMathFlags(v, LLVMFastMathAllowReassoc);
+    } else {
+      v = call_intrinsic(L, mm, vt, (LLVMValueRef[]){w, v}, 2);
+    }
+  }
+  LLVMValueRef x;
+  if (sum) {
+    x = call_intrinsic(L, "llvm.vector.reduce.fadd", vt, (LLVMValueRef[]){LLVMConstReal(r->acc_t, -0.0), v}, 2);
+    LLVMSetFastMathFlags(x, LLVMFastMathAllowReassoc);
+  } else {
+    LLVMTypeRef i32 = LLVMInt32TypeInContext(L->c);
+    for (int w = L->lanes / 2; w >= 1; w /= 2) {
+      LLVMValueRef lo[32], hi[32];
+      for (int j = 0; j < w; j++) lo[j] = LLVMConstInt(i32, (unsigned)j, 0), hi[j] = LLVMConstInt(i32, (unsigned)(j + w), 0);
+      LLVMValueRef a = LLVMBuildShuffleVector(L->b, v, LLVMGetPoison(LLVMTypeOf(v)), LLVMConstVector(lo, (unsigned)w), "");
+      LLVMValueRef b = LLVMBuildShuffleVector(L->b, v, LLVMGetPoison(LLVMTypeOf(v)), LLVMConstVector(hi, (unsigned)w), "");
+      v = call_intrinsic(L, mm, LLVMTypeOf(a), (LLVMValueRef[]){a, b}, 2);
+    }
+    x = LLVMBuildExtractElement(L->b, v, LLVMConstInt(i32, 0, 0), "");
+  }
+  return x;
+}
+
 /* A REDUCE stage's value from its accumulator r: a mean divides by the
  * inner count, and a wider accumulator rounds back to the stage's dtype. */
 static LLVMValueRef reduced_value(lctx *L, const cg_stage *st, LLVMTypeRef acc_t, LLVMValueRef r) {
@@ -535,9 +741,9 @@ static LLVMValueRef reduced_value(lctx *L, const cg_stage *st, LLVMTypeRef acc_t
   if (st->op == OP_MEAN) {
     LLVMValueRef cnt = ci64(L, 1);
     for (int d = k->n_outer; d < k->ndim; d++) cnt = LLVMBuildMul(L->b, cnt, sym_val(L, k->dim[d]), "");
-    r = LLVMBuildFDiv(L->b, r, LLVMBuildSIToFP(L->b, cnt, acc_t, ""), "");
+    r = LLVMBuildFDiv(L->b, r, splat(L, LLVMBuildSIToFP(L->b, cnt, acc_t, "")), "");
   }
-  return acc_t != elem_type(L, dt) ? LLVMBuildFPTrunc(L->b, r, elem_type(L, dt), "") : r;
+  return acc_t != elem_type(L, dt) ? LLVMBuildFPTrunc(L->b, r, val_type(L, dt), "") : r;
 }
 
 /* Dot-product kernels (one sum over one inner dim, then a store per outer
@@ -581,7 +787,7 @@ static void lower_jammed(lctx *L, LLVMValueRef begin, LLVMValueRef groups, LLVMV
     memcpy(L->base, base[r], sizeof(LLVMValueRef) * (size_t)k->n_acc);
     LLVMValueRef off[64];
     inner_offsets(L, idx, off);
-    reduce_ctx rc = {st, -1, acc_ptr[r], acc_t, dt, false};
+    reduce_ctx rc = {st, -1, acc_ptr[r], acc_t, dt, false, {0}, false};
     reduce_body(L, off, &rc);
   }
   loop_close(L, &in);
@@ -663,6 +869,8 @@ typedef struct column {
   LLVMValueRef val[16];       /* per REDUCE stage a later one reads: its values, finished once (a mean divided), or NULL */
 } column;
 
+static LLVMValueRef block_load(lctx *L, LLVMTypeRef t, LLVMValueRef arr, LLVMValueRef j);
+
 /* At block element j: the accesses' bases, and the values of the REDUCE
  * stages before stage upto (a variance reads its mean). */
 static void column_point(lctx *L, const column *cl, LLVMValueRef j, int upto) {
@@ -677,12 +885,72 @@ static void column_point(lctx *L, const column *cl, LLVMValueRef j, int upto) {
     if (st->kind != CG_REDUCE) continue;
     if (cl->val[s]) {
       LLVMTypeRef t = elem_type(L, k->expr[st->expr].dtype);
-      L->accv[s] = LLVMBuildLoad2(L->b, t, LLVMBuildGEP2(L->b, t, cl->val[s], &j, 1, ""), "");
+      L->accv[s] = block_load(L, t, cl->val[s], j);
     } else {
-      LLVMValueRef r = LLVMBuildLoad2(L->b, cl->acc_t[s], LLVMBuildGEP2(L->b, cl->acc_t[s], cl->acc[s], &j, 1, ""), "");
-      L->accv[s] = reduced_value(L, st, cl->acc_t[s], r);
+      L->accv[s] = reduced_value(L, st, cl->acc_t[s], block_load(L, cl->acc_t[s], cl->acc[s], j));
     }
   }
+}
+
+/* Own vectors in a column kernel: the lane-th element of every array a
+ * block keeps (accumulators, finished values) is its column's. A masked
+ * tail reads and writes whole vectors there too: the arrays hold
+ * CG_COLUMN elements and a tail starts at a multiple of the lanes below
+ * the block's count, so it stays inside; its lanes past the count are not
+ * used. */
+static LLVMValueRef block_load(lctx *L, LLVMTypeRef t, LLVMValueRef arr, LLVMValueRef j) {
+  LLVMValueRef v = LLVMBuildLoad2(L->b, vty(L, t), LLVMBuildGEP2(L->b, t, arr, &j, 1, ""), "");
+  if (L->vw) LLVMSetAlignment(v, t == L->f64 ? 8 : 4);
+  return v;
+}
+
+static void block_store(lctx *L, LLVMTypeRef t, LLVMValueRef v, LLVMValueRef arr, LLVMValueRef j) {
+  LLVMValueRef st = LLVMBuildStore(L->b, v, LLVMBuildGEP2(L->b, t, arr, &j, 1, ""));
+  if (L->vw) LLVMSetAlignment(st, t == L->f64 ? 8 : 4);
+}
+
+typedef struct col_ctx {
+  column *cl;
+  int s;
+  LLVMValueRef *idx;
+} col_ctx;
+
+/* Stage s's REDUCE at block element j. */
+static void column_reduce_point(lctx *L, LLVMValueRef j, void *vctx) {
+  col_ctx *c = vctx;
+  cg_kernel *k = L->k;
+  const cg_stage *st = &k->stage[c->s];
+  column_point(L, c->cl, j, c->s);
+  LLVMValueRef off[64];
+  inner_offsets(L, c->idx, off);
+  reduce_ctx rc = {st, -1, LLVMBuildGEP2(L->b, c->cl->acc_t[c->s], c->cl->acc[c->s], &j, 1, ""), c->cl->acc_t[c->s],
+                   k->expr[st->expr].dtype, true, {0}, true};
+  reduce_body(L, off, &rc);
+}
+
+/* Stage s's accumulators at j start at its op's identity (max, min). */
+static void column_init_point(lctx *L, LLVMValueRef j, void *vctx) {
+  col_ctx *c = vctx;
+  LLVMTypeRef t = c->cl->acc_t[c->s];
+  block_store(L, t, splat(L, LLVMConstReal(t, L->k->stage[c->s].op == OP_MAX ? -INFINITY : INFINITY)), c->cl->acc[c->s], j);
+}
+
+/* Stage s's value at j, finished (a mean divided, rounded back). */
+static void column_finish_point(lctx *L, LLVMValueRef j, void *vctx) {
+  col_ctx *c = vctx;
+  const cg_stage *st = &L->k->stage[c->s];
+  LLVMTypeRef t = c->cl->acc_t[c->s];
+  LLVMValueRef r = reduced_value(L, st, t, block_load(L, t, c->cl->acc[c->s], j));
+  block_store(L, elem_type(L, L->k->expr[st->expr].dtype), r, c->cl->val[c->s], j);
+}
+
+/* Stage s's MAP at j. */
+static void column_store_point(lctx *L, LLVMValueRef j, void *vctx) {
+  col_ctx *c = vctx;
+  column_point(L, c->cl, j, c->s);
+  LLVMValueRef off[64];
+  memcpy(off, L->base, sizeof(LLVMValueRef) * (size_t)L->k->n_acc);
+  map_body(L, off, (void *)&L->k->stage[c->s]);
 }
 
 /* The reduced dims [d, ndim) as loops around the block's loop, which adds
@@ -697,15 +965,14 @@ static void column_nest(lctx *L, column *cl, int s, int d, LLVMValueRef *idx) {
     loop_close(L, &lp);
     return;
   }
-  const cg_stage *st = &k->stage[s];
+  col_ctx c = {cl, s, idx};
+  if (L->lanes) {
+    vec_loop(L, ci64(L, 0), cl->n, 1, column_reduce_point, &c);
+    return;
+  }
   loop_open(L, &lp, ci64(L, 0), cl->n, "column");
   lp.masked = cl->masked;
-  column_point(L, cl, lp.i, s);
-  LLVMValueRef off[64];
-  inner_offsets(L, idx, off);
-  reduce_ctx rc = {st, -1, LLVMBuildGEP2(L->b, cl->acc_t[s], cl->acc[s], &lp.i, 1, ""), cl->acc_t[s],
-                   k->expr[st->expr].dtype, true};
-  reduce_body(L, off, &rc);
+  column_reduce_point(L, lp.i, &c);
   loop_close(L, &lp);
 }
 
@@ -747,34 +1014,35 @@ static void lower_column(lctx *L, LLVMValueRef begin, LLVMValueRef end) {
   LLVMValueRef idx[MAXD];
   for (int s = 0; s < k->n_stage; s++) {
     const cg_stage *st = &k->stage[s];
+    col_ctx cc = {&cl, s, idx};
     loop lp;
     if (st->kind == CG_REDUCE) {
-      kiln_dtype dt = k->expr[st->expr].dtype;
       if (st->op == OP_SUM || st->op == OP_MEAN) {
         /* +0.0 is all zero bits: a memset, not one more loop to vectorize */
         LLVMValueRef bytes = LLVMBuildMul(L->b, cl.n, LLVMSizeOf(cl.acc_t[s]), "");
         LLVMBuildMemSet(L->b, cl.acc[s], LLVMConstInt(L->i8, 0, 0), bytes, 8);
+      } else if (L->lanes) {
+        vec_loop(L, ci64(L, 0), cl.n, 1, column_init_point, &cc);
       } else {
         loop_open(L, &lp, ci64(L, 0), cl.n, "init");
-        LLVMBuildStore(L->b, LLVMConstReal(cl.acc_t[s], st->op == OP_MAX ? -INFINITY : INFINITY),
-                       LLVMBuildGEP2(L->b, cl.acc_t[s], cl.acc[s], &lp.i, 1, ""));
+        column_init_point(L, lp.i, &cc);
         loop_close(L, &lp);
       }
       column_nest(L, &cl, s, k->n_outer, idx);
-      if (cl.val[s]) {
+      if (cl.val[s] && L->lanes) {
+        vec_loop(L, ci64(L, 0), cl.n, 1, column_finish_point, &cc);
+      } else if (cl.val[s]) {
         loop_open(L, &lp, ci64(L, 0), cl.n, "finish");
         lp.masked = cl.masked;
-        LLVMValueRef r = LLVMBuildLoad2(L->b, cl.acc_t[s], LLVMBuildGEP2(L->b, cl.acc_t[s], cl.acc[s], &lp.i, 1, ""), "");
-        LLVMBuildStore(L->b, reduced_value(L, st, cl.acc_t[s], r), LLVMBuildGEP2(L->b, elem_type(L, dt), cl.val[s], &lp.i, 1, ""));
+        column_finish_point(L, lp.i, &cc);
         loop_close(L, &lp);
       }
+    } else if (L->lanes) {
+      vec_loop(L, ci64(L, 0), cl.n, 1, column_store_point, &cc);
     } else {
       loop_open(L, &lp, ci64(L, 0), cl.n, "store");
       lp.masked = cl.masked;
-      column_point(L, &cl, lp.i, s);
-      LLVMValueRef off[64];
-      memcpy(off, L->base, sizeof(LLVMValueRef) * (size_t)k->n_acc);
-      map_body(L, off, (void *)st);
+      column_store_point(L, lp.i, &cc);
       loop_close(L, &lp);
     }
   }
@@ -832,9 +1100,16 @@ static void lower_staged(lctx *L, LLVMValueRef begin, LLVMValueRef end) {
         acc_t[s] = L->f32;
         iv = LLVMConstReal(L->f32, init);
       }
-      LLVMBuildStore(L->b, iv, acc_ptr[s]);
-      reduce_ctx rc = {st, -1, acc_ptr[s], acc_t[s], dt, false};
+      reduce_ctx rc = {st, -1, acc_ptr[s], acc_t[s], dt, false, {0}, false};
       if (L->reuse_expr == st->expr) rc.keep_in = L->reuse_acc;
+      if (L->lanes) {
+        vec_accumulators(L, &rc, iv);
+        inner_nest(L, k->n_outer, idx, reduce_body, &rc);
+        L->accv[s] = reduced_value(L, st, acc_t[s], vec_reduced(L, &rc));
+        L->copies = 1;
+        continue;
+      }
+      LLVMBuildStore(L->b, iv, acc_ptr[s]);
       inner_nest(L, k->n_outer, idx, reduce_body, &rc);
       L->accv[s] = reduced_value(L, st, acc_t[s], LLVMBuildLoad2(L->b, acc_t[s], acc_ptr[s], ""));
     } else if (st->inner) {
@@ -877,7 +1152,7 @@ static void lower_split(lctx *L, LLVMValueRef begin, LLVMValueRef end) {
   L->first_lo = LLVMBuildSDiv(L->b, LLVMBuildMul(L->b, lb.i, n0, ""), ci64(L, CG_BLOCKS), "");
   L->first_hi = LLVMBuildSDiv(L->b, LLVMBuildMul(L->b, LLVMBuildAdd(L->b, lb.i, ci64(L, 1), ""), n0, ""), ci64(L, CG_BLOCKS), "");
   LLVMBuildStore(L->b, LLVMConstReal(acc_t, init), acc_ptr);
-  reduce_ctx rc = {st, -1, acc_ptr, acc_t, dt, false};
+  reduce_ctx rc = {st, -1, acc_ptr, acc_t, dt, false, {0}, false};
   LLVMValueRef idx[MAXD];
   inner_nest(L, 0, idx, reduce_body, &rc);
   L->first_lo = L->first_hi = NULL;
@@ -912,9 +1187,25 @@ static void lower_split(lctx *L, LLVMValueRef begin, LLVMValueRef end) {
   LLVMPositionBuilderAtEnd(L->b, done);
 }
 
+/* The pointwise stage at index i of dim d, from the bases in L->base. */
+static void flat_point(lctx *L, LLVMValueRef i, void *vctx) {
+  cg_kernel *k = L->k;
+  int d = *(const int *)vctx;
+  LLVMValueRef off[64];
+  for (int a = 0; a < k->n_acc; a++) {
+    sym_dim s = k->acc[a].stride[d];
+    off[a] = const_is(s, 0) ? L->base[a] : LLVMBuildAdd(L->b, L->base[a], LLVMBuildMul(L->b, i, sym_val(L, s), ""), "");
+  }
+  map_body(L, off, (void *)&k->stage[0]);
+}
+
 /* A pointwise kernel's loop over [from, to) of its dim d, from the bases in L->base. */
 static void flat_run(lctx *L, LLVMValueRef from, LLVMValueRef to, int d) {
   cg_kernel *k = L->k;
+  if (L->lanes) {
+    vec_loop(L, from, to, 1, flat_point, &d);
+    return;
+  }
   loop in;
   loop_open(L, &in, from, to, "inner");
   in.masked = want_masked_tail(k->dim[d]);
@@ -985,6 +1276,63 @@ static void lower_flat(lctx *L, LLVMValueRef begin, LLVMValueRef end) {
   LLVMPositionBuilderAtEnd(L->b, exit);
 }
 
+/* Whether the loads of expression e move by 0 or 1 element along dim d,
+ * and read a buffer that stored (an access of the loop's stores) only
+ * where the store writes. */
+static bool vec_reads_ok(const cg_kernel *k, int e, int d, const int *stored, int n_stored) {
+  const cg_expr *x = &k->expr[e];
+  if (x->kind == CG_LOAD) {
+    const cg_access *a = &k->acc[x->a];
+    if (!const_is(a->stride[d], 0) && !const_is(a->stride[d], 1)) return false;
+    for (int i = 0; i < n_stored; i++) {
+      const cg_access *w = &k->acc[stored[i]];
+      if (w->buf != a->buf || stored[i] == x->a) continue;
+      if (!sym_same(w->offset, a->offset)) return false;
+      for (int q = 0; q < k->ndim; q++)
+        if (!sym_same(w->stride[q], a->stride[q])) return false;
+    }
+    return true;
+  }
+  if (x->kind != CG_OP) return true;
+  for (int i = 0; i < x->n_in; i++)
+    if (!vec_reads_ok(k, x->in[i], d, stored, n_stored)) return false;
+  return true;
+}
+
+/* Light kernels (the quick code generator's, k->own_vectors) get vector
+ * code of our own, which LLVM's vectorizer (half of their optimization
+ * time) then leaves alone: in their loops over the last dim, or over the
+ * block of a column kernel. Taken when each such loop reads through
+ * accesses that move by 0 or 1 element along it, stores through ones that
+ * move by 1, reads what it stores only where it stores it, and reduces
+ * floats; split and jammed schedules keep their scalar loops. */
+static bool own_vectors_ok(lctx *L) {
+  cg_kernel *k = L->k;
+  if (!k->own_vectors || k->ndim == 0 || k->split || k->n_stage < 1) return false;
+  bool staged = false;
+  for (int s = 0; s < k->n_stage; s++) staged |= k->stage[s].kind == CG_REDUCE || k->stage[s].inner;
+  bool by_column = staged && column_ok(k);
+  if (staged && (k->n_outer >= k->ndim || (!by_column && jammable(k) && is_float(k->expr[k->stage[0].expr].dtype))))
+    return false;
+  /* a column kernel's lanes are its block's outer elements */
+  int d = L->vdim = by_column ? k->n_outer - 1 : k->ndim - 1;
+  for (int s = 0; s < k->n_stage; s++) {
+    const cg_stage *st = &k->stage[s];
+    if (staged && !by_column && st->kind == CG_MAP && !st->inner) continue; /* once per outer element: scalar */
+    int stored[2], n_stored = 0;
+    if (st->kind == CG_REDUCE) {
+      if (!is_float(k->expr[st->expr].dtype)) return false;
+      if (L->reuse_expr == st->expr) stored[n_stored++] = L->reuse_acc;
+    } else {
+      stored[n_stored++] = st->store;
+    }
+    for (int i = 0; i < n_stored; i++)
+      if (!const_is(k->acc[stored[i]].stride[d], 1)) return false;
+    if (!vec_reads_ok(k, st->expr, d, stored, n_stored)) return false;
+  }
+  return true;
+}
+
 int lower_kernel(const cg_program *prog, cg_kernel *k, LLVMModuleRef m, char *why, size_t whyn) {
   lctx L = {.m = m, .k = k, .prog = prog, .reuse_expr = -1, .reuse_acc = -1};
   L.c = LLVMGetModuleContext(m);
@@ -1029,6 +1377,10 @@ int lower_kernel(const cg_program *prog, cg_kernel *k, LLVMModuleRef m, char *wh
   /* a float sum, mean, max or min over every dim, then one store: split into blocks */
   k->split = k->n_outer == 0 && k->ndim >= 1 && k->n_stage == 2 && k->stage[0].kind == CG_REDUCE &&
              k->stage[1].kind == CG_MAP && !k->stage[1].inner && is_float(k->expr[k->stage[0].expr].dtype);
+  plan_reuse(&L);
+  /* 512-bit vectors where the CPU has them (prefer-vector-width above) */
+  if (own_vectors_ok(&L)) L.lanes = __builtin_cpu_supports("avx512f") ? 16 : 8;
+  L.copies = 1;
   if (k->split) lower_split(&L, LLVMGetParam(L.fn, 2), LLVMGetParam(L.fn, 3));
   else if (staged) lower_staged(&L, LLVMGetParam(L.fn, 2), LLVMGetParam(L.fn, 3));
   else lower_flat(&L, LLVMGetParam(L.fn, 2), LLVMGetParam(L.fn, 3));

@@ -276,6 +276,7 @@ static int borrow_params(const cg_kernel *k, const ksig *ks, cg_kernel *dup, con
   dup->param = param;
   dup->n_param = k->n_param;
   dup->split = k->split;
+  dup->own_vectors = k->own_vectors;
   return 0;
 }
 
@@ -289,6 +290,14 @@ static bool want_quick(int distinct) {
   if (q && !strcmp(q, "0")) return false;
   if (q && !strcmp(q, "1")) return true;
   return distinct >= QUICK_MIN_KERNELS;
+}
+
+/* Light kernels' loops are vectors lowering emits itself (lower.c,
+ * own_vectors_ok), unless KILN_VECTORIZE=llvm leaves them to LLVM's
+ * vectorizer as the others. */
+static bool want_own_vectors(void) {
+  const char *v = getenv("KILN_VECTORIZE");
+  return !(v && !strcmp(v, "llvm"));
 }
 
 /* Frees what compiling made, modules not compiled included. */
@@ -379,7 +388,7 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
     sigs[k].first = j;
     distinct += j == k;
   }
-  bool quick = want_quick(distinct);
+  bool quick = want_quick(distinct), own_vectors = want_own_vectors();
   int n_light = threads > 1 ? 2 * threads : 1;
   groups = quick && !dumping && threads ? threads + n_light : threads;
   for (int q = 0; q < groups; q++) {
@@ -396,6 +405,7 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
     int costly = lower_costly_ops(&p->k[k]);
     /* a kernel of one element has no loop for the full generator to make fast */
     bool light = quick && (!costly || p->k[k].ndim == 0);
+    p->k[k].own_vectors = light && own_vectors;
     int from = groups > threads && light ? threads : 0, n_kind = groups > threads && light ? n_light : threads;
     int to = from; /* the least loaded group of its kind */
     for (int q = from + 1; q < from + n_kind; q++)
