@@ -11,8 +11,9 @@
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
 TSAN_BUILD ?= build-tsan
-# The tests that start threads, the only ones worth ThreadSanitizer's slowdown.
-TSAN_TESTS := test_stress test_threads test_pool
+# The tests that start threads, the only ones worth ThreadSanitizer's slowdown
+# (test_gpt: a compile of many kernels, whose groups LLVM compiles on threads).
+TSAN_TESTS := test_stress test_threads test_pool test_gpt
 JOBS       ?= 2
 CMAKE_ARGS ?=
 

@@ -1440,6 +1440,56 @@ START_TEST(test_forced_faults) {
 END_TEST
 #endif
 
+#ifdef KILN_TEST_BUILD
+/* Twenty-four light row sums of ten or so ops each and a sum of exp: with
+ * the quick code generator on two threads, the costly kernel's group
+ * compiles while the light kernels are lowered. */
+static int many_light_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  kiln_tensor *x = in[0], *acc = kiln_sum(kiln_exp(x), -1, true);
+  for (int i = 0; i < 24; i++) {
+    kiln_tensor *c = kiln_scalar(KILN_F32, i + 1), *t = kiln_mul(kiln_add(x, c), kiln_sub(x, c));
+    acc = kiln_add(acc, kiln_sum(kiln_add(kiln_mul(t, kiln_scalar(KILN_F32, 0.5)), kiln_div(x, c)), -1, true));
+  }
+  out[0] = acc;
+  return 0;
+}
+
+/* A light kernel that fails to lower after the costly kernels' group began
+ * compiling on another thread: that thread is stopped and joined, the
+ * variant runs on the interpreter with eager's answer (no LLVM time is
+ * counted), and nothing leaks (ASan) or races (TSan). */
+START_TEST(test_failed_lowering_stops_threads) {
+  kiln_scope_begin();
+  kiln_set_num_threads(2);
+  ck_assert_int_eq(0, setenv("KILN_QUICK", "1", 1));
+  kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){37, 45}), 71), *y = NULL, *ref = NULL;
+  ck_assert_int_eq(0, many_light_body(NULL, &x, &ref));
+  for (int forced = 0; forced < 2; forced++) {
+    if (forced) ck_assert_int_eq(0, setenv("KILN_TEST_FAIL_LOWERING", "light", 1));
+    kiln_options o = {.name = "stopped", .n_in = 1, .n_out = 1, .backend = KILN_BACKEND_LLVM};
+    kcache_forget();
+    kiln_fn *fn = kiln_compile(many_light_body, NULL, &o);
+    ck_assert_int_eq(0, kiln_call(fn, &x, &y));
+    ck_assert_int_eq(0, kiln_call(fn, &x, &y));
+    unsetenv("KILN_TEST_FAIL_LOWERING");
+    int64_t bad;
+    ck_assert_double_le(maxdiff_rel(y, ref, &bad), 1e-5);
+    kiln_fn_stats st;
+    ck_assert_int_eq(0, kiln_fn_get_stats(fn, &st));
+    ck_assert_int_eq(1, st.hits);
+    /* compiled by LLVM without the fault, by nothing with it */
+    if (forced) ck_assert_double_eq(0, st.llvm_opt_ms);
+    else ck_assert_double_gt(st.llvm_opt_ms, 0);
+    kiln_fn_free(fn);
+  }
+  unsetenv("KILN_QUICK");
+  kiln_set_num_threads(0);
+  kiln_scope_end();
+}
+END_TEST
+#endif
+
 /* Found by fuzzing (tests/fuzz/fuzz_irtext.c): compiled index_select and
  * index_add check the call's indices as eager does; they used to read and
  * write out of bounds. */
@@ -1612,6 +1662,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, test_grad_accumulates_into_gemm);
 #ifdef KILN_TEST_BUILD
   tcase_add_test(tc, test_forced_faults);
+  tcase_add_test(tc, test_failed_lowering_stops_threads);
 #endif
   suite_add_tcase(s, tc);
   return s;

@@ -138,17 +138,53 @@ static void *compile_group_run(void *arg) {
   return NULL;
 }
 
-/* The groups of a compile, taken in order by as many threads. */
+/* The groups of a compile, taken in order by as many threads. Groups
+ * [0, ready) may be taken: the costly kernels' groups compile while the
+ * calling thread still lowers the light ones. After a failure (stop) no
+ * group is taken any more. */
 typedef struct group_queue {
   compile_group *grp;
   int n;
   atomic_int next;
+  int ready;
+  bool stop;
+  pthread_mutex_t mu;
+  pthread_cond_t more;
+  pthread_t th[MAX_GROUPS];
+  bool started[MAX_GROUPS];
 } group_queue;
 
 static void *group_queue_run(void *arg) {
   group_queue *gq = arg;
-  for (int i; (i = atomic_fetch_add(&gq->next, 1)) < gq->n;) compile_group_run(&gq->grp[i]);
+  for (int i; (i = atomic_fetch_add(&gq->next, 1)) < gq->n;) {
+    pthread_mutex_lock(&gq->mu);
+    while (i >= gq->ready && !gq->stop) pthread_cond_wait(&gq->more, &gq->mu);
+    bool stop = gq->stop;
+    pthread_mutex_unlock(&gq->mu);
+    if (stop) break;
+    compile_group_run(&gq->grp[i]);
+  }
   return NULL;
+}
+
+/* Groups [0, ready) of the n may be taken (stop: none may). */
+static void queue_ready(group_queue *gq, int n, int ready, bool stop) {
+  pthread_mutex_lock(&gq->mu);
+  gq->n = n;
+  gq->ready = ready;
+  gq->stop |= stop;
+  pthread_cond_broadcast(&gq->more);
+  pthread_mutex_unlock(&gq->mu);
+}
+
+/* Threads 1 .. threads - 1 take groups; the caller is thread 0. */
+static void queue_start(group_queue *gq, int threads) {
+  for (int t = 1; t < threads; t++) gq->started[t] = pthread_create(&gq->th[t], NULL, group_queue_run, gq) == 0;
+}
+
+static void queue_join(group_queue *gq) {
+  for (int t = 1; t < MAX_GROUPS; t++)
+    if (gq->started[t]) pthread_join(gq->th[t], NULL), gq->started[t] = false;
 }
 
 /* A loop kernel's signature: everything lower_kernel reads from it, with
@@ -364,6 +400,7 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
    * that dumps keeps one module. */
   compile_group grp[3 * MAX_GROUPS] = {0};
   int groups = 0;
+  group_queue gq = {.grp = grp, .mu = PTHREAD_MUTEX_INITIALIZER, .more = PTHREAD_COND_INITIALIZER};
   /* read once: the key and the compile must agree on the pipeline */
   const char *target = jit_target_id(), *passes = jit_passes();
   int n_same = 0, n_code = 0, n_objs = 0, n_cached = 0, n_disk = 0;
@@ -400,109 +437,128 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
     if (!grp[q].keys || !grp[q].keylens) goto oom_compile;
     if (jit_module_new(&grp[q].m, g->name, err, errn)) goto fail_compile;
   }
-  for (int k = 0; k < p->n_k && groups; k++) {
-    if (p->k[k].kind != CG_K_LOOP) continue;
-    int costly = lower_costly_ops(&p->k[k]);
-    /* a kernel of one element has no loop for the full generator to make fast */
-    bool light = quick && (!costly || p->k[k].ndim == 0);
-    p->k[k].own_vectors = light && own_vectors;
-    int from = groups > threads && light ? threads : 0, n_kind = groups > threads && light ? n_light : threads;
-    int to = from; /* the least loaded group of its kind */
-    for (int q = from + 1; q < from + n_kind; q++)
-      if (grp[q].load < grp[to].load) to = q;
-    int twin = -1;
-    for (int j = sigs[k].first; j < k && twin < 0; j++)
-      if (p->k[j].kind == CG_K_LOOP && keys[j] && sig_equal(&sigs[j], &sigs[k])) twin = j;
-    if (twin >= 0 && borrow_params(&p->k[twin], &sigs[twin], &p->k[k], &sigs[k])) twin = -1;
+  /* with light groups of their own, the costly kernels are lowered first,
+   * and their groups compile on the other threads while this one lowers
+   * the light kernels */
+  bool early = groups > threads && threads > 1;
+  for (int pass = 0; pass < 2; pass++) {
+    for (int k = 0; k < p->n_k && groups; k++) {
+      if (p->k[k].kind != CG_K_LOOP) continue;
+      int costly = lower_costly_ops(&p->k[k]);
+      /* a kernel of one element has no loop for the full generator to make fast */
+      bool light = quick && (!costly || p->k[k].ndim == 0);
+      if (early ? (pass == 0) == light : pass == 0) continue;
+      p->k[k].own_vectors = light && own_vectors;
+      int from = groups > threads && light ? threads : 0, n_kind = groups > threads && light ? n_light : threads;
+      int to = from; /* the least loaded group of its kind */
+      for (int q = from + 1; q < from + n_kind; q++)
+        if (grp[q].load < grp[to].load) to = q;
+      int twin = -1;
+      for (int j = sigs[k].first; j < k && twin < 0; j++)
+        if (p->k[j].kind == CG_K_LOOP && keys[j] && sig_equal(&sigs[j], &sigs[k])) twin = j;
+      if (twin >= 0 && borrow_params(&p->k[twin], &sigs[twin], &p->k[k], &sigs[k])) twin = -1;
 #ifdef KILN_TEST_BUILD
-    sym_dim *borrowed = NULL;
-    int n_borrowed = 0;
-    if (twin >= 0) { /* lowered all the same, to check the claim */
-      borrowed = p->k[k].param, n_borrowed = p->k[k].n_param;
-      p->k[k].param = NULL, p->k[k].n_param = 0;
-    }
+      sym_dim *borrowed = NULL;
+      int n_borrowed = 0;
+      if (twin >= 0) { /* lowered all the same, to check the claim */
+        borrowed = p->k[k].param, n_borrowed = p->k[k].n_param;
+        p->k[k].param = NULL, p->k[k].n_param = 0;
+      }
 #else
-    if (twin >= 0) {
-      same[k] = twin;
-      n_same++;
-      continue;
-    }
-#endif
-    char why[256] = "";
-    if (lower_kernel(p, &p->k[k], grp[to].m.mod, why, sizeof why)) {
-      snprintf(err, errn, "lowering failed: %s", why[0] ? why : p->k[k].name);
-#ifdef KILN_TEST_BUILD
-      alloc_free(borrowed);
-#endif
-      goto fail_compile;
-    }
-    LLVMValueRef fn = LLVMGetNamedFunction(grp[to].m.mod, p->k[k].name);
-    light = light && fn;
-    if (light) LLVMAddTargetDependentFunctionAttr(fn, CG_QUICK_ATTR, "");
-    keys[k] = fn ? kernel_key(fn, &p->k[k], false) : NULL;
-    for (int j = 0; j < k && keys[k] && same[k] < 0; j++)
-      if (keys[j] && !strcmp(keys[j], keys[k])) same[k] = j;
-#ifdef KILN_TEST_BUILD
-    /* the walk and LLVM's printer must agree on which kernels are the same */
-    if (fn && !(tkeys[k] = kernel_key(fn, &p->k[k], true))) goto oom_compile;
-    for (int j = 0; j < k && keys[k]; j++) {
-      if (!keys[j] || !tkeys[j]) continue;
-      if (!strcmp(keys[j], keys[k]) != !strcmp(tkeys[j], tkeys[k])) {
-        snprintf(err, errn, "the keys of %s and %s disagree with their printed code", p->k[j].name, p->k[k].name);
-        goto fail_compile;
-      }
-    }
-#endif
-#ifdef KILN_TEST_BUILD
-    if (twin >= 0) {
-      bool ok = keys[k] && !strcmp(keys[k], keys[twin]) && n_borrowed == p->k[k].n_param;
-      for (int i = 0; ok && i < n_borrowed; i++) ok = sym_same(borrowed[i], p->k[k].param[i]);
-      alloc_free(borrowed);
-      if (!ok) {
-        snprintf(err, errn, "%s has the signature of %s but not its code or sizes", p->k[k].name, p->k[twin].name);
-        goto fail_compile;
-      }
-    }
-#endif
-    if (same[k] >= 0) {
-      LLVMDeleteFunction(fn);
-      n_same++;
-      continue;
-    }
-    kern_code *c = &code[n_code++];
-    c->k = k;
-    n_quick += light;
-    snprintf(c->sym, sizeof c->sym, "%s", p->k[k].name);
-    /* a compile that dumps the code keeps the kernels' own names, and so
-     * stays out of the cache (its symbols are the key's hash) */
-    if (keys[k] && !dumping) {
-      /* the key names the code generator: the text of a light kernel is the same either way */
-      const char *gen = light ? "quick" : "full";
-      size_t tl = strlen(target), pl = strlen(passes), gl = strlen(gen), kl = strlen(keys[k]);
-      c->keylen = tl + pl + gl + kl + 3;
-      if (!(c->key = alloc_malloc(c->keylen + 1))) goto oom_compile;
-      snprintf(c->key, c->keylen + 1, "%s\n%s\n%s\n%s", target, passes, gen, keys[k]);
-      kcache_symbol(c->key, c->keylen, c->sym);
-      kern_obj o;
-      uint64_t id;
-      bool disk = false;
-      if (kcache_get(c->key, c->keylen, held, n_objs, &o.obj, &o.len, &id, &disk)) {
-        if (o.obj) held[n_objs] = id, objs[n_objs++] = o; /* else one of objs already */
-        n_cached++, n_disk += disk;
-        LLVMDeleteFunction(fn);
+      if (twin >= 0) {
+        same[k] = twin;
+        n_same++;
         continue;
       }
-      /* weak: two objects linked into one variant may both hold it */
-      LLVMSetValueName2(fn, c->sym, strlen(c->sym));
-      LLVMSetLinkage(fn, LLVMWeakODRLinkage);
-      grp[to].keys[grp[to].n_keys] = c->key;
-      grp[to].keylens[grp[to].n_keys++] = c->keylen;
-    } else {
-      grp[to].keyless = true;
+#endif
+      char why[256] = "";
+#ifdef KILN_TEST_BUILD
+      /* fault injection: a light kernel fails to lower while the costly
+       * kernels' groups compile; the threads must stop and be joined */
+      const char *fail = getenv("KILN_TEST_FAIL_LOWERING");
+      if (fail && !strcmp(fail, "light") && early && light) snprintf(why, sizeof why, "%s: forced", p->k[k].name);
+      if (why[0] || lower_kernel(p, &p->k[k], grp[to].m.mod, why, sizeof why)) {
+#else
+      if (lower_kernel(p, &p->k[k], grp[to].m.mod, why, sizeof why)) {
+#endif
+        snprintf(err, errn, "lowering failed: %s", why[0] ? why : p->k[k].name);
+#ifdef KILN_TEST_BUILD
+        alloc_free(borrowed);
+#endif
+        goto fail_compile;
+      }
+      LLVMValueRef fn = LLVMGetNamedFunction(grp[to].m.mod, p->k[k].name);
+      light = light && fn;
+      if (light) LLVMAddTargetDependentFunctionAttr(fn, CG_QUICK_ATTR, "");
+      keys[k] = fn ? kernel_key(fn, &p->k[k], false) : NULL;
+      for (int j = 0; j < k && keys[k] && same[k] < 0; j++)
+        if (keys[j] && !strcmp(keys[j], keys[k])) same[k] = j;
+#ifdef KILN_TEST_BUILD
+      /* the walk and LLVM's printer must agree on which kernels are the same */
+      if (fn && !(tkeys[k] = kernel_key(fn, &p->k[k], true))) goto oom_compile;
+      for (int j = 0; j < k && keys[k]; j++) {
+        if (!keys[j] || !tkeys[j]) continue;
+        if (!strcmp(keys[j], keys[k]) != !strcmp(tkeys[j], tkeys[k])) {
+          snprintf(err, errn, "the keys of %s and %s disagree with their printed code", p->k[j].name, p->k[k].name);
+          goto fail_compile;
+        }
+      }
+#endif
+#ifdef KILN_TEST_BUILD
+      if (twin >= 0) {
+        bool ok = keys[k] && !strcmp(keys[k], keys[twin]) && n_borrowed == p->k[k].n_param;
+        for (int i = 0; ok && i < n_borrowed; i++) ok = sym_same(borrowed[i], p->k[k].param[i]);
+        alloc_free(borrowed);
+        if (!ok) {
+          snprintf(err, errn, "%s has the signature of %s but not its code or sizes", p->k[k].name, p->k[twin].name);
+          goto fail_compile;
+        }
+      }
+#endif
+      if (same[k] >= 0) {
+        LLVMDeleteFunction(fn);
+        n_same++;
+        continue;
+      }
+      kern_code *c = &code[n_code++];
+      c->k = k;
+      n_quick += light;
+      snprintf(c->sym, sizeof c->sym, "%s", p->k[k].name);
+      /* a compile that dumps the code keeps the kernels' own names, and so
+       * stays out of the cache (its symbols are the key's hash) */
+      if (keys[k] && !dumping) {
+        /* the key names the code generator: the text of a light kernel is the same either way */
+        const char *gen = light ? "quick" : "full";
+        size_t tl = strlen(target), pl = strlen(passes), gl = strlen(gen), kl = strlen(keys[k]);
+        c->keylen = tl + pl + gl + kl + 3;
+        if (!(c->key = alloc_malloc(c->keylen + 1))) goto oom_compile;
+        snprintf(c->key, c->keylen + 1, "%s\n%s\n%s\n%s", target, passes, gen, keys[k]);
+        kcache_symbol(c->key, c->keylen, c->sym);
+        kern_obj o;
+        uint64_t id;
+        bool disk = false;
+        if (kcache_get(c->key, c->keylen, held, n_objs, &o.obj, &o.len, &id, &disk)) {
+          if (o.obj) held[n_objs] = id, objs[n_objs++] = o; /* else one of objs already */
+          n_cached++, n_disk += disk;
+          LLVMDeleteFunction(fn);
+          continue;
+        }
+        /* weak: two objects linked into one variant may both hold it */
+        LLVMSetValueName2(fn, c->sym, strlen(c->sym));
+        LLVMSetLinkage(fn, LLVMWeakODRLinkage);
+        grp[to].keys[grp[to].n_keys] = c->key;
+        grp[to].keylens[grp[to].n_keys++] = c->keylen;
+      } else {
+        grp[to].keyless = true;
+      }
+      grp[to].n++;
+      /* a costly op's polynomial is tens of instructions */
+      grp[to].load += p->k[k].n_expr + 8 + 40 * costly;
     }
-    grp[to].n++;
-    /* a costly op's polynomial is tens of instructions */
-    grp[to].load += p->k[k].n_expr + 8 + 40 * costly;
+    if (pass == 0 && early) { /* the costly groups are whole */
+      queue_ready(&gq, groups, threads, false);
+      queue_start(&gq, threads);
+    }
   }
   double t1 = now_ms(), opt_ms = 0, cg_ms = 0;
   if (dump & KILN_DUMP_KERNELS) {
@@ -511,13 +567,10 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
   }
   /* each thread takes the next group not taken: the costly kernels' first
    * (each takes longest for its size), the light ones' then fill the gaps */
-  group_queue gq = {.grp = grp, .n = groups};
-  pthread_t th[MAX_GROUPS];
-  bool started[MAX_GROUPS] = {0};
-  for (int t = 1; t < threads; t++) started[t] = pthread_create(&th[t], NULL, group_queue_run, &gq) == 0;
+  queue_ready(&gq, groups, groups, false);
+  if (!early) queue_start(&gq, threads);
   group_queue_run(&gq);
-  for (int t = 1; t < threads; t++)
-    if (started[t]) pthread_join(th[t], NULL);
+  queue_join(&gq);
   bool failed = false;
   for (int q = 0; q < groups; q++) {
     opt_ms += grp[q].opt_ms;
@@ -577,6 +630,8 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
 oom_compile:
   snprintf(err, errn, "out of memory");
 fail_compile:
+  queue_ready(&gq, groups, 0, true); /* the threads started take no more groups */
+  queue_join(&gq);
   compile_free(code, n_code, objs, held, n_objs, grp, groups, same, keys, sigs, p->n_k);
   goto fail;
 oom:
