@@ -829,13 +829,17 @@ START_TEST(test_quick_codegen) {
   unsetenv("KILN_QUICK");
 
   /* light code without products gives the same bits from either code
-   * generator; a sum of products rounds each product once (an FMA) in the
-   * full one and twice in the quick one, as eager does */
+   * generator: the quick one's own vectors keep the partial sums LLVM's
+   * vectorizer keeps, at the 16 lanes both take with AVX-512 (elsewhere
+   * the vectorizer may choose another width: a few ulp); a sum of
+   * products rounds each product once (an FMA) in the full one and twice
+   * in the quick one, as eager does */
+  double same = __builtin_cpu_supports("avx512f") ? 0 : 1e-6;
   kiln_tensor *full = run_with_quick(light_sums_body, x, "0"), *quick = run_with_quick(light_sums_body, x, "1");
   int64_t bad;
-  ck_assert_double_eq(0, maxdiff_rel(full, quick, &bad));
+  ck_assert_double_le(maxdiff_rel(full, quick, &bad), same);
   full = run_with_quick(plain_row_sum_body, x, "0"), quick = run_with_quick(plain_row_sum_body, x, "1");
-  ck_assert_double_eq(0, maxdiff_rel(full, quick, &bad));
+  ck_assert_double_le(maxdiff_rel(full, quick, &bad), same);
   full = run_with_quick(many_sums_body, x, "0"), quick = run_with_quick(many_sums_body, x, "1");
   ck_assert_double_le(maxdiff_rel(full, quick, &bad), 1e-6);
   kiln_scope_end();
