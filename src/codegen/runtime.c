@@ -167,10 +167,10 @@ static void *group_queue_run(void *arg) {
   return NULL;
 }
 
-/* Groups [0, ready) of the n may be taken (stop: none may). */
-static void queue_ready(group_queue *gq, int n, int ready, bool stop) {
+/* Groups [0, ready) may be taken (stop: none may). gq->n is set before
+ * any thread starts, and not written after: the threads read it unlocked. */
+static void queue_ready(group_queue *gq, int ready, bool stop) {
   pthread_mutex_lock(&gq->mu);
-  gq->n = n;
   gq->ready = ready;
   gq->stop |= stop;
   pthread_cond_broadcast(&gq->more);
@@ -428,6 +428,7 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
   bool quick = want_quick(distinct), own_vectors = want_own_vectors();
   int n_light = threads > 1 ? 2 * threads : 1;
   groups = quick && !dumping && threads ? threads + n_light : threads;
+  gq.n = groups;
   for (int q = 0; q < groups; q++) {
     grp[q].keys = alloc_calloc((size_t)p->n_k + 1, sizeof *grp[q].keys);
     grp[q].keylens = alloc_calloc((size_t)p->n_k + 1, sizeof *grp[q].keylens);
@@ -556,7 +557,7 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
       grp[to].load += p->k[k].n_expr + 8 + 40 * costly;
     }
     if (pass == 0 && early) { /* the costly groups are whole */
-      queue_ready(&gq, groups, threads, false);
+      queue_ready(&gq, threads, false);
       queue_start(&gq, threads);
     }
   }
@@ -567,7 +568,7 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
   }
   /* each thread takes the next group not taken: the costly kernels' first
    * (each takes longest for its size), the light ones' then fill the gaps */
-  queue_ready(&gq, groups, groups, false);
+  queue_ready(&gq, groups, false);
   if (!early) queue_start(&gq, threads);
   group_queue_run(&gq);
   queue_join(&gq);
@@ -630,7 +631,7 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
 oom_compile:
   snprintf(err, errn, "out of memory");
 fail_compile:
-  queue_ready(&gq, groups, 0, true); /* the threads started take no more groups */
+  queue_ready(&gq, 0, true); /* the threads started take no more groups */
   queue_join(&gq);
   compile_free(code, n_code, objs, held, n_objs, grp, groups, same, keys, sigs, p->n_k);
   goto fail;
