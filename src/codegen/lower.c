@@ -149,6 +149,12 @@ static LLVMValueRef tag(lctx *L, LLVMValueRef inst, int a);
 
 static unsigned elem_bytes(kiln_dtype dt) { return dt == KILN_BOOL ? 1 : dt == KILN_F32 ? 4 : 8; }
 
+/* A vector load or store of f32 or f64 elements (t) is aligned as its elements only. */
+static LLVMValueRef vec_aligned(lctx *L, LLVMValueRef inst, LLVMTypeRef t) {
+  if (L->vw) LLVMSetAlignment(inst, t == L->f64 ? 8 : 4);
+  return inst;
+}
+
 /* llvm.masked.load or .store of vector type vt: the lanes L->mask leaves out are not touched. */
 static LLVMValueRef masked(lctx *L, bool store, LLVMTypeRef vt, LLVMValueRef *args, int n) {
   const char *name = store ? "llvm.masked.store" : "llvm.masked.load";
@@ -527,7 +533,7 @@ static void reduce_body(lctx *L, LLVMValueRef *off, void *vctx) {
   LLVMValueRef acc_ptr = L->vw && !r->column ? r->vacc[L->vcopy] : r->acc_ptr;
   LLVMTypeRef acc_t = vty(L, r->acc_t);
   LLVMValueRef acc = LLVMBuildLoad2(L->b, acc_t, acc_ptr, "");
-  if (L->vw && r->column) LLVMSetAlignment(acc, r->acc_t == L->f64 ? 8 : 4);
+  if (r->column) vec_aligned(L, acc, r->acc_t);
   LLVMValueRef nv;
   if (r->st->op == OP_SUM || r->st->op == OP_MEAN) {
     if (r->dt == KILN_F32 && r->acc_t == L->f64) v = LLVMBuildFPExt(L->b, v, acc_t, "");
@@ -554,7 +560,7 @@ static void reduce_body(lctx *L, LLVMValueRef *off, void *vctx) {
   /* a masked tail's lanes past the end keep their sums */
   if (L->vw && L->mask) nv = LLVMBuildSelect(L->b, L->mask, nv, acc, "");
   LLVMValueRef st = LLVMBuildStore(L->b, nv, acc_ptr);
-  if (L->vw && r->column) LLVMSetAlignment(st, r->acc_t == L->f64 ? 8 : 4);
+  if (r->column) vec_aligned(L, st, r->acc_t);
 }
 
 static void map_body(lctx *L, LLVMValueRef *off, void *vctx) {
@@ -899,14 +905,11 @@ static void column_point(lctx *L, const column *cl, LLVMValueRef j, int upto) {
  * the block's count, so it stays inside; its lanes past the count are not
  * used. */
 static LLVMValueRef block_load(lctx *L, LLVMTypeRef t, LLVMValueRef arr, LLVMValueRef j) {
-  LLVMValueRef v = LLVMBuildLoad2(L->b, vty(L, t), LLVMBuildGEP2(L->b, t, arr, &j, 1, ""), "");
-  if (L->vw) LLVMSetAlignment(v, t == L->f64 ? 8 : 4);
-  return v;
+  return vec_aligned(L, LLVMBuildLoad2(L->b, vty(L, t), LLVMBuildGEP2(L->b, t, arr, &j, 1, ""), ""), t);
 }
 
 static void block_store(lctx *L, LLVMTypeRef t, LLVMValueRef v, LLVMValueRef arr, LLVMValueRef j) {
-  LLVMValueRef st = LLVMBuildStore(L->b, v, LLVMBuildGEP2(L->b, t, arr, &j, 1, ""));
-  if (L->vw) LLVMSetAlignment(st, t == L->f64 ? 8 : 4);
+  vec_aligned(L, LLVMBuildStore(L->b, v, LLVMBuildGEP2(L->b, t, arr, &j, 1, "")), t);
 }
 
 typedef struct col_ctx {
@@ -1213,12 +1216,7 @@ static void flat_run(lctx *L, LLVMValueRef from, LLVMValueRef to, int d) {
    * to overlap in one vector, and a second interleaved copy doubled the
    * machine code time of such kernels (GELU ran no slower without it) */
   if (costly(k, k->stage[0].expr)) in.interleave = 1;
-  LLVMValueRef off[64];
-  for (int a = 0; a < k->n_acc; a++) {
-    sym_dim s = k->acc[a].stride[d];
-    off[a] = sym_is_const(s) && s.c == 0 ? L->base[a] : LLVMBuildAdd(L->b, L->base[a], LLVMBuildMul(L->b, in.i, sym_val(L, s), ""), "");
-  }
-  map_body(L, off, (void *)&k->stage[0]);
+  flat_point(L, in.i, &d);
   loop_close(L, &in);
 }
 

@@ -442,13 +442,13 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
    * and their groups compile on the other threads while this one lowers
    * the light kernels */
   bool early = groups > threads && threads > 1;
-  for (int pass = 0; pass < 2; pass++) {
+  for (int pass = early ? 0 : 1; pass < 2; pass++) {
     for (int k = 0; k < p->n_k && groups; k++) {
       if (p->k[k].kind != CG_K_LOOP) continue;
       int costly = lower_costly_ops(&p->k[k]);
       /* a kernel of one element has no loop for the full generator to make fast */
       bool light = quick && (!costly || p->k[k].ndim == 0);
-      if (early ? (pass == 0) == light : pass == 0) continue;
+      if (early && (pass == 0) == light) continue;
       p->k[k].own_vectors = light && own_vectors;
       int from = groups > threads && light ? threads : 0, n_kind = groups > threads && light ? n_light : threads;
       int to = from; /* the least loaded group of its kind */
