@@ -1494,6 +1494,54 @@ START_TEST(test_failed_lowering_stops_threads) {
 END_TEST
 #endif
 
+#ifdef KILN_TEST_BUILD
+static int tanh_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  out[0] = kiln_add(kiln_mul(kiln_tanh(in[0]), in[0]), in[0]);
+  return out[0] ? 0 : -1;
+}
+
+/* An op that ops.def gives no emitter (as a new op's row may): the kernel
+ * holding it fails to lower, the variant runs on the interpreter with
+ * eager's answer, and the warning names the op. */
+START_TEST(test_op_without_emitter) {
+  kiln_scope_begin();
+  kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){33, 17}), 5), *y = NULL, *ref = NULL;
+  ck_assert_int_eq(0, tanh_body(NULL, &x, &ref));
+  cg_test_drop_emitter(OP_TANH, true);
+  kiln_options o = {.name = "noemit", .n_in = 1, .n_out = 1, .backend = KILN_BACKEND_LLVM};
+  kcache_forget();
+  kiln_fn *fn = kiln_compile(tanh_body, NULL, &o);
+  /* what the compile says goes to stderr: caught in a file */
+  fflush(stderr);
+  FILE *log = tmpfile();
+  ck_assert_ptr_nonnull(log);
+  int saved = dup(2);
+  dup2(fileno(log), 2);
+  ck_assert_int_eq(0, kiln_call(fn, &x, &y));
+  ck_assert_int_eq(0, kiln_call(fn, &x, &y));
+  fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  cg_test_drop_emitter(OP_TANH, false);
+  char text[2048] = "";
+  rewind(log);
+  size_t got = fread(text, 1, sizeof text - 1, log);
+  text[got] = 0;
+  fclose(log);
+  ck_assert_msg(strstr(text, "no emitter for the op 'tanh'") != NULL, "the warning does not name the op: \"%s\"", text);
+  int64_t bad;
+  ck_assert_double_eq(0, maxdiff_rel(y, ref, &bad)); /* the interpreter runs eager's kernels */
+  kiln_fn_stats st;
+  ck_assert_int_eq(0, kiln_fn_get_stats(fn, &st));
+  ck_assert_int_eq(1, st.hits);
+  ck_assert_double_eq(0, st.llvm_opt_ms);
+  kiln_fn_free(fn);
+  kiln_scope_end();
+}
+END_TEST
+#endif
+
 /* Found by fuzzing (tests/fuzz/fuzz_irtext.c): compiled index_select and
  * index_add check the call's indices as eager does; they used to read and
  * write out of bounds. */
@@ -1667,6 +1715,7 @@ static Suite *suite(void) {
 #ifdef KILN_TEST_BUILD
   tcase_add_test(tc, test_forced_faults);
   tcase_add_test(tc, test_failed_lowering_stops_threads);
+  tcase_add_test(tc, test_op_without_emitter);
 #endif
   suite_add_tcase(s, tc);
   return s;

@@ -88,7 +88,7 @@ static int grad(int p)
 }
 
 /* op(in...) at t.c:line */
-static int op_at(int op, kiln_dtype dt, const char *shape, const ir_attrs *a, int line, int n_in, const int *in)
+static int op_at(int op, kiln_dtype dt, const char *shape, const op_attrs *a, int line, int n_in, const int *in)
 {
   ir_node n = {.op = op, .n_in = n_in, .in = (int *)in};
   if (a) n.attrs = *a;
@@ -169,7 +169,7 @@ static void same_graph(const ir_graph *a, const ir_graph *b)
     ck_assert_int_eq(x->n_in, y->n_in);
     for (int j = 0; j < x->n_in; j++) ck_assert_int_eq(x->in[j], y->in[j]);
     ck_assert_int_eq(x->index, y->index);
-    const ir_attrs *p = &x->attrs, *q = &y->attrs;
+    const op_attrs *p = &x->attrs, *q = &y->attrs;
     switch (x->op) {
     case OP_SUM:
     case OP_MEAN:
@@ -529,32 +529,32 @@ START_TEST(test_attrs)
   SYM(1, 100);
   int x = input(KILN_F32, "2,3,4"), ix = input(KILN_I64, "5"), s = input(KILN_F32, "2,s0,4");
   int n = 3, line = 10;
-  OP(OP_SUM, KILN_F32, "2,1,1", (&(ir_attrs){.naxes = 2, .axes = {1, 2}, .keepdim = true}), line++, x);
-  OP(OP_MEAN, KILN_F32, "3,4", (&(ir_attrs){.naxes = 1, .axes = {0}}), line++, x);
-  OP(OP_MAX, KILN_F32, "", (&(ir_attrs){.naxes = 3, .axes = {0, 1, 2}}), line++, x);
-  OP(OP_MIN, KILN_F32, "2,3,4", (&(ir_attrs){.naxes = 0}), line++, x);
-  OP(OP_ARGMAX, KILN_I64, "2,3", (&(ir_attrs){.naxes = 1, .axes = {2}}), line++, x);
-  OP(OP_RESHAPE, KILN_F32, "6,4", (&(ir_attrs){.ndim = 2, .shape = {{6, NULL}, {4, NULL}}}), line++, x);
-  OP(OP_RESHAPE, KILN_F32, "", (&(ir_attrs){.ndim = 0}), line++,
-     OP(OP_SUM, KILN_F32, "", (&(ir_attrs){.naxes = 3, .axes = {0, 1, 2}}), 0, x));
-  ir_attrs ex = {.ndim = 4};
+  OP(OP_SUM, KILN_F32, "2,1,1", (&(op_attrs){.naxes = 2, .axes = {1, 2}, .keepdim = true}), line++, x);
+  OP(OP_MEAN, KILN_F32, "3,4", (&(op_attrs){.naxes = 1, .axes = {0}}), line++, x);
+  OP(OP_MAX, KILN_F32, "", (&(op_attrs){.naxes = 3, .axes = {0, 1, 2}}), line++, x);
+  OP(OP_MIN, KILN_F32, "2,3,4", (&(op_attrs){.naxes = 0}), line++, x);
+  OP(OP_ARGMAX, KILN_I64, "2,3", (&(op_attrs){.naxes = 1, .axes = {2}}), line++, x);
+  OP(OP_RESHAPE, KILN_F32, "6,4", (&(op_attrs){.ndim = 2, .shape = {{6, NULL}, {4, NULL}}}), line++, x);
+  OP(OP_RESHAPE, KILN_F32, "", (&(op_attrs){.ndim = 0}), line++,
+     OP(OP_SUM, KILN_F32, "", (&(op_attrs){.naxes = 3, .axes = {0, 1, 2}}), 0, x));
+  op_attrs ex = {.ndim = 4};
   dims_of("7,2,s0,4", ex.shape);
   OP(OP_EXPAND, KILN_F32, "7,2,s0,4", &ex, line++, s);
-  OP(OP_PERMUTE, KILN_F32, "4,2,3", (&(ir_attrs){.perm = {2, 0, 1}}), line++, x);
-  ir_attrs sl = {.dim = 1, .start = sym_const(1), .step = 2};
+  OP(OP_PERMUTE, KILN_F32, "4,2,3", (&(op_attrs){.perm = {2, 0, 1}}), line++, x);
+  op_attrs sl = {.dim = 1, .start = sym_const(1), .step = 2};
   dims_of("s0 - 1", &sl.end);
   int sls = OP(OP_SLICE, KILN_F32, "2,s0//2,4", &sl, line++, s);
   OP(OP_SLICE_SCATTER, KILN_F32, "2,s0,4", &sl, line++, s, sls);
-  OP(OP_CAT, KILN_F32, "6,3,4", (&(ir_attrs){.dim = 0}), line++, x, x, x);
-  OP(OP_CAT, KILN_F32, "2,3,4", (&(ir_attrs){.dim = 2}), line++, x);
-  OP(OP_INDEX_SELECT, KILN_F32, "2,5,4", (&(ir_attrs){.dim = 1}), line++, x, ix);
-  OP(OP_INDEX_ADD, KILN_F32, "2,3,4", (&(ir_attrs){.dim = 0}), line++, x, ix, x);
-  OP(OP_CAST, KILN_F64, "2,3,4", (&(ir_attrs){.dtype = KILN_F64}), line++, x);
-  OP(OP_CAST, KILN_BOOL, "2,3,4", (&(ir_attrs){.dtype = KILN_BOOL}), line++, x);
+  OP(OP_CAT, KILN_F32, "6,3,4", (&(op_attrs){.dim = 0}), line++, x, x, x);
+  OP(OP_CAT, KILN_F32, "2,3,4", (&(op_attrs){.dim = 2}), line++, x);
+  OP(OP_INDEX_SELECT, KILN_F32, "2,5,4", (&(op_attrs){.dim = 1}), line++, x, ix);
+  OP(OP_INDEX_ADD, KILN_F32, "2,3,4", (&(op_attrs){.dim = 0}), line++, x, ix, x);
+  OP(OP_CAST, KILN_F64, "2,3,4", (&(op_attrs){.dtype = KILN_F64}), line++, x);
+  OP(OP_CAST, KILN_BOOL, "2,3,4", (&(op_attrs){.dtype = KILN_BOOL}), line++, x);
   OP(OP_WHERE, KILN_F32, "2,3,4", NULL, line++, n + 16, x, x);
   OP(OP_COPY, KILN_F32, "2,3,4", NULL, 0, x);
-  OP(IR_NUMEL, KILN_I64, "", (&(ir_attrs){.naxes = 2, .axes = {0, 2}, .start = sym_const(-1)}), line++, x);
-  ir_attrs nu = {.naxes = 0};
+  OP(IR_NUMEL, KILN_I64, "", (&(op_attrs){.naxes = 2, .axes = {0, 2}, .start = sym_const(-1)}), line++, x);
+  op_attrs nu = {.naxes = 0};
   dims_of("s0 + 1", &nu.start);
   OP(IR_NUMEL, KILN_F32, "", &nu, line++, s);
   char *t = round_trip(g);
@@ -593,7 +593,7 @@ START_TEST(test_symbolic)
   (void)s0, (void)s1, (void)s2;
   int x = input(KILN_F32, "s0,s1");
   int y = input(KILN_F32, "s0*s1,4*s0 + 3");
-  ir_attrs ra = {.ndim = 1};
+  op_attrs ra = {.ndim = 1};
   dims_of("s1*s0", ra.shape);
   int r = OP(OP_RESHAPE, KILN_F32, "s0*s1", &ra, 3, x);
   OP(OP_ADD, KILN_F32, "(s0 + 1)//2,s0 % 4,s2 + 5,2*(s0//4),s0*s0*s1 - s1 + 7", NULL, 4, x, y);
@@ -813,12 +813,12 @@ static char *rich_text(void)
   int k = konst(KILN_F32, "4", c);
   int m = OP(OP_MATMUL, KILN_F32, "s0,4", NULL, 1, x, w);
   int a = OP(OP_ADD, KILN_F32, "s0,4", NULL, 2, m, k);
-  int s = OP(OP_SUM, KILN_F32, "4", (&(ir_attrs){.naxes = 1, .axes = {0}}), 3, a);
-  int p = OP(OP_PERMUTE, KILN_F32, "4,s0", (&(ir_attrs){.perm = {1, 0}}), 4, a);
-  ir_attrs sl = {.dim = 1, .start = sym_const(0), .step = 1};
+  int s = OP(OP_SUM, KILN_F32, "4", (&(op_attrs){.naxes = 1, .axes = {0}}), 3, a);
+  int p = OP(OP_PERMUTE, KILN_F32, "4,s0", (&(op_attrs){.perm = {1, 0}}), 4, a);
+  op_attrs sl = {.dim = 1, .start = sym_const(0), .step = 1};
   dims_of("s0//2", &sl.end);
   OP(OP_SLICE, KILN_F32, "4,s0//2", &sl, 5, p);
-  OP(OP_CAT, KILN_F32, "8", (&(ir_attrs){.dim = 0}), 6, s, s);
+  OP(OP_CAT, KILN_F32, "8", (&(op_attrs){.dim = 0}), 6, s, s);
   guard("s0 % 2 == 0");
   output(a);
   output(s);

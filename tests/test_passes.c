@@ -73,10 +73,10 @@ static int scalar_f64(double v) { return konst(KILN_F64, 0, NULL, &v); }
 static int vec_f32(int n, const float *v) { return konst(KILN_F32, 1, (int64_t[]){n}, v); }
 
 /* An op node, its dtype and shape from the shape rule; interned unless raw. */
-static int make(int op, int n_in, const int *in, const ir_attrs *a, int line, bool raw) {
+static int make(int op, int n_in, const int *in, const op_attrs *a, int line, bool raw) {
   ir_node n = {.op = op, .n_in = n_in, .in = (int *)in, .file = "t.c", .line = line};
   if (a) n.attrs = *a;
-  shape_env env = {g, NULL, 0, false};
+  shape_env env = {.g = g, .vals = NULL, .nvals = 0, .record = false};
   ck_assert_msg(symshape_infer(&env, &n, err, sizeof err) == 0, "line %d: %s", line, err);
   int id = raw ? ir_append(g, &n) : ir_add(g, &n);
   ck_assert_int_ge(id, 0);
@@ -84,7 +84,7 @@ static int make(int op, int n_in, const int *in, const ir_attrs *a, int line, bo
 }
 #define OP1(op, x) make(op, 1, (int[]){x}, NULL, __LINE__, false)
 #define OP2(op, x, y) make(op, 2, (int[]){x, y}, NULL, __LINE__, false)
-#define OPA(op, x, ...) make(op, 1, (int[]){x}, &(ir_attrs){__VA_ARGS__}, __LINE__, false)
+#define OPA(op, x, ...) make(op, 1, (int[]){x}, &(op_attrs){__VA_ARGS__}, __LINE__, false)
 
 static int cast(int x, kiln_dtype dt) { return OPA(OP_CAST, x, .dtype = dt); }
 static int permute(int x, int a, int b, int c) { return OPA(OP_PERMUTE, x, .perm = {a, b, c}); }
@@ -380,7 +380,7 @@ START_TEST(test_fold_limits)
   /* fails when run (index out of range): stays, the runtime reports it */
   int64_t idx = 7;
   output(make(OP_INDEX_SELECT, 2, (int[]){vec_f32(3, big), konst(KILN_I64, 1, (int64_t[]){1}, &idx)},
-              &(ir_attrs){.dim = 0}, __LINE__, false));
+              &(op_attrs){.dim = 0}, __LINE__, false));
   pass(pass_fold);
   ck_assert_int_eq(IR_CONST, out_node(0)->op);
   ck_assert_int_eq(OP_NEG, out_node(1)->op);

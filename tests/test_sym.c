@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "eager/eager.h"
-#include "tracer/sym.h"
+#include "eager/sym.h"
 
 static sym_ctx *ctx;
 static char errbuf[256];

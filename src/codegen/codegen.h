@@ -225,6 +225,29 @@ void kcache_symbol(const char *key, size_t keylen, char out[40]);
  * is not one of these. */
 LLVMValueRef vmath_emit(LLVMBuilderRef b, int op, LLVMValueRef x);
 
+/* ---- emit.c: an op's instructions from its operands' values ------------------- */
+
+/* What an emitter gets: operands that are scalars, or vectors of one lane count. */
+typedef struct cg_emit {
+  LLVMBuilderRef b;
+  int op;
+  kiln_dtype it;         /* the operands' dtype (a where's: its branches') */
+  kiln_dtype cast_to;    /* OP_CAST */
+  LLVMValueRef v[3];
+  bool b_const;          /* operand 1 is the constant b_value (pow by 2) */
+  double b_value;
+} cg_emit;
+typedef LLVMValueRef (*cg_emit_fn)(const cg_emit *e);
+/* The emitter ops.def names for op, NULL when it has none. */
+cg_emit_fn cg_emitter(int op);
+/* NaN-propagating max/min (eager's MAXNAN), and dtype conversion, on scalars or vectors. */
+LLVMValueRef cg_maxnan(LLVMBuilderRef b, kiln_dtype dt, LLVMValueRef x, LLVMValueRef y, bool max);
+LLVMValueRef cg_convert(LLVMBuilderRef b, LLVMValueRef v, kiln_dtype from, kiln_dtype to);
+#ifdef KILN_TEST_BUILD
+/* Test build: makes op look as if ops.def named no emitter for it (drop), or undoes that. */
+void cg_test_drop_emitter(int op, bool drop);
+#endif
+
 /* ---- lower.c ------------------------------------------------------------------ */
 
 #define CG_BLOCKS 64

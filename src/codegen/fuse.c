@@ -47,13 +47,12 @@ typedef struct fuser {
   size_t errn;
 } fuser;
 
-static bool is_compute(int op) {
-  return op == IR_NUMEL || (op < OP_COUNT && (op_table[op].kind == KIND_POINTWISE || op == OP_SUM || op == OP_MEAN || op == OP_MAX ||
-                           op == OP_MIN));
-}
-static bool is_reduce(int op) { return op == OP_SUM || op == OP_MEAN || op == OP_MAX || op == OP_MIN; }
-static bool is_view(int op) { return op < OP_COUNT && op_table[op].kind == KIND_VIEW; }
-/* pow by a constant 1, 2 or 3 is lowered to multiplies (lower.c), so it is cheap */
+/* How the op table says codegen runs an op (cg and cost columns). */
+static bool has_class(int op, cg_class c) { return op >= 0 && op < OP_COUNT && op_table[op].cg == c; }
+static bool is_compute(int op) { return op == IR_NUMEL || has_class(op, CGC_FUSE) || has_class(op, CGC_REDUCE); }
+static bool is_reduce(int op) { return has_class(op, CGC_REDUCE); }
+static bool is_view(int op) { return has_class(op, CGC_VIEW); }
+/* pow by a constant 1, 2 or 3 is lowered to multiplies (emit.c), so it is cheap */
 static bool pow_is_mul(const ir_graph *g, const ir_node *n) {
   const ir_node *e = &g->nodes[n->in[1]];
   if (e->op != IR_CONST || ir_node_numel_const(e) != 1) return false;
@@ -61,15 +60,8 @@ static bool pow_is_mul(const ir_graph *g, const ir_node *n) {
   return c == 1.0 || c == 2.0 || c == 3.0;
 }
 static bool is_heavy(const ir_graph *g, const ir_node *n) {
-  int op = n->op;
-  if (op == OP_POW && pow_is_mul(g, n)) return false;
-  switch (op) {
-  case OP_EXP: case OP_LOG: case OP_TANH: case OP_SIGMOID: case OP_GELU: case OP_GELU_ERF: case OP_ERF:
-  case OP_SIN: case OP_COS: case OP_POW: case OP_SQRT: case OP_RSQRT: case OP_DIV:
-    return true;
-  default:
-    return false;
-  }
+  if (n->op < 0 || n->op >= OP_COUNT || op_table[n->op].cost < 1) return false;
+  return !(n->op == OP_POW && pow_is_mul(g, n));
 }
 
 /* A matmul with a few constant rows (batch-1 inference): a dot product per
@@ -143,7 +135,7 @@ static int view_map(fuser *f, const ir_node *n, vmap *out) {
   sym_ctx *s = f->sym;
   out->buf = m->buf;
   out->off = m->off;
-  const ir_attrs *a = &n->attrs;
+  const op_attrs *a = &n->attrs;
   switch (n->op) {
   case OP_PERMUTE:
     for (int i = 0; i < n->ndim; i++) out->stride[i] = m->stride[a->perm[i]];

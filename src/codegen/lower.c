@@ -185,28 +185,8 @@ static void store_at(lctx *L, LLVMValueRef v, LLVMValueRef ptr, kiln_dtype dt, i
   if (L->vw) LLVMSetAlignment(st, elem_bytes(dt));
 }
 
-/* NaN-propagating max/min, as eager's MAXNAN/MINNAN. */
 static LLVMValueRef maxnan(lctx *L, kiln_dtype dt, LLVMValueRef x, LLVMValueRef y, bool max) {
-  if (!is_float(dt)) return LLVMBuildSelect(L->b, LLVMBuildICmp(L->b, max ? LLVMIntSGT : LLVMIntSLT, x, y, ""), x, y, "");
-  LLVMValueRef c = LLVMBuildFCmp(L->b, max ? LLVMRealOGT : LLVMRealOLT, x, y, "");
-  LLVMValueRef nan = LLVMBuildFCmp(L->b, LLVMRealUNO, x, x, "");
-  return LLVMBuildSelect(L->b, LLVMBuildOr(L->b, c, nan, ""), x, y, "");
-}
-
-static LLVMValueRef convert(lctx *L, LLVMValueRef v, kiln_dtype from, kiln_dtype to) {
-  if (from == to) return v;
-  LLVMTypeRef t = val_type(L, to);
-  if (to == KILN_BOOL) {
-    LLVMValueRef nz = is_float(from) ? LLVMBuildFCmp(L->b, LLVMRealUNE, v, const_of(L, from, 0), "")
-                                     : LLVMBuildICmp(L->b, LLVMIntNE, v, const_of(L, from, 0), "");
-    return LLVMBuildZExt(L->b, nz, t, "");
-  }
-  if (from == KILN_BOOL) {
-    return is_float(to) ? LLVMBuildUIToFP(L->b, v, t, "") : LLVMBuildZExt(L->b, v, t, "");
-  }
-  if (is_float(from) && is_float(to)) return to == KILN_F64 ? LLVMBuildFPExt(L->b, v, t, "") : LLVMBuildFPTrunc(L->b, v, t, "");
-  if (is_float(from)) return LLVMBuildFPToSI(L->b, v, t, "");
-  return LLVMBuildSIToFP(L->b, v, t, "");
+  return cg_maxnan(L->b, dt, x, y, max);
 }
 
 static LLVMValueRef emit(lctx *L, int e, LLVMValueRef *off);
@@ -252,49 +232,26 @@ static LLVMValueRef tag(lctx *L, LLVMValueRef inst, int a) {
   return inst;
 }
 
+/* An op's value through its emitter (emit.c); an op without one fails the kernel. */
 static LLVMValueRef emit_op(lctx *L, const cg_expr *x, LLVMValueRef *off) {
-  LLVMValueRef a = emit(L, x->in[0], off);
-  if (!a) return NULL;
-  LLVMValueRef b = x->n_in > 1 ? emit(L, x->in[1], off) : NULL;
-  if (x->n_in > 1 && !b) return NULL;
-  kiln_dtype it = L->k->expr[x->in[0]].dtype; /* operand type (binary ops have equal types) */
-  bool fl = is_float(it);
-  LLVMBuilderRef B = L->b;
-  switch (x->op) {
-  case OP_ADD: return fl ? LLVMBuildFAdd(B, a, b, "") : LLVMBuildAdd(B, a, b, "");
-  case OP_SUB: return fl ? LLVMBuildFSub(B, a, b, "") : LLVMBuildSub(B, a, b, "");
-  case OP_MUL: return fl ? LLVMBuildFMul(B, a, b, "") : LLVMBuildMul(B, a, b, "");
-  case OP_DIV: return LLVMBuildFDiv(B, a, b, "");
-  case OP_POW: {
+  cg_emit_fn fn = cg_emitter(x->op);
+  if (!fn) {
+    static _Thread_local char why[96];
+    snprintf(why, sizeof why, "codegen has no emitter for the op '%s'", ir_op_name(x->op));
+    L->failed = why;
+    return NULL;
+  }
+  cg_emit e = {.b = L->b, .op = x->op, .cast_to = x->cast_to};
+  for (int i = 0; i < x->n_in; i++)
+    if (!(e.v[i] = emit(L, x->in[i], off))) return NULL;
+  /* the operands' dtype: a where's branches, else the first operand's (binary ops have equal types) */
+  e.it = L->k->expr[x->in[x->op == OP_WHERE ? 1 : 0]].dtype;
+  if (x->n_in > 1) {
     const cg_expr *ex = &L->k->expr[x->in[1]];
-    if (ex->kind == CG_CONST && ex->c == 2.0) return LLVMBuildFMul(B, a, a, "");
-    if (ex->kind == CG_CONST && ex->c == 3.0) return LLVMBuildFMul(B, LLVMBuildFMul(B, a, a, ""), a, "");
-    if (ex->kind == CG_CONST && ex->c == 1.0) return a;
-    return call_intrinsic(L, "llvm.pow", val_type(L, it), (LLVMValueRef[]){a, b}, 2);
+    e.b_const = ex->kind == CG_CONST;
+    e.b_value = ex->c;
   }
-  case OP_MAXIMUM: return maxnan(L, it, a, b, true);
-  case OP_MINIMUM: return maxnan(L, it, a, b, false);
-  case OP_EQ: case OP_NE: case OP_LT: case OP_LE: case OP_GT: case OP_GE: {
-    static const LLVMRealPredicate fp[] = {LLVMRealOEQ, LLVMRealUNE, LLVMRealOLT, LLVMRealOLE, LLVMRealOGT, LLVMRealOGE};
-    static const LLVMIntPredicate ip[] = {LLVMIntEQ, LLVMIntNE, LLVMIntSLT, LLVMIntSLE, LLVMIntSGT, LLVMIntSGE};
-    int k = x->op - OP_EQ;
-    LLVMValueRef c = fl ? LLVMBuildFCmp(B, fp[k], a, b, "") : LLVMBuildICmp(B, ip[k], a, b, "");
-    return LLVMBuildZExt(B, c, val_type(L, KILN_BOOL), "");
-  }
-  case OP_NEG: return fl ? LLVMBuildFNeg(B, a, "") : LLVMBuildNeg(B, a, "");
-  case OP_ABS:
-    if (fl) return call_intrinsic(L, "llvm.fabs", val_type(L, it), &a, 1);
-    return LLVMBuildSelect(B, LLVMBuildICmp(B, LLVMIntSLT, a, const_of(L, it, 0), ""), LLVMBuildNeg(B, a, ""), a, "");
-  case OP_RELU:
-    if (fl) return LLVMBuildSelect(B, LLVMBuildFCmp(B, LLVMRealUGT, a, const_of(L, it, 0), ""), a, const_of(L, it, 0), "");
-    return LLVMBuildSelect(B, LLVMBuildICmp(B, LLVMIntSGT, a, const_of(L, it, 0), ""), a, const_of(L, it, 0), "");
-  case OP_CAST: return convert(L, a, it, x->cast_to);
-  case OP_COPY: return a;
-  default: {
-    LLVMValueRef r = vmath_emit(B, x->op, a);
-    return r;
-  }
-  }
+  return fn(&e);
 }
 
 /* The value of expression e at the current loop point (off: per access element offset). */
@@ -330,13 +287,7 @@ static LLVMValueRef emit(lctx *L, int e, LLVMValueRef *off) {
     break;
   }
   case CG_OP:
-    if (x->op == OP_WHERE) {
-      LLVMValueRef c = emit(L, x->in[0], off), a = emit(L, x->in[1], off), b = emit(L, x->in[2], off);
-      if (!c || !a || !b) return NULL;
-      v = LLVMBuildSelect(L->b, LLVMBuildICmp(L->b, LLVMIntNE, c, const_of(L, KILN_BOOL, 0), ""), a, b, "");
-    } else {
-      v = emit_op(L, x, off);
-    }
+    v = emit_op(L, x, off);
     break;
   }
   L->memo[e] = v;
@@ -624,15 +575,7 @@ static bool uses_acc(const cg_kernel *k, int e, int s) {
   return false;
 }
 
-static bool costly_op(int op) {
-  switch (op) {
-  case OP_EXP: case OP_LOG: case OP_TANH: case OP_SIGMOID: case OP_GELU: case OP_GELU_ERF: case OP_ERF: case OP_SIN:
-  case OP_COS: case OP_POW:
-    return true;
-  default:
-    return false;
-  }
-}
+static bool costly_op(int op) { return op >= 0 && op < OP_COUNT && op_table[op].cost >= 2; }
 
 static bool costly(const cg_kernel *k, int e) {
   const cg_expr *x = &k->expr[e];

@@ -702,21 +702,6 @@ typedef struct tview {
   storage st;
 } tview;
 
-/* The indices of index_select and index_add come from the call's data, and
- * their kernels trust them: checked here as eager checks them. 0 or -1 (error set). */
-static int check_indices(const ir_node *n, kiln_tensor *const *ins, const op_attrs *at) {
-  if (n->op != OP_INDEX_SELECT && n->op != OP_INDEX_ADD) return 0;
-  const kiln_tensor *idx = ins[1];
-  int64_t bound = ins[0]->shape[at->dim];
-  for (int64_t i = 0; i < idx->shape[0]; i++) {
-    int64_t k = ((const int64_t *)idx->st->data)[idx->offset + i * idx->stride[0]];
-    if (k < 0 || k >= bound)
-      return err_set(n->file, n->line, ir_op_name(n->op), "index %lld at position %lld is out of range [0, %lld)",
-                     (long long)k, (long long)i, (long long)bound), -1;
-  }
-  return 0;
-}
-
 static int make_view(tview *v, char *base, kiln_dtype dt, const ir_node *n, const cg_view *m, const int64_t *vals,
                      int nvals) {
   memset(v, 0, sizeof *v);
@@ -980,8 +965,10 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
     cg_view self = p->views[k->node];
     ok = ok && make_view(&ov, bufs[k->out_buf], n->dtype, n, &self, vals, ns) == 0;
     op_attrs at;
-    ok = ok && ir_attrs_eval(&n->attrs, vals, ns, &at) == 0;
-    if (ok && check_indices(n, ins, &at)) {
+    ok = ok && ir_attrs_eval(n, vals, ns, &at) == 0;
+    /* values a kernel trusts (indices) come from the call's data: checked as eager checks them */
+    check_fn chk = n->op < OP_COUNT ? op_table[n->op].check : NULL;
+    if (ok && chk && chk((op_id)n->op, many ? many : ins, many ? n->n_in : nin, &at, n->file, n->line)) {
       alloc_free(many), alloc_free(mv);
       goto done;
     }

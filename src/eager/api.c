@@ -130,7 +130,7 @@ kiln_tensor *kiln_reshape_at(kiln_tensor *t, int ndim, const int64_t *shape, con
   int infer = -1;
   int64_t known = 1;
   for (int i = 0; i < ndim; i++) {
-    a.shape[i] = shape[i];
+    a.shape[i] = sym_const(shape[i]);
     if (shape[i] == -1) {
       if (infer >= 0) return err_set(file, line, "reshape", "shape %s has more than one -1", err_shape(b0, ndim, shape));
       infer = i;
@@ -146,7 +146,7 @@ kiln_tensor *kiln_reshape_at(kiln_tensor *t, int ndim, const int64_t *shape, con
     if (known == 0 || numel % known)
       return err_set(file, line, "reshape", "cannot reshape %s (%" PRId64 " elements) to %s", err_shape(b0, t->ndim, t->shape),
                      numel, err_shape(b1, ndim, shape));
-    a.shape[infer] = numel / known;
+    a.shape[infer] = sym_const(numel / known);
     a.infer = infer + 1;
   } else if (known != numel) {
     return err_set(file, line, "reshape", "cannot reshape %s (%" PRId64 " elements) to %s (%" PRId64 ")",
@@ -201,14 +201,14 @@ kiln_tensor *kiln_expand_at(kiln_tensor *t, int ndim, const int64_t *shape, cons
     int64_t want = shape[i] == -1 && j >= 0 ? t->shape[j] : shape[i];
     if (want < 0 || (j >= 0 && t->shape[j] != 1 && t->shape[j] != want) || (j < 0 && shape[i] == -1))
       return err_set(file, line, "expand", "cannot expand %s to %s", err_shape(b0, t->ndim, t->shape), err_shape(b1, ndim, shape));
-    a.shape[i] = want;
+    a.shape[i] = sym_const(want);
   }
   /* a view allocates nothing, but every op on it counts its elements */
   int64_t count = 1;
   for (int i = 0; i < ndim; i++) {
-    if (a.shape[i] && count > INT64_MAX / a.shape[i])
-      return err_set(file, line, "expand", "shape %s has too many elements", err_shape(b1, ndim, shape));
-    count *= a.shape[i];
+    int64_t v = a.shape[i].c;
+    if (v && count > INT64_MAX / v) return err_set(file, line, "expand", "shape %s has too many elements", err_shape(b1, ndim, shape));
+    count *= v;
   }
   user_numbers_begin();
   kiln_tensor *r = view(OP_EXPAND, t, &a, file, line);
@@ -224,7 +224,7 @@ kiln_tensor *kiln_squeeze_at(kiln_tensor *t, int dim, const char *file, int line
   if (t->ndim == 0 || t->shape[d] != 1) return same(t); /* as torch: squeezing a dim that is not 1 keeps it */
   op_attrs a = {.ndim = t->ndim - 1};
   for (int i = 0, k = 0; i < t->ndim; i++)
-    if (i != d) a.shape[k++] = t->shape[i];
+    if (i != d) a.shape[k++] = sym_const(t->shape[i]);
   return view(OP_RESHAPE, t, &a, file, line);
 }
 
@@ -236,7 +236,7 @@ kiln_tensor *kiln_unsqueeze_at(kiln_tensor *t, int dim, const char *file, int li
     return err_set(file, line, "unsqueeze", "dim %d is out of range for shape %s", dim, err_shape(b, t->ndim, t->shape));
   int d = dim < 0 ? dim + n : dim;
   op_attrs a = {.ndim = n};
-  for (int i = 0, k = 0; i < n; i++) a.shape[i] = i == d ? 1 : t->shape[k++];
+  for (int i = 0, k = 0; i < n; i++) a.shape[i] = sym_const(i == d ? 1 : t->shape[k++]);
   return view(OP_RESHAPE, t, &a, file, line);
 }
 
@@ -254,7 +254,8 @@ kiln_tensor *kiln_slice_at(kiln_tensor *t, int dim, int64_t start, int64_t end, 
   if (start > n) start = n;
   if (end > n) end = n;
   if (end < start) end = start;
-  op_attrs a = {.dim = d, .start = start, .end = end, .step = step, .raw = true, .raw_start = raw_start, .raw_end = raw_end};
+  op_attrs a = {.dim = d, .start = sym_const(start), .end = sym_const(end), .step = step, .raw = true, .raw_start = raw_start,
+                .raw_end = raw_end};
   user_numbers_begin();
   kiln_tensor *r = view(OP_SLICE, t, &a, file, line);
   user_numbers_end();

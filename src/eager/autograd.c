@@ -44,21 +44,6 @@ typedef struct node_full {
 } node_full;
 #define EXTRA(nd) (&((node_full *)(nd))->x)
 
-/* Which input values (bit i) and whether the output (bit 7) a backward reads. */
-#define SAVE_OUT 0x80
-static unsigned saves(op_id op) {
-  switch (op) {
-  case OP_MUL: case OP_DIV: case OP_MAXIMUM: case OP_MINIMUM: case OP_MATMUL: return 3;
-  case OP_POW: return 3 | SAVE_OUT;
-  case OP_WHERE: return 1;
-  case OP_ABS: case OP_LOG: case OP_GELU: case OP_GELU_ERF: case OP_ERF: case OP_SIN: case OP_COS: return 1;
-  case OP_EXP: case OP_SQRT: case OP_RSQRT: case OP_TANH: case OP_SIGMOID: case OP_RELU: return SAVE_OUT;
-  case OP_MAX: case OP_MIN: return 1 | SAVE_OUT;
-  case OP_INDEX_SELECT: case OP_INDEX_ADD: return 2;
-  default: return 0;
-  }
-}
-
 static void node_free_saved(ag_node *nd) {
   for (int i = 0; nd->in && i < nd->n_in; i++) {
     kiln_release(nd->in[i]);
@@ -125,9 +110,9 @@ int ag_record(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_t
   nd->in = alloc_calloc((size_t)n, sizeof *nd->in);
   nd->version = alloc_calloc((size_t)n, sizeof *nd->version);
   f->x.inputs = alloc_calloc((size_t)n, sizeof *f->x.inputs);
-  unsigned sv = saves(op);
-  if (sv & SAVE_OUT) f->x.saved_out = tensor_view(out, out->ndim, out->shape, out->stride, out->offset);
-  if (!nd->in || !nd->version || !f->x.inputs || ((sv & SAVE_OUT) && !f->x.saved_out)) {
+  unsigned sv = op_table[op].saves; /* S_IN<i> is bit i, S_OUT bit 7 */
+  if (sv & S_OUT) f->x.saved_out = tensor_view(out, out->ndim, out->shape, out->stride, out->offset);
+  if (!nd->in || !nd->version || !f->x.inputs || ((sv & S_OUT) && !f->x.saved_out)) {
     ag_node_release(nd);
     return err_set(file, line, op_table[op].name, "out of memory recording for autograd"), -1;
   }
@@ -431,14 +416,16 @@ static int bw_index_add(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
 }
 static int bw_slice_scatter(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
   if (IN(0).need) gin[0] = slice_scatter(g, kiln_zeros_at(IN(1).dtype, IN(1).ndim, IN(1).shape, AT), &nd->attrs, nd);
-  if (IN(1).need) gin[1] = kiln_slice_at(g, nd->attrs.dim, nd->attrs.start, nd->attrs.end, nd->attrs.step, AT);
+  if (IN(1).need) gin[1] = kiln_slice_at(g, nd->attrs.dim, nd->attrs.start.c, nd->attrs.end.c, nd->attrs.step, AT);
   return 0;
 }
 
 static const backward_fn backwards[OP_COUNT] = {
-#define X(id, name, arity, kind, kernel, backward) [OP_##id] = backward,
+#define NONE NULL
+#define X(id, name, arity, kind, attrs, dtype, shape, kernel, check, backward, saves, cg, cost, emit) [OP_##id] = backward,
 #include "ops.def"
 #undef X
+#undef NONE
 };
 
 static bool differentiable(op_id op) { return backwards[op] != NULL; }

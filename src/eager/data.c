@@ -73,7 +73,7 @@ int k_slice_scatter(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, 
   pw_copy(out, in[0]);
   int64_t len = in[1]->shape[a->dim];
   if (len == 0) return 0;
-  kiln_tensor v = narrow(out, a->dim, a->start, len, a->step);
+  kiln_tensor v = narrow(out, a->dim, a->start.c, len, a->step);
   pw_copy(&v, in[1]);
   return 0;
 }

@@ -6,19 +6,7 @@
 
 #include "eager/eager.h"
 
-const op_info op_table[OP_COUNT] = {
-#define X(id, name, arity, kind, kernel, backward) [OP_##id] = {#name, arity, KIND_##kind},
-#include "ops.def"
-#undef X
-};
-
-static const kernel_fn kernels[OP_COUNT] = {
-#define X(id, name, arity, kind, kernel, backward) [OP_##id] = kernel,
-#include "ops.def"
-#undef X
-};
-
-_Static_assert(OP_COUNT == 44, "ops.def changed: update the op count here and check every switch over op_id");
+_Static_assert(OP_COUNT == 44, "ops.def changed: update the op count here");
 
 static _Thread_local const trace_hooks *hooks;
 
@@ -49,10 +37,6 @@ kiln_tensor *numel_scalar(const kiln_tensor *x, const int *axes, int naxes, int6
   return scope_adopt(t);
 }
 
-static bool promotes(op_id op) {
-  return (op >= OP_ADD && op <= OP_GE) || op == OP_WHERE || op == OP_MATMUL;
-}
-
 /* A result whose byte count would not fit int64 (broadcasting two huge
  * expanded views): refused before anything multiplies its sizes. */
 static bool too_many_elements(int ndim, const int64_t *shape) {
@@ -79,8 +63,9 @@ static kiln_tensor *dispatch_owned(op_id op, kiln_tensor *const *in, int n, cons
 
   /* mixed dtypes: cast to the promoted type through the dispatcher, so autograd and the tracer see the casts */
   kiln_tensor *cast[3] = {0}, *args[3], *out = NULL;
-  if (promotes(op)) {
-    int first = op == OP_WHERE ? 1 : 0;
+  const dtype_rule *dr = &op_table[op].dt;
+  if (dr->promote && n > dr->first + 1) {
+    int first = dr->first;
     kiln_dtype dt = dtype_promote(in[first], in[first + 1]);
     for (int i = 0; i < n; i++) {
       args[i] = in[i];
@@ -97,6 +82,8 @@ static kiln_tensor *dispatch_owned(op_id op, kiln_tensor *const *in, int n, cons
   kiln_dtype dt;
   int ndim;
   int64_t shape[MAXD];
+  if (shape_rule(op, in, n, a, &dt, &ndim, shape, file, line)) goto fail;
+  if (op_table[op].check && op_table[op].check(op, in, n, a, file, line)) goto fail;
   if (op_table[op].kind == KIND_VIEW) {
     /* the layout is the shape rule of a view (and gives its strides too) */
     int64_t stride[MAXD], off;
@@ -122,7 +109,6 @@ static kiln_tensor *dispatch_owned(op_id op, kiln_tensor *const *in, int n, cons
       goto fail;
     }
   } else {
-    if (shape_rule(op, in, n, a, &dt, &ndim, shape, file, line)) goto fail;
     if (too_many_elements(ndim, shape)) {
       char b[SHAPE_BUF];
       err_set(file, line, name, "the result %s has too many elements", err_shape(b, ndim, shape));
@@ -133,7 +119,7 @@ static kiln_tensor *dispatch_owned(op_id op, kiln_tensor *const *in, int n, cons
       err_set(file, line, name, "out of memory");
       goto fail;
     }
-    if (kernels[op](op, in, n, a, out)) {
+    if (op_table[op].kernel(op, in, n, a, out)) {
       err_set(file, line, name, "out of memory");
       goto fail;
     }
@@ -150,8 +136,8 @@ fail:
 
 int op_kernel(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out) {
   static const op_attrs none;
-  if (!kernels[op]) return -1;
-  return kernels[op](op, in, n, a ? a : &none, out);
+  if (!op_table[op].kernel) return -1;
+  return op_table[op].kernel(op, in, n, a ? a : &none, out);
 }
 
 kiln_tensor *op_run(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, const char *file, int line) {

@@ -12,6 +12,7 @@
 #include <cblas.h>
 
 #include "kiln.h"
+#include "eager/sym.h"
 
 #define MAXD KILN_MAX_DIMS
 
@@ -113,39 +114,136 @@ void contiguous_strides(int ndim, const int64_t *shape, int64_t *stride);
 /* One element as a double (index in row-major order). */
 double tensor_get(const kiln_tensor *t, int64_t linear);
 
-/* ---- ops.def expanded ------------------------------------------------- */
+/* ---- the op table (ops.def) -------------------------------------------- */
 
 typedef enum op_kind { KIND_POINTWISE, KIND_REDUCE, KIND_MATMUL, KIND_VIEW, KIND_OTHER } op_kind;
 
 typedef enum op_id {
-#define X(id, name, arity, kind, kernel, backward) OP_##id,
+#define X(id, name, arity, kind, attrs, dtype, shape, kernel, check, backward, saves, cg, cost, emit) OP_##id,
 #include "ops.def"
 #undef X
   OP_COUNT
 } op_id;
 
-/* Attributes are inline and fixed-size: they are part of a node's identity. */
+/* Attribute fields. An op's schema is the set of fields it uses; hashing,
+ * equality, evaluation, printing and parsing walk the schema, printing and
+ * parsing in this order. */
+enum attr_field {
+  AF_NONE = 0,
+  AF_AXES = 1 << 0,    /* naxes, axes[]: reduced axes, sorted, non-negative */
+  AF_KEEPDIM = 1 << 1, /* keepdim */
+  AF_SHAPE = 1 << 2,   /* ndim, shape[]: a target shape (reshape, expand) */
+  AF_PERM = 1 << 3,    /* perm[]: as many entries as input 0 has dims */
+  AF_DIM = 1 << 4,     /* dim: the dim an op works along */
+  AF_START = 1 << 5,   /* start: a bound, normalized: 0 <= start <= end <= size */
+  AF_END = 1 << 6,     /* end */
+  AF_STEP = 1 << 7,    /* step >= 1 */
+  AF_DTYPE = 1 << 8,   /* dtype: what a cast makes */
+  AF_VALUE = 1 << 9,   /* value: a number (a fill value, a slope, a lower bound) */
+  AF_VALUE2 = 1 << 10, /* value2: a second number (an upper bound) */
+  AF_K = 1 << 11,      /* k: an integer (a diagonal, a count) */
+  AF_FLAG = 1 << 12,   /* flag: a yes/no choice (largest, reverse) */
+  AF_INTS = 1 << 13,   /* nints, ints[]: small integer parameters (pads, strides) */
+  AF_FIELDS = 14
+};
+
+/* Attributes are inline and fixed-size: they are part of a node's identity.
+ * Sizes (shape, start, end) are dims: constants in eager, symbolic in a graph. */
 typedef struct op_attrs {
-  int ndim;                 /* reshape/expand target rank */
-  int64_t shape[MAXD];      /* reshape/expand target; index_add/slice_scatter: none */
-  int perm[MAXD];           /* permute */
-  int naxes;                /* reductions: sorted, non-negative */
+  int ndim;                 /* AF_SHAPE */
+  sym_dim shape[MAXD];
+  int perm[MAXD];           /* AF_PERM */
+  int naxes;                /* AF_AXES */
   int axes[MAXD];
-  bool keepdim;
-  int dim;                  /* slice, cat, index_select, index_add, slice_scatter */
-  int64_t start, end, step; /* slice, slice_scatter */
-  kiln_dtype dtype;         /* cast */
-  int infer;                /* reshape: 1 + the dim the caller gave as -1, else 0 (for the tracer) */
-  bool raw;                 /* slice: raw_start/raw_end hold the caller's bounds before normalizing */
+  bool keepdim;             /* AF_KEEPDIM */
+  int dim;                  /* AF_DIM */
+  sym_dim start, end;       /* AF_START, AF_END */
+  int64_t step;             /* AF_STEP */
+  kiln_dtype dtype;         /* AF_DTYPE */
+  double value, value2;     /* AF_VALUE, AF_VALUE2 */
+  int64_t k;                /* AF_K */
+  bool flag;                /* AF_FLAG */
+  int nints;                /* AF_INTS */
+  int64_t ints[2 * MAXD];
+  /* What eager tells the tracer about the caller's numbers; not part of the
+   * identity. reshape: 1 + the dim given as -1, else 0. slice: raw_start and
+   * raw_end hold the caller's bounds before normalizing (raw set). */
+  int infer;
+  bool raw;
   int64_t raw_start, raw_end;
 } op_attrs;
 
+/* The dtype rule: what input `first` (and, for a promoting op, every input
+ * from it on) may be, and what the result is. */
+typedef enum dt_in { DT_IN_ANY, DT_IN_NUM, DT_IN_FLOAT } dt_in;
+typedef enum dt_out { DT_OUT_SAME, DT_OUT_BOOL, DT_OUT_I64, DT_OUT_ATTR } dt_out;
+typedef struct dtype_rule {
+  dt_in in;
+  dt_out out;
+  bool promote; /* mixed dtypes are cast to the promoted one first */
+  int first;    /* the first input the rule is about (where: 1, after the condition) */
+} dtype_rule;
+
+/* An input as a shape rule sees it. */
+typedef struct shape_arg {
+  kiln_dtype dtype;
+  int ndim;
+  sym_dim shape[MAXD];
+} shape_arg;
+
+/* What a shape rule decides with. Eager's dims are constants (sym NULL is
+ * enough); the tracer's may be symbols, and its decide answers from the
+ * bounds, the guards or the traced values (recording a guard). */
+typedef struct dim_env dim_env;
+struct dim_env {
+  sym_ctx *sym;
+  /* a op b: 1 true, 0 false, -1 cannot tell */
+  int (*decide)(dim_env *env, sym_dim a, sym_cmp op, sym_dim b);
+};
+/* out's ndim and shape (dtype is set by the dtype rule first; a rule may
+ * change it). 0, or -1 with why in err (no op name, no location). */
+typedef int (*shape_fn)(dim_env *env, op_id op, const shape_arg *in, int n, const op_attrs *a, shape_arg *out,
+                        char *err, size_t errn);
+
+typedef int (*kernel_fn)(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out);
+
+/* What the backward formula reads. */
+enum { S_NONE = 0, S_IN0 = 1, S_IN1 = 2, S_IN2 = 4, S_OUT = 0x80 };
+
+/* How codegen runs an op. */
+typedef enum cg_class { CGC_FUSE, CGC_REDUCE, CGC_MATMUL, CGC_VIEW, CGC_EAGER } cg_class;
+
+/* Checks input values before the kernel: 0, or -1 with the error set. */
+typedef int (*check_fn)(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, const char *file, int line);
+
 typedef struct op_info {
   const char *name;
-  int arity; /* -1: variadic */
+  int arity;          /* -1: one or more */
   op_kind kind;
+  unsigned attrs;     /* AF_* bits */
+  dtype_rule dt;
+  shape_fn shape;
+  kernel_fn kernel;   /* NULL for views */
+  check_fn check;     /* NULL: none */
+  const char *backward; /* the formula's name; "NONE": not differentiable */
+  unsigned saves;     /* S_* bits */
+  cg_class cg;
+  int cost;           /* 0 cheap, 1 divide or root, 2 polynomial math */
+  const char *emitter; /* the vector emitter's name; "NONE": none */
 } op_info;
 extern const op_info op_table[OP_COUNT];
+bool op_differentiable(op_id op);
+bool op_has_emitter(op_id op);
+
+/* ---- optable.c: attributes, walked by their schema ------------------------- */
+
+/* Hash and equality over the fields of a schema (AF_* bits; dims by identity). */
+uint64_t attrs_hash(unsigned fields, const op_attrs *a);
+bool attrs_equal(unsigned fields, const op_attrs *a, const op_attrs *b);
+/* a with every dim of the schema's fields evaluated at the symbol values vals, into out; 0 or -1. */
+int attrs_eval(unsigned fields, const op_attrs *a, const int64_t *vals, int nvals, op_attrs *out);
+/* A field's name in the IR text ("axes", "keepdim", ...). */
+const char *attr_field_name(unsigned field);
 
 /* ---- dispatch.c: the one point every op passes through ----------------- */
 
@@ -201,7 +299,11 @@ kiln_tensor *numel_scalar(const kiln_tensor *x, const int *axes, int naxes, int6
 
 /* ---- shape.c: shape and dtype rules ------------------------------------ */
 
-/* Fills out dtype/ndim/shape; 0 or -1 with the error set (file/line for it). */
+/* The whole rule of op over in[0..n): the dtype rule, then the shape rule.
+ * out, or -1 with why in err (no op name or location: the caller adds them). */
+int shape_infer(dim_env *env, op_id op, const shape_arg *in, int n, const op_attrs *a, shape_arg *out, char *err,
+                size_t errn);
+/* The same on eager tensors: dtype, ndim and shape; 0 or -1 with the error set. */
 int shape_rule(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_dtype *dt, int *ndim,
                int64_t *shape, const char *file, int line);
 int shape_broadcast(int na, const int64_t *sa, int nb, const int64_t *sb, int *nout, int64_t *out);
@@ -209,10 +311,17 @@ kiln_dtype dtype_promote(const kiln_tensor *a, const kiln_tensor *b);
 /* Normalizes axis in [-ndim, ndim) to [0, ndim); -1 when out of range. */
 int axis_norm(int axis, int ndim);
 bool dtype_is_float(kiln_dtype dt);
+/* The rules ops.def names. */
+#define SHAPE_RULE(fn) int fn(dim_env *, op_id, const shape_arg *, int, const op_attrs *, shape_arg *, char *, size_t);
+SHAPE_RULE(sh_pointwise) SHAPE_RULE(sh_where) SHAPE_RULE(sh_reduce) SHAPE_RULE(sh_matmul) SHAPE_RULE(sh_reshape)
+SHAPE_RULE(sh_permute) SHAPE_RULE(sh_expand) SHAPE_RULE(sh_slice) SHAPE_RULE(sh_cat) SHAPE_RULE(sh_index_select)
+SHAPE_RULE(sh_index_add) SHAPE_RULE(sh_slice_scatter)
+#undef SHAPE_RULE
+/* Indices (input 1, 1-D i64) within dim a->dim of input 0. */
+int chk_indices(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, const char *file, int line);
 
 /* ---- kernels: write out (allocated, contiguous) from in ---------------- */
 
-typedef int (*kernel_fn)(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out);
 int k_binary(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
 int k_unary(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
 int k_where(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);

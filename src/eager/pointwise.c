@@ -71,28 +71,28 @@ CMP_ALL(double, f64)
 CMP_ALL(int64_t, i64)
 CMP_ALL(bool, b8)
 
-/* [op - OP_ADD][dtype]; NULL where the shape rule refuses the combination */
-static const iter_inner binary_loops[OP_GE - OP_ADD + 1][4] = {
-    [OP_ADD - OP_ADD] = {add_f32, add_f64, add_i64, NULL},
-    [OP_SUB - OP_ADD] = {sub_f32, sub_f64, sub_i64, NULL},
-    [OP_MUL - OP_ADD] = {mul_f32, mul_f64, mul_i64, NULL},
-    [OP_DIV - OP_ADD] = {div_f32, div_f64, NULL, NULL},
-    [OP_POW - OP_ADD] = {pow_f32, pow_f64, NULL, NULL},
-    [OP_MAXIMUM - OP_ADD] = {max_f32, max_f64, max_i64, NULL},
-    [OP_MINIMUM - OP_ADD] = {min_f32, min_f64, min_i64, NULL},
-    [OP_EQ - OP_ADD] = {eq_f32, eq_f64, eq_i64, eq_b8},
-    [OP_NE - OP_ADD] = {ne_f32, ne_f64, ne_i64, ne_b8},
-    [OP_LT - OP_ADD] = {lt_f32, lt_f64, lt_i64, lt_b8},
-    [OP_LE - OP_ADD] = {le_f32, le_f64, le_i64, le_b8},
-    [OP_GT - OP_ADD] = {gt_f32, gt_f64, gt_i64, gt_b8},
-    [OP_GE - OP_ADD] = {ge_f32, ge_f64, ge_i64, ge_b8},
+/* [op][dtype]; NULL where the shape rule refuses the combination */
+static const iter_inner binary_loops[OP_COUNT][4] = {
+    [OP_ADD] = {add_f32, add_f64, add_i64, NULL},
+    [OP_SUB] = {sub_f32, sub_f64, sub_i64, NULL},
+    [OP_MUL] = {mul_f32, mul_f64, mul_i64, NULL},
+    [OP_DIV] = {div_f32, div_f64, NULL, NULL},
+    [OP_POW] = {pow_f32, pow_f64, NULL, NULL},
+    [OP_MAXIMUM] = {max_f32, max_f64, max_i64, NULL},
+    [OP_MINIMUM] = {min_f32, min_f64, min_i64, NULL},
+    [OP_EQ] = {eq_f32, eq_f64, eq_i64, eq_b8},
+    [OP_NE] = {ne_f32, ne_f64, ne_i64, ne_b8},
+    [OP_LT] = {lt_f32, lt_f64, lt_i64, lt_b8},
+    [OP_LE] = {le_f32, le_f64, le_i64, le_b8},
+    [OP_GT] = {gt_f32, gt_f64, gt_i64, gt_b8},
+    [OP_GE] = {ge_f32, ge_f64, ge_i64, ge_b8},
 };
 
 void pw_binary(op_id op, kiln_tensor *dst, const kiln_tensor *a, const kiln_tensor *b) {
   iter it;
   const kiln_tensor *ops[2] = {a, b};
   iter_build(&it, dst, ops, 2);
-  iter_inner fn = binary_loops[op - OP_ADD][a->dtype];
+  iter_inner fn = binary_loops[op][a->dtype];
   KILN_ASSERT(fn);
   if (fn) iter_run(&it, fn, NULL);
 }
@@ -152,27 +152,27 @@ UN(neg_i64, int64_t, (int64_t)(0 - (uint64_t)x))
 UN(abs_i64, int64_t, x < 0 ? (int64_t)(0 - (uint64_t)x) : x)
 UN(relu_i64, int64_t, x > 0 ? x : 0)
 
-static const iter_inner unary_loops[OP_COS - OP_NEG + 1][3] = {
-    [OP_NEG - OP_NEG] = {neg_f32, neg_f64, neg_i64},
-    [OP_ABS - OP_NEG] = {abs_f32, abs_f64, abs_i64},
-    [OP_EXP - OP_NEG] = {exp_f32, exp_f64, NULL},
-    [OP_LOG - OP_NEG] = {log_f32, log_f64, NULL},
-    [OP_SQRT - OP_NEG] = {sqrt_f32, sqrt_f64, NULL},
-    [OP_RSQRT - OP_NEG] = {rsqrt_f32, rsqrt_f64, NULL},
-    [OP_TANH - OP_NEG] = {tanh_f32, tanh_f64, NULL},
-    [OP_SIGMOID - OP_NEG] = {sigmoid_f32, sigmoid_f64, NULL},
-    [OP_RELU - OP_NEG] = {relu_f32, relu_f64, relu_i64},
-    [OP_GELU - OP_NEG] = {gelu_f32, gelu_f64, NULL},
-    [OP_GELU_ERF - OP_NEG] = {gelu_erf_f32, gelu_erf_f64, NULL},
-    [OP_ERF - OP_NEG] = {erf_f32, erf_f64, NULL},
-    [OP_SIN - OP_NEG] = {sin_f32, sin_f64, NULL},
-    [OP_COS - OP_NEG] = {cos_f32, cos_f64, NULL},
+static const iter_inner unary_loops[OP_COUNT][3] = {
+    [OP_NEG] = {neg_f32, neg_f64, neg_i64},
+    [OP_ABS] = {abs_f32, abs_f64, abs_i64},
+    [OP_EXP] = {exp_f32, exp_f64, NULL},
+    [OP_LOG] = {log_f32, log_f64, NULL},
+    [OP_SQRT] = {sqrt_f32, sqrt_f64, NULL},
+    [OP_RSQRT] = {rsqrt_f32, rsqrt_f64, NULL},
+    [OP_TANH] = {tanh_f32, tanh_f64, NULL},
+    [OP_SIGMOID] = {sigmoid_f32, sigmoid_f64, NULL},
+    [OP_RELU] = {relu_f32, relu_f64, relu_i64},
+    [OP_GELU] = {gelu_f32, gelu_f64, NULL},
+    [OP_GELU_ERF] = {gelu_erf_f32, gelu_erf_f64, NULL},
+    [OP_ERF] = {erf_f32, erf_f64, NULL},
+    [OP_SIN] = {sin_f32, sin_f64, NULL},
+    [OP_COS] = {cos_f32, cos_f64, NULL},
 };
 
 void pw_unary(op_id op, kiln_tensor *dst, const kiln_tensor *a) {
   iter it;
   iter_build(&it, dst, &a, 1);
-  iter_inner fn = a->dtype <= KILN_I64 ? unary_loops[op - OP_NEG][a->dtype] : NULL;
+  iter_inner fn = a->dtype <= KILN_I64 ? unary_loops[op][a->dtype] : NULL;
   KILN_ASSERT(fn);
   if (fn) iter_run(&it, fn, NULL);
 }

@@ -1,6 +1,12 @@
-/* Shape and dtype rules of every primitive op. Broadcasting follows NumPy:
- * shapes align at the right, a size-1 dim stretches, missing dims are 1. */
+/* Shape and dtype rules of every primitive op, written once over dims that
+ * are constants (eager) or symbolic expressions (the tracer). Where a rule
+ * has to decide something about a dim (is it 1? are two dims equal?) it asks
+ * the environment: eager compares constants, the tracer answers from bounds,
+ * guards or the traced values and records the guard its answer needs.
+ * Broadcasting follows NumPy: shapes align at the right, a size-1 dim
+ * stretches, missing dims are 1. */
 #include <inttypes.h>
+#include <stdarg.h>
 #include <string.h>
 
 #include "eager/eager.h"
@@ -11,18 +17,6 @@ int axis_norm(int axis, int ndim) {
   int n = ndim > 0 ? ndim : 1; /* a 0-d tensor accepts axis 0 and -1 like a vector of one */
   if (axis < -n || axis >= n) return -1;
   return axis < 0 ? axis + n : axis;
-}
-
-int shape_broadcast(int na, const int64_t *sa, int nb, const int64_t *sb, int *nout, int64_t *out) {
-  int n = na > nb ? na : nb;
-  for (int i = 0; i < n; i++) {
-    int ia = i - (n - na), ib = i - (n - nb);
-    int64_t da = ia >= 0 ? sa[ia] : 1, db = ib >= 0 ? sb[ib] : 1;
-    if (da != db && da != 1 && db != 1) return -1 - i;
-    out[i] = da == 1 ? db : da;
-  }
-  *nout = n;
-  return 0;
 }
 
 static int category(kiln_dtype dt) { return dt == KILN_BOOL ? 0 : dt == KILN_I64 ? 1 : 2; }
@@ -41,187 +35,390 @@ kiln_dtype dtype_promote(const kiln_tensor *a, const kiln_tensor *b) {
   return rank(x) > rank(y) ? x : y;
 }
 
-static bool is_compare(op_id op) { return op >= OP_EQ && op <= OP_GE; }
+/* ---- helpers ---- */
 
-static int bad_dtype(const char *file, int line, op_id op, kiln_dtype dt, const char *want) {
-  err_set(file, line, op_table[op].name, "dtype %s is not supported (%s)", kiln_dtype_name(dt), want);
+static int fail(char *err, size_t errn, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail(char *err, size_t errn, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err, errn, fmt, ap);
+  va_end(ap);
   return -1;
 }
 
-static int check_indices(const kiln_tensor *idx, int64_t bound, op_id op, const char *file, int line) {
-  if (idx->dtype != KILN_I64 || idx->ndim != 1)
-    return err_set(file, line, op_table[op].name, "indices must be a 1-D i64 tensor, got %s of rank %d",
-                   kiln_dtype_name(idx->dtype), idx->ndim),
-           -1;
-  for (int64_t i = 0; i < idx->shape[0]; i++) {
-    int64_t v = ((const int64_t *)idx->st->data)[idx->offset + i * idx->stride[0]];
-    if (v < 0 || v >= bound)
-      return err_set(file, line, op_table[op].name, "index %" PRId64 " at position %" PRId64 " is out of range [0, %" PRId64 ")",
-                     v, i, bound),
-             -1;
+/* "[2,s0]" into buf. */
+static const char *dims_text(int nd, const sym_dim *d, char *buf, size_t n) {
+  size_t k = (size_t)snprintf(buf, n, "[");
+  for (int i = 0; i < nd && k < n; i++) {
+    if (i) k += (size_t)snprintf(buf + k, n - k, ",");
+    if (k >= n) break;
+    int w = sym_print(d[i], buf + k, n - k);
+    if (w < 0) w = snprintf(buf + k, n - k, "?");
+    k += (size_t)w;
+  }
+  if (k < n) snprintf(buf + k, n - k, "]");
+  return buf;
+}
+#define TXT(arg, buf) dims_text((arg)->ndim, (arg)->shape, buf, sizeof buf)
+
+static int decide(dim_env *env, sym_dim a, sym_cmp op, sym_dim b) {
+  if (sym_is_err(a) || sym_is_err(b)) return -1;
+  bool res, needs;
+  if (sym_decide(a, op, b, NULL, 0, &res, &needs) == 0 && !needs) return res;
+  return env->decide ? env->decide(env, a, op, b) : -1;
+}
+static bool is_true(dim_env *env, sym_dim a, sym_cmp op, sym_dim b) { return decide(env, a, op, b) == 1; }
+
+/* One pair of dims broadcast: a when they agree or b is 1, b when a is 1. */
+static int bcast_dim(dim_env *env, sym_dim a, sym_dim b, sym_dim *out) {
+  if (sym_same(a, b)) return *out = a, 0;
+  if (sym_is_const(b) && b.c == 1) return *out = a, 0;
+  if (sym_is_const(a) && a.c == 1) return *out = b, 0;
+  /* equal sizes first: one guard a == b serves every size, 1 included */
+  int r = decide(env, a, SYM_EQ, b);
+  if (r < 0) return -1;
+  if (r) return *out = sym_is_const(b) ? b : a, 0;
+  r = decide(env, a, SYM_EQ, sym_const(1));
+  if (r < 0) return -1;
+  if (r) return *out = b, 0;
+  r = decide(env, b, SYM_EQ, sym_const(1));
+  if (r < 0) return -1;
+  if (r) return *out = a, 0;
+  return -1;
+}
+
+/* -1 - (the result dim that fails) on failure, else 0. */
+static int bcast(dim_env *env, int na, const sym_dim *sa, int nb, const sym_dim *sb, int *nout, sym_dim *out) {
+  int n = na > nb ? na : nb;
+  for (int i = 0; i < n; i++) {
+    int ia = i - (n - na), ib = i - (n - nb);
+    sym_dim da = ia >= 0 ? sa[ia] : sym_const(1), db = ib >= 0 ? sb[ib] : sym_const(1);
+    if (bcast_dim(env, da, db, &out[i])) return -1 - i;
+  }
+  *nout = n;
+  return 0;
+}
+
+int shape_broadcast(int na, const int64_t *sa, int nb, const int64_t *sb, int *nout, int64_t *out) {
+  int n = na > nb ? na : nb;
+  for (int i = 0; i < n; i++) {
+    int ia = i - (n - na), ib = i - (n - nb);
+    int64_t da = ia >= 0 ? sa[ia] : 1, db = ib >= 0 ? sb[ib] : 1;
+    if (da != db && da != 1 && db != 1) return -1 - i;
+    out[i] = da == 1 ? db : da;
+  }
+  *nout = n;
+  return 0;
+}
+
+static sym_dim numel_of(dim_env *env, int nd, const sym_dim *d) {
+  sym_dim p = sym_const(1);
+  for (int i = 0; i < nd; i++) p = sym_mul(env->sym, p, d[i]);
+  return p;
+}
+
+static void copy_shape(shape_arg *out, const shape_arg *x) {
+  out->ndim = x->ndim;
+  memcpy(out->shape, x->shape, sizeof(sym_dim) * (size_t)x->ndim);
+}
+
+/* The length of [start, end) by step. */
+static sym_dim span(dim_env *env, sym_dim start, sym_dim end, int64_t step) {
+  if (sym_is_const(start) && sym_is_const(end)) /* so that a huge step cannot overflow */
+    return sym_const(end.c > start.c ? 1 + (end.c - start.c - 1) / step : 0);
+  sym_dim len = sym_sub(env->sym, end, start);
+  if (step > 1) len = sym_floordiv(env->sym, sym_add(env->sym, len, sym_const(step - 1)), sym_const(step));
+  return len;
+}
+
+/* ---- the rules named in ops.def ---- */
+
+int sh_pointwise(dim_env *env, op_id op, const shape_arg *in, int n, const op_attrs *a, shape_arg *out, char *err,
+                 size_t errn) {
+  (void)op, (void)a;
+  char b0[160], b1[160];
+  copy_shape(out, &in[0]);
+  if (n == 2) {
+    int r = bcast(env, in[0].ndim, in[0].shape, in[1].ndim, in[1].shape, &out->ndim, out->shape);
+    if (r) return fail(err, errn, "shapes %s and %s do not broadcast (dim %d of the result)", TXT(&in[0], b0), TXT(&in[1], b1), -1 - r);
   }
   return 0;
 }
 
-int shape_rule(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_dtype *dt, int *ndim,
-               int64_t *shape, const char *file, int line) {
-  const char *name = op_table[op].name;
-  char b0[SHAPE_BUF], b1[SHAPE_BUF], b2[SHAPE_BUF];
-  const kiln_tensor *x = in[0];
-  switch (op_table[op].kind) {
-  case KIND_POINTWISE:
-    if (op == OP_WHERE) {
-      int nt;
-      int64_t t[MAXD];
-      if (in[0]->dtype != KILN_BOOL)
-        return err_set(file, line, name, "condition must be bool, got %s", kiln_dtype_name(in[0]->dtype)), -1;
-      if (shape_broadcast(in[0]->ndim, in[0]->shape, in[1]->ndim, in[1]->shape, &nt, t) ||
-          shape_broadcast(nt, t, in[2]->ndim, in[2]->shape, ndim, shape))
-        return err_set(file, line, name, "shapes %s, %s and %s do not broadcast", err_shape(b0, in[0]->ndim, in[0]->shape),
-                       err_shape(b1, in[1]->ndim, in[1]->shape), err_shape(b2, in[2]->ndim, in[2]->shape)),
-               -1;
-      *dt = in[1]->dtype;
-      return 0;
+int sh_where(dim_env *env, op_id op, const shape_arg *in, int n, const op_attrs *a, shape_arg *out, char *err,
+             size_t errn) {
+  (void)op, (void)n, (void)a;
+  char b0[160], b1[160], b2[160];
+  if (in[0].dtype != KILN_BOOL) return fail(err, errn, "condition must be bool, got %s", kiln_dtype_name(in[0].dtype));
+  int nt;
+  sym_dim t[MAXD];
+  if (bcast(env, in[0].ndim, in[0].shape, in[1].ndim, in[1].shape, &nt, t) ||
+      bcast(env, nt, t, in[2].ndim, in[2].shape, &out->ndim, out->shape))
+    return fail(err, errn, "shapes %s, %s and %s do not broadcast", TXT(&in[0], b0), TXT(&in[1], b1), TXT(&in[2], b2));
+  return 0;
+}
+
+int sh_reduce(dim_env *env, op_id op, const shape_arg *in, int n, const op_attrs *a, shape_arg *out, char *err,
+              size_t errn) {
+  (void)n;
+  char b0[160];
+  const shape_arg *x = &in[0];
+  if (a->naxes < 0 || a->naxes > x->ndim + (x->ndim == 0)) return fail(err, errn, "%d axes for rank %d", a->naxes, x->ndim);
+  for (int j = 0; j < a->naxes; j++)
+    if (a->axes[j] < 0 || (a->axes[j] >= x->ndim && x->ndim > 0) || (j && a->axes[j] <= a->axes[j - 1]))
+      return fail(err, errn, "axes must be sorted and within rank %d", x->ndim);
+  bool nonempty = op == OP_MAX || op == OP_MIN || op == OP_ARGMAX;
+  int k = 0;
+  for (int i = 0, j = 0; i < x->ndim; i++) {
+    if (j < a->naxes && a->axes[j] == i) {
+      j++;
+      if (nonempty && !is_true(env, x->shape[i], SYM_GE, sym_const(1)))
+        return fail(err, errn, "cannot reduce dim %d of %s: it has size 0", i, TXT(x, b0));
+      if (a->keepdim) out->shape[k++] = sym_const(1);
+    } else {
+      out->shape[k++] = x->shape[i];
     }
-    if (n == 2) {
-      int r = shape_broadcast(x->ndim, x->shape, in[1]->ndim, in[1]->shape, ndim, shape);
-      if (r) {
-        int d = -1 - r;
-        return err_set(file, line, name, "shapes %s and %s do not broadcast (dim %d of the result)",
-                       err_shape(b0, x->ndim, x->shape), err_shape(b1, in[1]->ndim, in[1]->shape), d),
-               -1;
-      }
-      kiln_dtype t = x->dtype; /* inputs already promoted by dispatch */
-      if (is_compare(op)) {
-        if (t == KILN_BOOL && op != OP_EQ && op != OP_NE) return bad_dtype(file, line, op, t, "bool compares with eq/ne only");
-        *dt = KILN_BOOL;
-      } else {
-        if (t == KILN_BOOL) return bad_dtype(file, line, op, t, "cast bool to a number type first");
-        if ((op == OP_DIV || op == OP_POW) && t == KILN_I64) return bad_dtype(file, line, op, t, "floats only; cast first");
-        *dt = t;
-      }
-      return 0;
-    }
-    *ndim = x->ndim;
-    memcpy(shape, x->shape, sizeof(int64_t) * (size_t)x->ndim);
-    if (op == OP_CAST) {
-      if ((unsigned)a->dtype > KILN_BOOL) return err_set(file, line, name, "unknown dtype %d", (int)a->dtype), -1;
-      *dt = a->dtype;
-      return 0;
-    }
-    *dt = x->dtype;
-    if (op == OP_COPY) return 0;
-    if (op == OP_NEG || op == OP_ABS || op == OP_RELU) {
-      if (x->dtype == KILN_BOOL) return bad_dtype(file, line, op, x->dtype, "numbers only");
-      return 0;
-    }
-    if (!dtype_is_float(x->dtype)) return bad_dtype(file, line, op, x->dtype, "floats only; cast first");
-    return 0;
-  case KIND_REDUCE: {
-    if (x->dtype == KILN_BOOL || (op == OP_MEAN && !dtype_is_float(x->dtype)))
-      return bad_dtype(file, line, op, x->dtype, op == OP_MEAN ? "floats only" : "numbers only");
-    int k = 0;
-    for (int i = 0, j = 0; i < x->ndim; i++) {
-      bool red = j < a->naxes && a->axes[j] == i;
-      if (red) {
-        j++;
-        if (x->shape[i] == 0 && (op == OP_MAX || op == OP_MIN || op == OP_ARGMAX))
-          return err_set(file, line, name, "cannot reduce dim %d of %s: it has size 0", i, err_shape(b0, x->ndim, x->shape)), -1;
-        if (a->keepdim) shape[k++] = 1;
-      } else {
-        shape[k++] = x->shape[i];
-      }
-    }
-    *ndim = k;
-    *dt = op == OP_ARGMAX ? KILN_I64 : x->dtype;
-    return 0;
   }
-  case KIND_MATMUL: {
-    const kiln_tensor *y = in[1];
-    if (!dtype_is_float(x->dtype)) return bad_dtype(file, line, op, x->dtype, "f32 and f64 only");
-    if (x->ndim == 0 || y->ndim == 0)
-      return err_set(file, line, name, "operands must have at least one dim, got %s and %s", err_shape(b0, x->ndim, x->shape),
-                     err_shape(b1, y->ndim, y->shape)),
-             -1;
-    int64_t k1 = x->shape[x->ndim - 1], k2 = y->ndim == 1 ? y->shape[0] : y->shape[y->ndim - 2];
-    if (k1 != k2)
-      return err_set(file, line, name, "shapes %s and %s do not match (%" PRId64 " != %" PRId64 ")",
-                     err_shape(b0, x->ndim, x->shape), err_shape(b1, y->ndim, y->shape), k1, k2),
-             -1;
-    int nb;
-    int64_t bshape[MAXD];
-    int xb = x->ndim > 2 ? x->ndim - 2 : 0, yb = y->ndim > 2 ? y->ndim - 2 : 0;
-    if (shape_broadcast(xb, x->shape, yb, y->shape, &nb, bshape))
-      return err_set(file, line, name, "batch dims of %s and %s do not broadcast", err_shape(b0, x->ndim, x->shape),
-                     err_shape(b1, y->ndim, y->shape)),
-             -1;
-    int k = 0;
-    for (int i = 0; i < nb; i++) shape[k++] = bshape[i];
-    if (x->ndim >= 2) shape[k++] = x->shape[x->ndim - 2];
-    if (y->ndim >= 2) shape[k++] = y->shape[y->ndim - 1];
-    *ndim = k;
-    *dt = x->dtype;
-    return 0;
+  out->ndim = k;
+  return 0;
+}
+
+int sh_matmul(dim_env *env, op_id op, const shape_arg *in, int n, const op_attrs *a, shape_arg *out, char *err,
+              size_t errn) {
+  (void)op, (void)n, (void)a;
+  char b0[160], b1[160];
+  const shape_arg *x = &in[0], *y = &in[1];
+  if (x->ndim == 0 || y->ndim == 0)
+    return fail(err, errn, "operands must have at least one dim, got %s and %s", TXT(x, b0), TXT(y, b1));
+  sym_dim k1 = x->shape[x->ndim - 1], k2 = y->ndim == 1 ? y->shape[0] : y->shape[y->ndim - 2];
+  if (!is_true(env, k1, SYM_EQ, k2)) {
+    char c1[64], c2[64];
+    if (sym_print(k1, c1, sizeof c1) < 0) snprintf(c1, sizeof c1, "?");
+    if (sym_print(k2, c2, sizeof c2) < 0) snprintf(c2, sizeof c2, "?");
+    return fail(err, errn, "shapes %s and %s do not match (%s != %s)", TXT(x, b0), TXT(y, b1), c1, c2);
   }
-  case KIND_VIEW: {
-    int64_t stride[MAXD], off;
-    *dt = x->dtype;
-    return view_layout(op, x, a, ndim, shape, stride, &off) < 0 ? -1 : 0;
+  int nb;
+  sym_dim bs[MAXD];
+  int xb = x->ndim > 2 ? x->ndim - 2 : 0, yb = y->ndim > 2 ? y->ndim - 2 : 0;
+  if (bcast(env, xb, x->shape, yb, y->shape, &nb, bs))
+    return fail(err, errn, "batch dims of %s and %s do not broadcast", TXT(x, b0), TXT(y, b1));
+  int k = 0;
+  for (int i = 0; i < nb; i++) out->shape[k++] = bs[i];
+  if (x->ndim >= 2) out->shape[k++] = x->shape[x->ndim - 2];
+  if (y->ndim >= 2) out->shape[k++] = y->shape[y->ndim - 1];
+  out->ndim = k;
+  return 0;
+}
+
+int sh_reshape(dim_env *env, op_id op, const shape_arg *in, int n, const op_attrs *a, shape_arg *out, char *err,
+               size_t errn) {
+  (void)op, (void)n;
+  char b0[160], b1[160];
+  if (a->ndim < 0 || a->ndim > MAXD) return fail(err, errn, "rank %d is outside 0..%d", a->ndim, MAXD);
+  sym_dim p = numel_of(env, in[0].ndim, in[0].shape), q = numel_of(env, a->ndim, a->shape);
+  if (!is_true(env, p, SYM_EQ, q))
+    return fail(err, errn, "cannot reshape %s to %s", TXT(&in[0], b0), dims_text(a->ndim, a->shape, b1, sizeof b1));
+  out->ndim = a->ndim;
+  memcpy(out->shape, a->shape, sizeof(sym_dim) * (size_t)a->ndim);
+  return 0;
+}
+
+int sh_permute(dim_env *env, op_id op, const shape_arg *in, int n, const op_attrs *a, shape_arg *out, char *err,
+               size_t errn) {
+  (void)env, (void)op, (void)n;
+  char b0[160];
+  bool seen[MAXD] = {0};
+  for (int i = 0; i < in[0].ndim; i++) {
+    int p = a->perm[i];
+    if (p < 0 || p >= in[0].ndim || seen[p]) return fail(err, errn, "not a permutation of the dims of %s", TXT(&in[0], b0));
+    seen[p] = true;
+    out->shape[i] = in[0].shape[p];
   }
-  case KIND_OTHER:
+  out->ndim = in[0].ndim;
+  return 0;
+}
+
+int sh_expand(dim_env *env, op_id op, const shape_arg *in, int n, const op_attrs *a, shape_arg *out, char *err,
+              size_t errn) {
+  (void)op, (void)n;
+  char b0[160], b1[160];
+  const shape_arg *x = &in[0];
+  if (a->ndim < x->ndim || a->ndim > MAXD) return fail(err, errn, "cannot expand %s to rank %d", TXT(x, b0), a->ndim);
+  for (int i = 0; i < a->ndim; i++) {
+    int j = i - (a->ndim - x->ndim);
+    if (j >= 0 && !sym_same(x->shape[j], a->shape[i]) && !is_true(env, x->shape[j], SYM_EQ, sym_const(1)) &&
+        !is_true(env, x->shape[j], SYM_EQ, a->shape[i]))
+      return fail(err, errn, "cannot expand %s to %s", TXT(x, b0), dims_text(a->ndim, a->shape, b1, sizeof b1));
+    out->shape[i] = a->shape[i];
+  }
+  out->ndim = a->ndim;
+  return 0;
+}
+
+/* 0 <= start <= end <= size, step >= 1. */
+static int bounds_ok(dim_env *env, const op_attrs *a, sym_dim size) {
+  return a->step >= 1 && is_true(env, a->start, SYM_GE, sym_const(0)) && is_true(env, a->start, SYM_LE, a->end) &&
+         is_true(env, a->end, SYM_LE, size);
+}
+
+int sh_slice(dim_env *env, op_id op, const shape_arg *in, int n, const op_attrs *a, shape_arg *out, char *err,
+             size_t errn) {
+  (void)op, (void)n;
+  char b0[160];
+  const shape_arg *x = &in[0];
+  if (a->dim < 0 || a->dim >= x->ndim) return fail(err, errn, "dim %d is out of range for %s", a->dim, TXT(x, b0));
+  if (!bounds_ok(env, a, x->shape[a->dim]))
+    return fail(err, errn, "bounds do not satisfy 0 <= start <= end <= size of dim %d of %s (step %lld >= 1)", a->dim,
+                TXT(x, b0), (long long)a->step);
+  copy_shape(out, x);
+  out->shape[a->dim] = span(env, a->start, a->end, a->step);
+  if (sym_is_err(out->shape[a->dim])) return fail(err, errn, "the slice's length overflows");
+  return 0;
+}
+
+int sh_cat(dim_env *env, op_id op, const shape_arg *in, int n, const op_attrs *a, shape_arg *out, char *err,
+           size_t errn) {
+  (void)op;
+  char b0[160], b1[160];
+  const shape_arg *x = &in[0];
+  int d = a->dim;
+  if (d < 0 || d >= x->ndim) return fail(err, errn, "dim %d is out of range for %s", d, TXT(x, b0));
+  copy_shape(out, x);
+  sym_dim sum = sym_const(0);
+  for (int i = 0; i < n; i++) {
+    const shape_arg *t = &in[i];
+    bool ok = t->ndim == x->ndim && t->dtype == x->dtype;
+    for (int j = 0; ok && j < x->ndim; j++) ok = j == d || is_true(env, t->shape[j], SYM_EQ, x->shape[j]);
+    if (!ok)
+      return fail(err, errn, "input %d (%s%s) does not match input 0 (%s%s) outside dim %d", i, kiln_dtype_name(t->dtype),
+                  TXT(t, b0), kiln_dtype_name(x->dtype), TXT(x, b1), d);
+    sum = sym_add(env->sym, sum, t->shape[d]);
+  }
+  if (sym_is_err(sum)) return fail(err, errn, "the sizes along dim %d overflow", d);
+  out->shape[d] = sum;
+  return 0;
+}
+
+static int index_arg(const shape_arg *idx, char *err, size_t errn) {
+  if (idx->dtype != KILN_I64 || idx->ndim != 1)
+    return fail(err, errn, "indices must be a 1-D i64 tensor, got %s of rank %d", kiln_dtype_name(idx->dtype), idx->ndim);
+  return 0;
+}
+
+int sh_index_select(dim_env *env, op_id op, const shape_arg *in, int n, const op_attrs *a, shape_arg *out, char *err,
+                    size_t errn) {
+  (void)env, (void)op, (void)n;
+  char b0[160];
+  if (a->dim < 0 || a->dim >= in[0].ndim) return fail(err, errn, "dim %d is out of range for %s", a->dim, TXT(&in[0], b0));
+  if (index_arg(&in[1], err, errn)) return -1;
+  copy_shape(out, &in[0]);
+  out->shape[a->dim] = in[1].shape[0];
+  return 0;
+}
+
+/* src must have x's shape with dim a->dim of size len. */
+static int fits(dim_env *env, const shape_arg *x, const shape_arg *src, int dim, sym_dim len, char *err, size_t errn) {
+  char b0[160], b1[160];
+  shape_arg want = *x;
+  want.shape[dim] = len;
+  bool ok = src->ndim == x->ndim && src->dtype == x->dtype;
+  for (int j = 0; ok && j < x->ndim; j++) ok = is_true(env, src->shape[j], SYM_EQ, want.shape[j]);
+  if (!ok)
+    return fail(err, errn, "source %s%s does not fit %s", kiln_dtype_name(src->dtype), TXT(src, b0), TXT(&want, b1));
+  return 0;
+}
+
+int sh_index_add(dim_env *env, op_id op, const shape_arg *in, int n, const op_attrs *a, shape_arg *out, char *err,
+                 size_t errn) {
+  (void)op, (void)n;
+  char b0[160];
+  if (a->dim < 0 || a->dim >= in[0].ndim) return fail(err, errn, "dim %d is out of range for %s", a->dim, TXT(&in[0], b0));
+  if (index_arg(&in[1], err, errn) || fits(env, &in[0], &in[2], a->dim, in[1].shape[0], err, errn)) return -1;
+  copy_shape(out, &in[0]);
+  return 0;
+}
+
+int sh_slice_scatter(dim_env *env, op_id op, const shape_arg *in, int n, const op_attrs *a, shape_arg *out, char *err,
+                     size_t errn) {
+  (void)op, (void)n;
+  char b0[160];
+  if (a->dim < 0 || a->dim >= in[0].ndim) return fail(err, errn, "dim %d is out of range for %s", a->dim, TXT(&in[0], b0));
+  if (!bounds_ok(env, a, in[0].shape[a->dim]))
+    return fail(err, errn, "bounds do not satisfy 0 <= start <= end <= size of dim %d of %s (step %lld >= 1)", a->dim,
+                TXT(&in[0], b0), (long long)a->step);
+  if (fits(env, &in[0], &in[1], a->dim, span(env, a->start, a->end, a->step), err, errn)) return -1;
+  copy_shape(out, &in[0]);
+  return 0;
+}
+
+/* ---- the whole rule: dtype, then shape ---- */
+
+static const char *const in_text[] = {"any dtype", "numbers only; cast bool first", "floats only; cast first"};
+
+int shape_infer(dim_env *env, op_id op, const shape_arg *in, int n, const op_attrs *a, shape_arg *out, char *err,
+                size_t errn) {
+  const op_info *oi = &op_table[op];
+  if (oi->arity >= 0 ? n != oi->arity : n < 1)
+    return fail(err, errn, "takes %s%d input%s, got %d", oi->arity < 0 ? "at least " : "", oi->arity < 0 ? 1 : oi->arity,
+                oi->arity == 1 || oi->arity < 0 ? "" : "s", n);
+  const dtype_rule *r = &oi->dt;
+  int f = r->first < n ? r->first : 0;
+  kiln_dtype dt = in[f].dtype;
+  if ((unsigned)dt > KILN_BOOL) return fail(err, errn, "unknown dtype %d", (int)dt);
+  bool ok = r->in == DT_IN_ANY || (r->in == DT_IN_NUM && dt != KILN_BOOL) || (r->in == DT_IN_FLOAT && dtype_is_float(dt));
+  if (!ok) return fail(err, errn, "dtype %s is not supported (%s)", kiln_dtype_name(dt), in_text[r->in]);
+  for (int i = f + 1; r->promote && i < n; i++)
+    if (in[i].dtype != dt)
+      return fail(err, errn, "dtypes %s and %s differ (inputs are cast to one dtype first)", kiln_dtype_name(dt),
+                  kiln_dtype_name(in[i].dtype));
+  switch (r->out) {
+  case DT_OUT_SAME: out->dtype = dt; break;
+  case DT_OUT_BOOL: out->dtype = KILN_BOOL; break;
+  case DT_OUT_I64: out->dtype = KILN_I64; break;
+  case DT_OUT_ATTR:
+    if ((unsigned)a->dtype > KILN_BOOL) return fail(err, errn, "unknown dtype %d", (int)a->dtype);
+    out->dtype = a->dtype;
     break;
   }
-  switch (op) {
-  case OP_CAT: {
-    int d = a->dim;
-    *ndim = x->ndim;
-    memcpy(shape, x->shape, sizeof(int64_t) * (size_t)x->ndim);
-    shape[d] = 0;
-    for (int i = 0; i < n; i++) {
-      const kiln_tensor *t = in[i];
-      bool ok = t->ndim == x->ndim && t->dtype == x->dtype;
-      for (int j = 0; ok && j < x->ndim; j++) ok = j == d || t->shape[j] == x->shape[j];
-      if (!ok)
-        return err_set(file, line, name, "input %d (%s%s) does not match input 0 (%s%s) outside dim %d", i,
-                       kiln_dtype_name(t->dtype), err_shape(b0, t->ndim, t->shape), kiln_dtype_name(x->dtype),
-                       err_shape(b1, x->ndim, x->shape), d),
-               -1;
-      shape[d] += t->shape[d];
-    }
-    *dt = x->dtype;
-    return 0;
+  for (int i = 0; i < n; i++)
+    if (in[i].ndim < 0 || in[i].ndim > MAXD) return fail(err, errn, "input %d has rank %d", i, in[i].ndim);
+  return oi->shape(env, op, in, n, a, out, err, errn);
+}
+
+/* Eager's environment: every dim is a constant, which decide() settles itself. */
+static dim_env eager_env = {NULL, NULL};
+
+int shape_rule(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_dtype *dt, int *ndim, int64_t *shape,
+               const char *file, int line) {
+  shape_arg small[4] = {0}, *args = n <= 4 ? small : alloc_malloc(sizeof *args * (size_t)n), out = {0};
+  if (!args) return err_set(file, line, op_table[op].name, "out of memory"), -1;
+  for (int i = 0; i < n; i++) {
+    args[i].dtype = in[i]->dtype;
+    args[i].ndim = in[i]->ndim;
+    for (int d = 0; d < in[i]->ndim; d++) args[i].shape[d] = sym_const(in[i]->shape[d]);
   }
-  case OP_INDEX_SELECT:
-    if (check_indices(in[1], x->shape[a->dim], op, file, line)) return -1;
-    *ndim = x->ndim;
-    memcpy(shape, x->shape, sizeof(int64_t) * (size_t)x->ndim);
-    shape[a->dim] = in[1]->shape[0];
-    *dt = x->dtype;
-    return 0;
-  case OP_INDEX_ADD:
-  case OP_SLICE_SCATTER: {
-    /* in[0] base, then (INDEX_ADD) indices and source, or (SLICE_SCATTER) source */
-    const kiln_tensor *src = op == OP_INDEX_ADD ? in[2] : in[1];
-    int64_t want[MAXD];
-    memcpy(want, x->shape, sizeof want);
-    if (op == OP_INDEX_ADD) {
-      if (check_indices(in[1], x->shape[a->dim], op, file, line)) return -1;
-      want[a->dim] = in[1]->shape[0];
-    } else {
-      want[a->dim] = a->end > a->start ? (a->end - a->start + a->step - 1) / a->step : 0;
-    }
-    bool ok = src->ndim == x->ndim && src->dtype == x->dtype;
-    for (int j = 0; ok && j < x->ndim; j++) ok = src->shape[j] == want[j];
-    if (!ok)
-      return err_set(file, line, name, "source %s%s does not fit %s", kiln_dtype_name(src->dtype),
-                     err_shape(b0, src->ndim, src->shape), err_shape(b1, x->ndim, want)),
+  char err[512];
+  int rc = shape_infer(&eager_env, op, args, n, a, &out, err, sizeof err);
+  if (args != small) alloc_free(args);
+  if (rc) return err_set(file, line, op_table[op].name, "%s", err), -1;
+  *dt = out.dtype;
+  *ndim = out.ndim;
+  for (int d = 0; d < out.ndim; d++) shape[d] = out.shape[d].c;
+  return 0;
+}
+
+/* ---- value checks ---- */
+
+int chk_indices(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, const char *file, int line) {
+  (void)n;
+  const kiln_tensor *idx = in[1];
+  int64_t bound = in[0]->shape[a->dim];
+  for (int64_t i = 0; i < idx->shape[0]; i++) {
+    int64_t v = ((const int64_t *)idx->st->data)[idx->offset + i * idx->stride[0]];
+    if (v < 0 || v >= bound)
+      return err_set(file, line, op_table[op].name,
+                     "index %" PRId64 " at position %" PRId64 " is out of range [0, %" PRId64 ")", v, i, bound),
              -1;
-    *ndim = x->ndim;
-    memcpy(shape, x->shape, sizeof(int64_t) * (size_t)x->ndim);
-    *dt = x->dtype;
-    return 0;
   }
-  default:
-    return err_set(file, line, name, "no shape rule"), -1;
-  }
+  return 0;
 }

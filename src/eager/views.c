@@ -1,5 +1,6 @@
 /* View layouts: reshape, permute, expand and slice of a tensor as new shape,
- * strides and offset over the same storage. */
+ * strides and offset over the same storage. The attributes' dims are
+ * constants here (eager). */
 #include <string.h>
 
 #include "eager/eager.h"
@@ -40,8 +41,8 @@ int view_layout(op_id op, const kiln_tensor *t, const op_attrs *a, int *ndim, in
   switch (op) {
   case OP_RESHAPE:
     *ndim = a->ndim;
-    memcpy(shape, a->shape, sizeof(int64_t) * (size_t)a->ndim);
-    return reshape_strides(t, a->ndim, a->shape, stride);
+    for (int i = 0; i < a->ndim; i++) shape[i] = a->shape[i].c;
+    return reshape_strides(t, a->ndim, shape, stride);
   case OP_PERMUTE:
     *ndim = t->ndim;
     for (int i = 0; i < t->ndim; i++) {
@@ -54,8 +55,8 @@ int view_layout(op_id op, const kiln_tensor *t, const op_attrs *a, int *ndim, in
     int lead = a->ndim - t->ndim;
     for (int i = 0; i < a->ndim; i++) {
       int j = i - lead;
-      shape[i] = a->shape[i];
-      stride[i] = (j < 0 || t->shape[j] != a->shape[i]) ? 0 : t->stride[j];
+      shape[i] = a->shape[i].c;
+      stride[i] = (j < 0 || t->shape[j] != shape[i]) ? 0 : t->stride[j];
     }
     return 0;
   }
@@ -65,10 +66,11 @@ int view_layout(op_id op, const kiln_tensor *t, const op_attrs *a, int *ndim, in
     memcpy(stride, t->stride, sizeof(int64_t) * (size_t)t->ndim);
     int d = a->dim;
     /* written so that a huge step cannot overflow: such a slice has one element, whose stride never applies */
-    int64_t len = a->end > a->start ? 1 + (a->end - a->start - 1) / a->step : 0;
+    int64_t start = a->start.c, end = a->end.c;
+    int64_t len = end > start ? 1 + (end - start - 1) / a->step : 0;
     shape[d] = len;
     if (__builtin_mul_overflow(t->stride[d], a->step, &stride[d])) stride[d] = t->stride[d];
-    if (len > 0) *offset += a->start * t->stride[d];
+    if (len > 0) *offset += start * t->stride[d];
     return 0;
   }
   default:

@@ -128,7 +128,7 @@ static int run(const ir_graph *g, kiln_tensor *const *consts, kiln_tensor *const
     }
     for (int j = 0; j < n->n_in; j++) a[j] = v[n->in[j]];
     op_attrs at;
-    if (ir_attrs_eval(&n->attrs, vals, g->n_syms, &at)) {
+    if (ir_attrs_eval(n, vals, g->n_syms, &at)) {
       if (a != args) alloc_free(a);
       err_set(n->file, n->line, ir_op_name(n->op), "%s: %%%d: attributes do not evaluate", g->name, i);
       goto fail;

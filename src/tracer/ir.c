@@ -71,20 +71,11 @@ static size_t node_data_bytes(const ir_node *n) {
   return k < 0 ? 0 : (size_t)k * kiln_dtype_size(n->dtype);
 }
 
-static uint64_t attrs_hash(const ir_attrs *a) {
-  uint64_t h = mix((uint64_t)a->ndim, (uint64_t)a->naxes);
-  for (int i = 0; i < a->ndim && i < MAXD; i++) h = mix(h, dim_hash(a->shape[i]));
-  for (int i = 0; i < MAXD; i++) h = mix(h, (uint64_t)a->perm[i]);
-  for (int i = 0; i < a->naxes && i < MAXD; i++) h = mix(h, (uint64_t)a->axes[i]);
-  h = mix(h, (uint64_t)a->keepdim * 3 + (uint64_t)a->dim * 5 + (uint64_t)a->step * 7 + (uint64_t)a->dtype);
-  return mix(mix(h, dim_hash(a->start)), dim_hash(a->end));
-}
-
 static uint64_t node_hash(const ir_node *n) {
   uint64_t h = mix((uint64_t)n->op, (uint64_t)n->dtype * 17 + (uint64_t)n->ndim);
   for (int i = 0; i < n->ndim; i++) h = mix(h, dim_hash(n->shape[i]));
   for (int i = 0; i < n->n_in; i++) h = mix(h, (uint64_t)n->in[i]);
-  h = mix(h, attrs_hash(&n->attrs));
+  h = mix(h, attrs_hash(ir_attr_fields(n->op), &n->attrs));
   h = mix(h, (uint64_t)n->index);
   if (n->op == IR_CONST) {
     const unsigned char *p = n->data;
@@ -96,16 +87,6 @@ static uint64_t node_hash(const ir_node *n) {
 
 static bool dim_eq(sym_dim a, sym_dim b) { return a.e == b.e && (a.e || a.c == b.c); }
 
-static bool attrs_eq(const ir_attrs *a, const ir_attrs *b) {
-  if (a->ndim != b->ndim || a->naxes != b->naxes || a->keepdim != b->keepdim || a->dim != b->dim ||
-      a->step != b->step || a->dtype != b->dtype || !dim_eq(a->start, b->start) || !dim_eq(a->end, b->end))
-    return false;
-  for (int i = 0; i < a->ndim && i < MAXD; i++)
-    if (!dim_eq(a->shape[i], b->shape[i])) return false;
-  if (memcmp(a->perm, b->perm, sizeof a->perm)) return false;
-  return !memcmp(a->axes, b->axes, sizeof(int) * (size_t)(a->naxes < MAXD ? a->naxes : MAXD));
-}
-
 static bool node_eq(const ir_node *a, const ir_node *b) {
   if (a->op != b->op || a->dtype != b->dtype || a->ndim != b->ndim || a->n_in != b->n_in || a->index != b->index)
     return false;
@@ -113,7 +94,7 @@ static bool node_eq(const ir_node *a, const ir_node *b) {
     if (!dim_eq(a->shape[i], b->shape[i])) return false;
   for (int i = 0; i < a->n_in; i++)
     if (a->in[i] != b->in[i]) return false;
-  if (!attrs_eq(&a->attrs, &b->attrs)) return false;
+  if (!attrs_equal(ir_attr_fields(a->op), &a->attrs, &b->attrs)) return false;
   if (a->op == IR_CONST) return !memcmp(a->data, b->data, node_data_bytes(a));
   return true;
 }
@@ -302,20 +283,13 @@ int ir_node_shape(const ir_node *n, const int64_t *vals, int nvals, int64_t *sha
   return 0;
 }
 
-int ir_attrs_eval(const ir_attrs *a, const int64_t *vals, int nvals, op_attrs *out) {
-  memset(out, 0, sizeof *out);
-  out->ndim = a->ndim;
-  for (int i = 0; i < a->ndim && i < MAXD; i++)
-    if (sym_eval(a->shape[i], vals, nvals, &out->shape[i])) return -1;
-  memcpy(out->perm, a->perm, sizeof out->perm);
-  out->naxes = a->naxes;
-  memcpy(out->axes, a->axes, sizeof out->axes);
-  out->keepdim = a->keepdim;
-  out->dim = a->dim;
-  if (sym_eval(a->start, vals, nvals, &out->start) || sym_eval(a->end, vals, nvals, &out->end)) return -1;
-  out->step = a->step;
-  out->dtype = a->dtype;
-  return 0;
+unsigned ir_attr_fields(int op) {
+  if (op >= 0 && op < OP_COUNT) return op_table[op].attrs;
+  return op == IR_NUMEL ? AF_AXES | AF_START : AF_NONE;
+}
+
+int ir_attrs_eval(const ir_node *n, const int64_t *vals, int nvals, op_attrs *out) {
+  return attrs_eval(ir_attr_fields(n->op), &n->attrs, vals, nvals, out);
 }
 
 int *ir_use_counts(const ir_graph *g) {

@@ -263,7 +263,8 @@ static int read_dims(parser *ps, int *nd, sym_dim *dims) {
 }
 
 /* `[i, i, ...]` of at most MAXD ints in [0, MAXD). */
-static int read_ints(parser *ps, int *n, int *v) {
+/* `[a,b,...]`: at most max integers in [lo, hi]. */
+static int read_list(parser *ps, int max, int64_t lo, int64_t hi, int *n, int64_t *v) {
   if (expect(ps, "[")) return -1;
   *n = 0;
   skip_blank(ps);
@@ -273,16 +274,23 @@ static int read_ints(parser *ps, int *n, int *v) {
   }
   for (;;) {
     skip_blank(ps);
-    if (*n == MAXD) return fail(ps, ps->p, "more than %d entries", MAXD);
-    int64_t x;
-    if (read_int(ps, 0, MAXD - 1, &x)) return -1;
-    v[(*n)++] = (int)x;
+    if (*n == max) return fail(ps, ps->p, "more than %d entries", max);
+    if (read_int(ps, lo, hi, &v[*n])) return -1;
+    (*n)++;
     skip_blank(ps);
     if (*ps->p == ']') break;
     if (*ps->p != ',') return fail_unexpected(ps, "expected ',' or ']'");
     ps->p++;
   }
   ps->p++;
+  return 0;
+}
+
+/* `[a,b,...]` of dim numbers (0 .. MAXD-1). */
+static int read_ints(parser *ps, int *n, int *v) {
+  int64_t x[MAXD];
+  if (read_list(ps, MAXD, 0, MAXD - 1, n, x)) return -1;
+  for (int i = 0; i < *n; i++) v[i] = (int)x[i];
   return 0;
 }
 
@@ -639,50 +647,78 @@ static int op_arity(int op) {
   return op == IR_NUMEL ? 1 : -2;
 }
 
-static bool is_reduce(int op) {
-  return op == OP_SUM || op == OP_MEAN || op == OP_MAX || op == OP_MIN || op == OP_ARGMAX;
+static int read_bool(parser *ps, bool *b) {
+  if (accept_word(ps, "true")) return *b = true, 0;
+  if (accept_word(ps, "false")) return *b = false, 0;
+  return fail(ps, ps->p, "expected 'true' or 'false'");
 }
 
-/* `{...}` after a node's ')': exactly the attributes of its op, in order. */
+/* `{...}` after a node's ')': exactly the fields of its op's schema, in order. */
 static int read_attrs(parser *ps, ir_node *n) {
-  ir_attrs *a = &n->attrs;
-  int op = n->op;
-  bool has = is_reduce(op) || op == OP_RESHAPE || op == OP_EXPAND || op == OP_PERMUTE || op == OP_SLICE ||
-             op == OP_SLICE_SCATTER || op == OP_CAT || op == OP_INDEX_SELECT || op == OP_INDEX_ADD || op == OP_CAST ||
-             op == IR_NUMEL;
+  op_attrs *a = &n->attrs;
+  unsigned fields = ir_attr_fields(n->op);
   skip_blank(ps);
-  if (!has) return *ps->p == '{' ? fail(ps, ps->p, "'%s' takes no attributes", ir_op_name(op)) : 0;
+  if (!fields) return *ps->p == '{' ? fail(ps, ps->p, "'%s' takes no attributes", ir_op_name(n->op)) : 0;
   if (expect(ps, "{")) return -1;
-  int64_t x;
-  if (is_reduce(op)) {
-    if (expect_key(ps, "axes") || read_ints(ps, &a->naxes, a->axes)) return -1;
-    if (expect(ps, ",") || expect_key(ps, "keepdim")) return -1;
-    if (accept_word(ps, "true"))
-      a->keepdim = true;
-    else if (!accept_word(ps, "false"))
-      return fail(ps, ps->p, "expected 'true' or 'false'");
-  } else if (op == OP_RESHAPE || op == OP_EXPAND) {
-    if (expect_key(ps, "shape") || read_dims(ps, &a->ndim, a->shape)) return -1;
-  } else if (op == OP_PERMUTE) {
-    if (expect_key(ps, "perm")) return -1;
+  bool first = true;
+  for (int b = 0; b < AF_FIELDS; b++) {
+    unsigned f = 1u << b;
+    if (!(fields & f)) continue;
+    if (!first && expect(ps, ",")) return -1;
+    first = false;
+    if (expect_key(ps, attr_field_name(f))) return -1;
+    int64_t x;
     const char *at = (skip_blank(ps), ps->p);
-    int k, rank = ps->g->nodes[n->in[0]].ndim;
-    if (read_ints(ps, &k, a->perm)) return -1;
-    if (k != rank) return fail(ps, at, "perm has %d entries but %%%d has %d dims", k, n->in[0], rank);
-  } else if (op == OP_SLICE || op == OP_SLICE_SCATTER) {
-    if (expect_key(ps, "dim") || read_int(ps, 0, MAXD - 1, &x)) return -1;
-    a->dim = (int)x;
-    if (expect(ps, ",") || expect_key(ps, "start") || read_dim(ps, &a->start)) return -1;
-    if (expect(ps, ",") || expect_key(ps, "end") || read_dim(ps, &a->end)) return -1;
-    if (expect(ps, ",") || expect_key(ps, "step") || read_int(ps, INT64_MIN, INT64_MAX, &a->step)) return -1;
-  } else if (op == IR_NUMEL) {
-    if (expect_key(ps, "axes") || read_ints(ps, &a->naxes, a->axes)) return -1;
-    if (expect(ps, ",") || expect_key(ps, "start") || read_dim(ps, &a->start)) return -1;
-  } else if (op == OP_CAST) {
-    if (expect_key(ps, "dtype") || read_dtype(ps, &a->dtype)) return -1;
-  } else {
-    if (expect_key(ps, "dim") || read_int(ps, 0, MAXD - 1, &x)) return -1;
-    a->dim = (int)x;
+    switch (f) {
+    case AF_AXES:
+      if (read_ints(ps, &a->naxes, a->axes)) return -1;
+      break;
+    case AF_KEEPDIM:
+      if (read_bool(ps, &a->keepdim)) return -1;
+      break;
+    case AF_FLAG:
+      if (read_bool(ps, &a->flag)) return -1;
+      break;
+    case AF_SHAPE:
+      if (read_dims(ps, &a->ndim, a->shape)) return -1;
+      break;
+    case AF_PERM: {
+      int k, rank = ps->g->nodes[n->in[0]].ndim;
+      if (read_ints(ps, &k, a->perm)) return -1;
+      if (k != rank) return fail(ps, at, "perm has %d entries but %%%d has %d dims", k, n->in[0], rank);
+      break;
+    }
+    case AF_DIM:
+      if (read_int(ps, 0, MAXD - 1, &x)) return -1;
+      a->dim = (int)x;
+      break;
+    case AF_START:
+      if (read_dim(ps, &a->start)) return -1;
+      break;
+    case AF_END:
+      if (read_dim(ps, &a->end)) return -1;
+      break;
+    case AF_STEP:
+      if (read_int(ps, INT64_MIN, INT64_MAX, &a->step)) return -1;
+      break;
+    case AF_K:
+      if (read_int(ps, INT64_MIN, INT64_MAX, &a->k)) return -1;
+      break;
+    case AF_DTYPE:
+      if (read_dtype(ps, &a->dtype)) return -1;
+      break;
+    case AF_VALUE:
+      if (read_float(ps, &a->value)) return -1;
+      break;
+    case AF_VALUE2:
+      if (read_float(ps, &a->value2)) return -1;
+      break;
+    case AF_INTS:
+      if (read_list(ps, 2 * MAXD, INT64_MIN, INT64_MAX, &a->nints, a->ints)) return -1;
+      break;
+    default:
+      break;
+    }
   }
   return expect(ps, "}");
 }

@@ -195,7 +195,7 @@ static int simplify_step(const ir_graph *g, ir_node *n) {
   case OP_EXPAND:
     return same_type(n, x) ? n->in[0] : NO_RULE;
   case OP_SLICE: {
-    const ir_attrs *a = &n->attrs;
+    const op_attrs *a = &n->attrs;
     bool whole = a->step == 1 && a->dim >= 0 && a->dim < x->ndim && sym_same(a->start, sym_const(0)) &&
                  sym_same(a->end, x->shape[a->dim]);
     return whole && same_type(n, x) ? n->in[0] : NO_RULE;
@@ -230,7 +230,7 @@ static bool foldable(const ir_graph *g, const ir_node *n, op_attrs *a) {
   for (int j = 0; j < n->n_in; j++)
     if (g->nodes[n->in[j]].op != IR_CONST || ir_node_numel_const(&g->nodes[n->in[j]]) < 0) return false;
   int64_t k = ir_node_numel_const(n);
-  return k >= 0 && k <= FOLD_MAX_NUMEL && ir_attrs_eval(&n->attrs, NULL, 0, a) == 0;
+  return k >= 0 && k <= FOLD_MAX_NUMEL && ir_attrs_eval(n, NULL, 0, a) == 0;
 }
 
 /* Runs n on its constant inputs with the eager kernels into data (numel of n

@@ -174,55 +174,50 @@ static void put_const_values(out *o, const ir_node *n) {
   }
 }
 
+/* ` {name=value, ...}`: the fields of the op's schema, in AF_ order. */
 static void put_attrs(out *o, const ir_graph *g, int id) {
   const ir_node *n = &g->nodes[id];
-  const ir_attrs *a = &n->attrs;
-  switch (n->op) {
-  case OP_SUM:
-  case OP_MEAN:
-  case OP_MAX:
-  case OP_MIN:
-  case OP_ARGMAX:
-    put_str(o, " {axes=");
-    put_ints(o, clamp_rank(a->naxes), a->axes);
-    put_str(o, a->keepdim ? ", keepdim=true}" : ", keepdim=false}");
-    break;
-  case OP_RESHAPE:
-  case OP_EXPAND:
-    put_str(o, " {shape=");
-    put_dims(o, clamp_rank(a->ndim), a->shape);
-    put_str(o, "}");
-    break;
-  case OP_PERMUTE: {
-    /* as many entries as the input has dims */
-    int in = n->n_in >= 1 ? n->in[0] : -1;
-    int rank = in >= 0 && in < id ? clamp_rank(g->nodes[in].ndim) : 0;
-    put_str(o, " {perm=");
-    put_ints(o, rank, a->perm);
-    put_str(o, "}");
-    break;
+  const op_attrs *a = &n->attrs;
+  unsigned fields = ir_attr_fields(n->op);
+  if (!fields) return;
+  put_str(o, " {");
+  const char *sep = "";
+  for (int b = 0; b < AF_FIELDS; b++) {
+    unsigned f = 1u << b;
+    if (!(fields & f)) continue;
+    put_str(o, sep);
+    sep = ", ";
+    put_str(o, attr_field_name(f));
+    put_str(o, "=");
+    char num[40];
+    switch (f) {
+    case AF_AXES: put_ints(o, clamp_rank(a->naxes), a->axes); break;
+    case AF_KEEPDIM: put_str(o, a->keepdim ? "true" : "false"); break;
+    case AF_FLAG: put_str(o, a->flag ? "true" : "false"); break;
+    case AF_SHAPE: put_dims(o, clamp_rank(a->ndim), a->shape); break;
+    case AF_PERM: {
+      /* as many entries as the input has dims */
+      int in = n->n_in >= 1 ? n->in[0] : -1;
+      put_ints(o, in >= 0 && in < id ? clamp_rank(g->nodes[in].ndim) : 0, a->perm);
+      break;
+    }
+    case AF_DIM: putf(o, "%d", a->dim); break;
+    case AF_START: put_dim(o, a->start); break;
+    case AF_END: put_dim(o, a->end); break;
+    case AF_STEP: putf(o, "%" PRId64, a->step); break;
+    case AF_K: putf(o, "%" PRId64, a->k); break;
+    case AF_DTYPE: put_str(o, kiln_dtype_name(a->dtype)); break;
+    case AF_VALUE: format_double(a->value, num); put_str(o, num); break;
+    case AF_VALUE2: format_double(a->value2, num); put_str(o, num); break;
+    case AF_INTS:
+      put_str(o, "[");
+      for (int i = 0; i < (a->nints < 0 ? 0 : a->nints > 2 * MAXD ? 2 * MAXD : a->nints); i++) putf(o, i ? ",%" PRId64 : "%" PRId64, a->ints[i]);
+      put_str(o, "]");
+      break;
+    default: break;
+    }
   }
-  case OP_SLICE:
-  case OP_SLICE_SCATTER:
-    putf(o, " {dim=%d, start=", a->dim);
-    put_dim(o, a->start);
-    put_str(o, ", end=");
-    put_dim(o, a->end);
-    putf(o, ", step=%" PRId64 "}", a->step);
-    break;
-  case OP_CAT:
-  case OP_INDEX_SELECT:
-  case OP_INDEX_ADD: putf(o, " {dim=%d}", a->dim); break;
-  case OP_CAST: putf(o, " {dtype=%s}", kiln_dtype_name(a->dtype)); break;
-  case IR_NUMEL:
-    put_str(o, " {axes=");
-    put_ints(o, clamp_rank(a->naxes), a->axes);
-    put_str(o, ", start=");
-    put_dim(o, a->start);
-    put_str(o, "}");
-    break;
-  default: break;
-  }
+  put_str(o, "}");
 }
 
 /* "  # file:line", omitted when neither is known. Control characters in the

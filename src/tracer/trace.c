@@ -175,7 +175,7 @@ static sym_dim read_size(tracer *tr, int i, int j) {
 /* Keeps the variant to d == v (true at the trace); nothing when d is constant. */
 static void keep_equal(tracer *tr, sym_dim d, int64_t v) {
   if (sym_is_err(d) || sym_is_const(d)) return;
-  shape_env env = {tr->g, tr->vals, tr->g->n_syms, true};
+  shape_env env = {.g = tr->g, .vals = tr->vals, .nvals = tr->g->n_syms, .record = true};
   if (shape_decide(&env, d, SYM_EQ, sym_const(v)) != 1)
     tfail(tr, "could not keep a size equal to its traced value %lld as a guard (out of memory, or a size that overflows)",
           (long long)v);
@@ -201,7 +201,7 @@ static sym_dim pin(tracer *tr, int64_t v) {
  * exactly one, or one product of two, has that value; else pinned. */
 static sym_dim resolve_user(tracer *tr, int64_t v) {
   if (v < 2) return sym_const(v);
-  shape_env env = {tr->g, NULL, 0, false};
+  shape_env env = {.g = tr->g, .vals = NULL, .nvals = 0, .record = false};
   sym_dim found = sym_error();
   for (int i = 0; i < tr->n_reads; i++)
     for (int j = i - 1; j < tr->n_reads; j++) {
@@ -229,7 +229,7 @@ static sym_dim resolve(tracer *tr, int64_t v) {
       return sym_const(v);
     }
     /* one dim, or several the guards say are equal (s0 == s1): the first */
-    shape_env env = {tr->g, NULL, 0, false};
+    shape_env env = {.g = tr->g, .vals = NULL, .nvals = 0, .record = false};
     bool one = !sym_is_const(e->d[0]);
     for (int k = 1; one && k < e->n; k++) one = shape_decide(&env, e->d[0], SYM_EQ, e->d[k]) == 1;
     if (one) return e->d[0];
@@ -301,7 +301,7 @@ static int make_const(tracer *tr, const kiln_tensor *t, const char *file, int li
   e.attrs.ndim = t->ndim;
   memcpy(e.attrs.shape, dims, sizeof dims);
   e.attrs.start = e.attrs.end = sym_const(0);
-  shape_env env = {tr->g, tr->vals, tr->g->n_syms, true};
+  shape_env env = {.g = tr->g, .vals = tr->vals, .nvals = tr->g->n_syms, .record = true};
   char err[256];
   if (symshape_infer(&env, &e, err, sizeof err)) return make_const_raw(tr, t, file, line);
   return ir_add(tr->g, &e);
@@ -479,7 +479,7 @@ static void reshape_target(tracer *tr, const ir_node *x, int tn, const int64_t *
  * (a symbolic size when it resolves to one: x[:T] with T from kiln_size). */
 static sym_dim slice_bound(tracer *tr, sym_dim size, int64_t sv, bool raw, int64_t given, int64_t normalized) {
   ir_graph *g = tr->g;
-  shape_env env = {g, tr->vals, g->n_syms, true};
+  shape_env env = {.g = g, .vals = tr->vals, .nvals = g->n_syms, .record = true};
   if (!raw) return normalized == sv ? size : resolve(tr, normalized);
   bool user = user_numbers();
   if (given < 0) {
@@ -500,73 +500,54 @@ static sym_dim slice_bound(tracer *tr, sym_dim size, int64_t sv, bool raw, int64
   return user ? resolve_user(tr, given) : resolve(tr, given);
 }
 
-static void convert_attrs(tracer *tr, int op, const ir_node *x, const op_attrs *a, const ir_node *n_in,
-                          kiln_tensor *const *in, ir_attrs *o) {
-  (void)n_in, (void)in;
-  memset(o, 0, sizeof *o);
-  o->start = o->end = sym_const(0);
-  switch (op) {
-  case OP_SUM: case OP_MEAN: case OP_MAX: case OP_MIN: case OP_ARGMAX:
-    o->naxes = a->naxes;
-    memcpy(o->axes, a->axes, sizeof o->axes);
-    o->keepdim = a->keepdim;
-    break;
-  case OP_PERMUTE:
-    memcpy(o->perm, a->perm, sizeof o->perm);
-    break;
-  case OP_CAST:
-    o->dtype = a->dtype;
-    break;
-  case OP_CAT: case OP_INDEX_SELECT: case OP_INDEX_ADD:
-    o->dim = a->dim;
-    break;
-  case OP_RESHAPE:
-    o->ndim = a->ndim;
-    if (user_numbers()) {
+/* The attributes eager passed (constant dims) as the graph's: the fields
+ * of the op's schema, with each size field's numbers resolved to the
+ * symbolic sizes they came from (or pinned). */
+static void convert_attrs(tracer *tr, int op, const ir_node *x, const op_attrs *a, op_attrs *o) {
+  unsigned f = ir_attr_fields(op);
+  *o = *a;
+  o->infer = 0;
+  o->raw = false;
+  o->raw_start = o->raw_end = 0;
+  if (f & AF_SHAPE) {
+    int64_t t[MAXD];
+    for (int i = 0; i < a->ndim; i++) t[i] = a->shape[i].c;
+    if (op == OP_EXPAND) {
+      for (int i = 0; i < a->ndim; i++) {
+        int j = i - (a->ndim - x->ndim);
+        o->shape[i] = j >= 0 && dim_value(tr, x->shape[j]) == t[i] ? x->shape[j]
+                      : user_numbers()                       ? resolve_user(tr, t[i])
+                                                             : resolve(tr, t[i]);
+      }
+    } else if (user_numbers()) {
       /* the caller's numbers: sizes it read, the -1, else pinned constants */
-      for (int i = 0; i < a->ndim; i++) o->shape[i] = i == a->infer - 1 ? sym_const(a->shape[i]) : resolve_user(tr, a->shape[i]);
+      for (int i = 0; i < a->ndim; i++) o->shape[i] = i == a->infer - 1 ? sym_const(t[i]) : resolve_user(tr, t[i]);
     } else {
-      reshape_target(tr, x, a->ndim, a->shape, a->infer, o->shape);
+      reshape_target(tr, x, a->ndim, t, a->infer, o->shape);
     }
-    if (a->infer > 0 && a->infer <= a->ndim && sym_is_const(o->shape[a->infer - 1])) {
+    if (op == OP_RESHAPE && a->infer > 0 && a->infer <= a->ndim && sym_is_const(o->shape[a->infer - 1])) {
       /* the dim given as -1 is exactly what the others leave */
       ir_graph *g = tr->g;
       sym_dim p = sym_const(1), q = sym_const(1);
       for (int i = 0; i < x->ndim; i++) p = sym_mul(g->sym, p, x->shape[i]);
       for (int i = 0; i < a->ndim; i++)
         if (i != a->infer - 1) q = sym_mul(g->sym, q, o->shape[i]);
-      sym_dim f = sym_floordiv(g->sym, p, q);
-      if (!sym_is_err(f) && dim_value(tr, f) == a->shape[a->infer - 1]) o->shape[a->infer - 1] = f;
+      sym_dim fl = sym_floordiv(g->sym, p, q);
+      if (!sym_is_err(fl) && dim_value(tr, fl) == t[a->infer - 1]) o->shape[a->infer - 1] = fl;
     }
-    break;
-  case OP_EXPAND:
-    o->ndim = a->ndim;
-    for (int i = 0; i < a->ndim; i++) {
-      int j = i - (a->ndim - x->ndim);
-      o->shape[i] = j >= 0 && dim_value(tr, x->shape[j]) == a->shape[i] ? x->shape[j]
-                    : user_numbers()                             ? resolve_user(tr, a->shape[i])
-                                                                 : resolve(tr, a->shape[i]);
-    }
-    break;
-  case OP_SLICE:
-  case OP_SLICE_SCATTER: {
-    o->dim = a->dim;
-    o->step = a->step;
+  }
+  if (f & (AF_START | AF_END)) {
     sym_dim size = x->shape[a->dim];
     int64_t sv = dim_value(tr, size);
-    o->start = slice_bound(tr, size, sv, a->raw, a->raw_start, a->start);
-    o->end = slice_bound(tr, size, sv, a->raw, a->raw_end, a->end);
-    break;
-  }
-  default:
-    break;
+    o->start = slice_bound(tr, size, sv, a->raw, a->raw_start, a->start.c);
+    o->end = slice_bound(tr, size, sv, a->raw, a->raw_end, a->end.c);
   }
 }
 
 /* Infers node n's dtype and shape (recording the guards that needs) and
  * interns it; the node id, or -1 with the trace failed. */
 static int add_node(tracer *tr, ir_node *n, const char *file, int line) {
-  shape_env env = {tr->g, tr->vals, tr->g->n_syms, true};
+  shape_env env = {.g = tr->g, .vals = tr->vals, .nvals = tr->g->n_syms, .record = true};
   char err[256];
   if (symshape_infer(&env, n, err, sizeof err)) return tfail(tr, "%s:%d: %s", file, line, err), -1;
   int id = ir_add(tr->g, n);
@@ -600,7 +581,7 @@ static void on_op(void *ctx, op_id op, kiln_tensor *const *in, int n, const op_a
   for (int i = 0; i < n; i++)
     if ((ids[i] = node_of(tr, in[i], file, line)) < 0) goto done;
   static const op_attrs none;
-  convert_attrs(tr, (int)op, &tr->g->nodes[ids[0]], a ? a : &none, NULL, in, &node.attrs);
+  convert_attrs(tr, (int)op, &tr->g->nodes[ids[0]], a ? a : &none, &node.attrs);
   int id = add_node(tr, &node, file, line);
   if (id < 0) goto done;
   int64_t shape[MAXD];

@@ -7,7 +7,7 @@
 #define KILN_TRACER_H
 
 #include "eager/eager.h"
-#include "tracer/sym.h"
+#include "eager/sym.h"
 
 /* ---- ir.c: graphs ------------------------------------------------------ */
 
@@ -21,20 +21,6 @@ enum {
   IR_OP_COUNT
 };
 
-/* Symbolic attributes: op_attrs with sizes that may be symbols. */
-typedef struct ir_attrs {
-  int ndim;              /* reshape/expand target rank */
-  sym_dim shape[MAXD];   /* reshape/expand target */
-  int perm[MAXD];        /* permute */
-  int naxes;             /* reductions: sorted, non-negative */
-  int axes[MAXD];
-  bool keepdim;
-  int dim;               /* slice, cat, index_select, index_add, slice_scatter */
-  sym_dim start, end;    /* slice, slice_scatter: normalized, 0 <= start <= end <= size */
-  int64_t step;          /* slice, slice_scatter: >= 1 */
-  kiln_dtype dtype;      /* cast */
-} ir_attrs;
-
 typedef struct ir_node {
   int op;                /* op_id or IR_INPUT.. IR_CONST */
   kiln_dtype dtype;
@@ -42,7 +28,7 @@ typedef struct ir_node {
   sym_dim shape[MAXD];
   int n_in;
   int *in;               /* node ids, all smaller than this node's (graph arena) */
-  ir_attrs attrs;
+  op_attrs attrs;
   int index;             /* IR_INPUT / IR_PARAM: position in the call's inputs / params */
   void *data;            /* IR_CONST: numel * dtype size bytes, row-major (graph arena) */
   const char *file;      /* the user's call that made it (interned in the graph); "" when unknown */
@@ -114,8 +100,10 @@ int ir_op_parse(const char *name, size_t n); /* op for a name, -1 when unknown *
 int64_t ir_node_numel_const(const ir_node *n); /* -1 when some dim is symbolic */
 /* The concrete shape of n for symbol values vals; 0 or -1. */
 int ir_node_shape(const ir_node *n, const int64_t *vals, int nvals, int64_t *shape);
-/* op_attrs for symbol values vals (slice bounds and target shapes evaluated); 0 or -1. */
-int ir_attrs_eval(const ir_attrs *a, const int64_t *vals, int nvals, op_attrs *out);
+/* The attribute fields (AF_* bits) of op: the table's, or a leaf's. */
+unsigned ir_attr_fields(int op);
+/* n's attrs with every dim evaluated at the symbol values vals; 0 or -1. */
+int ir_attrs_eval(const ir_node *n, const int64_t *vals, int nvals, op_attrs *out);
 /* Number of users of every node (outputs and writes count); caller frees with alloc_free. */
 int *ir_use_counts(const ir_graph *g);
 /* A fresh graph holding only the nodes with keep[i] (renumbered in order),
@@ -132,6 +120,7 @@ typedef struct shape_env {
   const int64_t *vals;
   int nvals;
   bool record;           /* add the guards a decision needed to g */
+  dim_env dims;          /* what the op table's shape rules see (symshape_infer sets it) */
 } shape_env;
 
 /* Decides a op b under env: 1 true, 0 false, -1 undecidable. Records the

@@ -100,7 +100,7 @@ static int find_witness(verifier *v) {
  * or (undecidable) at the witness; accepted when there is no witness. */
 static bool dims_agree(verifier *v, sym_dim d, sym_dim r) {
   if (sym_same(d, r)) return true;
-  shape_env env = {v->g, NULL, 0, false};
+  shape_env env = {.g = v->g, .vals = NULL, .nvals = 0, .record = false};
   int same = shape_decide(&env, d, SYM_EQ, r);
   if (same >= 0) return same == 1;
   if (find_witness(v) < 0) return true;
@@ -117,7 +117,7 @@ static int check_rule(verifier *v, int id) {
   r.ndim = 0;
   memset(r.shape, 0, sizeof r.shape);
   char why[384];
-  shape_env env = {v->g, NULL, 0, false};
+  shape_env env = {.g = v->g, .vals = NULL, .nvals = 0, .record = false};
   if (symshape_infer(&env, &r, why, sizeof why)) {
     /* undecidable from bounds and guards, or wrong: try concrete sizes */
     if (find_witness(v) < 0) return 0;
@@ -157,12 +157,14 @@ static int check_node(verifier *v, int id) {
   if (n->ndim < 0 || n->ndim > MAXD) return fail(v, "%%%d: %s: rank %d is outside 0..%d", id, op, n->ndim, MAXD);
   for (int i = 0; i < n->ndim; i++)
     if (check_dim(v, id, "dim", i, n->shape[i])) return -1;
-  const ir_attrs *a = &n->attrs;
-  if (a->ndim < 0 || a->ndim > MAXD || a->naxes < 0 || a->naxes > MAXD)
-    return fail(v, "%%%d: %s: attribute ranks %d, %d are outside 0..%d", id, op, a->ndim, a->naxes, MAXD);
-  for (int i = 0; i < a->ndim; i++)
+  const op_attrs *a = &n->attrs;
+  unsigned f = ir_attr_fields(n->op);
+  if (((f & AF_SHAPE) && (a->ndim < 0 || a->ndim > MAXD)) || ((f & AF_AXES) && (a->naxes < 0 || a->naxes > MAXD)) ||
+      ((f & AF_INTS) && (a->nints < 0 || a->nints > 2 * MAXD)))
+    return fail(v, "%%%d: %s: an attribute list's length is out of range", id, op);
+  for (int i = 0; (f & AF_SHAPE) && i < a->ndim; i++)
     if (check_dim(v, id, "target dim", i, a->shape[i])) return -1;
-  if (n->op != IR_NUMEL && (check_dim(v, id, "slice bound", 0, a->start) || check_dim(v, id, "slice bound", 1, a->end))) return -1;
+  if ((f & AF_END) && (check_dim(v, id, "slice bound", 0, a->start) || check_dim(v, id, "slice bound", 1, a->end))) return -1;
   return 0;
 }
 
@@ -273,7 +275,7 @@ int ir_verify(const ir_graph *g, char *err, size_t errn) {
  * could not decide. Adds expressions to g->sym (callers serialize). 0, or -1
  * with why in err. */
 int ir_verify_at(ir_graph *g, const int64_t *vals, char *err, size_t errn) {
-  shape_env env = {g, vals, g->n_syms, false};
+  shape_env env = {.g = g, .vals = vals, .nvals = g->n_syms, .record = false};
   for (int id = 0; id < g->n_nodes; id++) {
     const ir_node *n = &g->nodes[id];
     if (n->op >= OP_COUNT) continue;

@@ -29,7 +29,7 @@
  * each product and sum step, so every step's value is an int64 and clamping
  * each step's interval to int64 stays sound. Intervals are computed in
  * 128-bit integers so no step overflows. */
-#include "tracer/sym.h"
+#include "eager/sym.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -539,11 +539,12 @@ static int mono_quot(sym_ctx *ctx, const sym_expr *m, const sym_expr *d, const s
 
 sym_dim sym_add(sym_ctx *ctx, sym_dim a, sym_dim b)
 {
-  if (!ctx || sym_is_err(a) || sym_is_err(b)) return sym_error();
+  if (sym_is_err(a) || sym_is_err(b)) return sym_error();
   if (!a.e && !b.e) {
     int64_t v;
     return __builtin_add_overflow(a.c, b.c, &v) ? fail(ctx, E_OVF) : sym_const(v);
   }
+  if (!ctx) return sym_error();
   poly p; /* only t[0, n) is read: zeroing all of t cost most of a call */
   p.c = 0, p.n = 0;
   if (poly_add_scaled(ctx, &p, a, 1) || poly_add_scaled(ctx, &p, b, 1)) return sym_error();
@@ -552,11 +553,12 @@ sym_dim sym_add(sym_ctx *ctx, sym_dim a, sym_dim b)
 
 sym_dim sym_sub(sym_ctx *ctx, sym_dim a, sym_dim b)
 {
-  if (!ctx || sym_is_err(a) || sym_is_err(b)) return sym_error();
+  if (sym_is_err(a) || sym_is_err(b)) return sym_error();
   if (!a.e && !b.e) {
     int64_t v;
     return __builtin_sub_overflow(a.c, b.c, &v) ? fail(ctx, E_OVF) : sym_const(v);
   }
+  if (!ctx) return sym_error();
   poly p;
   p.c = 0, p.n = 0;
   if (poly_add_scaled(ctx, &p, a, 1) || poly_add_scaled(ctx, &p, b, -1)) return sym_error();
@@ -565,14 +567,15 @@ sym_dim sym_sub(sym_ctx *ctx, sym_dim a, sym_dim b)
 
 sym_dim sym_mul(sym_ctx *ctx, sym_dim a, sym_dim b)
 {
-  if (!ctx || sym_is_err(a) || sym_is_err(b)) return sym_error();
+  if (sym_is_err(a) || sym_is_err(b)) return sym_error();
+  if (!a.e && !b.e) {
+    int64_t v;
+    return __builtin_mul_overflow(a.c, b.c, &v) ? fail(ctx, E_OVF) : sym_const(v);
+  }
+  if (!ctx) return sym_error();
   poly p;
   p.c = 0, p.n = 0;
   if (!a.e || !b.e) {
-    if (!a.e && !b.e) {
-      int64_t v;
-      return __builtin_mul_overflow(a.c, b.c, &v) ? fail(ctx, E_OVF) : sym_const(v);
-    }
     if (poly_add_scaled(ctx, &p, a.e ? a : b, a.e ? b.c : a.c)) return sym_error();
     return poly_build(ctx, &p);
   }
@@ -728,14 +731,28 @@ static sym_dim divmod_sym(sym_ctx *ctx, sym_dim a, sym_dim b, bool mod)
 
 sym_dim sym_floordiv(sym_ctx *ctx, sym_dim a, sym_dim b)
 {
-  if (!ctx || sym_is_err(a) || sym_is_err(b)) return sym_error();
+  if (sym_is_err(a) || sym_is_err(b)) return sym_error();
+  if (!a.e && !b.e) {
+    if (b.c < 1) return fail(ctx, E_DIV);
+    int64_t q = a.c / b.c, r = a.c % b.c;
+    if (r < 0) q--, r += b.c; /* floor, as Python */
+    return sym_const(q);
+  }
+  if (!ctx) return sym_error();
   if (!b.e) return b.c < 1 ? fail(ctx, E_DIV) : divmod_const(ctx, a, b.c, false);
   return divmod_sym(ctx, a, b, false);
 }
 
 sym_dim sym_mod(sym_ctx *ctx, sym_dim a, sym_dim b)
 {
-  if (!ctx || sym_is_err(a) || sym_is_err(b)) return sym_error();
+  if (sym_is_err(a) || sym_is_err(b)) return sym_error();
+  if (!a.e && !b.e) {
+    if (b.c < 1) return fail(ctx, E_DIV);
+    int64_t q = a.c / b.c, r = a.c % b.c;
+    if (r < 0) q--, r += b.c; /* floor, as Python */
+    return sym_const(r);
+  }
+  if (!ctx) return sym_error();
   if (!b.e) return b.c < 1 ? fail(ctx, E_DIV) : divmod_const(ctx, a, b.c, true);
   return divmod_sym(ctx, a, b, true);
 }

@@ -1,0 +1,160 @@
+/* Emitters: for each op ops.def runs as an expression in a loop kernel
+ * (cg FUSE), the LLVM instructions that make its value from its operands'.
+ * Operands are scalars, or vectors when the kernel's loop is emitted in
+ * vectors of its own (lower.c); an emitter makes its constants and types
+ * in the shape of its operands, so it serves both. ops.def names each op's
+ * emitter; an op whose row says NONE has none, and lowering a kernel that
+ * holds it fails (the variant then runs on the interpreter). */
+#include <string.h>
+
+#include <llvm-c/Core.h>
+
+#include "codegen/codegen.h"
+
+static bool is_float(kiln_dtype dt) { return dt == KILN_F32 || dt == KILN_F64; }
+
+/* Element type t in the shape of v (a scalar, or a vector of v's lanes). */
+static LLVMTypeRef shaped(LLVMValueRef v, LLVMTypeRef t) {
+  LLVMTypeRef vt = LLVMTypeOf(v);
+  return LLVMGetTypeKind(vt) == LLVMVectorTypeKind ? LLVMVectorType(t, LLVMGetVectorSize(vt)) : t;
+}
+
+static LLVMTypeRef elem_of(LLVMContextRef c, kiln_dtype dt) {
+  switch (dt) {
+  case KILN_F32: return LLVMFloatTypeInContext(c);
+  case KILN_F64: return LLVMDoubleTypeInContext(c);
+  case KILN_I64: return LLVMInt64TypeInContext(c);
+  case KILN_BOOL: return LLVMInt8TypeInContext(c);
+  }
+  return LLVMFloatTypeInContext(c);
+}
+
+static LLVMContextRef ctx_of(LLVMValueRef v) { return LLVMGetTypeContext(LLVMTypeOf(v)); }
+
+/* The constant c of dtype dt in the shape of v. */
+static LLVMValueRef const_like(LLVMValueRef v, kiln_dtype dt, double c) {
+  LLVMTypeRef e = elem_of(ctx_of(v), dt);
+  LLVMValueRef s = is_float(dt) ? LLVMConstReal(e, c) : LLVMConstInt(e, (unsigned long long)(int64_t)c, 1);
+  LLVMTypeRef vt = LLVMTypeOf(v);
+  if (LLVMGetTypeKind(vt) != LLVMVectorTypeKind) return s;
+  unsigned n = LLVMGetVectorSize(vt);
+  LLVMValueRef lanes[64];
+  for (unsigned i = 0; i < n && i < 64; i++) lanes[i] = s;
+  return LLVMConstVector(lanes, n);
+}
+
+static LLVMValueRef intrinsic(const cg_emit *e, const char *name, LLVMTypeRef t, LLVMValueRef *args, int n) {
+  unsigned id = LLVMLookupIntrinsicID(name, strlen(name));
+  LLVMModuleRef m = LLVMGetGlobalParent(LLVMGetBasicBlockParent(LLVMGetInsertBlock(e->b)));
+  LLVMValueRef f = LLVMGetIntrinsicDeclaration(m, id, &t, 1);
+  return LLVMBuildCall2(e->b, LLVMIntrinsicGetType(LLVMGetTypeContext(t), id, &t, 1), f, args, (unsigned)n, "");
+}
+
+/* NaN-propagating max/min, as eager's MAXNAN/MINNAN. */
+LLVMValueRef cg_maxnan(LLVMBuilderRef b, kiln_dtype dt, LLVMValueRef x, LLVMValueRef y, bool max) {
+  if (!is_float(dt)) return LLVMBuildSelect(b, LLVMBuildICmp(b, max ? LLVMIntSGT : LLVMIntSLT, x, y, ""), x, y, "");
+  LLVMValueRef c = LLVMBuildFCmp(b, max ? LLVMRealOGT : LLVMRealOLT, x, y, "");
+  LLVMValueRef nan = LLVMBuildFCmp(b, LLVMRealUNO, x, x, "");
+  return LLVMBuildSelect(b, LLVMBuildOr(b, c, nan, ""), x, y, "");
+}
+
+LLVMValueRef cg_convert(LLVMBuilderRef b, LLVMValueRef v, kiln_dtype from, kiln_dtype to) {
+  if (from == to) return v;
+  LLVMTypeRef t = shaped(v, elem_of(ctx_of(v), to));
+  if (to == KILN_BOOL) {
+    LLVMValueRef nz = is_float(from) ? LLVMBuildFCmp(b, LLVMRealUNE, v, const_like(v, from, 0), "")
+                                     : LLVMBuildICmp(b, LLVMIntNE, v, const_like(v, from, 0), "");
+    return LLVMBuildZExt(b, nz, t, "");
+  }
+  if (from == KILN_BOOL) return is_float(to) ? LLVMBuildUIToFP(b, v, t, "") : LLVMBuildZExt(b, v, t, "");
+  if (is_float(from) && is_float(to)) return to == KILN_F64 ? LLVMBuildFPExt(b, v, t, "") : LLVMBuildFPTrunc(b, v, t, "");
+  if (is_float(from)) return LLVMBuildFPToSI(b, v, t, "");
+  return LLVMBuildSIToFP(b, v, t, "");
+}
+
+/* ---- the emitters ops.def names ---- */
+
+#define A (e->v[0])
+#define B (e->v[1])
+#define FL is_float(e->it)
+
+static LLVMValueRef em_add(const cg_emit *e) { return FL ? LLVMBuildFAdd(e->b, A, B, "") : LLVMBuildAdd(e->b, A, B, ""); }
+static LLVMValueRef em_sub(const cg_emit *e) { return FL ? LLVMBuildFSub(e->b, A, B, "") : LLVMBuildSub(e->b, A, B, ""); }
+static LLVMValueRef em_mul(const cg_emit *e) { return FL ? LLVMBuildFMul(e->b, A, B, "") : LLVMBuildMul(e->b, A, B, ""); }
+static LLVMValueRef em_div(const cg_emit *e) { return LLVMBuildFDiv(e->b, A, B, ""); }
+
+static LLVMValueRef em_pow(const cg_emit *e) {
+  /* small constant exponents as products: exact, as eager computes them */
+  if (e->b_const && e->b_value == 2.0) return LLVMBuildFMul(e->b, A, A, "");
+  if (e->b_const && e->b_value == 3.0) return LLVMBuildFMul(e->b, LLVMBuildFMul(e->b, A, A, ""), A, "");
+  if (e->b_const && e->b_value == 1.0) return A;
+  return intrinsic(e, "llvm.pow", LLVMTypeOf(A), (LLVMValueRef[]){A, B}, 2);
+}
+
+static LLVMValueRef em_maximum(const cg_emit *e) { return cg_maxnan(e->b, e->it, A, B, true); }
+static LLVMValueRef em_minimum(const cg_emit *e) { return cg_maxnan(e->b, e->it, A, B, false); }
+
+static LLVMValueRef em_compare(const cg_emit *e) {
+  static const LLVMRealPredicate fp[] = {LLVMRealOEQ, LLVMRealUNE, LLVMRealOLT, LLVMRealOLE, LLVMRealOGT, LLVMRealOGE};
+  static const LLVMIntPredicate ip[] = {LLVMIntEQ, LLVMIntNE, LLVMIntSLT, LLVMIntSLE, LLVMIntSGT, LLVMIntSGE};
+  int k;
+  switch (e->op) {
+  case OP_EQ: k = 0; break;
+  case OP_NE: k = 1; break;
+  case OP_LT: k = 2; break;
+  case OP_LE: k = 3; break;
+  case OP_GT: k = 4; break;
+  default: k = 5; break;
+  }
+  LLVMValueRef c = FL ? LLVMBuildFCmp(e->b, fp[k], A, B, "") : LLVMBuildICmp(e->b, ip[k], A, B, "");
+  return LLVMBuildZExt(e->b, c, shaped(A, elem_of(ctx_of(A), KILN_BOOL)), "");
+}
+
+static LLVMValueRef em_where(const cg_emit *e) {
+  LLVMValueRef c = LLVMBuildICmp(e->b, LLVMIntNE, e->v[0], const_like(e->v[0], KILN_BOOL, 0), "");
+  return LLVMBuildSelect(e->b, c, e->v[1], e->v[2], "");
+}
+
+static LLVMValueRef em_neg(const cg_emit *e) { return FL ? LLVMBuildFNeg(e->b, A, "") : LLVMBuildNeg(e->b, A, ""); }
+
+static LLVMValueRef em_abs(const cg_emit *e) {
+  if (FL) return intrinsic(e, "llvm.fabs", LLVMTypeOf(A), (LLVMValueRef[]){A}, 1);
+  return LLVMBuildSelect(e->b, LLVMBuildICmp(e->b, LLVMIntSLT, A, const_like(A, e->it, 0), ""), LLVMBuildNeg(e->b, A, ""), A, "");
+}
+
+static LLVMValueRef em_relu(const cg_emit *e) {
+  LLVMValueRef zero = const_like(A, e->it, 0);
+  if (FL) return LLVMBuildSelect(e->b, LLVMBuildFCmp(e->b, LLVMRealUGT, A, zero, ""), A, zero, "");
+  return LLVMBuildSelect(e->b, LLVMBuildICmp(e->b, LLVMIntSGT, A, zero, ""), A, zero, "");
+}
+
+static LLVMValueRef em_cast(const cg_emit *e) { return cg_convert(e->b, A, e->it, e->cast_to); }
+static LLVMValueRef em_copy(const cg_emit *e) { return A; }
+static LLVMValueRef em_vmath(const cg_emit *e) { return vmath_emit(e->b, e->op, A); }
+
+#undef A
+#undef B
+#undef FL
+
+#define NONE NULL
+static const cg_emit_fn emitters[OP_COUNT] = {
+#define X(id, name, arity, kind, attrs, dtype, shape, kernel, check, backward, saves, cg, cost, emit) [OP_##id] = emit,
+#include "eager/ops.def"
+#undef X
+};
+#undef NONE
+
+#ifdef KILN_TEST_BUILD
+static _Atomic bool dropped[OP_COUNT];
+void cg_test_drop_emitter(int op, bool drop) {
+  if (op >= 0 && op < OP_COUNT) dropped[op] = drop;
+}
+#endif
+
+cg_emit_fn cg_emitter(int op) {
+  if (op < 0 || op >= OP_COUNT) return NULL;
+#ifdef KILN_TEST_BUILD
+  if (dropped[op]) return NULL;
+#endif
+  return emitters[op];
+}
