@@ -67,6 +67,9 @@ extern "C" {
  *   KILN_API kiln_tensor *kiln_foo_at(kiln_tensor *a, int axis, const char *, int);
  *   #define kiln_foo(...) KILN_OP(kiln_foo_at, __VA_ARGS__)
  *
+ * and adds a call of kiln_foo to tests/test_macros.c, which fails while a
+ * macro of this header is not called there.
+ *
  * KILN_OP is for a function that returns a tensor; KILN_CALL(type, f, ...)
  * for any other return type (KILN_CALL(int, kiln_backward_at, __VA_ARGS__)).
  * An argument that holds a comma (a compound literal) passes through:
@@ -117,7 +120,8 @@ extern "C" {
  *
  * C only (compound literals). A 0-d shape is `0, NULL`. */
 #define KILN__COUNT(T, ...) (int)(sizeof((T[]){__VA_ARGS__}) / sizeof(T))
-#define KILN__AT_MOST(n, max) ((n) + 0 * (int)sizeof(char[(n) <= (max) ? 1 : -1]))
+#define KILN__AT_MOST(n, max) \
+  ((n) + 0 * (int)sizeof(struct { int more_sizes_than_KILN_MAX_DIMS : (n) <= (max) ? 8 * (int)sizeof(int) : -1; }))
 #define KILN_SHAPE(...) \
   KILN__AT_MOST(KILN__COUNT(int64_t, __VA_ARGS__), KILN_MAX_DIMS), (const int64_t[]){__VA_ARGS__}
 #define KILN_AXES(...) (const int[]){__VA_ARGS__}, KILN__AT_MOST(KILN__COUNT(int, __VA_ARGS__), KILN_MAX_DIMS)
