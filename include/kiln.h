@@ -57,16 +57,86 @@ extern "C" {
 
 #define KILN_MAX_DIMS 8
 
+/* ---- how a function that takes the caller's line is declared ------------
+ *
+ * Every op, and every other function whose errors should name the caller's
+ * line, is a function kiln_NAME_at(..., const char *file, int line) and a
+ * variadic macro kiln_NAME(...) that adds __FILE__ and __LINE__. A new op
+ * copies these two lines:
+ *
+ *   KILN_API kiln_tensor *kiln_foo_at(kiln_tensor *a, int axis, const char *, int);
+ *   #define kiln_foo(...) KILN_OP(kiln_foo_at, __VA_ARGS__)
+ *
+ * and adds a call of kiln_foo to tests/test_macros.c, which fails while a
+ * macro of this header is not called there.
+ *
+ * KILN_OP is for a function that returns a tensor; KILN_CALL(type, f, ...)
+ * for any other return type (KILN_CALL(int, kiln_backward_at, __VA_ARGS__)).
+ * An argument that holds a comma (a compound literal) passes through:
+ * kiln_zeros(KILN_F32, 2, (int64_t[]){3, 4}). Extra fixed arguments go after
+ * __VA_ARGS__, as kiln_sum_all does.
+ *
+ * Under GCC and clang (C, not C++) the call is checked: a pointer of the wrong
+ * type (an int[] shape, a float[] axis list) or an integer where a pointer
+ * goes is a compile error at the caller's line, not a warning and a wrong
+ * shape at run time. Other compilers give the warnings C requires. Define
+ * KILN_NO_CHECKED_CALLS before including kiln.h to get plain calls. */
+#if defined(__GNUC__) && !defined(__cplusplus) && !defined(KILN_NO_CHECKED_CALLS)
+/* The condition turns the two warnings into errors for the call's tokens
+ * only; the other arm restores them and is never taken. Statement
+ * expressions because GCC refuses a _Pragma inside a plain expression. */
+#define KILN__CHECKED(T, call)                                                             \
+  (__extension__({                                                                         \
+     _Pragma("GCC diagnostic push")                                                        \
+     _Pragma("GCC diagnostic error \"-Wincompatible-pointer-types\"")                      \
+     _Pragma("GCC diagnostic error \"-Wint-conversion\"") 1;                                \
+   })                                                                                      \
+       ? (call)                                                                            \
+       : __extension__({ _Pragma("GCC diagnostic pop") (T)0; }))
+#else
+#define KILN__CHECKED(T, call) (call)
+#endif
+#define KILN_CALL(T, f, ...) KILN__CHECKED(T, f(__VA_ARGS__, __FILE__, __LINE__))
+#define KILN_OP(f, ...) KILN_CALL(kiln_tensor *, f, __VA_ARGS__)
+
+/* GCC: the pointer argument p holds n elements, n another argument, so a
+ * constant n past the end of a known array warns (-Wstringop-overread):
+ * kiln_zeros(KILN_F32, 3, (int64_t[]){3, 4}). */
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 10
+#define KILN_READS(p, n) __attribute__((access(read_only, p, n)))
+#define KILN_WRITES(p, n) __attribute__((access(write_only, p, n)))
+#else
+#define KILN_READS(p, n)
+#define KILN_WRITES(p, n)
+#endif
+
+/* Checked lists: each gives the pointer and the count, so the two cannot
+ * disagree; a rank over KILN_MAX_DIMS does not compile.
+ *
+ *   kiln_zeros(KILN_F32, KILN_SHAPE(3, 4))          ndim 2, shape {3, 4}
+ *   kiln_reshape(x, KILN_SHAPE(-1, 4))
+ *   kiln_sum_axes(x, KILN_AXES(0, 2), false)        axes {0, 2}, naxes 2
+ *   kiln_cat(KILN_TENSORS(a, b, c), 0)              ts {a, b, c}, n 3
+ *
+ * C only (compound literals). A 0-d shape is `0, NULL`. */
+#define KILN__COUNT(T, ...) (int)(sizeof((T[]){__VA_ARGS__}) / sizeof(T))
+#define KILN__AT_MOST(n, max) \
+  ((n) + 0 * (int)sizeof(struct { int more_sizes_than_KILN_MAX_DIMS : (n) <= (max) ? 8 * (int)sizeof(int) : -1; }))
+#define KILN_SHAPE(...) \
+  KILN__AT_MOST(KILN__COUNT(int64_t, __VA_ARGS__), KILN_MAX_DIMS), (const int64_t[]){__VA_ARGS__}
+#define KILN_AXES(...) (const int[]){__VA_ARGS__}, KILN__AT_MOST(KILN__COUNT(int, __VA_ARGS__), KILN_MAX_DIMS)
+#define KILN_TENSORS(...) (kiln_tensor *const[]){__VA_ARGS__}, KILN__COUNT(kiln_tensor *, __VA_ARGS__)
+
 typedef struct kiln_tensor kiln_tensor; /* opaque, reference counted */
 typedef enum kiln_dtype { KILN_F32, KILN_F64, KILN_I64, KILN_BOOL } kiln_dtype;
 
 /* ---- make, inspect, read back ---------------------------------------- */
 
-KILN_API kiln_tensor *kiln_tensor_from_at(kiln_dtype, int ndim, const int64_t *shape,
+KILN_API KILN_READS(3, 2) kiln_tensor *kiln_tensor_from_at(kiln_dtype, int ndim, const int64_t *shape,
                                           const void *data, const char *file, int line);
-KILN_API kiln_tensor *kiln_zeros_at(kiln_dtype, int ndim, const int64_t *shape, const char *file, int line);
-KILN_API kiln_tensor *kiln_ones_at(kiln_dtype, int ndim, const int64_t *shape, const char *file, int line);
-KILN_API kiln_tensor *kiln_full_at(kiln_dtype, int ndim, const int64_t *shape, double value,
+KILN_API KILN_READS(3, 2) kiln_tensor *kiln_zeros_at(kiln_dtype, int ndim, const int64_t *shape, const char *file, int line);
+KILN_API KILN_READS(3, 2) kiln_tensor *kiln_ones_at(kiln_dtype, int ndim, const int64_t *shape, const char *file, int line);
+KILN_API KILN_READS(3, 2) kiln_tensor *kiln_full_at(kiln_dtype, int ndim, const int64_t *shape, double value,
                                    const char *file, int line);
 KILN_API kiln_tensor *kiln_scalar_at(kiln_dtype, double value, const char *file, int line);
 /* [start, stop) by step, 1-D. */
@@ -74,18 +144,18 @@ KILN_API kiln_tensor *kiln_arange_at(kiln_dtype, double start, double stop, doub
                                      const char *file, int line);
 /* Counter-based: element i depends only on (seed, i), the same on every machine
  * and every thread count. randn: standard normal; rand: uniform in [0, 1). */
-KILN_API kiln_tensor *kiln_randn_at(kiln_dtype, int ndim, const int64_t *shape, uint64_t seed,
+KILN_API KILN_READS(3, 2) kiln_tensor *kiln_randn_at(kiln_dtype, int ndim, const int64_t *shape, uint64_t seed,
                                     const char *file, int line);
-KILN_API kiln_tensor *kiln_rand_at(kiln_dtype, int ndim, const int64_t *shape, uint64_t seed,
+KILN_API KILN_READS(3, 2) kiln_tensor *kiln_rand_at(kiln_dtype, int ndim, const int64_t *shape, uint64_t seed,
                                    const char *file, int line);
-#define kiln_tensor_from(dt, nd, sh, data) kiln_tensor_from_at((dt), (nd), (sh), (data), __FILE__, __LINE__)
-#define kiln_zeros(dt, nd, sh) kiln_zeros_at((dt), (nd), (sh), __FILE__, __LINE__)
-#define kiln_ones(dt, nd, sh) kiln_ones_at((dt), (nd), (sh), __FILE__, __LINE__)
-#define kiln_full(dt, nd, sh, v) kiln_full_at((dt), (nd), (sh), (v), __FILE__, __LINE__)
-#define kiln_scalar(dt, v) kiln_scalar_at((dt), (v), __FILE__, __LINE__)
-#define kiln_arange(dt, a, b, s) kiln_arange_at((dt), (a), (b), (s), __FILE__, __LINE__)
-#define kiln_randn(dt, nd, sh, seed) kiln_randn_at((dt), (nd), (sh), (seed), __FILE__, __LINE__)
-#define kiln_rand(dt, nd, sh, seed) kiln_rand_at((dt), (nd), (sh), (seed), __FILE__, __LINE__)
+#define kiln_tensor_from(...) KILN_OP(kiln_tensor_from_at, __VA_ARGS__)
+#define kiln_zeros(...) KILN_OP(kiln_zeros_at, __VA_ARGS__)
+#define kiln_ones(...) KILN_OP(kiln_ones_at, __VA_ARGS__)
+#define kiln_full(...) KILN_OP(kiln_full_at, __VA_ARGS__)
+#define kiln_scalar(...) KILN_OP(kiln_scalar_at, __VA_ARGS__)
+#define kiln_arange(...) KILN_OP(kiln_arange_at, __VA_ARGS__)
+#define kiln_randn(...) KILN_OP(kiln_randn_at, __VA_ARGS__)
+#define kiln_rand(...) KILN_OP(kiln_rand_at, __VA_ARGS__)
 
 KILN_API int kiln_ndim(const kiln_tensor *);
 KILN_API int64_t kiln_size(const kiln_tensor *, int dim); /* dim < 0 counts from the end; -1 on error */
@@ -99,13 +169,13 @@ KILN_API const char *kiln_dtype_name(kiln_dtype);
 KILN_API int kiln_read_at(const kiln_tensor *, void *dst, size_t bytes, const char *file, int line);
 /* The value of a one-element tensor as a double; NaN and an error otherwise. */
 KILN_API double kiln_item_at(const kiln_tensor *, const char *file, int line);
-#define kiln_read(t, dst, bytes) kiln_read_at((t), (dst), (bytes), __FILE__, __LINE__)
-#define kiln_item(t) kiln_item_at((t), __FILE__, __LINE__)
+#define kiln_read(...) KILN_CALL(int, kiln_read_at, __VA_ARGS__)
+#define kiln_item(...) KILN_CALL(double, kiln_item_at, __VA_ARGS__)
 /* Writes a short description ("f32[2,3] strides [3,1]") into buf; returns buf. */
 KILN_API char *kiln_describe(const kiln_tensor *, char *buf, size_t n);
 /* Prints the tensor (shape and values, elided when large) to stdout. */
 KILN_API void kiln_print_at(const kiln_tensor *, const char *file, int line);
-#define kiln_print(t) kiln_print_at((t), __FILE__, __LINE__)
+#define kiln_print(...) KILN_CALL(void, kiln_print_at, __VA_ARGS__)
 
 /* ---- lifetime --------------------------------------------------------- */
 
@@ -117,10 +187,10 @@ KILN_API kiln_tensor *kiln_keep(kiln_tensor *);
 
 /* ---- views (no copy) and layout -------------------------------------- */
 
-KILN_API kiln_tensor *kiln_reshape_at(kiln_tensor *, int ndim, const int64_t *shape, const char *, int);
+KILN_API KILN_READS(3, 2) kiln_tensor *kiln_reshape_at(kiln_tensor *, int ndim, const int64_t *shape, const char *, int);
 KILN_API kiln_tensor *kiln_transpose_at(kiln_tensor *, int d0, int d1, const char *, int);
 KILN_API kiln_tensor *kiln_permute_at(kiln_tensor *, const int *perm, const char *, int);
-KILN_API kiln_tensor *kiln_expand_at(kiln_tensor *, int ndim, const int64_t *shape, const char *, int);
+KILN_API KILN_READS(3, 2) kiln_tensor *kiln_expand_at(kiln_tensor *, int ndim, const int64_t *shape, const char *, int);
 KILN_API kiln_tensor *kiln_squeeze_at(kiln_tensor *, int dim, const char *, int);
 KILN_API kiln_tensor *kiln_unsqueeze_at(kiln_tensor *, int dim, const char *, int);
 /* Elements start, start+step, ... below end along dim (Python slice rules for
@@ -128,20 +198,20 @@ KILN_API kiln_tensor *kiln_unsqueeze_at(kiln_tensor *, int dim, const char *, in
 KILN_API kiln_tensor *kiln_slice_at(kiln_tensor *, int dim, int64_t start, int64_t end, int64_t step,
                                     const char *, int);
 KILN_API kiln_tensor *kiln_contiguous_at(kiln_tensor *, const char *, int);
-KILN_API kiln_tensor *kiln_cat_at(kiln_tensor *const *ts, int n, int dim, const char *, int);
-KILN_API kiln_tensor *kiln_stack_at(kiln_tensor *const *ts, int n, int dim, const char *, int);
+KILN_API KILN_READS(1, 2) kiln_tensor *kiln_cat_at(kiln_tensor *const *ts, int n, int dim, const char *, int);
+KILN_API KILN_READS(1, 2) kiln_tensor *kiln_stack_at(kiln_tensor *const *ts, int n, int dim, const char *, int);
 KILN_API kiln_tensor *kiln_cast_at(kiln_tensor *, kiln_dtype, const char *, int);
-#define kiln_reshape(a, nd, sh) kiln_reshape_at((a), (nd), (sh), __FILE__, __LINE__)
-#define kiln_transpose(a, d0, d1) kiln_transpose_at((a), (d0), (d1), __FILE__, __LINE__)
-#define kiln_permute(a, perm) kiln_permute_at((a), (perm), __FILE__, __LINE__)
-#define kiln_expand(a, nd, sh) kiln_expand_at((a), (nd), (sh), __FILE__, __LINE__)
-#define kiln_squeeze(a, d) kiln_squeeze_at((a), (d), __FILE__, __LINE__)
-#define kiln_unsqueeze(a, d) kiln_unsqueeze_at((a), (d), __FILE__, __LINE__)
-#define kiln_slice(a, d, s, e, st) kiln_slice_at((a), (d), (s), (e), (st), __FILE__, __LINE__)
-#define kiln_contiguous(a) kiln_contiguous_at((a), __FILE__, __LINE__)
-#define kiln_cat(ts, n, d) kiln_cat_at((ts), (n), (d), __FILE__, __LINE__)
-#define kiln_stack(ts, n, d) kiln_stack_at((ts), (n), (d), __FILE__, __LINE__)
-#define kiln_cast(a, dt) kiln_cast_at((a), (dt), __FILE__, __LINE__)
+#define kiln_reshape(...) KILN_OP(kiln_reshape_at, __VA_ARGS__)
+#define kiln_transpose(...) KILN_OP(kiln_transpose_at, __VA_ARGS__)
+#define kiln_permute(...) KILN_OP(kiln_permute_at, __VA_ARGS__)
+#define kiln_expand(...) KILN_OP(kiln_expand_at, __VA_ARGS__)
+#define kiln_squeeze(...) KILN_OP(kiln_squeeze_at, __VA_ARGS__)
+#define kiln_unsqueeze(...) KILN_OP(kiln_unsqueeze_at, __VA_ARGS__)
+#define kiln_slice(...) KILN_OP(kiln_slice_at, __VA_ARGS__)
+#define kiln_contiguous(...) KILN_OP(kiln_contiguous_at, __VA_ARGS__)
+#define kiln_cat(...) KILN_OP(kiln_cat_at, __VA_ARGS__)
+#define kiln_stack(...) KILN_OP(kiln_stack_at, __VA_ARGS__)
+#define kiln_cast(...) KILN_OP(kiln_cast_at, __VA_ARGS__)
 
 /* ---- pointwise ops (NumPy broadcasting; f32/f64/i64 where it makes sense) */
 
@@ -158,37 +228,37 @@ KILN_UNARY_OPS(KILN_DECL_UNARY)
 #undef KILN_DECL_BINARY
 #undef KILN_DECL_UNARY
 
-#define kiln_add(a, b) kiln_add_at((a), (b), __FILE__, __LINE__)
-#define kiln_sub(a, b) kiln_sub_at((a), (b), __FILE__, __LINE__)
-#define kiln_mul(a, b) kiln_mul_at((a), (b), __FILE__, __LINE__)
-#define kiln_div(a, b) kiln_div_at((a), (b), __FILE__, __LINE__)
-#define kiln_pow(a, b) kiln_pow_at((a), (b), __FILE__, __LINE__)
-#define kiln_maximum(a, b) kiln_maximum_at((a), (b), __FILE__, __LINE__)
-#define kiln_minimum(a, b) kiln_minimum_at((a), (b), __FILE__, __LINE__)
-#define kiln_eq(a, b) kiln_eq_at((a), (b), __FILE__, __LINE__)
-#define kiln_ne(a, b) kiln_ne_at((a), (b), __FILE__, __LINE__)
-#define kiln_lt(a, b) kiln_lt_at((a), (b), __FILE__, __LINE__)
-#define kiln_le(a, b) kiln_le_at((a), (b), __FILE__, __LINE__)
-#define kiln_gt(a, b) kiln_gt_at((a), (b), __FILE__, __LINE__)
-#define kiln_ge(a, b) kiln_ge_at((a), (b), __FILE__, __LINE__)
-#define kiln_neg(a) kiln_neg_at((a), __FILE__, __LINE__)
-#define kiln_abs(a) kiln_abs_at((a), __FILE__, __LINE__)
-#define kiln_exp(a) kiln_exp_at((a), __FILE__, __LINE__)
-#define kiln_log(a) kiln_log_at((a), __FILE__, __LINE__)
-#define kiln_sqrt(a) kiln_sqrt_at((a), __FILE__, __LINE__)
-#define kiln_rsqrt(a) kiln_rsqrt_at((a), __FILE__, __LINE__)
-#define kiln_tanh(a) kiln_tanh_at((a), __FILE__, __LINE__)
-#define kiln_sigmoid(a) kiln_sigmoid_at((a), __FILE__, __LINE__)
-#define kiln_relu(a) kiln_relu_at((a), __FILE__, __LINE__)
-#define kiln_gelu(a) kiln_gelu_at((a), __FILE__, __LINE__)         /* tanh form */
-#define kiln_gelu_erf(a) kiln_gelu_erf_at((a), __FILE__, __LINE__) /* exact (erf) form */
-#define kiln_erf(a) kiln_erf_at((a), __FILE__, __LINE__)
-#define kiln_sin(a) kiln_sin_at((a), __FILE__, __LINE__)
-#define kiln_cos(a) kiln_cos_at((a), __FILE__, __LINE__)
+#define kiln_add(...) KILN_OP(kiln_add_at, __VA_ARGS__)
+#define kiln_sub(...) KILN_OP(kiln_sub_at, __VA_ARGS__)
+#define kiln_mul(...) KILN_OP(kiln_mul_at, __VA_ARGS__)
+#define kiln_div(...) KILN_OP(kiln_div_at, __VA_ARGS__)
+#define kiln_pow(...) KILN_OP(kiln_pow_at, __VA_ARGS__)
+#define kiln_maximum(...) KILN_OP(kiln_maximum_at, __VA_ARGS__)
+#define kiln_minimum(...) KILN_OP(kiln_minimum_at, __VA_ARGS__)
+#define kiln_eq(...) KILN_OP(kiln_eq_at, __VA_ARGS__)
+#define kiln_ne(...) KILN_OP(kiln_ne_at, __VA_ARGS__)
+#define kiln_lt(...) KILN_OP(kiln_lt_at, __VA_ARGS__)
+#define kiln_le(...) KILN_OP(kiln_le_at, __VA_ARGS__)
+#define kiln_gt(...) KILN_OP(kiln_gt_at, __VA_ARGS__)
+#define kiln_ge(...) KILN_OP(kiln_ge_at, __VA_ARGS__)
+#define kiln_neg(...) KILN_OP(kiln_neg_at, __VA_ARGS__)
+#define kiln_abs(...) KILN_OP(kiln_abs_at, __VA_ARGS__)
+#define kiln_exp(...) KILN_OP(kiln_exp_at, __VA_ARGS__)
+#define kiln_log(...) KILN_OP(kiln_log_at, __VA_ARGS__)
+#define kiln_sqrt(...) KILN_OP(kiln_sqrt_at, __VA_ARGS__)
+#define kiln_rsqrt(...) KILN_OP(kiln_rsqrt_at, __VA_ARGS__)
+#define kiln_tanh(...) KILN_OP(kiln_tanh_at, __VA_ARGS__)
+#define kiln_sigmoid(...) KILN_OP(kiln_sigmoid_at, __VA_ARGS__)
+#define kiln_relu(...) KILN_OP(kiln_relu_at, __VA_ARGS__)
+#define kiln_gelu(...) KILN_OP(kiln_gelu_at, __VA_ARGS__)         /* tanh form */
+#define kiln_gelu_erf(...) KILN_OP(kiln_gelu_erf_at, __VA_ARGS__) /* exact (erf) form */
+#define kiln_erf(...) KILN_OP(kiln_erf_at, __VA_ARGS__)
+#define kiln_sin(...) KILN_OP(kiln_sin_at, __VA_ARGS__)
+#define kiln_cos(...) KILN_OP(kiln_cos_at, __VA_ARGS__)
 
 /* cond ? a : b, all three broadcast; cond is bool. */
 KILN_API kiln_tensor *kiln_where_at(kiln_tensor *cond, kiln_tensor *a, kiln_tensor *b, const char *, int);
-#define kiln_where(c, a, b) kiln_where_at((c), (a), (b), __FILE__, __LINE__)
+#define kiln_where(...) KILN_OP(kiln_where_at, __VA_ARGS__)
 
 /* ---- reductions ------------------------------------------------------- */
 
@@ -200,25 +270,25 @@ KILN_API kiln_tensor *kiln_min_at(kiln_tensor *, int axis, bool keepdim, const c
 KILN_API kiln_tensor *kiln_var_at(kiln_tensor *, int axis, int correction, bool keepdim, const char *, int);
 KILN_API kiln_tensor *kiln_argmax_at(kiln_tensor *, int axis, bool keepdim, const char *, int); /* i64 */
 /* A list of axes; naxes == 0 reduces over every axis. */
-KILN_API kiln_tensor *kiln_sum_axes_at(kiln_tensor *, const int *axes, int naxes, bool keepdim, const char *, int);
-KILN_API kiln_tensor *kiln_mean_axes_at(kiln_tensor *, const int *axes, int naxes, bool keepdim, const char *, int);
-KILN_API kiln_tensor *kiln_max_axes_at(kiln_tensor *, const int *axes, int naxes, bool keepdim, const char *, int);
-KILN_API kiln_tensor *kiln_min_axes_at(kiln_tensor *, const int *axes, int naxes, bool keepdim, const char *, int);
-KILN_API kiln_tensor *kiln_var_axes_at(kiln_tensor *, const int *axes, int naxes, int correction, bool keepdim,
+KILN_API KILN_READS(2, 3) kiln_tensor *kiln_sum_axes_at(kiln_tensor *, const int *axes, int naxes, bool keepdim, const char *, int);
+KILN_API KILN_READS(2, 3) kiln_tensor *kiln_mean_axes_at(kiln_tensor *, const int *axes, int naxes, bool keepdim, const char *, int);
+KILN_API KILN_READS(2, 3) kiln_tensor *kiln_max_axes_at(kiln_tensor *, const int *axes, int naxes, bool keepdim, const char *, int);
+KILN_API KILN_READS(2, 3) kiln_tensor *kiln_min_axes_at(kiln_tensor *, const int *axes, int naxes, bool keepdim, const char *, int);
+KILN_API KILN_READS(2, 3) kiln_tensor *kiln_var_axes_at(kiln_tensor *, const int *axes, int naxes, int correction, bool keepdim,
                                        const char *, int);
-#define kiln_sum(a, ax, kd) kiln_sum_at((a), (ax), (kd), __FILE__, __LINE__)
-#define kiln_mean(a, ax, kd) kiln_mean_at((a), (ax), (kd), __FILE__, __LINE__)
-#define kiln_max(a, ax, kd) kiln_max_at((a), (ax), (kd), __FILE__, __LINE__)
-#define kiln_min(a, ax, kd) kiln_min_at((a), (ax), (kd), __FILE__, __LINE__)
-#define kiln_var(a, ax, corr, kd) kiln_var_at((a), (ax), (corr), (kd), __FILE__, __LINE__)
-#define kiln_argmax(a, ax, kd) kiln_argmax_at((a), (ax), (kd), __FILE__, __LINE__)
-#define kiln_sum_axes(a, axes, n, kd) kiln_sum_axes_at((a), (axes), (n), (kd), __FILE__, __LINE__)
-#define kiln_mean_axes(a, axes, n, kd) kiln_mean_axes_at((a), (axes), (n), (kd), __FILE__, __LINE__)
-#define kiln_max_axes(a, axes, n, kd) kiln_max_axes_at((a), (axes), (n), (kd), __FILE__, __LINE__)
-#define kiln_min_axes(a, axes, n, kd) kiln_min_axes_at((a), (axes), (n), (kd), __FILE__, __LINE__)
-#define kiln_var_axes(a, axes, n, corr, kd) kiln_var_axes_at((a), (axes), (n), (corr), (kd), __FILE__, __LINE__)
-#define kiln_sum_all(a) kiln_sum_axes_at((a), NULL, 0, false, __FILE__, __LINE__)
-#define kiln_mean_all(a) kiln_mean_axes_at((a), NULL, 0, false, __FILE__, __LINE__)
+#define kiln_sum(...) KILN_OP(kiln_sum_at, __VA_ARGS__)
+#define kiln_mean(...) KILN_OP(kiln_mean_at, __VA_ARGS__)
+#define kiln_max(...) KILN_OP(kiln_max_at, __VA_ARGS__)
+#define kiln_min(...) KILN_OP(kiln_min_at, __VA_ARGS__)
+#define kiln_var(...) KILN_OP(kiln_var_at, __VA_ARGS__)
+#define kiln_argmax(...) KILN_OP(kiln_argmax_at, __VA_ARGS__)
+#define kiln_sum_axes(...) KILN_OP(kiln_sum_axes_at, __VA_ARGS__)
+#define kiln_mean_axes(...) KILN_OP(kiln_mean_axes_at, __VA_ARGS__)
+#define kiln_max_axes(...) KILN_OP(kiln_max_axes_at, __VA_ARGS__)
+#define kiln_min_axes(...) KILN_OP(kiln_min_axes_at, __VA_ARGS__)
+#define kiln_var_axes(...) KILN_OP(kiln_var_axes_at, __VA_ARGS__)
+#define kiln_sum_all(...) KILN_OP(kiln_sum_axes_at, __VA_ARGS__, NULL, 0, false)
+#define kiln_mean_all(...) KILN_OP(kiln_mean_axes_at, __VA_ARGS__, NULL, 0, false)
 
 /* ---- matmul and NN ---------------------------------------------------- */
 
@@ -235,14 +305,14 @@ KILN_API kiln_tensor *kiln_index_select_at(kiln_tensor *a, int dim, kiln_tensor 
 /* Mean over rows of -log_softmax(logits)[target]; logits (N,C), targets i64 (N,). */
 KILN_API kiln_tensor *kiln_cross_entropy_at(kiln_tensor *logits, kiln_tensor *targets, const char *, int);
 KILN_API kiln_tensor *kiln_mse_loss_at(kiln_tensor *a, kiln_tensor *b, const char *, int);
-#define kiln_matmul(a, b) kiln_matmul_at((a), (b), __FILE__, __LINE__)
-#define kiln_softmax(a, ax) kiln_softmax_at((a), (ax), __FILE__, __LINE__)
-#define kiln_log_softmax(a, ax) kiln_log_softmax_at((a), (ax), __FILE__, __LINE__)
-#define kiln_layer_norm(x, w, b, eps) kiln_layer_norm_at((x), (w), (b), (eps), __FILE__, __LINE__)
-#define kiln_embedding(t, i) kiln_embedding_at((t), (i), __FILE__, __LINE__)
-#define kiln_index_select(a, d, i) kiln_index_select_at((a), (d), (i), __FILE__, __LINE__)
-#define kiln_cross_entropy(l, t) kiln_cross_entropy_at((l), (t), __FILE__, __LINE__)
-#define kiln_mse_loss(a, b) kiln_mse_loss_at((a), (b), __FILE__, __LINE__)
+#define kiln_matmul(...) KILN_OP(kiln_matmul_at, __VA_ARGS__)
+#define kiln_softmax(...) KILN_OP(kiln_softmax_at, __VA_ARGS__)
+#define kiln_log_softmax(...) KILN_OP(kiln_log_softmax_at, __VA_ARGS__)
+#define kiln_layer_norm(...) KILN_OP(kiln_layer_norm_at, __VA_ARGS__)
+#define kiln_embedding(...) KILN_OP(kiln_embedding_at, __VA_ARGS__)
+#define kiln_index_select(...) KILN_OP(kiln_index_select_at, __VA_ARGS__)
+#define kiln_cross_entropy(...) KILN_OP(kiln_cross_entropy_at, __VA_ARGS__)
+#define kiln_mse_loss(...) KILN_OP(kiln_mse_loss_at, __VA_ARGS__)
 
 /* ---- in place (return dst, or NULL on error) -------------------------- */
 
@@ -254,12 +324,12 @@ KILN_API kiln_tensor *kiln_mul__at(kiln_tensor *dst, kiln_tensor *src, const cha
 KILN_API kiln_tensor *kiln_copy__at(kiln_tensor *dst, kiln_tensor *src, const char *, int);
 KILN_API kiln_tensor *kiln_fill__at(kiln_tensor *dst, double value, const char *, int);
 KILN_API kiln_tensor *kiln_zero__at(kiln_tensor *dst, const char *, int);
-#define kiln_add_(d, s) kiln_add__at((d), (s), __FILE__, __LINE__)
-#define kiln_sub_(d, s) kiln_sub__at((d), (s), __FILE__, __LINE__)
-#define kiln_mul_(d, s) kiln_mul__at((d), (s), __FILE__, __LINE__)
-#define kiln_copy_(d, s) kiln_copy__at((d), (s), __FILE__, __LINE__)
-#define kiln_fill_(d, v) kiln_fill__at((d), (v), __FILE__, __LINE__)
-#define kiln_zero_(d) kiln_zero__at((d), __FILE__, __LINE__)
+#define kiln_add_(...) KILN_OP(kiln_add__at, __VA_ARGS__)
+#define kiln_sub_(...) KILN_OP(kiln_sub__at, __VA_ARGS__)
+#define kiln_mul_(...) KILN_OP(kiln_mul__at, __VA_ARGS__)
+#define kiln_copy_(...) KILN_OP(kiln_copy__at, __VA_ARGS__)
+#define kiln_fill_(...) KILN_OP(kiln_fill__at, __VA_ARGS__)
+#define kiln_zero_(...) KILN_OP(kiln_zero__at, __VA_ARGS__)
 
 /* ---- autograd --------------------------------------------------------- */
 
@@ -272,11 +342,11 @@ KILN_API int kiln_backward_with_at(kiln_tensor *out, kiln_tensor *grad_out, cons
 /* Gradients of out (one element) with respect to wrt[0..n): grads[i] is a new
  * tensor (zeros where wrt[i] does not reach out). Leaves .grad alone and keeps
  * the graph. 0 or -1. */
-KILN_API int kiln_grad_of_at(kiln_tensor *out, kiln_tensor *const *wrt, int n, kiln_tensor **grads,
+KILN_API KILN_READS(2, 3) KILN_WRITES(4, 3) int kiln_grad_of_at(kiln_tensor *out, kiln_tensor *const *wrt, int n, kiln_tensor **grads,
                              const char *, int);
-#define kiln_backward(l) kiln_backward_at((l), __FILE__, __LINE__)
-#define kiln_backward_with(o, g) kiln_backward_with_at((o), (g), __FILE__, __LINE__)
-#define kiln_grad_of(o, w, n, g) kiln_grad_of_at((o), (w), (n), (g), __FILE__, __LINE__)
+#define kiln_backward(...) KILN_CALL(int, kiln_backward_at, __VA_ARGS__)
+#define kiln_backward_with(...) KILN_CALL(int, kiln_backward_with_at, __VA_ARGS__)
+#define kiln_grad_of(...) KILN_CALL(int, kiln_grad_of_at, __VA_ARGS__)
 /* Borrowed; NULL before any backward reached the tensor. */
 KILN_API kiln_tensor *kiln_grad(const kiln_tensor *);
 KILN_API void kiln_zero_grad(kiln_tensor *); /* drops .grad */
@@ -347,12 +417,12 @@ typedef struct kiln_fn_stats {
 } kiln_fn_stats;
 
 KILN_API kiln_fn *kiln_compile_at(kiln_body body, void *ctx, const kiln_options *opts, const char *file, int line);
-#define kiln_compile(body, ctx, opts) kiln_compile_at((body), (ctx), (opts), __FILE__, __LINE__)
+#define kiln_compile(...) KILN_CALL(kiln_fn *, kiln_compile_at, __VA_ARGS__)
 /* Runs fn: a cached variant whose guards pass, else a new trace, else the body
  * eagerly. out[i] are new tensors (owned by the innermost scope, else the
  * caller's). 0, or -1 with the error set. */
 KILN_API int kiln_call_at(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out, const char *file, int line);
-#define kiln_call(fn, in, out) kiln_call_at((fn), (in), (out), __FILE__, __LINE__)
+#define kiln_call(...) KILN_CALL(int, kiln_call_at, __VA_ARGS__)
 KILN_API void kiln_fn_free(kiln_fn *fn);
 /* Makes input's dim symbolic from the first trace on. 0 or -1. */
 KILN_API int kiln_mark_dynamic(kiln_fn *fn, int input, int dim);
