@@ -376,13 +376,27 @@ enum kiln_dump {
   KILN_DUMP_KERNELS = 1 << 4,    /* codegen: fusion groups and the memory plan */
   KILN_DUMP_LLVM = 1 << 5,       /* codegen: the optimized LLVM module */
   KILN_DUMP_ASM = 1 << 6,        /* codegen: machine code */
-  KILN_DUMP_ALL = 0x7f
+  KILN_DUMP_BREAKS = 1 << 7,     /* each graph break (a data read inside the body), with its file:line */
+  KILN_DUMP_ALL = 0xff
 };
 
 enum kiln_backend {
   KILN_BACKEND_DEFAULT = 0, /* KILN_BACKEND variable ("interp", "llvm"), else the best there is */
   KILN_BACKEND_INTERP = 1,  /* the IR interpreter: runs the graph through the eager kernels */
   KILN_BACKEND_LLVM = 2
+};
+
+/* How a call finds its variant. The body is C: what it does may depend on
+ * sizes, numbers and data kiln cannot see, so by default every call runs the
+ * body as a recording (ops make shapes, not data: no compute) and the
+ * recording must match a variant; a body whose first recording read no size,
+ * data or number it could branch on takes the guard-only path, where a call
+ * that passes the guards runs compiled code without running the body. */
+enum kiln_capture {
+  KILN_CAPTURE_AUTO = 0,   /* the guard-only path where the first recording shows it is sound */
+  KILN_CAPTURE_RECORD = 1, /* always record (KILN_CAPTURE=record) */
+  KILN_CAPTURE_GUARDS = 2  /* always the guard-only path after the first call: the user vouches that
+                              the body depends on nothing but its inputs' dtypes and shapes (KILN_CAPTURE=guards) */
 };
 
 /* Zero means default for every field. */
@@ -395,6 +409,8 @@ typedef struct kiln_options {
   int check;         /* also run eagerly on every compiled call and compare (KILN_CHECK=1 too) */
   int freeze;        /* implicit inputs (weights the body reaches) become constants */
   int backend;       /* enum kiln_backend */
+  int capture;       /* enum kiln_capture (KILN_CAPTURE variable too) */
+  int fullgraph;     /* a graph break is an error naming its line (KILN_FULLGRAPH=1 too) */
 } kiln_options;
 
 typedef struct kiln_fn kiln_fn;
@@ -402,12 +418,14 @@ typedef struct kiln_fn kiln_fn;
 /* Counters of one kiln_fn since kiln_compile. */
 typedef struct kiln_fn_stats {
   int64_t calls;         /* kiln_call */
-  int64_t hits;          /* calls a cached variant served */
-  int64_t traces;        /* calls that traced (each runs the body eagerly) */
-  int64_t fallbacks;     /* calls that ran the body eagerly without tracing */
+  int64_t hits;          /* calls compiled code served wholly (every segment matched a variant) */
+  int64_t traces;        /* calls that compiled something new */
+  int64_t fallbacks;     /* calls that ran ops eagerly (the variant cap reached: the interpreter ran them) */
+  int64_t guard_hits;    /* hits on the guard-only path (the body did not run) */
+  int64_t breaks;        /* graph breaks: data reads inside the body that ran a segment */
   int64_t variants;      /* graphs cached now */
   int64_t check_fails;   /* check mode: calls whose compiled result differed from eager */
-  double trace_ms;       /* total time spent tracing (eager run + recording) */
+  double trace_ms;       /* total time spent running the body as a recording */
   double compile_ms;     /* total time in passes and backend compile, which splits into: */
   double passes_ms;      /*   the IR passes */
   double fuse_ms;        /*   fusion, planning and lowering to LLVM IR */

@@ -712,7 +712,7 @@ static const struct {
     {"graph f(%1: f32[4]) -> ()", "line 1, col 9: expected %0 (ids count up from %0)"},
     {"graph f(%0: f33[4]) -> ()", "line 1, col 13: unknown dtype 'f33'"},
     {"graph f(%0: f32[s1]) -> ()\n  sym s0 in [1, 10]", "line 1, col 17: s1 is not declared"},
-    {"graph f(%0: f32[4] @parm) -> ()", "line 1, col 21: expected '@param' or '@grad(%N)'"},
+    {"graph f(%0: f32[4] @parm) -> ()", "line 1, col 21: expected '@param', '@grad(%N)' or '@sym(s<k>)'"},
     {"graph f(%0: f32[4], %1: f32[4] @grad(%2)) -> ()", "line 1, col 38: %2 is not defined yet"},
     {"graph f(%0: f32[4], %1: f32[4] @grad(%0), %2: f32[4] @grad(%1)) -> ()", "line 1, col 60: %1 is not an input or a param"},
     {"graph f(%0: f32[4] @param, %1: f32[4] @grad(%2)) -> ()", "line 1, col 45: %2 is not defined yet"},

@@ -343,6 +343,7 @@ static const struct {
 } indirect[] = {
     {"index_add", "the gradient of index_select and embedding (test_autograd, finite differences)"},
     {"slice_scatter", "the gradient of slice (test_autograd, finite differences)"},
+    {"index_check", "cross entropy's targets in compiled code (test_compile, test_bad_targets_compiled)"},
 };
 
 /* The file covers every primitive of the op table, every composite op and

@@ -65,7 +65,7 @@ static struct {
 } mem = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 /* 64-bit hash of p under seed (a multiply-rotate over 8-byte words). */
-static uint64_t hash64(const void *p, size_t n, uint64_t seed) {
+static uint64_t hash_bytes(const void *p, size_t n, uint64_t seed) {
   const char *key = p;
   uint64_t h = seed ^ (n * 0x9e3779b97f4a7c15ull);
   size_t i = 0;
@@ -85,11 +85,11 @@ static uint64_t hash64(const void *p, size_t n, uint64_t seed) {
 }
 
 void kcache_symbol(const char *key, size_t keylen, char out[40]) {
-  snprintf(out, 40, "kiln_%016llx%016llx", (unsigned long long)hash64(key, keylen, 1),
-           (unsigned long long)hash64(key, keylen, 2));
+  snprintf(out, 40, "kiln_%016llx%016llx", (unsigned long long)hash_bytes(key, keylen, 1),
+           (unsigned long long)hash_bytes(key, keylen, 2));
 }
 
-static uint64_t blob_id(const void *obj, size_t len) { return hash64(obj, len, 3); }
+static uint64_t blob_id(const void *obj, size_t len) { return hash_bytes(obj, len, 3); }
 
 static entry **chain(uint64_t h) { return &mem.slot[h % (sizeof mem.slot / sizeof mem.slot[0])]; }
 
@@ -152,7 +152,7 @@ static entry *find(const char *key, size_t keylen, uint64_t h) {
 }
 
 static void mem_put(const char *key, size_t keylen, uint64_t id, const void *obj, size_t len) {
-  uint64_t h = hash64(key, keylen, 0);
+  uint64_t h = hash_bytes(key, keylen, 0);
   char *kc = copy_of(key, keylen);
   entry *e = alloc_calloc(1, sizeof *e);
   pthread_mutex_lock(&mem.mu);
@@ -185,7 +185,7 @@ static bool is_held(uint64_t id, const uint64_t *held, int n_held) {
 static bool mem_get(const char *key, size_t keylen, const uint64_t *held, int n_held, void **obj, size_t *len,
                     uint64_t *id) {
   pthread_mutex_lock(&mem.mu);
-  entry *x = find(key, keylen, hash64(key, keylen, 0));
+  entry *x = find(key, keylen, hash_bytes(key, keylen, 0));
   bool hit = false;
   if (x && is_held(x->b->id, held, n_held)) {
     *obj = NULL, *len = 0, *id = x->b->id, hit = true;

@@ -141,7 +141,7 @@ kiln_tensor *kiln_reshape_at(kiln_tensor *t, int ndim, const int64_t *shape, con
       known *= shape[i];
     }
   }
-  int64_t numel = kiln_numel(t);
+  int64_t numel = shape_numel(t->ndim, t->shape);
   if (infer >= 0) {
     if (known == 0 || numel % known)
       return err_set(file, line, "reshape", "cannot reshape %s (%" PRId64 " elements) to %s", err_shape(b0, t->ndim, t->shape),

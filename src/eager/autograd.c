@@ -617,7 +617,7 @@ static int backward_entry(kiln_tensor *root, kiln_tensor *seed_in, const bw_req 
 
 int kiln_backward_at(kiln_tensor *loss, const char *file, int line) {
   if (!loss) return err_null(file, line, "backward", "loss"), -1;
-  if (kiln_numel(loss) != 1) {
+  if (shape_numel(loss->ndim, loss->shape) != 1) {
     char b[SHAPE_BUF];
     return err_set(file, line, "backward", "loss must have one element, got %s; use kiln_backward_with",
                    err_shape(b, loss->ndim, loss->shape)),
@@ -646,7 +646,7 @@ int kiln_grad_of_at(kiln_tensor *out, kiln_tensor *const *wrt, int n, kiln_tenso
     grads[j] = NULL;
     if (!wrt[j]) return err_set(file, line, "grad_of", "wrt[%d] is NULL", j), -1;
   }
-  if (kiln_numel(out) != 1) return err_set(file, line, "grad_of", "out must have one element"), -1;
+  if (shape_numel(out->ndim, out->shape) != 1) return err_set(file, line, "grad_of", "out must have one element"), -1;
   bw_req rq = {.wrt = wrt, .res = grads, .nwrt = n};
   int rc = backward_entry(out, NULL, &rq, file, line);
   for (int j = 0; j < n; j++) {

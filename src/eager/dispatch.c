@@ -6,7 +6,7 @@
 
 #include "eager/eager.h"
 
-_Static_assert(OP_COUNT == 44, "ops.def changed: update the op count here");
+_Static_assert(OP_COUNT == 45, "ops.def changed: update the op count here");
 
 static _Thread_local const trace_hooks *hooks;
 
@@ -23,6 +23,7 @@ void internal_end(void) { internal_depth--; }
 void user_numbers_begin(void) { user_depth += internal_depth == 0; }
 void user_numbers_end(void) { user_depth -= internal_depth == 0; }
 bool user_numbers(void) { return user_depth > 0 && internal_depth == 0; }
+bool in_internal(void) { return internal_depth > 0; }
 
 kiln_tensor *numel_scalar(const kiln_tensor *x, const int *axes, int naxes, int64_t offset, kiln_dtype dt,
                           const char *file, int line) {
@@ -30,9 +31,10 @@ kiln_tensor *numel_scalar(const kiln_tensor *x, const int *axes, int naxes, int6
   if (naxes == 0)
     for (int i = 0; i < x->ndim; i++) n *= x->shape[i];
   for (int i = 0; i < naxes; i++) n *= x->shape[axes[i]];
-  kiln_tensor *t = tensor_new(dt, 0, NULL);
+  bool record = hooks && hooks->record;
+  kiln_tensor *t = record ? tensor_new_meta(dt, 0, NULL) : tensor_new(dt, 0, NULL);
   if (!t) return err_set(file, line, "numel", "out of memory");
-  pw_fill(t, (double)(n + offset));
+  if (!record) pw_fill(t, (double)(n + offset));
   if (hooks && hooks->numel) hooks->numel(hooks->ctx, t, x, axes, naxes, offset, file, line);
   return scope_adopt(t);
 }
@@ -83,7 +85,9 @@ static kiln_tensor *dispatch_owned(op_id op, kiln_tensor *const *in, int n, cons
   int ndim;
   int64_t shape[MAXD];
   if (shape_rule(op, in, n, a, &dt, &ndim, shape, file, line)) goto fail;
-  if (op_table[op].check && op_table[op].check(op, in, n, a, file, line)) goto fail;
+  /* a recording computes nothing: its values' checks run when the values do */
+  bool record = hooks && hooks->record;
+  if (!record && op_table[op].check && op_table[op].check(op, in, n, a, file, line)) goto fail;
   if (op_table[op].kind == KIND_VIEW) {
     /* the layout is the shape rule of a view (and gives its strides too) */
     int64_t stride[MAXD], off;
@@ -94,6 +98,8 @@ static kiln_tensor *dispatch_owned(op_id op, kiln_tensor *const *in, int n, cons
     }
     if (r == 0) {
       out = tensor_view(in[0], ndim, shape, stride, off);
+    } else if (record) {
+      out = tensor_new_meta(in[0]->dtype, ndim, shape);
     } else {
       /* a reshape of a layout that cannot be viewed: copy, then view the copy */
       kiln_tensor *c = tensor_new(in[0]->dtype, in[0]->ndim, in[0]->shape);
@@ -114,12 +120,12 @@ static kiln_tensor *dispatch_owned(op_id op, kiln_tensor *const *in, int n, cons
       err_set(file, line, name, "the result %s has too many elements", err_shape(b, ndim, shape));
       goto fail;
     }
-    out = tensor_new(dt, ndim, shape);
+    out = record ? tensor_new_meta(dt, ndim, shape) : tensor_new(dt, ndim, shape);
     if (!out) {
       err_set(file, line, name, "out of memory");
       goto fail;
     }
-    if (op_table[op].kernel(op, in, n, a, out)) {
+    if (!record && op_table[op].kernel(op, in, n, a, out)) {
       err_set(file, line, name, "out of memory");
       goto fail;
     }

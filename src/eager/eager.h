@@ -36,6 +36,15 @@ void alloc_free(void *p);
 int64_t alloc_fail_after(int64_t n);
 /* Storage bytes accounting (tensor data only). */
 void alloc_track(int64_t delta);
+/* Grows the array *p (of *cap elements of size bytes) to hold need; 0 or -1. */
+int alloc_grow(void **p, int *cap, int need, size_t size);
+/* A 64-bit mix for hash tables keyed by serials and values. */
+static inline uint64_t hash64(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  return x;
+}
 /* Frees a handle (a tensor or kiln_fn header, from alloc_malloc/calloc). The
  * test build keeps the last few thousand, poisoned by the caller, so that a
  * second release or a use after free reads defined memory and is reported. */
@@ -65,6 +74,7 @@ typedef struct storage {
   size_t bytes;
   atomic_ulong version; /* bumped by every in-place write, checked by autograd */
   uint64_t serial;      /* unique, like a tensor's */
+  bool meta;            /* a recording's value: no data yet (data NULL) until the call materializes it */
 } storage;
 
 typedef struct ag_node ag_node;
@@ -82,6 +92,8 @@ struct kiln_tensor {
   ag_node *grad_fn;  /* non-leaves: the node that made it */
   uint64_t serial;   /* unique for the process's life, unlike the address */
   bool released;     /* test build: its last reference is gone (kept in quarantine) */
+  uint64_t rec_call; /* the recording that made it (0: none), and its value there */
+  int rec_id;
 };
 
 /* Test build: a released tensor given to op (0 when t is live, or always
@@ -93,6 +105,13 @@ int64_t shape_numel(int ndim, const int64_t *shape);
 uint64_t tensor_serial_now(void);
 /* New contiguous tensor with uninitialized data, owned by the caller (not by a scope). */
 kiln_tensor *tensor_new(kiln_dtype dt, int ndim, const int64_t *shape);
+/* New contiguous tensor over a meta storage (no data: a recording's value), owned by the caller. */
+kiln_tensor *tensor_new_meta(kiln_dtype dt, int ndim, const int64_t *shape);
+/* Gives a meta storage the data it was waiting for: data (alloc_aligned, of
+ * st->bytes rounded up to 64) becomes its own. */
+void storage_materialize(storage *st, void *data);
+/* Moves src's data (of the same byte count) into the meta storage st; src keeps none. */
+void storage_steal(storage *st, storage *src);
 /* New view of t's storage with the given layout, owned by the caller. */
 kiln_tensor *tensor_view(kiln_tensor *t, int ndim, const int64_t *shape, const int64_t *stride, int64_t offset);
 /* Registers a freshly made tensor with the innermost scope; returns it. */
@@ -271,12 +290,22 @@ typedef struct trace_hooks {
   void (*inplace)(void *ctx, op_id op, kiln_tensor *dst, kiln_tensor *src, double value, const char *file, int line);
   void (*read)(void *ctx, const char *what, const kiln_tensor *t, const char *file, int line);
   void (*zero_grad)(void *ctx, kiln_tensor *t); /* before .grad is dropped */
+  /* Recording (record set): ops make meta tensors (no kernel runs) and the
+   * factories below are asked first; a read of data a recording has not
+   * computed yet makes the read hook compute it. */
+  bool record;
+  /* A factory call: kind FAC_FULL (value over shape), FAC_DATA (bytes copied),
+   * FAC_RAND (seed; flag: normal). A new tensor owned by the caller, or NULL
+   * with the error set. */
+  kiln_tensor *(*factory)(void *ctx, int kind, kiln_dtype dt, int ndim, const int64_t *shape, double value,
+                          uint64_t seed, bool flag, const void *data, const char *file, int line);
   /* out is a new 0-d tensor holding x's element count over axes plus offset (see numel_scalar) */
   void (*numel)(void *ctx, kiln_tensor *out, const kiln_tensor *x, const int *axes, int naxes, int64_t offset,
                 const char *file, int line);
-  /* the caller read a size (kiln_size): numbers it passes later may be made from it */
+  /* the caller read a size (kiln_size) or other metadata C can branch on */
   void (*size_read)(void *ctx, const kiln_tensor *t, int dim);
 } trace_hooks;
+enum { FAC_FULL, FAC_DATA, FAC_RAND };
 /* NULL clears. The hooks struct must outlive its use. */
 void dispatch_set_hooks(const trace_hooks *h);
 const trace_hooks *dispatch_hooks(void);
@@ -290,6 +319,7 @@ void internal_end(void);
 void user_numbers_begin(void);
 void user_numbers_end(void);
 bool user_numbers(void); /* inside a user-facing op called by user code */
+bool in_internal(void);  /* inside kiln's own formulas (autograd, composites) */
 /* A 0-d tensor of dtype dt holding the product of x's sizes over axes (all
  * when naxes is 0) plus offset: a count that formulas divide by (the mean's
  * gradient, var). The tracer records it as a function of x's symbolic shape,
@@ -319,6 +349,8 @@ SHAPE_RULE(sh_index_add) SHAPE_RULE(sh_slice_scatter)
 #undef SHAPE_RULE
 /* Indices (input 1, 1-D i64) within dim a->dim of input 0. */
 int chk_indices(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, const char *file, int line);
+/* Input 0, i64, holds only values in [0, a->k). */
+int chk_index_range(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, const char *file, int line);
 
 /* ---- kernels: write out (allocated, contiguous) from in ---------------- */
 

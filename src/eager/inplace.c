@@ -53,7 +53,7 @@ static kiln_tensor *inplace(op_id op, const char *name, kiln_tensor *dst, kiln_t
     return err_set(file, line, name, "src requires grad: in-place ops do not record history; use the out-of-place op");
   if (has_repeats(dst)) return err_set(file, line, name, "dst %s has repeated elements (an expanded view)", err_shape(b0, dst->ndim, dst->shape));
   if (dst->dtype == KILN_BOOL && op != OP_COPY) return err_set(file, line, name, "dst is bool");
-  if (src->st == dst->st && !same_layout(src, dst) && kiln_numel(src) && kiln_numel(dst)) {
+  if (src->st == dst->st && !same_layout(src, dst) && shape_numel(src->ndim, src->shape) && shape_numel(dst->ndim, dst->shape)) {
     int64_t l0, h0, l1, h1;
     extent(dst, &l0, &h0);
     extent(src, &l1, &h1);
@@ -71,8 +71,11 @@ static kiln_tensor *inplace(op_id op, const char *name, kiln_tensor *dst, kiln_t
   }
   const trace_hooks *h = dispatch_hooks();
   if (h && h->inplace) h->inplace(h->ctx, op, dst, src, 0, file, line);
-  if (op == OP_COPY) pw_copy(dst, src);
-  else pw_binary(op, dst, dst, src);
+  /* a recording writes nothing: the write is one of its events */
+  if (!(h && h->record)) {
+    if (op == OP_COPY) pw_copy(dst, src);
+    else pw_binary(op, dst, dst, src);
+  }
   atomic_fetch_add(&dst->st->version, 1);
   kiln_release(cast);
   return dst;
@@ -87,7 +90,7 @@ kiln_tensor *kiln_fill__at(kiln_tensor *dst, double v, const char *file, int lin
   if (check_dst("fill_", dst, file, line)) return NULL;
   const trace_hooks *h = dispatch_hooks();
   if (h && h->inplace) h->inplace(h->ctx, OP_COUNT, dst, NULL, v, file, line);
-  pw_fill(dst, v);
+  if (!(h && h->record)) pw_fill(dst, v);
   atomic_fetch_add(&dst->st->version, 1);
   return dst;
 }

@@ -422,3 +422,17 @@ int chk_indices(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, cons
   }
   return 0;
 }
+
+int chk_index_range(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, const char *file, int line) {
+  (void)n;
+  const kiln_tensor *idx = in[0];
+  if (idx->dtype != KILN_I64) return err_set(file, line, op_table[op].name, "indices must be i64, got %s", kiln_dtype_name(idx->dtype)), -1;
+  for (int64_t i = 0, k = shape_numel(idx->ndim, idx->shape); i < k; i++) {
+    int64_t v = (int64_t)tensor_get(idx, i);
+    if (v < 0 || v >= a->k)
+      return err_set(file, line, op_table[op].name, "index %" PRId64 " at position %" PRId64 " is out of range [0, %" PRId64 ")", v, i,
+                     a->k),
+             -1;
+  }
+  return 0;
+}

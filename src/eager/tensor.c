@@ -94,15 +94,44 @@ static storage *storage_new(size_t bytes) {
   atomic_init(&s->version, 0);
   s->serial = atomic_fetch_add(&next_serial, 1);
   s->bytes = bytes;
+  s->meta = false;
   alloc_track((int64_t)bytes);
   return s;
 }
 
 static void storage_release(storage *s) {
   if (atomic_fetch_sub(&s->refcount, 1) != 1) return;
-  alloc_track(-(int64_t)s->bytes);
-  alloc_aligned_free(s->data, (s->bytes + 63) & ~(size_t)63);
+  if (s->data) {
+    alloc_track(-(int64_t)s->bytes);
+    alloc_aligned_free(s->data, (s->bytes + 63) & ~(size_t)63);
+  }
   alloc_free(s);
+}
+
+/* A storage of bytes whose data a recording has yet to compute: no memory until materialized. */
+static storage *storage_new_meta(size_t bytes) {
+  storage *s = alloc_malloc(sizeof *s);
+  if (!s) return NULL;
+  atomic_init(&s->refcount, 1);
+  atomic_init(&s->version, 0);
+  s->serial = atomic_fetch_add(&next_serial, 1);
+  s->bytes = bytes;
+  s->data = NULL;
+  s->meta = true;
+  return s;
+}
+
+void storage_steal(storage *st, storage *src) {
+  st->data = src->data; /* the bytes stay counted: they move, they are not new */
+  st->meta = false;
+  src->data = NULL;
+  src->bytes = 0;
+}
+
+void storage_materialize(storage *st, void *data) {
+  st->data = data;
+  st->meta = false;
+  alloc_track((int64_t)st->bytes);
 }
 
 static kiln_tensor *tensor_alloc(kiln_dtype dt, int ndim, const int64_t *shape) {
@@ -120,6 +149,18 @@ kiln_tensor *tensor_new(kiln_dtype dt, int ndim, const int64_t *shape) {
   kiln_tensor *t = tensor_alloc(dt, ndim, shape);
   if (!t) return NULL;
   t->st = storage_new((size_t)shape_numel(ndim, shape) * kiln_dtype_size(dt));
+  if (!t->st) {
+    alloc_free(t);
+    return NULL;
+  }
+  contiguous_strides(ndim, shape, t->stride);
+  return t;
+}
+
+kiln_tensor *tensor_new_meta(kiln_dtype dt, int ndim, const int64_t *shape) {
+  kiln_tensor *t = tensor_alloc(dt, ndim, shape);
+  if (!t) return NULL;
+  t->st = storage_new_meta((size_t)shape_numel(ndim, shape) * kiln_dtype_size(dt));
   if (!t->st) {
     alloc_free(t);
     return NULL;
@@ -268,11 +309,19 @@ kiln_tensor *kiln_keep(kiln_tensor *t) {
 
 /* ---- creation ---- */
 
+/* While a recording runs, factories make its values instead of tensors with data. */
+static const trace_hooks *recording(void) {
+  const trace_hooks *h = dispatch_hooks();
+  return h && h->record && h->factory ? h : NULL;
+}
+
 kiln_tensor *kiln_tensor_from_at(kiln_dtype dt, int ndim, const int64_t *shape, const void *data,
                                  const char *file, int line) {
   if (check_shape("tensor_from", ndim, shape, dt, file, line)) return NULL;
   int64_t n = shape_numel(ndim, shape);
   if (!data && n > 0) return err_set(file, line, "tensor_from", "data is NULL");
+  const trace_hooks *h = recording();
+  if (h) return scope_adopt(h->factory(h->ctx, FAC_DATA, dt, ndim, shape, 0, 0, false, data, file, line));
   kiln_tensor *t = tensor_new(dt, ndim, shape);
   if (!t) return err_set(file, line, "tensor_from", "out of memory");
   if (n) memcpy(t->st->data, data, (size_t)n * kiln_dtype_size(dt));
@@ -282,6 +331,8 @@ kiln_tensor *kiln_tensor_from_at(kiln_dtype dt, int ndim, const int64_t *shape, 
 static kiln_tensor *full(const char *op, kiln_dtype dt, int ndim, const int64_t *shape, double v, const char *file,
                          int line) {
   if (check_shape(op, ndim, shape, dt, file, line)) return NULL;
+  const trace_hooks *h = recording();
+  if (h) return scope_adopt(h->factory(h->ctx, FAC_FULL, dt, ndim, shape, v, 0, false, NULL, file, line));
   kiln_tensor *t = tensor_new(dt, ndim, shape);
   if (!t) return err_set(file, line, op, "out of memory");
   pw_fill(t, v);
@@ -321,6 +372,13 @@ kiln_tensor *kiln_arange_at(kiln_dtype dt, double start, double stop, double ste
     case KILN_F64: ((double *)t->st->data)[i] = v; break;
     default: ((int64_t *)t->st->data)[i] = (int64_t)v; break;
     }
+  }
+  const trace_hooks *h = recording();
+  if (h) {
+    /* the numbers, as a constant of the recording */
+    kiln_tensor *r = h->factory(h->ctx, FAC_DATA, dt, 1, &n, 0, 0, false, t->st->data, file, line);
+    kiln_release(t);
+    return scope_adopt(r);
   }
   return scope_adopt(t);
 }
@@ -366,10 +424,12 @@ static kiln_tensor *random_tensor(const char *op, bool normal, kiln_dtype dt, in
                                   uint64_t seed, const char *file, int line) {
   if (check_shape(op, ndim, shape, dt, file, line)) return NULL;
   if (!dtype_is_float(dt)) return err_set(file, line, op, "dtype %s is not a float type", kiln_dtype_name(dt));
+  const trace_hooks *h = recording();
+  if (h) return scope_adopt(h->factory(h->ctx, FAC_RAND, dt, ndim, shape, 0, seed, normal, NULL, file, line));
   kiln_tensor *t = tensor_new(dt, ndim, shape);
   if (!t) return err_set(file, line, op, "out of memory");
   rng_job j = {t, mix64(seed ^ 0x6A09E667F3BCC909ull), normal};
-  pool_parallel_for(kiln_numel(t), 1 << 14, rng_chunk, &j);
+  pool_parallel_for(shape_numel(t->ndim, t->shape), 1 << 14, rng_chunk, &j);
   return scope_adopt(t);
 }
 
@@ -385,23 +445,45 @@ kiln_tensor *kiln_rand_at(kiln_dtype dt, int ndim, const int64_t *shape, uint64_
 
 /* ---- inspection ---- */
 
-int kiln_ndim(const kiln_tensor *t) { return t ? t->ndim : -1; }
-int64_t kiln_numel(const kiln_tensor *t) { return t ? shape_numel(t->ndim, t->shape) : -1; }
-kiln_dtype kiln_type(const kiln_tensor *t) { return t ? t->dtype : KILN_F32; }
-bool kiln_is_contiguous(const kiln_tensor *t) { return t && tensor_contiguous(t); }
+/* The caller looked at metadata it can branch on: a recording must run the body again on every call. */
+static void meta_read(const kiln_tensor *t, int dim) {
+  const trace_hooks *h = dispatch_hooks();
+  if (h && h->size_read) h->size_read(h->ctx, t, dim);
+}
+
+int kiln_ndim(const kiln_tensor *t) {
+  if (!t) return -1;
+  meta_read(t, -1);
+  return t->ndim;
+}
+int64_t kiln_numel(const kiln_tensor *t) {
+  if (!t) return -1;
+  meta_read(t, -1);
+  return shape_numel(t->ndim, t->shape);
+}
+kiln_dtype kiln_type(const kiln_tensor *t) {
+  if (!t) return KILN_F32;
+  meta_read(t, -1);
+  return t->dtype;
+}
+bool kiln_is_contiguous(const kiln_tensor *t) {
+  if (!t) return false;
+  meta_read(t, -1);
+  return tensor_contiguous(t);
+}
 
 int64_t kiln_size(const kiln_tensor *t, int dim) {
   if (!t) return -1;
   int d = axis_norm(dim, t->ndim);
   if (d < 0) return -1;
-  const trace_hooks *h = dispatch_hooks();
-  if (h && h->size_read && t->ndim > 0) h->size_read(h->ctx, t, d);
+  meta_read(t, d);
   return t->shape[d];
 }
 
 int64_t kiln_stride(const kiln_tensor *t, int dim) {
   if (!t) return -1;
   int d = axis_norm(dim, t->ndim);
+  if (d >= 0) meta_read(t, d);
   return d < 0 ? -1 : t->stride[d];
 }
 
@@ -424,7 +506,8 @@ int kiln_read_at(const kiln_tensor *t, void *dst, size_t bytes, const char *file
   if (!t) return err_set(file, line, "read", "tensor is NULL"), -1;
   if (tensor_check_live(t, "tensor", "read", file, line)) return -1;
   hook_read("kiln_read", t, file, line);
-  size_t need = (size_t)kiln_numel(t) * kiln_dtype_size(t->dtype);
+  if (t->st->meta) return err_set(file, line, "read", "the tensor has no data: it is a value of a recording that could not compute it"), -1;
+  size_t need = (size_t)shape_numel(t->ndim, t->shape) * kiln_dtype_size(t->dtype);
   char b[SHAPE_BUF];
   if (bytes != need)
     return err_set(file, line, "read", "%s%s needs %zu bytes, got %zu", kiln_dtype_name(t->dtype),
@@ -449,10 +532,11 @@ double kiln_item_at(const kiln_tensor *t, const char *file, int line) {
   if (!t) return err_set(file, line, "item", "tensor is NULL"), NAN;
   if (tensor_check_live(t, "tensor", "item", file, line)) return NAN;
   hook_read("kiln_item", t, file, line);
-  if (kiln_numel(t) != 1) {
+  if (t->st->meta) return err_set(file, line, "item", "the tensor has no data: it is a value of a recording that could not compute it"), NAN;
+  if (shape_numel(t->ndim, t->shape) != 1) {
     char b[SHAPE_BUF];
     return err_set(file, line, "item", "tensor %s has %" PRId64 " elements, not 1", err_shape(b, t->ndim, t->shape),
-                   kiln_numel(t)),
+                   shape_numel(t->ndim, t->shape)),
            NAN;
   }
   return tensor_get(t, 0);
@@ -497,7 +581,11 @@ void kiln_print_at(const kiln_tensor *t, const char *file, int line) {
   if (t) hook_read("kiln_print", t, file, line);
   printf("%s\n", kiln_describe(t, b, sizeof b));
   if (!t) return;
+  if (t->st->meta) {
+    printf("(no data: a value of a recording that could not compute it)\n");
+    return;
+  }
   int64_t linear = 0;
-  print_rec(t, 0, &linear, kiln_numel(t));
+  print_rec(t, 0, &linear, shape_numel(t->ndim, t->shape));
   printf("\n");
 }

@@ -1,10 +1,20 @@
-/* The compile front: kiln_compile, kiln_call and the variant cache. A call
- * checks the guards of each cached variant (a flat list compiled once, no
- * allocation); a hit runs the variant's backend; a miss traces the body
- * (which runs it eagerly, so the call still returns real results), cleans
- * the graph with the passes, compiles it and caches it. The dynamic policy
- * decides which dims of the next trace are symbolic. Past the cap, or once
- * the body has read tensor data, misses run the body eagerly. */
+/* The compile front: kiln_compile, kiln_call and the variant cache.
+ *
+ * A call runs the body as a recording (record.c): the body's C runs as it
+ * would eagerly, but ops make meta tensors and append events to a log. The
+ * log is matched, segment by segment, against the cached variants' scripts
+ * (the logs of the calls that made them): events, the numbers user code
+ * passed (each held by its slot rule), the values handed out, and the
+ * guards. A segment that matches runs its compiled graph; one that does not
+ * is built from the log (build.c), cleaned by the passes, compiled, run, and
+ * a new variant is cached at the end of the call. A data read of a value
+ * that has none yet is a graph break: the events before it run as a
+ * segment, the value gets its data, and recording goes on.
+ *
+ * A body whose first recording read no size, data or number it could branch
+ * on takes the guard-only path: a call that passes a variant's guards runs
+ * its graph without running the body. kiln_load's graphs have no body and
+ * take only that path. */
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
@@ -19,24 +29,64 @@
 #define FN_FREED 0x66726565u /* test build: a freed fn kept in quarantine */
 #define MAX_IN 64
 
+/* Autograd state of a leaf when the call started: a guard-path variant runs only where it is the same. */
+typedef struct trace_leaf {
+  bool requires_grad;
+  bool grad_present;
+} trace_leaf;
+
 /* One input dim, as a guard: a constant, or a symbol to bind. */
 typedef struct dim_check {
-  int64_t c;  /* when sym < 0 */
-  int sym;    /* symbol id, or -1; -2: an expression, checked after binding */
+  int64_t c; /* when sym < 0 */
+  int sym;   /* symbol id, or -1; -2: an expression, checked after binding */
 } dim_check;
 
-typedef struct variant {
-  ir_graph *g;
+/* A compiled piece of a variant: the events [from, to) of its script. */
+typedef struct segment {
+  int refs;                /* the variants that hold it */
+  int from, to;
+  int val_from, val_to;    /* the values its events made */
+  ir_graph *g;             /* after the passes */
   backend_exec *exec;
   const backend *be;
+  int n_extra, *extra;     /* inputs after the call's: a carried value id, or -1 - argument */
+  int n_params, *params;   /* the call's params (in the order the body reached them), in the graph's order */
+  int n_out, *out;         /* the values it hands out, in output order */
+  int n_body;              /* the first n_body outputs are the body's outputs (the last segment) */
+  bool frozen;
+} segment;
+
+typedef struct variant {
+  /* the script: the log of the call that made it */
+  rec_event *ev;
+  int n_ev;
+  int *ids;
+  rec_value *val;
+  int n_val;
+  char **data;             /* EV_DATA bytes (ev[i].data points into them) */
+  int n_data;
+  slot_rule *rules;
+  int *rule_at;            /* per event, its first rule; n_ev + 1 of them */
+  sym_ctx *rsym;
+  build_arg *args;
+  int n_args;
+  build_sym syms[IR_MAX_SYMS];
+  int n_syms;
+  segment **seg;
+  int n_seg;
   int n_params;
-  kiln_tensor **params;
+  kiln_tensor **params;    /* retained: the guard path reads them */
+  int *alias;              /* [n_in + n_params]: the first leaf sharing storage with this one */
+  int in_ndim[MAX_IN];
+  int64_t in_shape[MAX_IN][MAXD];
+  /* the guard-only path */
+  bool guard_ok;
   trace_leaf *in_leaf, *param_leaf;
-  dim_check (*in_dims)[MAXD]; /* [n_in][MAXD] */
-  int *alias;                 /* [n_in + n_params]: the first leaf sharing storage with this one */
-  bool loaded;                /* from kiln_load: no autograd-state guards */
-  int users;                  /* calls running it now (fn->mu) */
-  bool dead;                  /* dropped from the cache: freed when the last user is done */
+  dim_check (*in_dims)[MAXD];
+  bool loaded;             /* from kiln_load */
+  int users;               /* calls using it now (fn->mu) */
+  bool dead;               /* dropped from the cache: freed when the last user is done */
+  int no;                  /* its number in the dumps */
 } variant;
 
 struct kiln_fn {
@@ -53,14 +103,12 @@ struct kiln_fn {
   pthread_mutex_t mu;
   variant **variants;
   int n_variants, cap;
-  uint8_t dyn[MAX_IN][MAXD];  /* dims that are symbolic in the next trace */
-  int64_t last_shape[MAX_IN][MAXD]; /* shapes of the last trace, for the automatic policy */
+  uint8_t dyn[MAX_IN][MAXD];        /* dims that are symbolic in the next variant */
+  int64_t last_shape[MAX_IN][MAXD]; /* the inputs of the last variant made, for the automatic policy */
   int last_ndim[MAX_IN];
   bool have_last;
-  bool loaded;                /* from kiln_load: one graph, no body */
-  bool eager_only;            /* the body reads tensor data: never trace again */
+  bool loaded;                      /* from kiln_load: one graph, no body */
   bool warned_cap;
-  char eager_why[600];
   kiln_fn_stats st;
   double guard_ns_total;
   int64_t guard_samples;
@@ -75,18 +123,26 @@ static double now_ms(void) {
 
 /* ---- dumps ---- */
 
+static const struct {
+  const char *name;
+  unsigned bit;
+} dump_names[] = {{"trace", KILN_DUMP_TRACE}, {"graph", KILN_DUMP_GRAPH}, {"guards", KILN_DUMP_GUARDS},
+                  {"recompiles", KILN_DUMP_RECOMPILES}, {"kernels", KILN_DUMP_KERNELS}, {"llvm", KILN_DUMP_LLVM},
+                  {"asm", KILN_DUMP_ASM}, {"breaks", KILN_DUMP_BREAKS}, {"all", KILN_DUMP_ALL}};
+
+/* A variable's unknown words are said once per process, with the words it takes. */
+static atomic_int warned_dump, warned_backend, warned_capture;
+
 static unsigned parse_dump(const char *s) {
-  static const struct {
-    const char *name;
-    unsigned bit;
-  } names[] = {{"trace", KILN_DUMP_TRACE}, {"graph", KILN_DUMP_GRAPH}, {"guards", KILN_DUMP_GUARDS},
-               {"recompiles", KILN_DUMP_RECOMPILES}, {"kernels", KILN_DUMP_KERNELS}, {"llvm", KILN_DUMP_LLVM},
-               {"asm", KILN_DUMP_ASM}, {"all", KILN_DUMP_ALL}};
   unsigned bits = 0;
   while (s && *s) {
     size_t n = strcspn(s, ", ");
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-      if (strlen(names[i].name) == n && !strncmp(s, names[i].name, n)) bits |= names[i].bit;
+    bool known = false;
+    for (size_t i = 0; i < sizeof dump_names / sizeof dump_names[0]; i++)
+      if (strlen(dump_names[i].name) == n && !strncmp(s, dump_names[i].name, n)) bits |= dump_names[i].bit, known = true;
+    if (!known && n && !atomic_exchange(&warned_dump, 1))
+      fprintf(stderr, "kiln: warning: KILN_DUMP: unknown name '%.*s' (known: trace, graph, guards, recompiles, kernels, "
+              "llvm, asm, breaks, all)\n", (int)(n > 32 ? 32 : n), s);
     s += n;
     s += strspn(s, ", ");
   }
@@ -110,31 +166,47 @@ static void dump_close(FILE *f) {
   else fflush(f);
 }
 
-static void dump_note(kiln_fn *fn, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void dump_note(kiln_fn *fn, const char *fmt, ...) {
-  if (!(fn->dump & KILN_DUMP_RECOMPILES)) return;
+static void dump_line(kiln_fn *fn, unsigned bit, const char *kind, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static void dump_line(kiln_fn *fn, unsigned bit, const char *kind, const char *fmt, ...) {
+  if (!(fn->dump & bit)) return;
   FILE *f = stderr;
   if (fn->dump_dir[0]) {
     char path[768];
-    snprintf(path, sizeof path, "%s/%s.recompiles.txt", fn->dump_dir, fn->name);
+    snprintf(path, sizeof path, "%s/%s.%s.txt", fn->dump_dir, fn->name, kind);
     f = fopen(path, "a");
     if (!f) f = stderr;
   }
   va_list ap;
   va_start(ap, fmt);
-  fprintf(f, "kiln recompile: %s: ", fn->name);
+  fprintf(f, "kiln %s: %s: ", bit == KILN_DUMP_RECOMPILES ? "recompile" : "break", fn->name);
   vfprintf(f, fmt, ap);
   fprintf(f, "\n");
   va_end(ap);
   dump_close(f);
 }
+#define dump_note(fn, ...) dump_line((fn), KILN_DUMP_RECOMPILES, "recompiles", __VA_ARGS__)
+
+static void dump_graph(kiln_fn *fn, const ir_graph *g, const char *kind, int no) {
+  FILE *f = dump_open(fn, kind, no);
+  ir_print(g, f);
+  dump_close(f);
+}
+
+static kiln_tensor *leaf_at(const kiln_fn *fn, const variant *v, kiln_tensor *const *in, int i) {
+  return i < fn->opts.n_in ? in[i] : v->params[i - fn->opts.n_in];
+}
 
 static void print_guards(FILE *f, const kiln_fn *fn, const variant *v) {
-  const ir_graph *g = v->g;
-  fprintf(f, "guards of %s:\n", fn->name);
+  fprintf(f, "guards of %s: %s\n", fn->name,
+          v->loaded ? "a loaded graph: the guards below, no body"
+          : v->guard_ok ? "guard-only path: a call that passes these runs compiled code without running the body"
+                        : "recording path: every call runs the body as a recording, matched against this variant's "
+                          "events and the numbers it passed");
+  const ir_graph *g = v->seg[0]->g;
   for (int i = 0; i < g->n_nodes; i++) {
     const ir_node *n = &g->nodes[i];
     if (n->op != IR_INPUT && n->op != IR_PARAM) continue;
+    if (n->op == IR_INPUT && n->index >= fn->opts.n_in) continue;
     fprintf(f, "  %s %d: %s[", n->op == IR_INPUT ? "input" : "param", n->index, kiln_dtype_name(n->dtype));
     for (int d = 0; d < n->ndim; d++) {
       char b[128];
@@ -143,16 +215,30 @@ static void print_guards(FILE *f, const kiln_fn *fn, const variant *v) {
     }
     fprintf(f, "]");
     if (n->op == IR_PARAM) fprintf(f, " (captured by reference at %s:%d; held elsewhere)", *n->file ? n->file : "?", n->line);
-    const trace_leaf *l = n->op == IR_INPUT ? (v->in_leaf ? &v->in_leaf[n->index] : NULL) : (v->param_leaf ? &v->param_leaf[n->index] : NULL);
+    const trace_leaf *l = n->op == IR_INPUT ? (v->in_leaf ? &v->in_leaf[n->index] : NULL)
+                                            : (v->param_leaf ? &v->param_leaf[n->index] : NULL);
     if (l && !v->loaded && l->requires_grad) fprintf(f, " requires_grad, .grad %s", l->grad_present ? "set" : "NULL");
     fprintf(f, "\n");
   }
-  for (int k = 0; k < g->n_syms; k++)
-    fprintf(f, "  s%d in [%lld, %lld]\n", k, (long long)g->sym_lo[k], (long long)g->sym_hi[k]);
-  for (int i = 0; i < g->n_guards; i++) {
-    char b[256];
-    if (sym_guard_print(&g->guards[i], b, sizeof b) >= 0) fprintf(f, "  %s\n", b);
+  for (int k = 0; k < v->n_syms; k++) {
+    fprintf(f, "  s%d in [%lld, %lld]", k, (long long)v->syms[k].lo, (long long)v->syms[k].hi);
+    if (v->syms[k].input < 0) fprintf(f, ": a number the body passes (argument %d)", v->syms[k].arg);
+    fprintf(f, "\n");
   }
+  for (int s = 0; s < v->n_seg; s++)
+    for (int i = 0; i < v->seg[s]->g->n_guards; i++) {
+      char b[256];
+      if (sym_guard_print(&v->seg[s]->g->guards[i], b, sizeof b) >= 0) fprintf(f, "  %s\n", b);
+    }
+  for (int e = 0; e < v->n_ev && !v->loaded; e++)
+    for (int k = v->rule_at[e]; k < v->rule_at[e + 1]; k++) {
+      const slot_rule *r = &v->rules[k];
+      if (r->kind == SLOT_CONST) continue;
+      char b[256] = "";
+      if (r->kind == SLOT_EXPR && sym_print(r->e, b, sizeof b) < 0) snprintf(b, sizeof b, "?");
+      fprintf(f, "  %s:%d: a number %s %s\n", v->ev[e].file, v->ev[e].line, r->kind == SLOT_EXPR ? "must equal" : "is argument",
+              r->kind == SLOT_EXPR ? b : (snprintf(b, sizeof b, "%d", r->arg), b));
+    }
   int n_leaves = fn->opts.n_in + v->n_params;
   for (int i = 0; i < n_leaves; i++)
     if (v->alias[i] != i) fprintf(f, "  leaf %d shares storage with leaf %d\n", i, v->alias[i]);
@@ -161,25 +247,21 @@ static void print_guards(FILE *f, const kiln_fn *fn, const variant *v) {
 
 /* ---- guards ---- */
 
-static kiln_tensor *leaf_at(const kiln_fn *fn, const variant *v, kiln_tensor *const *in, int i) {
-  return i < fn->opts.n_in ? in[i] : v->params[i - fn->opts.n_in];
-}
-
-/* 1 when the call may run v, with the symbol values in vals; else 0 and
- * (when why) the first guard that failed. */
-static int guards_pass(const kiln_fn *fn, const variant *v, kiln_tensor *const *in, int64_t *vals, char *why, size_t whyn) {
-  const ir_graph *g = v->g;
+/* Binds v's input symbols from in: 1 when every input fits (dtype, rank,
+ * constant dims, symbol bounds), else 0 with why (when given). */
+static int inputs_pass(const kiln_fn *fn, const variant *v, kiln_tensor *const *in, int64_t *vals, char *why, size_t whyn) {
   bool bound[IR_MAX_SYMS] = {0};
-  int n_in = fn->opts.n_in;
-  for (int i = 0; i < g->n_inputs; i++) {
-    const ir_node *n = &g->nodes[i]; /* inputs come first, in order */
+  const ir_graph *g = v->seg[0]->g;
+  for (int i = 0; i < g->n_nodes; i++) {
+    const ir_node *n = &g->nodes[i];
+    if (n->op != IR_INPUT || n->index >= fn->opts.n_in) continue;
     const kiln_tensor *t = in[n->index];
     if (t->dtype != n->dtype) {
-      if (why) snprintf(why, whyn, "input %d: traced %s, got %s", n->index, kiln_dtype_name(n->dtype), kiln_dtype_name(t->dtype));
+      if (why) snprintf(why, whyn, "input %d: traced %s, got %s (variant %d)", n->index, kiln_dtype_name(n->dtype), kiln_dtype_name(t->dtype), v->no);
       return 0;
     }
     if (t->ndim != n->ndim) {
-      if (why) snprintf(why, whyn, "input %d: traced rank %d, got %d", n->index, n->ndim, t->ndim);
+      if (why) snprintf(why, whyn, "input %d: traced rank %d, got %d (variant %d)", n->index, n->ndim, t->ndim, v->no);
       return 0;
     }
     for (int d = 0; d < n->ndim; d++) {
@@ -187,35 +269,46 @@ static int guards_pass(const kiln_fn *fn, const variant *v, kiln_tensor *const *
       int64_t got = t->shape[d];
       if (c->sym == -1) {
         if (got != c->c) {
-          if (why) snprintf(why, whyn, "input %d dim %d: traced %lld, got %lld", n->index, d, (long long)c->c, (long long)got);
+          if (why) snprintf(why, whyn, "input %d dim %d: traced %lld, got %lld (variant %d)", n->index, d, (long long)c->c, (long long)got, v->no);
           return 0;
         }
       } else if (c->sym >= 0) {
         int k = c->sym;
         if (!bound[k]) {
-          if (got < g->sym_lo[k] || got > g->sym_hi[k]) {
-            if (why) snprintf(why, whyn, "input %d dim %d: %lld is outside s%d's range [%lld, %lld]", n->index, d, (long long)got, k,
-                              (long long)g->sym_lo[k], (long long)g->sym_hi[k]);
+          if (got < v->syms[k].lo || got > v->syms[k].hi) {
+            if (why) snprintf(why, whyn, "input %d dim %d: %lld is outside s%d's range [%lld, %lld] (variant %d)", n->index, d,
+                              (long long)got, k, (long long)v->syms[k].lo, (long long)v->syms[k].hi, v->no);
             return 0;
           }
           vals[k] = got;
           bound[k] = true;
         } else if (vals[k] != got) {
-          if (why) snprintf(why, whyn, "input %d dim %d: %lld, but s%d is %lld", n->index, d, (long long)got, k, (long long)vals[k]);
+          if (why) snprintf(why, whyn, "input %d dim %d: %lld, but s%d is %lld (variant %d)", n->index, d, (long long)got, k, (long long)vals[k], v->no);
           return 0;
         }
       }
     }
   }
+  return 1;
+}
+
+static int guards_hold(const ir_graph *g, const int64_t *vals, int nvals, char *why, size_t whyn, int no) {
   for (int i = 0; i < g->n_guards; i++)
-    if (sym_guard_check(&g->guards[i], vals, g->n_syms) != 1) {
+    if (sym_guard_check(&g->guards[i], vals, nvals) != 1) {
       if (why) {
         char b[256];
         if (sym_guard_print(&g->guards[i], b, sizeof b) < 0) snprintf(b, sizeof b, "?");
-        snprintf(why, whyn, "guard %s fails", b);
+        snprintf(why, whyn, "guard %s fails (variant %d)", b, no);
       }
       return 0;
     }
+  return 1;
+}
+
+/* The guard-only path: 1 when the call may run v without the body. */
+static int guards_pass(const kiln_fn *fn, const variant *v, kiln_tensor *const *in, int64_t *vals, char *why, size_t whyn) {
+  if (!inputs_pass(fn, v, in, vals, why, whyn) || !guards_hold(v->seg[0]->g, vals, v->n_syms, why, whyn, v->no)) return 0;
+  int n_in = fn->opts.n_in;
   if (!v->loaded) {
     for (int i = 0; i < n_in + v->n_params; i++) {
       kiln_tensor *t = leaf_at(fn, v, in, i);
@@ -223,26 +316,23 @@ static int guards_pass(const kiln_fn *fn, const variant *v, kiln_tensor *const *
       const char *kind = i < n_in ? "input" : "param";
       int idx = i < n_in ? i : i - n_in;
       if (t->requires_grad != l->requires_grad) {
-        if (why) snprintf(why, whyn, "%s %d: requires_grad changed", kind, idx);
+        if (why) snprintf(why, whyn, "%s %d: requires_grad changed (variant %d)", kind, idx, v->no);
         return 0;
       }
       if (l->requires_grad && (t->grad != NULL) != l->grad_present) {
-        if (why) snprintf(why, whyn, "%s %d: .grad was %s when traced, now %s", kind, idx, l->grad_present ? "set" : "NULL",
-                          t->grad ? "set" : "NULL");
+        if (why) snprintf(why, whyn, "%s %d: .grad was %s, now %s (variant %d)", kind, idx, l->grad_present ? "set" : "NULL",
+                          t->grad ? "set" : "NULL", v->no);
         return 0;
       }
     }
-    /* a param its owner released is not checked here: kiln_call drops that variant first */
   }
-  /* aliasing: the same sharing of storage as when traced */
   int n_leaves = n_in + v->n_params;
   for (int i = 0; i < n_leaves; i++) {
     kiln_tensor *a = leaf_at(fn, v, in, i);
     for (int j = i + 1; j < n_leaves; j++) {
-      kiln_tensor *b = leaf_at(fn, v, in, j);
-      bool share = a->st == b->st, traced = v->alias[j] == v->alias[i];
+      bool share = a->st == leaf_at(fn, v, in, j)->st, traced = v->alias[j] == v->alias[i];
       if (share != traced) {
-        if (why) snprintf(why, whyn, "leaves %d and %d %s storage, unlike when traced", i, j, share ? "share" : "do not share");
+        if (why) snprintf(why, whyn, "leaves %d and %d %s storage, unlike variant %d", i, j, share ? "share" : "do not share", v->no);
         return 0;
       }
     }
@@ -252,43 +342,59 @@ static int guards_pass(const kiln_fn *fn, const variant *v, kiln_tensor *const *
 
 /* ---- variants ---- */
 
+static void segment_free(segment *s) {
+  if (!s || --s->refs > 0) return;
+  if (s->exec) s->be->free(s->exec);
+  ir_free(s->g);
+  alloc_free(s->extra);
+  alloc_free(s->params);
+  alloc_free(s->out);
+  alloc_free(s);
+}
+
 static void variant_free(variant *v) {
   if (!v) return;
-  if (v->exec) v->be->free(v->exec);
+  for (int i = 0; i < v->n_seg; i++) segment_free(v->seg[i]);
+  alloc_free(v->seg);
   for (int i = 0; v->params && i < v->n_params; i++) kiln_release(v->params[i]);
   alloc_free(v->params);
+  for (int i = 0; i < v->n_data; i++) alloc_free(v->data[i]);
+  alloc_free(v->data);
+  alloc_free(v->ev);
+  alloc_free(v->ids);
+  alloc_free(v->val);
+  alloc_free(v->rules);
+  alloc_free(v->rule_at);
+  alloc_free(v->args);
+  sym_ctx_free(v->rsym);
   alloc_free(v->in_leaf);
   alloc_free(v->param_leaf);
   alloc_free(v->in_dims);
   alloc_free(v->alias);
-  ir_free(v->g);
   alloc_free(v);
 }
 
 /* The guard of each input dim: its constant, its symbol, or an expression (-2). */
-static void fill_in_dims(variant *v) {
-  for (int i = 0; i < v->g->n_inputs; i++) {
-    const ir_node *n = &v->g->nodes[i];
+static void fill_in_dims(const kiln_fn *fn, variant *v) {
+  const ir_graph *g = v->seg[0]->g;
+  for (int i = 0; i < g->n_nodes; i++) {
+    const ir_node *n = &g->nodes[i];
+    if (n->op != IR_INPUT || n->index >= fn->opts.n_in) continue;
     for (int d = 0; d < n->ndim; d++) {
-      int k = ir_sym_id(v->g, n->shape[d]);
+      int k = ir_sym_id(g, n->shape[d]);
       v->in_dims[n->index][d] = sym_is_const(n->shape[d]) ? (dim_check){n->shape[d].c, -1} : (dim_check){0, k >= 0 ? k : -2};
     }
   }
 }
 
-/* The flat guard list of v, from its graph and the tensors of the trace. */
-static int variant_prepare(const kiln_fn *fn, variant *v, kiln_tensor *const *in) {
-  int n_in = fn->opts.n_in;
-  v->in_dims = alloc_calloc((size_t)n_in + 1, sizeof *v->in_dims);
-  v->alias = alloc_calloc((size_t)(n_in + v->n_params) + 1, sizeof *v->alias);
-  if (!v->in_dims || !v->alias) return -1;
-  fill_in_dims(v);
-  for (int i = 0; i < n_in + v->n_params; i++) {
-    v->alias[i] = i;
-    kiln_tensor *a = leaf_at(fn, v, in, i);
+/* The first leaf (of inputs then params) sharing storage with each. */
+static int alias_pattern(kiln_tensor *const *in, int n_in, kiln_tensor *const *params, int n_params, int *alias) {
+  for (int i = 0; i < n_in + n_params; i++) {
+    alias[i] = i;
+    const kiln_tensor *a = i < n_in ? in[i] : params[i - n_in];
     for (int j = 0; j < i; j++)
-      if (leaf_at(fn, v, in, j)->st == a->st) {
-        v->alias[i] = v->alias[j];
+      if ((j < n_in ? in[j] : params[j - n_in])->st == a->st) {
+        alias[i] = alias[j];
         break;
       }
   }
@@ -303,6 +409,7 @@ kiln_fn *kiln_compile_at(kiln_body body, void *ctx, const kiln_options *opts, co
   if (o.n_in < 0 || o.n_in > MAX_IN) return err_set(file, line, "compile", "n_in %d is outside 0..%d", o.n_in, MAX_IN);
   if (o.n_out < 1 || o.n_out > MAX_IN) return err_set(file, line, "compile", "n_out %d is outside 1..%d", o.n_out, MAX_IN);
   if (o.dynamic < KILN_DYNAMIC_AUTO || o.dynamic > KILN_DYNAMIC_ALL) return err_set(file, line, "compile", "unknown dynamic policy %d", o.dynamic);
+  if (o.capture < KILN_CAPTURE_AUTO || o.capture > KILN_CAPTURE_GUARDS) return err_set(file, line, "compile", "unknown capture mode %d", o.capture);
   if (o.max_variants < 0) return err_set(file, line, "compile", "max_variants %d is negative", o.max_variants);
   kiln_fn *fn = alloc_calloc(1, sizeof *fn);
   if (!fn) return err_set(file, line, "compile", "out of memory");
@@ -320,9 +427,22 @@ kiln_fn *kiln_compile_at(kiln_body body, void *ctx, const kiln_options *opts, co
   if (dir) snprintf(fn->dump_dir, sizeof fn->dump_dir, "%s", dir);
   const char *chk = getenv("KILN_CHECK");
   if (chk && *chk && strcmp(chk, "0")) fn->opts.check = 1;
+  const char *fg = getenv("KILN_FULLGRAPH");
+  if (fg && *fg && strcmp(fg, "0")) fn->opts.fullgraph = 1;
+  const char *cap = getenv("KILN_CAPTURE");
+  if (fn->opts.capture == KILN_CAPTURE_AUTO && cap && *cap) {
+    if (!strcmp(cap, "record")) fn->opts.capture = KILN_CAPTURE_RECORD;
+    else if (!strcmp(cap, "guards")) fn->opts.capture = KILN_CAPTURE_GUARDS;
+    else if (strcmp(cap, "auto") && !atomic_exchange(&warned_capture, 1))
+      fprintf(stderr, "kiln: warning: KILN_CAPTURE: unknown value '%.32s' (known: auto, record, guards)\n", cap);
+  }
   int be = o.backend;
   const char *bn = getenv("KILN_BACKEND");
-  if (be == KILN_BACKEND_DEFAULT && bn && !strcmp(bn, "interp")) be = KILN_BACKEND_INTERP;
+  if (be == KILN_BACKEND_DEFAULT && bn && *bn) {
+    if (!strcmp(bn, "interp")) be = KILN_BACKEND_INTERP;
+    else if (strcmp(bn, "llvm") && !atomic_exchange(&warned_backend, 1))
+      fprintf(stderr, "kiln: warning: KILN_BACKEND: unknown value '%.32s' (known: llvm, interp)\n", bn);
+  }
   fn->be = be == KILN_BACKEND_INTERP ? &backend_interp : &backend_llvm;
   if (o.dynamic == KILN_DYNAMIC_ALL) memset(fn->dyn, 1, sizeof fn->dyn);
   pthread_mutex_init(&fn->mu, NULL);
@@ -380,35 +500,8 @@ static int adopt_outputs(kiln_fn *fn, kiln_tensor **out) {
   return err_set(fn->file, fn->line, "call", "%s: out of memory", fn->name), -1;
 }
 
-/* Runs the body eagerly in a scope of its own; out[i] become one new
- * reference each, adopted by the caller's scope. */
-static int run_eager(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out) {
-  kiln_scope_begin();
-  for (int i = 0; i < fn->opts.n_out; i++) out[i] = NULL;
-  int rc = fn->body(fn->ctx, in, out);
-  for (int i = 0; i < fn->opts.n_out; i++) kiln_retain(out[i]);
-  kiln_scope_end();
-  if (rc == 0)
-    for (int i = 0; i < fn->opts.n_out; i++)
-      if (!out[i]) {
-        rc = -1;
-        err_set(fn->file, fn->line, "call", "%s: the body returned 0 but left output %d NULL", fn->name, i);
-      }
-  if (rc) {
-    for (int i = 0; i < fn->opts.n_out; i++) kiln_release(out[i]), out[i] = NULL;
-    if (!*kiln_last_error()) err_set(fn->file, fn->line, "call", "%s: the body returned %d", fn->name, rc);
-    return -1;
-  }
-  return adopt_outputs(fn, out);
-}
-
-static int run_variant(kiln_fn *fn, variant *v, kiln_tensor *const *in, kiln_tensor **out) {
-  if (v->be->run(v->exec, in, v->params, out)) return -1;
-  return adopt_outputs(fn, out);
-}
-
-/* The dims of the next trace that are symbolic: marks, and under the
- * automatic policy every dim that differs from the last trace. */
+/* The dims of the next variant that are symbolic: marks, and under the
+ * automatic policy every dim that differs from the last variant's call. */
 static void next_spec(kiln_fn *fn, kiln_tensor *const *in, uint8_t (*dyn)[MAXD]) {
   pthread_mutex_lock(&fn->mu);
   if (fn->opts.dynamic == KILN_DYNAMIC_AUTO && fn->have_last)
@@ -426,78 +519,281 @@ static void next_spec(kiln_fn *fn, kiln_tensor *const *in, uint8_t (*dyn)[MAXD])
   pthread_mutex_unlock(&fn->mu);
 }
 
-static void dump_graph(kiln_fn *fn, const ir_graph *g, const char *kind, int no) {
-  FILE *f = dump_open(fn, kind, no);
-  ir_print(g, f);
-  dump_close(f);
+/* What one segment of a call was: enough to build it again. */
+typedef struct seg_info {
+  int from, to;              /* events */
+  int val_from, val_to;      /* values made */
+  int *out, n_out, n_body;   /* values handed out; the body's outputs first (the last segment) */
+  build_write *writes;
+  int n_writes;
+} seg_info;
+
+/* One recorded call: what it matched, what it built. */
+typedef struct call_state {
+  kiln_fn *fn;
+  kiln_tensor *const *in;
+  int *outs;                  /* the body's outputs' value ids (the last segment) */
+  recording rec;
+  /* candidates: the variants whose inputs fit, newest first; alive while they match */
+  variant **cand;
+  int n_cand;
+  bool *alive;
+  int64_t (*cand_vals)[IR_MAX_SYMS];
+  variant *prev_var;          /* no candidate: the newest variant, to tell literals from sizes */
+  seg_info seg[64];           /* the segments that ran */
+  int n_seg;
+  int val_start;              /* values before the running segment */
+  /* the arguments of the segment running now */
+  int64_t argi[IR_MAX_SYMS];
+  double argf[IR_MAX_SYMS];
+  /* building: from some segment on, the call matched no variant */
+  bool building;
+  build_state b;
+  build_prev prev;
+  uint8_t dyn[MAX_IN][MAXD];
+  segment **segs;             /* the new variant's segments */
+  int n_segs;
+  bool uncached;              /* the cache is full: the new segments run on the interpreter */
+  bool matched_all;
+  char why[512];              /* why no variant matched */
+  double compile_ms, passes_ms, front_ms, opt_ms, machine_ms;
+  int no;
+} call_state;
+
+static size_t ev_bytes(const rec_event *e) {
+  int64_t n = 1;
+  for (int i = 0; i < e->a.ndim; i++) n *= e->a.shape[i].c;
+  return (size_t)n * kiln_dtype_size(e->a.dtype);
 }
 
-/* Traces the body (returning its eager results in out) and caches a variant. */
-static int trace_and_cache(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out) {
-  uint8_t dyn[MAX_IN][MAXD];
-  next_spec(fn, in, dyn);
-  trace_spec spec = {fn->opts.n_in, dyn, fn->opts.freeze != 0};
-  trace_result res;
-  double t0 = now_ms();
-  kiln_scope_begin();
-  for (int i = 0; i < fn->opts.n_out; i++) out[i] = NULL;
-  int rc = trace_run(fn->body, fn->ctx, in, fn->opts.n_in, out, fn->opts.n_out, &spec, fn->name, &res);
-  for (int i = 0; i < fn->opts.n_out; i++) kiln_retain(out[i]);
-  kiln_scope_end();
-  double t1 = now_ms();
-  pthread_mutex_lock(&fn->mu);
-  fn->st.traces++;
-  fn->st.trace_ms += t1 - t0;
-  int no = ++fn->dump_seq;
-  pthread_mutex_unlock(&fn->mu);
-  bool outs_ok = true;
-  for (int i = 0; i < fn->opts.n_out; i++) outs_ok &= out[i] != NULL;
-  if (rc || !outs_ok) {
-    trace_result_free(&res);
-    for (int i = 0; i < fn->opts.n_out; i++) kiln_release(out[i]), out[i] = NULL;
-    if (!*kiln_last_error() || rc == 0)
-      err_set(fn->file, fn->line, "call", rc ? "%s: the body returned %d" : "%s: the body left an output NULL", fn->name, rc);
-    return -1;
+/* Whether events a (of the call) and b (of a script) are the same but for their numbers. */
+static bool same_structure(const int *ids_a, const rec_event *a, const int *ids_b, const rec_event *b) {
+  if (a->kind != b->kind || a->op != b->op || a->n_in != b->n_in || a->out != b->out ||
+      memcmp(ids_a + a->in, ids_b + b->in, sizeof(int) * (size_t)a->n_in))
+    return false;
+  switch (a->kind) {
+  case EV_OP: {
+    unsigned all = op_table[a->op].attrs;
+    unsigned f = all & ~(unsigned)(AF_SHAPE | AF_START | AF_END | AF_VALUE | AF_VALUE2 | AF_K | AF_INTS);
+    return attrs_equal(f, &a->a, &b->a) && a->a.infer == b->a.infer && a->a.raw == b->a.raw &&
+           (!(all & AF_SHAPE) || a->a.ndim == b->a.ndim) && (!(all & AF_INTS) || a->a.nints == b->a.nints);
   }
-  if (adopt_outputs(fn, out)) {
-    trace_result_free(&res);
-    return -1;
+  case EV_FULL:
+  case EV_RAND:
+    return a->a.dtype == b->a.dtype && a->a.ndim == b->a.ndim && a->a.flag == b->a.flag;
+  case EV_DATA:
+    if (a->a.dtype != b->a.dtype || a->a.ndim != b->a.ndim) return false;
+    for (int i = 0; i < a->a.ndim; i++)
+      if (a->a.shape[i].c != b->a.shape[i].c) return false;
+    return !memcmp(a->data, b->data, ev_bytes(a));
+  case EV_NUMEL:
+    return a->a.naxes == b->a.naxes && !memcmp(a->a.axes, b->a.axes, sizeof a->a.axes) && a->a.start.c == b->a.start.c &&
+           a->a.dtype == b->a.dtype;
+  case EV_INPLACE:
+  case EV_BREAK:
+  case EV_ESCAPE:
+    return true;
   }
+  return false;
+}
 
-  if (!res.g) {
-    pthread_mutex_lock(&fn->mu);
-    /* reading values, or a pattern the tracer does not take: tracing again would fail the same way */
-    fn->eager_only = true;
-    bool first = !fn->eager_why[0];
-    snprintf(fn->eager_why, sizeof fn->eager_why, "%s", res.why);
-    pthread_mutex_unlock(&fn->mu);
-    if (first) fprintf(stderr, "kiln: warning: %s (compiled at %s:%d): %s\n", fn->name, fn->file, fn->line, res.why);
-    dump_note(fn, "no graph: %s", res.why);
-    trace_result_free(&res);
-    return 0;
+/* Whether the events [from, to) of the call match v's script, each number
+ * by its slot rule: binds the arguments into argi/argf and the symbols
+ * into vals. */
+static bool match_events(call_state *cs, const variant *v, int from, int to, int64_t *vals, int64_t *argi, double *argf,
+                         char *why, size_t whyn) {
+  const recording *r = &cs->rec;
+  if (to > v->n_ev) return snprintf(why, whyn, "the body did more than when variant %d was made", v->no), false;
+  for (int i = from; i < to; i++) {
+    const rec_event *a = &r->ev[i];
+    if (!same_structure(r->ids, a, v->ids, &v->ev[i]))
+      return snprintf(why, whyn, "%s:%d: the body did something else than when variant %d was made", a->file, a->line, v->no), false;
+    rec_slot sa[2 * MAXD + 8];
+    int n = rec_slots(a, sa, (int)(sizeof sa / sizeof sa[0]));
+    if (n != v->rule_at[i + 1] - v->rule_at[i]) return snprintf(why, whyn, "%s:%d: other numbers (variant %d)", a->file, a->line, v->no), false;
+    for (int k = 0; k < n; k++) {
+      const slot_rule *rule = &v->rules[v->rule_at[i] + k];
+      const rec_slot *sl = &sa[k];
+      if (rule->kind == SLOT_CONST) {
+        if (sl->is_float ? !memcmp(&sl->f, &rule->v.f, sizeof sl->f) : sl->i == rule->v.i) continue;
+        if (sl->is_float) snprintf(why, whyn, "%s:%d: a number was %g when variant %d was made, now %g", a->file, a->line, rule->v.f, v->no, sl->f);
+        else snprintf(why, whyn, "%s:%d: a number was %lld when variant %d was made, now %lld", a->file, a->line, (long long)rule->v.i, v->no, (long long)sl->i);
+        return false;
+      }
+      if (rule->kind == SLOT_EXPR) {
+        int64_t want;
+        if (!sym_eval(rule->e, vals, v->n_syms, &want) && want == sl->i) continue;
+        char t[128];
+        if (sym_print(rule->e, t, sizeof t) < 0) snprintf(t, sizeof t, "?");
+        snprintf(why, whyn, "%s:%d: a number stood for %s in variant %d, but is %lld here", a->file, a->line, t, v->no, (long long)sl->i);
+        return false;
+      }
+      const build_arg *arg = &v->args[rule->arg];
+      if (arg->is_float) {
+        argf[rule->arg] = sl->f;
+        continue;
+      }
+      const build_sym *sy = &v->syms[arg->sym];
+      if (sl->i < sy->lo || sl->i > sy->hi)
+        return snprintf(why, whyn, "%s:%d: %lld is outside s%d's range (variant %d)", a->file, a->line, (long long)sl->i, arg->sym, v->no), false;
+      argi[rule->arg] = sl->i;
+      vals[arg->sym] = sl->i;
+    }
   }
-  if (fn->dump & KILN_DUMP_TRACE) dump_graph(fn, res.g, "trace", no);
+  return true;
+}
+
+/* Whether segment s of candidate c fits this call's segment. */
+static bool match_segment(call_state *cs, int c, const seg_info *si, int64_t *argi, double *argf, char *why, size_t whyn) {
+  const variant *v = cs->cand[c];
+  const recording *r = &cs->rec;
+  int s = (int)(si - cs->seg);
+  if (s >= v->n_seg) return snprintf(why, whyn, "the body went on past the end of variant %d", v->no), false;
+  const segment *seg = v->seg[s];
+  if (seg->from != si->from || seg->to != si->to)
+    return snprintf(why, whyn, "the body's data reads fell elsewhere than in variant %d", v->no), false;
+  int64_t *vals = cs->cand_vals[c];
+  if (!match_events(cs, v, si->from, si->to, vals, argi, argf, why, whyn)) return false;
+  if (seg->val_from != si->val_from || seg->val_to != si->val_to) return snprintf(why, whyn, "other values than variant %d", v->no), false;
+  for (int i = si->val_from; i < si->val_to; i++) {
+    const rec_value *a = &r->val[i], *b = &v->val[i];
+    if (a->kind != b->kind || a->index != b->index || a->dtype != b->dtype || a->ndim != b->ndim ||
+        (a->kind == RV_PARAM && memcmp(a->shape, b->shape, sizeof(int64_t) * (size_t)a->ndim)))
+      return snprintf(why, whyn, "a param or input other than variant %d's", v->no), false;
+  }
+  if (si->n_out != seg->n_out || memcmp(si->out, seg->out, sizeof(int) * (size_t)si->n_out))
+    return snprintf(why, whyn, "the body keeps other tensors than when variant %d was made", v->no), false;
+  /* the same sharing of storage between the leaves */
+  int n_leaves = r->n_in + r->n_params;
+  int *alias = alloc_malloc(sizeof(int) * (size_t)(n_leaves + 1));
+  if (!alias) return snprintf(why, whyn, "out of memory"), false;
+  alias_pattern(r->in, r->n_in, r->params, r->n_params, alias);
+  bool same = true;
+  for (int i = 0; i < n_leaves && i < r->n_in + v->n_params && same; i++) same = alias[i] == v->alias[i];
+  alloc_free(alias);
+  if (!same) return snprintf(why, whyn, "leaves share storage unlike in variant %d", v->no), false;
+  return guards_hold(seg->g, vals, v->n_syms, why, whyn, v->no) == 1;
+}
+
+/* Runs a compiled segment on this call's tensors; out: seg->n_out new tensors. 0 or -1. */
+static int run_segment(call_state *cs, const segment *seg, const build_arg *args, kiln_tensor **out) {
+  recording *r = &cs->rec;
+  int n_in = r->n_in;
+  kiln_tensor **ins = alloc_malloc(sizeof *ins * (size_t)(n_in + seg->n_extra + 1));
+  kiln_tensor **ps = alloc_malloc(sizeof *ps * (size_t)(seg->n_params + 1));
+  kiln_tensor *own[64] = {0};
+  int rc = -1, n_own = 0;
+  rec_leaf *leaves = NULL;
+  int n_leaves = 0;
+  if (!ins || !ps || rec_leaves(r, &leaves, &n_leaves)) {
+    err_set("", 0, "call", "%s: out of memory", cs->fn->name);
+    goto done;
+  }
+  for (int i = 0; i < n_in; i++) ins[i] = (kiln_tensor *)r->in[i];
+  for (int i = 0; i < seg->n_extra; i++) {
+    int x = seg->extra[i];
+    kiln_tensor *t = NULL;
+    if (x >= 0) {
+      for (int j = 0; j < n_leaves && !t; j++)
+        if (r->val[leaves[j].base].kind == RV_CARRY && r->val[leaves[j].base].index == x) t = leaves[j].t;
+      if (!t) {
+        err_set("", 0, "call", "%s: a value carried from an earlier segment is gone", cs->fn->name);
+        goto done;
+      }
+    } else {
+      const build_arg *a = &args[-1 - x];
+      t = tensor_new(a->is_float ? a->dtype : KILN_I64, 0, NULL);
+      if (!t || n_own == 64) {
+        kiln_release(t);
+        err_set("", 0, "call", "%s: out of memory", cs->fn->name);
+        goto done;
+      }
+      if (a->is_float) pw_fill(t, cs->argf[-1 - x]);
+      else *(int64_t *)t->st->data = cs->argi[-1 - x];
+      own[n_own++] = t;
+    }
+    ins[n_in + i] = t;
+  }
+  for (int i = 0; i < seg->n_params; i++) ps[i] = r->params[seg->params[i]];
+  rc = seg->be->run(seg->exec, ins, ps, out);
+done:
+  for (int i = 0; i < n_own; i++) kiln_release(own[i]);
+  alloc_free(ins);
+  alloc_free(ps);
+  alloc_free(leaves);
+  return rc;
+}
+
+/* Gives each live storage the data of its value, from the segment's outputs. */
+static void materialize(const segment *seg, kiln_tensor **outs, const rec_live *live, int n_live) {
+  for (int i = 0; i < n_live; i++) {
+    storage *st = live[i].st;
+    if (!st || !st->meta) continue;
+    for (int j = 0; j < seg->n_out; j++) {
+      if (seg->out[j] != live[i].value || !outs[j]) continue;
+      storage *src = outs[j]->st;
+      /* the output alone holds its data (the runtime may hand one tensor out twice): the data moves */
+      if (src->bytes == st->bytes && src->data && outs[j]->offset == 0 && tensor_contiguous(outs[j]) &&
+          atomic_load(&src->refcount) == 1 && atomic_load(&outs[j]->refcount) == 1) {
+        storage_steal(st, src);
+      } else {
+        /* shared or strided: copied */
+        void *data = alloc_aligned((st->bytes + 63) & ~(size_t)63);
+        if (!data) break;
+        storage tmp = {.data = data, .bytes = st->bytes};
+        kiln_tensor dst = {.dtype = outs[j]->dtype, .ndim = outs[j]->ndim, .st = &tmp};
+        memcpy(dst.shape, outs[j]->shape, sizeof dst.shape);
+        contiguous_strides(dst.ndim, dst.shape, dst.stride);
+        pw_copy(&dst, outs[j]);
+        storage_materialize(st, data);
+      }
+      break;
+    }
+  }
+}
+
+/* Builds, cleans and compiles the call's segment si for the new variant. 0 or -1 (error set). */
+static int compile_new_segment(call_state *cs, const seg_info *si) {
+  kiln_fn *fn = cs->fn;
+  double t0 = now_ms();
+  build_seg bs;
+  if (build_segment(&cs->b, si->from, si->to, si->out, si->n_out, si->writes, si->n_writes, &bs)) {
+    err_set("", 0, "call", "%s: %s", fn->name, cs->b.why);
+    build_seg_free(&bs);
+    return -1;
+  }
+  segment **nsegs = alloc_realloc(cs->segs, sizeof *nsegs * (size_t)(cs->n_segs + 1));
+  segment *s = alloc_calloc(1, sizeof *s);
+  if (!nsegs || !s) {
+    if (nsegs) cs->segs = nsegs;
+    alloc_free(s);
+    build_seg_free(&bs);
+    return err_set("", 0, "call", "%s: out of memory", fn->name), -1;
+  }
+  cs->segs = nsegs;
+  cs->segs[cs->n_segs++] = s;
+  *s = (segment){.refs = 1, .from = si->from, .to = si->to, .val_from = si->val_from, .val_to = si->val_to,
+                 .n_extra = bs.n_extra, .extra = bs.extra, .n_params = bs.n_params, .params = bs.params,
+                 .n_out = bs.n_out, .out = bs.out, .n_body = si->n_body, .frozen = bs.frozen};
+  bs.extra = bs.params = bs.out = NULL;
+  ir_graph *traced = bs.g;
+  bs.g = NULL;
+  build_seg_free(&bs);
+  if (fn->dump & KILN_DUMP_TRACE) dump_graph(fn, traced, "trace", cs->no);
   char err[512] = "";
-  variant *v = alloc_calloc(1, sizeof *v);
-  int n_params = res.g->n_params; /* res.params holds a reference each until v takes them */
-  ir_graph *g = pass_pipeline(res.g, err, sizeof err);
-  double t_passes = now_ms();
-  res.g = NULL;
-  if (!v || !g) {
-    if (!g && !err[0]) snprintf(err, sizeof err, "out of memory");
-    ir_free(g);
-    goto fail;
-  }
+  ir_graph *g = pass_pipeline(traced, err, sizeof err);
+  double t1 = now_ms();
+  cs->passes_ms += t1 - t0;
+  if (!g) return err_set("", 0, "call", "%s: %s", fn->name, err[0] ? err : "out of memory"), -1;
 #ifdef KILN_TEST_BUILD
   /* every graph a test makes must print, parse and print to the same text */
   {
     char *txt = ir_to_string(g), perr[256] = "";
     ir_graph *back = txt ? ir_parse(txt, perr, sizeof perr) : NULL;
     char *t2 = back ? ir_to_string(back) : NULL;
-    bool oom = !txt || (!back && strstr(perr, "out of memory")) || (back && !t2); /* nothing to compare */
+    bool oom = !txt || (!back && strstr(perr, "out of memory")) || (back && !t2);
     if (!oom && (!back || strcmp(txt, t2))) {
-      fprintf(stderr, "kiln: internal: the graph of %s does not round-trip (%s)\n%s\n---\n%s\n", fn->name, perr, txt,
-              t2 ? t2 : "");
+      fprintf(stderr, "kiln: internal: the graph of %s does not round-trip (%s)\n%s\n---\n%s\n", fn->name, perr, txt, t2 ? t2 : "");
       KILN_ASSERT(!"print/parse round trip");
     }
     alloc_free(txt);
@@ -505,70 +801,418 @@ static int trace_and_cache(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **ou
     ir_free(back);
   }
 #endif
-  v->g = g;
-  v->be = fn->be;
-  v->n_params = g->n_params;
-  v->params = res.params;
-  v->in_leaf = res.in_leaf;
-  v->param_leaf = res.param_leaf;
-  res.params = NULL;
-  res.in_leaf = res.param_leaf = NULL;
-  if (variant_prepare(fn, v, in)) {
-    snprintf(err, sizeof err, "out of memory");
-    goto fail;
-  }
-  if (fn->dump & KILN_DUMP_GRAPH) dump_graph(fn, g, "graph", no);
-  if (fn->dump & KILN_DUMP_GUARDS) {
-    FILE *f = dump_open(fn, "guards", no);
-    print_guards(f, fn, v);
-    dump_close(f);
-  }
-  /* the backend's dumps (kernels, llvm, asm) follow KILN_DUMP_DIR like the others */
-  FILE *bdump = fn->dump & (KILN_DUMP_KERNELS | KILN_DUMP_LLVM | KILN_DUMP_ASM) ? dump_open(fn, "kernels", no) : stderr;
-  v->exec = v->be->compile(g, fn->dump, bdump, err, sizeof err);
+  s->g = g;
+  if (fn->dump & KILN_DUMP_GRAPH) dump_graph(fn, g, "graph", cs->no);
+  s->be = cs->uncached ? &backend_interp : fn->be;
+  FILE *bdump = fn->dump & (KILN_DUMP_KERNELS | KILN_DUMP_LLVM | KILN_DUMP_ASM) ? dump_open(fn, "kernels", cs->no) : stderr;
+  s->exec = s->be->compile(g, fn->dump, bdump, err, sizeof err);
   if (bdump != stderr) fclose(bdump);
-  if (!v->exec && v->be != &backend_interp) {
+  if (!s->exec && s->be != &backend_interp) {
     /* never a crash or a wrong answer: the interpreter runs what LLVM could not */
     fprintf(stderr, "kiln: warning: %s: the %s backend failed (%s); this variant runs on the interpreter\n", fn->name,
-            v->be->name, err);
-    dump_note(fn, "%s backend failed: %s; interpreter instead", v->be->name, err);
-    v->be = &backend_interp;
-    v->exec = v->be->compile(g, fn->dump, stderr, err, sizeof err);
+            s->be->name, err);
+    dump_note(fn, "%s backend failed: %s; interpreter instead", s->be->name, err);
+    s->be = &backend_interp;
+    s->exec = s->be->compile(g, fn->dump, stderr, err, sizeof err);
   }
-  if (!v->exec) goto fail;
-  double t2 = now_ms();
-  pthread_mutex_lock(&fn->mu);
-  fn->st.compile_ms += t2 - t1;
-  fn->st.passes_ms += t_passes - t1;
-  if (v->be->times) {
+  if (!s->exec) return err_set("", 0, "call", "%s: %s", fn->name, err), -1;
+  cs->compile_ms += now_ms() - t1;
+  if (s->be->times) {
     double a, b, c;
-    v->be->times(v->exec, &a, &b, &c);
-    fn->st.fuse_ms += a, fn->st.llvm_opt_ms += b, fn->st.llvm_codegen_ms += c;
+    s->be->times(s->exec, &a, &b, &c);
+    cs->front_ms += a, cs->opt_ms += b, cs->machine_ms += c;
   }
-  if (fn->n_variants < fn->opts.max_variants) {
+  return 0;
+}
+
+/* The arguments of the new variant's segment: this call's numbers at its argument slots. */
+static void bind_new_args(call_state *cs, const seg_info *si) {
+  const build_state *b = &cs->b;
+  for (int i = si->from; i < si->to; i++) {
+    rec_slot sl[2 * MAXD + 8];
+    int n = rec_slots(&cs->rec.ev[i], sl, (int)(sizeof sl / sizeof sl[0]));
+    for (int k = 0; k < n && b->rule_at[i] + k < b->n_rules; k++) {
+      const slot_rule *rule = &b->rules[b->rule_at[i] + k];
+      if (rule->kind != SLOT_ARG) continue;
+      if (b->args[rule->arg].is_float) cs->argf[rule->arg] = sl[k].f;
+      else cs->argi[rule->arg] = sl[k].i;
+    }
+  }
+}
+
+/* How far the call's log has v's structure. */
+static int aligned_with(const recording *r, const variant *v) {
+  int k = 0;
+  while (k < r->n_ev && k < v->n_ev && same_structure(r->ids, &r->ev[k], v->ids, &v->ev[k])) k++;
+  return k;
+}
+
+/* Starts the new variant: the build_state, told about the variant the call
+ * followed the longest (its numbers tell literals from sizes). */
+static int start_building(call_state *cs) {
+  kiln_fn *fn = cs->fn;
+  recording *r = &cs->rec;
+  next_spec(fn, cs->in, cs->dyn);
+  const variant *best = cs->prev_var;
+  int best_len = best ? aligned_with(r, best) : -1;
+  for (int c = 0; c < cs->n_cand; c++) {
+    int k = aligned_with(r, cs->cand[c]);
+    if (k > best_len) best = cs->cand[c], best_len = k;
+  }
+  pthread_mutex_lock(&fn->mu);
+  cs->no = ++fn->dump_seq;
+  cs->uncached = fn->n_variants >= fn->opts.max_variants;
+  pthread_mutex_unlock(&fn->mu);
+  if (best)
+    cs->prev = (build_prev){.ev = best->ev, .n_ev = best->n_ev, .aligned = best_len, .n_in = r->n_in,
+                            .in_ndim = best->in_ndim, .in_shape = (const int64_t(*)[MAXD])best->in_shape};
+  if (build_begin(&cs->b, r, (const uint8_t(*)[MAXD])cs->dyn, fn->opts.freeze != 0, best ? &cs->prev : NULL))
+    return err_set("", 0, "call", "%s: out of memory", fn->name), -1;
+  snprintf(cs->b.name, sizeof cs->b.name, "%s", fn->name);
+  cs->building = true;
+  /* the segments that ran already are built too: the new variant starts with them */
+  for (int k = 0; k < cs->n_seg; k++)
+    if (compile_new_segment(cs, &cs->seg[k])) return -1;
+  return 0;
+}
+
+/* The leaves a segment writes back, from the recording. */
+static int leaf_writes(recording *r, build_write **out, int *n) {
+  rec_leaf *leaves;
+  int nl;
+  *out = NULL;
+  *n = 0;
+  if (rec_leaves(r, &leaves, &nl)) return -1;
+  build_write *w = alloc_malloc(sizeof *w * (size_t)(nl + 1));
+  if (!w) {
+    alloc_free(leaves);
+    return -1;
+  }
+  int k = 0;
+  for (int i = 0; i < nl; i++) {
+    const rec_leaf *l = &leaves[i];
+    bool data = l->now >= 0 && l->now != l->base, grad = l->grad != l->grad0;
+    if (!data && !grad) continue;
+    int gv = grad && l->grad ? rec_value_of(r, l->grad) : -1;
+    if (grad && l->grad && gv < 0) {
+      alloc_free(leaves);
+      alloc_free(w);
+      return -1;
+    }
+    w[k++] = (build_write){l->base, data ? l->now : l->base, grad, gv};
+  }
+  alloc_free(leaves);
+  *out = w;
+  *n = k;
+  return 0;
+}
+
+/* The recording's callback: runs the events since the last break (or, last,
+ * up to the end of the body) as a segment, and gives the live values their data. */
+static int seg_run(recording *r, void *ctx, bool last) {
+  call_state *cs = ctx;
+  kiln_fn *fn = cs->fn;
+  if (!last) {
+    const rec_event *br = &r->ev[r->n_ev - 1];
+    if (br->kind == EV_ESCAPE)
+      dump_line(fn, KILN_DUMP_BREAKS, "breaks", "%s:%d: %s", br->file, br->line, r->why);
+    else
+      dump_line(fn, KILN_DUMP_BREAKS, "breaks", "%s:%d: a data read inside the body: the ops before it run as a segment",
+                br->file, br->line);
+    if (fn->opts.fullgraph)
+      return err_set(br->file, br->line, "call", "%s: %s (fullgraph is on)", fn->name,
+                     br->kind == EV_ESCAPE ? r->why : "a data read here breaks the graph"),
+             -1;
+  }
+  if (cs->n_seg == 64) return err_set("", 0, "call", "%s: more than 63 graph breaks in one call", fn->name), -1;
+  rec_pause(r);
+  int rc = -1;
+  rec_live *live = NULL;
+  int n_live = 0;
+  kiln_tensor **outs = NULL;
+  const segment *seg = NULL;
+  const build_arg *args = NULL;
+  seg_info *si = &cs->seg[cs->n_seg];
+  *si = (seg_info){.from = r->seg_start, .to = r->n_ev, .val_from = cs->val_start, .n_body = last ? fn->opts.n_out : 0};
+  cs->n_seg++; /* counted now: call_free frees what it holds */
+  /* the writes first (they name the .grads the body set), then the .grads back as they were */
+  if (leaf_writes(r, &si->writes, &si->n_writes)) goto fail;
+  if (last) rec_strip_history(r);
+  rec_restore_grads(r);
+  if (rec_live_values(r, last, &live, &n_live)) goto fail;
+  si->val_to = r->n_val;
+  si->out = alloc_malloc(sizeof(int) * (size_t)(si->n_body + n_live + 1));
+  if (!si->out) goto fail;
+  for (int i = 0; i < si->n_body; i++) si->out[si->n_out++] = cs->outs[i];
+  for (int i = 0; i < n_live; i++) {
+    bool dup = false;
+    for (int j = 0; j < si->n_out && !dup; j++) dup = si->out[j] == live[i].value;
+    if (!dup) si->out[si->n_out++] = live[i].value;
+  }
+  if (!cs->building) {
+    /* every candidate still alive is held to this segment (a later one may
+     * part from the first that matches); the first that matches runs it */
+    char why[512] = "";
+    int64_t argi[IR_MAX_SYMS];
+    double argf[IR_MAX_SYMS];
+    for (int c = 0; c < cs->n_cand; c++) {
+      if (!cs->alive[c]) continue;
+      bool first = !seg;
+      cs->alive[c] = match_segment(cs, c, si, first ? cs->argi : argi, first ? cs->argf : argf, why, sizeof why);
+      if (!cs->alive[c] && !cs->why[0]) snprintf(cs->why, sizeof cs->why, "%s", why);
+      if (cs->alive[c] && first) {
+        seg = cs->cand[c]->seg[cs->n_seg - 1];
+        args = cs->cand[c]->args;
+      }
+    }
+    if (!seg && start_building(cs)) goto done;
+  } else if (compile_new_segment(cs, si)) {
+    goto done;
+  }
+  if (cs->building) {
+    seg = cs->segs[cs->n_segs - 1];
+    args = cs->b.args;
+    bind_new_args(cs, si);
+  }
+  outs = alloc_calloc((size_t)seg->n_out + 1, sizeof *outs);
+  if (!outs) goto fail;
+  if (run_segment(cs, seg, args, outs)) goto done;
+  materialize(seg, outs, live, n_live);
+  rc = 0;
+  goto done;
+fail:
+  if (r->failed) err_set("", 0, "call", "%s: %s", fn->name, r->why);
+  else err_set("", 0, "call", "%s: out of memory", fn->name);
+done:
+  for (int i = 0; outs && seg && i < seg->n_out; i++) kiln_release(outs[i]);
+  alloc_free(outs);
+  alloc_free(live);
+  if (!last && !r->escaped) {
+    if (rc == 0) {
+      rec_next_segment(r);
+      cs->val_start = r->n_val;
+    }
+    rec_resume(r);
+  }
+  return rc;
+}
+
+static void call_free(call_state *cs) {
+  kiln_fn *fn = cs->fn;
+  for (int i = 0; i < cs->n_seg; i++) {
+    alloc_free(cs->seg[i].out);
+    alloc_free(cs->seg[i].writes);
+  }
+  for (int i = 0; i < cs->n_segs; i++) segment_free(cs->segs[i]);
+  alloc_free(cs->segs);
+  if (cs->building) build_free(&cs->b);
+  pthread_mutex_lock(&fn->mu);
+  variant *gone[2 * 64 + 1];
+  int n_gone = 0;
+  for (int c = 0; c <= cs->n_cand; c++) {
+    variant *v = c < cs->n_cand ? cs->cand[c] : cs->prev_var;
+    if (v && --v->users == 0 && v->dead && n_gone < (int)(sizeof gone / sizeof gone[0])) gone[n_gone++] = v;
+  }
+  pthread_mutex_unlock(&fn->mu);
+  for (int i = 0; i < n_gone; i++) variant_free(gone[i]);
+  alloc_free(cs->cand);
+  alloc_free(cs->alive);
+  alloc_free(cs->cand_vals);
+  alloc_free(cs->outs);
+  rec_free(&cs->rec);
+}
+
+/* The new variant, from this call's log and segments; NULL on out of memory. */
+static variant *make_variant(call_state *cs) {
+  kiln_fn *fn = cs->fn;
+  recording *r = &cs->rec;
+  build_state *b = &cs->b;
+  variant *v = alloc_calloc(1, sizeof *v);
+  if (!v) return NULL;
+  v->no = cs->no;
+  v->n_ev = r->n_ev;
+  v->n_val = r->n_val;
+  v->ev = alloc_malloc(sizeof *v->ev * (size_t)(r->n_ev + 1));
+  v->ids = alloc_malloc(sizeof *v->ids * (size_t)(r->n_ids + 1));
+  v->val = alloc_malloc(sizeof *v->val * (size_t)(r->n_val + 1));
+  v->rules = alloc_malloc(sizeof *v->rules * (size_t)(b->n_rules + 1));
+  v->rule_at = alloc_malloc(sizeof *v->rule_at * (size_t)(r->n_ev + 1));
+  v->args = alloc_malloc(sizeof *v->args * (size_t)(b->n_args + 1));
+  v->seg = alloc_malloc(sizeof *v->seg * (size_t)(cs->n_segs + 1));
+  v->params = alloc_calloc((size_t)r->n_params + 1, sizeof *v->params);
+  v->alias = alloc_malloc(sizeof *v->alias * (size_t)(r->n_in + r->n_params + 1));
+  v->in_dims = alloc_calloc((size_t)fn->opts.n_in + 1, sizeof *v->in_dims);
+  v->in_leaf = alloc_calloc((size_t)fn->opts.n_in + 1, sizeof *v->in_leaf);
+  v->param_leaf = alloc_calloc((size_t)r->n_params + 1, sizeof *v->param_leaf);
+  v->data = alloc_calloc((size_t)r->n_ev + 1, sizeof *v->data);
+  if (!v->ev || !v->ids || !v->val || !v->rules || !v->rule_at || !v->args || !v->seg || !v->params || !v->alias ||
+      !v->in_dims || !v->in_leaf || !v->param_leaf || !v->data)
+    goto fail;
+  if (r->n_ev) memcpy(v->ev, r->ev, sizeof *v->ev * (size_t)r->n_ev);
+  if (r->n_ids) memcpy(v->ids, r->ids, sizeof *v->ids * (size_t)r->n_ids);
+  memcpy(v->val, r->val, sizeof *v->val * (size_t)r->n_val);
+  for (int i = 0; i < r->n_ev; i++) {
+    if (v->ev[i].kind != EV_DATA) continue;
+    size_t n = ev_bytes(&v->ev[i]);
+    if (!(v->data[v->n_data] = alloc_malloc(n ? n : 1))) goto fail;
+    memcpy(v->data[v->n_data], r->ev[i].data, n);
+    v->ev[i].data = v->data[v->n_data++];
+  }
+  /* the rules: their expressions move to the variant's own context */
+  v->rsym = b->rsym;
+  b->rsym = sym_ctx_new();
+  if (b->n_rules) memcpy(v->rules, b->rules, sizeof *v->rules * (size_t)b->n_rules);
+  memcpy(v->rule_at, b->rule_at, sizeof *v->rule_at * (size_t)(r->n_ev + 1));
+  if (b->n_args) memcpy(v->args, b->args, sizeof *v->args * (size_t)b->n_args);
+  v->n_args = b->n_args;
+  memcpy(v->syms, b->sym, sizeof v->syms);
+  v->n_syms = b->n_syms;
+  for (int i = 0; i < cs->n_segs; i++) {
+    v->seg[i] = cs->segs[i];
+    cs->segs[i]->refs++;
+  }
+  v->n_seg = cs->n_segs;
+  v->n_params = r->n_params;
+  for (int i = 0; i < r->n_params; i++) {
+    v->params[i] = kiln_retain(r->params[i]);
+    v->param_leaf[i] = (trace_leaf){r->params[i]->requires_grad, r->params[i]->grad != NULL};
+  }
+  alias_pattern(r->in, r->n_in, r->params, r->n_params, v->alias);
+  for (int i = 0; i < fn->opts.n_in; i++) {
+    v->in_leaf[i] = (trace_leaf){r->in[i]->requires_grad, r->in[i]->grad != NULL};
+    v->in_ndim[i] = r->in[i]->ndim;
+    memcpy(v->in_shape[i], r->in[i]->shape, sizeof v->in_shape[i]);
+  }
+  fill_in_dims(fn, v);
+  /* the guard-only path: the body showed nothing a later call could change */
+  bool plain = !r->read_meta && !r->c_numbers && !r->read_data && v->n_seg == 1 && v->n_args == 0 && !v->seg[0]->frozen;
+  for (int i = 0; i < r->n_ev && plain; i++) plain = r->ev[i].kind != EV_RAND;
+  v->guard_ok = fn->opts.capture == KILN_CAPTURE_GUARDS ? v->n_seg == 1 && v->n_args == 0
+                : fn->opts.capture == KILN_CAPTURE_RECORD ? false
+                                                          : plain;
+  return v;
+fail:
+  variant_free(v);
+  return NULL;
+}
+
+/* A call on the recording path. */
+static int record_call(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out) {
+  call_state cs = {.fn = fn, .in = in};
+  double t0 = now_ms();
+  int n_out = fn->opts.n_out;
+  cs.outs = alloc_calloc((size_t)n_out + 1, sizeof *cs.outs);
+  /* the candidates: every variant whose inputs fit, newest first */
+  pthread_mutex_lock(&fn->mu);
+  cs.cand = alloc_malloc(sizeof *cs.cand * (size_t)(fn->n_variants + 1));
+  cs.alive = alloc_malloc(sizeof *cs.alive * (size_t)(fn->n_variants + 1));
+  cs.cand_vals = alloc_malloc(sizeof *cs.cand_vals * (size_t)(fn->n_variants + 1));
+  char why0[512] = "";
+  if (cs.cand && cs.alive && cs.cand_vals)
+    for (int i = fn->n_variants - 1; i >= 0; i--) {
+      variant *v = fn->variants[i];
+      char w[512];
+      if (!inputs_pass(fn, v, in, cs.cand_vals[cs.n_cand], w, sizeof w)) {
+        if (!why0[0]) snprintf(why0, sizeof why0, "%s", w);
+        continue;
+      }
+      v->users++;
+      cs.alive[cs.n_cand] = true;
+      cs.cand[cs.n_cand++] = v;
+    }
+  if (!cs.n_cand && fn->n_variants) {
+    cs.prev_var = fn->variants[fn->n_variants - 1];
+    cs.prev_var->users++;
+  }
+  pthread_mutex_unlock(&fn->mu);
+  if (!cs.outs || !cs.cand || !cs.alive || !cs.cand_vals || rec_begin(&cs.rec, in, fn->opts.n_in, seg_run, &cs)) {
+    call_free(&cs);
+    return err_set(fn->file, fn->line, "call", "%s: out of memory", fn->name), -1;
+  }
+  snprintf(cs.why, sizeof cs.why, "%s", why0);
+  kiln_scope_begin();
+  for (int i = 0; i < n_out; i++) out[i] = NULL;
+  int rc = fn->body(fn->ctx, in, out);
+  char body_err[600] = "";
+  if (rc) snprintf(body_err, sizeof body_err, "%s", kiln_last_error());
+  bool ok = rc == 0 && !cs.rec.failed;
+  for (int i = 0; i < n_out && ok; i++) {
+    if (!out[i]) {
+      ok = false;
+      rc = -1;
+      err_set(fn->file, fn->line, "call", "%s: the body returned 0 but left output %d NULL", fn->name, i);
+    } else if ((cs.outs[i] = rec_value_of(&cs.rec, out[i])) < 0) {
+      ok = false;
+    }
+  }
+  double t1 = now_ms();
+  /* the body's scope goes first: what it alone held is not live */
+  for (int i = 0; i < n_out; i++) kiln_retain(out[i]);
+  kiln_scope_end();
+  if (ok && !cs.rec.escaped && seg_run(&cs.rec, &cs, true)) ok = false, rc = rc ? rc : -1;
+  rec_end(&cs.rec);
+  if (!ok && cs.rec.failed && rc == 0) {
+    err_set(fn->file, fn->line, "call", "%s: %s", fn->name, cs.rec.why);
+    rc = -1;
+  } else if (rc && body_err[0] && !*kiln_last_error()) {
+    err_set(fn->file, fn->line, "call", "%s", body_err);
+  } else if (rc && !*kiln_last_error()) {
+    err_set(fn->file, fn->line, "call", "%s: the body returned %d", fn->name, rc);
+  }
+  if (rc) {
+    for (int i = 0; i < n_out; i++) kiln_release(out[i]), out[i] = NULL;
+    if (!*kiln_last_error()) err_set(fn->file, fn->line, "call", "%s: the body failed", fn->name);
+    call_free(&cs);
+    return -1;
+  }
+  /* the call ran: count it, and keep what it built */
+  variant *nv = cs.building ? make_variant(&cs) : NULL;
+  pthread_mutex_lock(&fn->mu);
+  fn->st.trace_ms += t1 - t0;
+  fn->st.breaks += cs.n_seg - (cs.rec.escaped ? 0 : 1);
+  if (cs.rec.escaped) fn->st.fallbacks++;
+  if (!cs.building) {
+    if (!cs.rec.escaped) fn->st.hits++;
+  } else if (cs.uncached) {
+    fn->st.fallbacks += !cs.rec.escaped;
+  } else {
+    fn->st.traces++;
+    fn->st.compile_ms += cs.passes_ms + cs.compile_ms;
+    fn->st.passes_ms += cs.passes_ms;
+    fn->st.fuse_ms += cs.front_ms, fn->st.llvm_opt_ms += cs.opt_ms, fn->st.llvm_codegen_ms += cs.machine_ms;
+  }
+  bool cached = false, warn_cap = false;
+  if (nv && !cs.uncached && fn->n_variants < fn->opts.max_variants) {
     if (fn->n_variants == fn->cap) {
       int cap = fn->cap ? fn->cap * 2 : 8;
-      variant **nv = alloc_realloc(fn->variants, sizeof *nv * (size_t)cap);
-      if (nv) fn->variants = nv, fn->cap = cap;
+      variant **vs = alloc_realloc(fn->variants, sizeof *vs * (size_t)cap);
+      if (vs) fn->variants = vs, fn->cap = cap;
     }
     if (fn->n_variants < fn->cap) {
-      fn->variants[fn->n_variants++] = v;
-      v = NULL;
+      fn->variants[fn->n_variants++] = nv;
+      cached = true;
     }
+  } else if (cs.building && cs.uncached) {
+    warn_cap = !fn->warned_cap;
+    fn->warned_cap = true;
   }
   fn->st.variants = fn->n_variants;
   pthread_mutex_unlock(&fn->mu);
-  variant_free(v); /* another thread filled the cache first */
-  trace_result_free(&res);
-  return 0;
-fail:
-  /* the eager results stand; this shape runs eagerly until the next trace */
-  dump_note(fn, "could not compile the trace: %s", err);
-  fprintf(stderr, "kiln: warning: %s: could not compile the trace (%s); running eagerly\n", fn->name, err);
-  for (int i = 0; res.params && i < n_params; i++) kiln_release(res.params[i]);
-  variant_free(v);
-  trace_result_free(&res);
-  return 0;
+  if (cs.building) {
+    if (cs.why[0]) dump_note(fn, "%s; variant %d made", cs.why, cs.no);
+    if (nv && (fn->dump & KILN_DUMP_GUARDS)) {
+      FILE *f = dump_open(fn, "guards", cs.no);
+      print_guards(f, fn, nv);
+      dump_close(f);
+    }
+    if (warn_cap)
+      fprintf(stderr, "kiln: warning: %s (compiled at %s:%d): %d variants cached, the cap; calls that fit none run on the "
+              "interpreter from now on (why this one fit none: %s)\n", fn->name, fn->file, fn->line, fn->opts.max_variants,
+              cs.why[0] ? cs.why : "?");
+  }
+  if (!cached) variant_free(nv);
+  call_free(&cs);
+  return adopt_outputs(fn, out);
 }
 
 /* ---- check mode ---- */
@@ -580,7 +1224,7 @@ static bool close_enough(const kiln_tensor *a, const kiln_tensor *b, double *max
     return false;
   }
   bool ok = true;
-  int64_t n = kiln_numel(a);
+  int64_t n = shape_numel(a->ndim, a->shape);
   double tol = a->dtype == KILN_F32 ? 1e-4 : a->dtype == KILN_F64 ? 1e-10 : 0;
   for (int64_t i = 0; i < n; i++) {
     double x = tensor_get(a, i), y = tensor_get(b, i);
@@ -592,39 +1236,37 @@ static bool close_enough(const kiln_tensor *a, const kiln_tensor *b, double *max
   return ok;
 }
 
-/* Leaf state a call may change: data of written leaves and every .grad. */
+/* Leaf state a call may change: data of the params and inputs, and every .grad. */
 typedef struct snapshot {
-  kiln_tensor **data; /* copies of the written leaves */
-  kiln_tensor **grad; /* the .grad tensors (retained) */
+  kiln_tensor **leaf;  /* the leaves (borrowed: inputs, and params retained by their variant or owner) */
+  kiln_tensor **data;  /* copies of their data */
+  kiln_tensor **grad;  /* their .grad tensors (retained) */
   int n;
 } snapshot;
 
-static int snap_take(const kiln_fn *fn, const variant *v, kiln_tensor *const *in, snapshot *s) {
-  s->n = fn->opts.n_in + v->n_params;
-  s->data = alloc_calloc((size_t)s->n + 1, sizeof *s->data);
-  s->grad = alloc_calloc((size_t)s->n + 1, sizeof *s->grad);
-  if (!s->data || !s->grad) return -1;
-  for (int w = 0; w < v->g->n_writes; w++) {
-    if (v->g->writes[w].kind != IR_WRITE_DATA) continue;
-    const ir_node *n = &v->g->nodes[v->g->writes[w].target];
-    int i = n->op == IR_INPUT ? n->index : fn->opts.n_in + n->index;
-    kiln_tensor *t = leaf_at(fn, v, in, i);
-    if (!s->data[i] && !(s->data[i] = op_run(OP_COPY, &t, 1, NULL, "", 0))) return -1;
+static int snap_take(kiln_tensor *const *leaves, int n, snapshot *s) {
+  s->n = n;
+  s->leaf = alloc_calloc((size_t)n + 1, sizeof *s->leaf);
+  s->data = alloc_calloc((size_t)n + 1, sizeof *s->data);
+  s->grad = alloc_calloc((size_t)n + 1, sizeof *s->grad);
+  if (!s->leaf || !s->data || !s->grad) return -1;
+  for (int i = 0; i < n; i++) {
+    kiln_tensor *t = leaves[i];
+    s->leaf[i] = kiln_retain(t);
+    if (!(s->data[i] = op_run(OP_COPY, &t, 1, NULL, "", 0))) return -1;
+    s->grad[i] = kiln_retain(t->grad);
   }
-  for (int i = 0; i < s->n; i++) s->grad[i] = kiln_retain(leaf_at(fn, v, in, i)->grad);
   return 0;
 }
 
 /* Puts the leaves back as in s; the state they had is returned in s (swap). */
-static void snap_swap(const kiln_fn *fn, const variant *v, kiln_tensor *const *in, snapshot *s) {
+static void snap_swap(snapshot *s) {
   for (int i = 0; i < s->n; i++) {
-    kiln_tensor *t = leaf_at(fn, v, in, i);
-    if (s->data[i]) {
-      kiln_tensor *now = op_run(OP_COPY, &t, 1, NULL, "", 0);
-      pw_copy(t, s->data[i]);
-      kiln_release(s->data[i]);
-      s->data[i] = now;
-    }
+    kiln_tensor *t = s->leaf[i];
+    kiln_tensor *now = op_run(OP_COPY, &t, 1, NULL, "", 0);
+    pw_copy(t, s->data[i]);
+    kiln_release(s->data[i]);
+    s->data[i] = now;
     kiln_tensor *g = t->grad;
     t->grad = s->grad[i];
     s->grad[i] = g;
@@ -635,42 +1277,50 @@ static void snap_free(snapshot *s) {
   for (int i = 0; i < s->n; i++) {
     if (s->data) kiln_release(s->data[i]);
     if (s->grad) kiln_release(s->grad[i]);
+    if (s->leaf) kiln_release(s->leaf[i]);
   }
+  alloc_free(s->leaf);
   alloc_free(s->data);
   alloc_free(s->grad);
 }
 
-/* Runs v and the body eagerly from the same state and compares outputs,
- * written leaves and grads. The compiled results stand when they agree;
- * when they do not, the eager ones do (check mode never returns a wrong
- * answer it has seen). */
-static int run_checked(kiln_fn *fn, variant *v, kiln_tensor *const *in, kiln_tensor **out) {
+/* Runs the call (compiled) and the body eagerly from the same state, and
+ * compares outputs, leaves and grads. The compiled results stand when they
+ * agree; when they do not, the eager ones do. The leaves are the inputs and
+ * the params of the newest variant that served the call or was made by it. */
+static int call_checked(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out, int (*call)(kiln_fn *, kiln_tensor *const *, kiln_tensor **)) {
+  /* the params are known after the call: a first, unchecked call finds them */
+  pthread_mutex_lock(&fn->mu);
+  variant *v = fn->n_variants ? fn->variants[fn->n_variants - 1] : NULL;
+  int n = fn->opts.n_in + (v ? v->n_params : 0);
+  kiln_tensor **leaves = alloc_malloc(sizeof *leaves * (size_t)(n + 1));
+  for (int i = 0; leaves && i < n; i++) leaves[i] = i < fn->opts.n_in ? in[i] : kiln_retain(v->params[i - fn->opts.n_in]);
+  pthread_mutex_unlock(&fn->mu);
+  if (!leaves) return err_set(fn->file, fn->line, "call", "%s: out of memory", fn->name), -1;
   snapshot s = {0};
-  kiln_tensor *eo[MAX_IN] = {0};
-  if (snap_take(fn, v, in, &s)) {
+  int rc = snap_take(leaves, n, &s);
+  for (int i = fn->opts.n_in; i < n; i++) kiln_release(leaves[i]);
+  alloc_free(leaves);
+  if (rc) {
     snap_free(&s);
     return err_set(fn->file, fn->line, "call", "%s: out of memory", fn->name), -1;
   }
-  if (v->be->run(v->exec, in, v->params, out)) {
+  if (call(fn, in, out)) {
     snap_free(&s);
     return -1;
   }
-  snap_swap(fn, v, in, &s); /* leaves back to the start, compiled state in s */
-  /* kernel by kernel against the interpreter, from the same start */
-  char kreport[1024] = "";
-  if (v->be->check && v->be->check(v->exec, in, v->params, kreport, sizeof kreport) != 1) kreport[0] = 0;
+  snap_swap(&s); /* leaves back to the start, compiled state in s */
+  kiln_tensor *eo[MAX_IN] = {0};
   kiln_scope_begin();
-  int rc = fn->body(fn->ctx, in, eo);
+  int brc = fn->body(fn->ctx, in, eo);
   char report[512] = "";
   double e = 0;
-  if (rc == 0) {
+  if (brc == 0) {
     for (int i = 0; i < fn->opts.n_out && !report[0]; i++)
-      if (!eo[i] || !close_enough(out[i], eo[i], &e))
-        snprintf(report, sizeof report, "output %d differs from eager (max abs error %g)", i, e);
+      if (!eo[i] || !close_enough(out[i], eo[i], &e)) snprintf(report, sizeof report, "output %d differs from eager (max abs error %g)", i, e);
     for (int i = 0; i < s.n && !report[0]; i++) {
-      kiln_tensor *t = leaf_at(fn, v, in, i);
-      if (s.data[i] && !close_enough(s.data[i], t, &e))
-        snprintf(report, sizeof report, "leaf %d after the call differs from eager (max abs error %g)", i, e);
+      kiln_tensor *t = s.leaf[i];
+      if (!close_enough(s.data[i], t, &e)) snprintf(report, sizeof report, "leaf %d after the call differs from eager (max abs error %g)", i, e);
       if (!report[0] && (s.grad[i] != NULL) != (t->grad != NULL))
         snprintf(report, sizeof report, "leaf %d: .grad is %s compiled, %s eager", i, s.grad[i] ? "set" : "NULL", t->grad ? "set" : "NULL");
       else if (!report[0] && s.grad[i] && !close_enough(s.grad[i], t->grad, &e))
@@ -679,26 +1329,92 @@ static int run_checked(kiln_fn *fn, variant *v, kiln_tensor *const *in, kiln_ten
   } else {
     snprintf(report, sizeof report, "the eager run failed: %s", kiln_last_error());
   }
-  bool use_eager = report[0] && rc == 0;
-  for (int i = 0; i < fn->opts.n_out; i++) {
-    if (use_eager) {
-      kiln_release(out[i]);
-      out[i] = kiln_retain(eo[i]);
-    }
-  }
+  bool use_eager = report[0] && brc == 0;
+  /* the compiled outputs stay in the caller's scope; the eager ones move there and are returned */
+  for (int i = 0; i < fn->opts.n_out && use_eager; i++) out[i] = kiln_keep(eo[i]);
   kiln_scope_end();
-  if (!use_eager) snap_swap(fn, v, in, &s); /* the compiled state stands */
+  if (!use_eager) snap_swap(&s); /* the compiled state stands */
   snap_free(&s);
-  int adopted = adopt_outputs(fn, out);
-  if (report[0] || kreport[0]) {
+  if (report[0]) {
     pthread_mutex_lock(&fn->mu);
     fn->st.check_fails++;
     pthread_mutex_unlock(&fn->mu);
-    fprintf(stderr, "kiln: check: %s (compiled at %s:%d): %s%s%s%s\n", fn->name, fn->file, fn->line,
-            report[0] ? report : "outputs agree with eager", use_eager ? "; returning the eager results" : "",
-            kreport[0] ? "; " : "", kreport);
+    fprintf(stderr, "kiln: check: %s (compiled at %s:%d): %s%s\n", fn->name, fn->file, fn->line, report,
+            use_eager ? "; returning the eager results" : "");
   }
-  return adopted;
+  return 0;
+}
+
+/* ---- the call ---- */
+
+/* The guard-only path: a cached variant whose guards pass runs without the
+ * body. 1: served; 0: not on this path; -1: it ran and failed. */
+static int guard_call(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out, char *why, size_t whyn) {
+  int64_t vals[IR_MAX_SYMS];
+  struct timespec g0 = {0}, g1 = {0};
+  pthread_mutex_lock(&fn->mu);
+  bool timed = fn->guard_samples < 16 || (fn->st.calls & 15) == 0;
+  if (timed) clock_gettime(CLOCK_MONOTONIC, &g0);
+  /* a variant whose weights their owner released can never run again: dropped */
+  for (int i = 0; i < fn->n_variants; i++) {
+    variant *v = fn->variants[i];
+    int gone = -1;
+    for (int k = 0; k < v->n_params && !v->loaded && gone < 0; k++)
+      if (atomic_load(&v->params[k]->refcount) <= 1) gone = k;
+    if (gone < 0) continue;
+    dump_note(fn, "variant %d dropped: param %d was released by its owner", v->no, gone);
+    memmove(&fn->variants[i], &fn->variants[i + 1], sizeof *fn->variants * (size_t)(fn->n_variants - i - 1));
+    fn->n_variants--;
+    i--;
+    if (v->users) v->dead = true;
+    else variant_free(v);
+  }
+  fn->st.variants = fn->n_variants;
+  variant *hit = NULL;
+  char first_why[512] = "";
+  for (int i = fn->n_variants - 1; i >= 0 && !hit; i--) {
+    variant *v = fn->variants[i];
+    if (!v->guard_ok && !v->loaded) continue;
+    char w[512];
+    if (guards_pass(fn, v, in, vals, w, sizeof w)) hit = v;
+    else if (!first_why[0]) snprintf(first_why, sizeof first_why, "%s", w);
+  }
+  if (hit && fn->loaded && ir_verify_at(hit->seg[0]->g, vals, first_why, sizeof first_why)) hit = NULL;
+  if (timed) clock_gettime(CLOCK_MONOTONIC, &g1);
+  if (hit) {
+    hit->users++;
+    fn->st.hits++;
+    fn->st.guard_hits++;
+    if (timed) {
+      fn->guard_ns_total += (double)(g1.tv_sec - g0.tv_sec) * 1e9 + (double)(g1.tv_nsec - g0.tv_nsec);
+      fn->guard_samples++;
+    }
+  }
+  pthread_mutex_unlock(&fn->mu);
+  if (!hit) {
+    if (why) snprintf(why, whyn, "%s", first_why);
+    return 0;
+  }
+  kiln_tensor *all[MAX_IN] = {0};
+  const segment *seg = hit->seg[0];
+  int rc = seg->be->run(seg->exec, in, hit->params, all);
+  if (rc == 0)
+    for (int i = 0; i < fn->opts.n_out; i++) out[i] = all[i];
+  for (int i = fn->opts.n_out; i < seg->n_out && i < MAX_IN; i++) kiln_release(all[i]);
+  pthread_mutex_lock(&fn->mu);
+  bool free_it = --hit->users == 0 && hit->dead;
+  pthread_mutex_unlock(&fn->mu);
+  if (free_it) variant_free(hit);
+  if (rc) return -1;
+  return adopt_outputs(fn, out) ? -1 : 1;
+}
+
+static int plain_call(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out) {
+  char why[512] = "";
+  int g = guard_call(fn, in, out, why, sizeof why);
+  if (g) return g < 0 ? -1 : 0;
+  if (fn->loaded) return err_set("", 0, "call", "%s: the call does not fit the loaded graph: %s", fn->name, why), -1;
+  return record_call(fn, in, out);
 }
 
 int kiln_call_at(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out, const char *file, int line) {
@@ -708,76 +1424,16 @@ int kiln_call_at(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out, const c
   for (int i = 0; i < fn->opts.n_in; i++)
     if (!in[i]) return err_null(file, line, "call", "%s: input %d", fn->name, i), -1;
     else if (tensor_check_live(in[i], "an input", "call", file, line)) return -1;
-  int64_t vals[IR_MAX_SYMS];
-  struct timespec g0 = {0}, g1 = {0};
+  if (dispatch_hooks() && dispatch_hooks()->record)
+    return err_set(file, line, "call", "%s: called inside another compiled function's body; call its body directly", fn->name), -1;
   pthread_mutex_lock(&fn->mu);
   fn->st.calls++;
-  /* the guard time is sampled after the first 16 hits, one call in 16:
-   * two clock reads are a few percent of a batch-1 call */
-  bool timed = fn->guard_samples < 16 || (fn->st.calls & 15) == 0;
-  if (timed) clock_gettime(CLOCK_MONOTONIC, &g0);
-  /* a variant whose weights their owner released can never run again: drop it,
-   * so that replacing weights does not fill the cache */
-  for (int i = 0; i < fn->n_variants; i++) {
-    variant *v = fn->variants[i];
-    int gone = -1;
-    for (int k = 0; k < v->n_params && !v->loaded && gone < 0; k++)
-      if (atomic_load(&v->params[k]->refcount) <= 1) gone = k;
-    if (gone < 0) continue;
-    const ir_node *pn = &v->g->nodes[v->g->n_inputs + gone];
-    dump_note(fn, "variant %d dropped: param %d (captured at %s:%d) was released by its owner", i + 1, gone, pn->file,
-              pn->line);
-    memmove(&fn->variants[i], &fn->variants[i + 1], sizeof *fn->variants * (size_t)(fn->n_variants - i - 1));
-    fn->n_variants--;
-    i--;
-    if (v->users) v->dead = true;
-    else variant_free(v);
-  }
-  fn->st.variants = fn->n_variants;
-  variant *hit = NULL;
-  for (int i = fn->n_variants - 1; i >= 0 && !hit; i--)
-    if (guards_pass(fn, fn->variants[i], in, vals, NULL, 0)) hit = fn->variants[i];
-  char why[512] = "";
-  /* the backends trust a loaded graph's dims, which the verifier accepts
-   * when it cannot decide them: checked at these sizes */
-  if (hit && fn->loaded && ir_verify_at(hit->g, vals, why, sizeof why)) hit = NULL;
-  if (timed) clock_gettime(CLOCK_MONOTONIC, &g1);
-  if (hit) {
-    hit->users++;
-    fn->st.hits++;
-    if (timed) {
-      fn->guard_ns_total += (double)(g1.tv_sec - g0.tv_sec) * 1e9 + (double)(g1.tv_nsec - g0.tv_nsec);
-      fn->guard_samples++;
-    }
-  }
-  if (!hit && fn->n_variants && !why[0]) guards_pass(fn, fn->variants[fn->n_variants - 1], in, vals, why, sizeof why);
-  bool eager = !hit && (fn->eager_only || fn->n_variants >= fn->opts.max_variants || fn->loaded);
-  bool warn_cap = eager && !fn->eager_only && !fn->loaded && !fn->warned_cap;
-  if (warn_cap) fn->warned_cap = true;
-  if (eager && !fn->loaded) fn->st.fallbacks++;
-  int next_variant = fn->n_variants + 1; /* for the note below: read under the lock */
+  bool check = fn->opts.check && !fn->loaded && fn->n_variants > 0;
   pthread_mutex_unlock(&fn->mu);
-
-  if (hit) {
-    int rc = fn->opts.check && !fn->loaded ? run_checked(fn, hit, in, out) : run_variant(fn, hit, in, out);
-    pthread_mutex_lock(&fn->mu);
-    bool free_it = --hit->users == 0 && hit->dead;
-    pthread_mutex_unlock(&fn->mu);
-    if (free_it) variant_free(hit);
-    if (rc) err_locate(file, line);
-    return rc;
-  }
-  if (fn->loaded) return err_set(file, line, "call", "%s: the call does not fit the loaded graph: %s", fn->name, why), -1;
-  if (eager) {
-    if (warn_cap) {
-      fprintf(stderr, "kiln: warning: %s (compiled at %s:%d): %d variants cached, the cap; calls that fit none run eagerly "
-              "from now on (the guard that kept failing: %s)\n", fn->name, fn->file, fn->line, fn->opts.max_variants, why);
-      dump_note(fn, "cap of %d variants reached (%s): eager from now on", fn->opts.max_variants, why);
-    }
-    return run_eager(fn, in, out);
-  }
-  if (why[0]) dump_note(fn, "%s; tracing variant %d", why, next_variant);
-  return trace_and_cache(fn, in, out);
+  kiln_clear_error();
+  int rc = check ? call_checked(fn, in, out, plain_call) : plain_call(fn, in, out);
+  if (rc) err_locate(file, line);
+  return rc;
 }
 
 /* ---- inspection ---- */
@@ -798,10 +1454,20 @@ char *kiln_fn_graph(const kiln_fn *fn, int variant_no) {
   pthread_mutex_lock((pthread_mutex_t *)&fn->mu);
   char *s = NULL;
   if (variant_no >= 0 && variant_no < fn->n_variants) {
-    char *t = ir_to_string(fn->variants[variant_no]->g);
-    if (t) {
-      s = malloc(strlen(t) + 1);
-      if (s) strcpy(s, t);
+    const variant *v = fn->variants[variant_no];
+    size_t len = 0;
+    for (int i = 0; i < v->n_seg && (s || i == 0); i++) {
+      char *t = ir_to_string(v->seg[i]->g);
+      if (!t) break;
+      size_t n = strlen(t);
+      char *ns = realloc(s, len + n + 1);
+      if (!ns) {
+        alloc_free(t);
+        break;
+      }
+      s = ns;
+      memcpy(s + len, t, n + 1);
+      len += n;
       alloc_free(t);
     }
   }
@@ -816,15 +1482,18 @@ int kiln_save(kiln_fn *fn, const char *path) {
   if (!fn_ok(fn)) return err_set("", 0, "save", "%s", fn_dead(fn)), -1;
   if (!path) return err_set("", 0, "save", "path is NULL"), -1;
   pthread_mutex_lock(&fn->mu);
-  const ir_graph *g = fn->n_variants ? fn->variants[fn->n_variants - 1]->g : NULL;
+  const variant *v = fn->n_variants ? fn->variants[fn->n_variants - 1] : NULL;
   int rc = -1;
-  if (!g) {
+  if (!v) {
     err_set(fn->file, fn->line, "save", "%s has no compiled variant yet (call it once first)", fn->name);
+  } else if (v->n_seg != 1 || v->n_args) {
+    err_set(fn->file, fn->line, "save", "%s's newest variant %s: a saved graph is one graph of the call's inputs", fn->name,
+            v->n_seg != 1 ? "has graph breaks (data reads inside the body)" : "takes numbers the body passes");
   } else {
     FILE *f = fopen(path, "w");
     if (!f) err_set(fn->file, fn->line, "save", "cannot open %s: %s", path, strerror(errno));
     else {
-      rc = ir_print(g, f);
+      rc = ir_print(v->seg[0]->g, f);
       if (fclose(f) || rc) rc = -1, err_set(fn->file, fn->line, "save", "cannot write %s", path);
     }
   }
@@ -846,6 +1515,11 @@ kiln_fn *kiln_load_string(const char *text) {
     ir_free(g);
     return err_set("", 0, "load", "the graph does not verify: %s", err);
   }
+  for (int i = 0; i < g->n_nodes; i++)
+    if (g->nodes[i].op == IR_INPUT && g->nodes[i].attrs.k > 0) {
+      ir_free(g);
+      return err_set("", 0, "load", "the graph takes a number as a size (@sym): a loaded graph binds sizes from its inputs' shapes only");
+    }
   /* params become inputs after the graph's own */
   for (int i = 0; i < g->n_nodes; i++)
     if (g->nodes[i].op == IR_PARAM) {
@@ -853,49 +1527,57 @@ kiln_fn *kiln_load_string(const char *text) {
       g->nodes[i].index += g->n_inputs;
     }
   int n_in = g->n_inputs + g->n_params;
-  int n_params = g->n_params;
   g->n_inputs = n_in;
   g->n_params = 0;
-  (void)n_params;
   if (n_in > MAX_IN || g->n_outputs < 1 || g->n_outputs > MAX_IN) {
     int n_out = g->n_outputs; /* read before the graph is freed */
     ir_free(g);
-    return err_set("", 0, "load", "the graph has %d inputs and %d outputs (at most %d each, one output at least)", n_in,
-                   n_out, MAX_IN);
+    return err_set("", 0, "load", "the graph has %d inputs and %d outputs (at most %d each, one output at least)", n_in, n_out, MAX_IN);
   }
   kiln_options o = {.name = g->name, .n_in = n_in, .n_out = g->n_outputs};
   kiln_fn *fn = kiln_compile_at(loaded_body, NULL, &o, "", 0);
   variant *v = fn ? alloc_calloc(1, sizeof *v) : NULL;
-  if (!v) goto oom;
+  segment *s = v ? alloc_calloc(1, sizeof *s) : NULL;
+  if (!s) goto oom;
   fn->loaded = true;
-  v->g = g;
-  v->be = fn->be;
   v->loaded = true;
+  v->guard_ok = true;
+  v->no = 1;
+  v->seg = alloc_calloc(1, sizeof *v->seg);
   v->in_dims = alloc_calloc((size_t)n_in + 1, sizeof *v->in_dims);
   v->alias = alloc_calloc((size_t)n_in + 1, sizeof *v->alias);
+  v->rule_at = alloc_calloc(1, sizeof *v->rule_at);
   fn->variants = alloc_calloc(1, sizeof *fn->variants);
-  if (!v->in_dims || !v->alias || !fn->variants) goto oom;
-  fill_in_dims(v);
+  if (!v->seg || !v->in_dims || !v->alias || !v->rule_at || !fn->variants) goto oom;
+  *s = (segment){.refs = 1, .g = g, .be = fn->be, .n_out = g->n_outputs, .n_body = g->n_outputs};
+  g = NULL;
+  v->seg[0] = s;
+  v->n_seg = 1;
+  s = NULL;
+  v->n_syms = v->seg[0]->g->n_syms;
+  for (int k = 0; k < v->n_syms; k++)
+    v->syms[k] = (build_sym){.input = 0, .arg = -1, .lo = v->seg[0]->g->sym_lo[k], .hi = v->seg[0]->g->sym_hi[k]};
+  fill_in_dims(fn, v);
   for (int i = 0; i < n_in; i++) v->alias[i] = i; /* compiled for distinct inputs */
-  v->exec = v->be->compile(g, 0, stderr, err, sizeof err);
-  if (!v->exec && v->be != &backend_interp) {
+  segment *vs = v->seg[0];
+  vs->exec = vs->be->compile(vs->g, 0, stderr, err, sizeof err);
+  if (!vs->exec && vs->be != &backend_interp) {
     fprintf(stderr, "kiln: warning: %s: the %s backend failed (%s); the loaded graph runs on the interpreter\n", fn->name,
-            v->be->name, err);
-    v->be = &backend_interp;
-    v->exec = v->be->compile(g, 0, stderr, err, sizeof err);
+            vs->be->name, err);
+    vs->be = &backend_interp;
+    vs->exec = vs->be->compile(vs->g, 0, stderr, err, sizeof err);
   }
-  if (!v->exec) goto oom;
+  if (!vs->exec) goto oom;
   fn->variants[0] = v;
   fn->n_variants = fn->cap = 1;
   return fn;
 oom:
-  if (v) v->g = NULL;
+  alloc_free(s);
   variant_free(v);
   kiln_fn_free(fn);
   ir_free(g);
   return err_set("", 0, "load", "out of memory");
 }
-
 kiln_fn *kiln_load(const char *path) {
   if (!path) return err_set("", 0, "load", "path is NULL");
   FILE *f = fopen(path, "rb");

@@ -25,6 +25,20 @@ int ir_bind_syms(const ir_graph *g, kiln_tensor *const *in, kiln_tensor *const *
       if (n->op != IR_INPUT && n->op != IR_PARAM) continue;
       const kiln_tensor *t = ir_leaf_tensor(g, n, in, params);
       if (!t) return snprintf(err, errn, "%s is NULL", leaf_tensor_desc(n, who, sizeof who)), -1;
+      if (round == 0 && n->op == IR_INPUT && n->attrs.k > 0) {
+        /* a size the call passes as a number */
+        int k = (int)n->attrs.k - 1;
+        if (t->dtype != KILN_I64 || t->ndim != 0 || t->st->meta || k >= g->n_syms)
+          return snprintf(err, errn, "%s: a size argument must be an i64 scalar", leaf_tensor_desc(n, who, sizeof who)), -1;
+        int64_t got = *(const int64_t *)tensor_data(t);
+        if (got < g->sym_lo[k] || got > g->sym_hi[k])
+          return snprintf(err, errn, "%s: %lld is outside the bounds of s%d", leaf_tensor_desc(n, who, sizeof who), (long long)got, k), -1;
+        if (bound[k] && vals[k] != got)
+          return snprintf(err, errn, "%s: s%d is %lld here but %lld elsewhere", leaf_tensor_desc(n, who, sizeof who), k, (long long)got, (long long)vals[k]), -1;
+        vals[k] = got;
+        bound[k] = true;
+        continue;
+      }
       if (round == 0) {
         if (t->dtype != n->dtype)
           return snprintf(err, errn, "%s: dtype %s, the graph wants %s", leaf_tensor_desc(n, who, sizeof who), kiln_dtype_name(t->dtype), kiln_dtype_name(n->dtype)), -1;

@@ -584,8 +584,18 @@ static int parse_header(parser *ps) {
           leaf.op = IR_GRAD;
           leaf.n_in = 1;
           leaf.in = &k;
+        } else if (accept_word(ps, "sym")) {
+          /* an input whose value (a 0-d i64) is the size s<k>: a number the call passes */
+          if (expect(ps, "(")) return -1;
+          const char *sat = (skip_blank(ps), ps->p);
+          int64_t sk;
+          if (*ps->p != 's') return fail(ps, sat, "expected a symbol s<k>");
+          ps->p++;
+          if (read_int(ps, 0, IR_MAX_SYMS - 1, &sk) || expect(ps, ")")) return -1;
+          if (leaf.dtype != KILN_I64 || leaf.ndim != 0) return fail(ps, sat, "a size argument is an i64[] input");
+          leaf.attrs.k = sk + 1;
         } else {
-          return fail(ps, ps->p, "expected '@param' or '@grad(%%N)'");
+          return fail(ps, ps->p, "expected '@param', '@grad(%%N)' or '@sym(s<k>)'");
         }
       }
       leaf.index = leaf.op == IR_INPUT ? g->n_inputs : leaf.op == IR_PARAM ? g->n_params : 0;

@@ -131,40 +131,247 @@ int shape_decide(shape_env *env, sym_dim a, sym_cmp op, sym_dim b);
  * inputs; 0, or -1 with why in err. */
 int symshape_infer(shape_env *env, ir_node *n, char *err, size_t errn);
 
-/* ---- trace.c: capture ------------------------------------------------------ */
+/* ---- record.c: a call's body run as a recording ---------------------------- */
 
-typedef enum trace_dyn { TRACE_STATIC, TRACE_DYNAMIC } trace_dyn;
+/* While a recording runs, every op the body calls makes a meta tensor (a
+ * shape and a dtype, no data, no kernel run) and appends an event to the
+ * call's log; factories, in-place writes and counts do the same. Values are
+ * numbered in the order they appear: the call's inputs first, then params,
+ * .grads and results as the body reaches them. The log is what a variant is
+ * matched against and what the build_state (build.c) turns into a graph. */
 
-/* What a trace is told about its inputs: which dims get a symbol. */
-typedef struct trace_spec {
+typedef enum rec_vkind {
+  RV_INPUT,  /* the call's in[index] */
+  RV_PARAM,  /* a tensor made before the call (a weight): the recording's params[index] */
+  RV_GRAD,   /* the .grad, when the segment started, of the leaf value `index` */
+  RV_CARRY,  /* a value of an earlier segment, computed at a break: value `index` */
+  RV_MADE    /* made by event `event` */
+} rec_vkind;
+
+typedef struct rec_value {
+  rec_vkind kind;
+  kiln_dtype dtype;
+  int ndim;
+  int64_t shape[MAXD];
+  int index;
+  int event;
+  int seg;           /* the segment whose value it is */
+  unsigned long version; /* its storage's version when the value was made: a view older than a write is stale */
+} rec_value;
+
+typedef enum rec_ekind {
+  EV_OP,      /* op over in[] with attrs a */
+  EV_INPLACE, /* in[0] op= in[1] (OP_ADD, OP_SUB, OP_MUL, OP_COPY), or in[0] filled with a.value (op OP_COUNT) */
+  EV_FULL,    /* a.value over the shape a.shape[0..a.ndim), dtype a.dtype */
+  EV_DATA,    /* bytes of a tensor made from C data (tensor_from, arange) */
+  EV_RAND,    /* numbers of the counter-based generator: seed a.k, normal when a.flag */
+  EV_NUMEL,   /* 0-d count of in[0]'s elements over a.axes (all when none) plus a.start */
+  EV_BREAK,   /* a data read: the events before it ran as a segment, and the live values have data */
+  EV_ESCAPE   /* something a graph cannot hold: the events before it ran, and the rest of the body ran eagerly */
+} rec_ekind;
+
+typedef struct rec_event {
+  rec_ekind kind;
+  int op;
+  int n_in, in;      /* input value ids: ids[in .. in + n_in) */
+  int out;           /* the value it makes (EV_INPLACE: the written tensor's new value); -1 for a break */
+  op_attrs a;
+  bool user;         /* the numbers in a came from user code, not from kiln's formulas */
+  const void *data;  /* EV_DATA: the bytes, owned by the recording */
+  const char *file;
+  int line;
+} rec_event;
+
+typedef struct recording recording;
+
+/* Called at a data read of a value that has none yet (and once at the end):
+ * run the events since the last break, give the live values their data.
+ * 0, or -1 with the error set (the read then fails). */
+typedef int (*rec_run_fn)(recording *r, void *ctx, bool last);
+
+struct recording {
+  uint64_t id;             /* unique for the process: tags the tensors it makes */
+  kiln_tensor *const *in;
   int n_in;
-  uint8_t (*dynamic)[MAXD];  /* [n_in][MAXD]: 1 = symbolic */
-  bool freeze;               /* implicit inputs become constants */
-} trace_spec;
+  rec_event *ev;           /* the log */
+  int n_ev, cap_ev;
+  int *ids;
+  int n_ids, cap_ids;
+  rec_value *val;
+  int n_val, cap_val;
+  kiln_tensor **params;    /* retained */
+  int n_params, cap_params;
+  int seg, seg_start;      /* the current segment and its first event */
+  struct { int value, dim; } *reads; /* the sizes the body read (kiln_size), this segment */
+  int n_reads, cap_reads;
+  /* what the body did that C could branch on or that changes between calls */
+  bool read_meta;          /* sizes, ranks, dtypes: kiln_size and its kind */
+  bool c_numbers;          /* numbers from user code: factories, sizes and values in attributes */
+  bool read_data;          /* kiln_item, kiln_read, kiln_print */
+  char why[512];           /* the first thing it could not record, or the error that failed it */
+  bool failed;             /* an error (out of memory): the call fails */
+  bool escaped;            /* the rest of the body ran eagerly after an EV_ESCAPE */
+  rec_run_fn run;
+  void *run_ctx;
+  struct rec_state *st;    /* the maps and lists behind the log (record.c) */
+};
 
-/* Autograd state of a leaf (input or param) when the call started: a
- * variant runs only where it is the same. */
-typedef struct trace_leaf {
-  bool requires_grad;
-  bool grad_present;
-} trace_leaf;
+/* Starts recording on this thread: in[0..n_in) are the call's inputs.
+ * run is called at breaks. 0 or -1 (out of memory). */
+int rec_begin(recording *r, kiln_tensor *const *in, int n_in, rec_run_fn run, void *run_ctx);
+/* Stops the hooks (the log stays readable until rec_free). */
+void rec_end(recording *r);
+void rec_free(recording *r);
+/* The value id tensor t has in the recording, adding it as a leaf when new; -1 on failure. */
+int rec_value_of(recording *r, kiln_tensor *t);
+/* The live values whose data a segment must produce, in a stable order:
+ * every storage a tensor of the call still holds, by its current value, and
+ * each leaf written since the segment began. Fills an array (alloc_free it). */
+typedef struct rec_live {
+  int value;               /* the value that holds the storage's data */
+  storage *st;             /* the meta storage to fill, or NULL for a written leaf */
+  int leaf;                /* a written leaf's value (RV_INPUT/RV_PARAM), else -1 */
+} rec_live;
+int rec_live_values(recording *r, bool last, rec_live **out, int *n);
+/* The leaves the segment reached: an input, param or carried value, its value
+ * when the segment began and now, its .grad then and now (value ids; -1 for
+ * NULL or not reached). */
+typedef struct rec_leaf {
+  kiln_tensor *t;
+  int base, now;
+  kiln_tensor *grad0;      /* .grad when the segment began */
+  kiln_tensor *grad;       /* .grad now */
+  int grad_read;           /* the RV_GRAD value when the segment read .grad, else -1 */
+} rec_leaf;
+int rec_leaves(recording *r, rec_leaf **out, int *n);
+/* Stops and restarts the hooks around a segment's run. */
+void rec_pause(recording *r);
+void rec_resume(recording *r);
+/* After a segment ran: its meta storages got their data; the next segment
+ * starts (leaves written are now their data again, values made so far are
+ * carried). */
+void rec_next_segment(recording *r);
+/* Drops the autograd history of every tensor the call made that is still
+ * alive (a compiled call's results carry none). */
+void rec_strip_history(recording *r);
+/* Each leaf's .grad at the start of the current segment: restores them
+ * (the segment's run writes the new ones). */
+void rec_restore_grads(recording *r);
+/* The leaf's .grad when the segment started, and whether it was read. */
+kiln_tensor *rec_grad0(recording *r, int leaf_value);
 
-/* A finished trace: the graph and what a call needs to bind it. */
-typedef struct trace_result {
-  ir_graph *g;               /* NULL when the trace could not make a graph */
-  kiln_tensor **params;      /* the implicit inputs, retained, g->n_params of them */
-  trace_leaf *in_leaf;       /* n_in of them */
-  trace_leaf *param_leaf;    /* g->n_params of them */
-  int64_t vals[IR_MAX_SYMS]; /* the traced value of each symbol */
-  char why[512];             /* when g is NULL: why ("examples/x.c:12: kiln_item reads data ...") */
-  bool value_dependent;      /* the function read tensor data: it runs eagerly from now on */
-} trace_result;
+/* The numbers of event e that user code could change between calls (its
+ * slots), in a fixed order: sizes as integers, values as doubles. */
+typedef struct rec_slot {
+  bool is_float;
+  int64_t i;
+  double f;
+} rec_slot;
+int rec_slots(const rec_event *e, rec_slot *out, int max);
 
-/* Runs body once eagerly (its outputs are real results) while recording it.
- * Returns the body's return value; res->g is the graph when one could be made. */
-int trace_run(kiln_body body, void *ctx, kiln_tensor *const *in, int n_in, kiln_tensor **out, int n_out,
-              const trace_spec *spec, const char *name, trace_result *res);
-void trace_result_free(trace_result *res);
+/* ---- build.c: a graph from a recording's events ----------------------------- */
+
+/* How a later call's number at a slot is held to the variant. */
+typedef enum slot_kind {
+  SLOT_CONST, /* it must equal v */
+  SLOT_EXPR,  /* it must equal the size e (in the variant's rule context) at the call's symbols */
+  SLOT_ARG    /* it is argument arg of the call: a symbol's value, or a scalar input */
+} slot_kind;
+typedef struct slot_rule {
+  slot_kind kind;
+  rec_slot v;
+  sym_dim e;
+  int arg;
+} slot_rule;
+
+/* A number a variant takes on every call: a size (binding symbol sym) or a value (a 0-d input of dtype). */
+typedef struct build_arg {
+  bool is_float;
+  int sym;
+  kiln_dtype dtype;
+} build_arg;
+
+/* A symbol of a variant: bound from an input's dim, or from an argument. */
+typedef struct build_sym {
+  int input, dim;  /* input -1: an argument's */
+  int arg;
+  int64_t lo, hi;
+} build_sym;
+
+/* An earlier call of the same body, to tell a literal from a size. */
+typedef struct build_prev {
+  const rec_event *ev;
+  int n_ev;
+  int aligned;     /* events before this one have the same structure as the new call's */
+  int n_in;
+  const int *in_ndim;
+  const int64_t (*in_shape)[MAXD];
+} build_prev;
+
+/* What one segment's graph takes and gives, beyond the call's inputs. */
+typedef struct build_seg {
+  ir_graph *g;               /* before the passes */
+  /* inputs after the call's, in order: a value of an earlier segment (its id),
+   * or an argument a (as -1 - a) */
+  int *extra, *extra_node, n_extra, cap_extra, cap_extra_node;
+  int *params, n_params, cap_params; /* the recording's params, in the graph's order */
+  int *out, n_out, cap_out;         /* the values it hands out, in output order */
+  bool frozen;                      /* a param's data is a constant of it */
+} build_seg;
+
+typedef struct build_size {
+  int64_t v;
+  sym_dim d;
+  bool used, ambiguous;
+} build_size;
+
+typedef struct build_state {
+  recording *r;
+  const uint8_t (*dynamic)[MAXD];
+  bool freeze;
+  const build_prev *prev;
+  int aligned;
+  char name[64];
+  int n_in;
+  /* the variant's symbols, arguments and slot rules, across its segments */
+  build_sym sym[IR_MAX_SYMS];
+  int n_syms;
+  int64_t vals[IR_MAX_SYMS], prev_vals[IR_MAX_SYMS];
+  bool has_prev[IR_MAX_SYMS];
+  build_arg *args;
+  int n_args, cap_args;
+  slot_rule *rules;
+  int n_rules, cap_rules;
+  int *rule_at;              /* per event: its first rule */
+  int cap_rule_at;
+  sym_ctx *rsym;
+  char **shape_text;         /* per value handed out: its symbolic shape, for later segments */
+  int n_text, cap_text;
+  /* the segment being built */
+  ir_graph *g;
+  int *node, *input_node;
+  build_seg *seg;
+  build_size *sizes;
+  size_t sizes_cap;
+  bool failed;
+  char why[512];
+} build_state;
+
+/* A leaf a segment writes back: its data (now != base), its .grad (grad set:
+ * to value grad, or to NULL when grad is -1). */
+typedef struct build_write {
+  int base, now;
+  bool grad_set;
+  int grad;
+} build_write;
+
+int build_begin(build_state *b, recording *r, const uint8_t (*dynamic)[MAXD], bool freeze, const build_prev *prev);
+/* The graph of events [from, to), handing out the values out[0..n_out) in
+ * order and writing back the leaves of writes. 0, or -1 with b->why. */
+int build_segment(build_state *b, int from, int to, const int *out, int n_out, const build_write *writes, int n_writes,
+                  build_seg *seg);
+void build_seg_free(build_seg *s);
+void build_free(build_state *b);
 
 /* ---- passes.c -------------------------------------------------------------- */
 

@@ -1,0 +1,880 @@
+/* The build_state: a graph from a recording's events. Each event becomes a node
+ * (interned, so common subexpressions merge), with the symbolic shape the op
+ * table's rule gives; the leaves are the call's inputs, the params the body
+ * reached, their .grads, and values carried from earlier segments.
+ *
+ * The numbers user code passed (reshape targets, slice bounds, a factory's
+ * sizes and fill value) are slots. Each slot gets a rule the later calls are
+ * held to: a constant it must equal, a size expression it must equal, or an
+ * argument (a symbol, or a scalar input) it sets on every call. A number is
+ * decided from two observations when there are two: the same number at the
+ * same place of an earlier call with other sizes is a literal; one that
+ * changed with the sizes is the expression that explains both, else an
+ * argument. With one observation a user's number is a constant, and a number
+ * kiln's own formulas passed is the one size of the trace that has it
+ * (verified on every call, so a wrong guess retraces, never misleads). */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "tracer/tracer.h"
+
+static void bfail(build_state *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void bfail(build_state *b, const char *fmt, ...) {
+  if (b->failed) return;
+  b->failed = true;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(b->why, sizeof b->why, fmt, ap);
+  va_end(ap);
+}
+
+/* ---- symbols ---- */
+
+static sym_dim sym_of(build_state *b, int k) { return sym_var(b->g->sym, k, b->sym[k].lo, b->sym[k].hi); }
+
+static int64_t dim_value(const build_state *b, sym_dim d) {
+  int64_t v = -1;
+  if (sym_eval(d, b->vals, b->n_syms, &v)) return -1;
+  return v;
+}
+
+/* d's value at the earlier observation; false when it has none. */
+static bool prev_value(const build_state *b, sym_dim d, int64_t *v) {
+  for (int k = 0; k < b->n_syms; k++)
+    if (!b->has_prev[k]) {
+      /* d may not use k: test by evaluating with another value for it */
+      int64_t a, c, alt[IR_MAX_SYMS];
+      memcpy(alt, b->prev_vals, sizeof alt);
+      alt[k] = b->vals[k];
+      if (sym_eval(d, alt, b->n_syms, &a)) return false;
+      alt[k] = b->vals[k] + 1;
+      if (sym_eval(d, alt, b->n_syms, &c) || a != c) return false;
+    }
+  return sym_eval(d, b->prev_vals, b->n_syms, v) == 0;
+}
+
+/* Declares the variant's symbols in the segment's graph. */
+static int declare_syms(build_state *b) {
+  for (int k = 0; k < b->n_syms; k++) {
+    sym_dim d;
+    if (ir_add_sym(b->g, b->sym[k].lo, b->sym[k].hi, &d)) return -1;
+  }
+  return 0;
+}
+
+/* A new argument symbol, bound from a slot on every call (value v now, pv at the earlier call). */
+static sym_dim new_arg_sym(build_state *b, int64_t v, bool has_pv, int64_t pv, int *arg) {
+  if (b->n_syms == IR_MAX_SYMS || alloc_grow((void **)&b->args, &b->cap_args, b->n_args + 1, sizeof *b->args)) {
+    bfail(b, "more than %d symbolic sizes", IR_MAX_SYMS);
+    return sym_error();
+  }
+  int k = b->n_syms++;
+  b->sym[k] = (build_sym){.input = -1, .dim = 0, .arg = b->n_args, .lo = v < 0 ? INT64_MIN / 4 : 0, .hi = INT64_MAX / 4};
+  b->vals[k] = v;
+  b->has_prev[k] = has_pv;
+  b->prev_vals[k] = pv;
+  b->args[b->n_args] = (build_arg){.is_float = false, .sym = k};
+  *arg = b->n_args++;
+  sym_dim d;
+  if (ir_add_sym(b->g, b->sym[k].lo, b->sym[k].hi, &d)) {
+    bfail(b, "out of memory while building");
+    return sym_error();
+  }
+  return d;
+}
+
+/* ---- sizes seen: what a number kiln's formulas pass is ---- */
+
+static void note_size(build_state *b, sym_dim d) {
+  int64_t v = dim_value(b, d);
+  if (v < 2 || sym_is_const(d)) return;
+  if (!b->sizes_cap) {
+    b->sizes = alloc_calloc(256, sizeof *b->sizes);
+    if (!b->sizes) return;
+    b->sizes_cap = 256;
+  }
+  size_t i = hash64((uint64_t)v) & (b->sizes_cap - 1);
+  for (size_t probes = 0; probes < b->sizes_cap; probes++, i = (i + 1) & (b->sizes_cap - 1)) {
+    build_size *e = &b->sizes[i];
+    if (!e->used) {
+      *e = (build_size){.v = v, .d = d, .used = true};
+      return;
+    }
+    if (e->v == v) {
+      if (!sym_same(e->d, d)) e->ambiguous = true;
+      return;
+    }
+  }
+}
+
+static void note_shape(build_state *b, const ir_node *n) {
+  for (int i = 0; i < n->ndim; i++) note_size(b, n->shape[i]);
+}
+
+/* The one symbolic size of the segment with value v, or the error dim. */
+static sym_dim seen_size(build_state *b, int64_t v) {
+  if (v < 2 || !b->sizes_cap) return sym_error();
+  size_t i = hash64((uint64_t)v) & (b->sizes_cap - 1);
+  for (size_t probes = 0; probes < b->sizes_cap; probes++, i = (i + 1) & (b->sizes_cap - 1)) {
+    build_size *e = &b->sizes[i];
+    if (!e->used) break;
+    if (e->v == v) return e->ambiguous ? sym_error() : e->d;
+  }
+  return sym_error();
+}
+
+/* The node value v has in the segment so far (an input's always), or -1. */
+static int known_node(const build_state *b, int v) {
+  if (b->node[v] >= 0) return b->node[v];
+  const rec_value *rv = &b->r->val[v];
+  return rv->kind == RV_INPUT ? b->input_node[rv->index] : -1;
+}
+
+/* The one size the body read (or product of two) whose value is v, or the error dim. */
+static sym_dim read_size(build_state *b, int64_t v) {
+  if (v < 2) return sym_error();
+  const recording *r = b->r;
+  sym_dim found = sym_error();
+  for (int i = 0; i < r->n_reads; i++)
+    for (int j = i; j <= r->n_reads; j++) {
+      int ni = known_node(b, r->reads[i].value), nj = j < r->n_reads ? known_node(b, r->reads[j].value) : -1;
+      if (ni < 0 || (j < r->n_reads && nj < 0)) continue;
+      sym_dim x = b->g->nodes[ni].shape[r->reads[i].dim];
+      if (j < r->n_reads) x = sym_mul(b->g->sym, x, b->g->nodes[nj].shape[r->reads[j].dim]);
+      if (sym_is_err(x) || sym_is_const(x) || dim_value(b, x) != v) continue;
+      if (!sym_is_err(found) && !sym_same(found, x)) return sym_error();
+      found = x;
+    }
+  return found;
+}
+
+/* ---- slots ---- */
+
+static int add_rule(build_state *b, slot_rule rule) {
+  if (alloc_grow((void **)&b->rules, &b->cap_rules, b->n_rules + 1, sizeof *b->rules)) {
+    bfail(b, "out of memory while building");
+    return -1;
+  }
+  b->rules[b->n_rules++] = rule;
+  return 0;
+}
+
+/* The earlier observation of slot si of event ev, when the earlier call reached the same event. */
+static bool prev_slot(const build_state *b, int ev, int si, rec_slot *out) {
+  const build_prev *p = b->prev;
+  if (!p || ev >= p->n_ev || ev >= b->aligned) return false;
+  rec_slot s[2 * MAXD + 8];
+  int n = rec_slots(&p->ev[ev], s, (int)(sizeof s / sizeof s[0]));
+  if (si >= n) return false;
+  *out = s[si];
+  return true;
+}
+
+/* A candidate expression that takes the value v now and pv at the earlier
+ * call: a*x + c over a symbol or a product of two, a != 0. */
+static sym_dim explain(build_state *b, int64_t v, int64_t pv) {
+  sym_dim found = sym_error();
+  int nfound = 0;
+  for (int i = 0; i < b->n_syms && nfound < 2; i++) {
+    if (!b->has_prev[i]) continue;
+    for (int j = i; j <= b->n_syms && nfound < 2; j++) {
+      /* j == n_syms: the symbol alone; else the product of two */
+      if (j < b->n_syms && !b->has_prev[j]) continue;
+      sym_dim x = j == b->n_syms ? sym_of(b, i) : sym_mul(b->g->sym, sym_of(b, i), sym_of(b, j));
+      int64_t xn = dim_value(b, x), xp;
+      if (xn < 0 || !prev_value(b, x, &xp) || xn == xp) continue;
+      /* v = a*xn + c and pv = a*xp + c */
+      int64_t dv = v - pv, dx = xn - xp;
+      if (dv % dx) continue;
+      int64_t a = dv / dx, c = v - a * xn;
+      if (a == 0) continue;
+      sym_dim e = sym_add(b->g->sym, sym_mul(b->g->sym, sym_const(a), x), sym_const(c));
+      if (sym_is_err(e) || dim_value(b, e) != v) continue;
+      if (nfound && sym_same(found, e)) continue;
+      found = e;
+      nfound++;
+    }
+  }
+  return nfound == 1 ? found : sym_error();
+}
+
+/* A size slot: the dim it is in the graph, and its rule. hint: a dim the
+ * number may stand for by its place (an expand keeping a dim), or the error dim. */
+static sym_dim slot_size(build_state *b, int ev, int si, int64_t v, sym_dim hint, bool user) {
+  rec_slot ps;
+  sym_dim d;
+  int arg = -1;
+  if (prev_slot(b, ev, si, &ps) && !ps.is_float) {
+    if (ps.i == v) {
+      d = sym_const(v); /* a literal: it stayed put while other things changed */
+    } else {
+      d = !sym_is_err(hint) && dim_value(b, hint) == v ? hint : sym_error();
+      int64_t hp;
+      if (!sym_is_err(d) && (!prev_value(b, d, &hp) || hp != ps.i)) d = sym_error();
+      if (sym_is_err(d)) d = explain(b, v, ps.i);
+      if (sym_is_err(d)) d = new_arg_sym(b, v, true, ps.i, &arg);
+    }
+  } else if (!sym_is_err(hint) && !sym_is_const(hint) && dim_value(b, hint) == v) {
+    d = hint;
+  } else if (user) {
+    /* one observation: a size the body read (kiln_size) with this value, or a product of two, is a guess the
+     * slot's rule checks on every call; anything else is a literal until another call shows otherwise */
+    d = read_size(b, v);
+    if (sym_is_err(d)) d = sym_const(v);
+  } else if (!user) {
+    d = seen_size(b, v);
+    if (sym_is_err(d)) d = sym_const(v);
+  } else {
+    d = sym_const(v);
+  }
+  if (sym_is_err(d)) return d;
+  slot_rule rule = {.kind = SLOT_CONST, .v = {false, v, 0}, .arg = -1};
+  if (arg >= 0) {
+    rule.kind = SLOT_ARG;
+    rule.arg = arg;
+  } else if (!sym_is_const(d)) {
+    /* the rule's copy of d lives with the rules, not with this graph */
+    char text[512];
+    const char *end;
+    char err[128];
+    rule.kind = SLOT_EXPR;
+    if (sym_print(d, text, sizeof text) >= (int)sizeof text ||
+        sym_parse(b->rsym, text, &rule.e, &end, err, sizeof err) || *end) {
+      bfail(b, "a size expression too long to keep: %.64s", text);
+      return sym_error();
+    }
+  }
+  if (add_rule(b, rule)) return sym_error();
+  return d;
+}
+
+/* A value slot (a fill value): a constant, or a scalar argument when it changed since the earlier call.
+ * Returns the argument, or -1 for a constant. */
+static int slot_value(build_state *b, int ev, int si, double v, kiln_dtype dt) {
+  rec_slot ps;
+  slot_rule rule = {.kind = SLOT_CONST, .v = {true, 0, v}, .arg = -1};
+  if (prev_slot(b, ev, si, &ps) && ps.is_float && memcmp(&ps.f, &v, sizeof v)) {
+    if (alloc_grow((void **)&b->args, &b->cap_args, b->n_args + 1, sizeof *b->args)) {
+      bfail(b, "out of memory while building");
+      return -1;
+    }
+    b->args[b->n_args] = (build_arg){.is_float = true, .sym = -1, .dtype = dt};
+    rule.kind = SLOT_ARG;
+    rule.arg = b->n_args++;
+  }
+  add_rule(b, rule);
+  return rule.arg;
+}
+
+/* A slot kept as it is (a number the graph can only hold as a constant). */
+static void slot_fixed(build_state *b, rec_slot v) { add_rule(b, (slot_rule){.kind = SLOT_CONST, .v = v, .arg = -1}); }
+
+/* ---- nodes ---- */
+
+static int add_node(build_state *b, ir_node *n) {
+  shape_env env = {.g = b->g, .vals = b->vals, .nvals = b->n_syms, .record = true};
+  char err[400];
+  if (symshape_infer(&env, n, err, sizeof err)) return bfail(b, "%s:%d: %s", n->file, n->line, err), -1;
+  int id = ir_add(b->g, n);
+  if (id < 0) bfail(b, "out of memory while building");
+  else note_shape(b, &b->g->nodes[id]);
+  return id;
+}
+
+/* Node x broadcast to node like's shape (x itself when it has it already). */
+static int expand_to(build_state *b, int x, int like, const char *file, int line) {
+  const ir_node *xn = &b->g->nodes[x], *ln = &b->g->nodes[like];
+  bool same = xn->ndim == ln->ndim;
+  for (int i = 0; same && i < ln->ndim; i++) same = sym_same(xn->shape[i], ln->shape[i]);
+  if (same) return x;
+  ir_node e = {.op = OP_EXPAND, .n_in = 1, .in = &x, .file = file, .line = line};
+  e.attrs.ndim = ln->ndim;
+  memcpy(e.attrs.shape, ln->shape, sizeof e.attrs.shape);
+  return add_node(b, &e);
+}
+
+/* A 0-d constant of dtype dt holding v. */
+static int scalar_const(build_state *b, kiln_dtype dt, double v, const char *file, int line) {
+  kiln_tensor *t = tensor_new(dt, 0, NULL);
+  if (!t) return bfail(b, "out of memory while building"), -1;
+  pw_fill(t, v);
+  ir_node n = {.op = IR_CONST, .dtype = dt, .ndim = 0, .data = t->st->data, .file = file, .line = line};
+  int id = ir_add(b->g, &n);
+  kiln_release(t);
+  if (id < 0) bfail(b, "out of memory while building");
+  return id;
+}
+
+/* An extra input of the segment (after the call's inputs): value v carried
+ * from an earlier segment, or argument a given as -1 - a. */
+static int extra_input(build_state *b, int what, kiln_dtype dt, int ndim, const sym_dim *shape, int sym_plus1) {
+  build_seg *s = b->seg;
+  if (alloc_grow((void **)&s->extra, &s->cap_extra, s->n_extra + 1, sizeof *s->extra) ||
+      alloc_grow((void **)&s->extra_node, &s->cap_extra_node, s->n_extra + 1, sizeof *s->extra_node))
+    return bfail(b, "out of memory while building"), -1;
+  ir_node n = {.op = IR_INPUT, .dtype = dt, .ndim = ndim, .index = b->n_in + s->n_extra, .file = ""};
+  if (ndim) memcpy(n.shape, shape, sizeof(sym_dim) * (size_t)ndim);
+  n.attrs.k = sym_plus1;
+  int id = ir_append(b->g, &n);
+  if (id < 0) return bfail(b, "out of memory while building"), -1;
+  s->extra[s->n_extra] = what;
+  s->extra_node[s->n_extra++] = id;
+  return id;
+}
+
+/* The node of a size or value argument, added to the segment's inputs on first use. */
+static int arg_node(build_state *b, int arg) {
+  build_seg *s = b->seg;
+  for (int i = 0; i < s->n_extra; i++)
+    if (s->extra[i] == -1 - arg) return s->extra_node[i];
+  const build_arg *a = &b->args[arg];
+  return a->is_float ? extra_input(b, -1 - arg, a->dtype, 0, NULL, 0) : extra_input(b, -1 - arg, KILN_I64, 0, NULL, a->sym + 1);
+}
+
+/* Makes sure every size argument the graph's dims use has its input node, so it binds. */
+static void bind_args(build_state *b) {
+  for (int k = 0; k < b->n_syms; k++)
+    if (b->sym[k].arg >= 0 && !b->failed) arg_node(b, b->sym[k].arg);
+}
+
+static void concrete(ir_node *n, const rec_value *v) {
+  n->dtype = v->dtype;
+  n->ndim = v->ndim;
+  for (int i = 0; i < v->ndim; i++) n->shape[i] = sym_const(v->shape[i]);
+}
+
+/* The node of value id v, making the leaf when it is one not seen yet. */
+static int node_of(build_state *b, int v) {
+  if (b->node[v] >= 0) return b->node[v];
+  const rec_value *rv = &b->r->val[v];
+  build_seg *s = b->seg;
+  int id = -1;
+  switch (rv->kind) {
+  case RV_INPUT:
+    id = b->input_node[rv->index];
+    break;
+  case RV_PARAM: {
+    ir_node n = {.op = IR_PARAM, .index = s->n_params, .file = "", .line = 0};
+    concrete(&n, rv);
+    if (b->freeze && !b->r->params[rv->index]->requires_grad) {
+      /* frozen: the weight's data is a constant of the graph */
+      kiln_tensor *t = b->r->params[rv->index];
+      kiln_tensor *c = op_run(OP_COPY, &t, 1, NULL, "", 0);
+      if (!c) return bfail(b, "out of memory while building"), -1;
+      n.op = IR_CONST;
+      n.index = 0;
+      n.data = c->st->data;
+      id = ir_add(b->g, &n);
+      kiln_release(c);
+      s->frozen = true;
+      break;
+    }
+    if (alloc_grow((void **)&s->params, &s->cap_params, s->n_params + 1, sizeof *s->params)) return bfail(b, "out of memory"), -1;
+    s->params[s->n_params++] = rv->index;
+    id = ir_append(b->g, &n);
+    break;
+  }
+  case RV_GRAD: {
+    int leaf = node_of(b, rv->index);
+    if (leaf < 0) return -1;
+    ir_node n = {.op = IR_GRAD, .n_in = 1, .in = &leaf, .file = "", .line = 0};
+    const ir_node *ln = &b->g->nodes[leaf];
+    n.dtype = ln->dtype;
+    n.ndim = ln->ndim;
+    memcpy(n.shape, ln->shape, sizeof n.shape);
+    id = ir_append(b->g, &n);
+    break;
+  }
+  case RV_CARRY: {
+    sym_dim shape[MAXD];
+    for (int i = 0; i < rv->ndim; i++) shape[i] = sym_const(rv->shape[i]);
+    const char *text = b->shape_text ? b->shape_text[rv->index] : NULL;
+    for (int i = 0; text && i < rv->ndim; i++) {
+      const char *end;
+      char err[128];
+      sym_dim d;
+      if (sym_parse(b->g->sym, text, &d, &end, err, sizeof err)) break;
+      if (dim_value(b, d) == rv->shape[i]) shape[i] = d;
+      text = *end == ',' ? end + 1 : end;
+    }
+    id = extra_input(b, rv->index, rv->dtype, rv->ndim, shape, 0);
+    break;
+  }
+  case RV_MADE:
+    bfail(b, "value %d is used before the event that makes it", v);
+    return -1;
+  }
+  if (id < 0) return bfail(b, "out of memory while building"), -1;
+  b->node[v] = id;
+  note_shape(b, &b->g->nodes[id]);
+  return id;
+}
+
+/* ---- attributes: the event's numbers as the graph's dims ---- */
+
+/* Target dims of a reshape of node x to the concrete shape t[0..tn): each
+ * target dim that covers the same group of input dims as the input's keeps
+ * their symbolic product. */
+static void reshape_target(build_state *b, const ir_node *x, int tn, const int64_t *t, sym_dim *out) {
+  int xn = x->ndim;
+  int64_t xv[MAXD];
+  for (int i = 0; i < xn; i++) xv[i] = dim_value(b, x->shape[i]);
+  for (int j = 0; j < tn; j++) out[j] = sym_error();
+  int i = 0, j = 0;
+  while (j < tn) {
+    if (t[j] == 1 && (i >= xn || xv[i] != 1)) {
+      j++;
+      continue;
+    }
+    if (i < xn && xv[i] == 1 && t[j] != 1) {
+      i++;
+      continue;
+    }
+    if (i >= xn) return;
+    if (t[j] == 1 && xv[i] == 1) {
+      out[j++] = x->shape[i++];
+      continue;
+    }
+    if (xv[i] == 0 || t[j] == 0) return;
+    int i1 = i + 1, j1 = j + 1;
+    int64_t pi = xv[i], pj = t[j];
+    while (pi != pj) {
+      if (pi < pj) {
+        if (i1 >= xn || pi > INT64_MAX / (xv[i1] ? xv[i1] : 1)) return;
+        pi *= xv[i1++];
+      } else {
+        if (j1 >= tn || pj > INT64_MAX / (t[j1] ? t[j1] : 1)) return;
+        pj *= t[j1++];
+      }
+    }
+    if (j1 - j == 1) {
+      sym_dim p = sym_const(1);
+      for (int k = i; k < i1; k++) p = sym_mul(b->g->sym, p, x->shape[k]);
+      out[j] = p;
+    } else {
+      /* split: target dims matched to input dims of the same value, in order */
+      int next = i;
+      for (int k = j; k < j1; k++)
+        for (int q = next; q < i1; q++)
+          if (xv[q] == t[k]) {
+            out[k] = x->shape[q];
+            next = q + 1;
+            break;
+          }
+    }
+    i = i1;
+    j = j1;
+  }
+}
+
+/* A slice bound the caller gave (raw: Python's rules for negative and
+ * past-the-end numbers), as a dim of the graph; g is the given number as a
+ * dim (constant, expression or argument). */
+static sym_dim slice_bound(build_state *b, sym_dim size, sym_dim g) {
+  ir_graph *gr = b->g;
+  shape_env env = {.g = gr, .vals = b->vals, .nvals = b->n_syms, .record = true};
+  int neg = shape_decide(&env, g, SYM_LT, sym_const(0));
+  if (neg < 0) return bfail(b, "could not decide a slice bound"), sym_error();
+  if (neg) {
+    sym_dim s = sym_add(gr->sym, size, g);
+    int clamped = shape_decide(&env, s, SYM_LT, sym_const(0));
+    if (clamped < 0) return bfail(b, "could not decide a slice bound"), sym_error();
+    return clamped ? sym_const(0) : s;
+  }
+  /* within the size (its end included, so that one guard covers both) */
+  int within = shape_decide(&env, g, SYM_LE, size);
+  if (within < 0) return bfail(b, "could not decide a slice bound"), sym_error();
+  return within ? g : size;
+}
+
+/* The attributes of event ev (eager's numbers) as the graph's, slot by slot
+ * in rec_slots' order. */
+static void convert_attrs(build_state *b, int ev, const ir_node *x, op_attrs *o) {
+  const rec_event *e = &b->r->ev[ev];
+  const op_attrs *a = &e->a;
+  unsigned f = op_table[e->op].attrs;
+  int si = 0;
+  *o = *a;
+  o->infer = 0;
+  o->raw = false;
+  o->raw_start = o->raw_end = 0;
+  if (f & AF_SHAPE) {
+    int64_t t[MAXD];
+    sym_dim hint[MAXD];
+    for (int i = 0; i < a->ndim; i++) t[i] = a->shape[i].c;
+    if (e->op == OP_EXPAND) {
+      for (int i = 0; i < a->ndim; i++) {
+        int j = i - (a->ndim - x->ndim);
+        hint[i] = j >= 0 ? x->shape[j] : sym_error();
+      }
+    } else {
+      reshape_target(b, x, a->ndim, t, hint);
+    }
+    for (int i = 0; i < a->ndim; i++, si++) {
+      if (i == a->infer - 1) {
+        slot_fixed(b, (rec_slot){false, -1, 0});
+        continue;
+      }
+      o->shape[i] = slot_size(b, ev, si, t[i], hint[i], e->user);
+    }
+    if (e->op == OP_RESHAPE && a->infer > 0 && a->infer <= a->ndim) {
+      /* the dim given as -1 is what the others leave */
+      sym_dim p = sym_const(1), q = sym_const(1);
+      for (int i = 0; i < x->ndim; i++) p = sym_mul(b->g->sym, p, x->shape[i]);
+      for (int i = 0; i < a->ndim; i++)
+        if (i != a->infer - 1) q = sym_mul(b->g->sym, q, o->shape[i]);
+      sym_dim fl = sym_floordiv(b->g->sym, p, q);
+      o->shape[a->infer - 1] = !sym_is_err(fl) && dim_value(b, fl) == t[a->infer - 1] ? fl : sym_const(t[a->infer - 1]);
+    }
+  }
+  if (f & (AF_START | AF_END)) {
+    sym_dim size = x->shape[a->dim];
+    int64_t given[2] = {a->raw ? a->raw_start : a->start.c, a->raw ? a->raw_end : a->end.c};
+    sym_dim norm[2] = {a->start, a->end};
+    sym_dim *dst[2] = {&o->start, &o->end};
+    for (int k = 0; k < 2; k++, si++) {
+      /* a bound at the end of the dim stands for the size, as a hint */
+      sym_dim hint = given[k] == dim_value(b, size) ? size : sym_error();
+      sym_dim gd = slot_size(b, ev, si, given[k], hint, e->user);
+      if (sym_is_err(gd)) return;
+      *dst[k] = a->raw ? slice_bound(b, size, gd) : (sym_is_const(gd) && gd.c == norm[k].c ? norm[k] : gd);
+    }
+  }
+  if (f & AF_VALUE) slot_fixed(b, (rec_slot){true, 0, a->value}), si++;
+  if (f & AF_VALUE2) slot_fixed(b, (rec_slot){true, 0, a->value2}), si++;
+  if (f & AF_K) slot_fixed(b, (rec_slot){false, a->k, 0}), si++;
+  if (f & AF_INTS)
+    for (int i = 0; i < a->nints; i++) slot_fixed(b, (rec_slot){false, a->ints[i], 0}), si++;
+}
+
+/* ---- events ---- */
+
+/* Checks node id's shape against the value's concrete one. */
+static void check_value(build_state *b, int id, int v, const rec_event *e) {
+  const ir_node *n = &b->g->nodes[id];
+  const rec_value *rv = &b->r->val[v];
+  int64_t shape[MAXD];
+  if (n->dtype != rv->dtype || n->ndim != rv->ndim || ir_node_shape(n, b->vals, b->n_syms, shape) ||
+      memcmp(shape, rv->shape, sizeof(int64_t) * (size_t)rv->ndim))
+    bfail(b, "%s:%d: kiln_%s: the symbolic shape rule disagrees with the recorded shape", e->file, e->line,
+          e->kind == EV_OP ? op_table[e->op].name : "factory");
+}
+
+static int ev_op(build_state *b, int ev) {
+  const rec_event *e = &b->r->ev[ev];
+  int buf[16], *ids = e->n_in <= 16 ? buf : alloc_malloc(sizeof(int) * (size_t)e->n_in);
+  if (!ids) return bfail(b, "out of memory while building"), -1;
+  int id = -1;
+  for (int i = 0; i < e->n_in; i++)
+    if ((ids[i] = node_of(b, b->r->ids[e->in + i])) < 0) goto done;
+  ir_node n = {.op = e->op, .n_in = e->n_in, .in = ids, .file = e->file, .line = e->line};
+  convert_attrs(b, ev, &b->g->nodes[ids[0]], &n.attrs);
+  if (b->failed) goto done;
+  id = add_node(b, &n);
+  if (id >= 0) check_value(b, id, e->out, e);
+done:
+  if (ids != buf) alloc_free(ids);
+  return id;
+}
+
+/* A tensor made by a factory: sizes from slots; a uniform fill is a scalar (a constant or an argument) expanded. */
+static int ev_factory(build_state *b, int ev) {
+  const rec_event *e = &b->r->ev[ev];
+  const op_attrs *a = &e->a;
+  sym_dim dims[MAXD];
+  int si = 0;
+  if (e->kind != EV_FULL) {
+    /* the numbers themselves: a constant of the graph, of the recorded shape and seed */
+    for (int i = 0; i < a->ndim; i++) slot_fixed(b, (rec_slot){false, a->shape[i].c, 0});
+    if (e->kind == EV_RAND) slot_fixed(b, (rec_slot){false, a->k, 0});
+    int64_t shape[MAXD];
+    for (int i = 0; i < a->ndim; i++) shape[i] = a->shape[i].c;
+    kiln_tensor *t;
+    if (e->kind == EV_DATA) {
+      t = tensor_new(a->dtype, a->ndim, shape);
+      if (t) memcpy(t->st->data, e->data, (size_t)shape_numel(a->ndim, shape) * kiln_dtype_size(a->dtype));
+    } else {
+      /* no scope is open while a segment builds: the tensor is ours */
+      t = a->flag ? kiln_randn_at(a->dtype, a->ndim, shape, (uint64_t)a->k, e->file, e->line)
+                  : kiln_rand_at(a->dtype, a->ndim, shape, (uint64_t)a->k, e->file, e->line);
+    }
+    if (!t) return bfail(b, "out of memory while building"), -1;
+    ir_node n = {.op = IR_CONST, .dtype = a->dtype, .ndim = a->ndim, .data = t->st->data, .file = e->file, .line = e->line};
+    for (int i = 0; i < a->ndim; i++) n.shape[i] = sym_const(shape[i]);
+    int id = ir_add(b->g, &n);
+    kiln_release(t);
+    if (id < 0) return bfail(b, "out of memory while building"), -1;
+    note_shape(b, &b->g->nodes[id]);
+    return id;
+  }
+  for (int i = 0; i < a->ndim; i++, si++) dims[i] = slot_size(b, ev, si, a->shape[i].c, sym_error(), e->user);
+  if (b->failed) return -1;
+  int arg = slot_value(b, ev, si, a->value, a->dtype);
+  int src = arg >= 0 ? arg_node(b, arg) : scalar_const(b, a->dtype, a->value, e->file, e->line);
+  if (src < 0) return -1;
+  if (a->ndim == 0) return src;
+  ir_node x = {.op = OP_EXPAND, .n_in = 1, .in = &src, .file = e->file, .line = e->line};
+  x.attrs.ndim = a->ndim;
+  memcpy(x.attrs.shape, dims, sizeof dims);
+  int id = add_node(b, &x);
+  if (id >= 0) check_value(b, id, e->out, e);
+  return id;
+}
+
+/* An in-place write as the written tensor's new value: dst op src, src
+ * converted and broadcast to dst (copy_), or a value broadcast (fill_). */
+static int ev_inplace(build_state *b, int ev) {
+  const rec_event *e = &b->r->ev[ev];
+  int d = node_of(b, b->r->ids[e->in]);
+  if (d < 0) return -1;
+  if (e->op == OP_COUNT) {
+    const ir_node *dn = &b->g->nodes[d];
+    int arg = slot_value(b, ev, 0, e->a.value, dn->dtype);
+    int c = arg >= 0 ? arg_node(b, arg) : scalar_const(b, dn->dtype, e->a.value, e->file, e->line);
+    return c < 0 ? -1 : expand_to(b, c, d, e->file, e->line);
+  }
+  int s = node_of(b, b->r->ids[e->in + 1]);
+  if (s < 0) return -1;
+  if (e->op == OP_COPY) {
+    if (b->g->nodes[s].dtype != b->g->nodes[d].dtype) {
+      ir_node c = {.op = OP_CAST, .n_in = 1, .in = &s, .file = e->file, .line = e->line};
+      c.attrs.dtype = b->g->nodes[d].dtype;
+      if ((s = add_node(b, &c)) < 0) return -1;
+    }
+    return expand_to(b, s, d, e->file, e->line);
+  }
+  int ins[2] = {d, s};
+  ir_node n = {.op = e->op, .n_in = 2, .in = ins, .file = e->file, .line = e->line};
+  return add_node(b, &n);
+}
+
+static int ev_numel(build_state *b, int ev) {
+  const rec_event *e = &b->r->ev[ev];
+  int x = node_of(b, b->r->ids[e->in]);
+  if (x < 0) return -1;
+  ir_node n = {.op = IR_NUMEL, .dtype = e->a.dtype, .n_in = 1, .in = &x, .file = e->file, .line = e->line};
+  n.attrs.naxes = e->a.naxes;
+  memcpy(n.attrs.axes, e->a.axes, sizeof n.attrs.axes);
+  n.attrs.start = e->a.start;
+  n.attrs.end = sym_const(0);
+  int id = ir_add(b->g, &n);
+  if (id < 0) bfail(b, "out of memory while building");
+  return id;
+}
+
+/* ---- the graph ---- */
+
+/* Leaves first (inputs, params, grads), then the rest in order. Frees g. */
+static ir_graph *reorder(ir_graph *g, int *pos) {
+  int *order = alloc_malloc(sizeof(int) * (size_t)g->n_nodes + 1), k = 0;
+  ir_graph *r = ir_new(g->name);
+  if (!order || !r) goto fail;
+  for (int pass = IR_INPUT; pass <= IR_GRAD; pass++)
+    for (int i = 0; i < g->n_nodes; i++)
+      if (g->nodes[i].op == pass) order[k++] = i;
+  for (int i = 0; i < g->n_nodes; i++)
+    if (g->nodes[i].op < IR_INPUT || g->nodes[i].op > IR_GRAD) order[k++] = i;
+  sym_ctx_free(r->sym);
+  r->sym = g->sym;
+  g->sym = NULL;
+  r->n_syms = g->n_syms;
+  memcpy(r->sym_lo, g->sym_lo, sizeof r->sym_lo);
+  memcpy(r->sym_hi, g->sym_hi, sizeof r->sym_hi);
+  for (int i = 0; i < k; i++) {
+    ir_node n = g->nodes[order[i]];
+    int ins[64], *p = n.n_in <= 64 ? ins : alloc_malloc(sizeof(int) * (size_t)n.n_in);
+    if (!p) goto fail;
+    for (int j = 0; j < n.n_in; j++) p[j] = pos[n.in[j]];
+    n.in = p;
+    pos[order[i]] = ir_append(r, &n);
+    if (p != ins) alloc_free(p);
+    if (pos[order[i]] < 0) goto fail;
+  }
+  for (int i = 0; i < g->n_outputs; i++)
+    if (ir_add_output(r, pos[g->outputs[i]])) goto fail;
+  for (int i = 0; i < g->n_writes; i++) {
+    ir_write w = g->writes[i];
+    w.target = pos[w.target];
+    if (w.value >= 0) w.value = pos[w.value];
+    if (ir_add_write(r, w)) goto fail;
+  }
+  for (int i = 0; i < g->n_guards; i++)
+    if (ir_add_guard(r, g->guards[i])) goto fail;
+  alloc_free(order);
+  ir_free(g);
+  return r;
+fail:
+  alloc_free(order);
+  ir_free(r);
+  ir_free(g);
+  return NULL;
+}
+
+int build_begin(build_state *b, recording *r, const uint8_t (*dynamic)[MAXD], bool freeze, const build_prev *prev) {
+  memset(b, 0, sizeof *b);
+  b->r = r;
+  b->dynamic = dynamic;
+  b->freeze = freeze;
+  b->prev = prev;
+  b->n_in = r->n_in;
+  b->rsym = sym_ctx_new();
+  if (!b->rsym) return -1;
+  /* the inputs' dims: a symbol each where the spec says (sizes 0 and 1 stay static, as in torch) */
+  for (int i = 0; i < r->n_in; i++) {
+    const kiln_tensor *t = r->in[i];
+    for (int d = 0; d < t->ndim; d++) {
+      if (!dynamic || !dynamic[i][d] || t->shape[d] <= 1) continue;
+      if (b->n_syms == IR_MAX_SYMS) return -1;
+      int k = b->n_syms++;
+      b->sym[k] = (build_sym){.input = i, .dim = d, .arg = -1, .lo = 1, .hi = INT64_MAX};
+      b->vals[k] = t->shape[d];
+      if (prev && i < prev->n_in && d < prev->in_ndim[i]) {
+        b->has_prev[k] = true;
+        b->prev_vals[k] = prev->in_shape[i][d];
+      }
+    }
+  }
+  b->aligned = prev ? prev->aligned : 0;
+  return 0;
+}
+
+void build_seg_free(build_seg *s) {
+  ir_free(s->g);
+  alloc_free(s->extra);
+  alloc_free(s->extra_node);
+  alloc_free(s->params);
+  alloc_free(s->out);
+  memset(s, 0, sizeof *s);
+}
+
+void build_free(build_state *b) {
+  alloc_free(b->args);
+  alloc_free(b->rules);
+  alloc_free(b->rule_at);
+  alloc_free(b->sizes);
+  if (b->shape_text)
+    for (int i = 0; i < b->cap_text; i++) alloc_free(b->shape_text[i]);
+  alloc_free(b->shape_text);
+  sym_ctx_free(b->rsym);
+  memset(b, 0, sizeof *b);
+}
+
+/* Keeps node id's symbolic shape as text, for value v carried into later segments. */
+static void keep_shape(build_state *b, int v, int id) {
+  if (alloc_grow((void **)&b->shape_text, &b->cap_text, v + 1, sizeof *b->shape_text)) return;
+  for (int i = b->n_text; i < b->cap_text; i++) b->shape_text[i] = NULL;
+  if (b->n_text < b->cap_text) b->n_text = b->cap_text;
+  const ir_node *n = &b->g->nodes[id];
+  char text[1024];
+  size_t k = 0;
+  for (int i = 0; i < n->ndim && k < sizeof text; i++) {
+    int w = sym_print(n->shape[i], text + k, sizeof text - k);
+    if (w < 0 || k + (size_t)w + 2 >= sizeof text) return;
+    k += (size_t)w;
+    text[k++] = ',';
+  }
+  text[k ? k - 1 : 0] = '\0';
+  char *c = alloc_malloc(k + 1);
+  if (!c) return;
+  memcpy(c, text, k + 1);
+  alloc_free(b->shape_text[v]);
+  b->shape_text[v] = c;
+}
+
+int build_segment(build_state *b, int from, int to, const int *out, int n_out, const build_write *writes, int n_writes,
+                  build_seg *seg) {
+  recording *r = b->r;
+  memset(seg, 0, sizeof *seg);
+  b->seg = seg;
+  b->failed = false;
+  b->why[0] = 0;
+  if (alloc_grow((void **)&b->rule_at, &b->cap_rule_at, to + 1, sizeof *b->rule_at)) return bfail(b, "out of memory"), -1;
+  alloc_free(b->sizes);
+  b->sizes = NULL;
+  b->sizes_cap = 0;
+  b->g = ir_new(b->name);
+  b->node = alloc_malloc(sizeof(int) * (size_t)(r->n_val + 1));
+  b->input_node = alloc_malloc(sizeof(int) * (size_t)(r->n_in + 1));
+  if (!b->g || !b->node || !b->input_node || declare_syms(b)) {
+    bfail(b, "out of memory while building");
+    goto out;
+  }
+  for (int i = 0; i < r->n_val; i++) b->node[i] = -1;
+  /* the call's inputs, all of them and in order, so that their sizes bind the symbols */
+  for (int i = 0; i < r->n_in; i++) {
+    const kiln_tensor *t = r->in[i];
+    ir_node n = {.op = IR_INPUT, .index = i, .dtype = t->dtype, .ndim = t->ndim, .file = "", .line = 0};
+    for (int d = 0; d < t->ndim; d++) n.shape[d] = sym_const(t->shape[d]);
+    for (int k = 0; k < b->n_syms; k++)
+      if (b->sym[k].input == i) n.shape[b->sym[k].dim] = sym_of(b, k);
+    if ((b->input_node[i] = ir_append(b->g, &n)) < 0) {
+      bfail(b, "out of memory while building");
+      goto out;
+    }
+    note_shape(b, &b->g->nodes[b->input_node[i]]);
+  }
+  for (int ev = from; ev < to && !b->failed; ev++) {
+    const rec_event *e = &r->ev[ev];
+    b->rule_at[ev] = b->n_rules;
+    int id = -1;
+    switch (e->kind) {
+    case EV_OP: id = ev_op(b, ev); break;
+    case EV_INPLACE: id = ev_inplace(b, ev); break;
+    case EV_FULL:
+    case EV_DATA:
+    case EV_RAND: id = ev_factory(b, ev); break;
+    case EV_NUMEL: id = ev_numel(b, ev); break;
+    case EV_BREAK:
+    case EV_ESCAPE: continue;
+    }
+    if (id >= 0 && e->out >= 0) b->node[e->out] = id;
+  }
+  b->rule_at[to] = b->n_rules;
+  /* what the segment hands out, then its writes back */
+  if (alloc_grow((void **)&seg->out, &seg->cap_out, n_out + 1, sizeof *seg->out)) bfail(b, "out of memory");
+  for (int i = 0; i < n_out && !b->failed; i++) {
+    int id = node_of(b, out[i]);
+    if (id < 0) break;
+    if (ir_add_output(b->g, id)) bfail(b, "out of memory");
+    seg->out[seg->n_out++] = out[i];
+    keep_shape(b, out[i], id);
+  }
+  for (int i = 0; i < n_writes && !b->failed; i++) {
+    const build_write *w = &writes[i];
+    int target = node_of(b, w->base);
+    if (target < 0) break;
+    if (w->now != w->base) {
+      int value = node_of(b, w->now);
+      if (value < 0) break;
+      if (b->g->nodes[target].op == IR_CONST) {
+        bfail(b, "an in-place write into a frozen param");
+        break;
+      }
+      const rec_event *e = &r->ev[r->val[w->now].event];
+      if (ir_add_write(b->g, (ir_write){IR_WRITE_DATA, target, value, e->file, e->line})) bfail(b, "out of memory");
+    }
+    if (!w->grad_set || (b->g->nodes[target].op != IR_INPUT && b->g->nodes[target].op != IR_PARAM)) continue;
+    int gv = w->grad >= 0 ? node_of(b, w->grad) : -1;
+    if (w->grad >= 0 && gv < 0) break;
+    if (ir_add_write(b->g, (ir_write){IR_WRITE_GRAD, target, gv, "", 0})) bfail(b, "out of memory");
+  }
+  bind_args(b);
+out:
+  if (!b->failed) {
+    int *pos = alloc_malloc(sizeof(int) * (size_t)(b->g->n_nodes + 1));
+    ir_graph *g = pos ? reorder(b->g, pos) : NULL;
+    if (!pos) ir_free(b->g);
+    alloc_free(pos);
+    b->g = NULL;
+    if (!g) bfail(b, "out of memory while building");
+    seg->g = g;
+  } else {
+    ir_free(b->g);
+    b->g = NULL;
+  }
+  alloc_free(b->node);
+  alloc_free(b->input_node);
+  b->node = b->input_node = NULL;
+  return b->failed ? -1 : 0;
+}

@@ -1,0 +1,660 @@
+/* Recording: a compiled function's body run with the dispatch hooks set so
+ * that nothing is computed. Each op makes a meta tensor (its shape and dtype,
+ * no data) and appends an event to the call's log; factories, in-place
+ * writes and element counts do the same. The body's C code runs as it would
+ * eagerly, so whatever it decides from sizes, numbers or data shows in the
+ * log, and the call matches a cached variant only when its log does.
+ *
+ * Values are numbered as they appear: the call's inputs first, then params
+ * (tensors made before the call), .grads, and the results of events. A read
+ * of data a value does not have yet is a break: the events since the last
+ * break run as a segment (compile.c), the live values get their data, and
+ * recording goes on with them as carried values. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "tracer/tracer.h"
+
+/* serial -> value id, open addressing */
+typedef struct smap {
+  uint64_t *key;
+  int *val;
+  size_t cap, n;
+} smap;
+
+typedef struct leaf_state {
+  kiln_tensor *t;        /* the input or param (params retained by r->params) */
+  int value;             /* its value id when the segment started */
+  kiln_tensor *grad0;    /* its .grad when the segment started (retained) */
+  uint64_t grad0_serial;
+  int grad_value;        /* the RV_GRAD value, -1 until read */
+} leaf_state;
+
+struct rec_state {
+  smap leaves;           /* leaf tensor serial -> current value id */
+  smap layouts;          /* (storage, layout) of a value -> its id: views made outside dispatch */
+  smap carried;          /* value of an earlier segment -> its RV_CARRY value in this one (key: id + 1) */
+  leaf_state *leaf;
+  int n_leaf, cap_leaf;
+  kiln_tensor **made;    /* every tensor the recording made in this segment (retained) */
+  int n_made, cap_made;
+  uint64_t serial0;      /* tensors with a serial below this were made before the call */
+  char *bytes;           /* EV_DATA payloads, one block each */
+  char **blocks;
+  int n_blocks, cap_blocks;
+  trace_hooks hooks;
+  const trace_hooks *saved;
+};
+
+static atomic_ullong next_id = 1;
+
+static void fail(recording *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void fail(recording *r, const char *fmt, ...) {
+  if (r->failed) return;
+  r->failed = true;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(r->why, sizeof r->why, fmt, ap);
+  va_end(ap);
+}
+
+static int new_event(recording *r, rec_ekind kind, int op, const int *ids, int n, const char *file, int line);
+
+/* Something the graph cannot hold: the events so far run as a segment, the
+ * live values get their data, and the rest of the body runs eagerly. */
+static void escape(recording *r, const char *file, int line, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static void escape(recording *r, const char *file, int line, const char *fmt, ...) {
+  if (r->failed || r->escaped) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(r->why, sizeof r->why, fmt, ap);
+  va_end(ap);
+  if (new_event(r, EV_ESCAPE, 0, NULL, 0, file, line) < 0) return;
+  r->escaped = true;
+  r->st->hooks.record = false;
+  if (r->run(r, r->run_ctx, false)) {
+    r->failed = true;
+    snprintf(r->why, sizeof r->why, "%s", kiln_last_error());
+  }
+}
+
+/* ---- maps ---- */
+
+static int map_get(const smap *m, uint64_t k) {
+  if (!m->cap) return -1;
+  for (size_t i = hash64(k) & (m->cap - 1);; i = (i + 1) & (m->cap - 1)) {
+    if (!m->key[i]) return -1;
+    if (m->key[i] == k) return m->val[i];
+  }
+}
+
+static int map_put(smap *m, uint64_t k, int v) {
+  if ((m->n + 1) * 2 > m->cap) {
+    size_t cap = m->cap ? m->cap * 2 : 256;
+    uint64_t *key = alloc_calloc(cap, sizeof *key);
+    int *val = alloc_calloc(cap, sizeof *val);
+    if (!key || !val) {
+      alloc_free(key);
+      alloc_free(val);
+      return -1;
+    }
+    for (size_t i = 0; i < m->cap; i++) {
+      if (!m->key[i]) continue;
+      size_t j = hash64(m->key[i]) & (cap - 1);
+      while (key[j]) j = (j + 1) & (cap - 1);
+      key[j] = m->key[i];
+      val[j] = m->val[i];
+    }
+    alloc_free(m->key);
+    alloc_free(m->val);
+    m->key = key;
+    m->val = val;
+    m->cap = cap;
+  }
+  size_t i = hash64(k) & (m->cap - 1);
+  while (m->key[i] && m->key[i] != k) i = (i + 1) & (m->cap - 1);
+  if (!m->key[i]) m->n++;
+  m->key[i] = k;
+  m->val[i] = v;
+  return 0;
+}
+
+static void map_clear(smap *m) {
+  if (m->cap) memset(m->key, 0, sizeof *m->key * m->cap);
+  m->n = 0;
+}
+
+static void map_free(smap *m) {
+  alloc_free(m->key);
+  alloc_free(m->val);
+  memset(m, 0, sizeof *m);
+}
+
+static uint64_t layout_key(const kiln_tensor *t) {
+  uint64_t h = hash64(t->st->serial ^ 0x5bd1e995u);
+  h = hash64(h ^ ((uint64_t)t->dtype << 8 | (uint64_t)t->ndim));
+  for (int i = 0; i < t->ndim; i++) h = hash64(h ^ (uint64_t)t->shape[i]) + (uint64_t)t->stride[i] * 0x9e3779b97f4a7c15ull;
+  h = hash64(h ^ (uint64_t)t->offset);
+  return h ? h : 1;
+}
+
+/* ---- the log ---- */
+
+static int new_value(recording *r, rec_vkind kind, const kiln_tensor *t, int index, int event) {
+  if (alloc_grow((void **)&r->val, &r->cap_val, r->n_val + 1, sizeof *r->val)) return fail(r, "out of memory while recording"), -1;
+  rec_value *v = &r->val[r->n_val];
+  *v = (rec_value){.kind = kind, .dtype = t->dtype, .ndim = t->ndim, .index = index, .event = event, .seg = r->seg,
+                   .version = atomic_load(&t->st->version)};
+  memcpy(v->shape, t->shape, sizeof(int64_t) * (size_t)t->ndim);
+  return r->n_val++;
+}
+
+/* A new event with inputs ids[0..n); its index, or -1. */
+static int new_event(recording *r, rec_ekind kind, int op, const int *ids, int n, const char *file, int line) {
+  if (alloc_grow((void **)&r->ev, &r->cap_ev, r->n_ev + 1, sizeof *r->ev) ||
+      alloc_grow((void **)&r->ids, &r->cap_ids, r->n_ids + n, sizeof *r->ids))
+    return fail(r, "out of memory while recording"), -1;
+  rec_event *e = &r->ev[r->n_ev];
+  memset(e, 0, sizeof *e);
+  e->kind = kind;
+  e->op = op;
+  e->n_in = n;
+  e->in = r->n_ids;
+  e->out = -1;
+  e->file = file ? file : "";
+  e->line = line;
+  e->user = !in_internal();
+  if (n) memcpy(r->ids + r->n_ids, ids, sizeof(int) * (size_t)n);
+  r->n_ids += n;
+  return r->n_ev++;
+}
+
+/* Keeps t (made by the recording) and tags it with its value. */
+static int adopt(recording *r, kiln_tensor *t, int value) {
+  struct rec_state *s = r->st;
+  t->rec_call = r->id;
+  t->rec_id = value;
+  if (alloc_grow((void **)&s->made, &s->cap_made, s->n_made + 1, sizeof *s->made) ||
+      map_put(&s->layouts, layout_key(t), value)) {
+    fail(r, "out of memory while recording");
+    return -1;
+  }
+  s->made[s->n_made++] = kiln_retain(t);
+  return 0;
+}
+
+/* ---- values of tensors ---- */
+
+static int add_leaf(recording *r, kiln_tensor *t, int value) {
+  struct rec_state *s = r->st;
+  if (alloc_grow((void **)&s->leaf, &s->cap_leaf, s->n_leaf + 1, sizeof *s->leaf) || map_put(&s->leaves, t->serial, value))
+    return fail(r, "out of memory while recording"), -1;
+  s->leaf[s->n_leaf++] = (leaf_state){t, value, kiln_retain(t->grad), t->grad ? t->grad->serial : 0, -1};
+  return 0;
+}
+
+static leaf_state *leaf_of(recording *r, int value) {
+  for (int i = 0; i < r->st->n_leaf; i++)
+    if (r->st->leaf[i].value == value) return &r->st->leaf[i];
+  return NULL;
+}
+
+int rec_value_of(recording *r, kiln_tensor *t) {
+  struct rec_state *s = r->st;
+  if (t->rec_call == r->id && r->val[t->rec_id].seg == r->seg) {
+    if (r->val[t->rec_id].version != atomic_load(&t->st->version)) {
+      escape(r, "", 0, "a view made before an in-place write into the tensor it views is used after it: compiled code does "
+                       "not follow writes through views yet, so the rest of the body ran eagerly (make the view again after "
+                       "the write)");
+      return -1;
+    }
+    return t->rec_id;
+  }
+  int id = map_get(&s->leaves, t->serial);
+  if (id >= 0) {
+    if (r->val[id].version != atomic_load(&t->st->version)) {
+      escape(r, "", 0, "a tensor viewing a param or input was written through another view of it: the rest of the body ran "
+                       "eagerly");
+      return -1;
+    }
+    return id;
+  }
+  if (t->rec_call == r->id) {
+    /* computed at a break: a leaf of this segment, carried in */
+    id = new_value(r, RV_CARRY, t, t->rec_id, -1);
+    if (id < 0 || add_leaf(r, t, id)) return -1;
+    return id;
+  }
+  /* a view of a value made outside dispatch (autograd keeps its outputs so) */
+  id = map_get(&s->layouts, layout_key(t));
+  if (id >= 0 && r->val[id].seg == r->seg) return id;
+  if (t->st->meta) {
+    fail(r, "a tensor without data that this call did not make (made by another compiled call's recording that failed)");
+    return -1;
+  }
+  /* the .grad of a leaf, read before it changed */
+  for (int i = 0; i < s->n_leaf; i++) {
+    leaf_state *l = &s->leaf[i];
+    if (l->grad0 != t || l->grad0_serial != t->serial) continue;
+    if (l->grad_value < 0) {
+      l->grad_value = new_value(r, RV_GRAD, t, l->value, -1);
+      if (l->grad_value < 0 || map_put(&s->leaves, t->serial, l->grad_value)) return fail(r, "out of memory while recording"), -1;
+    }
+    return l->grad_value;
+  }
+  if (t->serial >= s->serial0) {
+    escape(r, "", 0, "a tensor made in the body other than by a kiln op or factory: the rest of the body ran eagerly");
+    return -1;
+  }
+  /* a tensor made before the call: a param, read by reference on every call */
+  if (alloc_grow((void **)&r->params, &r->cap_params, r->n_params + 1, sizeof *r->params)) return fail(r, "out of memory while recording"), -1;
+  id = new_value(r, RV_PARAM, t, r->n_params, -1);
+  if (id < 0) return -1;
+  r->params[r->n_params++] = kiln_retain(t);
+  if (add_leaf(r, t, id)) return -1;
+  return id;
+}
+
+/* Every input's value id, or -1. */
+static int values_of(recording *r, kiln_tensor *const *in, int n, int *ids) {
+  for (int i = 0; i < n; i++)
+    if ((ids[i] = rec_value_of(r, in[i])) < 0) return -1;
+  return 0;
+}
+
+/* ---- the hooks ---- */
+
+static bool has_user_numbers(const recording *r, const rec_event *e) {
+  rec_slot tmp[2 * MAXD + 8];
+  (void)r;
+  return e->user && rec_slots(e, tmp, (int)(sizeof tmp / sizeof tmp[0])) > 0;
+}
+
+/* After an escape: out, a meta tensor of an op recorded no longer, computed from its (now real) inputs. */
+static void compute_now(recording *r, op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out) {
+  if (!out->st->meta) return; /* a view of data that exists */
+  for (int i = 0; i < n; i++)
+    if (in[i]->st->meta) return fail(r, "an input of an op after the escape has no data");
+  void *data = alloc_aligned((out->st->bytes + 63) & ~(size_t)63);
+  if (!data) return fail(r, "out of memory");
+  storage_materialize(out->st, data);
+  if (op_table[op].kind == KIND_VIEW) {
+    /* a reshape that could not view: in[0]'s elements in order */
+    kiln_tensor tmp = {.dtype = in[0]->dtype, .ndim = in[0]->ndim, .st = out->st};
+    memcpy(tmp.shape, in[0]->shape, sizeof tmp.shape);
+    contiguous_strides(tmp.ndim, tmp.shape, tmp.stride);
+    pw_copy(&tmp, in[0]);
+  } else if (op_table[op].kernel(op, in, n, a ? a : &(op_attrs){0}, out)) {
+    fail(r, "out of memory");
+  }
+}
+
+static void on_op(void *ctx, op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out,
+                  const char *file, int line) {
+  recording *r = ctx;
+  if (r->failed) return;
+  int small[16] = {0}, *ids = n <= 16 ? small : alloc_malloc(sizeof(int) * (size_t)n);
+  if (!ids) return fail(r, "out of memory while recording");
+  if (values_of(r, in, n, ids) == 0) {
+    int e = new_event(r, EV_OP, (int)op, ids, n, file, line);
+    if (e >= 0) {
+      static const op_attrs none;
+      r->ev[e].a = a ? *a : none;
+      r->ev[e].user = user_numbers() || !in_internal();
+      if (has_user_numbers(r, &r->ev[e])) r->c_numbers = true;
+      int v = new_value(r, RV_MADE, out, -1, e);
+      if (v >= 0) {
+        r->ev[e].out = v;
+        adopt(r, out, v);
+      }
+    }
+  }
+  if (r->escaped) compute_now(r, op, in, n, a, out);
+  if (ids != small) alloc_free(ids);
+}
+
+/* Whether t covers all of its storage, in order. */
+static bool whole(const kiln_tensor *t) {
+  return t->offset == 0 && tensor_contiguous(t) &&
+         (size_t)shape_numel(t->ndim, t->shape) * kiln_dtype_size(t->dtype) == t->st->bytes;
+}
+
+static void on_inplace(void *ctx, op_id op, kiln_tensor *dst, kiln_tensor *src, double value, const char *file,
+                       int line) {
+  recording *r = ctx;
+  if (r->failed) return;
+  int ids[2] = {rec_value_of(r, dst), src ? rec_value_of(r, src) : 0};
+  if (ids[0] < 0 || ids[1] < 0) return;
+  if (!whole(dst))
+    return escape(r, file, line, "%s:%d: an in-place write into a view of another tensor: compiled code does not follow "
+                  "writes through views yet, so the rest of the body ran eagerly", file, line);
+  int e = new_event(r, EV_INPLACE, (int)op, ids, src ? 2 : 1, file, line);
+  if (e < 0) return;
+  r->ev[e].a.value = value;
+  if (!src && r->ev[e].user) r->c_numbers = true;
+  int v = new_value(r, RV_MADE, dst, -1, e);
+  if (v < 0) return;
+  r->val[v].version++; /* inplace() bumps the version after this hook */
+  r->ev[e].out = v;
+  struct rec_state *s = r->st;
+  if (dst->rec_call == r->id && r->val[dst->rec_id].seg == r->seg) {
+    dst->rec_id = v;
+    if (map_put(&s->layouts, layout_key(dst), v)) fail(r, "out of memory while recording");
+  } else if (map_put(&s->leaves, dst->serial, v) || map_put(&s->layouts, layout_key(dst), v)) {
+    fail(r, "out of memory while recording");
+  }
+}
+
+static bool pending(recording *r, const kiln_tensor *t);
+
+static void on_read(void *ctx, const char *what, const kiln_tensor *t, const char *file, int line) {
+  recording *r = ctx;
+  (void)what;
+  r->read_data = true;
+  if (r->failed || !pending(r, t)) return;
+  int e = new_event(r, EV_BREAK, 0, NULL, 0, file, line);
+  if (e < 0) return;
+  if (r->run(r, r->run_ctx, false)) fail(r, "%s", kiln_last_error());
+}
+
+static void on_zero_grad(void *ctx, kiln_tensor *t) {
+  recording *r = ctx;
+  if (!r->failed) rec_value_of(r, t); /* a leaf now, so its .grad at the start is known */
+}
+
+static void on_numel(void *ctx, kiln_tensor *out, const kiln_tensor *x, const int *axes, int naxes, int64_t offset,
+                     const char *file, int line) {
+  recording *r = ctx;
+  if (r->failed) return;
+  int id = rec_value_of(r, (kiln_tensor *)x);
+  if (id < 0) return;
+  int e = new_event(r, EV_NUMEL, 0, &id, 1, file, line);
+  if (e < 0) return;
+  r->ev[e].a.naxes = naxes;
+  for (int i = 0; i < naxes && i < MAXD; i++) r->ev[e].a.axes[i] = axes[i];
+  r->ev[e].a.start = sym_const(offset);
+  r->ev[e].a.dtype = out->dtype;
+  int v = new_value(r, RV_MADE, out, -1, e);
+  if (v >= 0) {
+    r->ev[e].out = v;
+    adopt(r, out, v);
+  }
+}
+
+static void on_size_read(void *ctx, const kiln_tensor *t, int dim) {
+  recording *r = ctx;
+  r->read_meta = true;
+  if (r->failed || r->escaped || dim < 0 || r->n_reads == 64) return;
+  int v = rec_value_of(r, (kiln_tensor *)t);
+  if (v < 0) return;
+  for (int i = 0; i < r->n_reads; i++)
+    if (r->reads[i].value == v && r->reads[i].dim == dim) return;
+  if (alloc_grow((void **)&r->reads, &r->cap_reads, r->n_reads + 1, sizeof *r->reads)) return;
+  r->reads[r->n_reads].value = v;
+  r->reads[r->n_reads++].dim = dim;
+}
+
+static kiln_tensor *on_factory(void *ctx, int kind, kiln_dtype dt, int ndim, const int64_t *shape, double value,
+                               uint64_t seed, bool flag, const void *data, const char *file, int line) {
+  recording *r = ctx;
+  kiln_tensor *t = tensor_new_meta(dt, ndim, shape);
+  if (!t) return err_set(file, line, "record", "out of memory");
+  if (r->failed) return t;
+  rec_ekind k = kind == FAC_DATA ? EV_DATA : kind == FAC_RAND ? EV_RAND : EV_FULL;
+  int e = new_event(r, k, 0, NULL, 0, file, line);
+  if (e < 0) return t;
+  rec_event *ev = &r->ev[e];
+  ev->a.dtype = dt;
+  ev->a.ndim = ndim;
+  for (int i = 0; i < ndim; i++) ev->a.shape[i] = sym_const(shape[i]);
+  ev->a.value = value;
+  ev->a.k = (int64_t)seed;
+  ev->a.flag = flag;
+  if (ev->user) r->c_numbers = true;
+  if (k == EV_DATA) {
+    size_t bytes = (size_t)shape_numel(ndim, shape) * kiln_dtype_size(dt);
+    struct rec_state *s = r->st;
+    char *b = alloc_malloc(bytes ? bytes : 1);
+    if (!b || alloc_grow((void **)&s->blocks, &s->cap_blocks, s->n_blocks + 1, sizeof *s->blocks)) {
+      alloc_free(b);
+      fail(r, "out of memory while recording");
+      return t;
+    }
+    if (bytes) memcpy(b, data, bytes);
+    s->blocks[s->n_blocks++] = b;
+    r->ev[e].data = b;
+  }
+  int v = new_value(r, RV_MADE, t, -1, e);
+  if (v >= 0) {
+    r->ev[e].out = v;
+    adopt(r, t, v);
+  }
+  return t;
+}
+
+/* ---- data a read needs ---- */
+
+/* Whether reading t needs the segment to run: its data is a recording's, or
+ * a leaf's storage it views was written in this segment. */
+static bool pending(recording *r, const kiln_tensor *t) {
+  if (t->st->meta) return true;
+  struct rec_state *s = r->st;
+  for (int i = 0; i < s->n_leaf; i++) {
+    leaf_state *l = &s->leaf[i];
+    if (l->t->st == t->st && map_get(&s->leaves, l->t->serial) != l->value) return true;
+  }
+  return false;
+}
+
+int rec_live_values(recording *r, bool last, rec_live **out, int *n) {
+  struct rec_state *s = r->st;
+  (void)last;
+  *out = NULL;
+  *n = 0;
+  rec_live *lv = alloc_malloc(sizeof *lv * (size_t)(s->n_made + 1));
+  if (!lv) return -1;
+  int k = 0;
+  for (int i = 0; i < s->n_made; i++) {
+    kiln_tensor *t = s->made[i];
+    /* alive beyond our reference, and holding data the call computes */
+    if (atomic_load(&t->refcount) <= 1 || !t->st->meta) continue;
+    bool seen = false;
+    for (int j = 0; j < k && !seen; j++) seen = lv[j].st == t->st;
+    if (seen) continue;
+    /* the storage's data: the value of the tensor that covers it */
+    int value = -1;
+    for (int j = 0; j < s->n_made && value < 0; j++) {
+      kiln_tensor *w = s->made[j];
+      if (w->st == t->st && whole(w) && r->val[w->rec_id].seg == r->seg && r->val[w->rec_id].version == atomic_load(&w->st->version))
+        value = w->rec_id;
+    }
+    if (value < 0) {
+      alloc_free(lv);
+      fail(r, "a live view whose whole storage the call no longer has");
+      return -1;
+    }
+    lv[k++] = (rec_live){value, t->st, -1};
+  }
+  *out = lv;
+  *n = k;
+  return 0;
+}
+
+void rec_strip_history(recording *r) {
+  struct rec_state *s = r->st;
+  for (int i = 0; i < s->n_made; i++) {
+    kiln_tensor *t = s->made[i];
+    if (t->grad_fn) {
+      ag_node_release(t->grad_fn);
+      t->grad_fn = NULL;
+    }
+    t->requires_grad = false;
+  }
+}
+
+void rec_restore_grads(recording *r) {
+  struct rec_state *s = r->st;
+  for (int i = 0; i < s->n_leaf; i++) {
+    leaf_state *l = &s->leaf[i];
+    if (l->t->grad == l->grad0) continue;
+    kiln_release(l->t->grad);
+    l->t->grad = kiln_retain(l->grad0);
+  }
+}
+
+kiln_tensor *rec_grad0(recording *r, int leaf_value) {
+  leaf_state *l = leaf_of(r, leaf_value);
+  return l ? l->grad0 : NULL;
+}
+
+/* Leaf values of the segment: each leaf as its own data again. */
+void rec_next_segment(recording *r) {
+  struct rec_state *s = r->st;
+  for (int i = 0; i < s->n_made; i++) kiln_release(s->made[i]);
+  s->n_made = 0;
+  map_clear(&s->layouts);
+  map_clear(&s->carried);
+  r->seg++;
+  r->seg_start = r->n_ev;
+  r->n_reads = 0;
+  for (int i = 0; i < s->n_leaf; i++) {
+    leaf_state *l = &s->leaf[i];
+    rec_vkind kind = r->val[l->value].kind;
+    int index = r->val[l->value].index;
+    int v = new_value(r, kind, l->t, index, -1);
+    if (v < 0) return;
+    l->value = v;
+    kiln_release(l->grad0);
+    l->grad0 = kiln_retain(l->t->grad);
+    l->grad0_serial = l->t->grad ? l->t->grad->serial : 0;
+    l->grad_value = -1;
+    if (map_put(&s->leaves, l->t->serial, v)) fail(r, "out of memory while recording");
+  }
+}
+
+int rec_leaves(recording *r, rec_leaf **out, int *n) {
+  struct rec_state *s = r->st;
+  *n = 0;
+  *out = alloc_malloc(sizeof **out * (size_t)(s->n_leaf + 1));
+  if (!*out) return -1;
+  for (int i = 0; i < s->n_leaf; i++) {
+    leaf_state *l = &s->leaf[i];
+    (*out)[(*n)++] = (rec_leaf){l->t, l->value, map_get(&s->leaves, l->t->serial), l->grad0, l->t->grad, l->grad_value};
+  }
+  return 0;
+}
+
+void rec_pause(recording *r) { rec_end(r); }
+void rec_resume(recording *r) {
+  r->st->saved = dispatch_hooks();
+  dispatch_set_hooks(&r->st->hooks);
+}
+
+/* ---- slots: the numbers user code could change between calls ---- */
+
+static int put_i(rec_slot *out, int k, int max, int64_t v) {
+  if (k < max) out[k] = (rec_slot){false, v, 0};
+  return k + 1;
+}
+static int put_f(rec_slot *out, int k, int max, double v) {
+  if (k < max) out[k] = (rec_slot){true, 0, v};
+  return k + 1;
+}
+
+int rec_slots(const rec_event *e, rec_slot *out, int max) {
+  const op_attrs *a = &e->a;
+  int k = 0;
+  switch (e->kind) {
+  case EV_OP: {
+    unsigned f = op_table[e->op].attrs;
+    if (f & AF_SHAPE)
+      for (int i = 0; i < a->ndim; i++) k = put_i(out, k, max, i == a->infer - 1 ? -1 : a->shape[i].c);
+    if (f & AF_START) k = put_i(out, k, max, a->raw ? a->raw_start : a->start.c);
+    if (f & AF_END) k = put_i(out, k, max, a->raw ? a->raw_end : a->end.c);
+    if (f & AF_VALUE) k = put_f(out, k, max, a->value);
+    if (f & AF_VALUE2) k = put_f(out, k, max, a->value2);
+    if (f & AF_K) k = put_i(out, k, max, a->k);
+    if (f & AF_INTS)
+      for (int i = 0; i < a->nints; i++) k = put_i(out, k, max, a->ints[i]);
+    break;
+  }
+  case EV_INPLACE:
+    if (e->op == OP_COUNT) k = put_f(out, k, max, a->value);
+    break;
+  case EV_FULL:
+  case EV_RAND:
+    for (int i = 0; i < a->ndim; i++) k = put_i(out, k, max, a->shape[i].c);
+    k = e->kind == EV_FULL ? put_f(out, k, max, a->value) : put_i(out, k, max, a->k);
+    break;
+  case EV_DATA:
+    for (int i = 0; i < a->ndim; i++) k = put_i(out, k, max, a->shape[i].c);
+    break;
+  case EV_NUMEL:
+  case EV_BREAK:
+  case EV_ESCAPE:
+    break;
+  }
+  return k;
+}
+
+/* ---- start and end ---- */
+
+int rec_begin(recording *r, kiln_tensor *const *in, int n_in, rec_run_fn run, void *run_ctx) {
+  memset(r, 0, sizeof *r);
+  r->id = atomic_fetch_add(&next_id, 1);
+  r->in = in;
+  r->n_in = n_in;
+  r->run = run;
+  r->run_ctx = run_ctx;
+  r->st = alloc_calloc(1, sizeof *r->st);
+  if (!r->st) return -1;
+  struct rec_state *s = r->st;
+  s->serial0 = tensor_serial_now();
+  for (int i = 0; i < n_in; i++) {
+    int v = new_value(r, RV_INPUT, in[i], i, -1);
+    if (v < 0) return -1;
+    /* the same tensor passed twice: the first input stands for both */
+    if (map_get(&s->leaves, in[i]->serial) < 0 && add_leaf(r, in[i], v)) return -1;
+  }
+  s->hooks = (trace_hooks){.ctx = r,
+                           .op = on_op,
+                           .inplace = on_inplace,
+                           .read = on_read,
+                           .zero_grad = on_zero_grad,
+                           .numel = on_numel,
+                           .size_read = on_size_read,
+                           .record = true,
+                           .factory = on_factory};
+  s->saved = dispatch_hooks();
+  dispatch_set_hooks(&s->hooks);
+  return r->failed ? -1 : 0;
+}
+
+void rec_end(recording *r) {
+  if (r->st && dispatch_hooks() == &r->st->hooks) dispatch_set_hooks(r->st->saved);
+}
+
+void rec_free(recording *r) {
+  struct rec_state *s = r->st;
+  if (s) {
+    rec_end(r);
+    for (int i = 0; i < s->n_made; i++) kiln_release(s->made[i]);
+    for (int i = 0; i < s->n_leaf; i++) kiln_release(s->leaf[i].grad0);
+    for (int i = 0; i < s->n_blocks; i++) alloc_free(s->blocks[i]);
+    alloc_free(s->blocks);
+    alloc_free(s->made);
+    alloc_free(s->leaf);
+    map_free(&s->leaves);
+    map_free(&s->layouts);
+    map_free(&s->carried);
+    alloc_free(s);
+  }
+  for (int i = 0; i < r->n_params; i++) kiln_release(r->params[i]);
+  alloc_free(r->params);
+  alloc_free(r->reads);
+  alloc_free(r->ev);
+  alloc_free(r->ids);
+  alloc_free(r->val);
+  memset(r, 0, sizeof *r);
+}
