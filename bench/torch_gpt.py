@@ -28,8 +28,6 @@ ADAMW = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
 PROMPT_LEN = 12
 GEN_TOKENS = 64
 
-# bench/gpt.c's sample counts (its budget is for an eager-compiled pair, so half per side)
-TIMING = {"warmup": 3, "min_samples": 5, "max_samples": 200, "budget_s": 0.75}
 # W9 is timed per call of GEN_TOKENS tokens and reported per token, as kiln does
 PER = {"W9_gpt_generate": GEN_TOKENS}
 
