@@ -305,6 +305,10 @@ def render(rep, img_rel):
         rows.append(cells)
     out.append(table(["workload"] + [LABEL[m] for m in shown] + ["rounds"], rows))
     notes = empty_notes(rep, shown)
+    if all(r["source"] == "kiln_bench" for r in side):
+        notes.insert(0, "bench/side_by_side.py left no results (see the run's log): these are kiln's own "
+                        "interleaved eager and compiled samples (kiln_bench --compiled); the other "
+                        "contenders were not measured.")
     notes.append("\"PyTorch fused ops\" is PyTorch's own op for the computation (F.gelu, torch.softmax, "
                  "F.layer_norm, addmm, F.linear, F.scaled_dot_product_attention; W8 and W9: the same GPT "
                  "with F.scaled_dot_product_attention and, in W8, the fused AdamW): the bar a compiler's "
