@@ -5,7 +5,8 @@
 #   make test     release build + its tests, then the sanitized test build in build-asan/ + its tests,
 #                 then the tests that start threads under ThreadSanitizer in build-tsan/
 #   make demo     release build, then the demo
-#   make bench    release build, then the benchmarks, kiln against PyTorch
+#   make bench    release build, then the benchmarks: kiln against PyTorch, torch.compile and JAX
+#                 (their Python packages go into build/venv once, from PyPI: bench/venv.sh)
 #   make clean
 
 BUILD      ?= build
@@ -18,7 +19,9 @@ JOBS       ?= 2
 CMAKE_ARGS ?=
 
 DEPS       := cmake pkg-config build-essential llvm-19-dev libopenblas-dev check python3-numpy
-BENCH_DEPS := python3-torch python3-matplotlib
+# The bench's Python packages (PyTorch 2.x, JAX, matplotlib) come from PyPI into build/venv
+# (bench/venv.sh); Debian gives the venv module and the Python headers torch.compile's C++ includes.
+BENCH_DEPS := python3-venv python3-dev
 
 # $(call apt_ensure,packages): apt-get install whatever of them is not installed.
 define apt_ensure

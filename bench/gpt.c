@@ -19,11 +19,9 @@
 #include <time.h>
 
 #include "../examples/gpt.h"
+#include "bench.h"
 #include "kiln.h"
 #include "stats.h"
-
-int bench_gpt(const char *only);
-void bench_gpt_json(FILE *f, int threads);
 
 enum { WARMUP = 3, MIN_SAMPLES = 5, MAX_SAMPLES = 200 };
 #define SAMPLE_BUDGET_S 1.5
@@ -246,3 +244,66 @@ void bench_gpt_json(FILE *f, int threads) {
     fprintf(f, "}%s\n", i + 1 < n_results ? "," : "");
   }
 }
+
+/* ---- W8 and W9 as cases, for serve.c -------------------------------------- */
+
+typedef struct gcase {
+  gpt g;
+  train_ctx train; /* W8 */
+  gen_ctx gen;     /* W9 */
+} gcase;
+
+static int gcase_train(void *ctx, kiln_fn *fn) { return train_run(&((gcase *)ctx)->train, fn); }
+static int gcase_gen(void *ctx, kiln_fn *fn) { return gen_run(&((gcase *)ctx)->gen, fn); }
+
+static void gcase_close(void *ctx) {
+  gcase *c = ctx;
+  kiln_release(c->train.idx);
+  kiln_release(c->train.tgt);
+  gpt_free(&c->g);
+  free(c);
+}
+
+/* The same model, batch and prompt as bench_gpt's. */
+int gpt_case_open(const char *id, bench_case *bc) {
+  bool w8 = !strcmp(id, "W8") || !strcmp(id, "W8_gpt_train");
+  bool w9 = !strcmp(id, "W9") || !strcmp(id, "W9_gpt_generate");
+  if (!w8 && !w9) return 1;
+  const gpt_config cfg = GPT_BENCH_CONFIG;
+  gcase *c = calloc(1, sizeof *c);
+  if (!c) return -1;
+  if (gpt_init(&c->g, &cfg, 1) != 0) {
+    free(c);
+    return -1;
+  }
+  uint64_t rng = 7;
+  kiln_fn *fn = NULL;
+  if (w8) {
+    int64_t B = GPT_BENCH_BATCH, T = cfg.block_size, *x = malloc(sizeof(int64_t) * (size_t)(2 * B * T));
+    for (int64_t i = 0; x && i < 2 * B * T; i++) x[i] = (int64_t)(gpt_rand(&rng) % (uint64_t)cfg.vocab_size);
+    c->train.g = &c->g;
+    if (x) {
+      c->train.idx = kiln_tensor_from(KILN_I64, 2, ((int64_t[]){B, T}), x);
+      c->train.tgt = kiln_tensor_from(KILN_I64, 2, ((int64_t[]){B, T}), x + B * T);
+    }
+    free(x);
+    kiln_options o = {.name = "W8", .n_in = 2, .n_out = 1};
+    if (c->train.idx && c->train.tgt) fn = kiln_compile(gpt_train_body, &c->g, &o);
+    *bc = (bench_case){.name = "W8_gpt_train", .run = gcase_train, .per = 1};
+  } else {
+    c->gen.g = &c->g;
+    for (int i = 0; i < GPT_BENCH_PROMPT_LEN; i++) c->gen.text[i] = (uint8_t)(gpt_rand(&rng) % 256);
+    kiln_options o = {.name = "W9", .n_in = 1, .n_out = 1};
+    fn = kiln_compile(gpt_next_body, &c->g, &o);
+    if (fn && kiln_mark_dynamic(fn, 0, 1) != 0) kiln_fn_free(fn), fn = NULL;
+    *bc = (bench_case){.name = "W9_gpt_generate", .run = gcase_gen, .per = GPT_BENCH_GEN_TOKENS};
+  }
+  if (!fn) {
+    gcase_close(c);
+    return -1;
+  }
+  bc->close = gcase_close, bc->ctx = c, bc->fn = fn;
+  return 0;
+}
+
+void gpt_list(FILE *f) { fprintf(f, "W8 W8_gpt_train\nW9 W9_gpt_generate\n"); }

@@ -1,7 +1,8 @@
-"""What the benchmark ran on: CPU, cores, memory, OS, compiler, LLVM, OpenBLAS
-(its build and the core type it picked), PyTorch, and the load at the time.
+"""What the benchmark ran on: CPU (its model and vector width), cores, memory,
+OS, compiler, LLVM, OpenBLAS (its build and the core type it picked), the
+Python libraries, and the load at the time.
 
-    /usr/bin/python3 bench/machine.py [--build DIR] [--json PATH]
+    python3 bench/machine.py [--build DIR] [--json PATH]
 
 run.sh calls it before the benchmarks (so the load average is the one they
 started under); report.py reads the JSON. Every probe is best-effort: what
@@ -47,6 +48,7 @@ def cpu():
     flags = set(info.pop("flags", "").split())
     info["isa"] = [f for f in ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512_bf16", "amx_tile")
                    if f in flags]
+    info["vector"] = vector_width(flags)
     info["logical_cpus"] = os.cpu_count()
     try:
         info["usable_cpus"] = len(os.sched_getaffinity(0))
@@ -63,6 +65,21 @@ def cpu():
     if m:
         info["mem_gib"] = round(int(m.group(1)) / 2**20, 1)
     return info
+
+
+def vector_width(flags):
+    """The widest SIMD the CPU reports, as the report names it in each table."""
+    if "avx512f" in flags:
+        return "AVX-512"
+    if "avx2" in flags:
+        return "AVX2"
+    if "avx" in flags:
+        return "AVX"
+    if "sve" in flags:
+        return "SVE"
+    if "asimd" in flags:
+        return "NEON"
+    return "SSE" if "sse2" in flags else "scalar"
 
 
 def system():
@@ -103,11 +120,6 @@ def openblas():
     """OpenBLAS's build string and the kernels it picked here (the same library
     kiln_bench links, under the same environment)."""
     info = {"OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE")}
-    # the BLAS PyTorch's libblas.so.3 resolves to (Debian's alternatives)
-    for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib"):
-        if os.path.exists(os.path.join(d, "libblas.so.3")):
-            info["libblas.so.3"] = os.path.realpath(os.path.join(d, "libblas.so.3"))
-            break
     for name in ("libopenblas.so.0", ctypes.util.find_library("openblas")):
         if not name:
             continue
@@ -129,7 +141,7 @@ def python_libs():
     for mod in ("numpy", "matplotlib"):
         try:
             info[mod] = __import__(mod).__version__
-        except ImportError:
+        except Exception:  # noqa: BLE001 - missing, or broken: either way not there
             info[mod] = None
     return info
 
@@ -141,8 +153,8 @@ def main():
     args = ap.parse_args()
     doc = {"cpu": cpu(), "system": system(), "build": build(args.build), "openblas": openblas(),
            "python_libs": python_libs(),
-           "env": {k: os.environ[k] for k in ("KILN_NUM_THREADS", "OMP_NUM_THREADS",
-                                              "OPENBLAS_NUM_THREADS") if k in os.environ}}
+           "env": {k: os.environ[k] for k in ("KILN_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OPENBLAS_L2_SIZE",
+                                              "XLA_FLAGS") if k in os.environ}}
     text = json.dumps(doc, indent=2) + "\n"
     if args.json:
         with open(args.json, "w") as f:

@@ -10,10 +10,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench.h"
 #include "kiln.h"
 #include "stats.h"
-
-int bench_overhead(void);
 
 typedef struct w6 {
   kiln_tensor *w[3], *b[3];

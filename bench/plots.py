@@ -1,12 +1,14 @@
 """The benchmark's plots, from report.py's merged run (matplotlib, Agg backend).
 
-  speedup.svg/.png   speedup over kiln eager per workload: kiln compiled,
-                     PyTorch eager, PyTorch's fused ops, TorchScript (and
-                     torch.compile where measured); log scale
+  vs_kiln.svg/.png   each contender's time over kiln compiled's, per workload
+                     (the median of per-round ratios; above 1: kiln compiled
+                     is faster); log scale
+  speedup.svg/.png   speedup over kiln eager per workload, every contender;
+                     log scale
   limits.svg/.png    achieved GB/s (memory-bound workloads) and GFLOP/s
                      (compute-bound ones) against the limits measured in the run
-  compile.svg/.png   kiln's compile time per workload, beside TorchScript's
-                     one-off cost
+  compile.svg/.png   compile time per workload: kiln, torch.compile (both
+                     modes), JAX
 
 report.py calls draw_all(report, img_dir). The SVGs carry no date and a fixed
 hash salt, so an unchanged run gives unchanged files.
@@ -21,21 +23,24 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 COLORS = {  # one colour per contender, the same in every plot
-    "kiln_eager_ms": "#9e9e9e",
-    "kiln_compiled_ms": "#d95f02",
-    "torch_eager_ms": "#7570b3",
-    "torch_builtin_ms": "#a6a1d9",
-    "torchscript_ms": "#1b9e77",
-    "torch_compiled_ms": "#e7298a",
+    "kiln_eager": "#9e9e9e",
+    "kiln_compiled": "#d95f02",
+    "torch_eager": "#7570b3",
+    "torch_builtin": "#b3aee0",
+    "torch_compile": "#e7298a",
+    "torch_compile_max": "#f4a3c9",
+    "jax_jit": "#1b9e77",
 }
 LABELS = {
-    "kiln_eager_ms": "kiln eager",
-    "kiln_compiled_ms": "kiln compiled",
-    "torch_eager_ms": "PyTorch eager",
-    "torch_builtin_ms": "PyTorch fused ops",
-    "torchscript_ms": "TorchScript",
-    "torch_compiled_ms": "torch.compile",
+    "kiln_eager": "kiln eager",
+    "kiln_compiled": "kiln compiled",
+    "torch_eager": "PyTorch eager",
+    "torch_builtin": "PyTorch fused ops",
+    "torch_compile": "torch.compile",
+    "torch_compile_max": "torch.compile max-autotune",
+    "jax_jit": "JAX jit",
 }
+ORDER = list(LABELS)
 
 
 def ok(v):
@@ -43,8 +48,10 @@ def ok(v):
 
 
 def threads(rep):
+    """"2 threads, <CPU>, <vector width>": the tail of every title."""
     n = rep.get("threads")
-    return f"{n} thread" + ("" if n == 1 else "s")
+    c = rep.get("machine", {}).get("cpu", {})
+    return f"{n} thread" + ("" if n == 1 else "s") + f", {c.get('cpu_model', '?')}, {c.get('vector', '?')}"
 
 
 def short(name):
@@ -53,11 +60,11 @@ def short(name):
 
 
 def bottom_legend(fig, ax, labels=None):
-    """One legend under the plot, in a band the layout leaves free."""
+    """One legend under the plot's tick labels (the saved figure grows to fit it)."""
     handles, names = ax.get_legend_handles_labels()
-    fig.legend(handles, labels or names, loc="lower center", ncols=min(len(handles), 3 if labels else 6),
-               fontsize=8, frameon=False)
-    fig.subplots_adjust(bottom=0.24 if labels and len(labels) > 3 else 0.2)
+    ncols = min(len(handles), 2 if labels else 4)
+    ax.legend(handles, labels or names, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncols=ncols,
+              fontsize=8, frameon=False)
 
 
 def save(fig, img_dir, stem):
@@ -115,37 +122,51 @@ def label_bars(ax, fmt):
                             fontsize=6, rotation=90)
 
 
-def speedup(rep, img_dir):
+def ratio_plot(rep, img_dir, stem, keys, field, invert, ylabel, title):
+    """Grouped bars of one per-round ratio field per contender, log scale, a line at 1."""
     rows = rep["side_by_side"]
-    keys = [k for k in ("kiln_compiled_ms", "torch_eager_ms", "torch_builtin_ms", "torchscript_ms",
-                        "torch_compiled_ms") if any(ok(r.get(k)) for r in rows)]
+    keys = [k for k in keys if any(ok(r.get(k + field)) for r in rows)]
+    if not keys:
+        return
     names = [r["name"] for r in rows]
-    series = [(k, [r["kiln_eager_ms"] / r[k] if ok(r.get(k)) and ok(r["kiln_eager_ms"]) else None
+    series = [(k, [(1 / r[k + field] if invert else r[k + field]) if ok(r.get(k + field)) else None
                    for r in rows]) for k in keys]
-    fig, ax = plt.subplots(figsize=(max(7, 1.05 * len(names) + 2), 4.6))
+    fig, ax = plt.subplots(figsize=(max(8, 1.2 * len(names) + 2), 5))
     bars(ax, names, series)
     log_axis(ax, [v for _, vs in series for v in vs] + [1], lambda v: f"{v:g}x", pad=2.5)
     ax.axhline(1, color="black", linewidth=0.8)
     label_bars(ax, x_label)
-    ax.set_ylabel("speedup over kiln eager (kiln eager time / time)")
-    ax.set_title(f"Speedup over kiln eager, {threads(rep)} (above 1: faster than kiln eager)", fontsize=10)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
     ax.grid(axis="y", which="major", alpha=0.3)
     bottom_legend(fig, ax)
-    save(fig, img_dir, "speedup")
+    save(fig, img_dir, stem)
+
+
+def vs_kiln(rep, img_dir):
+    ratio_plot(rep, img_dir, "vs_kiln", [k for k in ORDER if k != "kiln_compiled"], "_over_kiln_compiled", False,
+               "time over kiln compiled's (median of per-round ratios)",
+               f"Each contender against kiln compiled, {threads(rep)}\n"
+               "(above 1: kiln compiled is faster by that factor; below 1: the contender is)")
+
+
+def speedup(rep, img_dir):
+    ratio_plot(rep, img_dir, "speedup", [k for k in ORDER if k != "kiln_eager"], "_over_kiln_eager", True,
+               "speedup over kiln eager (median of per-round ratios)",
+               f"Speedup over kiln eager, {threads(rep)} (above 1: faster than kiln eager)")
 
 
 def limits(rep, img_dir):
     rows = rep["side_by_side"]
     lim = rep.get("limits") or {}
-    keys = [k for k in ("kiln_eager_ms", "kiln_compiled_ms", "torch_eager_ms", "torch_builtin_ms",
-                        "torchscript_ms", "torch_compiled_ms") if any(ok(r.get("rate_" + k)) for r in rows)]
+    keys = [k for k in ORDER if any(ok(r.get("rate_" + k)) for r in rows)]
     panels = [("memory", "GB/s", lim.get("bandwidth_gbps"), "measured bandwidth"),
-              ("compute", "GFLOP/s", lim.get("sgemm_gflops"), "measured sgemm")]
+              ("compute", "GFLOP/s", lim.get("sgemm_gflops"), "measured sgemm (OpenBLAS)")]
     panels = [p for p in panels if any(r["bound"] == p[0] for r in rows)]
     if not panels or not keys:
         return
     widths = [max(2, sum(r["bound"] == p[0] for r in rows)) for p in panels]
-    fig, axes = plt.subplots(1, len(panels), figsize=(2.5 + 1.3 * sum(widths), 4.6),
+    fig, axes = plt.subplots(1, len(panels), figsize=(2.5 + 1.6 * sum(widths), 5),
                              gridspec_kw={"width_ratios": widths})
     axes = axes if len(panels) > 1 else [axes]
     for ax, (kind, unit, limit, what) in zip(axes, panels):
@@ -162,31 +183,31 @@ def limits(rep, img_dir):
         ax.set_title(f"{kind}-bound: {unit}", fontsize=10)
         ax.grid(axis="y", alpha=0.3)
     fig.suptitle(f"Achieved rate against the machine's measured limits, {threads(rep)}", fontsize=10)
-    bottom_legend(fig, axes[0])
-    fig.subplots_adjust(wspace=0.25)
+    handles, names = axes[0].get_legend_handles_labels()
+    fig.subplots_adjust(wspace=0.25, bottom=0.16)
+    fig.legend(handles, names, loc="upper center", bbox_to_anchor=(0.5, 0.04), ncols=min(len(handles), 4),
+               fontsize=8, frameon=False)
     save(fig, img_dir, "limits")
 
 
 def compile_time(rep, img_dir):
-    rows = [r for r in rep["side_by_side"] if ok(r.get("kiln_compile_ms")) or ok(r.get("torchscript_prep_ms"))]
+    fields = [("kiln_compiled", "kiln_compile_ms", "kiln: passes, fusion, LLVM (median of 5 cold)"),
+              ("torch_compile", "torch_compile_compile_ms", "torch.compile: first calls beyond steady, cold caches"),
+              ("torch_compile_max", "torch_compile_max_compile_ms", "torch.compile max-autotune: the same"),
+              ("jax_jit", "jax_jit_compile_ms", "JAX: lower + compile (W9: 53 lengths)")]
+    rows = [r for r in rep["side_by_side"] if any(ok(r.get(f)) for _, f, _ in fields)]
+    fields = [f for f in fields if any(ok(r.get(f[1])) for r in rows)]
     if not rows:
         return
     names = [r["name"] for r in rows]
-    series = [("kiln_compiled_ms", [r.get("kiln_compile_ms") for r in rows])]
-    if any(ok(r.get("torchscript_prep_ms")) for r in rows):
-        series.append(("torchscript_ms", [r.get("torchscript_prep_ms") for r in rows]))
-    if any(ok(r.get("torch_compiled_prep_ms")) for r in rows):
-        series.append(("torch_compiled_ms", [r.get("torch_compiled_prep_ms") for r in rows]))
-    fig, ax = plt.subplots(figsize=(max(7, 0.9 * len(names) + 2), 4.6))
+    series = [(k, [r.get(f) for r in rows]) for k, f, _ in fields]
+    fig, ax = plt.subplots(figsize=(max(8, 1.1 * len(names) + 2), 5))
     bars(ax, names, series)
-    labels = {"kiln_compiled_ms": "kiln: passes + LLVM (W8, W9: + trace)",
-              "torchscript_ms": "TorchScript: script + freeze + profiling runs",
-              "torch_compiled_ms": "torch.compile: first call beyond steady state"}
-    bottom_legend(fig, ax, [labels[k] for k, _ in series])
+    bottom_legend(fig, ax, [label for _, _, label in fields])
     log_axis(ax, [v for _, vs in series for v in vs], lambda v: f"{v:g}", pad=2.5)
     label_bars(ax, num_label)
     ax.set_ylabel("ms, once per shape")
-    ax.set_title("Compile time per workload", fontsize=10)
+    ax.set_title(f"Compile time per workload ({threads(rep).split(', ', 1)[1]})", fontsize=10)
     ax.grid(axis="y", which="major", alpha=0.3)
     save(fig, img_dir, "compile")
 
@@ -194,6 +215,7 @@ def compile_time(rep, img_dir):
 def draw_all(rep, img_dir):
     plt.rcParams["svg.hashsalt"] = "kiln-bench"
     plt.rcParams["font.size"] = 9
+    vs_kiln(rep, img_dir)
     speedup(rep, img_dir)
     limits(rep, img_dir)
     compile_time(rep, img_dir)

@@ -1,12 +1,13 @@
-"""Merges one benchmark run (kiln eager, kiln compiled, PyTorch) into tables and plots.
+"""Merges one benchmark run into tables and plots.
 
-    /usr/bin/python3 bench/report.py --dir build/bench [--perf-md docs/perf.md] [--img-dir docs/img]
+    build/venv/bin/python bench/report.py --dir build/bench [--perf-md docs/perf.md] [--img-dir docs/img]
 
 Reads from --dir what bench/run.sh wrote there: machine.json (bench/machine.py),
-kiln_eager.json (kiln_bench --json, at 1 and N threads), compiled.json
-(kiln_bench --compiled --json, at N threads), torch.json
-(bench/torch_workloads.py) and overhead.txt (kiln_bench --overhead). A missing
-or empty input leaves its columns empty ("-").
+side_by_side.json (bench/side_by_side.py: every contender interleaved, at 1
+and N threads), compiled.json (kiln_bench --compiled --json, at N threads:
+kiln's compile times, memory and the machine's limits) and overhead.txt
+(kiln_bench --overhead). A missing or empty input leaves its columns empty
+("-"), with the reason in the notes when one was recorded.
 
 Writes --dir/report.json (everything merged) and --dir/tables.md (the tables),
 prints the tables, draws the plots (bench/plots.py) into --img-dir (default
@@ -95,86 +96,88 @@ def order(name):
     return (int(head[1:]) if head[1:].isdigit() else 99, name)
 
 
+# ---- the contenders ----------------------------------------------------------
+
+# (key, column name) in the order of every table and plot
+MODES = [
+    ("kiln_eager", "kiln eager"),
+    ("kiln_compiled", "kiln compiled"),
+    ("torch_eager", "PyTorch eager"),
+    ("torch_builtin", "PyTorch fused ops"),
+    ("torch_compile", "torch.compile"),
+    ("torch_compile_max", "torch.compile max-autotune"),
+    ("jax_jit", "JAX jit"),
+]
+LABEL = dict(MODES)
+COMPILERS = ("kiln_compiled", "torch_compile", "torch_compile_max", "jax_jit")
+
+
 # ---- merge ----------------------------------------------------------------
 
 def merge(d):
     machine = load(os.path.join(d, "machine.json"), {})
-    eager = load(os.path.join(d, "kiln_eager.json"), [])
     compiled = load(os.path.join(d, "compiled.json"), [])
-    tdoc = load(os.path.join(d, "torch.json"), {})
-    if isinstance(tdoc, list):  # an older torch_workloads.py wrote a bare list
-        tdoc = {"meta": {}, "rows": tdoc}
-    torch_rows, torch_meta = tdoc.get("rows", []), tdoc.get("meta", {})
+    sdoc = load(os.path.join(d, "side_by_side.json"), {})
+    srows, smeta = sdoc.get("rows", []), sdoc.get("meta", {})
     overhead = ""
     if os.path.exists(os.path.join(d, "overhead.txt")):
         with open(os.path.join(d, "overhead.txt")) as f:
             overhead = f.read().rstrip()
 
-    threads = compiled[0]["threads"] if compiled else max((r["threads"] for r in eager), default=None)
+    threads = max((r["threads"] for r in srows), default=None) or (compiled[0]["threads"] if compiled else None)
     limits = {}
     for r in compiled:
         if num(r.get("bandwidth_gbps")):
             limits = {"bandwidth_gbps": r["bandwidth_gbps"], "sgemm_gflops": r.get("sgemm_gflops")}
             break
 
-    kiln_e = {(r["name"], r["threads"]): r for r in eager}
-    torch_t = {(r["name"], r["threads"]): r for r in torch_rows}
     comp = {r["name"]: r for r in compiled}
-    names = sorted({k[0] for k in kiln_e} | {k[0] for k in torch_t} | set(comp), key=order)
-    eager_threads = sorted({k[1] for k in kiln_e} | {k[1] for k in torch_t})
+    sbs = {(r["name"], r["threads"]): r for r in srows}
+    names = sorted({k[0] for k in sbs} | set(comp), key=order)
 
     side = []  # one row per workload at the compared thread count
     for name in names:
         c = comp.get(name, {})
-        t = torch_t.get((name, threads), {})
+        s = sbs.get((name, threads), {})
         ok = c.get("ok", False)
-        row = {"name": name, "threads": threads, "compiled_ok": ok if c else None,
-               "kiln_eager_ms": c.get("eager_ms") if ok else None,
-               "kiln_compiled_ms": c.get("compiled_ms") if ok else None,
+        row = {"name": name, "threads": threads, "rounds": s.get("samples"),
+               "compiled_ok": ok if c else None,
                "kiln_compile_ms": c.get("compile_ms") if ok else None,
                "eager_peak_bytes": c.get("eager_peak_bytes") if ok else None,
                "compiled_peak_bytes": c.get("compiled_peak_bytes") if ok else None,
                "floor_ms": c.get("floor_ms")}
-        if not num(row["kiln_eager_ms"]):  # no compiled run: the eager-only run's number
-            row["kiln_eager_ms"] = kiln_e.get((name, threads), {}).get("kiln_eager_ms")
-        for k in ("torch_eager_ms", "torch_builtin_ms", "torchscript_ms", "torch_compiled_ms",
-                  "torchscript_prep_ms", "torch_compiled_prep_ms"):
-            row[k] = t.get(k)
-        for k, v in c.items():  # whatever else the compiled run reports (tokens_per_s, ...)
-            if k not in row and k not in ("ok", "eager_ms", "compiled_ms", "compile_ms"):
+        for k, v in c.items():  # whatever else kiln's compiled run reports (compile range, cached, ...)
+            if k not in row and k not in ("ok", "eager_ms", "compiled_ms", "compile_ms", "threads", "name"):
                 row[k] = v
-        e = row["kiln_eager_ms"]
-        row["speedup"] = ratio(e, row["kiln_compiled_ms"])
-        for k in ("torch_eager_ms", "torch_builtin_ms", "torchscript_ms", "torch_compiled_ms"):
-            row["rel_" + k] = ratio(e, row[k])  # kiln eager / it: its speedup over kiln eager
+        for m, _ in MODES:
+            for suffix in ("_ms", "_min_ms", "_over_kiln_compiled", "_over_kiln_eager", "_compile_ms"):
+                if num(s.get(m + suffix)):
+                    row[m + suffix] = s[m + suffix]
+        row["source"] = "side_by_side" if s else "kiln_bench"
+        if not s and ok:  # no side-by-side run: kiln's own interleaved pair
+            row["kiln_eager_ms"], row["kiln_compiled_ms"] = c.get("eager_ms"), c.get("compiled_ms")
+            row["kiln_eager_over_kiln_compiled"] = ratio(c.get("eager_ms"), c.get("compiled_ms"))
         label, kind, work = WORK.get(name, (name, "latency", 0))
         row.update({"label": label, "bound": kind, "work": work})
         if kind in ("memory", "compute") and work:
-            for k in ("kiln_eager_ms", "kiln_compiled_ms", "torch_eager_ms", "torch_builtin_ms",
-                      "torchscript_ms", "torch_compiled_ms"):
-                if num(row[k]):
-                    row["rate_" + k] = work / (row[k] * 1e6)  # GB/s or GFLOP/s
+            for m, _ in MODES:
+                if num(row.get(m + "_ms")):
+                    row["rate_" + m] = work / (row[m + "_ms"] * 1e6)  # GB/s or GFLOP/s
             limit = limits.get("bandwidth_gbps" if kind == "memory" else "sgemm_gflops")
             row["limit"] = limit
-            if num(limit) and num(row.get("rate_kiln_compiled_ms")):
-                row["compiled_frac_of_limit"] = row["rate_kiln_compiled_ms"] / limit
+            if num(limit) and num(row.get("rate_kiln_compiled")):
+                row["compiled_frac_of_limit"] = row["rate_kiln_compiled"] / limit
         side.append(row)
 
     by_threads = []
     for name in names:
-        for n in eager_threads:
-            k, t = kiln_e.get((name, n)), torch_t.get((name, n))
-            if not k:  # W8, W9: kiln eager runs beside compiled only
-                continue
-            t = t or {}
-            by_threads.append({"name": name, "threads": n,
-                               "kiln_eager_ms": k.get("kiln_eager_ms"),
-                               "kiln_eager_min_ms": k.get("kiln_eager_min_ms"),
-                               "torch_eager_ms": t.get("torch_eager_ms"),
-                               "torch_builtin_ms": t.get("torch_builtin_ms"),
-                               "torchscript_ms": t.get("torchscript_ms"),
-                               "ratio": ratio(k.get("kiln_eager_ms"), t.get("torch_eager_ms")),
-                               "eager_peak_bytes": k.get("eager_peak_bytes")})
+        for n in sorted({k[1] for k in sbs if k[0] == name}):
+            s = sbs[(name, n)]
+            by_threads.append({"name": name, "threads": n, "rounds": s.get("samples"),
+                               **{k: s.get(k) for k in ("kiln_eager_ms", "kiln_eager_min_ms", "torch_eager_ms",
+                                                        "torch_builtin_ms", "torch_eager_over_kiln_eager",
+                                                        "torch_builtin_over_kiln_eager")},
+                               "eager_peak_bytes": comp.get(name, {}).get("eager_peak_bytes")})
 
     machine.setdefault("system", {})
     try:
@@ -182,7 +185,7 @@ def merge(d):
             machine["system"]["loadavg_end"] = f.read().split()[:3]
     except OSError:
         pass
-    return {"machine": machine, "limits": limits, "threads": threads, "torch": torch_meta,
+    return {"machine": machine, "limits": limits, "threads": threads, "meta": smeta,
             "side_by_side": side, "eager_by_threads": by_threads, "overhead": overhead}
 
 
@@ -194,14 +197,21 @@ def table(header, rows):
     return "\n".join(out)
 
 
+def cpu_tag(rep):
+    """The CPU and its vector width, for every table's heading."""
+    c = rep["machine"].get("cpu", {})
+    return f"{c.get('cpu_model', 'unknown CPU')}, {c.get('vector', '?')}"
+
+
 def machine_lines(rep):
     m = rep["machine"]
     c, s, b, o = m.get("cpu", {}), m.get("system", {}), m.get("build", {}), m.get("openblas", {})
-    t = rep["torch"]
+    meta = rep["meta"]
+    v = meta.get("versions", {})
     lines = []
     cores = c.get("usable_cpus") or c.get("logical_cpus")
     cpu = f"{c.get('cpu_model', 'unknown CPU')} (family {c.get('family', '?')}, model {c.get('model', '?')})"
-    extra = [f"{cores} cores usable"]
+    extra = [f"vectors: {c.get('vector', '?')}", f"{cores} cores usable"]
     if c.get("threads_per_core"):
         extra.append(f"{c['threads_per_core']} hardware thread(s) per core")
     if c.get("hypervisor"):
@@ -213,27 +223,33 @@ def machine_lines(rep):
     lines.append(f"- Memory {mem}; caches: L2 {c.get('l2', '?')}, L3 {c.get('l3', '?')}")
     lines.append(f"- {s.get('os', 'unknown OS')}, kernel {s.get('kernel', '?')}; "
                  f"taken {s.get('date_utc', '?')} at commit {b.get('commit', '?')}")
-    load = s.get("loadavg_start"), s.get("loadavg_end")
-    if load[0] or load[1]:
-        lines.append(f"- Load average (1, 5, 15 min) at the start {' '.join(load[0] or ['?'])}, "
-                     f"at the end {' '.join(load[1] or ['?'])}: above 0 means other work shared the cores")
+    load_ = s.get("loadavg_start"), s.get("loadavg_end")
+    if load_[0] or load_[1]:
+        lines.append(f"- Load average (1, 5, 15 min) at the start {' '.join(load_[0] or ['?'])}, "
+                     f"at the end {' '.join(load_[1] or ['?'])}: above 0 means other work shared the cores")
     lines.append(f"- kiln: {b.get('cc', '?')}, {b.get('build_type', '?')} build; LLVM {b.get('llvm', '?')}")
     ct = o.get("OPENBLAS_CORETYPE")
-    lines.append(f"- OpenBLAS: {o.get('config', '?')}; kernels for {o.get('core', '?')}; "
-                 f"OPENBLAS_CORETYPE {'= ' + ct if ct else 'not set'}"
-                 + (f"; PyTorch's libblas.so.3 is {o['libblas.so.3']}" if o.get("libblas.so.3") else ""))
-    if t.get("torch_version"):
-        fuser = "on" if t.get("torchscript_cpu_fuser") else "off (this build has no LLVM)" \
-            if not t.get("torch_llvm") else "off"
-        omp = t.get("omp_wait_policy")
-        lines.append(f"- PyTorch {t['torch_version']} (TorchScript CPU fuser {fuser}); "
-                     f"torch.compile: {t.get('torch_compile', '?')}; run with "
-                     + (f"OMP_WAIT_POLICY={omp}" if omp else "OpenMP's default wait policy"))
+    lines.append(f"- OpenBLAS (kiln's matmuls): {o.get('config', '?')}; kernels for {o.get('core', '?')}; "
+                 f"OPENBLAS_CORETYPE {'= ' + ct if ct else 'not set'}")
+    if v.get("torch"):
+        blas = v.get("torch_blas") or "?"
+        lines.append(f"- PyTorch {v['torch']} (its matmuls: {blas}"
+                     + (" and oneDNN" if v.get("torch_onednn") else "")
+                     + f"; CPU capability {v.get('torch_cpu_capability', '?')}); run with "
+                     + (f"OMP_WAIT_POLICY={meta['omp_wait_policy']}" if meta.get("omp_wait_policy")
+                        else "OpenMP's default wait policy"))
     else:
-        lines.append("- PyTorch: not installed, its columns are empty")
-    libs = rep["machine"].get("python_libs", {})
-    lines.append(f"- Python {s.get('python', '?')}, numpy {libs.get('numpy') or '-'}, "
-                 f"matplotlib {libs.get('matplotlib') or '-'}")
+        why = meta.get("unavailable", {}).get("torch_eager", "not run")
+        lines.append(f"- PyTorch: its columns are empty ({why})")
+    if v.get("jax"):
+        lines.append(f"- JAX {v['jax']}, jaxlib {v.get('jaxlib', '?')} (XLA on the CPU; "
+                     f"XLA_FLAGS={v.get('xla_flags') or 'unset'})")
+    else:
+        why = meta.get("unavailable", {}).get("jax_jit", "not run")
+        lines.append(f"- JAX: its column is empty ({why})")
+    lines.append(f"- Python {v.get('python') or s.get('python', '?')}, numpy {v.get('numpy') or '-'}, "
+                 f"matplotlib {v.get('matplotlib') or '-'}"
+                 + (f"; {meta['env_note']}" if meta.get("env_note") else ""))
     env = rep["machine"].get("env", {})
     if env:
         lines.append("- Environment: " + ", ".join(f"{k}={v}" for k, v in env.items()))
@@ -246,95 +262,130 @@ def machine_lines(rep):
     return lines
 
 
+def empty_notes(rep, modes):
+    """Why cells are empty: the driver's recorded reasons, one line per reason."""
+    meta = rep["meta"]
+    notes = []
+    for m in modes:
+        if m in meta.get("unavailable", {}):
+            notes.append(f"{LABEL[m]}: not run ({meta['unavailable'][m]}).")
+    for m in modes:
+        by_reason = {}
+        for where, why in (meta.get("errors", {}).get(m) or {}).items():
+            name, _, n = where.partition("@")
+            if str(n) == str(rep["threads"]):
+                by_reason.setdefault(why, []).append(name)
+        for why, names in by_reason.items():
+            notes.append(f"{LABEL[m]}, {', '.join(names)}: {why}.")
+    return notes
+
+
 def render(rep, img_rel):
     side, T = rep["side_by_side"], rep["threads"]
-    has_compile = any(num(r.get("torch_compiled_ms")) for r in side)
+    tag = cpu_tag(rep)
+    meta = rep["meta"]
+    present = [m for m, _ in MODES if any(num(r.get(m + "_ms")) for r in side)] or ["kiln_eager", "kiln_compiled"]
+    shown = [m for m, _ in MODES if m in present or m in meta.get("modes", [])]
     out = ["## Results", "",
            "Generated by `make bench` (bench/report.py); do not edit by hand between the markers.", "",
            "### Machine", ""]
     out += machine_lines(rep)
 
-    out += ["", f"### Side by side, {T} threads", "",
-            "Median ms per call (W9: per generated token). Speedups are over kiln eager in the "
-            "same run; the last columns are PyTorch's time over kiln compiled's (above 1: "
-            "kiln compiled is faster).", ""]
-    head = ["workload", "kiln eager", "kiln compiled", "PyTorch eager", "PyTorch fused ops", "TorchScript"]
-    if has_compile:
-        head.append("torch.compile")
-    head += ["compiled speedup", "PyTorch eager / kiln compiled", "TorchScript / kiln compiled"]
+    out += ["", f"### Side by side: median ms per call, {T} threads ({tag})", "",
+            "Every contender of a row was timed in the same rounds of one run (bench/side_by_side.py), "
+            "each round calling each once, so load on the machine fell on all alike. W9: ms per "
+            "generated token.", ""]
     rows = []
     for r in side:
-        comp = ms(r["kiln_compiled_ms"]) if r["compiled_ok"] is not False else "FAILED"
-        cells = [f"{r['name']}", ms(r["kiln_eager_ms"]), comp, ms(r["torch_eager_ms"]),
-                 ms(r["torch_builtin_ms"]), ms(r["torchscript_ms"])]
-        if has_compile:
-            cells.append(ms(r["torch_compiled_ms"]))
-        cells += [x(r["speedup"]), x(ratio(r["torch_eager_ms"], r["kiln_compiled_ms"])),
-                  x(ratio(r["torchscript_ms"], r["kiln_compiled_ms"]))]
+        cells = [r["name"]]
+        for m in shown:
+            v = r.get(m + "_ms")
+            cells.append("FAILED" if m == "kiln_compiled" and r["compiled_ok"] is False and not num(v) else ms(v))
+        cells.append(r.get("rounds") or "-")
         rows.append(cells)
-    out.append(table(head, rows))
-    notes = []
-    if not has_compile:
-        notes.append(f"torch.compile: {rep['torch'].get('torch_compile', 'not measured')}.")
+    out.append(table(["workload"] + [LABEL[m] for m in shown] + ["rounds"], rows))
+    notes = empty_notes(rep, shown)
+    if all(r["source"] == "kiln_bench" for r in side):
+        notes.insert(0, "bench/side_by_side.py left no results (see the run's log): these are kiln's own "
+                        "interleaved eager and compiled samples (kiln_bench --compiled); the other "
+                        "contenders were not measured.")
     notes.append("\"PyTorch fused ops\" is PyTorch's own op for the computation (F.gelu, torch.softmax, "
-                 "F.layer_norm, addmm): the bar a compiler's kernel has to reach. W8 and W9 are written "
-                 "with those ops on both sides, so they have no separate fused column.")
-    tok = [r for r in side if r["name"].startswith("W9")]
-    for r in tok:
-        vals = [("kiln eager", r["kiln_eager_ms"]), ("kiln compiled", r["kiln_compiled_ms"]),
-                ("PyTorch eager", r["torch_eager_ms"]), ("TorchScript", r["torchscript_ms"])]
-        if has_compile:
-            vals.append(("torch.compile", r["torch_compiled_ms"]))
-        notes.append(f"{r['name']} in tokens/s: " + ", ".join(
-            f"{k} {1e3 / v:.0f}" for k, v in vals if num(v)) +
-            f" (a {torch_gpt.PROMPT_LEN}-byte prompt, then {torch_gpt.GEN_TOKENS} bytes, "
-            f"each a forward pass over the last {torch_gpt.BLOCK_SIZE} bytes at most).")
-    errors = rep["torch"].get("errors") or {}
-    for mode, errs in errors.items():
-        for name, msg in errs.items():
-            notes.append(f"PyTorch {mode} could not run {name}: {msg}")
+                 "F.layer_norm, addmm, F.linear, F.scaled_dot_product_attention; W8 and W9: the same GPT "
+                 "with F.scaled_dot_product_attention and, in W8, the fused AdamW): the bar a compiler's "
+                 "kernel has to reach. The other PyTorch columns and JAX run the op-by-op program.")
+    notes.append("torch.compile of the training steps (W5, W8) compiles the loss (forward and, through "
+                 "AOTAutograd, backward); the optimizer step runs eagerly from Python. kiln and JAX "
+                 "compile the whole step, update included.")
+    for r in side:
+        if r["name"].startswith("W9"):
+            vals = [(LABEL[m], r.get(m + "_ms")) for m in shown]
+            notes.append(f"{r['name']} in tokens/s: " + ", ".join(f"{k} {1e3 / v:.0f}" for k, v in vals if num(v)) +
+                         f" (a {torch_gpt.PROMPT_LEN}-byte prompt, then {torch_gpt.GEN_TOKENS} bytes, "
+                         f"each a forward pass over the last {torch_gpt.BLOCK_SIZE} bytes at most).")
     out += [""] + [f"- {n}" for n in notes]
 
-    by = rep["eager_by_threads"]
-    if by:
-        out += ["", "### kiln eager against PyTorch eager, by thread count", "",
-                "Each op by op, as WORKLOADS.md writes it; kiln and PyTorch run one after the other, "
-                "not interleaved.", ""]
-        rows = [[r["name"], r["threads"], ms(r["kiln_eager_ms"]), ms(r["torch_eager_ms"]),
-                 x(r["ratio"]).rstrip("x") if num(r["ratio"]) else "-", ms(r["torch_builtin_ms"]),
-                 ms(r["torchscript_ms"]), mib(r["eager_peak_bytes"])] for r in by]
-        out.append(table(["workload", "threads", "kiln eager ms", "PyTorch eager ms", "kiln / PyTorch",
-                          "PyTorch fused ms", "TorchScript ms", "kiln peak MiB"], rows))
+    others = [m for m in shown if m != "kiln_compiled"]
+    if any(num(r.get(m + "_over_kiln_compiled")) for r in side for m in others):
+        out += ["", f"### Against kiln compiled: time over kiln compiled's, {T} threads ({tag})", "",
+                "The median over rounds of each contender's time over kiln compiled's in the same round: "
+                "above 1, kiln compiled is faster by that factor; below 1, the contender is.", ""]
+        rows = [[r["name"]] + [x(r.get(m + "_over_kiln_compiled")) for m in others] for r in side]
+        out.append(table(["workload"] + [LABEL[m] for m in others], rows))
 
-    out += ["", "### Compile time and memory", "",
+    if any(num(r.get(m + "_min_ms")) for r in side for m in shown):
+        out += ["", f"### Best call: least ms per call, {T} threads ({tag})", "",
+                "The fastest of each contender's samples in the same rounds: what its code does when "
+                "the machine leaves it alone.", ""]
+        rows = [[r["name"]] + [ms(r.get(m + "_min_ms")) for m in shown] for r in side]
+        out.append(table(["workload"] + [LABEL[m] for m in shown], rows))
+
+    by = [r for r in rep["eager_by_threads"]]
+    if by:
+        out += ["", f"### kiln eager against PyTorch eager, by thread count ({tag})", "",
+                "Op by op, as WORKLOADS.md writes it, interleaved in the same rounds; kiln / PyTorch is "
+                "the median over rounds of kiln eager's time over PyTorch eager's.", ""]
+        rows = []
+        for r in by:
+            q = r.get("torch_eager_over_kiln_eager")
+            rows.append([r["name"], r["threads"], ms(r["kiln_eager_ms"]), ms(r["torch_eager_ms"]),
+                         f"{1 / q:.2f}" if num(q) else "-", ms(r["torch_builtin_ms"]),
+                         mib(r["eager_peak_bytes"]) if r["eager_peak_bytes"] is not None else "-"])
+        out.append(table(["workload", "threads", "kiln eager ms", "PyTorch eager ms", "kiln / PyTorch",
+                          "PyTorch fused ms", "kiln peak MiB"], rows))
+
+    comp_modes = [m for m in COMPILERS[1:] if m in shown]
+    out += ["", f"### Compile time and memory ({tag})", "",
             "kiln compile ms: IR passes, fusion, LLVM and linking, once per variant (the traced call, "
             "which runs the body eagerly once and returns its results, is not counted): the median of "
             "five compiles from nothing (the kernel cache cleared before each, kiln_cache_clear), the "
-            "first one among them; compiled.json keeps the first, least and most. Cached: the "
-            "same, for a second compiled function of the same body in the same process, whose kernels "
-            "all come from the kernel cache (a later process gets the same with KILN_CACHE_DIR). "
-            "TorchScript prep ms: script and freeze, plus what its first two (profiling) calls took "
-            "beyond the steady state. Peak: tensor storage a call adds (kiln_mem_peak); the compiled "
-            "side counts the arena it keeps between calls.", ""]
-    head = ["workload", "kiln compile ms", "range of five", "cached ms", "TorchScript prep ms"]
-    if has_compile:
-        head.append("torch.compile prep ms")
-    head += ["eager peak MiB", "compiled peak MiB", "compiled / eager"]
+            "first one among them (kiln_bench --compiled); compiled.json keeps the first, least and "
+            "most. Cached: the same, for a second compiled function of the same body in the same "
+            "process, whose kernels all come from the kernel cache. torch.compile: what its first two "
+            "calls took beyond two steady calls (Dynamo, AOTAutograd, Inductor and the C++ compiler, "
+            "for forward and backward), from empty caches (Inductor's fresh_cache), one compile per "
+            "mode, in a process whose first compile (the compiler's own start-up"
+            + (f", {meta['torch_compile_startup_ms'] / 1e3:.1f} s" if num(meta.get("torch_compile_startup_ms")) else "")
+            + ") was already paid. JAX: jax.jit(f).lower(...).compile() (W9: for each of the 53 "
+            "context lengths, which jit specializes on; their sum). Peak: tensor storage a kiln call "
+            "adds (kiln_mem_peak); the compiled side counts the arena it keeps between calls.", ""]
+    head = ["workload", "kiln compile ms", "range of five", "cached ms"] + \
+        [LABEL[m] + " ms" for m in comp_modes] + ["kiln eager peak MiB", "kiln compiled peak MiB",
+                                                  "compiled / eager"]
     rows = []
     for r in side:
         lo, hi = r.get("compile_min_ms"), r.get("compile_max_ms")
         span = f"{ms(lo)}-{ms(hi)}" if num(lo) and num(hi) else "-"
-        cells = [r["name"], ms(r["kiln_compile_ms"]), span, ms(r.get("compile_cached_ms")), ms(r["torchscript_prep_ms"])]
-        if has_compile:
-            cells.append(ms(r["torch_compiled_prep_ms"]))
+        cells = [r["name"], ms(r["kiln_compile_ms"]), span, ms(r.get("compile_cached_ms"))]
+        cells += [ms(r.get(m + "_compile_ms")) for m in comp_modes]
         pe, pc = r["eager_peak_bytes"], r["compiled_peak_bytes"]
-        cells += [mib(pe), mib(pc), f"{pc / pe:.2f}" if num(pe) and isinstance(pc, int) else "-"]
+        cells += [mib(pe) if pe is not None else "-", mib(pc) if pc is not None else "-",
+                  f"{pc / pe:.2f}" if num(pe) and isinstance(pc, int) else "-"]
         rows.append(cells)
     out.append(table(head, rows))
 
     lim = rep["limits"]
     if lim and any(r["bound"] in ("memory", "compute") for r in side):
-        out += ["", "### Against the machine's limits", "",
+        out += ["", f"### Against the machine's limits, {T} threads ({tag})", "",
                 f"Achieved rate = the workload's work over its median time: GB/s of the bytes a fused "
                 f"pass must move (memory-bound), GFLOP/s of its matmuls (compute-bound). Limits measured "
                 f"in the same run: {lim['bandwidth_gbps']:.1f} GB/s and {lim['sgemm_gflops']:.0f} GFLOP/s "
@@ -347,26 +398,21 @@ def render(rep, img_rel):
                 continue
             unit = "GB/s" if r["bound"] == "memory" else "GFLOP/s"
             work = human(r["work"], "B" if r["bound"] == "memory" else "FLOP")
-
-            def rate(k):
-                v = r.get("rate_" + k)
-                return f"{v:.1f}" if num(v) else "-"
             frac = r.get("compiled_frac_of_limit")
-            rows.append([r["name"], f"{r['bound']} ({unit})", work, ms(r["floor_ms"]),
-                         rate("kiln_eager_ms"), rate("kiln_compiled_ms"), rate("torch_eager_ms"),
-                         rate("torch_builtin_ms"), rate("torchscript_ms"),
-                         f"{100 * frac:.0f}%" if num(frac) else "-"])
-        out.append(table(["workload", "bound by", "work per call", "kiln floor ms", "kiln eager",
-                          "kiln compiled", "PyTorch eager", "PyTorch fused", "TorchScript",
-                          "compiled, share of limit"], rows))
+            rows.append([r["name"], f"{r['bound']} ({unit})", work, ms(r["floor_ms"])]
+                        + [f"{r['rate_' + m]:.1f}" if num(r.get("rate_" + m)) else "-" for m in shown]
+                        + [f"{100 * frac:.0f}%" if num(frac) else "-"])
+        out.append(table(["workload", "bound by", "work per call", "kiln floor ms"] + [LABEL[m] for m in shown]
+                         + ["kiln compiled, share of limit"], rows))
 
     if rep["overhead"]:
-        out += ["", "### Call overhead", "", "`kiln_bench --overhead`:", "", "```",
+        out += ["", f"### Call overhead ({tag})", "", "`kiln_bench --overhead`:", "", "```",
                 rep["overhead"], "```"]
 
     if img_rel is not None:
         out += ["", "### Plots", ""]
-        for fname, alt in (("speedup.svg", "Speedup over kiln eager per workload"),
+        for fname, alt in (("vs_kiln.svg", "Each contender's time over kiln compiled's, per workload"),
+                           ("speedup.svg", "Speedup over kiln eager per workload"),
                            ("limits.svg", "Achieved bandwidth and GFLOP/s against the measured limits"),
                            ("compile.svg", "Compile time per workload")):
             out.append(f"![{alt}]({img_rel}/{fname})")
@@ -407,7 +453,7 @@ def main():
         plots.draw_all(rep, img_dir)
         drawn = True
     except ImportError as e:
-        print(f"report: no plots ({e}); install python3-matplotlib", file=sys.stderr)
+        print(f"report: no plots ({e}); matplotlib comes with the benchmark's venv", file=sys.stderr)
 
     base = os.path.dirname(os.path.abspath(args.perf_md)) if args.perf_md else os.path.abspath(args.dir)
     img_rel = os.path.relpath(os.path.abspath(img_dir), base) if drawn else None

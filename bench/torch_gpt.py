@@ -8,12 +8,13 @@ architecture, init scheme, AdamW and benchmark configuration as bench/gpt.c.
                    block_size bytes (fewer at the start) and reads the last
                    position's logits; timed per generated token
 
-torch_workloads.py imports this; the constants and flop counts below need no
-PyTorch, so report.py reads them too.
+torch_workloads.py imports this (workloads(), in its builder form); the
+constants and flop counts below need no PyTorch, so report.py and
+jax_gpt.py read them too. "builtin" is the same model with PyTorch's fused
+attention (F.scaled_dot_product_attention, causal) and its fused AdamW.
 """
 
 import math
-import time
 
 # GPT_BENCH_CONFIG and GPT_BENCH_BATCH of examples/gpt.h
 N_LAYER, N_HEAD, N_EMBD, BLOCK_SIZE, VOCAB = 4, 4, 128, 64, 256
@@ -27,8 +28,8 @@ ADAMW = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
 PROMPT_LEN = 12
 GEN_TOKENS = 64
 
-# bench/gpt.c's sample counts (its budget is for an eager-compiled pair, so half per side)
-TIMING = {"warmup": 3, "min_samples": 5, "max_samples": 200, "budget_s": 0.75}
+# W9 is timed per call of GEN_TOKENS tokens and reported per token, as kiln does
+PER = {"W9_gpt_generate": GEN_TOKENS}
 
 
 def n_params():
@@ -65,10 +66,10 @@ def workloads(torch):
     nn, F = torch.nn, torch.nn.functional
 
     class Block(nn.Module):
-        def __init__(self):
+        def __init__(self, sdpa):
             super().__init__()
             C = N_EMBD
-            self.n_head, self.eps = N_HEAD, LN_EPS  # attributes: TorchScript cannot read globals
+            self.n_head, self.eps, self.sdpa = N_HEAD, LN_EPS, sdpa
             self.ln1_w, self.ln1_b = nn.Parameter(torch.ones(C)), nn.Parameter(torch.zeros(C))
             self.attn_w, self.attn_b = nn.Parameter(torch.empty(C, 3 * C)), nn.Parameter(torch.zeros(3 * C))
             self.proj_w, self.proj_b = nn.Parameter(torch.empty(C, C)), nn.Parameter(torch.zeros(C))
@@ -87,23 +88,27 @@ def workloads(torch):
             a = F.layer_norm(x, (C,), self.ln1_w, self.ln1_b, self.eps)
             qkv = (a @ self.attn_w + self.attn_b).view(B, T, 3, H, hs).permute(2, 0, 3, 1, 4)
             q, k, v = qkv[0], qkv[1], qkv[2]
-            att = (q @ k.transpose(2, 3)) * (1.0 / math.sqrt(hs))
-            att = torch.where(mask[:T, :T], att, torch.full_like(att, float("-inf")))
-            att = torch.softmax(att, -1)
-            y = (att @ v).permute(0, 2, 1, 3).contiguous().view(B, T, C)
+            if self.sdpa:
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            else:
+                att = (q @ k.transpose(2, 3)) * (1.0 / math.sqrt(hs))
+                att = torch.where(mask[:T, :T], att, torch.full_like(att, float("-inf")))
+                att = torch.softmax(att, -1)
+                y = att @ v
+            y = y.permute(0, 2, 1, 3).contiguous().view(B, T, C)
             x = x + (y @ self.proj_w + self.proj_b)
             m = F.layer_norm(x, (C,), self.ln2_w, self.ln2_b, self.eps)
             f = F.gelu(m @ self.fc_w + self.fc_b, approximate="tanh")
             return x + (f @ self.fc2_w + self.fc2_b)
 
     class GPT(nn.Module):
-        def __init__(self):
+        def __init__(self, sdpa=False):
             super().__init__()
             C = N_EMBD
             self.n_embd, self.vocab, self.eps = C, VOCAB, LN_EPS
             self.wte = nn.Parameter(torch.randn(VOCAB, C) * INIT_STD)
             self.wpe = nn.Parameter(torch.randn(BLOCK_SIZE, C) * INIT_STD)
-            self.blocks = nn.ModuleList([Block() for _ in range(N_LAYER)])
+            self.blocks = nn.ModuleList([Block(sdpa) for _ in range(N_LAYER)])
             self.lnf_w, self.lnf_b = nn.Parameter(torch.ones(C)), nn.Parameter(torch.zeros(C))
             pos = torch.arange(BLOCK_SIZE)
             self.register_buffer("mask", pos.unsqueeze(0) <= pos.unsqueeze(1))  # col <= row
@@ -130,11 +135,12 @@ def workloads(torch):
             h = self.gpt.hidden(idx)
             return h[:, -1, :] @ self.gpt.wte.t()
 
-    def adamw(model):
+    def adamw(model, fused=False):
         # weight decay on the 2-D parameters only (matrices and both embeddings)
         decay = [p for p in model.parameters() if p.dim() == 2]
         rest = [p for p in model.parameters() if p.dim() != 2]
-        return torch.optim.AdamW([{"params": decay}, {"params": rest, "weight_decay": 0.0}], **ADAMW)
+        extra = {"fused": True} if fused else {}
+        return torch.optim.AdamW([{"params": decay}, {"params": rest, "weight_decay": 0.0}], **ADAMW, **extra)
 
     def batch():
         g = torch.Generator().manual_seed(1)
@@ -144,12 +150,11 @@ def workloads(torch):
     def make_w8():
         idx, targets = batch()
 
-        def build(wrap):
-            model = GPT()
-            opt = adamw(model)
-            t0 = time.perf_counter()
+        def build(wrap, fused=False):
+            torch.manual_seed(0)
+            model = GPT(sdpa=fused)
+            opt = adamw(model, fused)
             loss_fn = wrap(model)
-            ms = 1e3 * (time.perf_counter() - t0)
 
             def step():
                 loss = loss_fn(idx, targets)
@@ -157,21 +162,20 @@ def workloads(torch):
                 opt.step()
                 opt.zero_grad(set_to_none=True)
                 return loss
-            return step, ms
+            return step
 
         return {"eager": lambda: build(lambda m: m),
-                "torchscript": lambda: build(torch.jit.script),
-                "compiled": lambda: build(torch.compile)}
+                "builtin": lambda: build(lambda m: m, fused=True),
+                "compile": lambda wrap: build(wrap)}
 
     def make_w9():
         prompt = torch.randint(0, VOCAB, (1, PROMPT_LEN), generator=torch.Generator().manual_seed(2))
 
-        def build(wrap):
-            model = NextLogits(GPT()).eval()
-            t0 = time.perf_counter()
+        def build(wrap, sdpa=False):
+            torch.manual_seed(0)
+            model = NextLogits(GPT(sdpa=sdpa)).eval()
             with torch.no_grad():
                 fn = wrap(model)
-            ms = 1e3 * (time.perf_counter() - t0)
 
             def generate():
                 # greedy: the sampling rule does not change the work per token
@@ -181,26 +185,11 @@ def workloads(torch):
                         logits = fn(text[:, -BLOCK_SIZE:])
                         text = torch.cat([text, logits.argmax(-1, keepdim=True)], 1)
                 return text
-            return generate, ms
+            return generate
 
-        def script_freeze(m):
-            return torch.jit.freeze(torch.jit.script(m))
-
+        # one graph with the sequence length symbolic, as kiln's W9 (kiln_mark_dynamic)
         return {"eager": lambda: build(lambda m: m),
-                "torchscript": lambda: build(script_freeze),
-                "compiled": lambda: build(lambda m: torch.compile(m, dynamic=True))}
+                "builtin": lambda: build(lambda m: m, sdpa=True),
+                "compile": lambda wrap: build(lambda m: wrap(m, dynamic=True))}
 
-    # W9 is timed per call of GEN_TOKENS tokens; report it per token as kiln does
-    def per_token(row):
-        out = {}
-        for key in list(row):
-            if key.endswith("_ms") and not key.endswith("prep_ms"):
-                out[key] = row[key] / GEN_TOKENS
-        for key in ("torch_eager_ms", "torchscript_ms", "torch_compiled_ms"):
-            if key in out:
-                out[key.replace("_ms", "_tokens_per_s")] = 1e3 / out[key]
-        return out
-
-    make_w9.extra_fields = per_token
-    make_w8.timing = make_w9.timing = TIMING
     return [("W8", "W8_gpt_train", make_w8), ("W9", "W9_gpt_generate", make_w9)]

@@ -5,6 +5,7 @@
  *   kiln_bench [--threads N] [--only W1,W3] [--json PATH]
  *   kiln_bench --overhead      (compiled call overhead, overhead.c)
  *   kiln_bench --compiled [--threads N] [--only ..] [--json PATH]   (eager vs compiled, side by side)
+ *   kiln_bench --serve         (one call at a time on request, for bench/side_by_side.py; serve.c)
  *
  * Prints a table; with --json also writes one object per (workload, threads).
  */
@@ -16,6 +17,7 @@
 
 #include <cblas.h>
 
+#include "bench.h"
 #include "eager/pool.h"
 #include "kiln.h"
 #include "stats.h"
@@ -521,9 +523,6 @@ done:
   return r;
 }
 
-int bench_gpt(const char *only);         /* gpt.c: rows it printed */
-void bench_gpt_json(FILE *f, int threads); /* gpt.c: those rows as JSON objects */
-
 static int bench_compiled(const char *only, const char *json) {
   int threads = kiln_get_num_threads();
   double gbps = measure_bandwidth();
@@ -580,11 +579,55 @@ static int bench_compiled(const char *only, const char *json) {
   return 0;
 }
 
-static void usage(const char *argv0) {
-  fprintf(stderr, "usage: %s [--threads N] [--only W1,W3] [--json PATH] [--compiled] | --overhead\n", argv0);
+/* ---- a workload as a case, for serve.c ----------------------------------- */
+
+typedef struct wcase {
+  const workload *w;
+  bench_state s;
+  cbody cb;
+} wcase;
+
+static int wcase_run(void *ctx, kiln_fn *fn) {
+  wcase *c = ctx;
+  return fn ? call_compiled(fn) : run_once(c->w, &c->s);
 }
 
-int bench_overhead(void); /* overhead.c */
+static void wcase_close(void *ctx) {
+  wcase *c = ctx;
+  for (int i = 0; i < MAX_INPUTS; i++) kiln_release(c->s.t[i]);
+  free(c);
+}
+
+int workloads_case_open(const char *id, bench_case *bc) {
+  const workload *w = NULL;
+  for (int i = 0; i < N_WORKLOADS && !w; i++)
+    if (!strcmp(id, WORKLOADS[i].id) || !strcmp(id, WORKLOADS[i].name)) w = &WORKLOADS[i];
+  if (!w) return 1;
+  wcase *c = calloc(1, sizeof *c);
+  if (!c) return -1;
+  c->w = w;
+  if (w->setup(&c->s) != 0) {
+    wcase_close(c);
+    return -1;
+  }
+  c->cb = (cbody){w, &c->s};
+  kiln_options o = {.name = w->id, .n_in = 0, .n_out = 1};
+  *bc = (bench_case){.name = w->name, .run = wcase_run, .close = wcase_close, .ctx = c,
+                     .fn = kiln_compile(compiled_body, &c->cb, &o), .per = 1};
+  if (!bc->fn) {
+    wcase_close(c);
+    return -1;
+  }
+  return 0;
+}
+
+void workloads_list(FILE *f) {
+  for (int i = 0; i < N_WORKLOADS; i++) fprintf(f, "%s %s\n", WORKLOADS[i].id, WORKLOADS[i].name);
+}
+
+static void usage(const char *argv0) {
+  fprintf(stderr, "usage: %s [--threads N] [--only W1,W3] [--json PATH] [--compiled] | --overhead | --serve\n", argv0);
+}
 
 int main(int argc, char **argv) {
   int threads_list[2] = {1, 2}, n_threads = 2;
@@ -604,6 +647,8 @@ int main(int argc, char **argv) {
       json = argv[++i];
     } else if (strcmp(argv[i], "--overhead") == 0) {
       return bench_overhead();
+    } else if (strcmp(argv[i], "--serve") == 0) {
+      return bench_serve();
     } else if (strcmp(argv[i], "--compiled") == 0) {
       compiled = true;
     } else {

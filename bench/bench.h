@@ -1,0 +1,38 @@
+/* bench.h - what the parts of kiln_bench share: a workload opened as a case
+ * that runs one call eagerly or compiled (workloads.c for W1..W7, gpt.c for
+ * W8 and W9), which serve.c hands to bench/side_by_side.py sample by sample. */
+#ifndef KILN_BENCH_H
+#define KILN_BENCH_H
+
+#include <stdbool.h>
+#include <stdio.h>
+
+#include "kiln.h"
+
+/* One workload, ready to run: its inputs made, its compiled function made
+ * (traced and compiled on its first compiled call). */
+typedef struct bench_case {
+  const char *name;                   /* "W1_gelu" */
+  int (*run)(void *ctx, kiln_fn *fn); /* one call in its own scope; fn NULL: eager; 0 or -1 */
+  void (*close)(void *ctx);           /* frees ctx and what it holds */
+  void *ctx;
+  kiln_fn *fn;
+  int per; /* calls a sample stands for (W9: the bytes one generation makes) */
+} bench_case;
+
+/* Open workload id ("W1" or "W1_gelu") into c: 0, -1 on failure (message in
+ * kiln_last_error), 1 when the id is not theirs. */
+int workloads_case_open(const char *id, bench_case *c);
+int gpt_case_open(const char *id, bench_case *c);
+void bench_case_close(bench_case *c);
+
+/* Every workload's id and name, in order, one per line: "W1 W1_gelu". */
+void workloads_list(FILE *f);
+void gpt_list(FILE *f);
+
+int bench_serve(void);                      /* serve.c */
+int bench_overhead(void);                   /* overhead.c */
+int bench_gpt(const char *only);            /* gpt.c: rows it printed */
+void bench_gpt_json(FILE *f, int threads);  /* gpt.c: those rows as JSON objects */
+
+#endif
