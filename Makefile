@@ -17,7 +17,7 @@ TSAN_TESTS := test_stress test_threads test_pool test_gpt
 JOBS       ?= 2
 CMAKE_ARGS ?=
 
-DEPS       := cmake pkg-config build-essential llvm-19-dev libopenblas-dev libjansson-dev check python3-numpy
+DEPS       := cmake pkg-config build-essential llvm-19-dev libopenblas-dev libcjson-dev check python3-numpy
 BENCH_DEPS := python3-torch python3-matplotlib
 
 # $(call apt_ensure,packages): apt-get install whatever of them is not installed.

@@ -4,7 +4,7 @@
  * "data_offsets"} (plus an optional "__metadata__" map of strings), then the
  * data: each tensor row-major and little-endian, at its data_offsets.
  *
- * Everything in a file is data from outside. The header is parsed by jansson
+ * Everything in a file is data from outside. The header is parsed by cJSON
  * and checked as the format's reference implementation checks it before any
  * memory is sized from it, and no tensor is larger than the bytes the file
  * holds for it. Tensors are read with pread straight into their storage, so a
@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -21,12 +22,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <jansson.h>
+#include <cjson/cJSON.h>
 
 #include "eager/eager.h"
 
 #define HEADER_MAX 100000000 /* header bytes: the reference implementation's limit */
-#define VALUES_MAX (1 << 21) /* JSON values in a header, which bounds the parser's memory (~200 MB) */
+#define VALUES_MAX (1 << 21) /* JSON values in a header: the parse then takes at most ~160 MB */
 #define SHOWN_NAMES 4        /* names a "not in the file" error lists */
 
 /* ---- dtypes ---- */
@@ -136,48 +137,50 @@ static const char *escape(shown *b, const char *s, bool quote) {
 
 static const char *show(shown *b, const char *name) { return escape(b, name, true); }
 
-/* Strict UTF-8 (no overlong forms, no surrogates, at most U+10FFFF): what a
- * JSON string may hold. */
-static bool utf8_valid(const char *s) {
-  const unsigned char *p = (const unsigned char *)s;
-  while (*p) {
-    unsigned c = *p, need, min;
-    if (c < 0x80) { p++; continue; }
+/* Where s[0..n) first breaks strict UTF-8 (no overlong forms, no
+ * surrogates, at most U+10FFFF), or n when it does not. */
+static size_t utf8_bad(const unsigned char *s, size_t n) {
+  size_t i = 0;
+  while (i < n) {
+    unsigned c = s[i], need, min;
+    if (c < 0x80) {
+      i++;
+      continue;
+    }
     if ((c & 0xe0) == 0xc0) need = 1, min = 0x80, c &= 0x1f;
     else if ((c & 0xf0) == 0xe0) need = 2, min = 0x800, c &= 0x0f;
     else if ((c & 0xf8) == 0xf0) need = 3, min = 0x10000, c &= 0x07;
-    else return false;
-    p++;
-    for (unsigned k = 0; k < need; k++, p++) {
-      if ((*p & 0xc0) != 0x80) return false;
-      c = c << 6 | (*p & 0x3f);
+    else return i;
+    if (n - i <= need) return i;
+    for (unsigned k = 1; k <= need; k++) {
+      if ((s[i + k] & 0xc0) != 0x80) return i;
+      c = c << 6 | (s[i + k] & 0x3f);
     }
-    if (c < min || c > 0x10ffff || (c >= 0xd800 && c <= 0xdfff)) return false;
+    if (c < min || c > 0x10ffff || (c >= 0xd800 && c <= 0xdfff)) return i;
+    i += need + 1;
   }
-  return true;
+  return n;
 }
 
-static const char *json_kind(const json_t *v) {
-  switch (json_typeof(v)) {
-  case JSON_OBJECT: return "an object";
-  case JSON_ARRAY: return "an array";
-  case JSON_STRING: return "a string";
-  case JSON_INTEGER: return "an integer";
-  case JSON_REAL: return "a real number";
-  case JSON_TRUE: return "true";
-  case JSON_FALSE: return "false";
-  case JSON_NULL: return "null";
-  }
-  return "?";
+static bool utf8_valid(const char *s) {
+  size_t n = strlen(s);
+  return utf8_bad((const unsigned char *)s, n) == n;
 }
 
-/* ---- jansson ---- */
+/* ---- cJSON ---- */
 
-/* In the test build jansson allocates through alloc.c, so that the failing
+/* cJSON records where every parse stopped in a global (cJSON_GetErrorPtr):
+ * parses take turns. */
+static pthread_mutex_t parse_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* In the test build cJSON allocates through alloc.c, so that the failing
  * allocator reaches its out-of-memory paths too. Only there: the setting is
- * process-wide, and outside tests other code in the process may use jansson. */
+ * process-wide, and outside tests other code in the process may use cJSON. */
 #ifdef KILN_TEST_BUILD
-static void json_use_alloc(void) { json_set_alloc_funcs(alloc_malloc, alloc_free); }
+static void json_use_alloc(void) {
+  cJSON_Hooks h = {.malloc_fn = alloc_malloc, .free_fn = alloc_free};
+  cJSON_InitHooks(&h);
+}
 #endif
 
 static void json_setup(void) {
@@ -185,6 +188,45 @@ static void json_setup(void) {
   static pthread_once_t once = PTHREAD_ONCE_INIT;
   pthread_once(&once, json_use_alloc);
 #endif
+}
+
+static const char *json_kind(const cJSON *v) {
+  return cJSON_IsObject(v) ? "an object"
+         : cJSON_IsArray(v) ? "an array"
+         : cJSON_IsString(v) ? "a string"
+         : cJSON_IsNumber(v) ? "a number"
+         : cJSON_IsTrue(v) ? "true"
+         : cJSON_IsFalse(v) ? "false"
+         : cJSON_IsNull(v) ? "null"
+                           : "?";
+}
+
+/* v as a size or byte offset: a whole JSON number from 0 to 2^53 - 1
+ * (cJSON keeps numbers as doubles; from 2^53 on, the text's number may have
+ * been rounded). 0, or -1 with what is wrong in why. */
+static int json_count(const cJSON *v, uint64_t *out, char *why, size_t n) {
+  double d = cJSON_IsNumber(v) ? v->valuedouble : 0;
+  if (!cJSON_IsNumber(v)) snprintf(why, n, "is %s, not an integer", json_kind(v));
+  else if (!isfinite(d) || d != floor(d)) snprintf(why, n, "is %.17g, not an integer", d);
+  else if (d < 0) snprintf(why, n, "is negative (%.0f)", d);
+  else if (d >= 0x1p53) snprintf(why, n, "is %.0f or so, past 2^53 - 1, the largest integer kiln reads exactly", d);
+  else return *out = (uint64_t)d, 0;
+  return -1;
+}
+
+/* Adds item to obj under key (or to the array obj when key is NULL); item
+ * is the container's, or freed, either way. */
+static bool json_add(cJSON *obj, const char *key, cJSON *item) {
+  if (obj && item && (key ? cJSON_AddItemToObject(obj, key, item) : cJSON_AddItemToArray(obj, item))) return true;
+  cJSON_Delete(item);
+  return false;
+}
+
+/* A JSON integer, written as digits (cJSON would print a double). */
+static cJSON *json_int(uint64_t v) {
+  char buf[24];
+  snprintf(buf, sizeof buf, "%" PRIu64, v);
+  return cJSON_CreateRaw(buf);
 }
 
 /* ---- file I/O ---- */
@@ -209,13 +251,18 @@ static int write_all(int fd, const void *buf, size_t n) {
     size_t chunk = n < ((size_t)1 << 30) ? n : ((size_t)1 << 30);
     ssize_t r = write(fd, p, chunk);
     if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return errno ? errno : EIO;
+    if (r < 0) return errno;
+    if (r == 0) return EIO;
     p += r, n -= (size_t)r;
   }
   return 0;
 }
 
 /* ---- an open file ---- */
+
+typedef struct st_meta {
+  const char *key, *value; /* in the file's text block */
+} st_meta;
 
 typedef struct st_entry {
   const char *name;     /* in the file's text block */
@@ -234,7 +281,7 @@ struct kiln_tensor_file {
   st_entry *e;       /* in the order of their data */
   const st_entry **by_name; /* the entries sorted by name */
   int n_meta;
-  const char **meta; /* key, value, key, value, ... */
+  st_meta *meta;     /* sorted by key */
   char *text;        /* names, keys and values, each NUL-terminated */
   int64_t *dims;     /* every entry's shape */
 };
@@ -266,32 +313,38 @@ static int by_name(const void *pa, const void *pb) {
 
 /* Checks one tensor's entry v and fills e (e->name set) and dims (room for
  * its rank, counted before). 0 or -1 with the error set. */
-static int take_entry(const ctx *c, st_entry *e, json_t *v, int64_t *dims, uint64_t data_len) {
+static int take_entry(const ctx *c, st_entry *e, const cJSON *v, int64_t *dims, uint64_t data_len) {
   shown s1, s2;
+  char why[128], b[SHAPE_BUF];
   const char *nm = show(&s1, e->name);
-  if (!json_is_object(v)) return fail(c, "tensor %s is %s, not an object", nm, json_kind(v));
-  json_t *dt = json_object_get(v, "dtype"), *sh = json_object_get(v, "shape"), *off = json_object_get(v, "data_offsets");
+  if (!cJSON_IsObject(v)) return fail(c, "tensor %s is %s, not an object", nm, json_kind(v));
+  const cJSON *dt = NULL, *sh = NULL, *off = NULL;
+  for (const cJSON *k = v->child; k; k = k->next) {
+    const cJSON **slot = !strcmp(k->string, "dtype")          ? &dt
+                         : !strcmp(k->string, "shape")        ? &sh
+                         : !strcmp(k->string, "data_offsets") ? &off
+                                                              : NULL;
+    if (!slot) continue; /* other keys are ignored, as the reference ignores them */
+    if (*slot) return fail(c, "tensor %s has \"%s\" twice", nm, k->string);
+    *slot = k;
+  }
   if (!dt || !sh || !off)
     return fail(c, "tensor %s has no \"%s\"", nm, !dt ? "dtype" : !sh ? "shape" : "data_offsets");
-  if (!json_is_string(dt)) return fail(c, "tensor %s: \"dtype\" is %s, not a string", nm, json_kind(dt));
-  if (!(e->dt = dtype_named(json_string_value(dt))))
-    return fail(c, "tensor %s: unknown dtype %s", nm, show(&s2, json_string_value(dt)));
-  if (!json_is_array(sh)) return fail(c, "tensor %s: \"shape\" is %s, not an array of sizes", nm, json_kind(sh));
+  if (!cJSON_IsString(dt)) return fail(c, "tensor %s: \"dtype\" is %s, not a string", nm, json_kind(dt));
+  if (!(e->dt = dtype_named(dt->valuestring)))
+    return fail(c, "tensor %s: unknown dtype %s", nm, show(&s2, dt->valuestring));
+  if (!cJSON_IsArray(sh)) return fail(c, "tensor %s: \"shape\" is %s, not an array of sizes", nm, json_kind(sh));
   /* the element count, exactly: a 0 anywhere makes it 0, whatever the other sizes */
-  uint64_t numel = 1;
+  uint64_t numel = 1, x;
   bool zero = false, overflow = false;
-  e->ndim = (int)json_array_size(sh);
+  e->ndim = 0;
   e->shape = dims;
-  for (int i = 0; i < e->ndim; i++) {
-    json_t *d = json_array_get(sh, (size_t)i);
-    if (!json_is_integer(d)) return fail(c, "tensor %s: size %d of \"shape\" is %s, not an integer", nm, i, json_kind(d));
-    json_int_t x = json_integer_value(d);
-    if (x < 0) return fail(c, "tensor %s: size %d of \"shape\" is negative (%lld)", nm, i, (long long)x);
-    dims[i] = x;
+  for (const cJSON *d = sh->child; d; d = d->next, e->ndim++) {
+    if (json_count(d, &x, why, sizeof why)) return fail(c, "tensor %s: size %d of \"shape\" %s", nm, e->ndim, why);
+    dims[e->ndim] = (int64_t)x;
     zero |= x == 0;
-    overflow |= __builtin_mul_overflow(numel, (uint64_t)x, &numel);
+    overflow |= __builtin_mul_overflow(numel, x, &numel);
   }
-  char b[SHAPE_BUF];
   uint64_t bits = 0;
   if (zero) numel = 0;
   if ((overflow && !zero) || __builtin_mul_overflow(numel, (uint64_t)e->dt->bits, &bits))
@@ -299,82 +352,86 @@ static int take_entry(const ctx *c, st_entry *e, json_t *v, int64_t *dims, uint6
   if (bits % 8)
     return fail(c, "tensor %s: %" PRIu64 " elements of %s (%d bits each) do not fill whole bytes", nm, numel,
                 e->dt->name, e->dt->bits);
-  if (!json_is_array(off) || json_array_size(off) != 2 || !json_is_integer(json_array_get(off, 0)) ||
-      !json_is_integer(json_array_get(off, 1)))
-    return fail(c, "tensor %s: \"data_offsets\" is %s, not an array of two integers", nm, json_kind(off));
-  json_int_t begin = json_integer_value(json_array_get(off, 0)), end = json_integer_value(json_array_get(off, 1));
-  if (begin < 0 || end < 0)
-    return fail(c, "tensor %s: \"data_offsets\" [%lld, %lld] has a negative offset", nm, (long long)begin, (long long)end);
-  if (begin > end)
-    return fail(c, "tensor %s: \"data_offsets\" [%lld, %lld] are out of order", nm, (long long)begin, (long long)end);
-  e->begin = (uint64_t)begin, e->end = (uint64_t)end;
+  if (!cJSON_IsArray(off)) return fail(c, "tensor %s: \"data_offsets\" is %s, not [begin, end]", nm, json_kind(off));
+  if (cJSON_GetArraySize(off) != 2)
+    return fail(c, "tensor %s: \"data_offsets\" has %d items, not 2", nm, cJSON_GetArraySize(off));
+  for (int i = 0; i < 2; i++)
+    if (json_count(cJSON_GetArrayItem(off, i), i ? &e->end : &e->begin, why, sizeof why))
+      return fail(c, "tensor %s: the %s of \"data_offsets\" %s", nm, i ? "end" : "begin", why);
+  if (e->begin > e->end)
+    return fail(c, "tensor %s: \"data_offsets\" [%" PRIu64 ", %" PRIu64 "] are out of order", nm, e->begin, e->end);
   if (e->end > data_len)
-    return fail(c, "tensor %s: \"data_offsets\" [%lld, %lld] run past the end of the data (%" PRIu64 " bytes)", nm,
-                (long long)begin, (long long)end, data_len);
+    return fail(c, "tensor %s: \"data_offsets\" [%" PRIu64 ", %" PRIu64 "] run past the end of the data (%" PRIu64 " bytes)",
+                nm, e->begin, e->end, data_len);
   if (e->end - e->begin != bits / 8)
-    return fail(c, "tensor %s: %s%s takes %" PRIu64 " bytes, but \"data_offsets\" [%lld, %lld] hold %" PRIu64, nm,
-                e->dt->name, err_shape(b, e->ndim, e->shape), bits / 8, (long long)begin, (long long)end,
-                e->end - e->begin);
+    return fail(c, "tensor %s: %s%s takes %" PRIu64 " bytes, but \"data_offsets\" [%" PRIu64 ", %" PRIu64 "] hold %" PRIu64,
+                nm, e->dt->name, err_shape(b, e->ndim, e->shape), bits / 8, e->begin, e->end, e->end - e->begin);
   return 0;
 }
 
+static int by_key(const void *pa, const void *pb) {
+  return strcmp(((const st_meta *)pa)->key, ((const st_meta *)pb)->key);
+}
+
 /* Fills f from the parsed header root (an object). 0 or -1 with the error set. */
-static int take_header(const ctx *c, kiln_tensor_file *f, json_t *root) {
-  const char *key;
-  json_t *v;
+static int take_header(const ctx *c, kiln_tensor_file *f, const cJSON *root) {
   shown s1, s2;
   /* sizes first: entries, metadata pairs, bytes of text, dims */
-  size_t n = 0, n_meta = 0, text = 0, dims = 0;
-  json_object_foreach(root, key, v) {
-    if (!strcmp(key, "__metadata__")) {
-      if (!json_is_object(v)) return fail(c, "\"__metadata__\" is %s, not an object of strings", json_kind(v));
-      const char *mk;
-      json_t *mv;
-      json_object_foreach(v, mk, mv) {
-        if (!json_is_string(mv))
-          return fail(c, "\"__metadata__\": the value of %s is %s, not a string", show(&s1, mk), json_kind(mv));
+  size_t n = 0, n_meta = 0, text = 0, dims = 0, seen_meta = 0;
+  for (const cJSON *v = root->child; v; v = v->next) {
+    if (!strcmp(v->string, "__metadata__")) {
+      if (seen_meta++) return fail(c, "the header has \"__metadata__\" twice");
+      if (!cJSON_IsObject(v)) return fail(c, "\"__metadata__\" is %s, not an object of strings", json_kind(v));
+      for (const cJSON *m = v->child; m; m = m->next) {
+        if (!cJSON_IsString(m))
+          return fail(c, "\"__metadata__\": the value of %s is %s, not a string", show(&s1, m->string), json_kind(m));
         n_meta++;
-        text += strlen(mk) + strlen(json_string_value(mv)) + 2;
+        text += strlen(m->string) + strlen(m->valuestring) + 2;
       }
       continue;
     }
     n++;
-    text += strlen(key) + 1;
-    json_t *sh = json_is_object(v) ? json_object_get(v, "shape") : NULL;
-    if (json_is_array(sh)) dims += json_array_size(sh);
+    text += strlen(v->string) + 1;
+    const cJSON *sh = cJSON_IsObject(v) ? cJSON_GetObjectItemCaseSensitive(v, "shape") : NULL;
+    if (cJSON_IsArray(sh)) dims += (size_t)cJSON_GetArraySize(sh);
   }
-  if (n > INT32_MAX / 2) return fail(c, "the header names %zu tensors, too many", n);
   f->e = alloc_calloc(n ? n : 1, sizeof *f->e);
   f->by_name = alloc_calloc(n ? n : 1, sizeof *f->by_name);
-  f->meta = alloc_calloc(2 * n_meta + 1, sizeof *f->meta);
+  f->meta = alloc_calloc(n_meta ? n_meta : 1, sizeof *f->meta);
   f->text = alloc_malloc(text + 1);
   f->dims = alloc_calloc(dims ? dims : 1, sizeof *f->dims);
   if (!f->e || !f->by_name || !f->meta || !f->text || !f->dims) return oom(c);
   /* then the entries and the metadata */
   char *t = f->text;
   int64_t *d = f->dims;
-  json_object_foreach(root, key, v) {
-    if (!strcmp(key, "__metadata__")) {
-      const char *mk;
-      json_t *mv;
-      json_object_foreach(v, mk, mv) {
-        size_t kn = strlen(mk) + 1, vn = strlen(json_string_value(mv)) + 1;
-        f->meta[2 * f->n_meta] = memcpy(t, mk, kn);
-        f->meta[2 * f->n_meta + 1] = memcpy(t + kn, json_string_value(mv), vn);
-        f->n_meta++;
+  for (const cJSON *v = root->child; v; v = v->next) {
+    if (!strcmp(v->string, "__metadata__")) {
+      for (const cJSON *m = v->child; m; m = m->next) {
+        size_t kn = strlen(m->string) + 1, vn = strlen(m->valuestring) + 1;
+        f->meta[f->n_meta++] = (st_meta){memcpy(t, m->string, kn), memcpy(t + kn, m->valuestring, vn)};
         t += kn + vn;
       }
       continue;
     }
     st_entry *e = &f->e[f->n];
-    e->name = memcpy(t, key, strlen(key) + 1);
-    t += strlen(key) + 1;
+    e->name = memcpy(t, v->string, strlen(v->string) + 1);
+    t += strlen(v->string) + 1;
     if (take_entry(c, e, v, d, f->data_len)) return -1;
     d += e->ndim;
     f->n++;
   }
-  /* the data must be covered exactly: no overlaps, no gaps, nothing after */
+  /* names and keys are unique (cJSON keeps both of a repeated key) */
+  qsort(f->meta, (size_t)f->n_meta, sizeof *f->meta, by_key);
+  for (int i = 1; i < f->n_meta; i++)
+    if (!strcmp(f->meta[i - 1].key, f->meta[i].key))
+      return fail(c, "\"__metadata__\" has the key %s twice", show(&s1, f->meta[i].key));
   qsort(f->e, (size_t)f->n, sizeof *f->e, by_offsets);
+  for (int i = 0; i < f->n; i++) f->by_name[i] = &f->e[i];
+  qsort(f->by_name, (size_t)f->n, sizeof *f->by_name, by_name);
+  for (int i = 1; i < f->n; i++)
+    if (!strcmp(f->by_name[i - 1]->name, f->by_name[i]->name))
+      return fail(c, "the header names tensor %s twice", show(&s1, f->by_name[i]->name));
+  /* the data must be covered exactly: no overlaps, no gaps, nothing after */
   uint64_t at = 0;
   for (int i = 0; i < f->n; i++) {
     const st_entry *e = &f->e[i];
@@ -389,31 +446,53 @@ static int take_header(const ctx *c, kiln_tensor_file *f, json_t *root) {
   if (at != f->data_len)
     return fail(c, "bytes [%" PRIu64 ", %" PRIu64 ") at the end of the data belong to no tensor (the format allows no gaps)",
                 at, f->data_len);
-  for (int i = 0; i < f->n; i++) f->by_name[i] = &f->e[i];
-  qsort(f->by_name, (size_t)f->n, sizeof *f->by_name, by_name);
   return 0;
 }
 
-/* Parses and checks the header text[0..len) into f. 0 or -1 with the error set. */
+/* What cJSON is lenient about, checked first on the raw text: the header is
+ * UTF-8, with no control bytes but whitespace outside strings and none in
+ * them, and no \u0000 (a C string would end there); and how many values it
+ * may hold (each is 64 bytes or more to cJSON). 0 or -1 with the error set. */
+static int check_text(const ctx *c, const char *text, size_t len) {
+  const unsigned char *s = (const unsigned char *)text;
+  size_t bad = utf8_bad(s, len), values = 1;
+  if (bad < len) return fail(c, "the header is not valid UTF-8 (byte %zu of it)", bad);
+  bool in_string = false;
+  for (size_t i = 0; i < len; i++) {
+    unsigned ch = s[i];
+    if (in_string) {
+      if (ch < 0x20) return fail(c, "a string in the header holds the control byte 0x%02x (byte %zu of it)", ch, i);
+      if (ch == '"') in_string = false;
+      else if (ch == '\\' && i + 1 < len) {
+        if (s[i + 1] == 'u' && len - i >= 6 && !memcmp(s + i + 2, "0000", 4))
+          return fail(c, "a string in the header holds \\u0000 (byte %zu of it), which no name can", i);
+        i++;
+      }
+      continue;
+    }
+    if (ch < 0x20 && ch != ' ' && ch != '\t' && ch != '\n' && ch != '\r')
+      return fail(c, "the header holds the control byte 0x%02x (byte %zu of it)", ch, i);
+    in_string = ch == '"';
+    values += ch == '[' || ch == ',' || ch == ':'; /* every value but the first follows one of these */
+  }
+  if (values > VALUES_MAX)
+    return fail(c, "the header holds %zu JSON values, over kiln's limit of %d", values, VALUES_MAX);
+  return 0;
+}
+
+/* Parses and checks the header text[0..len) (text[len] is 0) into f. 0 or -1 with the error set. */
 static int parse_header(const ctx *c, kiln_tensor_file *f, const char *text, size_t len) {
   if (len == 0 || text[0] != '{') return fail(c, "the header does not start with '{' (it must be a JSON object)");
-  /* Every JSON value but the first follows a '[', ',' or ':', so this bounds
-   * the values jansson would allocate (about 40 to 100 bytes each). */
-  size_t values = 1;
-  for (size_t i = 0; i < len; i++) values += text[i] == '[' || text[i] == ',' || text[i] == ':';
-  if (values > VALUES_MAX)
-    return fail(c, "the header may hold up to %zu JSON values, over kiln's limit of %d", values, VALUES_MAX);
+  if (check_text(c, text, len)) return -1;
   json_setup();
-  json_error_t je;
-  json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
-  if (!root) {
-    if (json_error_code(&je) == json_error_out_of_memory) return oom(c);
-    shown s;
-    return fail(c, "the header is not valid JSON: %s at byte %d of the header", escape(&s, je.text, false), je.position);
-  }
-  int rc = json_is_object(root) ? take_header(c, f, root)
-                                : fail(c, "the header is %s, not a JSON object", json_kind(root));
-  json_decref(root);
+  const char *end = text;
+  pthread_mutex_lock(&parse_lock);
+  cJSON *root = cJSON_ParseWithLengthOpts(text, len + 1, &end, true);
+  pthread_mutex_unlock(&parse_lock);
+  if (!root) /* cJSON does not tell the two apart */
+    return fail(c, "the header is not valid JSON: it breaks off at byte %td (or memory ran out)", end - text);
+  int rc = cJSON_IsObject(root) ? take_header(c, f, root) : fail(c, "the header is %s, not a JSON object", json_kind(root));
+  cJSON_Delete(root);
   return rc;
 }
 
@@ -465,6 +544,7 @@ static kiln_tensor_file *file_open(const ctx *c) {
   f->data_at = 8 + hlen;
   f->data_len = size - 8 - hlen;
   if (!(text = alloc_malloc(hlen + 1))) goto nomem;
+  text[hlen] = 0;
   if ((rc = read_at(f->fd, text, hlen, 8))) {
     fail(c, "cannot read the header: %s", rc < 0 ? "the file ended early" : strerror(rc));
     goto bad;
@@ -595,9 +675,10 @@ int kiln_tensors_find(const kiln_tensor_file *f, const char *name) {
 }
 
 const char *kiln_tensors_metadata(const kiln_tensor_file *f, const char *key) {
-  for (int i = 0; f && key && i < f->n_meta; i++)
-    if (!strcmp(f->meta[2 * i], key)) return f->meta[2 * i + 1];
-  return NULL;
+  if (!f || !key) return NULL;
+  st_meta want = {key, NULL};
+  const st_meta *m = bsearch(&want, f->meta, (size_t)f->n_meta, sizeof *f->meta, by_key);
+  return m ? m->value : NULL;
 }
 
 kiln_tensor *kiln_tensors_get_at(kiln_tensor_file *f, const char *name, const char *file, int line) {
@@ -790,43 +871,39 @@ static int check_save(const ctx *c, int n, const char *const *names, kiln_tensor
 static char *make_header(const ctx *c, int n, const char *const *names, kiln_tensor *const *t, const char *const *meta,
                          const int *order, size_t *size) {
   json_setup();
-  json_t *root = json_object(), *m = NULL;
+  cJSON *root = cJSON_CreateObject(), *m = NULL;
   bool ok = root != NULL;
-  if (ok && meta && meta[0]) {
-    ok = (m = json_object()) && !json_object_set_new(root, "__metadata__", m);
-    for (int i = 0; ok && meta[i]; i += 2) ok = !json_object_set_new(m, meta[i], json_string(meta[i + 1]));
+  if (meta && meta[0]) {
+    ok = ok && json_add(root, "__metadata__", m = cJSON_CreateObject());
+    for (int i = 0; ok && meta[i]; i += 2) ok = json_add(m, meta[i], cJSON_CreateString(meta[i + 1]));
   }
-  /* json_object_set_new and json_array_append_new take their value even when
-   * they fail, and fail on a NULL value or container: a failed step leaves
-   * nothing to free but the entry, which is not in root yet */
+  /* json_add takes its item even when it fails, and a failure stops what follows */
   uint64_t at = 0;
   for (int k = 0; ok && k < n; k++) {
     const kiln_tensor *x = t[order[k]];
     uint64_t bytes = (uint64_t)kiln_numel(x) * kiln_dtype_size(x->dtype);
-    json_t *e = json_object(), *shape = json_array(), *off = json_array();
-    bool made = !json_object_set_new(e, "dtype", json_string(dtype_of(x->dtype)->name)) &
-                !json_object_set_new(e, "shape", shape) & !json_object_set_new(e, "data_offsets", off);
-    for (int d = 0; made && d < x->ndim; d++) made = !json_array_append_new(shape, json_integer(x->shape[d]));
-    made = made && !json_array_append_new(off, json_integer((json_int_t)at)) &&
-           !json_array_append_new(off, json_integer((json_int_t)(at + bytes)));
-    if (!made) json_decref(e);
-    ok = made && !json_object_set_new(root, names[order[k]], e);
+    cJSON *e = NULL, *shape = NULL, *off = NULL;
+    ok = json_add(root, names[order[k]], e = cJSON_CreateObject()) &&
+         json_add(e, "dtype", cJSON_CreateString(dtype_of(x->dtype)->name)) &&
+         json_add(e, "shape", shape = cJSON_CreateArray()) && json_add(e, "data_offsets", off = cJSON_CreateArray());
+    for (int d = 0; ok && d < x->ndim; d++) ok = json_add(shape, NULL, json_int((uint64_t)x->shape[d]));
+    ok = ok && json_add(off, NULL, json_int(at)) && json_add(off, NULL, json_int(at + bytes));
     at += bytes;
   }
-  char *buf = NULL;
-  size_t len = ok ? json_dumpb(root, NULL, 0, JSON_COMPACT) : 0;
-  size_t padded = (len + 7) & ~(size_t)7;
-  if (len && padded > HEADER_MAX) {
+  char *js = ok ? cJSON_PrintUnformatted(root) : NULL, *buf = NULL;
+  cJSON_Delete(root);
+  size_t len = js ? strlen(js) : 0, padded = (len + 7) & ~(size_t)7;
+  if (js && padded > HEADER_MAX) {
     fail(c, "the header would be %zu bytes, over the format's limit of %d", padded, HEADER_MAX);
-  } else if (!len || !(buf = alloc_malloc(8 + padded)) || json_dumpb(root, buf + 8, len, JSON_COMPACT) != len) {
-    alloc_free(buf), buf = NULL;
+  } else if (!js || !(buf = alloc_malloc(8 + padded))) {
     oom(c);
   } else {
+    memcpy(buf + 8, js, len);
     memset(buf + 8 + len, ' ', padded - len);
     for (int i = 0; i < 8; i++) buf[i] = (char)(unsigned char)((uint64_t)padded >> (8 * i));
     *size = 8 + padded;
   }
-  json_decref(root);
+  cJSON_free(js);
   return buf;
 }
 
