@@ -103,7 +103,7 @@ clean:
 FUZZ_BUILD      ?= build-fuzz
 FUZZ_SECONDS    ?= 600
 FUZZ_CI_SECONDS ?= 45
-FUZZ_TARGETS    ?= fuzz_irtext fuzz_eager fuzz_compile fuzz_kcache
+FUZZ_TARGETS    ?= fuzz_irtext fuzz_eager fuzz_compile fuzz_kcache fuzz_safetensors
 FUZZ_DEPS       := clang-19 libclang-rt-19-dev
 
 fuzz-deps:
