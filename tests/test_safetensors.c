@@ -645,7 +645,7 @@ static void write_file(const char *header, int64_t hlen, size_t ndata) {
   fclose(f);
 }
 
-static int n_hostile;
+static int n_hostile, n_cut;
 
 /* Opening must fail at this line, naming the path and saying why. */
 #define HOSTILE(header, hlen, ndata, why)                                                   \
@@ -796,15 +796,20 @@ START_TEST(test_hostile_files) {
     kiln_clear_error();
     ck_assert_msg(kiln_tensors_open(hpath) == NULL, "a file cut to %zu of %zu bytes opened", cut, size);
     ck_assert_msg(strstr(kiln_last_error(), hpath), "%s", kiln_last_error());
-    n_hostile++;
+    n_cut++;
   }
-  /* not a file */
+  /* not a file: a folder, a FIFO (whose open must not wait for a writer) */
   ck_assert_ptr_null(kiln_tensors_open(tmp_dir));
   expect_error_at(__LINE__ - 1, "kiln_tensors_open", "not a regular file", NULL);
+  char fifo[256];
+  tmp_path(fifo, sizeof fifo, "fifo");
+  ck_assert_int_eq(0, mkfifo(fifo, 0600));
+  ck_assert_ptr_null(kiln_tensors_open(fifo));
+  expect_error_at(__LINE__ - 1, "kiln_tensors_open", "not a regular file", fifo);
   ck_assert_ptr_null(kiln_tensors_open("no/such/file.safetensors"));
   expect_error_at(__LINE__ - 1, "kiln_tensors_open", "no/such/file.safetensors: cannot open: No such file or directory", NULL);
   ck_assert_uint_eq(base, kiln_mem_in_use());
-  printf("safetensors: %d hostile files refused\n", n_hostile);
+  printf("safetensors: %d hostile files refused, and a valid file cut at each of its %d lengths\n", n_hostile, n_cut);
   remove_tmp_dir();
 }
 END_TEST

@@ -510,7 +510,8 @@ static kiln_tensor_file *file_open(const ctx *c) {
   if (!(f->path = alloc_malloc(plen))) goto nomem;
   memcpy(f->path, c->path, plen);
   struct stat st;
-  if ((f->fd = open(c->path, O_RDONLY | O_CLOEXEC)) < 0 || fstat(f->fd, &st)) {
+  /* O_NONBLOCK: opening a FIFO would otherwise wait for a writer (reads of a regular file ignore it) */
+  if ((f->fd = open(c->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK)) < 0 || fstat(f->fd, &st)) {
     fail(c, "cannot open: %s", strerror(errno));
     goto bad;
   }
