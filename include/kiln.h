@@ -404,8 +404,8 @@ KILN_API void kiln_mem_reset_peak(void);
  *
  * A file is data: a malformed or hostile one is an error that names the
  * file and what is wrong (docs/reliability.md lists the rules), never a
- * crash, and kiln never allocates more for it than the file holds. Errors
- * return -1 or NULL with kiln_last_error() set. */
+ * crash, and what kiln allocates follows the file's size, never the numbers
+ * in its header. Errors return -1 or NULL with kiln_last_error() set. */
 
 typedef struct kiln_tensor_file kiln_tensor_file; /* an open file, its header checked */
 
