@@ -18,7 +18,7 @@ TSAN_TESTS := test_stress test_threads test_pool test_gpt
 JOBS       ?= 2
 CMAKE_ARGS ?=
 
-DEPS       := cmake pkg-config build-essential llvm-19-dev libopenblas-dev check python3-numpy
+DEPS       := cmake pkg-config build-essential llvm-19-dev libopenblas-dev libcjson-dev check python3-numpy
 # The bench's Python packages (PyTorch 2.x, JAX, matplotlib) come from PyPI into build/venv
 # (bench/venv.sh); Debian gives the venv module and the Python headers torch.compile's C++ includes.
 BENCH_DEPS := python3-venv python3-dev
@@ -106,7 +106,7 @@ clean:
 FUZZ_BUILD      ?= build-fuzz
 FUZZ_SECONDS    ?= 600
 FUZZ_CI_SECONDS ?= 45
-FUZZ_TARGETS    ?= fuzz_irtext fuzz_eager fuzz_compile fuzz_kcache
+FUZZ_TARGETS    ?= fuzz_irtext fuzz_eager fuzz_compile fuzz_kcache fuzz_safetensors
 FUZZ_DEPS       := clang-19 libclang-rt-19-dev
 
 fuzz-deps:

@@ -475,6 +475,92 @@ KILN_API size_t kiln_mem_in_use(void);
 KILN_API size_t kiln_mem_peak(void);
 KILN_API void kiln_mem_reset_peak(void);
 
+/* ---- weights: safetensors files ------------------------------------------
+ *
+ * The format PyTorch and Hugging Face keep weights in
+ * (safetensors.torch.save_file, load_file): a JSON header that names each
+ * tensor with its dtype, shape and byte range, then the raw data, row-major
+ * and little-endian. Files written here load there, and the other way round.
+ * kiln's F32, F64, I64 and BOOL are the format's "F32", "F64", "I64" and
+ * "BOOL". A file may hold other dtypes ("F16", "BF16", "I32", "U8", ...):
+ * they are listed, and loading one is an error that names it.
+ *
+ *   const char *names[] = {"fc.weight", "fc.bias"};
+ *   kiln_tensor *params[] = {m.w, m.b};
+ *   kiln_save_tensors("model.safetensors", 2, names, params);
+ *   kiln_load_tensors_into("model.safetensors", 2, names, params);  // dtype and shape must match
+ *
+ * A file is data: a malformed or hostile one is an error that names the
+ * file and what is wrong (docs/reliability.md lists the rules), never a
+ * crash, and what kiln allocates follows the file's size, never the numbers
+ * in its header. Errors return -1 or NULL with kiln_last_error() set. */
+
+typedef struct kiln_tensor_file kiln_tensor_file; /* an open file, its header checked */
+
+/* One entry of a file, as kiln_tensors_info describes it. Pointers are valid
+ * until kiln_tensors_close. */
+typedef struct kiln_tensor_info {
+  const char *name;     /* UTF-8, as in the file */
+  const char *dtype;    /* as the file spells it: "F32", "BF16", "U8", ... */
+  bool loadable;        /* kiln has the dtype, and the rank is at most KILN_MAX_DIMS */
+  kiln_dtype type;      /* the dtype it loads as (when loadable) */
+  int ndim;
+  const int64_t *shape; /* ndim sizes */
+  int64_t offset;       /* its bytes are [offset, offset + nbytes) of the file */
+  int64_t nbytes;
+} kiln_tensor_info;
+
+/* Writes tensors[i] under names[i], i < n: 0 or -1. Names are distinct,
+ * non-empty UTF-8, and not "__metadata__"; views are written row-major. The
+ * data is laid out as the reference writer lays it out (larger elements
+ * first, the header padded to 8 bytes), and the file is written beside path,
+ * then renamed over it, so a reader never sees half of it. */
+KILN_API int kiln_save_tensors_at(const char *path, int n, const char *const *names, kiln_tensor *const *tensors,
+                                  const char *file, int line);
+/* Same, with the header's "__metadata__": meta lists key, value, key, value,
+ * ... and ends with NULL ({"format", "pt", NULL} is what Hugging Face
+ * transformers looks for). */
+KILN_API int kiln_save_tensors_meta_at(const char *path, int n, const char *const *names,
+                                       kiln_tensor *const *tensors, const char *const *meta, const char *file,
+                                       int line);
+/* out[i] = a new tensor holding the entry names[i] (owned as every returned
+ * tensor: by the innermost scope, else the caller). 0, or -1 with every
+ * out[i] NULL; a missing name is an error that lists names the file holds. */
+KILN_API int kiln_load_tensors_at(const char *path, int n, const char *const *names, kiln_tensor **out,
+                                  const char *file, int line);
+/* Copies the entry names[i] into dst[i], whose dtype and shape must be the
+ * entry's (model params: this is load_state_dict). Every entry is checked
+ * before any is written; dst may require grad (the copy is not recorded, and
+ * a backward through the old values is refused) or be a view, not an
+ * expanded one. Not inside a function being traced. 0 or -1. */
+KILN_API int kiln_load_tensors_into_at(const char *path, int n, const char *const *names, kiln_tensor *const *dst,
+                                       const char *file, int line);
+#define kiln_save_tensors(...) KILN_CALL(int, kiln_save_tensors_at, __VA_ARGS__)
+#define kiln_save_tensors_meta(...) KILN_CALL(int, kiln_save_tensors_meta_at, __VA_ARGS__)
+#define kiln_load_tensors(...) KILN_CALL(int, kiln_load_tensors_at, __VA_ARGS__)
+#define kiln_load_tensors_into(...) KILN_CALL(int, kiln_load_tensors_into_at, __VA_ARGS__)
+
+/* A file held open, as safetensors' safe_open: list its entries, get them
+ * one by one (each read from the file when asked). The header is read and
+ * checked whole by kiln_tensors_open; NULL with the error set. A handle may
+ * be used from several threads at once. */
+KILN_API kiln_tensor_file *kiln_tensors_open_at(const char *path, const char *file, int line);
+/* Entries, in the order of their data in the file; -1 for NULL. */
+KILN_API int kiln_tensors_count(const kiln_tensor_file *);
+/* Describes entry i (0 <= i < count): 0 or -1. */
+KILN_API int kiln_tensors_info_at(const kiln_tensor_file *, int i, kiln_tensor_info *info, const char *file,
+                                  int line);
+/* The index of the entry called name, or -1 (no error set). */
+KILN_API int kiln_tensors_find(const kiln_tensor_file *, const char *name);
+/* A new tensor holding the entry called name (owned as kiln_load_tensors' are), or NULL. */
+KILN_API kiln_tensor *kiln_tensors_get_at(kiln_tensor_file *, const char *name, const char *file, int line);
+/* The value "__metadata__" gives key, or NULL. Valid until kiln_tensors_close. */
+KILN_API const char *kiln_tensors_metadata(const kiln_tensor_file *, const char *key);
+KILN_API void kiln_tensors_close(kiln_tensor_file *);
+#define kiln_tensors_open(...) KILN_CALL(kiln_tensor_file *, kiln_tensors_open_at, __VA_ARGS__)
+#define kiln_tensors_info(...) KILN_CALL(int, kiln_tensors_info_at, __VA_ARGS__)
+#define kiln_tensors_get(...) KILN_OP(kiln_tensors_get_at, __VA_ARGS__)
+
 #ifdef __cplusplus
 }
 #endif

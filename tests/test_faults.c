@@ -6,6 +6,7 @@
  * gives the clean run's results bit for bit. ASan's leak check at exit (and
  * once per scenario) catches any other leak. */
 #include <check.h>
+#include <glob.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -174,6 +175,44 @@ done:
   return rc;
 }
 
+static char weights_path[64];
+
+/* Temporary files a save left beside weights_path (it must remove its own). */
+static int stray_temporaries(void) {
+  char pattern[96];
+  snprintf(pattern, sizeof pattern, "%s.tmp.*", weights_path);
+  glob_t g;
+  int n = glob(pattern, 0, NULL, &g) == 0 ? (int)g.gl_pathc : 0;
+  globfree(&g);
+  return n;
+}
+
+/* Weights in a safetensors file: save views of every dtype with metadata,
+ * open and get one, load them all, load two into existing tensors. */
+static int weights(results *r) {
+  ck_assert_msg(stray_temporaries() == 0, "a failed save left its temporary file");
+  int rc = -1;
+  kiln_tensor_file *f = NULL;
+  kiln_scope_begin();
+  kiln_tensor *w = kiln_randn(KILN_F32, 2, ((int64_t[]){6, 5}), 41);
+  kiln_tensor *t[4] = {kiln_transpose(w, 0, 1), kiln_randn(KILN_F64, 1, ((int64_t[]){7}), 42),
+                       kiln_arange(KILN_I64, 0, 5, 1), kiln_gt(w, kiln_scalar(KILN_F32, 0))};
+  kiln_tensor *dst[2] = {kiln_zeros(KILN_F32, 2, ((int64_t[]){5, 6})), kiln_zeros(KILN_F64, 1, ((int64_t[]){7}))};
+  kiln_tensor *loaded[4] = {NULL};
+  const char *names[4] = {"w.T", "b", "idx", "mask"}, *meta[] = {"format", "pt", NULL};
+  if (!t[0] || !t[1] || !t[2] || !t[3] || !dst[0] || !dst[1]) goto done;
+  if (kiln_save_tensors_meta(weights_path, 4, names, t, meta) || !(f = kiln_tensors_open(weights_path))) goto done;
+  if (take(r, kiln_tensors_get(f, "b")) || kiln_load_tensors(weights_path, 4, names, loaded)) goto done;
+  for (int i = 0; i < 4; i++)
+    if (take(r, loaded[i])) goto done;
+  if (kiln_load_tensors_into(weights_path, 2, names, dst) || take(r, dst[0]) || take(r, dst[1])) goto done;
+  rc = 0;
+done:
+  kiln_tensors_close(f);
+  kiln_scope_end();
+  return rc;
+}
+
 /* ---- the harness ---- */
 
 /* |a - b| small relative to b, or both NaN: a degraded (eager instead of
@@ -278,6 +317,15 @@ START_TEST(test_save_load_faults) {
 }
 END_TEST
 
+START_TEST(test_weights_faults) {
+  snprintf(weights_path, sizeof weights_path, "faults_weights_%d.safetensors", (int)getpid());
+  int d, points = inject("weights", weights, 1, &d);
+  unlink(weights_path);
+  ck_assert_int_eq(0, stray_temporaries());
+  ck_assert_int_ge(points, 50);
+}
+END_TEST
+
 /* LLVM refusing a module: the variant runs on the interpreter, with a
  * warning, and gives what a clean LLVM run gives to rounding. (test_codegen
  * checks one softmax; this is the two-output MLP through a retrace.) */
@@ -322,6 +370,7 @@ int main(void) {
   tcase_add_test(tc, test_trace_faults);
   tcase_add_test(tc, test_compile_faults);
   tcase_add_test(tc, test_save_load_faults);
+  tcase_add_test(tc, test_weights_faults);
   tcase_add_test(tc, test_llvm_failure_falls_back);
 #endif
   suite_add_tcase(s, tc);

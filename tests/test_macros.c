@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kiln.h"
 
@@ -259,6 +260,36 @@ START_TEST(test_checked_lists) {
 }
 END_TEST
 
+/* Weights in a file, every call with compound literals for its lists. */
+START_TEST(test_tensor_file_literals) {
+  kiln_scope_begin();
+  char path[] = "/tmp/kiln_macros_XXXXXX";
+  int fd = mkstemp(path);
+  ck_assert_int_ge(fd, 0);
+  fclose(fdopen(fd, "w"));
+  kiln_tensor *a = kiln_tensor_from(KILN_F32, 2, (int64_t[]){1, 2}, (float[]){1, 2});
+  kiln_tensor *b = kiln_tensor_from(KILN_I64, 1, (int64_t[]){1}, (int64_t[]){7});
+  ck_assert_int_eq(0, kiln_save_tensors(path, 2, (const char *[]){"a", "b"}, (kiln_tensor *[]){a, b}));
+  ck_assert_int_eq(0, kiln_save_tensors_meta(path, 1, (const char *[]){"a"}, (kiln_tensor *[]){a},
+                                             (const char *[]){"format", "pt", NULL}));
+  kiln_tensor *got[1] = {NULL};
+  ck_assert_int_eq(0, kiln_load_tensors(path, 1, (const char *[]){"a"}, got));
+  EXPECT(got[0], ((int64_t[]){1, 2}), 1, 2);
+  kiln_tensor *dst = kiln_zeros(KILN_F32, 2, (int64_t[]){1, 2});
+  ck_assert_int_eq(0, kiln_load_tensors_into(path, 1, (const char *[]){"a"}, (kiln_tensor *[]){dst}));
+  EXPECT(dst, ((int64_t[]){1, 2}), 1, 2);
+  kiln_tensor_file *f = kiln_tensors_open(path);
+  ck_assert_ptr_nonnull(f);
+  kiln_tensor_info info;
+  ck_assert_int_eq(0, kiln_tensors_info(f, 0, &info));
+  ck_assert_str_eq("a", info.name);
+  EXPECT(kiln_tensors_get(f, "a"), ((int64_t[]){1, 2}), 1, 2);
+  kiln_tensors_close(f);
+  unlink(path);
+  kiln_scope_end();
+}
+END_TEST
+
 /* Every function-like macro named kiln_* in kiln.h is called in this file. */
 START_TEST(test_every_macro_used) {
   char header[4096], *slash;
@@ -303,6 +334,7 @@ static Suite *macros_suite(void) {
   tcase_add_test(tc, test_nn_and_inplace);
   tcase_add_test(tc, test_autograd_and_compile_literals);
   tcase_add_test(tc, test_checked_lists);
+  tcase_add_test(tc, test_tensor_file_literals);
   tcase_add_test(tc, test_every_macro_used);
   suite_add_tcase(s, tc);
   return s;
