@@ -179,11 +179,27 @@ KILN_API void kiln_print_at(const kiln_tensor *, const char *file, int line);
 
 /* ---- lifetime --------------------------------------------------------- */
 
-KILN_API kiln_tensor *kiln_retain(kiln_tensor *);
-KILN_API void kiln_release(kiln_tensor *);
+/* A reference of the caller's own to t; t itself, or NULL and an error. */
+KILN_API kiln_tensor *kiln_retain_at(kiln_tensor *t, const char *file, int line);
+/* Drops a reference the caller owns. Releasing a tensor again after its last
+ * reference is gone, or one that only a scope holds, is an error (set, and
+ * printed on stderr, naming the caller's line) and does nothing, in every
+ * build. NULL does nothing. */
+KILN_API void kiln_release_at(kiln_tensor *t, const char *file, int line);
+/* Moves t from the innermost scope to the one around it, or to the caller
+ * when there is none; returns t. */
+KILN_API kiln_tensor *kiln_keep_at(kiln_tensor *t, const char *file, int line);
+#define kiln_retain(...) KILN_OP(kiln_retain_at, __VA_ARGS__)
+#define kiln_release(...) KILN_CALL(void, kiln_release_at, __VA_ARGS__)
+#define kiln_keep(...) KILN_OP(kiln_keep_at, __VA_ARGS__)
+/* The same three as plain functions, for a caller that needs an address (a
+ * destructor callback) or was compiled before the _at forms; their errors
+ * name no line. */
+KILN_API kiln_tensor *(kiln_retain)(kiln_tensor *);
+KILN_API void (kiln_release)(kiln_tensor *);
+KILN_API kiln_tensor *(kiln_keep)(kiln_tensor *);
 KILN_API void kiln_scope_begin(void);
 KILN_API void kiln_scope_end(void);
-KILN_API kiln_tensor *kiln_keep(kiln_tensor *);
 
 /* ---- views (no copy) and layout -------------------------------------- */
 
@@ -333,7 +349,8 @@ KILN_API kiln_tensor *kiln_zero__at(kiln_tensor *dst, const char *, int);
 
 /* ---- autograd --------------------------------------------------------- */
 
-KILN_API void kiln_requires_grad(kiln_tensor *, bool);
+KILN_API void kiln_requires_grad_at(kiln_tensor *, bool, const char *file, int line);
+#define kiln_requires_grad(...) KILN_CALL(void, kiln_requires_grad_at, __VA_ARGS__)
 KILN_API bool kiln_get_requires_grad(const kiln_tensor *);
 /* loss must have one element. Frees the graph behind it. 0 or -1. */
 KILN_API int kiln_backward_at(kiln_tensor *loss, const char *, int);
@@ -349,7 +366,11 @@ KILN_API KILN_READS(2, 3) KILN_WRITES(4, 3) int kiln_grad_of_at(kiln_tensor *out
 #define kiln_grad_of(...) KILN_CALL(int, kiln_grad_of_at, __VA_ARGS__)
 /* Borrowed; NULL before any backward reached the tensor. */
 KILN_API kiln_tensor *kiln_grad(const kiln_tensor *);
-KILN_API void kiln_zero_grad(kiln_tensor *); /* drops .grad */
+KILN_API void kiln_zero_grad_at(kiln_tensor *, const char *file, int line); /* drops .grad */
+#define kiln_zero_grad(...) KILN_CALL(void, kiln_zero_grad_at, __VA_ARGS__)
+/* The same two as plain functions (their errors name no line). */
+KILN_API void (kiln_requires_grad)(kiln_tensor *, bool);
+KILN_API void (kiln_zero_grad)(kiln_tensor *);
 /* No-grad scopes nest; ops inside record nothing for autograd. */
 KILN_API void kiln_no_grad_begin(void);
 KILN_API void kiln_no_grad_end(void);

@@ -221,6 +221,23 @@ START_TEST(test_autograd_and_compile_literals) {
 }
 END_TEST
 
+START_TEST(test_lifetime_macros) {
+  kiln_scope_begin();
+  kiln_tensor *t = kiln_keep(kiln_tensor_from(KILN_F32, 1, (int64_t[]){2}, (float[]){3, 4}));
+  kiln_tensor *u = kiln_ones(KILN_F32, 1, (int64_t[]){2});
+  ck_assert_ptr_eq(u, kiln_retain(u)); /* a reference of our own, past the scope */
+  kiln_scope_end();
+  kiln_scope_begin(); /* for what EXPECT makes */
+  EXPECT(t, ((int64_t[]){2}), 3, 4); /* kept: the caller's now */
+  EXPECT(u, ((int64_t[]){2}), 1, 1);
+  kiln_scope_end();
+  kiln_clear_error();
+  kiln_release(t);
+  kiln_release(u);
+  ck_assert_str_eq("", kiln_last_error());
+}
+END_TEST
+
 /* A list's count and its values, as the callee sees them. */
 static int64_t shape_sum(int n, const int64_t *s) {
   int64_t t = n * 1000;
@@ -302,6 +319,7 @@ static Suite *macros_suite(void) {
   tcase_add_test(tc, test_reduction_literals);
   tcase_add_test(tc, test_nn_and_inplace);
   tcase_add_test(tc, test_autograd_and_compile_literals);
+  tcase_add_test(tc, test_lifetime_macros);
   tcase_add_test(tc, test_checked_lists);
   tcase_add_test(tc, test_every_macro_used);
   suite_add_tcase(s, tc);

@@ -16,7 +16,7 @@
 #include "tracer/tracer.h"
 
 #define FN_MAGIC 0x6b696c6eu
-#define FN_FREED 0x66726565u /* test build: a freed fn kept in quarantine */
+#define FN_FREED 0x66726565u /* freed: its header is parked, never reused for 16 more frees */
 #define MAX_IN 64
 
 /* One input dim, as a guard: a constant, or a symbol to bind. */
@@ -40,7 +40,7 @@ typedef struct variant {
 } variant;
 
 struct kiln_fn {
-  unsigned magic;
+  atomic_uint magic; /* first: all a freed kiln_fn still has that may be read */
   kiln_body body;
   void *ctx;
   kiln_options opts;
@@ -297,6 +297,10 @@ static int variant_prepare(const kiln_fn *fn, variant *v, kiln_tensor *const *in
 
 /* ---- compile ---- */
 
+/* kiln_fn headers are never freed (see alloc_handle), so that a freed one can
+ * be told from a live one in every build. */
+static handle_pool fn_pool = HANDLE_POOL(kiln_fn, sizeof(atomic_uint), 16);
+
 kiln_fn *kiln_compile_at(kiln_body body, void *ctx, const kiln_options *opts, const char *file, int line) {
   if (!body) return err_set(file, line, "compile", "body is NULL");
   kiln_options o = opts ? *opts : (kiln_options){0};
@@ -304,9 +308,9 @@ kiln_fn *kiln_compile_at(kiln_body body, void *ctx, const kiln_options *opts, co
   if (o.n_out < 1 || o.n_out > MAX_IN) return err_set(file, line, "compile", "n_out %d is outside 1..%d", o.n_out, MAX_IN);
   if (o.dynamic < KILN_DYNAMIC_AUTO || o.dynamic > KILN_DYNAMIC_ALL) return err_set(file, line, "compile", "unknown dynamic policy %d", o.dynamic);
   if (o.max_variants < 0) return err_set(file, line, "compile", "max_variants %d is negative", o.max_variants);
-  kiln_fn *fn = alloc_calloc(1, sizeof *fn);
+  kiln_fn *fn = alloc_handle(&fn_pool);
   if (!fn) return err_set(file, line, "compile", "out of memory");
-  fn->magic = FN_MAGIC;
+  atomic_store(&fn->magic, FN_MAGIC);
   fn->body = body;
   fn->ctx = ctx;
   fn->opts = o;
@@ -329,15 +333,13 @@ kiln_fn *kiln_compile_at(kiln_body body, void *ctx, const kiln_options *opts, co
   return fn;
 }
 
-static bool fn_ok(const kiln_fn *fn) { return fn && fn->magic == FN_MAGIC; }
+static bool fn_ok(const kiln_fn *fn) { return fn && atomic_load(&fn->magic) == FN_MAGIC; }
 
-/* Why fn cannot be used. Only the test build can tell a freed fn (its header
- * stays in quarantine); elsewhere reading it would be a use after free. */
+/* Why fn cannot be used. A freed fn's header is parked, not freed, so its
+ * magic can be read. */
 static const char *fn_dead(const kiln_fn *fn) {
   if (!fn) return "fn is NULL";
-#ifdef KILN_TEST_BUILD
-  if (fn->magic == FN_FREED) return "fn was freed (kiln_fn_free)";
-#endif
+  if (atomic_load(&fn->magic) == FN_FREED) return "fn was freed (kiln_fn_free)";
   return "fn is not a live compiled function";
 }
 
@@ -352,8 +354,8 @@ void kiln_fn_free(kiln_fn *fn) {
   for (int i = 0; i < fn->n_variants; i++) variant_free(fn->variants[i]);
   alloc_free(fn->variants);
   pthread_mutex_destroy(&fn->mu);
-  fn->magic = FN_FREED;
-  alloc_quarantine(fn);
+  atomic_store(&fn->magic, FN_FREED);
+  alloc_handle_park(&fn_pool, fn);
 }
 
 int kiln_mark_dynamic(kiln_fn *fn, int input, int dim) {
@@ -722,7 +724,7 @@ int kiln_call_at(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out, const c
     variant *v = fn->variants[i];
     int gone = -1;
     for (int k = 0; k < v->n_params && !v->loaded && gone < 0; k++)
-      if (atomic_load(&v->params[k]->refcount) <= 1) gone = k;
+      if (tensor_refs(v->params[k]) <= 1) gone = k;
     if (gone < 0) continue;
     const ir_node *pn = &v->g->nodes[v->g->n_inputs + gone];
     dump_note(fn, "variant %d dropped: param %d (captured at %s:%d) was released by its owner", i + 1, gone, pn->file,
