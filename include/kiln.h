@@ -406,10 +406,11 @@ enum kiln_backend {
   KILN_BACKEND_LLVM = 2
 };
 
-/* Zero means default for every field. */
+/* Zero means default for every field, and opts = NULL means every default:
+ * no inputs and one output. */
 typedef struct kiln_options {
   const char *name;  /* shown in dumps and errors; default "fn" */
-  int n_in, n_out;   /* tensors the body takes and sets (n_out >= 1) */
+  int n_in, n_out;   /* tensors the body takes (0 to 64) and sets (1 to 64; 0 = 1) */
   int dynamic;       /* enum kiln_dynamic */
   unsigned dump;     /* enum kiln_dump bits */
   int max_variants;  /* cached graphs before eager fallback; 0 = 8 */
@@ -444,21 +445,41 @@ KILN_API kiln_fn *kiln_compile_at(kiln_body body, void *ctx, const kiln_options 
  * caller's). 0, or -1 with the error set. */
 KILN_API int kiln_call_at(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out, const char *file, int line);
 #define kiln_call(...) KILN_CALL(int, kiln_call_at, __VA_ARGS__)
-KILN_API void kiln_fn_free(kiln_fn *fn);
-/* Makes input's dim symbolic from the first trace on. 0 or -1. */
-KILN_API int kiln_mark_dynamic(kiln_fn *fn, int input, int dim);
-KILN_API int kiln_fn_get_stats(const kiln_fn *fn, kiln_fn_stats *stats);
+KILN_API void kiln_fn_free_at(kiln_fn *fn, const char *file, int line);
+#define kiln_fn_free(...) KILN_CALL(void, kiln_fn_free_at, __VA_ARGS__)
+/* Makes input's dim symbolic in the traces after this call, whatever the
+ * dynamic policy: call it before the first kiln_call to have the dim symbolic
+ * from the first trace. Variants already cached stay as they were traced (a
+ * call they fit still runs them). -1 for an input out of range or a loaded
+ * function; a dim past the input's rank is accepted and changes nothing. */
+KILN_API int kiln_mark_dynamic_at(kiln_fn *fn, int input, int dim, const char *file, int line);
+#define kiln_mark_dynamic(...) KILN_CALL(int, kiln_mark_dynamic_at, __VA_ARGS__)
+KILN_API int kiln_fn_get_stats_at(const kiln_fn *fn, kiln_fn_stats *stats, const char *file, int line);
+#define kiln_fn_get_stats(...) KILN_CALL(int, kiln_fn_get_stats_at, __VA_ARGS__)
 /* The text of variant i (newest last) after the passes; a malloc'ed string
  * (free() it), NULL when there is no such variant. */
-KILN_API char *kiln_fn_graph(const kiln_fn *fn, int variant);
+KILN_API char *kiln_fn_graph_at(const kiln_fn *fn, int variant, const char *file, int line);
+#define kiln_fn_graph(...) KILN_CALL(char *, kiln_fn_graph_at, __VA_ARGS__)
 /* Writes the newest variant's graph as text (docs/ir.md): 0 or -1. */
-KILN_API int kiln_save(kiln_fn *fn, const char *path);
+KILN_API int kiln_save_at(kiln_fn *fn, const char *path, const char *file, int line);
+#define kiln_save(...) KILN_CALL(int, kiln_save_at, __VA_ARGS__)
 /* A callable kiln_fn from a saved graph, without the C body: its inputs are
  * the graph's inputs, then its params in order. NULL with the error set (a
  * malformed file names its line and column). */
-KILN_API kiln_fn *kiln_load(const char *path);
+KILN_API kiln_fn *kiln_load_at(const char *path, const char *file, int line);
+#define kiln_load(...) KILN_CALL(kiln_fn *, kiln_load_at, __VA_ARGS__)
 /* Same, from text in memory. */
-KILN_API kiln_fn *kiln_load_string(const char *text);
+KILN_API kiln_fn *kiln_load_string_at(const char *text, const char *file, int line);
+#define kiln_load_string(...) KILN_CALL(kiln_fn *, kiln_load_string_at, __VA_ARGS__)
+/* The functions above as plain functions, for a caller that needs an address
+ * or was compiled before the _at forms; their errors name no line. */
+KILN_API void (kiln_fn_free)(kiln_fn *fn);
+KILN_API int (kiln_mark_dynamic)(kiln_fn *fn, int input, int dim);
+KILN_API int (kiln_fn_get_stats)(const kiln_fn *fn, kiln_fn_stats *stats);
+KILN_API char *(kiln_fn_graph)(const kiln_fn *fn, int variant);
+KILN_API int (kiln_save)(kiln_fn *fn, const char *path);
+KILN_API kiln_fn *(kiln_load)(const char *path);
+KILN_API kiln_fn *(kiln_load_string)(const char *text);
 /* Forgets the compiled kernels kept in memory for later compiles (the
  * kernel cache; KILN_CACHE_DIR's files stay). Compiled functions keep
  * their code; the next compile of any kernel runs LLVM again. */

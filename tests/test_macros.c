@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kiln.h"
 
@@ -206,6 +207,8 @@ START_TEST(test_autograd_and_compile_literals) {
 
   kiln_fn *fn = kiln_compile(mul_add_one, NULL, &(kiln_options){.name = "mul_add_one", .n_in = 2, .n_out = 1});
   ck_assert_msg(fn != NULL, "%s", kiln_last_error());
+  ck_assert_int_eq(0, kiln_mark_dynamic(fn, 0, 0));
+  ck_assert_int_eq(0, kiln_mark_dynamic(fn, 1, 0));
   kiln_tensor *out[1];
   for (int i = 0; i < 2; i++) { /* a trace, then the compiled graph */
     ck_assert_int_eq(0, kiln_call(fn,
@@ -214,6 +217,29 @@ START_TEST(test_autograd_and_compile_literals) {
                                   out));
     EXPECT(out[0], ((int64_t[]){2}), 9, 16);
   }
+  kiln_fn_stats st;
+  ck_assert_int_eq(0, kiln_fn_get_stats(fn, &(kiln_fn_stats){0}));
+  ck_assert_int_eq(0, kiln_fn_get_stats(fn, &st));
+  ck_assert_int_eq(1, st.hits);
+  char *text = kiln_fn_graph(fn, 0);
+  ck_assert_msg(text && strstr(text, "s0"), "%s", text ? text : kiln_last_error()); /* marked dynamic */
+  char path[] = "/tmp/kiln_test_macros_XXXXXX";
+  int fd = mkstemp(path);
+  ck_assert_int_ge(fd, 0);
+  close(fd);
+  ck_assert_int_eq(0, kiln_save(fn, path));
+  kiln_fn *loaded = kiln_load(path), *from_text = kiln_load_string(text);
+  ck_assert_msg(loaded && from_text, "%s", kiln_last_error());
+  kiln_tensor *three[2] = {kiln_tensor_from(KILN_F32, 1, (int64_t[]){3}, (float[]){1, 2, 3}),
+                           kiln_tensor_from(KILN_F32, 1, (int64_t[]){3}, (float[]){2, 2, 2})};
+  ck_assert_int_eq(0, kiln_call(loaded, three, out));
+  EXPECT(out[0], ((int64_t[]){3}), 3, 5, 7);
+  ck_assert_int_eq(0, kiln_call(from_text, three, out));
+  EXPECT(out[0], ((int64_t[]){3}), 3, 5, 7);
+  kiln_fn_free(loaded);
+  kiln_fn_free(from_text);
+  free(text);
+  unlink(path);
   kiln_fn_free(fn);
   kiln_scope_end();
   kiln_release(w);

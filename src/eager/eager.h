@@ -60,6 +60,8 @@ void *err_set(const char *file, int line, const char *op, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 /* For a NULL argument: sets "<what> is NULL" unless an earlier error is pending. */
 void *err_null(const char *file, int line, const char *op, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+/* How many errors this thread has set: unchanged across a call that set none. */
+unsigned long err_count(void);
 /* Gives a message set without a location (deep in a compiled call) the caller's file:line. */
 void err_locate(const char *file, int line);
 /* How BLAS reads a (rows, cols) matrix with strides (rs, cs): 0 with its

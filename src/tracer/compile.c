@@ -303,9 +303,11 @@ static handle_pool fn_pool = HANDLE_POOL(kiln_fn, sizeof(atomic_uint), 16);
 
 kiln_fn *kiln_compile_at(kiln_body body, void *ctx, const kiln_options *opts, const char *file, int line) {
   if (!body) return err_set(file, line, "compile", "body is NULL");
+  /* zero means the default, for the whole struct as for each field: n_out 0 is 1 */
   kiln_options o = opts ? *opts : (kiln_options){0};
+  if (o.n_out == 0) o.n_out = 1;
   if (o.n_in < 0 || o.n_in > MAX_IN) return err_set(file, line, "compile", "n_in %d is outside 0..%d", o.n_in, MAX_IN);
-  if (o.n_out < 1 || o.n_out > MAX_IN) return err_set(file, line, "compile", "n_out %d is outside 1..%d", o.n_out, MAX_IN);
+  if (o.n_out < 1 || o.n_out > MAX_IN) return err_set(file, line, "compile", "n_out %d is outside 1..%d (0: 1)", o.n_out, MAX_IN);
   if (o.dynamic < KILN_DYNAMIC_AUTO || o.dynamic > KILN_DYNAMIC_ALL) return err_set(file, line, "compile", "unknown dynamic policy %d", o.dynamic);
   if (o.max_variants < 0) return err_set(file, line, "compile", "max_variants %d is negative", o.max_variants);
   kiln_fn *fn = alloc_handle(&fn_pool);
@@ -343,10 +345,10 @@ static const char *fn_dead(const kiln_fn *fn) {
   return "fn is not a live compiled function";
 }
 
-void kiln_fn_free(kiln_fn *fn) {
+void kiln_fn_free_at(kiln_fn *fn, const char *file, int line) {
   if (!fn_ok(fn)) {
     if (fn) {
-      err_set("", 0, "fn_free", "%s", fn_dead(fn));
+      err_set(file, line, "fn_free", "%s", fn_dead(fn));
       fprintf(stderr, "kiln: error: %s\n", kiln_last_error()); /* nothing to return it to */
     }
     return;
@@ -358,11 +360,11 @@ void kiln_fn_free(kiln_fn *fn) {
   alloc_handle_park(&fn_pool, fn);
 }
 
-int kiln_mark_dynamic(kiln_fn *fn, int input, int dim) {
-  if (!fn_ok(fn)) return err_set("", 0, "mark_dynamic", "%s", fn_dead(fn)), -1;
-  if (fn->loaded) return err_set(fn->file, fn->line, "mark_dynamic", "%s was loaded from a file: its shapes are fixed", fn->name), -1;
+int kiln_mark_dynamic_at(kiln_fn *fn, int input, int dim, const char *file, int line) {
+  if (!fn_ok(fn)) return err_set(file, line, "mark_dynamic", "%s", fn_dead(fn)), -1;
+  if (fn->loaded) return err_set(file, line, "mark_dynamic", "%s was loaded from a file: its shapes are fixed", fn->name), -1;
   if (input < 0 || input >= fn->opts.n_in || dim < 0 || dim >= MAXD)
-    return err_set(fn->file, fn->line, "mark_dynamic", "input %d dim %d is out of range (%d inputs)", input, dim, fn->opts.n_in), -1;
+    return err_set(file, line, "mark_dynamic", "input %d dim %d is out of range (%d inputs)", input, dim, fn->opts.n_in), -1;
   pthread_mutex_lock(&fn->mu);
   fn->dyn[input][dim] = 1;
   pthread_mutex_unlock(&fn->mu);
@@ -373,20 +375,21 @@ int kiln_mark_dynamic(kiln_fn *fn, int input, int dim) {
 
 /* Hands out[0..n_out) to the caller's scope. When the scope cannot take one
  * (out of memory) it is released, so none is handed out: -1, error set. */
-static int adopt_outputs(kiln_fn *fn, kiln_tensor **out) {
+static int adopt_outputs(kiln_fn *fn, kiln_tensor **out, const char *file, int line) {
   int rc = 0;
   for (int i = 0; i < fn->opts.n_out; i++)
     if (out[i] && !(out[i] = scope_adopt(out[i]))) rc = -1;
   if (rc == 0) return 0;
   for (int i = 0; i < fn->opts.n_out; i++) out[i] = NULL; /* the adopted ones go with the scope */
-  return err_set(fn->file, fn->line, "call", "%s: out of memory", fn->name), -1;
+  return err_set(file, line, "call", "%s: out of memory", fn->name), -1;
 }
 
 /* Runs the body eagerly in a scope of its own; out[i] become one new
- * reference each, adopted by the caller's scope. */
-static int run_eager(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out) {
+ * reference each, adopted by the caller's scope. file:line is the call's. */
+static int run_eager(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out, const char *file, int line) {
   kiln_scope_begin();
   for (int i = 0; i < fn->opts.n_out; i++) out[i] = NULL;
+  unsigned long errors = err_count();
   int rc = fn->body(fn->ctx, in, out);
   for (int i = 0; i < fn->opts.n_out; i++) kiln_retain(out[i]);
   kiln_scope_end();
@@ -394,19 +397,20 @@ static int run_eager(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out) {
     for (int i = 0; i < fn->opts.n_out; i++)
       if (!out[i]) {
         rc = -1;
-        err_set(fn->file, fn->line, "call", "%s: the body returned 0 but left output %d NULL", fn->name, i);
+        err_set(file, line, "call", "%s: the body returned 0 but left output %d NULL", fn->name, i);
       }
   if (rc) {
     for (int i = 0; i < fn->opts.n_out; i++) kiln_release(out[i]), out[i] = NULL;
-    if (!*kiln_last_error()) err_set(fn->file, fn->line, "call", "%s: the body returned %d", fn->name, rc);
+    /* a body that failed without an error of its own: say so, not an older message */
+    if (rc && err_count() == errors) err_set(file, line, "call", "%s: the body returned %d", fn->name, rc);
     return -1;
   }
-  return adopt_outputs(fn, out);
+  return adopt_outputs(fn, out, file, line);
 }
 
-static int run_variant(kiln_fn *fn, variant *v, kiln_tensor *const *in, kiln_tensor **out) {
+static int run_variant(kiln_fn *fn, variant *v, kiln_tensor *const *in, kiln_tensor **out, const char *file, int line) {
   if (v->be->run(v->exec, in, v->params, out)) return -1;
-  return adopt_outputs(fn, out);
+  return adopt_outputs(fn, out, file, line);
 }
 
 /* The dims of the next trace that are symbolic: marks, and under the
@@ -435,7 +439,7 @@ static void dump_graph(kiln_fn *fn, const ir_graph *g, const char *kind, int no)
 }
 
 /* Traces the body (returning its eager results in out) and caches a variant. */
-static int trace_and_cache(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out) {
+static int trace_and_cache(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out, const char *file, int line) {
   uint8_t dyn[MAX_IN][MAXD];
   next_spec(fn, in, dyn);
   trace_spec spec = {fn->opts.n_in, dyn, fn->opts.freeze != 0};
@@ -443,6 +447,7 @@ static int trace_and_cache(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **ou
   double t0 = now_ms();
   kiln_scope_begin();
   for (int i = 0; i < fn->opts.n_out; i++) out[i] = NULL;
+  unsigned long errors = err_count();
   int rc = trace_run(fn->body, fn->ctx, in, fn->opts.n_in, out, fn->opts.n_out, &spec, fn->name, &res);
   for (int i = 0; i < fn->opts.n_out; i++) kiln_retain(out[i]);
   kiln_scope_end();
@@ -452,16 +457,17 @@ static int trace_and_cache(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **ou
   fn->st.trace_ms += t1 - t0;
   int no = ++fn->dump_seq;
   pthread_mutex_unlock(&fn->mu);
-  bool outs_ok = true;
-  for (int i = 0; i < fn->opts.n_out; i++) outs_ok &= out[i] != NULL;
-  if (rc || !outs_ok) {
+  int null_out = -1;
+  for (int i = fn->opts.n_out - 1; i >= 0; i--)
+    if (!out[i]) null_out = i;
+  if (rc || null_out >= 0) {
     trace_result_free(&res);
     for (int i = 0; i < fn->opts.n_out; i++) kiln_release(out[i]), out[i] = NULL;
-    if (!*kiln_last_error() || rc == 0)
-      err_set(fn->file, fn->line, "call", rc ? "%s: the body returned %d" : "%s: the body left an output NULL", fn->name, rc);
+    if (rc == 0) err_set(file, line, "call", "%s: the body returned 0 but left output %d NULL", fn->name, null_out);
+    else if (err_count() == errors) err_set(file, line, "call", "%s: the body returned %d", fn->name, rc);
     return -1;
   }
-  if (adopt_outputs(fn, out)) {
+  if (adopt_outputs(fn, out, file, line)) {
     trace_result_free(&res);
     return -1;
   }
@@ -646,12 +652,12 @@ static void snap_free(snapshot *s) {
  * written leaves and grads. The compiled results stand when they agree;
  * when they do not, the eager ones do (check mode never returns a wrong
  * answer it has seen). */
-static int run_checked(kiln_fn *fn, variant *v, kiln_tensor *const *in, kiln_tensor **out) {
+static int run_checked(kiln_fn *fn, variant *v, kiln_tensor *const *in, kiln_tensor **out, const char *file, int line) {
   snapshot s = {0};
   kiln_tensor *eo[MAX_IN] = {0};
   if (snap_take(fn, v, in, &s)) {
     snap_free(&s);
-    return err_set(fn->file, fn->line, "call", "%s: out of memory", fn->name), -1;
+    return err_set(file, line, "call", "%s: out of memory", fn->name), -1;
   }
   if (v->be->run(v->exec, in, v->params, out)) {
     snap_free(&s);
@@ -691,7 +697,7 @@ static int run_checked(kiln_fn *fn, variant *v, kiln_tensor *const *in, kiln_ten
   kiln_scope_end();
   if (!use_eager) snap_swap(fn, v, in, &s); /* the compiled state stands */
   snap_free(&s);
-  int adopted = adopt_outputs(fn, out);
+  int adopted = adopt_outputs(fn, out, file, line);
   if (report[0] || kreport[0]) {
     pthread_mutex_lock(&fn->mu);
     fn->st.check_fails++;
@@ -761,7 +767,8 @@ int kiln_call_at(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out, const c
   pthread_mutex_unlock(&fn->mu);
 
   if (hit) {
-    int rc = fn->opts.check && !fn->loaded ? run_checked(fn, hit, in, out) : run_variant(fn, hit, in, out);
+    int rc = fn->opts.check && !fn->loaded ? run_checked(fn, hit, in, out, file, line)
+                                           : run_variant(fn, hit, in, out, file, line);
     pthread_mutex_lock(&fn->mu);
     bool free_it = --hit->users == 0 && hit->dead;
     pthread_mutex_unlock(&fn->mu);
@@ -776,17 +783,17 @@ int kiln_call_at(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out, const c
               "from now on (the guard that kept failing: %s)\n", fn->name, fn->file, fn->line, fn->opts.max_variants, why);
       dump_note(fn, "cap of %d variants reached (%s): eager from now on", fn->opts.max_variants, why);
     }
-    return run_eager(fn, in, out);
+    return run_eager(fn, in, out, file, line);
   }
   if (why[0]) dump_note(fn, "%s; tracing variant %d", why, next_variant);
-  return trace_and_cache(fn, in, out);
+  return trace_and_cache(fn, in, out, file, line);
 }
 
 /* ---- inspection ---- */
 
-int kiln_fn_get_stats(const kiln_fn *fn, kiln_fn_stats *stats) {
-  if (!fn_ok(fn)) return err_set("", 0, "fn_get_stats", "%s", fn_dead(fn)), -1;
-  if (!stats) return err_set("", 0, "fn_get_stats", "stats is NULL"), -1;
+int kiln_fn_get_stats_at(const kiln_fn *fn, kiln_fn_stats *stats, const char *file, int line) {
+  if (!fn_ok(fn)) return err_set(file, line, "fn_get_stats", "%s", fn_dead(fn)), -1;
+  if (!stats) return err_set(file, line, "fn_get_stats", "stats is NULL"), -1;
   pthread_mutex_lock((pthread_mutex_t *)&fn->mu);
   *stats = fn->st;
   stats->variants = fn->n_variants;
@@ -795,8 +802,8 @@ int kiln_fn_get_stats(const kiln_fn *fn, kiln_fn_stats *stats) {
   return 0;
 }
 
-char *kiln_fn_graph(const kiln_fn *fn, int variant_no) {
-  if (!fn_ok(fn)) return err_set("", 0, "fn_graph", "%s", fn_dead(fn));
+char *kiln_fn_graph_at(const kiln_fn *fn, int variant_no, const char *file, int line) {
+  if (!fn_ok(fn)) return err_set(file, line, "fn_graph", "%s", fn_dead(fn));
   pthread_mutex_lock((pthread_mutex_t *)&fn->mu);
   char *s = NULL;
   if (variant_no >= 0 && variant_no < fn->n_variants) {
@@ -808,26 +815,26 @@ char *kiln_fn_graph(const kiln_fn *fn, int variant_no) {
     }
   }
   pthread_mutex_unlock((pthread_mutex_t *)&fn->mu);
-  if (!s) err_set(fn->file, fn->line, "fn_graph", "%s has no variant %d", fn->name, variant_no);
+  if (!s) err_set(file, line, "fn_graph", "%s has no variant %d", fn->name, variant_no);
   return s;
 }
 
 /* ---- save and load ---- */
 
-int kiln_save(kiln_fn *fn, const char *path) {
-  if (!fn_ok(fn)) return err_set("", 0, "save", "%s", fn_dead(fn)), -1;
-  if (!path) return err_set("", 0, "save", "path is NULL"), -1;
+int kiln_save_at(kiln_fn *fn, const char *path, const char *file, int line) {
+  if (!fn_ok(fn)) return err_set(file, line, "save", "%s", fn_dead(fn)), -1;
+  if (!path) return err_set(file, line, "save", "path is NULL"), -1;
   pthread_mutex_lock(&fn->mu);
   const ir_graph *g = fn->n_variants ? fn->variants[fn->n_variants - 1]->g : NULL;
   int rc = -1;
   if (!g) {
-    err_set(fn->file, fn->line, "save", "%s has no compiled variant yet (call it once first)", fn->name);
+    err_set(file, line, "save", "%s has no compiled variant yet (call it once first)", fn->name);
   } else {
     FILE *f = fopen(path, "w");
-    if (!f) err_set(fn->file, fn->line, "save", "cannot open %s: %s", path, strerror(errno));
+    if (!f) err_set(file, line, "save", "cannot open %s: %s", path, strerror(errno));
     else {
       rc = ir_print(g, f);
-      if (fclose(f) || rc) rc = -1, err_set(fn->file, fn->line, "save", "cannot write %s", path);
+      if (fclose(f) || rc) rc = -1, err_set(file, line, "save", "cannot write %s", path);
     }
   }
   pthread_mutex_unlock(&fn->mu);
@@ -839,14 +846,14 @@ static int loaded_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
   return err_set("", 0, "call", "a loaded graph has no body"), -1;
 }
 
-kiln_fn *kiln_load_string(const char *text) {
-  if (!text) return err_set("", 0, "load", "text is NULL");
+kiln_fn *kiln_load_string_at(const char *text, const char *file, int line) {
+  if (!text) return err_set(file, line, "load", "text is NULL");
   char err[512];
   ir_graph *g = ir_parse(text, err, sizeof err);
-  if (!g) return err_set("", 0, "load", "%s", err);
+  if (!g) return err_set(file, line, "load", "%s", err);
   if (ir_verify(g, err, sizeof err)) {
     ir_free(g);
-    return err_set("", 0, "load", "the graph does not verify: %s", err);
+    return err_set(file, line, "load", "the graph does not verify: %s", err);
   }
   /* params become inputs after the graph's own */
   for (int i = 0; i < g->n_nodes; i++)
@@ -862,7 +869,7 @@ kiln_fn *kiln_load_string(const char *text) {
   if (n_in > MAX_IN || g->n_outputs < 1 || g->n_outputs > MAX_IN) {
     int n_out = g->n_outputs; /* read before the graph is freed */
     ir_free(g);
-    return err_set("", 0, "load", "the graph has %d inputs and %d outputs (at most %d each, one output at least)", n_in,
+    return err_set(file, line, "load", "the graph has %d inputs and %d outputs (at most %d each, one output at least)", n_in,
                    n_out, MAX_IN);
   }
   kiln_options o = {.name = g->name, .n_in = n_in, .n_out = g->n_outputs};
@@ -895,13 +902,13 @@ oom:
   variant_free(v);
   kiln_fn_free(fn);
   ir_free(g);
-  return err_set("", 0, "load", "out of memory");
+  return err_set(file, line, "load", "out of memory");
 }
 
-kiln_fn *kiln_load(const char *path) {
-  if (!path) return err_set("", 0, "load", "path is NULL");
+kiln_fn *kiln_load_at(const char *path, const char *file, int line) {
+  if (!path) return err_set(file, line, "load", "path is NULL");
   FILE *f = fopen(path, "rb");
-  if (!f) return err_set("", 0, "load", "cannot open %s: %s", path, strerror(errno));
+  if (!f) return err_set(file, line, "load", "cannot open %s: %s", path, strerror(errno));
   char *buf = NULL;
   size_t n = 0, cap = 0;
   for (;;) {
@@ -910,13 +917,13 @@ kiln_fn *kiln_load(const char *path) {
       if (cap > ((size_t)1 << 31)) {
         alloc_free(buf);
         fclose(f);
-        return err_set("", 0, "load", "%s is larger than 2 GiB", path);
+        return err_set(file, line, "load", "%s is larger than 2 GiB", path);
       }
       char *nb = alloc_realloc(buf, cap);
       if (!nb) {
         alloc_free(buf);
         fclose(f);
-        return err_set("", 0, "load", "out of memory");
+        return err_set(file, line, "load", "out of memory");
       }
       buf = nb;
     }
@@ -928,15 +935,25 @@ kiln_fn *kiln_load(const char *path) {
   buf[n] = 0;
   if (strlen(buf) != n) {
     alloc_free(buf);
-    return err_set("", 0, "load", "%s: contains a NUL byte (not an IR text file)", path);
+    return err_set(file, line, "load", "%s: contains a NUL byte (not an IR text file)", path);
   }
-  kiln_fn *fn = kiln_load_string(buf);
+  kiln_fn *fn = kiln_load_string_at(buf, file, line);
   alloc_free(buf);
   if (!fn) {
     char msg[600];
     snprintf(msg, sizeof msg, "%s", kiln_last_error());
     const char *p = strstr(msg, "kiln_load: ");
-    err_set("", 0, "load", "%s: %s", path, p ? p + 11 : msg);
+    err_set(file, line, "load", "%s: %s", path, p ? p + 11 : msg);
   }
   return fn;
 }
+
+/* The plain functions, for callers that need an address or were compiled
+ * before the _at forms; their errors name no line. */
+void (kiln_fn_free)(kiln_fn *fn) { kiln_fn_free_at(fn, "", 0); }
+int (kiln_mark_dynamic)(kiln_fn *fn, int input, int dim) { return kiln_mark_dynamic_at(fn, input, dim, "", 0); }
+int (kiln_fn_get_stats)(const kiln_fn *fn, kiln_fn_stats *stats) { return kiln_fn_get_stats_at(fn, stats, "", 0); }
+char *(kiln_fn_graph)(const kiln_fn *fn, int variant_no) { return kiln_fn_graph_at(fn, variant_no, "", 0); }
+int (kiln_save)(kiln_fn *fn, const char *path) { return kiln_save_at(fn, path, "", 0); }
+kiln_fn *(kiln_load)(const char *path) { return kiln_load_at(path, "", 0); }
+kiln_fn *(kiln_load_string)(const char *text) { return kiln_load_string_at(text, "", 0); }
