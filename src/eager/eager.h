@@ -23,6 +23,21 @@
 #define KILN_ASSERT(x) ((void)0)
 #endif
 
+/* The hot eager loops (the pointwise and reduction inner loops, the small
+ * GEMV) are KILN_HOT: built for x86-64-v4 (AVX-512), v3 (AVX2, FMA) and the
+ * baseline, and the dynamic loader picks one for the CPU when the library
+ * loads (GCC and clang target_clones: an ifunc). A library built without
+ * -march=native (KILN_NATIVE=OFF, the default, what `make install` installs)
+ * then runs everywhere and still uses the wide vectors of the CPU it runs on.
+ * CMake defines KILN_CPU_DISPATCH where that works: not with -march=native
+ * (nothing to choose), nor in the sanitizer builds (ThreadSanitizer
+ * instruments the resolver, which runs before it is set up). */
+#ifdef KILN_CPU_DISPATCH
+#define KILN_HOT __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define KILN_HOT
+#endif
+
 /* ---- alloc.c: the one allocator (fails on demand in the test build) ---- */
 
 void *alloc_malloc(size_t n);
