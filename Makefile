@@ -6,6 +6,8 @@
 #                 then the tests that start threads under ThreadSanitizer in build-tsan/
 #   make demo     release build, then the demo
 #   make bench    release build, then the benchmarks, kiln against PyTorch
+#   make install  release build, then cmake --install into PREFIX (default /usr/local;
+#                 make install PREFIX=$HOME/.local), docs/install.md
 #   make clean
 
 BUILD      ?= build
@@ -16,6 +18,7 @@ TSAN_BUILD ?= build-tsan
 TSAN_TESTS := test_stress test_threads test_pool test_gpt
 JOBS       ?= 2
 CMAKE_ARGS ?=
+PREFIX     ?= /usr/local
 
 DEPS       := cmake pkg-config build-essential llvm-19-dev libopenblas-dev check python3-numpy
 BENCH_DEPS := python3-torch python3-matplotlib
@@ -38,7 +41,7 @@ if [ -n "$$missing" ]; then \
 fi
 endef
 
-.PHONY: all build deps bench-deps configure test test-release test-asan demo bench clean
+.PHONY: all build deps bench-deps configure test test-release test-asan demo bench install clean
 
 all: build
 
@@ -90,6 +93,9 @@ demo: deps
 bench: bench-deps
 	$(MAKE) --no-print-directory release-build
 	BUILD=$(BUILD) bench/run.sh
+
+install: build
+	cmake --install $(BUILD) --prefix $(PREFIX)
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD)

@@ -55,6 +55,14 @@ extern "C" {
 #define KILN_API
 #endif
 
+/* The version of this header; kiln_version() gives the library's, which
+ * may differ when the program runs against another build. */
+#define KILN_VERSION_MAJOR 0
+#define KILN_VERSION_MINOR 1
+#define KILN_VERSION_PATCH 0
+#define KILN_VERSION_STRING "0.1.0"
+#define KILN_VERSION (KILN_VERSION_MAJOR * 10000 + KILN_VERSION_MINOR * 100 + KILN_VERSION_PATCH)
+
 #define KILN_MAX_DIMS 8
 
 /* ---- how a function that takes the caller's line is declared ------------
@@ -486,6 +494,9 @@ KILN_API kiln_fn *(kiln_load_string)(const char *text);
 KILN_API void kiln_cache_clear(void);
 
 /* ---- errors and runtime ----------------------------------------------- */
+
+/* The library's version, "0.1.0" (KILN_VERSION_STRING of the kiln.h it was built with). */
+KILN_API const char *kiln_version(void);
 
 /* The last error on this thread: "file.c:42: kiln_op: message". "" when none. */
 KILN_API const char *kiln_last_error(void);

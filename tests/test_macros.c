@@ -302,6 +302,16 @@ START_TEST(test_checked_lists) {
 }
 END_TEST
 
+/* The header's version macros agree with each other and with the library. */
+START_TEST(test_version) {
+  char want[32];
+  snprintf(want, sizeof want, "%d.%d.%d", KILN_VERSION_MAJOR, KILN_VERSION_MINOR, KILN_VERSION_PATCH);
+  ck_assert_str_eq(want, KILN_VERSION_STRING);
+  ck_assert_str_eq(KILN_VERSION_STRING, kiln_version());
+  ck_assert_int_eq(KILN_VERSION_MAJOR * 10000 + KILN_VERSION_MINOR * 100 + KILN_VERSION_PATCH, KILN_VERSION);
+}
+END_TEST
+
 /* Every function-like macro named kiln_* in kiln.h is called in this file. */
 START_TEST(test_every_macro_used) {
   char header[4096], *slash;
@@ -347,6 +357,7 @@ static Suite *macros_suite(void) {
   tcase_add_test(tc, test_autograd_and_compile_literals);
   tcase_add_test(tc, test_lifetime_macros);
   tcase_add_test(tc, test_checked_lists);
+  tcase_add_test(tc, test_version);
   tcase_add_test(tc, test_every_macro_used);
   suite_add_tcase(s, tc);
   return s;

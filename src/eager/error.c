@@ -62,3 +62,7 @@ void err_locate(const char *file, int line) {
 
 const char *kiln_last_error(void) { return msg; }
 void kiln_clear_error(void) { msg[0] = 0; }
+
+
+/* The KILN_VERSION_STRING of the kiln.h the library was compiled with. */
+const char *kiln_version(void) { return KILN_VERSION_STRING; }
