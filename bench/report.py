@@ -298,7 +298,7 @@ def render(rep, img_rel):
     by = rep["eager_by_threads"]
     if by:
         out += ["", "### kiln eager against PyTorch eager, by thread count", "",
-                "Each op by op, as WORKLOADS.md writes it; kiln and PyTorch run one after the other, "
+                "Each op by op, as docs/workloads.md writes it; kiln and PyTorch run one after the other, "
                 "not interleaved.", ""]
         rows = [[r["name"], r["threads"], ms(r["kiln_eager_ms"]), ms(r["torch_eager_ms"]),
                  x(r["ratio"]).rstrip("x") if num(r["ratio"]) else "-", ms(r["torch_builtin_ms"]),

@@ -1,4 +1,4 @@
-"""The workloads of WORKLOADS.md (and the GPT ones, W8 and W9, from torch_gpt.py) in PyTorch.
+"""The workloads of docs/workloads.md (and the GPT ones, W8 and W9, from torch_gpt.py) in PyTorch.
 
 Each workload is timed four ways, interleaved sample by sample so that all of
 them see the same machine:
