@@ -179,7 +179,7 @@ def compile_time(rep, img_dir):
         series.append(("torch_compiled_ms", [r.get("torch_compiled_prep_ms") for r in rows]))
     fig, ax = plt.subplots(figsize=(max(7, 0.9 * len(names) + 2), 4.6))
     bars(ax, names, series)
-    labels = {"kiln_compiled_ms": "kiln: passes + LLVM (W8, W9: + trace)",
+    labels = {"kiln_compiled_ms": "kiln: passes, fusion, LLVM, linking (not the traced call)",
               "torchscript_ms": "TorchScript: script + freeze + profiling runs",
               "torch_compiled_ms": "torch.compile: first call beyond steady state"}
     bottom_legend(fig, ax, [labels[k] for k, _ in series])
