@@ -37,6 +37,11 @@
  * Lifetime: a tensor returned by kiln belongs to the innermost open scope, else
  * to the caller (who calls kiln_release). kiln_keep() hands a tensor out of the
  * innermost scope to the one around it (or to the caller when there is none).
+ * Releasing a tensor twice, or one that a scope owns, is an error that names
+ * the caller's line, in every build.
+ *
+ * Installed, a program builds with `pkg-config --cflags --libs kiln` or CMake's
+ * find_package(kiln) and the target kiln::kiln (docs/install.md).
  */
 #ifndef KILN_H
 #define KILN_H
