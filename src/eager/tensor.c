@@ -161,7 +161,7 @@ bool tensor_bad_arg(const kiln_tensor *t, const char *file, int line, const char
 kiln_tensor *kiln_retain_at(kiln_tensor *t, const char *file, int line) {
   if (!t) return NULL;
   /* never from 0: a released tensor stays released */
-  uint64_t r = atomic_load(&t->refs);
+  unsigned long long r = atomic_load(&t->refs);
   do {
     if ((uint32_t)r == 0) return tensor_check_live(t, "tensor", "retain", file, line), NULL;
   } while (!atomic_compare_exchange_weak(&t->refs, &r, r + REF_ONE));
@@ -187,7 +187,7 @@ static void release_error(const char *file, int line, const char *why) {
 
 void kiln_release_at(kiln_tensor *t, const char *file, int line) {
   if (!t) return;
-  uint64_t r = atomic_load(&t->refs);
+  unsigned long long r = atomic_load(&t->refs);
   do {
     uint32_t all = (uint32_t)r, scoped = (uint32_t)(r >> 32);
     if (all == 0) {
