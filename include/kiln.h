@@ -102,7 +102,7 @@ extern "C" {
   (__extension__({                                                                         \
      _Pragma("GCC diagnostic push")                                                        \
      _Pragma("GCC diagnostic error \"-Wincompatible-pointer-types\"")                      \
-     _Pragma("GCC diagnostic error \"-Wint-conversion\"") 1;                                \
+     _Pragma("GCC diagnostic error \"-Wint-conversion\"") 1;                               \
    })                                                                                      \
        ? (call)                                                                            \
        : __extension__({ _Pragma("GCC diagnostic pop") (T)0; }))
@@ -146,11 +146,11 @@ typedef enum kiln_dtype { KILN_F32, KILN_F64, KILN_I64, KILN_BOOL } kiln_dtype;
 /* ---- make, inspect, read back ---------------------------------------- */
 
 KILN_API KILN_READS(3, 2) kiln_tensor *kiln_tensor_from_at(kiln_dtype, int ndim, const int64_t *shape,
-                                          const void *data, const char *file, int line);
+                                                           const void *data, const char *file, int line);
 KILN_API KILN_READS(3, 2) kiln_tensor *kiln_zeros_at(kiln_dtype, int ndim, const int64_t *shape, const char *file, int line);
 KILN_API KILN_READS(3, 2) kiln_tensor *kiln_ones_at(kiln_dtype, int ndim, const int64_t *shape, const char *file, int line);
 KILN_API KILN_READS(3, 2) kiln_tensor *kiln_full_at(kiln_dtype, int ndim, const int64_t *shape, double value,
-                                   const char *file, int line);
+                                                    const char *file, int line);
 KILN_API kiln_tensor *kiln_scalar_at(kiln_dtype, double value, const char *file, int line);
 /* [start, stop) by step, 1-D. */
 KILN_API kiln_tensor *kiln_arange_at(kiln_dtype, double start, double stop, double step,
@@ -158,9 +158,9 @@ KILN_API kiln_tensor *kiln_arange_at(kiln_dtype, double start, double stop, doub
 /* Counter-based: element i depends only on (seed, i), the same on every machine
  * and every thread count. randn: standard normal; rand: uniform in [0, 1). */
 KILN_API KILN_READS(3, 2) kiln_tensor *kiln_randn_at(kiln_dtype, int ndim, const int64_t *shape, uint64_t seed,
-                                    const char *file, int line);
+                                                     const char *file, int line);
 KILN_API KILN_READS(3, 2) kiln_tensor *kiln_rand_at(kiln_dtype, int ndim, const int64_t *shape, uint64_t seed,
-                                   const char *file, int line);
+                                                    const char *file, int line);
 #define kiln_tensor_from(...) KILN_OP(kiln_tensor_from_at, __VA_ARGS__)
 #define kiln_zeros(...) KILN_OP(kiln_zeros_at, __VA_ARGS__)
 #define kiln_ones(...) KILN_OP(kiln_ones_at, __VA_ARGS__)
@@ -304,7 +304,7 @@ KILN_API KILN_READS(2, 3) kiln_tensor *kiln_mean_axes_at(kiln_tensor *, const in
 KILN_API KILN_READS(2, 3) kiln_tensor *kiln_max_axes_at(kiln_tensor *, const int *axes, int naxes, bool keepdim, const char *, int);
 KILN_API KILN_READS(2, 3) kiln_tensor *kiln_min_axes_at(kiln_tensor *, const int *axes, int naxes, bool keepdim, const char *, int);
 KILN_API KILN_READS(2, 3) kiln_tensor *kiln_var_axes_at(kiln_tensor *, const int *axes, int naxes, int correction, bool keepdim,
-                                       const char *, int);
+                                                        const char *, int);
 #define kiln_sum(...) KILN_OP(kiln_sum_at, __VA_ARGS__)
 #define kiln_mean(...) KILN_OP(kiln_mean_at, __VA_ARGS__)
 #define kiln_max(...) KILN_OP(kiln_max_at, __VA_ARGS__)
@@ -373,7 +373,7 @@ KILN_API int kiln_backward_with_at(kiln_tensor *out, kiln_tensor *grad_out, cons
  * tensor (zeros where wrt[i] does not reach out). Leaves .grad alone and keeps
  * the graph. 0 or -1. */
 KILN_API KILN_READS(2, 3) KILN_WRITES(4, 3) int kiln_grad_of_at(kiln_tensor *out, kiln_tensor *const *wrt, int n, kiln_tensor **grads,
-                             const char *, int);
+                                                                const char *, int);
 #define kiln_backward(...) KILN_CALL(int, kiln_backward_at, __VA_ARGS__)
 #define kiln_backward_with(...) KILN_CALL(int, kiln_backward_with_at, __VA_ARGS__)
 #define kiln_grad_of(...) KILN_CALL(int, kiln_grad_of_at, __VA_ARGS__)
