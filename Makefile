@@ -7,6 +7,8 @@
 #   make demo     release build, then the demo
 #   make bench    release build, then the benchmarks: kiln against PyTorch, torch.compile and JAX
 #                 (their Python packages go into build/venv once, from PyPI: bench/venv.sh)
+#   make install  release build, then cmake --install into PREFIX (default /usr/local;
+#                 make install PREFIX=$HOME/.local), docs/install.md
 #   make clean
 
 BUILD      ?= build
@@ -17,6 +19,7 @@ TSAN_BUILD ?= build-tsan
 TSAN_TESTS := test_stress test_threads test_pool test_gpt
 JOBS       ?= 2
 CMAKE_ARGS ?=
+PREFIX     ?= /usr/local
 
 DEPS       := cmake pkg-config build-essential llvm-19-dev libopenblas-dev libcjson-dev check python3-numpy
 # The bench's Python packages (PyTorch 2.x, JAX, matplotlib) come from PyPI into build/venv
@@ -41,7 +44,7 @@ if [ -n "$$missing" ]; then \
 fi
 endef
 
-.PHONY: all build deps bench-deps configure test test-release test-asan demo bench clean
+.PHONY: all build deps bench-deps configure test test-release test-asan demo bench install clean
 
 all: build
 
@@ -93,6 +96,9 @@ demo: deps
 bench: bench-deps
 	$(MAKE) --no-print-directory release-build
 	BUILD=$(BUILD) bench/run.sh
+
+install: build
+	cmake --install $(BUILD) --prefix $(PREFIX)
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD)

@@ -1,4 +1,4 @@
-"""The workloads of WORKLOADS.md in JAX (jax.jit on the CPU), for bench/side_by_side.py.
+"""The workloads of docs/workloads.md in JAX (jax.jit on the CPU), for bench/side_by_side.py.
 
 WORKLOADS lists (id, name, maker); jax_gpt.py adds W8 and W9. maker()
 makes the inputs and returns a function of no argument that compiles the
@@ -9,7 +9,7 @@ workload ahead of time and returns (step, compile_ms):
   step()       one call of the compiled executable, blocked until its
                results are ready (JAX dispatches asynchronously)
 
-Each function is written op by op as WORKLOADS.md writes it; XLA fuses
+Each function is written op by op as docs/workloads.md writes it; XLA fuses
 what it fuses. The training step (W5) is one jitted function: forward,
 jax.grad and the SGD update, with the parameters donated so the update
 happens in place, as kiln's compiled step writes them back.

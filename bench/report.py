@@ -342,7 +342,7 @@ def render(rep, img_rel):
     by = [r for r in rep["eager_by_threads"]]
     if by:
         out += ["", f"### kiln eager against PyTorch eager, by thread count ({tag})", "",
-                "Op by op, as WORKLOADS.md writes it, interleaved in the same rounds; kiln / PyTorch is "
+                "Op by op, as docs/workloads.md writes it, interleaved in the same rounds; kiln / PyTorch is "
                 "the median over rounds of kiln eager's time over PyTorch eager's.", ""]
         rows = []
         for r in by:

@@ -1,4 +1,4 @@
-"""The workloads of WORKLOADS.md in PyTorch, for bench/side_by_side.py.
+"""The workloads of docs/workloads.md in PyTorch, for bench/side_by_side.py.
 
 WORKLOADS lists (id, name, maker); torch_gpt.py adds W8 and W9. maker()
 makes the inputs and returns a dict of builders, each returning step, a

@@ -1,4 +1,4 @@
-/* Eager benchmark: the workloads W1..W7 of WORKLOADS.md, written op by op
+/* Eager benchmark: the workloads W1..W7 of docs/workloads.md, written op by op
  * with the public API, the way a user would write them. Each call runs inside
  * its own scope, so freeing the temporaries is part of the measured cost.
  *

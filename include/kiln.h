@@ -37,6 +37,11 @@
  * Lifetime: a tensor returned by kiln belongs to the innermost open scope, else
  * to the caller (who calls kiln_release). kiln_keep() hands a tensor out of the
  * innermost scope to the one around it (or to the caller when there is none).
+ * Releasing a tensor twice, or one that a scope owns, is an error that names
+ * the caller's line, in every build.
+ *
+ * Installed, a program builds with `pkg-config --cflags --libs kiln` or CMake's
+ * find_package(kiln) and the target kiln::kiln (docs/install.md).
  */
 #ifndef KILN_H
 #define KILN_H
@@ -54,6 +59,14 @@ extern "C" {
 #else
 #define KILN_API
 #endif
+
+/* The version of this header; kiln_version() gives the library's, which
+ * may differ when the program runs against another build. */
+#define KILN_VERSION_MAJOR 0
+#define KILN_VERSION_MINOR 1
+#define KILN_VERSION_PATCH 0
+#define KILN_VERSION_STRING "0.1.0"
+#define KILN_VERSION (KILN_VERSION_MAJOR * 10000 + KILN_VERSION_MINOR * 100 + KILN_VERSION_PATCH)
 
 #define KILN_MAX_DIMS 8
 
@@ -89,7 +102,7 @@ extern "C" {
   (__extension__({                                                                         \
      _Pragma("GCC diagnostic push")                                                        \
      _Pragma("GCC diagnostic error \"-Wincompatible-pointer-types\"")                      \
-     _Pragma("GCC diagnostic error \"-Wint-conversion\"") 1;                                \
+     _Pragma("GCC diagnostic error \"-Wint-conversion\"") 1;                               \
    })                                                                                      \
        ? (call)                                                                            \
        : __extension__({ _Pragma("GCC diagnostic pop") (T)0; }))
@@ -133,11 +146,11 @@ typedef enum kiln_dtype { KILN_F32, KILN_F64, KILN_I64, KILN_BOOL } kiln_dtype;
 /* ---- make, inspect, read back ---------------------------------------- */
 
 KILN_API KILN_READS(3, 2) kiln_tensor *kiln_tensor_from_at(kiln_dtype, int ndim, const int64_t *shape,
-                                          const void *data, const char *file, int line);
+                                                           const void *data, const char *file, int line);
 KILN_API KILN_READS(3, 2) kiln_tensor *kiln_zeros_at(kiln_dtype, int ndim, const int64_t *shape, const char *file, int line);
 KILN_API KILN_READS(3, 2) kiln_tensor *kiln_ones_at(kiln_dtype, int ndim, const int64_t *shape, const char *file, int line);
 KILN_API KILN_READS(3, 2) kiln_tensor *kiln_full_at(kiln_dtype, int ndim, const int64_t *shape, double value,
-                                   const char *file, int line);
+                                                    const char *file, int line);
 KILN_API kiln_tensor *kiln_scalar_at(kiln_dtype, double value, const char *file, int line);
 /* [start, stop) by step, 1-D. */
 KILN_API kiln_tensor *kiln_arange_at(kiln_dtype, double start, double stop, double step,
@@ -145,9 +158,9 @@ KILN_API kiln_tensor *kiln_arange_at(kiln_dtype, double start, double stop, doub
 /* Counter-based: element i depends only on (seed, i), the same on every machine
  * and every thread count. randn: standard normal; rand: uniform in [0, 1). */
 KILN_API KILN_READS(3, 2) kiln_tensor *kiln_randn_at(kiln_dtype, int ndim, const int64_t *shape, uint64_t seed,
-                                    const char *file, int line);
+                                                     const char *file, int line);
 KILN_API KILN_READS(3, 2) kiln_tensor *kiln_rand_at(kiln_dtype, int ndim, const int64_t *shape, uint64_t seed,
-                                   const char *file, int line);
+                                                    const char *file, int line);
 #define kiln_tensor_from(...) KILN_OP(kiln_tensor_from_at, __VA_ARGS__)
 #define kiln_zeros(...) KILN_OP(kiln_zeros_at, __VA_ARGS__)
 #define kiln_ones(...) KILN_OP(kiln_ones_at, __VA_ARGS__)
@@ -179,11 +192,27 @@ KILN_API void kiln_print_at(const kiln_tensor *, const char *file, int line);
 
 /* ---- lifetime --------------------------------------------------------- */
 
-KILN_API kiln_tensor *kiln_retain(kiln_tensor *);
-KILN_API void kiln_release(kiln_tensor *);
+/* A reference of the caller's own to t; t itself, or NULL and an error. */
+KILN_API kiln_tensor *kiln_retain_at(kiln_tensor *t, const char *file, int line);
+/* Drops a reference the caller owns. Releasing a tensor again after its last
+ * reference is gone, or one that only a scope holds, is an error (set, and
+ * printed on stderr, naming the caller's line) and does nothing, in every
+ * build. NULL does nothing. */
+KILN_API void kiln_release_at(kiln_tensor *t, const char *file, int line);
+/* Moves t from the innermost scope to the one around it, or to the caller
+ * when there is none; returns t. */
+KILN_API kiln_tensor *kiln_keep_at(kiln_tensor *t, const char *file, int line);
+#define kiln_retain(...) KILN_OP(kiln_retain_at, __VA_ARGS__)
+#define kiln_release(...) KILN_CALL(void, kiln_release_at, __VA_ARGS__)
+#define kiln_keep(...) KILN_OP(kiln_keep_at, __VA_ARGS__)
+/* The same three as plain functions, for a caller that needs an address (a
+ * destructor callback) or was compiled before the _at forms; their errors
+ * name no line. */
+KILN_API kiln_tensor *(kiln_retain)(kiln_tensor *);
+KILN_API void (kiln_release)(kiln_tensor *);
+KILN_API kiln_tensor *(kiln_keep)(kiln_tensor *);
 KILN_API void kiln_scope_begin(void);
 KILN_API void kiln_scope_end(void);
-KILN_API kiln_tensor *kiln_keep(kiln_tensor *);
 
 /* ---- views (no copy) and layout -------------------------------------- */
 
@@ -275,7 +304,7 @@ KILN_API KILN_READS(2, 3) kiln_tensor *kiln_mean_axes_at(kiln_tensor *, const in
 KILN_API KILN_READS(2, 3) kiln_tensor *kiln_max_axes_at(kiln_tensor *, const int *axes, int naxes, bool keepdim, const char *, int);
 KILN_API KILN_READS(2, 3) kiln_tensor *kiln_min_axes_at(kiln_tensor *, const int *axes, int naxes, bool keepdim, const char *, int);
 KILN_API KILN_READS(2, 3) kiln_tensor *kiln_var_axes_at(kiln_tensor *, const int *axes, int naxes, int correction, bool keepdim,
-                                       const char *, int);
+                                                        const char *, int);
 #define kiln_sum(...) KILN_OP(kiln_sum_at, __VA_ARGS__)
 #define kiln_mean(...) KILN_OP(kiln_mean_at, __VA_ARGS__)
 #define kiln_max(...) KILN_OP(kiln_max_at, __VA_ARGS__)
@@ -333,7 +362,8 @@ KILN_API kiln_tensor *kiln_zero__at(kiln_tensor *dst, const char *, int);
 
 /* ---- autograd --------------------------------------------------------- */
 
-KILN_API void kiln_requires_grad(kiln_tensor *, bool);
+KILN_API void kiln_requires_grad_at(kiln_tensor *, bool, const char *file, int line);
+#define kiln_requires_grad(...) KILN_CALL(void, kiln_requires_grad_at, __VA_ARGS__)
 KILN_API bool kiln_get_requires_grad(const kiln_tensor *);
 /* loss must have one element. Frees the graph behind it. 0 or -1. */
 KILN_API int kiln_backward_at(kiln_tensor *loss, const char *, int);
@@ -343,13 +373,17 @@ KILN_API int kiln_backward_with_at(kiln_tensor *out, kiln_tensor *grad_out, cons
  * tensor (zeros where wrt[i] does not reach out). Leaves .grad alone and keeps
  * the graph. 0 or -1. */
 KILN_API KILN_READS(2, 3) KILN_WRITES(4, 3) int kiln_grad_of_at(kiln_tensor *out, kiln_tensor *const *wrt, int n, kiln_tensor **grads,
-                             const char *, int);
+                                                                const char *, int);
 #define kiln_backward(...) KILN_CALL(int, kiln_backward_at, __VA_ARGS__)
 #define kiln_backward_with(...) KILN_CALL(int, kiln_backward_with_at, __VA_ARGS__)
 #define kiln_grad_of(...) KILN_CALL(int, kiln_grad_of_at, __VA_ARGS__)
 /* Borrowed; NULL before any backward reached the tensor. */
 KILN_API kiln_tensor *kiln_grad(const kiln_tensor *);
-KILN_API void kiln_zero_grad(kiln_tensor *); /* drops .grad */
+KILN_API void kiln_zero_grad_at(kiln_tensor *, const char *file, int line); /* drops .grad */
+#define kiln_zero_grad(...) KILN_CALL(void, kiln_zero_grad_at, __VA_ARGS__)
+/* The same two as plain functions (their errors name no line). */
+KILN_API void (kiln_requires_grad)(kiln_tensor *, bool);
+KILN_API void (kiln_zero_grad)(kiln_tensor *);
 /* No-grad scopes nest; ops inside record nothing for autograd. */
 KILN_API void kiln_no_grad_begin(void);
 KILN_API void kiln_no_grad_end(void);
@@ -399,10 +433,11 @@ enum kiln_capture {
                               the body depends on nothing but its inputs' dtypes and shapes (KILN_CAPTURE=guards) */
 };
 
-/* Zero means default for every field. */
+/* Zero means default for every field, and opts = NULL means every default:
+ * no inputs and one output. */
 typedef struct kiln_options {
   const char *name;  /* shown in dumps and errors; default "fn" */
-  int n_in, n_out;   /* tensors the body takes and sets (n_out >= 1) */
+  int n_in, n_out;   /* tensors the body takes (0 to 64) and sets (1 to 64; 0 = 1) */
   int dynamic;       /* enum kiln_dynamic */
   unsigned dump;     /* enum kiln_dump bits */
   int max_variants;  /* cached graphs before eager fallback; 0 = 8 */
@@ -441,27 +476,50 @@ KILN_API kiln_fn *kiln_compile_at(kiln_body body, void *ctx, const kiln_options 
  * caller's). 0, or -1 with the error set. */
 KILN_API int kiln_call_at(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out, const char *file, int line);
 #define kiln_call(...) KILN_CALL(int, kiln_call_at, __VA_ARGS__)
-KILN_API void kiln_fn_free(kiln_fn *fn);
-/* Makes input's dim symbolic from the first trace on. 0 or -1. */
-KILN_API int kiln_mark_dynamic(kiln_fn *fn, int input, int dim);
-KILN_API int kiln_fn_get_stats(const kiln_fn *fn, kiln_fn_stats *stats);
+KILN_API void kiln_fn_free_at(kiln_fn *fn, const char *file, int line);
+#define kiln_fn_free(...) KILN_CALL(void, kiln_fn_free_at, __VA_ARGS__)
+/* Makes input's dim symbolic in the traces after this call, whatever the
+ * dynamic policy: call it before the first kiln_call to have the dim symbolic
+ * from the first trace. Variants already cached stay as they were traced (a
+ * call they fit still runs them). -1 for an input out of range or a loaded
+ * function; a dim past the input's rank is accepted and changes nothing. */
+KILN_API int kiln_mark_dynamic_at(kiln_fn *fn, int input, int dim, const char *file, int line);
+#define kiln_mark_dynamic(...) KILN_CALL(int, kiln_mark_dynamic_at, __VA_ARGS__)
+KILN_API int kiln_fn_get_stats_at(const kiln_fn *fn, kiln_fn_stats *stats, const char *file, int line);
+#define kiln_fn_get_stats(...) KILN_CALL(int, kiln_fn_get_stats_at, __VA_ARGS__)
 /* The text of variant i (newest last) after the passes; a malloc'ed string
  * (free() it), NULL when there is no such variant. */
-KILN_API char *kiln_fn_graph(const kiln_fn *fn, int variant);
+KILN_API char *kiln_fn_graph_at(const kiln_fn *fn, int variant, const char *file, int line);
+#define kiln_fn_graph(...) KILN_CALL(char *, kiln_fn_graph_at, __VA_ARGS__)
 /* Writes the newest variant's graph as text (docs/ir.md): 0 or -1. */
-KILN_API int kiln_save(kiln_fn *fn, const char *path);
+KILN_API int kiln_save_at(kiln_fn *fn, const char *path, const char *file, int line);
+#define kiln_save(...) KILN_CALL(int, kiln_save_at, __VA_ARGS__)
 /* A callable kiln_fn from a saved graph, without the C body: its inputs are
  * the graph's inputs, then its params in order. NULL with the error set (a
  * malformed file names its line and column). */
-KILN_API kiln_fn *kiln_load(const char *path);
+KILN_API kiln_fn *kiln_load_at(const char *path, const char *file, int line);
+#define kiln_load(...) KILN_CALL(kiln_fn *, kiln_load_at, __VA_ARGS__)
 /* Same, from text in memory. */
-KILN_API kiln_fn *kiln_load_string(const char *text);
+KILN_API kiln_fn *kiln_load_string_at(const char *text, const char *file, int line);
+#define kiln_load_string(...) KILN_CALL(kiln_fn *, kiln_load_string_at, __VA_ARGS__)
+/* The functions above as plain functions, for a caller that needs an address
+ * or was compiled before the _at forms; their errors name no line. */
+KILN_API void (kiln_fn_free)(kiln_fn *fn);
+KILN_API int (kiln_mark_dynamic)(kiln_fn *fn, int input, int dim);
+KILN_API int (kiln_fn_get_stats)(const kiln_fn *fn, kiln_fn_stats *stats);
+KILN_API char *(kiln_fn_graph)(const kiln_fn *fn, int variant);
+KILN_API int (kiln_save)(kiln_fn *fn, const char *path);
+KILN_API kiln_fn *(kiln_load)(const char *path);
+KILN_API kiln_fn *(kiln_load_string)(const char *text);
 /* Forgets the compiled kernels kept in memory for later compiles (the
  * kernel cache; KILN_CACHE_DIR's files stay). Compiled functions keep
  * their code; the next compile of any kernel runs LLVM again. */
 KILN_API void kiln_cache_clear(void);
 
 /* ---- errors and runtime ----------------------------------------------- */
+
+/* The library's version, "0.1.0" (KILN_VERSION_STRING of the kiln.h it was built with). */
+KILN_API const char *kiln_version(void);
 
 /* The last error on this thread: "file.c:42: kiln_op: message". "" when none. */
 KILN_API const char *kiln_last_error(void);

@@ -797,10 +797,117 @@ START_TEST(test_errors_name_the_caller) {
   kiln_scope_end();
 #endif
   ck_assert_ptr_null(kiln_compile(NULL, NULL, &o));
-  o.n_out = 0;
+  o.n_out = -1;
   ck_assert_ptr_null(kiln_compile(add_body, NULL, &o));
   ck_assert_msg(has(kiln_last_error(), "n_out"), "%s", kiln_last_error());
   kiln_fn_free(fn);
+}
+END_TEST
+
+/* mode 0: x + 1; 1: returns -1 with no error of its own; 2: returns 0 and leaves out[0] NULL */
+static int flaky_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  int mode = *(const int *)ctx;
+  if (mode == 1) return -1;
+  if (mode == 2) return 0;
+  out[0] = kiln_add(in[0], kiln_scalar(KILN_F32, 1));
+  return out[0] ? 0 : -1;
+}
+
+/* "test_compile.c:<line>: kiln_<fn>: " and what in the last error */
+static void expect_at(int line, const char *fn, const char *what) {
+  char want[128];
+  snprintf(want, sizeof want, "test_compile.c:%d: %s: ", line, fn);
+  ck_assert_msg(has(kiln_last_error(), want), "wanted %s: %s", want, kiln_last_error());
+  ck_assert_msg(has(kiln_last_error(), what), "wanted %s: %s", what, kiln_last_error());
+}
+
+/* Errors of the calls on a kiln_fn name the line of that call, not the line
+ * of kiln_compile. */
+START_TEST(test_fn_errors_name_the_call) {
+  int mode = 1;
+  kiln_options o = {.name = "flaky", .n_in = 1, .n_out = 1, .dynamic = KILN_DYNAMIC_STATIC, .max_variants = 1};
+  kiln_fn *fn = kiln_compile(flaky_body, &mode, &o);
+  int line = __LINE__ + 1;
+  ck_assert_int_eq(-1, kiln_save(fn, "never-written.ir"));
+  expect_at(line, "kiln_save", "has no compiled variant yet");
+  line = __LINE__ + 1;
+  ck_assert_int_eq(-1, kiln_mark_dynamic(fn, 1, 0));
+  expect_at(line, "kiln_mark_dynamic", "out of range");
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_fn_graph(fn, 0));
+  expect_at(line, "kiln_fn_graph", "has no variant 0");
+
+  kiln_scope_begin();
+  kiln_tensor *x = kiln_ones(KILN_F32, 1, (int64_t[]){3}), *y = NULL;
+  /* an older, unrelated error is not taken for the body's */
+  ck_assert_ptr_null(kiln_reshape(x, 1, (int64_t[]){4}));
+  line = __LINE__ + 1;
+  ck_assert_int_eq(-1, kiln_call(fn, &x, &y)); /* traces: the body fails */
+  expect_at(line, "kiln_call", "flaky: the body returned -1");
+  mode = 2;
+  line = __LINE__ + 1;
+  ck_assert_int_eq(-1, kiln_call(fn, &x, &y));
+  expect_at(line, "kiln_call", "flaky: the body returned 0 but left output 0 NULL");
+  mode = 0;
+  ck_assert_int_eq(0, kiln_call(fn, &x, &y)); /* the one variant the cap allows */
+  ck_assert_double_eq(2, kiln_item(kiln_sum_all(y)) / 3);
+  line = __LINE__ + 1;
+  ck_assert_int_eq(-1, kiln_save(fn, "/nonexistent-dir/x.ir"));
+  expect_at(line, "kiln_save", "cannot open /nonexistent-dir/x.ir");
+  /* past the cap, a new size runs the body eagerly: the same messages there */
+  kiln_tensor *x4 = kiln_ones(KILN_F32, 1, (int64_t[]){4});
+  mode = 1;
+  line = __LINE__ + 1;
+  ck_assert_int_eq(-1, kiln_call(fn, &x4, &y));
+  expect_at(line, "kiln_call", "flaky: the body returned -1");
+  mode = 2;
+  line = __LINE__ + 1;
+  ck_assert_int_eq(-1, kiln_call(fn, &x4, &y));
+  expect_at(line, "kiln_call", "flaky: the body returned 0 but left output 0 NULL");
+  kiln_scope_end();
+  kiln_fn_free(fn);
+  line = __LINE__ + 1;
+  ck_assert_int_eq(-1, kiln_mark_dynamic(fn, 0, 0));
+  expect_at(line, "kiln_mark_dynamic", "fn was freed");
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_load("/nonexistent-dir/x.ir"));
+  expect_at(line, "kiln_load", "cannot open");
+}
+END_TEST
+
+/* three ones: no inputs, one output */
+static int ones_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx, (void)in;
+  out[0] = kiln_mul(kiln_ones(KILN_F32, 1, (int64_t[]){3}), kiln_scalar(KILN_F32, 2));
+  return out[0] ? 0 : -1;
+}
+
+/* opts = NULL is every default, as zero is for each field: no inputs, one
+ * output; and n_out = 0 is one output. */
+START_TEST(test_null_options) {
+  kiln_fn *fn = kiln_compile(ones_body, NULL, NULL);
+  ck_assert_msg(fn != NULL, "%s", kiln_last_error());
+  kiln_fn *fn0 = kiln_compile(ones_body, NULL, &(kiln_options){.name = "zero"});
+  ck_assert_msg(fn0 != NULL, "%s", kiln_last_error());
+  kiln_scope_begin();
+  for (int i = 0; i < 3; i++) { /* a trace, then hits */
+    kiln_tensor *y = NULL, *y0 = NULL;
+    ck_assert_int_eq(0, kiln_call(fn, NULL, &y));
+    ck_assert_int_eq(0, kiln_call(fn0, NULL, &y0));
+    ck_assert_int_eq(3, kiln_numel(y));
+    ck_assert_double_eq(6, kiln_item(kiln_sum_all(y)));
+    ck_assert_double_eq(6, kiln_item(kiln_sum_all(y0)));
+  }
+  kiln_fn_stats st;
+  ck_assert_int_eq(0, kiln_fn_get_stats(fn, &st));
+  ck_assert_int_eq(1, st.traces);
+  ck_assert_int_eq(2, st.hits);
+  char *g = kiln_fn_graph(fn, 0);
+  ck_assert_msg(g && has(g, "graph fn("), "%s", g ? g : kiln_last_error()); /* the default name */
+  free(g);
+  kiln_scope_end();
+  kiln_fn_free(fn);
+  kiln_fn_free(fn0);
 }
 END_TEST
 
@@ -1037,6 +1144,8 @@ static Suite *suite(void) {
   tcase_add_test(tc, test_check_mode);
   tcase_add_test(tc, test_threads_share_fn);
   tcase_add_test(tc, test_errors_name_the_caller);
+  tcase_add_test(tc, test_fn_errors_name_the_call);
+  tcase_add_test(tc, test_null_options);
   tcase_add_test(tc, test_freeze_and_dump_dir);
   tcase_add_test(tc, test_regressions);
   tcase_add_test(tc, test_read_sizes_stay_symbolic);

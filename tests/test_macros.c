@@ -207,6 +207,8 @@ START_TEST(test_autograd_and_compile_literals) {
 
   kiln_fn *fn = kiln_compile(mul_add_one, NULL, &(kiln_options){.name = "mul_add_one", .n_in = 2, .n_out = 1});
   ck_assert_msg(fn != NULL, "%s", kiln_last_error());
+  ck_assert_int_eq(0, kiln_mark_dynamic(fn, 0, 0));
+  ck_assert_int_eq(0, kiln_mark_dynamic(fn, 1, 0));
   kiln_tensor *out[1];
   for (int i = 0; i < 2; i++) { /* a trace, then the compiled graph */
     ck_assert_int_eq(0, kiln_call(fn,
@@ -215,10 +217,50 @@ START_TEST(test_autograd_and_compile_literals) {
                                   out));
     EXPECT(out[0], ((int64_t[]){2}), 9, 16);
   }
+  kiln_fn_stats st;
+  ck_assert_int_eq(0, kiln_fn_get_stats(fn, &(kiln_fn_stats){0}));
+  ck_assert_int_eq(0, kiln_fn_get_stats(fn, &st));
+  ck_assert_int_eq(1, st.hits);
+  char *text = kiln_fn_graph(fn, 0);
+  ck_assert_msg(text && strstr(text, "s0"), "%s", text ? text : kiln_last_error()); /* marked dynamic */
+  char path[] = "/tmp/kiln_test_macros_XXXXXX";
+  int fd = mkstemp(path);
+  ck_assert_int_ge(fd, 0);
+  close(fd);
+  ck_assert_int_eq(0, kiln_save(fn, path));
+  kiln_fn *loaded = kiln_load(path), *from_text = kiln_load_string(text);
+  ck_assert_msg(loaded && from_text, "%s", kiln_last_error());
+  kiln_tensor *three[2] = {kiln_tensor_from(KILN_F32, 1, (int64_t[]){3}, (float[]){1, 2, 3}),
+                           kiln_tensor_from(KILN_F32, 1, (int64_t[]){3}, (float[]){2, 2, 2})};
+  ck_assert_int_eq(0, kiln_call(loaded, three, out));
+  EXPECT(out[0], ((int64_t[]){3}), 3, 5, 7);
+  ck_assert_int_eq(0, kiln_call(from_text, three, out));
+  EXPECT(out[0], ((int64_t[]){3}), 3, 5, 7);
+  kiln_fn_free(loaded);
+  kiln_fn_free(from_text);
+  free(text);
+  unlink(path);
   kiln_fn_free(fn);
   kiln_scope_end();
   kiln_release(w);
   kiln_release(b);
+}
+END_TEST
+
+START_TEST(test_lifetime_macros) {
+  kiln_scope_begin();
+  kiln_tensor *t = kiln_keep(kiln_tensor_from(KILN_F32, 1, (int64_t[]){2}, (float[]){3, 4}));
+  kiln_tensor *u = kiln_ones(KILN_F32, 1, (int64_t[]){2});
+  ck_assert_ptr_eq(u, kiln_retain(u)); /* a reference of our own, past the scope */
+  kiln_scope_end();
+  kiln_scope_begin(); /* for what EXPECT makes */
+  EXPECT(t, ((int64_t[]){2}), 3, 4); /* kept: the caller's now */
+  EXPECT(u, ((int64_t[]){2}), 1, 1);
+  kiln_scope_end();
+  kiln_clear_error();
+  kiln_release(t);
+  kiln_release(u);
+  ck_assert_str_eq("", kiln_last_error());
 }
 END_TEST
 
@@ -290,6 +332,16 @@ START_TEST(test_tensor_file_literals) {
 }
 END_TEST
 
+/* The header's version macros agree with each other and with the library. */
+START_TEST(test_version) {
+  char want[32];
+  snprintf(want, sizeof want, "%d.%d.%d", KILN_VERSION_MAJOR, KILN_VERSION_MINOR, KILN_VERSION_PATCH);
+  ck_assert_str_eq(want, KILN_VERSION_STRING);
+  ck_assert_str_eq(KILN_VERSION_STRING, kiln_version());
+  ck_assert_int_eq(KILN_VERSION_MAJOR * 10000 + KILN_VERSION_MINOR * 100 + KILN_VERSION_PATCH, KILN_VERSION);
+}
+END_TEST
+
 /* Every function-like macro named kiln_* in kiln.h is called in this file. */
 START_TEST(test_every_macro_used) {
   char header[4096], *slash;
@@ -333,8 +385,10 @@ static Suite *macros_suite(void) {
   tcase_add_test(tc, test_reduction_literals);
   tcase_add_test(tc, test_nn_and_inplace);
   tcase_add_test(tc, test_autograd_and_compile_literals);
+  tcase_add_test(tc, test_lifetime_macros);
   tcase_add_test(tc, test_checked_lists);
   tcase_add_test(tc, test_tensor_file_literals);
+  tcase_add_test(tc, test_version);
   tcase_add_test(tc, test_every_macro_used);
   suite_add_tcase(s, tc);
   return s;

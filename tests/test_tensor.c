@@ -542,6 +542,77 @@ START_TEST(test_scope_begin_out_of_memory) {
 END_TEST
 #endif
 
+/* The caller's line is in every message about a tensor released before its
+ * time, in every build (this runs in the release build too); nothing is
+ * freed twice, and the library goes on. */
+START_TEST(test_release_misuse)
+{
+  size_t base = kiln_mem_in_use();
+  char want[128];
+  kiln_tensor *t = kiln_zeros(KILN_F32, 1, (int64_t[]){4});
+  kiln_release(t);
+  ck_assert_uint_eq(base, kiln_mem_in_use()); /* the first release freed the storage */
+  kiln_clear_error();
+  int line = __LINE__ + 1;
+  kiln_release(t);
+  snprintf(want, sizeof want, "test_tensor.c:%d: kiln_release: tensor was already released", line);
+  ck_assert_msg(strstr(kiln_last_error(), want), "%s", kiln_last_error());
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_mul(t, t));
+  snprintf(want, sizeof want, "test_tensor.c:%d: kiln_mul: an input was already released", line);
+  ck_assert_msg(strstr(kiln_last_error(), want), "%s", kiln_last_error());
+  ck_assert_int_eq(-1, kiln_ndim(t));
+
+  /* a scope's tensor released by hand: refused where it is done */
+  kiln_scope_begin();
+  kiln_tensor *s = kiln_ones(KILN_F32, 1, (int64_t[]){4});
+  line = __LINE__ + 1;
+  kiln_release(s);
+  snprintf(want, sizeof want, "test_tensor.c:%d: kiln_release: tensor belongs to a scope", line);
+  ck_assert_msg(strstr(kiln_last_error(), want), "%s", kiln_last_error());
+  ck_assert_double_eq(4, kiln_item(kiln_sum_all(s)));
+  kiln_scope_end(); /* the one release, by its owner */
+  ck_assert_uint_eq(base, kiln_mem_in_use());
+
+  /* kept out of two scopes: the caller's, so its release is fine */
+  kiln_scope_begin();
+  kiln_scope_begin();
+  kiln_tensor *k = kiln_keep(kiln_ones(KILN_F32, 1, (int64_t[]){4}));
+  kiln_scope_end();
+  kiln_release(k);
+  ck_assert_msg(strstr(kiln_last_error(), "belongs to a scope"), "%s", kiln_last_error()); /* the outer scope's */
+  ck_assert_int_eq(4, kiln_numel(k));
+  kiln_keep(k);
+  kiln_scope_end();
+  kiln_clear_error();
+  kiln_release(k);
+  ck_assert_str_eq("", kiln_last_error());
+  ck_assert_uint_eq(base, kiln_mem_in_use());
+}
+END_TEST
+
+/* A released header is not handed out again before 4096 later releases (so
+ * far a second release is still caught), and then it is: the headers kept
+ * are bounded. */
+START_TEST(test_released_header_reuse)
+{
+  kiln_tensor *t0 = kiln_zeros(KILN_F32, 1, (int64_t[]){1});
+  kiln_release(t0);
+  int reused_at = -1;
+  for (int i = 0; i < 3 * 4096 && reused_at < 0; i++) {
+    kiln_tensor *t = kiln_zeros(KILN_F32, 1, (int64_t[]){1});
+    if (t == t0) reused_at = i;
+    kiln_release(t);
+    if (i == 4094) {
+      kiln_clear_error();
+      kiln_release(t0); /* 4095 releases later: still known as released */
+      ck_assert_msg(strstr(kiln_last_error(), "already released"), "%s", kiln_last_error());
+    }
+  }
+  ck_assert_msg(reused_at >= 4096, "the header was reused after %d releases", reused_at);
+}
+END_TEST
+
 static Suite *tensor_suite(void)
 {
   Suite *s = suite_create("tensor");
@@ -567,6 +638,8 @@ static Suite *tensor_suite(void)
   TCase *life = tcase_create("lifetime");
   tcase_add_test(life, test_scopes);
   tcase_add_test(life, test_retain_release);
+  tcase_add_test(life, test_release_misuse);
+  tcase_add_test(life, test_released_header_reuse);
   tcase_add_test(life, test_mem_peak);
   suite_add_tcase(s, life);
   return s;

@@ -711,7 +711,7 @@ static int make_view(tview *v, char *base, kiln_dtype dt, const ir_node *n, cons
   v->t.st = &v->st;
   v->t.dtype = dt;
   v->t.ndim = n->ndim;
-  atomic_init(&v->t.refcount, 1 << 30);
+  atomic_init(&v->t.refs, 1u << 30);
   if (sym_eval(m->off, vals, nvals, &v->t.offset)) return -1;
   for (int i = 0; i < n->ndim; i++)
     if (sym_eval(n->shape[i], vals, nvals, &v->t.shape[i]) || sym_eval(m->stride[i], vals, nvals, &v->t.stride[i])) return -1;

@@ -3,6 +3,7 @@
  * errors instead of crashing or leaking. */
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "eager/eager.h"
 
@@ -87,23 +88,71 @@ void alloc_aligned_free(void *p, size_t n) {
 
 void alloc_free(void *p) { free(p); }
 
-#ifdef KILN_TEST_BUILD
-#define QUARANTINE 4096
-static void *quarantine[QUARANTINE]; /* a ring: the oldest is freed for real */
-static int quarantine_next;
-static pthread_mutex_t quarantine_lock = PTHREAD_MUTEX_INITIALIZER;
+/* ---- handles ----
+ *
+ * A handle's memory never goes back to malloc. Its last release parks it at
+ * the tail of its pool's queue, and a new handle is taken from the head only
+ * while more than `keep` others are parked behind it. So a released tensor or
+ * kiln_fn stays readable memory for the life of the process (a second release
+ * or a use after release reads defined memory, in every build, and is
+ * reported), and stays marked released until at least `keep` later releases
+ * have passed. The pool's memory is the most handles ever alive at once, plus
+ * `keep`. Each handle sits behind a small header holding its queue link. */
+typedef struct parked {
+  struct parked *next;
+  size_t pad; /* keeps the handle 16-byte aligned */
+} parked;
+
+#if defined(__SANITIZE_ADDRESS__)
+#define KILN_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define KILN_ASAN 1
+#endif
+#endif
+#ifdef KILN_ASAN
+#include <sanitizer/asan_interface.h>
+/* a parked handle is poisoned past its first `live` bytes (its released
+ * mark), so that ASan reports kiln itself reading the rest */
+static void poison(handle_pool *p, void *h, bool on) {
+  size_t live = (p->live + 7) & ~(size_t)7;
+  if (on) ASAN_POISON_MEMORY_REGION((char *)h + live, p->size - live);
+  else ASAN_UNPOISON_MEMORY_REGION((char *)h + live, p->size - live);
+}
+#else
+static void poison(handle_pool *p, void *h, bool on) { (void)p, (void)h, (void)on; }
 #endif
 
-void alloc_quarantine(void *p) {
-#ifdef KILN_TEST_BUILD
-  pthread_mutex_lock(&quarantine_lock);
-  void *old = quarantine[quarantine_next];
-  quarantine[quarantine_next] = p;
-  quarantine_next = (quarantine_next + 1) % QUARANTINE;
-  pthread_mutex_unlock(&quarantine_lock);
-  p = old;
-#endif
-  free(p);
+void *alloc_handle(handle_pool *p) {
+  if (should_fail()) return NULL;
+  pthread_mutex_lock(&p->lock);
+  parked *h = p->n_parked > p->keep ? p->head : NULL;
+  if (h) {
+    p->head = h->next;
+    if (!p->head) p->tail = NULL;
+    p->n_parked--;
+  }
+  pthread_mutex_unlock(&p->lock);
+  if (!h) {
+    h = calloc(1, sizeof *h + p->size);
+    return h ? h + 1 : NULL;
+  }
+  /* the released mark stays as it is: a late check may be reading it now */
+  poison(p, h + 1, false);
+  memset((char *)(h + 1) + p->live, 0, p->size - p->live);
+  return h + 1;
+}
+
+void alloc_handle_park(handle_pool *p, void *handle) {
+  parked *h = (parked *)handle - 1;
+  poison(p, handle, true);
+  h->next = NULL;
+  pthread_mutex_lock(&p->lock);
+  if (p->tail) p->tail->next = h;
+  else p->head = h;
+  p->tail = h;
+  p->n_parked++;
+  pthread_mutex_unlock(&p->lock);
 }
 
 void alloc_track(int64_t delta) {

@@ -31,13 +31,14 @@ kiln_tensor *kiln_where_at(kiln_tensor *c, kiln_tensor *a, kiln_tensor *b, const
 static kiln_tensor *same(kiln_tensor *t) { return scope_adopt(kiln_retain(t)); }
 
 kiln_tensor *kiln_cast_at(kiln_tensor *t, kiln_dtype dt, const char *file, int line) {
-  if (t && t->dtype == dt) return same(t);
+  if (tensor_bad_arg(t, file, line, "cast", "input 0")) return NULL;
+  if (t->dtype == dt) return same(t);
   op_attrs a = {.dtype = dt};
   return op_dispatch(OP_CAST, &t, 1, &a, file, line);
 }
 
 kiln_tensor *kiln_contiguous_at(kiln_tensor *t, const char *file, int line) {
-  if (!t) return err_null(file, line, "contiguous", "input 0");
+  if (tensor_bad_arg(t, file, line, "contiguous", "input 0")) return NULL;
   if (tensor_contiguous(t)) return same(t);
   return op_dispatch(OP_COPY, &t, 1, NULL, file, line);
 }
@@ -47,7 +48,7 @@ kiln_tensor *kiln_contiguous_at(kiln_tensor *t, const char *file, int line) {
 /* Sorted, unique, non-negative axes into a; naxes == 0 means all. */
 static int norm_axes(const char *op, const kiln_tensor *t, const int *axes, int naxes, op_attrs *a,
                      const char *file, int line) {
-  if (!t) return err_null(file, line, op, "input 0"), -1;
+  if (tensor_bad_arg(t, file, line, op, "input 0")) return -1;
   if (naxes < 0 || naxes > MAXD || (naxes > 0 && !axes)) return err_set(file, line, op, "bad axis list (%d axes)", naxes), -1;
   bool seen[MAXD] = {0};
   if (naxes == 0)
@@ -123,7 +124,7 @@ static kiln_tensor *view(op_id op, kiln_tensor *t, const op_attrs *a, const char
 }
 
 kiln_tensor *kiln_reshape_at(kiln_tensor *t, int ndim, const int64_t *shape, const char *file, int line) {
-  if (!t) return err_null(file, line, "reshape", "input 0");
+  if (tensor_bad_arg(t, file, line, "reshape", "input 0")) return NULL;
   char b0[SHAPE_BUF], b1[SHAPE_BUF];
   if (ndim < 0 || ndim > MAXD || (ndim > 0 && !shape)) return err_set(file, line, "reshape", "rank %d is outside 0..%d", ndim, MAXD);
   op_attrs a = {.ndim = ndim};
@@ -159,7 +160,7 @@ kiln_tensor *kiln_reshape_at(kiln_tensor *t, int ndim, const int64_t *shape, con
 }
 
 kiln_tensor *kiln_permute_at(kiln_tensor *t, const int *perm, const char *file, int line) {
-  if (!t) return err_null(file, line, "permute", "input 0");
+  if (tensor_bad_arg(t, file, line, "permute", "input 0")) return NULL;
   if (t->ndim > 0 && !perm) return err_set(file, line, "permute", "perm is NULL");
   op_attrs a = {0};
   bool seen[MAXD] = {0};
@@ -177,7 +178,7 @@ kiln_tensor *kiln_permute_at(kiln_tensor *t, const int *perm, const char *file, 
 }
 
 kiln_tensor *kiln_transpose_at(kiln_tensor *t, int d0, int d1, const char *file, int line) {
-  if (!t) return err_null(file, line, "transpose", "input 0");
+  if (tensor_bad_arg(t, file, line, "transpose", "input 0")) return NULL;
   int a0 = axis_norm(d0, t->ndim), a1 = axis_norm(d1, t->ndim);
   if (a0 < 0 || a1 < 0 || t->ndim == 0) {
     char b[SHAPE_BUF];
@@ -191,7 +192,7 @@ kiln_tensor *kiln_transpose_at(kiln_tensor *t, int d0, int d1, const char *file,
 }
 
 kiln_tensor *kiln_expand_at(kiln_tensor *t, int ndim, const int64_t *shape, const char *file, int line) {
-  if (!t) return err_null(file, line, "expand", "input 0");
+  if (tensor_bad_arg(t, file, line, "expand", "input 0")) return NULL;
   char b0[SHAPE_BUF], b1[SHAPE_BUF];
   if (ndim < t->ndim || ndim > MAXD || (ndim && !shape))
     return err_set(file, line, "expand", "cannot expand %s to rank %d", err_shape(b0, t->ndim, t->shape), ndim);
@@ -217,7 +218,7 @@ kiln_tensor *kiln_expand_at(kiln_tensor *t, int ndim, const int64_t *shape, cons
 }
 
 kiln_tensor *kiln_squeeze_at(kiln_tensor *t, int dim, const char *file, int line) {
-  if (!t) return err_null(file, line, "squeeze", "input 0");
+  if (tensor_bad_arg(t, file, line, "squeeze", "input 0")) return NULL;
   int d = axis_norm(dim, t->ndim);
   char b[SHAPE_BUF];
   if (d < 0) return err_set(file, line, "squeeze", "dim %d is out of range for shape %s", dim, err_shape(b, t->ndim, t->shape));
@@ -229,7 +230,7 @@ kiln_tensor *kiln_squeeze_at(kiln_tensor *t, int dim, const char *file, int line
 }
 
 kiln_tensor *kiln_unsqueeze_at(kiln_tensor *t, int dim, const char *file, int line) {
-  if (!t) return err_null(file, line, "unsqueeze", "input 0");
+  if (tensor_bad_arg(t, file, line, "unsqueeze", "input 0")) return NULL;
   int n = t->ndim + 1;
   char b[SHAPE_BUF];
   if (dim < -n || dim >= n || n > MAXD)
@@ -242,7 +243,7 @@ kiln_tensor *kiln_unsqueeze_at(kiln_tensor *t, int dim, const char *file, int li
 
 kiln_tensor *kiln_slice_at(kiln_tensor *t, int dim, int64_t start, int64_t end, int64_t step, const char *file,
                            int line) {
-  if (!t) return err_null(file, line, "slice", "input 0");
+  if (tensor_bad_arg(t, file, line, "slice", "input 0")) return NULL;
   char b[SHAPE_BUF];
   int d = axis_norm(dim, t->ndim);
   if (d < 0 || t->ndim == 0) return err_set(file, line, "slice", "dim %d is out of range for shape %s", dim, err_shape(b, t->ndim, t->shape));
@@ -266,6 +267,7 @@ kiln_tensor *kiln_cat_at(kiln_tensor *const *ts, int n, int dim, const char *fil
   if (n < 1 || !ts) return err_set(file, line, "cat", "needs at least one tensor, got %d", n);
   for (int i = 0; i < n; i++)
     if (!ts[i]) return err_null(file, line, "cat", "input %d", i);
+    else if (tensor_check_live(ts[i], "an input", "cat", file, line)) return NULL;
   int d = axis_norm(dim, ts[0]->ndim);
   char b[SHAPE_BUF];
   if (d < 0 || ts[0]->ndim == 0)
@@ -278,6 +280,7 @@ kiln_tensor *kiln_stack_at(kiln_tensor *const *ts, int n, int dim, const char *f
   if (n < 1 || !ts) return err_set(file, line, "stack", "needs at least one tensor, got %d", n);
   for (int i = 0; i < n; i++)
     if (!ts[i]) return err_null(file, line, "stack", "input %d", i);
+    else if (tensor_check_live(ts[i], "an input", "stack", file, line)) return NULL;
   int nd = ts[0]->ndim + 1;
   /* checked here, or the unsqueeze inside would report it under its own name */
   if (nd > MAXD) return err_set(file, line, "stack", "inputs of rank %d would give rank %d, more than %d", nd - 1, nd, MAXD);
@@ -306,7 +309,8 @@ kiln_tensor *kiln_stack_at(kiln_tensor *const *ts, int n, int dim, const char *f
 }
 
 kiln_tensor *kiln_index_select_at(kiln_tensor *t, int dim, kiln_tensor *idx, const char *file, int line) {
-  if (!t || !idx) return err_null(file, line, "index_select", "input %d", t ? 1 : 0);
+  if (tensor_bad_arg(t, file, line, "index_select", "input 0") || tensor_bad_arg(idx, file, line, "index_select", "input 1"))
+    return NULL;
   int d = axis_norm(dim, t->ndim);
   char b[SHAPE_BUF];
   if (d < 0 || t->ndim == 0)

@@ -616,7 +616,7 @@ static int backward_entry(kiln_tensor *root, kiln_tensor *seed_in, const bw_req 
 }
 
 int kiln_backward_at(kiln_tensor *loss, const char *file, int line) {
-  if (!loss) return err_null(file, line, "backward", "loss"), -1;
+  if (tensor_bad_arg(loss, file, line, "backward", "loss")) return -1;
   if (shape_numel(loss->ndim, loss->shape) != 1) {
     char b[SHAPE_BUF];
     return err_set(file, line, "backward", "loss must have one element, got %s; use kiln_backward_with",
@@ -628,7 +628,8 @@ int kiln_backward_at(kiln_tensor *loss, const char *file, int line) {
 }
 
 int kiln_backward_with_at(kiln_tensor *out, kiln_tensor *grad_out, const char *file, int line) {
-  if (!out || !grad_out) return err_null(file, line, "backward_with", "%s", out ? "grad_out" : "out"), -1;
+  if (tensor_bad_arg(out, file, line, "backward_with", "out") || tensor_bad_arg(grad_out, file, line, "backward_with", "grad_out"))
+    return -1;
   if (out->ndim != grad_out->ndim || memcmp(out->shape, grad_out->shape, sizeof(int64_t) * (size_t)out->ndim)) {
     char b0[SHAPE_BUF], b1[SHAPE_BUF];
     return err_set(file, line, "backward_with", "grad_out %s does not match out %s", err_shape(b0, grad_out->ndim, grad_out->shape),
@@ -642,9 +643,11 @@ int kiln_backward_with_at(kiln_tensor *out, kiln_tensor *grad_out, const char *f
 int kiln_grad_of_at(kiln_tensor *out, kiln_tensor *const *wrt, int n, kiln_tensor **grads, const char *file,
                     int line) {
   if (!out || (n > 0 && (!wrt || !grads)) || n < 0) return err_set(file, line, "grad_of", "NULL argument"), -1;
+  if (tensor_check_live(out, "out", "grad_of", file, line)) return -1;
   for (int j = 0; j < n; j++) {
     grads[j] = NULL;
     if (!wrt[j]) return err_set(file, line, "grad_of", "wrt[%d] is NULL", j), -1;
+    if (tensor_check_live(wrt[j], "a wrt tensor", "grad_of", file, line)) return -1;
   }
   if (shape_numel(out->ndim, out->shape) != 1) return err_set(file, line, "grad_of", "out must have one element"), -1;
   bw_req rq = {.wrt = wrt, .res = grads, .nwrt = n};
@@ -667,23 +670,29 @@ int kiln_grad_of_at(kiln_tensor *out, kiln_tensor *const *wrt, int n, kiln_tenso
   return rc;
 }
 
-void kiln_requires_grad(kiln_tensor *t, bool on) {
-  if (!t) return;
+void kiln_requires_grad_at(kiln_tensor *t, bool on, const char *file, int line) {
+  if (!t || tensor_check_live(t, "tensor", "requires_grad", file, line)) return;
   if (on && !dtype_is_float(t->dtype)) {
-    err_set(__FILE__, __LINE__, "requires_grad", "only float tensors can require grad, not %s", kiln_dtype_name(t->dtype));
+    err_set(file, line, "requires_grad", "only float tensors can require grad, not %s", kiln_dtype_name(t->dtype));
     return;
   }
   if (t->grad_fn) return; /* a computed tensor's flag follows its inputs */
   t->requires_grad = on;
 }
 
-bool kiln_get_requires_grad(const kiln_tensor *t) { return t && t->requires_grad; }
-kiln_tensor *kiln_grad(const kiln_tensor *t) { return t ? t->grad : NULL; }
+void (kiln_requires_grad)(kiln_tensor *t, bool on) { kiln_requires_grad_at(t, on, "", 0); }
 
-void kiln_zero_grad(kiln_tensor *t) {
-  if (!t) return;
+/* no caller's line: a released tensor gives the NULL answer, and an error without one */
+static bool gone(const kiln_tensor *t, const char *op) { return !t || tensor_check_live(t, "tensor", op, "", 0); }
+bool kiln_get_requires_grad(const kiln_tensor *t) { return !gone(t, "get_requires_grad") && t->requires_grad; }
+kiln_tensor *kiln_grad(const kiln_tensor *t) { return gone(t, "grad") ? NULL : t->grad; }
+
+void kiln_zero_grad_at(kiln_tensor *t, const char *file, int line) {
+  if (!t || tensor_check_live(t, "tensor", "zero_grad", file, line)) return;
   const trace_hooks *h = dispatch_hooks();
   if (h && h->zero_grad) h->zero_grad(h->ctx, t);
   kiln_release(t->grad);
   t->grad = NULL;
 }
+
+void (kiln_zero_grad)(kiln_tensor *t) { kiln_zero_grad_at(t, "", 0); }

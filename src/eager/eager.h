@@ -4,6 +4,7 @@
 #ifndef KILN_EAGER_H
 #define KILN_EAGER_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -21,6 +22,21 @@
   ((x) ? (void)0 : (fprintf(stderr, "%s:%d: internal error: %s\n", __FILE__, __LINE__, #x), __builtin_trap()))
 #else
 #define KILN_ASSERT(x) ((void)0)
+#endif
+
+/* The hot eager loops (the pointwise and reduction inner loops, the small
+ * GEMV) are KILN_HOT: built for x86-64-v4 (AVX-512), v3 (AVX2, FMA) and the
+ * baseline, and the dynamic loader picks one for the CPU when the library
+ * loads (GCC and clang target_clones: an ifunc). A library built without
+ * -march=native (KILN_NATIVE=OFF, the default, what `make install` installs)
+ * then runs everywhere and still uses the wide vectors of the CPU it runs on.
+ * CMake defines KILN_CPU_DISPATCH where that works: not with -march=native
+ * (nothing to choose), nor in the sanitizer builds (ThreadSanitizer
+ * instruments the resolver, which runs before it is set up). */
+#ifdef KILN_CPU_DISPATCH
+#define KILN_HOT __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define KILN_HOT
 #endif
 
 /* ---- alloc.c: the one allocator (fails on demand in the test build) ---- */
@@ -45,10 +61,22 @@ static inline uint64_t hash64(uint64_t x) {
   x ^= x >> 33;
   return x;
 }
-/* Frees a handle (a tensor or kiln_fn header, from alloc_malloc/calloc). The
- * test build keeps the last few thousand, poisoned by the caller, so that a
- * second release or a use after free reads defined memory and is reported. */
-void alloc_quarantine(void *p);
+/* Handles: tensor and kiln_fn headers, whose memory is never freed (see
+ * alloc.c), so that a released one can be told from a live one in every build.
+ * A pool per kind of handle, defined with HANDLE_POOL. */
+typedef struct handle_pool {
+  pthread_mutex_t lock;
+  struct parked *head, *tail; /* released handles, oldest first */
+  size_t n_parked;
+  size_t size; /* bytes of a handle */
+  size_t live; /* its first bytes stay readable when parked: where it says it is released */
+  size_t keep; /* parked handles that are not handed out again */
+} handle_pool;
+#define HANDLE_POOL(type, live_bytes, keep_n) \
+  {PTHREAD_MUTEX_INITIALIZER, NULL, NULL, 0, sizeof(type), (live_bytes), (keep_n)}
+/* A zeroed handle (NULL when out of memory); alloc_handle_park releases it. */
+void *alloc_handle(handle_pool *p);
+void alloc_handle_park(handle_pool *p, void *h);
 
 /* ---- error.c ---------------------------------------------------------- */
 
@@ -57,6 +85,8 @@ void *err_set(const char *file, int line, const char *op, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 /* For a NULL argument: sets "<what> is NULL" unless an earlier error is pending. */
 void *err_null(const char *file, int line, const char *op, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+/* How many errors this thread has set: unchanged across a call that set none. */
+unsigned long err_count(void);
 /* Gives a message set without a location (deep in a compiled call) the caller's file:line. */
 void err_locate(const char *file, int line);
 /* How BLAS reads a (rows, cols) matrix with strides (rs, cs): 0 with its
@@ -80,7 +110,10 @@ typedef struct storage {
 typedef struct ag_node ag_node;
 
 struct kiln_tensor {
-  atomic_int refcount;
+  /* The references (low 32 bits) and how many of them scopes hold (high 32
+   * bits), in one word, so that a release sees both in one atomic step. 0
+   * when released: the header is then parked (alloc_handle), never freed. */
+  atomic_ullong refs;
   kiln_dtype dtype;
   int ndim;
   int64_t shape[MAXD];
@@ -91,14 +124,21 @@ struct kiln_tensor {
   kiln_tensor *grad; /* leaves: accumulated gradient, owned */
   ag_node *grad_fn;  /* non-leaves: the node that made it */
   uint64_t serial;   /* unique for the process's life, unlike the address */
-  bool released;     /* test build: its last reference is gone (kept in quarantine) */
   uint64_t rec_call; /* the recording that made it (0: none), and its value there */
   int rec_id;
 };
 
-/* Test build: a released tensor given to op (0 when t is live, or always
- * outside the test build); sets "<what> was already released" and returns -1. */
+#define REF_ONE 1ull                    /* a reference */
+#define REF_SCOPED ((1ull << 32) | 1ull) /* a reference a scope holds */
+/* All references to t, scopes' included; 0 once released. */
+static inline uint32_t tensor_refs(const kiln_tensor *t) { return (uint32_t)atomic_load(&t->refs); }
+/* 0 when t is NULL or live; -1 when its last reference is gone, with
+ * "<what> was already released" set (op's name, the caller's file:line). The
+ * public functions call it before they read a tensor. */
 int tensor_check_live(const kiln_tensor *t, const char *what, const char *op, const char *file, int line);
+/* For an entry point's tensor argument: true, with the error set, when t is
+ * NULL ("<what> is NULL", unless an earlier error is pending) or released. */
+bool tensor_bad_arg(const kiln_tensor *t, const char *file, int line, const char *op, const char *what);
 
 int64_t shape_numel(int ndim, const int64_t *shape);
 /* The serial the next tensor made will get: every tensor made before now has a smaller one. */
@@ -123,7 +163,8 @@ static inline void *tensor_data(const kiln_tensor *t) {
  * as a local header that owns nothing. Not `= *t`: that would read t's
  * refcount, which another thread may be changing. */
 static inline kiln_tensor tensor_header(const kiln_tensor *t) {
-  kiln_tensor v = {.dtype = t->dtype, .ndim = t->ndim, .offset = t->offset, .st = t->st,
+  kiln_tensor v = {.refs = REF_ONE, /* live, for the functions that check */
+                   .dtype = t->dtype, .ndim = t->ndim, .offset = t->offset, .st = t->st,
                    .requires_grad = t->requires_grad, .serial = t->serial};
   for (int i = 0; i < MAXD; i++) v.shape[i] = t->shape[i], v.stride[i] = t->stride[i];
   return v;

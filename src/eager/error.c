@@ -6,6 +6,9 @@
 #include "eager/eager.h"
 
 static _Thread_local char msg[1024];
+static _Thread_local unsigned long n_set; /* errors set on this thread */
+
+unsigned long err_count(void) { return n_set; }
 
 static const char *base_name(const char *path) {
   /* Keep the path as the user's compiler gave it, minus a leading "./". */
@@ -14,6 +17,7 @@ static const char *base_name(const char *path) {
 }
 
 void *err_set(const char *file, int line, const char *op, const char *fmt, ...) {
+  n_set++;
   /* no location for errors that have no caller (a loaded graph's own nodes) */
   int n = file && *file ? snprintf(msg, sizeof msg, "%s:%d: kiln_%s: ", base_name(file), line, op)
                         : snprintf(msg, sizeof msg, "kiln_%s: ", op);
@@ -58,3 +62,7 @@ void err_locate(const char *file, int line) {
 
 const char *kiln_last_error(void) { return msg; }
 void kiln_clear_error(void) { msg[0] = 0; }
+
+
+/* The KILN_VERSION_STRING of the kiln.h the library was compiled with. */
+const char *kiln_version(void) { return KILN_VERSION_STRING; }

@@ -30,7 +30,7 @@ static bool same_layout(const kiln_tensor *a, const kiln_tensor *b) {
 }
 
 static int check_dst(const char *op, kiln_tensor *dst, const char *file, int line) {
-  if (!dst) return err_null(file, line, op, "dst"), -1;
+  if (tensor_bad_arg(dst, file, line, op, "dst")) return -1;
   if (grad_mode() && dst->requires_grad)
     return err_set(file, line, op,
                    "dst requires grad: an in-place write would corrupt autograd; do it inside kiln_no_grad_begin/end"),
@@ -41,7 +41,7 @@ static int check_dst(const char *op, kiln_tensor *dst, const char *file, int lin
 static kiln_tensor *inplace(op_id op, const char *name, kiln_tensor *dst, kiln_tensor *src, const char *file,
                             int line) {
   if (check_dst(name, dst, file, line)) return NULL;
-  if (!src) return err_null(file, line, name, "src");
+  if (tensor_bad_arg(src, file, line, name, "src")) return NULL;
   char b0[SHAPE_BUF], b1[SHAPE_BUF];
   int nd;
   int64_t shape[MAXD];
@@ -96,7 +96,7 @@ kiln_tensor *kiln_fill__at(kiln_tensor *dst, double v, const char *file, int lin
 }
 
 kiln_tensor *kiln_zero__at(kiln_tensor *dst, const char *file, int line) {
-  if (!dst) return err_null(file, line, "zero_", "dst");
+  if (tensor_bad_arg(dst, file, line, "zero_", "dst")) return NULL;
   return kiln_fill__at(dst, 0.0, file, line) ? dst : NULL;
 }
 

@@ -38,8 +38,8 @@ typedef float gv_f32 __attribute__((vector_size(64)));
 typedef double gv_f64 __attribute__((vector_size(64)));
 
 #define SMALL_GEMV_FN(T, VT, NAME)                                                               \
-  static void NAME(bool rows, int64_t n, int64_t k, const T *a, int64_t inca, const T *b,         \
-                   int64_t ldb, T *c) {                                                          \
+  KILN_HOT static void NAME(bool rows, int64_t n, int64_t k, const T *a, int64_t inca, const T *b,\
+                            int64_t ldb, T *c) {                                                 \
     enum { L = 64 / sizeof(T) };                                                                 \
     if (rows) {                                                                                  \
       /* four outputs per pass: four independent chains hide the adds' latency */               \

@@ -8,6 +8,7 @@
 
 static int check_float(const char *op, const kiln_tensor *t, int idx, const char *file, int line) {
   if (!t) return err_null(file, line, op, "input %d", idx), -1;
+  if (tensor_check_live(t, "an input", op, file, line)) return -1;
   if (!dtype_is_float(t->dtype))
     return err_set(file, line, op, "dtype %s is not supported (floats only)", kiln_dtype_name(t->dtype)), -1;
   return 0;
@@ -57,7 +58,8 @@ kiln_tensor *kiln_layer_norm_at(kiln_tensor *x, kiln_tensor *w, kiln_tensor *b, 
   int64_t c = x->shape[x->ndim - 1];
   kiln_tensor *wb[2] = {w, b};
   for (int i = 0; i < 2; i++)
-    if (wb[i] && (wb[i]->ndim != 1 || wb[i]->shape[0] != c))
+    if (tensor_check_live(wb[i], i ? "bias" : "weight", "layer_norm", file, line)) return NULL;
+    else if (wb[i] && (wb[i]->ndim != 1 || wb[i]->shape[0] != c))
       return err_set(file, line, "layer_norm", "%s %s does not match the last dim of %s", i ? "bias" : "weight",
                      err_shape(b0, wb[i]->ndim, wb[i]->shape), err_shape(b1, x->ndim, x->shape));
   kiln_scope_begin();
@@ -74,7 +76,8 @@ kiln_tensor *kiln_layer_norm_at(kiln_tensor *x, kiln_tensor *w, kiln_tensor *b, 
 }
 
 kiln_tensor *kiln_embedding_at(kiln_tensor *table, kiln_tensor *idx, const char *file, int line) {
-  if (!table || !idx) return err_null(file, line, "embedding", "input %d", table ? 1 : 0);
+  if (tensor_bad_arg(table, file, line, "embedding", "input 0") || tensor_bad_arg(idx, file, line, "embedding", "input 1"))
+    return NULL;
   char b0[SHAPE_BUF];
   if (table->ndim != 2) return err_set(file, line, "embedding", "table must be (V,C), got %s", err_shape(b0, table->ndim, table->shape));
   if (idx->dtype != KILN_I64) return err_set(file, line, "embedding", "indices must be i64, got %s", kiln_dtype_name(idx->dtype));
@@ -99,7 +102,7 @@ kiln_tensor *kiln_embedding_at(kiln_tensor *table, kiln_tensor *idx, const char 
 
 kiln_tensor *kiln_cross_entropy_at(kiln_tensor *logits, kiln_tensor *targets, const char *file, int line) {
   if (check_float("cross_entropy", logits, 0, file, line)) return NULL;
-  if (!targets) return err_null(file, line, "cross_entropy", "input 1");
+  if (tensor_bad_arg(targets, file, line, "cross_entropy", "input 1")) return NULL;
   char b0[SHAPE_BUF], b1[SHAPE_BUF];
   if (logits->ndim != 2 || targets->ndim != 1 || targets->shape[0] != logits->shape[0] || targets->dtype != KILN_I64)
     return err_set(file, line, "cross_entropy", "expects logits (N,C) and i64 targets (N,), got %s and %s%s",

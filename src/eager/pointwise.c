@@ -33,13 +33,13 @@
   } while (0)
 
 #define BIN_FLOAT(T, SFX, POWF)                                                     \
-  static void add_##SFX(char **p, const int64_t *s, int64_t n, const void *c) { (void)c; BIN_BODY(T, T, x + y); } \
-  static void sub_##SFX(char **p, const int64_t *s, int64_t n, const void *c) { (void)c; BIN_BODY(T, T, x - y); } \
-  static void mul_##SFX(char **p, const int64_t *s, int64_t n, const void *c) { (void)c; BIN_BODY(T, T, x * y); } \
-  static void div_##SFX(char **p, const int64_t *s, int64_t n, const void *c) { (void)c; BIN_BODY(T, T, x / y); } \
-  static void max_##SFX(char **p, const int64_t *s, int64_t n, const void *c) { (void)c; BIN_BODY(T, T, MAXNAN(x, y)); } \
-  static void min_##SFX(char **p, const int64_t *s, int64_t n, const void *c) { (void)c; BIN_BODY(T, T, MINNAN(x, y)); } \
-  static void pow_##SFX(char **p, const int64_t *s, int64_t n, const void *c) {   \
+  KILN_HOT static void add_##SFX(char **p, const int64_t *s, int64_t n, const void *c) { (void)c; BIN_BODY(T, T, x + y); } \
+  KILN_HOT static void sub_##SFX(char **p, const int64_t *s, int64_t n, const void *c) { (void)c; BIN_BODY(T, T, x - y); } \
+  KILN_HOT static void mul_##SFX(char **p, const int64_t *s, int64_t n, const void *c) { (void)c; BIN_BODY(T, T, x * y); } \
+  KILN_HOT static void div_##SFX(char **p, const int64_t *s, int64_t n, const void *c) { (void)c; BIN_BODY(T, T, x / y); } \
+  KILN_HOT static void max_##SFX(char **p, const int64_t *s, int64_t n, const void *c) { (void)c; BIN_BODY(T, T, MAXNAN(x, y)); } \
+  KILN_HOT static void min_##SFX(char **p, const int64_t *s, int64_t n, const void *c) { (void)c; BIN_BODY(T, T, MINNAN(x, y)); } \
+  KILN_HOT static void pow_##SFX(char **p, const int64_t *s, int64_t n, const void *c) {   \
     (void)c;                                                                      \
     if (s[2] == 0) { /* common exponents as products: exact and vectorized */     \
       T e = *(const T *)p[2];                                                     \
@@ -53,19 +53,19 @@
 BIN_FLOAT(float, f32, powf)
 BIN_FLOAT(double, f64, pow)
 
-static void add_i64(char **p, const int64_t *s, int64_t n, const void *c) { (void)c; BIN_BODY(int64_t, int64_t, (int64_t)((uint64_t)x + (uint64_t)y)); }
-static void sub_i64(char **p, const int64_t *s, int64_t n, const void *c) { (void)c; BIN_BODY(int64_t, int64_t, (int64_t)((uint64_t)x - (uint64_t)y)); }
-static void mul_i64(char **p, const int64_t *s, int64_t n, const void *c) { (void)c; BIN_BODY(int64_t, int64_t, (int64_t)((uint64_t)x * (uint64_t)y)); }
-static void max_i64(char **p, const int64_t *s, int64_t n, const void *c) { (void)c; BIN_BODY(int64_t, int64_t, x > y ? x : y); }
-static void min_i64(char **p, const int64_t *s, int64_t n, const void *c) { (void)c; BIN_BODY(int64_t, int64_t, x < y ? x : y); }
+KILN_HOT static void add_i64(char **p, const int64_t *s, int64_t n, const void *c) { (void)c; BIN_BODY(int64_t, int64_t, (int64_t)((uint64_t)x + (uint64_t)y)); }
+KILN_HOT static void sub_i64(char **p, const int64_t *s, int64_t n, const void *c) { (void)c; BIN_BODY(int64_t, int64_t, (int64_t)((uint64_t)x - (uint64_t)y)); }
+KILN_HOT static void mul_i64(char **p, const int64_t *s, int64_t n, const void *c) { (void)c; BIN_BODY(int64_t, int64_t, (int64_t)((uint64_t)x * (uint64_t)y)); }
+KILN_HOT static void max_i64(char **p, const int64_t *s, int64_t n, const void *c) { (void)c; BIN_BODY(int64_t, int64_t, x > y ? x : y); }
+KILN_HOT static void min_i64(char **p, const int64_t *s, int64_t n, const void *c) { (void)c; BIN_BODY(int64_t, int64_t, x < y ? x : y); }
 
 #define CMP_ALL(T, SFX)                                                                                          \
-  static void eq_##SFX(char **p, const int64_t *s, int64_t n, const void *c) { (void)c; BIN_BODY(T, bool, x == y); } \
-  static void ne_##SFX(char **p, const int64_t *s, int64_t n, const void *c) { (void)c; BIN_BODY(T, bool, x != y); } \
-  static void lt_##SFX(char **p, const int64_t *s, int64_t n, const void *c) { (void)c; BIN_BODY(T, bool, x < y); }  \
-  static void le_##SFX(char **p, const int64_t *s, int64_t n, const void *c) { (void)c; BIN_BODY(T, bool, x <= y); } \
-  static void gt_##SFX(char **p, const int64_t *s, int64_t n, const void *c) { (void)c; BIN_BODY(T, bool, x > y); }  \
-  static void ge_##SFX(char **p, const int64_t *s, int64_t n, const void *c) { (void)c; BIN_BODY(T, bool, x >= y); }
+  KILN_HOT static void eq_##SFX(char **p, const int64_t *s, int64_t n, const void *c) { (void)c; BIN_BODY(T, bool, x == y); } \
+  KILN_HOT static void ne_##SFX(char **p, const int64_t *s, int64_t n, const void *c) { (void)c; BIN_BODY(T, bool, x != y); } \
+  KILN_HOT static void lt_##SFX(char **p, const int64_t *s, int64_t n, const void *c) { (void)c; BIN_BODY(T, bool, x < y); }  \
+  KILN_HOT static void le_##SFX(char **p, const int64_t *s, int64_t n, const void *c) { (void)c; BIN_BODY(T, bool, x <= y); } \
+  KILN_HOT static void gt_##SFX(char **p, const int64_t *s, int64_t n, const void *c) { (void)c; BIN_BODY(T, bool, x > y); }  \
+  KILN_HOT static void ge_##SFX(char **p, const int64_t *s, int64_t n, const void *c) { (void)c; BIN_BODY(T, bool, x >= y); }
 CMP_ALL(float, f32)
 CMP_ALL(double, f64)
 CMP_ALL(int64_t, i64)
@@ -118,7 +118,7 @@ int k_binary(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_te
   } while (0)
 
 #define UN(NAME, T, EXPR) \
-  static void NAME(char **p, const int64_t *s, int64_t n, const void *c) { (void)c; UN_BODY(T, EXPR); }
+  KILN_HOT static void NAME(char **p, const int64_t *s, int64_t n, const void *c) { (void)c; UN_BODY(T, EXPR); }
 
 UN(neg_f32, float, -x)
 UN(abs_f32, float, fabsf(x))
@@ -186,7 +186,7 @@ int k_unary(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_ten
 /* ---- where ---- */
 
 #define WHERE_LOOP(T, SFX)                                                                  \
-  static void where_##SFX(char **p, const int64_t *s, int64_t n, const void *c) {          \
+  KILN_HOT static void where_##SFX(char **p, const int64_t *s, int64_t n, const void *c) {          \
     (void)c;                                                                                \
     T *o = (T *)p[0];                                                                       \
     const bool *cp = (const bool *)p[1];                                                    \
@@ -215,7 +215,7 @@ int k_where(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_ten
 /* ---- cast and copy: dst = convert(src), src broadcast to dst ---- */
 
 #define CVT_LOOP(TO, TI, NAME, EXPR)                                                   \
-  static void NAME(char **p, const int64_t *s, int64_t n, const void *c) {             \
+  KILN_HOT static void NAME(char **p, const int64_t *s, int64_t n, const void *c) {             \
     (void)c;                                                                           \
     TO *o = (TO *)p[0];                                                                \
     const TI *xp = (const TI *)p[1];                                                   \

@@ -18,7 +18,7 @@
  * floats, uint64_t for i64, whose sums wrap (two's complement) like its
  * pointwise ops instead of overflowing. */
 #define CONTIG_SUM(T, U, NAME)                                   \
-  static T NAME(const T *x, int64_t n) {                         \
+  KILN_HOT static T NAME(const T *x, int64_t n) {                \
     if (n > 512) {                                               \
       int64_t h = (n / 2 + 15) & ~(int64_t)15;                   \
       return (T)((U)NAME(x, h) + (U)NAME(x + h, n - h));         \
@@ -76,7 +76,7 @@ CONTIG_EXT(double, vf64, vi64, cmin_f64, MINNAN, <)
 CONTIG_EXT(int64_t, vi64, vi64, cmin_i64, MINNAN, <)
 
 #define SUM_LOOP(T, U, SFX)                                                       \
-  static void sum_##SFX(char **p, const int64_t *s, int64_t n, const void *c) {  \
+  KILN_HOT static void sum_##SFX(char **p, const int64_t *s, int64_t n, const void *c) {  \
     (void)c;                                                                      \
     T *o = (T *)p[0];                                                             \
     const T *x = (const T *)p[1];                                                 \
@@ -99,7 +99,7 @@ SUM_LOOP(double, double, f64)
 SUM_LOOP(int64_t, uint64_t, i64)
 
 #define EXT_LOOP(T, NAME, CFN, F)                                                 \
-  static void NAME(char **p, const int64_t *s, int64_t n, const void *c) {       \
+  KILN_HOT static void NAME(char **p, const int64_t *s, int64_t n, const void *c) {       \
     (void)c;                                                                      \
     T *o = (T *)p[0];                                                             \
     const T *x = (const T *)p[1];                                                 \

@@ -134,10 +134,16 @@ void storage_materialize(storage *st, void *data) {
   alloc_track((int64_t)st->bytes);
 }
 
+/* Tensor headers: parked, never freed, when released (alloc_handle), so that
+ * a tensor released twice, or used after its release, is reported in every
+ * build. The last 4096 released headers are not reused: that is how long a
+ * released tensor stays known as released. */
+static handle_pool tensor_pool = HANDLE_POOL(kiln_tensor, sizeof(atomic_ullong), 4096);
+
 static kiln_tensor *tensor_alloc(kiln_dtype dt, int ndim, const int64_t *shape) {
-  kiln_tensor *t = alloc_calloc(1, sizeof *t);
+  kiln_tensor *t = alloc_handle(&tensor_pool);
   if (!t) return NULL;
-  atomic_init(&t->refcount, 1);
+  atomic_store(&t->refs, REF_ONE);
   t->serial = atomic_fetch_add(&next_serial, 1);
   t->dtype = dt;
   t->ndim = ndim;
@@ -145,29 +151,23 @@ static kiln_tensor *tensor_alloc(kiln_dtype dt, int ndim, const int64_t *shape) 
   return t;
 }
 
-kiln_tensor *tensor_new(kiln_dtype dt, int ndim, const int64_t *shape) {
+/* A contiguous tensor over a new storage (meta: no data until a recording materializes it). */
+static kiln_tensor *tensor_make(kiln_dtype dt, int ndim, const int64_t *shape, bool meta) {
   kiln_tensor *t = tensor_alloc(dt, ndim, shape);
   if (!t) return NULL;
-  t->st = storage_new((size_t)shape_numel(ndim, shape) * kiln_dtype_size(dt));
+  size_t bytes = (size_t)shape_numel(ndim, shape) * kiln_dtype_size(dt);
+  t->st = meta ? storage_new_meta(bytes) : storage_new(bytes);
   if (!t->st) {
-    alloc_free(t);
+    atomic_store(&t->refs, 0);
+    alloc_handle_park(&tensor_pool, t);
     return NULL;
   }
   contiguous_strides(ndim, shape, t->stride);
   return t;
 }
 
-kiln_tensor *tensor_new_meta(kiln_dtype dt, int ndim, const int64_t *shape) {
-  kiln_tensor *t = tensor_alloc(dt, ndim, shape);
-  if (!t) return NULL;
-  t->st = storage_new_meta((size_t)shape_numel(ndim, shape) * kiln_dtype_size(dt));
-  if (!t->st) {
-    alloc_free(t);
-    return NULL;
-  }
-  contiguous_strides(ndim, shape, t->stride);
-  return t;
-}
+kiln_tensor *tensor_new(kiln_dtype dt, int ndim, const int64_t *shape) { return tensor_make(dt, ndim, shape, false); }
+kiln_tensor *tensor_new_meta(kiln_dtype dt, int ndim, const int64_t *shape) { return tensor_make(dt, ndim, shape, true); }
 
 kiln_tensor *tensor_view(kiln_tensor *base, int ndim, const int64_t *shape, const int64_t *stride,
                          int64_t offset) {
@@ -180,43 +180,66 @@ kiln_tensor *tensor_view(kiln_tensor *base, int ndim, const int64_t *shape, cons
   return t;
 }
 
-kiln_tensor *kiln_retain(kiln_tensor *t) {
-  if (tensor_check_live(t, "tensor", "retain", "", 0)) return NULL;
-  if (t) atomic_fetch_add(&t->refcount, 1);
+int tensor_check_live(const kiln_tensor *t, const char *what, const char *op, const char *file, int line) {
+  /* only the reference word is read: the rest of a released header is stale */
+  if (!t || tensor_refs(t) != 0) return 0;
+  err_set(file, line, op, "%s was already released", what);
+  return -1;
+}
+
+bool tensor_bad_arg(const kiln_tensor *t, const char *file, int line, const char *op, const char *what) {
+  if (!t) return err_null(file, line, op, "%s", what), true;
+  return tensor_check_live(t, what, op, file, line) != 0;
+}
+
+kiln_tensor *kiln_retain_at(kiln_tensor *t, const char *file, int line) {
+  if (!t) return NULL;
+  /* never from 0: a released tensor stays released */
+  unsigned long long r = atomic_load(&t->refs);
+  do {
+    if ((uint32_t)r == 0) return tensor_check_live(t, "tensor", "retain", file, line), NULL;
+  } while (!atomic_compare_exchange_weak(&t->refs, &r, r + REF_ONE));
   return t;
 }
 
-int tensor_check_live(const kiln_tensor *t, const char *what, const char *op, const char *file, int line) {
-#ifdef KILN_TEST_BUILD
-  if (t && t->released) {
-    char b[SHAPE_BUF];
-    err_set(file, line, op, "%s (%s%s, tensor #%" PRIu64 ") was already released: its last reference was dropped before", what,
-            kiln_dtype_name(t->dtype), err_shape(b, t->ndim, t->shape), t->serial);
-    return -1;
-  }
-#else
-  (void)t, (void)what, (void)op, (void)file, (void)line;
-#endif
-  return 0;
-}
-
-void kiln_release(kiln_tensor *t) {
-  if (!t) return;
-  /* a release no caller can check: the test build says it on stderr too */
-  if (tensor_check_live(t, "tensor", "release", "", 0)) {
-    fprintf(stderr, "kiln: error: %s (released twice, or released while a scope still owned it)\n", kiln_last_error());
-    return;
-  }
-  if (atomic_fetch_sub(&t->refcount, 1) != 1) return;
+/* The last reference is gone: what t owns goes, and its header is parked. */
+static void tensor_free(kiln_tensor *t) {
   if (t->grad) kiln_release(t->grad);
   if (t->grad_fn) ag_node_release(t->grad_fn);
   storage_release(t->st);
-  t->released = true;
   t->st = NULL;
   t->grad = NULL;
   t->grad_fn = NULL;
-  alloc_quarantine(t);
+  alloc_handle_park(&tensor_pool, t);
 }
+
+/* kiln_release returns nothing a caller could check: the error goes to stderr too. */
+static void release_error(const char *file, int line, const char *why) {
+  err_set(file, line, "release", "%s", why);
+  fprintf(stderr, "kiln: error: %s\n", kiln_last_error());
+}
+
+void kiln_release_at(kiln_tensor *t, const char *file, int line) {
+  if (!t) return;
+  unsigned long long r = atomic_load(&t->refs);
+  do {
+    uint32_t all = (uint32_t)r, scoped = (uint32_t)(r >> 32);
+    if (all == 0) {
+      release_error(file, line, "tensor was already released");
+      return;
+    }
+    if (all <= scoped) {
+      release_error(file, line, "tensor belongs to a scope, which releases it at kiln_scope_end (kiln_keep it "
+                                "to own it, or kiln_retain a reference of your own)");
+      return;
+    }
+  } while (!atomic_compare_exchange_weak(&t->refs, &r, r - REF_ONE));
+  if ((uint32_t)r == 1) tensor_free(t);
+}
+
+kiln_tensor *(kiln_retain)(kiln_tensor *t) { return kiln_retain_at(t, "", 0); }
+void (kiln_release)(kiln_tensor *t) { kiln_release_at(t, "", 0); }
+kiln_tensor *(kiln_keep)(kiln_tensor *t) { return kiln_keep_at(t, "", 0); }
 
 /* ---- scopes ---- */
 
@@ -254,7 +277,15 @@ kiln_tensor *scope_adopt(kiln_tensor *t) {
     kiln_release(t);
     return err_set("", 0, "scope", "out of memory (no room in the scope for a new tensor)");
   }
+  atomic_fetch_add(&t->refs, REF_SCOPED - REF_ONE); /* the reference handed in is now the scope's */
   return t;
+}
+
+/* Drops the reference a scope held. */
+static void scope_release(kiln_tensor *t) {
+  uint64_t r = atomic_fetch_sub(&t->refs, REF_SCOPED);
+  KILN_ASSERT((uint32_t)(r >> 32) >= 1 && (uint32_t)r >= 1);
+  if ((uint32_t)r == 1) tensor_free(t);
 }
 
 void kiln_scope_begin(void) {
@@ -282,7 +313,7 @@ void kiln_scope_end(void) {
   }
   if (nscopes == 0) return;
   scope *s = &scopes[--nscopes];
-  for (int i = s->n - 1; i >= 0; i--) kiln_release(s->items[i]);
+  for (int i = s->n - 1; i >= 0; i--) scope_release(s->items[i]);
   alloc_free(s->items);
   if (nscopes == 0 && scopes != scopes_inline) {
     alloc_free(scopes);
@@ -290,7 +321,8 @@ void kiln_scope_end(void) {
   }
 }
 
-kiln_tensor *kiln_keep(kiln_tensor *t) {
+kiln_tensor *kiln_keep_at(kiln_tensor *t, const char *file, int line) {
+  if (tensor_check_live(t, "tensor", "keep", file, line)) return NULL;
   if (!t || nscopes == 0) return t;
   scope *s = &scopes[nscopes - 1];
   for (int i = s->n - 1; i >= 0; i--) {
@@ -300,8 +332,9 @@ kiln_tensor *kiln_keep(kiln_tensor *t) {
     if (nscopes >= 2 && scope_push(&scopes[nscopes - 2], t) != 0) {
       /* cannot move it out: leave it where it was rather than leak it */
       s->items[s->n++] = t;
-      return err_set(__FILE__, __LINE__, "keep", "out of memory");
+      return err_set(file, line, "keep", "out of memory");
     }
+    if (nscopes == 1) atomic_fetch_sub(&t->refs, REF_SCOPED - REF_ONE); /* now the caller's */
     return t;
   }
   return t;
@@ -445,6 +478,9 @@ kiln_tensor *kiln_rand_at(kiln_dtype dt, int ndim, const int64_t *shape, uint64_
 
 /* ---- inspection ---- */
 
+/* These take no caller's line: a released tensor gives the NULL answer and an error without one. */
+static bool gone(const kiln_tensor *t, const char *op) { return !t || tensor_check_live(t, "tensor", op, "", 0); }
+
 /* The caller looked at metadata it can branch on: a recording must run the body again on every call. */
 static void meta_read(const kiln_tensor *t, int dim) {
   const trace_hooks *h = dispatch_hooks();
@@ -452,28 +488,28 @@ static void meta_read(const kiln_tensor *t, int dim) {
 }
 
 int kiln_ndim(const kiln_tensor *t) {
-  if (!t) return -1;
+  if (gone(t, "ndim")) return -1;
   meta_read(t, -1);
   return t->ndim;
 }
 int64_t kiln_numel(const kiln_tensor *t) {
-  if (!t) return -1;
+  if (gone(t, "numel")) return -1;
   meta_read(t, -1);
   return shape_numel(t->ndim, t->shape);
 }
 kiln_dtype kiln_type(const kiln_tensor *t) {
-  if (!t) return KILN_F32;
+  if (gone(t, "type")) return KILN_F32;
   meta_read(t, -1);
   return t->dtype;
 }
 bool kiln_is_contiguous(const kiln_tensor *t) {
-  if (!t) return false;
+  if (gone(t, "is_contiguous")) return false;
   meta_read(t, -1);
   return tensor_contiguous(t);
 }
 
 int64_t kiln_size(const kiln_tensor *t, int dim) {
-  if (!t) return -1;
+  if (gone(t, "size")) return -1;
   int d = axis_norm(dim, t->ndim);
   if (d < 0) return -1;
   meta_read(t, d);
@@ -481,7 +517,7 @@ int64_t kiln_size(const kiln_tensor *t, int dim) {
 }
 
 int64_t kiln_stride(const kiln_tensor *t, int dim) {
-  if (!t) return -1;
+  if (gone(t, "stride")) return -1;
   int d = axis_norm(dim, t->ndim);
   if (d >= 0) meta_read(t, d);
   return d < 0 ? -1 : t->stride[d];
@@ -544,8 +580,8 @@ double kiln_item_at(const kiln_tensor *t, const char *file, int line) {
 
 char *kiln_describe(const kiln_tensor *t, char *buf, size_t n) {
   if (!buf || !n) return buf;
-  if (!t) {
-    snprintf(buf, n, "(null)");
+  if (!t || tensor_refs(t) == 0) {
+    snprintf(buf, n, t ? "(released)" : "(null)");
     return buf;
   }
   char s[SHAPE_BUF], st[SHAPE_BUF];
@@ -578,6 +614,10 @@ static void print_rec(const kiln_tensor *t, int d, int64_t *linear, int64_t bloc
 
 void kiln_print_at(const kiln_tensor *t, const char *file, int line) {
   char b[2 * SHAPE_BUF + 32];
+  if (tensor_check_live(t, "tensor", "print", file, line)) {
+    printf("(released)\n");
+    return;
+  }
   if (t) hook_read("kiln_print", t, file, line);
   printf("%s\n", kiln_describe(t, b, sizeof b));
   if (!t) return;

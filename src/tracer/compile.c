@@ -26,7 +26,7 @@
 #include "tracer/tracer.h"
 
 #define FN_MAGIC 0x6b696c6eu
-#define FN_FREED 0x66726565u /* test build: a freed fn kept in quarantine */
+#define FN_FREED 0x66726565u /* freed: its header is parked, never reused for 16 more frees */
 #define MAX_IN 64
 
 /* Autograd state of a leaf when the call started: a guard-path variant runs only where it is the same. */
@@ -90,7 +90,7 @@ typedef struct variant {
 } variant;
 
 struct kiln_fn {
-  unsigned magic;
+  atomic_uint magic; /* first: all a freed kiln_fn still has that may be read */
   kiln_body body;
   void *ctx;
   kiln_options opts;
@@ -403,17 +403,23 @@ static int alias_pattern(kiln_tensor *const *in, int n_in, kiln_tensor *const *p
 
 /* ---- compile ---- */
 
+/* kiln_fn headers are never freed (see alloc_handle), so that a freed one can
+ * be told from a live one in every build. */
+static handle_pool fn_pool = HANDLE_POOL(kiln_fn, sizeof(atomic_uint), 16);
+
 kiln_fn *kiln_compile_at(kiln_body body, void *ctx, const kiln_options *opts, const char *file, int line) {
   if (!body) return err_set(file, line, "compile", "body is NULL");
+  /* zero means the default, for the whole struct as for each field: n_out 0 is 1 */
   kiln_options o = opts ? *opts : (kiln_options){0};
+  if (o.n_out == 0) o.n_out = 1;
   if (o.n_in < 0 || o.n_in > MAX_IN) return err_set(file, line, "compile", "n_in %d is outside 0..%d", o.n_in, MAX_IN);
-  if (o.n_out < 1 || o.n_out > MAX_IN) return err_set(file, line, "compile", "n_out %d is outside 1..%d", o.n_out, MAX_IN);
+  if (o.n_out < 1 || o.n_out > MAX_IN) return err_set(file, line, "compile", "n_out %d is outside 1..%d (0: 1)", o.n_out, MAX_IN);
   if (o.dynamic < KILN_DYNAMIC_AUTO || o.dynamic > KILN_DYNAMIC_ALL) return err_set(file, line, "compile", "unknown dynamic policy %d", o.dynamic);
   if (o.capture < KILN_CAPTURE_AUTO || o.capture > KILN_CAPTURE_GUARDS) return err_set(file, line, "compile", "unknown capture mode %d", o.capture);
   if (o.max_variants < 0) return err_set(file, line, "compile", "max_variants %d is negative", o.max_variants);
-  kiln_fn *fn = alloc_calloc(1, sizeof *fn);
+  kiln_fn *fn = alloc_handle(&fn_pool);
   if (!fn) return err_set(file, line, "compile", "out of memory");
-  fn->magic = FN_MAGIC;
+  atomic_store(&fn->magic, FN_MAGIC);
   fn->body = body;
   fn->ctx = ctx;
   fn->opts = o;
@@ -449,22 +455,20 @@ kiln_fn *kiln_compile_at(kiln_body body, void *ctx, const kiln_options *opts, co
   return fn;
 }
 
-static bool fn_ok(const kiln_fn *fn) { return fn && fn->magic == FN_MAGIC; }
+static bool fn_ok(const kiln_fn *fn) { return fn && atomic_load(&fn->magic) == FN_MAGIC; }
 
-/* Why fn cannot be used. Only the test build can tell a freed fn (its header
- * stays in quarantine); elsewhere reading it would be a use after free. */
+/* Why fn cannot be used. A freed fn's header is parked, not freed, so its
+ * magic can be read. */
 static const char *fn_dead(const kiln_fn *fn) {
   if (!fn) return "fn is NULL";
-#ifdef KILN_TEST_BUILD
-  if (fn->magic == FN_FREED) return "fn was freed (kiln_fn_free)";
-#endif
+  if (atomic_load(&fn->magic) == FN_FREED) return "fn was freed (kiln_fn_free)";
   return "fn is not a live compiled function";
 }
 
-void kiln_fn_free(kiln_fn *fn) {
+void kiln_fn_free_at(kiln_fn *fn, const char *file, int line) {
   if (!fn_ok(fn)) {
     if (fn) {
-      err_set("", 0, "fn_free", "%s", fn_dead(fn));
+      err_set(file, line, "fn_free", "%s", fn_dead(fn));
       fprintf(stderr, "kiln: error: %s\n", kiln_last_error()); /* nothing to return it to */
     }
     return;
@@ -472,15 +476,15 @@ void kiln_fn_free(kiln_fn *fn) {
   for (int i = 0; i < fn->n_variants; i++) variant_free(fn->variants[i]);
   alloc_free(fn->variants);
   pthread_mutex_destroy(&fn->mu);
-  fn->magic = FN_FREED;
-  alloc_quarantine(fn);
+  atomic_store(&fn->magic, FN_FREED);
+  alloc_handle_park(&fn_pool, fn);
 }
 
-int kiln_mark_dynamic(kiln_fn *fn, int input, int dim) {
-  if (!fn_ok(fn)) return err_set("", 0, "mark_dynamic", "%s", fn_dead(fn)), -1;
-  if (fn->loaded) return err_set(fn->file, fn->line, "mark_dynamic", "%s was loaded from a file: its shapes are fixed", fn->name), -1;
+int kiln_mark_dynamic_at(kiln_fn *fn, int input, int dim, const char *file, int line) {
+  if (!fn_ok(fn)) return err_set(file, line, "mark_dynamic", "%s", fn_dead(fn)), -1;
+  if (fn->loaded) return err_set(file, line, "mark_dynamic", "%s was loaded from a file: its shapes are fixed", fn->name), -1;
   if (input < 0 || input >= fn->opts.n_in || dim < 0 || dim >= MAXD)
-    return err_set(fn->file, fn->line, "mark_dynamic", "input %d dim %d is out of range (%d inputs)", input, dim, fn->opts.n_in), -1;
+    return err_set(file, line, "mark_dynamic", "input %d dim %d is out of range (%d inputs)", input, dim, fn->opts.n_in), -1;
   pthread_mutex_lock(&fn->mu);
   fn->dyn[input][dim] = 1;
   pthread_mutex_unlock(&fn->mu);
@@ -497,7 +501,7 @@ static int adopt_outputs(kiln_fn *fn, kiln_tensor **out) {
     if (out[i] && !(out[i] = scope_adopt(out[i]))) rc = -1;
   if (rc == 0) return 0;
   for (int i = 0; i < fn->opts.n_out; i++) out[i] = NULL; /* the adopted ones go with the scope */
-  return err_set(fn->file, fn->line, "call", "%s: out of memory", fn->name), -1;
+  return err_set("", 0, "call", "%s: out of memory", fn->name), -1;
 }
 
 /* The dims of the next variant that are symbolic: marks, and under the
@@ -734,7 +738,7 @@ static void materialize(const segment *seg, kiln_tensor **outs, const rec_live *
       storage *src = outs[j]->st;
       /* the output alone holds its data (the runtime may hand one tensor out twice): the data moves */
       if (src->bytes == st->bytes && src->data && outs[j]->offset == 0 && tensor_contiguous(outs[j]) &&
-          atomic_load(&src->refcount) == 1 && atomic_load(&outs[j]->refcount) == 1) {
+          atomic_load(&src->refcount) == 1 && tensor_refs(outs[j]) == 1) {
         storage_steal(st, src);
       } else {
         /* shared or strided: copied */
@@ -1127,20 +1131,21 @@ static int record_call(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out) {
   pthread_mutex_unlock(&fn->mu);
   if (!cs.outs || !cs.cand || !cs.alive || !cs.cand_vals || rec_begin(&cs.rec, in, fn->opts.n_in, seg_run, &cs)) {
     call_free(&cs);
-    return err_set(fn->file, fn->line, "call", "%s: out of memory", fn->name), -1;
+    return err_set("", 0, "call", "%s: out of memory", fn->name), -1;
   }
   snprintf(cs.why, sizeof cs.why, "%s", why0);
   kiln_scope_begin();
   for (int i = 0; i < n_out; i++) out[i] = NULL;
+  unsigned long errors = err_count();
   int rc = fn->body(fn->ctx, in, out);
-  char body_err[600] = "";
-  if (rc) snprintf(body_err, sizeof body_err, "%s", kiln_last_error());
+  /* a body that failed without an error of its own: say so (at the call's line), not an older message */
+  if (rc && err_count() == errors) err_set("", 0, "call", "%s: the body returned %d", fn->name, rc);
   bool ok = rc == 0 && !cs.rec.failed;
   for (int i = 0; i < n_out && ok; i++) {
     if (!out[i]) {
       ok = false;
       rc = -1;
-      err_set(fn->file, fn->line, "call", "%s: the body returned 0 but left output %d NULL", fn->name, i);
+      err_set("", 0, "call", "%s: the body returned 0 but left output %d NULL", fn->name, i);
     } else if ((cs.outs[i] = rec_value_of(&cs.rec, out[i])) < 0) {
       ok = false;
     }
@@ -1152,16 +1157,11 @@ static int record_call(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out) {
   if (ok && !cs.rec.escaped && seg_run(&cs.rec, &cs, true)) ok = false, rc = rc ? rc : -1;
   rec_end(&cs.rec);
   if (!ok && cs.rec.failed && rc == 0) {
-    err_set(fn->file, fn->line, "call", "%s: %s", fn->name, cs.rec.why);
+    err_set("", 0, "call", "%s: %s", fn->name, cs.rec.why);
     rc = -1;
-  } else if (rc && body_err[0] && !*kiln_last_error()) {
-    err_set(fn->file, fn->line, "call", "%s", body_err);
-  } else if (rc && !*kiln_last_error()) {
-    err_set(fn->file, fn->line, "call", "%s: the body returned %d", fn->name, rc);
   }
   if (rc) {
     for (int i = 0; i < n_out; i++) kiln_release(out[i]), out[i] = NULL;
-    if (!*kiln_last_error()) err_set(fn->file, fn->line, "call", "%s: the body failed", fn->name);
     call_free(&cs);
     return -1;
   }
@@ -1296,14 +1296,14 @@ static int call_checked(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out, 
   kiln_tensor **leaves = alloc_malloc(sizeof *leaves * (size_t)(n + 1));
   for (int i = 0; leaves && i < n; i++) leaves[i] = i < fn->opts.n_in ? in[i] : kiln_retain(v->params[i - fn->opts.n_in]);
   pthread_mutex_unlock(&fn->mu);
-  if (!leaves) return err_set(fn->file, fn->line, "call", "%s: out of memory", fn->name), -1;
+  if (!leaves) return err_set("", 0, "call", "%s: out of memory", fn->name), -1;
   snapshot s = {0};
   int rc = snap_take(leaves, n, &s);
   for (int i = fn->opts.n_in; i < n; i++) kiln_release(leaves[i]);
   alloc_free(leaves);
   if (rc) {
     snap_free(&s);
-    return err_set(fn->file, fn->line, "call", "%s: out of memory", fn->name), -1;
+    return err_set("", 0, "call", "%s: out of memory", fn->name), -1;
   }
   if (call(fn, in, out)) {
     snap_free(&s);
@@ -1360,7 +1360,7 @@ static int guard_call(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out, ch
     variant *v = fn->variants[i];
     int gone = -1;
     for (int k = 0; k < v->n_params && !v->loaded && gone < 0; k++)
-      if (atomic_load(&v->params[k]->refcount) <= 1) gone = k;
+      if (tensor_refs(v->params[k]) <= 1) gone = k;
     if (gone < 0) continue;
     dump_note(fn, "variant %d dropped: param %d was released by its owner", v->no, gone);
     memmove(&fn->variants[i], &fn->variants[i + 1], sizeof *fn->variants * (size_t)(fn->n_variants - i - 1));
@@ -1438,9 +1438,9 @@ int kiln_call_at(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out, const c
 
 /* ---- inspection ---- */
 
-int kiln_fn_get_stats(const kiln_fn *fn, kiln_fn_stats *stats) {
-  if (!fn_ok(fn)) return err_set("", 0, "fn_get_stats", "%s", fn_dead(fn)), -1;
-  if (!stats) return err_set("", 0, "fn_get_stats", "stats is NULL"), -1;
+int kiln_fn_get_stats_at(const kiln_fn *fn, kiln_fn_stats *stats, const char *file, int line) {
+  if (!fn_ok(fn)) return err_set(file, line, "fn_get_stats", "%s", fn_dead(fn)), -1;
+  if (!stats) return err_set(file, line, "fn_get_stats", "stats is NULL"), -1;
   pthread_mutex_lock((pthread_mutex_t *)&fn->mu);
   *stats = fn->st;
   stats->variants = fn->n_variants;
@@ -1449,8 +1449,8 @@ int kiln_fn_get_stats(const kiln_fn *fn, kiln_fn_stats *stats) {
   return 0;
 }
 
-char *kiln_fn_graph(const kiln_fn *fn, int variant_no) {
-  if (!fn_ok(fn)) return err_set("", 0, "fn_graph", "%s", fn_dead(fn));
+char *kiln_fn_graph_at(const kiln_fn *fn, int variant_no, const char *file, int line) {
+  if (!fn_ok(fn)) return err_set(file, line, "fn_graph", "%s", fn_dead(fn));
   pthread_mutex_lock((pthread_mutex_t *)&fn->mu);
   char *s = NULL;
   if (variant_no >= 0 && variant_no < fn->n_variants) {
@@ -1472,29 +1472,29 @@ char *kiln_fn_graph(const kiln_fn *fn, int variant_no) {
     }
   }
   pthread_mutex_unlock((pthread_mutex_t *)&fn->mu);
-  if (!s) err_set(fn->file, fn->line, "fn_graph", "%s has no variant %d", fn->name, variant_no);
+  if (!s) err_set(file, line, "fn_graph", "%s has no variant %d", fn->name, variant_no);
   return s;
 }
 
 /* ---- save and load ---- */
 
-int kiln_save(kiln_fn *fn, const char *path) {
-  if (!fn_ok(fn)) return err_set("", 0, "save", "%s", fn_dead(fn)), -1;
-  if (!path) return err_set("", 0, "save", "path is NULL"), -1;
+int kiln_save_at(kiln_fn *fn, const char *path, const char *file, int line) {
+  if (!fn_ok(fn)) return err_set(file, line, "save", "%s", fn_dead(fn)), -1;
+  if (!path) return err_set(file, line, "save", "path is NULL"), -1;
   pthread_mutex_lock(&fn->mu);
   const variant *v = fn->n_variants ? fn->variants[fn->n_variants - 1] : NULL;
   int rc = -1;
   if (!v) {
-    err_set(fn->file, fn->line, "save", "%s has no compiled variant yet (call it once first)", fn->name);
+    err_set(file, line, "save", "%s has no compiled variant yet (call it once first)", fn->name);
   } else if (v->n_seg != 1 || v->n_args) {
-    err_set(fn->file, fn->line, "save", "%s's newest variant %s: a saved graph is one graph of the call's inputs", fn->name,
+    err_set(file, line, "save", "%s's newest variant %s: a saved graph is one graph of the call's inputs", fn->name,
             v->n_seg != 1 ? "has graph breaks (data reads inside the body)" : "takes numbers the body passes");
   } else {
     FILE *f = fopen(path, "w");
-    if (!f) err_set(fn->file, fn->line, "save", "cannot open %s: %s", path, strerror(errno));
+    if (!f) err_set(file, line, "save", "cannot open %s: %s", path, strerror(errno));
     else {
       rc = ir_print(v->seg[0]->g, f);
-      if (fclose(f) || rc) rc = -1, err_set(fn->file, fn->line, "save", "cannot write %s", path);
+      if (fclose(f) || rc) rc = -1, err_set(file, line, "save", "cannot write %s", path);
     }
   }
   pthread_mutex_unlock(&fn->mu);
@@ -1506,19 +1506,19 @@ static int loaded_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
   return err_set("", 0, "call", "a loaded graph has no body"), -1;
 }
 
-kiln_fn *kiln_load_string(const char *text) {
-  if (!text) return err_set("", 0, "load", "text is NULL");
+kiln_fn *kiln_load_string_at(const char *text, const char *file, int line) {
+  if (!text) return err_set(file, line, "load", "text is NULL");
   char err[512];
   ir_graph *g = ir_parse(text, err, sizeof err);
-  if (!g) return err_set("", 0, "load", "%s", err);
+  if (!g) return err_set(file, line, "load", "%s", err);
   if (ir_verify(g, err, sizeof err)) {
     ir_free(g);
-    return err_set("", 0, "load", "the graph does not verify: %s", err);
+    return err_set(file, line, "load", "the graph does not verify: %s", err);
   }
   for (int i = 0; i < g->n_nodes; i++)
     if (g->nodes[i].op == IR_INPUT && g->nodes[i].attrs.k > 0) {
       ir_free(g);
-      return err_set("", 0, "load", "the graph takes a number as a size (@sym): a loaded graph binds sizes from its inputs' shapes only");
+      return err_set(file, line, "load", "the graph takes a number as a size (@sym): a loaded graph binds sizes from its inputs' shapes only");
     }
   /* params become inputs after the graph's own */
   for (int i = 0; i < g->n_nodes; i++)
@@ -1532,7 +1532,7 @@ kiln_fn *kiln_load_string(const char *text) {
   if (n_in > MAX_IN || g->n_outputs < 1 || g->n_outputs > MAX_IN) {
     int n_out = g->n_outputs; /* read before the graph is freed */
     ir_free(g);
-    return err_set("", 0, "load", "the graph has %d inputs and %d outputs (at most %d each, one output at least)", n_in, n_out, MAX_IN);
+    return err_set(file, line, "load", "the graph has %d inputs and %d outputs (at most %d each, one output at least)", n_in, n_out, MAX_IN);
   }
   kiln_options o = {.name = g->name, .n_in = n_in, .n_out = g->n_outputs};
   kiln_fn *fn = kiln_compile_at(loaded_body, NULL, &o, "", 0);
@@ -1576,12 +1576,12 @@ oom:
   variant_free(v);
   kiln_fn_free(fn);
   ir_free(g);
-  return err_set("", 0, "load", "out of memory");
+  return err_set(file, line, "load", "out of memory");
 }
-kiln_fn *kiln_load(const char *path) {
-  if (!path) return err_set("", 0, "load", "path is NULL");
+kiln_fn *kiln_load_at(const char *path, const char *file, int line) {
+  if (!path) return err_set(file, line, "load", "path is NULL");
   FILE *f = fopen(path, "rb");
-  if (!f) return err_set("", 0, "load", "cannot open %s: %s", path, strerror(errno));
+  if (!f) return err_set(file, line, "load", "cannot open %s: %s", path, strerror(errno));
   char *buf = NULL;
   size_t n = 0, cap = 0;
   for (;;) {
@@ -1590,13 +1590,13 @@ kiln_fn *kiln_load(const char *path) {
       if (cap > ((size_t)1 << 31)) {
         alloc_free(buf);
         fclose(f);
-        return err_set("", 0, "load", "%s is larger than 2 GiB", path);
+        return err_set(file, line, "load", "%s is larger than 2 GiB", path);
       }
       char *nb = alloc_realloc(buf, cap);
       if (!nb) {
         alloc_free(buf);
         fclose(f);
-        return err_set("", 0, "load", "out of memory");
+        return err_set(file, line, "load", "out of memory");
       }
       buf = nb;
     }
@@ -1608,15 +1608,25 @@ kiln_fn *kiln_load(const char *path) {
   buf[n] = 0;
   if (strlen(buf) != n) {
     alloc_free(buf);
-    return err_set("", 0, "load", "%s: contains a NUL byte (not an IR text file)", path);
+    return err_set(file, line, "load", "%s: contains a NUL byte (not an IR text file)", path);
   }
-  kiln_fn *fn = kiln_load_string(buf);
+  kiln_fn *fn = kiln_load_string_at(buf, file, line);
   alloc_free(buf);
   if (!fn) {
     char msg[600];
     snprintf(msg, sizeof msg, "%s", kiln_last_error());
     const char *p = strstr(msg, "kiln_load: ");
-    err_set("", 0, "load", "%s: %s", path, p ? p + 11 : msg);
+    err_set(file, line, "load", "%s: %s", path, p ? p + 11 : msg);
   }
   return fn;
 }
+
+/* The plain functions, for callers that need an address or were compiled
+ * before the _at forms; their errors name no line. */
+void (kiln_fn_free)(kiln_fn *fn) { kiln_fn_free_at(fn, "", 0); }
+int (kiln_mark_dynamic)(kiln_fn *fn, int input, int dim) { return kiln_mark_dynamic_at(fn, input, dim, "", 0); }
+int (kiln_fn_get_stats)(const kiln_fn *fn, kiln_fn_stats *stats) { return kiln_fn_get_stats_at(fn, stats, "", 0); }
+char *(kiln_fn_graph)(const kiln_fn *fn, int variant_no) { return kiln_fn_graph_at(fn, variant_no, "", 0); }
+int (kiln_save)(kiln_fn *fn, const char *path) { return kiln_save_at(fn, path, "", 0); }
+kiln_fn *(kiln_load)(const char *path) { return kiln_load_at(path, "", 0); }
+kiln_fn *(kiln_load_string)(const char *text) { return kiln_load_string_at(text, "", 0); }

@@ -184,7 +184,7 @@ static int run(const ir_graph *g, kiln_tensor *const *consts, kiln_tensor *const
     if (w->value >= 0) {
       /* .grad is a tensor of its own, as in eager */
       kiln_tensor *src = v[w->value];
-      gv = owned[w->value] && atomic_load(&src->refcount) == 1 ? kiln_retain(src) : op_run(OP_COPY, &src, 1, NULL, w->file, w->line);
+      gv = owned[w->value] && tensor_refs(src) == 1 ? kiln_retain(src) : op_run(OP_COPY, &src, 1, NULL, w->file, w->line);
       if (!gv) {
         for (int j = 0; j < g->n_outputs; j++) kiln_release(out[j]), out[j] = NULL;
         goto fail;

@@ -458,7 +458,7 @@ int rec_live_values(recording *r, bool last, rec_live **out, int *n) {
   for (int i = 0; i < s->n_made; i++) {
     kiln_tensor *t = s->made[i];
     /* alive beyond our reference, and holding data the call computes */
-    if (atomic_load(&t->refcount) <= 1 || !t->st->meta) continue;
+    if (tensor_refs(t) <= 1 || !t->st->meta) continue;
     bool seen = false;
     for (int j = 0; j < k && !seen; j++) seen = lv[j].st == t->st;
     if (seen) continue;
