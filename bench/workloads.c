@@ -523,6 +523,8 @@ done:
 
 int bench_gpt(const char *only);         /* gpt.c: rows it printed */
 void bench_gpt_json(FILE *f, int threads); /* gpt.c: those rows as JSON objects */
+int bench_resnet(const char *only);         /* resnet.c: W13, W14 (and R50 when named) */
+void bench_resnet_json(FILE *f, int threads);
 
 static int bench_compiled(const char *only, const char *json) {
   int threads = kiln_get_num_threads();
@@ -558,6 +560,7 @@ static int bench_compiled(const char *only, const char *json) {
     fflush(stdout);
   }
   int n_gpt = bench_gpt(only); /* W8, W9: gpt.c */
+  int n_rn = bench_resnet(only);
   if (json) {
     FILE *f = fopen(json, "w");
     if (!f) return perror(json), 1;
@@ -574,6 +577,8 @@ static int bench_compiled(const char *only, const char *json) {
               r->compiled_peak, r->floor_ms, gbps, 4.295e9 / (w4_gemm * 1e6), i + 1 < n || n_gpt ? "," : "");
     }
     bench_gpt_json(f, threads);
+    if (n_rn && (n || n_gpt)) fprintf(f, "  ,\n");
+    bench_resnet_json(f, threads);
     fprintf(f, "]\n");
     fclose(f);
   }
