@@ -55,8 +55,8 @@ rm -f "$OUT/machine.json" "$OUT/kiln_eager.json" "$OUT"/kiln_eager_t*.json "$OUT
 
 set -- # the options each program is given
 [ -n "$only" ] && set -- --only "$only"
-# W8 and W9 (bench/gpt.c) exist in kiln_bench --compiled only
-eager_only=$(echo "$only" | tr , '\n' | grep -v '^W[89]' | paste -sd, -) || true
+# W8 and W9 (bench/gpt.c), W13, W14 and R50 (bench/resnet.c) exist in kiln_bench --compiled only
+eager_only=$(echo "$only" | tr , '\n' | grep -v '^W[89]\|^W1[34]\|^R50' | paste -sd, -) || true
 thread_list=1
 [ "$threads" != 1 ] && thread_list="1 $threads"
 
@@ -93,6 +93,9 @@ echo "== PyTorch: eager, fused ops, TorchScript, torch.compile"
 # ran the GPT workloads 10-30x slower than at 1. Set it to override.
 OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE} "$PY" bench/torch_workloads.py \
   --threads "$(echo $thread_list | tr ' ' ,)" --json "$OUT/torch.json" "$@" || status=$?
+echo "== PyTorch: the ResNets (W13, W14), eager and torch.compile"
+OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE} "$PY" bench/torch_resnet.py \
+  --threads "$threads" --json "$OUT/torch_resnet.json" "$@" || status=$?
 echo "== report"
 if [ "$docs" = yes ] && [ "$status" -ne 0 ]; then
   echo "run.sh: a step failed (status $status); docs/perf.md and docs/img/ left alone" >&2
