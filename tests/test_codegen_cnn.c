@@ -172,6 +172,77 @@ START_TEST(test_running_stats_write_back) {
 }
 END_TEST
 
+/* The kernels of fn's newest variant after fusion (the graph freed with them by free_plan). */
+static cg_program *plan_of(kiln_fn *fn) {
+  char *text = kiln_fn_graph(fn, 0);
+  ck_assert_ptr_nonnull(text);
+  char err[256];
+  ir_graph *g = ir_parse(text, err, sizeof err);
+  free(text);
+  ck_assert_msg(g != NULL, "%s", err);
+  cg_program *p = fuse_graph(g, err, sizeof err);
+  ck_assert_msg(p != NULL, "%s", err);
+  return p;
+}
+
+static void free_plan(cg_program *p) {
+  ir_graph *g = (ir_graph *)p->g;
+  cg_program_free(p);
+  ir_free(g);
+}
+
+typedef struct block_ctx {
+  kiln_tensor *w, *rm, *rv, *g, *b;
+} block_ctx;
+
+/* relu(batch_norm(conv2d(x, w)) + x) in eval mode: a residual block's tail */
+static int block_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  block_ctx *c = ctx;
+  kiln_tensor *y = kiln_conv2d(in[0], c->w, NULL, NULL, (int[]){1, 1}, NULL, 1);
+  y = kiln_batch_norm(y, c->rm, c->rv, c->g, c->b, false, 0.1, 1e-5);
+  out[0] = kiln_relu(kiln_add(y, in[0]));
+  return out[0] ? 0 : -1;
+}
+
+/* A conv and what follows it: the conv runs as its kernel on working memory
+ * of its own in the arena, and the batch norm (scale and shift per channel,
+ * folded), the residual add and the relu are one loop over the conv's output. */
+START_TEST(test_conv_epilogue_plan) {
+  kiln_scope_begin();
+  block_ctx c = {kiln_randn(KILN_F32, 4, ((int64_t[]){8, 8, 3, 3}), 1), kiln_randn(KILN_F32, 1, ((int64_t[]){8}), 2),
+                 kiln_add(kiln_rand(KILN_F32, 1, ((int64_t[]){8}), 3), kiln_scalar(KILN_F32, 0.5)),
+                 kiln_randn(KILN_F32, 1, ((int64_t[]){8}), 4), kiln_randn(KILN_F32, 1, ((int64_t[]){8}), 5)};
+  kiln_options o = {.name = "block", .n_in = 1, .n_out = 1, .backend = KILN_BACKEND_LLVM};
+  kiln_fn *fn = kiln_compile(block_body, &c, &o);
+  kiln_tensor *x = kiln_randn(KILN_F32, 4, ((int64_t[]){3, 8, 10, 9}), 6), *y = NULL, *ref = NULL;
+  ck_assert_int_eq(0, kiln_call(fn, &x, &y));
+  ck_assert_int_eq(0, kiln_call(fn, &x, &y));
+  ck_assert_int_eq(0, block_body(&c, &x, &ref));
+  expect_close(y, ref, 1e-5, "block", 1);
+  cg_program *p = plan_of(fn);
+  int convs = 0, full = 0;
+  for (int ki = 0; ki < p->n_k; ki++) {
+    const cg_kernel *k = &p->k[ki];
+    const ir_node *n = &p->g->nodes[k->node];
+    if (k->kind == CG_K_EAGER && n->op == OP_CONV2D) {
+      convs++;
+      ck_assert_int_ge(k->scratch_buf, 0);
+      ck_assert_int_eq(ki, p->buf[k->scratch_buf].scratch_of);
+      ck_assert_int_eq(ki, p->buf[k->scratch_buf].first);
+      ck_assert_int_eq(ki, p->buf[k->scratch_buf].last);
+    }
+    int64_t numel = 1;
+    for (int d = 0; k->kind == CG_K_LOOP && d < k->ndim; d++) numel *= sym_is_const(k->dim[d]) ? k->dim[d].c : 0;
+    full += k->kind == CG_K_LOOP && numel == 3 * 8 * 10 * 9;
+  }
+  ck_assert_int_eq(1, convs);
+  ck_assert_int_eq(1, full); /* one pass over the conv's output */
+  free_plan(p);
+  kiln_fn_free(fn);
+  kiln_scope_end();
+}
+END_TEST
+
 static Suite *cnn_suite(void) {
   Suite *s = suite_create("cnn");
   TCase *tc = tcase_create("compiled");
@@ -179,6 +250,7 @@ static Suite *cnn_suite(void) {
   tcase_add_test(tc, test_training_three_ways);
   tcase_add_test(tc, test_inference_three_ways);
   tcase_add_test(tc, test_running_stats_write_back);
+  tcase_add_test(tc, test_conv_epilogue_plan);
   suite_add_tcase(s, tc);
   return s;
 }

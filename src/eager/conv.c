@@ -61,6 +61,30 @@ static int64_t chunk_images(const conv_geom *q) {
   return nb < 1 ? 1 : nb > q->n ? (q->n > 0 ? q->n : 1) : nb;
 }
 
+/* Working memory of the GEMM path: the columns (k rows of nb*p, none when
+ * the input planes are the columns), then at a 64-byte boundary the product
+ * of the images that share a GEMM (og rows of nb*p, when nb > 1). */
+static size_t col_bytes(const conv_geom *q, size_t es) {
+  int64_t nb = chunk_images(q);
+  return use_direct(q) || (is_plain(q) && nb == 1) ? 0 : ((size_t)(q->k * nb * q->p) * es + 63) / 64 * 64;
+}
+static size_t scratch_bytes(const conv_geom *q, size_t es) {
+  int64_t nb = chunk_images(q);
+  return col_bytes(q, es) + (use_direct(q) || nb == 1 ? 0 : (size_t)(q->og * nb * q->p) * es);
+}
+
+/* Points *col and *tmp into scratch, or into memory of its own when scratch
+ * is NULL (returned, for the caller to free; NULL when none was needed or it
+ * could not be had: scratch_bytes tells which). */
+static void *working_memory(const conv_geom *q, void *scratch, size_t es, void **col, void **tmp) {
+  size_t cb = col_bytes(q, es), all = scratch_bytes(q, es);
+  void *own = NULL, *base = scratch;
+  if (!base && all) base = own = alloc_malloc(all);
+  *col = base && cb ? base : NULL;
+  *tmp = base && all > cb ? (char *)base + cb : NULL;
+  return own;
+}
+
 /* tmp (og, nb*p) -> y[n0 + b, g*og + o, :] for the nb images of a GEMM. */
 static void rows_out(const conv_geom *q, const void *tmp, void *y, int64_t n0, int64_t nb, int64_t g, size_t es) {
   for (int64_t b = 0; b < nb; b++)
@@ -117,11 +141,11 @@ static const kiln_tensor *dense(const kiln_tensor *t, kiln_tensor **own) {
 
 enum { FWD, GRAD_INPUT, GRAD_WEIGHT };
 
-/* One of the three ops: a and b are (x, w), (gy, w) or (gy, x); shape_of
- * gives the geometry's (x, w) order. Writes out through a contiguous
- * temporary when out itself is not. */
+/* One of the three ops: a and b are (x, w), (gy, w) or (gy, x), and x and w
+ * give the geometry. Writes out through a contiguous temporary when out
+ * itself is not. scratch: conv_scratch_bytes of working memory, or NULL. */
 static int conv_run(int which, const kiln_tensor *a, const kiln_tensor *b, const kiln_tensor *x, const kiln_tensor *w,
-                    const op_attrs *at, kiln_tensor *out) {
+                    const op_attrs *at, kiln_tensor *out, void *scratch) {
   conv_geom q = geom_of(x, w, at);
   if (q.k > INT32_MAX || q.og > INT32_MAX || q.n * q.p > INT32_MAX || q.c * q.h * q.w > INT32_MAX) return -1;
   kiln_tensor *oa, *ob, *oo = NULL;
@@ -133,13 +157,13 @@ static int conv_run(int which, const kiln_tensor *a, const kiln_tensor *b, const
     const void *pa = tensor_data(da), *pb = tensor_data(db);
     void *po = tensor_data(dst);
     if (out->dtype == KILN_F32)
-      rc = which == FWD ? conv_forward_f32(&q, pa, pb, po)
-           : which == GRAD_INPUT ? conv_grad_input_f32(&q, pa, pb, po)
-                                 : conv_grad_weight_f32(&q, pa, pb, po);
+      rc = which == FWD ? conv_forward_f32(&q, pa, pb, po, scratch)
+           : which == GRAD_INPUT ? conv_grad_input_f32(&q, pa, pb, po, scratch)
+                                 : conv_grad_weight_f32(&q, pa, pb, po, scratch);
     else
-      rc = which == FWD ? conv_forward_f64(&q, pa, pb, po)
-           : which == GRAD_INPUT ? conv_grad_input_f64(&q, pa, pb, po)
-                                 : conv_grad_weight_f64(&q, pa, pb, po);
+      rc = which == FWD ? conv_forward_f64(&q, pa, pb, po, scratch)
+           : which == GRAD_INPUT ? conv_grad_input_f64(&q, pa, pb, po, scratch)
+                                 : conv_grad_weight_f64(&q, pa, pb, po, scratch);
     if (rc == 0 && oo) pw_copy(out, oo);
   }
   kiln_release(oa);
@@ -148,19 +172,40 @@ static int conv_run(int which, const kiln_tensor *a, const kiln_tensor *b, const
   return rc;
 }
 
+/* The operands of op in the order of the geometry: (x, w). */
+static void geometry_operands(op_id op, kiln_tensor *const *in, const kiln_tensor **x, const kiln_tensor **w) {
+  *x = op == OP_CONV2D_GRAD_INPUT ? in[2] : op == OP_CONV2D_GRAD_WEIGHT ? in[1] : in[0];
+  *w = op == OP_CONV2D_GRAD_WEIGHT ? in[2] : in[1];
+}
+
+size_t conv_scratch_bytes(op_id op, kiln_tensor *const *in, const op_attrs *a) {
+  if (op != OP_CONV2D && op != OP_CONV2D_GRAD_INPUT && op != OP_CONV2D_GRAD_WEIGHT) return 0;
+  const kiln_tensor *x, *w;
+  geometry_operands(op, in, &x, &w);
+  conv_geom q = geom_of(x, w, a);
+  return scratch_bytes(&q, kiln_dtype_size(in[0]->dtype));
+}
+
+int conv_kernel(op_id op, kiln_tensor *const *in, const op_attrs *a, kiln_tensor *out, void *scratch) {
+  const kiln_tensor *x, *w;
+  geometry_operands(op, in, &x, &w);
+  int which = op == OP_CONV2D ? FWD : op == OP_CONV2D_GRAD_INPUT ? GRAD_INPUT : GRAD_WEIGHT;
+  return conv_run(which, in[0], in[1], x, w, a, out, scratch);
+}
+
 int k_conv2d(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out) {
-  (void)op, (void)n;
-  return conv_run(FWD, in[0], in[1], in[0], in[1], a, out);
+  (void)n;
+  return conv_kernel(op, in, a, out, NULL);
 }
 
 /* in: gy, w, x (x for its shape) */
 int k_conv2d_grad_input(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out) {
-  (void)op, (void)n;
-  return conv_run(GRAD_INPUT, in[0], in[1], in[2], in[1], a, out);
+  (void)n;
+  return conv_kernel(op, in, a, out, NULL);
 }
 
 /* in: gy, x, w (w for its shape) */
 int k_conv2d_grad_weight(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out) {
-  (void)op, (void)n;
-  return conv_run(GRAD_WEIGHT, in[0], in[1], in[1], in[2], a, out);
+  (void)n;
+  return conv_kernel(op, in, a, out, NULL);
 }

@@ -182,20 +182,16 @@ static void F(columns)(const conv_geom *q, const T *x, int64_t n0, int64_t nb, i
 /* ---- the three ops ---- */
 
 /* y (N, O, P) = conv2d(x, w). */
-static int F(conv_forward)(const conv_geom *q, const T *x, const T *w, T *y) {
+static int F(conv_forward)(const conv_geom *q, const T *x, const T *w, T *y, void *scratch) {
   if (use_direct(q)) {
     conv_job j = {.q = q, .x = x, .w = w, .out = y};
     pool_parallel_for(q->n * q->o, grain_for(q->p * q->cg * q->kh * q->kw), F(direct_fwd_chunk), &j);
     return 0;
   }
   int64_t nb = chunk_images(q);
-  bool plain = is_plain(q) && nb == 1;
-  T *col = plain ? NULL : alloc_malloc(sizeof(T) * (size_t)(q->k * nb * q->p));
-  T *tmp = nb > 1 ? alloc_malloc(sizeof(T) * (size_t)(q->og * nb * q->p)) : NULL;
-  if ((!plain && !col) || (nb > 1 && !tmp)) {
-    alloc_free(col), alloc_free(tmp);
-    return -1;
-  }
+  T *col, *tmp;
+  void *own = working_memory(q, scratch, sizeof(T), (void **)&col, (void **)&tmp);
+  if (!own && !scratch && scratch_bytes(q, sizeof(T))) return -1;
   for (int64_t n0 = 0; n0 < q->n; n0 += nb) {
     int64_t nc = q->n - n0 < nb ? q->n - n0 : nb, ld = nc * q->p;
     for (int64_t g = 0; g < q->groups; g++) {
@@ -206,12 +202,12 @@ static int F(conv_forward)(const conv_geom *q, const T *x, const T *w, T *y) {
       if (tmp) rows_out(q, tmp, y, n0, nc, g, sizeof(T));
     }
   }
-  alloc_free(col), alloc_free(tmp);
+  alloc_free(own);
   return 0;
 }
 
 /* gx (N, C, H, W) from gy (N, O, P) and w. */
-static int F(conv_grad_input)(const conv_geom *q, const T *gy, const T *w, T *gx) {
+static int F(conv_grad_input)(const conv_geom *q, const T *gy, const T *w, T *gx, void *scratch) {
   if (use_direct(q)) {
     conv_job j = {.q = q, .x = gy, .w = w, .out = gx};
     pool_parallel_for(q->n * q->c, grain_for(q->p * q->og * q->kh * q->kw), F(direct_grad_input_chunk), &j);
@@ -219,12 +215,9 @@ static int F(conv_grad_input)(const conv_geom *q, const T *gy, const T *w, T *gx
   }
   int64_t nb = chunk_images(q);
   bool plain = is_plain(q) && nb == 1;
-  T *col = plain ? NULL : alloc_malloc(sizeof(T) * (size_t)(q->k * nb * q->p));
-  T *tmp = nb > 1 ? alloc_malloc(sizeof(T) * (size_t)(q->og * nb * q->p)) : NULL;
-  if ((!plain && !col) || (nb > 1 && !tmp)) {
-    alloc_free(col), alloc_free(tmp);
-    return -1;
-  }
+  T *col, *tmp;
+  void *own = working_memory(q, scratch, sizeof(T), (void **)&col, (void **)&tmp);
+  if (!own && !scratch && scratch_bytes(q, sizeof(T))) return -1;
   if (!plain) memset(gx, 0, sizeof(T) * (size_t)(q->n * q->c * q->h * q->w));
   for (int64_t n0 = 0; n0 < q->n; n0 += nb) {
     int64_t nc = q->n - n0 < nb ? q->n - n0 : nb, ld = nc * q->p;
@@ -244,25 +237,21 @@ static int F(conv_grad_input)(const conv_geom *q, const T *gy, const T *w, T *gx
       pool_parallel_for(nc * q->cg, grain_for(q->k / (q->cg ? q->cg : 1) * q->p), F(col2im_chunk), &j);
     }
   }
-  alloc_free(col), alloc_free(tmp);
+  alloc_free(own);
   return 0;
 }
 
 /* gw (O, C/groups, kh, kw) from gy (N, O, P) and x. */
-static int F(conv_grad_weight)(const conv_geom *q, const T *gy, const T *x, T *gw) {
+static int F(conv_grad_weight)(const conv_geom *q, const T *gy, const T *x, T *gw, void *scratch) {
   if (use_direct(q)) {
     conv_job j = {.q = q, .x = gy, .w = x, .out = gw};
     pool_parallel_for(q->o, grain_for(q->n * q->p * q->k), F(direct_grad_weight_chunk), &j);
     return 0;
   }
   int64_t nb = chunk_images(q);
-  bool plain = is_plain(q) && nb == 1;
-  T *col = plain ? NULL : alloc_malloc(sizeof(T) * (size_t)(q->k * nb * q->p));
-  T *tmp = nb > 1 ? alloc_malloc(sizeof(T) * (size_t)(q->og * nb * q->p)) : NULL;
-  if ((!plain && !col) || (nb > 1 && !tmp)) {
-    alloc_free(col), alloc_free(tmp);
-    return -1;
-  }
+  T *col, *tmp;
+  void *own = working_memory(q, scratch, sizeof(T), (void **)&col, (void **)&tmp);
+  if (!own && !scratch && scratch_bytes(q, sizeof(T))) return -1;
   if (q->n == 0) memset(gw, 0, sizeof(T) * (size_t)(q->o * q->k));
   for (int64_t n0 = 0; n0 < q->n; n0 += nb) {
     int64_t nc = q->n - n0 < nb ? q->n - n0 : nb, ld = nc * q->p;
@@ -276,6 +265,6 @@ static int F(conv_grad_weight)(const conv_geom *q, const T *gy, const T *x, T *g
       F(gemm)(false, true, q->og, q->k, ld, a, ld, b, ld, n0 == 0 ? 0 : 1, gw + g * q->og * q->k, q->k);
     }
   }
-  alloc_free(col), alloc_free(tmp);
+  alloc_free(own);
   return 0;
 }
