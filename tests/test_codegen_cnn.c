@@ -243,6 +243,42 @@ START_TEST(test_conv_epilogue_plan) {
 }
 END_TEST
 
+/* x * exp(w), w broadcast over x's rows: exp(w) is stored by a kernel over
+ * w's own elements and loaded, not computed once per element of x; the
+ * statistics of a row kernel (layer norm's rsqrt of the row variance) stay
+ * in the row kernel, where they are computed once per row anyway. */
+static int bcast_exp_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  out[0] = kiln_add(kiln_mul(in[0], kiln_exp(in[1])), kiln_layer_norm(in[0], NULL, NULL, 1e-5));
+  return out[0] ? 0 : -1;
+}
+
+START_TEST(test_broadcast_costly_stored) {
+  kiln_scope_begin();
+  kiln_options o = {.name = "bexp", .n_in = 2, .n_out = 1, .backend = KILN_BACKEND_LLVM};
+  kiln_fn *fn = kiln_compile(bcast_exp_body, NULL, &o);
+  kiln_tensor *in[2] = {kiln_randn(KILN_F32, 2, ((int64_t[]){37, 24}), 1), kiln_randn(KILN_F32, 1, ((int64_t[]){24}), 2)};
+  kiln_tensor *y = NULL, *ref = NULL;
+  ck_assert_int_eq(0, kiln_call(fn, in, &y));
+  ck_assert_int_eq(0, kiln_call(fn, in, &y));
+  ck_assert_int_eq(0, bcast_exp_body(NULL, in, &ref));
+  expect_close(y, ref, 1e-5, "x * exp(w)", 1);
+  cg_program *p = plan_of(fn);
+  ck_assert_int_eq(2, p->n_k);
+  bool exp_alone = false;
+  for (int ki = 0; ki < p->n_k; ki++) {
+    const cg_kernel *k = &p->k[ki];
+    bool has_exp = false;
+    for (int j = 0; j < k->n_nodes; j++) has_exp |= p->g->nodes[k->nodes[j]].op == OP_EXP;
+    if (has_exp) exp_alone = k->ndim == 1 && sym_is_const(k->dim[0]) && k->dim[0].c == 24;
+  }
+  ck_assert(exp_alone);
+  free_plan(p);
+  kiln_fn_free(fn);
+  kiln_scope_end();
+}
+END_TEST
+
 static Suite *cnn_suite(void) {
   Suite *s = suite_create("cnn");
   TCase *tc = tcase_create("compiled");
@@ -251,6 +287,7 @@ static Suite *cnn_suite(void) {
   tcase_add_test(tc, test_inference_three_ways);
   tcase_add_test(tc, test_running_stats_write_back);
   tcase_add_test(tc, test_conv_epilogue_plan);
+  tcase_add_test(tc, test_broadcast_costly_stored);
   suite_add_tcase(s, tc);
   return s;
 }

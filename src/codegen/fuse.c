@@ -285,6 +285,24 @@ static int reduce_stage(fuser *f, kbuild *kb, int node, int op_override) {
   return add_expr(kb, (cg_expr){.kind = CG_ACC, .dtype = n->dtype, .a = st});
 }
 
+/* Does the kernel broadcast node n (a dim of its space that n has as 1, or lacks)? */
+static bool broadcast_here(const fuser *f, const kbuild *kb, const ir_node *n) {
+  if (kb->ovr_node[0] >= 0 || kb->n_kept || n->ndim > kb->ref_ndim) return false;
+  if (n->ndim < kb->ref_ndim) return true;
+  for (int i = 0; i < n->ndim; i++)
+    if (is_one(f->g, n->shape[i]) && !is_one(f->g, kb->ref[i])) return true;
+  return false;
+}
+
+/* Does expression e read a reduce stage's result (a row's statistic, which
+ * the kernel computes once per row anyway)? */
+static bool uses_acc(const cg_kernel *k, const cg_expr *e) {
+  if (e->kind == CG_ACC) return true;
+  for (int i = 0; e->kind == CG_OP && i < e->n_in; i++)
+    if (uses_acc(k, &k->expr[e->in[i]])) return true;
+  return false;
+}
+
 /* Expression id for node's value inside the kernel; -1 on OOM, -2 when the
  * build must restart (something was materialized). */
 static int expr_of(fuser *f, kbuild *kb, int node, bool root) {
@@ -323,6 +341,13 @@ static int expr_of(fuser *f, kbuild *kb, int node, bool root) {
       int c = expr_of(f, kb, n->in[i], false);
       if (c < 0) return c;
       e.in[i] = c;
+    }
+    if (!root && is_heavy(f->g, n) && broadcast_here(f, kb, n) && !uses_acc(kb->k, &e)) {
+      /* a costly value that the kernel broadcasts would be computed once per
+       * element it reaches (a batch norm's rsqrt(var + eps) per channel, over
+       * every pixel): stored once, and loaded */
+      materialize(f, node);
+      return -2;
     }
     if (note_node(f, kb, node)) return -1;
     id = add_expr(kb, e);
