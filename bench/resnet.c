@@ -133,8 +133,7 @@ static void one(const char *name, resnet *m, int64_t n, int hw, bool train) {
     r = measure(name, &c, fn);
     kiln_fn_free(fn);
   }
-  kiln_release(templates);
-  kiln_scope_end();
+  kiln_scope_end(); /* frees the templates and the batch */
   results[n_results++] = r;
   print_row(&r);
 }
