@@ -3,12 +3,16 @@
  * linear head) run three ways, eagerly, on the interpreter and on LLVM, in
  * training (the loss, every weight's gradient, and the running statistics
  * written back in place) and in inference, with the batch and the spatial
- * sizes symbolic; and what fusion makes of a conv's epilogue. */
+ * sizes symbolic; what fusion makes of a conv's epilogue and of a costly
+ * value it would broadcast; and a graph of convs and pools saved as text and
+ * loaded back. */
+#define _POSIX_C_SOURCE 200809L /* mkstemp */
 #include <check.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "codegen/codegen.h"
 #include "kiln.h"
@@ -279,6 +283,47 @@ START_TEST(test_broadcast_costly_stored) {
 }
 END_TEST
 
+/* conv, batch norm, the three pools: eval mode, weights frozen into the graph */
+static int pools_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  block_ctx *c = ctx;
+  kiln_tensor *y = kiln_conv2d(in[0], c->w, NULL, (int[]){2, 1}, (int[]){1, 1}, (int[]){1, 2}, 1);
+  y = kiln_relu(kiln_batch_norm(y, c->rm, c->rv, c->g, c->b, false, 0.1, 1e-5));
+  y = kiln_max_pool2d(y, (int[]){3, 3}, (int[]){1, 2}, (int[]){1, 1});
+  y = kiln_avg_pool2d(y, (int[]){2, 2}, NULL, NULL);
+  out[0] = kiln_adaptive_avg_pool2d(y, (int[]){2, 3});
+  return out[0] ? 0 : -1;
+}
+
+/* The graph written as text and loaded back (the conv's and the pools' ints
+ * attributes among what the printer writes and the parser reads) computes
+ * what the traced one does. */
+START_TEST(test_save_load) {
+  kiln_scope_begin();
+  block_ctx c = {kiln_randn(KILN_F32, 4, ((int64_t[]){8, 8, 3, 3}), 1), kiln_randn(KILN_F32, 1, ((int64_t[]){8}), 2),
+                 kiln_add(kiln_rand(KILN_F32, 1, ((int64_t[]){8}), 3), kiln_scalar(KILN_F32, 0.5)),
+                 kiln_randn(KILN_F32, 1, ((int64_t[]){8}), 4), kiln_randn(KILN_F32, 1, ((int64_t[]){8}), 5)};
+  kiln_options o = {.name = "pools", .n_in = 1, .n_out = 1, .freeze = 1, .backend = KILN_BACKEND_LLVM};
+  kiln_fn *fn = kiln_compile(pools_body, &c, &o);
+  kiln_tensor *x = kiln_randn(KILN_F32, 4, ((int64_t[]){2, 8, 13, 14}), 6), *y = NULL, *z = NULL, *ref = NULL;
+  ck_assert_msg(kiln_call(fn, &x, &y) == 0, "%s", kiln_last_error());
+  char path[] = "/tmp/kiln_cnn_XXXXXX";
+  int fd = mkstemp(path);
+  ck_assert_int_ge(fd, 0);
+  close(fd);
+  ck_assert_msg(kiln_save(fn, path) == 0, "%s", kiln_last_error());
+  kiln_fn *loaded = kiln_load(path);
+  unlink(path);
+  ck_assert_msg(loaded != NULL, "%s", kiln_last_error());
+  ck_assert_msg(kiln_call(loaded, &x, &z) == 0, "%s", kiln_last_error());
+  ck_assert_int_eq(0, pools_body(&c, &x, &ref));
+  expect_close(y, ref, 1e-5, "traced", 1);
+  expect_close(z, ref, 1e-5, "loaded", 1);
+  kiln_fn_free(loaded);
+  kiln_fn_free(fn);
+  kiln_scope_end();
+}
+END_TEST
+
 static Suite *cnn_suite(void) {
   Suite *s = suite_create("cnn");
   TCase *tc = tcase_create("compiled");
@@ -288,6 +333,7 @@ static Suite *cnn_suite(void) {
   tcase_add_test(tc, test_running_stats_write_back);
   tcase_add_test(tc, test_conv_epilogue_plan);
   tcase_add_test(tc, test_broadcast_costly_stored);
+  tcase_add_test(tc, test_save_load);
   suite_add_tcase(s, tc);
   return s;
 }
