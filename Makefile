@@ -15,8 +15,9 @@ BUILD      ?= build
 ASAN_BUILD ?= build-asan
 TSAN_BUILD ?= build-tsan
 # The tests that start threads, the only ones worth ThreadSanitizer's slowdown
-# (test_gpt: a compile of many kernels, whose groups LLVM compiles on threads).
-TSAN_TESTS := test_stress test_threads test_pool test_gpt
+# (test_gpt: a compile of many kernels, whose groups LLVM compiles on threads;
+# test_codegen_cnn: conv and pool kernels split over the pool, compiled and eager).
+TSAN_TESTS := test_stress test_threads test_pool test_gpt test_codegen_cnn
 JOBS       ?= 2
 CMAKE_ARGS ?=
 PREFIX     ?= /usr/local

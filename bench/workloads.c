@@ -557,6 +557,7 @@ static int bench_compiled(const char *only, const char *json) {
     fflush(stdout);
   }
   int n_gpt = bench_gpt(only); /* W8, W9: gpt.c */
+  int n_rn = bench_resnet(only);
   if (json) {
     FILE *f = fopen(json, "w");
     if (!f) return perror(json), 1;
@@ -573,6 +574,8 @@ static int bench_compiled(const char *only, const char *json) {
               r->compiled_peak, r->floor_ms, gbps, 4.295e9 / (w4_gemm * 1e6), i + 1 < n || n_gpt ? "," : "");
     }
     bench_gpt_json(f, threads);
+    if (n_rn && (n || n_gpt)) fprintf(f, "  ,\n");
+    bench_resnet_json(f, threads);
     fprintf(f, "]\n");
     fclose(f);
   }

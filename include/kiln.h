@@ -343,6 +343,38 @@ KILN_API kiln_tensor *kiln_mse_loss_at(kiln_tensor *a, kiln_tensor *b, const cha
 #define kiln_cross_entropy(...) KILN_OP(kiln_cross_entropy_at, __VA_ARGS__)
 #define kiln_mse_loss(...) KILN_OP(kiln_mse_loss_at, __VA_ARGS__)
 
+/* ---- convolution, pooling, normalization (NCHW) ---------------------- */
+
+/* As torch.nn.functional's, on f32 and f64. Pairs of ints are (h, w); NULL
+ * means the default: stride 1, padding 0, dilation 1, and a pool's stride
+ * its kernel size. x is (N,C,H,W), or (C,H,W) for one image (the result then
+ * has no batch dim either); w is (O, C/groups, kh, kw); bias (O,) or NULL. */
+KILN_API kiln_tensor *kiln_conv2d_at(kiln_tensor *x, kiln_tensor *w, kiln_tensor *bias, const int *stride,
+                                     const int *padding, const int *dilation, int groups, const char *, int);
+/* x (N,C,L) or (C,L); w (O, C/groups, k). */
+KILN_API kiln_tensor *kiln_conv1d_at(kiln_tensor *x, kiln_tensor *w, kiln_tensor *bias, int stride, int padding,
+                                     int dilation, int groups, const char *, int);
+KILN_API kiln_tensor *kiln_max_pool2d_at(kiln_tensor *x, const int *kernel, const int *stride, const int *padding,
+                                         const char *, int);
+/* Counts the padding in each window's divisor (torch's count_include_pad). */
+KILN_API kiln_tensor *kiln_avg_pool2d_at(kiln_tensor *x, const int *kernel, const int *stride, const int *padding,
+                                         const char *, int);
+KILN_API kiln_tensor *kiln_adaptive_avg_pool2d_at(kiln_tensor *x, const int *out_hw, const char *, int);
+/* x (N,C,...). training: normalizes with the batch's statistics over every
+ * dim but C (biased variance) and updates running_mean and running_var (C,)
+ * in place, without autograd history: r = (1 - momentum) r + momentum s, with
+ * the unbiased variance; they may be NULL then. Otherwise normalizes with the
+ * running statistics. weight and bias (C,) may be NULL (1 and 0). */
+KILN_API kiln_tensor *kiln_batch_norm_at(kiln_tensor *x, kiln_tensor *running_mean, kiln_tensor *running_var,
+                                         kiln_tensor *weight, kiln_tensor *bias, bool training, double momentum,
+                                         double eps, const char *, int);
+#define kiln_conv2d(...) KILN_OP(kiln_conv2d_at, __VA_ARGS__)
+#define kiln_conv1d(...) KILN_OP(kiln_conv1d_at, __VA_ARGS__)
+#define kiln_max_pool2d(...) KILN_OP(kiln_max_pool2d_at, __VA_ARGS__)
+#define kiln_avg_pool2d(...) KILN_OP(kiln_avg_pool2d_at, __VA_ARGS__)
+#define kiln_adaptive_avg_pool2d(...) KILN_OP(kiln_adaptive_avg_pool2d_at, __VA_ARGS__)
+#define kiln_batch_norm(...) KILN_OP(kiln_batch_norm_at, __VA_ARGS__)
+
 /* ---- in place (return dst, or NULL on error) -------------------------- */
 
 /* Refused when src overlaps dst other than exactly, when dst is an expanded

@@ -1011,6 +1011,245 @@ def big_family(w, rng):
     case("add_", [dst, src], [view.copy(), base], t=f32a)
 
 
+# ---- convolution, pooling, batch norm (NCHW) --------------------------------
+#
+#   conv2d(x, w[, bias]) attrs stride, padding, dilation (pairs; absent: NULL,
+#   the defaults 1, 0, 1) and groups: torch's conv2d (cross-correlation), x 4-D
+#   or 3-D (one image, no batch dim); conv1d likewise with single numbers.
+#   conv2d_grad_input(gy, w, x) and conv2d_grad_weight(gy, x, w) are the
+#   gradients of sum(conv2d(x, w) * gy) (x, w give their shapes).
+#   max_pool2d, avg_pool2d(x) attrs kernel, stride (absent: the kernel),
+#   padding (absent: 0): a max ignores the padding and its gradient goes to the
+#   first maximum of each window in row-major order; an average divides by
+#   kh*kw, padding included. adaptive_avg_pool2d attr out: window i covers
+#   [floor(i*H/OH), ceil((i+1)*H/OH)). The _grad ops take (gy, x).
+#   batch_norm(x, running_mean, running_var[, weight, bias]) attrs training,
+#   momentum, eps; outputs y and the running statistics after the call
+#   (training: r = (1-m) r + m s with the unbiased batch variance).
+
+def conv_out(n, k, s, p, d):
+    return (n + 2 * p - d * (k - 1) - 1) // s + 1
+
+
+def conv_taps(xp, i, j, ho, wo, s, d):
+    """The input elements tap (i, j) of every output position reads, from the padded xp."""
+    return xp[:, :, i * d[0]: i * d[0] + (ho - 1) * s[0] + 1: s[0],
+              j * d[1]: j * d[1] + (wo - 1) * s[1] + 1: s[1]]
+
+
+def conv2d_np(x, w, s, p, d, groups):
+    n, c, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    ho, wo = conv_out(h, kh, s[0], p[0], d[0]), conv_out(wd, kw, s[1], p[1], d[1])
+    xp = np.pad(x, ((0, 0), (0, 0), (p[0], p[0]), (p[1], p[1])))
+    y = np.zeros((n, o, ho, wo))
+    og = o // groups
+    for g in range(groups):
+        xs, ws = xp[:, g * cg:(g + 1) * cg], w[g * og:(g + 1) * og]
+        for i in range(kh):
+            for j in range(kw):
+                y[:, g * og:(g + 1) * og] += np.einsum("nchw,oc->nohw", conv_taps(xs, i, j, ho, wo, s, d), ws[:, :, i, j])
+    return y
+
+
+def conv2d_grads_np(x, w, gy, s, p, d, groups):
+    n, c, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    ho, wo = gy.shape[2], gy.shape[3]
+    xp = np.pad(x, ((0, 0), (0, 0), (p[0], p[0]), (p[1], p[1])))
+    gxp, gw = np.zeros(xp.shape), np.zeros(w.shape)
+    og = o // groups
+    for g in range(groups):
+        xs, ws, gs = xp[:, g * cg:(g + 1) * cg], w[g * og:(g + 1) * og], gy[:, g * og:(g + 1) * og]
+        for i in range(kh):
+            for j in range(kw):
+                gw[g * og:(g + 1) * og, :, i, j] = np.einsum("nohw,nchw->oc", gs, conv_taps(xs, i, j, ho, wo, s, d))
+                tap = conv_taps(gxp[:, g * cg:(g + 1) * cg], i, j, ho, wo, s, d)
+                tap += np.einsum("nohw,oc->nchw", gs, ws[:, :, i, j])   # a view into gxp
+    return gxp[:, :, p[0]:p[0] + h, p[1]:p[1] + wd], gw
+
+
+def pool_windows(h, wd, k, s, p):
+    """Per output position, its window clipped to the input: (h0, h1, w0, w1)."""
+    ho, wo = conv_out(h, k[0], s[0], p[0], 1), conv_out(wd, k[1], s[1], p[1], 1)
+    return [[(max(a * s[0] - p[0], 0), min(a * s[0] - p[0] + k[0], h), max(b * s[1] - p[1], 0), min(b * s[1] - p[1] + k[1], wd))
+             for b in range(wo)] for a in range(ho)]
+
+
+def adaptive_windows(h, wd, oh, ow):
+    return [[(a * h // oh, -(-(a + 1) * h // oh), b * wd // ow, -(-(b + 1) * wd // ow)) for b in range(ow)] for a in range(oh)]
+
+
+def pool_np(op, x, wins, k=None):
+    n, c = x.shape[:2]
+    ho, wo = len(wins), len(wins[0]) if wins else 0
+    y = np.zeros((n, c, ho, wo))
+    for a in range(ho):
+        for b in range(wo):
+            h0, h1, w0, w1 = wins[a][b]
+            win = x[:, :, h0:h1, w0:w1]
+            if op == "max":
+                y[:, :, a, b] = win.max(axis=(2, 3))
+            else:
+                y[:, :, a, b] = win.sum(axis=(2, 3)) / (k[0] * k[1] if k else (h1 - h0) * (w1 - w0))
+    return y
+
+
+def pool_grad_np(op, x, gy, wins, k=None):
+    gx = np.zeros(x.shape)
+    for a in range(len(wins)):
+        for b in range(len(wins[0])):
+            h0, h1, w0, w1 = wins[a][b]
+            if op == "max":
+                for ni in range(x.shape[0]):
+                    for ci in range(x.shape[1]):
+                        win = x[ni, ci, h0:h1, w0:w1]
+                        r, q = np.unravel_index(int(np.argmax(win)), win.shape)   # the first maximum
+                        gx[ni, ci, h0 + r, w0 + q] += gy[ni, ci, a, b]
+            else:
+                cnt = k[0] * k[1] if k else (h1 - h0) * (w1 - w0)
+                gx[:, :, h0:h1, w0:w1] += (gy[:, :, a, b] / cnt)[:, :, None, None]
+    return gx
+
+
+def conv_family(w, rng):
+    # (x shape, w shape, stride, padding, dilation, groups): odd sizes, strides,
+    # dilations, groups (depthwise and a multiplier), 1x1, a kernel as large as
+    # the padded input, and an empty batch
+    convs = [
+        ([2, 3, 7, 6], [4, 3, 3, 3], (1, 1), (1, 1), (1, 1), 1),
+        ([1, 2, 9, 8], [5, 2, 3, 2], (2, 3), (1, 0), (1, 1), 1),
+        ([2, 4, 9, 9], [6, 2, 3, 3], (2, 1), (2, 1), (2, 1), 2),
+        ([2, 4, 7, 8], [4, 1, 3, 3], (1, 2), (1, 1), (1, 2), 4),      # depthwise
+        ([1, 3, 6, 5], [6, 1, 2, 3], (1, 1), (0, 1), (1, 1), 3),      # depthwise, multiplier 2
+        ([3, 5, 4, 6], [7, 5, 1, 1], (1, 1), (0, 0), (1, 1), 1),      # 1x1: no columns
+        ([2, 6, 7, 7], [8, 6, 1, 1], (2, 2), (0, 0), (1, 1), 1),      # 1x1, stride 2
+        ([2, 8, 5, 5], [8, 2, 3, 3], (1, 1), (1, 1), (1, 1), 4),      # groups of 2 in, 2 out
+        ([1, 2, 3, 4], [3, 2, 5, 6], (1, 1), (1, 1), (1, 1), 1),      # kernel = padded input
+        ([0, 3, 5, 5], [4, 3, 3, 3], (1, 1), (0, 0), (1, 1), 1),      # no images
+        ([5, 8, 4, 4], [16, 8, 3, 3], (1, 1), (1, 1), (1, 1), 1),     # several images per GEMM
+        ([3, 16, 6, 6], [8, 4, 3, 3], (2, 2), (1, 1), (1, 1), 4),     # several images, groups
+    ]
+    for dt in FLOATS:
+        for idx, (xs, ws, st, pd, dl, gr) in enumerate(convs):
+            x = make_input(rng, xs, g_normal(rng, dt))
+            wt = make_input(rng, ws, g_normal(rng, dt, 0.5))
+            xv, wv = f64(x.value()), f64(wt.value())
+            y = conv2d_np(xv, wv, st, pd, dl, gr)
+            kk = ws[1] * ws[2] * ws[3]
+            t = tol_matmul(dt, kk)
+            attrs = {"groups": gr}
+            if (st, pd, dl) != ((1, 1), (0, 0), (1, 1)) or idx % 2 == 0:   # else NULL pointers: the defaults
+                attrs.update({"stride": list(st), "padding": list(pd), "dilation": list(dl)})
+            ins = [x, wt]
+            if idx % 3 == 0:
+                b = make_input(rng, [ws[0]], g_normal(rng, dt))
+                ins.append(b)
+                y = y + f64(b.value())[None, :, None, None]
+            w.case("conv", "conv2d", ins, [ref(y, dt)], attrs, t)
+            gy = make_input(rng, list(y.shape), g_normal(rng, dt))
+            gx, gw = conv2d_grads_np(xv, wv, f64(gy.value()), st, pd, dl, gr)
+            full = {"stride": list(st), "padding": list(pd), "dilation": list(dl), "groups": gr}
+            w.case("conv", "conv2d_grad_input", [gy, wt, x], [ref(gx, dt)], full, tol_matmul(dt, ws[0]))
+            w.case("conv", "conv2d_grad_weight", [gy, x, wt], [ref(gw, dt)], full,
+                   tol_matmul(dt, xs[0] * y.shape[2] * y.shape[3]))
+        # one image without a batch dim
+        x = make_input(rng, [3, 6, 5], g_normal(rng, dt))
+        wt = make_input(rng, [2, 3, 3, 3], g_normal(rng, dt))
+        y = conv2d_np(f64(x.value())[None], f64(wt.value()), (1, 1), (1, 1), (1, 1), 1)[0]
+        w.case("conv", "conv2d", [x, wt], [ref(y, dt)], {"stride": [1, 1], "padding": [1, 1], "dilation": [1, 1],
+                                                      "groups": 1}, tol_matmul(dt, 27))
+        # conv1d: (N,C,L) and (C,L)
+        for xs, ws, st, pd, dl, gr in [([2, 4, 11], [6, 2, 3], 2, 1, 2, 2), ([3, 9], [4, 3, 4], 1, 2, 1, 1),
+                                       ([1, 3, 5], [3, 1, 5], 1, 2, 1, 3)]:
+            x = make_input(rng, xs, g_normal(rng, dt))
+            wt = make_input(rng, ws, g_normal(rng, dt))
+            xv = f64(x.value())
+            x4 = xv[:, :, None, :] if len(xs) == 3 else xv[None, :, None, :]
+            y = conv2d_np(x4, f64(wt.value())[:, :, None, :], (1, st), (0, pd), (1, dl), gr)[:, :, 0, :]
+            if len(xs) == 2:
+                y = y[0]
+            ins = [x, wt]
+            if gr == 1:
+                b = make_input(rng, [ws[0]], g_normal(rng, dt))
+                ins.append(b)
+                y = y + f64(b.value())[:, None]
+            w.case("conv", "conv1d", ins, [ref(y, dt)], {"stride": st, "padding": pd, "dilation": dl, "groups": gr},
+                   tol_matmul(dt, ws[1] * ws[2]))
+
+    # pools: (x shape, kernel, stride or None, padding or None)
+    pools = [([2, 3, 7, 6], (2, 2), None, None), ([1, 2, 9, 8], (3, 3), (2, 2), (1, 1)),
+             ([2, 2, 8, 7], (3, 2), (1, 2), (1, 0)), ([1, 3, 5, 5], (5, 5), (1, 1), (2, 2)),
+             ([3, 1, 4, 9], (1, 3), (3, 1), (0, 1)), ([0, 2, 4, 4], (2, 2), None, None),
+             ([3, 6, 5], (3, 3), (2, 2), (1, 1))]   # one image without a batch dim
+    for dt in FLOATS:
+        for op in ("max", "avg"):
+            for xs, k, st, pd in pools:
+                x = make_input(rng, xs, g_normal(rng, dt))
+                xv = f64(x.value())
+                x4 = xv if len(xs) == 4 else xv[None]
+                s2, p2 = st or k, pd or (0, 0)
+                wins = pool_windows(x4.shape[2], x4.shape[3], k, s2, p2)
+                y4 = pool_np(op, x4, wins, k)
+                attrs = {"kernel": list(k)}
+                if st:
+                    attrs["stride"] = list(st)
+                if pd:
+                    attrs["padding"] = list(pd)
+                y = y4 if len(xs) == 4 else y4[0]
+                w.case("pool", op + "_pool2d", [x], [ref(y, dt)], attrs, tol(dt, "reduce"))
+                if len(xs) == 4:
+                    gy = make_input(rng, list(y4.shape), g_normal(rng, dt))
+                    gx = pool_grad_np(op, x4, f64(gy.value()), wins, k)
+                    full = {"kernel": list(k), "stride": list(s2), "padding": list(p2)}
+                    w.case("pool", op + "_pool2d_grad", [gy, x], [ref(gx, dt)], full, tol(dt, "reduce"))
+        for xs, out in [([2, 3, 7, 6], (3, 2)), ([1, 2, 5, 5], (5, 5)), ([2, 2, 4, 9], (1, 1)), ([1, 3, 6, 4], (4, 3)),
+                        ([3, 5, 7], (2, 3)), ([2, 4, 3, 3], (1, 1)), ([1, 1, 3, 2], (6, 5))]:
+            x = make_input(rng, xs, g_normal(rng, dt))
+            xv = f64(x.value())
+            x4 = xv if len(xs) == 4 else xv[None]
+            wins = adaptive_windows(x4.shape[2], x4.shape[3], out[0], out[1])
+            y4 = pool_np("avg", x4, wins)
+            w.case("pool", "adaptive_avg_pool2d", [x], [ref(y4 if len(xs) == 4 else y4[0], dt)], {"out": list(out)},
+                   tol(dt, "reduce"))
+            if len(xs) == 4:
+                gy = make_input(rng, list(y4.shape), g_normal(rng, dt))
+                gx = pool_grad_np("avg", x4, f64(gy.value()), wins)
+                w.case("pool", "adaptive_avg_pool2d_grad", [gy, x], [ref(gx, dt)], {"out": list(out)}, tol(dt, "reduce"))
+
+    # batch norm: x (N,C,...), rank 2 to 5
+    for dt in FLOATS:
+        for i, xs in enumerate([[4, 3], [2, 3, 5], [3, 2, 4, 5], [2, 4, 3, 2, 2], [1, 3, 2, 2], [5, 1, 3, 1]]):
+            for training in (True, False):
+                c = xs[1]
+                x = make_input(rng, xs, g_normal(rng, dt, 2.0, 0.5))
+                rm = Input(rng.standard_normal(c).astype(NP[dt]))
+                rv = Input(rng.uniform(0.5, 2.0, c).astype(NP[dt]))
+                eps, mom = [1e-5, 0.1, 1e-3][i % 3], [0.1, 0.5, 0.01][i % 3]
+                xv = f64(x.value())
+                axes = tuple(d for d in range(len(xs)) if d != 1)
+                cs = [1, c] + [1] * (len(xs) - 2)
+                rmv, rvv = f64(rm.value()), f64(rv.value())
+                if training:
+                    mu = xv.mean(axis=axes)
+                    var = ((xv - mu.reshape(cs)) ** 2).mean(axis=axes)
+                    y = (xv - mu.reshape(cs)) / np.sqrt(var.reshape(cs) + eps)
+                    cnt = xv.size // c
+                    rm_after = (1 - mom) * rmv + mom * mu
+                    rv_after = (1 - mom) * rvv + mom * var * cnt / (cnt - 1)
+                else:
+                    y = (xv - rmv.reshape(cs)) / np.sqrt(rvv.reshape(cs) + eps)
+                    rm_after, rv_after = rmv, rvv
+                ins = [x, rm, rv]
+                if i % 2 == 0:
+                    wt = make_input(rng, [c], g_normal(rng, dt, 0.1, 1.0))
+                    bs = make_input(rng, [c], g_normal(rng, dt, 0.1))
+                    y = y * f64(wt.value()).reshape(cs) + f64(bs.value()).reshape(cs)
+                    ins += [wt, bs]
+                w.case("norm", "batch_norm", ins, [ref(y, dt), ref(rm_after, dt), ref(rv_after, dt)],
+                       {"training": int(training), "momentum": mom, "eps": eps}, tol(dt, "norm"))
+
+
 def main():
     if len(sys.argv) != 2:
         sys.stderr.write("usage: gen_refs.py OUTDIR\n")
@@ -1023,6 +1262,7 @@ def main():
                 matmul_family, nn_family, views_family, creation_family, inplace_family,
                 big_family):
         fam(w, rng)
+    conv_family(w, np.random.default_rng(SEED + 21))   # its own stream: other families' cases stay as they are
     path = os.path.join(outdir, "ops.txt")
     for name, data in (("big.bin", bytes(w.bin)),
                        ("ops.txt", ("kiln-refs 1\n" + "\n".join(w.lines) + "\n").encode())):

@@ -17,7 +17,7 @@
 #include "kiln.h"
 
 #define REF_MAX_IN 6
-#define REF_MAX_OUT 2
+#define REF_MAX_OUT 3
 #define REF_MAX_ATTR 12
 #define REF_MAX_VIEWS 4
 
@@ -47,7 +47,7 @@ typedef struct ref_attr {
 typedef struct refcase {
   int index;                     /* position in the file, from 0 */
   char family[16];
-  char op[24];
+  char op[32];
   int nattr;
   ref_attr attr[REF_MAX_ATTR];
   int nin;

@@ -484,6 +484,44 @@ static kiln_tensor *f_layer_norm_plain(kiln_tensor *const *x, const void *c)
   return kiln_layer_norm(x[0], NULL, NULL, 1e-5);
 }
 
+/* convolution, pooling, batch norm */
+typedef struct {
+  int s[2], p[2], d[2], groups;
+  bool bias;
+  kiln_tensor *rm, *rv; /* batch norm: running statistics (eval), or NULL */
+  bool training;
+} cnn_aux;
+static kiln_tensor *f_conv2d(kiln_tensor *const *x, const void *c)
+{
+  const cnn_aux *a = c;
+  return kiln_conv2d(x[0], x[1], a->bias ? x[2] : NULL, a->s, a->p, a->d, a->groups);
+}
+static kiln_tensor *f_conv1d(kiln_tensor *const *x, const void *c)
+{
+  const cnn_aux *a = c;
+  return kiln_conv1d(x[0], x[1], a->bias ? x[2] : NULL, a->s[1], a->p[1], a->d[1], a->groups);
+}
+static kiln_tensor *f_max_pool2d(kiln_tensor *const *x, const void *c)
+{
+  const cnn_aux *a = c;
+  return kiln_max_pool2d(x[0], (int[]){3, 3}, a->s, a->p);
+}
+static kiln_tensor *f_avg_pool2d(kiln_tensor *const *x, const void *c)
+{
+  const cnn_aux *a = c;
+  return kiln_avg_pool2d(x[0], (int[]){3, 2}, a->s, a->p);
+}
+static kiln_tensor *f_adaptive_avg_pool2d(kiln_tensor *const *x, const void *c)
+{
+  const cnn_aux *a = c;
+  return kiln_adaptive_avg_pool2d(x[0], a->s);
+}
+static kiln_tensor *f_batch_norm(kiln_tensor *const *x, const void *c)
+{
+  const cnn_aux *a = c;
+  return kiln_batch_norm(x[0], a->rm, a->rv, a->bias ? x[1] : NULL, a->bias ? x[2] : NULL, a->training, 0.1, 1e-5);
+}
+
 /* Loss from views of one leaf: a transposed, strided slice and two
  * overlapping slices; the base leaf must collect all of it. */
 static kiln_tensor *f_through_transpose_slice(kiln_tensor *const *x, const void *c)
@@ -837,6 +875,54 @@ START_TEST(test_nn_ops)
 }
 END_TEST
 
+/* Every input of conv2d, conv1d, the pools and batch norm, against finite
+ * differences: odd sizes, strides, dilations, groups (depthwise), 1x1, and
+ * images that share a GEMM. */
+START_TEST(test_cnn_ops)
+{
+  kiln_scope_begin();
+  cnn_aux c1 = {.s = {1, 1}, .p = {1, 1}, .d = {1, 1}, .groups = 1, .bias = true};
+  in_t k3[3] = {IN(D_ANY, 2, 3, 5, 4), IN(D_ANY, 4, 3, 3, 3), IN(D_ANY, 4)};
+  gradcheck("conv2d 3x3 padding 1, bias", f_conv2d, &c1, 3, k3);
+  cnn_aux c2 = {.s = {2, 1}, .p = {1, 2}, .d = {2, 1}, .groups = 2};
+  in_t kg[2] = {IN(D_ANY, 1, 4, 7, 6), IN(D_ANY, 4, 2, 2, 3)};
+  gradcheck("conv2d stride, dilation, groups 2", f_conv2d, &c2, 2, kg);
+  cnn_aux c3 = {.s = {2, 1}, .p = {1, 0}, .d = {1, 1}, .groups = 3, .bias = true};
+  in_t dw[3] = {IN(D_ANY, 2, 3, 5, 5), IN(D_ANY, 3, 1, 3, 3), IN(D_ANY, 3)};
+  gradcheck("conv2d depthwise", f_conv2d, &c3, 3, dw);
+  cnn_aux c4 = {.s = {1, 1}, .p = {0, 0}, .d = {1, 1}, .groups = 1};
+  in_t pw[2] = {IN(D_ANY, 2, 3, 4, 4), IN(D_ANY, 5, 3, 1, 1)};
+  gradcheck("conv2d 1x1", f_conv2d, &c4, 2, pw);
+  cnn_aux c5 = {.s = {1, 1}, .p = {1, 1}, .d = {1, 1}, .groups = 2};
+  in_t many[2] = {IN(D_ANY, 3, 8, 3, 3), IN(D_ANY, 8, 4, 3, 3)};
+  gradcheck("conv2d images sharing a GEMM", f_conv2d, &c5, 2, many);
+  cnn_aux c6 = {.s = {1, 2}, .p = {0, 1}, .d = {1, 2}, .groups = 1, .bias = true};
+  in_t k1[3] = {IN(D_ANY, 2, 3, 9), IN(D_ANY, 4, 3, 3), IN(D_ANY, 4)};
+  gradcheck("conv1d", f_conv1d, &c6, 3, k1);
+
+  cnn_aux p1 = {.s = {2, 2}, .p = {1, 1}};
+  in_t px[1] = {IN(D_DISTINCT, 2, 2, 5, 6)};
+  gradcheck("max_pool2d 3x3 stride 2 padding 1", f_max_pool2d, &p1, 1, px);
+  cnn_aux p2 = {.s = {1, 2}, .p = {1, 0}};
+  in_t ax[1] = {IN(D_ANY, 2, 3, 5, 6)};
+  gradcheck("avg_pool2d 3x2", f_avg_pool2d, &p2, 1, ax);
+  cnn_aux p3 = {.s = {3, 2}}, p4 = {.s = {1, 1}};
+  in_t ad[1] = {IN(D_ANY, 2, 2, 7, 5)};
+  gradcheck("adaptive_avg_pool2d (3,2)", f_adaptive_avg_pool2d, &p3, 1, ad);
+  gradcheck("adaptive_avg_pool2d (1,1)", f_adaptive_avg_pool2d, &p4, 1, ad);
+
+  in_t bn[3] = {IN(D_ANY, 3, 2, 2, 3), IN(D_POS, 2), IN(D_ANY, 2)};
+  cnn_aux b1 = {.bias = true, .training = true};
+  gradcheck("batch_norm training, affine", f_batch_norm, &b1, 3, bn);
+  cnn_aux b2 = {.training = true, .rm = kiln_zeros(KILN_F64, 1, (int64_t[]){2}), .rv = kiln_ones(KILN_F64, 1, (int64_t[]){2})};
+  gradcheck("batch_norm training, running statistics", f_batch_norm, &b2, 1, bn);
+  cnn_aux b3 = {.bias = true, .rm = kiln_tensor_from(KILN_F64, 1, (int64_t[]){2}, (double[]){0.3, -0.2}),
+                .rv = kiln_tensor_from(KILN_F64, 1, (int64_t[]){2}, (double[]){0.5, 2})};
+  gradcheck("batch_norm eval", f_batch_norm, &b3, 3, bn);
+  kiln_scope_end();
+}
+END_TEST
+
 START_TEST(test_through_views)
 {
   in_t b43[1] = {IN(D_ANY, 4, 3)};
@@ -1146,6 +1232,7 @@ static Suite *autograd_suite(void)
   tcase_add_test(ops, test_cast_roundtrip);
   tcase_add_test(ops, test_index_ops);
   tcase_add_test(ops, test_nn_ops);
+  tcase_add_test(ops, test_cnn_ops);
   tcase_add_test(ops, test_through_views);
   tcase_add_test(ops, test_grad_of_matches_fd);
   suite_add_tcase(s, ops);

@@ -357,6 +357,65 @@ START_TEST(test_index_errors)
 }
 END_TEST
 
+/* Convolution, pooling and batch norm: torch's checks, each naming the op,
+ * the shapes and this file's line. */
+START_TEST(test_cnn_errors)
+{
+  kiln_scope_begin();
+  kiln_tensor *x = kiln_ones(KILN_F32, 4, (int64_t[]){1, 4, 8, 8});
+  int line;
+  kiln_clear_error();
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_conv2d(x, kiln_ones(KILN_F32, 4, (int64_t[]){6, 3, 3, 3}), NULL, NULL, NULL, NULL, 1));
+  expect_error(line, "kiln_conv2d", "weight of size [6,3,3,3], expected input[1,4,8,8] to have 3 channels", "got 4 channels");
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_conv2d(x, kiln_ones(KILN_F32, 4, (int64_t[]){6, 1, 3, 3}), NULL, NULL, NULL, NULL, 4));
+  expect_error(line, "kiln_conv2d", "divisible by 4", "[6,1,3,3]");
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_conv2d(kiln_ones(KILN_F32, 4, (int64_t[]){1, 3, 2, 2}), kiln_ones(KILN_F32, 4, (int64_t[]){4, 3, 3, 3}), NULL, NULL, NULL, NULL, 1));
+  expect_error(line, "kiln_conv2d", "Kernel size can't be greater than actual input size", "[1,3,2,2]");
+  kiln_clear_error(); /* a NULL input reports itself only when no error is pending */
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_conv2d(NULL, kiln_ones(KILN_F32, 4, (int64_t[]){4, 3, 3, 3}), NULL, NULL, NULL, NULL, 1));
+  expect_error(line, "kiln_conv2d", "input", NULL);
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_conv2d(kiln_ones(KILN_F32, 2, (int64_t[]){3, 8}), kiln_ones(KILN_F32, 4, (int64_t[]){4, 3, 3, 3}), NULL, NULL, NULL, NULL, 1));
+  expect_error(line, "kiln_conv2d", "Expected 3D (unbatched) or 4D (batched) input", "[3,8]");
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_conv2d(x, kiln_ones(KILN_F32, 4, (int64_t[]){4, 4, 3, 3}), NULL, (int[]){0, 1}, NULL, NULL, 1));
+  expect_error(line, "kiln_conv2d", "non-positive stride", NULL);
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_conv2d(x, kiln_ones(KILN_F32, 4, (int64_t[]){4, 4, 3, 3}), kiln_ones(KILN_F32, 1, (int64_t[]){5}), NULL, NULL, NULL, 1));
+  expect_error(line, "kiln_conv2d", "expected bias to be 1-dimensional with 4 elements", "[5]");
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_conv1d(kiln_ones(KILN_F32, 3, (int64_t[]){2, 5, 9}), kiln_ones(KILN_F32, 3, (int64_t[]){4, 3, 3}), NULL, 1, 0, 1, 1));
+  expect_error(line, "kiln_conv1d", "expected input[2,5,9] to have 3 channels", NULL);
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_max_pool2d(x, (int[]){2, 2}, NULL, (int[]){2, 2}));
+  expect_error(line, "kiln_max_pool2d", "pad should be at most half", NULL);
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_avg_pool2d(kiln_ones(KILN_F32, 4, (int64_t[]){1, 1, 2, 2}), (int[]){3, 3}, NULL, NULL));
+  expect_error(line, "kiln_avg_pool2d", "too small", "[1,1,2,2]");
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_max_pool2d(x, NULL, NULL, NULL));
+  expect_error(line, "kiln_max_pool2d", "kernel size is NULL", NULL);
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_adaptive_avg_pool2d(x, NULL));
+  expect_error(line, "kiln_adaptive_avg_pool2d", "output size is NULL", NULL);
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_batch_norm(kiln_ones(KILN_F32, 2, (int64_t[]){1, 3}), NULL, NULL, NULL, NULL, true, 0.1, 1e-5));
+  expect_error(line, "kiln_batch_norm", "Expected more than 1 value per channel when training", "[1,3]");
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_batch_norm(x, kiln_zeros(KILN_F32, 1, (int64_t[]){3}), NULL, NULL, NULL, true, 0.1, 1e-5));
+  expect_error(line, "kiln_batch_norm", "running_mean should contain 4 elements not 3", NULL);
+  line = __LINE__ + 1;
+  ck_assert_ptr_null(kiln_batch_norm(x, NULL, NULL, NULL, NULL, false, 0.1, 1e-5));
+  expect_error(line, "kiln_batch_norm", "must be given in evaluation mode", NULL);
+  still_works();
+  kiln_scope_end();
+}
+END_TEST
+
 START_TEST(test_layer_norm_errors)
 {
   kiln_scope_begin();
@@ -611,6 +670,7 @@ static Suite *errors_suite(void)
   tcase_add_test(tc, test_dtype_errors);
   tcase_add_test(tc, test_index_errors);
   tcase_add_test(tc, test_layer_norm_errors);
+  tcase_add_test(tc, test_cnn_errors);
   tcase_add_test(tc, test_creation_errors);
   tcase_add_test(tc, test_read_and_item_errors);
   tcase_add_test(tc, test_inplace_errors);

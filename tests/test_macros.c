@@ -186,6 +186,30 @@ START_TEST(test_nn_and_inplace) {
 }
 END_TEST
 
+START_TEST(test_cnn_literals) {
+  kiln_scope_begin();
+  kiln_tensor *x = kiln_tensor_from(KILN_F32, 4, (int64_t[]){1, 1, 3, 3}, (float[]){1, 2, 3, 4, 5, 6, 7, 8, 9});
+  kiln_tensor *w = kiln_ones(KILN_F32, 4, (int64_t[]){1, 1, 2, 2});
+  int64_t two[4] = {1, 1, 2, 2};
+  EXPECT(kiln_conv2d(x, w, NULL, NULL, NULL, NULL, 1), two, 12, 16, 24, 28);
+  /* stride 2, padding 1: the windows at (-1,-1), (-1,1), (1,-1), (1,1) */
+  EXPECT(kiln_conv2d(x, w, NULL, (int[]){2, 2}, (int[]){1, 1}, NULL, 1), two, 1, 5, 11, 28);
+  EXPECT(kiln_max_pool2d(x, (int[]){2, 2}, NULL, NULL), ((int64_t[]){1, 1, 1, 1}), 5);
+  EXPECT(kiln_avg_pool2d(x, (int[]){2, 2}, (int[]){1, 1}, NULL), two, 3, 4, 6, 7);
+  EXPECT(kiln_adaptive_avg_pool2d(x, (int[]){1, 1}), ((int64_t[]){1, 1, 1, 1}), 5);
+  kiln_tensor *s = kiln_tensor_from(KILN_F32, 3, (int64_t[]){1, 1, 3}, (float[]){1, 2, 3});
+  kiln_tensor *k = kiln_ones(KILN_F32, 3, (int64_t[]){1, 1, 2});
+  EXPECT(kiln_conv1d(s, k, kiln_full(KILN_F32, 1, (int64_t[]){1}, 10), 1, 0, 1, 1), ((int64_t[]){1, 1, 2}), 13, 15);
+  /* batch [1, 3]: mean 2, biased variance 1 (unbiased 2); momentum 0.5 from 0 and 1 */
+  kiln_tensor *rm = kiln_zeros(KILN_F32, 1, (int64_t[]){1}), *rv = kiln_ones(KILN_F32, 1, (int64_t[]){1});
+  kiln_tensor *b = kiln_tensor_from(KILN_F32, 2, (int64_t[]){2, 1}, (float[]){1, 3});
+  EXPECT(kiln_batch_norm(b, rm, rv, NULL, NULL, true, 0.5, 0), ((int64_t[]){2, 1}), -1, 1);
+  EXPECT(rm, ((int64_t[]){1}), 1);
+  EXPECT(rv, ((int64_t[]){1}), 1.5);
+  kiln_scope_end();
+}
+END_TEST
+
 START_TEST(test_autograd_and_compile_literals) {
   kiln_tensor *w = kiln_tensor_from(KILN_F64, 1, (int64_t[]){2}, (double[]){1, 3});
   kiln_tensor *b = kiln_tensor_from(KILN_F64, 1, (int64_t[]){2}, (double[]){2, 0});
@@ -384,6 +408,7 @@ static Suite *macros_suite(void) {
   tcase_add_test(tc, test_pointwise);
   tcase_add_test(tc, test_reduction_literals);
   tcase_add_test(tc, test_nn_and_inplace);
+  tcase_add_test(tc, test_cnn_literals);
   tcase_add_test(tc, test_autograd_and_compile_literals);
   tcase_add_test(tc, test_lifetime_macros);
   tcase_add_test(tc, test_checked_lists);

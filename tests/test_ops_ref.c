@@ -61,6 +61,7 @@ static const char *const other_ops[] = {
     "embedding", "index_select", "cross_entropy", "mse_loss", "reshape", "transpose", "permute",
     "expand", "squeeze", "unsqueeze", "slice", "contiguous", "cat", "stack", "cast", "zeros",
     "ones", "full", "scalar", "arange", "add_", "sub_", "mul_", "copy_", "fill_", "zero_",
+    "conv2d", "conv1d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "batch_norm",
 };
 
 #define NELEM(a) (sizeof(a) / sizeof((a)[0]))
@@ -97,6 +98,60 @@ static void inplace_results(const refcase *c, kiln_tensor *r, kiln_tensor *dst, 
   }
   out[0] = r;
   out[1] = r ? base : NULL;
+}
+
+/* A pair of ints attribute into p (true), or false when the case has none (NULL: the default). */
+static bool attr_pair(const refcase *c, const char *name, int p[2])
+{
+  const ref_attr *a = ref_find_attr(c, name);
+  if (!a || a->n != 2)
+    return false;
+  p[0] = (int)a->v[0];
+  p[1] = (int)a->v[1];
+  return true;
+}
+
+/* The convolution, pooling and batch norm cases; false for other ops. The
+ * gradient primitives have no public call: they go to op_dispatch. */
+static bool conv_dispatch(const refcase *c, kiln_tensor **in, kiln_tensor **out, bool *ok)
+{
+  const char *op = c->op;
+  int s[2] = {0}, p[2] = {0}, d[2] = {0}, k[2] = {0};
+  bool hs = attr_pair(c, "stride", s), hp = attr_pair(c, "padding", p), hd = attr_pair(c, "dilation", d);
+  if (strcmp(op, "conv2d") == 0) {
+    out[0] = kiln_conv2d(in[0], in[1], c->nin == 3 ? in[2] : NULL, hs ? s : NULL, hp ? p : NULL, hd ? d : NULL,
+                         (int)attr1(c, "groups", ok));
+  } else if (strcmp(op, "conv1d") == 0) {
+    out[0] = kiln_conv1d(in[0], in[1], c->nin == 3 ? in[2] : NULL, (int)attr1(c, "stride", ok), (int)attr1(c, "padding", ok),
+                         (int)attr1(c, "dilation", ok), (int)attr1(c, "groups", ok));
+  } else if (strcmp(op, "conv2d_grad_input") == 0 || strcmp(op, "conv2d_grad_weight") == 0) {
+    op_attrs a = {.nints = 7, .ints = {s[0], s[1], p[0], p[1], d[0], d[1], (int64_t)attr1(c, "groups", ok)}};
+    *ok = *ok && hs && hp && hd;
+    out[0] = op_dispatch(strcmp(op, "conv2d_grad_input") == 0 ? OP_CONV2D_GRAD_INPUT : OP_CONV2D_GRAD_WEIGHT, in, 3, &a, __FILE__, __LINE__);
+  } else if (strcmp(op, "max_pool2d") == 0 || strcmp(op, "avg_pool2d") == 0) {
+    *ok = *ok && attr_pair(c, "kernel", k);
+    out[0] = (op[0] == 'm' ? kiln_max_pool2d_at : kiln_avg_pool2d_at)(in[0], k, hs ? s : NULL, hp ? p : NULL, __FILE__, __LINE__);
+  } else if (strcmp(op, "max_pool2d_grad") == 0 || strcmp(op, "avg_pool2d_grad") == 0) {
+    *ok = *ok && attr_pair(c, "kernel", k) && hs && hp;
+    op_attrs a = {.nints = 6, .ints = {k[0], k[1], s[0], s[1], p[0], p[1]}};
+    out[0] = op_dispatch(op[0] == 'm' ? OP_MAX_POOL2D_GRAD : OP_AVG_POOL2D_GRAD, in, 2, &a, __FILE__, __LINE__);
+  } else if (strcmp(op, "adaptive_avg_pool2d") == 0) {
+    *ok = *ok && attr_pair(c, "out", k);
+    out[0] = kiln_adaptive_avg_pool2d(in[0], k);
+  } else if (strcmp(op, "adaptive_avg_pool2d_grad") == 0) {
+    *ok = *ok && attr_pair(c, "out", k);
+    op_attrs a = {.nints = 2, .ints = {k[0], k[1]}};
+    out[0] = op_dispatch(OP_ADAPTIVE_AVG_POOL2D_GRAD, in, 2, &a, __FILE__, __LINE__);
+  } else if (strcmp(op, "batch_norm") == 0) {
+    bool affine = c->nin == 5;
+    out[0] = kiln_batch_norm(in[0], in[1], in[2], affine ? in[3] : NULL, affine ? in[4] : NULL, attr1(c, "training", ok) != 0,
+                             attr1(c, "momentum", ok), attr1(c, "eps", ok));
+    out[1] = in[1];
+    out[2] = in[2];
+  } else {
+    return false;
+  }
+  return true;
 }
 
 /* Runs c's op on ins; the results go to out[0..nout). false when the case
@@ -223,6 +278,7 @@ static bool dispatch(const refcase *c, kiln_tensor **in, kiln_tensor *base0, kil
     kiln_dtype dt = (kiln_dtype)attr1(c, "dtype", &ok);
     double start = attr1(c, "start", &ok), stop = attr1(c, "stop", &ok);
     out[0] = kiln_arange(dt, start, stop, attr1(c, "step", &ok));
+  } else if (conv_dispatch(c, in, out, &ok)) {
   } else if (strcmp(op, "fill_") == 0 || strcmp(op, "zero_") == 0) {
     kiln_tensor *r = op[0] == 'f' ? kiln_fill_(in[0], attr1(c, "value", &ok)) : kiln_zero_(in[0]);
     inplace_results(c, r, in[0], base0, out);
@@ -318,6 +374,12 @@ END_TEST
 START_TEST(test_creation) { run_family("creation"); }
 END_TEST
 START_TEST(test_inplace) { run_family("inplace"); }
+END_TEST
+START_TEST(test_conv) { run_family("conv"); }
+END_TEST
+START_TEST(test_pool) { run_family("pool"); }
+END_TEST
+START_TEST(test_norm) { run_family("norm"); }
 END_TEST
 /* Large tensors, with 3 threads so that chunk edges fall mid-row. */
 START_TEST(test_big)
@@ -709,6 +771,7 @@ static Suite *ops_ref_suite(void)
       {"hand_nn", test_hand_nn},       {"hand_extremes", test_hand_extremes},
       {"hand_math", test_hand_math}, {"hand_views", test_hand_views}, {"hand_random", test_hand_random},
       {"hand_errors", test_hand_errors}, {"hand_short_sums", test_hand_short_sums},
+      {"conv", test_conv}, {"pool", test_pool}, {"norm", test_norm},
   };
   for (size_t k = 0; k < NELEM(cases); k++) {
     TCase *tc = tcase_create(cases[k].name);

@@ -36,6 +36,8 @@ typedef struct cg_buf {
   sym_dim shape[MAXD];  /* of the node */
   int first, last;      /* kernels that write it first and read it last (liveness) */
   int alias_of;         /* TEMP reusing a dying input's memory in place, else -1 */
+  int scratch_of;       /* TEMP: working memory of that kernel (a conv's im2col columns), sized by
+                           its op at each call (conv_scratch_bytes); else -1 */
 } cg_buf;
 
 /* How a kernel reads or writes a buffer: element offset and one stride per
@@ -110,6 +112,7 @@ typedef struct cg_kernel {
    * epilogue was folded in (out then holds result_node's value, not node's) */
   double alpha, beta;
   int result_node;   /* the node whose value out_buf holds after the kernel, -1 none (a prefill) */
+  int scratch_buf;   /* CG_K_EAGER: the buffer of its working memory, or -1 */
   /* what it covers, for dumps and check mode */
   int *nodes;
   int n_nodes;

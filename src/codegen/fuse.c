@@ -118,7 +118,7 @@ static int add_buf(fuser *f, cg_buf_kind kind, int node) {
   b->ndim = n->ndim;
   memcpy(b->shape, n->shape, sizeof b->shape);
   b->first = b->last = -1;
-  b->alias_of = -1;
+  b->alias_of = b->scratch_of = -1;
   p->node_buf[node] = p->n_buf;
   f->map[node].buf = p->n_buf;
   f->map[node].off = sym_const(0);
@@ -285,6 +285,24 @@ static int reduce_stage(fuser *f, kbuild *kb, int node, int op_override) {
   return add_expr(kb, (cg_expr){.kind = CG_ACC, .dtype = n->dtype, .a = st});
 }
 
+/* Does the kernel broadcast node n (a dim of its space that n has as 1, or lacks)? */
+static bool broadcast_here(const fuser *f, const kbuild *kb, const ir_node *n) {
+  if (kb->ovr_node[0] >= 0 || kb->n_kept || n->ndim > kb->ref_ndim) return false;
+  if (n->ndim < kb->ref_ndim) return true;
+  for (int i = 0; i < n->ndim; i++)
+    if (is_one(f->g, n->shape[i]) && !is_one(f->g, kb->ref[i])) return true;
+  return false;
+}
+
+/* Does expression e read a reduce stage's result (a row's statistic, which
+ * the kernel computes once per row anyway)? */
+static bool uses_acc(const cg_kernel *k, const cg_expr *e) {
+  if (e->kind == CG_ACC) return true;
+  for (int i = 0; e->kind == CG_OP && i < e->n_in; i++)
+    if (uses_acc(k, &k->expr[e->in[i]])) return true;
+  return false;
+}
+
 /* Expression id for node's value inside the kernel; -1 on OOM, -2 when the
  * build must restart (something was materialized). */
 static int expr_of(fuser *f, kbuild *kb, int node, bool root) {
@@ -324,6 +342,13 @@ static int expr_of(fuser *f, kbuild *kb, int node, bool root) {
       if (c < 0) return c;
       e.in[i] = c;
     }
+    if (!root && is_heavy(f->g, n) && broadcast_here(f, kb, n) && !uses_acc(kb->k, &e)) {
+      /* a costly value that the kernel broadcasts would be computed once per
+       * element it reaches (a batch norm's rsqrt(var + eps) per channel, over
+       * every pixel): stored once, and loaded */
+      materialize(f, node);
+      return -2;
+    }
     if (note_node(f, kb, node)) return -1;
     id = add_expr(kb, e);
   }
@@ -358,7 +383,7 @@ static cg_kernel *new_kernel(fuser *f, cg_kernel_kind kind, int node) {
   k->kind = kind;
   k->id = p->n_k++;
   k->node = k->result_node = node;
-  k->in_buf[0] = k->in_buf[1] = k->in_buf[2] = k->out_buf = -1;
+  k->in_buf[0] = k->in_buf[1] = k->in_buf[2] = k->out_buf = k->scratch_buf = -1;
   k->alpha = 1.0;
   return k;
 }
@@ -831,6 +856,31 @@ static void fold_epilogues(cg_program *p, cg_view *views) {
   }
 }
 
+/* A buffer of working memory for each eager kernel that takes some (a
+ * conv's im2col columns): a temp like any other, live only while its kernel
+ * runs, so the arena plan reuses it; its size comes from the op at each call.
+ * 0, or -1 when out of memory. */
+static int add_scratch_bufs(fuser *f) {
+  cg_program *p = f->p;
+  for (int ki = 0; ki < p->n_k; ki++) {
+    cg_kernel *k = &p->k[ki];
+    int op = k->kind == CG_K_EAGER ? f->g->nodes[k->node].op : -1;
+    if (op != OP_CONV2D && op != OP_CONV2D_GRAD_INPUT && op != OP_CONV2D_GRAD_WEIGHT) continue;
+    if (p->n_buf == f->cap_buf) {
+      int cap = f->cap_buf ? f->cap_buf * 2 : 32;
+      cg_buf *nb = alloc_realloc(p->buf, sizeof *nb * (size_t)cap);
+      if (!nb) return -1;
+      p->buf = nb;
+      f->cap_buf = cap;
+    }
+    cg_buf *b = &p->buf[p->n_buf];
+    *b = (cg_buf){.kind = CG_BUF_TEMP, .node = k->node, .dtype = f->g->nodes[k->node].dtype, .ndim = 0, .first = ki,
+                  .last = ki, .alias_of = -1, .scratch_of = ki};
+    k->scratch_buf = p->n_buf++;
+  }
+  return 0;
+}
+
 /* Kernels are named by their place in the order, once it is final. */
 static void number_kernels(cg_program *p) {
   for (int ki = 0; ki < p->n_k; ki++) {
@@ -1286,6 +1336,10 @@ cg_program *fuse_graph(const ir_graph *g, char *err, size_t errn) {
     goto fail;
   }
   number_kernels(p);
+  if (add_scratch_bufs(&f)) {
+    snprintf(err, errn, "out of memory");
+    goto fail;
+  }
   /* liveness over the kernel order */
   for (int ki = 0; ki < p->n_k; ki++) {
     cg_kernel *k = &p->k[ki];
@@ -1368,7 +1422,8 @@ void fuse_dump(const cg_program *p, FILE *o) {
       print_dim(o, bf->shape[d]);
     }
     fprintf(o, "]");
-    if (bf->kind == CG_BUF_TEMP && bf->alias_of >= 0) fprintf(o, " stored in place in b%d", bf->alias_of);
+    if (bf->kind == CG_BUF_TEMP && bf->scratch_of >= 0) fprintf(o, " working memory of k%d, sized at each call", bf->scratch_of);
+    else if (bf->kind == CG_BUF_TEMP && bf->alias_of >= 0) fprintf(o, " stored in place in b%d", bf->alias_of);
     else if (bf->kind == CG_BUF_TEMP && bf->first < 0) fprintf(o, " unused (folded into another kernel)");
     else if (bf->kind == CG_BUF_TEMP) fprintf(o, " live k%d..k%d", bf->first, bf->last);
     fputc('\n', o);

@@ -718,6 +718,24 @@ static int make_view(tview *v, char *base, kiln_dtype dt, const ir_node *n, cons
   return 0;
 }
 
+/* The bytes of working memory kernel k (an eager kernel that takes some)
+ * needs at these symbol values: its op's, on its operands' shapes. 0 or -1. */
+static int scratch_size(const cg_program *p, const cg_kernel *k, const int64_t *vals, int nvals, size_t *bytes) {
+  const ir_graph *g = p->g;
+  const ir_node *n = &g->nodes[k->node];
+  tview tv[3];
+  kiln_tensor *ins[3];
+  op_attrs at;
+  if (n->n_in > 3 || ir_attrs_eval(n, vals, nvals, &at)) return -1;
+  for (int j = 0; j < n->n_in; j++) {
+    const ir_node *x = &g->nodes[n->in[j]];
+    if (make_view(&tv[j], NULL, x->dtype, x, &p->views[n->in[j]], vals, nvals)) return -1;
+    ins[j] = &tv[j].t;
+  }
+  *bytes = conv_scratch_bytes((op_id)n->op, ins, &at);
+  return 0;
+}
+
 static int64_t eval_or(sym_dim d, const int64_t *vals, int n) {
   int64_t v = 0;
   return sym_eval(d, vals, n, &v) ? -1 : v;
@@ -815,6 +833,11 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
       if (!(own[b] = t = tensor_new(bf->dtype, bf->ndim, shape))) goto oom;
       break;
     case CG_BUF_TEMP:
+      if (bf->scratch_of >= 0) {
+        /* a kernel's working memory: as much as its op takes at this call's sizes */
+        if (scratch_size(p, &p->k[bf->scratch_of], vals, ns, &bytes[b])) goto bad_shape;
+        break;
+      }
       if (ir_node_shape(n, vals, ns, shape)) goto bad_shape;
       /* a buffer merged into another by the in-place reuse takes no space */
       bytes[b] = bf->alias_of >= 0 || bf->first < 0 ? 0 : (size_t)shape_numel(bf->ndim, shape) * kiln_dtype_size(bf->dtype);
@@ -974,6 +997,7 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
     }
     int r = !ok ? -1
             : k->kind == CG_K_MATMUL && k->beta != 0 ? gemm_into(ins[0], ins[1], k->alpha, k->beta, &ov.t)
+            : k->scratch_buf >= 0                    ? conv_kernel((op_id)n->op, ins, &at, &ov.t, bufs[k->scratch_buf])
                                                      : op_kernel((op_id)n->op, many ? many : ins, many ? n->n_in : nin, &at, &ov.t);
     alloc_free(many), alloc_free(mv);
     if (r) {

@@ -420,6 +420,28 @@ static int bw_slice_scatter(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
   return 0;
 }
 
+/* convolution and pooling: their gradients are ops of their own (conv.c,
+ * pooling.c), given the forward's input whose shape they have */
+static kiln_tensor *grad_op(op_id op, kiln_tensor *a, kiln_tensor *b, kiln_tensor *c, ag_node *nd) {
+  kiln_tensor *in[3] = {a, b, c};
+  return op_dispatch(op, in, c ? 3 : 2, &nd->attrs, AT);
+}
+static int bw_conv2d(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  kiln_tensor *x = nd->in[0], *w = nd->in[1];
+  if (IN(0).need) gin[0] = grad_op(OP_CONV2D_GRAD_INPUT, g, w, x, nd);
+  if (IN(1).need) gin[1] = grad_op(OP_CONV2D_GRAD_WEIGHT, g, x, w, nd);
+  return 0;
+}
+static int bw_max_pool2d(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  gin[0] = grad_op(OP_MAX_POOL2D_GRAD, g, nd->in[0], NULL, nd);
+  return 0;
+}
+static int bw_avg_pool2d(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  op_id op = nd->op == OP_AVG_POOL2D ? OP_AVG_POOL2D_GRAD : OP_ADAPTIVE_AVG_POOL2D_GRAD;
+  gin[0] = grad_op(op, g, nd->in[0], NULL, nd);
+  return 0;
+}
+
 static const backward_fn backwards[OP_COUNT] = {
 #define NONE NULL
 #define X(id, name, arity, kind, attrs, dtype, shape, kernel, check, backward, saves, cg, cost, emit) [OP_##id] = backward,

@@ -448,6 +448,24 @@ int ag_record(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_t
               int line);
 void ag_node_release(ag_node *node);
 
+/* ---- conv.c, pooling.c: convolution and pooling over NCHW ---------------- */
+
+#define SHAPE_RULE(fn) int fn(dim_env *, op_id, const shape_arg *, int, const op_attrs *, shape_arg *, char *, size_t);
+SHAPE_RULE(sh_conv2d) SHAPE_RULE(sh_conv2d_grad) SHAPE_RULE(sh_pool2d) SHAPE_RULE(sh_pool2d_grad)
+#undef SHAPE_RULE
+int k_conv2d(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
+int k_conv2d_grad_input(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
+int k_conv2d_grad_weight(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
+int k_pool2d(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
+/* Bytes of working memory (im2col columns, and the product of the images that
+ * share a GEMM) the kernel of op (conv2d or one of its gradients) takes with
+ * these operands: compiled code plans it like any intermediate. 0 for other ops. */
+size_t conv_scratch_bytes(op_id op, kiln_tensor *const *in, const op_attrs *a);
+/* That kernel on the caller's working memory (conv_scratch_bytes of it; NULL:
+ * its own). 0, or -1 when out of memory. */
+int conv_kernel(op_id op, kiln_tensor *const *in, const op_attrs *a, kiln_tensor *out, void *scratch);
+int k_pool2d_grad(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
+
 /* ---- pool.h is separate (thread pool) ----------------------------------- */
 
 #endif

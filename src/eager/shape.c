@@ -436,3 +436,140 @@ int chk_index_range(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, 
   }
   return 0;
 }
+
+/* ---- convolution and pooling (NCHW) ----
+ * The messages follow torch's, with kiln's shapes. Kernel sizes come from
+ * the weight's shape and may be symbolic like any dim; strides, padding,
+ * dilation, groups and pool windows are the integers of attrs.ints. */
+
+static const char *dim_text(sym_dim d, char *buf, size_t n) {
+  if (sym_print(d, buf, n) < 0) snprintf(buf, n, "?");
+  return buf;
+}
+
+/* floor((size + 2 pad - (dil (k - 1) + 1)) / stride) + 1, after checking
+ * that the padded size holds the dilated kernel (1 on success, 0 when not). */
+static int window_count(dim_env *env, sym_dim size, sym_dim k, int64_t stride, int64_t pad, int64_t dil,
+                        sym_dim *out) {
+  sym_ctx *s = env->sym;
+  sym_dim span = sym_add(s, sym_mul(s, sym_const(dil), sym_sub(s, k, sym_const(1))), sym_const(1));
+  sym_dim padded = sym_add(s, size, sym_const(2 * pad));
+  if (!is_true(env, padded, SYM_GE, span)) return 0;
+  *out = sym_add(s, sym_floordiv(s, sym_sub(s, padded, span), sym_const(stride)), sym_const(1));
+  return !sym_is_err(*out);
+}
+
+/* The output shape of conv2d(x, w) with ints [sh, sw, ph, pw, dh, dw, groups]. */
+static int conv_shape(dim_env *env, const shape_arg *x, const shape_arg *w, const op_attrs *a, shape_arg *out,
+                      char *err, size_t errn) {
+  char b0[160], b1[160], c0[64], c1[64], c2[64], c3[64];
+  const int64_t *p = a->ints;
+  if (a->nints != 7) return fail(err, errn, "expects 7 integer parameters, got %d", a->nints);
+  if (p[0] < 1 || p[1] < 1) return fail(err, errn, "non-positive stride is not supported (stride (%lld, %lld))", (long long)p[0], (long long)p[1]);
+  if (p[2] < 0 || p[3] < 0) return fail(err, errn, "negative padding is not supported (padding (%lld, %lld))", (long long)p[2], (long long)p[3]);
+  if (p[4] < 1 || p[5] < 1) return fail(err, errn, "dilation should be greater than zero (dilation (%lld, %lld))", (long long)p[4], (long long)p[5]);
+  if (p[6] < 1) return fail(err, errn, "non-positive groups is not supported (groups %lld)", (long long)p[6]);
+  if (x->ndim != 4) return fail(err, errn, "expected 4-D input (N,C,H,W), but got input of size %s", TXT(x, b0));
+  if (w->ndim != 4) return fail(err, errn, "expected 4-D weight (out, in/groups, kh, kw), but got weight of size %s", TXT(w, b0));
+  sym_dim groups = sym_const(p[6]);
+  if (!is_true(env, sym_mod(env->sym, w->shape[0], groups), SYM_EQ, sym_const(0)))
+    return fail(err, errn, "Given groups=%lld, expected weight to be divisible by %lld at dimension 0, but got weight of size %s instead",
+                (long long)p[6], (long long)p[6], TXT(w, b0));
+  sym_dim cin = sym_mul(env->sym, w->shape[1], groups);
+  if (!is_true(env, x->shape[1], SYM_EQ, cin))
+    return fail(err, errn, "Given groups=%lld, weight of size %s, expected input%s to have %s channels, but got %s channels instead",
+                (long long)p[6], TXT(w, b0), TXT(x, b1), dim_text(cin, c0, sizeof c0), dim_text(x->shape[1], c1, sizeof c1));
+  sym_dim ho, wo;
+  if (!window_count(env, x->shape[2], w->shape[2], p[0], p[2], p[4], &ho) ||
+      !window_count(env, x->shape[3], w->shape[3], p[1], p[3], p[5], &wo)) {
+    sym_ctx *s = env->sym;
+    sym_dim kh = sym_add(s, sym_mul(s, sym_const(p[4]), sym_sub(s, w->shape[2], sym_const(1))), sym_const(1));
+    sym_dim kw = sym_add(s, sym_mul(s, sym_const(p[5]), sym_sub(s, w->shape[3], sym_const(1))), sym_const(1));
+    return fail(err, errn,
+                "Calculated padded input size per channel: (%s x %s). Kernel size: (%s x %s). Kernel size can't be greater "
+                "than actual input size (input %s, weight %s)",
+                dim_text(sym_add(s, x->shape[2], sym_const(2 * p[2])), c0, sizeof c0),
+                dim_text(sym_add(s, x->shape[3], sym_const(2 * p[3])), c1, sizeof c1), dim_text(kh, c2, sizeof c2),
+                dim_text(kw, c3, sizeof c3), TXT(x, b0), TXT(w, b1));
+  }
+  out->ndim = 4;
+  out->shape[0] = x->shape[0];
+  out->shape[1] = w->shape[0];
+  out->shape[2] = ho;
+  out->shape[3] = wo;
+  return 0;
+}
+
+int sh_conv2d(dim_env *env, op_id op, const shape_arg *in, int n, const op_attrs *a, shape_arg *out, char *err,
+              size_t errn) {
+  (void)op, (void)n;
+  return conv_shape(env, &in[0], &in[1], a, out, err, errn);
+}
+
+/* The gradient g must have the forward's output shape. */
+static int grad_fits(dim_env *env, const shape_arg *g, const shape_arg *y, char *err, size_t errn) {
+  char b0[160], b1[160];
+  bool ok = g->ndim == y->ndim;
+  for (int i = 0; ok && i < y->ndim; i++) ok = is_true(env, g->shape[i], SYM_EQ, y->shape[i]);
+  if (!ok) return fail(err, errn, "the gradient %s does not match the forward's output %s", TXT(g, b0), TXT(y, b1));
+  return 0;
+}
+
+/* conv2d_grad_input(g, w, x) has x's shape; conv2d_grad_weight(g, x, w) w's. */
+int sh_conv2d_grad(dim_env *env, op_id op, const shape_arg *in, int n, const op_attrs *a, shape_arg *out, char *err,
+                   size_t errn) {
+  (void)n;
+  const shape_arg *x = op == OP_CONV2D_GRAD_INPUT ? &in[2] : &in[1], *w = op == OP_CONV2D_GRAD_INPUT ? &in[1] : &in[2];
+  shape_arg y = {0};
+  if (conv_shape(env, x, w, a, &y, err, errn) || grad_fits(env, &in[0], &y, err, errn)) return -1;
+  copy_shape(out, op == OP_CONV2D_GRAD_INPUT ? x : w);
+  return 0;
+}
+
+/* The output shape of a pool of x: ints [kh, kw, sh, sw, ph, pw], or [oh, ow] adaptive. */
+static int pool_shape(dim_env *env, op_id op, const shape_arg *x, const op_attrs *a, shape_arg *out, char *err,
+                      size_t errn) {
+  char b0[160], c0[64];
+  const int64_t *p = a->ints;
+  if (x->ndim != 4) return fail(err, errn, "expected 4-D input (N,C,H,W), but got input of size %s", TXT(x, b0));
+  copy_shape(out, x);
+  if (op == OP_ADAPTIVE_AVG_POOL2D || op == OP_ADAPTIVE_AVG_POOL2D_GRAD) {
+    if (a->nints != 2) return fail(err, errn, "expects 2 integer parameters, got %d", a->nints);
+    if (p[0] < 0 || p[1] < 0) return fail(err, errn, "output size (%lld, %lld) must be non-negative", (long long)p[0], (long long)p[1]);
+    for (int d = 2; d < 4; d++)
+      if (!is_true(env, x->shape[d], SYM_GE, sym_const(1)))
+        return fail(err, errn, "Expected input to have non-zero size for non-batch dimensions, but input has sizes %s with dimension %d being empty",
+                    TXT(x, b0), d);
+    out->shape[2] = sym_const(p[0]);
+    out->shape[3] = sym_const(p[1]);
+    return 0;
+  }
+  if (a->nints != 6) return fail(err, errn, "expects 6 integer parameters, got %d", a->nints);
+  if (p[0] < 1 || p[1] < 1) return fail(err, errn, "kernel size (%lld, %lld) must be greater than zero", (long long)p[0], (long long)p[1]);
+  if (p[2] < 1 || p[3] < 1) return fail(err, errn, "stride (%lld, %lld) must be greater than zero", (long long)p[2], (long long)p[3]);
+  if (p[4] < 0 || p[5] < 0 || 2 * p[4] > p[0] || 2 * p[5] > p[1])
+    return fail(err, errn, "pad should be at most half of effective kernel size, but got pad (%lld, %lld) and kernel size (%lld, %lld)",
+                (long long)p[4], (long long)p[5], (long long)p[0], (long long)p[1]);
+  for (int d = 0; d < 2; d++)
+    if (!window_count(env, x->shape[2 + d], sym_const(p[d]), p[2 + d], p[4 + d], 1, &out->shape[2 + d]))
+      return fail(err, errn, "Given input size %s, the output size would be too small (padded size %s < kernel size %lld)",
+                  TXT(x, b0), dim_text(sym_add(env->sym, x->shape[2 + d], sym_const(2 * p[4 + d])), c0, sizeof c0),
+                  (long long)p[d]);
+  return 0;
+}
+
+int sh_pool2d(dim_env *env, op_id op, const shape_arg *in, int n, const op_attrs *a, shape_arg *out, char *err,
+              size_t errn) {
+  (void)n;
+  return pool_shape(env, op, &in[0], a, out, err, errn);
+}
+
+/* pool_grad(g, x) has x's shape; g has the pool's output shape. */
+int sh_pool2d_grad(dim_env *env, op_id op, const shape_arg *in, int n, const op_attrs *a, shape_arg *out, char *err,
+                   size_t errn) {
+  (void)n;
+  shape_arg y = {0};
+  if (pool_shape(env, op, &in[1], a, &y, err, errn) || grad_fits(env, &in[0], &y, err, errn)) return -1;
+  copy_shape(out, &in[1]);
+  return 0;
+}

@@ -650,6 +650,50 @@ static int step(gen *g) {
     memcpy(d, a.d, sizeof(int) * (size_t)a.nd), d[ax] = n;
     return push(g, kiln_index_select(a.t, ax, kiln_tensor_from(KILN_I64, 1, ((int64_t[]){n}), idx)), a.nd, d, -1, false);
   }
+  case 22: { /* convolution, pooling, batch norm over (N, Cin, H, W): a 4-D value, or a 2-D or 3-D one with
+               * dims of 1 put in; H keeps its dim (windows of 1 or 3 with padding 1), W is a constant */
+    int cin, h, w;
+    kiln_tensor *x4;
+    if (a.nd == 4 && a.d[1] > 0 && a.d[3] > 0) {
+      x4 = a.t, cin = a.d[1], h = a.d[2], w = a.d[3];
+    } else if ((a.nd == 2 || a.nd == 3) && a.d[a.nd - 1] > 0) {
+      x4 = a.nd == 3 ? kiln_unsqueeze(a.t, 1) : kiln_unsqueeze(kiln_unsqueeze(a.t, 1), 1);
+      cin = 1, h = a.nd == 3 ? a.d[1] : 1, w = a.d[a.nd - 1];
+    } else {
+      return 0;
+    }
+    int kh = chance(r, 2) ? 1 : 3, kw = 1 + pick(r, w < 3 ? w : 3), sw = 1 + pick(r, 2), pw = pick(r, kw / 2 + 1);
+    int hw[2] = {kh, kw}, st[2] = {1, sw}, pd[2] = {kh / 2, pw};
+    int wo = (w + 2 * pw - kw) / sw + 1;
+    kiln_tensor *o;
+    switch (pick(r, 5)) {
+    case 0: { /* conv2d, its weight cut from P (8,C) so that its gradient reaches an input */
+      int cout = 1 + pick(r, 3), dil = kw > 1 && w + 2 * pw >= 2 * kw - 1 && chance(r, 3) ? 2 : 1;
+      if (cin * kh * kw > C) return 0;
+      kiln_tensor *wt = kiln_slice(kiln_slice(g->in[4], 0, 0, cout, 1), 1, 0, cin * kh * kw, 1);
+      wt = kiln_reshape(wt, 4, ((int64_t[]){cout, cin, kh, kw}));
+      wo = (w + 2 * pw - dil * (kw - 1) - 1) / sw + 1;
+      o = kiln_conv2d(x4, wt, chance(r, 2) ? kiln_slice(g->in[1], 0, 0, cout, 1) : NULL, st, pd, ((int[]){1, dil}), 1);
+      d[1] = cout;
+      break;
+    }
+    case 1: o = kiln_max_pool2d(x4, hw, st, pd), d[1] = cin; break;
+    case 2: o = kiln_avg_pool2d(x4, hw, st, pd), d[1] = cin; break;
+    case 3: { /* adaptive: a constant output size */
+      int ow = 1 + pick(r, 3);
+      d[0] = a.d[0], d[1] = cin, d[2] = 2, d[3] = ow;
+      return push(g, kiln_adaptive_avg_pool2d(x4, ((int[]){2, ow})), 4, d, -1, false);
+    }
+    default: /* batch norm, with the batch's statistics (more than one value per channel) or constant running ones */
+      o = w > 1 && chance(r, 2) ? kiln_batch_norm(x4, NULL, NULL, NULL, NULL, true, 0.1, 1e-5)
+                       : kiln_batch_norm(x4, kiln_zeros(g->ft, 1, ((int64_t[]){cin})), kiln_full(g->ft, 1, ((int64_t[]){cin}), 2),
+                                         NULL, NULL, false, 0.1, 1e-5);
+      d[1] = cin, wo = w;
+      break;
+    }
+    d[0] = a.d[0], d[2] = h, d[3] = wo;
+    return push(g, o, 4, d, -1, false);
+  }
   default: /* the mean of another value added */
     return push_like(g, kiln_add(a.t, kiln_mean_all(g->v[pick_float(g)].t)), &a);
   }
