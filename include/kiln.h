@@ -170,6 +170,23 @@ KILN_API KILN_READS(3, 2) kiln_tensor *kiln_rand_at(kiln_dtype, int ndim, const 
 #define kiln_randn(...) KILN_OP(kiln_randn_at, __VA_ARGS__)
 #define kiln_rand(...) KILN_OP(kiln_rand_at, __VA_ARGS__)
 
+/* The default generator: a seed and a count of the numbers drawn from it,
+ * counter-based like kiln_rand (number i of the stream depends only on
+ * (seed, i)), so neither the thread count nor compiling changes what a draw
+ * gives. A compiled call draws what the body would have drawn at that point
+ * of the stream: same seed, same numbers; every call new ones. */
+KILN_API void kiln_manual_seed(uint64_t seed); /* and the count back to 0 */
+/* New tensors of x's shape and (float) dtype from the default generator:
+ * uniform in [0, 1), standard normal. Not differentiable. */
+KILN_API kiln_tensor *kiln_rand_like_at(kiln_tensor *x, const char *file, int line);
+KILN_API kiln_tensor *kiln_randn_like_at(kiln_tensor *x, const char *file, int line);
+/* training: each element of x zeroed with probability p (from the default
+ * generator), the others scaled by 1/(1-p), as torch's dropout; otherwise x. */
+KILN_API kiln_tensor *kiln_dropout_at(kiln_tensor *x, double p, bool training, const char *file, int line);
+#define kiln_rand_like(...) KILN_OP(kiln_rand_like_at, __VA_ARGS__)
+#define kiln_randn_like(...) KILN_OP(kiln_randn_like_at, __VA_ARGS__)
+#define kiln_dropout(...) KILN_OP(kiln_dropout_at, __VA_ARGS__)
+
 KILN_API int kiln_ndim(const kiln_tensor *);
 KILN_API int64_t kiln_size(const kiln_tensor *, int dim); /* dim < 0 counts from the end; -1 on error */
 KILN_API int64_t kiln_numel(const kiln_tensor *);

@@ -356,6 +356,24 @@ START_TEST(test_tensor_file_literals) {
 }
 END_TEST
 
+/* The default generator's draws. */
+START_TEST(test_random_literals) {
+  kiln_scope_begin();
+  kiln_manual_seed(3);
+  kiln_tensor *x = kiln_tensor_from(KILN_F32, 2, (int64_t[]){2, 2}, (float[]){1, 2, 3, 4});
+  kiln_tensor *u = kiln_rand_like(x), *z = kiln_randn_like(x), *d = kiln_dropout(x, 0.0, true);
+  ck_assert_msg(u && z && d, "%s", kiln_last_error());
+  EXPECT(d, ((int64_t[]){2, 2}), 1, 2, 3, 4);
+  EXPECT(kiln_dropout(x, 0.5, false), ((int64_t[]){2, 2}), 1, 2, 3, 4);
+  /* the first four numbers of seed 3's stream are kiln_rand's with seed 3 */
+  double a[4], b[4];
+  values(u, a, 4);
+  values(kiln_rand(KILN_F32, 1, (int64_t[]){4}, 3), b, 4);
+  for (int i = 0; i < 4; i++) ck_assert_double_eq(a[i], b[i]);
+  kiln_scope_end();
+}
+END_TEST
+
 /* The header's version macros agree with each other and with the library. */
 START_TEST(test_version) {
   char want[32];
@@ -413,6 +431,7 @@ static Suite *macros_suite(void) {
   tcase_add_test(tc, test_lifetime_macros);
   tcase_add_test(tc, test_checked_lists);
   tcase_add_test(tc, test_tensor_file_literals);
+  tcase_add_test(tc, test_random_literals);
   tcase_add_test(tc, test_version);
   tcase_add_test(tc, test_every_macro_used);
   suite_add_tcase(s, tc);

@@ -406,6 +406,7 @@ static const struct {
     {"index_add", "the gradient of index_select and embedding (test_autograd, finite differences)"},
     {"slice_scatter", "the gradient of slice (test_autograd, finite differences)"},
     {"index_check", "cross entropy's targets in compiled code (test_compile, test_bad_targets_compiled)"},
+    {"rand", "the default generator's numbers against kiln_rand's stream, eager and compiled (test_capture)"},
 };
 
 /* The file covers every primitive of the op table, every composite op and

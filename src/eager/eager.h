@@ -150,6 +150,8 @@ kiln_tensor *tensor_new_meta(kiln_dtype dt, int ndim, const int64_t *shape);
 /* Gives a meta storage the data it was waiting for: data (alloc_aligned, of
  * st->bytes rounded up to 64) becomes its own. */
 void storage_materialize(storage *st, void *data);
+/* Drops a reference to a storage (freed with the last). */
+void storage_release_ref(storage *s);
 /* Moves src's data (of the same byte count) into the meta storage st; src keeps none. */
 void storage_steal(storage *st, storage *src);
 /* New view of t's storage with the given layout, owned by the caller. */
@@ -204,7 +206,8 @@ enum attr_field {
   AF_K = 1 << 11,      /* k: an integer (a diagonal, a count) */
   AF_FLAG = 1 << 12,   /* flag: a yes/no choice (largest, reverse) */
   AF_INTS = 1 << 13,   /* nints, ints[]: small integer parameters (pads, strides) */
-  AF_FIELDS = 14
+  AF_RNG = 1 << 14,    /* seed, offset: where a draw starts in the counter-based generator's stream */
+  AF_FIELDS = 15
 };
 
 /* Attributes are inline and fixed-size: they are part of a node's identity.
@@ -225,6 +228,7 @@ typedef struct op_attrs {
   bool flag;                /* AF_FLAG */
   int nints;                /* AF_INTS */
   int64_t ints[2 * MAXD];
+  sym_dim seed, offset;     /* AF_RNG: numbers the call passes (their bits; any int64) */
   /* What eager tells the tracer about the caller's numbers; not part of the
    * identity. reshape: 1 + the dim given as -1, else 0. slice: raw_start and
    * raw_end hold the caller's bounds before normalizing (raw set). */
@@ -404,6 +408,8 @@ int k_reduce(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
 int k_argmax(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
 int k_matmul(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
 int k_cat(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
+/* tensor.c: the generator's numbers from attrs seed and offset (element i is number offset + i) */
+int k_rand(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
 int k_index_select(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
 int k_index_add(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
 int k_slice_scatter(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);

@@ -147,3 +147,20 @@ kiln_tensor *kiln_mse_loss_at(kiln_tensor *a, kiln_tensor *b, const char *file, 
   kiln_scope_end();
   return y;
 }
+
+kiln_tensor *kiln_dropout_at(kiln_tensor *x, double p, bool training, const char *file, int line) {
+  if (check_float("dropout", x, 0, file, line)) return NULL;
+  if (!(p >= 0 && p <= 1)) return err_set(file, line, "dropout", "p %g is outside [0, 1]", p);
+  if (!training || p == 0) return scope_adopt(kiln_retain(x));
+  kiln_scope_begin();
+  kiln_tensor *zero = kiln_scalar_at(x->dtype, 0, file, line), *y;
+  if (p == 1) {
+    y = kiln_mul_at(x, zero, file, line);
+  } else {
+    kiln_tensor *keep = kiln_ge_at(kiln_rand_like_at(x, file, line), kiln_scalar_at(x->dtype, p, file, line), file, line);
+    y = kiln_where_at(keep, kiln_mul_at(x, kiln_scalar_at(x->dtype, 1 / (1 - p), file, line), file, line), zero, file, line);
+  }
+  kiln_keep(y);
+  kiln_scope_end();
+  return y;
+}

@@ -28,7 +28,7 @@ bool op_has_emitter(op_id op) { return strcmp(op_table[op].emitter, "NONE") != 0
 
 const char *attr_field_name(unsigned field) {
   static const char *const names[AF_FIELDS] = {"axes", "keepdim", "shape", "perm", "dim", "start", "end",
-                                               "step", "dtype", "value", "value2", "k", "flag", "ints"};
+                                               "step", "dtype", "value", "value2", "k", "flag", "ints", "rng"};
   for (int i = 0; i < AF_FIELDS; i++)
     if (field == 1u << i) return names[i];
   return "?";
@@ -71,6 +71,7 @@ uint64_t attrs_hash(unsigned f, const op_attrs *a) {
     h = mix(h, (uint64_t)a->nints);
     for (int i = 0; i < clamp(a->nints, 2 * MAXD); i++) h = mix(h, (uint64_t)a->ints[i]);
   }
+  if (f & AF_RNG) h = mix(mix(h, dim_hash(a->seed)), dim_hash(a->offset));
   return h;
 }
 
@@ -98,6 +99,7 @@ bool attrs_equal(unsigned f, const op_attrs *a, const op_attrs *b) {
   if ((f & AF_INTS) &&
       (a->nints != b->nints || memcmp(a->ints, b->ints, sizeof(int64_t) * (size_t)clamp(a->nints, 2 * MAXD))))
     return false;
+  if ((f & AF_RNG) && (!dim_eq(a->seed, b->seed) || !dim_eq(a->offset, b->offset))) return false;
   return true;
 }
 
@@ -115,5 +117,6 @@ int attrs_eval(unsigned f, const op_attrs *a, const int64_t *vals, int nvals, op
       if (eval_dim(&out->shape[i], vals, nvals)) return -1;
   if ((f & AF_START) && eval_dim(&out->start, vals, nvals)) return -1;
   if ((f & AF_END) && eval_dim(&out->end, vals, nvals)) return -1;
+  if ((f & AF_RNG) && (eval_dim(&out->seed, vals, nvals) || eval_dim(&out->offset, vals, nvals))) return -1;
   return 0;
 }

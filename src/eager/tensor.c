@@ -99,7 +99,9 @@ static storage *storage_new(size_t bytes) {
   return s;
 }
 
-static void storage_release(storage *s) {
+void storage_release_ref(storage *s);
+static void storage_release(storage *s) { storage_release_ref(s); }
+void storage_release_ref(storage *s) {
   if (atomic_fetch_sub(&s->refcount, 1) != 1) return;
   if (s->data) {
     alloc_track(-(int64_t)s->bytes);
@@ -430,6 +432,7 @@ static inline double unit_open(uint64_t key, uint64_t i) { /* in (0, 1] */
 typedef struct rng_job {
   kiln_tensor *t;
   uint64_t key;
+  uint64_t offset; /* element i is number offset + i of the stream */
   bool normal;
 } rng_job;
 
@@ -437,11 +440,12 @@ static void rng_chunk(void *ctx, int64_t b, int64_t e) {
   rng_job *j = ctx;
   for (int64_t i = b; i < e; i++) {
     double v;
+    uint64_t n = j->offset + (uint64_t)i;
     if (j->normal) {
-      double u1 = unit_open(j->key, 2 * (uint64_t)i), u2 = unit_open(j->key, 2 * (uint64_t)i + 1);
+      double u1 = unit_open(j->key, 2 * n), u2 = unit_open(j->key, 2 * n + 1);
       v = sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
     } else {
-      v = 1.0 - unit_open(j->key, (uint64_t)i); /* [0, 1) */
+      v = 1.0 - unit_open(j->key, n); /* [0, 1) */
     }
     if (j->t->dtype == KILN_F32) {
       float f = (float)v;
@@ -461,10 +465,57 @@ static kiln_tensor *random_tensor(const char *op, bool normal, kiln_dtype dt, in
   if (h) return scope_adopt(h->factory(h->ctx, FAC_RAND, dt, ndim, shape, 0, seed, normal, NULL, file, line));
   kiln_tensor *t = tensor_new(dt, ndim, shape);
   if (!t) return err_set(file, line, op, "out of memory");
-  rng_job j = {t, mix64(seed ^ 0x6A09E667F3BCC909ull), normal};
+  rng_job j = {t, mix64(seed ^ 0x6A09E667F3BCC909ull), 0, normal};
   pool_parallel_for(shape_numel(t->ndim, t->shape), 1 << 14, rng_chunk, &j);
   return scope_adopt(t);
 }
+
+/* ---- the default generator: a seed and how many numbers were drawn ---- */
+
+static atomic_ullong gen_seed = 0x5eed5eed5eedull, gen_offset;
+
+void kiln_manual_seed(uint64_t seed) {
+  atomic_store(&gen_seed, seed);
+  atomic_store(&gen_offset, 0);
+}
+
+/* Takes n numbers from the stream: *offset is the first one's index. A
+ * normal number takes two uniforms, 2k and 2k+1 (rng_chunk): such a draw
+ * starts at an even uniform, and its offset counts pairs. */
+static void gen_draw(int64_t n, bool normal, uint64_t *seed, uint64_t *offset) {
+  *seed = atomic_load(&gen_seed);
+  if (!normal) {
+    *offset = atomic_fetch_add(&gen_offset, (uint64_t)n);
+    return;
+  }
+  uint64_t at = atomic_load(&gen_offset), start;
+  do start = (at + 1) & ~1ull;
+  while (!atomic_compare_exchange_weak(&gen_offset, &at, start + 2 * (uint64_t)n));
+  *offset = start / 2;
+}
+
+int k_rand(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out) {
+  (void)op, (void)in, (void)n;
+  rng_job j = {out, mix64((uint64_t)a->seed.c ^ 0x6A09E667F3BCC909ull), (uint64_t)a->offset.c, a->flag};
+  pool_parallel_for(shape_numel(out->ndim, out->shape), 1 << 14, rng_chunk, &j);
+  return 0;
+}
+
+static kiln_tensor *draw_like(const char *op, kiln_tensor *x, bool normal, const char *file, int line) {
+  if (tensor_bad_arg(x, file, line, op, "input 0")) return NULL;
+  if (!dtype_is_float(x->dtype)) return err_set(file, line, op, "dtype %s is not a float type", kiln_dtype_name(x->dtype));
+  uint64_t seed, offset;
+  gen_draw(shape_numel(x->ndim, x->shape), normal, &seed, &offset);
+  op_attrs a = {.flag = normal, .seed = sym_const((int64_t)seed), .offset = sym_const((int64_t)offset)};
+  /* from the generator, not from x: no gradient flows to x */
+  kiln_no_grad_begin();
+  kiln_tensor *r = op_dispatch(OP_RAND, &x, 1, &a, file, line);
+  kiln_no_grad_end();
+  return r;
+}
+
+kiln_tensor *kiln_rand_like_at(kiln_tensor *x, const char *file, int line) { return draw_like("rand_like", x, false, file, line); }
+kiln_tensor *kiln_randn_like_at(kiln_tensor *x, const char *file, int line) { return draw_like("randn_like", x, true, file, line); }
 
 kiln_tensor *kiln_randn_at(kiln_dtype dt, int ndim, const int64_t *shape, uint64_t seed, const char *file,
                            int line) {

@@ -64,13 +64,17 @@ static int declare_syms(build_state *b) {
 }
 
 /* A new argument symbol, bound from a slot on every call (value v now, pv at the earlier call). */
+static sym_dim new_arg_sym_in(build_state *b, int64_t v, bool has_pv, int64_t pv, int64_t lo, int64_t hi, int *arg);
 static sym_dim new_arg_sym(build_state *b, int64_t v, bool has_pv, int64_t pv, int *arg) {
+  return new_arg_sym_in(b, v, has_pv, pv, v < 0 ? INT64_MIN / 4 : 0, INT64_MAX / 4, arg);
+}
+static sym_dim new_arg_sym_in(build_state *b, int64_t v, bool has_pv, int64_t pv, int64_t lo, int64_t hi, int *arg) {
   if (b->n_syms == IR_MAX_SYMS || alloc_grow((void **)&b->args, &b->cap_args, b->n_args + 1, sizeof *b->args)) {
     bfail(b, "more than %d symbolic sizes", IR_MAX_SYMS);
     return sym_error();
   }
   int k = b->n_syms++;
-  b->sym[k] = (build_sym){.input = -1, .dim = 0, .arg = b->n_args, .lo = v < 0 ? INT64_MIN / 4 : 0, .hi = INT64_MAX / 4};
+  b->sym[k] = (build_sym){.input = -1, .dim = 0, .arg = b->n_args, .lo = lo, .hi = hi};
   b->vals[k] = v;
   b->has_prev[k] = has_pv;
   b->prev_vals[k] = pv;
@@ -546,6 +550,16 @@ static void convert_attrs(build_state *b, int ev, const ir_node *x, op_attrs *o)
   if (f & AF_K) slot_fixed(b, (rec_slot){false, a->k, 0}), si++;
   if (f & AF_INTS)
     for (int i = 0; i < a->nints; i++) slot_fixed(b, (rec_slot){false, a->ints[i], 0}), si++;
+  if (f & AF_RNG) {
+    /* where a draw starts moves on every call: arguments from the first */
+    int64_t v[2] = {a->seed.c, a->offset.c};
+    sym_dim *dst[2] = {&o->seed, &o->offset};
+    for (int k = 0; k < 2; k++, si++) {
+      int arg;
+      *dst[k] = new_arg_sym_in(b, v[k], false, 0, INT64_MIN, INT64_MAX, &arg);
+      add_rule(b, (slot_rule){.kind = SLOT_ARG, .v = {false, v[k], 0}, .arg = arg});
+    }
+  }
 }
 
 /* ---- events ---- */

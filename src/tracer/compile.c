@@ -537,6 +537,7 @@ typedef struct call_state {
   kiln_fn *fn;
   kiln_tensor *const *in;
   int *outs;                  /* the body's outputs' value ids (the last segment) */
+  kiln_tensor **out_t;        /* and the tensors */
   recording rec;
   /* candidates: the variants whose inputs fit, newest first; alive while they match */
   variant **cand;
@@ -559,10 +560,17 @@ typedef struct call_state {
   int n_segs;
   bool uncached;              /* the cache is full: the new segments run on the interpreter */
   bool matched_all;
-  char why[512];              /* why no variant matched */
+  char why[2048];             /* why each variant did not match, one after another */
   double compile_ms, passes_ms, front_ms, opt_ms, machine_ms;
   int no;
 } call_state;
+
+/* Appends one variant's reason to a list of them. */
+static void add_why(char *list, size_t n, const char *why) {
+  size_t k = strlen(list);
+  if (k && k + 2 < n) k += (size_t)snprintf(list + k, n - k, "; ");
+  if (k < n) snprintf(list + k, n - k, "%s", why);
+}
 
 static size_t ev_bytes(const rec_event *e) {
   int64_t n = 1;
@@ -578,7 +586,7 @@ static bool same_structure(const int *ids_a, const rec_event *a, const int *ids_
   switch (a->kind) {
   case EV_OP: {
     unsigned all = op_table[a->op].attrs;
-    unsigned f = all & ~(unsigned)(AF_SHAPE | AF_START | AF_END | AF_VALUE | AF_VALUE2 | AF_K | AF_INTS);
+    unsigned f = all & ~(unsigned)(AF_SHAPE | AF_START | AF_END | AF_VALUE | AF_VALUE2 | AF_K | AF_INTS | AF_RNG);
     return attrs_equal(f, &a->a, &b->a) && a->a.infer == b->a.infer && a->a.raw == b->a.raw &&
            (!(all & AF_SHAPE) || a->a.ndim == b->a.ndim) && (!(all & AF_INTS) || a->a.nints == b->a.nints);
   }
@@ -753,6 +761,32 @@ static void materialize(const segment *seg, kiln_tensor **outs, const rec_live *
       }
       break;
     }
+  }
+}
+
+/* The body's outputs that still have no data get their own: the segment's
+ * value of each (a view of a storage nobody else holds becomes a tensor of
+ * its own, contiguous, with the same values). */
+static void give_outputs(call_state *cs, const segment *seg, kiln_tensor **outs) {
+  for (int i = 0; i < seg->n_body; i++) {
+    kiln_tensor *t = cs->out_t[i];
+    if (!t->st->meta || !outs[i]) continue;
+    kiln_tensor *v = outs[i];
+    storage *own = v->st;
+    if (atomic_load(&own->refcount) != 1 || tensor_refs(v) != 1 || v->offset || !tensor_contiguous(v)) {
+      /* shared with another output, or strided: a copy of its own */
+      kiln_tensor *c = op_run(OP_COPY, &v, 1, NULL, "", 0);
+      if (!c) continue;
+      kiln_release(outs[i]);
+      outs[i] = v = c;
+      own = v->st;
+    }
+    storage *old = t->st;
+    t->st = own;
+    atomic_fetch_add(&own->refcount, 1);
+    t->offset = 0;
+    contiguous_strides(t->ndim, t->shape, t->stride);
+    storage_release_ref(old);
   }
 }
 
@@ -943,7 +977,7 @@ static int seg_run(recording *r, void *ctx, bool last) {
   if (leaf_writes(r, &si->writes, &si->n_writes)) goto fail;
   if (last) rec_strip_history(r);
   rec_restore_grads(r);
-  if (rec_live_values(r, last, &live, &n_live)) goto fail;
+  if (rec_live_values(r, last ? cs->out_t : NULL, last ? fn->opts.n_out : 0, &live, &n_live)) goto fail;
   si->val_to = r->n_val;
   si->out = alloc_malloc(sizeof(int) * (size_t)(si->n_body + n_live + 1));
   if (!si->out) goto fail;
@@ -963,7 +997,7 @@ static int seg_run(recording *r, void *ctx, bool last) {
       if (!cs->alive[c]) continue;
       bool first = !seg;
       cs->alive[c] = match_segment(cs, c, si, first ? cs->argi : argi, first ? cs->argf : argf, why, sizeof why);
-      if (!cs->alive[c] && !cs->why[0]) snprintf(cs->why, sizeof cs->why, "%s", why);
+      if (!cs->alive[c]) add_why(cs->why, sizeof cs->why, why);
       if (cs->alive[c] && first) {
         seg = cs->cand[c]->seg[cs->n_seg - 1];
         args = cs->cand[c]->args;
@@ -982,6 +1016,7 @@ static int seg_run(recording *r, void *ctx, bool last) {
   if (!outs) goto fail;
   if (run_segment(cs, seg, args, outs)) goto done;
   materialize(seg, outs, live, n_live);
+  if (last) give_outputs(cs, seg, outs);
   rc = 0;
   goto done;
 fail:
@@ -1106,18 +1141,19 @@ static int record_call(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out) {
   double t0 = now_ms();
   int n_out = fn->opts.n_out;
   cs.outs = alloc_calloc((size_t)n_out + 1, sizeof *cs.outs);
+  cs.out_t = out;
   /* the candidates: every variant whose inputs fit, newest first */
   pthread_mutex_lock(&fn->mu);
   cs.cand = alloc_malloc(sizeof *cs.cand * (size_t)(fn->n_variants + 1));
   cs.alive = alloc_malloc(sizeof *cs.alive * (size_t)(fn->n_variants + 1));
   cs.cand_vals = alloc_malloc(sizeof *cs.cand_vals * (size_t)(fn->n_variants + 1));
-  char why0[512] = "";
+  char why0[2048] = "";
   if (cs.cand && cs.alive && cs.cand_vals)
     for (int i = fn->n_variants - 1; i >= 0; i--) {
       variant *v = fn->variants[i];
       char w[512];
       if (!inputs_pass(fn, v, in, cs.cand_vals[cs.n_cand], w, sizeof w)) {
-        if (!why0[0]) snprintf(why0, sizeof why0, "%s", w);
+        add_why(why0, sizeof why0, w);
         continue;
       }
       v->users++;
@@ -1182,6 +1218,22 @@ static int record_call(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out) {
     fn->st.fuse_ms += cs.front_ms, fn->st.llvm_opt_ms += cs.opt_ms, fn->st.llvm_codegen_ms += cs.machine_ms;
   }
   bool cached = false, warn_cap = false;
+  /* a variant made because only the numbers differed from one whose inputs
+   * fit (a learning rate, a temperature) holds them as arguments: it serves
+   * every call the other did, which it replaces */
+  variant *old = NULL;
+  for (int c = 0; nv && !cs.uncached && c < cs.n_cand && !old; c++) {
+    variant *v = cs.cand[c];
+    if (v->n_ev == cs.rec.n_ev && v->n_seg == nv->n_seg && aligned_with(&cs.rec, v) == v->n_ev) old = v;
+  }
+  if (old)
+    for (int i = 0; i < fn->n_variants; i++)
+      if (fn->variants[i] == old) {
+        memmove(&fn->variants[i], &fn->variants[i + 1], sizeof *fn->variants * (size_t)(fn->n_variants - i - 1));
+        fn->n_variants--;
+        old->dead = true; /* freed by call_free: this call holds it */
+        break;
+      }
   if (nv && !cs.uncached && fn->n_variants < fn->opts.max_variants) {
     if (fn->n_variants == fn->cap) {
       int cap = fn->cap ? fn->cap * 2 : 8;
@@ -1199,7 +1251,7 @@ static int record_call(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out) {
   fn->st.variants = fn->n_variants;
   pthread_mutex_unlock(&fn->mu);
   if (cs.building) {
-    if (cs.why[0]) dump_note(fn, "%s; variant %d made", cs.why, cs.no);
+    if (cs.why[0]) dump_note(fn, "%s; variant %d made%s", cs.why, cs.no, old ? ", in place of the one the numbers differed from" : "");
     if (nv && (fn->dump & KILN_DUMP_GUARDS)) {
       FILE *f = dump_open(fn, "guards", cs.no);
       print_guards(f, fn, nv);

@@ -723,6 +723,10 @@ static int read_attrs(parser *ps, ir_node *n) {
     case AF_VALUE2:
       if (read_float(ps, &a->value2)) return -1;
       break;
+    case AF_RNG:
+      if (expect(ps, "[") || read_dim(ps, &a->seed) || expect(ps, ",") || read_dim(ps, &a->offset) || expect(ps, "]"))
+        return -1;
+      break;
     case AF_INTS:
       if (read_list(ps, 2 * MAXD, INT64_MIN, INT64_MAX, &a->nints, a->ints)) return -1;
       break;

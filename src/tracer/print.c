@@ -209,6 +209,13 @@ static void put_attrs(out *o, const ir_graph *g, int id) {
     case AF_DTYPE: put_str(o, kiln_dtype_name(a->dtype)); break;
     case AF_VALUE: format_double(a->value, num); put_str(o, num); break;
     case AF_VALUE2: format_double(a->value2, num); put_str(o, num); break;
+    case AF_RNG:
+      put_str(o, "[");
+      put_dim(o, a->seed);
+      put_str(o, ",");
+      put_dim(o, a->offset);
+      put_str(o, "]");
+      break;
     case AF_INTS:
       put_str(o, "[");
       for (int i = 0; i < (a->nints < 0 ? 0 : a->nints > 2 * MAXD ? 2 * MAXD : a->nints); i++) putf(o, i ? ",%" PRId64 : "%" PRId64, a->ints[i]);

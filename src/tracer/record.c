@@ -447,9 +447,8 @@ static bool pending(recording *r, const kiln_tensor *t) {
   return false;
 }
 
-int rec_live_values(recording *r, bool last, rec_live **out, int *n) {
+int rec_live_values(recording *r, kiln_tensor *const *skip, int n_skip, rec_live **out, int *n) {
   struct rec_state *s = r->st;
-  (void)last;
   *out = NULL;
   *n = 0;
   rec_live *lv = alloc_malloc(sizeof *lv * (size_t)(s->n_made + 1));
@@ -459,6 +458,9 @@ int rec_live_values(recording *r, bool last, rec_live **out, int *n) {
     kiln_tensor *t = s->made[i];
     /* alive beyond our reference, and holding data the call computes */
     if (tensor_refs(t) <= 1 || !t->st->meta) continue;
+    bool skipped = false;
+    for (int j = 0; j < n_skip && !skipped; j++) skipped = skip[j] == t;
+    if (skipped) continue;
     bool seen = false;
     for (int j = 0; j < k && !seen; j++) seen = lv[j].st == t->st;
     if (seen) continue;
@@ -577,6 +579,7 @@ int rec_slots(const rec_event *e, rec_slot *out, int max) {
     if (f & AF_K) k = put_i(out, k, max, a->k);
     if (f & AF_INTS)
       for (int i = 0; i < a->nints; i++) k = put_i(out, k, max, a->ints[i]);
+    if (f & AF_RNG) k = put_i(out, put_i(out, k, max, a->seed.c), max, a->offset.c);
     break;
   }
   case EV_INPLACE:

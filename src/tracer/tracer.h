@@ -225,14 +225,15 @@ void rec_free(recording *r);
 /* The value id tensor t has in the recording, adding it as a leaf when new; -1 on failure. */
 int rec_value_of(recording *r, kiln_tensor *t);
 /* The live values whose data a segment must produce, in a stable order:
- * every storage a tensor of the call still holds, by its current value, and
- * each leaf written since the segment began. Fills an array (alloc_free it). */
+ * every storage a tensor of the call still holds (skip[0..n_skip) aside:
+ * the body's outputs, which the caller gives data of their own), by its
+ * current value. Fills an array (alloc_free it). */
 typedef struct rec_live {
   int value;               /* the value that holds the storage's data */
   storage *st;             /* the meta storage to fill, or NULL for a written leaf */
   int leaf;                /* a written leaf's value (RV_INPUT/RV_PARAM), else -1 */
 } rec_live;
-int rec_live_values(recording *r, bool last, rec_live **out, int *n);
+int rec_live_values(recording *r, kiln_tensor *const *skip, int n_skip, rec_live **out, int *n);
 /* The leaves the segment reached: an input, param or carried value, its value
  * when the segment began and now, its .grad then and now (value ids; -1 for
  * NULL or not reached). */

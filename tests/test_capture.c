@@ -1,0 +1,454 @@
+/* Sound compiled calls: whatever C the body runs, a compiled call gives the
+ * answer the body gives eagerly. Each case here is a body a tracer that sees
+ * only kiln ops would get wrong (a branch on a size, a C number that changes,
+ * random numbers, a literal equal to a size, a value read), checked against
+ * the same body run eagerly on the same inputs, plus the capture's own
+ * promises: which path a function takes, the dumps, fullgraph, and a first
+ * call that runs compiled code. */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kiln.h"
+
+static double maxdiff(kiln_tensor *a, kiln_tensor *b) {
+  ck_assert_msg(a && b, "%s", kiln_last_error());
+  ck_assert_int_eq(kiln_numel(a), kiln_numel(b));
+  if (!kiln_numel(a)) return 0;
+  kiln_scope_begin(); /* callers outside a scope must not own the temporaries */
+  kiln_tensor *d = kiln_max_axes(kiln_abs(kiln_sub(kiln_cast(a, KILN_F64), kiln_cast(b, KILN_F64))), NULL, 0, false);
+  double r = kiln_item(d);
+  kiln_scope_end();
+  return r;
+}
+
+static kiln_fn_stats stats(kiln_fn *fn) {
+  kiln_fn_stats st;
+  ck_assert_int_eq(0, kiln_fn_get_stats(fn, &st));
+  return st;
+}
+
+static bool has(const char *s, const char *part) { return s && strstr(s, part) != NULL; }
+
+/* What fd 2 (or 1) received while f ran. */
+static char caught[65536];
+static const char *catch_fd(int fd, void (*f)(void *), void *arg) {
+  fflush(fd == 2 ? stderr : stdout);
+  FILE *log = tmpfile();
+  ck_assert_ptr_nonnull(log);
+  int saved = dup(fd);
+  dup2(fileno(log), fd);
+  f(arg);
+  fflush(fd == 2 ? stderr : stdout);
+  dup2(saved, fd);
+  close(saved);
+  rewind(log);
+  size_t n = fread(caught, 1, sizeof caught - 1, log);
+  caught[n] = 0;
+  fclose(log);
+  return caught;
+}
+
+/* ---- a branch on a size ---- */
+
+static int size_branch(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  out[0] = kiln_size(in[0], 0) > 4 ? kiln_relu(in[0]) : kiln_tanh(in[0]);
+  return out[0] ? 0 : -1;
+}
+
+/* Recorded at batches 8 and 16 (relu); batch 2 takes the other branch, and
+ * its compiled call must give tanh's answer, not relu's. */
+START_TEST(test_branch_on_size) {
+  kiln_options o = {.name = "branch", .n_in = 1};
+  kiln_fn *fn = kiln_compile(size_branch, NULL, &o);
+  int64_t batches[] = {8, 16, 2, 8, 3, 16};
+  for (int i = 0; i < 6; i++) {
+    kiln_scope_begin();
+    kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){batches[i], 5}), (uint64_t)i), *y = NULL, *ref = NULL;
+    ck_assert_msg(kiln_call(fn, &x, &y) == 0, "%s", kiln_last_error());
+    ck_assert_int_eq(0, size_branch(NULL, &x, &ref));
+    ck_assert_msg(maxdiff(y, ref) <= 1e-6, "batch %lld: max diff %g", (long long)batches[i], maxdiff(y, ref));
+    kiln_scope_end();
+  }
+  kiln_fn_stats st = stats(fn);
+  ck_assert_int_eq(0, st.guard_hits); /* it read a size: every call records */
+  ck_assert_int_eq(6, st.hits + st.traces);
+  ck_assert_int_ge(st.hits, 2);       /* batches 8 and 3 again, and 16 */
+  kiln_fn_free(fn);
+}
+END_TEST
+
+/* ---- a C number that changes ---- */
+
+typedef struct {
+  double scale;
+} scaled;
+
+static int scale_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  const scaled *c = ctx;
+  out[0] = kiln_add(kiln_mul(in[0], kiln_scalar(KILN_F32, c->scale)), kiln_scalar(KILN_F32, 1));
+  return out[0] ? 0 : -1;
+}
+
+/* A C number made a tensor keeps no stale value: the second value recompiles
+ * once with the number as an argument, and that one variant serves the rest. */
+START_TEST(test_c_number_changes) {
+  char dir[] = "/tmp/kiln_capture_XXXXXX";
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  setenv("KILN_DUMP_DIR", dir, 1);
+  scaled c = {1.5};
+  kiln_options o = {.name = "scale", .n_in = 1, .dump = KILN_DUMP_RECOMPILES};
+  kiln_fn *fn = kiln_compile(scale_body, &c, &o);
+  unsetenv("KILN_DUMP_DIR");
+  for (int i = 0; i < 6; i++) {
+    kiln_scope_begin();
+    c.scale = 1.5 + i;
+    kiln_tensor *x = kiln_randn(KILN_F32, 1, ((int64_t[]){7}), 1), *y = NULL, *ref = NULL;
+    ck_assert_int_eq(0, kiln_call(fn, &x, &y));
+    ck_assert_int_eq(0, scale_body(&c, &x, &ref));
+    ck_assert_msg(maxdiff(y, ref) == 0, "scale %g: max diff %g", c.scale, maxdiff(y, ref));
+    kiln_scope_end();
+  }
+  kiln_fn_stats st = stats(fn);
+  ck_assert_int_eq(2, st.traces);
+  ck_assert_int_eq(4, st.hits);
+  ck_assert_int_eq(1, st.variants);
+  kiln_fn_free(fn);
+  /* the recompile says where the number is and both of its values */
+  char path[256], text[4096] = "";
+  snprintf(path, sizeof path, "%s/scale.recompiles.txt", dir);
+  FILE *f = fopen(path, "r");
+  ck_assert_ptr_nonnull(f);
+  text[fread(text, 1, sizeof text - 1, f)] = 0;
+  fclose(f);
+  unlink(path);
+  rmdir(dir);
+  ck_assert_msg(has(text, "test_capture.c:") && has(text, "was 1.5") && has(text, "now 2.5"), "%s", text);
+}
+END_TEST
+
+/* ---- training with a learning rate that changes every step ---- */
+
+typedef struct {
+  kiln_tensor *w, *b;
+  int step;
+} net;
+
+static void net_init(net *n, uint64_t seed) {
+  n->w = kiln_randn(KILN_F32, 2, ((int64_t[]){6, 3}), seed);
+  n->b = kiln_zeros(KILN_F32, 1, ((int64_t[]){3}));
+  kiln_requires_grad(n->w, true);
+  kiln_requires_grad(n->b, true);
+  n->step = 0;
+}
+
+static void net_free(net *n) {
+  kiln_release(n->w);
+  kiln_release(n->b);
+}
+
+/* One SGD step at lr = 0.5 / (1 + step), the step counter kept in C; with
+ * drop, dropout on the hidden values. */
+static int sgd_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out, bool drop) {
+  net *n = ctx;
+  double lr = 0.5 / (1 + n->step++);
+  kiln_tensor *h = kiln_add(kiln_matmul(in[0], n->w), n->b);
+  if (drop) h = kiln_dropout(h, 0.3, true);
+  kiln_tensor *loss = kiln_mse_loss(kiln_tanh(h), in[1]);
+  if (!loss || kiln_backward(loss)) return -1;
+  kiln_no_grad_begin();
+  kiln_tensor *ps[2] = {n->w, n->b};
+  for (int i = 0; i < 2; i++) {
+    kiln_sub_(ps[i], kiln_mul(kiln_grad(ps[i]), kiln_scalar(KILN_F32, lr)));
+    kiln_zero_grad(ps[i]);
+  }
+  kiln_no_grad_end();
+  out[0] = loss;
+  return 0;
+}
+static int lr_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) { return sgd_body(ctx, in, out, false); }
+static int drop_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) { return sgd_body(ctx, in, out, true); }
+
+/* 20 steps compiled and 20 eagerly, from the same weights (and the same
+ * seed): the same losses and weights, and one variant in the end. */
+static void train_twice(kiln_body body, bool seeded) {
+  net a, b;
+  net_init(&a, 4);
+  net_init(&b, 4);
+  kiln_options o = {.name = "step", .n_in = 2};
+  kiln_fn *fn = kiln_compile(body, &a, &o);
+  if (seeded) kiln_manual_seed(11);
+  for (int s = 0; s < 20; s++) {
+    kiln_scope_begin();
+    kiln_tensor *in[2] = {kiln_randn(KILN_F32, 2, ((int64_t[]){8, 6}), 100 + (uint64_t)s),
+                          kiln_randn(KILN_F32, 2, ((int64_t[]){8, 3}), 200 + (uint64_t)s)};
+    kiln_tensor *loss = NULL;
+    ck_assert_msg(kiln_call(fn, in, &loss) == 0, "%s", kiln_last_error());
+    kiln_scope_end();
+  }
+  if (seeded) kiln_manual_seed(11);
+  double last = 0;
+  for (int s = 0; s < 20; s++) {
+    kiln_scope_begin();
+    kiln_tensor *in[2] = {kiln_randn(KILN_F32, 2, ((int64_t[]){8, 6}), 100 + (uint64_t)s),
+                          kiln_randn(KILN_F32, 2, ((int64_t[]){8, 3}), 200 + (uint64_t)s)};
+    kiln_tensor *loss = NULL;
+    ck_assert_int_eq(0, body(&b, in, &loss));
+    last = kiln_item(loss);
+    kiln_scope_end();
+  }
+  (void)last;
+  ck_assert_msg(maxdiff(a.w, b.w) <= 1e-5, "weights differ by %g", maxdiff(a.w, b.w));
+  ck_assert_msg(maxdiff(a.b, b.b) <= 1e-5, "biases differ by %g", maxdiff(a.b, b.b));
+  ck_assert_int_eq(20, a.step);
+  kiln_fn_stats st = stats(fn);
+  ck_assert_int_eq(1, st.variants);
+  ck_assert_int_eq(2, st.traces);
+  ck_assert_int_eq(18, st.hits);
+  kiln_fn_free(fn);
+  net_free(&a);
+  net_free(&b);
+}
+
+START_TEST(test_lr_schedule) { train_twice(lr_body, false); }
+END_TEST
+
+/* Dropout in a compiled step draws eager's masks from the same seed. */
+START_TEST(test_dropout_step) { train_twice(drop_body, true); }
+END_TEST
+
+/* ---- the default generator ---- */
+
+static int draws(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  out[0] = kiln_rand_like(in[0]);
+  out[1] = kiln_add(kiln_randn_like(in[0]), in[0]);
+  return out[0] && out[1] ? 0 : -1;
+}
+
+/* Compiled draws are the numbers eager draws at the same point of the stream
+ * (new ones on every call), whatever the thread count; and element i of a
+ * uniform draw from offset 0 is kiln_rand's element i (the stream's definition). */
+START_TEST(test_random_stream) {
+  kiln_options o = {.name = "draws", .n_in = 1, .n_out = 2};
+  kiln_fn *fn = kiln_compile(draws, NULL, &o);
+  kiln_scope_begin();
+  kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){40, 33}), 1);
+  kiln_tensor *got[4][2], *want[4][2];
+  kiln_manual_seed(99);
+  for (int i = 0; i < 4; i++) {
+    kiln_set_num_threads(i % 2 ? 1 : 2);
+    ck_assert_int_eq(0, kiln_call(fn, &x, got[i]));
+  }
+  kiln_set_num_threads(0);
+  kiln_manual_seed(99);
+  for (int i = 0; i < 4; i++) ck_assert_int_eq(0, draws(NULL, &x, want[i]));
+  for (int i = 0; i < 4; i++)
+    for (int k = 0; k < 2; k++) ck_assert_msg(maxdiff(got[i][k], want[i][k]) == 0, "call %d output %d", i, k);
+  ck_assert_double_gt(maxdiff(got[0][0], got[1][0]), 0.1); /* new numbers every call */
+  ck_assert_double_eq(0, maxdiff(got[0][0], kiln_rand(KILN_F32, 2, ((int64_t[]){40, 33}), 99)));
+  /* uniform in [0, 1) with the right mean; normal with mean 0 and variance 1 */
+  double mean = kiln_item(kiln_mean_all(got[2][0]));
+  ck_assert_double_lt(fabs(mean - 0.5), 0.03);
+  kiln_tensor *z = kiln_sub(got[2][1], x);
+  ck_assert_double_lt(fabs(kiln_item(kiln_mean_all(z))), 0.06);
+  ck_assert_double_lt(fabs(kiln_item(kiln_var_axes(z, NULL, 0, 1, false)) - 1), 0.08);
+  kiln_scope_end();
+  kiln_fn_stats st = stats(fn);
+  ck_assert_int_eq(1, st.variants);
+  ck_assert_int_eq(3, st.hits);
+  kiln_fn_free(fn);
+}
+END_TEST
+
+/* ---- a literal equal to a size ---- */
+
+/* A GQA-like forward: (B,T,48) split into 2 kv heads (a literal) of T-sized
+ * rows, the sizes read with kiln_size. */
+static int heads_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  int64_t B = kiln_size(in[0], 0), T = kiln_size(in[0], 1);
+  kiln_tensor *h = kiln_reshape(in[0], 4, ((int64_t[]){B, T, 2, 24}));
+  kiln_tensor *s = kiln_sum(kiln_mul(h, h), 3, false); /* (B,T,2) */
+  out[0] = kiln_reshape(kiln_transpose(s, 1, 2), 2, ((int64_t[]){B * 2, T}));
+  return out[0] ? 0 : -1;
+}
+
+/* Over 11 (batch, length) pairs, the first where the batch is 2 (the
+ * literal's value): at most two variants are made, the second holding the
+ * 2 a literal, because it stayed put while the batch changed. */
+START_TEST(test_literal_equal_to_size) {
+  kiln_options o = {.name = "heads", .n_in = 1};
+  kiln_fn *fn = kiln_compile(heads_body, NULL, &o);
+  int64_t pairs[11][2] = {{2, 8}, {3, 5}, {2, 2}, {4, 8}, {1, 7}, {6, 3}, {2, 9}, {5, 5}, {8, 2}, {3, 11}, {2, 48}};
+  for (int i = 0; i < 11; i++) {
+    kiln_scope_begin();
+    kiln_tensor *x = kiln_randn(KILN_F32, 3, ((int64_t[]){pairs[i][0], pairs[i][1], 48}), (uint64_t)i), *y = NULL, *ref = NULL;
+    ck_assert_msg(kiln_call(fn, &x, &y) == 0, "%s", kiln_last_error());
+    ck_assert_int_eq(0, heads_body(NULL, &x, &ref));
+    ck_assert_msg(maxdiff(y, ref) <= 1e-4, "pair %d: max diff %g", i, maxdiff(y, ref));
+    kiln_scope_end();
+  }
+  kiln_fn_stats st = stats(fn);
+  ck_assert_msg(st.traces <= 2, "%lld traces", (long long)st.traces);
+  ck_assert_int_eq(0, st.fallbacks);
+  kiln_fn_free(fn);
+}
+END_TEST
+
+/* ---- value reads ---- */
+
+static int printing(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  kiln_tensor *s = kiln_sum_all(kiln_mul(in[0], in[0]));
+  kiln_print(s);
+  out[0] = kiln_item(s) > 10 ? kiln_mul(in[0], kiln_scalar(KILN_F32, 0.5)) : kiln_exp(in[0]);
+  return out[0] ? 0 : -1;
+}
+
+typedef struct {
+  kiln_fn *fn; /* NULL: the body eagerly */
+  float scale;
+  kiln_tensor *y;
+} print_job;
+
+static void print_call(void *arg) {
+  print_job *j = arg;
+  kiln_tensor *x = kiln_mul(kiln_ones(KILN_F32, 1, ((int64_t[]){4})), kiln_scalar(KILN_F32, j->scale));
+  ck_assert_int_eq(0, j->fn ? kiln_call(j->fn, &x, &j->y) : printing(NULL, &x, &j->y));
+}
+
+/* kiln_print inside a body prints the real values on every call, and the
+ * body's branch on kiln_item follows them: the ops before each read run as
+ * a compiled segment. */
+START_TEST(test_value_reads) {
+  kiln_options o = {.name = "printing", .n_in = 1};
+  kiln_fn *fn = kiln_compile(printing, NULL, &o);
+  kiln_scope_begin();
+  float scales[] = {1, 3, 1, 3};
+  for (int i = 0; i < 4; i++) {
+    print_job j = {fn, scales[i], NULL}, e = {NULL, scales[i], NULL};
+    static char text[sizeof caught];
+    snprintf(text, sizeof text, "%s", catch_fd(1, print_call, &j));
+    const char *eager = catch_fd(1, print_call, &e);
+    ck_assert_msg(!strcmp(text, eager), "call %d printed \"%s\", eager \"%s\"", i, text, eager);
+    char want[64];
+    snprintf(want, sizeof want, "%g", 4.0 * scales[i] * scales[i]); /* the sum of squares */
+    ck_assert_msg(has(text, want), "call %d printed \"%s\", not %s", i, text, want);
+    ck_assert_double_eq(0, maxdiff(j.y, e.y));
+  }
+  kiln_scope_end();
+  kiln_fn_stats st = stats(fn);
+  ck_assert_int_eq(2, st.traces);
+  ck_assert_int_eq(2, st.hits);
+  ck_assert_int_eq(4, st.breaks);
+  ck_assert_int_eq(0, st.fallbacks);
+  kiln_fn_free(fn);
+}
+END_TEST
+
+/* ---- fullgraph ---- */
+
+START_TEST(test_fullgraph) {
+  kiln_options o = {.name = "printing", .n_in = 1, .fullgraph = 1};
+  kiln_fn *fn = kiln_compile(printing, NULL, &o);
+  kiln_scope_begin();
+  kiln_tensor *x = kiln_ones(KILN_F32, 1, ((int64_t[]){4})), *y = NULL;
+  print_job j = {fn, 1, NULL};
+  (void)j;
+  ck_assert_int_eq(-1, kiln_call(fn, &x, &y));
+  ck_assert_msg(has(kiln_last_error(), "test_capture.c:") && has(kiln_last_error(), "fullgraph"), "%s", kiln_last_error());
+  kiln_scope_end();
+  kiln_fn_free(fn);
+}
+END_TEST
+
+/* ---- the two paths ---- */
+
+typedef struct {
+  kiln_tensor *w, *b;
+} layer;
+
+static int plain_layer(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  const layer *l = ctx;
+  out[0] = kiln_relu(kiln_add(kiln_matmul(in[0], kiln_transpose(l->w, 0, 1)), l->b));
+  return out[0] ? 0 : -1;
+}
+
+/* A body that reads no size, data or number takes the guard-only path (the
+ * body does not run on a hit), and says so in the guards dump; the option
+ * forces the recording path, with the same answers. */
+START_TEST(test_paths) {
+  layer l = {kiln_randn(KILN_F32, 2, ((int64_t[]){5, 4}), 1), kiln_randn(KILN_F32, 1, ((int64_t[]){5}), 2)};
+  for (int capture = 0; capture < 2; capture++) {
+    kiln_options o = {.name = "layer", .n_in = 1, .capture = capture ? KILN_CAPTURE_RECORD : KILN_CAPTURE_AUTO};
+    kiln_fn *fn = kiln_compile(plain_layer, &l, &o);
+    for (int i = 0; i < 4; i++) {
+      kiln_scope_begin();
+      kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){3, 4}), 10 + (uint64_t)i), *y = NULL, *ref = NULL;
+      ck_assert_int_eq(0, kiln_call(fn, &x, &y));
+      ck_assert_int_eq(0, plain_layer(&l, &x, &ref));
+      ck_assert_double_le(maxdiff(y, ref), 1e-6);
+      kiln_scope_end();
+    }
+    kiln_fn_stats st = stats(fn);
+    ck_assert_int_eq(3, st.hits);
+    ck_assert_int_eq(capture ? 0 : 3, st.guard_hits);
+    kiln_fn_free(fn);
+  }
+  kiln_release(l.w);
+  kiln_release(l.b);
+}
+END_TEST
+
+/* ---- warnings about the variables ---- */
+
+static void compile_with_bad_env(void *arg) {
+  (void)arg;
+  kiln_options o = {.name = "layer", .n_in = 1};
+  for (int i = 0; i < 2; i++) kiln_fn_free(kiln_compile(plain_layer, NULL, &o));
+}
+
+/* Unknown KILN_DUMP names and KILN_BACKEND values are said once, with the words that exist. */
+START_TEST(test_unknown_variables_warn) {
+  setenv("KILN_DUMP", "graph,kernals", 1);
+  setenv("KILN_BACKEND", "llvn", 1);
+  const char *text = catch_fd(2, compile_with_bad_env, NULL);
+  unsetenv("KILN_DUMP");
+  unsetenv("KILN_BACKEND");
+  ck_assert_msg(has(text, "'kernals'") && has(text, "known: trace, graph") && has(text, "'llvn'") && has(text, "known: llvm, interp"),
+                "%s", text);
+  ck_assert_msg(!has(strstr(text, "'kernals'") + 1, "'kernals'"), "said twice: %s", text);
+}
+END_TEST
+
+Suite *capture_suite(void);
+Suite *capture_suite(void) {
+  Suite *s = suite_create("capture");
+  TCase *tc = tcase_create("core");
+  tcase_set_timeout(tc, 300);
+  tcase_add_test(tc, test_branch_on_size);
+  tcase_add_test(tc, test_c_number_changes);
+  tcase_add_test(tc, test_lr_schedule);
+  tcase_add_test(tc, test_dropout_step);
+  tcase_add_test(tc, test_random_stream);
+  tcase_add_test(tc, test_literal_equal_to_size);
+  tcase_add_test(tc, test_value_reads);
+  tcase_add_test(tc, test_fullgraph);
+  tcase_add_test(tc, test_paths);
+  tcase_add_test(tc, test_unknown_variables_warn);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) {
+  SRunner *r = srunner_create(capture_suite());
+  srunner_run_all(r, CK_NORMAL);
+  int failed = srunner_ntests_failed(r);
+  srunner_free(r);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
