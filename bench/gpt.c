@@ -307,3 +307,61 @@ int gpt_case_open(const char *id, bench_case *bc) {
 }
 
 void gpt_list(FILE *f) { fprintf(f, "W8 W8_gpt_train\nW9 W9_gpt_generate\n"); }
+
+/* W8 through the guard-only path and the recording path, alternating step by
+ * step on one model, and the recording path's first call: its peak (it
+ * records without computing, then runs compiled code) against a later
+ * call's. For kiln_bench --overhead. */
+int bench_gpt_paths(void) {
+  enum { STEPS = 12 };
+  const gpt_config cfg = GPT_BENCH_CONFIG;
+  gpt g;
+  if (gpt_init(&g, &cfg, 1) != 0) return fprintf(stderr, "gpt: %s\n", kiln_last_error()), -1;
+  uint64_t rng = 7;
+  int64_t B = GPT_BENCH_BATCH, T = cfg.block_size, *x = malloc(sizeof(int64_t) * (size_t)(2 * B * T));
+  if (!x) return -1;
+  for (int64_t i = 0; i < 2 * B * T; i++) x[i] = (int64_t)(gpt_rand(&rng) % (uint64_t)cfg.vocab_size);
+  train_ctx c = {&g, kiln_tensor_from(KILN_I64, 2, ((int64_t[]){B, T}), x),
+                 kiln_tensor_from(KILN_I64, 2, ((int64_t[]){B, T}), x + B * T)};
+  free(x);
+  kiln_options og = {.name = "W8", .n_in = 2, .n_out = 1, .capture = KILN_CAPTURE_GUARDS};
+  kiln_options orec = og;
+  orec.capture = KILN_CAPTURE_RECORD;
+  kiln_fn *fr = kiln_compile(gpt_train_body, &g, &orec), *fg = kiln_compile(gpt_train_body, &g, &og);
+  /* the first call of each path, from an empty kernel cache for the recorded one */
+  kiln_cache_clear();
+  size_t base = kiln_mem_in_use();
+  kiln_mem_reset_peak();
+  int rc = train_run(&c, fr);
+  size_t first = kiln_mem_peak() - base;
+  size_t kept = kiln_mem_in_use() - base; /* what the variant holds between calls (its arena) */
+  size_t base2 = kiln_mem_in_use();
+  kiln_mem_reset_peak();
+  rc = rc ? rc : train_run(&c, fr);
+  size_t steady = kept + (kiln_mem_peak() - base2);
+  rc = rc ? rc : train_run(&c, fg);
+  double t[2][STEPS];
+  kiln_fn *fns[2] = {fg, fr};
+  for (int i = 0; i < STEPS && !rc; i++)
+    for (int f = 0; f < 2 && !rc; f++) {
+      double a = bench_now_s();
+      rc = train_run(&c, fns[f]);
+      t[f][i] = 1e3 * (bench_now_s() - a);
+    }
+  if (!rc) {
+    double mg = bench_median(t[0], STEPS), mr = bench_median(t[1], STEPS);
+    printf("W8 (GPT step, %d alternating steps each, medians)\n", STEPS);
+    printf("  guard-only path    %8.2f ms/step\n", mg);
+    printf("  recording path     %8.2f ms/step (%+.1f%%)\n", mr, 100 * (mr / mg - 1));
+    printf("  first call's peak  %8.1f MiB on the recording path, a later call's %.1f MiB (%.2fx)\n",
+           (double)first / (1 << 20), (double)steady / (1 << 20), steady ? (double)first / (double)steady : 0);
+  } else {
+    fprintf(stderr, "W8: %s\n", kiln_last_error());
+  }
+  kiln_fn_free(fr);
+  kiln_fn_free(fg);
+  kiln_release(c.idx);
+  kiln_release(c.tgt);
+  gpt_free(&g);
+  return rc;
+}

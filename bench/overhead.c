@@ -1,6 +1,8 @@
 /* Call overhead of a compiled function: W6 (batch-1 MLP, weights captured
- * from the context) run eagerly and through kiln_call, side by side, plus the
- * guard check on a hit as kiln_fn_stats measures it.
+ * from the context) run eagerly and through kiln_call on both capture paths
+ * (the guard-only path, and recording: the body re-run over meta tensors and
+ * matched), side by side, plus the guard check on a hit as kiln_fn_stats
+ * measures it and the recording's cost per op.
  *
  *   kiln_bench --overhead
  */
@@ -43,9 +45,12 @@ int bench_overhead(void) {
     m.b[i] = kiln_randn(KILN_F32, 1, bs, 63 + 2 * (uint64_t)i);
   }
   kiln_tensor *x = kiln_randn(KILN_F32, 2, xs, 61);
-  kiln_options o = {.name = "w6", .n_in = 1, .n_out = 1};
-  kiln_fn *fn = kiln_compile(w6_body, &m, &o);
-  static double eager[ROUNDS], call[ROUNDS];
+  kiln_options og = {.name = "w6", .n_in = 1, .n_out = 1, .capture = KILN_CAPTURE_GUARDS};
+  kiln_options orec = og;
+  orec.capture = KILN_CAPTURE_RECORD;
+  kiln_fn *fg = kiln_compile(w6_body, &m, &og), *fr = kiln_compile(w6_body, &m, &orec);
+  kiln_fn *fns[2] = {fg, fr};
+  static double eager[ROUNDS], call[2][ROUNDS];
   for (int round = 0; round < ROUNDS; round++) {
     double t0 = 1e6 * bench_now_s();
     for (int i = 0; i < CALLS; i++) {
@@ -53,28 +58,41 @@ int bench_overhead(void) {
       if (!w6_forward(&m, x)) return fprintf(stderr, "%s\n", kiln_last_error()), 1;
       kiln_scope_end();
     }
-    double t1 = 1e6 * bench_now_s();
-    for (int i = 0; i < CALLS; i++) {
-      kiln_scope_begin();
-      kiln_tensor *y;
-      if (kiln_call(fn, &x, &y)) return fprintf(stderr, "%s\n", kiln_last_error()), 1;
-      kiln_scope_end();
+    eager[round] = (1e6 * bench_now_s() - t0) / CALLS;
+    for (int f = 0; f < 2; f++) {
+      double t1 = 1e6 * bench_now_s();
+      for (int i = 0; i < CALLS; i++) {
+        kiln_scope_begin();
+        kiln_tensor *y;
+        if (kiln_call(fns[f], &x, &y)) return fprintf(stderr, "%s\n", kiln_last_error()), 1;
+        kiln_scope_end();
+      }
+      call[f][round] = (1e6 * bench_now_s() - t1) / CALLS;
     }
-    double t2 = 1e6 * bench_now_s();
-    eager[round] = (t1 - t0) / CALLS;
-    call[round] = (t2 - t1) / CALLS;
   }
-  double eager_med = bench_median(eager, ROUNDS), call_med = bench_median(call, ROUNDS);
+  double eager_med = bench_median(eager, ROUNDS);
+  double med[2] = {bench_median(call[0], ROUNDS), bench_median(call[1], ROUNDS)};
+  const char *names[2] = {"guard-only path", "recording path"};
   printf("call overhead (W6, 1x256, weights captured; %d alternating rounds of %d calls: best, median)\n", ROUNDS, CALLS);
-  printf("  eager            %8.2f us/call, %.2f\n", eager[0], eager_med);
-  printf("  kiln_call        %8.2f us/call, %.2f (default backend)\n", call[0], call_med);
-  printf("  speedup          %8.2fx best, %.2fx median\n", eager[0] / call[0], eager_med / call_med);
+  printf("  eager              %8.2f us/call, %.2f\n", eager[0], eager_med);
+  for (int f = 0; f < 2; f++)
+    printf("  %-18s %8.2f us/call, %.2f; %.2fx eager best, %.2fx median\n", names[f], call[f][0], med[f],
+           eager[0] / call[f][0], eager_med / med[f]);
   kiln_fn_stats st;
-  kiln_fn_get_stats(fn, &st);
-  printf("  guard check      %8.0f ns/call (sampled mean; %lld hits)\n", st.guard_ns, (long long)st.hits);
-  printf("  trace            %8.2f ms, passes and compile %.2f ms\n", st.trace_ms, st.compile_ms);
-  kiln_fn_free(fn);
+  kiln_fn_get_stats(fg, &st);
+  printf("  guard check        %8.0f ns/call (sampled mean; %lld hits)\n", st.guard_ns, (long long)st.hits);
+  printf("  trace              %8.2f ms, passes and compile %.2f ms\n", st.trace_ms, st.compile_ms);
+  kiln_fn_stats sr;
+  kiln_fn_get_stats(fr, &sr);
+  /* the body makes 11 ops (3 transposes, 3 matmuls, 3 adds, 2 relus) */
+  double rec_us = 1e3 * sr.trace_ms / (double)(sr.calls ? sr.calls : 1), per_call = med[1] - med[0];
+  printf("  recording          %8.2f us/call running the body over meta tensors, %.3f us per op (11 ops)\n", rec_us,
+         rec_us / 11);
+  printf("  recording path     %8.2f us/call over the guard-only path in all (the recording, matching it, %lld hits)\n",
+         per_call, (long long)sr.hits);
+  kiln_fn_free(fr);
+  kiln_fn_free(fg);
   for (int i = 0; i < 3; i++) kiln_release(m.w[i]), kiln_release(m.b[i]);
   kiln_release(x);
-  return 0;
+  return bench_gpt_paths() ? 1 : 0;
 }
