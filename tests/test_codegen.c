@@ -266,9 +266,10 @@ END_TEST
 
 /* ---- random programs (the generator: tests/fuzz/randprog.h) ---- */
 
-static int run_program(uint64_t seed, int threads, char *why, size_t whyn) {
+static int run_program(uint64_t seed, int threads, bool cmode, char *why, size_t whyn) {
   prog pg;
   prog_init(&pg, seed);
+  pg.cmode = cmode;
   kiln_options o = {.name = "rand", .n_in = N_IN, .n_out = pg.n_out, .backend = KILN_BACKEND_LLVM};
   kiln_fn *fn = kiln_compile(random_body, &pg, &o);
   int C = pg.C;
@@ -301,7 +302,10 @@ static int run_program(uint64_t seed, int threads, char *why, size_t whyn) {
     if (pg.grad)
       for (int j = 0; j < N_IN; j++) kiln_requires_grad(in[j], true);
     kiln_tensor *y[16] = {0}, *ref[16] = {0};
+    pg.call_no = k;
+    kiln_manual_seed(seed + (uint64_t)k); /* the same draws for both runs, new ones each call */
     int r2 = random_body(&pg, in, ref);
+    kiln_manual_seed(seed + (uint64_t)k);
     if (r2) {
       snprintf(why, whyn, "B=%lld T=%lld: the program fails eagerly (a generator bug): %s", (long long)b, (long long)t,
                body_err);
@@ -355,13 +359,15 @@ static int run_program(uint64_t seed, int threads, char *why, size_t whyn) {
 }
 
 /* Runs random program seed; a failure counts in *failed (the first's seed in *first_bad). */
-static void run_seed(uint64_t seed, int *failed, uint64_t *first_bad) {
+static void run_seed_in(uint64_t seed, bool cmode, int *failed, uint64_t *first_bad) {
+  if (getenv("KILN_FUZZ_TRACE_SEEDS")) fprintf(stderr, "seed %llu\n", (unsigned long long)seed);
   char why[512];
-  if (run_program(seed, 1 + (int)(seed % 2), why, sizeof why)) {
+  if (run_program(seed, 1 + (int)(seed % 2), cmode, why, sizeof why)) {
     if (!*failed) *first_bad = seed;
     ++*failed;
   }
 }
+static void run_seed(uint64_t seed, int *failed, uint64_t *first_bad) { run_seed_in(seed, false, failed, first_bad); }
 
 START_TEST(test_random_programs) {
   const char *env = getenv("KILN_FUZZ_PROGRAMS");
@@ -376,6 +382,22 @@ START_TEST(test_random_programs) {
   uint64_t first_bad = 0;
   for (int i = 0; i < n + n_found; i++) run_seed(i < n ? base + (uint64_t)i : found[i - n], &failed, &first_bad);
   ck_assert_msg(failed == 0, "%d of %d random programs differ from eager; the first is seed %llu", failed, n + n_found,
+                (unsigned long long)first_bad);
+}
+END_TEST
+
+/* The generator in C mode: branches on sizes and on values read back, C
+ * numbers that change between calls, numbers made from sizes, dropout. Every
+ * compiled call must give the body's eager answer. */
+START_TEST(test_random_programs_c) {
+  const char *env = getenv("KILN_FUZZ_PROGRAMS");
+  const char *first = getenv("KILN_FUZZ_FIRST");
+  int n = env ? atoi(env) : 100;
+  uint64_t base = first ? strtoull(first, NULL, 10) : 70000;
+  int failed = 0;
+  uint64_t first_bad = 0;
+  for (int i = 0; i < n; i++) run_seed_in(base + (uint64_t)i, true, &failed, &first_bad);
+  ck_assert_msg(failed == 0, "%d of %d random programs in C mode differ from eager; the first is seed %llu", failed, n,
                 (unsigned long long)first_bad);
 }
 END_TEST
@@ -419,7 +441,7 @@ static char *fatal_child(bool keep_host, bool *failed) {
       LLVMInstallFatalErrorHandler(host_handler);
     }
     char why[512];
-    run_program(30706, 1, why, sizeof why);
+    run_program(30706, 1, false, why, sizeof why);
     _exit(0);
   }
   close(fd[1]);
@@ -1693,6 +1715,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, test_threads_bitwise);
   tcase_add_test(tc, test_random_programs);
   tcase_add_test(tc, test_random_programs_quick);
+  tcase_add_test(tc, test_random_programs_c);
   tcase_add_test(tc, test_llvm_fatal_error);
   tcase_add_test(tc, test_index_bounds);
   tcase_add_test(tc, test_dead_node_buffer);

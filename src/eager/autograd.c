@@ -630,7 +630,11 @@ static int backward_entry(kiln_tensor *root, kiln_tensor *seed_in, const bw_req 
   kiln_no_grad_begin();
   int rc = -1;
   kiln_tensor *seed = seed_in;
-  if (!seed) seed = kiln_ones_at(root->dtype, root->ndim, root->shape, file, line);
+  if (!seed) {
+    internal_begin(); /* the seed's 1 and shape are kiln's own, not numbers of the caller */
+    seed = kiln_ones_at(root->dtype, root->ndim, root->shape, file, line);
+    internal_end();
+  }
   if (seed) rc = run_backward(root, seed, rq, file, line);
   kiln_no_grad_end();
   kiln_scope_end(); /* rq->res[] hold references of their own */

@@ -87,6 +87,12 @@ static kiln_tensor *dispatch_owned(op_id op, kiln_tensor *const *in, int n, cons
   if (shape_rule(op, in, n, a, &dt, &ndim, shape, file, line)) goto fail;
   /* a recording computes nothing: its values' checks run when the values do */
   bool record = hooks && hooks->record;
+  /* a value a recording never computed must not reach a kernel */
+  for (int i = 0; i < n && !record; i++)
+    if (in[i]->st->meta && op_table[op].kind != KIND_VIEW) {
+      err_set(file, line, name, "input %d has no data: a value of a compiled call's recording that was not computed", i);
+      goto fail;
+    }
   if (!record && op_table[op].check && op_table[op].check(op, in, n, a, file, line)) goto fail;
   if (op_table[op].kind == KIND_VIEW) {
     /* the layout is the shape rule of a view (and gives its strides too) */

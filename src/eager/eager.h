@@ -89,6 +89,7 @@ void *err_null(const char *file, int line, const char *op, const char *fmt, ...)
 unsigned long err_count(void);
 /* Gives a message set without a location (deep in a compiled call) the caller's file:line. */
 void err_locate(const char *file, int line);
+void err_restore(const char *text);
 /* How BLAS reads a (rows, cols) matrix with strides (rs, cs): 0 with its
  * transpose flag and leading dim, or -1 when neither dim is unit-stride. */
 int cblas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs, CBLAS_TRANSPOSE *tr, int64_t *ld);
@@ -410,6 +411,9 @@ int k_matmul(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
 int k_cat(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
 /* tensor.c: the generator's numbers from attrs seed and offset (element i is number offset + i) */
 int k_rand(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
+/* The default generator's state (check mode replays a call's draws eagerly). */
+void gen_state_get(uint64_t *seed, uint64_t *offset);
+void gen_state_set(uint64_t seed, uint64_t offset);
 int k_index_select(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
 int k_index_add(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
 int k_slice_scatter(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);

@@ -29,6 +29,13 @@ void *err_set(const char *file, int line, const char *op, const char *fmt, ...) 
   return NULL;
 }
 
+/* Sets the message to text, an error message made earlier (kept while other
+ * errors came after it). */
+void err_restore(const char *text) {
+  n_set++;
+  snprintf(msg, sizeof msg, "%s", text);
+}
+
 const char *err_shape(char *buf, int ndim, const int64_t *shape) {
   int n = snprintf(buf, SHAPE_BUF, "[");
   for (int i = 0; i < ndim && n < SHAPE_BUF - 24; i++)

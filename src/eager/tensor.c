@@ -479,6 +479,15 @@ void kiln_manual_seed(uint64_t seed) {
   atomic_store(&gen_offset, 0);
 }
 
+void gen_state_get(uint64_t *seed, uint64_t *offset) {
+  *seed = atomic_load(&gen_seed);
+  *offset = atomic_load(&gen_offset);
+}
+void gen_state_set(uint64_t seed, uint64_t offset) {
+  atomic_store(&gen_seed, seed);
+  atomic_store(&gen_offset, offset);
+}
+
 /* Takes n numbers from the stream: *offset is the first one's index. A
  * normal number takes two uniforms, 2k and 2k+1 (rng_chunk): such a draw
  * starts at an even uniform, and its offset counts pairs. */

@@ -359,7 +359,7 @@ static int node_of(build_state *b, int v) {
     id = b->input_node[rv->index];
     break;
   case RV_PARAM: {
-    ir_node n = {.op = IR_PARAM, .index = s->n_params, .file = "", .line = 0};
+    ir_node n = {.op = IR_PARAM, .index = s->n_params, .file = b->at_file ? b->at_file : "", .line = b->at_line};
     concrete(&n, rv);
     if (b->freeze && !b->r->params[rv->index]->requires_grad) {
       /* frozen: the weight's data is a constant of the graph */
@@ -577,6 +577,7 @@ static void check_value(build_state *b, int id, int v, const rec_event *e) {
 
 static int ev_op(build_state *b, int ev) {
   const rec_event *e = &b->r->ev[ev];
+  b->at_file = e->file, b->at_line = e->line;
   int buf[16], *ids = e->n_in <= 16 ? buf : alloc_malloc(sizeof(int) * (size_t)e->n_in);
   if (!ids) return bfail(b, "out of memory while building"), -1;
   int id = -1;
@@ -640,6 +641,7 @@ static int ev_factory(build_state *b, int ev) {
  * converted and broadcast to dst (copy_), or a value broadcast (fill_). */
 static int ev_inplace(build_state *b, int ev) {
   const rec_event *e = &b->r->ev[ev];
+  b->at_file = e->file, b->at_line = e->line;
   int d = node_of(b, b->r->ids[e->in]);
   if (d < 0) return -1;
   if (e->op == OP_COUNT) {
@@ -665,6 +667,7 @@ static int ev_inplace(build_state *b, int ev) {
 
 static int ev_numel(build_state *b, int ev) {
   const rec_event *e = &b->r->ev[ev];
+  b->at_file = e->file, b->at_line = e->line;
   int x = node_of(b, b->r->ids[e->in]);
   if (x < 0) return -1;
   ir_node n = {.op = IR_NUMEL, .dtype = e->a.dtype, .n_in = 1, .in = &x, .file = e->file, .line = e->line};

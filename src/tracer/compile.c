@@ -688,20 +688,36 @@ static bool match_segment(call_state *cs, int c, const seg_info *si, int64_t *ar
 }
 
 /* Runs a compiled segment on this call's tensors; out: seg->n_out new tensors. 0 or -1. */
-static int run_segment(call_state *cs, const segment *seg, const build_arg *args, kiln_tensor **out) {
+/* A segment's inputs for this call: the call's, then its extras (values
+ * carried from earlier segments, and the arguments argi/argf, made into
+ * tensors in own[]), and its params. 0, or -1 with the error set. */
+typedef struct seg_inputs {
+  kiln_tensor **ins, **ps;
+  kiln_tensor *own[64];
+  int n_own;
+} seg_inputs;
+
+static void seg_inputs_free(seg_inputs *si) {
+  for (int i = 0; i < si->n_own; i++) kiln_release(si->own[i]);
+  alloc_free(si->ins);
+  alloc_free(si->ps);
+  memset(si, 0, sizeof *si);
+}
+
+static int seg_inputs_make(call_state *cs, const segment *seg, const build_arg *args, const int64_t *argi,
+                           const double *argf, seg_inputs *si) {
   recording *r = &cs->rec;
-  int n_in = r->n_in;
-  kiln_tensor **ins = alloc_malloc(sizeof *ins * (size_t)(n_in + seg->n_extra + 1));
-  kiln_tensor **ps = alloc_malloc(sizeof *ps * (size_t)(seg->n_params + 1));
-  kiln_tensor *own[64] = {0};
-  int rc = -1, n_own = 0;
+  int n_in = r->n_in, rc = -1;
+  memset(si, 0, sizeof *si);
+  si->ins = alloc_malloc(sizeof *si->ins * (size_t)(n_in + seg->n_extra + 1));
+  si->ps = alloc_malloc(sizeof *si->ps * (size_t)(seg->n_params + 1));
   rec_leaf *leaves = NULL;
   int n_leaves = 0;
-  if (!ins || !ps || rec_leaves(r, &leaves, &n_leaves)) {
+  if (!si->ins || !si->ps || rec_leaves(r, &leaves, &n_leaves)) {
     err_set("", 0, "call", "%s: out of memory", cs->fn->name);
     goto done;
   }
-  for (int i = 0; i < n_in; i++) ins[i] = (kiln_tensor *)r->in[i];
+  for (int i = 0; i < n_in; i++) si->ins[i] = (kiln_tensor *)r->in[i];
   for (int i = 0; i < seg->n_extra; i++) {
     int x = seg->extra[i];
     kiln_tensor *t = NULL;
@@ -715,28 +731,51 @@ static int run_segment(call_state *cs, const segment *seg, const build_arg *args
     } else {
       const build_arg *a = &args[-1 - x];
       t = tensor_new(a->is_float ? a->dtype : KILN_I64, 0, NULL);
-      if (!t || n_own == 64) {
+      if (!t || si->n_own == 64) {
         kiln_release(t);
         err_set("", 0, "call", "%s: out of memory", cs->fn->name);
         goto done;
       }
-      if (a->is_float) pw_fill(t, cs->argf[-1 - x]);
-      else *(int64_t *)t->st->data = cs->argi[-1 - x];
-      own[n_own++] = t;
+      if (a->is_float) pw_fill(t, argf[-1 - x]);
+      else *(int64_t *)t->st->data = argi[-1 - x];
+      si->own[si->n_own++] = t;
     }
-    ins[n_in + i] = t;
+    si->ins[n_in + i] = t;
   }
-  for (int i = 0; i < seg->n_params; i++) ps[i] = r->params[seg->params[i]];
-  rc = seg->be->run(seg->exec, ins, ps, out);
+  for (int i = 0; i < seg->n_params; i++) si->ps[i] = r->params[seg->params[i]];
+  rc = 0;
 done:
-  for (int i = 0; i < n_own; i++) kiln_release(own[i]);
-  alloc_free(ins);
-  alloc_free(ps);
   alloc_free(leaves);
+  if (rc) seg_inputs_free(si);
   return rc;
 }
 
-/* Gives each live storage the data of its value, from the segment's outputs. */
+/* Whether a cached segment takes this call's inputs: its events matched, but
+ * the values carried into it come from segments that may have run from
+ * another variant, and their shapes must bind with the arguments as its
+ * graph says. */
+static bool seg_binds(call_state *cs, const segment *seg, const build_arg *args, const int64_t *argi,
+                      const double *argf, char *why, size_t whyn, int no) {
+  bool any = false;
+  for (int i = 0; i < seg->n_extra && !any; i++) any = seg->extra[i] >= 0;
+  if (!any) return true;
+  seg_inputs si;
+  if (seg_inputs_make(cs, seg, args, argi, argf, &si)) return snprintf(why, whyn, "%s", kiln_last_error()), false;
+  int64_t vals[IR_MAX_SYMS];
+  char err[256];
+  bool ok = ir_bind_syms(seg->g, si.ins, si.ps, vals, err, sizeof err) == 0;
+  if (!ok) snprintf(why, whyn, "values carried across a graph break do not fit variant %d (%s)", no, err);
+  seg_inputs_free(&si);
+  return ok;
+}
+
+static int run_segment(call_state *cs, const segment *seg, const build_arg *args, kiln_tensor **out) {
+  seg_inputs si;
+  if (seg_inputs_make(cs, seg, args, cs->argi, cs->argf, &si)) return -1;
+  int rc = seg->be->run(seg->exec, si.ins, si.ps, out);
+  seg_inputs_free(&si);
+  return rc;
+}
 static void materialize(const segment *seg, kiln_tensor **outs, const rec_live *live, int n_live) {
   for (int i = 0; i < n_live; i++) {
     storage *st = live[i].st;
@@ -911,6 +950,8 @@ static int start_building(call_state *cs) {
   /* the segments that ran already are built too: the new variant starts with them */
   for (int k = 0; k < cs->n_seg; k++)
     if (compile_new_segment(cs, &cs->seg[k])) return -1;
+  /* the new variant numbers its arguments its own way: every one gets this call's value */
+  for (int k = 0; k < cs->n_seg; k++) bind_new_args(cs, &cs->seg[k]);
   return 0;
 }
 
@@ -955,12 +996,14 @@ static int seg_run(recording *r, void *ctx, bool last) {
     if (br->kind == EV_ESCAPE)
       dump_line(fn, KILN_DUMP_BREAKS, "breaks", "%s:%d: %s", br->file, br->line, r->why);
     else
-      dump_line(fn, KILN_DUMP_BREAKS, "breaks", "%s:%d: a data read inside the body: the ops before it run as a segment",
-                br->file, br->line);
-    if (fn->opts.fullgraph)
-      return err_set(br->file, br->line, "call", "%s: %s (fullgraph is on)", fn->name,
-                     br->kind == EV_ESCAPE ? r->why : "a data read here breaks the graph"),
+      dump_line(fn, KILN_DUMP_BREAKS, "breaks", "%s:%d: %s reads data inside the body: the ops before it run as a segment",
+                br->file, br->line, r->reader ? r->reader : "a call");
+    if (fn->opts.fullgraph) {
+      if (br->kind == EV_ESCAPE) return err_set(br->file, br->line, "call", "%s: %s (fullgraph is on)", fn->name, r->why), -1;
+      return err_set(br->file, br->line, "call", "%s: %s reads data here, which breaks the graph (fullgraph is on)", fn->name,
+                     r->reader ? r->reader : "a call"),
              -1;
+    }
   }
   if (cs->n_seg == 64) return err_set("", 0, "call", "%s: more than 63 graph breaks in one call", fn->name), -1;
   rec_pause(r);
@@ -997,10 +1040,13 @@ static int seg_run(recording *r, void *ctx, bool last) {
       if (!cs->alive[c]) continue;
       bool first = !seg;
       cs->alive[c] = match_segment(cs, c, si, first ? cs->argi : argi, first ? cs->argf : argf, why, sizeof why);
+      const variant *v = cs->cand[c];
+      if (cs->alive[c] && first && !seg_binds(cs, v->seg[cs->n_seg - 1], v->args, cs->argi, cs->argf, why, sizeof why, v->no))
+        cs->alive[c] = false;
       if (!cs->alive[c]) add_why(cs->why, sizeof cs->why, why);
       if (cs->alive[c] && first) {
-        seg = cs->cand[c]->seg[cs->n_seg - 1];
-        args = cs->cand[c]->args;
+        seg = v->seg[cs->n_seg - 1];
+        args = v->args;
       }
     }
     if (!seg && start_building(cs)) goto done;
@@ -1114,11 +1160,12 @@ static variant *make_variant(call_state *cs) {
   v->n_params = r->n_params;
   for (int i = 0; i < r->n_params; i++) {
     v->params[i] = kiln_retain(r->params[i]);
-    v->param_leaf[i] = (trace_leaf){r->params[i]->requires_grad, r->params[i]->grad != NULL};
+    /* .grad as the call found it: the call's own writes do not count */
+    v->param_leaf[i] = (trace_leaf){r->params[i]->requires_grad, r->param_had_grad[i]};
   }
   alias_pattern(r->in, r->n_in, r->params, r->n_params, v->alias);
   for (int i = 0; i < fn->opts.n_in; i++) {
-    v->in_leaf[i] = (trace_leaf){r->in[i]->requires_grad, r->in[i]->grad != NULL};
+    v->in_leaf[i] = (trace_leaf){r->in[i]->requires_grad, (r->in_had_grad >> i & 1) != 0}; /* n_in <= 64 */
     v->in_ndim[i] = r->in[i]->ndim;
     memcpy(v->in_shape[i], r->in[i]->shape, sizeof v->in_shape[i]);
   }
@@ -1193,7 +1240,9 @@ static int record_call(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out) {
   if (ok && !cs.rec.escaped && seg_run(&cs.rec, &cs, true)) ok = false, rc = rc ? rc : -1;
   rec_end(&cs.rec);
   if (!ok && cs.rec.failed && rc == 0) {
-    err_set("", 0, "call", "%s: %s", fn->name, cs.rec.why);
+    /* an error that says where it is (a break under fullgraph) stands as it is */
+    if (cs.rec.why_is_error) err_restore(cs.rec.why);
+    else err_set("", 0, "call", "%s: %s", fn->name, cs.rec.why);
     rc = -1;
   }
   if (rc) {
@@ -1357,14 +1406,20 @@ static int call_checked(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out, 
     snap_free(&s);
     return err_set("", 0, "call", "%s: out of memory", fn->name), -1;
   }
+  uint64_t seed0, off0, seed1, off1;
+  gen_state_get(&seed0, &off0);
   if (call(fn, in, out)) {
     snap_free(&s);
     return -1;
   }
   snap_swap(&s); /* leaves back to the start, compiled state in s */
+  /* the eager run draws what the compiled one drew, and both leave the generator where it left it */
+  gen_state_get(&seed1, &off1);
+  gen_state_set(seed0, off0);
   kiln_tensor *eo[MAX_IN] = {0};
   kiln_scope_begin();
   int brc = fn->body(fn->ctx, in, eo);
+  gen_state_set(seed1, off1);
   char report[512] = "";
   double e = 0;
   if (brc == 0) {

@@ -29,6 +29,7 @@ typedef struct leaf_state {
   kiln_tensor *grad0;    /* its .grad when the segment started (retained) */
   uint64_t grad0_serial;
   int grad_value;        /* the RV_GRAD value, -1 until read */
+  bool held;             /* t retained (a value carried from an earlier segment) */
 } leaf_state;
 
 struct rec_state {
@@ -76,6 +77,7 @@ static void escape(recording *r, const char *file, int line, const char *fmt, ..
   if (r->run(r, r->run_ctx, false)) {
     r->failed = true;
     snprintf(r->why, sizeof r->why, "%s", kiln_last_error());
+    r->why_is_error = true;
   }
 }
 
@@ -190,7 +192,9 @@ static int add_leaf(recording *r, kiln_tensor *t, int value) {
   struct rec_state *s = r->st;
   if (alloc_grow((void **)&s->leaf, &s->cap_leaf, s->n_leaf + 1, sizeof *s->leaf) || map_put(&s->leaves, t->serial, value))
     return fail(r, "out of memory while recording"), -1;
-  s->leaf[s->n_leaf++] = (leaf_state){t, value, kiln_retain(t->grad), t->grad ? t->grad->serial : 0, -1};
+  bool held = r->val[value].kind == RV_CARRY; /* the body may drop it while the call still runs segments */
+  s->leaf[s->n_leaf++] = (leaf_state){t, value, kiln_retain(t->grad), t->grad ? t->grad->serial : 0, -1, held};
+  if (held) kiln_retain(t);
   return 0;
 }
 
@@ -229,6 +233,12 @@ int rec_value_of(recording *r, kiln_tensor *t) {
   /* a view of a value made outside dispatch (autograd keeps its outputs so) */
   id = map_get(&s->layouts, layout_key(t));
   if (id >= 0 && r->val[id].seg == r->seg) return id;
+  if (id >= 0 && !t->st->meta && r->val[id].version == atomic_load(&t->st->version)) {
+    /* such a view made in an earlier segment, its data computed at the break: carried in */
+    int v = new_value(r, RV_CARRY, t, id, -1);
+    if (v < 0 || add_leaf(r, t, v)) return -1;
+    return v;
+  }
   if (t->st->meta) {
     fail(r, "a tensor without data that this call did not make (made by another compiled call's recording that failed)");
     return -1;
@@ -251,6 +261,9 @@ int rec_value_of(recording *r, kiln_tensor *t) {
   if (alloc_grow((void **)&r->params, &r->cap_params, r->n_params + 1, sizeof *r->params)) return fail(r, "out of memory while recording"), -1;
   id = new_value(r, RV_PARAM, t, r->n_params, -1);
   if (id < 0) return -1;
+  if (alloc_grow((void **)&r->param_had_grad, &r->cap_had, r->n_params + 1, sizeof *r->param_had_grad))
+    return fail(r, "out of memory while recording"), -1;
+  r->param_had_grad[r->n_params] = t->grad != NULL;
   r->params[r->n_params++] = kiln_retain(t);
   if (add_leaf(r, t, id)) return -1;
   return id;
@@ -350,12 +363,15 @@ static bool pending(recording *r, const kiln_tensor *t);
 
 static void on_read(void *ctx, const char *what, const kiln_tensor *t, const char *file, int line) {
   recording *r = ctx;
-  (void)what;
   r->read_data = true;
+  r->reader = what;
   if (r->failed || !pending(r, t)) return;
   int e = new_event(r, EV_BREAK, 0, NULL, 0, file, line);
   if (e < 0) return;
-  if (r->run(r, r->run_ctx, false)) fail(r, "%s", kiln_last_error());
+  if (r->run(r, r->run_ctx, false)) {
+    fail(r, "%s", kiln_last_error());
+    r->why_is_error = true;
+  }
 }
 
 static void on_zero_grad(void *ctx, kiln_tensor *t) {
@@ -456,8 +472,14 @@ int rec_live_values(recording *r, kiln_tensor *const *skip, int n_skip, rec_live
   int k = 0;
   for (int i = 0; i < s->n_made; i++) {
     kiln_tensor *t = s->made[i];
-    /* alive beyond our reference, and holding data the call computes */
-    if (tensor_refs(t) <= 1 || !t->st->meta) continue;
+    /* alive beyond our reference, and holding data the call computes; or
+     * its storage is (a view made outside dispatch, autograd's, holds it) */
+    if (!t->st->meta) continue;
+    if (tensor_refs(t) <= 1) {
+      int ours = 0;
+      for (int j = 0; j < s->n_made; j++) ours += s->made[j]->st == t->st;
+      if (atomic_load(&t->st->refcount) <= ours) continue;
+    }
     bool skipped = false;
     for (int j = 0; j < n_skip && !skipped; j++) skipped = skip[j] == t;
     if (skipped) continue;
@@ -515,7 +537,7 @@ void rec_next_segment(recording *r) {
   struct rec_state *s = r->st;
   for (int i = 0; i < s->n_made; i++) kiln_release(s->made[i]);
   s->n_made = 0;
-  map_clear(&s->layouts);
+  /* layouts stay: a view autograd made in this segment may be read in a later one */
   map_clear(&s->carried);
   r->seg++;
   r->seg_start = r->n_ev;
@@ -615,6 +637,7 @@ int rec_begin(recording *r, kiln_tensor *const *in, int n_in, rec_run_fn run, vo
   struct rec_state *s = r->st;
   s->serial0 = tensor_serial_now();
   for (int i = 0; i < n_in; i++) {
+    if (i < 64 && in[i]->grad) r->in_had_grad |= 1ull << i;
     int v = new_value(r, RV_INPUT, in[i], i, -1);
     if (v < 0) return -1;
     /* the same tensor passed twice: the first input stands for both */
@@ -643,7 +666,10 @@ void rec_free(recording *r) {
   if (s) {
     rec_end(r);
     for (int i = 0; i < s->n_made; i++) kiln_release(s->made[i]);
-    for (int i = 0; i < s->n_leaf; i++) kiln_release(s->leaf[i].grad0);
+    for (int i = 0; i < s->n_leaf; i++) {
+      kiln_release(s->leaf[i].grad0);
+      if (s->leaf[i].held) kiln_release(s->leaf[i].t);
+    }
     for (int i = 0; i < s->n_blocks; i++) alloc_free(s->blocks[i]);
     alloc_free(s->blocks);
     alloc_free(s->made);
@@ -655,6 +681,7 @@ void rec_free(recording *r) {
   }
   for (int i = 0; i < r->n_params; i++) kiln_release(r->params[i]);
   alloc_free(r->params);
+  alloc_free(r->param_had_grad);
   alloc_free(r->reads);
   alloc_free(r->ev);
   alloc_free(r->ids);

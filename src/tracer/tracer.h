@@ -201,6 +201,9 @@ struct recording {
   int n_val, cap_val;
   kiln_tensor **params;    /* retained */
   int n_params, cap_params;
+  uint64_t in_had_grad;    /* bit i: input i had a .grad when the call began */
+  bool *param_had_grad;    /* per param: it had a .grad when the call first reached it */
+  int cap_had;
   int seg, seg_start;      /* the current segment and its first event */
   struct { int value, dim; } *reads; /* the sizes the body read (kiln_size), this segment */
   int n_reads, cap_reads;
@@ -210,6 +213,8 @@ struct recording {
   bool read_data;          /* kiln_item, kiln_read, kiln_print */
   char why[512];           /* the first thing it could not record, or the error that failed it */
   bool failed;             /* an error (out of memory): the call fails */
+  bool why_is_error;       /* why is a whole error message (a segment's run failed) */
+  const char *reader;      /* the call that read data at the newest break ("kiln_item") */
   bool escaped;            /* the rest of the body ran eagerly after an EV_ESCAPE */
   rec_run_fn run;
   void *run_ctx;
@@ -328,6 +333,8 @@ typedef struct build_size {
 
 typedef struct build_state {
   recording *r;
+  const char *at_file;     /* the event being built: where a param it reads is first used */
+  int at_line;
   const uint8_t (*dynamic)[MAXD];
   bool freeze;
   const build_prev *prev;

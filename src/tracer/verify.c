@@ -198,10 +198,15 @@ static int check_leaves(verifier *v) {
   return 0;
 }
 
-static bool same_type(const ir_node *a, const ir_node *b) {
+/* Same dtype and shape: each dim the same, or equal by the graph's guards
+ * (a value broadcast against a carried input whose size a guard pins). */
+static bool same_type(verifier *v, const ir_node *a, const ir_node *b) {
   if (a->dtype != b->dtype || a->ndim != b->ndim) return false;
   for (int i = 0; i < a->ndim; i++)
-    if (!sym_same(a->shape[i], b->shape[i])) return false;
+    if (!sym_same(a->shape[i], b->shape[i])) {
+      shape_env env = {.g = v->g, .vals = NULL, .nvals = 0, .record = false};
+      if (shape_decide(&env, a->shape[i], SYM_EQ, b->shape[i]) != 1) return false;
+    }
   return true;
 }
 
@@ -220,7 +225,7 @@ static int check_outputs_writes(verifier *v) {
     if (w->kind != IR_WRITE_DATA && w->kind != IR_WRITE_GRAD) return fail(v, "write %d: unknown kind %d", i, (int)w->kind);
     if (w->value == -1 && w->kind == IR_WRITE_GRAD) continue;
     if (w->value < 0 || w->value >= g->n_nodes) return fail(v, "write %d: value %%%d is not a node", i, w->value);
-    if (!same_type(t, &g->nodes[w->value]))
+    if (!same_type(v, t, &g->nodes[w->value]))
       return fail(v, "write %d: value %%%d differs from target %%%d in dtype or shape", i, w->value, w->target);
   }
   return 0;

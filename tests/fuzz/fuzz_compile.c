@@ -1,6 +1,7 @@
 /* Differential fuzzing of the compiler: the bytes choose a random program
  * (the generator of tests/fuzz/randprog.h, which test_codegen runs from
- * seeds), its dynamic mode and the sizes of two to four calls; each call runs
+ * seeds), its dynamic mode, C mode (C branches, numbers, value reads and
+ * dropout around the ops) and the sizes of two to four calls; each call runs
  * compiled (LLVM) and eagerly, and the outputs must agree within the
  * tolerance test_codegen uses. A mismatch or a compiled call that fails where
  * eager succeeds aborts with the program's IR. Layout of an input: 8 bytes of
@@ -27,8 +28,9 @@ static void fail(kiln_fn *fn, const prog *pg, const char *why) {
     free(text);
     text = t;
   }
-  fprintf(stderr, "\nfuzz_compile: %s\nprogram: C=%d, x %s, %s%s, %d outputs\nits graph:\n%s\n", why, pg->C,
-          pg->nd_x == 3 ? "(B,T,C)" : "(B,C)", pg->f64 ? "f64" : "f32", pg->grad ? ", with grads" : "", pg->n_out,
+  fprintf(stderr, "\nfuzz_compile: %s\nprogram: C=%d, x %s, %s%s%s, %d outputs\nits graph:\n%s\n", why, pg->C,
+          pg->nd_x == 3 ? "(B,T,C)" : "(B,C)", pg->f64 ? "f64" : "f32", pg->grad ? ", with grads" : "",
+          pg->cmode ? ", C mode" : "", pg->n_out,
           text ? text : "(none)");
   free(text);
   abort();
@@ -51,6 +53,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   int64_t sizes[4][2];
   for (int k = 0; k < 4; k++) {
     unsigned b = fuzz_byte(&f);
+    if (k == 0) pg.cmode = b >> 6 & 1; /* C around the ops (randprog.h) */
     sizes[k][0] = 1 + (b & 7);
     sizes[k][1] = 1 + (b >> 3 & 3) + (b >> 5 & 1) * (pg.C - 1); /* T sometimes equal to C */
   }
@@ -81,12 +84,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (pg.grad)
       for (int j = 0; j < N_IN; j++) kiln_requires_grad(in[j], true);
     kiln_tensor *y[16] = {0}, *ref[16] = {0};
+    pg.call_no = k;
+    kiln_manual_seed((uint64_t)k); /* the same draws for both runs */
     if (random_body(&pg, in, ref)) {
       /* the generator keeps its programs valid at every size: a failure is its bug or kiln's */
       char why[512];
       snprintf(why, sizeof why, "B=%lld T=%lld: the program fails eagerly: %s", (long long)b, (long long)t, body_err);
       fail(fn, &pg, why);
     }
+    kiln_manual_seed((uint64_t)k);
     if (kiln_call(fn, in, y)) {
       char why[512];
       snprintf(why, sizeof why, "B=%lld T=%lld: the compiled call failed: %s", (long long)b, (long long)t,

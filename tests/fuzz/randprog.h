@@ -50,6 +50,13 @@ typedef struct prog {
   int rot;       /* where in the sizes list the calls start */
   const uint8_t *bytes; /* a fuzzer's input: the body's choices, then the seed's (NULL: the seed's only) */
   size_t n_bytes;
+  /* C mode (off in prog_init, so the seeds' programs stay what they were):
+   * C branches on sizes and on values read back, C numbers that change from
+   * call to call (call_no, which the caller sets before each run), numbers
+   * made from sizes, and dropout (the caller seeds the generator before each
+   * run, so eager and compiled draw the same masks) */
+  bool cmode;
+  int call_no;
 } prog;
 
 static void prog_init(prog *p, uint64_t seed) {
@@ -238,10 +245,47 @@ static void ng_end(gen *g) {
 }
 
 /* One random step: adds one value (or a few) to the pool. 0, or -1 when an op failed. */
+/* A step of C around the ops (prog.cmode): what a tracer that saw only the
+ * ops would get wrong. Every branch keeps a's shape. */
+static int cstep(gen *g, const val *a) {
+  rng *r = &g->r;
+  switch (pick(r, 6)) {
+  case 0: { /* a branch on a size */
+    int64_t at = 1 + pick(r, 6), n = a->nd ? kiln_size(a->t, pick(r, a->nd)) : kiln_numel(a->t);
+    int u = pick(r, 17), v = pick(r, 17);
+    kiln_tensor *o = unary(g, n > at ? u : v, a->t);
+    return push_like(g, o, a);
+  }
+  case 1: { /* a C number that changes from call to call */
+    double c = 0.5 + 0.25 * (g->p->call_no % 3);
+    return push_like(g, kiln_mul(a->t, kiln_scalar(g->ft, c)), a);
+  }
+  case 2: { /* a number made from sizes */
+    double c = 1.0 / (double)(kiln_numel(a->t) + 1);
+    return push_like(g, kiln_add(a->t, kiln_scalar(g->ft, c * (double)kiln_size(a->t, 0))), a);
+  }
+  case 3: { /* a branch on a value read back (a graph break) */
+    double m = kiln_item(kiln_mean_all(a->t));
+    if (!isfinite(m)) m = 0;
+    kiln_tensor *o = m > 0 ? kiln_relu(a->t) : kiln_mul(a->t, kiln_scalar(g->ft, 0.5));
+    return push_like(g, o, a);
+  }
+  case 4: /* dropout from the default generator */
+    return push_like(g, kiln_dropout(a->t, 0.25, true), a);
+  default: { /* a loop whose trip count is a value read back */
+    int n = (int)fmin(3, fabs(kiln_item(kiln_mean_all(a->t))) * 4);
+    kiln_tensor *o = a->t;
+    for (int i = 0; i < n; i++) o = kiln_tanh(o);
+    return push_like(g, o, a);
+  }
+  }
+}
+
 static int step(gen *g) {
   rng *r = &g->r;
   int ia = pick_float(g);
   val a = g->v[ia]; /* a copy: pushes may not move it, but keep it simple */
+  if (g->p->cmode && chance(r, 3)) return cstep(g, &a);
   int d[KILN_MAX_DIMS], nd;
   int64_t s[KILN_MAX_DIMS];
   int C = g->p->C;
@@ -363,7 +407,9 @@ static int step(gen *g) {
       if (chance(r, 2)) w = g->in[1];
       if (chance(r, 2)) b = kiln_squeeze(kiln_slice(g->in[2], 0, 0, 1, 1), 0);
     }
-    return push_like(g, kiln_layer_norm(a.t, w, b, 1e-5), &a);
+    /* eps 1e-3, not 1e-5: a row of equal values (a broadcast) normalizes to
+     * rounding noise times rsqrt(eps), and any order of the sums is right */
+    return push_like(g, kiln_layer_norm(a.t, w, b, 1e-3), &a);
   }
   case 11:
   case 12: { /* matmuls */
