@@ -1455,9 +1455,23 @@ START_TEST(test_forced_faults) {
   o = (kiln_options){.name = "checked", .n_in = 1, .n_out = 1, .backend = KILN_BACKEND_LLVM, .check = 1};
   fn = kiln_compile(softmax_body, NULL, &o);
   ck_assert_int_eq(0, kiln_call(fn, &x, &y));
+  fflush(stderr);
+  FILE *log = tmpfile();
+  ck_assert_ptr_nonnull(log);
+  int saved = dup(2);
+  dup2(fileno(log), 2);
   ck_assert_int_eq(0, kiln_call(fn, &x, &y));
+  fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  char text[4096] = "";
+  rewind(log);
+  text[fread(text, 1, sizeof text - 1, log)] = 0;
+  fclose(log);
   unsetenv("KILN_TEST_CORRUPT_KERNEL");
   ck_assert_double_le(maxdiff_rel(y, ref, &bad), 1e-6); /* eager's answer, not the corrupted one */
+  /* the report names the kernel that went wrong, with its nodes */
+  ck_assert_msg(strstr(text, "kernel k0_row differs from the interpreter") && strstr(text, "its nodes:"), "%s", text);
   kiln_fn_get_stats(fn, &st);
   ck_assert_int_eq(1, st.check_fails);
   kiln_fn_free(fn);

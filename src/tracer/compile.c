@@ -1389,6 +1389,9 @@ static void snap_free(snapshot *s) {
  * compares outputs, leaves and grads. The compiled results stand when they
  * agree; when they do not, the eager ones do. The leaves are the inputs and
  * the params of the newest variant that served the call or was made by it. */
+/* The variant a checked call ran on the guard-only path (held: users). */
+static _Thread_local variant *checked_hit;
+
 static int call_checked(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out, int (*call)(kiln_fn *, kiln_tensor *const *, kiln_tensor **)) {
   /* the params are known after the call: a first, unchecked call finds them */
   pthread_mutex_lock(&fn->mu);
@@ -1409,10 +1412,30 @@ static int call_checked(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out, 
   uint64_t seed0, off0, seed1, off1;
   gen_state_get(&seed0, &off0);
   if (call(fn, in, out)) {
+    variant *hv = checked_hit;
+    checked_hit = NULL;
+    if (hv) {
+      pthread_mutex_lock(&fn->mu);
+      bool free_it = --hv->users == 0 && hv->dead;
+      pthread_mutex_unlock(&fn->mu);
+      if (free_it) variant_free(hv);
+    }
     snap_free(&s);
     return -1;
   }
   snap_swap(&s); /* leaves back to the start, compiled state in s */
+  /* kernel by kernel against the interpreter, from the same start (the guard-only path's variant) */
+  char kreport[1024] = "";
+  variant *hv = checked_hit;
+  checked_hit = NULL;
+  if (hv) {
+    const segment *seg = hv->seg[0];
+    if (seg->be->check(seg->exec, in, hv->params, kreport, sizeof kreport) != 1) kreport[0] = 0;
+    pthread_mutex_lock(&fn->mu);
+    bool free_it = --hv->users == 0 && hv->dead;
+    pthread_mutex_unlock(&fn->mu);
+    if (free_it) variant_free(hv);
+  }
   /* the eager run draws what the compiled one drew, and both leave the generator where it left it */
   gen_state_get(&seed1, &off1);
   gen_state_set(seed0, off0);
@@ -1442,12 +1465,13 @@ static int call_checked(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out, 
   kiln_scope_end();
   if (!use_eager) snap_swap(&s); /* the compiled state stands */
   snap_free(&s);
-  if (report[0]) {
+  if (report[0] || kreport[0]) {
     pthread_mutex_lock(&fn->mu);
     fn->st.check_fails++;
     pthread_mutex_unlock(&fn->mu);
-    fprintf(stderr, "kiln: check: %s (compiled at %s:%d): %s%s\n", fn->name, fn->file, fn->line, report,
-            use_eager ? "; returning the eager results" : "");
+    fprintf(stderr, "kiln: check: %s (compiled at %s:%d): %s%s%s%s\n", fn->name, fn->file, fn->line,
+            report[0] ? report : "outputs agree with eager", use_eager ? "; returning the eager results" : "",
+            kreport[0] ? "; " : "", kreport);
   }
   return 0;
 }
@@ -1508,6 +1532,13 @@ static int guard_call(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out, ch
   if (rc == 0)
     for (int i = 0; i < fn->opts.n_out; i++) out[i] = all[i];
   for (int i = fn->opts.n_out; i < seg->n_out && i < MAX_IN; i++) kiln_release(all[i]);
+  if (rc == 0 && fn->opts.check && seg->be->check) {
+    /* check mode compares this variant's kernels with the interpreter after the call */
+    pthread_mutex_lock(&fn->mu);
+    hit->users++;
+    pthread_mutex_unlock(&fn->mu);
+    checked_hit = hit;
+  }
   pthread_mutex_lock(&fn->mu);
   bool free_it = --hit->users == 0 && hit->dead;
   pthread_mutex_unlock(&fn->mu);
