@@ -33,6 +33,7 @@ void gpt_list(FILE *f);
 int bench_serve(void);                      /* serve.c */
 int bench_overhead(void);                   /* overhead.c */
 int bench_gpt_paths(void);                  /* gpt.c: W8 on both capture paths, for --overhead */
+int bench_gpt_first_call(void);             /* gpt.c: GPT-2 small first call against later ones, --first-call */
 int bench_gpt(const char *only);            /* gpt.c: rows it printed */
 void bench_gpt_json(FILE *f, int threads);  /* gpt.c: those rows as JSON objects */
 int bench_resnet(const char *only);         /* resnet.c: W13, W14 (and R50 when named) */

@@ -365,3 +365,65 @@ int bench_gpt_paths(void) {
   gpt_free(&g);
   return rc;
 }
+
+/* Peak RSS since the last reset (VmHWM after writing 5 to clear_refs), bytes; 0 if unknown. */
+static size_t rss_peak(void) {
+  FILE *f = fopen("/proc/self/status", "r");
+  if (!f) return 0;
+  char line[256];
+  size_t kb = 0;
+  while (fgets(line, sizeof line, f))
+    if (sscanf(line, "VmHWM: %zu kB", &kb) == 1) break;
+  fclose(f);
+  return kb * 1024;
+}
+static void rss_peak_reset(void) {
+  FILE *f = fopen("/proc/self/clear_refs", "w");
+  if (f) fputs("5", f), fclose(f);
+}
+
+/* A GPT-2 small training step (124M params, B=4, T=64): the first compiled
+ * call's peak against a later call's, in kiln's allocator and in RSS. For
+ * kiln_bench --first-call. */
+int bench_gpt_first_call(void) {
+  const gpt_config cfg = {.n_layer = 12, .n_head = 12, .n_embd = 768, .block_size = 1024, .vocab_size = 50257,
+                          .dtype = KILN_F32, .opt = GPT_ADAMW_DEFAULT};
+  const int64_t B = 4, T = 64;
+  gpt g;
+  if (gpt_init(&g, &cfg, 1) != 0) return fprintf(stderr, "gpt: %s\n", kiln_last_error()), 1;
+  uint64_t rng = 7;
+  int64_t *x = malloc(sizeof(int64_t) * (size_t)(2 * B * T));
+  if (!x) return 1;
+  for (int64_t i = 0; i < 2 * B * T; i++) x[i] = (int64_t)(gpt_rand(&rng) % (uint64_t)cfg.vocab_size);
+  train_ctx c = {&g, kiln_tensor_from(KILN_I64, 2, ((int64_t[]){B, T}), x),
+                 kiln_tensor_from(KILN_I64, 2, ((int64_t[]){B, T}), x + B * T)};
+  free(x);
+  kiln_options o = {.name = "gpt2_step", .n_in = 2, .n_out = 1};
+  kiln_fn *fn = kiln_compile(gpt_train_body, &g, &o);
+  size_t base = kiln_mem_in_use(), rss0 = rss_peak();
+  double mib = 1024.0 * 1024.0;
+  printf("GPT-2 small step (124M params, B=%lld, T=%lld), peaks above the model's %.0f MiB\n", (long long)B,
+         (long long)T, (double)base / mib);
+  int rc = 0;
+  for (int call = 0; call < 3 && !rc; call++) {
+    size_t before = kiln_mem_in_use();
+    kiln_mem_reset_peak();
+    rss_peak_reset();
+    size_t rss_before = rss_peak();
+    double t0 = bench_now_s();
+    rc = train_run(&c, fn);
+    double s = bench_now_s() - t0;
+    printf("  call %d: kiln peak %8.1f MiB, RSS peak %8.1f MiB (RSS %8.1f MiB before), %.2f s\n", call + 1,
+           (double)(kiln_mem_peak() - before) / mib, (double)rss_peak() / mib, (double)rss_before / mib, s);
+  }
+  (void)rss0;
+  if (rc) fprintf(stderr, "gpt2_step: %s\n", kiln_last_error());
+  kiln_fn_stats st;
+  kiln_fn_get_stats(fn, &st);
+  printf("  %lld traces, %lld hits, %lld variants\n", (long long)st.traces, (long long)st.hits, (long long)st.variants);
+  kiln_fn_free(fn);
+  kiln_release(c.idx);
+  kiln_release(c.tgt);
+  gpt_free(&g);
+  return rc ? 1 : 0;
+}

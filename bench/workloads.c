@@ -4,6 +4,7 @@
  *
  *   kiln_bench [--threads N] [--only W1,W3] [--json PATH]
  *   kiln_bench --overhead      (compiled call overhead, overhead.c)
+ *   kiln_bench --first-call    (GPT-2 small: the first compiled call's peak against later ones, gpt.c)
  *   kiln_bench --compiled [--threads N] [--only ..] [--json PATH]   (eager vs compiled, side by side)
  *   kiln_bench --serve         (one call at a time on request, for bench/side_by_side.py; serve.c)
  *
@@ -629,7 +630,7 @@ void workloads_list(FILE *f) {
 }
 
 static void usage(const char *argv0) {
-  fprintf(stderr, "usage: %s [--threads N] [--only W1,W3] [--json PATH] [--compiled] | --overhead | --serve\n", argv0);
+  fprintf(stderr, "usage: %s [--threads N] [--only W1,W3] [--json PATH] [--compiled] | --overhead | --first-call | --serve\n", argv0);
 }
 
 int main(int argc, char **argv) {
@@ -650,6 +651,8 @@ int main(int argc, char **argv) {
       json = argv[++i];
     } else if (strcmp(argv[i], "--overhead") == 0) {
       return bench_overhead();
+    } else if (strcmp(argv[i], "--first-call") == 0) {
+      return bench_gpt_first_call();
     } else if (strcmp(argv[i], "--serve") == 0) {
       return bench_serve();
     } else if (strcmp(argv[i], "--compiled") == 0) {
