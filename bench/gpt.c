@@ -352,7 +352,10 @@ int bench_gpt_paths(void) {
     double mg = bench_median(t[0], STEPS), mr = bench_median(t[1], STEPS);
     printf("W8 (GPT step, %d alternating steps each, medians)\n", STEPS);
     printf("  guard-only path    %8.2f ms/step\n", mg);
-    printf("  recording path     %8.2f ms/step (%+.1f%%)\n", mr, 100 * (mr / mg - 1));
+    kiln_fn_stats sr;
+    kiln_fn_get_stats(fr, &sr);
+    printf("  recording path     %8.2f ms/step (%+.1f%%), of which running the body as a recording %.2f ms\n", mr,
+           100 * (mr / mg - 1), sr.calls ? sr.trace_ms / (double)sr.calls : 0);
     printf("  first call's peak  %8.1f MiB on the recording path, a later call's %.1f MiB (%.2fx)\n",
            (double)first / (1 << 20), (double)steady / (1 << 20), steady ? (double)first / (double)steady : 0);
   } else {

@@ -20,6 +20,7 @@
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdlib.h>
+#include <stddef.h>
 #include <string.h>
 #include <time.h>
 
@@ -545,25 +546,36 @@ typedef struct call_state {
   bool *alive;
   int64_t (*cand_vals)[IR_MAX_SYMS];
   variant *prev_var;          /* no candidate: the newest variant, to tell literals from sizes */
-  seg_info seg[64];           /* the segments that ran */
   int n_seg;
   int val_start;              /* values before the running segment */
-  /* the arguments of the segment running now */
-  int64_t argi[IR_MAX_SYMS];
-  double argf[IR_MAX_SYMS];
   /* building: from some segment on, the call matched no variant */
   bool building;
-  build_state b;
-  build_prev prev;
-  uint8_t dyn[MAX_IN][MAXD];
   segment **segs;             /* the new variant's segments */
   int n_segs;
   bool uncached;              /* the cache is full: the new segments run on the interpreter */
   bool matched_all;
-  char why[2048];             /* why each variant did not match, one after another */
   double compile_ms, passes_ms, front_ms, opt_ms, machine_ms;
   int no;
+  /* From here on, not cleared at the start of a call (call_start): filled
+   * before they are read. */
+  seg_info seg[64];           /* the segments that ran */
+  /* the arguments of the segment running now */
+  int64_t argi[IR_MAX_SYMS];
+  double argf[IR_MAX_SYMS];
+  build_state b;              /* building */
+  build_prev prev;
+  uint8_t dyn[MAX_IN][MAXD];
+  char why[2048];             /* why each variant did not match, one after another */
 } call_state;
+
+/* A call's state, cleared up to the large fields (11 KiB in all would be
+ * cleared on every call otherwise). */
+static void call_start(call_state *cs, kiln_fn *fn, kiln_tensor *const *in) {
+  memset(cs, 0, offsetof(call_state, seg));
+  cs->fn = fn;
+  cs->in = in;
+  cs->why[0] = 0;
+}
 
 /* Appends one variant's reason to a list of them. */
 static void add_why(char *list, size_t n, const char *why) {
@@ -1033,7 +1045,8 @@ static int seg_run(recording *r, void *ctx, bool last) {
   if (!cs->building) {
     /* every candidate still alive is held to this segment (a later one may
      * part from the first that matches); the first that matches runs it */
-    char why[512] = "";
+    char why[512];
+    why[0] = 0;
     int64_t argi[IR_MAX_SYMS];
     double argf[IR_MAX_SYMS];
     for (int c = 0; c < cs->n_cand; c++) {
@@ -1184,7 +1197,8 @@ fail:
 
 /* A call on the recording path. */
 static int record_call(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out) {
-  call_state cs = {.fn = fn, .in = in};
+  call_state cs;
+  call_start(&cs, fn, in);
   double t0 = now_ms();
   int n_out = fn->opts.n_out;
   cs.outs = alloc_calloc((size_t)n_out + 1, sizeof *cs.outs);
@@ -1194,7 +1208,8 @@ static int record_call(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out) {
   cs.cand = alloc_malloc(sizeof *cs.cand * (size_t)(fn->n_variants + 1));
   cs.alive = alloc_malloc(sizeof *cs.alive * (size_t)(fn->n_variants + 1));
   cs.cand_vals = alloc_malloc(sizeof *cs.cand_vals * (size_t)(fn->n_variants + 1));
-  char why0[2048] = "";
+  char why0[2048];
+  why0[0] = 0;
   if (cs.cand && cs.alive && cs.cand_vals)
     for (int i = fn->n_variants - 1; i >= 0; i--) {
       variant *v = fn->variants[i];

@@ -40,6 +40,7 @@ struct rec_state {
   int n_leaf, cap_leaf;
   kiln_tensor **made;    /* every tensor the recording made in this segment (retained) */
   int n_made, cap_made;
+  int n_laid;            /* made[0..n_laid) are in layouts (filled when a lookup needs them) */
   uint64_t serial0;      /* tensors with a serial below this were made before the call */
   char *bytes;           /* EV_DATA payloads, one block each */
   char **blocks;
@@ -93,7 +94,7 @@ static int map_get(const smap *m, uint64_t k) {
 
 static int map_put(smap *m, uint64_t k, int v) {
   if ((m->n + 1) * 2 > m->cap) {
-    size_t cap = m->cap ? m->cap * 2 : 256;
+    size_t cap = m->cap ? m->cap * 2 : 32;
     uint64_t *key = alloc_calloc(cap, sizeof *key);
     int *val = alloc_calloc(cap, sizeof *val);
     if (!key || !val) {
@@ -158,7 +159,9 @@ static int new_event(recording *r, rec_ekind kind, int op, const int *ids, int n
       alloc_grow((void **)&r->ids, &r->cap_ids, r->n_ids + n, sizeof *r->ids))
     return fail(r, "out of memory while recording"), -1;
   rec_event *e = &r->ev[r->n_ev];
-  memset(e, 0, sizeof *e);
+  /* an op's attributes are copied whole by on_op, right after */
+  if (kind != EV_OP) memset(&e->a, 0, sizeof e->a);
+  e->data = NULL;
   e->kind = kind;
   e->op = op;
   e->n_in = n;
@@ -177,13 +180,23 @@ static int adopt(recording *r, kiln_tensor *t, int value) {
   struct rec_state *s = r->st;
   t->rec_call = r->id;
   t->rec_id = value;
-  if (alloc_grow((void **)&s->made, &s->cap_made, s->n_made + 1, sizeof *s->made) ||
-      map_put(&s->layouts, layout_key(t), value)) {
+  if (alloc_grow((void **)&s->made, &s->cap_made, s->n_made + 1, sizeof *s->made)) {
     fail(r, "out of memory while recording");
     return -1;
   }
   s->made[s->n_made++] = kiln_retain(t);
   return 0;
+}
+
+/* The made tensors' layouts into the map, in the order they were made: only
+ * a lookup of a view made outside dispatch needs them, so it is done then
+ * (and before any put of a later value), not for every op. */
+static void layouts_fill(recording *r) {
+  struct rec_state *s = r->st;
+  for (; s->n_laid < s->n_made; s->n_laid++) {
+    kiln_tensor *t = s->made[s->n_laid];
+    if (map_put(&s->layouts, layout_key(t), t->rec_id)) return fail(r, "out of memory while recording");
+  }
 }
 
 /* ---- values of tensors ---- */
@@ -231,7 +244,11 @@ int rec_value_of(recording *r, kiln_tensor *t) {
     return id;
   }
   /* a view of a value made outside dispatch (autograd keeps its outputs so) */
-  id = map_get(&s->layouts, layout_key(t));
+  id = -1;
+  if (t->serial >= s->serial0) {
+    layouts_fill(r);
+    id = map_get(&s->layouts, layout_key(t));
+  }
   if (id >= 0 && r->val[id].seg == r->seg) return id;
   if (id >= 0 && !t->st->meta && r->val[id].version == atomic_load(&t->st->version)) {
     /* such a view made in an earlier segment, its data computed at the break: carried in */
@@ -351,6 +368,7 @@ static void on_inplace(void *ctx, op_id op, kiln_tensor *dst, kiln_tensor *src, 
   r->val[v].version++; /* inplace() bumps the version after this hook */
   r->ev[e].out = v;
   struct rec_state *s = r->st;
+  layouts_fill(r); /* the older entries first: this one must win */
   if (dst->rec_call == r->id && r->val[dst->rec_id].seg == r->seg) {
     dst->rec_id = v;
     if (map_put(&s->layouts, layout_key(dst), v)) fail(r, "out of memory while recording");
@@ -535,8 +553,10 @@ kiln_tensor *rec_grad0(recording *r, int leaf_value) {
 /* Leaf values of the segment: each leaf as its own data again. */
 void rec_next_segment(recording *r) {
   struct rec_state *s = r->st;
+  layouts_fill(r);
   for (int i = 0; i < s->n_made; i++) kiln_release(s->made[i]);
   s->n_made = 0;
+  s->n_laid = 0;
   /* layouts stay: a view autograd made in this segment may be read in a later one */
   map_clear(&s->carried);
   r->seg++;
@@ -625,6 +645,10 @@ int rec_slots(const rec_event *e, rec_slot *out, int max) {
 
 /* ---- start and end ---- */
 
+/* How long this thread's last recording grew its lists: the next starts at
+ * that size instead of growing again from nothing. */
+static _Thread_local struct { int ev, ids, val, made; } last_size;
+
 int rec_begin(recording *r, kiln_tensor *const *in, int n_in, rec_run_fn run, void *run_ctx) {
   memset(r, 0, sizeof *r);
   r->id = atomic_fetch_add(&next_id, 1);
@@ -635,6 +659,11 @@ int rec_begin(recording *r, kiln_tensor *const *in, int n_in, rec_run_fn run, vo
   r->st = alloc_calloc(1, sizeof *r->st);
   if (!r->st) return -1;
   struct rec_state *s = r->st;
+  if (alloc_grow((void **)&r->ev, &r->cap_ev, last_size.ev, sizeof *r->ev) ||
+      alloc_grow((void **)&r->ids, &r->cap_ids, last_size.ids, sizeof *r->ids) ||
+      alloc_grow((void **)&r->val, &r->cap_val, last_size.val, sizeof *r->val) ||
+      alloc_grow((void **)&s->made, &s->cap_made, last_size.made, sizeof *s->made))
+    return -1;
   s->serial0 = tensor_serial_now();
   for (int i = 0; i < n_in; i++) {
     if (i < 64 && in[i]->grad) r->in_had_grad |= 1ull << i;
@@ -663,6 +692,10 @@ void rec_end(recording *r) {
 
 void rec_free(recording *r) {
   struct rec_state *s = r->st;
+  if (r->n_ev) {
+    last_size.ev = r->n_ev, last_size.ids = r->n_ids, last_size.val = r->n_val;
+    last_size.made = s && s->n_made > last_size.made ? s->n_made : last_size.made;
+  }
   if (s) {
     rec_end(r);
     for (int i = 0; i < s->n_made; i++) kiln_release(s->made[i]);
