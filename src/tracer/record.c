@@ -188,14 +188,17 @@ static int adopt(recording *r, kiln_tensor *t, int value) {
   return 0;
 }
 
-/* The made tensors' layouts into the map, in the order they were made: only
- * a lookup of a view made outside dispatch needs them, so it is done then
- * (and before any put of a later value), not for every op. */
+/* The made tensors' layouts into the map: only a lookup of a view made
+ * outside dispatch needs them, so it is done then, not for every op. The
+ * newest value of a layout wins, whenever it was put. */
 static void layouts_fill(recording *r) {
   struct rec_state *s = r->st;
   for (; s->n_laid < s->n_made; s->n_laid++) {
     kiln_tensor *t = s->made[s->n_laid];
-    if (map_put(&s->layouts, layout_key(t), t->rec_id)) return fail(r, "out of memory while recording");
+    uint64_t k = layout_key(t);
+    /* value ids grow with time: an entry an in-place write put since is newer, and stays */
+    if (map_get(&s->layouts, k) > t->rec_id) continue;
+    if (map_put(&s->layouts, k, t->rec_id)) return fail(r, "out of memory while recording");
   }
 }
 
@@ -368,7 +371,6 @@ static void on_inplace(void *ctx, op_id op, kiln_tensor *dst, kiln_tensor *src, 
   r->val[v].version++; /* inplace() bumps the version after this hook */
   r->ev[e].out = v;
   struct rec_state *s = r->st;
-  layouts_fill(r); /* the older entries first: this one must win */
   if (dst->rec_call == r->id && r->val[dst->rec_id].seg == r->seg) {
     dst->rec_id = v;
     if (map_put(&s->layouts, layout_key(dst), v)) fail(r, "out of memory while recording");
