@@ -1,6 +1,7 @@
 /* bench.h - what the parts of kiln_bench share: a workload opened as a case
  * that runs one call eagerly or compiled (workloads.c for W1..W7, gpt.c for
- * W8 and W9), which serve.c hands to bench/side_by_side.py sample by sample. */
+ * W8 and W9, resnet.c for W13 and W14), which serve.c hands to
+ * bench/side_by_side.py sample by sample. */
 #ifndef KILN_BENCH_H
 #define KILN_BENCH_H
 
@@ -24,11 +25,13 @@ typedef struct bench_case {
  * kiln_last_error), 1 when the id is not theirs. */
 int workloads_case_open(const char *id, bench_case *c);
 int gpt_case_open(const char *id, bench_case *c);
+int resnet_case_open(const char *id, bench_case *c); /* by name: W13 has two rows */
 void bench_case_close(bench_case *c);
 
 /* Every workload's id and name, in order, one per line: "W1 W1_gelu". */
 void workloads_list(FILE *f);
 void gpt_list(FILE *f);
+void resnet_list(FILE *f);
 
 int bench_serve(void);                      /* serve.c */
 int bench_overhead(void);                   /* overhead.c */

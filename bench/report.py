@@ -6,8 +6,11 @@ Reads from --dir what bench/run.sh wrote there: machine.json (bench/machine.py),
 side_by_side.json (bench/side_by_side.py: every contender interleaved, at 1
 and N threads), compiled.json (kiln_bench --compiled --json, at N threads:
 kiln's compile times, memory and the machine's limits) and overhead.txt
-(kiln_bench --overhead). A missing or empty input leaves its columns empty
-("-"), with the reason in the notes when one was recorded.
+(kiln_bench --overhead), and torch_resnet.json when there is one
+(bench/torch_resnet.py run by hand: its PyTorch eager and torch.compile times
+fill W13's and W14's cells that side_by_side.json left empty, marked as from a
+separate run). A missing or empty input leaves its columns empty ("-"), with
+the reason in the notes when one was recorded.
 
 Writes --dir/report.json (everything merged) and --dir/tables.md (the tables),
 prints the tables, draws the plots (bench/plots.py) into --img-dir (default
@@ -42,6 +45,9 @@ WORK = {
     "W7_attention": ("attention", "compute", 2 * (8 * 512 * 512 * 64) * 2),
     "W8_gpt_train": ("GPT train step", "compute", torch_gpt.train_flops()),
     "W9_gpt_generate": ("GPT generate (per token)", "compute", torch_gpt.gen_flops_per_token()),
+    "W13_resnet18_b1": ("ResNet-18 inference, batch 1", "latency", 0),
+    "W13_resnet18_b32": ("ResNet-18 inference, batch 32", "latency", 0),
+    "W14_resnet18_train": ("ResNet-18 train step", "latency", 0),
 }
 
 
@@ -119,6 +125,7 @@ def merge(d):
     compiled = load(os.path.join(d, "compiled.json"), [])
     sdoc = load(os.path.join(d, "side_by_side.json"), {})
     srows, smeta = sdoc.get("rows", []), sdoc.get("meta", {})
+    resnet = {(r["name"], r["threads"]): r for r in load(os.path.join(d, "torch_resnet.json"), {}).get("rows", [])}
     overhead = ""
     if os.path.exists(os.path.join(d, "overhead.txt")):
         with open(os.path.join(d, "overhead.txt")) as f:
@@ -154,6 +161,13 @@ def merge(d):
                 if num(s.get(m + suffix)):
                     row[m + suffix] = s[m + suffix]
         row["source"] = "side_by_side" if s else "kiln_bench"
+        tr = resnet.get((name, threads), {})  # a separate run: no ratios against kiln's samples
+        for m, key in (("torch_eager", "torch_eager_ms"), ("torch_compile", "torch_compiled_ms")):
+            if not num(row.get(m + "_ms")) and num(tr.get(key)):
+                row[m + "_ms"] = tr[key]
+                row.setdefault("separate_run", []).append(m)
+        if "torch_compile" in row.get("separate_run", []) and num(tr.get("torch_compiled_prep_ms")):
+            row["torch_compile_compile_ms"] = tr["torch_compiled_prep_ms"]
         if not s and ok:  # no side-by-side run: kiln's own interleaved pair
             row["kiln_eager_ms"], row["kiln_compiled_ms"] = c.get("eager_ms"), c.get("compiled_ms")
             row["kiln_eager_over_kiln_compiled"] = ratio(c.get("eager_ms"), c.get("compiled_ms"))
@@ -317,6 +331,9 @@ def render(rep, img_rel):
                  "AOTAutograd, backward); the optimizer step runs eagerly from Python. kiln and JAX "
                  "compile the whole step, update included.")
     for r in side:
+        if r.get("separate_run"):
+            notes.append(f"{r['name']}: " + ", ".join(LABEL[m] for m in r["separate_run"]) +
+                         " from bench/torch_resnet.py's torch_resnet.json, a separate run, not interleaved.")
         if r["name"].startswith("W9"):
             vals = [(LABEL[m], r.get(m + "_ms")) for m in shown]
             notes.append(f"{r['name']} in tokens/s: " + ", ".join(f"{k} {1e3 / v:.0f}" for k, v in vals if num(v)) +

@@ -12,7 +12,8 @@
  *
  * The images come from the synthetic dataset of resnet.h (the time does not
  * depend on them). The eager and compiled sides run interleaved, sample by
- * sample, on one model, as the other workloads do.
+ * sample, on one model, as the other workloads do. W13 and W14 are also
+ * cases for serve.c (bench/side_by_side.py), opened by name.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <stdbool.h>
@@ -21,11 +22,9 @@
 #include <string.h>
 
 #include "../examples/resnet.h"
+#include "bench.h"
 #include "kiln.h"
 #include "stats.h"
-
-int bench_resnet(const char *only);
-void bench_resnet_json(FILE *f, int threads);
 
 enum { WARMUP = 2, MIN_SAMPLES = 5, MAX_SAMPLES = 100 };
 #define SAMPLE_BUDGET_S 10.0
@@ -175,4 +174,72 @@ void bench_resnet_json(FILE *f, int threads) {
             r->name, threads, r->ok ? "true" : "false", r->eager_ms, r->compiled_ms, r->compile_ms, r->trace_ms,
             r->eager_peak, r->compiled_peak, i + 1 < n_results ? "," : "");
   }
+}
+
+/* ---- W13 and W14 as cases, for serve.c ------------------------------------- */
+
+static const struct {
+  const char *id, *name;
+  int64_t n;
+  bool train;
+} RN_CASES[] = {
+    {"W13", "W13_resnet18_b1", 1, false},
+    {"W13", "W13_resnet18_b32", 32, false},
+    {"W14", "W14_resnet18_train", 32, true},
+};
+
+typedef struct rcase {
+  resnet m;
+  run_ctx c;
+  kiln_tensor *x, *labels;
+} rcase;
+
+static int rcase_run(void *ctx, kiln_fn *fn) { return run(&((rcase *)ctx)->c, fn); }
+
+static void rcase_close(void *ctx) {
+  rcase *r = ctx;
+  kiln_release(r->x);
+  kiln_release(r->labels);
+  resnet_free(&r->m);
+  free(r);
+}
+
+/* The same model and batch as bench_resnet's rows. Opened by name: W13 has two. */
+int resnet_case_open(const char *id, bench_case *bc) {
+  int k = -1;
+  for (int i = 0; i < (int)(sizeof RN_CASES / sizeof RN_CASES[0]) && k < 0; i++)
+    if (!strcmp(id, RN_CASES[i].name) || (!strcmp(id, RN_CASES[i].id) && strcmp(id, "W13"))) k = i;
+  if (k < 0) return 1;
+  rcase *r = calloc(1, sizeof *r);
+  if (!r) return -1;
+  if (resnet18_cifar_init(&r->m, 64, 10, 1) != 0) {
+    free(r);
+    return -1;
+  }
+  bool train = RN_CASES[k].train;
+  uint64_t rng = 11;
+  kiln_scope_begin();
+  kiln_tensor *templates = rn_templates(r->m.classes, 32), *x = NULL, *labels = NULL;
+  if (templates && rn_batch(templates, RN_CASES[k].n, &rng, &x, &labels) == 0) {
+    r->x = kiln_keep(x);
+    r->labels = kiln_keep(labels);
+  }
+  kiln_scope_end();
+  kiln_fn *fn = NULL;
+  if (r->x && r->labels) {
+    r->m.training = train;
+    r->c = (run_ctx){&r->m, r->x, train ? r->labels : NULL};
+    kiln_options o = {.name = RN_CASES[k].name, .n_in = train ? 2 : 1, .n_out = 1};
+    fn = kiln_compile(train ? resnet_train_body : resnet_forward_body, &r->m, &o);
+  }
+  if (!fn) {
+    rcase_close(r);
+    return -1;
+  }
+  *bc = (bench_case){.name = RN_CASES[k].name, .run = rcase_run, .close = rcase_close, .ctx = r, .fn = fn, .per = 1};
+  return 0;
+}
+
+void resnet_list(FILE *f) {
+  for (size_t i = 0; i < sizeof RN_CASES / sizeof RN_CASES[0]; i++) fprintf(f, "%s %s\n", RN_CASES[i].id, RN_CASES[i].name);
 }

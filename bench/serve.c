@@ -9,7 +9,7 @@
  *
  *   list                 the workloads, "ID NAME" per line, then "end"
  *   threads N            kiln_set_num_threads(N) (pool and OpenBLAS)  -> ok N
- *   open ID              make the inputs and the compiled function    -> ok NAME PER
+ *   open ID|NAME         make the inputs and the compiled function    -> ok NAME PER
  *   prepare              the first compiled call (trace and compile), then
  *                        the first call of the compiled code          -> ok COMPILE_MS TRACE_MS
  *   run eager|compiled   one call in its own scope                    -> ms MS (per PER)
@@ -50,6 +50,7 @@ int bench_serve(void) {
     } else if (!strcmp(line, "list")) {
       workloads_list(stdout);
       gpt_list(stdout);
+      resnet_list(stdout);
       printf("end\n");
     } else if (!strcmp(line, "threads") && arg && atoi(arg) > 0) {
       kiln_set_num_threads(atoi(arg));
@@ -58,6 +59,7 @@ int bench_serve(void) {
       bench_case_close(&c);
       int rc = workloads_case_open(arg, &c);
       if (rc == 1) rc = gpt_case_open(arg, &c);
+      if (rc == 1) rc = resnet_case_open(arg, &c);
       if (rc == 0)
         printf("ok %s %d\n", c.name, c.per);
       else if (rc == 1)

@@ -8,8 +8,8 @@ The contenders (MODES): kiln eager and kiln compiled (through `kiln_bench
 --serve`, a child process that times each call in C), PyTorch eager (op by
 op), PyTorch's fused ops, torch.compile in its default mode and in
 mode="max-autotune-no-cudagraphs", and JAX's jax.jit. They are defined in
-bench/workloads.c and bench/gpt.c (kiln), bench/torch_workloads.py and
-bench/torch_gpt.py (PyTorch), bench/jax_workloads.py and bench/jax_gpt.py
+bench/workloads.c, bench/gpt.c and bench/resnet.c (kiln),
+bench/torch_workloads.py, bench/torch_gpt.py and bench/torch_resnet.py (PyTorch), bench/jax_workloads.py and bench/jax_gpt.py
 (JAX); a workload one side lacks, or a library that does not import, leaves
 those cells empty with the reason in the JSON's meta.errors.
 
@@ -216,12 +216,12 @@ class Run:
         self.calls[mode] = call
 
 
-def build_kiln(run, kiln, wid, modes):
+def build_kiln(run, kiln, modes):
     if not kiln:
         return
     try:
         kiln.ask(f"threads {run.threads}")
-        kiln.ask(f"open {wid}")
+        kiln.ask(f"open {run.name}")  # by name: one id may have several rows (W13)
         if "kiln_compiled" in modes:
             _, compile_ms, _ = kiln.ask("prepare").split()
             run.compile["kiln_compiled"] = float(compile_ms)
@@ -388,7 +388,7 @@ def main():
         for m in ("kiln_eager", "kiln_compiled"):
             unavailable[m] = f"kiln_bench --serve failed ({e})"
 
-    # every workload any side has, in order: W1..W9, then the others' additions
+    # every workload any side has, in order: W1..W9, then the others' additions (W13, W14)
     table = {}
     for wid, name in kiln_ids:
         table.setdefault(name, {"id": wid})
@@ -436,7 +436,7 @@ def main():
                 torch.manual_seed(0)
             if any(m.startswith("kiln") for m in want):
                 if kiln and any(w[1] == name for w in kiln_ids):
-                    build_kiln(run, kiln, entry["id"], want)
+                    build_kiln(run, kiln, want)
                 else:
                     for m in want:
                         if m.startswith("kiln"):

@@ -160,27 +160,56 @@ def timed(fn, *args):
     return 1e3 * (time.perf_counter() - t0)
 
 
-def run(name, modes, threads):
+def setup(name):
+    """The model (in train or eval mode) and a batch for workload name."""
     kind, batch, hw, training = WORKLOADS[name]
     torch.manual_seed(1)
     model = build(kind)
     model.train(training)
     x, labels = data(batch, hw, model.fc.out_features)
+    return model, x, labels, training
+
+
+def compiled_step(model, training, wrap):
+    """One call through wrap's compile: the loss for a training step (the
+    backward and SGD eager around it), the whole model for inference."""
+    step = make_step(model, training)
+    if training:
+        compiled_loss = wrap(step.loss_of)
+        return lambda a, b: step(a, b, compiled_loss)
+    compiled_model = wrap(model)
+
+    def fn(a, b):
+        with torch.no_grad():
+            return compiled_model(a)
+    return fn
+
+
+def workloads(torch_module):
+    """[(id, name, maker)] in torch_workloads.py's form, for bench/side_by_side.py:
+    W13 and W14 (R50 is kiln against kiln only). The eager model already runs
+    PyTorch's builtin conv2d and batch_norm, so there is no separate fused form."""
+    global torch, nn, F
+    torch, nn, F = torch_module, torch_module.nn, torch_module.nn.functional
+
+    def maker(name):
+        def bind(make):
+            model, x, labels, training = setup(name)
+            fn = make(model, training)
+            return lambda: fn(x, labels)
+        return lambda: {"eager": lambda: bind(make_step),
+                        "compile": lambda wrap: bind(lambda m, t: compiled_step(m, t, wrap))}
+    return [(name.split("_")[0], name, maker(name)) for name in DEFAULT]
+
+
+def run(name, modes, threads):
+    model, x, labels, training = setup(name)
     sides = {}
     if "eager" in modes:
         sides["eager"] = make_step(model, training)
     prep = None
     if "compiled" in modes and hasattr(torch, "compile"):
-        step = make_step(model, training)
-        if training:
-            compiled_loss = torch.compile(step.loss_of)
-            fn = lambda a, b: step(a, b, compiled_loss)  # noqa: E731
-        else:
-            compiled_model = torch.compile(model)
-
-            def fn(a, b):
-                with torch.no_grad():
-                    return compiled_model(a)
+        fn = compiled_step(model, training, torch.compile)
         first = timed(fn, x, labels)
         sides["compiled"] = fn
         prep = first

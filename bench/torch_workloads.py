@@ -202,6 +202,7 @@ WORKLOADS = [
 
 
 def workloads():
-    """Every workload, W8 and W9 (torch_gpt.py) included."""
+    """Every workload, W8 and W9 (torch_gpt.py), W13 and W14 (torch_resnet.py) included."""
     import torch_gpt
-    return WORKLOADS + torch_gpt.workloads(torch)
+    import torch_resnet
+    return WORKLOADS + torch_gpt.workloads(torch) + torch_resnet.workloads(torch)

@@ -8,6 +8,7 @@
  * (L(x+e) - L(x-e)) / 2e, where L is evaluated in plain C from the read-back
  * output of fresh tensors. */
 #include <check.h>
+#include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1216,6 +1217,55 @@ START_TEST(test_saved_tensor_modified_in_place)
 }
 END_TEST
 
+/* softmax and log_softmax of a tensor with no gradient to record run one row
+ * kernel (reduce.c) instead of the composite; both must give the same bits,
+ * -inf entries, fully masked rows and NaN included, on rows shorter and
+ * longer than the pairwise sum's 512-element blocks. The composite runs
+ * when x requires grad. Also a hand value: softmax(0, ln 3) = (1/4, 3/4). */
+START_TEST(test_softmax_one_kernel_matches_composite)
+{
+  static const int64_t cols[] = {1, 7, 16, 513, 1500, 5000};
+  for (int dt = 0; dt < 2; dt++)
+    for (size_t c = 0; c < sizeof cols / sizeof cols[0]; c++)
+      for (int lg = 0; lg < 2; lg++) {
+        kiln_scope_begin();
+        kiln_dtype d = dt ? KILN_F64 : KILN_F32;
+        int64_t sh[2] = {5, cols[c]}, n = 5 * cols[c];
+        double *v = malloc(sizeof(double) * (size_t)n);
+        ck_assert_ptr_nonnull(v);
+        kiln_tensor *r = kiln_randn(KILN_F64, 2, sh, 40 + (uint64_t)c);
+        ck_assert_int_eq(0, kiln_read(r, v, sizeof(double) * (size_t)n));
+        for (int64_t i = 0; i < n; i++) v[i] *= 8;
+        v[0] = -INFINITY;                                           /* row 0: one masked entry */
+        for (int64_t i = 0; i < cols[c]; i++) v[cols[c] + i] = -INFINITY; /* row 1: all masked */
+        v[2 * cols[c] + cols[c] / 2] = NAN;                         /* row 2: a NaN */
+        kiln_tensor *x = kiln_cast(kiln_tensor_from(KILN_F64, 2, sh, v), d);
+        kiln_tensor *xg = kiln_cast(kiln_tensor_from(KILN_F64, 2, sh, v), d);
+        kiln_requires_grad(xg, true);
+        kiln_tensor *one = lg ? kiln_log_softmax(x, -1) : kiln_softmax(x, 1);
+        kiln_tensor *comp = lg ? kiln_log_softmax(xg, 1) : kiln_softmax(xg, -1);
+        ck_assert_msg(one && comp, "%s", kiln_last_error());
+        ck_assert(!kiln_get_requires_grad(one));
+        double *a = malloc(sizeof(double) * (size_t)n), *b = malloc(sizeof(double) * (size_t)n);
+        ck_assert_int_eq(0, kiln_read(kiln_cast(one, KILN_F64), a, sizeof(double) * (size_t)n));
+        ck_assert_int_eq(0, kiln_read(kiln_cast(comp, KILN_F64), b, sizeof(double) * (size_t)n));
+        for (int64_t i = 0; i < n; i++)
+          ck_assert_msg((a[i] != a[i] && b[i] != b[i]) || !memcmp(&a[i], &b[i], sizeof a[i]),
+                        "%s %s cols %" PRId64 " at %" PRId64 ": %.17g against the composite's %.17g",
+                        lg ? "log_softmax" : "softmax", dt ? "f64" : "f32", cols[c], i, a[i], b[i]);
+        for (int64_t i = 0; i < cols[c]; i++) ck_assert(a[cols[c] + i] != a[cols[c] + i]); /* 0/0 */
+        free(a), free(b), free(v);
+        kiln_scope_end();
+      }
+  kiln_scope_begin();
+  double h[2] = {0, log(3.0)}, y[2];
+  kiln_tensor *p = kiln_softmax(kiln_tensor_from(KILN_F64, 1, ((int64_t[]){2}), h), 0);
+  ck_assert_int_eq(0, kiln_read(p, y, sizeof y));
+  ck_assert(fabs(y[0] - 0.25) < 1e-15 && fabs(y[1] - 0.75) < 1e-15);
+  kiln_scope_end();
+}
+END_TEST
+
 static Suite *autograd_suite(void)
 {
   Suite *s = suite_create("autograd");
@@ -1249,6 +1299,7 @@ static Suite *autograd_suite(void)
   tcase_add_test(eng, test_sgd_step);
   tcase_add_test(eng, test_nondifferentiable_outputs);
   tcase_add_test(eng, test_saved_tensor_modified_in_place);
+  tcase_add_test(eng, test_softmax_one_kernel_matches_composite);
   suite_add_tcase(s, eng);
   return s;
 }

@@ -407,6 +407,9 @@ int k_cast(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
 int k_copy(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
 int k_reduce(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
 int k_argmax(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
+/* reduce.c: softmax (or log_softmax) of contiguous f32 or f64 x along its last
+ * dim into out (x's shape, contiguous), bit for bit nn.c's composite. */
+void red_softmax_rows(const kiln_tensor *x, kiln_tensor *out, bool log);
 int k_matmul(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
 int k_cat(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
 /* tensor.c: the generator's numbers from attrs seed and offset (element i is number offset + i) */

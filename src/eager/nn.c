@@ -31,8 +31,25 @@ static kiln_tensor *row_max(kiln_tensor *x, int axis, const char *file, int line
   return m;
 }
 
+/* Softmax or log_softmax in one kernel (reduce.c) when nothing needs the
+ * primitives: no tracer watching, no gradient to record, a contiguous x
+ * along its last dim. false when it does not apply (the composite runs);
+ * else true, with *y NULL and the error set when out of memory. */
+static bool softmax_fused(kiln_tensor *x, int axis, bool log, const char *file, int line, kiln_tensor **y) {
+  if (dispatch_hooks() || (x->requires_grad && grad_mode()) || x->st->meta || axis_norm(axis, x->ndim) != x->ndim - 1 ||
+      !tensor_contiguous(x) || (x->dtype != KILN_F32 && x->dtype != KILN_F64))
+    return false;
+  kiln_tensor *t = tensor_new(x->dtype, x->ndim, x->shape);
+  if (t) red_softmax_rows(x, t, log);
+  if (!t || !(t = scope_adopt(t))) err_set(file, line, log ? "log_softmax" : "softmax", "out of memory");
+  *y = t;
+  return true;
+}
+
 kiln_tensor *kiln_softmax_at(kiln_tensor *x, int axis, const char *file, int line) {
   if (check_float("softmax", x, 0, file, line) || check_axis("softmax", x, axis, file, line)) return NULL;
+  kiln_tensor *f;
+  if (softmax_fused(x, axis, false, file, line, &f)) return f;
   kiln_scope_begin();
   kiln_tensor *e = kiln_exp_at(kiln_sub_at(x, row_max(x, axis, file, line), file, line), file, line);
   kiln_tensor *y = kiln_keep(kiln_div_at(e, kiln_sum_at(e, axis, true, file, line), file, line));
@@ -42,6 +59,8 @@ kiln_tensor *kiln_softmax_at(kiln_tensor *x, int axis, const char *file, int lin
 
 kiln_tensor *kiln_log_softmax_at(kiln_tensor *x, int axis, const char *file, int line) {
   if (check_float("log_softmax", x, 0, file, line) || check_axis("log_softmax", x, axis, file, line)) return NULL;
+  kiln_tensor *f;
+  if (softmax_fused(x, axis, true, file, line, &f)) return f;
   kiln_scope_begin();
   kiln_tensor *z = kiln_sub_at(x, row_max(x, axis, file, line), file, line);
   kiln_tensor *lse = kiln_log_at(kiln_sum_at(kiln_exp_at(z, file, line), axis, true, file, line), file, line);

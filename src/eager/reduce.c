@@ -9,6 +9,7 @@
 
 #include "eager/iter.h"
 #include "eager/pool.h"
+#include "eager/vmath.h"
 
 /* Pairwise sum over blocks of at most 512, each block with 16 independent
  * lanes combined pairwise: vectorized, and the error grows with log n as in
@@ -39,13 +40,16 @@ CONTIG_SUM(int64_t, uint64_t, csum_i64)
 /* max/min of a row: 64-byte vectors of a plain compare-and-select (GCC's
  * vectorizer leaves the NaN-propagating form scalar), NaNs noted on the
  * side; a row that has one is scanned again for its first NaN, the result
- * the NaN-propagating F gives too. */
+ * the NaN-propagating F gives too. Always inlined: each KILN_HOT caller's
+ * clone must compile it for its own vector width (an out-of-line copy, built
+ * for the baseline, runs these 64-byte vectors in pieces, 20x slower). */
+#define ALWAYS_INLINE __attribute__((always_inline))
 typedef float vf32 __attribute__((vector_size(64)));
 typedef double vf64 __attribute__((vector_size(64)));
 typedef int64_t vi64 __attribute__((vector_size(64)));
 typedef int32_t vi32 __attribute__((vector_size(64)));
 #define CONTIG_EXT(T, VT, VI, NAME, F, CMP)                      \
-  static inline T NAME(const T *x, int64_t n, T init) {          \
+  ALWAYS_INLINE static inline T NAME(const T *x, int64_t n, T init) { \
     if (init != init) return init;                               \
     enum { L = 64 / sizeof(T) };                                 \
     VT acc;                                                      \
@@ -270,4 +274,49 @@ int k_argmax(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_te
   int64_t len = x->shape[j.axis] ? x->shape[j.axis] : 1;
   pool_parallel_for(rows, PARALLEL_GRAIN / len + 1, argmax_chunk, &j);
   return 0;
+}
+
+/* ---- softmax and log_softmax along contiguous rows, in one kernel ---- */
+
+/* The same steps as the composites of nn.c, element by element (the row's
+ * max, x - max, exp, the pairwise sum, the divide or log and subtract), so
+ * the results are bit for bit theirs; but a row is read from memory once and
+ * the result written once, where the composite makes four full-size passes
+ * and three intermediates. */
+typedef struct softmax_job {
+  const void *x;
+  void *out;
+  int64_t cols;
+  bool log, f64;
+} softmax_job;
+
+#define SOFTMAX_ROWS(T, SFX, EXP, LOG)                                            \
+  KILN_HOT static void softmax_rows_##SFX(const softmax_job *j, int64_t b, int64_t e) { \
+    for (int64_t r = b; r < e; r++) {                                             \
+      const T *x = (const T *)j->x + r * j->cols;                                 \
+      T *y = (T *)j->out + r * j->cols, m = cmax_##SFX(x, j->cols, -INFINITY);    \
+      for (int64_t i = 0; i < j->cols; i++) y[i] = EXP(x[i] - m);                 \
+      T s = csum_##SFX(y, j->cols);                                               \
+      if (j->log) {                                                               \
+        T lse = LOG(s);                                                           \
+        for (int64_t i = 0; i < j->cols; i++) y[i] = (x[i] - m) - lse;            \
+      } else {                                                                    \
+        for (int64_t i = 0; i < j->cols; i++) y[i] = y[i] / s;                    \
+      }                                                                           \
+    }                                                                             \
+  }
+SOFTMAX_ROWS(float, f32, vm_expf, vm_logf)
+SOFTMAX_ROWS(double, f64, exp, log)
+
+static void softmax_chunk(void *c, int64_t b, int64_t e) {
+  const softmax_job *j = c;
+  if (j->f64) softmax_rows_f64(j, b, e);
+  else softmax_rows_f32(j, b, e);
+}
+
+void red_softmax_rows(const kiln_tensor *x, kiln_tensor *out, bool log) {
+  int64_t cols = x->shape[x->ndim - 1], rows = shape_numel(x->ndim, x->shape) / (cols ? cols : 1);
+  softmax_job j = {tensor_data(x), tensor_data(out), cols, log, x->dtype == KILN_F64};
+  if (!cols) return;
+  pool_parallel_for(rows, cols >= PARALLEL_GRAIN ? 1 : PARALLEL_GRAIN / cols, softmax_chunk, &j);
 }
