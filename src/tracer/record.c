@@ -24,7 +24,7 @@ typedef struct smap {
 } smap;
 
 typedef struct leaf_state {
-  kiln_tensor *t;        /* the input or param (params retained by r->params) */
+  kiln_tensor *t;        /* the input, param or carried value (retained) */
   int value;             /* its value id when the segment started */
   kiln_tensor *grad0;    /* its .grad when the segment started (retained) */
   uint64_t grad0_serial;
@@ -190,7 +190,8 @@ static int add_leaf(recording *r, kiln_tensor *t, int value) {
   struct rec_state *s = r->st;
   if (alloc_grow((void **)&s->leaf, &s->cap_leaf, s->n_leaf + 1, sizeof *s->leaf) || map_put(&s->leaves, t->serial, value))
     return fail(r, "out of memory while recording"), -1;
-  s->leaf[s->n_leaf++] = (leaf_state){t, value, kiln_retain(t->grad), t->grad ? t->grad->serial : 0, -1};
+  /* retained: a value carried over a break may be released by the body while later segments still read it */
+  s->leaf[s->n_leaf++] = (leaf_state){kiln_retain(t), value, kiln_retain(t->grad), t->grad ? t->grad->serial : 0, -1};
   return 0;
 }
 
@@ -643,7 +644,7 @@ void rec_free(recording *r) {
   if (s) {
     rec_end(r);
     for (int i = 0; i < s->n_made; i++) kiln_release(s->made[i]);
-    for (int i = 0; i < s->n_leaf; i++) kiln_release(s->leaf[i].grad0);
+    for (int i = 0; i < s->n_leaf; i++) kiln_release(s->leaf[i].grad0), kiln_release(s->leaf[i].t);
     for (int i = 0; i < s->n_blocks; i++) alloc_free(s->blocks[i]);
     alloc_free(s->blocks);
     alloc_free(s->made);
