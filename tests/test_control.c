@@ -562,6 +562,96 @@ START_TEST(test_cond_compiled) {
 }
 END_TEST
 
+
+/* while_loop inside a compiled body, its bound an input's value: every
+ * condition is a read, so each call runs as segments; the results count. */
+static int while_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  count_ctx c = {in[0]};
+  (void)ctx;
+  return kiln_while_loop(below, step, &c, 2, (kiln_tensor *[]){kiln_scalar(KILN_I64, 0), kiln_scalar(KILN_F64, 0)},
+                         out);
+}
+
+START_TEST(test_while_compiled) {
+  kiln_scope_begin();
+  kiln_fn *fn = kiln_compile(while_body, NULL, &(kiln_options){.name = "count", .n_in = 1, .n_out = 2});
+  ck_assert_msg(fn != NULL, "%s", kiln_last_error());
+  int64_t bounds[] = {3, 0, 6, 3};
+  for (int i = 0; i < 4; i++) {
+    kiln_scope_begin();
+    kiln_tensor *out[2], *b = kiln_tensor_from(KILN_I64, 0, NULL, &bounds[i]);
+    ck_assert_msg(kiln_call(fn, &b, out) == 0, "%s", kiln_last_error());
+    int64_t n;
+    double acc;
+    ck_assert_int_eq(0, kiln_read(out[0], &n, sizeof n));
+    ck_assert_int_eq(0, kiln_read(out[1], &acc, sizeof acc));
+    ck_assert_int_eq(bounds[i], n);
+    ck_assert(acc == ldexp(1, (int)bounds[i]) - 1);
+    kiln_scope_end();
+  }
+  kiln_fn_free(fn);
+  kiln_scope_end();
+}
+END_TEST
+
+/* A cond inside a scan: carry c; for each x_t, c = c + x_t when sum(x_t) > 0,
+ * else c * x_t; y_t = c. Eager and compiled against a C loop. */
+static int add_fn(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  return !(out[0] = kiln_add(in[0], in[1]));
+}
+static int mul_fn(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  return !(out[0] = kiln_mul(in[0], in[1]));
+}
+static int cond_step(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  kiln_tensor *pred = kiln_gt(kiln_sum_all(in[1]), kiln_scalar(KILN_F64, 0));
+  if (kiln_cond(pred, add_fn, mul_fn, NULL, 2, in, 1, out)) return -1;
+  out[1] = out[0];
+  return 0;
+}
+static int cond_scan_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  return kiln_scan(cond_step, NULL, 1, &in[0], 1, &in[1], &out[0], 1, &out[1]);
+}
+
+START_TEST(test_cond_inside_scan) {
+  enum { N = 3 };
+  double x[9 * N], c0[N] = {0.5, -1, 2};
+  fill(x, 9 * N, 11);
+  kiln_scope_begin();
+  kiln_fn *fn = kiln_compile(cond_scan_body, NULL, &(kiln_options){.name = "cond_scan", .n_in = 2, .n_out = 2});
+  ck_assert_msg(fn != NULL, "%s", kiln_last_error());
+  int lengths[] = {0, 1, 9, 4};
+  for (int li = 0; li < 4; li++)
+    for (int compiled = 0; compiled < 2; compiled++) {
+      int T = lengths[li];
+      kiln_scope_begin();
+      kiln_tensor *in[2] = {kiln_tensor_from(KILN_F64, 1, (int64_t[]){N}, c0),
+                            kiln_tensor_from(KILN_F64, 2, (int64_t[]){T, N}, x)},
+                  *out[2];
+      ck_assert_msg((compiled ? kiln_call(fn, in, out) : cond_scan_body(NULL, in, out)) == 0, "%s", kiln_last_error());
+      double c[N], want[9 * N], got_c[N], got[9 * N];
+      memcpy(c, c0, sizeof c);
+      for (int t = 0; t < T; t++) {
+        double s = 0;
+        for (int j = 0; j < N; j++) s += x[t * N + j];
+        for (int j = 0; j < N; j++) c[j] = s > 0 ? c[j] + x[t * N + j] : c[j] * x[t * N + j];
+        memcpy(want + t * N, c, sizeof c);
+      }
+      ck_assert_int_eq(T, kiln_size(out[1], 0));
+      read_f64(out[0], got_c, N);
+      read_f64(out[1], got, (int64_t)T * N);
+      close_all(c, got_c, N, 1e-12, compiled ? "compiled carry" : "eager carry");
+      close_all(want, got, (int64_t)T * N, 1e-12, compiled ? "compiled ys" : "eager ys");
+      kiln_scope_end();
+    }
+  kiln_fn_free(fn);
+  kiln_scope_end();
+}
+END_TEST
+
 static Suite *control_suite(void) {
   Suite *s = suite_create("control");
   TCase *tc = tcase_create("eager");
@@ -580,6 +670,8 @@ static Suite *control_suite(void) {
   tcase_set_timeout(tcc, 120);
   tcase_add_test(tcc, test_scan_compiled_matches_eager);
   tcase_add_test(tcc, test_cond_compiled);
+  tcase_add_test(tcc, test_while_compiled);
+  tcase_add_test(tcc, test_cond_inside_scan);
   suite_add_tcase(s, tcc);
   return s;
 }
