@@ -346,6 +346,11 @@ static int pairwise(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
   return !out[0] || !out[1];
 }
 
+static int add_rows(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  return !(out[0] = kiln_add(in[0], in[1]));
+}
+
 START_TEST(test_scan_two_xs_no_carry) {
   kiln_scope_begin();
   double a[6] = {1, 2, 3, 4, 5, 6}, b[6] = {2, 3, 5, 7, 11, 13};
@@ -359,6 +364,13 @@ START_TEST(test_scan_two_xs_no_carry) {
   for (int i = 0; i < 6; i++) ck_assert(p[i] == a[i] * b[i]);
   ck_assert(s[0] == 3 && s[1] == 7 && s[2] == 11);
   ck_assert_int_eq(1, kiln_ndim(ys[1]));
+  /* a fold: a carry and no ys (the running sum of the rows of a) */
+  kiln_tensor *acc[1];
+  ck_assert_int_eq(0, kiln_scan(add_rows, NULL, 1, (kiln_tensor *[]){kiln_zeros(KILN_F64, 1, (int64_t[]){2})}, 1, xs,
+                                acc, 0, NULL));
+  double r[2];
+  read_f64(acc[0], r, 2);
+  ck_assert(r[0] == 1 + 3 + 5 && r[1] == 2 + 4 + 6);
   kiln_scope_end();
 }
 END_TEST
