@@ -230,7 +230,7 @@ int kiln_scan_at(kiln_body body_fn, void *ctx, int n_carry, kiln_tensor *const *
     if (rc) break;
     release_all(carry, n_carry);
     memcpy(carry, step, sizeof *carry * (size_t)n_carry);
-    memcpy(yt + t * n_ys, step + n_carry, sizeof *yt * (size_t)n_ys);
+    if (n_ys) memcpy(yt + t * n_ys, step + n_carry, sizeof *yt * (size_t)n_ys);
   }
   if (T > 0 && !rc && n_ys) {
     kiln_tensor **col = alloc_malloc(sizeof *col * (size_t)T);
