@@ -220,6 +220,55 @@ START_TEST(test_while_counts_to_data_bound) {
 }
 END_TEST
 
+/* Eagerly, gradients flow through the steps a while_loop ran: carry (x, n),
+ * x = sin(x) * w while n < 3, so L = sum(x_3); dL/dw against differences. */
+typedef struct sinw {
+  kiln_tensor *w;
+} sinw;
+static int under3(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  return !(out[0] = kiln_lt(in[1], kiln_scalar(KILN_I64, 3)));
+}
+static int sin_step(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  sinw *c = ctx;
+  out[0] = kiln_mul(kiln_sin(in[0]), c->w);
+  out[1] = kiln_add(in[1], kiln_scalar(KILN_I64, 1));
+  return !out[0] || !out[1];
+}
+static double sin_loss(const double *x0, const double *w, int n) {
+  double l = 0;
+  for (int i = 0; i < n; i++) {
+    double x = x0[i];
+    for (int k = 0; k < 3; k++) x = sin(x) * w[i];
+    l += x;
+  }
+  return l;
+}
+
+START_TEST(test_while_gradient_eager) {
+  enum { N = 3 };
+  double x0[N] = {0.3, -0.7, 1.1}, w[N] = {1.5, -0.5, 0.9}, g[N], fd[N];
+  kiln_scope_begin();
+  sinw c = {kiln_tensor_from(KILN_F64, 1, (int64_t[]){N}, w)};
+  kiln_requires_grad(c.w, true);
+  kiln_tensor *fin[2];
+  ck_assert_int_eq(0, kiln_while_loop(under3, sin_step, &c, 2,
+                                      (kiln_tensor *[]){kiln_tensor_from(KILN_F64, 1, (int64_t[]){N}, x0),
+                                                        kiln_scalar(KILN_I64, 0)},
+                                      fin));
+  ck_assert_int_eq(0, kiln_backward(kiln_sum_all(fin[0])));
+  read_f64(kiln_grad(c.w), g, N);
+  for (int i = 0; i < N; i++) {
+    double wp[N], wm[N];
+    memcpy(wp, w, sizeof w), memcpy(wm, w, sizeof w);
+    wp[i] += 1e-6, wm[i] -= 1e-6;
+    fd[i] = (sin_loss(x0, wp, N) - sin_loss(x0, wm, N)) / 2e-6;
+  }
+  close_all(fd, g, N, 1e-6, "d/dw through while_loop");
+  kiln_scope_end();
+}
+END_TEST
+
 static int grows(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
   (void)ctx;
   return !(out[0] = kiln_cat((kiln_tensor *[]){in[0], in[0]}, 2, 0));
@@ -672,6 +721,7 @@ static Suite *control_suite(void) {
   tcase_add_test(tc, test_cond_gradient);
   tcase_add_test(tc, test_while_counts_to_data_bound);
   tcase_add_test(tc, test_while_errors);
+  tcase_add_test(tc, test_while_gradient_eager);
   tcase_add_test(tc, test_scan_rnn_lengths);
   tcase_add_test(tc, test_scan_two_xs_no_carry);
   tcase_add_test(tc, test_scan_errors);
