@@ -444,6 +444,35 @@ KILN_API bool kiln_grad_enabled(void);
  * returns 0 (or nonzero for an error of its own, which kiln_call passes on). */
 typedef int (*kiln_body)(void *ctx, kiln_tensor *const *in, kiln_tensor **out);
 
+/* ---- structured control flow: cond, while_loop, scan ----------------------
+ *
+ * Bodies are kiln_body functions. Each returns 0 or -1 with the error set;
+ * results are new references owned like op results. The bodies run as plain
+ * C, so gradients flow through the ops they run; inside a compiled function
+ * each predicate read is a graph break and loops unroll into the recording
+ * (docs/guide.md, "Control flow"). */
+
+/* pred: a one-element bool tensor. Runs then_fn or else_fn on in[0..n_in);
+   both set out[0..n_out) with the same dtypes and shapes. 0 or -1. */
+KILN_API int kiln_cond_at(kiln_tensor *pred, kiln_body then_fn, kiln_body else_fn, void *ctx, int n_in,
+                          kiln_tensor *const *in, int n_out, kiln_tensor **out, const char *file, int line);
+/* carry = init; while cond_fn(carry) sets out[0] to a true one-element bool,
+   carry = body_fn(carry). Both read in[0..n_carry); body_fn sets
+   out[0..n_carry) with the carry's dtypes and shapes. final: the last carry. */
+KILN_API int kiln_while_loop_at(kiln_body cond_fn, kiln_body body_fn, void *ctx, int n_carry,
+                                kiln_tensor *const *init, kiln_tensor **final, const char *file, int line);
+/* For t in 0..T-1, T = size of dim 0 of every xs[j]: body_fn reads
+   in = carry[0..n_carry), xs[0][t] ... xs[n_xs-1][t] and sets
+   out = new carry[0..n_carry), y_0[t] ... y_{n_ys-1}[t]. carry_out: the last
+   carry; ys[k]: the y_k[t] stacked along a new dim 0. T may be 0 (then the
+   body runs once, without autograd, on zeros, to learn the shapes of ys). */
+KILN_API int kiln_scan_at(kiln_body body_fn, void *ctx, int n_carry, kiln_tensor *const *init, int n_xs,
+                          kiln_tensor *const *xs, kiln_tensor **carry_out, int n_ys, kiln_tensor **ys,
+                          const char *file, int line);
+#define kiln_cond(...) KILN_CALL(int, kiln_cond_at, __VA_ARGS__)
+#define kiln_while_loop(...) KILN_CALL(int, kiln_while_loop_at, __VA_ARGS__)
+#define kiln_scan(...) KILN_CALL(int, kiln_scan_at, __VA_ARGS__)
+
 enum kiln_dynamic {
   KILN_DYNAMIC_AUTO = 0,   /* first trace static; a dim that later changes becomes a symbol */
   KILN_DYNAMIC_STATIC = 1, /* every dim static: a new size is a new variant */

@@ -62,6 +62,41 @@ static int size_branch(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
 
 /* Recorded at batches 8 and 16 (relu); batch 2 takes the other branch, and
  * its compiled call must give tanh's answer, not relu's. */
+/* A loop that keeps its state by retain and release across scopes and reads
+ * a value each turn (a break): the values carried over a break are released
+ * by the body while later segments still read them. */
+static int carried_release_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  kiln_tensor *i = kiln_retain(kiln_scalar(KILN_I64, 0)), *acc = kiln_retain(kiln_scalar(KILN_F64, 0));
+  for (;;) {
+    kiln_scope_begin();
+    bool go = kiln_item(kiln_lt(i, in[0])) != 0;
+    kiln_tensor *ni = go ? kiln_retain(kiln_add(i, kiln_scalar(KILN_I64, 1))) : NULL;
+    kiln_tensor *na = go ? kiln_retain(kiln_add(kiln_mul(acc, kiln_scalar(KILN_F64, 2)), kiln_scalar(KILN_F64, 1))) : NULL;
+    kiln_scope_end();
+    if (!go) break;
+    kiln_release(i), kiln_release(acc);
+    i = ni, acc = na;
+  }
+  out[0] = kiln_mul(acc, kiln_scalar(KILN_F64, 1)); /* owned by the call's scope, as op results are */
+  kiln_release(i), kiln_release(acc);
+  return out[0] ? 0 : -1;
+}
+
+START_TEST(test_carried_values_released_by_the_body) {
+  kiln_fn *fn = kiln_compile(carried_release_body, NULL, &(kiln_options){.name = "carried", .n_in = 1, .n_out = 1});
+  int64_t bounds[] = {3, 0, 6, 3};
+  for (int k = 0; k < 4; k++) {
+    kiln_scope_begin();
+    kiln_tensor *b = kiln_tensor_from(KILN_I64, 0, NULL, &bounds[k]), *out[1];
+    ck_assert_msg(kiln_call(fn, &b, out) == 0, "%s", kiln_last_error());
+    ck_assert_double_eq(ldexp(1, (int)bounds[k]) - 1, kiln_item(out[0])); /* 2^n - 1 */
+    kiln_scope_end();
+  }
+  kiln_fn_free(fn);
+}
+END_TEST
+
 START_TEST(test_branch_on_size) {
   kiln_options o = {.name = "branch", .n_in = 1};
   kiln_fn *fn = kiln_compile(size_branch, NULL, &o);
@@ -493,6 +528,7 @@ Suite *capture_suite(void) {
   TCase *tc = tcase_create("core");
   tcase_set_timeout(tc, 300);
   tcase_add_test(tc, test_branch_on_size);
+  tcase_add_test(tc, test_carried_values_released_by_the_body);
   tcase_add_test(tc, test_c_number_changes);
   tcase_add_test(tc, test_lr_schedule);
   tcase_add_test(tc, test_dropout_step);

@@ -604,6 +604,34 @@ START_TEST(test_residual_chain_stored) {
 }
 END_TEST
 
+/* A chain of six steps, each stored, all joined by one cat: the cat's
+ * fourth and later operands must stay alive until it runs, or the next
+ * step's in-place store overwrites one (as an unrolled RNN's stacked
+ * outputs showed). */
+static int chain_cat_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  kiln_tensor *h = in[0], *parts[6];
+  for (int t = 0; t < 6; t++) parts[t] = h = kiln_tanh(kiln_add(h, in[1]));
+  out[0] = kiln_cat(parts, 6, 0);
+  return out[0] ? 0 : -1;
+}
+
+START_TEST(test_cat_keeps_every_operand) {
+  kiln_scope_begin();
+  kiln_tensor *in[2] = {kiln_randn(KILN_F32, 1, ((int64_t[]){5}), 31), kiln_randn(KILN_F32, 1, ((int64_t[]){5}), 32)};
+  kiln_fn *fn = kiln_compile(chain_cat_body, NULL,
+                             &(kiln_options){.name = "chain_cat", .n_in = 2, .n_out = 1, .backend = KILN_BACKEND_LLVM});
+  kiln_tensor *y[1], *ref[1];
+  ck_assert_int_eq(0, kiln_call(fn, in, y));
+  ck_assert_int_eq(0, chain_cat_body(NULL, in, ref));
+  int64_t bad;
+  double d = maxdiff_rel(y[0], ref[0], &bad);
+  ck_assert_msg(d <= 1e-6, "max difference %g at %lld", d, (long long)bad);
+  kiln_fn_free(fn);
+  kiln_scope_end();
+}
+END_TEST
+
 /* Kernels of the same code share one compiled function: two equal chains
  * over inputs of one shape compile once, and so does one over a contiguous
  * input of another length (its 1-D loop has no size in its code), or over
@@ -1748,6 +1776,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, test_whole_rows);
   tcase_add_test(tc, test_empty_temporary);
   tcase_add_test(tc, test_residual_chain_stored);
+  tcase_add_test(tc, test_cat_keeps_every_operand);
   tcase_add_test(tc, test_grad_accumulates_into_gemm);
 #ifdef KILN_TEST_BUILD
   tcase_add_test(tc, test_forced_faults);

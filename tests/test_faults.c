@@ -98,6 +98,49 @@ static int autograd(results *r) {
   return rc;
 }
 
+/* Control flow: a scan whose step holds a cond, its backward, a while_loop. */
+static int cf_then(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  return !(out[0] = kiln_tanh(kiln_add(in[0], in[1])));
+}
+static int cf_else(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  return !(out[0] = kiln_mul(in[0], in[1]));
+}
+static int cf_step(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  kiln_tensor *pred = kiln_gt(kiln_sum_all(in[1]), kiln_scalar(KILN_F32, 0));
+  if (!pred || kiln_cond(pred, cf_then, cf_else, NULL, 2, in, 1, out)) return -1;
+  out[1] = kiln_sum_all(out[0]);
+  return out[1] ? 0 : -1;
+}
+static int cf_below(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  return !(out[0] = kiln_lt(kiln_sum_all(in[0]), kiln_scalar(KILN_F32, 40)));
+}
+static int cf_grow(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  return !(out[0] = kiln_add(kiln_mul(in[0], kiln_scalar(KILN_F32, 2)), kiln_scalar(KILN_F32, 1)));
+}
+
+static int control_flow(results *r) {
+  int rc = -1;
+  kiln_scope_begin();
+  kiln_tensor *h0 = kiln_randn(KILN_F32, 1, ((int64_t[]){3}), 21);
+  kiln_tensor *xs = kiln_randn(KILN_F32, 2, ((int64_t[]){5, 3}), 22);
+  if (h0) kiln_requires_grad(h0, true);
+  kiln_tensor *last = NULL, *ys = NULL, *fin = NULL;
+  if (h0 && xs && !kiln_scan(cf_step, NULL, 1, &h0, 1, &xs, &last, 1, &ys)) {
+    kiln_tensor *loss = kiln_add(kiln_sum_all(last), kiln_sum_all(ys));
+    kiln_tensor *init = kiln_zeros(KILN_F32, 1, ((int64_t[]){2}));
+    if (loss && !kiln_backward(loss) && init && !kiln_while_loop(cf_below, cf_grow, NULL, 1, &init, &fin) &&
+        !take(r, last) && !take(r, ys) && !take(r, kiln_grad(h0)) && !take(r, fin))
+      rc = 0;
+  }
+  kiln_scope_end();
+  return rc;
+}
+
 typedef struct model {
   kiln_tensor *w, *b;
 } model;
@@ -297,6 +340,12 @@ START_TEST(test_autograd_faults) {
 }
 END_TEST
 
+START_TEST(test_control_flow_faults) {
+  int d, points = inject("control flow", control_flow, 1, &d);
+  ck_assert_int_ge(points, 50);
+}
+END_TEST
+
 START_TEST(test_trace_faults) {
   int d, points = inject("trace (interp)", traced_interp, 1, &d);
   ck_assert_int_ge(points, 50);
@@ -367,6 +416,7 @@ int main(void) {
 #ifdef KILN_TEST_BUILD
   tcase_add_test(tc, test_eager_faults);
   tcase_add_test(tc, test_autograd_faults);
+  tcase_add_test(tc, test_control_flow_faults);
   tcase_add_test(tc, test_trace_faults);
   tcase_add_test(tc, test_compile_faults);
   tcase_add_test(tc, test_save_load_faults);

@@ -271,6 +271,50 @@ START_TEST(test_autograd_and_compile_literals) {
 }
 END_TEST
 
+/* Bodies for the control-flow macros: out = in * 2, in + 10, in < 3, in + 1,
+ * and scan's (carry + x, carry). */
+static int cf_double(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  return !(out[0] = kiln_mul(in[0], kiln_scalar(KILN_F64, 2)));
+}
+static int cf_add10(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  return !(out[0] = kiln_add(in[0], kiln_scalar(KILN_F64, 10)));
+}
+static int cf_below3(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  return !(out[0] = kiln_lt(in[0], kiln_scalar(KILN_F64, 3)));
+}
+static int cf_inc(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  return !(out[0] = kiln_add(in[0], kiln_scalar(KILN_F64, 1)));
+}
+static int cf_cumsum(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  out[0] = kiln_add(in[0], in[1]);
+  out[1] = out[0];
+  return !out[0];
+}
+
+START_TEST(test_control_flow_literals) {
+  kiln_scope_begin();
+  kiln_tensor *out[1], *ys[1];
+  kiln_tensor *x = kiln_tensor_from(KILN_F64, 1, (int64_t[]){2}, (double[]){1, 2});
+  ck_assert_int_eq(0, kiln_cond(kiln_scalar(KILN_BOOL, 1), cf_double, cf_add10, NULL, 1, (kiln_tensor *[]){x}, 1, out));
+  EXPECT(out[0], ((int64_t[]){2}), 2, 4);
+  ck_assert_int_eq(0, kiln_cond(kiln_scalar(KILN_BOOL, 0), cf_double, cf_add10, NULL, 1, (kiln_tensor *[]){x}, 1, out));
+  EXPECT(out[0], ((int64_t[]){2}), 11, 12);
+  ck_assert_int_eq(0, kiln_while_loop(cf_below3, cf_inc, NULL, 1, (kiln_tensor *[]){kiln_scalar(KILN_F64, 0)}, out));
+  EXPECT0(out[0], 3);
+  ck_assert_int_eq(0, kiln_scan(cf_cumsum, NULL, 1, (kiln_tensor *[]){kiln_scalar(KILN_F64, 0)}, 1,
+                                (kiln_tensor *[]){kiln_tensor_from(KILN_F64, 1, (int64_t[]){3}, (double[]){1, 2, 3})},
+                                out, 1, ys));
+  EXPECT0(out[0], 6);
+  EXPECT(ys[0], ((int64_t[]){3}), 1, 3, 6);
+  kiln_scope_end();
+}
+END_TEST
+
 START_TEST(test_lifetime_macros) {
   kiln_scope_begin();
   kiln_tensor *t = kiln_keep(kiln_tensor_from(KILN_F32, 1, (int64_t[]){2}, (float[]){3, 4}));
@@ -428,6 +472,7 @@ static Suite *macros_suite(void) {
   tcase_add_test(tc, test_nn_and_inplace);
   tcase_add_test(tc, test_cnn_literals);
   tcase_add_test(tc, test_autograd_and_compile_literals);
+  tcase_add_test(tc, test_control_flow_literals);
   tcase_add_test(tc, test_lifetime_macros);
   tcase_add_test(tc, test_checked_lists);
   tcase_add_test(tc, test_tensor_file_literals);

@@ -108,6 +108,7 @@ typedef struct cg_kernel {
   /* CG_K_MATMUL / CG_K_EAGER: the graph node and its operands' buffers */
   int node;
   int in_buf[3], out_buf;
+  int *in_rest, n_in_rest; /* CG_K_EAGER: the buffers of operands past the third (a cat of many) */
   /* CG_K_MATMUL: out = alpha * a @ b + beta * out, with beta 1 when an
    * epilogue was folded in (out then holds result_node's value, not node's) */
   double alpha, beta;

@@ -520,7 +520,7 @@ static int build_copy_kernel(fuser *f, int node, int *memo) {
 
 /* The arrays a kernel owns (the kernel itself is a slot of p->k). */
 static void kernel_free(cg_kernel *k) {
-  alloc_free(k->acc), alloc_free(k->expr), alloc_free(k->stage), alloc_free(k->nodes), alloc_free(k->param);
+  alloc_free(k->acc), alloc_free(k->expr), alloc_free(k->stage), alloc_free(k->nodes), alloc_free(k->param), alloc_free(k->in_rest);
 }
 
 static void free_kernels(cg_program *p) {
@@ -658,6 +658,12 @@ static int build(fuser *f, int *memo, uint8_t *seen) {
       cg_kernel *k = new_kernel(f, n->op == OP_MATMUL ? CG_K_MATMUL : CG_K_EAGER, i);
       if (!k) return -1;
       for (int j = 0; j < n->n_in && j < 3; j++) k->in_buf[j] = f->map[n->in[j]].buf;
+      if (n->n_in > 3) {
+        k->in_rest = alloc_malloc(sizeof(int) * (size_t)(n->n_in - 3));
+        if (!k->in_rest) return -1;
+        k->n_in_rest = n->n_in - 3;
+        for (int j = 3; j < n->n_in; j++) k->in_rest[j - 3] = f->map[n->in[j]].buf;
+      }
       k->out_buf = p->node_buf[i];
       k->nodes = alloc_malloc(sizeof(int));
       if (!k->nodes) return -1;
@@ -720,6 +726,8 @@ static bool kernel_reads(const cg_program *p, int ki, int b) {
   const cg_kernel *k = &p->k[ki];
   for (int j = 0; j < 3; j++)
     if (k->in_buf[j] == b) return true;
+  for (int j = 0; j < k->n_in_rest; j++)
+    if (k->in_rest[j] == b) return true;
   for (int a = 0; a < k->n_acc; a++)
     if (!stores_to(k, a) && k->acc[a].buf == b) return true;
   return false;
@@ -1243,6 +1251,8 @@ static void reuse_in_place(cg_program *p, cg_view *views, int n_nodes) {
           if (q->acc[c].buf == o) q->acc[c].buf = b;
         for (int j = 0; j < 3; j++)
           if (q->in_buf[j] == o) q->in_buf[j] = b;
+        for (int j = 0; j < q->n_in_rest; j++)
+          if (q->in_rest[j] == o) q->in_rest[j] = b;
         if (q->out_buf == o) q->out_buf = b;
       }
       for (int n = 0; n < n_nodes; n++) {
@@ -1353,6 +1363,8 @@ cg_program *fuse_graph(const ir_graph *g, char *err, size_t errn) {
     for (int a = 0; a < k->n_acc; a++) p->buf[k->acc[a].buf].last = ki;
     for (int j = 0; j < 3; j++)
       if (k->in_buf[j] >= 0) p->buf[k->in_buf[j]].last = ki;
+    for (int j = 0; j < k->n_in_rest; j++)
+      if (k->in_rest[j] >= 0) p->buf[k->in_rest[j]].last = ki;
   }
   /* write-backs and outputs read their buffers after the last kernel */
   for (int i = 0; i < g->n_writes; i++)

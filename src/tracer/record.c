@@ -24,7 +24,7 @@ typedef struct smap {
 } smap;
 
 typedef struct leaf_state {
-  kiln_tensor *t;        /* the input or param (params retained by r->params) */
+  kiln_tensor *t;        /* the input or param (params retained by r->params; carried values by held) */
   int value;             /* its value id when the segment started */
   kiln_tensor *grad0;    /* its .grad when the segment started (retained) */
   uint64_t grad0_serial;

@@ -1,0 +1,195 @@
+/* rnn: a character-level LSTM trained with kiln_scan over sequences of
+ * varying length, then a greedy decode that stops on an end token with
+ * kiln_while_loop.
+ *
+ * The text is examples/data/genesis.txt (run from the checkout, or pass its
+ * path). Each step trains on a batch of chunks of a random length from 8 to
+ * 24: the LSTM cell is the scan's body, its carry (h, c), its ys the hidden
+ * states, so one call covers any length. The program exits nonzero when the
+ * loss does not fall well below its start, so it doubles as a smoke test.
+ *
+ *   build/examples/rnn [path] [--steps N]
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kiln.h"
+
+enum { E = 16, H = 64, B = 16, TMIN = 8, TMAX = 24, MAXV = 96, DECODE_MAX = 120 };
+enum { EMB, WX, WH, BIAS, WO, BO, NPARAM };
+static const double LR = 0.5;
+
+typedef struct lstm {
+  kiln_tensor *p[NPARAM]; /* emb (V,E), wx (E,4H), wh (H,4H), bias (4H), wo (H,V), bo (V) */
+  int vocab;
+} lstm;
+
+/* The cell, scan's body: in = (h (B,H), c (B,H), x_t (B,E)), out = (h', c', h'). */
+static int cell(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  lstm *m = ctx;
+  kiln_tensor *g = kiln_add(kiln_add(kiln_matmul(in[2], m->p[WX]), kiln_matmul(in[0], m->p[WH])), m->p[BIAS]);
+  kiln_tensor *i = kiln_sigmoid(kiln_slice(g, -1, 0, H, 1));
+  kiln_tensor *f = kiln_sigmoid(kiln_slice(g, -1, H, 2 * H, 1));
+  kiln_tensor *u = kiln_tanh(kiln_slice(g, -1, 2 * H, 3 * H, 1));
+  kiln_tensor *o = kiln_sigmoid(kiln_slice(g, -1, 3 * H, 4 * H, 1));
+  out[1] = kiln_add(kiln_mul(f, in[1]), kiln_mul(i, u));
+  out[0] = kiln_mul(o, kiln_tanh(out[1]));
+  out[2] = out[0];
+  return out[0] && out[1] ? 0 : -1;
+}
+
+/* Mean cross entropy of predicting ids[t+1] from ids[..t], ids (T+1,B) i64. */
+static kiln_tensor *loss_of(lstm *m, kiln_tensor *ids) {
+  int64_t T = kiln_size(ids, 0) - 1;
+  kiln_tensor *x = kiln_embedding(m->p[EMB], kiln_slice(ids, 0, 0, T, 1)); /* (T,B,E) */
+  kiln_tensor *init[2] = {kiln_zeros(KILN_F32, 2, (int64_t[]){B, H}), kiln_zeros(KILN_F32, 2, (int64_t[]){B, H})};
+  kiln_tensor *last[2], *hs;
+  if (kiln_scan(cell, m, 2, init, 1, &x, last, 1, &hs)) return NULL;
+  kiln_tensor *logits = kiln_add(kiln_matmul(kiln_reshape(hs, 2, (int64_t[]){T * B, H}), m->p[WO]), m->p[BO]);
+  kiln_tensor *target = kiln_reshape(kiln_contiguous(kiln_slice(ids, 0, 1, T + 1, 1)), 1, (int64_t[]){T * B});
+  return kiln_cross_entropy(logits, target);
+}
+
+/* ---- greedy decode with kiln_while_loop ---- */
+
+typedef struct decoder {
+  lstm *m;
+  int end;                 /* the end token's id */
+  int out[DECODE_MAX + 1]; /* the ids made so far */
+  int n;
+} decoder;
+
+/* carry: h (1,H), c (1,H), tok i64 (1), n i64 0-d. Go on while tok != end and n < max. */
+static int more(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  decoder *d = ctx;
+  kiln_tensor *not_end = kiln_ne(kiln_sum_all(in[2]), kiln_scalar(KILN_I64, d->end));
+  kiln_tensor *room = kiln_lt(in[3], kiln_scalar(KILN_I64, DECODE_MAX));
+  out[0] = kiln_mul(kiln_cast(not_end, KILN_I64), kiln_cast(room, KILN_I64));
+  out[0] = kiln_gt(out[0], kiln_scalar(KILN_I64, 0));
+  return out[0] ? 0 : -1;
+}
+
+static int next_char(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  decoder *d = ctx;
+  kiln_tensor *cs[3];
+  kiln_tensor *step_in[3] = {in[0], in[1], kiln_embedding(d->m->p[EMB], in[2])};
+  if (cell(d->m, step_in, cs)) return -1;
+  kiln_tensor *logits = kiln_add(kiln_matmul(cs[0], d->m->p[WO]), d->m->p[BO]); /* (1,V) */
+  out[0] = cs[0];
+  out[1] = cs[1];
+  out[2] = kiln_reshape(kiln_argmax(logits, -1, false), 1, (int64_t[]){1});
+  out[3] = kiln_add(in[3], kiln_scalar(KILN_I64, 1));
+  if (!out[2] || !out[3]) return -1;
+  if (d->n < DECODE_MAX) d->out[d->n++] = (int)kiln_item(out[2]); /* the text, for printing */
+  return 0;
+}
+
+static int decode(lstm *m, int start, int end, char *text, const unsigned char *chars) {
+  decoder d = {.m = m, .end = end};
+  int rc = 0;
+  kiln_scope_begin();
+  kiln_no_grad_begin();
+  int64_t s = start;
+  kiln_tensor *init[4] = {kiln_zeros(KILN_F32, 2, (int64_t[]){1, H}), kiln_zeros(KILN_F32, 2, (int64_t[]){1, H}),
+                          kiln_tensor_from(KILN_I64, 1, (int64_t[]){1}, &s), kiln_scalar(KILN_I64, 0)};
+  kiln_tensor *fin[4];
+  rc = kiln_while_loop(more, next_char, &d, 4, init, fin);
+  kiln_no_grad_end();
+  kiln_scope_end();
+  text[0] = (char)chars[start];
+  for (int i = 0; i < d.n; i++) text[i + 1] = (char)chars[d.out[i]];
+  text[d.n + 1] = 0;
+  return rc;
+}
+
+/* ---- data and training ---- */
+
+static unsigned char *read_text(const char *path, long *n) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  fseek(f, 0, SEEK_END);
+  *n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  unsigned char *buf = malloc((size_t)*n);
+  if (buf && fread(buf, 1, (size_t)*n, f) != (size_t)*n) free(buf), buf = NULL;
+  fclose(f);
+  return buf;
+}
+
+static uint64_t rng = 88172645463325252ull;
+static uint64_t next_rand(void) {
+  rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+  return rng;
+}
+
+int main(int argc, char **argv) {
+  const char *path = "examples/data/genesis.txt";
+  int steps = 300;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
+    else path = argv[i];
+  }
+  long n;
+  unsigned char *text = read_text(path, &n);
+  if (!text) return fprintf(stderr, "rnn: cannot read %s (run from the checkout or pass the path)\n", path), 1;
+  /* the vocabulary: the bytes that occur, in byte order */
+  int id_of[256], vocab = 0;
+  unsigned char chars[MAXV];
+  for (int c = 0; c < 256; c++) id_of[c] = -1;
+  for (long i = 0; i < n; i++) id_of[text[i]] = 0;
+  for (int c = 0; c < 256; c++)
+    if (id_of[c] == 0 && vocab < MAXV) chars[vocab] = (unsigned char)c, id_of[c] = vocab++;
+  int64_t *ids = malloc(sizeof *ids * (size_t)n);
+  for (long i = 0; i < n; i++) ids[i] = id_of[text[i]] < 0 ? 0 : id_of[text[i]];
+
+  lstm m = {.vocab = vocab};
+  int64_t shapes[NPARAM][2] = {{vocab, E}, {E, 4 * H}, {H, 4 * H}, {4 * H, 0}, {H, vocab}, {vocab, 0}};
+  double scale[NPARAM] = {1.0, 1 / sqrt(E), 1 / sqrt(H), 0, 1 / sqrt(H), 0};
+  kiln_scope_begin();
+  for (int k = 0; k < NPARAM; k++) {
+    int nd = shapes[k][1] ? 2 : 1;
+    m.p[k] = kiln_keep(kiln_mul(kiln_randn(KILN_F32, nd, shapes[k], 100 + (uint64_t)k), kiln_scalar(KILN_F32, scale[k])));
+    kiln_requires_grad(m.p[k], true);
+  }
+  kiln_scope_end();
+
+  printf("rnn: %ld bytes, vocabulary %d, LSTM E=%d H=%d, batch %d, lengths %d..%d\n", n, vocab, E, H, B, TMIN, TMAX);
+  double first = 0, last = 0;
+  int64_t batch[(TMAX + 1) * B];
+  for (int step = 0; step < steps; step++) {
+    int T = TMIN + (int)(next_rand() % (TMAX - TMIN + 1));
+    for (int b = 0; b < B; b++) {
+      long at = (long)(next_rand() % (uint64_t)(n - T - 1));
+      for (int t = 0; t <= T; t++) batch[t * B + b] = ids[at + t];
+    }
+    kiln_scope_begin();
+    kiln_tensor *loss = loss_of(&m, kiln_tensor_from(KILN_I64, 2, (int64_t[]){T + 1, B}, batch));
+    if (!loss || kiln_backward(loss)) return fprintf(stderr, "rnn: %s\n", kiln_last_error()), 1;
+    double l = kiln_item(loss);
+    kiln_no_grad_begin();
+    for (int k = 0; k < NPARAM; k++) {
+      kiln_sub_(m.p[k], kiln_mul(kiln_scalar(KILN_F32, LR), kiln_grad(m.p[k])));
+      kiln_zero_grad(m.p[k]);
+    }
+    kiln_no_grad_end();
+    kiln_scope_end();
+    /* a running mean over 20 steps, the first and the last */
+    if (step < 20) first += l / 20;
+    if (step >= steps - 20) last += l / (steps < 20 ? steps : 20);
+    if (step % 50 == 0 || step == steps - 1) printf("step %4d  T %2d  loss %.3f\n", step, T, l);
+  }
+  char out[DECODE_MAX + 2];
+  int nl = id_of['\n'] >= 0 ? id_of['\n'] : 0;
+  if (decode(&m, id_of['A'] >= 0 ? id_of['A'] : 0, nl, out, chars))
+    return fprintf(stderr, "rnn: %s\n", kiln_last_error()), 1;
+  printf("greedy decode from 'A' to the end of a line: %s\n", out);
+  printf("loss: first 20 steps %.3f, last 20 %.3f\n", first, last);
+  for (int k = 0; k < NPARAM; k++) kiln_release(m.p[k]);
+  free(ids);
+  free(text);
+  /* ln(vocab) is where an untrained model starts */
+  if (!(last < 0.8 * first)) return fprintf(stderr, "rnn: the loss did not fall enough\n"), 1;
+  return 0;
+}
