@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kiln.h"
 
@@ -107,6 +108,85 @@ START_TEST(test_write_is_in_graph) {
 }
 END_TEST
 
+/* What fd 2 received while the calls ran. */
+static char caught[1 << 16];
+static void run_steps_caught(kiln_fn *fn, kv *c, kiln_tensor *xs, int n) {
+  fflush(stderr);
+  FILE *log = tmpfile();
+  ck_assert_ptr_nonnull(log);
+  int saved = dup(2);
+  dup2(fileno(log), 2);
+  for (int64_t p = 0; p < n; p++) {
+    kiln_scope_begin();
+    kiln_tensor *x = kiln_slice(xs, 0, p, p + 1, 1), *y;
+    c->pos = p;
+    ck_assert_msg(kiln_call(fn, &x, &y) == 0, "%s", kiln_last_error());
+    kiln_scope_end();
+  }
+  fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  rewind(log);
+  caught[fread(caught, 1, sizeof caught - 1, log)] = 0;
+  fclose(log);
+}
+
+/* The row writes into the param's own memory: the scatter's buffer is the
+ * cache's (the plan says so), and check mode, which compares every kernel
+ * against the interpreter, finds nothing wrong. */
+START_TEST(test_scatter_in_place) {
+  kv c = {kiln_zeros(KILN_F32, 2, ((int64_t[]){T, D})), kiln_zeros(KILN_F32, 2, ((int64_t[]){D, T})), 0};
+  kiln_tensor *xs = rows(11);
+  kiln_options o = {.name = "kv_inplace", .n_in = 1, .n_out = 1, .dump = KILN_DUMP_KERNELS, .check = 1};
+  kiln_fn *fn = kiln_compile(step, &c, &o);
+  run_steps_caught(fn, &c, xs, 6);
+  const char *v2 = strstr(caught, "variant 2");
+  ck_assert_msg(v2 && strstr(v2, "f32[24,8] stored in place in b"), "%s", caught);
+  kiln_fn_stats st;
+  ck_assert_int_eq(0, kiln_fn_get_stats(fn, &st));
+  ck_assert_int_eq(0, st.check_fails);
+  float got[T * D], x[STEPS * D];
+  ck_assert_int_eq(0, kiln_read(c.cache, got, sizeof got));
+  ck_assert_int_eq(0, kiln_read(xs, x, sizeof x));
+  for (int i = 0; i < T * D; i++) ck_assert_float_eq_tol(i < 6 * D ? 3 * x[i] : 0.0f, got[i], 1e-6);
+  kiln_fn_free(fn);
+  kiln_release(xs);
+  kiln_release(c.cache), kiln_release(c.cacheT);
+}
+END_TEST
+
+/* Reading the cache's old value after the write keeps the scatter out of
+ * place: the old rows sum as they were. */
+static int old_after(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  kv *c = ctx;
+  kiln_tensor *before = kiln_mul(c->cache, kiln_scalar(KILN_F32, 1.0)); /* the old value, computed */
+  if (!kiln_copy_(kiln_slice(c->cache, 0, c->pos, c->pos + 1, 1), in[0])) return -1;
+  out[0] = kiln_add(kiln_sum(before, 0, true), kiln_sum(c->cache, 0, true));
+  return out[0] ? 0 : -1;
+}
+
+START_TEST(test_old_value_read_after_write) {
+  kv e = {kiln_zeros(KILN_F32, 2, ((int64_t[]){T, D})), NULL, 0};
+  kv c = {kiln_zeros(KILN_F32, 2, ((int64_t[]){T, D})), NULL, 0};
+  kiln_tensor *xs = rows(13);
+  kiln_options o = {.name = "kv_old", .n_in = 1, .n_out = 1};
+  kiln_fn *fn = kiln_compile(old_after, &c, &o);
+  for (int64_t p = 0; p < 6; p++) {
+    kiln_scope_begin();
+    kiln_tensor *x = kiln_slice(xs, 0, p, p + 1, 1), *ye, *yc;
+    e.pos = c.pos = p;
+    ck_assert_int_eq(0, old_after(&e, &x, &ye));
+    ck_assert_msg(kiln_call(fn, &x, &yc) == 0, "%s", kiln_last_error());
+    ck_assert_msg(maxdiff(ye, yc) < 1e-5, "step %lld differs by %g", (long long)p, maxdiff(ye, yc));
+    kiln_scope_end();
+  }
+  ck_assert(maxdiff(e.cache, c.cache) == 0);
+  kiln_fn_free(fn);
+  kiln_release(xs);
+  kiln_release(e.cache), kiln_release(c.cache);
+}
+END_TEST
+
 /* A cache that requires grad: the write is refused as eagerly, naming copy_ and the line. */
 START_TEST(test_grad_through_cache_refused) {
   kv c = {kiln_zeros(KILN_F32, 2, ((int64_t[]){T, D})), kiln_zeros(KILN_F32, 2, ((int64_t[]){D, T})), 0};
@@ -164,6 +244,8 @@ int main(void) {
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, test_cache_filled_over_steps);
   tcase_add_test(tc, test_write_is_in_graph);
+  tcase_add_test(tc, test_scatter_in_place);
+  tcase_add_test(tc, test_old_value_read_after_write);
   tcase_add_test(tc, test_grad_through_cache_refused);
   tcase_add_test(tc, test_stale_view_after_write);
   suite_add_tcase(s, tc);
