@@ -187,6 +187,41 @@ START_TEST(test_old_value_read_after_write) {
 }
 END_TEST
 
+/* A write into a view of a tensor the body made (a temp), then read. */
+static int made_base(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  kv *c = ctx;
+  kiln_tensor *buf = kiln_mul(c->cache, kiln_scalar(KILN_F32, 2.0));
+  if (!kiln_copy_(kiln_slice(buf, 0, c->pos, c->pos + 1, 1), in[0]) ||
+      !kiln_mul_(kiln_slice(kiln_transpose(buf, 0, 1), 1, 0, c->pos + 1, 1), kiln_scalar(KILN_F32, -1.0)))
+    return -1;
+  out[0] = kiln_sum(buf, 0, true);
+  return out[0] ? 0 : -1;
+}
+
+START_TEST(test_write_into_made_tensor) {
+  kv c = {kiln_randn(KILN_F32, 2, ((int64_t[]){T, D}), 2), NULL, 0};
+  kiln_tensor *xs = rows(17);
+  kiln_options o = {.name = "kv_made", .n_in = 1, .n_out = 1};
+  kiln_fn *fn = kiln_compile(made_base, &c, &o);
+  for (int64_t p = 0; p < 6; p++) {
+    kiln_scope_begin();
+    kiln_tensor *x = kiln_slice(xs, 0, p, p + 1, 1), *ye, *yc;
+    c.pos = p;
+    ck_assert_int_eq(0, made_base(&c, &x, &ye));
+    ck_assert_msg(kiln_call(fn, &x, &yc) == 0, "%s", kiln_last_error());
+    ck_assert_msg(maxdiff(ye, yc) < 1e-5, "step %lld differs by %g", (long long)p, maxdiff(ye, yc));
+    kiln_scope_end();
+  }
+  kiln_fn_stats st;
+  ck_assert_int_eq(0, kiln_fn_get_stats(fn, &st));
+  ck_assert_int_eq(1, st.variants);
+  ck_assert_int_ge(st.hits, 4);
+  kiln_fn_free(fn);
+  kiln_release(xs);
+  kiln_release(c.cache);
+}
+END_TEST
+
 /* A cache that requires grad: the write is refused as eagerly, naming copy_ and the line. */
 START_TEST(test_grad_through_cache_refused) {
   kv c = {kiln_zeros(KILN_F32, 2, ((int64_t[]){T, D})), kiln_zeros(KILN_F32, 2, ((int64_t[]){D, T})), 0};
@@ -246,6 +281,7 @@ int main(void) {
   tcase_add_test(tc, test_write_is_in_graph);
   tcase_add_test(tc, test_scatter_in_place);
   tcase_add_test(tc, test_old_value_read_after_write);
+  tcase_add_test(tc, test_write_into_made_tensor);
   tcase_add_test(tc, test_grad_through_cache_refused);
   tcase_add_test(tc, test_stale_view_after_write);
   suite_add_tcase(s, tc);

@@ -204,9 +204,9 @@ int rec_value_of(recording *r, kiln_tensor *t) {
   struct rec_state *s = r->st;
   if (t->rec_call == r->id && r->val[t->rec_id].seg == r->seg) {
     if (r->val[t->rec_id].version != atomic_load(&t->st->version)) {
-      escape(r, "", 0, "a view made before an in-place write into the tensor it views is used after it: compiled code does "
-                       "not follow writes through views yet, so the rest of the body ran eagerly (make the view again after "
-                       "the write)");
+      escape(r, "", 0, "a view made before an in-place write into the tensor it views is used after it: a compiled "
+                       "write gives the tensor a new value, not its old views, so the rest of the body ran eagerly (make the "
+                       "view again after the write)");
       return -1;
     }
     return t->rec_id;
