@@ -200,6 +200,36 @@ START_TEST(test_checkpoint_round_trip) {
 }
 END_TEST
 
+/* tokenizer.bin: pieces, byte tokens and the space dropped after BOS. */
+START_TEST(test_tokenizer) {
+  make_path();
+  const char *pieces[] = {"<unk>", "<s>", "</s>", "<0x0A>", " Once", "upon", "<0x41>"};
+  FILE *f = fopen(ckpt, "wb");
+  int32_t mx = 8;
+  fwrite(&mx, 4, 1, f);
+  for (int i = 0; i < 7; i++) {
+    float sc = (float)-i;
+    int32_t n = (int32_t)strlen(pieces[i]);
+    fwrite(&sc, 4, 1, f), fwrite(&n, 4, 1, f), fwrite(pieces[i], 1, (size_t)n, f);
+  }
+  fclose(f);
+  llama_tokenizer t;
+  ck_assert_int_eq(0, llama_tokenizer_load(&t, ckpt, 7));
+  char buf[2];
+  ck_assert_str_eq("Once", llama_decode_piece(&t, LLAMA_BOS, 4, buf));
+  ck_assert_str_eq(" Once", llama_decode_piece(&t, 5, 4, buf));
+  ck_assert_str_eq("\n", llama_decode_piece(&t, 4, 3, buf));
+  ck_assert_str_eq("A", llama_decode_piece(&t, 4, 6, buf));
+  ck_assert_str_eq("upon", llama_decode_piece(&t, 4, 5, buf));
+  ck_assert_str_eq("", llama_decode_piece(&t, 4, 99, buf));
+  ck_assert_float_eq(-5.0f, t.score[5]);
+  llama_tokenizer_free(&t);
+  /* more tokens than the file has: refused */
+  ck_assert_int_eq(-1, llama_tokenizer_load(&t, ckpt, 8));
+  remove(ckpt);
+}
+END_TEST
+
 /* Eager decoding token by token, and one forward of all the tokens, against the reference. */
 START_TEST(test_eager_matches_reference) {
   make_path();
@@ -378,6 +408,7 @@ int main(void) {
   TCase *tc = tcase_create("llama");
   tcase_set_timeout(tc, 300);
   tcase_add_test(tc, test_checkpoint_round_trip);
+  tcase_add_test(tc, test_tokenizer);
   tcase_add_test(tc, test_eager_matches_reference);
   tcase_add_test(tc, test_compiled_generation);
   tcase_add_test(tc, test_train_step);
