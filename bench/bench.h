@@ -41,5 +41,7 @@ int bench_gpt(const char *only);            /* gpt.c: rows it printed */
 void bench_gpt_json(FILE *f, int threads);  /* gpt.c: those rows as JSON objects */
 int bench_resnet(const char *only);         /* resnet.c: W13, W14 (and R50 when named) */
 void bench_resnet_json(FILE *f, int threads);
+int bench_llama(const char *only);          /* llama.c: W11, W12, M1 */
+void bench_llama_json(FILE *f, int threads);
 
 #endif

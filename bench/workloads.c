@@ -559,6 +559,7 @@ static int bench_compiled(const char *only, const char *json) {
   }
   int n_gpt = bench_gpt(only); /* W8, W9: gpt.c */
   int n_rn = bench_resnet(only);
+  int n_ll = bench_llama(only); /* W11, W12, M1: llama.c */
   if (json) {
     FILE *f = fopen(json, "w");
     if (!f) return perror(json), 1;
@@ -577,6 +578,8 @@ static int bench_compiled(const char *only, const char *json) {
     bench_gpt_json(f, threads);
     if (n_rn && (n || n_gpt)) fprintf(f, "  ,\n");
     bench_resnet_json(f, threads);
+    if (n_ll && (n || n_gpt || n_rn)) fprintf(f, "  ,\n");
+    bench_llama_json(f, threads);
     fprintf(f, "]\n");
     fclose(f);
   }

@@ -77,6 +77,12 @@ static int layernorm_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) 
   return 0;
 }
 
+static int matvec_relu_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  out[0] = kiln_relu(kiln_add(kiln_matmul(in[0], kiln_transpose(in[1], 0, 1)), in[2]));
+  return 0;
+}
+
 static int linear_relu_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
   (void)ctx;
   out[0] = kiln_relu(kiln_add(kiln_matmul(in[0], in[1]), in[2]));
@@ -165,12 +171,21 @@ START_TEST(test_fusion_plans) {
 
   /* batch 1 (and up to 8 constant rows): the matmul is our own dot-product loop */
   kiln_tensor *row = kiln_randn(KILN_F32, 2, ((int64_t[]){1, 70}), 6);
-  kiln_tensor *lr1[3] = {row, kiln_transpose(kiln_randn(KILN_F32, 2, ((int64_t[]){20, 70}), 7), 0, 1), c};
-  fn = compile_once(linear_relu_body, 3, lr1);
+  kiln_tensor *lr1[3] = {row, kiln_randn(KILN_F32, 2, ((int64_t[]){20, 70}), 7), c};
+  fn = compile_once(matvec_relu_body, 3, lr1); /* x @ W^T, W (out,in): each dot product reads a row */
   p = plan_of(fn);
   ck_assert_int_eq(0, count_kind(p, CG_K_MATMUL));
   ck_assert_int_eq(1, p->n_k); /* the dot products, bias and relu behind them per output */
   ck_assert(strstr(p->k[0].name, "matvec") != NULL);
+  free_plan(p);
+  kiln_fn_free(fn);
+
+  /* weights (in,out): a dot-product loop would walk columns; the row-walking gemv runs instead */
+  kiln_tensor *lr2[3] = {row, kiln_randn(KILN_F32, 2, ((int64_t[]){70, 20}), 7), c};
+  fn = compile_once(linear_relu_body, 3, lr2);
+  p = plan_of(fn);
+  ck_assert_int_eq(1, count_kind(p, CG_K_MATMUL));
+  ck_assert(strstr(p->k[0].name, "matvec") == NULL);
   free_plan(p);
   kiln_fn_free(fn);
   kiln_scope_end();
@@ -1034,12 +1049,6 @@ START_TEST(test_own_vectors) {
   kiln_scope_end();
 }
 END_TEST
-
-static int matvec_relu_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
-  (void)ctx;
-  out[0] = kiln_relu(kiln_add(kiln_matmul(in[0], kiln_transpose(in[1], 0, 1)), in[2]));
-  return 0;
-}
 
 static int mean_scale_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
   (void)ctx;

@@ -72,6 +72,15 @@ static bool small_matmul(const ir_graph *g, const ir_node *n) {
   return a->ndim == 2 && b->ndim == 2 && dtype_is_float(n->dtype) && sym_is_const(a->shape[0]) && a->shape[0].c <= 8;
 }
 
+/* Whether the matvec loop of matmul n reads its (K,N) operand along rows in
+ * memory: K unit-stride, as x @ W^T with W (out,in) is. With W (in,out) the
+ * loop would walk columns (8x slower at (1,288)@(288,288)), and the eager
+ * kernel's row-walking gemv runs instead. */
+static bool walks_rows(const fuser *f, const ir_node *n) {
+  const vmap *b = &f->map[n->in[1]];
+  return b->buf >= 0 && sym_is_const(b->stride[0]) && b->stride[0].c == 1;
+}
+
 static bool is_one(const ir_graph *g, sym_dim d) {
   if (sym_is_const(d)) return d.c == 1;
   for (int i = 0; i < g->n_guards; i++) {
@@ -639,7 +648,7 @@ static int build(fuser *f, int *memo, uint8_t *seen) {
         if (add_buf(f, f->is_out[i] ? CG_BUF_OUTPUT : CG_BUF_TEMP, i) < 0) return -1;
         r = build_loop_kernel(f, i, memo, seen);
       }
-    } else if (small_matmul(g, n) && n->in[0] != n->in[1]) {
+    } else if (small_matmul(g, n) && n->in[0] != n->in[1] && walks_rows(f, n)) {
       for (int j = 0; j < 2; j++)
         if (f->map[n->in[j]].buf < 0) {
           materialize(f, n->in[j]);
@@ -1215,6 +1224,68 @@ static void coalesce_dims(cg_program *p) {
   }
 }
 
+/* Buffer o's users, from kernel ki on, read and write buffer b instead: o
+ * becomes b's memory. */
+static void alias_buffer(cg_program *p, cg_view *views, int n_nodes, int ki, int o, int b) {
+  p->buf[o].alias_of = b;
+  p->buf[o].first = p->buf[o].last = -1;
+  for (int kj = ki; kj < p->n_k; kj++) {
+    cg_kernel *q = &p->k[kj];
+    for (int c = 0; c < q->n_acc; c++)
+      if (q->acc[c].buf == o) q->acc[c].buf = b;
+    for (int j = 0; j < 3; j++)
+      if (q->in_buf[j] == o) q->in_buf[j] = b;
+    for (int j = 0; j < q->n_in_rest; j++)
+      if (q->in_rest[j] == o) q->in_rest[j] = b;
+    if (q->out_buf == o) q->out_buf = b;
+  }
+  for (int n = 0; n < n_nodes; n++) {
+    if (views[n].buf == o) views[n].buf = b;
+    if (p->node_buf[n] == o) p->node_buf[n] = b;
+  }
+}
+
+/* Whether a write-back into the argument of buffer b takes its value from
+ * node through slice_scatters only (node, or a scatter into node ...). */
+static bool written_back_from(const cg_program *p, int b, int node) {
+  const ir_graph *g = p->g;
+  for (int i = 0; i < g->n_writes; i++) {
+    const ir_write *w = &g->writes[i];
+    if (w->kind != IR_WRITE_DATA || w->value < 0 || p->node_buf[w->target] != b) continue;
+    for (int v = w->value;; v = g->nodes[v].in[0]) {
+      if (v == node) return true;
+      if (g->nodes[v].op != OP_SLICE_SCATTER) break;
+    }
+  }
+  return false;
+}
+
+/* A write into a view in place: slice_scatter(P, x) stores into P's buffer
+ * when nothing after it reads P's old value (no later kernel, output or
+ * write) and, for a param or input, the call writes the scatter's value
+ * (or a scatter into it) back to P anyway. The eager kernel then writes
+ * the slice alone (k_slice_scatter skips copying P onto itself) and the
+ * write-back finds nothing to copy: a KV cache update streams one row,
+ * not the cache twice. */
+static void scatter_in_place(cg_program *p, cg_view *views, int n_nodes) {
+  const ir_graph *g = p->g;
+  for (int ki = 0; ki < p->n_k; ki++) {
+    cg_kernel *k = &p->k[ki];
+    if (k->kind != CG_K_EAGER || g->nodes[k->node].op != OP_SLICE_SCATTER) continue;
+    int base = g->nodes[k->node].in[0], o = k->out_buf, b = k->in_buf[0];
+    if (o < 0 || b < 0 || p->buf[o].kind != CG_BUF_TEMP || p->buf[o].alias_of >= 0 || p->node_buf[base] != b) continue;
+    /* the base is its buffer, whole and in order (not a view of it) */
+    if (!sym_same(views[base].off, sym_const(0)) || p->buf[b].dtype != p->buf[o].dtype) continue;
+    bool ok = p->buf[b].kind == CG_BUF_INPUT ? written_back_from(p, b, k->node)
+                                             : p->buf[b].kind == CG_BUF_TEMP && p->buf[b].alias_of < 0;
+    ok = ok && !handed_out(p, views, b);
+    for (int kj = ki + 1; kj < p->n_k && ok; kj++) ok = !kernel_reads(p, kj, b) && p->k[kj].out_buf != b;
+    if (!ok) continue;
+    if (p->buf[o].last > p->buf[b].last) p->buf[b].last = p->buf[o].last;
+    alias_buffer(p, views, n_nodes, ki, o, b);
+  }
+}
+
 /* In place: a pointwise kernel whose input buffer dies in it, with the same
  * dtype, shape and element order as its result, stores into that buffer
  * (a matmul's output under its epilogue, a chain of materialized nodes).
@@ -1243,22 +1314,7 @@ static void reuse_in_place(cg_program *p, cg_view *views, int n_nodes) {
       }
       if (!same) continue;
       p->buf[b].last = p->buf[o].last;
-      p->buf[o].alias_of = b;
-      p->buf[o].first = p->buf[o].last = -1;
-      for (int kj = ki; kj < p->n_k; kj++) {
-        cg_kernel *q = &p->k[kj];
-        for (int c = 0; c < q->n_acc; c++)
-          if (q->acc[c].buf == o) q->acc[c].buf = b;
-        for (int j = 0; j < 3; j++)
-          if (q->in_buf[j] == o) q->in_buf[j] = b;
-        for (int j = 0; j < q->n_in_rest; j++)
-          if (q->in_rest[j] == o) q->in_rest[j] = b;
-        if (q->out_buf == o) q->out_buf = b;
-      }
-      for (int n = 0; n < n_nodes; n++) {
-        if (views[n].buf == o) views[n].buf = b;
-        if (p->node_buf[n] == o) p->node_buf[n] = b;
-      }
+      alias_buffer(p, views, n_nodes, ki, o, b);
       break;
     }
   }
@@ -1371,6 +1427,7 @@ cg_program *fuse_graph(const ir_graph *g, char *err, size_t errn) {
     if (g->writes[i].value >= 0 && f.map[g->writes[i].value].buf >= 0) p->buf[f.map[g->writes[i].value].buf].last = p->n_k;
   for (int i = 0; i < g->n_outputs; i++)
     if (f.map[g->outputs[i]].buf >= 0) p->buf[f.map[g->outputs[i]].buf].last = p->n_k;
+  scatter_in_place(p, f.map, g->n_nodes);
   reuse_in_place(p, f.map, g->n_nodes);
   coalesce_dims(p);
   alloc_free(f.mat), alloc_free(f.is_out), alloc_free(f.kcount), alloc_free(f.klast);

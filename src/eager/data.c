@@ -70,7 +70,10 @@ int k_index_add(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln
 
 int k_slice_scatter(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out) {
   (void)op, (void)n;
-  pw_copy(out, in[0]);
+  /* compiled code may scatter into in[0] itself (codegen's scatter_in_place) */
+  bool same = tensor_data(out) == tensor_data(in[0]) && out->ndim == in[0]->ndim &&
+              !memcmp(out->stride, in[0]->stride, sizeof(int64_t) * (size_t)out->ndim);
+  if (!same) pw_copy(out, in[0]);
   int64_t len = in[1]->shape[a->dim];
   if (len == 0) return 0;
   kiln_tensor v = narrow(out, a->dim, a->start.c, len, a->step);

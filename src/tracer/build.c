@@ -176,13 +176,19 @@ static bool prev_slot(const build_state *b, int ev, int si, rec_slot *out) {
 }
 
 /* A candidate expression that takes the value v now and pv at the earlier
- * call: a*x + c over a symbol or a product of two, a != 0. */
+ * call: a*x + c over a symbol or, when no one symbol explains it, a product
+ * of two, a != 0 (pos + 1 is pos's neighbour, not pos*pos + 1). */
+static sym_dim explain_by(build_state *b, int64_t v, int64_t pv, bool products);
 static sym_dim explain(build_state *b, int64_t v, int64_t pv) {
+  sym_dim d = explain_by(b, v, pv, false);
+  return sym_is_err(d) ? explain_by(b, v, pv, true) : d;
+}
+static sym_dim explain_by(build_state *b, int64_t v, int64_t pv, bool products) {
   sym_dim found = sym_error();
   int nfound = 0;
   for (int i = 0; i < b->n_syms && nfound < 2; i++) {
     if (!b->has_prev[i]) continue;
-    for (int j = i; j <= b->n_syms && nfound < 2; j++) {
+    for (int j = products ? i : b->n_syms; j <= b->n_syms && nfound < 2; j++) {
       /* j == n_syms: the symbol alone; else the product of two */
       if (j < b->n_syms && !b->has_prev[j]) continue;
       sym_dim x = j == b->n_syms ? sym_of(b, i) : sym_mul(b->g->sym, sym_of(b, i), sym_of(b, j));
@@ -637,9 +643,8 @@ static int ev_factory(build_state *b, int ev) {
   return id;
 }
 
-/* An in-place write as the written tensor's new value: dst op src, src
- * converted and broadcast to dst (copy_), or a value broadcast (fill_). */
-static int ev_inplace(build_state *b, int ev) {
+/* The written tensor's (or view's) new value. */
+static int written_value(build_state *b, int ev) {
   const rec_event *e = &b->r->ev[ev];
   b->at_file = e->file, b->at_line = e->line;
   int d = node_of(b, b->r->ids[e->in]);
@@ -663,6 +668,50 @@ static int ev_inplace(build_state *b, int ev) {
   int ins[2] = {d, s};
   ir_node n = {.op = e->op, .n_in = 2, .in = ins, .file = e->file, .line = e->line};
   return add_node(b, &n);
+}
+
+/* The base's new value after view node d (made from base by slices,
+ * reshapes and permutes) took the value x: each view undone, innermost
+ * first, a slice by scattering into the elements around it. */
+static int scatter_to_base(build_state *b, int d, int x, int base, const char *file, int line) {
+  while (d != base && x >= 0) {
+    ir_node v = b->g->nodes[d]; /* a copy: add_node may move the array */
+    int p = v.in[0];
+    ir_node n = {.n_in = 1, .file = file, .line = line};
+    int ins[2] = {p, x};
+    if (v.op == OP_SLICE) {
+      n.op = OP_SLICE_SCATTER;
+      n.n_in = 2;
+      n.in = ins;
+      n.attrs = v.attrs;
+    } else if (v.op == OP_RESHAPE) {
+      n.op = OP_RESHAPE;
+      n.in = &x;
+      n.attrs.ndim = b->g->nodes[p].ndim;
+      memcpy(n.attrs.shape, b->g->nodes[p].shape, sizeof n.attrs.shape);
+    } else if (v.op == OP_PERMUTE) {
+      n.op = OP_PERMUTE;
+      n.in = &x;
+      for (int i = 0; i < v.ndim; i++) n.attrs.perm[v.attrs.perm[i]] = i;
+    } else {
+      return bfail(b, "%s:%d: an in-place write through a %s view", file, line, op_table[v.op].name), -1;
+    }
+    x = add_node(b, &n);
+    d = p;
+  }
+  return x;
+}
+
+/* An in-place write as the written tensor's new value: dst op src, src
+ * converted and broadcast to dst (copy_), or a value broadcast (fill_).
+ * Through a view (a.flag), the new value is the base's, its last input. */
+static int ev_inplace(build_state *b, int ev) {
+  const rec_event *e = &b->r->ev[ev];
+  int x = written_value(b, ev);
+  if (x < 0 || !e->a.flag) return x;
+  int d = node_of(b, b->r->ids[e->in]), base = node_of(b, b->r->ids[e->in + e->n_in - 1]);
+  if (d < 0 || base < 0) return -1;
+  return scatter_to_base(b, d, x, base, e->file, e->line);
 }
 
 static int ev_numel(build_state *b, int ev) {

@@ -224,9 +224,9 @@ int rec_value_of(recording *r, kiln_tensor *t) {
   struct rec_state *s = r->st;
   if (t->rec_call == r->id && r->val[t->rec_id].seg == r->seg) {
     if (r->val[t->rec_id].version != atomic_load(&t->st->version)) {
-      escape(r, "", 0, "a view made before an in-place write into the tensor it views is used after it: compiled code does "
-                       "not follow writes through views yet, so the rest of the body ran eagerly (make the view again after "
-                       "the write)");
+      escape(r, "", 0, "a view made before an in-place write into the tensor it views is used after it: a compiled "
+                       "write gives the tensor a new value, not its old views, so the rest of the body ran eagerly (make the "
+                       "view again after the write)");
       return -1;
     }
     return t->rec_id;
@@ -353,28 +353,61 @@ static bool whole(const kiln_tensor *t) {
          (size_t)shape_numel(t->ndim, t->shape) * kiln_dtype_size(t->dtype) == t->st->bytes;
 }
 
+/* The whole tensor of this call that view t (value v) was made from by view
+ * ops that keep every element distinct (slice, reshape, permute), or NULL. */
+static kiln_tensor *view_base(recording *r, const kiln_tensor *t, int v) {
+  struct rec_state *s = r->st;
+  kiln_tensor *base = NULL;
+  for (int i = 0; i < s->n_leaf && !base; i++)
+    if (s->leaf[i].t->st == t->st && whole(s->leaf[i].t)) base = s->leaf[i].t;
+  for (int i = 0; i < s->n_made && !base; i++)
+    if (s->made[i]->st == t->st && whole(s->made[i]) && r->val[s->made[i]->rec_id].seg == r->seg &&
+        r->val[s->made[i]->rec_id].version == atomic_load(&t->st->version))
+      base = s->made[i];
+  if (!base) return NULL;
+  int bv = rec_value_of(r, base);
+  if (bv < 0) return NULL;
+  while (v != bv) {
+    const rec_value *rv = &r->val[v];
+    if (rv->kind != RV_MADE || rv->event < 0) return NULL;
+    const rec_event *e = &r->ev[rv->event];
+    if (e->kind != EV_OP || (e->op != OP_SLICE && e->op != OP_RESHAPE && e->op != OP_PERMUTE)) return NULL;
+    v = r->ids[e->in];
+  }
+  return base;
+}
+
 static void on_inplace(void *ctx, op_id op, kiln_tensor *dst, kiln_tensor *src, double value, const char *file,
                        int line) {
   recording *r = ctx;
   if (r->failed) return;
-  int ids[2] = {rec_value_of(r, dst), src ? rec_value_of(r, src) : 0};
+  int ids[3] = {rec_value_of(r, dst), src ? rec_value_of(r, src) : 0, 0};
   if (ids[0] < 0 || ids[1] < 0) return;
-  if (!whole(dst))
-    return escape(r, file, line, "%s:%d: an in-place write into a view of another tensor: compiled code does not follow "
-                  "writes through views yet, so the rest of the body ran eagerly", file, line);
-  int e = new_event(r, EV_INPLACE, (int)op, ids, src ? 2 : 1, file, line);
+  int n = src ? 2 : 1;
+  /* a write into a view is a write of the whole base: its value after is
+   * the view's new elements scattered into it (build.c) */
+  kiln_tensor *base = dst;
+  if (!whole(dst)) {
+    base = view_base(r, dst, ids[0]);
+    if (!base)
+      return escape(r, file, line, "%s:%d: an in-place write into a view that is not a chain of slices, reshapes and "
+                    "permutes of a whole tensor of this call: the rest of the body ran eagerly", file, line);
+    if ((ids[n++] = rec_value_of(r, base)) < 0) return;
+  }
+  int e = new_event(r, EV_INPLACE, (int)op, ids, n, file, line);
   if (e < 0) return;
   r->ev[e].a.value = value;
+  r->ev[e].a.flag = base != dst;
   if (!src && r->ev[e].user) r->c_numbers = true;
-  int v = new_value(r, RV_MADE, dst, -1, e);
+  int v = new_value(r, RV_MADE, base, -1, e);
   if (v < 0) return;
   r->val[v].version++; /* inplace() bumps the version after this hook */
   r->ev[e].out = v;
   struct rec_state *s = r->st;
-  if (dst->rec_call == r->id && r->val[dst->rec_id].seg == r->seg) {
-    dst->rec_id = v;
-    if (map_put(&s->layouts, layout_key(dst), v)) fail(r, "out of memory while recording");
-  } else if (map_put(&s->leaves, dst->serial, v) || map_put(&s->layouts, layout_key(dst), v)) {
+  if (base->rec_call == r->id && r->val[base->rec_id].seg == r->seg) {
+    base->rec_id = v;
+    if (map_put(&s->layouts, layout_key(base), v)) fail(r, "out of memory while recording");
+  } else if (map_put(&s->leaves, base->serial, v) || map_put(&s->layouts, layout_key(base), v)) {
     fail(r, "out of memory while recording");
   }
 }

@@ -1,0 +1,190 @@
+/* W11, W12 and the batch-1 matmuls for kiln_bench --compiled: the Llama-2 of
+ * examples/llama.h at stories15M's shape (dim 288, hidden 768, 6 layers, 6
+ * heads, 6 kv heads, vocab 32000, seq_len 256), random weights, eager
+ * against compiled, side by side.
+ *
+ *   W11_llama_generate  greedy generation of 256 tokens from BOS through the
+ *                       KV cache, one compiled variant for every position:
+ *                       ms per token, and tokens per second
+ *   W12_llama_forward   logits of 64 tokens at once, batch 1: ms per call
+ *   M1_matvec_in_out    (1,288) @ (288,288), weights (in,out): ms per call
+ *   M1_matvec_out_in    (1,288) @ (288,288)^T, weights (out,in): ms per call
+ *
+ * The eager and compiled sides run interleaved, sample by sample, as the
+ * other workloads do.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../examples/llama.h"
+#include "bench.h"
+#include "kiln.h"
+#include "stats.h"
+
+enum { WARMUP = 2, MIN_SAMPLES = 3, MAX_SAMPLES = 200, GEN_TOKENS = 255, FWD_T = 64 };
+#define SAMPLE_BUDGET_S 6.0
+
+typedef struct ll_result {
+  const char *name;
+  bool ok;
+  double eager_ms, compiled_ms, compile_ms, trace_ms;
+  long long variants, traces;
+  double per; /* the sample divided by this: tokens for W11 */
+} ll_result;
+
+static ll_result results[4];
+static int n_results;
+
+static bool wanted(const char *id, const char *name, const char *only) {
+  if (!only) return true;
+  char buf[256];
+  snprintf(buf, sizeof buf, "%s", only);
+  for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save))
+    if (!strcmp(tok, id) || !strcmp(tok, name) || !strcmp(tok, "W11_W12")) return true;
+  return false;
+}
+
+typedef struct ll_ctx {
+  llama *m;
+  kiln_tensor *x, *w; /* M1 and W12 inputs */
+  bool transposed;    /* M1: w is (out,in) */
+} ll_ctx;
+
+static int gen_run(void *ctx, kiln_fn *fn) {
+  ll_ctx *c = ctx;
+  int64_t out[GEN_TOKENS + 1], bos = LLAMA_BOS;
+  return llama_generate(c->m, fn, &bos, 1, GEN_TOKENS, out);
+}
+
+static int fwd_run(void *ctx, kiln_fn *fn) {
+  ll_ctx *c = ctx;
+  kiln_scope_begin();
+  kiln_tensor *y = NULL;
+  int rc = fn ? kiln_call(fn, &c->x, &y) : llama_forward_body(c->m, &c->x, &y);
+  kiln_scope_end();
+  return rc;
+}
+
+static int mv_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  ll_ctx *c = ctx;
+  out[0] = kiln_matmul(in[0], c->transposed ? kiln_transpose(c->w, 0, 1) : c->w);
+  return out[0] ? 0 : -1;
+}
+
+static int mv_run(void *ctx, kiln_fn *fn) {
+  ll_ctx *c = ctx;
+  kiln_scope_begin();
+  kiln_tensor *y = NULL;
+  int rc = fn ? kiln_call(fn, &c->x, &y) : mv_body(c, &c->x, &y);
+  kiln_scope_end();
+  return rc;
+}
+
+static ll_result measure(const char *name, int (*run)(void *, kiln_fn *), ll_ctx *c, kiln_fn *fn, double per) {
+  ll_result r = {.name = name, .per = per};
+  if (!fn || run(c, fn) || run(c, fn)) return r;
+  for (int i = 0; i < WARMUP; i++)
+    if (run(c, NULL) || run(c, fn)) return r;
+  double t0 = bench_now_s();
+  run(c, NULL), run(c, fn);
+  double pair = bench_now_s() - t0;
+  int n = (int)(SAMPLE_BUDGET_S / (pair > 0 ? pair : 1e-9));
+  n = n < MIN_SAMPLES ? MIN_SAMPLES : n > MAX_SAMPLES ? MAX_SAMPLES : n;
+  double e[MAX_SAMPLES], cc[MAX_SAMPLES];
+  for (int i = 0; i < n; i++) {
+    double a = bench_now_s();
+    if (run(c, NULL)) return r;
+    double b = bench_now_s();
+    if (run(c, fn)) return r;
+    cc[i] = 1e3 * (bench_now_s() - b) / per;
+    e[i] = 1e3 * (b - a) / per;
+  }
+  r.eager_ms = bench_median(e, n);
+  r.compiled_ms = bench_median(cc, n);
+  kiln_fn_stats st;
+  kiln_fn_get_stats(fn, &st);
+  r.compile_ms = st.compile_ms, r.trace_ms = st.trace_ms, r.variants = st.variants, r.traces = st.traces;
+  r.ok = st.variants == 1 && st.fallbacks == 0;
+  return r;
+}
+
+static void print_row(const ll_result *r) {
+  if (!r->ok) {
+    printf("%-14s FAILED (%s)\n", r->name, kiln_last_error());
+    return;
+  }
+  printf("%-14s %10.3f %12.3f %7.2fx %11.1f   variants %lld, traces %lld", r->name, r->eager_ms, r->compiled_ms,
+         r->eager_ms / r->compiled_ms, r->compile_ms, r->variants, r->traces);
+  if (r->per > 1) printf("   tokens/s: eager %.0f, compiled %.0f", 1e3 / r->eager_ms, 1e3 / r->compiled_ms);
+  printf("\n");
+  fflush(stdout);
+}
+
+/* Runs the selected workloads and prints their rows; returns how many rows. */
+int bench_llama(const char *only) {
+  bool w11 = wanted("W11", "W11_llama_generate", only), w12 = wanted("W12", "W12_llama_forward", only);
+  bool m1 = wanted("M1", "M1_matvec", only);
+  if (!w11 && !w12 && !m1) return 0;
+  if (m1) {
+    for (int t = 0; t < 2; t++) {
+      ll_ctx c = {.transposed = t == 1};
+      c.x = kiln_randn(KILN_F32, 2, ((int64_t[]){1, 288}), 1);
+      c.w = kiln_randn(KILN_F32, 2, ((int64_t[]){288, 288}), 2);
+      kiln_options o = {.name = t ? "M1_out_in" : "M1_in_out", .n_in = 1, .n_out = 1};
+      kiln_fn *fn = kiln_compile(mv_body, &c, &o);
+      const char *name = t ? "M1_matvec_out_in" : "M1_matvec_in_out";
+      ll_result r = measure(name, mv_run, &c, fn, 1);
+      results[n_results++] = r;
+      print_row(&r);
+      kiln_fn_free(fn);
+      kiln_release(c.x), kiln_release(c.w);
+    }
+  }
+  if (!w11 && !w12) return n_results;
+  llama m;
+  llama_config cfg = LLAMA_STORIES15M;
+  if (llama_init(&m, &cfg, 1)) {
+    fprintf(stderr, "llama: %s\n", kiln_last_error());
+    return n_results;
+  }
+  if (w11) {
+    ll_ctx c = {.m = &m};
+    kiln_options o = {.name = "W11", .n_in = 1, .n_out = 1};
+    kiln_fn *fn = kiln_compile(llama_decode_body, &m, &o);
+    ll_result r = measure("W11_llama_generate", gen_run, &c, fn, GEN_TOKENS);
+    results[n_results++] = r;
+    print_row(&r);
+    kiln_fn_free(fn);
+  }
+  if (w12) {
+    int64_t t[FWD_T];
+    for (int i = 0; i < FWD_T; i++) t[i] = (i * 7919 + 1) % cfg.vocab_size;
+    ll_ctx c = {.m = &m, .x = kiln_tensor_from(KILN_I64, 1, ((int64_t[]){FWD_T}), t)};
+    kiln_options o = {.name = "W12", .n_in = 1, .n_out = 1};
+    kiln_fn *fn = kiln_compile(llama_forward_body, &m, &o);
+    ll_result r = measure("W12_llama_forward", fwd_run, &c, fn, 1);
+    results[n_results++] = r;
+    print_row(&r);
+    kiln_fn_free(fn);
+    kiln_release(c.x);
+  }
+  llama_free(&m);
+  return n_results;
+}
+
+/* The rows of bench_llama as objects of workloads.c's JSON array. */
+void bench_llama_json(FILE *f, int threads) {
+  for (int i = 0; i < n_results; i++) {
+    const ll_result *r = &results[i];
+    fprintf(f, "  {\"name\": \"%s\", \"threads\": %d, \"ok\": %s, \"eager_ms\": %.6f, \"compiled_ms\": %.6f, "
+            "\"compile_ms\": %.3f, \"trace_ms\": %.3f, \"variants\": %lld, \"floor_ms\": 0",
+            r->name, threads, r->ok ? "true" : "false", r->eager_ms, r->compiled_ms, r->compile_ms, r->trace_ms, r->variants);
+    if (r->per > 1)
+      fprintf(f, ", \"tokens_per_s_eager\": %.3f, \"tokens_per_s_compiled\": %.3f", r->ok ? 1e3 / r->eager_ms : 0,
+              r->ok ? 1e3 / r->compiled_ms : 0);
+    fprintf(f, "}%s\n", i + 1 < n_results ? "," : "");
+  }
+}
