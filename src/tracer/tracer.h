@@ -431,6 +431,19 @@ typedef struct backend {
   void (*times)(const backend_exec *e, double *front_ms, double *opt_ms, double *machine_ms);
 } backend;
 
+/* Ahead-of-time export (src/codegen/export.c, LLVM only): g as <prefix>.o
+ * and <prefix>.h for libkiln_rt. 0, or -1 with why in err. */
+typedef struct export_request {
+  const char *name;               /* C identifier prefix of the entry points */
+  const char *prefix;             /* path prefix of the two files */
+  const char *target, *cpu;       /* LLVM triple and CPU; NULL: the host, a generic CPU */
+  int variant;                    /* its number, for the header */
+  bool params_as_inputs;          /* else the params' values are embedded */
+  kiln_tensor *const *params;     /* the variant's */
+  const char *const *param_names; /* or NULL: param0, param1 ... */
+} export_request;
+int export_graph(const ir_graph *g, const export_request *rq, char *err, size_t errn);
+
 extern const backend backend_interp;
 extern const backend backend_llvm; /* src/codegen */
 /* Runs node by node through the eager kernels (no autograd); out as in backend.run. */
