@@ -17,6 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../examples/gpt.h"
 #include "kiln.h"
 
 #define NELEM(a) ((int)(sizeof(a) / sizeof((a)[0])))
@@ -125,9 +126,10 @@ static void build_app(const char *name) {
 /* A request's calls. */
 typedef struct call {
   int n_in;
-  const float *data[6];
+  const void *data[6];
   int ndim[6];
   int64_t shape[6][4];
+  int es[6]; /* element sizes; 0: 4 */
 } call;
 
 /* Runs dir/app_<name> on calls (n_out f32 outputs each); the reply's path. */
@@ -143,10 +145,10 @@ static void run_app(const char *name, const call *calls, int n, int n_out, const
     int64_t h[2] = {calls[c].n_in, n_out};
     fwrite(h, 8, 2, f);
     for (int i = 0; i < calls[c].n_in; i++) {
-      int64_t es = 4, nd = calls[c].ndim[i], numel = 1;
+      int64_t es = calls[c].es[i] ? calls[c].es[i] : 4, nd = calls[c].ndim[i], numel = 1;
       fwrite(&es, 8, 1, f), fwrite(&nd, 8, 1, f);
       for (int d = 0; d < nd; d++) fwrite(&calls[c].shape[i][d], 8, 1, f), numel *= calls[c].shape[i][d];
-      fwrite(calls[c].data[i], 4, (size_t)numel, f);
+      fwrite(calls[c].data[i], (size_t)es, (size_t)numel, f);
     }
     for (int i = 0; i < n_out; i++) {
       int64_t es = 4;
@@ -256,11 +258,11 @@ START_TEST(test_mlp_sizes) {
   call calls[6];
   for (int c = 0; c < 3; c++) {
     xs[c] = random_x(sizes[c]);
-    calls[c] = (call){1, {xs[c]}, {2}, {{sizes[c], IN}}};
+    calls[c] = (call){1, {xs[c]}, {2}, {{sizes[c], IN}}, {0}};
   }
-  calls[3] = (call){1, {bad}, {2}, {{4, IN - 1}}};
-  calls[4] = (call){1, {bad}, {3}, {{2, 2, IN}}};
-  calls[5] = (call){1, {bad}, {2}, {{0, IN}}}; /* batch 0: below s0's bound or an empty result */
+  calls[3] = (call){1, {bad}, {2}, {{4, IN - 1}}, {0}};
+  calls[4] = (call){1, {bad}, {3}, {{2, 2, IN}}, {0}};
+  calls[5] = (call){1, {bad}, {2}, {{0, IN}}, {0}}; /* batch 0: below s0's bound or an empty result */
   run_app("mlp", calls, 6, 2, NULL);
   FILE *f = open_reply();
   for (int c = 0; c < 3; c++) {
@@ -324,9 +326,9 @@ START_TEST(test_params_as_inputs) {
   float *x = random_x(5);
   mlp m2 = m; /* other weights: the export must use the ones passed */
   for (int i = 0; i < IN * HID; i++) m2.w1[i] = uniform() * 0.3f;
-  call c = {5, {x, m2.w1, m2.b1, m2.w2, m2.b2}, {2, 2, 1, 2, 1}, {{5, IN}, {IN, HID}, {HID}, {HID, OUT}, {OUT}}};
+  call c = {5, {x, m2.w1, m2.b1, m2.w2, m2.b2}, {2, 2, 1, 2, 1}, {{5, IN}, {IN, HID}, {HID}, {HID, OUT}, {OUT}}, {0}};
   /* the params in the wrong order: shapes that do not fit, an error */
-  call wrong = {5, {x, m2.w2, m2.b1, m2.w1, m2.b2}, {2, 2, 1, 2, 1}, {{5, IN}, {HID, OUT}, {HID}, {IN, HID}, {OUT}}};
+  call wrong = {5, {x, m2.w2, m2.b1, m2.w1, m2.b2}, {2, 2, 1, 2, 1}, {{5, IN}, {HID, OUT}, {HID}, {IN, HID}, {OUT}}, {0}};
   call both[2] = {c, wrong};
   run_app("mlpp", both, 2, 2, NULL);
   FILE *f = open_reply();
@@ -372,7 +374,7 @@ START_TEST(test_variants) {
                 kiln_last_error());
   build_app("first");
   build_app("newest");
-  call c[2] = {{1, {x3}, {2}, {{3, IN}}}, {1, {x5}, {2}, {{5, IN}}}};
+  call c[2] = {{1, {x3}, {2}, {{3, IN}}, {0}}, {1, {x5}, {2}, {{5, IN}}, {0}}};
   char msg[512];
   float *out[2];
   int64_t shapes[2][4];
@@ -399,6 +401,73 @@ START_TEST(test_variants) {
   remove_dir();
   kiln_fn_free(fn);
   mlp_free(&m);
+}
+END_TEST
+
+/* The GPT's next-byte logits (examples/gpt.h), its length symbolic: one
+ * export serves lengths 3 .. 8, equal to kiln compiled and eager; a length
+ * past the mask's 8 and a byte past the vocabulary are errors. */
+START_TEST(test_gpt_forward) {
+  gpt_config c = {.n_layer = 2, .n_head = 2, .n_embd = 16, .block_size = 8, .vocab_size = 64, .dtype = KILN_F32,
+                  .opt = GPT_ADAMW_DEFAULT};
+  gpt g;
+  ck_assert_int_eq(0, gpt_init(&g, &c, 8));
+  kiln_fn *fn = kiln_compile(gpt_next_body, &g, &(kiln_options){.name = "next", .n_in = 1, .n_out = 1});
+  ck_assert_ptr_nonnull(fn);
+  ck_assert_int_eq(0, kiln_mark_dynamic(fn, 0, 1));
+  int64_t tok[4][9];
+  uint64_t seed = 5;
+  for (int i = 0; i < 4; i++)
+    for (int t = 0; t < 9; t++) tok[i][t] = (int64_t)(gpt_rand(&seed) % 64);
+  tok[3][2] = 64; /* past the vocabulary */
+  kiln_scope_begin();
+  kiln_tensor *idx = kiln_tensor_from(KILN_I64, 2, ((int64_t[]){1, 5}), tok[0]), *got = NULL;
+  ck_assert_msg(kiln_call(fn, &idx, &got) == 0, "%s", kiln_last_error());
+  kiln_scope_end();
+  make_dir();
+  char prefix[128];
+  snprintf(prefix, sizeof prefix, "%s/gpt", dir);
+  ck_assert_msg(kiln_export(fn, prefix, &(kiln_export_options){.name = "gpt"}) == 0, "%s", kiln_last_error());
+  build_app("gpt");
+  int64_t lens[3] = {3, 8, 5};
+  call calls[5];
+  for (int i = 0; i < 3; i++) calls[i] = (call){1, {tok[i]}, {2}, {{1, lens[i]}}, {8}};
+  calls[3] = (call){1, {tok[0]}, {2}, {{1, 9}}, {8}};
+  calls[4] = (call){1, {tok[3]}, {2}, {{1, 4}}, {8}};
+  run_app("gpt", calls, 5, 1, NULL);
+  FILE *f = open_reply();
+  for (int i = 0; i < 3; i++) {
+    float *out[1];
+    int64_t shapes[1][4];
+    int ndim[1];
+    char msg[512];
+    ck_assert_msg(next_reply(f, 1, out, shapes, ndim, msg, sizeof msg) == 0, "T %lld: %s", (long long)lens[i], msg);
+    ck_assert_int_eq(2, ndim[0]);
+    ck_assert_int_eq(64, shapes[0][1]);
+    kiln_scope_begin();
+    kiln_tensor *x = kiln_tensor_from(KILN_I64, 2, ((int64_t[]){1, lens[i]}), tok[i]), *jit = NULL;
+    ck_assert_int_eq(0, kiln_call(fn, &x, &jit));
+    kiln_tensor *eager = gpt_next_logits(&g, x);
+    float a[64], b[64];
+    double da[64], db[64];
+    ck_assert_int_eq(0, kiln_read(jit, a, sizeof a));
+    ck_assert_int_eq(0, kiln_read(eager, b, sizeof b));
+    for (int j = 0; j < 64; j++) da[j] = a[j], db[j] = b[j];
+    expect_close("logits against kiln", out[0], da, 64, 1e-5);
+    expect_close("logits against eager", out[0], db, 64, 1e-5);
+    kiln_scope_end();
+    free(out[0]);
+  }
+  char msg[512];
+  ck_assert_int_eq(-1, next_reply(f, 1, NULL, NULL, NULL, msg, sizeof msg));
+  ck_assert_msg(strstr(msg, "gpt_run: the inputs break the guard s0 <= 8") && strstr(msg, "s0 = 9"), "message: %s", msg);
+  ck_assert_int_eq(-1, next_reply(f, 1, NULL, NULL, NULL, msg, sizeof msg));
+  ck_assert_msg(strstr(msg, "index_select (") && strstr(msg, "gpt.h:") && strstr(msg, "index 64 (at 2) is out of range"),
+                "message: %s", msg);
+  fclose(f);
+  remove_dir();
+  kiln_fn_free(fn);
+  gpt_free(&g);
 }
 END_TEST
 
@@ -457,6 +526,7 @@ int main(void) {
       {"mlp_sizes", test_mlp_sizes},
       {"params_as_inputs", test_params_as_inputs},
       {"variants", test_variants},
+      {"gpt_forward", test_gpt_forward},
       {"refusals", test_refusals},
   };
   for (int k = 0; k < NELEM(cases); k++) {

@@ -143,7 +143,7 @@ static int refuse(const ir_graph *g, const cg_program *p, const export_request *
   for (int k = 0; k < p->n_k; k++) {
     const cg_kernel *kk = &p->k[k];
     const ir_node *n = &g->nodes[kk->node];
-    if (kk->kind == CG_K_EAGER)
+    if (kk->kind == CG_K_EAGER && (n->op != OP_INDEX_SELECT || g->nodes[n->in[1]].ndim != 1))
       return fail(err, errn, "%s runs through an eager kernel, which libkiln_rt does not have: the op cannot be exported yet",
                   where(n, w, sizeof w));
     if (kk->kind == CG_K_MATMUL && n->dtype != KILN_F32 && n->dtype != KILN_F64)
@@ -255,12 +255,14 @@ static int build_plan(const ir_graph *g, const cg_program *p, const export_reque
     const cg_kernel *k = &p->k[ki];
     size_t rec = pl->n;
     pl->w[kers + (size_t)ki] = (int64_t)rec;
-    if (k->kind == CG_K_MATMUL) {
+    if (k->kind == CG_K_MATMUL || k->kind == CG_K_EAGER) {
       const ir_node *n = &g->nodes[k->node];
       int64_t ab, bb;
+      char w[256];
       memcpy(&ab, &k->alpha, sizeof ab);
       memcpy(&bb, &k->beta, sizeof bb);
-      put(pl, RT_K_MATMUL), put(pl, n->dtype), put(pl, ab), put(pl, bb);
+      if (k->kind == CG_K_MATMUL) put(pl, RT_K_MATMUL), put(pl, n->dtype), put(pl, ab), put(pl, bb);
+      else put(pl, RT_K_GATHER), put(pl, n->dtype), put(pl, n->attrs.dim), put(pl, (int64_t)put_str(str, where(n, w, sizeof w)));
       size_t views = pl->n;
       for (int i = 0; i < 3 * VIEW_WORDS; i++) put(pl, 0);
       for (int j = 0; j < 2 && !pl->oom; j++)
@@ -409,9 +411,9 @@ int export_graph(const ir_graph *g, const export_request *rq, char *err, size_t 
     fail(err, errn, "target %s: the runtime takes 64-bit little-endian targets", triple);
     goto done_names;
   }
-  if (build_plan(g, p, rq, &pl, &str, &wt, &n_loops, err, errn)) goto done_names;
   LLVMTypeRef i64 = LLVMInt64TypeInContext(cx), i8 = LLVMInt8TypeInContext(cx), i32 = LLVMInt32TypeInContext(cx);
   LLVMTypeRef ptr = LLVMPointerTypeInContext(cx, 0);
+  for (int ki = 0; ki < p->n_k; ki++) n_loops += p->k[ki].kind == CG_K_LOOP;
   fns = alloc_calloc((size_t)n_loops + 1, sizeof *fns);
   if (!fns) {
     fail(err, errn, "out of memory");
@@ -438,7 +440,9 @@ int export_graph(const ir_graph *g, const export_request *rq, char *err, size_t 
     LLVMRemoveStringAttributeAtIndex(fn, LLVMAttributeFunctionIndex, "prefer-vector-width", 19);
     fns[at++] = fn;
   }
-  /* the plan and what it points at, then the model and the two entry points */
+  /* the plan (after lowering: it fills in each kernel's parameters), what it
+   * points at, then the model and the two entry points */
+  if (build_plan(g, p, rq, &pl, &str, &wt, &n_loops, err, errn)) goto done_names;
   char nm[160];
   snprintf(nm, sizeof nm, "%s.plan", rq->name);
   LLVMValueRef *pw = alloc_malloc(pl.n * sizeof *pw);

@@ -44,8 +44,10 @@ enum { RT_BUF_INPUT, RT_BUF_WEIGHT, RT_BUF_TEMP, RT_BUF_OUTPUT };
 /* Kernel records.
  *   RT_K_LOOP:   kind, fn (index in the kernel table), split, staged, n_outer, ndim, dims[ndim] (codes),
  *                n_param, params[n_param] (codes), n_acc, then per access: buf, shift (elements)
- *   RT_K_MATMUL: kind, dtype, alpha and beta (a double's bits), then three views: a, b, out */
-enum { RT_K_LOOP, RT_K_MATMUL };
+ *   RT_K_MATMUL: kind, dtype, alpha and beta (a double's bits), then three views: a, b, out
+ *   RT_K_GATHER: kind, dtype, dim, where (string offset: "index_select (file:line)"), then three
+ *                views: the source, the i64 indices (1-D), out; out = source's slices at the indices along dim */
+enum { RT_K_LOOP, RT_K_MATMUL, RT_K_GATHER };
 
 /* A loop kernel's code: p its sizes, bufs its accesses' pointers (then a
  * scratch), [begin, end) the outer elements it runs (split: codegen.h). */

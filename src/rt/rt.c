@@ -212,6 +212,37 @@ static int matmul(const run *r, const int64_t *k, char **bufs) {
   return 0;
 }
 
+/* out's slices along dim are the source's at the indices, checked as eager checks them. */
+static int gather(const run *r, const int64_t *k, char **bufs) {
+  size_t es = dtype_size(k[1]);
+  int64_t dim = k[2], base = k - r->plan + 4;
+  const char *where = r->m->strings + k[3];
+  view vs, vi, vo;
+  if (eval_view(r, base, &vs) || eval_view(r, base + VIEW_WORDS, &vi) || eval_view(r, base + 2 * VIEW_WORDS, &vo) ||
+      vi.ndim != 1 || dim < 0 || dim >= vs.ndim || vo.ndim != vs.ndim)
+    return fail(r, "%s: its sizes do not evaluate", where);
+  const int64_t *idx = (const int64_t *)(void *)bufs[vi.buf];
+  for (int64_t i = 0; i < vi.shape[0]; i++) {
+    int64_t v = idx[vi.off + i * vi.stride[0]];
+    if (v < 0 || v >= vs.shape[dim])
+      return fail(r, "%s: index %" PRId64 " (at %" PRId64 ") is out of range for a dim of %" PRId64, where, v, i,
+                  vs.shape[dim]);
+  }
+  int64_t n = 1, at[RT_MAXD] = {0};
+  for (int d = 0; d < vo.ndim; d++) n *= vo.shape[d];
+  for (int64_t e = 0; e < n; e++) {
+    int64_t so = vs.off, oo = vo.off;
+    for (int d = 0; d < vo.ndim; d++) {
+      int64_t sd = d == dim ? idx[vi.off + at[d] * vi.stride[0]] : at[d];
+      so += sd * vs.stride[d];
+      oo += at[d] * vo.stride[d];
+    }
+    memcpy(bufs[vo.buf] + oo * (int64_t)es, bufs[vs.buf] + so * (int64_t)es, es);
+    for (int d = (int)vo.ndim - 1; d >= 0 && ++at[d] == vo.shape[d]; d--) at[d] = 0;
+  }
+  return 0;
+}
+
 /* Binds every symbol from the input dim it is named by, then checks each
  * input's dtype-free facts (rank, sizes) and the guards. */
 static int bind(run *r, const kiln_rt_buffer *in) {
@@ -348,8 +379,8 @@ int kiln_rt_run(const kiln_rt_model *m, const kiln_rt_buffer *in, kiln_rt_buffer
   }
   for (int ki = 0; ki < nk; ki++) {
     const int64_t *k = P + P[P[PLAN_KERNELS] + ki];
-    if (k[0] == RT_K_MATMUL) {
-      if (matmul(&r, k, bufs)) goto done;
+    if (k[0] == RT_K_MATMUL || k[0] == RT_K_GATHER) {
+      if (k[0] == RT_K_MATMUL ? matmul(&r, k, bufs) : gather(&r, k, bufs)) goto done;
       continue;
     }
     /* kind, fn, split, staged, n_outer, ndim, dims, n_param, params, n_acc, accesses */
