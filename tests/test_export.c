@@ -123,6 +123,20 @@ static void build_app(const char *name) {
                          KILN_TEST_RT_LIB, KILN_TEST_BLAS, dir, name));
 }
 
+/* Builds dir/app_<name> with cc, compiling libkiln_rt from its sources
+ * without OpenBLAS (as a cross build does: docs/deploy.md). */
+static void build_app_src(const char *name, const char *cc, const char *flags) {
+  const char *src = KILN_TEST_SRC;
+  ck_assert_int_eq(0, sh("%s %s -O2 -std=c17 -D_DEFAULT_SOURCE -DKILN_RT_NO_BLAS -I%s -I%s/include -I%s/src "
+                         "-DMODEL_H='\"%s.h\"' -DRUN=%s_run -DERROR=%s_error %s %s/src/rt/rt.c %s/src/rt/arena.c "
+                         "%s/src/rt/loop.c %s/src/eager/pool.c %s/%s.o -lm -lpthread -o %s/app_%s",
+                         cc, flags, dir, src, src, name, name, name, KILN_TEST_APP, src, src, src, src, dir, name, dir,
+                         name));
+}
+
+/* What runs the app: "" natively, qemu for a cross build. */
+static const char *runner = "";
+
 /* A request's calls. */
 typedef struct call {
   int n_in;
@@ -156,7 +170,7 @@ static void run_app(const char *name, const call *calls, int n, int n_out, const
     }
   }
   ck_assert_int_eq(0, fclose(f));
-  ck_assert_int_eq(0, sh("cd %s && %s ./app_%s req rep", dir, env ? env : "", name));
+  ck_assert_int_eq(0, sh("cd %s && %s %s ./app_%s req rep", dir, env ? env : "", runner, name));
 }
 
 /* The next reply of f: rc, then (rc 0) the outputs into out[i] (malloc'ed,
@@ -407,7 +421,7 @@ END_TEST
 /* The GPT's next-byte logits (examples/gpt.h), its length symbolic: one
  * export serves lengths 3 .. 8, equal to kiln compiled and eager; a length
  * past the mask's 8 and a byte past the vocabulary are errors. */
-START_TEST(test_gpt_forward) {
+static void gpt_forward(const char *target, const char *cc) {
   gpt_config c = {.n_layer = 2, .n_head = 2, .n_embd = 16, .block_size = 8, .vocab_size = 64, .dtype = KILN_F32,
                   .opt = GPT_ADAMW_DEFAULT};
   gpt g;
@@ -427,8 +441,10 @@ START_TEST(test_gpt_forward) {
   make_dir();
   char prefix[128];
   snprintf(prefix, sizeof prefix, "%s/gpt", dir);
-  ck_assert_msg(kiln_export(fn, prefix, &(kiln_export_options){.name = "gpt"}) == 0, "%s", kiln_last_error());
-  build_app("gpt");
+  ck_assert_msg(kiln_export(fn, prefix, &(kiln_export_options){.name = "gpt", .target = target}) == 0, "%s",
+                kiln_last_error());
+  if (cc) build_app_src("gpt", cc, "");
+  else build_app("gpt");
   int64_t lens[3] = {3, 8, 5};
   call calls[5];
   for (int i = 0; i < 3; i++) calls[i] = (call){1, {tok[i]}, {2}, {{1, lens[i]}}, {8}};
@@ -468,6 +484,87 @@ START_TEST(test_gpt_forward) {
   remove_dir();
   kiln_fn_free(fn);
   gpt_free(&g);
+}
+
+START_TEST(test_gpt_forward) { gpt_forward(NULL, NULL); }
+END_TEST
+
+/* The MLP through an export whose program has libkiln_rt compiled without
+ * BLAS (its own loops for the matmuls), at two sizes; with cc a cross
+ * compiler and target its triple, the same run on another machine (qemu). */
+static void mlp_elsewhere(const char *cc, const char *flags, const char *target) {
+  mlp m;
+  mlp_init(&m);
+  kiln_fn *fn = mlp_fn(&m);
+  make_dir();
+  char prefix[128];
+  snprintf(prefix, sizeof prefix, "%s/mlpx", dir);
+  ck_assert_msg(kiln_export(fn, prefix, &(kiln_export_options){.name = "mlpx", .target = target}) == 0, "%s",
+                kiln_last_error());
+  build_app_src("mlpx", cc, flags);
+  float *x4 = random_x(4), *x9 = random_x(9);
+  call calls[3] = {{1, {x4}, {2}, {{4, IN}}, {0}}, {1, {x9}, {2}, {{9, IN}}, {0}}, {1, {x4}, {2}, {{4, IN + 1}}, {0}}};
+  run_app("mlpx", calls, 3, 2, NULL);
+  FILE *f = open_reply();
+  for (int c = 0; c < 2; c++) {
+    float *out[2];
+    int64_t shapes[2][4], b = c ? 9 : 4;
+    int ndim[2];
+    char msg[512];
+    ck_assert_msg(next_reply(f, 2, out, shapes, ndim, msg, sizeof msg) == 0, "%s", msg);
+    double y[9 * OUT], sm[9 * OUT];
+    kiln_outputs(fn, c ? x9 : x4, b, y, sm);
+    expect_close("y against the host's JIT", out[0], y, b * OUT, 1e-5);
+    expect_close("softmax against the host's JIT", out[1], sm, b * OUT, 1e-5);
+    free(out[0]), free(out[1]);
+  }
+  char msg[512];
+  ck_assert_int_eq(-1, next_reply(f, 2, NULL, NULL, NULL, msg, sizeof msg));
+  ck_assert_msg(strstr(msg, "dim 1 is 17, the model takes 16"), "message: %s", msg);
+  fclose(f);
+  free(x4), free(x9);
+  remove_dir();
+  kiln_fn_free(fn);
+  mlp_free(&m);
+}
+
+START_TEST(test_no_blas) { mlp_elsewhere(KILN_TEST_CC, KILN_TEST_SAN, NULL); }
+END_TEST
+
+/* KILN_CROSS_CC (aarch64-linux-gnu-gcc), KILN_CROSS_RUN (qemu-aarch64 -L
+ * /usr/aarch64-linux-gnu) and KILN_CROSS_TARGET (default aarch64-linux-gnu):
+ * make test-cross sets them; without them this case checks only that the
+ * AArch64 object is written. */
+START_TEST(test_cross) {
+  const char *cc = getenv("KILN_CROSS_CC"), *run = getenv("KILN_CROSS_RUN"), *target = getenv("KILN_CROSS_TARGET");
+  if (!target || !*target) target = "aarch64-linux-gnu";
+  if (cc && *cc && run) {
+    runner = run;
+    mlp_elsewhere(cc, "", target);
+    gpt_forward(target, cc);
+    runner = "";
+    return;
+  }
+  mlp m;
+  mlp_init(&m);
+  kiln_fn *fn = mlp_fn(&m);
+  make_dir();
+  char prefix[128];
+  snprintf(prefix, sizeof prefix, "%s/arm", dir);
+  ck_assert_msg(kiln_export(fn, prefix, &(kiln_export_options){.name = "arm", .target = target}) == 0, "%s",
+                kiln_last_error());
+  /* an ELF object for AArch64: e_machine 183 */
+  snprintf(prefix, sizeof prefix, "%s/arm.o", dir);
+  FILE *f = fopen(prefix, "rb");
+  ck_assert_ptr_nonnull(f);
+  unsigned char h[20];
+  ck_assert_int_eq(20, (int)fread(h, 1, 20, f));
+  fclose(f);
+  ck_assert(h[0] == 0x7f && h[1] == 'E' && h[4] == 2 && h[5] == 1);
+  ck_assert_int_eq(183, h[18] | h[19] << 8);
+  remove_dir();
+  kiln_fn_free(fn);
+  mlp_free(&m);
 }
 END_TEST
 
@@ -527,6 +624,8 @@ int main(void) {
       {"params_as_inputs", test_params_as_inputs},
       {"variants", test_variants},
       {"gpt_forward", test_gpt_forward},
+      {"no_blas", test_no_blas},
+      {"cross", test_cross},
       {"refusals", test_refusals},
   };
   for (int k = 0; k < NELEM(cases); k++) {

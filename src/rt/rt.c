@@ -5,7 +5,14 @@
  * hands out the outputs. It reads the plan codegen/export.c wrote
  * (rt/plan.h) and depends on nothing of kiln but the pool: no LLVM, no
  * tensors. Every failure is a message in kiln_rt_error and -1. */
+#ifdef KILN_RT_NO_BLAS
+/* Built without OpenBLAS (a cross build where the target's is not at hand):
+ * the matmuls run gemm_loops below. The numbers differ from BLAS's only by
+ * the order of the sums. */
+typedef enum { CblasNoTrans = 111, CblasTrans = 112 } CBLAS_TRANSPOSE;
+#else
 #include <cblas.h>
+#endif
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -129,6 +136,27 @@ static int blas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs, CBLAS
   return -1;
 }
 
+#ifdef KILN_RT_NO_BLAS
+/* C = alpha * op(A) @ op(B) + beta * C, row-major, as cblas_sgemm/dgemm. */
+#define GEMM_LOOPS(name, T)                                                                                          \
+  static void name(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int64_t k, double alpha,           \
+                   const T *a, int64_t lda, const T *b, int64_t ldb, double beta, T *c, int64_t ldc) {              \
+    for (int64_t i = 0; i < m; i++) {                                                                                \
+      T *row = c + i * ldc;                                                                                          \
+      for (int64_t j = 0; j < n; j++) row[j] = beta == 0 ? (T)0 : (T)(beta * row[j]);                                 \
+      for (int64_t p = 0; p < k; p++) {                                                                              \
+        T x = (T)(alpha * (ta == CblasNoTrans ? a[i * lda + p] : a[p * lda + i]));                                   \
+        if (tb == CblasNoTrans)                                                                                      \
+          for (int64_t j = 0; j < n; j++) row[j] += x * b[p * ldb + j];                                              \
+        else                                                                                                         \
+          for (int64_t j = 0; j < n; j++) row[j] += x * b[j * ldb + p];                                              \
+      }                                                                                                              \
+    }                                                                                                                \
+  }
+GEMM_LOOPS(gemm_f32, float)
+GEMM_LOOPS(gemm_f64, double)
+#endif
+
 /* One operand of a matmul as a batch of matrices: batch dims, then rows and cols. */
 typedef struct mat {
   int nb;
@@ -200,6 +228,13 @@ static int matmul(const run *r, const int64_t *k, char **bufs) {
           if (dt == 0) ((float *)pc)[x * os_m + y] *= (float)beta;
           else ((double *)pc)[x * os_m + y] *= beta;
         }
+#ifdef KILN_RT_NO_BLAS
+    } else if (dt == 0) {
+      gemm_f32(ta, tb, m, n, kk, alpha, (const float *)pa, lda, (const float *)pb, ldb, beta, (float *)pc, os_m);
+    } else {
+      gemm_f64(ta, tb, m, n, kk, alpha, (const double *)pa, lda, (const double *)pb, ldb, beta, (double *)pc, os_m);
+    }
+#else
     } else if (dt == 0) {
       cblas_sgemm(CblasRowMajor, ta, tb, (int)m, (int)n, (int)kk, (float)alpha, (const float *)pa, (int)lda,
                   (const float *)pb, (int)ldb, (float)beta, (float *)pc, (int)os_m);
@@ -207,6 +242,7 @@ static int matmul(const run *r, const int64_t *k, char **bufs) {
       cblas_dgemm(CblasRowMajor, ta, tb, (int)m, (int)n, (int)kk, alpha, (const double *)pa, (int)lda,
                   (const double *)pb, (int)ldb, beta, (double *)pc, (int)os_m);
     }
+#endif
     for (int d = nb - 1; d >= 0 && ++idx[d] == vo.shape[d]; d--) idx[d] = 0;
   }
   return 0;
