@@ -540,9 +540,14 @@ KILN_API int kiln_fn_get_stats_at(const kiln_fn *fn, kiln_fn_stats *stats, const
  * (free() it), NULL when there is no such variant. */
 KILN_API char *kiln_fn_graph_at(const kiln_fn *fn, int variant, const char *file, int line);
 #define kiln_fn_graph(...) KILN_CALL(char *, kiln_fn_graph_at, __VA_ARGS__)
-/* Writes the newest variant's graph as text (docs/ir.md): 0 or -1. */
+/* Writes the newest variant's graph as text (docs/ir.md), after a line
+ * `version N` (the format's; kiln_load reads files with or without it and
+ * refuses a newer N): 0 or -1. */
 KILN_API int kiln_save_at(kiln_fn *fn, const char *path, const char *file, int line);
 #define kiln_save(...) KILN_CALL(int, kiln_save_at, __VA_ARGS__)
+/* Same for a chosen variant: 0 the newest, 1 .. n the cached ones oldest first (as kiln_export). */
+KILN_API int kiln_save_variant_at(kiln_fn *fn, const char *path, int variant, const char *file, int line);
+#define kiln_save_variant(...) KILN_CALL(int, kiln_save_variant_at, __VA_ARGS__)
 /* A callable kiln_fn from a saved graph, without the C body: its inputs are
  * the graph's inputs, then its params in order. NULL with the error set (a
  * malformed file names its line and column). */
@@ -583,6 +588,7 @@ KILN_API int (kiln_mark_dynamic)(kiln_fn *fn, int input, int dim);
 KILN_API int (kiln_fn_get_stats)(const kiln_fn *fn, kiln_fn_stats *stats);
 KILN_API char *(kiln_fn_graph)(const kiln_fn *fn, int variant);
 KILN_API int (kiln_save)(kiln_fn *fn, const char *path);
+KILN_API int (kiln_save_variant)(kiln_fn *fn, const char *path, int variant);
 KILN_API kiln_fn *(kiln_load)(const char *path);
 KILN_API kiln_fn *(kiln_load_string)(const char *text);
 KILN_API int (kiln_export)(kiln_fn *fn, const char *prefix, const kiln_export_options *opts);

@@ -388,6 +388,15 @@ START_TEST(test_variants) {
                 kiln_last_error());
   build_app("first");
   build_app("newest");
+  /* kiln_save_variant picks the same way: the first variant's graph is batch 3, the newest batch 5 */
+  char path[128];
+  snprintf(path, sizeof path, "%s/first.kiln", dir);
+  ck_assert_int_eq(0, kiln_save_variant(fn, path, 1));
+  ck_assert_int_eq(0, sh("head -1 %s | grep -qx 'version 1' && grep -q 'f32\\[3,16\\]' %s", path, path));
+  ck_assert_int_eq(0, kiln_save(fn, path));
+  ck_assert_int_eq(0, sh("grep -q 'f32\\[5,16\\]' %s && ! grep -q 'f32\\[3,16\\]' %s", path, path));
+  ck_assert_int_eq(-1, kiln_save_variant(fn, path, 3));
+  ck_assert_msg(strstr(kiln_last_error(), "variant 3 is not one"), "%s", kiln_last_error());
   call c[2] = {{1, {x3}, {2}, {{3, IN}}, {0}}, {1, {x5}, {2}, {{5, IN}}, {0}}};
   char msg[512];
   float *out[2];

@@ -1531,27 +1531,35 @@ char *kiln_fn_graph_at(const kiln_fn *fn, int variant_no, const char *file, int 
 
 /* ---- save and load ---- */
 
-int kiln_save_at(kiln_fn *fn, const char *path, const char *file, int line) {
+int kiln_save_variant_at(kiln_fn *fn, const char *path, int variant_no, const char *file, int line) {
   if (!fn_ok(fn)) return err_set(file, line, "save", "%s", fn_dead(fn)), -1;
   if (!path) return err_set(file, line, "save", "path is NULL"), -1;
   pthread_mutex_lock(&fn->mu);
-  const variant *v = fn->n_variants ? fn->variants[fn->n_variants - 1] : NULL;
-  int rc = -1;
-  if (!v) {
-    err_set(file, line, "save", "%s has no compiled variant yet (call it once first)", fn->name);
-  } else if (v->n_seg != 1 || v->n_args) {
-    err_set(file, line, "save", "%s's newest variant %s: a saved graph is one graph of the call's inputs", fn->name,
-            v->n_seg != 1 ? "has graph breaks (data reads inside the body)" : "takes numbers the body passes");
-  } else {
+  int n = fn->n_variants, rc = -1;
+  const variant *v = NULL;
+  if (!n) err_set(file, line, "save", "%s has no compiled variant yet (call it once first)", fn->name);
+  else if (variant_no < 0 || variant_no > n)
+    err_set(file, line, "save", "%s has %d variants: variant %d is not one (0 is the newest, 1 .. %d the oldest first)",
+            fn->name, n, variant_no, n);
+  else v = fn->variants[variant_no ? variant_no - 1 : n - 1];
+  if (v && (v->n_seg != 1 || v->n_args)) {
+    err_set(file, line, "save", "%s's variant %d %s", fn->name, variant_no ? variant_no : n,
+            v->n_seg != 1 ? "has graph breaks (data reads inside the body): a saved graph is one graph of the call's inputs"
+                          : "takes numbers the body passes: a saved graph is one graph of the call's inputs");
+  } else if (v) {
     FILE *f = fopen(path, "w");
     if (!f) err_set(file, line, "save", "cannot open %s: %s", path, strerror(errno));
     else {
-      rc = ir_print(v->seg[0]->g, f);
+      rc = fprintf(f, "version %d\n", IR_TEXT_VERSION) < 0 ? -1 : ir_print(v->seg[0]->g, f);
       if (fclose(f) || rc) rc = -1, err_set(file, line, "save", "cannot write %s", path);
     }
   }
   pthread_mutex_unlock(&fn->mu);
   return rc;
+}
+
+int kiln_save_at(kiln_fn *fn, const char *path, const char *file, int line) {
+  return kiln_save_variant_at(fn, path, 0, file, line);
 }
 
 /* ---- export ---- */
@@ -1723,6 +1731,7 @@ int (kiln_mark_dynamic)(kiln_fn *fn, int input, int dim) { return kiln_mark_dyna
 int (kiln_fn_get_stats)(const kiln_fn *fn, kiln_fn_stats *stats) { return kiln_fn_get_stats_at(fn, stats, "", 0); }
 char *(kiln_fn_graph)(const kiln_fn *fn, int variant_no) { return kiln_fn_graph_at(fn, variant_no, "", 0); }
 int (kiln_save)(kiln_fn *fn, const char *path) { return kiln_save_at(fn, path, "", 0); }
+int (kiln_save_variant)(kiln_fn *fn, const char *path, int variant_no) { return kiln_save_variant_at(fn, path, variant_no, "", 0); }
 kiln_fn *(kiln_load)(const char *path) { return kiln_load_at(path, "", 0); }
 kiln_fn *(kiln_load_string)(const char *text) { return kiln_load_string_at(text, "", 0); }
 int (kiln_export)(kiln_fn *fn, const char *prefix, const kiln_export_options *opts) { return kiln_export_at(fn, prefix, opts, "", 0); }

@@ -840,7 +840,19 @@ static int parse_body(parser *ps, bool more) {
 }
 
 static int parse_graph(parser *ps) {
-  if (!next_line(ps) || !accept_word(ps, "graph")) return fail(ps, ps->p, "expected 'graph'");
+  bool have = next_line(ps);
+  /* `version N` first in a saved file; a text without it is of the format before versions */
+  if (have && accept_word(ps, "version")) {
+    const char *at = (skip_blank(ps), ps->p);
+    int64_t v;
+    if (read_int(ps, INT64_MIN, INT64_MAX, &v) || expect_eol(ps)) return -1;
+    if (v > IR_TEXT_VERSION)
+      return fail(ps, at, "graph format version %lld is newer than this kiln reads (1 .. %d): load it with the kiln that wrote it or a newer one",
+                  (long long)v, IR_TEXT_VERSION);
+    if (v < 1) return fail(ps, at, "graph format version %lld is not one (1 .. %d)", (long long)v, IR_TEXT_VERSION);
+    have = next_line(ps);
+  }
+  if (!have || !accept_word(ps, "graph")) return fail(ps, ps->p, "expected 'graph'");
   char *header = ps->line;
   const char *after_graph = ps->p;
   long header_lno = ps->lno;

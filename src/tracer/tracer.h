@@ -431,6 +431,11 @@ typedef struct backend {
   void (*times)(const backend_exec *e, double *front_ms, double *opt_ms, double *machine_ms);
 } backend;
 
+/* The graph text's format version: kiln_save writes `version N` first;
+ * the parser reads texts without it (the format before versions) and with
+ * N up to this, and says a newer N needs a newer kiln. */
+#define IR_TEXT_VERSION 1
+
 /* Ahead-of-time export (src/codegen/export.c, LLVM only): g as <prefix>.o
  * and <prefix>.h for libkiln_rt. 0, or -1 with why in err. */
 typedef struct export_request {
