@@ -577,6 +577,47 @@ START_TEST(test_cross) {
 }
 END_TEST
 
+/* kilnc: a saved graph to an object on the command line; a loaded graph's
+ * params are inputs, so the weights come with the call. Bad files are an
+ * exit status of 1 and the reason. */
+START_TEST(test_kilnc) {
+  mlp m;
+  mlp_init(&m);
+  kiln_fn *fn = mlp_fn(&m);
+  make_dir();
+  ck_assert_int_eq(0, sh("cd %s && echo 'version 9' > future.kiln", dir));
+  char path[128];
+  snprintf(path, sizeof path, "%s/mlp.kiln", dir);
+  ck_assert_int_eq(0, kiln_save(fn, path));
+  ck_assert_int_eq(0, sh("cd %s && %s mlp.kiln -o saved.o --name saved", dir, KILN_TEST_KILNC));
+  build_app("saved");
+  float *x = random_x(6);
+  call c = {5, {x, m.w1, m.b1, m.w2, m.b2}, {2, 2, 1, 2, 1}, {{6, IN}, {IN, HID}, {HID}, {HID, OUT}, {OUT}}, {0}};
+  run_app("saved", &c, 1, 2, NULL);
+  FILE *f = open_reply();
+  float *out[2];
+  int64_t shapes[2][4];
+  int ndim[2];
+  char msg[512];
+  ck_assert_msg(next_reply(f, 2, out, shapes, ndim, msg, sizeof msg) == 0, "%s", msg);
+  double y[6 * OUT], sm[6 * OUT];
+  mlp_ref(&m, x, 6, y, sm);
+  expect_close("y from kilnc's object", out[0], y, 6 * OUT, 1e-5);
+  expect_close("softmax from kilnc's object", out[1], sm, 6 * OUT, 1e-5);
+  free(out[0]), free(out[1]);
+  fclose(f);
+  ck_assert_int_ne(0, sh("cd %s && %s future.kiln -o f.o 2> err.txt", dir, KILN_TEST_KILNC));
+  ck_assert_int_eq(0, sh("grep -q 'graph format version 9 is newer than this kiln reads' %s/err.txt", dir));
+  ck_assert_int_ne(0, sh("cd %s && %s missing.kiln -o f.o 2> err.txt", dir, KILN_TEST_KILNC));
+  ck_assert_int_eq(0, sh("grep -q 'kilnc: .*missing.kiln' %s/err.txt", dir));
+  ck_assert_int_ne(0, sh("cd %s && %s mlp.kiln -o f.obj 2> err.txt", dir, KILN_TEST_KILNC));
+  free(x);
+  remove_dir();
+  kiln_fn_free(fn);
+  mlp_free(&m);
+}
+END_TEST
+
 static int argmax_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
   (void)ctx;
   out[0] = kiln_argmax(kiln_exp(in[0]), -1, false);
@@ -634,6 +675,7 @@ int main(void) {
       {"variants", test_variants},
       {"gpt_forward", test_gpt_forward},
       {"no_blas", test_no_blas},
+      {"kilnc", test_kilnc},
       {"cross", test_cross},
       {"refusals", test_refusals},
   };
