@@ -556,6 +556,14 @@ KILN_API kiln_fn *kiln_load_at(const char *path, const char *file, int line);
 /* Same, from text in memory. */
 KILN_API kiln_fn *kiln_load_string_at(const char *text, const char *file, int line);
 #define kiln_load_string(...) KILN_CALL(kiln_fn *, kiln_load_string_at, __VA_ARGS__)
+/* Names the tensor's storage (views share it): a saved graph names the param
+ * it captured so (`@param(wte)`), a function loaded from it refuses a
+ * named tensor passed where another name is taken (params in the wrong
+ * order), and an export's header uses the names. 1 to 128 of A-Z a-z 0-9
+ * _ . : / -; naming again renames. 0 or -1. */
+KILN_API int kiln_param_name_at(kiln_tensor *t, const char *name, const char *file, int line);
+#define kiln_param_name(...) KILN_CALL(int, kiln_param_name_at, __VA_ARGS__)
+
 /* Ahead-of-time export (docs/deploy.md): writes one compiled variant of fn
  * as <prefix>.o (its kernels, the plan that runs them, the params' values)
  * and <prefix>.h (its two entry points, documented with the inputs' and
@@ -592,6 +600,7 @@ KILN_API int (kiln_save_variant)(kiln_fn *fn, const char *path, int variant);
 KILN_API kiln_fn *(kiln_load)(const char *path);
 KILN_API kiln_fn *(kiln_load_string)(const char *text);
 KILN_API int (kiln_export)(kiln_fn *fn, const char *prefix, const kiln_export_options *opts);
+KILN_API int (kiln_param_name)(kiln_tensor *t, const char *name);
 /* Forgets the compiled kernels kept in memory for later compiles (the
  * kernel cache; KILN_CACHE_DIR's files stay). Compiled functions keep
  * their code; the next compile of any kernel runs LLVM again. */

@@ -618,6 +618,53 @@ START_TEST(test_kilnc) {
 }
 END_TEST
 
+static int axb_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  kiln_tensor **ab = ctx;
+  out[0] = kiln_sub(kiln_mul(in[0], ab[0]), ab[1]);
+  return out[0] ? 0 : -1;
+}
+
+/* Params named with kiln_param_name: the saved graph carries the names, a
+ * function loaded from it refuses two same-shaped params passed in the
+ * wrong order, and an export's header calls them by name. */
+START_TEST(test_param_names) {
+  make_dir();
+  kiln_scope_begin();
+  kiln_tensor *ab[2] = {kiln_tensor_from(KILN_F32, 1, (int64_t[]){4}, (float[]){1, 2, 3, 4}),
+                        kiln_tensor_from(KILN_F32, 1, (int64_t[]){4}, (float[]){10, 20, 30, 40})};
+  ck_assert_int_eq(0, kiln_param_name(ab[0], "layer.0/a"));
+  ck_assert_int_eq(0, kiln_param_name(ab[1], "b"));
+  ck_assert_int_eq(-1, kiln_param_name(ab[1], "not a name"));
+  ck_assert_msg(strstr(kiln_last_error(), "test_export.c:") && strstr(kiln_last_error(), "is not a name"), "%s",
+                kiln_last_error());
+  ck_assert_int_eq(-1, kiln_param_name(NULL, "x"));
+  kiln_fn *fn = kiln_compile(axb_body, ab, &(kiln_options){.name = "axb", .n_in = 1, .n_out = 1});
+  kiln_tensor *x = kiln_tensor_from(KILN_F32, 1, (int64_t[]){4}, (float[]){1, 1, 2, 2}), *out[1];
+  ck_assert_int_eq(0, kiln_call(fn, &x, out));
+  char path[128];
+  snprintf(path, sizeof path, "%s/axb.kiln", dir);
+  ck_assert_int_eq(0, kiln_save(fn, path));
+  ck_assert_int_eq(0, sh("grep -q '%%1: f32\\[4\\] @param(layer.0/a), %%2: f32\\[4\\] @param(b)' %s", path));
+  kiln_fn *loaded = kiln_load(path);
+  ck_assert_msg(loaded != NULL, "%s", kiln_last_error());
+  /* x*a - b = [1-10, 2-20, 6-30, 8-40] */
+  ck_assert_int_eq(0, kiln_call(loaded, (kiln_tensor *[]){x, ab[0], ab[1]}, out));
+  float y[4];
+  ck_assert_int_eq(0, kiln_read(out[0], y, sizeof y));
+  ck_assert(y[0] == -9 && y[1] == -18 && y[2] == -24 && y[3] == -32);
+  ck_assert_int_eq(-1, kiln_call(loaded, (kiln_tensor *[]){x, ab[1], ab[0]}, out));
+  ck_assert_msg(strstr(kiln_last_error(), "the tensor named 'b' is passed where the graph takes 'layer.0/a'"), "%s",
+                kiln_last_error());
+  snprintf(path, sizeof path, "%s/axb", dir);
+  ck_assert_msg(kiln_export(loaded, path, NULL) == 0, "%s", kiln_last_error());
+  ck_assert_int_eq(0, sh("grep -q 'in\\[1\\]  layer.0/a ' %s.h && grep -q 'in\\[2\\]  b ' %s.h", path, path));
+  kiln_fn_free(loaded);
+  kiln_fn_free(fn);
+  kiln_scope_end();
+  remove_dir();
+}
+END_TEST
+
 static int argmax_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
   (void)ctx;
   out[0] = kiln_argmax(kiln_exp(in[0]), -1, false);
@@ -676,6 +723,7 @@ int main(void) {
       {"gpt_forward", test_gpt_forward},
       {"no_blas", test_no_blas},
       {"kilnc", test_kilnc},
+      {"param_names", test_param_names},
       {"cross", test_cross},
       {"refusals", test_refusals},
   };

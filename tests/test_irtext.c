@@ -775,6 +775,8 @@ static const struct {
     {H "  %2: f32[4] = neg(%1)\n  %3: f32[s0 // 0] = neg(%1)", "line 4, col 14: divisor not provably positive"},
     {"graph f() -> ()\n  sym s0 in [1, 2]\n  sym s0 in [1, 2]",
      "line 3, col 7: expected s1 (symbols are declared in order)"},
+    {"graph f(%0: f32[4] @param()) -> ()", "line 1, col 27: expected a param name"},
+    {"graph f(%0: f32[4] @param(a b)) -> ()", "line 1, col 28: expected a param name"},
     /* the format's version line: a newer one needs a newer kiln */
     {"version 2\ngraph f() -> ()", "line 1, col 9: graph format version 2 is newer than this kiln reads (1 .. 1)"},
     {"version 0\ngraph f() -> ()", "line 1, col 9: graph format version 0 is not one (1 .. 1)"},

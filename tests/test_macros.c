@@ -251,6 +251,7 @@ START_TEST(test_autograd_and_compile_literals) {
   int fd = mkstemp(path);
   ck_assert_int_ge(fd, 0);
   close(fd);
+  ck_assert_int_eq(0, kiln_param_name(w, "w"));
   ck_assert_int_eq(0, kiln_save_variant(fn, path, 1));
   ck_assert_int_eq(0, kiln_save(fn, path));
   kiln_fn *loaded = kiln_load(path), *from_text = kiln_load_string(text);

@@ -169,13 +169,9 @@ static const ir_node *input_node(const ir_graph *g, const export_request *rq, in
 /* The name an input goes by in the header and messages. */
 static void input_name(const ir_graph *g, const export_request *rq, int i, char *buf, size_t bn) {
   const ir_node *n = input_node(g, rq, i);
-  const char *pn = n && n->op == IR_PARAM && rq->param_names ? rq->param_names[n->index] : NULL;
-  if (n && n->op == IR_PARAM) {
-    if (pn && *pn) snprintf(buf, bn, "%s", pn);
-    else snprintf(buf, bn, "param%d", n->index);
-  } else {
-    snprintf(buf, bn, "in%d", i);
-  }
+  if (n && n->name) snprintf(buf, bn, "%s", n->name);
+  else if (n && n->op == IR_PARAM) snprintf(buf, bn, "param%d", n->index);
+  else snprintf(buf, bn, "in%d", i);
 }
 
 /* The plan and the weights of program p; 0, or -1 with err. */

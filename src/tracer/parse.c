@@ -574,6 +574,15 @@ static int parse_header(parser *ps) {
         ps->p++;
         if (accept_word(ps, "param")) {
           leaf.op = IR_PARAM;
+          if (*ps->p == '(') { /* its name: kiln_param_name's characters */
+            char *nm = (char *)++ps->p;
+            size_t len = 0;
+            while (len < 128 && (is_word(nm[len]) || (nm[len] && strchr(".:/-", nm[len])))) len++;
+            if (!len || nm[len] != ')') return fail(ps, nm + len, "expected a param name (1 to 128 of A-Z a-z 0-9 _ . : / -) and ')'");
+            nm[len] = '\0'; /* the text is ours: cut the name out in place */
+            leaf.name = nm;
+            ps->p = nm + len + 1;
+          }
         } else if (accept_word(ps, "grad")) {
           if (expect(ps, "(")) return -1;
           const char *kat = (skip_blank(ps), ps->p);

@@ -33,6 +33,7 @@ typedef struct ir_node {
   void *data;            /* IR_CONST: numel * dtype size bytes, row-major (graph arena) */
   const char *file;      /* the user's call that made it (interned in the graph); "" when unknown */
   int line;
+  const char *name;      /* IR_PARAM (and a loaded graph's IR_INPUT): kiln_param_name's, or NULL */
 } ir_node;
 
 /* After a call, each write copies a value into an input or param (a functionalized
@@ -445,7 +446,6 @@ typedef struct export_request {
   int variant;                    /* its number, for the header */
   bool params_as_inputs;          /* else the params' values are embedded */
   kiln_tensor *const *params;     /* the variant's */
-  const char *const *param_names; /* or NULL: param0, param1 ... */
 } export_request;
 int export_graph(const ir_graph *g, const export_request *rq, char *err, size_t errn);
 
