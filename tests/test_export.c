@@ -512,7 +512,8 @@ static void mlp_elsewhere(const char *cc, const char *flags, const char *target)
                 kiln_last_error());
   build_app_src("mlpx", cc, flags);
   float *x4 = random_x(4), *x9 = random_x(9);
-  call calls[3] = {{1, {x4}, {2}, {{4, IN}}, {0}}, {1, {x9}, {2}, {{9, IN}}, {0}}, {1, {x4}, {2}, {{4, IN + 1}}, {0}}};
+  /* the third call: 4 rows of 17 features, read from x9 (which holds that many) */
+  call calls[3] = {{1, {x4}, {2}, {{4, IN}}, {0}}, {1, {x9}, {2}, {{9, IN}}, {0}}, {1, {x9}, {2}, {{4, IN + 1}}, {0}}};
   run_app("mlpx", calls, 3, 2, NULL);
   FILE *f = open_reply();
   for (int c = 0; c < 2; c++) {
