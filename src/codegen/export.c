@@ -391,6 +391,7 @@ int export_graph(const ir_graph *g, const export_request *rq, char *err, size_t 
   LLVMModuleRef mod = NULL;
   LLVMTargetMachineRef tm = NULL;
   LLVMValueRef *fns = NULL;
+  char **keys = NULL;
   cg_program *p = NULL;
   if (!(tm = jit_machine_for(rq->target, rq->cpu, err, errn))) goto done;
   if (!(p = fuse_graph(g, err, errn)) || refuse(g, p, rq, err, errn)) goto done;
@@ -411,7 +412,8 @@ int export_graph(const ir_graph *g, const export_request *rq, char *err, size_t 
   LLVMTypeRef ptr = LLVMPointerTypeInContext(cx, 0);
   for (int ki = 0; ki < p->n_k; ki++) n_loops += p->k[ki].kind == CG_K_LOOP;
   fns = alloc_calloc((size_t)n_loops + 1, sizeof *fns);
-  if (!fns) {
+  keys = alloc_calloc((size_t)n_loops + 1, sizeof *keys);
+  if (!fns || !keys) {
     fail(err, errn, "out of memory");
     goto done_names;
   }
@@ -427,6 +429,17 @@ int export_graph(const ir_graph *g, const export_request *rq, char *err, size_t 
     if (!fn) {
       fail(err, errn, "kernel %s not found after lowering", k->name);
       goto done_names;
+    }
+    /* a kernel whose code an earlier one has (a repeated layer) runs that
+     * one's with its own sizes in p, as in the JIT (equal keys, equal code) */
+    keys[at] = kernel_key(fn, k, false);
+    int twin = -1;
+    for (int j = 0; j < at && keys[at] && twin < 0; j++)
+      if (keys[j] && !strcmp(keys[j], keys[at])) twin = j;
+    if (twin >= 0) {
+      LLVMDeleteFunction(fn);
+      fns[at++] = fns[twin];
+      continue;
     }
     char nm[160];
     snprintf(nm, sizeof nm, "%s.%s", rq->name, k->name);
@@ -496,6 +509,8 @@ done_names:
   LLVMDisposeMessage(cpu);
 done:
   alloc_free(obj);
+  for (int i = 0; keys && i < n_loops; i++) alloc_free(keys[i]);
+  alloc_free(keys);
   alloc_free(fns);
   alloc_free(pl.w), alloc_free(str.b), alloc_free(wt.b);
   if (mod) LLVMDisposeModule(mod);
