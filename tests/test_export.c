@@ -619,6 +619,34 @@ START_TEST(test_kilnc) {
 }
 END_TEST
 
+/* A model and a runtime of different plan versions: every call is refused
+ * with both versions named, never run on a plan read wrongly. */
+START_TEST(test_plan_version) {
+  mlp m;
+  mlp_init(&m);
+  kiln_fn *fn = mlp_fn(&m);
+  make_dir();
+  char prefix[128];
+  snprintf(prefix, sizeof prefix, "%s/mlpv", dir);
+  ck_assert_msg(kiln_export(fn, prefix, &(kiln_export_options){.name = "mlpv"}) == 0, "%s", kiln_last_error());
+  char flags[256];
+  snprintf(flags, sizeof flags, "%s -DRT_PLAN_VERSION=7", KILN_TEST_SAN);
+  build_app_src("mlpv", KILN_TEST_CC, flags);
+  float *x = random_x(2);
+  call c = {1, {x}, {2}, {{2, IN}}, {0}};
+  run_app("mlpv", &c, 1, 2, NULL);
+  FILE *f = open_reply();
+  char msg[512];
+  ck_assert_int_eq(-1, next_reply(f, 2, NULL, NULL, NULL, msg, sizeof msg));
+  ck_assert_msg(strstr(msg, "exported for runtime plan version 1, this libkiln_rt reads version 7"), "message: %s", msg);
+  fclose(f);
+  free(x);
+  remove_dir();
+  kiln_fn_free(fn);
+  mlp_free(&m);
+}
+END_TEST
+
 static int axb_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
   kiln_tensor **ab = ctx;
   out[0] = kiln_sub(kiln_mul(in[0], ab[0]), ab[1]);
@@ -725,6 +753,7 @@ int main(void) {
       {"no_blas", test_no_blas},
       {"kilnc", test_kilnc},
       {"param_names", test_param_names},
+      {"plan_version", test_plan_version},
       {"cross", test_cross},
       {"refusals", test_refusals},
   };
