@@ -579,7 +579,8 @@ KILN_API int kiln_param_name_at(kiln_tensor *t, const char *name, const char *fi
  * guards allow, and a call that breaks them is an error. Refused (-1, with
  * the op and its file:line): variants that write back to inputs (a training
  * step), read .grad, have graph breaks, or run an op through an eager kernel
- * (index ops, convolutions) that libkiln_rt does not have. 0 or -1. */
+ * that libkiln_rt does not have (argmax, cat, index_add, convolutions;
+ * index_select, an embedding, runs). 0 or -1. */
 typedef struct kiln_export_options {
   const char *name;     /* C identifier prefix of the generated functions; default fn's name */
   const char *target;   /* LLVM target triple ("aarch64-linux-gnu"); NULL = the host */
