@@ -7,6 +7,8 @@
 #   make demo     release build, then the demo
 #   make bench    release build, then the benchmarks: kiln against PyTorch, torch.compile and JAX
 #                 (their Python packages go into build/venv once, from PyPI: bench/venv.sh)
+#   make test-cross  release build, then test_export's exported models built for AArch64 with
+#                 Debian's cross compiler and run under qemu-user (CROSS_DEPS), docs/deploy.md
 #   make install  release build, then cmake --install into PREFIX (default /usr/local;
 #                 make install PREFIX=$HOME/.local), docs/install.md
 #   make clean
@@ -100,6 +102,23 @@ bench: bench-deps
 
 install: build
 	cmake --install $(BUILD) --prefix $(PREFIX)
+
+# ---- cross targets: an export for AArch64 (kiln_export_options.target), its program built with
+# the cross compiler and libkiln_rt from source without OpenBLAS, run under qemu-user.
+CROSS_DEPS   := gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user
+CROSS_CC     ?= aarch64-linux-gnu-gcc
+CROSS_RUN    ?= qemu-aarch64 -L /usr/aarch64-linux-gnu
+CROSS_TARGET ?= aarch64-linux-gnu
+
+cross-deps:
+	$(call apt_ensure,$(DEPS) $(CROSS_DEPS))
+
+test-cross: cross-deps
+	$(MAKE) --no-print-directory release-build
+	cd $(BUILD) && KILN_CROSS_CC='$(CROSS_CC)' KILN_CROSS_RUN='$(CROSS_RUN)' KILN_CROSS_TARGET='$(CROSS_TARGET)' \
+	  ctest --output-on-failure -R '^test_export$$'
+
+.PHONY: cross-deps test-cross
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD)

@@ -569,9 +569,14 @@ KILN_API int kiln_fn_get_stats_at(const kiln_fn *fn, kiln_fn_stats *stats, const
  * (free() it), NULL when there is no such variant. */
 KILN_API char *kiln_fn_graph_at(const kiln_fn *fn, int variant, const char *file, int line);
 #define kiln_fn_graph(...) KILN_CALL(char *, kiln_fn_graph_at, __VA_ARGS__)
-/* Writes the newest variant's graph as text (docs/ir.md): 0 or -1. */
+/* Writes the newest variant's graph as text (docs/ir.md), after a line
+ * `version N` (the format's; kiln_load reads files with or without it and
+ * refuses a newer N): 0 or -1. */
 KILN_API int kiln_save_at(kiln_fn *fn, const char *path, const char *file, int line);
 #define kiln_save(...) KILN_CALL(int, kiln_save_at, __VA_ARGS__)
+/* Same for a chosen variant: 0 the newest, 1 .. n the cached ones oldest first (as kiln_export). */
+KILN_API int kiln_save_variant_at(kiln_fn *fn, const char *path, int variant, const char *file, int line);
+#define kiln_save_variant(...) KILN_CALL(int, kiln_save_variant_at, __VA_ARGS__)
 /* A callable kiln_fn from a saved graph, without the C body: its inputs are
  * the graph's inputs, then its params in order. NULL with the error set (a
  * malformed file names its line and column). */
@@ -580,6 +585,40 @@ KILN_API kiln_fn *kiln_load_at(const char *path, const char *file, int line);
 /* Same, from text in memory. */
 KILN_API kiln_fn *kiln_load_string_at(const char *text, const char *file, int line);
 #define kiln_load_string(...) KILN_CALL(kiln_fn *, kiln_load_string_at, __VA_ARGS__)
+/* Names the tensor's storage (views share it): a saved graph names the param
+ * it captured so (`@param(wte)`), a function loaded from it refuses a
+ * named tensor passed where another name is taken (params in the wrong
+ * order), and an export's header uses the names. 1 to 128 of A-Z a-z 0-9
+ * _ . : / -; naming again renames. 0 or -1. */
+KILN_API int kiln_param_name_at(kiln_tensor *t, const char *name, const char *file, int line);
+#define kiln_param_name(...) KILN_CALL(int, kiln_param_name_at, __VA_ARGS__)
+
+/* Ahead-of-time export (docs/deploy.md): writes one compiled variant of fn
+ * as <prefix>.o (its kernels, the plan that runs them, the params' values)
+ * and <prefix>.h (its two entry points, documented with the inputs' and
+ * outputs' dtypes and shapes, symbolic sizes included). A program links
+ * them with libkiln_rt alone, no libkiln or LLVM:
+ *
+ *   kiln_export(fn, "build/mlp", &(kiln_export_options){.name = "mlp"});
+ *   // app.c: #include "mlp.h"   cc app.c build/mlp.o -lkiln_rt -lopenblas -lm -lpthread
+ *   kiln_rt_buffer in[1] = {{x, 2, {batch, 784}}}, out[1] = {{0}};
+ *   if (mlp_run(in, out)) fprintf(stderr, "%s\n", mlp_error());
+ *
+ * Symbolic sizes stay arguments: one export serves every size the variant's
+ * guards allow, and a call that breaks them is an error. Refused (-1, with
+ * the op and its file:line): variants that write back to inputs (a training
+ * step), read .grad, have graph breaks, or run an op through an eager kernel
+ * that libkiln_rt does not have (argmax, cat, index_add, convolutions;
+ * index_select, an embedding, runs). 0 or -1. */
+typedef struct kiln_export_options {
+  const char *name;     /* C identifier prefix of the generated functions; default fn's name */
+  const char *target;   /* LLVM target triple ("aarch64-linux-gnu"); NULL = the host */
+  const char *cpu;      /* target CPU; NULL = a generic CPU of that target; "native" = this machine's */
+  int variant;          /* which cached variant: 0 = the newest, 1 .. n = the oldest first */
+  int params_as_inputs; /* 0: the params' values now are embedded; 1: they are inputs after the graph's */
+} kiln_export_options;
+KILN_API int kiln_export_at(kiln_fn *fn, const char *prefix, const kiln_export_options *opts, const char *file, int line);
+#define kiln_export(...) KILN_CALL(int, kiln_export_at, __VA_ARGS__)
 /* The functions above as plain functions, for a caller that needs an address
  * or was compiled before the _at forms; their errors name no line. */
 KILN_API void (kiln_fn_free)(kiln_fn *fn);
@@ -587,8 +626,11 @@ KILN_API int (kiln_mark_dynamic)(kiln_fn *fn, int input, int dim);
 KILN_API int (kiln_fn_get_stats)(const kiln_fn *fn, kiln_fn_stats *stats);
 KILN_API char *(kiln_fn_graph)(const kiln_fn *fn, int variant);
 KILN_API int (kiln_save)(kiln_fn *fn, const char *path);
+KILN_API int (kiln_save_variant)(kiln_fn *fn, const char *path, int variant);
 KILN_API kiln_fn *(kiln_load)(const char *path);
 KILN_API kiln_fn *(kiln_load_string)(const char *text);
+KILN_API int (kiln_export)(kiln_fn *fn, const char *prefix, const kiln_export_options *opts);
+KILN_API int (kiln_param_name)(kiln_tensor *t, const char *name);
 /* Forgets the compiled kernels kept in memory for later compiles (the
  * kernel cache; KILN_CACHE_DIR's files stay). Compiled functions keep
  * their code; the next compile of any kernel runs LLVM again. */

@@ -775,7 +775,33 @@ static const struct {
     {H "  %2: f32[4] = neg(%1)\n  %3: f32[s0 // 0] = neg(%1)", "line 4, col 14: divisor not provably positive"},
     {"graph f() -> ()\n  sym s0 in [1, 2]\n  sym s0 in [1, 2]",
      "line 3, col 7: expected s1 (symbols are declared in order)"},
+    {"graph f(%0: f32[4] @param()) -> ()", "line 1, col 27: expected a param name"},
+    {"graph f(%0: f32[4] @param(a b)) -> ()", "line 1, col 28: expected a param name"},
+    /* the format's version line: a newer one needs a newer kiln */
+    {"version 2\ngraph f() -> ()", "line 1, col 9: graph format version 2 is newer than this kiln reads (1 .. 1)"},
+    {"version 0\ngraph f() -> ()", "line 1, col 9: graph format version 0 is not one (1 .. 1)"},
+    {"version\ngraph f() -> ()", "line 1, col 8: expected a number"},
+    {"version 1 x\ngraph f() -> ()", "line 1, col 11: expected end of line"},
+    {"version 1\n", "line 2, col 1: expected 'graph'"},
+    {"graph f() -> ()\nversion 1", "line 2, col 1: expected a node line"},
 };
+
+/* A saved file starts with its format's version; one without (the format
+ * before versions) reads the same. */
+START_TEST(test_version_line)
+{
+  const char *body = "graph f(%0: f32[4]) -> (%1)\n  %1: f32[4] = neg(%0)\n";
+  char with[256];
+  snprintf(with, sizeof with, "; saved\nversion %d\n%s", IR_TEXT_VERSION, body);
+  ir_graph *a = ir_parse(with, err, sizeof err), *b = ir_parse(body, err, sizeof err);
+  ck_assert_msg(a && b, "%s", err);
+  char *ta = ir_to_string(a), *tb = ir_to_string(b);
+  ck_assert_str_eq(tb, ta);
+  ck_assert_str_eq(body, ta);
+  alloc_free(ta), alloc_free(tb);
+  ir_free(a), ir_free(b);
+}
+END_TEST
 
 START_TEST(test_errors)
 {
@@ -1095,6 +1121,7 @@ static Suite *irtext_suite(void)
   tcase_add_test(tc, test_example);
   tcase_add_test(tc, test_leaves_and_outputs);
   tcase_add_test(tc, test_names);
+  tcase_add_test(tc, test_version_line);
   tcase_add_test(tc, test_consts);
   tcase_add_test(tc, test_float_exact);
   tcase_add_test(tc, test_float_reading);

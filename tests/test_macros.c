@@ -251,6 +251,8 @@ START_TEST(test_autograd_and_compile_literals) {
   int fd = mkstemp(path);
   ck_assert_int_ge(fd, 0);
   close(fd);
+  ck_assert_int_eq(0, kiln_param_name(w, "w"));
+  ck_assert_int_eq(0, kiln_save_variant(fn, path, 1));
   ck_assert_int_eq(0, kiln_save(fn, path));
   kiln_fn *loaded = kiln_load(path), *from_text = kiln_load_string(text);
   ck_assert_msg(loaded && from_text, "%s", kiln_last_error());
@@ -260,6 +262,12 @@ START_TEST(test_autograd_and_compile_literals) {
   EXPECT(out[0], ((int64_t[]){3}), 3, 5, 7);
   ck_assert_int_eq(0, kiln_call(from_text, three, out));
   EXPECT(out[0], ((int64_t[]){3}), 3, 5, 7);
+  /* an export writes <prefix>.o and <prefix>.h (test_export links and runs them) */
+  ck_assert_msg(kiln_export(loaded, path, &(kiln_export_options){.name = "macros"}) == 0, "%s", kiln_last_error());
+  char obj[64], hdr[64];
+  snprintf(obj, sizeof obj, "%s.o", path), snprintf(hdr, sizeof hdr, "%s.h", path);
+  ck_assert_int_eq(0, access(obj, R_OK) | access(hdr, R_OK));
+  unlink(obj), unlink(hdr);
   kiln_fn_free(loaded);
   kiln_fn_free(from_text);
   free(text);

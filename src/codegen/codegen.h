@@ -14,7 +14,9 @@
 #define KILN_CODEGEN_H
 
 #include <llvm-c/Core.h>
+#include <llvm-c/TargetMachine.h>
 
+#include "rt/plan.h"
 #include "tracer/tracer.h"
 
 /* ---- fuse.c: kernels ------------------------------------------------------ */
@@ -85,7 +87,7 @@ typedef struct cg_stage {
 
 /* Outer elements a dot-product kernel runs per pass of its inner loop
  * (lower.c); the runtime's blocks of staged kernels are multiples of it. */
-enum { CG_JAM = 4 };
+enum { CG_JAM = RT_JAM };
 
 typedef enum cg_kernel_kind {
   CG_K_LOOP,    /* a loop nest (lowered to LLVM): pointwise, reductions, row-wise */
@@ -182,6 +184,12 @@ const char *jit_target_id(void);
  * 0, or -1 with err. */
 int jit_emit(cg_module *m, const char *passes, unsigned dump, FILE *dump_to, double *opt_ms, double *codegen_ms,
              void **obj, size_t *len, char *err, size_t errn);
+/* Exporting (export.c): a target machine for triple (NULL: the host's) and
+ * cpu (NULL: a generic CPU of the target; "native": the host's CPU and
+ * features), NULL with err; and mod (kept: the caller disposes it)
+ * verified, optimized for tm and emitted as an object file, as jit_emit. */
+LLVMTargetMachineRef jit_machine_for(const char *triple, const char *cpu, char *err, size_t errn);
+int jit_emit_for(LLVMModuleRef mod, LLVMTargetMachineRef tm, void **obj, size_t *len, char *err, size_t errn);
 /* An LLJIT for the host, empty; objects are added, their functions expected
  * by name, then linked. NULL with err. */
 cg_jit *jit_new(char *err, size_t errn);
@@ -254,7 +262,7 @@ void cg_test_drop_emitter(int op, bool drop);
 
 /* ---- lower.c ------------------------------------------------------------------ */
 
-#define CG_BLOCKS 64
+#define CG_BLOCKS RT_BLOCKS
 
 /* The first access of k to access a's buffer: accesses to one buffer share
  * its pointer (and alias scope) in the kernel's code. */

@@ -367,6 +367,101 @@ const char *jit_passes(void) {
   return passes && *passes ? passes : KERNEL_PASSES;
 }
 
+/* The kernel pipeline passes (NULL: jit_passes()) over mod for tm's costs; 0, or -1 with err. */
+static int run_passes(LLVMModuleRef mod, LLVMTargetMachineRef tm, const char *passes, char *err, size_t errn) {
+  LLVMPassBuilderOptionsRef po = LLVMCreatePassBuilderOptions();
+  LLVMPassBuilderOptionsSetLoopVectorization(po, 1);
+  LLVMPassBuilderOptionsSetSLPVectorization(po, 1);
+  /* no unrolling beyond the vectorizer's interleaving: it doubled the code
+   * (and its compile time) of every loop for no measured gain */
+  LLVMPassBuilderOptionsSetLoopUnrolling(po, 0);
+  LLVMPassBuilderOptionsSetLoopInterleaving(po, 1);
+  LLVMErrorRef e = LLVMRunPasses(mod, passes ? passes : jit_passes(), tm, po);
+  LLVMDisposePassBuilderOptions(po);
+  if (e) {
+    error_text(e, "LLVM optimization", err, errn);
+    return -1;
+  }
+  return 0;
+}
+
+/* mod's object file from tm into *obj (alloc_malloc'ed, *len bytes); 0, or -1 with err. */
+static int emit_object(LLVMTargetMachineRef tm, LLVMModuleRef mod, void **obj, size_t *len, char *err, size_t errn) {
+  char *msg = NULL;
+  LLVMMemoryBufferRef buf = NULL;
+  if (LLVMTargetMachineEmitToMemoryBuffer(tm, mod, LLVMObjectFile, &msg, &buf)) {
+    snprintf(err, errn, "LLVM machine code for %s: %s", module_name(mod), msg ? msg : "failed");
+    LLVMDisposeMessage(msg);
+    return -1;
+  }
+  size_t n = LLVMGetBufferSize(buf);
+  *obj = alloc_malloc(n ? n : 1);
+  if (!*obj) {
+    LLVMDisposeMemoryBuffer(buf);
+    snprintf(err, errn, "out of memory");
+    return -1;
+  }
+  memcpy(*obj, LLVMGetBufferStart(buf), n);
+  *len = n;
+  LLVMDisposeMemoryBuffer(buf);
+  return 0;
+}
+
+/* 0, or -1 with LLVM's complaint about mod in err. */
+static int verify(LLVMModuleRef mod, char *err, size_t errn) {
+  char *msg = NULL;
+  if (LLVMVerifyModule(mod, LLVMReturnStatusAction, &msg)) {
+    size_t n = msg ? strlen(msg) : 0;
+    while (n && (msg[n - 1] == '\n' || msg[n - 1] == ' ')) msg[--n] = '\0';
+    snprintf(err, errn, "invalid LLVM module %s: %s", module_name(mod), msg ? msg : "");
+    LLVMDisposeMessage(msg);
+    return -1;
+  }
+  LLVMDisposeMessage(msg);
+  return 0;
+}
+
+static pthread_once_t all_once = PTHREAD_ONCE_INIT;
+static void init_all_targets(void) {
+  LLVMInitializeAllTargetInfos();
+  LLVMInitializeAllTargets();
+  LLVMInitializeAllTargetMCs();
+  LLVMInitializeAllAsmPrinters();
+}
+
+LLVMTargetMachineRef jit_machine_for(const char *triple, const char *cpu, char *err, size_t errn) {
+  if (jit_init(err, errn) != 0) return NULL;
+  bool native = cpu && (!strcmp(cpu, "native") || !strcmp(cpu, "host"));
+  if (triple && strcmp(triple, host.triple)) {
+    if (native) return snprintf(err, errn, "cpu \"%s\" is the host's, and the target %s is not", cpu, triple), NULL;
+    pthread_once(&all_once, init_all_targets);
+  }
+  const char *t = triple ? triple : host.triple;
+  LLVMTargetRef target = NULL;
+  char *msg = NULL;
+  if (LLVMGetTargetFromTriple(t, &target, &msg)) {
+    snprintf(err, errn, "LLVM has no target for %s: %s", t, msg ? msg : "unknown");
+    LLVMDisposeMessage(msg);
+    return NULL;
+  }
+  LLVMDisposeMessage(msg);
+  /* a generic CPU: the object runs on any machine of the target */
+  const char *c = native ? host.cpu : cpu ? cpu : "generic", *f = native ? host.features : "";
+  LLVMTargetMachineRef tm = LLVMCreateTargetMachine(target, t, c, f, LLVMCodeGenLevelAggressive, LLVMRelocPIC,
+                                                    LLVMCodeModelSmall);
+  if (!tm) snprintf(err, errn, "LLVM: no target machine for %s (cpu %s)", t, c);
+  return tm;
+}
+
+int jit_emit_for(LLVMModuleRef mod, LLVMTargetMachineRef tm, void **obj, size_t *len, char *err, size_t errn) {
+  *obj = NULL;
+  *len = 0;
+  compiling = module_name(mod);
+  int rc = verify(mod, err, errn) || run_passes(mod, tm, NULL, err, errn) || emit_object(tm, mod, obj, len, err, errn) ? -1 : 0;
+  compiling = NULL;
+  return rc;
+}
+
 int jit_emit(cg_module *m, const char *passes, unsigned dump, FILE *dump_to, double *opt_ms, double *codegen_ms,
              void **obj, size_t *len, char *err, size_t errn) {
   char scratch[1];
@@ -376,19 +471,10 @@ int jit_emit(cg_module *m, const char *passes, unsigned dump, FILE *dump_to, dou
   *obj = NULL;
   *len = 0;
   LLVMTargetMachineRef tm = NULL;
-  LLVMMemoryBufferRef buf = NULL;
   int rc = -1;
   if (jit_init(err, errn) != 0) goto done;
 
-  char *msg = NULL;
-  if (LLVMVerifyModule(m->mod, LLVMReturnStatusAction, &msg)) {
-    size_t n = msg ? strlen(msg) : 0;
-    while (n && (msg[n - 1] == '\n' || msg[n - 1] == ' ')) msg[--n] = '\0';
-    snprintf(err, errn, "invalid LLVM module %s: %s", module_name(m->mod), msg ? msg : "");
-    LLVMDisposeMessage(msg);
-    goto done;
-  }
-  LLVMDisposeMessage(msg);
+  if (verify(m->mod, err, errn)) goto done;
 
   /* the IR passes ask the machine only for its costs, the same at every level */
   tm = host_machine();
@@ -398,19 +484,7 @@ int jit_emit(cg_module *m, const char *passes, unsigned dump, FILE *dump_to, dou
   }
   compiling = module_name(m->mod);
   double t0 = now_ms();
-  LLVMPassBuilderOptionsRef po = LLVMCreatePassBuilderOptions();
-  LLVMPassBuilderOptionsSetLoopVectorization(po, 1);
-  LLVMPassBuilderOptionsSetSLPVectorization(po, 1);
-  /* no unrolling beyond the vectorizer's interleaving: it doubled the code
-   * (and its compile time) of every loop for no measured gain */
-  LLVMPassBuilderOptionsSetLoopUnrolling(po, 0);
-  LLVMPassBuilderOptionsSetLoopInterleaving(po, 1);
-  LLVMErrorRef e = LLVMRunPasses(m->mod, passes ? passes : jit_passes(), tm, po);
-  LLVMDisposePassBuilderOptions(po);
-  if (e) {
-    error_text(e, "LLVM optimization", err, errn);
-    goto done;
-  }
+  if (run_passes(m->mod, tm, passes, err, errn)) goto done;
   if (opt_ms) *opt_ms = now_ms() - t0;
   if (quick_codegen(m->mod)) {
     LLVMDisposeTargetMachine(tm);
@@ -422,25 +496,11 @@ int jit_emit(cg_module *m, const char *passes, unsigned dump, FILE *dump_to, dou
   if (dump & (KILN_DUMP_LLVM | KILN_DUMP_ASM)) dump_module(m->mod, tm, dump, dump_to ? dump_to : stderr);
 
   double t1 = now_ms();
-  msg = NULL;
-  if (LLVMTargetMachineEmitToMemoryBuffer(tm, m->mod, LLVMObjectFile, &msg, &buf)) {
-    snprintf(err, errn, "LLVM machine code for %s: %s", module_name(m->mod), msg ? msg : "failed");
-    LLVMDisposeMessage(msg);
-    goto done;
-  }
-  size_t n = LLVMGetBufferSize(buf);
-  *obj = alloc_malloc(n);
-  if (!*obj) {
-    snprintf(err, errn, "jit_emit: out of memory");
-    goto done;
-  }
-  memcpy(*obj, LLVMGetBufferStart(buf), n);
-  *len = n;
+  if (emit_object(tm, m->mod, obj, len, err, errn)) goto done;
   if (codegen_ms) *codegen_ms = now_ms() - t1;
   rc = 0;
 done:
   compiling = NULL;
-  if (buf) LLVMDisposeMemoryBuffer(buf);
   if (tm) LLVMDisposeTargetMachine(tm);
   jit_module_dispose(m);
   return rc;

@@ -16,8 +16,9 @@
 
 #include "codegen/codegen.h"
 #include "eager/pool.h"
+#include "rt/plan.h"
 
-typedef void (*kern_fn)(const int64_t *p, char *const *bufs, int64_t begin, int64_t end);
+typedef rt_kernel_fn kern_fn;
 
 #define MAX_GROUPS 4
 
@@ -644,26 +645,6 @@ fail:
 
 /* ---- running ---- */
 
-/* A loop kernel's range handed out in blocks: each thread of the pool takes
- * the next block until none is left, so a thread the OS delays (a shared
- * machine) leaves its blocks to the others instead of holding up the kernel.
- * Results do not depend on who runs a block: a pointwise element, and a whole
- * row of a staged kernel, are computed in one call. */
-typedef struct kern_job {
-  kern_fn fn;
-  const int64_t *p;
-  char *const *bufs;
-  int64_t range, block;
-  _Atomic int64_t next;
-} kern_job;
-
-static void kern_chunk(void *ctx, int64_t begin, int64_t end) {
-  (void)begin, (void)end;
-  kern_job *j = ctx;
-  for (int64_t b; (b = atomic_fetch_add_explicit(&j->next, j->block, memory_order_relaxed)) < j->range;)
-    j->fn(j->p, j->bufs, b, b + j->block < j->range ? b + j->block : j->range);
-}
-
 /* c = alpha * a @ b + beta * c for 2-D float views, c contiguous: a GEMM
  * with an epilogue folded in (fuse.c, fold_epilogues). 0 or -1. */
 static int gemm_into(kiln_tensor *a, kiln_tensor *b, double alpha, double beta, kiln_tensor *c) {
@@ -922,10 +903,6 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
         if (!staged || d < k->n_outer) range *= v;
         else inner *= v;
       }
-      /* about 64K elements of work per block; a kernel of fewer than two blocks
-       * runs on the calling thread, since waking a worker costs more */
-      int64_t grain = staged ? (inner >= 65536 ? 1 : 65536 / (inner ? inner : 1)) : 65536;
-      int threads = pool_num_threads();
       char *acc[65]; /* the kernel's accesses in its own order (lower.c), then a scratch */
       for (int a = 0; a < k->n_acc; a++) {
         int64_t shift = cg_pointer_shift(k, a); /* an empty buffer is NULL: nothing to add to it */
@@ -933,27 +910,7 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
         acc[a] = shift ? base + shift * (int64_t)kiln_dtype_size(p->buf[k->acc[a].buf].dtype) : base;
       }
       acc[k->n_acc] = NULL;
-      if (k->split) {
-        /* a full reduction: its fixed blocks in parallel, then the combine */
-        double scratch[CG_BLOCKS];
-        acc[k->n_acc] = (char *)scratch;
-        if (inner < 2 * 65536 || threads < 2) {
-          e->fn[ki](prm, acc, 0, CG_BLOCKS);
-        } else {
-          kern_job job = {e->fn[ki], prm, acc, CG_BLOCKS, 1, 0};
-          pool_parallel_for(threads, 1, kern_chunk, &job);
-        }
-        e->fn[ki](prm, acc, -1, 0);
-      } else if (range < 2 * grain || threads < 2) {
-        e->fn[ki](prm, acc, 0, range);
-      } else {
-        /* about 8 blocks per thread, for the balance */
-        int64_t block = range / (8 * (int64_t)threads);
-        if (block < grain) block = grain;
-        if (staged) block = (block + CG_JAM - 1) / CG_JAM * CG_JAM; /* grouped outer elements, lower.c */
-        kern_job job = {e->fn[ki], prm, acc, range, block, 0};
-        pool_parallel_for(threads, 1, kern_chunk, &job);
-      }
+      rt_run_loop(e->fn[ki], prm, acc, k->n_acc, range, inner, staged, k->split);
 #ifdef KILN_TEST_BUILD
       /* fault injection: a miscompiled kernel, for check mode to find */
       const char *bad = getenv("KILN_TEST_CORRUPT_KERNEL");

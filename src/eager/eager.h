@@ -106,6 +106,7 @@ typedef struct storage {
   atomic_ulong version; /* bumped by every in-place write, checked by autograd */
   uint64_t serial;      /* unique, like a tensor's */
   bool meta;            /* a recording's value: no data yet (data NULL) until the call materializes it */
+  _Atomic(char *) name; /* kiln_param_name's, or NULL: saved graphs name their params by it */
 } storage;
 
 typedef struct ag_node ag_node;

@@ -21,7 +21,12 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#ifdef KILN_RT_NO_BLAS
+/* libkiln_rt built without OpenBLAS (a cross build, docs/deploy.md): no BLAS threads to set */
+static void openblas_set_num_threads(int n) { (void)n; }
+#else
 void openblas_set_num_threads(int);
+#endif
 
 enum { MAX_THREADS = 256, SPIN = 2000 };
 

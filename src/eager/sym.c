@@ -36,6 +36,7 @@
 #include <string.h>
 
 #include "eager/eager.h"
+#include "rt/plan.h"
 
 typedef __int128 i128;
 
@@ -817,6 +818,60 @@ int sym_eval(sym_dim d, const int64_t *vals, int nvals, int64_t *out)
 {
   if (sym_is_err(d)) return -1;
   return eval_part(d.e, d.c, vals, nvals, out);
+}
+
+/* ---- the runtime's code ---------------------------------------------------- */
+
+typedef struct cbuf {
+  int64_t *out;
+  int n, cap;
+} cbuf;
+
+static void put(cbuf *c, int64_t w) {
+  if (c->n < c->cap) c->out[c->n] = w;
+  c->n++;
+}
+
+static void code_expr(cbuf *c, const sym_expr *e);
+
+static void code_part(cbuf *c, const sym_expr *e, int64_t v) {
+  if (e) code_expr(c, e);
+  else put(c, RT_C_CONST), put(c, v);
+}
+
+static void code_expr(cbuf *c, const sym_expr *e) {
+  switch (e->k) {
+  case K_VAR:
+    put(c, RT_C_SYM), put(c, e->id);
+    break;
+  case K_PROD:
+    for (int i = 0; i < e->n; i++) {
+      code_expr(c, e->atoms[i]);
+      if (i) put(c, RT_C_MUL);
+    }
+    break;
+  case K_SUM:
+    put(c, RT_C_CONST), put(c, e->c);
+    for (int i = 0; i < e->n; i++) {
+      code_expr(c, e->terms[i].mono);
+      put(c, RT_C_CONST), put(c, e->terms[i].coef), put(c, RT_C_MUL), put(c, RT_C_ADD);
+    }
+    break;
+  case K_FLOOR:
+  case K_MOD:
+    code_part(c, e->a, e->ac);
+    code_part(c, e->b, e->c);
+    put(c, e->k == K_FLOOR ? RT_C_FLOOR : RT_C_MOD);
+    break;
+  }
+}
+
+int sym_code(sym_dim d, int64_t *out, int cap) {
+  if (sym_is_err(d)) return -1;
+  cbuf c = {out, 0, cap};
+  code_part(&c, d.e, d.c);
+  put(&c, RT_C_END);
+  return c.n <= cap ? c.n : -1;
 }
 
 /* ---- printing ------------------------------------------------------------ */

@@ -71,6 +71,12 @@ void sym_bounds(sym_dim d, int64_t *lo, int64_t *hi);
  * value outside its symbol's bounds, a divisor <= 0 or the error dim. */
 int sym_eval(sym_dim d, const int64_t *vals, int nvals, int64_t *out);
 
+/* d as the exported runtime's postfix code (rt/plan.h, RT_C_*), ended by
+ * RT_C_END, into out[0..cap): the words written, or -1 when it does not fit
+ * or d is the error dim. Evaluating it is sym_eval without the bounds checks
+ * (the runtime checks each symbol's bounds when it binds it). */
+int sym_code(sym_dim d, int64_t *out, int cap);
+
 /* Canonical text (grammar at the top of sym.c), snprintf-style: returns the
  * length it needed (writes at most n-1 chars and a NUL), or -1 for the error
  * dim or a text over 64 MiB (shared subexpressions print once per use). */

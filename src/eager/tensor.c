@@ -1,5 +1,6 @@
 /* Tensors: reference-counted views over reference-counted storage, creation,
  * inspection, scopes, and the counter-based random generator. */
+#include <ctype.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdlib.h>
@@ -95,6 +96,7 @@ static storage *storage_new(size_t bytes) {
   s->serial = atomic_fetch_add(&next_serial, 1);
   s->bytes = bytes;
   s->meta = false;
+  atomic_init(&s->name, NULL);
   alloc_track((int64_t)bytes);
   return s;
 }
@@ -103,6 +105,7 @@ void storage_release_ref(storage *s);
 static void storage_release(storage *s) { storage_release_ref(s); }
 void storage_release_ref(storage *s) {
   if (atomic_fetch_sub(&s->refcount, 1) != 1) return;
+  alloc_free(atomic_load(&s->name));
   if (s->data) {
     alloc_track(-(int64_t)s->bytes);
     alloc_aligned_free(s->data, (s->bytes + 63) & ~(size_t)63);
@@ -120,6 +123,7 @@ static storage *storage_new_meta(size_t bytes) {
   s->bytes = bytes;
   s->data = NULL;
   s->meta = true;
+  atomic_init(&s->name, NULL);
   return s;
 }
 
@@ -689,3 +693,27 @@ void kiln_print_at(const kiln_tensor *t, const char *file, int line) {
   print_rec(t, 0, &linear, shape_numel(t->ndim, t->shape));
   printf("\n");
 }
+
+/* ---- param names ---- */
+
+/* A name a saved graph can carry: 1 .. 128 of [A-Za-z0-9_.:/-]. */
+static bool param_name_ok(const char *s) {
+  size_t n = 0;
+  for (; s[n]; n++)
+    if (n == 128 || !(isalnum((unsigned char)s[n]) || strchr("_.:/-", s[n]))) return false;
+  return n > 0;
+}
+
+int kiln_param_name_at(kiln_tensor *t, const char *name, const char *file, int line) {
+  if (!t) return err_set(file, line, "param_name", "the tensor is NULL"), -1;
+  if (!name || !param_name_ok(name))
+    return err_set(file, line, "param_name", "\"%s\" is not a name: 1 to 128 of A-Z a-z 0-9 _ . : / -", name ? name : "(null)"), -1;
+  size_t n = strlen(name);
+  char *c = alloc_malloc(n + 1);
+  if (!c) return err_set(file, line, "param_name", "out of memory"), -1;
+  memcpy(c, name, n + 1);
+  alloc_free(atomic_exchange(&t->st->name, c));
+  return 0;
+}
+
+int (kiln_param_name)(kiln_tensor *t, const char *name) { return kiln_param_name_at(t, name, "", 0); }

@@ -365,7 +365,8 @@ static int node_of(build_state *b, int v) {
     id = b->input_node[rv->index];
     break;
   case RV_PARAM: {
-    ir_node n = {.op = IR_PARAM, .index = s->n_params, .file = b->at_file ? b->at_file : "", .line = b->at_line};
+    ir_node n = {.op = IR_PARAM, .index = s->n_params, .file = b->at_file ? b->at_file : "", .line = b->at_line,
+                 .name = atomic_load(&b->r->params[rv->index]->st->name)};
     concrete(&n, rv);
     if (b->freeze && !b->r->params[rv->index]->requires_grad) {
       /* frozen: the weight's data is a constant of the graph */

@@ -15,6 +15,7 @@
  * on takes the guard-only path: a call that passes a variant's guards runs
  * its graph without running the body. kiln_load's graphs have no body and
  * take only that path. */
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
@@ -1631,24 +1632,74 @@ char *kiln_fn_graph_at(const kiln_fn *fn, int variant_no, const char *file, int 
 
 /* ---- save and load ---- */
 
-int kiln_save_at(kiln_fn *fn, const char *path, const char *file, int line) {
+int kiln_save_variant_at(kiln_fn *fn, const char *path, int variant_no, const char *file, int line) {
   if (!fn_ok(fn)) return err_set(file, line, "save", "%s", fn_dead(fn)), -1;
   if (!path) return err_set(file, line, "save", "path is NULL"), -1;
   pthread_mutex_lock(&fn->mu);
-  const variant *v = fn->n_variants ? fn->variants[fn->n_variants - 1] : NULL;
-  int rc = -1;
-  if (!v) {
-    err_set(file, line, "save", "%s has no compiled variant yet (call it once first)", fn->name);
-  } else if (v->n_seg != 1 || v->n_args) {
-    err_set(file, line, "save", "%s's newest variant %s: a saved graph is one graph of the call's inputs", fn->name,
-            v->n_seg != 1 ? "has graph breaks (data reads inside the body)" : "takes numbers the body passes");
-  } else {
+  int n = fn->n_variants, rc = -1;
+  const variant *v = NULL;
+  if (!n) err_set(file, line, "save", "%s has no compiled variant yet (call it once first)", fn->name);
+  else if (variant_no < 0 || variant_no > n)
+    err_set(file, line, "save", "%s has %d variants: variant %d is not one (0 is the newest, 1 .. %d the oldest first)",
+            fn->name, n, variant_no, n);
+  else v = fn->variants[variant_no ? variant_no - 1 : n - 1];
+  if (v && (v->n_seg != 1 || v->n_args)) {
+    err_set(file, line, "save", "%s's variant %d %s", fn->name, variant_no ? variant_no : n,
+            v->n_seg != 1 ? "has graph breaks (data reads inside the body): a saved graph is one graph of the call's inputs"
+                          : "takes numbers the body passes: a saved graph is one graph of the call's inputs");
+  } else if (v) {
     FILE *f = fopen(path, "w");
     if (!f) err_set(file, line, "save", "cannot open %s: %s", path, strerror(errno));
     else {
-      rc = ir_print(v->seg[0]->g, f);
+      rc = fprintf(f, "version %d\n", IR_TEXT_VERSION) < 0 ? -1 : ir_print(v->seg[0]->g, f);
       if (fclose(f) || rc) rc = -1, err_set(file, line, "save", "cannot write %s", path);
     }
+  }
+  pthread_mutex_unlock(&fn->mu);
+  return rc;
+}
+
+int kiln_save_at(kiln_fn *fn, const char *path, const char *file, int line) {
+  return kiln_save_variant_at(fn, path, 0, file, line);
+}
+
+/* ---- export ---- */
+
+/* A C identifier of at most 100 chars? */
+static bool c_ident(const char *s) {
+  if (!s || !*s || strlen(s) > 100 || !(isalpha((unsigned char)*s) || *s == '_')) return false;
+  for (; *s; s++)
+    if (!isalnum((unsigned char)*s) && *s != '_') return false;
+  return true;
+}
+
+int kiln_export_at(kiln_fn *fn, const char *prefix, const kiln_export_options *opts, const char *file, int line) {
+  if (!fn_ok(fn)) return err_set(file, line, "export", "%s", fn_dead(fn)), -1;
+  if (!prefix || !*prefix) return err_set(file, line, "export", "prefix is %s", prefix ? "empty" : "NULL"), -1;
+  if (strlen(prefix) > 4000) return err_set(file, line, "export", "prefix is longer than 4000 chars"), -1;
+  kiln_export_options o = opts ? *opts : (kiln_export_options){0};
+  const char *name = o.name ? o.name : fn->name;
+  if (!c_ident(name))
+    return err_set(file, line, "export", "\"%s\" is not a C identifier: name the generated functions with opts->name", name), -1;
+  pthread_mutex_lock(&fn->mu);
+  int rc = -1, n = fn->n_variants;
+  const variant *v = NULL;
+  if (!n) err_set(file, line, "export", "%s has no compiled variant yet (call it once first)", fn->name);
+  else if (o.variant < 0 || o.variant > n)
+    err_set(file, line, "export", "%s has %d variants: variant %d is not one (0 is the newest, 1 .. %d the oldest first)",
+            fn->name, n, o.variant, n);
+  else v = fn->variants[o.variant ? o.variant - 1 : n - 1];
+  if (v && (v->n_seg != 1 || v->n_args)) {
+    err_set(file, line, "export", "%s's variant %d %s", fn->name, o.variant ? o.variant : n,
+            v->n_seg != 1 ? "has graph breaks (data reads inside the body): an export is one graph of the call's inputs"
+                          : "takes numbers the body passes: an export binds sizes from its inputs' shapes only");
+  } else if (v) {
+    char err[600];
+    export_request rq = {.name = name, .prefix = prefix, .target = o.target, .cpu = o.cpu,
+                         .variant = o.variant ? o.variant : n, .params_as_inputs = o.params_as_inputs != 0,
+                         .params = v->params};
+    rc = export_graph(v->seg[0]->g, &rq, err, sizeof err);
+    if (rc) err_set(file, line, "export", "%s: %s", fn->name, err);
   }
   pthread_mutex_unlock(&fn->mu);
   return rc;
@@ -1781,5 +1832,7 @@ int (kiln_mark_dynamic)(kiln_fn *fn, int input, int dim) { return kiln_mark_dyna
 int (kiln_fn_get_stats)(const kiln_fn *fn, kiln_fn_stats *stats) { return kiln_fn_get_stats_at(fn, stats, "", 0); }
 char *(kiln_fn_graph)(const kiln_fn *fn, int variant_no) { return kiln_fn_graph_at(fn, variant_no, "", 0); }
 int (kiln_save)(kiln_fn *fn, const char *path) { return kiln_save_at(fn, path, "", 0); }
+int (kiln_save_variant)(kiln_fn *fn, const char *path, int variant_no) { return kiln_save_variant_at(fn, path, variant_no, "", 0); }
 kiln_fn *(kiln_load)(const char *path) { return kiln_load_at(path, "", 0); }
 kiln_fn *(kiln_load_string)(const char *text) { return kiln_load_string_at(text, "", 0); }
+int (kiln_export)(kiln_fn *fn, const char *prefix, const kiln_export_options *opts) { return kiln_export_at(fn, prefix, opts, "", 0); }

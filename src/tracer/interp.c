@@ -40,6 +40,10 @@ int ir_bind_syms(const ir_graph *g, kiln_tensor *const *in, kiln_tensor *const *
         continue;
       }
       if (round == 0) {
+        const char *tn = atomic_load(&t->st->name);
+        if (n->op == IR_INPUT && n->name && tn && strcmp(tn, n->name))
+          return snprintf(err, errn, "%s: the tensor named '%s' is passed where the graph takes '%s' (params in the wrong order?)",
+                          leaf_tensor_desc(n, who, sizeof who), tn, n->name), -1;
         if (t->dtype != n->dtype)
           return snprintf(err, errn, "%s: dtype %s, the graph wants %s", leaf_tensor_desc(n, who, sizeof who), kiln_dtype_name(t->dtype), kiln_dtype_name(n->dtype)), -1;
         if (t->ndim != n->ndim) return snprintf(err, errn, "%s: rank %d, the graph wants %d", leaf_tensor_desc(n, who, sizeof who), t->ndim, n->ndim), -1;

@@ -190,6 +190,7 @@ static int push(ir_graph *g, const ir_node *n) {
   }
   c.file = ir_str(g, n->file);
   if (!c.file) return -1;
+  if (n->name && !(c.name = ir_str(g, n->name))) return -1;
   if (n->op == IR_INPUT) g->n_inputs++;
   if (n->op == IR_PARAM) g->n_params++;
   g->nodes[g->n_nodes] = c;

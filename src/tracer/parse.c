@@ -574,6 +574,15 @@ static int parse_header(parser *ps) {
         ps->p++;
         if (accept_word(ps, "param")) {
           leaf.op = IR_PARAM;
+          if (*ps->p == '(') { /* its name: kiln_param_name's characters */
+            char *nm = (char *)++ps->p;
+            size_t len = 0;
+            while (len < 128 && (is_word(nm[len]) || (nm[len] && strchr(".:/-", nm[len])))) len++;
+            if (!len || nm[len] != ')') return fail(ps, nm + len, "expected a param name (1 to 128 of A-Z a-z 0-9 _ . : / -) and ')'");
+            nm[len] = '\0'; /* the text is ours: cut the name out in place */
+            leaf.name = nm;
+            ps->p = nm + len + 1;
+          }
         } else if (accept_word(ps, "grad")) {
           if (expect(ps, "(")) return -1;
           const char *kat = (skip_blank(ps), ps->p);
@@ -840,7 +849,19 @@ static int parse_body(parser *ps, bool more) {
 }
 
 static int parse_graph(parser *ps) {
-  if (!next_line(ps) || !accept_word(ps, "graph")) return fail(ps, ps->p, "expected 'graph'");
+  bool have = next_line(ps);
+  /* `version N` first in a saved file; a text without it is of the format before versions */
+  if (have && accept_word(ps, "version")) {
+    const char *at = (skip_blank(ps), ps->p);
+    int64_t v;
+    if (read_int(ps, INT64_MIN, INT64_MAX, &v) || expect_eol(ps)) return -1;
+    if (v > IR_TEXT_VERSION)
+      return fail(ps, at, "graph format version %lld is newer than this kiln reads (1 .. %d): load it with the kiln that wrote it or a newer one",
+                  (long long)v, IR_TEXT_VERSION);
+    if (v < 1) return fail(ps, at, "graph format version %lld is not one (1 .. %d)", (long long)v, IR_TEXT_VERSION);
+    have = next_line(ps);
+  }
+  if (!have || !accept_word(ps, "graph")) return fail(ps, ps->p, "expected 'graph'");
   char *header = ps->line;
   const char *after_graph = ps->p;
   long header_lno = ps->lno;

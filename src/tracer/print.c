@@ -268,6 +268,7 @@ static void print_graph(out *o, const ir_graph *g) {
     putf(o, i ? ", %%%d: " : "%%%d: ", i);
     put_type(o, n);
     if (n->op == IR_PARAM) put_str(o, " @param");
+    if (n->op == IR_PARAM && n->name) putf(o, "(%s)", n->name);
     if (n->op == IR_INPUT && n->attrs.k > 0) putf(o, " @sym(s%lld)", (long long)(n->attrs.k - 1));
     if (n->op == IR_GRAD) putf(o, " @grad(%%%d)", n->n_in >= 1 ? n->in[0] : -1);
   }

@@ -33,6 +33,7 @@ typedef struct ir_node {
   void *data;            /* IR_CONST: numel * dtype size bytes, row-major (graph arena) */
   const char *file;      /* the user's call that made it (interned in the graph); "" when unknown */
   int line;
+  const char *name;      /* IR_PARAM (and a loaded graph's IR_INPUT): kiln_param_name's, or NULL */
 } ir_node;
 
 /* After a call, each write copies a value into an input or param (a functionalized
@@ -437,6 +438,23 @@ typedef struct backend {
   /* Optional: how long compile spent in its front (fusion, lowering), optimization and machine code. */
   void (*times)(const backend_exec *e, double *front_ms, double *opt_ms, double *machine_ms);
 } backend;
+
+/* The graph text's format version: kiln_save writes `version N` first;
+ * the parser reads texts without it (the format before versions) and with
+ * N up to this, and says a newer N needs a newer kiln. */
+#define IR_TEXT_VERSION 1
+
+/* Ahead-of-time export (src/codegen/export.c, LLVM only): g as <prefix>.o
+ * and <prefix>.h for libkiln_rt. 0, or -1 with why in err. */
+typedef struct export_request {
+  const char *name;               /* C identifier prefix of the entry points */
+  const char *prefix;             /* path prefix of the two files */
+  const char *target, *cpu;       /* LLVM triple and CPU; NULL: the host, a generic CPU */
+  int variant;                    /* its number, for the header */
+  bool params_as_inputs;          /* else the params' values are embedded */
+  kiln_tensor *const *params;     /* the variant's */
+} export_request;
+int export_graph(const ir_graph *g, const export_request *rq, char *err, size_t errn);
 
 extern const backend backend_interp;
 extern const backend backend_llvm; /* src/codegen */

@@ -11,6 +11,8 @@
 # 4. add_subdirectory: configures tests/install/subproject, which builds kiln
 #    from this checkout inside its tree, and checks that it registers no
 #    test and does not look for Check.
+# 5. the runtime: the installed kilnc exports tests/install/twice.kiln, and
+#    rt_app.c links the object with `pkg-config --libs kiln_rt` alone.
 # Each program must print "ok VERSION VERSION" with the version of kiln.h.
 set -eu
 build=$(cd "$1" && pwd)
@@ -39,7 +41,7 @@ expect_ok() { # expect_ok PROGRAM
 }
 
 log install "$cmake" --install "$build" --prefix "$prefix"
-for f in include/kiln.h share/doc/kiln/LICENSE share/doc/kiln/CHANGELOG.md; do
+for f in include/kiln.h include/kiln_rt.h bin/kilnc share/doc/kiln/LICENSE share/doc/kiln/CHANGELOG.md; do
   [ -f "$prefix/$f" ] || fail "the install has no $f"
 done
 pc=$(find "$prefix" -name kiln.pc)
@@ -73,3 +75,11 @@ grep -q "pkg_config_checked_check\|^check_FOUND" "$tmp/sub/CMakeCache.txt" && fa
 tests=$(cd "$tmp/sub" && "$(dirname "$cmake")/ctest" -N | sed -n 's/^Total Tests: //p')
 [ "$tests" = 0 ] || fail "add_subdirectory(kiln) added $tests tests to the parent project"
 echo "ok   add_subdirectory: configures without Check and adds no tests"
+
+# 5. the runtime, with the installed kilnc
+log kilnc "$prefix/bin/kilnc" "$here/twice.kiln" -o "$tmp/twice.o"
+log cc_rt "$cc" -std=c17 -Wall -Wextra -Werror -I"$tmp" "$here/rt_app.c" "$tmp/twice.o" \
+  $("$pkgconfig" --cflags --libs kiln_rt) -Wl,-rpath,"$libdir" -o "$tmp/rt_app"
+ldd "$tmp/rt_app" | grep -qi -e llvm -e 'libkiln\.' && fail "rt_app loads libkiln or LLVM: $(ldd "$tmp/rt_app")"
+[ "$("$tmp/rt_app")" = ok ] || fail "rt_app: $("$tmp/rt_app")"
+echo "ok   kilnc and libkiln_rt: an exported graph runs with neither libkiln nor LLVM loaded"

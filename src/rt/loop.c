@@ -1,0 +1,56 @@
+/* A loop kernel run over the thread pool, shared by the JIT's runtime
+ * (codegen/runtime.c) and exported models' (rt.c). A kernel's range is
+ * handed out in blocks: each thread of the pool takes the next block until
+ * none is left, so a thread the OS delays (a shared machine) leaves its
+ * blocks to the others instead of holding up the kernel. Results do not
+ * depend on who runs a block: a pointwise element, and a whole row of a
+ * staged kernel, are computed in one call. */
+#include <stdatomic.h>
+
+#include "eager/pool.h"
+#include "rt/plan.h"
+
+typedef struct kern_job {
+  rt_kernel_fn fn;
+  const int64_t *p;
+  char *const *bufs;
+  int64_t range, block;
+  _Atomic int64_t next;
+} kern_job;
+
+static void kern_chunk(void *ctx, int64_t begin, int64_t end) {
+  (void)begin, (void)end;
+  kern_job *j = ctx;
+  for (int64_t b; (b = atomic_fetch_add_explicit(&j->next, j->block, memory_order_relaxed)) < j->range;)
+    j->fn(j->p, j->bufs, b, b + j->block < j->range ? b + j->block : j->range);
+}
+
+void rt_run_loop(rt_kernel_fn fn, const int64_t *p, char **acc, int n_acc, int64_t range, int64_t inner, int staged,
+                 int split) {
+  /* about 64K elements of work per block; a kernel of fewer than two blocks
+   * runs on the calling thread, since waking a worker costs more */
+  int64_t grain = staged ? (inner >= 65536 ? 1 : 65536 / (inner ? inner : 1)) : 65536;
+  int threads = pool_num_threads();
+  if (split) {
+    /* a full reduction: its fixed blocks in parallel, then the combine */
+    double scratch[RT_BLOCKS];
+    acc[n_acc] = (char *)scratch;
+    if (inner < 2 * 65536 || threads < 2) {
+      fn(p, acc, 0, RT_BLOCKS);
+    } else {
+      kern_job job = {fn, p, acc, RT_BLOCKS, 1, 0};
+      pool_parallel_for(threads, 1, kern_chunk, &job);
+    }
+    fn(p, acc, -1, 0);
+    acc[n_acc] = NULL;
+  } else if (range < 2 * grain || threads < 2) {
+    fn(p, acc, 0, range);
+  } else {
+    /* about 8 blocks per thread, for the balance */
+    int64_t block = range / (8 * (int64_t)threads);
+    if (block < grain) block = grain;
+    if (staged) block = (block + RT_JAM - 1) / RT_JAM * RT_JAM; /* grouped outer elements, lower.c */
+    kern_job job = {fn, p, acc, range, block, 0};
+    pool_parallel_for(threads, 1, kern_chunk, &job);
+  }
+}

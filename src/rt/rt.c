@@ -1,0 +1,492 @@
+/* The runtime of exported models (libkiln_rt): binds the symbols from the
+ * inputs' shapes, checks them against the exported variant's guards, sizes
+ * the buffers, places the intermediates in an arena kept between calls, runs
+ * the kernels in order (loops on the thread pool, matmuls through BLAS) and
+ * hands out the outputs. It reads the plan codegen/export.c wrote
+ * (rt/plan.h) and depends on nothing of kiln but the pool: no LLVM, no
+ * tensors. Every failure is a message in kiln_rt_error and -1. */
+#ifdef KILN_RT_NO_BLAS
+/* Built without OpenBLAS (a cross build where the target's is not at hand):
+ * the matmuls run gemm_loops below. The numbers differ from BLAS's only by
+ * the order of the sums. */
+typedef enum { CblasNoTrans = 111, CblasTrans = 112 } CBLAS_TRANSPOSE;
+#else
+#include <cblas.h>
+#endif
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "eager/pool.h"
+#include "kiln_rt.h"
+#include "rt/plan.h"
+
+static _Thread_local char last_error[512];
+
+const char *kiln_rt_error(void) { return last_error; }
+void kiln_rt_set_num_threads(int n) { pool_set_num_threads(n); }
+int kiln_rt_plan_version(void) { return RT_PLAN_VERSION; }
+
+/* One call: the model, its plan and what the call has bound so far. */
+typedef struct run {
+  const kiln_rt_model *m;
+  const int64_t *plan;
+  int64_t words;
+  const char *name;
+  int64_t vals[RT_MAX_SYMS];
+  int n_syms;
+} run;
+
+__attribute__((format(printf, 2, 3))) static int fail(const run *r, const char *fmt, ...) {
+  int n = snprintf(last_error, sizeof last_error, "%s_run: ", r->name);
+  va_list ap;
+  va_start(ap, fmt);
+  if (n > 0 && (size_t)n < sizeof last_error) vsnprintf(last_error + n, sizeof last_error - (size_t)n, fmt, ap);
+  va_end(ap);
+  return -1;
+}
+
+static size_t dtype_size(int64_t dt) { return dt == 0 ? 4 : dt == 3 ? 1 : 8; } /* kiln_dtype: F32 F64 I64 BOOL */
+static const char *dtype_name(int64_t dt) { return dt == 0 ? "f32" : dt == 1 ? "f64" : dt == 2 ? "i64" : "bool"; }
+
+static int64_t floordiv(int64_t a, int64_t b) { return a / b - (a % b != 0 && (a < 0) != (b < 0)); }
+
+/* The size code at word at, for the call's symbols: 0, or -1 on overflow,
+ * a divisor < 1 or a code that is not one. */
+static int eval(const run *r, int64_t at, int64_t *out) {
+  int64_t st[64];
+  int sp = 0;
+  for (int64_t pc = at; pc >= 0 && pc < r->words;) {
+    int64_t op = r->plan[pc++], x, y;
+    switch (op) {
+    case RT_C_END:
+      if (sp != 1) return -1;
+      *out = st[0];
+      return 0;
+    case RT_C_CONST:
+    case RT_C_SYM:
+      if (pc >= r->words || sp == 64) return -1;
+      x = r->plan[pc++];
+      if (op == RT_C_SYM && (x < 0 || x >= r->n_syms)) return -1;
+      st[sp++] = op == RT_C_CONST ? x : r->vals[x];
+      break;
+    case RT_C_ADD: case RT_C_MUL: case RT_C_FLOOR: case RT_C_MOD:
+      if (sp < 2) return -1;
+      y = st[--sp], x = st[sp - 1];
+      if (op == RT_C_ADD) {
+        if (__builtin_add_overflow(x, y, &st[sp - 1])) return -1;
+      } else if (op == RT_C_MUL) {
+        if (__builtin_mul_overflow(x, y, &st[sp - 1])) return -1;
+      } else {
+        if (y < 1) return -1;
+        int64_t q = floordiv(x, y);
+        st[sp - 1] = op == RT_C_FLOOR ? q : x - q * y;
+      }
+      break;
+    default:
+      return -1;
+    }
+  }
+  return -1;
+}
+
+/* A view's sizes, strides (elements) and offset, evaluated. */
+typedef struct view {
+  int64_t buf, off, ndim, shape[RT_MAXD], stride[RT_MAXD];
+} view;
+
+static int eval_view(const run *r, int64_t at, view *v) {
+  const int64_t *w = r->plan + at;
+  v->buf = w[0];
+  v->ndim = w[2];
+  if (v->ndim < 0 || v->ndim > RT_MAXD || eval(r, w[1], &v->off)) return -1;
+  for (int d = 0; d < v->ndim; d++)
+    if (eval(r, w[3 + d], &v->shape[d]) || eval(r, w[3 + RT_MAXD + d], &v->stride[d])) return -1;
+  return 0;
+}
+
+/* Copies the strided elements of v (from base) to dst, row-major. */
+static void copy_out(char *dst, const char *base, const view *v, size_t es) {
+  int64_t n = 1, idx[RT_MAXD] = {0};
+  for (int d = 0; d < v->ndim; d++) n *= v->shape[d];
+  for (int64_t i = 0; i < n; i++) {
+    int64_t o = v->off;
+    for (int d = 0; d < v->ndim; d++) o += idx[d] * v->stride[d];
+    memcpy(dst + (size_t)i * es, base + o * (int64_t)es, es);
+    for (int d = (int)v->ndim - 1; d >= 0 && ++idx[d] == v->shape[d]; d--) idx[d] = 0;
+  }
+}
+
+/* A matrix of rows x cols with strides (rs, cs) as BLAS sees it (eager's cblas_layout). */
+static int blas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs, CBLAS_TRANSPOSE *tr, int64_t *ld) {
+  if (cs == 1 && (rows <= 1 || rs >= (cols > 1 ? cols : 1))) {
+    *tr = CblasNoTrans;
+    *ld = rows <= 1 ? (cols > 1 ? cols : 1) : rs;
+    return 0;
+  }
+  if (rs == 1 && (cols <= 1 || cs >= (rows > 1 ? rows : 1))) {
+    *tr = CblasTrans;
+    *ld = cols <= 1 ? (rows > 1 ? rows : 1) : cs;
+    return 0;
+  }
+  return -1;
+}
+
+#ifdef KILN_RT_NO_BLAS
+/* C = alpha * op(A) @ op(B) + beta * C, row-major, as cblas_sgemm/dgemm. */
+#define GEMM_LOOPS(name, T)                                                                                          \
+  static void name(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int64_t k, double alpha,           \
+                   const T *a, int64_t lda, const T *b, int64_t ldb, double beta, T *c, int64_t ldc) {              \
+    for (int64_t i = 0; i < m; i++) {                                                                                \
+      T *row = c + i * ldc;                                                                                          \
+      for (int64_t j = 0; j < n; j++) row[j] = beta == 0 ? (T)0 : (T)(beta * row[j]);                                 \
+      for (int64_t p = 0; p < k; p++) {                                                                              \
+        T x = (T)(alpha * (ta == CblasNoTrans ? a[i * lda + p] : a[p * lda + i]));                                   \
+        if (tb == CblasNoTrans)                                                                                      \
+          for (int64_t j = 0; j < n; j++) row[j] += x * b[p * ldb + j];                                              \
+        else                                                                                                         \
+          for (int64_t j = 0; j < n; j++) row[j] += x * b[j * ldb + p];                                              \
+      }                                                                                                              \
+    }                                                                                                                \
+  }
+GEMM_LOOPS(gemm_f32, float)
+GEMM_LOOPS(gemm_f64, double)
+#endif
+
+/* One operand of a matmul as a batch of matrices: batch dims, then rows and cols. */
+typedef struct mat {
+  int nb;
+  int64_t bshape[RT_MAXD], bstride[RT_MAXD];
+  int64_t rows, cols, rs, cs, off;
+} mat;
+
+static void as_mat(const view *v, bool vec_is_row, mat *m) {
+  m->off = v->off;
+  if (v->ndim == 1) {
+    m->nb = 0;
+    if (vec_is_row) m->rows = 1, m->cols = v->shape[0], m->rs = 0, m->cs = v->stride[0];
+    else m->rows = v->shape[0], m->cols = 1, m->rs = v->stride[0], m->cs = 0;
+    return;
+  }
+  m->nb = (int)v->ndim - 2;
+  for (int d = 0; d < m->nb; d++) m->bshape[d] = v->shape[d], m->bstride[d] = v->stride[d];
+  m->rows = v->shape[v->ndim - 2], m->cols = v->shape[v->ndim - 1];
+  m->rs = v->stride[v->ndim - 2], m->cs = v->stride[v->ndim - 1];
+}
+
+/* The element offset of batch index idx (of the output's nb dims) in m, broadcasting. */
+static int64_t batch_off(const mat *m, const int64_t *idx, int nb) {
+  int64_t o = m->off;
+  for (int d = 0; d < m->nb; d++) {
+    int od = nb - m->nb + d;
+    if (m->bshape[d] != 1) o += idx[od] * m->bstride[d];
+  }
+  return o;
+}
+
+/* out = alpha * a @ b + beta * out over the batch dims, as eager's matmul
+ * (1-D operands as a row or a column). */
+static int matmul(const run *r, const int64_t *k, char **bufs) {
+  int64_t dt = k[1];
+  double alpha, beta;
+  memcpy(&alpha, &k[2], sizeof alpha);
+  memcpy(&beta, &k[3], sizeof beta);
+  view va, vb, vo;
+  int64_t base = k - r->plan + 4;
+  if (eval_view(r, base, &va) || eval_view(r, base + VIEW_WORDS, &vb) || eval_view(r, base + 2 * VIEW_WORDS, &vo))
+    return fail(r, "a matmul's sizes do not evaluate");
+  mat a, b;
+  as_mat(&va, true, &a);
+  as_mat(&vb, false, &b);
+  int64_t m = a.rows, kk = a.cols, n = b.cols;
+  int nb = (int)vo.ndim - (va.ndim > 1) - (vb.ndim > 1);
+  if (nb < 0) nb = 0;
+  int64_t os_m = va.ndim > 1 && vo.ndim >= 1 + (vb.ndim > 1) ? vo.stride[vo.ndim - 1 - (vb.ndim > 1)] : 0;
+  int64_t os_n = vb.ndim > 1 ? vo.stride[vo.ndim - 1] : 1;
+  if (m <= 1) os_m = n;
+  if (n <= 1) os_n = 1;
+  CBLAS_TRANSPOSE ta, tb;
+  int64_t lda, ldb;
+  if (os_n != 1 || os_m < n || blas_layout(m, kk, a.rs, a.cs, &ta, &lda) || blas_layout(kk, n, b.rs, b.cs, &tb, &ldb))
+    return fail(r, "a matmul's operands have a layout BLAS does not take");
+  int64_t count = 1, idx[RT_MAXD] = {0};
+  for (int d = 0; d < nb; d++) count *= vo.shape[d];
+  size_t es = dtype_size(dt);
+  for (int64_t i = 0; i < count && m > 0 && n > 0; i++) {
+    int64_t oo = vo.off;
+    for (int d = 0; d < nb; d++) oo += idx[d] * vo.stride[d];
+    char *pa = bufs[va.buf] + batch_off(&a, idx, nb) * (int64_t)es, *pb = bufs[vb.buf] + batch_off(&b, idx, nb) * (int64_t)es;
+    char *pc = bufs[vo.buf] + oo * (int64_t)es;
+    if (kk == 0) {
+      /* no products: the sum is empty */
+      for (int64_t x = 0; x < m; x++)
+        for (int64_t y = 0; y < n; y++) {
+          if (dt == 0) ((float *)pc)[x * os_m + y] *= (float)beta;
+          else ((double *)pc)[x * os_m + y] *= beta;
+        }
+#ifdef KILN_RT_NO_BLAS
+    } else if (dt == 0) {
+      gemm_f32(ta, tb, m, n, kk, alpha, (const float *)pa, lda, (const float *)pb, ldb, beta, (float *)pc, os_m);
+    } else {
+      gemm_f64(ta, tb, m, n, kk, alpha, (const double *)pa, lda, (const double *)pb, ldb, beta, (double *)pc, os_m);
+    }
+#else
+    } else if (dt == 0) {
+      cblas_sgemm(CblasRowMajor, ta, tb, (int)m, (int)n, (int)kk, (float)alpha, (const float *)pa, (int)lda,
+                  (const float *)pb, (int)ldb, (float)beta, (float *)pc, (int)os_m);
+    } else {
+      cblas_dgemm(CblasRowMajor, ta, tb, (int)m, (int)n, (int)kk, alpha, (const double *)pa, (int)lda,
+                  (const double *)pb, (int)ldb, beta, (double *)pc, (int)os_m);
+    }
+#endif
+    for (int d = nb - 1; d >= 0 && ++idx[d] == vo.shape[d]; d--) idx[d] = 0;
+  }
+  return 0;
+}
+
+/* out's slices along dim are the source's at the indices, checked as eager checks them. */
+static int gather(const run *r, const int64_t *k, char **bufs) {
+  size_t es = dtype_size(k[1]);
+  int64_t dim = k[2], base = k - r->plan + 4;
+  const char *where = r->m->strings + k[3];
+  view vs, vi, vo;
+  if (eval_view(r, base, &vs) || eval_view(r, base + VIEW_WORDS, &vi) || eval_view(r, base + 2 * VIEW_WORDS, &vo) ||
+      vi.ndim != 1 || dim < 0 || dim >= vs.ndim || vo.ndim != vs.ndim)
+    return fail(r, "%s: its sizes do not evaluate", where);
+  const int64_t *idx = (const int64_t *)(void *)bufs[vi.buf];
+  for (int64_t i = 0; i < vi.shape[0]; i++) {
+    int64_t v = idx[vi.off + i * vi.stride[0]];
+    if (v < 0 || v >= vs.shape[dim])
+      return fail(r, "%s: index %" PRId64 " (at %" PRId64 ") is out of range for a dim of %" PRId64, where, v, i,
+                  vs.shape[dim]);
+  }
+  int64_t n = 1, at[RT_MAXD] = {0};
+  for (int d = 0; d < vo.ndim; d++) n *= vo.shape[d];
+  for (int64_t e = 0; e < n; e++) {
+    int64_t so = vs.off, oo = vo.off;
+    for (int d = 0; d < vo.ndim; d++) {
+      int64_t sd = d == dim ? idx[vi.off + at[d] * vi.stride[0]] : at[d];
+      so += sd * vs.stride[d];
+      oo += at[d] * vo.stride[d];
+    }
+    memcpy(bufs[vo.buf] + oo * (int64_t)es, bufs[vs.buf] + so * (int64_t)es, es);
+    for (int d = (int)vo.ndim - 1; d >= 0 && ++at[d] == vo.shape[d]; d--) at[d] = 0;
+  }
+  return 0;
+}
+
+/* Binds every symbol from the input dim it is named by, then checks each
+ * input's dtype-free facts (rank, sizes) and the guards. */
+static int bind(run *r, const kiln_rt_buffer *in) {
+  const int64_t *P = r->plan;
+  const int64_t *syms = P + P[PLAN_SYMS];
+  for (int s = 0; s < r->n_syms; s++) {
+    const int64_t *y = syms + s * SYM_WORDS;
+    int64_t i = y[2], d = y[3];
+    if (i < 0 || i >= P[PLAN_NIN] || d < 0 || d >= RT_MAXD) return fail(r, "s%d is not the size of any input", s);
+    if (in[i].ndim <= d) return fail(r, "input %" PRId64 " has rank %d, the model takes more dims", i, in[i].ndim);
+    int64_t v = in[i].shape[d];
+    if (v < y[0] || v > y[1])
+      return fail(r, "input %" PRId64 " (%s) dim %" PRId64 " is %" PRId64 ", outside the bounds of s%d [%" PRId64 ", %" PRId64 "]", i,
+                  r->m->strings + P[P[PLAN_INS] + i * IN_WORDS + 2], d, v, s, y[0], y[1]);
+    r->vals[s] = v;
+  }
+  for (int64_t i = 0; i < P[PLAN_NIN]; i++) {
+    const int64_t *w = P + P[PLAN_INS] + i * IN_WORDS;
+    const char *nm = r->m->strings + w[2];
+    if (in[i].ndim != w[1])
+      return fail(r, "input %" PRId64 " (%s) has rank %d, the model takes %" PRId64 " (%s)", i, nm, in[i].ndim, w[1],
+                  dtype_name(w[0]));
+    int64_t numel = 1;
+    for (int d = 0; d < w[1]; d++) {
+      int64_t want;
+      if (eval(r, w[3 + d], &want)) return fail(r, "input %" PRId64 " (%s) dim %d: its size does not evaluate", i, nm, d);
+      if (want != in[i].shape[d])
+        return fail(r, "input %" PRId64 " (%s) dim %d is %" PRId64 ", the model takes %" PRId64 " there (from the sizes bound so far)",
+                    i, nm, d, in[i].shape[d], want);
+      numel *= want;
+    }
+    if (!in[i].data && numel > 0) return fail(r, "input %" PRId64 " (%s) has no data", i, nm);
+  }
+  const int64_t *gd = P + P[PLAN_GUARDS];
+  for (int64_t i = 0; i < P[PLAN_NGUARD]; i++) {
+    const int64_t *g = gd + i * GUARD_WORDS;
+    int64_t x, y;
+    bool ok = !eval(r, g[1], &x) && !eval(r, g[2], &y);
+    if (ok) {
+      switch (g[0]) {
+      case 0: ok = x == y; break; /* sym_cmp: EQ NE LT LE GE GT DIVIDES */
+      case 1: ok = x != y; break;
+      case 2: ok = x < y; break;
+      case 3: ok = x <= y; break;
+      case 4: ok = x >= y; break;
+      case 5: ok = x > y; break;
+      case 6: ok = y >= 1 && x % y == 0; break;
+      default: ok = false;
+      }
+    }
+    if (!ok) {
+      char vals[160] = "";
+      size_t n = 0;
+      for (int s = 0; s < r->n_syms && n < sizeof vals - 32; s++)
+        n += (size_t)snprintf(vals + n, sizeof vals - n, "%ss%d = %" PRId64, s ? ", " : "", s, r->vals[s]);
+      return fail(r, "the inputs break the guard %s of the exported variant (%s)", r->m->strings + g[3], vals);
+    }
+  }
+  return 0;
+}
+
+/* The arena the model keeps between calls (its state words: busy, pointer,
+ * capacity), or a fresh one when another call holds it. */
+static char *arena_take(const kiln_rt_model *m, size_t bytes, bool *shared) {
+  _Atomic int64_t *busy = (_Atomic int64_t *)&m->state[0];
+  int64_t free_ = 0;
+  *shared = atomic_compare_exchange_strong(busy, &free_, 1);
+  if (!*shared) return bytes ? aligned_alloc(64, (bytes + 63) / 64 * 64) : NULL;
+  if ((size_t)m->state[2] < bytes) {
+    free((void *)(intptr_t)m->state[1]);
+    size_t cap = (bytes + 63) / 64 * 64;
+    void *a = aligned_alloc(64, cap);
+    m->state[1] = (int64_t)(intptr_t)a;
+    m->state[2] = a ? (int64_t)cap : 0;
+  }
+  return (char *)(intptr_t)m->state[1];
+}
+
+static void arena_give(const kiln_rt_model *m, char *arena, bool shared) {
+  if (!shared) {
+    free(arena);
+    return;
+  }
+  atomic_store((_Atomic int64_t *)&m->state[0], 0);
+}
+
+int kiln_rt_run(const kiln_rt_model *m, const kiln_rt_buffer *in, kiln_rt_buffer *out) {
+  run r = {.m = m, .name = "kiln_rt"};
+  if (!m || !m->plan) return fail(&r, "the model is NULL");
+  const int64_t *P = m->plan;
+  if (P[PLAN_MAGIC] != (int64_t)RT_MAGIC) return fail(&r, "not an exported kiln model");
+  if (P[PLAN_VERSION] != RT_PLAN_VERSION)
+    return fail(&r, "the model was exported for runtime plan version %" PRId64 ", this libkiln_rt reads version %d",
+                P[PLAN_VERSION], RT_PLAN_VERSION);
+  r.plan = P;
+  r.words = P[PLAN_WORDS];
+  r.name = m->strings + P[PLAN_NAME];
+  r.n_syms = (int)P[PLAN_NSYMS];
+  int nin = (int)P[PLAN_NIN], nout = (int)P[PLAN_NOUT], nb = (int)P[PLAN_NBUF], nk = (int)P[PLAN_NK];
+  if ((nin && !in) || !out) return fail(&r, "%s is NULL", !out ? "out" : "in");
+  if (bind(&r, in)) return -1;
+  int rc = -1;
+  char **bufs = calloc((size_t)nb + 1, sizeof *bufs);
+  size_t *bytes = calloc((size_t)nb + 1, sizeof *bytes), *off = calloc((size_t)nb + 1, sizeof *off);
+  unsigned char *temp = calloc((size_t)nb + 1, 1), *owned = calloc((size_t)nb + 1, 1), *mine = calloc((size_t)nout + 1, 1);
+  int *first = calloc((size_t)nb + 1, sizeof *first), *last = calloc((size_t)nb + 1, sizeof *last);
+  char *arena = NULL;
+  bool shared = false;
+  if (!bufs || !bytes || !off || !temp || !owned || !mine || !first || !last) goto oom;
+  for (int b = 0; b < nb; b++) {
+    const int64_t *w = P + P[PLAN_BUFS] + b * BUF_WORDS;
+    int64_t numel;
+    if (eval(&r, w[2], &numel) || numel < 0) goto bad_size;
+    bytes[b] = (size_t)numel * dtype_size(w[1]);
+    first[b] = (int)w[5], last[b] = (int)w[6];
+    switch (w[0]) {
+    case RT_BUF_INPUT: bufs[b] = in[w[3]].data; break;
+    case RT_BUF_WEIGHT: bufs[b] = (char *)m->weights + w[3]; break;
+    case RT_BUF_TEMP: temp[b] = w[4] < 0 && first[b] >= 0; break;
+    case RT_BUF_OUTPUT:
+      if (!(bufs[b] = malloc(bytes[b] ? bytes[b] : 1))) goto oom;
+      owned[b] = 1;
+      break;
+    }
+  }
+  size_t total = rt_plan_arena(nb, temp, first, last, bytes, off);
+  arena = arena_take(m, total, &shared);
+  if (total && !arena) goto oom;
+  for (int b = 0; b < nb; b++)
+    if (temp[b]) bufs[b] = arena + off[b];
+  for (int b = 0; b < nb; b++) {
+    const int64_t *w = P + P[PLAN_BUFS] + b * BUF_WORDS;
+    if (w[0] == RT_BUF_TEMP && w[4] >= 0) bufs[b] = bufs[w[4]]; /* in place in a dying buffer */
+  }
+  for (int ki = 0; ki < nk; ki++) {
+    const int64_t *k = P + P[P[PLAN_KERNELS] + ki];
+    if (k[0] == RT_K_MATMUL || k[0] == RT_K_GATHER) {
+      if (k[0] == RT_K_MATMUL ? matmul(&r, k, bufs) : gather(&r, k, bufs)) goto done;
+      continue;
+    }
+    /* kind, fn, split, staged, n_outer, ndim, dims, n_param, params, n_acc, accesses */
+    int64_t fn = k[1], split = k[2], staged = k[3], n_outer = k[4], ndim = k[5], range = 1, inner = 1;
+    for (int d = 0; d < ndim; d++) {
+      int64_t v;
+      if (eval(&r, k[6 + d], &v) || v < 0) goto bad_size;
+      if (!staged || d < n_outer) range *= v;
+      else inner *= v;
+    }
+    const int64_t *q = k + 6 + ndim;
+    int64_t n_param = q[0], prm[256];
+    for (int i = 0; i < n_param && i < 256; i++)
+      if (eval(&r, q[1 + i], &prm[i])) goto bad_size;
+    q += 1 + n_param;
+    int64_t n_acc = q[0];
+    char *acc[65];
+    for (int a = 0; a < n_acc && a < 64; a++) {
+      int64_t b = q[1 + 2 * a], shift = q[2 + 2 * a];
+      const int64_t *bw = P + P[PLAN_BUFS] + b * BUF_WORDS;
+      acc[a] = bufs[b] && shift ? bufs[b] + shift * (int64_t)dtype_size(bw[1]) : bufs[b];
+    }
+    acc[n_acc] = NULL;
+    rt_run_loop(m->kernels[fn], prm, acc, (int)n_acc, range, inner, (int)staged, (int)split);
+  }
+  for (int i = 0; i < nout; i++) {
+    const int64_t *w = P + P[PLAN_OUTS] + i * OUT_WORDS;
+    view v;
+    if (eval_view(&r, P[PLAN_OUTS] + i * OUT_WORDS + 1, &v)) goto bad_size;
+    size_t es = dtype_size(w[0]);
+    int64_t numel = 1;
+    for (int d = 0; d < v.ndim; d++) numel *= v.shape[d];
+    if (out[i].data) {
+      bool same = out[i].ndim == v.ndim;
+      for (int d = 0; same && d < v.ndim; d++) same = out[i].shape[d] == v.shape[d];
+      if (!same) {
+        fail(&r, "output %d has a shape other than the call's (rank %d, the call's %" PRId64 "); pass data NULL to have it allocated",
+             i, out[i].ndim, v.ndim);
+        goto done;
+      }
+      copy_out(out[i].data, bufs[v.buf], &v, es);
+      continue;
+    }
+    /* the whole of an output buffer of this call's is handed over as it is */
+    bool whole = owned[v.buf] && v.off == 0 && (size_t)numel * es == bytes[v.buf];
+    for (int64_t d = v.ndim - 1, s = 1; whole && d >= 0; s *= v.shape[d], d--) whole = v.shape[d] < 2 || v.stride[d] == s;
+    if (whole) {
+      out[i].data = bufs[v.buf];
+      owned[v.buf] = 0;
+    } else {
+      if (!(out[i].data = malloc(numel ? (size_t)numel * es : 1))) goto oom;
+      copy_out(out[i].data, bufs[v.buf], &v, es);
+    }
+    mine[i] = 1;
+    out[i].ndim = (int)v.ndim;
+    for (int d = 0; d < v.ndim; d++) out[i].shape[d] = v.shape[d];
+  }
+  rc = 0;
+  goto done;
+bad_size:
+  fail(&r, "a size does not evaluate at these input sizes");
+  goto done;
+oom:
+  fail(&r, "out of memory");
+done:
+  for (int i = 0; rc && mine && i < nout; i++) /* what this call allocated goes; a caller's buffers stay */
+    if (mine[i]) free(out[i].data), out[i].data = NULL;
+  if (arena || shared) arena_give(m, arena, shared);
+  for (int b = 0; bufs && owned && b < nb; b++)
+    if (owned[b]) free(bufs[b]);
+  free(bufs), free(bytes), free(off), free(temp), free(owned), free(mine), free(first), free(last);
+  return rc;
+}
