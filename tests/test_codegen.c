@@ -1658,6 +1658,39 @@ START_TEST(test_index_bounds) {
 }
 END_TEST
 
+/* Found by fuzzing (tests/fuzz/fuzz_irtext.c): a product over zero rows, or
+ * a sum over zero terms, between temporaries of no bytes, whose buffers are
+ * NULL (clang's UBSan, in the fuzz build, flagged the GEMM kernel's pointer
+ * arithmetic on them: tests/fuzz/corpus keeps that input). The
+ * results: an empty sum (zeros) and a product over nothing (zeros). */
+START_TEST(test_matmul_empty_temps) {
+  const char *texts[] = {"graph e(%0: f32[0,4], %1: f32[4,3]) -> (%4)\n"
+                         "  %2: f32[0,4] = neg(%0)  # e.c:1\n"
+                         "  %3: f32[0,3] = matmul(%2, %1)  # e.c:2\n"
+                         "  %4: f32[3] = sum(%3) {axes=[0], keepdim=false}  # e.c:3\n",
+                         "graph e(%0: f32[3,0], %1: f32[0,5]) -> (%5)\n"
+                         "  %2: f32[3,0] = neg(%0)  # e.c:1\n"
+                         "  %3: f32[0,5] = neg(%1)  # e.c:2\n"
+                         "  %4: f32[3,5] = matmul(%2, %3)  # e.c:3\n"
+                         "  %5: f32[3,5] = exp(%4)  # e.c:4\n"};
+  int64_t sa[2][2] = {{0, 4}, {3, 0}}, sb[2][2] = {{4, 3}, {0, 5}}, ny[2] = {3, 15};
+  for (int i = 0; i < 2; i++) {
+    kiln_scope_begin();
+    kiln_fn *fn = kiln_load_string(texts[i]);
+    ck_assert_msg(fn != NULL, "%s", kiln_last_error());
+    kiln_tensor *in[2] = {kiln_ones(KILN_F32, 2, sa[i]), kiln_ones(KILN_F32, 2, sb[i])}, *y = NULL;
+    for (int rep = 0; rep < 2; rep++) { /* the second call reuses the buffers */
+      ck_assert_msg(kiln_call(fn, in, &y) == 0, "%s", kiln_last_error());
+      float v[15];
+      ck_assert_int_eq(0, kiln_read(y, v, sizeof(float) * (size_t)ny[i]));
+      for (int k = 0; k < ny[i]; k++) ck_assert_float_eq(v[k], i == 0 ? 0.0f : 1.0f); /* exp(0) */
+    }
+    kiln_fn_free(fn);
+    kiln_scope_end();
+  }
+}
+END_TEST
+
 /* Found by fuzzing (tests/fuzz/fuzz_irtext.c, LLVM against the interpreter):
  * a node no one reads (a loaded graph is not pruned) had a buffer that lived
  * nowhere, so the planner laid it over a live one (here index_select's result). */
@@ -1770,6 +1803,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, test_llvm_fatal_error);
   tcase_add_test(tc, test_index_bounds);
   tcase_add_test(tc, test_dead_node_buffer);
+  tcase_add_test(tc, test_matmul_empty_temps);
   tcase_add_test(tc, test_gemm_folds);
   tcase_add_test(tc, test_full_reduce_blocks);
   tcase_add_test(tc, test_masked_tails);

@@ -163,6 +163,11 @@ int k_matmul(op_id op, kiln_tensor *const *in, int n, const op_attrs *attrs, kil
     bshape[i] = da == 1 ? db : da; /* not the max: a 1 broadcasts to a 0 */
     batch *= bshape[i];
   }
+  if (m == 0 || nn == 0 || batch == 0) goto done; /* empty: its buffers may be NULL */
+  if (k == 0) { /* a sum of nothing; a and b may have no buffer */
+    memset(tensor_data(out), 0, (size_t)(batch * m * nn) * es);
+    goto done;
+  }
   char *pa = tensor_data(&av), *pb = tensor_data(&bv), *pc = tensor_data(out);
   bool b_shared = true; /* b has no batch stride: fold a's batch into M when a stacks */
   for (int i = 0; i < nbb; i++) b_shared &= bv.shape[i] == 1;
@@ -185,6 +190,7 @@ int k_matmul(op_id op, kiln_tensor *const *in, int n, const op_attrs *attrs, kil
            pc + bi * m * nn * (int64_t)es, nn);
     }
   }
+done:
   kiln_release(ca);
   kiln_release(cb);
   return 0;
