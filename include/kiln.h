@@ -264,7 +264,8 @@ KILN_API kiln_tensor *kiln_cast_at(kiln_tensor *, kiln_dtype, const char *, int)
 #define KILN_BINARY_OPS(X) X(add) X(sub) X(mul) X(div) X(pow) X(maximum) X(minimum) \
   X(eq) X(ne) X(lt) X(le) X(gt) X(ge)
 #define KILN_UNARY_OPS(X) X(neg) X(abs) X(exp) X(log) X(sqrt) X(rsqrt) X(tanh) X(sigmoid) \
-  X(relu) X(gelu) X(gelu_erf) X(erf) X(sin) X(cos)
+  X(relu) X(gelu) X(gelu_erf) X(erf) X(sin) X(cos) X(silu) X(softplus) X(log1p) X(expm1) X(floor) X(ceil) \
+  X(round) X(sign)
 
 #define KILN_DECL_BINARY(name) \
   KILN_API kiln_tensor *kiln_##name##_at(kiln_tensor *a, kiln_tensor *b, const char *, int);
@@ -301,6 +302,34 @@ KILN_UNARY_OPS(KILN_DECL_UNARY)
 #define kiln_erf(...) KILN_OP(kiln_erf_at, __VA_ARGS__)
 #define kiln_sin(...) KILN_OP(kiln_sin_at, __VA_ARGS__)
 #define kiln_cos(...) KILN_OP(kiln_cos_at, __VA_ARGS__)
+#define kiln_silu(...) KILN_OP(kiln_silu_at, __VA_ARGS__)         /* x * sigmoid(x) */
+#define kiln_softplus(...) KILN_OP(kiln_softplus_at, __VA_ARGS__) /* log(1 + e^x); x past 20, as torch */
+#define kiln_log1p(...) KILN_OP(kiln_log1p_at, __VA_ARGS__)
+#define kiln_expm1(...) KILN_OP(kiln_expm1_at, __VA_ARGS__)
+/* floor, ceil, round (half to even) and sign (nan gives 0) keep the dtype; on
+ * i64 the first three return x; their gradient is zero. */
+#define kiln_floor(...) KILN_OP(kiln_floor_at, __VA_ARGS__)
+#define kiln_ceil(...) KILN_OP(kiln_ceil_at, __VA_ARGS__)
+#define kiln_round(...) KILN_OP(kiln_round_at, __VA_ARGS__)
+#define kiln_sign(...) KILN_OP(kiln_sign_at, __VA_ARGS__)
+
+/* min(max(x, lo), hi) (so hi when lo > hi, as torch); +-INFINITY leaves a
+ * side open. On i64 with a bound that is not whole, x is cast to f32 first.
+ * The gradient passes where lo <= x <= hi. */
+KILN_API kiln_tensor *kiln_clamp_at(kiln_tensor *x, double lo, double hi, const char *, int);
+/* x > 0 ? x : slope * x, floats. */
+KILN_API kiln_tensor *kiln_leaky_relu_at(kiln_tensor *x, double slope, const char *, int);
+/* x op value, the number in x's dtype (a float value on i64 x: f32, as torch) */
+KILN_API kiln_tensor *kiln_add_scalar_at(kiln_tensor *x, double value, const char *, int);
+KILN_API kiln_tensor *kiln_sub_scalar_at(kiln_tensor *x, double value, const char *, int);
+KILN_API kiln_tensor *kiln_mul_scalar_at(kiln_tensor *x, double value, const char *, int);
+KILN_API kiln_tensor *kiln_div_scalar_at(kiln_tensor *x, double value, const char *, int);
+#define kiln_clamp(...) KILN_OP(kiln_clamp_at, __VA_ARGS__)
+#define kiln_leaky_relu(...) KILN_OP(kiln_leaky_relu_at, __VA_ARGS__)
+#define kiln_add_scalar(...) KILN_OP(kiln_add_scalar_at, __VA_ARGS__)
+#define kiln_sub_scalar(...) KILN_OP(kiln_sub_scalar_at, __VA_ARGS__)
+#define kiln_mul_scalar(...) KILN_OP(kiln_mul_scalar_at, __VA_ARGS__)
+#define kiln_div_scalar(...) KILN_OP(kiln_div_scalar_at, __VA_ARGS__)
 
 /* cond ? a : b, all three broadcast; cond is bool. */
 KILN_API kiln_tensor *kiln_where_at(kiln_tensor *cond, kiln_tensor *a, kiln_tensor *b, const char *, int);

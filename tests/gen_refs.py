@@ -1250,6 +1250,82 @@ def conv_family(w, rng):
                        {"training": int(training), "momentum": mom, "eps": eps}, tol(dt, "norm"))
 
 
+def silu_np(x):
+    return x / (1.0 + np.exp(-x))
+
+
+def softplus_np(x):
+    return np.where(x > 20.0, x, np.log1p(np.exp(np.minimum(x, 20.0))))
+
+
+ACTIVATIONS = {
+    # name: (reference on float64, value generators by dtype, dtypes)
+    "silu": (silu_np, lambda rng, dt: g_uniform(rng, dt, -30.0, 30.0), FLOATS),
+    "softplus": (softplus_np, lambda rng, dt: g_uniform(rng, dt, -40.0, 40.0), FLOATS),
+    "log1p": (np.log1p, lambda rng, dt: g_uniform(rng, dt, -0.99, 20.0), FLOATS),
+    "expm1": (np.expm1, lambda rng, dt: g_uniform(rng, dt, -12.0, 12.0), FLOATS),
+    "floor": (np.floor, lambda rng, dt: g_grid(rng, dt) if dt == "i64" else g_normal(rng, dt, 3.0), FLOATS + ("i64",)),
+    "ceil": (np.ceil, lambda rng, dt: g_grid(rng, dt) if dt == "i64" else g_normal(rng, dt, 3.0), FLOATS + ("i64",)),
+    # halves on the grid: ties round to even
+    "round": (np.round, lambda rng, dt: g_grid(rng, dt), FLOATS + ("i64",)),
+    "sign": (np.sign, lambda rng, dt: g_grid(rng, dt), FLOATS + ("i64",)),
+}
+
+
+def activation_family(w, rng):
+    """The newer pointwise ops: silu, softplus (torch: beta 1, threshold 20),
+    log1p, expm1, floor, ceil, round (half to even), sign; clamp
+    (min(max(x, lo), hi)), leaky_relu, and the scalar forms of the four
+    arithmetic ops. Family "unary", on a stream of its own."""
+    for op, (fn, gen, dts) in ACTIVATIONS.items():
+        for dt in dts:
+            shapes = [[], [0], [7], [3, 4], [2, 3, 4]] + [rand_shape(rng) for _ in range(3)]
+            for i, s in enumerate(shapes):
+                g = gen(rng, dt)
+                if op in ("log1p", "expm1") and i == 3 and dt != "i64":
+                    g = g_uniform(rng, dt, -1e-3, 1e-3)   # where the naive forms cancel
+                a = make_input(rng, s, g)
+                if dt == "i64":
+                    exp, t = fn(a.value()).astype(np.int64), EXACT
+                else:
+                    exp = ref(fn(f64(a.value())), dt)
+                    t = EXACT if op in ("floor", "ceil", "round", "sign") else tol(dt)
+                w.case("unary", op, [a], [exp], tolerance=t)
+    inf = float("inf")
+    for dt in FLOATS + ("i64",):
+        bounds = [(-1.0, 1.0), (0.0, inf), (-inf, 0.5), (2.0, -2.0), (-1.5, 2.5)]
+        for lo, hi in bounds:
+            s = rand_shape(rng, 1, 3)
+            a = make_input(rng, s, g_grid(rng, dt) if dt == "i64" else g_normal(rng, dt, 2.0))
+            x = a.value()
+            frac = any(v != math.floor(v) for v in (lo, hi) if abs(v) != inf)
+            odt = "f32" if dt == "i64" and frac else dt
+            if odt == "i64":
+                exp = np.minimum(np.maximum(x, -2**63 if lo == -inf else int(lo)), 2**63 - 1 if hi == inf else int(hi))
+            else:
+                xl, lf, hf = x.astype(NP[odt]), NP[odt](lo), NP[odt](hi)
+                exp = np.minimum(np.maximum(xl, lf), hf)
+            w.case("unary", "clamp", [a], [np.asarray(exp).astype(NP[odt])], {"lo": lo, "hi": hi})
+    for dt in FLOATS:
+        for slope in (0.01, 0.2, -0.5):
+            a = make_input(rng, rand_shape(rng, 0, 3), g_grid(rng, dt) if slope < 0 else g_normal(rng, dt))
+            x = f64(a.value())
+            exp = ref(np.where(x > 0, x, x * float(NP[dt](slope))), dt)
+            w.case("unary", "leaky_relu", [a], [exp], {"slope": slope}, tol(dt, "arith"))
+    fns = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}
+    for op, fn in fns.items():
+        for dt in FLOATS + ("i64",):
+            for v in (2.0, -0.75, 3.0):
+                a = make_input(rng, rand_shape(rng, 0, 3), g_default(rng, dt) if op != "div" or dt == "i64" else g_nonzero(rng, dt))
+                x = a.value()
+                odt = "f32" if dt == "i64" and (v != math.floor(v) or op == "div") else dt
+                if odt == "i64":
+                    exp, t = fn(x, int(v)).astype(np.int64), EXACT
+                else:
+                    exp, t = ref(fn(f64(x.astype(NP[odt])), float(NP[odt](v))), odt), tol(odt, "arith")
+                w.case("unary", op + "_scalar", [a], [exp], {"value": v}, t)
+
+
 def main():
     if len(sys.argv) != 2:
         sys.stderr.write("usage: gen_refs.py OUTDIR\n")
@@ -1263,6 +1339,7 @@ def main():
                 big_family):
         fam(w, rng)
     conv_family(w, np.random.default_rng(SEED + 21))   # its own stream: other families' cases stay as they are
+    activation_family(w, np.random.default_rng(SEED + 22))
     path = os.path.join(outdir, "ops.txt")
     for name, data in (("big.bin", bytes(w.bin)),
                        ("ops.txt", ("kiln-refs 1\n" + "\n".join(w.lines) + "\n").encode())):

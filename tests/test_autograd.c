@@ -261,6 +261,37 @@ UNARY_FN(gelu_erf)
 UNARY_FN(erf)
 UNARY_FN(sin)
 UNARY_FN(cos)
+UNARY_FN(silu)
+UNARY_FN(softplus)
+UNARY_FN(log1p)
+UNARY_FN(expm1)
+UNARY_FN(floor)
+UNARY_FN(ceil)
+UNARY_FN(round)
+UNARY_FN(sign)
+static kiln_tensor *f_clamp(kiln_tensor *const *x, const void *c)
+{
+  (void)c;
+  return kiln_clamp(x[0], -0.5, 0.3);
+}
+static kiln_tensor *f_leaky_relu(kiln_tensor *const *x, const void *c)
+{
+  (void)c;
+  return kiln_leaky_relu(x[0], 0.1);
+}
+/* the scalar forms, chained so that each one's gradient reaches x */
+static kiln_tensor *f_scalar_ops(kiln_tensor *const *x, const void *c)
+{
+  (void)c;
+  kiln_tensor *y = kiln_mul_scalar(kiln_add_scalar(x[0], 0.5), -3.0);
+  return kiln_div_scalar(kiln_sub_scalar(kiln_mul(y, x[0]), 2.0), 4.0);
+}
+/* softplus past its threshold of 20, where it is x itself */
+static kiln_tensor *f_softplus_far(kiln_tensor *const *x, const void *c)
+{
+  (void)c;
+  return kiln_softplus(kiln_mul_scalar(x[0], 30.0));
+}
 
 /* maximum/minimum with b = a + offset, |offset| >= 0.2, so no ties. */
 static kiln_tensor *f_maximum_apart(kiln_tensor *const *x, const void *c)
@@ -570,7 +601,11 @@ START_TEST(test_unary_pointwise)
       {"log", f_log, D_POS},         {"sqrt", f_sqrt, D_POS},         {"rsqrt", f_rsqrt, D_POS},
       {"tanh", f_tanh, D_ANY},       {"sigmoid", f_sigmoid, D_ANY},   {"relu", f_relu, D_NONZERO},
       {"gelu", f_gelu, D_NONZERO},   {"gelu_erf", f_gelu_erf, D_NONZERO}, {"erf", f_erf, D_ANY},
-      {"sin", f_sin, D_NONZERO},     {"cos", f_cos, D_NONZERO},
+      {"sin", f_sin, D_NONZERO},     {"cos", f_cos, D_NONZERO},       {"silu", f_silu, D_ANY},
+      {"softplus", f_softplus, D_ANY}, {"log1p", f_log1p, D_POS},   {"expm1", f_expm1, D_ANY},
+      {"floor", f_floor, D_WIDE},    {"ceil", f_ceil, D_WIDE},        {"round", f_round, D_WIDE},
+      {"sign", f_sign, D_NONZERO},   {"clamp", f_clamp, D_ANY},       {"leaky_relu", f_leaky_relu, D_NONZERO},
+      {"scalar forms", f_scalar_ops, D_ANY}, {"softplus past 20", f_softplus_far, D_NONZERO},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     in_t in[1] = {IN(cases[i].dom, 2, 3, 2)};
@@ -583,6 +618,9 @@ START_TEST(test_unary_pointwise)
   gradcheck("tanh wide", f_tanh, NULL, 1, wide);
   gradcheck("sigmoid wide", f_sigmoid, NULL, 1, wide);
   gradcheck("relu wide", f_relu, NULL, 1, wide);
+  gradcheck("silu wide", f_silu, NULL, 1, wide);
+  gradcheck("softplus wide", f_softplus, NULL, 1, wide);
+  gradcheck("expm1 wide", f_expm1, NULL, 1, wide);
 }
 END_TEST
 

@@ -658,6 +658,87 @@ START_TEST(test_shared_kernels) {
 }
 END_TEST
 
+/* Kernels that differ only in an op's numbers (clamp's bounds, a slope)
+ * run different code: the numbers are part of a kernel's signature. */
+static int clamp_twins_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  const double *b = ctx;
+  out[0] = kiln_clamp(in[0], b[0], b[1]);
+  out[1] = kiln_clamp(in[1], b[2], b[3]);
+  out[2] = kiln_leaky_relu(in[2], b[4]);
+  out[3] = kiln_leaky_relu(in[3], b[5]);
+  return 0;
+}
+
+/* Each output of fn(in) against the body run eagerly, and on the interpreter. */
+static void three_ways(body_fn body, void *ctx, int n_in, int n_out, kiln_tensor *const *in) {
+  kiln_tensor *y[8], *yi[8], *ref[8];
+  kiln_options o = {.name = "three", .n_in = n_in, .n_out = n_out, .backend = KILN_BACKEND_LLVM};
+  kiln_fn *fn = kiln_compile(body, ctx, &o);
+  ck_assert_int_eq(0, kiln_call(fn, in, y));
+  ck_assert_int_eq(0, kiln_call(fn, in, y)); /* compiled */
+  o.backend = KILN_BACKEND_INTERP;
+  kiln_fn *fi = kiln_compile(body, ctx, &o);
+  ck_assert_int_eq(0, kiln_call(fi, in, yi));
+  ck_assert_int_eq(0, kiln_call(fi, in, yi));
+  ck_assert_int_eq(0, body(ctx, in, ref));
+  for (int i = 0; i < n_out; i++) {
+    int64_t bad;
+    ck_assert(same_shape(y[i], ref[i]));
+    double d = maxdiff_rel(y[i], ref[i], &bad), di = maxdiff_rel(yi[i], ref[i], &bad);
+    ck_assert_msg(d == 0 && di == 0, "output %d: compiled %g, interpreter %g from eager", i, d, di);
+  }
+  kiln_fn_free(fn);
+  kiln_fn_free(fi);
+}
+
+START_TEST(test_op_numbers_in_signature) {
+  kiln_scope_begin();
+  kiln_tensor *in[4];
+  for (int i = 0; i < 4; i++) in[i] = kiln_mul(kiln_randn(KILN_F32, 2, ((int64_t[]){16, 24}), 40 + i), kiln_scalar(KILN_F32, 2));
+  double b[6] = {-0.5, 0.5, -0.1, 0.2, 0.3, 0.01};
+  three_ways(clamp_twins_body, b, 4, 4, in);
+  kiln_options o = {.name = "twins", .n_in = 4, .n_out = 4, .backend = KILN_BACKEND_LLVM};
+  kiln_fn *fn = kiln_compile(clamp_twins_body, b, &o);
+  kiln_tensor *y[4];
+  ck_assert_int_eq(0, kiln_call(fn, in, y));
+  char *dump = dump_of(fn, KILN_DUMP_KERNELS);
+  ck_assert_msg(strstr(dump, "shared code") == NULL, "%s", dump);
+  free(dump);
+  kiln_fn_free(fn);
+  /* a second function, the same code but for the bounds (the kernel cache keys them too) */
+  double b2[6] = {-1.5, 0.0, -0.1, 0.2, 0.3, 0.01};
+  three_ways(clamp_twins_body, b2, 4, 4, in);
+  kiln_scope_end();
+}
+END_TEST
+
+/* The newer pointwise ops, compiled, against eager and the interpreter, per dtype. */
+static int new_pointwise_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  kiln_tensor *x = in[0], *i = in[1];
+  out[0] = kiln_add(kiln_silu(x), kiln_softplus(kiln_mul_scalar(x, 12.0)));
+  out[1] = kiln_mul(kiln_expm1(x), kiln_log1p(kiln_abs(x)));
+  out[2] = kiln_add(kiln_add(kiln_floor(x), kiln_ceil(x)), kiln_add(kiln_round(kiln_mul_scalar(x, 2.0)), kiln_sign(x)));
+  out[3] = kiln_add(kiln_clamp(i, -3, 2), kiln_sign(kiln_round(kiln_floor(kiln_ceil(i)))));
+  out[4] = kiln_clamp(i, -2.5, 1.5); /* a fraction on i64: f32 */
+  out[5] = kiln_div_scalar(kiln_sub_scalar(kiln_leaky_relu(x, 0.2), 1.0), 3.0);
+  return 0;
+}
+
+START_TEST(test_new_pointwise_compiled) {
+  kiln_scope_begin();
+  for (int dt = 0; dt < 2; dt++) {
+    kiln_dtype t = dt ? KILN_F64 : KILN_F32;
+    /* halves for round's ties, and values beyond softplus's threshold */
+    kiln_tensor *x = kiln_mul(kiln_round(kiln_mul(kiln_randn(t, 2, ((int64_t[]){9, 37}), 7), kiln_scalar(t, 6))),
+                              kiln_scalar(t, 0.25));
+    kiln_tensor *i = kiln_cast(kiln_mul(kiln_randn(KILN_F32, 1, ((int64_t[]){41}), 8), kiln_scalar(KILN_F32, 4)), KILN_I64);
+    three_ways(new_pointwise_body, NULL, 2, 6, (kiln_tensor *[]){x, i});
+  }
+  kiln_scope_end();
+}
+END_TEST
+
 /* The optimized LLVM module of fn's newest variant. */
 static char *llvm_dump_of(kiln_fn *fn) {
   char *dump = dump_of(fn, KILN_DUMP_LLVM);
@@ -1703,6 +1784,8 @@ static Suite *suite(void) {
   tcase_add_test(tc, test_reduce_epilogues);
   tcase_add_test(tc, test_column_reductions);
   tcase_add_test(tc, test_shared_kernels);
+  tcase_add_test(tc, test_op_numbers_in_signature);
+  tcase_add_test(tc, test_new_pointwise_compiled);
   tcase_add_test(tc, test_coalesced_loops);
   tcase_add_test(tc, test_short_rows_one_chain_each);
   tcase_add_test(tc, test_quick_codegen);

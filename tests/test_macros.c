@@ -131,6 +131,21 @@ START_TEST(test_pointwise) {
   EXPECT(kiln_sin(x), two, sin(1.0), sin(4.0));
   EXPECT(kiln_cos(x), two, cos(1.0), cos(4.0));
   EXPECT(kiln_where(kiln_gt(x, y), x, y), two, 2, 4);
+  EXPECT(kiln_silu(x), two, 1 / (1 + exp(-1.0)), 4 / (1 + exp(-4.0)));
+  EXPECT(kiln_softplus(x), two, log(1 + exp(1.0)), log(1 + exp(4.0)));
+  EXPECT(kiln_log1p(x), two, log(2.0), log(5.0));
+  EXPECT(kiln_expm1(x), two, exp(1.0) - 1, exp(4.0) - 1);
+  kiln_tensor *h = kiln_tensor_from(KILN_F32, 1, (int64_t[]){2}, (float[]){-2.5f, 0.5f});
+  EXPECT(kiln_floor(h), two, -3, 0);
+  EXPECT(kiln_ceil(h), two, -2, 1);
+  EXPECT(kiln_round(h), two, -2, 0); /* half to even */
+  EXPECT(kiln_sign(h), two, -1, 1);
+  EXPECT(kiln_clamp(h, -1, 0.25), two, -1, 0.25);
+  EXPECT(kiln_leaky_relu(h, 0.1), two, -0.25, 0.5);
+  EXPECT(kiln_add_scalar(x, 1), two, 2, 5);
+  EXPECT(kiln_sub_scalar(x, 1), two, 0, 3);
+  EXPECT(kiln_mul_scalar(x, 0.5), two, 0.5, 2);
+  EXPECT(kiln_div_scalar(x, 4), two, 0.25, 1);
   kiln_scope_end();
 }
 END_TEST

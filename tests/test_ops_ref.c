@@ -62,6 +62,7 @@ static const char *const other_ops[] = {
     "expand", "squeeze", "unsqueeze", "slice", "contiguous", "cat", "stack", "cast", "zeros",
     "ones", "full", "scalar", "arange", "add_", "sub_", "mul_", "copy_", "fill_", "zero_",
     "conv2d", "conv1d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "batch_norm",
+    "clamp", "leaky_relu", "add_scalar", "sub_scalar", "mul_scalar", "div_scalar",
 };
 
 #define NELEM(a) (sizeof(a) / sizeof((a)[0]))
@@ -197,6 +198,23 @@ static bool dispatch(const refcase *c, kiln_tensor **in, kiln_tensor *base0, kil
       return true;
     }
 
+  static const struct {
+    const char *name;
+    kiln_tensor *(*fn)(kiln_tensor *, double, const char *, int);
+  } scalar_ops[] = {{"add_scalar", kiln_add_scalar_at}, {"sub_scalar", kiln_sub_scalar_at},
+                    {"mul_scalar", kiln_mul_scalar_at}, {"div_scalar", kiln_div_scalar_at},
+                    {"leaky_relu", kiln_leaky_relu_at}};
+  for (size_t k = 0; k < NELEM(scalar_ops); k++)
+    if (strcmp(op, scalar_ops[k].name) == 0) {
+      double v = attr1(c, k == 4 ? "slope" : "value", &ok);
+      out[0] = scalar_ops[k].fn(in[0], v, __FILE__, __LINE__);
+      return ok;
+    }
+  if (strcmp(op, "clamp") == 0) {
+    double lo = attr1(c, "lo", &ok), hi = attr1(c, "hi", &ok);
+    out[0] = kiln_clamp(in[0], lo, hi);
+    return ok;
+  }
   if (strcmp(op, "where") == 0) {
     out[0] = kiln_where(in[0], in[1], in[2]);
   } else if (strcmp(op, "var") == 0) {

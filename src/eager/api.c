@@ -1,6 +1,7 @@
 /* The public op entry points: argument checks that need the user's view of
  * the call (axes, -1 in reshape, slice bounds), then op_dispatch. */
 #include <inttypes.h>
+#include <math.h>
 #include <string.h>
 
 #include "eager/eager.h"
@@ -20,7 +21,50 @@ BINARY(maximum, MAXIMUM) BINARY(minimum, MINIMUM) BINARY(eq, EQ) BINARY(ne, NE) 
 BINARY(le, LE) BINARY(gt, GT) BINARY(ge, GE) BINARY(matmul, MATMUL)
 UNARY(neg, NEG) UNARY(abs, ABS) UNARY(exp, EXP) UNARY(log, LOG) UNARY(sqrt, SQRT) UNARY(rsqrt, RSQRT)
 UNARY(tanh, TANH) UNARY(sigmoid, SIGMOID) UNARY(relu, RELU) UNARY(gelu, GELU) UNARY(gelu_erf, GELU_ERF)
-UNARY(erf, ERF) UNARY(sin, SIN) UNARY(cos, COS)
+UNARY(erf, ERF) UNARY(sin, SIN) UNARY(cos, COS) UNARY(silu, SILU) UNARY(softplus, SOFTPLUS) UNARY(log1p, LOG1P)
+UNARY(expm1, EXPM1) UNARY(floor, FLOOR) UNARY(ceil, CEIL) UNARY(round, ROUND) UNARY(sign, SIGN)
+
+static bool whole(double v) { return v == floor(v) || v != v || v == INFINITY || v == -INFINITY; }
+
+kiln_tensor *kiln_clamp_at(kiln_tensor *x, double lo, double hi, const char *file, int line) {
+  if (tensor_bad_arg(x, file, line, "clamp", "input 0")) return NULL;
+  if (lo != lo || hi != hi) return err_set(file, line, "clamp", "bound %g is nan", lo != lo ? lo : hi);
+  op_attrs a = {.value = lo, .value2 = hi};
+  if (x->dtype == KILN_I64 && !(whole(lo) && whole(hi))) {
+    /* torch's promotion: an integer tensor and a fractional number compute in f32 */
+    kiln_scope_begin();
+    kiln_tensor *f = kiln_cast_at(x, KILN_F32, file, line);
+    kiln_tensor *r = kiln_keep(op_dispatch(OP_CLAMP, &f, 1, &a, file, line));
+    kiln_scope_end();
+    return r;
+  }
+  return op_dispatch(OP_CLAMP, &x, 1, &a, file, line);
+}
+
+kiln_tensor *kiln_leaky_relu_at(kiln_tensor *x, double slope, const char *file, int line) {
+  op_attrs a = {.value = slope};
+  return op_dispatch(OP_LEAKY_RELU, &x, 1, &a, file, line);
+}
+
+/* x op value: the number as a 0-d tensor of x's dtype (f32 for a fractional
+ * number and i64 x), so that no promotion widens x. */
+static kiln_tensor *scalar_op(kiln_tensor *(*fn)(kiln_tensor *, kiln_tensor *, const char *, int), const char *name,
+                              kiln_tensor *x, double v, const char *file, int line) {
+  if (tensor_bad_arg(x, file, line, name, "input 0")) return NULL;
+  /* an integer x computes in f32 with a fractional number, and in a divide (true division, as torch) */
+  bool to_f32 = x->dtype == KILN_I64 && (!whole(v) || fn == kiln_div_at);
+  kiln_dtype dt = to_f32 ? KILN_F32 : x->dtype == KILN_BOOL ? KILN_I64 : x->dtype;
+  kiln_scope_begin();
+  if (to_f32) x = kiln_cast_at(x, KILN_F32, file, line);
+  kiln_tensor *r = kiln_keep(fn(x, kiln_scalar_at(dt, v, file, line), file, line));
+  kiln_scope_end();
+  return r;
+}
+#define SCALAR_OP(name)                                                                   \
+  kiln_tensor *kiln_##name##_scalar_at(kiln_tensor *x, double v, const char *file, int line) { \
+    return scalar_op(kiln_##name##_at, #name "_scalar", x, v, file, line);                  \
+  }
+SCALAR_OP(add) SCALAR_OP(sub) SCALAR_OP(mul) SCALAR_OP(div)
 
 kiln_tensor *kiln_where_at(kiln_tensor *c, kiln_tensor *a, kiln_tensor *b, const char *file, int line) {
   kiln_tensor *in[3] = {c, a, b};

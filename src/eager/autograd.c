@@ -300,6 +300,46 @@ static int bw_cos(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
   gin[0] = kiln_neg_at(kiln_mul_at(g, kiln_sin_at(nd->in[0], AT), AT), AT);
   return 0;
 }
+static int bw_silu(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  /* d/dx x s(x) = s (1 + x (1 - s)) */
+  kiln_dtype dt = nd->out_dtype;
+  kiln_tensor *x = nd->in[0], *s = kiln_sigmoid_at(x, AT), *one = scal(dt, 1, nd);
+  kiln_tensor *d = kiln_mul_at(s, kiln_add_at(one, kiln_mul_at(x, kiln_sub_at(one, s, AT), AT), AT), AT);
+  gin[0] = kiln_mul_at(g, d, AT);
+  return 0;
+}
+static int bw_softplus(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  /* sigmoid(x), and exactly 1 past the threshold, where softplus is x */
+  kiln_tensor *x = nd->in[0];
+  kiln_tensor *past = kiln_gt_at(x, scal(nd->out_dtype, 20, nd), AT);
+  gin[0] = kiln_where_at(past, g, kiln_mul_at(g, kiln_sigmoid_at(x, AT), AT), AT);
+  return 0;
+}
+static int bw_log1p(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  gin[0] = kiln_div_at(g, kiln_add_at(nd->in[0], scal(nd->out_dtype, 1, nd), AT), AT);
+  return 0;
+}
+static int bw_expm1(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  gin[0] = kiln_mul_at(g, kiln_add_at(OUT, scal(nd->out_dtype, 1, nd), AT), AT);
+  return 0;
+}
+/* floor, ceil, round, sign: zero almost everywhere, as torch (where, not
+ * g * 0, so that an infinite g gives 0, not nan) */
+static int bw_zero(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  gin[0] = kiln_where_at(scal(KILN_BOOL, 0, nd), g, scal(nd->out_dtype, 0, nd), AT);
+  return 0;
+}
+/* g where x was inside [lo, hi] (the bounds included, as torch), else 0 */
+static int bw_clamp(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  gin[0] = kiln_where_at(kiln_eq_at(OUT, nd->in[0], AT), g, scal(nd->out_dtype, 0, nd), AT);
+  return 0;
+}
+static int bw_leaky_relu(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  kiln_dtype dt = nd->out_dtype;
+  kiln_tensor *pos = kiln_gt_at(nd->in[0], scal(dt, 0, nd), AT);
+  gin[0] = kiln_where_at(pos, g, kiln_mul_at(g, scal(dt, nd->attrs.value, nd), AT), AT);
+  return 0;
+}
 static int bw_cast(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
   gin[0] = kiln_cast_at(g, IN(0).dtype, AT);
   return 0;

@@ -418,7 +418,11 @@ int k_slice_scatter(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_ten
  * The in-place ops use these directly. All operands already have dtype dt
  * (dst may be bool for comparisons). */
 void pw_binary(op_id op, kiln_tensor *dst, const kiln_tensor *a, const kiln_tensor *b);
-void pw_unary(op_id op, kiln_tensor *dst, const kiln_tensor *a);
+void pw_unary(op_id op, kiln_tensor *dst, const kiln_tensor *a, const op_attrs *attrs);
+/* A clamp bound as an i64 (saturating; the entry point keeps fractions off i64). */
+static inline int64_t pw_bound_i64(double v) {
+  return v != v ? 0 : v <= -0x1p63 ? INT64_MIN : v >= 0x1p63 ? INT64_MAX : (int64_t)v;
+}
 /* dst = src converted to dst's dtype, broadcasting src to dst's shape. */
 void pw_copy(kiln_tensor *dst, const kiln_tensor *src);
 void pw_fill(kiln_tensor *dst, double v);
