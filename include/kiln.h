@@ -344,6 +344,7 @@ KILN_API kiln_tensor *kiln_max_at(kiln_tensor *, int axis, bool keepdim, const c
 KILN_API kiln_tensor *kiln_min_at(kiln_tensor *, int axis, bool keepdim, const char *, int);
 KILN_API kiln_tensor *kiln_var_at(kiln_tensor *, int axis, int correction, bool keepdim, const char *, int);
 KILN_API kiln_tensor *kiln_argmax_at(kiln_tensor *, int axis, bool keepdim, const char *, int); /* i64 */
+KILN_API kiln_tensor *kiln_argmin_at(kiln_tensor *, int axis, bool keepdim, const char *, int); /* i64 */
 /* A list of axes; naxes == 0 reduces over every axis. */
 KILN_API KILN_READS(2, 3) kiln_tensor *kiln_sum_axes_at(kiln_tensor *, const int *axes, int naxes, bool keepdim, const char *, int);
 KILN_API KILN_READS(2, 3) kiln_tensor *kiln_mean_axes_at(kiln_tensor *, const int *axes, int naxes, bool keepdim, const char *, int);
@@ -357,6 +358,7 @@ KILN_API KILN_READS(2, 3) kiln_tensor *kiln_var_axes_at(kiln_tensor *, const int
 #define kiln_min(...) KILN_OP(kiln_min_at, __VA_ARGS__)
 #define kiln_var(...) KILN_OP(kiln_var_at, __VA_ARGS__)
 #define kiln_argmax(...) KILN_OP(kiln_argmax_at, __VA_ARGS__)
+#define kiln_argmin(...) KILN_OP(kiln_argmin_at, __VA_ARGS__)
 #define kiln_sum_axes(...) KILN_OP(kiln_sum_axes_at, __VA_ARGS__)
 #define kiln_mean_axes(...) KILN_OP(kiln_mean_axes_at, __VA_ARGS__)
 #define kiln_max_axes(...) KILN_OP(kiln_max_axes_at, __VA_ARGS__)
@@ -380,10 +382,30 @@ KILN_API kiln_tensor *kiln_index_select_at(kiln_tensor *a, int dim, kiln_tensor 
 /* Mean over rows of -log_softmax(logits)[target]; logits (N,C), targets i64 (N,). */
 KILN_API kiln_tensor *kiln_cross_entropy_at(kiln_tensor *logits, kiln_tensor *targets, const char *, int);
 KILN_API kiln_tensor *kiln_mse_loss_at(kiln_tensor *a, kiln_tensor *b, const char *, int);
+/* log(sum(exp(x))) along axis, without overflow; floats, a non-empty axis. */
+KILN_API kiln_tensor *kiln_logsumexp_at(kiln_tensor *x, int axis, bool keepdim, const char *, int);
+/* The largest / smallest element, 0-d; refused for an empty tensor. */
+KILN_API kiln_tensor *kiln_max_all_at(kiln_tensor *x, const char *, int);
+KILN_API kiln_tensor *kiln_min_all_at(kiln_tensor *x, const char *, int);
+/* x with value where the bool mask (broadcast to x's shape) is true. */
+KILN_API kiln_tensor *kiln_masked_fill_at(kiln_tensor *x, kiln_tensor *mask, double value, const char *, int);
+/* x / sqrt(mean(x^2 over the last dim) + eps) * weight; weight (C,) or NULL. */
+KILN_API kiln_tensor *kiln_rms_norm_at(kiln_tensor *x, kiln_tensor *weight, double eps, const char *, int);
+/* x (N,C,...): each of groups groups of C/groups channels normalized over
+ * its channels and every later dim (biased variance), then weight and bias
+ * (C,) per channel, each may be NULL. */
+KILN_API kiln_tensor *kiln_group_norm_at(kiln_tensor *x, int groups, kiln_tensor *weight, kiln_tensor *bias, double eps,
+                                         const char *, int);
 #define kiln_matmul(...) KILN_OP(kiln_matmul_at, __VA_ARGS__)
 #define kiln_softmax(...) KILN_OP(kiln_softmax_at, __VA_ARGS__)
 #define kiln_log_softmax(...) KILN_OP(kiln_log_softmax_at, __VA_ARGS__)
 #define kiln_layer_norm(...) KILN_OP(kiln_layer_norm_at, __VA_ARGS__)
+#define kiln_logsumexp(...) KILN_OP(kiln_logsumexp_at, __VA_ARGS__)
+#define kiln_max_all(...) KILN_OP(kiln_max_all_at, __VA_ARGS__)
+#define kiln_min_all(...) KILN_OP(kiln_min_all_at, __VA_ARGS__)
+#define kiln_masked_fill(...) KILN_OP(kiln_masked_fill_at, __VA_ARGS__)
+#define kiln_rms_norm(...) KILN_OP(kiln_rms_norm_at, __VA_ARGS__)
+#define kiln_group_norm(...) KILN_OP(kiln_group_norm_at, __VA_ARGS__)
 #define kiln_embedding(...) KILN_OP(kiln_embedding_at, __VA_ARGS__)
 #define kiln_index_select(...) KILN_OP(kiln_index_select_at, __VA_ARGS__)
 #define kiln_cross_entropy(...) KILN_OP(kiln_cross_entropy_at, __VA_ARGS__)

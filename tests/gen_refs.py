@@ -1326,6 +1326,81 @@ def activation_family(w, rng):
                 w.case("unary", op + "_scalar", [a], [exp], {"value": v}, t)
 
 
+def reduce_more_family(w, rng):
+    """argmin (the first index of the minimum), logsumexp, max_all, min_all,
+    masked_fill, rms_norm and group_norm, on a stream of their own."""
+    for dt in FLOATS + ("i64",):
+        for i in range(9):
+            shape = rand_shape(rng, 1, 4, allow0=False) if i else [6]
+            r = len(shape)
+            ax = int(rng.integers(-r, r))
+            keepdim = bool(rng.random() < 0.5)
+            a = make_input(rng, shape, g_grid(rng, dt) if i % 2 == 0 else g_default(rng, dt))
+            exp = np.argmin(a.value(), axis=ax % r)
+            if keepdim:
+                exp = np.expand_dims(exp, ax % r)
+            w.case("reduce", "argmin", [a], [exp.astype(np.int64)], {"axis": ax, "keepdim": int(keepdim)})
+    for dt in FLOATS:
+        for i in range(8):
+            shape = rand_shape(rng, 1, 4, allow0=False)
+            r = len(shape)
+            ax = int(rng.integers(-r, r))
+            keepdim = bool(rng.random() < 0.5)
+            a = make_input(rng, shape, g_normal(rng, dt, 30.0 if i % 3 == 2 else 2.0))
+            x = f64(a.value())
+            m = np.max(x, axis=ax % r, keepdims=True)
+            exp = np.log(np.sum(np.exp(x - m), axis=ax % r, keepdims=True)) + m
+            if not keepdim:
+                exp = np.squeeze(exp, ax % r)
+            w.case("nn", "logsumexp", [a], [ref(exp, dt)], {"axis": ax, "keepdim": int(keepdim)}, tol(dt))
+        # rows of -inf give -inf, a row holding +inf gives +inf
+        base = np.array([[-np.inf, -np.inf, -np.inf], [0.5, np.inf, 1.0], [1.0, 2.0, -np.inf]], NP[dt])
+        exp = np.array([-np.inf, np.inf, 2.0 + math.log1p(math.exp(-1.0))])
+        w.case("nn", "logsumexp", [Input(base)], [ref(exp, dt)], {"axis": 1, "keepdim": 0}, tol(dt))
+    for op, fn in (("max_all", np.max), ("min_all", np.min)):
+        for dt in FLOATS + ("i64",):
+            for shape in ([], [5], [3, 4], [2, 3, 4], rand_shape(rng, 1, 4, allow0=False)):
+                a = make_input(rng, shape, g_grid(rng, dt) if dt == "i64" else g_default(rng, dt))
+                w.case("reduce", op, [a], [np.asarray(fn(a.value())).astype(NP[dt])])
+    for dt in FLOATS + ("i64",):
+        for _ in range(6):
+            out = rand_shape(rng, 0, 4)
+            x = make_input(rng, out, g_default(rng, dt))
+            m = make_input(rng, derive(rng, out), g_bool(rng))
+            v = -2.5 if dt != "i64" else 7
+            exp = np.where(m.value(), NP[dt](v), x.value()).astype(NP[dt])
+            w.case("nn", "masked_fill", [x, m], [exp], {"value": v})
+    for dt in FLOATS:
+        for i, shape in enumerate(([5], [3, 8], [2, 3, 4], [2, 1, 6])):
+            a = make_input(rng, shape, g_normal(rng, dt, 2.0))
+            x = f64(a.value())
+            eps = 1e-5 if i % 2 else 1e-2
+            y = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+            ins = [a]
+            if i != 2:
+                wt = make_input(rng, [shape[-1]], g_normal(rng, dt, 0.5, 1.0), layouts=[])
+                y = y * f64(wt.value())
+                ins.append(wt)
+            w.case("norm", "rms_norm", ins, [ref(y, dt)], {"eps": eps}, tol(dt, "norm"))
+        for shape, groups, affine in (([2, 6, 5], 3, True), ([1, 4, 3, 3], 2, False), ([3, 4], 4, True),
+                                      ([2, 6, 2, 3], 1, True), ([2, 4, 3], 4, False)):
+            a = make_input(rng, shape, g_normal(rng, dt, 2.0, 0.5))
+            x = f64(a.value())
+            n, c = shape[0], shape[1]
+            g = x.reshape(n, groups, -1)
+            mu = g.mean(axis=-1, keepdims=True)
+            var = ((g - mu) ** 2).mean(axis=-1, keepdims=True)
+            y = ((g - mu) / np.sqrt(var + 1e-5)).reshape(shape)
+            ins = [a]
+            if affine:
+                wt = make_input(rng, [c], g_normal(rng, dt, 0.5, 1.0), layouts=[])
+                bs = make_input(rng, [c], g_normal(rng, dt, 0.5), layouts=[])
+                cs = [c] + [1] * (len(shape) - 2)
+                y = y * f64(wt.value()).reshape(cs) + f64(bs.value()).reshape(cs)
+                ins += [wt, bs]
+            w.case("norm", "group_norm", ins, [ref(y, dt)], {"groups": groups, "eps": 1e-5}, tol(dt, "norm"))
+
+
 def main():
     if len(sys.argv) != 2:
         sys.stderr.write("usage: gen_refs.py OUTDIR\n")
@@ -1340,6 +1415,7 @@ def main():
         fam(w, rng)
     conv_family(w, np.random.default_rng(SEED + 21))   # its own stream: other families' cases stay as they are
     activation_family(w, np.random.default_rng(SEED + 22))
+    reduce_more_family(w, np.random.default_rng(SEED + 23))
     path = os.path.join(outdir, "ops.txt")
     for name, data in (("big.bin", bytes(w.bin)),
                        ("ops.txt", ("kiln-refs 1\n" + "\n".join(w.lines) + "\n").encode())):

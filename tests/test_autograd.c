@@ -494,6 +494,31 @@ static kiln_tensor *f_cross_entropy(kiln_tensor *const *x, const void *c)
   const aux_t *a = c;
   return kiln_cross_entropy(x[0], a->t);
 }
+static kiln_tensor *f_logsumexp(kiln_tensor *const *x, const void *c)
+{
+  const aux_t *a = c;
+  return kiln_logsumexp(x[0], a->dim, a->dim == 0);
+}
+static kiln_tensor *f_max_all(kiln_tensor *const *x, const void *c)
+{
+  (void)c;
+  return kiln_add(kiln_max_all(x[0]), kiln_min_all(x[0]));
+}
+static kiln_tensor *f_masked_fill(kiln_tensor *const *x, const void *c)
+{
+  const aux_t *a = c;
+  return kiln_masked_fill(x[0], a->t, 3.0);
+}
+static kiln_tensor *f_rms_norm(kiln_tensor *const *x, const void *c)
+{
+  (void)c;
+  return kiln_rms_norm(x[0], x[1], 1e-5);
+}
+static kiln_tensor *f_group_norm(kiln_tensor *const *x, const void *c)
+{
+  (void)c;
+  return kiln_group_norm(x[0], 2, x[1], x[2], 1e-5);
+}
 static kiln_tensor *f_softmax(kiln_tensor *const *x, const void *c)
 {
   const aux_t *a = c;
@@ -909,6 +934,19 @@ START_TEST(test_nn_ops)
   gradcheck("cross_entropy", f_cross_entropy, &tg, 1, logits);
   in_t mse[2] = {IN(D_ANY, 3, 4), IN(D_ANY, 3, 4)};
   gradcheck("mse_loss", f_mse_loss, NULL, 2, mse);
+
+  gradcheck("logsumexp axis 1", f_logsumexp, &ax1, 1, m35);
+  gradcheck("logsumexp axis 0, keepdim", f_logsumexp, &ax0, 1, m35);
+  in_t distinct[1] = {IN(D_DISTINCT, 3, 4)};
+  gradcheck("max_all + min_all", f_max_all, NULL, 1, distinct);
+  bool mv[4] = {true, false, false, true};
+  aux_t mk = {kiln_tensor_from(KILN_BOOL, 1, (int64_t[]){4}, mv), 0};
+  in_t x34[1] = {IN(D_ANY, 3, 4)};
+  gradcheck("masked_fill", f_masked_fill, &mk, 1, x34);
+  in_t rms[2] = {IN(D_ANY, 2, 3, 6), IN(D_POS, 6)};
+  gradcheck("rms_norm", f_rms_norm, NULL, 2, rms);
+  in_t gn[3] = {IN(D_ANY, 2, 4, 3), IN(D_POS, 4), IN(D_ANY, 4)};
+  gradcheck("group_norm", f_group_norm, NULL, 3, gn);
   kiln_scope_end();
 }
 END_TEST

@@ -433,6 +433,46 @@ START_TEST(test_layer_norm_errors)
 }
 END_TEST
 
+/* The newer ops refuse bad input under their own names. */
+#define EXPECT_ERR(call, op, frag)                    \
+  do {                                                \
+    int line_ = __LINE__;                             \
+    ck_assert_ptr_null(call);                         \
+    expect_error(line_, op, frag, NULL);              \
+  } while (0)
+
+START_TEST(test_new_op_errors)
+{
+  kiln_scope_begin();
+  kiln_tensor *x = kiln_ones(KILN_F32, 2, ((int64_t[]){3, 6}));
+  kiln_tensor *i = kiln_ones(KILN_I64, 1, S4), *e = kiln_ones(KILN_F32, 2, ((int64_t[]){3, 0}));
+  kiln_tensor *bmask = kiln_ones(KILN_BOOL, 1, S4), *fmask = kiln_ones(KILN_F32, 1, (int64_t[]){6});
+  EXPECT_ERR(kiln_clamp(x, NAN, 1), "kiln_clamp", "nan");
+  EXPECT_ERR(kiln_clamp(kiln_ones(KILN_BOOL, 1, S4), 0, 1), "kiln_clamp", "bool");
+  EXPECT_ERR(kiln_leaky_relu(i, 0.1), "kiln_leaky_relu", "i64");
+  EXPECT_ERR(kiln_silu(i), "kiln_silu", "i64");
+  kiln_clear_error();
+  EXPECT_ERR(kiln_add_scalar(NULL, 1), "kiln_add_scalar", "NULL");
+  EXPECT_ERR(kiln_argmin(e, 1, false), "kiln_argmin", "[3,0]");
+  EXPECT_ERR(kiln_logsumexp(e, 1, false), "kiln_logsumexp", "size 0");
+  EXPECT_ERR(kiln_logsumexp(x, 2, false), "kiln_logsumexp", "out of range");
+  EXPECT_ERR(kiln_logsumexp(i, 0, false), "kiln_logsumexp", "i64");
+  EXPECT_ERR(kiln_max_all(e), "kiln_max_all", "[3,0]");
+  EXPECT_ERR(kiln_min_all(e), "kiln_min_all", "[3,0]");
+  EXPECT_ERR(kiln_masked_fill(x, fmask, 0), "kiln_masked_fill", "bool");
+  EXPECT_ERR(kiln_masked_fill(x, bmask, 0), "kiln_masked_fill", "[4]");
+  EXPECT_ERR(kiln_masked_fill(kiln_ones(KILN_F32, 1, (int64_t[]){6}), kiln_ones(KILN_BOOL, 2, ((int64_t[]){3, 6})), 0),
+             "kiln_masked_fill", "[3,6]");
+  EXPECT_ERR(kiln_rms_norm(x, kiln_ones(KILN_F32, 1, S4), 1e-5), "kiln_rms_norm", "[4]");
+  EXPECT_ERR(kiln_group_norm(x, 4, NULL, NULL, 1e-5), "kiln_group_norm", "4 groups");
+  EXPECT_ERR(kiln_group_norm(x, 0, NULL, NULL, 1e-5), "kiln_group_norm", "0 groups");
+  EXPECT_ERR(kiln_group_norm(x, 3, NULL, kiln_ones(KILN_F32, 1, S4), 1e-5), "kiln_group_norm", "bias");
+  EXPECT_ERR(kiln_group_norm(kiln_ones(KILN_F32, 1, S4), 1, NULL, NULL, 1e-5), "kiln_group_norm", "(N,C,...)");
+  still_works();
+  kiln_scope_end();
+}
+END_TEST
+
 START_TEST(test_creation_errors)
 {
   int64_t nine[9] = {1, 1, 1, 1, 1, 1, 1, 1, 1};
@@ -679,6 +719,7 @@ static Suite *errors_suite(void)
   tcase_add_test(tc, test_null_propagates);
   tcase_add_test(tc, test_first_error_survives_chain);
   tcase_add_test(tc, test_fuzz_findings);
+  tcase_add_test(tc, test_new_op_errors);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -166,6 +166,19 @@ START_TEST(test_reduction_literals) {
   EXPECT0(kiln_var_axes(m, (int[]){0, 1}, 2, 0, false), 40.0 / 6); /* deviations from 4: 9 4 1 0 1 25 */
   EXPECT0(kiln_sum_all(m), 24);
   EXPECT0(kiln_mean_all(m), 4);
+  EXPECT(kiln_argmin(m, 0, false), ((int64_t[]){3}), 0, 0, 0);
+  EXPECT0(kiln_max_all(m), 9);
+  EXPECT0(kiln_min_all(m), 1);
+  EXPECT(kiln_logsumexp(m, 1, false), ((int64_t[]){2}), log(exp(1.0) + exp(2.0) + exp(3.0)), log(exp(4.0) + exp(5.0) + exp(9.0)));
+  kiln_tensor *mask = kiln_tensor_from(KILN_BOOL, 1, (int64_t[]){3}, (bool[]){true, false, true});
+  EXPECT(kiln_masked_fill(m, mask, -1), ((int64_t[]){2, 3}), -1, 2, -1, -1, 5, -1);
+  /* rows (1,2,3): mean square 14/3; (4,5,9): 122/3 */
+  double r0 = 1 / sqrt(14.0 / 3), r1 = 1 / sqrt(122.0 / 3);
+  EXPECT(kiln_rms_norm(m, NULL, 0), ((int64_t[]){2, 3}), r0, 2 * r0, 3 * r0, 4 * r1, 5 * r1, 9 * r1);
+  /* one group per channel of (1, 2, 3): each row's layer norm */
+  double s0 = sqrt(2.0 / 3), s1 = sqrt(14.0 / 3);
+  EXPECT(kiln_group_norm(kiln_reshape(m, 3, (int64_t[]){1, 2, 3}), 2, NULL, NULL, 0), ((int64_t[]){1, 2, 3}), -1 / s0, 0, 1 / s0,
+         -2 / s1, -1 / s1, 3 / s1);
   kiln_scope_end();
 }
 END_TEST

@@ -41,7 +41,8 @@ static const struct {
   const char *name;
   reduce_fn fn;
 } reduce_ops[] = {{"sum", kiln_sum_at}, {"mean", kiln_mean_at}, {"max", kiln_max_at},
-                  {"min", kiln_min_at}, {"argmax", kiln_argmax_at}};
+                  {"min", kiln_min_at}, {"argmax", kiln_argmax_at}, {"argmin", kiln_argmin_at},
+                  {"logsumexp", kiln_logsumexp_at}};
 static const struct {
   const char *name;
   reduce_axes_fn fn;
@@ -62,7 +63,8 @@ static const char *const other_ops[] = {
     "expand", "squeeze", "unsqueeze", "slice", "contiguous", "cat", "stack", "cast", "zeros",
     "ones", "full", "scalar", "arange", "add_", "sub_", "mul_", "copy_", "fill_", "zero_",
     "conv2d", "conv1d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "batch_norm",
-    "clamp", "leaky_relu", "add_scalar", "sub_scalar", "mul_scalar", "div_scalar",
+    "clamp", "leaky_relu", "add_scalar", "sub_scalar", "mul_scalar", "div_scalar", "argmin", "logsumexp",
+    "max_all", "min_all", "masked_fill", "rms_norm", "group_norm",
 };
 
 #define NELEM(a) (sizeof(a) / sizeof((a)[0]))
@@ -210,6 +212,23 @@ static bool dispatch(const refcase *c, kiln_tensor **in, kiln_tensor *base0, kil
       out[0] = scalar_ops[k].fn(in[0], v, __FILE__, __LINE__);
       return ok;
     }
+  if (strcmp(op, "max_all") == 0 || strcmp(op, "min_all") == 0) {
+    out[0] = (op[1] == 'a' ? kiln_max_all_at : kiln_min_all_at)(in[0], __FILE__, __LINE__);
+    return true;
+  }
+  if (strcmp(op, "masked_fill") == 0) {
+    out[0] = kiln_masked_fill(in[0], in[1], attr1(c, "value", &ok));
+    return ok;
+  }
+  if (strcmp(op, "rms_norm") == 0) {
+    out[0] = kiln_rms_norm(in[0], c->nin > 1 ? in[1] : NULL, attr1(c, "eps", &ok));
+    return ok;
+  }
+  if (strcmp(op, "group_norm") == 0) {
+    int groups = (int)attr1(c, "groups", &ok);
+    out[0] = kiln_group_norm(in[0], groups, c->nin > 1 ? in[1] : NULL, c->nin > 2 ? in[2] : NULL, attr1(c, "eps", &ok));
+    return ok;
+  }
   if (strcmp(op, "clamp") == 0) {
     double lo = attr1(c, "lo", &ok), hi = attr1(c, "hi", &ok);
     out[0] = kiln_clamp(in[0], lo, hi);

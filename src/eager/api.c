@@ -136,6 +136,10 @@ kiln_tensor *kiln_argmax_at(kiln_tensor *t, int axis, bool keepdim, const char *
   return reduce(OP_ARGMAX, "argmax", t, &axis, 1, keepdim, file, line);
 }
 
+kiln_tensor *kiln_argmin_at(kiln_tensor *t, int axis, bool keepdim, const char *file, int line) {
+  return reduce(OP_ARGMIN, "argmin", t, &axis, 1, keepdim, file, line);
+}
+
 /* var = sum((x - mean)^2) / (N - correction), written with primitives */
 static kiln_tensor *var(const char *name, kiln_tensor *t, const int *axes, int naxes, int correction, bool keepdim,
                         const char *file, int line) {

@@ -167,7 +167,7 @@ int sh_reduce(dim_env *env, op_id op, const shape_arg *in, int n, const op_attrs
   for (int j = 0; j < a->naxes; j++)
     if (a->axes[j] < 0 || (a->axes[j] >= x->ndim && x->ndim > 0) || (j && a->axes[j] <= a->axes[j - 1]))
       return fail(err, errn, "axes must be sorted and within rank %d", x->ndim);
-  bool nonempty = op == OP_MAX || op == OP_MIN || op == OP_ARGMAX;
+  bool nonempty = op == OP_MAX || op == OP_MIN || op == OP_ARGMAX || op == OP_ARGMIN;
   int k = 0;
   for (int i = 0, j = 0; i < x->ndim; i++) {
     if (j < a->naxes && a->axes[j] == i) {
