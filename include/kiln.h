@@ -379,6 +379,26 @@ KILN_API kiln_tensor *kiln_layer_norm_at(kiln_tensor *x, kiln_tensor *weight, ki
 /* Rows of table (V,C) picked by the i64 indices (any shape): shape idx.shape + (C,). */
 KILN_API kiln_tensor *kiln_embedding_at(kiln_tensor *table, kiln_tensor *idx, const char *, int);
 KILN_API kiln_tensor *kiln_index_select_at(kiln_tensor *a, int dim, kiln_tensor *idx, const char *, int);
+/* out[p] = x[p with dim replaced by idx[p]]: idx i64 of x's rank, no larger
+ * than x in the other dims; out has idx's shape (torch.gather). */
+KILN_API kiln_tensor *kiln_gather_at(kiln_tensor *x, int dim, kiln_tensor *idx, const char *, int);
+/* x with src[p] added at x[p with dim replaced by idx[p]], repeats adding
+ * up; src has idx's shape and x's dtype (torch.scatter_add). */
+KILN_API kiln_tensor *kiln_scatter_add_at(kiln_tensor *x, int dim, kiln_tensor *idx, kiln_tensor *src, const char *, int);
+/* x with its entries along dim at the 1-D i64 idx replaced by src's, in
+ * order (a repeated index: the last write wins); src is x's shape with
+ * idx's length along dim. */
+KILN_API kiln_tensor *kiln_index_copy_at(kiln_tensor *x, int dim, kiln_tensor *idx, kiln_tensor *src, const char *, int);
+/* The lower (upper) triangle of the last two dims: entries (i, j) with
+ * j - i <= k (>= k) kept, the rest 0. */
+KILN_API kiln_tensor *kiln_tril_at(kiln_tensor *x, int64_t k, const char *, int);
+KILN_API kiln_tensor *kiln_triu_at(kiln_tensor *x, int64_t k, const char *, int);
+/* Constant padding in torch's order: pads[0], pads[1] widen the last dim
+ * on the left and right, pads[2], pads[3] the one before, ...; n even, at
+ * most 2 * ndim; a negative width crops. */
+KILN_API KILN_READS(3, 2) kiln_tensor *kiln_pad_at(kiln_tensor *x, int n, const int64_t *pads, double value, const char *, int);
+/* Running sum along dim (i64 wraps; f32 accumulates in f64). */
+KILN_API kiln_tensor *kiln_cumsum_at(kiln_tensor *x, int dim, const char *, int);
 /* Mean over rows of -log_softmax(logits)[target]; logits (N,C), targets i64 (N,). */
 KILN_API kiln_tensor *kiln_cross_entropy_at(kiln_tensor *logits, kiln_tensor *targets, const char *, int);
 KILN_API kiln_tensor *kiln_mse_loss_at(kiln_tensor *a, kiln_tensor *b, const char *, int);
@@ -408,6 +428,13 @@ KILN_API kiln_tensor *kiln_group_norm_at(kiln_tensor *x, int groups, kiln_tensor
 #define kiln_group_norm(...) KILN_OP(kiln_group_norm_at, __VA_ARGS__)
 #define kiln_embedding(...) KILN_OP(kiln_embedding_at, __VA_ARGS__)
 #define kiln_index_select(...) KILN_OP(kiln_index_select_at, __VA_ARGS__)
+#define kiln_gather(...) KILN_OP(kiln_gather_at, __VA_ARGS__)
+#define kiln_scatter_add(...) KILN_OP(kiln_scatter_add_at, __VA_ARGS__)
+#define kiln_index_copy(...) KILN_OP(kiln_index_copy_at, __VA_ARGS__)
+#define kiln_tril(...) KILN_OP(kiln_tril_at, __VA_ARGS__)
+#define kiln_triu(...) KILN_OP(kiln_triu_at, __VA_ARGS__)
+#define kiln_pad(...) KILN_OP(kiln_pad_at, __VA_ARGS__)
+#define kiln_cumsum(...) KILN_OP(kiln_cumsum_at, __VA_ARGS__)
 #define kiln_cross_entropy(...) KILN_OP(kiln_cross_entropy_at, __VA_ARGS__)
 #define kiln_mse_loss(...) KILN_OP(kiln_mse_loss_at, __VA_ARGS__)
 
@@ -453,12 +480,15 @@ KILN_API kiln_tensor *kiln_mul__at(kiln_tensor *dst, kiln_tensor *src, const cha
 KILN_API kiln_tensor *kiln_copy__at(kiln_tensor *dst, kiln_tensor *src, const char *, int);
 KILN_API kiln_tensor *kiln_fill__at(kiln_tensor *dst, double value, const char *, int);
 KILN_API kiln_tensor *kiln_zero__at(kiln_tensor *dst, const char *, int);
+/* kiln_index_copy written into dst (the last write wins where an index repeats). */
+KILN_API kiln_tensor *kiln_index_copy__at(kiln_tensor *dst, int dim, kiln_tensor *idx, kiln_tensor *src, const char *, int);
 #define kiln_add_(...) KILN_OP(kiln_add__at, __VA_ARGS__)
 #define kiln_sub_(...) KILN_OP(kiln_sub__at, __VA_ARGS__)
 #define kiln_mul_(...) KILN_OP(kiln_mul__at, __VA_ARGS__)
 #define kiln_copy_(...) KILN_OP(kiln_copy__at, __VA_ARGS__)
 #define kiln_fill_(...) KILN_OP(kiln_fill__at, __VA_ARGS__)
 #define kiln_zero_(...) KILN_OP(kiln_zero__at, __VA_ARGS__)
+#define kiln_index_copy_(...) KILN_OP(kiln_index_copy__at, __VA_ARGS__)
 
 /* ---- autograd --------------------------------------------------------- */
 

@@ -1401,6 +1401,82 @@ def reduce_more_family(w, rng):
             w.case("norm", "group_norm", ins, [ref(y, dt)], {"groups": groups, "eps": 1e-5}, tol(dt, "norm"))
 
 
+def pad_np(x, pads, value):
+    """torch's constant pad: pairs from the last dim back; a negative width crops."""
+    x = np.asarray(x)
+    for i in range(len(pads) // 2):
+        d = x.ndim - 1 - i
+        lo, hi = pads[2 * i], pads[2 * i + 1]
+        idx = [slice(None)] * x.ndim
+        idx[d] = slice(max(0, -lo), x.shape[d] - max(0, -hi))
+        x = x[tuple(idx)]
+        widths = [(0, 0)] * x.ndim
+        widths[d] = (max(0, lo), max(0, hi))
+        x = np.pad(x, widths, constant_values=value)
+    return x
+
+
+def data_family(w, rng):
+    """gather, scatter_add, index_copy (the last write wins), tril, triu,
+    pad (torch's order; negative widths crop) and cumsum, family "data"."""
+    for dt in FLOATS + ("i64",):
+        for _ in range(6):
+            shape = rand_shape(rng, 1, 4, allow0=False)
+            r = len(shape)
+            d = int(rng.integers(-r, r))
+            dn = d % r
+            ishape = [int(rng.integers(1, s + 1)) if j != dn else int(rng.integers(0, 5)) for j, s in enumerate(shape)]
+            x = make_input(rng, shape, g_default(rng, dt))
+            idx = make_input(rng, ishape, lambda s, n=shape[dn]: rng.integers(0, n, s).astype(np.int64), layouts=[])
+            xv, iv = x.value(), idx.value()
+            sub = xv[tuple(slice(0, ishape[j]) if j != dn else slice(None) for j in range(r))]
+            exp = np.take_along_axis(sub, iv, axis=dn)
+            w.case("data", "gather", [x, idx], [exp.astype(NP[dt])], {"dim": d})
+            src = make_input(rng, ishape, g_default(rng, dt), layouts=[])
+            out = np.array(xv, dtype=NP[dt])
+            for pos in np.ndindex(*ishape):
+                tgt = list(pos)
+                tgt[dn] = iv[pos]
+                out[tuple(tgt)] += src.value()[pos]
+            t = EXACT if dt == "i64" else tol(dt, "arith")
+            w.case("data", "scatter_add", [x, idx, src], [out], {"dim": d}, t)
+            # index_copy: a 1-D index with repeats
+            k = int(rng.integers(0, 5))
+            i1 = Input(rng.integers(0, shape[dn], [k]).astype(np.int64))
+            sshape = list(shape)
+            sshape[dn] = k
+            src1 = make_input(rng, sshape, g_default(rng, dt))
+            out = np.array(xv, dtype=NP[dt])
+            for j in range(k):
+                dst_idx = [slice(None)] * r
+                dst_idx[dn] = i1.value()[j]
+                src_idx = [slice(None)] * r
+                src_idx[dn] = j
+                out[tuple(dst_idx)] = src1.value()[tuple(src_idx)]
+            w.case("data", "index_copy", [x, i1, src1], [out], {"dim": d})
+    for dt in FLOATS + ("i64", "bool"):
+        for shape in ([3, 4], [4, 3], [2, 3, 5], [1, 0, 2], [2, 2, 2, 3]):
+            x = make_input(rng, shape, g_default(rng, dt))
+            for k in (0, 1, -2, 7):
+                w.case("data", "tril", [x], [np.tril(x.value(), k).astype(NP[dt])], {"k": k})
+                w.case("data", "triu", [x], [np.triu(x.value(), k).astype(NP[dt])], {"k": k})
+    for dt in FLOATS + ("i64",):
+        for shape, pads in (([3, 4], [1, 2]), ([3, 4], [0, 1, 2, 0]), ([2, 3, 4], [-1, 2, 1, -1]), ([5], [-2, -3]),
+                            ([2, 0, 3], [1, 1, 2, 0]), ([2, 3], []), ([4, 5], [-1, -1, 2, 3])):
+            x = make_input(rng, shape, g_default(rng, dt))
+            v = 1.5 if dt != "i64" else -4
+            w.case("data", "pad", [x], [pad_np(x.value(), pads, v).astype(NP[dt])], {"pads": pads, "value": v})
+        for _ in range(5):
+            shape = rand_shape(rng, 0, 4)
+            r = len(shape)
+            d = int(rng.integers(-max(r, 1), max(r, 1)))
+            x = make_input(rng, shape, g_default(rng, dt))
+            xv = x.value()
+            exp = np.cumsum(f64(xv) if dt != "i64" else xv, axis=d % r) if r else xv
+            t = EXACT if dt == "i64" else tol(dt, "reduce")
+            w.case("data", "cumsum", [x], [np.asarray(exp).astype(NP[dt])], {"dim": d}, t)
+
+
 def main():
     if len(sys.argv) != 2:
         sys.stderr.write("usage: gen_refs.py OUTDIR\n")
@@ -1416,6 +1492,7 @@ def main():
     conv_family(w, np.random.default_rng(SEED + 21))   # its own stream: other families' cases stay as they are
     activation_family(w, np.random.default_rng(SEED + 22))
     reduce_more_family(w, np.random.default_rng(SEED + 23))
+    data_family(w, np.random.default_rng(SEED + 24))
     path = os.path.join(outdir, "ops.txt")
     for name, data in (("big.bin", bytes(w.bin)),
                        ("ops.txt", ("kiln-refs 1\n" + "\n".join(w.lines) + "\n").encode())):

@@ -494,6 +494,38 @@ static kiln_tensor *f_cross_entropy(kiln_tensor *const *x, const void *c)
   const aux_t *a = c;
   return kiln_cross_entropy(x[0], a->t);
 }
+static kiln_tensor *f_gather(kiln_tensor *const *x, const void *c)
+{
+  const aux_t *a = c;
+  return kiln_gather(x[0], a->dim, a->t);
+}
+static kiln_tensor *f_scatter_add(kiln_tensor *const *x, const void *c)
+{
+  const aux_t *a = c;
+  return kiln_scatter_add(x[0], a->dim, a->t, x[1]);
+}
+static kiln_tensor *f_index_copy(kiln_tensor *const *x, const void *c)
+{
+  const aux_t *a = c;
+  return kiln_index_copy(x[0], a->dim, a->t, x[1]);
+}
+static kiln_tensor *f_tri(kiln_tensor *const *x, const void *c)
+{
+  (void)c;
+  return kiln_add(kiln_tril(x[0], 1), kiln_mul(kiln_triu(x[0], -1), x[0]));
+}
+static kiln_tensor *f_pad(kiln_tensor *const *x, const void *c)
+{
+  (void)c;
+  kiln_tensor *p = kiln_pad(x[0], 4, ((int64_t[]){1, -1, 2, 0}), 0.5);
+  return kiln_mul(p, p);
+}
+static kiln_tensor *f_cumsum(kiln_tensor *const *x, const void *c)
+{
+  const aux_t *a = c;
+  kiln_tensor *s = kiln_cumsum(x[0], a->dim);
+  return kiln_mul(s, s);
+}
 static kiln_tensor *f_logsumexp(kiln_tensor *const *x, const void *c)
 {
   const aux_t *a = c;
@@ -905,6 +937,24 @@ START_TEST(test_index_ops)
   aux_t emb = {kiln_tensor_from(KILN_I64, 2, ((int64_t[]){2, 3}), ev), 0};
   in_t table[1] = {IN(D_ANY, 5, 3)};
   gradcheck("embedding (2,3) idx", f_embedding, &emb, 1, table);
+
+  /* gather with repeats (the gradient adds up), scatter_add into x and from src */
+  int64_t gv[6] = {0, 3, 3, 1, 0, 0};
+  aux_t gi = {kiln_tensor_from(KILN_I64, 2, ((int64_t[]){2, 3}), gv), 1};
+  in_t g34[1] = {IN(D_ANY, 3, 4)};
+  gradcheck("gather dim 1", f_gather, &gi, 1, g34);
+  in_t sa[2] = {IN(D_ANY, 3, 4), IN(D_ANY, 2, 3)};
+  gradcheck("scatter_add dim 1", f_scatter_add, &gi, 2, sa);
+  int64_t cv[2] = {2, 0};
+  aux_t ci = {kiln_tensor_from(KILN_I64, 1, (int64_t[]){2}, cv), 0};
+  in_t ic[2] = {IN(D_ANY, 3, 4), IN(D_ANY, 2, 4)};
+  gradcheck("index_copy dim 0", f_index_copy, &ci, 2, ic);
+  in_t t345[1] = {IN(D_ANY, 2, 3, 4)};
+  gradcheck("tril, triu", f_tri, NULL, 1, t345);
+  gradcheck("pad, crop", f_pad, NULL, 1, t345);
+  aux_t c1 = {NULL, 1}, c2 = {NULL, 2};
+  gradcheck("cumsum dim 1", f_cumsum, &c1, 1, t345);
+  gradcheck("cumsum dim 2", f_cumsum, &c2, 1, t345);
   kiln_scope_end();
 }
 END_TEST

@@ -765,6 +765,125 @@ START_TEST(test_norms_compiled) {
 }
 END_TEST
 
+/* Data movement as eager kernels in compiled code, next to fused ops. in:
+ * x (B,N,N), a gather index (B,N,2), a scatter source (B,N,2), an
+ * index_copy index (2,) and source (2,N,N). */
+static int data_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  kiln_tensor *x = kiln_mul_scalar(in[0], 2.0);
+  out[0] = kiln_exp(kiln_gather(x, 2, in[1]));
+  out[1] = kiln_scatter_add(x, 2, in[1], in[2]);
+  out[2] = kiln_index_copy(x, 0, in[3], in[4]);
+  out[3] = kiln_add(kiln_tril(x, 0), kiln_mul_scalar(kiln_triu(x, 1), 3.0));
+  out[4] = kiln_pad(x, 4, ((int64_t[]){1, 0, -1, 2}), 3.0);
+  out[5] = kiln_cumsum(kiln_tanh(x), 1);
+  return 0;
+}
+
+/* Inputs of data_body at size n (b = 2). */
+static void data_inputs(int64_t n, kiln_tensor **in) {
+  in[0] = kiln_randn(KILN_F32, 3, ((int64_t[]){2, n, n}), (uint64_t)n);
+  in[1] = kiln_cast(kiln_mul_scalar(kiln_rand(KILN_F32, 3, ((int64_t[]){2, n, 2}), 5), (double)n - 0.01), KILN_I64);
+  in[2] = kiln_randn(KILN_F32, 3, ((int64_t[]){2, n, 2}), 6);
+  in[3] = kiln_tensor_from(KILN_I64, 1, ((int64_t[]){2}), ((int64_t[]){1, 1}));
+  in[4] = kiln_randn(KILN_F32, 3, ((int64_t[]){2, n, n}), 7);
+}
+
+START_TEST(test_data_movement_compiled) {
+  kiln_scope_begin();
+  kiln_tensor *in[5];
+  data_inputs(5, in);
+  three_ways(data_body, NULL, 5, 6, in, 0);
+  /* one function at several sizes: the dims become symbols, each call matches eager */
+  kiln_options o = {.name = "data", .n_in = 5, .n_out = 6, .backend = KILN_BACKEND_LLVM};
+  kiln_fn *fn = kiln_compile(data_body, NULL, &o);
+  for (int64_t n = 3; n <= 7; n++) {
+    data_inputs(n, in);
+    kiln_tensor *y[6], *ref[6];
+    ck_assert_int_eq(0, kiln_call(fn, in, y));
+    ck_assert_int_eq(0, data_body(NULL, in, ref));
+    for (int i = 0; i < 6; i++) {
+      int64_t bad;
+      ck_assert(same_shape(y[i], ref[i]));
+      ck_assert_msg(maxdiff_rel(y[i], ref[i], &bad) == 0, "n %d output %d differs at %lld", (int)n, i, (long long)bad);
+    }
+  }
+  kiln_fn_stats st;
+  ck_assert_int_eq(0, kiln_fn_get_stats(fn, &st));
+  ck_assert_int_le(st.variants, 3); /* the sizes after the second share a symbolic variant */
+  kiln_fn_free(fn);
+  kiln_scope_end();
+}
+END_TEST
+
+/* index_copy_ into an input, compiled: written back to the caller's tensor. */
+static int index_copy_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  if (!kiln_index_copy_(in[0], 1, in[1], kiln_mul_scalar(in[2], 2.0))) return -1;
+  out[0] = kiln_sum_all(in[0]);
+  return 0;
+}
+
+START_TEST(test_index_copy_inplace_compiled) {
+  kiln_scope_begin();
+  kiln_options o = {.name = "index_copy_", .n_in = 3, .n_out = 1, .backend = KILN_BACKEND_LLVM};
+  kiln_fn *fn = kiln_compile(index_copy_body, NULL, &o);
+  for (int call = 0; call < 3; call++) {
+    kiln_tensor *idx = kiln_tensor_from(KILN_I64, 1, ((int64_t[]){3}), ((int64_t[]){call, 4, call}));
+    kiln_tensor *src = kiln_randn(KILN_F32, 2, ((int64_t[]){3, 3}), (uint64_t)call + 1);
+    kiln_tensor *a = kiln_randn(KILN_F32, 2, ((int64_t[]){3, 5}), 9), *b = kiln_contiguous(kiln_add_scalar(a, 0.0));
+    kiln_tensor *y, *ref;
+    ck_assert_int_eq(0, kiln_call(fn, (kiln_tensor *[]){a, idx, src}, &y));
+    ck_assert_int_eq(0, index_copy_body(NULL, (kiln_tensor *[]){b, idx, src}, &ref));
+    int64_t bad;
+    ck_assert_msg(maxdiff_rel(a, b, &bad) == 0, "call %d: the written input differs at %lld", call, (long long)bad);
+    ck_assert_double_le(maxdiff_rel(y, ref, &bad), 1e-6);
+  }
+  kiln_fn_stats st;
+  ck_assert_int_eq(0, kiln_fn_get_stats(fn, &st));
+  ck_assert_int_eq(0, st.fallbacks);
+  ck_assert_int_ge(st.hits, 1);
+  kiln_fn_free(fn);
+  kiln_scope_end();
+}
+END_TEST
+
+/* Integer attributes computed from a size the body read: each call's own
+ * numbers, never the first trace's. */
+static int sized_attrs_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  kiln_tensor *x = in[0];
+  int64_t n = kiln_size(x, 1);
+  out[0] = kiln_tril(x, n - 4);
+  out[1] = kiln_pad(x, 2, ((int64_t[]){n / 2, 1}), 0.0);
+  return 0;
+}
+
+START_TEST(test_attrs_from_sizes) {
+  kiln_scope_begin();
+  kiln_options o = {.name = "sized", .n_in = 1, .n_out = 2, .backend = KILN_BACKEND_LLVM};
+  kiln_fn *fn = kiln_compile(sized_attrs_body, NULL, &o);
+  for (int rep = 0; rep < 2; rep++)
+    for (int64_t n = 4; n <= 8; n++) {
+      kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){3, n}), (uint64_t)n), *y[2], *ref[2];
+      ck_assert_int_eq(0, kiln_call(fn, &x, y));
+      ck_assert_int_eq(0, sized_attrs_body(NULL, &x, ref));
+      for (int i = 0; i < 2; i++) {
+        int64_t bad;
+        ck_assert_msg(same_shape(y[i], ref[i]), "n %d output %d: shape", (int)n, i);
+        ck_assert_msg(maxdiff_rel(y[i], ref[i], &bad) == 0, "n %d output %d differs at %lld", (int)n, i, (long long)bad);
+      }
+    }
+  /* compiled every time (a number is a constant of its kernel: a new one compiles a new variant), never eager */
+  kiln_fn_stats st;
+  ck_assert_int_eq(0, kiln_fn_get_stats(fn, &st));
+  ck_assert_int_eq(0, st.fallbacks);
+  ck_assert_int_eq(st.calls, st.hits + st.traces);
+  kiln_fn_free(fn);
+  kiln_scope_end();
+}
+END_TEST
+
 /* The optimized LLVM module of fn's newest variant. */
 static char *llvm_dump_of(kiln_fn *fn) {
   char *dump = dump_of(fn, KILN_DUMP_LLVM);
@@ -1813,6 +1932,9 @@ static Suite *suite(void) {
   tcase_add_test(tc, test_op_numbers_in_signature);
   tcase_add_test(tc, test_new_pointwise_compiled);
   tcase_add_test(tc, test_norms_compiled);
+  tcase_add_test(tc, test_data_movement_compiled);
+  tcase_add_test(tc, test_attrs_from_sizes);
+  tcase_add_test(tc, test_index_copy_inplace_compiled);
   tcase_add_test(tc, test_coalesced_loops);
   tcase_add_test(tc, test_short_rows_one_chain_each);
   tcase_add_test(tc, test_quick_codegen);

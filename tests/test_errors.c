@@ -468,6 +468,30 @@ START_TEST(test_new_op_errors)
   EXPECT_ERR(kiln_group_norm(x, 0, NULL, NULL, 1e-5), "kiln_group_norm", "0 groups");
   EXPECT_ERR(kiln_group_norm(x, 3, NULL, kiln_ones(KILN_F32, 1, S4), 1e-5), "kiln_group_norm", "bias");
   EXPECT_ERR(kiln_group_norm(kiln_ones(KILN_F32, 1, S4), 1, NULL, NULL, 1e-5), "kiln_group_norm", "(N,C,...)");
+
+  kiln_tensor *i2 = kiln_tensor_from(KILN_I64, 2, ((int64_t[]){2, 1}), ((int64_t[]){0, 6}));
+  kiln_tensor *i1 = kiln_tensor_from(KILN_I64, 1, ((int64_t[]){2}), ((int64_t[]){0, 3}));
+  EXPECT_ERR(kiln_gather(x, 1, i), "kiln_gather", "rank 2");
+  EXPECT_ERR(kiln_gather(x, 1, i2), "kiln_gather", "index 6 at position 1");
+  EXPECT_ERR(kiln_gather(x, 2, i2), "kiln_gather", "dim 2");
+  EXPECT_ERR(kiln_gather(kiln_ones(KILN_F32, 2, ((int64_t[]){1, 6})), 1, i2), "kiln_gather", "larger");
+  EXPECT_ERR(kiln_scatter_add(x, 1, i2, x), "kiln_scatter_add", "index's shape");
+  EXPECT_ERR(kiln_index_copy(x, 0, i1, x), "kiln_index_copy", "does not fit");
+  kiln_tensor *dst = kiln_zeros(KILN_F32, 2, ((int64_t[]){3, 6})), *rows = kiln_ones(KILN_F32, 2, ((int64_t[]){2, 6}));
+  EXPECT_ERR(kiln_index_copy_(dst, 0, i1, rows), "kiln_index_copy_", "index 3 at position 1");
+  EXPECT_ERR(kiln_index_copy_(dst, 2, i1, rows), "kiln_index_copy_", "dim 2");
+  EXPECT_ERR(kiln_index_copy_(dst, 1, i1, rows), "kiln_index_copy_", "does not fit");
+  EXPECT_ERR(kiln_index_copy_(kiln_expand(kiln_ones(KILN_F32, 2, ((int64_t[]){1, 6})), 2, ((int64_t[]){3, 6})), 0,
+                              kiln_zeros(KILN_I64, 1, ((int64_t[]){2})), rows),
+             "kiln_index_copy_", "repeated");
+  EXPECT_ERR(kiln_tril(kiln_ones(KILN_F32, 1, S4), 0), "kiln_tril", "2 dims");
+  kiln_clear_error();
+  EXPECT_ERR(kiln_triu(NULL, 0), "kiln_triu", "NULL");
+  EXPECT_ERR(kiln_pad(x, 3, ((int64_t[]){1, 1, 1}), 0), "kiln_pad", "even");
+  EXPECT_ERR(kiln_pad(x, 6, ((int64_t[]){1, 1, 1, 1, 1, 1}), 0), "kiln_pad", "6 pad widths");
+  EXPECT_ERR(kiln_pad(x, 2, ((int64_t[]){-4, -3}), 0), "kiln_pad", "negative size");
+  EXPECT_ERR(kiln_cumsum(x, 2), "kiln_cumsum", "out of range");
+  EXPECT_ERR(kiln_cumsum(kiln_ones(KILN_BOOL, 1, S4), 0), "kiln_cumsum", "bool");
   still_works();
   kiln_scope_end();
 }

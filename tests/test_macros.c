@@ -93,6 +93,20 @@ START_TEST(test_view_literals) {
   EXPECT(kiln_cat((kiln_tensor *[]){r, r}, 2, 0), ((int64_t[]){4}), 7, 8, 7, 8);
   EXPECT(kiln_stack((kiln_tensor *[]){r, r}, 2, 0), ((int64_t[]){2, 2}), 7, 8, 7, 8);
   EXPECT(kiln_cast(r, KILN_I64), ((int64_t[]){2}), 7, 8);
+  kiln_tensor *ix = kiln_tensor_from(KILN_I64, 2, (int64_t[]){2, 1}, (int64_t[]){2, 0});
+  EXPECT(kiln_gather(m, 1, ix), ((int64_t[]){2, 1}), 3, 4);
+  EXPECT(kiln_scatter_add(m, 1, ix, kiln_tensor_from(KILN_F32, 2, (int64_t[]){2, 1}, (float[]){10, 20})), ((int64_t[]){2, 3}), 1, 2,
+         13, 24, 5, 6);
+  kiln_tensor *i1 = kiln_tensor_from(KILN_I64, 1, (int64_t[]){2}, (int64_t[]){1, 1});
+  kiln_tensor *rows = kiln_tensor_from(KILN_F32, 2, (int64_t[]){2, 3}, (float[]){7, 7, 7, 9, 9, 9});
+  EXPECT(kiln_index_copy(m, 0, i1, rows), ((int64_t[]){2, 3}), 1, 2, 3, 9, 9, 9); /* the last write wins */
+  kiln_tensor *dst = kiln_zeros(KILN_F32, 2, (int64_t[]){2, 3});
+  ck_assert_ptr_eq(dst, kiln_index_copy_(dst, 0, i1, rows));
+  EXPECT(dst, ((int64_t[]){2, 3}), 0, 0, 0, 9, 9, 9);
+  EXPECT(kiln_tril(m, 0), ((int64_t[]){2, 3}), 1, 0, 0, 4, 5, 0);
+  EXPECT(kiln_triu(m, 1), ((int64_t[]){2, 3}), 0, 2, 3, 0, 0, 6);
+  EXPECT(kiln_pad(m, 4, (int64_t[]){1, -2, 0, 1}, 0.5), ((int64_t[]){3, 2}), 0.5, 1, 0.5, 4, 0.5, 0.5);
+  EXPECT(kiln_cumsum(m, 1), ((int64_t[]){2, 3}), 1, 3, 6, 4, 9, 15);
   kiln_scope_end();
 }
 END_TEST

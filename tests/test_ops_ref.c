@@ -64,7 +64,8 @@ static const char *const other_ops[] = {
     "ones", "full", "scalar", "arange", "add_", "sub_", "mul_", "copy_", "fill_", "zero_",
     "conv2d", "conv1d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "batch_norm",
     "clamp", "leaky_relu", "add_scalar", "sub_scalar", "mul_scalar", "div_scalar", "argmin", "logsumexp",
-    "max_all", "min_all", "masked_fill", "rms_norm", "group_norm",
+    "max_all", "min_all", "masked_fill", "rms_norm", "group_norm", "gather", "scatter_add", "index_copy", "tril",
+    "triu", "pad", "cumsum",
 };
 
 #define NELEM(a) (sizeof(a) / sizeof((a)[0]))
@@ -227,6 +228,29 @@ static bool dispatch(const refcase *c, kiln_tensor **in, kiln_tensor *base0, kil
   if (strcmp(op, "group_norm") == 0) {
     int groups = (int)attr1(c, "groups", &ok);
     out[0] = kiln_group_norm(in[0], groups, c->nin > 1 ? in[1] : NULL, c->nin > 2 ? in[2] : NULL, attr1(c, "eps", &ok));
+    return ok;
+  }
+  if (strcmp(op, "gather") == 0) {
+    out[0] = kiln_gather(in[0], (int)attr1(c, "dim", &ok), in[1]);
+    return ok;
+  }
+  if (strcmp(op, "scatter_add") == 0 || strcmp(op, "index_copy") == 0) {
+    out[0] = (op[0] == 's' ? kiln_scatter_add_at : kiln_index_copy_at)(in[0], (int)attr1(c, "dim", &ok), in[1], in[2],
+                                                                         __FILE__, __LINE__);
+    return ok;
+  }
+  if (strcmp(op, "tril") == 0 || strcmp(op, "triu") == 0) {
+    int64_t k = (int64_t)attr1(c, "k", &ok);
+    out[0] = op[3] == 'l' ? kiln_tril(in[0], k) : kiln_triu(in[0], k);
+    return ok;
+  }
+  if (strcmp(op, "pad") == 0) {
+    int n = attr_list(c, "pads", list, &ok);
+    out[0] = kiln_pad(in[0], n, list, attr1(c, "value", &ok));
+    return ok;
+  }
+  if (strcmp(op, "cumsum") == 0) {
+    out[0] = kiln_cumsum(in[0], (int)attr1(c, "dim", &ok));
     return ok;
   }
   if (strcmp(op, "clamp") == 0) {
@@ -417,6 +441,8 @@ END_TEST
 START_TEST(test_pool) { run_family("pool"); }
 END_TEST
 START_TEST(test_norm) { run_family("norm"); }
+END_TEST
+START_TEST(test_data) { run_family("data"); }
 END_TEST
 /* Large tensors, with 3 threads so that chunk edges fall mid-row. */
 START_TEST(test_big)
@@ -809,7 +835,7 @@ static Suite *ops_ref_suite(void)
       {"hand_nn", test_hand_nn},       {"hand_extremes", test_hand_extremes},
       {"hand_math", test_hand_math}, {"hand_views", test_hand_views}, {"hand_random", test_hand_random},
       {"hand_errors", test_hand_errors}, {"hand_short_sums", test_hand_short_sums},
-      {"conv", test_conv}, {"pool", test_pool}, {"norm", test_norm},
+      {"conv", test_conv}, {"pool", test_pool}, {"norm", test_norm}, {"data", test_data},
   };
   for (size_t k = 0; k < NELEM(cases); k++) {
     TCase *tc = tcase_create(cases[k].name);

@@ -367,3 +367,70 @@ kiln_tensor *kiln_index_select_at(kiln_tensor *t, int dim, kiln_tensor *idx, con
   kiln_tensor *in[2] = {t, idx};
   return op_dispatch(OP_INDEX_SELECT, in, 2, &a, file, line);
 }
+
+/* ---- gather, scatter, index_copy, triangles, pad, cumsum ---- */
+
+/* dim of t normalized, or -1 with the error set. */
+static int dim_of(const char *op, const kiln_tensor *t, int dim, const char *file, int line) {
+  int d = axis_norm(dim, t->ndim);
+  char b[SHAPE_BUF];
+  if (d < 0 || t->ndim == 0) return err_set(file, line, op, "dim %d is out of range for shape %s", dim, err_shape(b, t->ndim, t->shape)), -1;
+  return d;
+}
+
+kiln_tensor *kiln_gather_at(kiln_tensor *x, int dim, kiln_tensor *idx, const char *file, int line) {
+  if (tensor_bad_arg(x, file, line, "gather", "input 0") || tensor_bad_arg(idx, file, line, "gather", "index")) return NULL;
+  int d = dim_of("gather", x, dim, file, line);
+  if (d < 0) return NULL;
+  kiln_tensor *in[2] = {x, idx};
+  return op_dispatch(OP_GATHER, in, 2, &(op_attrs){.dim = d}, file, line);
+}
+
+/* scatter_add and index_copy: x, an index and a source along dim */
+static kiln_tensor *scatter(op_id op, const char *name, kiln_tensor *x, int dim, kiln_tensor *idx, kiln_tensor *src,
+                            const char *file, int line) {
+  if (tensor_bad_arg(x, file, line, name, "input 0") || tensor_bad_arg(idx, file, line, name, "index") ||
+      tensor_bad_arg(src, file, line, name, "source"))
+    return NULL;
+  int d = dim_of(name, x, dim, file, line);
+  if (d < 0) return NULL;
+  kiln_tensor *in[3] = {x, idx, src};
+  return op_dispatch(op, in, 3, &(op_attrs){.dim = d}, file, line);
+}
+
+kiln_tensor *kiln_scatter_add_at(kiln_tensor *x, int dim, kiln_tensor *idx, kiln_tensor *src, const char *file, int line) {
+  return scatter(OP_SCATTER_ADD, "scatter_add", x, dim, idx, src, file, line);
+}
+
+kiln_tensor *kiln_index_copy_at(kiln_tensor *x, int dim, kiln_tensor *idx, kiln_tensor *src, const char *file, int line) {
+  return scatter(OP_INDEX_COPY, "index_copy", x, dim, idx, src, file, line);
+}
+
+kiln_tensor *kiln_tril_at(kiln_tensor *x, int64_t k, const char *file, int line) {
+  return op_dispatch(OP_TRIL, &x, 1, &(op_attrs){.k = k}, file, line);
+}
+
+kiln_tensor *kiln_triu_at(kiln_tensor *x, int64_t k, const char *file, int line) {
+  return op_dispatch(OP_TRIU, &x, 1, &(op_attrs){.k = k}, file, line);
+}
+
+kiln_tensor *kiln_pad_at(kiln_tensor *x, int n, const int64_t *pads, double value, const char *file, int line) {
+  if (tensor_bad_arg(x, file, line, "pad", "input 0")) return NULL;
+  if (n < 0 || n > 2 * MAXD || (n && !pads)) return err_set(file, line, "pad", "bad pad list (%d widths)", n);
+  op_attrs a = {.nints = n, .value = value};
+  for (int i = 0; i < n; i++) {
+    /* widths past any size are refused here, before a sum of them could overflow */
+    if (pads[i] < -(INT64_C(1) << 48) || pads[i] > (INT64_C(1) << 48))
+      return err_set(file, line, "pad", "pad width %" PRId64 " is out of range", pads[i]);
+    a.ints[i] = pads[i];
+  }
+  return op_dispatch(OP_PAD, &x, 1, &a, file, line);
+}
+
+kiln_tensor *kiln_cumsum_at(kiln_tensor *x, int dim, const char *file, int line) {
+  if (tensor_bad_arg(x, file, line, "cumsum", "input 0")) return NULL;
+  int d = axis_norm(dim, x->ndim);
+  char b[SHAPE_BUF];
+  if (d < 0) return err_set(file, line, "cumsum", "dim %d is out of range for shape %s", dim, err_shape(b, x->ndim, x->shape));
+  return op_dispatch(OP_CUMSUM, &x, 1, &(op_attrs){.dim = d}, file, line);
+}

@@ -460,6 +460,48 @@ static int bw_slice_scatter(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
   return 0;
 }
 
+static kiln_tensor *zeros_of_in(ag_node *nd, int i) { return kiln_zeros_at(IN(i).dtype, IN(i).ndim, IN(i).shape, AT); }
+static int bw_gather(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  kiln_tensor *in[3] = {zeros_of_in(nd, 0), nd->in[1], g};
+  gin[0] = op_dispatch(OP_SCATTER_ADD, in, 3, &nd->attrs, AT);
+  return 0;
+}
+static int bw_scatter_add(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  if (IN(0).need) gin[0] = g;
+  kiln_tensor *in[2] = {g, nd->in[1]};
+  if (IN(2).need) gin[2] = op_dispatch(OP_GATHER, in, 2, &nd->attrs, AT);
+  return 0;
+}
+/* x's rows that were overwritten get no gradient; the source's rows get g's
+ * rows at their indices (torch's formula: with a repeated index, every
+ * source row gets it, though the last one won) */
+static int bw_index_copy(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  kiln_tensor *in[3] = {g, nd->in[1], zeros_of_in(nd, 2)};
+  if (IN(0).need) gin[0] = op_dispatch(OP_INDEX_COPY, in, 3, &nd->attrs, AT);
+  if (IN(2).need) gin[2] = kiln_index_select_at(g, nd->attrs.dim, nd->in[1], AT);
+  return 0;
+}
+static int bw_tri(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  gin[0] = op_dispatch(nd->op, &g, 1, &nd->attrs, AT);
+  return 0;
+}
+/* the gradient of a pad is g padded back: every width negated (a pad crops, a crop pads with 0) */
+static int bw_pad(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  op_attrs a = nd->attrs;
+  for (int i = 0; i < a.nints; i++) a.ints[i] = -a.ints[i];
+  a.value = 0;
+  gin[0] = op_dispatch(OP_PAD, &g, 1, &a, AT);
+  return 0;
+}
+/* the sum of g from each position to the end: sum(g) - cumsum(g) + g */
+static int bw_cumsum(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  int d = nd->attrs.dim;
+  kiln_tensor *c = op_dispatch(OP_CUMSUM, &g, 1, &nd->attrs, AT);
+  kiln_tensor *total = IN(0).ndim ? kiln_sum_at(g, d, true, AT) : g;
+  gin[0] = kiln_add_at(kiln_sub_at(total, c, AT), g, AT);
+  return 0;
+}
+
 /* convolution and pooling: their gradients are ops of their own (conv.c,
  * pooling.c), given the forward's input whose shape they have */
 static kiln_tensor *grad_op(op_id op, kiln_tensor *a, kiln_tensor *b, kiln_tensor *c, ag_node *nd) {
