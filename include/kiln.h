@@ -399,6 +399,22 @@ KILN_API kiln_tensor *kiln_triu_at(kiln_tensor *x, int64_t k, const char *, int)
 KILN_API KILN_READS(3, 2) kiln_tensor *kiln_pad_at(kiln_tensor *x, int n, const int64_t *pads, double value, const char *, int);
 /* Running sum along dim (i64 wraps; f32 accumulates in f64). */
 KILN_API kiln_tensor *kiln_cumsum_at(kiln_tensor *x, int dim, const char *, int);
+/* The k largest (largest true) or smallest entries along dim, best first:
+ * *values (x's dtype, a gather of x, so gradients reach x) and *indices
+ * (i64); either pointer may be NULL. Ties: the lower index first; NaN is the
+ * largest. 0, or -1 with both set to NULL. */
+KILN_API int kiln_topk_at(kiln_tensor *x, int64_t k, int dim, bool largest, kiln_tensor **values, kiln_tensor **indices,
+                          const char *, int);
+/* Views of x in pieces of size along dim (the last may be shorter) into
+ * outs[0..count); returns the count, or -1. outs NULL: only the count;
+ * max_outs smaller than the count is an error. */
+KILN_API int kiln_split_at(kiln_tensor *x, int64_t size, int dim, kiln_tensor **outs, int max_outs, const char *, int);
+/* i64 (idx.shape + (n,)): 1 at each index's class; n -1 takes the largest
+ * index + 1 (a value read: a compiled body falls back to eager there). */
+KILN_API kiln_tensor *kiln_one_hot_at(kiln_tensor *idx, int64_t n, const char *, int);
+/* x tiled reps[i] times along dim i (torch's repeat): n >= ndim; extra
+ * repeats add leading dims. */
+KILN_API KILN_READS(3, 2) kiln_tensor *kiln_repeat_at(kiln_tensor *x, int n, const int64_t *reps, const char *, int);
 /* Mean over rows of -log_softmax(logits)[target]; logits (N,C), targets i64 (N,). */
 KILN_API kiln_tensor *kiln_cross_entropy_at(kiln_tensor *logits, kiln_tensor *targets, const char *, int);
 KILN_API kiln_tensor *kiln_mse_loss_at(kiln_tensor *a, kiln_tensor *b, const char *, int);
@@ -435,6 +451,10 @@ KILN_API kiln_tensor *kiln_group_norm_at(kiln_tensor *x, int groups, kiln_tensor
 #define kiln_triu(...) KILN_OP(kiln_triu_at, __VA_ARGS__)
 #define kiln_pad(...) KILN_OP(kiln_pad_at, __VA_ARGS__)
 #define kiln_cumsum(...) KILN_OP(kiln_cumsum_at, __VA_ARGS__)
+#define kiln_topk(...) KILN_CALL(int, kiln_topk_at, __VA_ARGS__)
+#define kiln_split(...) KILN_CALL(int, kiln_split_at, __VA_ARGS__)
+#define kiln_one_hot(...) KILN_OP(kiln_one_hot_at, __VA_ARGS__)
+#define kiln_repeat(...) KILN_OP(kiln_repeat_at, __VA_ARGS__)
 #define kiln_cross_entropy(...) KILN_OP(kiln_cross_entropy_at, __VA_ARGS__)
 #define kiln_mse_loss(...) KILN_OP(kiln_mse_loss_at, __VA_ARGS__)
 

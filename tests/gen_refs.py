@@ -1477,6 +1477,58 @@ def data_family(w, rng):
             w.case("data", "cumsum", [x], [np.asarray(exp).astype(NP[dt])], {"dim": d}, t)
 
 
+def topk_np(x, k, axis, largest):
+    """Indices of the k best along axis: ties to the lower index, NaN the largest."""
+    x = np.moveaxis(np.asarray(x), axis, -1)
+    out = np.zeros(x.shape[:-1] + (k,), np.int64)
+    for pos in np.ndindex(*x.shape[:-1]):
+        row = [(v, i) for i, v in enumerate(x[pos].tolist())]
+        def key(t):
+            v, i = t
+            nan = v != v
+            if largest:
+                return (0 if nan else 1, 0 if nan else -v, i)
+            return (1 if nan else 0, 0 if nan else v, i)
+        out[pos] = [i for _, i in sorted(row, key=key)[:k]]
+    return np.moveaxis(out, -1, axis)
+
+
+def select_family(w, rng):
+    """topk (values and indices), split (every piece), one_hot and repeat, family "data"."""
+    for dt in FLOATS + ("i64",):
+        for i in range(8):
+            shape = rand_shape(rng, 1, 3, allow0=False)
+            r = len(shape)
+            d = int(rng.integers(-r, r))
+            k = int(rng.integers(0, shape[d % r] + 1))
+            largest = bool(i % 2)
+            g = g_grid(rng, dt)
+            base = g(tuple(shape))
+            if dt != "i64" and i == 3:
+                base.reshape(-1)[0] = np.nan   # NaN: the largest
+            x = Input(base)
+            idx = topk_np(base, k, d % r, largest)
+            vals = np.take_along_axis(base, idx, axis=d % r)
+            w.case("data", "topk", [x], [vals, idx], {"k": k, "dim": d, "largest": int(largest)})
+    for dt in FLOATS + ("i64",):
+        for shape, size, d in (([7, 3], 3, 0), ([2, 5], 2, -1), ([4], 4, 0), ([4], 9, 0), ([2, 6, 2], 2, 1)):
+            x = make_input(rng, shape, g_default(rng, dt))
+            xv = x.value()
+            n = xv.shape[d]
+            pieces = [np.take(xv, range(s, min(s + size, n)), axis=d) for s in range(0, n, size)]
+            w.case("data", "split", [x], pieces, {"size": size, "dim": d})
+    for shape, n in (([4], 5), ([2, 3], 3), ([0], 2), ([], 4)):
+        idx = Input(rng.integers(0, n, shape).astype(np.int64))
+        exp = (np.asarray(idx.value())[..., None] == np.arange(n)).astype(np.int64)
+        w.case("data", "one_hot", [idx], [exp], {"n": n})
+    idx = Input(np.array([1, 4, 2], np.int64))
+    w.case("data", "one_hot", [idx], [np.eye(5, dtype=np.int64)[[1, 4, 2]]], {"n": -1})
+    for dt in FLOATS + ("i64", "bool"):
+        for shape, reps in (([2, 3], [2, 1]), ([2, 3], [1, 2, 3]), ([3], [2]), ([], [3]), ([2, 0], [2, 5]), ([1, 2], [3, 2])):
+            x = make_input(rng, shape, g_default(rng, dt))
+            w.case("data", "repeat", [x], [np.tile(x.value(), reps).astype(NP[dt])], {"reps": reps})
+
+
 def main():
     if len(sys.argv) != 2:
         sys.stderr.write("usage: gen_refs.py OUTDIR\n")
@@ -1493,6 +1545,7 @@ def main():
     activation_family(w, np.random.default_rng(SEED + 22))
     reduce_more_family(w, np.random.default_rng(SEED + 23))
     data_family(w, np.random.default_rng(SEED + 24))
+    select_family(w, np.random.default_rng(SEED + 25))
     path = os.path.join(outdir, "ops.txt")
     for name, data in (("big.bin", bytes(w.bin)),
                        ("ops.txt", ("kiln-refs 1\n" + "\n".join(w.lines) + "\n").encode())):

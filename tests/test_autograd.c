@@ -526,6 +526,28 @@ static kiln_tensor *f_cumsum(kiln_tensor *const *x, const void *c)
   kiln_tensor *s = kiln_cumsum(x[0], a->dim);
   return kiln_mul(s, s);
 }
+static kiln_tensor *f_topk(kiln_tensor *const *x, const void *c)
+{
+  const aux_t *a = c;
+  kiln_tensor *v = NULL;
+  if (kiln_topk(x[0], 2, a->dim, a->dim == 1, &v, NULL))
+    return NULL;
+  return kiln_mul(v, v);
+}
+static kiln_tensor *f_repeat(kiln_tensor *const *x, const void *c)
+{
+  (void)c;
+  kiln_tensor *r = kiln_repeat(x[0], 3, ((int64_t[]){2, 1, 3}));
+  return kiln_mul(r, kiln_sin(r));
+}
+static kiln_tensor *f_split(kiln_tensor *const *x, const void *c)
+{
+  (void)c;
+  kiln_tensor *p[3];
+  if (kiln_split(x[0], 2, 1, p, 3) != 3)
+    return NULL;
+  return kiln_cat(((kiln_tensor *[]){kiln_mul(p[2], p[2]), kiln_exp(p[0]), p[1]}), 3, 1);
+}
 static kiln_tensor *f_logsumexp(kiln_tensor *const *x, const void *c)
 {
   const aux_t *a = c;
@@ -955,6 +977,14 @@ START_TEST(test_index_ops)
   aux_t c1 = {NULL, 1}, c2 = {NULL, 2};
   gradcheck("cumsum dim 1", f_cumsum, &c1, 1, t345);
   gradcheck("cumsum dim 2", f_cumsum, &c2, 1, t345);
+  in_t d45[1] = {IN(D_DISTINCT, 4, 5)};
+  gradcheck("topk largest dim 1", f_topk, &c1, 1, d45);
+  aux_t c0 = {NULL, 0};
+  gradcheck("topk smallest dim 0", f_topk, &c0, 1, d45);
+  in_t r23[1] = {IN(D_ANY, 2, 3)};
+  gradcheck("repeat", f_repeat, NULL, 1, r23);
+  in_t s35[1] = {IN(D_ANY, 3, 5)};
+  gradcheck("split", f_split, NULL, 1, s35);
   kiln_scope_end();
 }
 END_TEST

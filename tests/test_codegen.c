@@ -848,6 +848,85 @@ START_TEST(test_index_copy_inplace_compiled) {
 }
 END_TEST
 
+/* topk, one_hot, repeat and split compiled; topk's k from a size the body read. */
+static int select_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  kiln_tensor *x = in[0], *v, *i;
+  if (kiln_topk(kiln_tanh(x), kiln_size(x, 1) / 2, 1, true, &v, &i)) return -1;
+  out[0] = kiln_mul_scalar(v, 3.0);
+  out[1] = kiln_one_hot(i, kiln_size(x, 1));
+  out[2] = kiln_exp(kiln_repeat(x, 3, ((int64_t[]){2, 1, 2})));
+  return 0;
+}
+
+START_TEST(test_select_compiled) {
+  kiln_scope_begin();
+  kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){3, 6}), 1);
+  three_ways(select_body, NULL, 1, 3, &x, 0);
+  kiln_options o = {.name = "select", .n_in = 1, .n_out = 3, .backend = KILN_BACKEND_LLVM};
+  kiln_fn *fn = kiln_compile(select_body, NULL, &o);
+  for (int rep = 0; rep < 2; rep++)
+    for (int64_t n = 4; n <= 8; n++) {
+      kiln_tensor *xn = kiln_randn(KILN_F32, 2, ((int64_t[]){3, n}), (uint64_t)n), *y[3], *ref[3];
+      ck_assert_int_eq(0, kiln_call(fn, &xn, y));
+      ck_assert_int_eq(0, select_body(NULL, &xn, ref));
+      for (int i = 0; i < 3; i++) {
+        int64_t bad;
+        ck_assert_msg(same_shape(y[i], ref[i]), "n %d output %d: shape", (int)n, i);
+        ck_assert_msg(maxdiff_rel(y[i], ref[i], &bad) == 0, "n %d output %d differs at %lld", (int)n, i, (long long)bad);
+      }
+    }
+  kiln_fn_stats st;
+  ck_assert_int_eq(0, kiln_fn_get_stats(fn, &st));
+  ck_assert_int_eq(0, st.fallbacks);
+  kiln_fn_free(fn);
+  kiln_scope_end();
+}
+END_TEST
+
+/* The piece count of a split follows the size of every call: a traced body
+ * that loops over the pieces is never replayed with another call's count. */
+static int split_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  kiln_tensor *p[8];
+  int n = kiln_split(in[0], 2, 0, p, 8);
+  if (n < 0) return -1;
+  /* the sum of the pieces' squared sums: it depends on where the pieces end
+   * (no C numbers here, which would make the call record on their own) */
+  kiln_tensor *s = kiln_sum_all(p[0]), *acc = kiln_mul(s, s);
+  for (int i = 1; i < n; i++) {
+    s = kiln_sum_all(p[i]);
+    acc = kiln_add(acc, kiln_mul(s, s));
+  }
+  out[0] = acc;
+  out[1] = kiln_cat(p, n, 0); /* the pieces back together */
+  return 0;
+}
+
+START_TEST(test_split_dynamic) {
+  kiln_scope_begin();
+  kiln_options o = {.name = "split", .n_in = 1, .n_out = 2, .backend = KILN_BACKEND_LLVM};
+  kiln_fn *fn = kiln_compile(split_body, NULL, &o);
+  static const int64_t sizes[] = {4, 5, 6, 7, 8, 5, 4, 9, 6};
+  for (int k = 0; k < (int)(sizeof sizes / sizeof *sizes); k++) {
+    kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){sizes[k], 3}), (uint64_t)k + 1), *y[2], *ref[2];
+    ck_assert_int_eq(0, kiln_call(fn, &x, y));
+    ck_assert_int_eq(0, split_body(NULL, &x, ref));
+    for (int i = 0; i < 2; i++) {
+      int64_t bad;
+      ck_assert_msg(same_shape(y[i], ref[i]), "size %d output %d: shape", (int)sizes[k], i);
+      ck_assert_msg(maxdiff_rel(y[i], ref[i], &bad) <= 1e-6, "size %d output %d differs", (int)sizes[k], i);
+    }
+  }
+  kiln_fn_stats st;
+  ck_assert_int_eq(0, kiln_fn_get_stats(fn, &st));
+  ck_assert_int_eq(0, st.fallbacks);
+  ck_assert_int_ge(st.hits, 1); /* 5, 4 and 6 again: compiled code */
+  kiln_fn_free(fn);
+  kiln_scope_end();
+}
+END_TEST
+
 /* Integer attributes computed from a size the body read: each call's own
  * numbers, never the first trace's. */
 static int sized_attrs_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
@@ -1935,6 +2014,8 @@ static Suite *suite(void) {
   tcase_add_test(tc, test_data_movement_compiled);
   tcase_add_test(tc, test_attrs_from_sizes);
   tcase_add_test(tc, test_index_copy_inplace_compiled);
+  tcase_add_test(tc, test_select_compiled);
+  tcase_add_test(tc, test_split_dynamic);
   tcase_add_test(tc, test_coalesced_loops);
   tcase_add_test(tc, test_short_rows_one_chain_each);
   tcase_add_test(tc, test_quick_codegen);

@@ -107,6 +107,15 @@ START_TEST(test_view_literals) {
   EXPECT(kiln_triu(m, 1), ((int64_t[]){2, 3}), 0, 2, 3, 0, 0, 6);
   EXPECT(kiln_pad(m, 4, (int64_t[]){1, -2, 0, 1}, 0.5), ((int64_t[]){3, 2}), 0.5, 1, 0.5, 4, 0.5, 0.5);
   EXPECT(kiln_cumsum(m, 1), ((int64_t[]){2, 3}), 1, 3, 6, 4, 9, 15);
+  kiln_tensor *tv, *ti;
+  ck_assert_int_eq(0, kiln_topk(m, 2, 1, true, &tv, &ti));
+  EXPECT(tv, ((int64_t[]){2, 2}), 3, 2, 6, 5);
+  EXPECT(ti, ((int64_t[]){2, 2}), 2, 1, 2, 1);
+  kiln_tensor *pieces[2];
+  ck_assert_int_eq(2, kiln_split(m, 2, 1, pieces, 2));
+  EXPECT(pieces[1], ((int64_t[]){2, 1}), 3, 6);
+  EXPECT(kiln_one_hot(kiln_tensor_from(KILN_I64, 1, (int64_t[]){2}, (int64_t[]){2, 0}), 3), ((int64_t[]){2, 3}), 0, 0, 1, 1, 0, 0);
+  EXPECT(kiln_repeat(r, 2, (int64_t[]){2, 2}), ((int64_t[]){2, 4}), 7, 8, 7, 8, 7, 8, 7, 8);
   kiln_scope_end();
 }
 END_TEST

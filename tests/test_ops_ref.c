@@ -65,7 +65,7 @@ static const char *const other_ops[] = {
     "conv2d", "conv1d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "batch_norm",
     "clamp", "leaky_relu", "add_scalar", "sub_scalar", "mul_scalar", "div_scalar", "argmin", "logsumexp",
     "max_all", "min_all", "masked_fill", "rms_norm", "group_norm", "gather", "scatter_add", "index_copy", "tril",
-    "triu", "pad", "cumsum",
+    "triu", "pad", "cumsum", "topk", "split", "one_hot", "repeat",
 };
 
 #define NELEM(a) (sizeof(a) / sizeof((a)[0]))
@@ -251,6 +251,34 @@ static bool dispatch(const refcase *c, kiln_tensor **in, kiln_tensor *base0, kil
   }
   if (strcmp(op, "cumsum") == 0) {
     out[0] = kiln_cumsum(in[0], (int)attr1(c, "dim", &ok));
+    return ok;
+  }
+  if (strcmp(op, "topk") == 0) {
+    int64_t k = (int64_t)attr1(c, "k", &ok);
+    int dim = (int)attr1(c, "dim", &ok);
+    bool largest = attr1(c, "largest", &ok) != 0;
+    if (kiln_topk(in[0], k, dim, largest, &out[0], &out[1]))
+      out[0] = out[1] = NULL;
+    return ok;
+  }
+  if (strcmp(op, "split") == 0) {
+    kiln_tensor *pieces[16];
+    int n = kiln_split(in[0], (int64_t)attr1(c, "size", &ok), (int)attr1(c, "dim", &ok), pieces, 16);
+    if (n != c->nout) {
+      fprintf(stderr, "case %d: split made %d pieces, expected %d\n", c->index, n, c->nout);
+      return false;
+    }
+    for (int k = 0; k < n; k++)
+      out[k] = pieces[k];
+    return ok;
+  }
+  if (strcmp(op, "one_hot") == 0) {
+    out[0] = kiln_one_hot(in[0], (int64_t)attr1(c, "n", &ok));
+    return ok;
+  }
+  if (strcmp(op, "repeat") == 0) {
+    int n = attr_list(c, "reps", list, &ok);
+    out[0] = kiln_repeat(in[0], n, list);
     return ok;
   }
   if (strcmp(op, "clamp") == 0) {

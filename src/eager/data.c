@@ -1,6 +1,7 @@
 /* Data movement kernels: cat, index_select, index_add, slice_scatter, gather,
  * scatter_add, index_copy, tril, triu, pad and cumsum. Most write through a
  * view of the output and the strided copy, so inputs may have any layout. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "eager/eager.h"
@@ -231,5 +232,66 @@ int k_cumsum(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_te
       for (int64_t i = 0; i < len; i++) o[i * os] = s += p[i * xs];
     }
   }
+  return 0;
+}
+
+/* ---- topk: the indices, best first ---- */
+
+typedef struct topk_row {
+  const char *base; /* the row's first element */
+  int64_t stride;   /* in elements */
+  kiln_dtype dt;
+  bool largest;
+} topk_row;
+
+static _Thread_local const topk_row *topk_cur;
+
+static double topk_value(int64_t i) {
+  const topk_row *r = topk_cur;
+  switch (r->dt) {
+  case KILN_F32: return ((const float *)r->base)[i * r->stride];
+  case KILN_F64: return ((const double *)r->base)[i * r->stride];
+  default: return 0;
+  }
+}
+
+/* a before b: the better value (NaN the largest of all), then the lower index */
+static int topk_cmp(const void *pa, const void *pb) {
+  int64_t a = *(const int64_t *)pa, b = *(const int64_t *)pb;
+  const topk_row *r = topk_cur;
+  int c = 0;
+  if (r->dt == KILN_I64) {
+    int64_t x = ((const int64_t *)r->base)[a * r->stride], y = ((const int64_t *)r->base)[b * r->stride];
+    c = x < y ? -1 : x > y;
+  } else {
+    double x = topk_value(a), y = topk_value(b);
+    bool nx = x != x, ny = y != y;
+    c = nx || ny ? (int)nx - (int)ny : (x < y ? -1 : x > y);
+  }
+  if (r->largest) c = -c;
+  return c ? c : (a < b ? -1 : a > b);
+}
+
+int k_topk(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out) {
+  (void)op, (void)n;
+  const kiln_tensor *x = in[0];
+  int dim = a->dim;
+  int64_t len = x->ndim ? x->shape[dim] : 1, rows = len ? shape_numel(x->ndim, x->shape) / len : 0;
+  if (!a->k || !rows) return 0;
+  int64_t *order = alloc_malloc(sizeof *order * (size_t)len);
+  if (!order) return -1;
+  size_t es = kiln_dtype_size(x->dtype);
+  for (int64_t r = 0; r < rows; r++) {
+    topk_row row = {(const char *)x->st->data + (x->ndim ? row_offset(x, dim, r) : x->offset) * (int64_t)es,
+                    x->ndim ? x->stride[dim] : 0, x->dtype, a->flag};
+    for (int64_t i = 0; i < len; i++) order[i] = i;
+    topk_cur = &row;
+    qsort(order, (size_t)len, sizeof *order, topk_cmp);
+    int64_t *o = (int64_t *)out->st->data + (out->ndim ? row_offset(out, dim, r) : out->offset);
+    int64_t os = out->ndim ? out->stride[dim] : 0;
+    for (int64_t i = 0; i < a->k; i++) o[i * os] = order[i];
+  }
+  topk_cur = NULL;
+  alloc_free(order);
   return 0;
 }

@@ -394,7 +394,7 @@ bool dtype_is_float(kiln_dtype dt);
 SHAPE_RULE(sh_pointwise) SHAPE_RULE(sh_where) SHAPE_RULE(sh_reduce) SHAPE_RULE(sh_matmul) SHAPE_RULE(sh_reshape)
 SHAPE_RULE(sh_permute) SHAPE_RULE(sh_expand) SHAPE_RULE(sh_slice) SHAPE_RULE(sh_cat) SHAPE_RULE(sh_index_select)
 SHAPE_RULE(sh_index_add) SHAPE_RULE(sh_slice_scatter) SHAPE_RULE(sh_gather) SHAPE_RULE(sh_scatter_add) SHAPE_RULE(sh_tri)
-SHAPE_RULE(sh_pad) SHAPE_RULE(sh_along)
+SHAPE_RULE(sh_pad) SHAPE_RULE(sh_along) SHAPE_RULE(sh_topk)
 #undef SHAPE_RULE
 /* Indices (input 1, 1-D i64) within dim a->dim of input 0. */
 int chk_indices(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, const char *file, int line);
@@ -425,6 +425,7 @@ int k_index_copy(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor
 int k_tri(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
 int k_pad(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
 int k_cumsum(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
+int k_topk(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
 
 /* pointwise.c: elementwise into an arbitrary (possibly strided) destination.
  * The in-place ops use these directly. All operands already have dtype dt

@@ -420,6 +420,20 @@ int sh_along(dim_env *env, op_id op, const shape_arg *in, int n, const op_attrs 
   return 0;
 }
 
+int sh_topk(dim_env *env, op_id op, const shape_arg *in, int n, const op_attrs *a, shape_arg *out, char *err,
+            size_t errn) {
+  (void)op, (void)n;
+  char b0[160];
+  if (a->dim < 0 || a->dim >= (in[0].ndim ? in[0].ndim : 1)) return fail(err, errn, "dim %d is out of range for %s", a->dim, TXT(&in[0], b0));
+  sym_dim len = in[0].ndim ? in[0].shape[a->dim] : sym_const(1);
+  if (a->k < 0 || !is_true(env, sym_const(a->k), SYM_LE, len))
+    return fail(err, errn, "k %lld is outside [0, %s] (dim %d of %s)", (long long)a->k, dims_text(1, &len, (char[32]){0}, 32),
+                a->dim, TXT(&in[0], b0));
+  copy_shape(out, &in[0]);
+  if (in[0].ndim) out->shape[a->dim] = sym_const(a->k);
+  return 0;
+}
+
 /* ---- the whole rule: dtype, then shape ---- */
 
 static const char *const in_text[] = {"any dtype", "numbers only; cast bool first", "floats only; cast first"};
