@@ -848,6 +848,31 @@ START_TEST(test_index_copy_inplace_compiled) {
 }
 END_TEST
 
+/* body (one input (3,n), n_out outputs) compiled and called at n = 4..8
+ * twice over: every output as eager's, bit for bit, and compiled every time
+ * (a number is a constant of its kernel: a new one compiles a variant), never
+ * eager. */
+static void sizes_as_eager(body_fn body, int n_out) {
+  kiln_options o = {.name = "sizes", .n_in = 1, .n_out = n_out, .backend = KILN_BACKEND_LLVM};
+  kiln_fn *fn = kiln_compile(body, NULL, &o);
+  for (int rep = 0; rep < 2; rep++)
+    for (int64_t n = 4; n <= 8; n++) {
+      kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){3, n}), (uint64_t)n), *y[4], *ref[4];
+      ck_assert_int_eq(0, kiln_call(fn, &x, y));
+      ck_assert_int_eq(0, body(NULL, &x, ref));
+      for (int i = 0; i < n_out; i++) {
+        int64_t bad;
+        ck_assert_msg(same_shape(y[i], ref[i]), "n %d output %d: shape", (int)n, i);
+        ck_assert_msg(maxdiff_rel(y[i], ref[i], &bad) == 0, "n %d output %d differs at %lld", (int)n, i, (long long)bad);
+      }
+    }
+  kiln_fn_stats st;
+  ck_assert_int_eq(0, kiln_fn_get_stats(fn, &st));
+  ck_assert_int_eq(0, st.fallbacks);
+  ck_assert_int_eq(st.calls, st.hits + st.traces);
+  kiln_fn_free(fn);
+}
+
 /* topk, one_hot, repeat and split compiled; topk's k from a size the body read. */
 static int select_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
   (void)ctx;
@@ -863,23 +888,7 @@ START_TEST(test_select_compiled) {
   kiln_scope_begin();
   kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){3, 6}), 1);
   three_ways(select_body, NULL, 1, 3, &x, 0);
-  kiln_options o = {.name = "select", .n_in = 1, .n_out = 3, .backend = KILN_BACKEND_LLVM};
-  kiln_fn *fn = kiln_compile(select_body, NULL, &o);
-  for (int rep = 0; rep < 2; rep++)
-    for (int64_t n = 4; n <= 8; n++) {
-      kiln_tensor *xn = kiln_randn(KILN_F32, 2, ((int64_t[]){3, n}), (uint64_t)n), *y[3], *ref[3];
-      ck_assert_int_eq(0, kiln_call(fn, &xn, y));
-      ck_assert_int_eq(0, select_body(NULL, &xn, ref));
-      for (int i = 0; i < 3; i++) {
-        int64_t bad;
-        ck_assert_msg(same_shape(y[i], ref[i]), "n %d output %d: shape", (int)n, i);
-        ck_assert_msg(maxdiff_rel(y[i], ref[i], &bad) == 0, "n %d output %d differs at %lld", (int)n, i, (long long)bad);
-      }
-    }
-  kiln_fn_stats st;
-  ck_assert_int_eq(0, kiln_fn_get_stats(fn, &st));
-  ck_assert_int_eq(0, st.fallbacks);
-  kiln_fn_free(fn);
+  sizes_as_eager(select_body, 3);
   kiln_scope_end();
 }
 END_TEST
@@ -940,25 +949,7 @@ static int sized_attrs_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out
 
 START_TEST(test_attrs_from_sizes) {
   kiln_scope_begin();
-  kiln_options o = {.name = "sized", .n_in = 1, .n_out = 2, .backend = KILN_BACKEND_LLVM};
-  kiln_fn *fn = kiln_compile(sized_attrs_body, NULL, &o);
-  for (int rep = 0; rep < 2; rep++)
-    for (int64_t n = 4; n <= 8; n++) {
-      kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){3, n}), (uint64_t)n), *y[2], *ref[2];
-      ck_assert_int_eq(0, kiln_call(fn, &x, y));
-      ck_assert_int_eq(0, sized_attrs_body(NULL, &x, ref));
-      for (int i = 0; i < 2; i++) {
-        int64_t bad;
-        ck_assert_msg(same_shape(y[i], ref[i]), "n %d output %d: shape", (int)n, i);
-        ck_assert_msg(maxdiff_rel(y[i], ref[i], &bad) == 0, "n %d output %d differs at %lld", (int)n, i, (long long)bad);
-      }
-    }
-  /* compiled every time (a number is a constant of its kernel: a new one compiles a new variant), never eager */
-  kiln_fn_stats st;
-  ck_assert_int_eq(0, kiln_fn_get_stats(fn, &st));
-  ck_assert_int_eq(0, st.fallbacks);
-  ck_assert_int_eq(st.calls, st.hits + st.traces);
-  kiln_fn_free(fn);
+  sizes_as_eager(sized_attrs_body, 2);
   kiln_scope_end();
 }
 END_TEST
