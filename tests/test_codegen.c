@@ -266,9 +266,10 @@ END_TEST
 
 /* ---- random programs (the generator: tests/fuzz/randprog.h) ---- */
 
-static int run_program(uint64_t seed, int threads, char *why, size_t whyn) {
+static int run_program(uint64_t seed, int mode, int threads, char *why, size_t whyn) {
   prog pg;
   prog_init(&pg, seed);
+  pg.mode = mode;
   kiln_options o = {.name = "rand", .n_in = N_IN, .n_out = pg.n_out, .backend = KILN_BACKEND_LLVM};
   kiln_fn *fn = kiln_compile(random_body, &pg, &o);
   int C = pg.C;
@@ -342,9 +343,9 @@ static int run_program(uint64_t seed, int threads, char *why, size_t whyn) {
     }
     char *text = nv ? kiln_fn_graph(fn, nv - 1) : NULL;
     fprintf(stderr,
-            "random program seed %llu failed (threads %d, C=%d, x %s, %s%s, %d outputs, sizes from #%d): %s\n"
+            "random program seed %llu (mode %d) failed (threads %d, C=%d, x %s, %s%s, %d outputs, sizes from #%d): %s\n"
             "its graph (variant %d of %d):\n%s\n",
-            (unsigned long long)seed, threads, C, pg.nd_x == 3 ? "(B,T,C)" : "(B,C)", pg.f64 ? "f64" : "f32",
+            (unsigned long long)seed, mode, threads, C, pg.nd_x == 3 ? "(B,T,C)" : "(B,C)", pg.f64 ? "f64" : "f32",
             pg.grad ? ", with grads" : "", pg.n_out, pg.rot, why, nv - 1, nv, text ? text : "(none)");
     free(text);
   }
@@ -354,14 +355,16 @@ static int run_program(uint64_t seed, int threads, char *why, size_t whyn) {
   return rc;
 }
 
-/* Runs random program seed; a failure counts in *failed (the first's seed in *first_bad). */
-static void run_seed(uint64_t seed, int *failed, uint64_t *first_bad) {
+/* Runs random program seed of mode; a failure counts in *failed (the first's seed in *first_bad). */
+static void run_seed_mode(uint64_t seed, int mode, int *failed, uint64_t *first_bad) {
   char why[512];
-  if (run_program(seed, 1 + (int)(seed % 2), why, sizeof why)) {
+  if (run_program(seed, mode, 1 + (int)(seed % 2), why, sizeof why)) {
     if (!*failed) *first_bad = seed;
     ++*failed;
   }
 }
+
+static void run_seed(uint64_t seed, int *failed, uint64_t *first_bad) { run_seed_mode(seed, 0, failed, first_bad); }
 
 START_TEST(test_random_programs) {
   const char *env = getenv("KILN_FUZZ_PROGRAMS");
@@ -376,6 +379,21 @@ START_TEST(test_random_programs) {
   uint64_t first_bad = 0;
   for (int i = 0; i < n + n_found; i++) run_seed(i < n ? base + (uint64_t)i : found[i - n], &failed, &first_bad);
   ck_assert_msg(failed == 0, "%d of %d random programs differ from eager; the first is seed %llu", failed, n + n_found,
+                (unsigned long long)first_bad);
+}
+END_TEST
+
+/* Mode 1: programs that use the newer ops as well (clamp, silu, ..., topk,
+ * split, group_norm). KILN_FUZZ_FIRST moves its seeds too. */
+START_TEST(test_random_programs_more_ops) {
+  const char *env = getenv("KILN_FUZZ_PROGRAMS");
+  const char *first = getenv("KILN_FUZZ_FIRST");
+  int n = env ? atoi(env) : 100;
+  uint64_t base = first ? strtoull(first, NULL, 10) : 70000;
+  int failed = 0;
+  uint64_t first_bad = 0;
+  for (int i = 0; i < n; i++) run_seed_mode(base + (uint64_t)i, 1, &failed, &first_bad);
+  ck_assert_msg(failed == 0, "%d of %d random programs of mode 1 differ from eager; the first is seed %llu", failed, n,
                 (unsigned long long)first_bad);
 }
 END_TEST
@@ -419,7 +437,7 @@ static char *fatal_child(bool keep_host, bool *failed) {
       LLVMInstallFatalErrorHandler(host_handler);
     }
     char why[512];
-    run_program(30706, 1, why, sizeof why);
+    run_program(30706, 0, 1, why, sizeof why);
     _exit(0);
   }
   close(fd[1]);
@@ -1989,6 +2007,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, test_threads_bitwise);
   tcase_add_test(tc, test_random_programs);
   tcase_add_test(tc, test_random_programs_quick);
+  tcase_add_test(tc, test_random_programs_more_ops);
   tcase_add_test(tc, test_llvm_fatal_error);
   tcase_add_test(tc, test_index_bounds);
   tcase_add_test(tc, test_dead_node_buffer);
