@@ -490,6 +490,7 @@ START_TEST(test_new_op_errors)
   EXPECT_ERR(kiln_pad(x, 3, ((int64_t[]){1, 1, 1}), 0), "kiln_pad", "even");
   EXPECT_ERR(kiln_pad(x, 6, ((int64_t[]){1, 1, 1, 1, 1, 1}), 0), "kiln_pad", "6 pad widths");
   EXPECT_ERR(kiln_pad(x, 2, ((int64_t[]){-4, -3}), 0), "kiln_pad", "negative size");
+  EXPECT_ERR(kiln_pad(x, 2, ((int64_t[]){INT64_MAX, 1}), 0), "kiln_pad", "out of range");
   EXPECT_ERR(kiln_cumsum(x, 2), "kiln_cumsum", "out of range");
   EXPECT_ERR(kiln_cumsum(kiln_ones(KILN_BOOL, 1, S4), 0), "kiln_cumsum", "bool");
   kiln_tensor *tv = x, *ti = x;

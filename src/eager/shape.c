@@ -399,6 +399,9 @@ int sh_pad(dim_env *env, op_id op, const shape_arg *in, int n, const op_attrs *a
   char b0[160];
   if (a->nints % 2 || a->nints > 2 * in[0].ndim)
     return fail(err, errn, "%d pad widths for %s: an even number, at most two per dim", a->nints, TXT(&in[0], b0));
+  for (int i = 0; i < a->nints; i++) /* a loaded graph's widths too: their sum must not overflow */
+    if (a->ints[i] < -(INT64_C(1) << 48) || a->ints[i] > (INT64_C(1) << 48))
+      return fail(err, errn, "pad width %lld is out of range", (long long)a->ints[i]);
   copy_shape(out, &in[0]);
   for (int i = 0; i < a->nints / 2; i++) {
     int d = in[0].ndim - 1 - i;
