@@ -264,7 +264,8 @@ KILN_API kiln_tensor *kiln_cast_at(kiln_tensor *, kiln_dtype, const char *, int)
 #define KILN_BINARY_OPS(X) X(add) X(sub) X(mul) X(div) X(pow) X(maximum) X(minimum) \
   X(eq) X(ne) X(lt) X(le) X(gt) X(ge)
 #define KILN_UNARY_OPS(X) X(neg) X(abs) X(exp) X(log) X(sqrt) X(rsqrt) X(tanh) X(sigmoid) \
-  X(relu) X(gelu) X(gelu_erf) X(erf) X(sin) X(cos)
+  X(relu) X(gelu) X(gelu_erf) X(erf) X(sin) X(cos) X(silu) X(softplus) X(log1p) X(expm1) X(floor) X(ceil) \
+  X(round) X(sign)
 
 #define KILN_DECL_BINARY(name) \
   KILN_API kiln_tensor *kiln_##name##_at(kiln_tensor *a, kiln_tensor *b, const char *, int);
@@ -301,6 +302,34 @@ KILN_UNARY_OPS(KILN_DECL_UNARY)
 #define kiln_erf(...) KILN_OP(kiln_erf_at, __VA_ARGS__)
 #define kiln_sin(...) KILN_OP(kiln_sin_at, __VA_ARGS__)
 #define kiln_cos(...) KILN_OP(kiln_cos_at, __VA_ARGS__)
+#define kiln_silu(...) KILN_OP(kiln_silu_at, __VA_ARGS__)         /* x * sigmoid(x) */
+#define kiln_softplus(...) KILN_OP(kiln_softplus_at, __VA_ARGS__) /* log(1 + e^x); x past 20, as torch */
+#define kiln_log1p(...) KILN_OP(kiln_log1p_at, __VA_ARGS__)
+#define kiln_expm1(...) KILN_OP(kiln_expm1_at, __VA_ARGS__)
+/* floor, ceil, round (half to even) and sign (nan gives 0) keep the dtype; on
+ * i64 the first three return x; their gradient is zero. */
+#define kiln_floor(...) KILN_OP(kiln_floor_at, __VA_ARGS__)
+#define kiln_ceil(...) KILN_OP(kiln_ceil_at, __VA_ARGS__)
+#define kiln_round(...) KILN_OP(kiln_round_at, __VA_ARGS__)
+#define kiln_sign(...) KILN_OP(kiln_sign_at, __VA_ARGS__)
+
+/* min(max(x, lo), hi) (so hi when lo > hi, as torch); +-INFINITY leaves a
+ * side open. On i64 with a bound that is not whole, x is cast to f32 first.
+ * The gradient passes where lo <= x <= hi. */
+KILN_API kiln_tensor *kiln_clamp_at(kiln_tensor *x, double lo, double hi, const char *, int);
+/* x > 0 ? x : slope * x, floats. */
+KILN_API kiln_tensor *kiln_leaky_relu_at(kiln_tensor *x, double slope, const char *, int);
+/* x op value, the number in x's dtype (a float value on i64 x: f32, as torch) */
+KILN_API kiln_tensor *kiln_add_scalar_at(kiln_tensor *x, double value, const char *, int);
+KILN_API kiln_tensor *kiln_sub_scalar_at(kiln_tensor *x, double value, const char *, int);
+KILN_API kiln_tensor *kiln_mul_scalar_at(kiln_tensor *x, double value, const char *, int);
+KILN_API kiln_tensor *kiln_div_scalar_at(kiln_tensor *x, double value, const char *, int);
+#define kiln_clamp(...) KILN_OP(kiln_clamp_at, __VA_ARGS__)
+#define kiln_leaky_relu(...) KILN_OP(kiln_leaky_relu_at, __VA_ARGS__)
+#define kiln_add_scalar(...) KILN_OP(kiln_add_scalar_at, __VA_ARGS__)
+#define kiln_sub_scalar(...) KILN_OP(kiln_sub_scalar_at, __VA_ARGS__)
+#define kiln_mul_scalar(...) KILN_OP(kiln_mul_scalar_at, __VA_ARGS__)
+#define kiln_div_scalar(...) KILN_OP(kiln_div_scalar_at, __VA_ARGS__)
 
 /* cond ? a : b, all three broadcast; cond is bool. */
 KILN_API kiln_tensor *kiln_where_at(kiln_tensor *cond, kiln_tensor *a, kiln_tensor *b, const char *, int);
@@ -315,6 +344,7 @@ KILN_API kiln_tensor *kiln_max_at(kiln_tensor *, int axis, bool keepdim, const c
 KILN_API kiln_tensor *kiln_min_at(kiln_tensor *, int axis, bool keepdim, const char *, int);
 KILN_API kiln_tensor *kiln_var_at(kiln_tensor *, int axis, int correction, bool keepdim, const char *, int);
 KILN_API kiln_tensor *kiln_argmax_at(kiln_tensor *, int axis, bool keepdim, const char *, int); /* i64 */
+KILN_API kiln_tensor *kiln_argmin_at(kiln_tensor *, int axis, bool keepdim, const char *, int); /* i64 */
 /* A list of axes; naxes == 0 reduces over every axis. */
 KILN_API KILN_READS(2, 3) kiln_tensor *kiln_sum_axes_at(kiln_tensor *, const int *axes, int naxes, bool keepdim, const char *, int);
 KILN_API KILN_READS(2, 3) kiln_tensor *kiln_mean_axes_at(kiln_tensor *, const int *axes, int naxes, bool keepdim, const char *, int);
@@ -328,6 +358,7 @@ KILN_API KILN_READS(2, 3) kiln_tensor *kiln_var_axes_at(kiln_tensor *, const int
 #define kiln_min(...) KILN_OP(kiln_min_at, __VA_ARGS__)
 #define kiln_var(...) KILN_OP(kiln_var_at, __VA_ARGS__)
 #define kiln_argmax(...) KILN_OP(kiln_argmax_at, __VA_ARGS__)
+#define kiln_argmin(...) KILN_OP(kiln_argmin_at, __VA_ARGS__)
 #define kiln_sum_axes(...) KILN_OP(kiln_sum_axes_at, __VA_ARGS__)
 #define kiln_mean_axes(...) KILN_OP(kiln_mean_axes_at, __VA_ARGS__)
 #define kiln_max_axes(...) KILN_OP(kiln_max_axes_at, __VA_ARGS__)
@@ -348,15 +379,82 @@ KILN_API kiln_tensor *kiln_layer_norm_at(kiln_tensor *x, kiln_tensor *weight, ki
 /* Rows of table (V,C) picked by the i64 indices (any shape): shape idx.shape + (C,). */
 KILN_API kiln_tensor *kiln_embedding_at(kiln_tensor *table, kiln_tensor *idx, const char *, int);
 KILN_API kiln_tensor *kiln_index_select_at(kiln_tensor *a, int dim, kiln_tensor *idx, const char *, int);
+/* out[p] = x[p with dim replaced by idx[p]]: idx i64 of x's rank, no larger
+ * than x in the other dims; out has idx's shape (torch.gather). */
+KILN_API kiln_tensor *kiln_gather_at(kiln_tensor *x, int dim, kiln_tensor *idx, const char *, int);
+/* x with src[p] added at x[p with dim replaced by idx[p]], repeats adding
+ * up; src has idx's shape and x's dtype (torch.scatter_add). */
+KILN_API kiln_tensor *kiln_scatter_add_at(kiln_tensor *x, int dim, kiln_tensor *idx, kiln_tensor *src, const char *, int);
+/* x with its entries along dim at the 1-D i64 idx replaced by src's, in
+ * order (a repeated index: the last write wins); src is x's shape with
+ * idx's length along dim. */
+KILN_API kiln_tensor *kiln_index_copy_at(kiln_tensor *x, int dim, kiln_tensor *idx, kiln_tensor *src, const char *, int);
+/* The lower (upper) triangle of the last two dims: entries (i, j) with
+ * j - i <= k (>= k) kept, the rest 0. */
+KILN_API kiln_tensor *kiln_tril_at(kiln_tensor *x, int64_t k, const char *, int);
+KILN_API kiln_tensor *kiln_triu_at(kiln_tensor *x, int64_t k, const char *, int);
+/* Constant padding in torch's order: pads[0], pads[1] widen the last dim
+ * on the left and right, pads[2], pads[3] the one before, ...; n even, at
+ * most 2 * ndim; a negative width crops. */
+KILN_API KILN_READS(3, 2) kiln_tensor *kiln_pad_at(kiln_tensor *x, int n, const int64_t *pads, double value, const char *, int);
+/* Running sum along dim (i64 wraps; f32 accumulates in f64). */
+KILN_API kiln_tensor *kiln_cumsum_at(kiln_tensor *x, int dim, const char *, int);
+/* The k largest (largest true) or smallest entries along dim, best first:
+ * *values (x's dtype, a gather of x, so gradients reach x) and *indices
+ * (i64); either pointer may be NULL. Ties: the lower index first; NaN is the
+ * largest. 0, or -1 with both set to NULL. */
+KILN_API int kiln_topk_at(kiln_tensor *x, int64_t k, int dim, bool largest, kiln_tensor **values, kiln_tensor **indices,
+                          const char *, int);
+/* Views of x in pieces of size along dim (the last may be shorter) into
+ * outs[0..count); returns the count, or -1. outs NULL: only the count;
+ * max_outs smaller than the count is an error. */
+KILN_API int kiln_split_at(kiln_tensor *x, int64_t size, int dim, kiln_tensor **outs, int max_outs, const char *, int);
+/* i64 (idx.shape + (n,)): 1 at each index's class; n -1 takes the largest
+ * index + 1 (a value read: a compiled body falls back to eager there). */
+KILN_API kiln_tensor *kiln_one_hot_at(kiln_tensor *idx, int64_t n, const char *, int);
+/* x tiled reps[i] times along dim i (torch's repeat): n >= ndim; extra
+ * repeats add leading dims. */
+KILN_API KILN_READS(3, 2) kiln_tensor *kiln_repeat_at(kiln_tensor *x, int n, const int64_t *reps, const char *, int);
 /* Mean over rows of -log_softmax(logits)[target]; logits (N,C), targets i64 (N,). */
 KILN_API kiln_tensor *kiln_cross_entropy_at(kiln_tensor *logits, kiln_tensor *targets, const char *, int);
 KILN_API kiln_tensor *kiln_mse_loss_at(kiln_tensor *a, kiln_tensor *b, const char *, int);
+/* log(sum(exp(x))) along axis, without overflow; floats, a non-empty axis. */
+KILN_API kiln_tensor *kiln_logsumexp_at(kiln_tensor *x, int axis, bool keepdim, const char *, int);
+/* The largest / smallest element, 0-d; refused for an empty tensor. */
+KILN_API kiln_tensor *kiln_max_all_at(kiln_tensor *x, const char *, int);
+KILN_API kiln_tensor *kiln_min_all_at(kiln_tensor *x, const char *, int);
+/* x with value where the bool mask (broadcast to x's shape) is true. */
+KILN_API kiln_tensor *kiln_masked_fill_at(kiln_tensor *x, kiln_tensor *mask, double value, const char *, int);
+/* x / sqrt(mean(x^2 over the last dim) + eps) * weight; weight (C,) or NULL. */
+KILN_API kiln_tensor *kiln_rms_norm_at(kiln_tensor *x, kiln_tensor *weight, double eps, const char *, int);
+/* x (N,C,...): each of groups groups of C/groups channels normalized over
+ * its channels and every later dim (biased variance), then weight and bias
+ * (C,) per channel, each may be NULL. */
+KILN_API kiln_tensor *kiln_group_norm_at(kiln_tensor *x, int groups, kiln_tensor *weight, kiln_tensor *bias, double eps,
+                                         const char *, int);
 #define kiln_matmul(...) KILN_OP(kiln_matmul_at, __VA_ARGS__)
 #define kiln_softmax(...) KILN_OP(kiln_softmax_at, __VA_ARGS__)
 #define kiln_log_softmax(...) KILN_OP(kiln_log_softmax_at, __VA_ARGS__)
 #define kiln_layer_norm(...) KILN_OP(kiln_layer_norm_at, __VA_ARGS__)
+#define kiln_logsumexp(...) KILN_OP(kiln_logsumexp_at, __VA_ARGS__)
+#define kiln_max_all(...) KILN_OP(kiln_max_all_at, __VA_ARGS__)
+#define kiln_min_all(...) KILN_OP(kiln_min_all_at, __VA_ARGS__)
+#define kiln_masked_fill(...) KILN_OP(kiln_masked_fill_at, __VA_ARGS__)
+#define kiln_rms_norm(...) KILN_OP(kiln_rms_norm_at, __VA_ARGS__)
+#define kiln_group_norm(...) KILN_OP(kiln_group_norm_at, __VA_ARGS__)
 #define kiln_embedding(...) KILN_OP(kiln_embedding_at, __VA_ARGS__)
 #define kiln_index_select(...) KILN_OP(kiln_index_select_at, __VA_ARGS__)
+#define kiln_gather(...) KILN_OP(kiln_gather_at, __VA_ARGS__)
+#define kiln_scatter_add(...) KILN_OP(kiln_scatter_add_at, __VA_ARGS__)
+#define kiln_index_copy(...) KILN_OP(kiln_index_copy_at, __VA_ARGS__)
+#define kiln_tril(...) KILN_OP(kiln_tril_at, __VA_ARGS__)
+#define kiln_triu(...) KILN_OP(kiln_triu_at, __VA_ARGS__)
+#define kiln_pad(...) KILN_OP(kiln_pad_at, __VA_ARGS__)
+#define kiln_cumsum(...) KILN_OP(kiln_cumsum_at, __VA_ARGS__)
+#define kiln_topk(...) KILN_CALL(int, kiln_topk_at, __VA_ARGS__)
+#define kiln_split(...) KILN_CALL(int, kiln_split_at, __VA_ARGS__)
+#define kiln_one_hot(...) KILN_OP(kiln_one_hot_at, __VA_ARGS__)
+#define kiln_repeat(...) KILN_OP(kiln_repeat_at, __VA_ARGS__)
 #define kiln_cross_entropy(...) KILN_OP(kiln_cross_entropy_at, __VA_ARGS__)
 #define kiln_mse_loss(...) KILN_OP(kiln_mse_loss_at, __VA_ARGS__)
 
@@ -402,12 +500,15 @@ KILN_API kiln_tensor *kiln_mul__at(kiln_tensor *dst, kiln_tensor *src, const cha
 KILN_API kiln_tensor *kiln_copy__at(kiln_tensor *dst, kiln_tensor *src, const char *, int);
 KILN_API kiln_tensor *kiln_fill__at(kiln_tensor *dst, double value, const char *, int);
 KILN_API kiln_tensor *kiln_zero__at(kiln_tensor *dst, const char *, int);
+/* kiln_index_copy written into dst (the last write wins where an index repeats). */
+KILN_API kiln_tensor *kiln_index_copy__at(kiln_tensor *dst, int dim, kiln_tensor *idx, kiln_tensor *src, const char *, int);
 #define kiln_add_(...) KILN_OP(kiln_add__at, __VA_ARGS__)
 #define kiln_sub_(...) KILN_OP(kiln_sub__at, __VA_ARGS__)
 #define kiln_mul_(...) KILN_OP(kiln_mul__at, __VA_ARGS__)
 #define kiln_copy_(...) KILN_OP(kiln_copy__at, __VA_ARGS__)
 #define kiln_fill_(...) KILN_OP(kiln_fill__at, __VA_ARGS__)
 #define kiln_zero_(...) KILN_OP(kiln_zero__at, __VA_ARGS__)
+#define kiln_index_copy_(...) KILN_OP(kiln_index_copy__at, __VA_ARGS__)
 
 /* ---- autograd --------------------------------------------------------- */
 

@@ -1250,6 +1250,285 @@ def conv_family(w, rng):
                        {"training": int(training), "momentum": mom, "eps": eps}, tol(dt, "norm"))
 
 
+def silu_np(x):
+    return x / (1.0 + np.exp(-x))
+
+
+def softplus_np(x):
+    return np.where(x > 20.0, x, np.log1p(np.exp(np.minimum(x, 20.0))))
+
+
+ACTIVATIONS = {
+    # name: (reference on float64, value generators by dtype, dtypes)
+    "silu": (silu_np, lambda rng, dt: g_uniform(rng, dt, -30.0, 30.0), FLOATS),
+    "softplus": (softplus_np, lambda rng, dt: g_uniform(rng, dt, -40.0, 40.0), FLOATS),
+    "log1p": (np.log1p, lambda rng, dt: g_uniform(rng, dt, -0.99, 20.0), FLOATS),
+    "expm1": (np.expm1, lambda rng, dt: g_uniform(rng, dt, -12.0, 12.0), FLOATS),
+    "floor": (np.floor, lambda rng, dt: g_grid(rng, dt) if dt == "i64" else g_normal(rng, dt, 3.0), FLOATS + ("i64",)),
+    "ceil": (np.ceil, lambda rng, dt: g_grid(rng, dt) if dt == "i64" else g_normal(rng, dt, 3.0), FLOATS + ("i64",)),
+    # halves on the grid: ties round to even
+    "round": (np.round, lambda rng, dt: g_grid(rng, dt), FLOATS + ("i64",)),
+    "sign": (np.sign, lambda rng, dt: g_grid(rng, dt), FLOATS + ("i64",)),
+}
+
+
+def activation_family(w, rng):
+    """The newer pointwise ops: silu, softplus (torch: beta 1, threshold 20),
+    log1p, expm1, floor, ceil, round (half to even), sign; clamp
+    (min(max(x, lo), hi)), leaky_relu, and the scalar forms of the four
+    arithmetic ops. Family "unary", on a stream of its own."""
+    for op, (fn, gen, dts) in ACTIVATIONS.items():
+        for dt in dts:
+            shapes = [[], [0], [7], [3, 4], [2, 3, 4]] + [rand_shape(rng) for _ in range(3)]
+            for i, s in enumerate(shapes):
+                g = gen(rng, dt)
+                if op in ("log1p", "expm1") and i == 3 and dt != "i64":
+                    g = g_uniform(rng, dt, -1e-3, 1e-3)   # where the naive forms cancel
+                a = make_input(rng, s, g)
+                if dt == "i64":
+                    exp, t = fn(a.value()).astype(np.int64), EXACT
+                else:
+                    exp = ref(fn(f64(a.value())), dt)
+                    t = EXACT if op in ("floor", "ceil", "round", "sign") else tol(dt)
+                w.case("unary", op, [a], [exp], tolerance=t)
+    inf = float("inf")
+    for dt in FLOATS + ("i64",):
+        bounds = [(-1.0, 1.0), (0.0, inf), (-inf, 0.5), (2.0, -2.0), (-1.5, 2.5)]
+        for lo, hi in bounds:
+            s = rand_shape(rng, 1, 3)
+            a = make_input(rng, s, g_grid(rng, dt) if dt == "i64" else g_normal(rng, dt, 2.0))
+            x = a.value()
+            frac = any(v != math.floor(v) for v in (lo, hi) if abs(v) != inf)
+            odt = "f32" if dt == "i64" and frac else dt
+            if odt == "i64":
+                exp = np.minimum(np.maximum(x, -2**63 if lo == -inf else int(lo)), 2**63 - 1 if hi == inf else int(hi))
+            else:
+                xl, lf, hf = x.astype(NP[odt]), NP[odt](lo), NP[odt](hi)
+                exp = np.minimum(np.maximum(xl, lf), hf)
+            w.case("unary", "clamp", [a], [np.asarray(exp).astype(NP[odt])], {"lo": lo, "hi": hi})
+    for dt in FLOATS:
+        for slope in (0.01, 0.2, -0.5):
+            a = make_input(rng, rand_shape(rng, 0, 3), g_grid(rng, dt) if slope < 0 else g_normal(rng, dt))
+            x = f64(a.value())
+            exp = ref(np.where(x > 0, x, x * float(NP[dt](slope))), dt)
+            w.case("unary", "leaky_relu", [a], [exp], {"slope": slope}, tol(dt, "arith"))
+    fns = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}
+    for op, fn in fns.items():
+        for dt in FLOATS + ("i64",):
+            for v in (2.0, -0.75, 3.0):
+                a = make_input(rng, rand_shape(rng, 0, 3), g_default(rng, dt) if op != "div" or dt == "i64" else g_nonzero(rng, dt))
+                x = a.value()
+                odt = "f32" if dt == "i64" and (v != math.floor(v) or op == "div") else dt
+                if odt == "i64":
+                    exp, t = fn(x, int(v)).astype(np.int64), EXACT
+                else:
+                    exp, t = ref(fn(f64(x.astype(NP[odt])), float(NP[odt](v))), odt), tol(odt, "arith")
+                w.case("unary", op + "_scalar", [a], [exp], {"value": v}, t)
+
+
+def reduce_more_family(w, rng):
+    """argmin (the first index of the minimum), logsumexp, max_all, min_all,
+    masked_fill, rms_norm and group_norm, on a stream of their own."""
+    for dt in FLOATS + ("i64",):
+        for i in range(9):
+            shape = rand_shape(rng, 1, 4, allow0=False) if i else [6]
+            r = len(shape)
+            ax = int(rng.integers(-r, r))
+            keepdim = bool(rng.random() < 0.5)
+            a = make_input(rng, shape, g_grid(rng, dt) if i % 2 == 0 else g_default(rng, dt))
+            exp = np.argmin(a.value(), axis=ax % r)
+            if keepdim:
+                exp = np.expand_dims(exp, ax % r)
+            w.case("reduce", "argmin", [a], [exp.astype(np.int64)], {"axis": ax, "keepdim": int(keepdim)})
+    for dt in FLOATS:
+        for i in range(8):
+            shape = rand_shape(rng, 1, 4, allow0=False)
+            r = len(shape)
+            ax = int(rng.integers(-r, r))
+            keepdim = bool(rng.random() < 0.5)
+            a = make_input(rng, shape, g_normal(rng, dt, 30.0 if i % 3 == 2 else 2.0))
+            x = f64(a.value())
+            m = np.max(x, axis=ax % r, keepdims=True)
+            exp = np.log(np.sum(np.exp(x - m), axis=ax % r, keepdims=True)) + m
+            if not keepdim:
+                exp = np.squeeze(exp, ax % r)
+            w.case("nn", "logsumexp", [a], [ref(exp, dt)], {"axis": ax, "keepdim": int(keepdim)}, tol(dt))
+        # rows of -inf give -inf, a row holding +inf gives +inf
+        base = np.array([[-np.inf, -np.inf, -np.inf], [0.5, np.inf, 1.0], [1.0, 2.0, -np.inf]], NP[dt])
+        exp = np.array([-np.inf, np.inf, 2.0 + math.log1p(math.exp(-1.0))])
+        w.case("nn", "logsumexp", [Input(base)], [ref(exp, dt)], {"axis": 1, "keepdim": 0}, tol(dt))
+    for op, fn in (("max_all", np.max), ("min_all", np.min)):
+        for dt in FLOATS + ("i64",):
+            for shape in ([], [5], [3, 4], [2, 3, 4], rand_shape(rng, 1, 4, allow0=False)):
+                a = make_input(rng, shape, g_grid(rng, dt) if dt == "i64" else g_default(rng, dt))
+                w.case("reduce", op, [a], [np.asarray(fn(a.value())).astype(NP[dt])])
+    for dt in FLOATS + ("i64",):
+        for _ in range(6):
+            out = rand_shape(rng, 0, 4)
+            x = make_input(rng, out, g_default(rng, dt))
+            m = make_input(rng, derive(rng, out), g_bool(rng))
+            v = -2.5 if dt != "i64" else 7
+            exp = np.where(m.value(), NP[dt](v), x.value()).astype(NP[dt])
+            w.case("nn", "masked_fill", [x, m], [exp], {"value": v})
+    for dt in FLOATS:
+        for i, shape in enumerate(([5], [3, 8], [2, 3, 4], [2, 1, 6])):
+            a = make_input(rng, shape, g_normal(rng, dt, 2.0))
+            x = f64(a.value())
+            eps = 1e-5 if i % 2 else 1e-2
+            y = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+            ins = [a]
+            if i != 2:
+                wt = make_input(rng, [shape[-1]], g_normal(rng, dt, 0.5, 1.0), layouts=[])
+                y = y * f64(wt.value())
+                ins.append(wt)
+            w.case("norm", "rms_norm", ins, [ref(y, dt)], {"eps": eps}, tol(dt, "norm"))
+        for shape, groups, affine in (([2, 6, 5], 3, True), ([1, 4, 3, 3], 2, False), ([3, 4], 4, True),
+                                      ([2, 6, 2, 3], 1, True), ([2, 4, 3], 4, False)):
+            a = make_input(rng, shape, g_normal(rng, dt, 2.0, 0.5))
+            x = f64(a.value())
+            n, c = shape[0], shape[1]
+            g = x.reshape(n, groups, -1)
+            mu = g.mean(axis=-1, keepdims=True)
+            var = ((g - mu) ** 2).mean(axis=-1, keepdims=True)
+            y = ((g - mu) / np.sqrt(var + 1e-5)).reshape(shape)
+            ins = [a]
+            if affine:
+                wt = make_input(rng, [c], g_normal(rng, dt, 0.5, 1.0), layouts=[])
+                bs = make_input(rng, [c], g_normal(rng, dt, 0.5), layouts=[])
+                cs = [c] + [1] * (len(shape) - 2)
+                y = y * f64(wt.value()).reshape(cs) + f64(bs.value()).reshape(cs)
+                ins += [wt, bs]
+            w.case("norm", "group_norm", ins, [ref(y, dt)], {"groups": groups, "eps": 1e-5}, tol(dt, "norm"))
+
+
+def pad_np(x, pads, value):
+    """torch's constant pad: pairs from the last dim back; a negative width crops."""
+    x = np.asarray(x)
+    for i in range(len(pads) // 2):
+        d = x.ndim - 1 - i
+        lo, hi = pads[2 * i], pads[2 * i + 1]
+        idx = [slice(None)] * x.ndim
+        idx[d] = slice(max(0, -lo), x.shape[d] - max(0, -hi))
+        x = x[tuple(idx)]
+        widths = [(0, 0)] * x.ndim
+        widths[d] = (max(0, lo), max(0, hi))
+        x = np.pad(x, widths, constant_values=value)
+    return x
+
+
+def data_family(w, rng):
+    """gather, scatter_add, index_copy (the last write wins), tril, triu,
+    pad (torch's order; negative widths crop) and cumsum, family "data"."""
+    for dt in FLOATS + ("i64",):
+        for _ in range(6):
+            shape = rand_shape(rng, 1, 4, allow0=False)
+            r = len(shape)
+            d = int(rng.integers(-r, r))
+            dn = d % r
+            ishape = [int(rng.integers(1, s + 1)) if j != dn else int(rng.integers(0, 5)) for j, s in enumerate(shape)]
+            x = make_input(rng, shape, g_default(rng, dt))
+            idx = make_input(rng, ishape, lambda s, n=shape[dn]: rng.integers(0, n, s).astype(np.int64), layouts=[])
+            xv, iv = x.value(), idx.value()
+            sub = xv[tuple(slice(0, ishape[j]) if j != dn else slice(None) for j in range(r))]
+            exp = np.take_along_axis(sub, iv, axis=dn)
+            w.case("data", "gather", [x, idx], [exp.astype(NP[dt])], {"dim": d})
+            src = make_input(rng, ishape, g_default(rng, dt), layouts=[])
+            out = np.array(xv, dtype=NP[dt])
+            for pos in np.ndindex(*ishape):
+                tgt = list(pos)
+                tgt[dn] = iv[pos]
+                out[tuple(tgt)] += src.value()[pos]
+            t = EXACT if dt == "i64" else tol(dt, "arith")
+            w.case("data", "scatter_add", [x, idx, src], [out], {"dim": d}, t)
+            # index_copy: a 1-D index with repeats
+            k = int(rng.integers(0, 5))
+            i1 = Input(rng.integers(0, shape[dn], [k]).astype(np.int64))
+            sshape = list(shape)
+            sshape[dn] = k
+            src1 = make_input(rng, sshape, g_default(rng, dt))
+            out = np.array(xv, dtype=NP[dt])
+            for j in range(k):
+                dst_idx = [slice(None)] * r
+                dst_idx[dn] = i1.value()[j]
+                src_idx = [slice(None)] * r
+                src_idx[dn] = j
+                out[tuple(dst_idx)] = src1.value()[tuple(src_idx)]
+            w.case("data", "index_copy", [x, i1, src1], [out], {"dim": d})
+    for dt in FLOATS + ("i64", "bool"):
+        for shape in ([3, 4], [4, 3], [2, 3, 5], [1, 0, 2], [2, 2, 2, 3]):
+            x = make_input(rng, shape, g_default(rng, dt))
+            for k in (0, 1, -2, 7):
+                w.case("data", "tril", [x], [np.tril(x.value(), k).astype(NP[dt])], {"k": k})
+                w.case("data", "triu", [x], [np.triu(x.value(), k).astype(NP[dt])], {"k": k})
+    for dt in FLOATS + ("i64",):
+        for shape, pads in (([3, 4], [1, 2]), ([3, 4], [0, 1, 2, 0]), ([2, 3, 4], [-1, 2, 1, -1]), ([5], [-2, -3]),
+                            ([2, 0, 3], [1, 1, 2, 0]), ([2, 3], []), ([4, 5], [-1, -1, 2, 3])):
+            x = make_input(rng, shape, g_default(rng, dt))
+            v = 1.5 if dt != "i64" else -4
+            w.case("data", "pad", [x], [pad_np(x.value(), pads, v).astype(NP[dt])], {"pads": pads, "value": v})
+        for _ in range(5):
+            shape = rand_shape(rng, 0, 4)
+            r = len(shape)
+            d = int(rng.integers(-max(r, 1), max(r, 1)))
+            x = make_input(rng, shape, g_default(rng, dt))
+            xv = x.value()
+            exp = np.cumsum(f64(xv) if dt != "i64" else xv, axis=d % r) if r else xv
+            t = EXACT if dt == "i64" else tol(dt, "reduce")
+            w.case("data", "cumsum", [x], [np.asarray(exp).astype(NP[dt])], {"dim": d}, t)
+
+
+def topk_np(x, k, axis, largest):
+    """Indices of the k best along axis: ties to the lower index, NaN the largest."""
+    x = np.moveaxis(np.asarray(x), axis, -1)
+    out = np.zeros(x.shape[:-1] + (k,), np.int64)
+    for pos in np.ndindex(*x.shape[:-1]):
+        row = [(v, i) for i, v in enumerate(x[pos].tolist())]
+        def key(t):
+            v, i = t
+            nan = v != v
+            if largest:
+                return (0 if nan else 1, 0 if nan else -v, i)
+            return (1 if nan else 0, 0 if nan else v, i)
+        out[pos] = [i for _, i in sorted(row, key=key)[:k]]
+    return np.moveaxis(out, -1, axis)
+
+
+def select_family(w, rng):
+    """topk (values and indices), split (every piece), one_hot and repeat, family "data"."""
+    for dt in FLOATS + ("i64",):
+        for i in range(8):
+            shape = rand_shape(rng, 1, 3, allow0=False)
+            r = len(shape)
+            d = int(rng.integers(-r, r))
+            k = int(rng.integers(0, shape[d % r] + 1))
+            largest = bool(i % 2)
+            g = g_grid(rng, dt)
+            base = g(tuple(shape))
+            if dt != "i64" and i == 3:
+                base.reshape(-1)[0] = np.nan   # NaN: the largest
+            x = Input(base)
+            idx = topk_np(base, k, d % r, largest)
+            vals = np.take_along_axis(base, idx, axis=d % r)
+            w.case("data", "topk", [x], [vals, idx], {"k": k, "dim": d, "largest": int(largest)})
+    for dt in FLOATS + ("i64",):
+        for shape, size, d in (([7, 3], 3, 0), ([2, 5], 2, -1), ([4], 4, 0), ([4], 9, 0), ([2, 6, 2], 2, 1)):
+            x = make_input(rng, shape, g_default(rng, dt))
+            xv = x.value()
+            n = xv.shape[d]
+            pieces = [np.take(xv, range(s, min(s + size, n)), axis=d) for s in range(0, n, size)]
+            w.case("data", "split", [x], pieces, {"size": size, "dim": d})
+    for shape, n in (([4], 5), ([2, 3], 3), ([0], 2), ([], 4)):
+        idx = Input(rng.integers(0, n, shape).astype(np.int64))
+        exp = (np.asarray(idx.value())[..., None] == np.arange(n)).astype(np.int64)
+        w.case("data", "one_hot", [idx], [exp], {"n": n})
+    idx = Input(np.array([1, 4, 2], np.int64))
+    w.case("data", "one_hot", [idx], [np.eye(5, dtype=np.int64)[[1, 4, 2]]], {"n": -1})
+    for dt in FLOATS + ("i64", "bool"):
+        for shape, reps in (([2, 3], [2, 1]), ([2, 3], [1, 2, 3]), ([3], [2]), ([], [3]), ([2, 0], [2, 5]), ([1, 2], [3, 2])):
+            x = make_input(rng, shape, g_default(rng, dt))
+            w.case("data", "repeat", [x], [np.tile(x.value(), reps).astype(NP[dt])], {"reps": reps})
+
+
 def main():
     if len(sys.argv) != 2:
         sys.stderr.write("usage: gen_refs.py OUTDIR\n")
@@ -1263,6 +1542,10 @@ def main():
                 big_family):
         fam(w, rng)
     conv_family(w, np.random.default_rng(SEED + 21))   # its own stream: other families' cases stay as they are
+    activation_family(w, np.random.default_rng(SEED + 22))
+    reduce_more_family(w, np.random.default_rng(SEED + 23))
+    data_family(w, np.random.default_rng(SEED + 24))
+    select_family(w, np.random.default_rng(SEED + 25))
     path = os.path.join(outdir, "ops.txt")
     for name, data in (("big.bin", bytes(w.bin)),
                        ("ops.txt", ("kiln-refs 1\n" + "\n".join(w.lines) + "\n").encode())):

@@ -262,6 +262,37 @@ UNARY_FN(gelu_erf)
 UNARY_FN(erf)
 UNARY_FN(sin)
 UNARY_FN(cos)
+UNARY_FN(silu)
+UNARY_FN(softplus)
+UNARY_FN(log1p)
+UNARY_FN(expm1)
+UNARY_FN(floor)
+UNARY_FN(ceil)
+UNARY_FN(round)
+UNARY_FN(sign)
+static kiln_tensor *f_clamp(kiln_tensor *const *x, const void *c)
+{
+  (void)c;
+  return kiln_clamp(x[0], -0.5, 0.3);
+}
+static kiln_tensor *f_leaky_relu(kiln_tensor *const *x, const void *c)
+{
+  (void)c;
+  return kiln_leaky_relu(x[0], 0.1);
+}
+/* the scalar forms, chained so that each one's gradient reaches x */
+static kiln_tensor *f_scalar_ops(kiln_tensor *const *x, const void *c)
+{
+  (void)c;
+  kiln_tensor *y = kiln_mul_scalar(kiln_add_scalar(x[0], 0.5), -3.0);
+  return kiln_div_scalar(kiln_sub_scalar(kiln_mul(y, x[0]), 2.0), 4.0);
+}
+/* softplus past its threshold of 20, where it is x itself */
+static kiln_tensor *f_softplus_far(kiln_tensor *const *x, const void *c)
+{
+  (void)c;
+  return kiln_softplus(kiln_mul_scalar(x[0], 30.0));
+}
 
 /* maximum/minimum with b = a + offset, |offset| >= 0.2, so no ties. */
 static kiln_tensor *f_maximum_apart(kiln_tensor *const *x, const void *c)
@@ -464,6 +495,85 @@ static kiln_tensor *f_cross_entropy(kiln_tensor *const *x, const void *c)
   const aux_t *a = c;
   return kiln_cross_entropy(x[0], a->t);
 }
+static kiln_tensor *f_gather(kiln_tensor *const *x, const void *c)
+{
+  const aux_t *a = c;
+  return kiln_gather(x[0], a->dim, a->t);
+}
+static kiln_tensor *f_scatter_add(kiln_tensor *const *x, const void *c)
+{
+  const aux_t *a = c;
+  return kiln_scatter_add(x[0], a->dim, a->t, x[1]);
+}
+static kiln_tensor *f_index_copy(kiln_tensor *const *x, const void *c)
+{
+  const aux_t *a = c;
+  return kiln_index_copy(x[0], a->dim, a->t, x[1]);
+}
+static kiln_tensor *f_tri(kiln_tensor *const *x, const void *c)
+{
+  (void)c;
+  return kiln_add(kiln_tril(x[0], 1), kiln_mul(kiln_triu(x[0], -1), x[0]));
+}
+static kiln_tensor *f_pad(kiln_tensor *const *x, const void *c)
+{
+  (void)c;
+  kiln_tensor *p = kiln_pad(x[0], 4, ((int64_t[]){1, -1, 2, 0}), 0.5);
+  return kiln_mul(p, p);
+}
+static kiln_tensor *f_cumsum(kiln_tensor *const *x, const void *c)
+{
+  const aux_t *a = c;
+  kiln_tensor *s = kiln_cumsum(x[0], a->dim);
+  return kiln_mul(s, s);
+}
+static kiln_tensor *f_topk(kiln_tensor *const *x, const void *c)
+{
+  const aux_t *a = c;
+  kiln_tensor *v = NULL;
+  if (kiln_topk(x[0], 2, a->dim, a->dim == 1, &v, NULL))
+    return NULL;
+  return kiln_mul(v, v);
+}
+static kiln_tensor *f_repeat(kiln_tensor *const *x, const void *c)
+{
+  (void)c;
+  kiln_tensor *r = kiln_repeat(x[0], 3, ((int64_t[]){2, 1, 3}));
+  return kiln_mul(r, kiln_sin(r));
+}
+static kiln_tensor *f_split(kiln_tensor *const *x, const void *c)
+{
+  (void)c;
+  kiln_tensor *p[3];
+  if (kiln_split(x[0], 2, 1, p, 3) != 3)
+    return NULL;
+  return kiln_cat(((kiln_tensor *[]){kiln_mul(p[2], p[2]), kiln_exp(p[0]), p[1]}), 3, 1);
+}
+static kiln_tensor *f_logsumexp(kiln_tensor *const *x, const void *c)
+{
+  const aux_t *a = c;
+  return kiln_logsumexp(x[0], a->dim, a->dim == 0);
+}
+static kiln_tensor *f_max_all(kiln_tensor *const *x, const void *c)
+{
+  (void)c;
+  return kiln_add(kiln_max_all(x[0]), kiln_min_all(x[0]));
+}
+static kiln_tensor *f_masked_fill(kiln_tensor *const *x, const void *c)
+{
+  const aux_t *a = c;
+  return kiln_masked_fill(x[0], a->t, 3.0);
+}
+static kiln_tensor *f_rms_norm(kiln_tensor *const *x, const void *c)
+{
+  (void)c;
+  return kiln_rms_norm(x[0], x[1], 1e-5);
+}
+static kiln_tensor *f_group_norm(kiln_tensor *const *x, const void *c)
+{
+  (void)c;
+  return kiln_group_norm(x[0], 2, x[1], x[2], 1e-5);
+}
 static kiln_tensor *f_softmax(kiln_tensor *const *x, const void *c)
 {
   const aux_t *a = c;
@@ -571,7 +681,11 @@ START_TEST(test_unary_pointwise)
       {"log", f_log, D_POS},         {"sqrt", f_sqrt, D_POS},         {"rsqrt", f_rsqrt, D_POS},
       {"tanh", f_tanh, D_ANY},       {"sigmoid", f_sigmoid, D_ANY},   {"relu", f_relu, D_NONZERO},
       {"gelu", f_gelu, D_NONZERO},   {"gelu_erf", f_gelu_erf, D_NONZERO}, {"erf", f_erf, D_ANY},
-      {"sin", f_sin, D_NONZERO},     {"cos", f_cos, D_NONZERO},
+      {"sin", f_sin, D_NONZERO},     {"cos", f_cos, D_NONZERO},       {"silu", f_silu, D_ANY},
+      {"softplus", f_softplus, D_ANY}, {"log1p", f_log1p, D_POS},   {"expm1", f_expm1, D_ANY},
+      {"floor", f_floor, D_WIDE},    {"ceil", f_ceil, D_WIDE},        {"round", f_round, D_WIDE},
+      {"sign", f_sign, D_NONZERO},   {"clamp", f_clamp, D_ANY},       {"leaky_relu", f_leaky_relu, D_NONZERO},
+      {"scalar forms", f_scalar_ops, D_ANY}, {"softplus past 20", f_softplus_far, D_NONZERO},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     in_t in[1] = {IN(cases[i].dom, 2, 3, 2)};
@@ -584,6 +698,9 @@ START_TEST(test_unary_pointwise)
   gradcheck("tanh wide", f_tanh, NULL, 1, wide);
   gradcheck("sigmoid wide", f_sigmoid, NULL, 1, wide);
   gradcheck("relu wide", f_relu, NULL, 1, wide);
+  gradcheck("silu wide", f_silu, NULL, 1, wide);
+  gradcheck("softplus wide", f_softplus, NULL, 1, wide);
+  gradcheck("expm1 wide", f_expm1, NULL, 1, wide);
 }
 END_TEST
 
@@ -843,6 +960,32 @@ START_TEST(test_index_ops)
   aux_t emb = {kiln_tensor_from(KILN_I64, 2, ((int64_t[]){2, 3}), ev), 0};
   in_t table[1] = {IN(D_ANY, 5, 3)};
   gradcheck("embedding (2,3) idx", f_embedding, &emb, 1, table);
+
+  /* gather with repeats (the gradient adds up), scatter_add into x and from src */
+  int64_t gv[6] = {0, 3, 3, 1, 0, 0};
+  aux_t gi = {kiln_tensor_from(KILN_I64, 2, ((int64_t[]){2, 3}), gv), 1};
+  in_t g34[1] = {IN(D_ANY, 3, 4)};
+  gradcheck("gather dim 1", f_gather, &gi, 1, g34);
+  in_t sa[2] = {IN(D_ANY, 3, 4), IN(D_ANY, 2, 3)};
+  gradcheck("scatter_add dim 1", f_scatter_add, &gi, 2, sa);
+  int64_t cv[2] = {2, 0};
+  aux_t ci = {kiln_tensor_from(KILN_I64, 1, (int64_t[]){2}, cv), 0};
+  in_t ic[2] = {IN(D_ANY, 3, 4), IN(D_ANY, 2, 4)};
+  gradcheck("index_copy dim 0", f_index_copy, &ci, 2, ic);
+  in_t t345[1] = {IN(D_ANY, 2, 3, 4)};
+  gradcheck("tril, triu", f_tri, NULL, 1, t345);
+  gradcheck("pad, crop", f_pad, NULL, 1, t345);
+  aux_t c1 = {NULL, 1}, c2 = {NULL, 2};
+  gradcheck("cumsum dim 1", f_cumsum, &c1, 1, t345);
+  gradcheck("cumsum dim 2", f_cumsum, &c2, 1, t345);
+  in_t d45[1] = {IN(D_DISTINCT, 4, 5)};
+  gradcheck("topk largest dim 1", f_topk, &c1, 1, d45);
+  aux_t c0 = {NULL, 0};
+  gradcheck("topk smallest dim 0", f_topk, &c0, 1, d45);
+  in_t r23[1] = {IN(D_ANY, 2, 3)};
+  gradcheck("repeat", f_repeat, NULL, 1, r23);
+  in_t s35[1] = {IN(D_ANY, 3, 5)};
+  gradcheck("split", f_split, NULL, 1, s35);
   kiln_scope_end();
 }
 END_TEST
@@ -872,6 +1015,19 @@ START_TEST(test_nn_ops)
   gradcheck("cross_entropy", f_cross_entropy, &tg, 1, logits);
   in_t mse[2] = {IN(D_ANY, 3, 4), IN(D_ANY, 3, 4)};
   gradcheck("mse_loss", f_mse_loss, NULL, 2, mse);
+
+  gradcheck("logsumexp axis 1", f_logsumexp, &ax1, 1, m35);
+  gradcheck("logsumexp axis 0, keepdim", f_logsumexp, &ax0, 1, m35);
+  in_t distinct[1] = {IN(D_DISTINCT, 3, 4)};
+  gradcheck("max_all + min_all", f_max_all, NULL, 1, distinct);
+  bool mv[4] = {true, false, false, true};
+  aux_t mk = {kiln_tensor_from(KILN_BOOL, 1, (int64_t[]){4}, mv), 0};
+  in_t x34[1] = {IN(D_ANY, 3, 4)};
+  gradcheck("masked_fill", f_masked_fill, &mk, 1, x34);
+  in_t rms[2] = {IN(D_ANY, 2, 3, 6), IN(D_POS, 6)};
+  gradcheck("rms_norm", f_rms_norm, NULL, 2, rms);
+  in_t gn[3] = {IN(D_ANY, 2, 4, 3), IN(D_POS, 4), IN(D_ANY, 4)};
+  gradcheck("group_norm", f_group_norm, NULL, 3, gn);
   kiln_scope_end();
 }
 END_TEST

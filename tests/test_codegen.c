@@ -281,9 +281,10 @@ END_TEST
 
 /* ---- random programs (the generator: tests/fuzz/randprog.h) ---- */
 
-static int run_program(uint64_t seed, int threads, bool cmode, char *why, size_t whyn) {
+static int run_program(uint64_t seed, int mode, int threads, bool cmode, char *why, size_t whyn) {
   prog pg;
   prog_init(&pg, seed);
+  pg.mode = mode;
   pg.cmode = cmode;
   kiln_options o = {.name = "rand", .n_in = N_IN, .n_out = pg.n_out, .backend = KILN_BACKEND_LLVM};
   kiln_fn *fn = kiln_compile(random_body, &pg, &o);
@@ -361,9 +362,9 @@ static int run_program(uint64_t seed, int threads, bool cmode, char *why, size_t
     }
     char *text = nv ? kiln_fn_graph(fn, nv - 1) : NULL;
     fprintf(stderr,
-            "random program seed %llu failed (threads %d, C=%d, x %s, %s%s, %d outputs, sizes from #%d): %s\n"
+            "random program seed %llu (mode %d) failed (threads %d, C=%d, x %s, %s%s, %d outputs, sizes from #%d): %s\n"
             "its graph (variant %d of %d):\n%s\n",
-            (unsigned long long)seed, threads, C, pg.nd_x == 3 ? "(B,T,C)" : "(B,C)", pg.f64 ? "f64" : "f32",
+            (unsigned long long)seed, mode, threads, C, pg.nd_x == 3 ? "(B,T,C)" : "(B,C)", pg.f64 ? "f64" : "f32",
             pg.grad ? ", with grads" : "", pg.n_out, pg.rot, why, nv - 1, nv, text ? text : "(none)");
     free(text);
   }
@@ -373,16 +374,16 @@ static int run_program(uint64_t seed, int threads, bool cmode, char *why, size_t
   return rc;
 }
 
-/* Runs random program seed; a failure counts in *failed (the first's seed in *first_bad). */
-static void run_seed_in(uint64_t seed, bool cmode, int *failed, uint64_t *first_bad) {
+/* Runs random program seed of mode (C mode if cmode); a failure counts in *failed (the first's seed in *first_bad). */
+static void run_seed_in(uint64_t seed, int mode, bool cmode, int *failed, uint64_t *first_bad) {
   if (getenv("KILN_FUZZ_TRACE_SEEDS")) fprintf(stderr, "seed %llu\n", (unsigned long long)seed);
   char why[512];
-  if (run_program(seed, 1 + (int)(seed % 2), cmode, why, sizeof why)) {
+  if (run_program(seed, mode, 1 + (int)(seed % 2), cmode, why, sizeof why)) {
     if (!*failed) *first_bad = seed;
     ++*failed;
   }
 }
-static void run_seed(uint64_t seed, int *failed, uint64_t *first_bad) { run_seed_in(seed, false, failed, first_bad); }
+static void run_seed(uint64_t seed, int *failed, uint64_t *first_bad) { run_seed_in(seed, 0, false, failed, first_bad); }
 
 START_TEST(test_random_programs) {
   const char *env = getenv("KILN_FUZZ_PROGRAMS");
@@ -411,8 +412,23 @@ START_TEST(test_random_programs_c) {
   uint64_t base = first ? strtoull(first, NULL, 10) : 70000;
   int failed = 0;
   uint64_t first_bad = 0;
-  for (int i = 0; i < n; i++) run_seed_in(base + (uint64_t)i, true, &failed, &first_bad);
+  for (int i = 0; i < n; i++) run_seed_in(base + (uint64_t)i, 0, true, &failed, &first_bad);
   ck_assert_msg(failed == 0, "%d of %d random programs in C mode differ from eager; the first is seed %llu", failed, n,
+                (unsigned long long)first_bad);
+}
+END_TEST
+
+/* Mode 1: programs that use the newer ops as well (clamp, silu, ..., topk,
+ * split, group_norm). KILN_FUZZ_FIRST moves its seeds too. */
+START_TEST(test_random_programs_more_ops) {
+  const char *env = getenv("KILN_FUZZ_PROGRAMS");
+  const char *first = getenv("KILN_FUZZ_FIRST");
+  int n = env ? atoi(env) : 100;
+  uint64_t base = first ? strtoull(first, NULL, 10) : 70000;
+  int failed = 0;
+  uint64_t first_bad = 0;
+  for (int i = 0; i < n; i++) run_seed_in(base + (uint64_t)i, 1, false, &failed, &first_bad);
+  ck_assert_msg(failed == 0, "%d of %d random programs of mode 1 differ from eager; the first is seed %llu", failed, n,
                 (unsigned long long)first_bad);
 }
 END_TEST
@@ -456,7 +472,7 @@ static char *fatal_child(bool keep_host, bool *failed) {
       LLVMInstallFatalErrorHandler(host_handler);
     }
     char why[512];
-    run_program(30706, 1, false, why, sizeof why);
+    run_program(30706, 0, 1, false, why, sizeof why);
     _exit(0);
   }
   close(fd[1]);
@@ -719,6 +735,302 @@ START_TEST(test_shared_kernels) {
   ck_assert_msg(strstr(dump, "shared code: 2 of 3 loop kernels") != NULL, "%s", dump);
   free(dump);
   kiln_fn_free(fn);
+  kiln_scope_end();
+}
+END_TEST
+
+/* Kernels that differ only in an op's numbers (clamp's bounds, a slope)
+ * run different code: the numbers are part of a kernel's signature. */
+static int clamp_twins_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  const double *b = ctx;
+  out[0] = kiln_clamp(in[0], b[0], b[1]);
+  out[1] = kiln_clamp(in[1], b[2], b[3]);
+  out[2] = kiln_leaky_relu(in[2], b[4]);
+  out[3] = kiln_leaky_relu(in[3], b[5]);
+  return 0;
+}
+
+/* Each output of fn(in) against the body run eagerly, and on the interpreter. */
+/* tol: the largest relative difference allowed (0: bit equal) */
+static void three_ways(body_fn body, void *ctx, int n_in, int n_out, kiln_tensor *const *in, double tol) {
+  kiln_tensor *y[8], *yi[8], *ref[8];
+  kiln_options o = {.name = "three", .n_in = n_in, .n_out = n_out, .backend = KILN_BACKEND_LLVM};
+  kiln_fn *fn = kiln_compile(body, ctx, &o);
+  ck_assert_int_eq(0, kiln_call(fn, in, y));
+  ck_assert_int_eq(0, kiln_call(fn, in, y)); /* compiled */
+  o.backend = KILN_BACKEND_INTERP;
+  kiln_fn *fi = kiln_compile(body, ctx, &o);
+  ck_assert_int_eq(0, kiln_call(fi, in, yi));
+  ck_assert_int_eq(0, kiln_call(fi, in, yi));
+  ck_assert_int_eq(0, body(ctx, in, ref));
+  for (int i = 0; i < n_out; i++) {
+    int64_t bad;
+    ck_assert(same_shape(y[i], ref[i]));
+    double d = maxdiff_rel(y[i], ref[i], &bad), di = maxdiff_rel(yi[i], ref[i], &bad);
+    ck_assert_msg(d <= tol && di <= tol, "output %d: compiled %g, interpreter %g from eager", i, d, di);
+  }
+  kiln_fn_free(fn);
+  kiln_fn_free(fi);
+}
+
+START_TEST(test_op_numbers_in_signature) {
+  kiln_scope_begin();
+  kiln_tensor *in[4];
+  for (int i = 0; i < 4; i++) in[i] = kiln_mul(kiln_randn(KILN_F32, 2, ((int64_t[]){16, 24}), 40 + i), kiln_scalar(KILN_F32, 2));
+  double b[6] = {-0.5, 0.5, -0.1, 0.2, 0.3, 0.01};
+  three_ways(clamp_twins_body, b, 4, 4, in, 0);
+  kiln_options o = {.name = "twins", .n_in = 4, .n_out = 4, .backend = KILN_BACKEND_LLVM};
+  kiln_fn *fn = kiln_compile(clamp_twins_body, b, &o);
+  kiln_tensor *y[4];
+  ck_assert_int_eq(0, kiln_call(fn, in, y));
+  char *dump = dump_of(fn, KILN_DUMP_KERNELS);
+  ck_assert_msg(strstr(dump, "shared code") == NULL, "%s", dump);
+  free(dump);
+  kiln_fn_free(fn);
+  /* a second function, the same code but for the bounds (the kernel cache keys them too) */
+  double b2[6] = {-1.5, 0.0, -0.1, 0.2, 0.3, 0.01};
+  three_ways(clamp_twins_body, b2, 4, 4, in, 0);
+  kiln_scope_end();
+}
+END_TEST
+
+/* The newer pointwise ops, compiled, against eager and the interpreter, per dtype. */
+static int new_pointwise_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  kiln_tensor *x = in[0], *i = in[1];
+  out[0] = kiln_add(kiln_silu(x), kiln_softplus(kiln_mul_scalar(x, 12.0)));
+  out[1] = kiln_mul(kiln_expm1(x), kiln_log1p(kiln_abs(x)));
+  out[2] = kiln_add(kiln_add(kiln_floor(x), kiln_ceil(x)), kiln_add(kiln_round(kiln_mul_scalar(x, 2.0)), kiln_sign(x)));
+  out[3] = kiln_add(kiln_clamp(i, -3, 2), kiln_sign(kiln_round(kiln_floor(kiln_ceil(i)))));
+  out[4] = kiln_clamp(i, -2.5, 1.5); /* a fraction on i64: f32 */
+  out[5] = kiln_div_scalar(kiln_sub_scalar(kiln_leaky_relu(x, 0.2), 1.0), 3.0);
+  return 0;
+}
+
+START_TEST(test_new_pointwise_compiled) {
+  kiln_scope_begin();
+  for (int dt = 0; dt < 2; dt++) {
+    kiln_dtype t = dt ? KILN_F64 : KILN_F32;
+    /* halves for round's ties, and values beyond softplus's threshold */
+    kiln_tensor *x = kiln_mul(kiln_round(kiln_mul(kiln_randn(t, 2, ((int64_t[]){9, 37}), 7), kiln_scalar(t, 6))),
+                              kiln_scalar(t, 0.25));
+    kiln_tensor *i = kiln_cast(kiln_mul(kiln_randn(KILN_F32, 1, ((int64_t[]){41}), 8), kiln_scalar(KILN_F32, 4)), KILN_I64);
+    three_ways(new_pointwise_body, NULL, 2, 6, (kiln_tensor *[]){x, i}, 0);
+  }
+  kiln_scope_end();
+}
+END_TEST
+
+/* The reductions and norms written with primitives, compiled: the sums may
+ * run in another order, so to a relative 1e-5; indices exactly. */
+static int norms_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  kiln_tensor *x = in[0], *w = in[1]; /* x (N, 6, L), w (6,) */
+  out[0] = kiln_logsumexp(x, -1, false);
+  out[1] = kiln_rms_norm(kiln_transpose(x, 1, 2), w, 1e-5);
+  out[2] = kiln_group_norm(x, 3, w, w, 1e-5);
+  out[3] = kiln_masked_fill(x, kiln_reshape(kiln_gt(w, kiln_scalar(KILN_F32, 0)), 2, (int64_t[]){6, 1}), 2.0);
+  out[4] = kiln_add(kiln_cast(kiln_argmin(x, 1, false), KILN_F32), kiln_max_all(x));
+  out[5] = kiln_min_all(x);
+  return 0;
+}
+
+START_TEST(test_norms_compiled) {
+  kiln_scope_begin();
+  kiln_tensor *w = kiln_randn(KILN_F32, 1, ((int64_t[]){6}), 3);
+  for (int l = 5; l <= 9; l += 4) {
+    kiln_tensor *x = kiln_randn(KILN_F32, 3, ((int64_t[]){2, 6, l}), 4);
+    three_ways(norms_body, NULL, 2, 6, (kiln_tensor *[]){x, w}, 1e-5);
+  }
+  kiln_scope_end();
+}
+END_TEST
+
+/* Data movement as eager kernels in compiled code, next to fused ops. in:
+ * x (B,N,N), a gather index (B,N,2), a scatter source (B,N,2), an
+ * index_copy index (2,) and source (2,N,N). */
+static int data_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  kiln_tensor *x = kiln_mul_scalar(in[0], 2.0);
+  out[0] = kiln_exp(kiln_gather(x, 2, in[1]));
+  out[1] = kiln_scatter_add(x, 2, in[1], in[2]);
+  out[2] = kiln_index_copy(x, 0, in[3], in[4]);
+  out[3] = kiln_add(kiln_tril(x, 0), kiln_mul_scalar(kiln_triu(x, 1), 3.0));
+  out[4] = kiln_pad(x, 4, ((int64_t[]){1, 0, -1, 2}), 3.0);
+  out[5] = kiln_cumsum(kiln_tanh(x), 1);
+  return 0;
+}
+
+/* Inputs of data_body at size n (b = 2). */
+static void data_inputs(int64_t n, kiln_tensor **in) {
+  in[0] = kiln_randn(KILN_F32, 3, ((int64_t[]){2, n, n}), (uint64_t)n);
+  in[1] = kiln_cast(kiln_mul_scalar(kiln_rand(KILN_F32, 3, ((int64_t[]){2, n, 2}), 5), (double)n - 0.01), KILN_I64);
+  in[2] = kiln_randn(KILN_F32, 3, ((int64_t[]){2, n, 2}), 6);
+  in[3] = kiln_tensor_from(KILN_I64, 1, ((int64_t[]){2}), ((int64_t[]){1, 1}));
+  in[4] = kiln_randn(KILN_F32, 3, ((int64_t[]){2, n, n}), 7);
+}
+
+START_TEST(test_data_movement_compiled) {
+  kiln_scope_begin();
+  kiln_tensor *in[5];
+  data_inputs(5, in);
+  three_ways(data_body, NULL, 5, 6, in, 0);
+  /* one function at several sizes: the dims become symbols, each call matches eager */
+  kiln_options o = {.name = "data", .n_in = 5, .n_out = 6, .backend = KILN_BACKEND_LLVM};
+  kiln_fn *fn = kiln_compile(data_body, NULL, &o);
+  for (int64_t n = 3; n <= 7; n++) {
+    data_inputs(n, in);
+    kiln_tensor *y[6], *ref[6];
+    ck_assert_int_eq(0, kiln_call(fn, in, y));
+    ck_assert_int_eq(0, data_body(NULL, in, ref));
+    for (int i = 0; i < 6; i++) {
+      int64_t bad;
+      ck_assert(same_shape(y[i], ref[i]));
+      ck_assert_msg(maxdiff_rel(y[i], ref[i], &bad) == 0, "n %d output %d differs at %lld", (int)n, i, (long long)bad);
+    }
+  }
+  kiln_fn_stats st;
+  ck_assert_int_eq(0, kiln_fn_get_stats(fn, &st));
+  ck_assert_int_le(st.variants, 3); /* the sizes after the second share a symbolic variant */
+  kiln_fn_free(fn);
+  kiln_scope_end();
+}
+END_TEST
+
+/* index_copy_ into an input, compiled: written back to the caller's tensor. */
+static int index_copy_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  if (!kiln_index_copy_(in[0], 1, in[1], kiln_mul_scalar(in[2], 2.0))) return -1;
+  out[0] = kiln_sum_all(in[0]);
+  return 0;
+}
+
+START_TEST(test_index_copy_inplace_compiled) {
+  kiln_scope_begin();
+  kiln_options o = {.name = "index_copy_", .n_in = 3, .n_out = 1, .backend = KILN_BACKEND_LLVM};
+  kiln_fn *fn = kiln_compile(index_copy_body, NULL, &o);
+  for (int call = 0; call < 3; call++) {
+    kiln_tensor *idx = kiln_tensor_from(KILN_I64, 1, ((int64_t[]){3}), ((int64_t[]){call, 4, call}));
+    kiln_tensor *src = kiln_randn(KILN_F32, 2, ((int64_t[]){3, 3}), (uint64_t)call + 1);
+    kiln_tensor *a = kiln_randn(KILN_F32, 2, ((int64_t[]){3, 5}), 9), *b = kiln_contiguous(kiln_add_scalar(a, 0.0));
+    kiln_tensor *y, *ref;
+    ck_assert_int_eq(0, kiln_call(fn, (kiln_tensor *[]){a, idx, src}, &y));
+    ck_assert_int_eq(0, index_copy_body(NULL, (kiln_tensor *[]){b, idx, src}, &ref));
+    int64_t bad;
+    ck_assert_msg(maxdiff_rel(a, b, &bad) == 0, "call %d: the written input differs at %lld", call, (long long)bad);
+    ck_assert_double_le(maxdiff_rel(y, ref, &bad), 1e-6);
+  }
+  kiln_fn_stats st;
+  ck_assert_int_eq(0, kiln_fn_get_stats(fn, &st));
+  ck_assert_int_eq(0, st.fallbacks);
+  ck_assert_int_ge(st.hits, 1);
+  kiln_fn_free(fn);
+  kiln_scope_end();
+}
+END_TEST
+
+/* body (one input (3,n), n_out outputs) compiled and called at n = 4..8
+ * twice over: every output as eager's, bit for bit, and compiled every time
+ * (a number is a constant of its kernel: a new one compiles a variant), never
+ * eager. */
+static void sizes_as_eager(body_fn body, int n_out) {
+  kiln_options o = {.name = "sizes", .n_in = 1, .n_out = n_out, .backend = KILN_BACKEND_LLVM};
+  kiln_fn *fn = kiln_compile(body, NULL, &o);
+  for (int rep = 0; rep < 2; rep++)
+    for (int64_t n = 4; n <= 8; n++) {
+      kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){3, n}), (uint64_t)n), *y[4], *ref[4];
+      ck_assert_int_eq(0, kiln_call(fn, &x, y));
+      ck_assert_int_eq(0, body(NULL, &x, ref));
+      for (int i = 0; i < n_out; i++) {
+        int64_t bad;
+        ck_assert_msg(same_shape(y[i], ref[i]), "n %d output %d: shape", (int)n, i);
+        ck_assert_msg(maxdiff_rel(y[i], ref[i], &bad) == 0, "n %d output %d differs at %lld", (int)n, i, (long long)bad);
+      }
+    }
+  kiln_fn_stats st;
+  ck_assert_int_eq(0, kiln_fn_get_stats(fn, &st));
+  ck_assert_int_eq(0, st.fallbacks);
+  ck_assert_int_eq(st.calls, st.hits + st.traces);
+  kiln_fn_free(fn);
+}
+
+/* topk, one_hot, repeat and split compiled; topk's k from a size the body read. */
+static int select_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  kiln_tensor *x = in[0], *v, *i;
+  if (kiln_topk(kiln_tanh(x), kiln_size(x, 1) / 2, 1, true, &v, &i)) return -1;
+  out[0] = kiln_mul_scalar(v, 3.0);
+  out[1] = kiln_one_hot(i, kiln_size(x, 1));
+  out[2] = kiln_exp(kiln_repeat(x, 3, ((int64_t[]){2, 1, 2})));
+  return 0;
+}
+
+START_TEST(test_select_compiled) {
+  kiln_scope_begin();
+  kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){3, 6}), 1);
+  three_ways(select_body, NULL, 1, 3, &x, 0);
+  sizes_as_eager(select_body, 3);
+  kiln_scope_end();
+}
+END_TEST
+
+/* The piece count of a split follows the size of every call: a traced body
+ * that loops over the pieces is never replayed with another call's count. */
+static int split_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  kiln_tensor *p[8];
+  int n = kiln_split(in[0], 2, 0, p, 8);
+  if (n < 0) return -1;
+  /* the sum of the pieces' squared sums: it depends on where the pieces end
+   * (no C numbers here, which would make the call record on their own) */
+  kiln_tensor *s = kiln_sum_all(p[0]), *acc = kiln_mul(s, s);
+  for (int i = 1; i < n; i++) {
+    s = kiln_sum_all(p[i]);
+    acc = kiln_add(acc, kiln_mul(s, s));
+  }
+  out[0] = acc;
+  out[1] = kiln_cat(p, n, 0); /* the pieces back together */
+  return 0;
+}
+
+START_TEST(test_split_dynamic) {
+  kiln_scope_begin();
+  kiln_options o = {.name = "split", .n_in = 1, .n_out = 2, .backend = KILN_BACKEND_LLVM};
+  kiln_fn *fn = kiln_compile(split_body, NULL, &o);
+  static const int64_t sizes[] = {4, 5, 6, 7, 8, 5, 4, 9, 6};
+  for (int k = 0; k < (int)(sizeof sizes / sizeof *sizes); k++) {
+    kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){sizes[k], 3}), (uint64_t)k + 1), *y[2], *ref[2];
+    ck_assert_int_eq(0, kiln_call(fn, &x, y));
+    ck_assert_int_eq(0, split_body(NULL, &x, ref));
+    for (int i = 0; i < 2; i++) {
+      int64_t bad;
+      ck_assert_msg(same_shape(y[i], ref[i]), "size %d output %d: shape", (int)sizes[k], i);
+      ck_assert_msg(maxdiff_rel(y[i], ref[i], &bad) <= 1e-6, "size %d output %d differs", (int)sizes[k], i);
+    }
+  }
+  kiln_fn_stats st;
+  ck_assert_int_eq(0, kiln_fn_get_stats(fn, &st));
+  ck_assert_int_eq(0, st.fallbacks);
+  ck_assert_int_ge(st.hits, 1); /* 5, 4 and 6 again: compiled code */
+  kiln_fn_free(fn);
+  kiln_scope_end();
+}
+END_TEST
+
+/* Integer attributes computed from a size the body read: each call's own
+ * numbers, never the first trace's. */
+static int sized_attrs_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  kiln_tensor *x = in[0];
+  int64_t n = kiln_size(x, 1);
+  out[0] = kiln_tril(x, n - 4);
+  out[1] = kiln_pad(x, 2, ((int64_t[]){n / 2, 1}), 0.0);
+  return 0;
+}
+
+START_TEST(test_attrs_from_sizes) {
+  kiln_scope_begin();
+  sizes_as_eager(sized_attrs_body, 2);
   kiln_scope_end();
 }
 END_TEST
@@ -1800,6 +2112,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, test_random_programs);
   tcase_add_test(tc, test_random_programs_quick);
   tcase_add_test(tc, test_random_programs_c);
+  tcase_add_test(tc, test_random_programs_more_ops);
   tcase_add_test(tc, test_llvm_fatal_error);
   tcase_add_test(tc, test_index_bounds);
   tcase_add_test(tc, test_dead_node_buffer);
@@ -1811,6 +2124,14 @@ static Suite *suite(void) {
   tcase_add_test(tc, test_reduce_epilogues);
   tcase_add_test(tc, test_column_reductions);
   tcase_add_test(tc, test_shared_kernels);
+  tcase_add_test(tc, test_op_numbers_in_signature);
+  tcase_add_test(tc, test_new_pointwise_compiled);
+  tcase_add_test(tc, test_norms_compiled);
+  tcase_add_test(tc, test_data_movement_compiled);
+  tcase_add_test(tc, test_attrs_from_sizes);
+  tcase_add_test(tc, test_index_copy_inplace_compiled);
+  tcase_add_test(tc, test_select_compiled);
+  tcase_add_test(tc, test_split_dynamic);
   tcase_add_test(tc, test_coalesced_loops);
   tcase_add_test(tc, test_short_rows_one_chain_each);
   tcase_add_test(tc, test_quick_codegen);

@@ -433,6 +433,94 @@ START_TEST(test_layer_norm_errors)
 }
 END_TEST
 
+/* The newer ops refuse bad input under their own names. */
+#define EXPECT_ERR(call, op, frag)                    \
+  do {                                                \
+    int line_ = __LINE__;                             \
+    ck_assert_ptr_null(call);                         \
+    expect_error(line_, op, frag, NULL);              \
+  } while (0)
+
+START_TEST(test_new_op_errors)
+{
+  kiln_scope_begin();
+  kiln_tensor *x = kiln_ones(KILN_F32, 2, ((int64_t[]){3, 6}));
+  kiln_tensor *i = kiln_ones(KILN_I64, 1, S4), *e = kiln_ones(KILN_F32, 2, ((int64_t[]){3, 0}));
+  kiln_tensor *bmask = kiln_ones(KILN_BOOL, 1, S4), *fmask = kiln_ones(KILN_F32, 1, (int64_t[]){6});
+  EXPECT_ERR(kiln_clamp(x, NAN, 1), "kiln_clamp", "nan");
+  EXPECT_ERR(kiln_clamp(kiln_ones(KILN_BOOL, 1, S4), 0, 1), "kiln_clamp", "bool");
+  EXPECT_ERR(kiln_leaky_relu(i, 0.1), "kiln_leaky_relu", "i64");
+  EXPECT_ERR(kiln_silu(i), "kiln_silu", "i64");
+  kiln_clear_error();
+  EXPECT_ERR(kiln_add_scalar(NULL, 1), "kiln_add_scalar", "NULL");
+  EXPECT_ERR(kiln_argmin(e, 1, false), "kiln_argmin", "[3,0]");
+  EXPECT_ERR(kiln_logsumexp(e, 1, false), "kiln_logsumexp", "size 0");
+  EXPECT_ERR(kiln_logsumexp(x, 2, false), "kiln_logsumexp", "out of range");
+  EXPECT_ERR(kiln_logsumexp(i, 0, false), "kiln_logsumexp", "i64");
+  EXPECT_ERR(kiln_max_all(e), "kiln_max_all", "[3,0]");
+  EXPECT_ERR(kiln_min_all(e), "kiln_min_all", "[3,0]");
+  EXPECT_ERR(kiln_masked_fill(x, fmask, 0), "kiln_masked_fill", "bool");
+  EXPECT_ERR(kiln_masked_fill(x, bmask, 0), "kiln_masked_fill", "[4]");
+  EXPECT_ERR(kiln_masked_fill(kiln_ones(KILN_F32, 1, (int64_t[]){6}), kiln_ones(KILN_BOOL, 2, ((int64_t[]){3, 6})), 0),
+             "kiln_masked_fill", "[3,6]");
+  EXPECT_ERR(kiln_rms_norm(x, kiln_ones(KILN_F32, 1, S4), 1e-5), "kiln_rms_norm", "[4]");
+  EXPECT_ERR(kiln_group_norm(x, 4, NULL, NULL, 1e-5), "kiln_group_norm", "4 groups");
+  EXPECT_ERR(kiln_group_norm(x, 0, NULL, NULL, 1e-5), "kiln_group_norm", "0 groups");
+  EXPECT_ERR(kiln_group_norm(x, 3, NULL, kiln_ones(KILN_F32, 1, S4), 1e-5), "kiln_group_norm", "bias");
+  EXPECT_ERR(kiln_group_norm(kiln_ones(KILN_F32, 1, S4), 1, NULL, NULL, 1e-5), "kiln_group_norm", "(N,C,...)");
+
+  kiln_tensor *i2 = kiln_tensor_from(KILN_I64, 2, ((int64_t[]){2, 1}), ((int64_t[]){0, 6}));
+  kiln_tensor *i1 = kiln_tensor_from(KILN_I64, 1, ((int64_t[]){2}), ((int64_t[]){0, 3}));
+  EXPECT_ERR(kiln_gather(x, 1, i), "kiln_gather", "rank 2");
+  EXPECT_ERR(kiln_gather(x, 1, i2), "kiln_gather", "index 6 at position 1");
+  EXPECT_ERR(kiln_gather(x, 2, i2), "kiln_gather", "dim 2");
+  EXPECT_ERR(kiln_gather(kiln_ones(KILN_F32, 2, ((int64_t[]){1, 6})), 1, i2), "kiln_gather", "larger");
+  EXPECT_ERR(kiln_scatter_add(x, 1, i2, x), "kiln_scatter_add", "index's shape");
+  EXPECT_ERR(kiln_index_copy(x, 0, i1, x), "kiln_index_copy", "does not fit");
+  kiln_tensor *dst = kiln_zeros(KILN_F32, 2, ((int64_t[]){3, 6})), *rows = kiln_ones(KILN_F32, 2, ((int64_t[]){2, 6}));
+  EXPECT_ERR(kiln_index_copy_(dst, 0, i1, rows), "kiln_index_copy_", "index 3 at position 1");
+  EXPECT_ERR(kiln_index_copy_(dst, 2, i1, rows), "kiln_index_copy_", "dim 2");
+  EXPECT_ERR(kiln_index_copy_(dst, 1, i1, rows), "kiln_index_copy_", "does not fit");
+  EXPECT_ERR(kiln_index_copy_(kiln_expand(kiln_ones(KILN_F32, 2, ((int64_t[]){1, 6})), 2, ((int64_t[]){3, 6})), 0,
+                              kiln_zeros(KILN_I64, 1, ((int64_t[]){2})), rows),
+             "kiln_index_copy_", "repeated");
+  EXPECT_ERR(kiln_tril(kiln_ones(KILN_F32, 1, S4), 0), "kiln_tril", "2 dims");
+  kiln_clear_error();
+  EXPECT_ERR(kiln_triu(NULL, 0), "kiln_triu", "NULL");
+  EXPECT_ERR(kiln_pad(x, 3, ((int64_t[]){1, 1, 1}), 0), "kiln_pad", "even");
+  EXPECT_ERR(kiln_pad(x, 6, ((int64_t[]){1, 1, 1, 1, 1, 1}), 0), "kiln_pad", "6 pad widths");
+  EXPECT_ERR(kiln_pad(x, 2, ((int64_t[]){-4, -3}), 0), "kiln_pad", "negative size");
+  EXPECT_ERR(kiln_pad(x, 2, ((int64_t[]){INT64_MAX, 1}), 0), "kiln_pad", "out of range");
+  EXPECT_ERR(kiln_cumsum(x, 2), "kiln_cumsum", "out of range");
+  EXPECT_ERR(kiln_cumsum(kiln_ones(KILN_BOOL, 1, S4), 0), "kiln_cumsum", "bool");
+  kiln_tensor *tv = x, *ti = x;
+  int tl = __LINE__ + 1;
+  ck_assert_int_eq(-1, kiln_topk(x, 7, 1, true, &tv, &ti));
+  expect_error(tl, "kiln_topk", "k 7", NULL);
+  ck_assert(tv == NULL && ti == NULL);
+  tl = __LINE__ + 1;
+  ck_assert_int_eq(-1, kiln_topk(x, 1, 1, true, NULL, NULL));
+  expect_error(tl, "kiln_topk", "both NULL", NULL);
+  kiln_tensor *pieces[2];
+  tl = __LINE__ + 1;
+  ck_assert_int_eq(-1, kiln_split(x, 2, 1, pieces, 2));
+  expect_error(tl, "kiln_split", "3 pieces", "max_outs 2");
+  tl = __LINE__ + 1;
+  ck_assert_int_eq(-1, kiln_split(x, 0, 1, pieces, 2));
+  expect_error(tl, "kiln_split", "at least 1", NULL);
+  EXPECT_ERR(kiln_one_hot(kiln_tensor_from(KILN_I64, 1, S3, ((int64_t[]){0, -1, 2})), 3), "kiln_one_hot", "index -1");
+  EXPECT_ERR(kiln_one_hot(x, 3), "kiln_one_hot", "i64");
+  EXPECT_ERR(kiln_repeat(x, 1, ((int64_t[]){2})), "kiln_repeat", "at least one per dim");
+  EXPECT_ERR(kiln_repeat(x, 2, ((int64_t[]){-1, 2})), "kiln_repeat", "negative");
+  /* a size-0 dim next to a huge repeat: refused here, not by a view inside */
+  EXPECT_ERR(kiln_repeat(kiln_ones(KILN_F32, 2, ((int64_t[]){3, 0})), 2, ((int64_t[]){INT64_C(1) << 62, 1})), "kiln_repeat",
+             "too large");
+  ck_assert_ptr_nonnull(kiln_repeat(kiln_ones(KILN_F32, 1, ((int64_t[]){0})), 1, ((int64_t[]){INT64_C(1) << 62})));
+  still_works();
+  kiln_scope_end();
+}
+END_TEST
+
 START_TEST(test_creation_errors)
 {
   int64_t nine[9] = {1, 1, 1, 1, 1, 1, 1, 1, 1};
@@ -679,6 +767,7 @@ static Suite *errors_suite(void)
   tcase_add_test(tc, test_null_propagates);
   tcase_add_test(tc, test_first_error_survives_chain);
   tcase_add_test(tc, test_fuzz_findings);
+  tcase_add_test(tc, test_new_op_errors);
   suite_add_tcase(s, tc);
   return s;
 }

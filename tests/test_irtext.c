@@ -587,6 +587,42 @@ START_TEST(test_attrs)
 }
 END_TEST
 
+/* The attributes of the newer ops: numbers (clamp's bounds, inf among them),
+ * integers (a diagonal, pad widths, topk's k) and a flag, written and read. */
+START_TEST(test_attrs_of_newer_ops)
+{
+  SYM(1, 100);
+  int x = input(KILN_F32, "3,4"), ix = input(KILN_I64, "3,2"), i1 = input(KILN_I64, "2");
+  int line = 10;
+  OP(OP_CLAMP, KILN_F32, "3,4", (&(op_attrs){.value = -0.5, .value2 = INFINITY}), line++, x);
+  OP(OP_LEAKY_RELU, KILN_F32, "3,4", (&(op_attrs){.value = 0.25}), line++, x);
+  OP(OP_TRIL, KILN_F32, "3,4", (&(op_attrs){.k = -1}), line++, x);
+  OP(OP_PAD, KILN_F32, "5,3", (&(op_attrs){.value = 2, .nints = 4, .ints = {-1, 0, 1, 1}}), line++, x);
+  OP(OP_TOPK, KILN_I64, "3,2", (&(op_attrs){.dim = 1, .k = 2, .flag = true}), line++, x);
+  OP(OP_GATHER, KILN_F32, "3,2", (&(op_attrs){.dim = 1}), line++, x, ix);
+  OP(OP_SCATTER_ADD, KILN_F32, "3,4", (&(op_attrs){.dim = 1}), line++, x, ix, OP(OP_GATHER, KILN_F32, "3,2", (&(op_attrs){.dim = 1}), 0, x, ix));
+  OP(OP_INDEX_COPY, KILN_F32, "3,4", (&(op_attrs){.dim = 1}), line++, x, i1, OP(OP_GATHER, KILN_F32, "3,2", (&(op_attrs){.dim = 1}), 0, x, ix));
+  OP(OP_CUMSUM, KILN_F32, "3,4", (&(op_attrs){.dim = 0}), line++, x);
+  OP(OP_ARGMIN, KILN_I64, "3", (&(op_attrs){.naxes = 1, .axes = {1}}), line++, x);
+  char *t = round_trip(g);
+  const char *want[] = {
+      "= clamp(%0) {value=-0x1p-1, value2=inf}  # t.c:10",
+      "= leaky_relu(%0) {value=0x1p-2}",
+      "= tril(%0) {k=-1}",
+      "f32[5,3] = pad(%0) {value=0x1p+1, ints=[-1,0,1,1]}",
+      "i64[3,2] = topk(%0) {dim=1, k=2, flag=true}",
+      "= gather(%0, %1) {dim=1}",
+      "= scatter_add(%0, %1, %",
+      "= index_copy(%0, %2, %",
+      "= cumsum(%0) {dim=0}",
+      "i64[3] = argmin(%0) {axes=[1], keepdim=false}",
+  };
+  for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+    ck_assert_msg(strstr(t, want[i]), "missing '%s' in\n%s", want[i], t);
+  alloc_free(t);
+}
+END_TEST
+
 START_TEST(test_symbolic)
 {
   sym_dim s0 = SYM(1, INT64_MAX), s1 = SYM(2, 64), s2 = SYM(-5, 5);
@@ -1126,6 +1162,7 @@ static Suite *irtext_suite(void)
   tcase_add_test(tc, test_float_exact);
   tcase_add_test(tc, test_float_reading);
   tcase_add_test(tc, test_attrs);
+  tcase_add_test(tc, test_attrs_of_newer_ops);
   tcase_add_test(tc, test_symbolic);
   tcase_add_test(tc, test_writes_and_where);
   tcase_add_test(tc, test_print_file);

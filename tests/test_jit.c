@@ -361,6 +361,8 @@ static double ref_gelu(double x) {
 }
 static double ref_gelu_erf(double x) { return x == -INFINITY ? -0.0 : 0.5 * x * erfc(-x / sqrt(2.0)); }
 static double ref_rsqrt(double x) { return 1.0 / sqrt(x); }
+static double ref_silu(double x) { return x == -INFINITY ? -0.0 : x / (1.0 + exp(-x)); }
+static double ref_softplus(double x) { return x > 20.0 ? x : log1p(exp(x)); }
 
 /* f64 oracles: what eager computes (libm, vmath.h's stable forms) */
 static double d_exp(double x) { return exp(x); }
@@ -374,6 +376,10 @@ static double d_rsqrt(double x) { return 1.0 / sqrt(x); }
 static double d_sigmoid(double x) { return vm_sigmoid(x); }
 static double d_gelu(double x) { return vm_gelu(x); }
 static double d_gelu_erf(double x) { return vm_gelu_erf(x); }
+static double d_silu(double x) { return vm_silu(x); }
+static double d_softplus(double x) { return vm_softplus(x); }
+static double d_log1p(double x) { return log1p(x); }
+static double d_expm1(double x) { return expm1(x); }
 
 /* Exact special values (test_vmath.c's tables): expected first. */
 typedef struct special {
@@ -419,6 +425,18 @@ static const special s_gelu[] = {
     {0.0f, 0.0f}, {INFINITY, INFINITY}, {-INFINITY, 0.0f}, {NAN, NAN}, {-1e30f, 0.0f},
     {1e30f, 1e30f}, {-20.0f, 0.0f}, {20.0f, 20.0f}, {FLT_MAX, FLT_MAX}, {-FLT_MAX, 0.0f},
 };
+static const special s_silu[] = {
+    {0.0f, 0.0f}, {INFINITY, INFINITY}, {-INFINITY, -0.0f}, {NAN, NAN}, {-1e30f, -0.0f}, {1e30f, 1e30f},
+};
+static const special s_softplus[] = {
+    {INFINITY, INFINITY}, {-INFINITY, 0.0f}, {NAN, NAN}, {21.0f, 21.0f}, {-200.0f, 0.0f},
+};
+static const special s_log1p[] = {
+    {0.0f, 0.0f}, {-0.0f, -0.0f}, {-1.0f, -INFINITY}, {-2.0f, NAN}, {INFINITY, INFINITY}, {NAN, NAN}, {DMIN, DMIN},
+};
+static const special s_expm1[] = {
+    {0.0f, 0.0f}, {-0.0f, -0.0f}, {INFINITY, INFINITY}, {-INFINITY, -1.0f}, {NAN, NAN}, {-30.0f, -1.0f}, {DMIN, DMIN},
+};
 static const special s_sqrt[] = {
     {0.0f, 0.0f}, {-0.0f, -0.0f}, {INFINITY, INFINITY}, {-INFINITY, NAN}, {NAN, NAN},
     {-1.0f, NAN}, {4.0f, 2.0f}, {0x1p-148f, 0x1p-74f},
@@ -438,6 +456,10 @@ static const range d_sin_r[] = {{4.7123f, 4.71248f}, {252.898f, 252.8984f}, {127
 static const range d_gelu_r[] = {{-11.0f, -9.5f}, {-3.0f, -2.9f}, {1.0f, 1.01f}};
 static const range d_gelu_erf_r[] = {{-14.5f, -12.5f}, {-0.75f, -0.65f}, {0.65f, 0.75f}, {-3.3f, -3.2f}};
 static const range d_sqrt_r[] = {{0.999f, 1.001f}, {3.99f, 4.01f}};
+static const range d_silu_r[] = {{-100.0f, -99.0f}, {-6.0f, -5.9f}};
+static const range d_softplus_r[] = {{-104.0f, -100.0f}, {19.9f, 20.1f}};
+static const range d_log1p_r[] = {{-1e-7f, -1e-8f}, {0.41f, 0.42f}, {-0.30f, -0.29f}};
+static const range d_expm1_r[] = {{0.34f, 0.36f}, {-0.36f, -0.34f}, {19.9f, 20.1f}};
 
 typedef kiln_tensor *(*eager_fn)(kiln_tensor *, const char *, int);
 
@@ -472,6 +494,11 @@ static const vcase cases[] = {
     /* correctly rounded sqrt; 1/sqrt rounds twice */
     {"sqrt", OP_SQRT, kiln_sqrt_at, sqrt, 0.5001, INFINITY, d_sqrt, SPEC(s_sqrt), true, SPEC(d_sqrt_r)},
     {"rsqrt", OP_RSQRT, kiln_rsqrt_at, ref_rsqrt, 1.5, INFINITY, d_rsqrt, SPEC(s_rsqrt), true, SPEC(d_sqrt_r)},
+    {"silu", OP_SILU, kiln_silu_at, ref_silu, 4.0, INFINITY, d_silu, SPEC(s_silu), true, SPEC(d_silu_r)},
+    {"softplus", OP_SOFTPLUS, kiln_softplus_at, ref_softplus, 4.0, INFINITY, d_softplus, SPEC(s_softplus), true,
+     SPEC(d_softplus_r)},
+    {"log1p", OP_LOG1P, kiln_log1p_at, log1p, 4.0, INFINITY, d_log1p, SPEC(s_log1p), true, SPEC(d_log1p_r)},
+    {"expm1", OP_EXPM1, kiln_expm1_at, expm1, 4.0, INFINITY, d_expm1, SPEC(s_expm1), true, SPEC(d_expm1_r)},
 };
 enum { NCASES = sizeof cases / sizeof *cases };
 

@@ -93,6 +93,29 @@ START_TEST(test_view_literals) {
   EXPECT(kiln_cat((kiln_tensor *[]){r, r}, 2, 0), ((int64_t[]){4}), 7, 8, 7, 8);
   EXPECT(kiln_stack((kiln_tensor *[]){r, r}, 2, 0), ((int64_t[]){2, 2}), 7, 8, 7, 8);
   EXPECT(kiln_cast(r, KILN_I64), ((int64_t[]){2}), 7, 8);
+  kiln_tensor *ix = kiln_tensor_from(KILN_I64, 2, (int64_t[]){2, 1}, (int64_t[]){2, 0});
+  EXPECT(kiln_gather(m, 1, ix), ((int64_t[]){2, 1}), 3, 4);
+  EXPECT(kiln_scatter_add(m, 1, ix, kiln_tensor_from(KILN_F32, 2, (int64_t[]){2, 1}, (float[]){10, 20})), ((int64_t[]){2, 3}), 1, 2,
+         13, 24, 5, 6);
+  kiln_tensor *i1 = kiln_tensor_from(KILN_I64, 1, (int64_t[]){2}, (int64_t[]){1, 1});
+  kiln_tensor *rows = kiln_tensor_from(KILN_F32, 2, (int64_t[]){2, 3}, (float[]){7, 7, 7, 9, 9, 9});
+  EXPECT(kiln_index_copy(m, 0, i1, rows), ((int64_t[]){2, 3}), 1, 2, 3, 9, 9, 9); /* the last write wins */
+  kiln_tensor *dst = kiln_zeros(KILN_F32, 2, (int64_t[]){2, 3});
+  ck_assert_ptr_eq(dst, kiln_index_copy_(dst, 0, i1, rows));
+  EXPECT(dst, ((int64_t[]){2, 3}), 0, 0, 0, 9, 9, 9);
+  EXPECT(kiln_tril(m, 0), ((int64_t[]){2, 3}), 1, 0, 0, 4, 5, 0);
+  EXPECT(kiln_triu(m, 1), ((int64_t[]){2, 3}), 0, 2, 3, 0, 0, 6);
+  EXPECT(kiln_pad(m, 4, (int64_t[]){1, -2, 0, 1}, 0.5), ((int64_t[]){3, 2}), 0.5, 1, 0.5, 4, 0.5, 0.5);
+  EXPECT(kiln_cumsum(m, 1), ((int64_t[]){2, 3}), 1, 3, 6, 4, 9, 15);
+  kiln_tensor *tv, *ti;
+  ck_assert_int_eq(0, kiln_topk(m, 2, 1, true, &tv, &ti));
+  EXPECT(tv, ((int64_t[]){2, 2}), 3, 2, 6, 5);
+  EXPECT(ti, ((int64_t[]){2, 2}), 2, 1, 2, 1);
+  kiln_tensor *pieces[2];
+  ck_assert_int_eq(2, kiln_split(m, 2, 1, pieces, 2));
+  EXPECT(pieces[1], ((int64_t[]){2, 1}), 3, 6);
+  EXPECT(kiln_one_hot(kiln_tensor_from(KILN_I64, 1, (int64_t[]){2}, (int64_t[]){2, 0}), 3), ((int64_t[]){2, 3}), 0, 0, 1, 1, 0, 0);
+  EXPECT(kiln_repeat(r, 2, (int64_t[]){2, 2}), ((int64_t[]){2, 4}), 7, 8, 7, 8, 7, 8, 7, 8);
   kiln_scope_end();
 }
 END_TEST
@@ -131,6 +154,21 @@ START_TEST(test_pointwise) {
   EXPECT(kiln_sin(x), two, sin(1.0), sin(4.0));
   EXPECT(kiln_cos(x), two, cos(1.0), cos(4.0));
   EXPECT(kiln_where(kiln_gt(x, y), x, y), two, 2, 4);
+  EXPECT(kiln_silu(x), two, 1 / (1 + exp(-1.0)), 4 / (1 + exp(-4.0)));
+  EXPECT(kiln_softplus(x), two, log(1 + exp(1.0)), log(1 + exp(4.0)));
+  EXPECT(kiln_log1p(x), two, log(2.0), log(5.0));
+  EXPECT(kiln_expm1(x), two, exp(1.0) - 1, exp(4.0) - 1);
+  kiln_tensor *h = kiln_tensor_from(KILN_F32, 1, (int64_t[]){2}, (float[]){-2.5f, 0.5f});
+  EXPECT(kiln_floor(h), two, -3, 0);
+  EXPECT(kiln_ceil(h), two, -2, 1);
+  EXPECT(kiln_round(h), two, -2, 0); /* half to even */
+  EXPECT(kiln_sign(h), two, -1, 1);
+  EXPECT(kiln_clamp(h, -1, 0.25), two, -1, 0.25);
+  EXPECT(kiln_leaky_relu(h, 0.1), two, -0.25, 0.5);
+  EXPECT(kiln_add_scalar(x, 1), two, 2, 5);
+  EXPECT(kiln_sub_scalar(x, 1), two, 0, 3);
+  EXPECT(kiln_mul_scalar(x, 0.5), two, 0.5, 2);
+  EXPECT(kiln_div_scalar(x, 4), two, 0.25, 1);
   kiln_scope_end();
 }
 END_TEST
@@ -151,6 +189,19 @@ START_TEST(test_reduction_literals) {
   EXPECT0(kiln_var_axes(m, (int[]){0, 1}, 2, 0, false), 40.0 / 6); /* deviations from 4: 9 4 1 0 1 25 */
   EXPECT0(kiln_sum_all(m), 24);
   EXPECT0(kiln_mean_all(m), 4);
+  EXPECT(kiln_argmin(m, 0, false), ((int64_t[]){3}), 0, 0, 0);
+  EXPECT0(kiln_max_all(m), 9);
+  EXPECT0(kiln_min_all(m), 1);
+  EXPECT(kiln_logsumexp(m, 1, false), ((int64_t[]){2}), log(exp(1.0) + exp(2.0) + exp(3.0)), log(exp(4.0) + exp(5.0) + exp(9.0)));
+  kiln_tensor *mask = kiln_tensor_from(KILN_BOOL, 1, (int64_t[]){3}, (bool[]){true, false, true});
+  EXPECT(kiln_masked_fill(m, mask, -1), ((int64_t[]){2, 3}), -1, 2, -1, -1, 5, -1);
+  /* rows (1,2,3): mean square 14/3; (4,5,9): 122/3 */
+  double r0 = 1 / sqrt(14.0 / 3), r1 = 1 / sqrt(122.0 / 3);
+  EXPECT(kiln_rms_norm(m, NULL, 0), ((int64_t[]){2, 3}), r0, 2 * r0, 3 * r0, 4 * r1, 5 * r1, 9 * r1);
+  /* one group per channel of (1, 2, 3): each row's layer norm */
+  double s0 = sqrt(2.0 / 3), s1 = sqrt(14.0 / 3);
+  EXPECT(kiln_group_norm(kiln_reshape(m, 3, (int64_t[]){1, 2, 3}), 2, NULL, NULL, 0), ((int64_t[]){1, 2, 3}), -1 / s0, 0, 1 / s0,
+         -2 / s1, -1 / s1, 3 / s1);
   kiln_scope_end();
 }
 END_TEST

@@ -41,7 +41,8 @@ static const struct {
   const char *name;
   reduce_fn fn;
 } reduce_ops[] = {{"sum", kiln_sum_at}, {"mean", kiln_mean_at}, {"max", kiln_max_at},
-                  {"min", kiln_min_at}, {"argmax", kiln_argmax_at}};
+                  {"min", kiln_min_at}, {"argmax", kiln_argmax_at}, {"argmin", kiln_argmin_at},
+                  {"logsumexp", kiln_logsumexp_at}};
 static const struct {
   const char *name;
   reduce_axes_fn fn;
@@ -62,6 +63,9 @@ static const char *const other_ops[] = {
     "expand", "squeeze", "unsqueeze", "slice", "contiguous", "cat", "stack", "cast", "zeros",
     "ones", "full", "scalar", "arange", "add_", "sub_", "mul_", "copy_", "fill_", "zero_",
     "conv2d", "conv1d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "batch_norm",
+    "clamp", "leaky_relu", "add_scalar", "sub_scalar", "mul_scalar", "div_scalar", "argmin", "logsumexp",
+    "max_all", "min_all", "masked_fill", "rms_norm", "group_norm", "gather", "scatter_add", "index_copy", "tril",
+    "triu", "pad", "cumsum", "topk", "split", "one_hot", "repeat",
 };
 
 #define NELEM(a) (sizeof(a) / sizeof((a)[0]))
@@ -197,6 +201,91 @@ static bool dispatch(const refcase *c, kiln_tensor **in, kiln_tensor *base0, kil
       return true;
     }
 
+  static const struct {
+    const char *name;
+    kiln_tensor *(*fn)(kiln_tensor *, double, const char *, int);
+  } scalar_ops[] = {{"add_scalar", kiln_add_scalar_at}, {"sub_scalar", kiln_sub_scalar_at},
+                    {"mul_scalar", kiln_mul_scalar_at}, {"div_scalar", kiln_div_scalar_at},
+                    {"leaky_relu", kiln_leaky_relu_at}};
+  for (size_t k = 0; k < NELEM(scalar_ops); k++)
+    if (strcmp(op, scalar_ops[k].name) == 0) {
+      double v = attr1(c, k == 4 ? "slope" : "value", &ok);
+      out[0] = scalar_ops[k].fn(in[0], v, __FILE__, __LINE__);
+      return ok;
+    }
+  if (strcmp(op, "max_all") == 0 || strcmp(op, "min_all") == 0) {
+    out[0] = (op[1] == 'a' ? kiln_max_all_at : kiln_min_all_at)(in[0], __FILE__, __LINE__);
+    return true;
+  }
+  if (strcmp(op, "masked_fill") == 0) {
+    out[0] = kiln_masked_fill(in[0], in[1], attr1(c, "value", &ok));
+    return ok;
+  }
+  if (strcmp(op, "rms_norm") == 0) {
+    out[0] = kiln_rms_norm(in[0], c->nin > 1 ? in[1] : NULL, attr1(c, "eps", &ok));
+    return ok;
+  }
+  if (strcmp(op, "group_norm") == 0) {
+    int groups = (int)attr1(c, "groups", &ok);
+    out[0] = kiln_group_norm(in[0], groups, c->nin > 1 ? in[1] : NULL, c->nin > 2 ? in[2] : NULL, attr1(c, "eps", &ok));
+    return ok;
+  }
+  if (strcmp(op, "gather") == 0) {
+    out[0] = kiln_gather(in[0], (int)attr1(c, "dim", &ok), in[1]);
+    return ok;
+  }
+  if (strcmp(op, "scatter_add") == 0 || strcmp(op, "index_copy") == 0) {
+    out[0] = (op[0] == 's' ? kiln_scatter_add_at : kiln_index_copy_at)(in[0], (int)attr1(c, "dim", &ok), in[1], in[2],
+                                                                         __FILE__, __LINE__);
+    return ok;
+  }
+  if (strcmp(op, "tril") == 0 || strcmp(op, "triu") == 0) {
+    int64_t k = (int64_t)attr1(c, "k", &ok);
+    out[0] = op[3] == 'l' ? kiln_tril(in[0], k) : kiln_triu(in[0], k);
+    return ok;
+  }
+  if (strcmp(op, "pad") == 0) {
+    int n = attr_list(c, "pads", list, &ok);
+    out[0] = kiln_pad(in[0], n, list, attr1(c, "value", &ok));
+    return ok;
+  }
+  if (strcmp(op, "cumsum") == 0) {
+    out[0] = kiln_cumsum(in[0], (int)attr1(c, "dim", &ok));
+    return ok;
+  }
+  if (strcmp(op, "topk") == 0) {
+    int64_t k = (int64_t)attr1(c, "k", &ok);
+    int dim = (int)attr1(c, "dim", &ok);
+    bool largest = attr1(c, "largest", &ok) != 0;
+    if (kiln_topk(in[0], k, dim, largest, &out[0], &out[1]))
+      out[0] = out[1] = NULL;
+    return ok;
+  }
+  if (strcmp(op, "split") == 0) {
+    kiln_tensor *pieces[16];
+    int n = kiln_split(in[0], (int64_t)attr1(c, "size", &ok), (int)attr1(c, "dim", &ok), pieces, 16);
+    if (n != c->nout) {
+      fprintf(stderr, "case %d: split made %d pieces, expected %d\n", c->index, n, c->nout);
+      return false;
+    }
+    for (int k = 0; k < n; k++)
+      out[k] = pieces[k];
+    return ok;
+  }
+  if (strcmp(op, "one_hot") == 0) {
+    out[0] = kiln_one_hot(in[0], (int64_t)attr1(c, "n", &ok));
+    return ok;
+  }
+  if (strcmp(op, "repeat") == 0) {
+    int n = attr_list(c, "reps", list, &ok);
+    out[0] = kiln_repeat(in[0], n, list);
+    return ok;
+  }
+  if (strcmp(op, "clamp") == 0) {
+    double lo = attr1(c, "lo", &ok), hi = attr1(c, "hi", &ok);
+    out[0] = kiln_clamp(in[0], lo, hi);
+    return ok;
+  }
   if (strcmp(op, "where") == 0) {
     out[0] = kiln_where(in[0], in[1], in[2]);
   } else if (strcmp(op, "var") == 0) {
@@ -380,6 +469,8 @@ END_TEST
 START_TEST(test_pool) { run_family("pool"); }
 END_TEST
 START_TEST(test_norm) { run_family("norm"); }
+END_TEST
+START_TEST(test_data) { run_family("data"); }
 END_TEST
 /* Large tensors, with 3 threads so that chunk edges fall mid-row. */
 START_TEST(test_big)
@@ -772,7 +863,7 @@ static Suite *ops_ref_suite(void)
       {"hand_nn", test_hand_nn},       {"hand_extremes", test_hand_extremes},
       {"hand_math", test_hand_math}, {"hand_views", test_hand_views}, {"hand_random", test_hand_random},
       {"hand_errors", test_hand_errors}, {"hand_short_sums", test_hand_short_sums},
-      {"conv", test_conv}, {"pool", test_pool}, {"norm", test_norm},
+      {"conv", test_conv}, {"pool", test_pool}, {"norm", test_norm}, {"data", test_data},
   };
   for (size_t k = 0; k < NELEM(cases); k++) {
     TCase *tc = tcase_create(cases[k].name);

@@ -56,6 +56,9 @@ static double ref_gelu(double x) {
   double u = 0.7978845608028654 * (x + 0.044715 * x * x * x);
   return x == -INFINITY ? -0.0 : x / (1.0 + exp(-2.0 * u));
 }
+/* x / (1 + e^-x), and log1p(e^x) with torch's threshold 20 */
+static double ref_silu(double x) { return x == -INFINITY ? -0.0 : x / (1.0 + exp(-x)); }
+static double ref_softplus(double x) { return x > 20.0 ? x : log1p(exp(x)); }
 static double ref_gelu_erf(double x) { return x == -INFINITY ? -0.0 : 0.5 * x * erfc(-x / sqrt(2.0)); }
 
 /* sweep_F(lo, hi, stride, w): F over the floats in [lo, hi] whose bit
@@ -97,6 +100,10 @@ SWEEP(vm_sinf, sin)
 SWEEP(vm_cosf, cos)
 SWEEP(vm_geluf, ref_gelu)
 SWEEP(vm_gelu_erff, ref_gelu_erf)
+SWEEP(vm_log1pf, log1p)
+SWEEP(vm_expm1f, expm1)
+SWEEP(vm_siluf, ref_silu)
+SWEEP(vm_softplusf, ref_softplus)
 
 #define ASSERT_ULP(NAME, W, BOUND)                                                          \
   ck_assert_msg((W).ulp <= (BOUND), "%s: max %.3f ulp > %.1f at x = %a (%.9g): got %.9g, want %.9g (%ld inputs)", \
@@ -128,6 +135,10 @@ static float f_sin(float x) { return vm_sinf(x); }
 static float f_cos(float x) { return vm_cosf(x); }
 static float f_gelu(float x) { return vm_geluf(x); }
 static float f_gelu_erf(float x) { return vm_gelu_erff(x); }
+static float f_log1p(float x) { return vm_log1pf(x); }
+static float f_expm1(float x) { return vm_expm1f(x); }
+static float f_silu(float x) { return vm_siluf(x); }
+static float f_softplus(float x) { return vm_softplusf(x); }
 
 static const float DMIN = 0x1p-149f; /* smallest subnormal */
 
@@ -278,6 +289,62 @@ START_TEST(test_gelu_erff) {
 }
 END_TEST
 
+START_TEST(test_log1pf) {
+  worst w = {0};
+  sweep_vm_log1pf(-INFINITY, INFINITY, STRIDE, &w);
+  dense_vm_log1pf(-1e-7f, -1e-8f, &w);    /* where 1 + x rounds */
+  dense_vm_log1pf(0.41f, 0.42f, &w);      /* 1 + x near the sqrt(2) split of log */
+  dense_vm_log1pf(-0.30f, -0.29f, &w);    /* near sqrt(1/2) */
+  dense_vm_log1pf(-1.0f, -0.9999f, &w);
+  ASSERT_ULP("vm_log1pf", w, 4.0);
+  static const special s[] = {{0.0f, 0.0f}, {-0.0f, -0.0f}, {-1.0f, -INFINITY}, {-2.0f, NAN},
+                              {INFINITY, INFINITY}, {-INFINITY, NAN}, {NAN, NAN}, {DMIN, DMIN}};
+  check_specials("vm_log1pf", f_log1p, s, NSPEC(s), 1);
+}
+END_TEST
+
+START_TEST(test_expm1f) {
+  worst w = {0};
+  sweep_vm_expm1f(-INFINITY, INFINITY, STRIDE, &w);
+  dense_vm_expm1f(0.34f, 0.36f, &w);      /* n = 0 / 1 switch */
+  dense_vm_expm1f(-0.36f, -0.34f, &w);
+  dense_vm_expm1f(1e-6f, 2e-6f, &w);
+  dense_vm_expm1f(19.9f, 20.1f, &w);      /* the switch to e^x - 1 */
+  dense_vm_expm1f(88.0f, 88.7f, &w);
+  ASSERT_ULP("vm_expm1f", w, 4.0);
+  static const special s[] = {{0.0f, 0.0f}, {-0.0f, -0.0f}, {INFINITY, INFINITY}, {-INFINITY, -1.0f},
+                              {NAN, NAN}, {-30.0f, -1.0f}, {DMIN, DMIN}, {100.0f, INFINITY}};
+  check_specials("vm_expm1f", f_expm1, s, NSPEC(s), 1);
+}
+END_TEST
+
+START_TEST(test_siluf) {
+  worst w = {0};
+  sweep_vm_siluf(-INFINITY, INFINITY, STRIDE, &w);
+  dense_vm_siluf(-100.0f, -99.0f, &w);    /* results near FLT_MIN and below */
+  dense_vm_siluf(-6.0f, -5.9f, &w);
+  dense_vm_siluf(0.5f, 0.51f, &w);
+  ASSERT_ULP("vm_siluf", w, 4.0);
+  static const special s[] = {{0.0f, 0.0f}, {INFINITY, INFINITY}, {-INFINITY, -0.0f}, {NAN, NAN},
+                              {-1e30f, -0.0f}, {1e30f, 1e30f}, {FLT_MAX, FLT_MAX}};
+  check_specials("vm_siluf", f_silu, s, NSPEC(s), 1);
+}
+END_TEST
+
+START_TEST(test_softplusf) {
+  worst w = {0};
+  sweep_vm_softplusf(-INFINITY, INFINITY, STRIDE, &w);
+  dense_vm_softplusf(-104.0f, -100.0f, &w); /* subnormal results */
+  dense_vm_softplusf(19.9f, 20.1f, &w);     /* the threshold */
+  dense_vm_softplusf(0.001f, 0.01f, &w);
+  dense_vm_softplusf(-0.01f, -0.001f, &w);
+  ASSERT_ULP("vm_softplusf", w, 4.0);
+  static const special s[] = {{INFINITY, INFINITY}, {-INFINITY, 0.0f}, {NAN, NAN}, {21.0f, 21.0f},
+                              {-200.0f, 0.0f}, {FLT_MAX, FLT_MAX}};
+  check_specials("vm_softplusf", f_softplus, s, NSPEC(s), 1);
+}
+END_TEST
+
 /* f64: against long double references on a grid, relative error. */
 START_TEST(test_f64) {
   double worst_s = 0, worst_g = 0, worst_ge = 0, at_s = 0, at_g = 0, at_ge = 0;
@@ -308,6 +375,20 @@ START_TEST(test_f64) {
   ck_assert(vm_gelu_erf(-INFINITY) == 0.0 && vm_gelu_erf(INFINITY) == INFINITY);
   ck_assert(vm_exp(0.0) == 1.0 && vm_log(1.0) == 0.0 && vm_tanh(-0.0) == 0.0 && signbit(vm_tanh(-0.0)));
   ck_assert(vm_erf(INFINITY) == 1.0 && vm_sin(0.0) == 0.0 && vm_cos(0.0) == 1.0);
+  /* silu and softplus: the stable forms against long double on [-60, 60] */
+  double worst_si = 0, worst_sp = 0;
+  for (int i = -240000; i <= 240000; i++) {
+    double x = i / 4000.0;
+    long double xl = x;
+    long double rsi = xl / (1.0L + expl(-xl)), rsp = x > 20.0 ? xl : log1pl(expl(xl));
+    double esi = rsi == 0 ? fabs(vm_silu(x)) : fabsl((vm_silu(x) - rsi) / rsi);
+    double esp = fabsl((vm_softplus(x) - rsp) / rsp);
+    if (esi > worst_si) worst_si = esi;
+    if (esp > worst_sp) worst_sp = esp;
+  }
+  ck_assert_msg(worst_si <= 1e-15 && worst_sp <= 1e-15, "vm_silu %.3g, vm_softplus %.3g", worst_si, worst_sp);
+  ck_assert(vm_silu(-INFINITY) == 0.0 && signbit(vm_silu(-INFINITY)) && isnan(vm_silu(NAN)));
+  ck_assert(vm_softplus(INFINITY) == INFINITY && vm_softplus(-INFINITY) == 0.0 && isnan(vm_softplus(NAN)));
 }
 END_TEST
 
@@ -323,6 +404,10 @@ static Suite *vmath_suite(void) {
   tcase_add_test(tc, test_sinf_cosf);
   tcase_add_test(tc, test_geluf);
   tcase_add_test(tc, test_gelu_erff);
+  tcase_add_test(tc, test_log1pf);
+  tcase_add_test(tc, test_expm1f);
+  tcase_add_test(tc, test_siluf);
+  tcase_add_test(tc, test_softplusf);
   suite_add_tcase(s, tc);
   TCase *td = tcase_create("f64");
   tcase_add_test(td, test_f64);

@@ -70,6 +70,8 @@ typedef struct cg_expr {
   double c;         /* CG_CONST */
   sym_dim s;        /* CG_SYM */
   kiln_dtype cast_to; /* CG_OP with OP_CAST */
+  double num[2];     /* CG_OP: the op's numbers (attrs value, value2: clamp's bounds, a slope);
+                       part of the kernel's signature like any operand */
 } cg_expr;
 
 /* A stage of a kernel, run for each outer element in order:
@@ -231,7 +233,7 @@ void kcache_symbol(const char *key, size_t keylen, char out[40]);
 /* ---- vmath_ir.c: vector math emitted as IR ---------------------------------- */
 
 /* Emits op (OP_EXP, OP_LOG, OP_TANH, OP_SIGMOID, OP_GELU, OP_GELU_ERF, OP_ERF,
- * OP_SIN, OP_COS, OP_SQRT, OP_RSQRT) applied to x, a float or double scalar or
+ * OP_SIN, OP_COS, OP_SQRT, OP_RSQRT, OP_SILU, OP_SOFTPLUS, OP_LOG1P, OP_EXPM1) applied to x, a float or double scalar or
  * vector, with branch-free code (selects, no calls) that the loop vectorizer
  * can widen. Accuracy: the bounds of src/eager/vmath.h (tested). NULL when op
  * is not one of these. */
@@ -248,6 +250,7 @@ typedef struct cg_emit {
   LLVMValueRef v[3];
   bool b_const;          /* operand 1 is the constant b_value (pow by 2) */
   double b_value;
+  double num[2];         /* the op's numbers (cg_expr.num) */
 } cg_emit;
 typedef LLVMValueRef (*cg_emit_fn)(const cg_emit *e);
 /* The emitter ops.def names for op, NULL when it has none. */

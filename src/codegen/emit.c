@@ -128,6 +128,50 @@ static LLVMValueRef em_relu(const cg_emit *e) {
   return LLVMBuildSelect(e->b, LLVMBuildICmp(e->b, LLVMIntSGT, A, zero, ""), A, zero, "");
 }
 
+/* floor, ceil, round (half to even); integers are whole already */
+static LLVMValueRef em_rounding(const cg_emit *e) {
+  if (!FL) return A;
+  const char *name = e->op == OP_FLOOR ? "llvm.floor" : e->op == OP_CEIL ? "llvm.ceil" : "llvm.roundeven";
+  return intrinsic(e, name, LLVMTypeOf(A), (LLVMValueRef[]){A}, 1);
+}
+
+/* (x > 0) - (x < 0): nan gives 0, as eager */
+static LLVMValueRef em_sign(const cg_emit *e) {
+  LLVMValueRef zero = const_like(A, e->it, 0);
+  LLVMValueRef pos = FL ? LLVMBuildFCmp(e->b, LLVMRealOGT, A, zero, "") : LLVMBuildICmp(e->b, LLVMIntSGT, A, zero, "");
+  LLVMValueRef neg = FL ? LLVMBuildFCmp(e->b, LLVMRealOLT, A, zero, "") : LLVMBuildICmp(e->b, LLVMIntSLT, A, zero, "");
+  return LLVMBuildSelect(e->b, pos, const_like(A, e->it, 1), LLVMBuildSelect(e->b, neg, const_like(A, e->it, -1), zero, ""), "");
+}
+
+/* y = max(x, lo), then min(y, hi) (hi wins when lo > hi, as torch; nan passes), the bounds in x's dtype as eager converts them */
+static LLVMValueRef em_clamp(const cg_emit *e) {
+  if (!FL) {
+    LLVMTypeRef t = LLVMInt64TypeInContext(ctx_of(A));
+    LLVMValueRef lo = LLVMConstInt(t, (unsigned long long)pw_bound_i64(e->num[0]), 1);
+    LLVMValueRef hi = LLVMConstInt(t, (unsigned long long)pw_bound_i64(e->num[1]), 1);
+    if (LLVMGetTypeKind(LLVMTypeOf(A)) == LLVMVectorTypeKind) {
+      unsigned n = LLVMGetVectorSize(LLVMTypeOf(A));
+      LLVMValueRef l[64], h[64];
+      for (unsigned i = 0; i < n && i < 64; i++) l[i] = lo, h[i] = hi;
+      lo = LLVMConstVector(l, n), hi = LLVMConstVector(h, n);
+    }
+    LLVMValueRef y = LLVMBuildSelect(e->b, LLVMBuildICmp(e->b, LLVMIntSLT, A, lo, ""), lo, A, "");
+    return LLVMBuildSelect(e->b, LLVMBuildICmp(e->b, LLVMIntSGT, y, hi, ""), hi, y, "");
+  }
+  /* f32 bounds rounded to f32 first, as the eager loop does */
+  double lo = e->it == KILN_F32 ? (double)(float)e->num[0] : e->num[0];
+  double hi = e->it == KILN_F32 ? (double)(float)e->num[1] : e->num[1];
+  LLVMValueRef l = const_like(A, e->it, lo), h = const_like(A, e->it, hi);
+  LLVMValueRef y = LLVMBuildSelect(e->b, LLVMBuildFCmp(e->b, LLVMRealOLT, A, l, ""), l, A, "");
+  return LLVMBuildSelect(e->b, LLVMBuildFCmp(e->b, LLVMRealOGT, y, h, ""), h, y, "");
+}
+
+static LLVMValueRef em_leaky_relu(const cg_emit *e) {
+  double k = e->it == KILN_F32 ? (double)(float)e->num[0] : e->num[0];
+  LLVMValueRef pos = LLVMBuildFCmp(e->b, LLVMRealOGT, A, const_like(A, e->it, 0), "");
+  return LLVMBuildSelect(e->b, pos, A, LLVMBuildFMul(e->b, A, const_like(A, e->it, k), ""), "");
+}
+
 static LLVMValueRef em_cast(const cg_emit *e) { return cg_convert(e->b, A, e->it, e->cast_to); }
 static LLVMValueRef em_copy(const cg_emit *e) { return A; }
 static LLVMValueRef em_vmath(const cg_emit *e) { return vmath_emit(e->b, e->op, A); }

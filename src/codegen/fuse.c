@@ -345,7 +345,9 @@ static int expr_of(fuser *f, kbuild *kb, int node, bool root) {
     id = expr_of(f, kb, n->in[0], false);
     if (id >= 0 && note_node(f, kb, node)) return -1;
   } else {
-    cg_expr e = {.kind = CG_OP, .op = n->op, .dtype = n->dtype, .n_in = n->n_in, .cast_to = n->attrs.dtype};
+    cg_expr e = {.kind = CG_OP, .op = n->op, .dtype = n->dtype, .n_in = n->n_in, .cast_to = n->attrs.dtype,
+                 .num = {op_table[n->op].attrs & AF_VALUE ? n->attrs.value : 0,
+                         op_table[n->op].attrs & AF_VALUE2 ? n->attrs.value2 : 0}};
     for (int i = 0; i < n->n_in; i++) {
       int c = expr_of(f, kb, n->in[i], false);
       if (c < 0) return c;

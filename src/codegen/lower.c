@@ -241,7 +241,7 @@ static LLVMValueRef emit_op(lctx *L, const cg_expr *x, LLVMValueRef *off) {
     L->failed = why;
     return NULL;
   }
-  cg_emit e = {.b = L->b, .op = x->op, .cast_to = x->cast_to};
+  cg_emit e = {.b = L->b, .op = x->op, .cast_to = x->cast_to, .num = {x->num[0], x->num[1]}};
   for (int i = 0; i < x->n_in; i++)
     if (!(e.v[i] = emit(L, x->in[i], off))) return NULL;
   /* the operands' dtype: a where's branches, else the first operand's (binary ops have equal types) */

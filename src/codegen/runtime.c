@@ -278,6 +278,11 @@ static void kernel_sig(const cg_program *p, const cg_kernel *k, ksig *s) {
       break;
     case CG_OP:
       sig_word(s, (uint64_t)x->op), sig_word(s, (uint64_t)x->n_in), sig_word(s, (uint64_t)x->cast_to);
+      for (int i = 0; i < 2; i++) { /* clamp's bounds: two kernels that differ only there run different code */
+        uint64_t bits;
+        memcpy(&bits, &x->num[i], sizeof bits);
+        sig_word(s, bits);
+      }
       for (int i = 0; i < x->n_in; i++) sig_word(s, (uint64_t)x->in[i]);
       break;
     }

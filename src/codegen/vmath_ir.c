@@ -86,6 +86,16 @@ static LLVMValueRef copysign_bits(const vm *v, LLVMValueRef x, LLVMValueRef s) {
 
 static LLVMValueRef exp2_core(const vm *v, LLVMValueRef h, LLVMValueRef lo, bool small);
 
+/* vm__exp_poly: P with e^r = 1 + r + r^2 P(r) */
+static LLVMValueRef exp_poly(const vm *v, LLVMValueRef r) {
+  LLVMValueRef p = kf(v, 1.9875691500e-4f);
+  p = horner(v, p, r, kf(v, 1.3981999507e-3f));
+  p = horner(v, p, r, kf(v, 8.3334519073e-3f));
+  p = horner(v, p, r, kf(v, 4.1665795894e-2f));
+  p = horner(v, p, r, kf(v, 1.6666665459e-1f));
+  return horner(v, p, r, kf(v, 5.0000001201e-1f));
+}
+
 /* vm__exp2: exp(hi + lo), hi clamped to [-104, 88.8]; lanes below -150 ln2
  * compute e^0 and give 0, with no subnormal product (a microcode assist). */
 static LLVMValueRef exp2_hl(const vm *v, LLVMValueRef hi, LLVMValueRef lo) {
@@ -104,13 +114,7 @@ static LLVMValueRef exp2_core(const vm *v, LLVMValueRef h, LLVMValueRef lo, bool
   LLVMValueRef n = sub(v, t, kf(v, ROUND));
   LLVMValueRef ni = LLVMBuildSub(v->b, bits(v, t), ki(v, ROUND_BITS), "");
   LLVMValueRef r = sub(v, add(v, sub(v, h, mul(v, n, kf(v, 0.693359375f))), lo), mul(v, n, kf(v, -2.12194440e-4f)));
-  LLVMValueRef p = kf(v, 1.9875691500e-4f);
-  p = horner(v, p, r, kf(v, 1.3981999507e-3f));
-  p = horner(v, p, r, kf(v, 8.3334519073e-3f));
-  p = horner(v, p, r, kf(v, 4.1665795894e-2f));
-  p = horner(v, p, r, kf(v, 1.6666665459e-1f));
-  p = horner(v, p, r, kf(v, 5.0000001201e-1f));
-  p = add(v, add(v, mul(v, p, mul(v, r, r)), r), kf(v, 1.0f));
+  LLVMValueRef p = add(v, add(v, mul(v, exp_poly(v, r), mul(v, r, r)), r), kf(v, 1.0f));
   if (small) return mul(v, p, flt(v, LLVMBuildShl(v->b, LLVMBuildAdd(v->b, ni, ki(v, 127), ""), ki(v, 23), "")));
   /* 2^n as two normal factors */
   LLVMValueRef n1 = LLVMBuildSDiv(v->b, ni, ki(v, 2), "");
@@ -271,9 +275,8 @@ static LLVMValueRef clampf(const vm *v, LLVMValueRef x, float c) {
   return sel(v, gt(v, r, kf(v, -c)), r, kf(v, -c));
 }
 
-static LLVMValueRef gelu_f32(const vm *v, LLVMValueRef x) {
-  LLVMValueRef xd = to_f64(v, clampf(v, x, 20.0f));
-  LLVMValueRef s = mul(v, xd, add(v, kd(v, 1.5957691216057308), mul(v, kd(v, 0.07135481627260025), mul(v, xd, xd))));
+/* vm__x_sigmoid: x * sigmoid(s), s (f64) of x's sign */
+static LLVMValueRef x_sigmoid(const vm *v, LLVMValueRef x, LLVMValueRef s) {
   LLVMValueRef negabs = LLVMBuildOr(v->b, LLVMBuildBitCast(v->b, s, v->i64, ""), kl(v, 0x8000000000000000u), "");
   LLVMValueRef ns = add(v, LLVMBuildBitCast(v->b, negabs, v->f64, ""), kd(v, 44.361419555836499803));
   LLVMValueRef hi = to_f32(v, ns);
@@ -281,8 +284,13 @@ static LLVMValueRef gelu_f32(const vm *v, LLVMValueRef x) {
   LLVMValueRef e64 = exp2_hl(v, hi, lo);
   LLVMValueRef e = mul(v, e64, kf(v, 0x1p-64f));
   LLVMValueRef num = sel(v, ge(v, x, kf(v, 0.0f)), x, mul(v, mul(v, x, e64), kf(v, 0x1p-64f)));
-  LLVMValueRef g = fdiv(v, num, add(v, kf(v, 1.0f), e));
-  g = sel(v, eq(v, x, kf(v, -INFINITY)), kf(v, -0.0f), g);
+  return fdiv(v, num, add(v, kf(v, 1.0f), e));
+}
+
+static LLVMValueRef gelu_f32(const vm *v, LLVMValueRef x) {
+  LLVMValueRef xd = to_f64(v, clampf(v, x, 20.0f));
+  LLVMValueRef s = mul(v, xd, add(v, kd(v, 1.5957691216057308), mul(v, kd(v, 0.07135481627260025), mul(v, xd, xd))));
+  LLVMValueRef g = sel(v, eq(v, x, kf(v, -INFINITY)), kf(v, -0.0f), x_sigmoid(v, x, s));
   return sel(v, is_nan(v, x), x, g);
 }
 
@@ -301,6 +309,49 @@ static LLVMValueRef gelu_erf_f32(const vm *v, LLVMValueRef x) {
   LLVMValueRef g = sel(v, lt(v, t, kf(v, 0.5f)), near0, far);
   g = sel(v, eq(v, x, kf(v, -INFINITY)), kf(v, -0.0f), g);
   return sel(v, is_nan(v, x), x, g);
+}
+
+/* vm_log1pf: log(u) + (x - (u - 1)) / u, u = 1 + x */
+static LLVMValueRef log1p_f32(const vm *v, LLVMValueRef x) {
+  LLVMValueRef one = kf(v, 1.0f);
+  LLVMValueRef u = add(v, one, x);
+  LLVMValueRef r = add(v, log_f32(v, u), fdiv(v, sub(v, x, sub(v, u, one)), u));
+  r = sel(v, eq(v, u, one), x, r);
+  r = sel(v, eq(v, x, kf(v, INFINITY)), x, r);
+  r = sel(v, eq(v, x, kf(v, -1.0f)), kf(v, -INFINITY), r);
+  r = sel(v, lt(v, x, kf(v, -1.0f)), kf(v, NAN), r);
+  return sel(v, is_nan(v, x), x, r);
+}
+
+/* vm_expm1f: 2^n (e^r - 1) + (2^n - 1) for |x| < 20, else e^x - 1 */
+static LLVMValueRef expm1_f32(const vm *v, LLVMValueRef x) {
+  LLVMValueRef xc = clampf(v, x, 20.0f);
+  LLVMValueRef t = add(v, mul(v, xc, kf(v, 1.44269504f)), kf(v, ROUND));
+  LLVMValueRef n = sub(v, t, kf(v, ROUND));
+  LLVMValueRef ni = LLVMBuildSub(v->b, bits(v, t), ki(v, ROUND_BITS), "");
+  LLVMValueRef r = sub(v, sub(v, xc, mul(v, n, kf(v, 0.693359375f))), mul(v, n, kf(v, -2.12194440e-4f)));
+  LLVMValueRef q = add(v, mul(v, exp_poly(v, r), mul(v, r, r)), r);
+  LLVMValueRef s = flt(v, LLVMBuildShl(v->b, LLVMBuildAdd(v->b, ni, ki(v, 127), ""), ki(v, 23), ""));
+  LLVMValueRef core = add(v, mul(v, s, q), sub(v, s, kf(v, 1.0f)));
+  LLVMValueRef big = sub(v, exp_f32(v, x), kf(v, 1.0f));
+  LLVMValueRef res = sel(v, lt(v, abs_bits(v, x), kf(v, 20.0f)), core, big);
+  res = sel(v, eq(v, x, kf(v, 0.0f)), x, res);
+  return sel(v, is_nan(v, x), x, res);
+}
+
+/* vm_siluf */
+static LLVMValueRef silu_f32(const vm *v, LLVMValueRef x) {
+  LLVMValueRef g = x_sigmoid(v, x, to_f64(v, x));
+  g = sel(v, eq(v, x, kf(v, -INFINITY)), kf(v, -0.0f), g);
+  return sel(v, is_nan(v, x), x, g);
+}
+
+/* vm_softplusf: x past 20, else max(x, 0) + log1p(e^-|x|) */
+static LLVMValueRef softplus_f32(const vm *v, LLVMValueRef x) {
+  LLVMValueRef m = sel(v, gt(v, x, kf(v, 0.0f)), x, kf(v, 0.0f));
+  LLVMValueRef r = add(v, m, log1p_f32(v, exp_f32(v, neg(v, abs_bits(v, x)))));
+  r = sel(v, gt(v, x, kf(v, 20.0f)), x, r);
+  return sel(v, is_nan(v, x), x, r);
 }
 
 /* ---- f64 and sqrt: intrinsics and libm -------------------------------------- */
@@ -353,6 +404,21 @@ static LLVMValueRef gelu_f64(const vm *v, LLVMValueRef x) {
   return sel(v, eq(v, x, kd(v, -INFINITY)), kd(v, -0.0), g);
 }
 
+/* vm_silu: (x >= 0 ? x : x*e) / (1 + e), e = exp(-|x|); -0 at -inf */
+static LLVMValueRef silu_f64(const vm *v, LLVMValueRef x) {
+  LLVMValueRef e = intrinsic(v, "llvm.exp", neg(v, intrinsic(v, "llvm.fabs", x)));
+  LLVMValueRef g = fdiv(v, sel(v, ge(v, x, kd(v, 0.0)), x, mul(v, x, e)), add(v, kd(v, 1.0), e));
+  return sel(v, eq(v, x, kd(v, -INFINITY)), kd(v, -0.0), g);
+}
+
+/* vm_softplus: x past 20 (and nan), else max(x, 0) + log1p(exp(-|x|)) */
+static LLVMValueRef softplus_f64(const vm *v, LLVMValueRef x) {
+  LLVMValueRef m = sel(v, gt(v, x, kd(v, 0.0)), x, kd(v, 0.0));
+  LLVMValueRef r = add(v, m, libm(v, "log1p", intrinsic(v, "llvm.exp", neg(v, intrinsic(v, "llvm.fabs", x)))));
+  LLVMValueRef keep = LLVMBuildFCmp(v->b, LLVMRealUGT, x, kd(v, 20.0), ""); /* unordered: nan too */
+  return sel(v, keep, x, r);
+}
+
 /* vm_gelu_erf: 0.5 * x * erfc(-x / sqrt2); -0 at -inf */
 static LLVMValueRef gelu_erf_f64(const vm *v, LLVMValueRef x) {
   LLVMValueRef c = libm(v, "erfc", mul(v, neg(v, x), kd(v, 0.70710678118654752440)));
@@ -393,6 +459,10 @@ LLVMValueRef vmath_emit(LLVMBuilderRef b, int op, LLVMValueRef x) {
     case OP_ERF: return erf_f32(&v, x);
     case OP_SIN: return sin_f32(&v, x);
     case OP_COS: return cos_f32(&v, x);
+    case OP_SILU: return silu_f32(&v, x);
+    case OP_SOFTPLUS: return softplus_f32(&v, x);
+    case OP_LOG1P: return log1p_f32(&v, x);
+    case OP_EXPM1: return expm1_f32(&v, x);
     default: return NULL;
     }
   }
@@ -406,6 +476,10 @@ LLVMValueRef vmath_emit(LLVMBuilderRef b, int op, LLVMValueRef x) {
   case OP_SIGMOID: return sigmoid_f64(&v, x);
   case OP_GELU: return gelu_f64(&v, x);
   case OP_GELU_ERF: return gelu_erf_f64(&v, x);
+  case OP_SILU: return silu_f64(&v, x);
+  case OP_SOFTPLUS: return softplus_f64(&v, x);
+  case OP_LOG1P: return libm(&v, "log1p", x);
+  case OP_EXPM1: return libm(&v, "expm1", x);
   default: return NULL;
   }
 }

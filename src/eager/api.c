@@ -1,6 +1,8 @@
 /* The public op entry points: argument checks that need the user's view of
  * the call (axes, -1 in reshape, slice bounds), then op_dispatch. */
 #include <inttypes.h>
+#include <limits.h>
+#include <math.h>
 #include <string.h>
 
 #include "eager/eager.h"
@@ -20,7 +22,50 @@ BINARY(maximum, MAXIMUM) BINARY(minimum, MINIMUM) BINARY(eq, EQ) BINARY(ne, NE) 
 BINARY(le, LE) BINARY(gt, GT) BINARY(ge, GE) BINARY(matmul, MATMUL)
 UNARY(neg, NEG) UNARY(abs, ABS) UNARY(exp, EXP) UNARY(log, LOG) UNARY(sqrt, SQRT) UNARY(rsqrt, RSQRT)
 UNARY(tanh, TANH) UNARY(sigmoid, SIGMOID) UNARY(relu, RELU) UNARY(gelu, GELU) UNARY(gelu_erf, GELU_ERF)
-UNARY(erf, ERF) UNARY(sin, SIN) UNARY(cos, COS)
+UNARY(erf, ERF) UNARY(sin, SIN) UNARY(cos, COS) UNARY(silu, SILU) UNARY(softplus, SOFTPLUS) UNARY(log1p, LOG1P)
+UNARY(expm1, EXPM1) UNARY(floor, FLOOR) UNARY(ceil, CEIL) UNARY(round, ROUND) UNARY(sign, SIGN)
+
+static bool whole(double v) { return v == floor(v) || v != v || v == INFINITY || v == -INFINITY; }
+
+kiln_tensor *kiln_clamp_at(kiln_tensor *x, double lo, double hi, const char *file, int line) {
+  if (tensor_bad_arg(x, file, line, "clamp", "input 0")) return NULL;
+  if (lo != lo || hi != hi) return err_set(file, line, "clamp", "bound %g is nan", lo != lo ? lo : hi);
+  op_attrs a = {.value = lo, .value2 = hi};
+  if (x->dtype == KILN_I64 && !(whole(lo) && whole(hi))) {
+    /* torch's promotion: an integer tensor and a fractional number compute in f32 */
+    kiln_scope_begin();
+    kiln_tensor *f = kiln_cast_at(x, KILN_F32, file, line);
+    kiln_tensor *r = kiln_keep(op_dispatch(OP_CLAMP, &f, 1, &a, file, line));
+    kiln_scope_end();
+    return r;
+  }
+  return op_dispatch(OP_CLAMP, &x, 1, &a, file, line);
+}
+
+kiln_tensor *kiln_leaky_relu_at(kiln_tensor *x, double slope, const char *file, int line) {
+  op_attrs a = {.value = slope};
+  return op_dispatch(OP_LEAKY_RELU, &x, 1, &a, file, line);
+}
+
+/* x op value: the number as a 0-d tensor of x's dtype (f32 for a fractional
+ * number and i64 x), so that no promotion widens x. */
+static kiln_tensor *scalar_op(kiln_tensor *(*fn)(kiln_tensor *, kiln_tensor *, const char *, int), const char *name,
+                              kiln_tensor *x, double v, const char *file, int line) {
+  if (tensor_bad_arg(x, file, line, name, "input 0")) return NULL;
+  /* an integer x computes in f32 with a fractional number, and in a divide (true division, as torch) */
+  bool to_f32 = x->dtype == KILN_I64 && (!whole(v) || fn == kiln_div_at);
+  kiln_dtype dt = to_f32 ? KILN_F32 : x->dtype == KILN_BOOL ? KILN_I64 : x->dtype;
+  kiln_scope_begin();
+  if (to_f32) x = kiln_cast_at(x, KILN_F32, file, line);
+  kiln_tensor *r = kiln_keep(fn(x, kiln_scalar_at(dt, v, file, line), file, line));
+  kiln_scope_end();
+  return r;
+}
+#define SCALAR_OP(name)                                                                   \
+  kiln_tensor *kiln_##name##_scalar_at(kiln_tensor *x, double v, const char *file, int line) { \
+    return scalar_op(kiln_##name##_at, #name "_scalar", x, v, file, line);                  \
+  }
+SCALAR_OP(add) SCALAR_OP(sub) SCALAR_OP(mul) SCALAR_OP(div)
 
 kiln_tensor *kiln_where_at(kiln_tensor *c, kiln_tensor *a, kiln_tensor *b, const char *file, int line) {
   kiln_tensor *in[3] = {c, a, b};
@@ -90,6 +135,10 @@ REDUCTION(min, MIN)
 
 kiln_tensor *kiln_argmax_at(kiln_tensor *t, int axis, bool keepdim, const char *file, int line) {
   return reduce(OP_ARGMAX, "argmax", t, &axis, 1, keepdim, file, line);
+}
+
+kiln_tensor *kiln_argmin_at(kiln_tensor *t, int axis, bool keepdim, const char *file, int line) {
+  return reduce(OP_ARGMIN, "argmin", t, &axis, 1, keepdim, file, line);
 }
 
 /* var = sum((x - mean)^2) / (N - correction), written with primitives */
@@ -318,4 +367,192 @@ kiln_tensor *kiln_index_select_at(kiln_tensor *t, int dim, kiln_tensor *idx, con
   op_attrs a = {.dim = d};
   kiln_tensor *in[2] = {t, idx};
   return op_dispatch(OP_INDEX_SELECT, in, 2, &a, file, line);
+}
+
+/* ---- gather, scatter, index_copy, triangles, pad, cumsum ---- */
+
+/* dim of t normalized, or -1 with the error set. */
+static int dim_of(const char *op, const kiln_tensor *t, int dim, const char *file, int line) {
+  int d = axis_norm(dim, t->ndim);
+  char b[SHAPE_BUF];
+  if (d < 0 || t->ndim == 0) return err_set(file, line, op, "dim %d is out of range for shape %s", dim, err_shape(b, t->ndim, t->shape)), -1;
+  return d;
+}
+
+kiln_tensor *kiln_gather_at(kiln_tensor *x, int dim, kiln_tensor *idx, const char *file, int line) {
+  if (tensor_bad_arg(x, file, line, "gather", "input 0") || tensor_bad_arg(idx, file, line, "gather", "index")) return NULL;
+  int d = dim_of("gather", x, dim, file, line);
+  if (d < 0) return NULL;
+  kiln_tensor *in[2] = {x, idx};
+  return op_dispatch(OP_GATHER, in, 2, &(op_attrs){.dim = d}, file, line);
+}
+
+/* scatter_add and index_copy: x, an index and a source along dim */
+static kiln_tensor *scatter(op_id op, const char *name, kiln_tensor *x, int dim, kiln_tensor *idx, kiln_tensor *src,
+                            const char *file, int line) {
+  if (tensor_bad_arg(x, file, line, name, "input 0") || tensor_bad_arg(idx, file, line, name, "index") ||
+      tensor_bad_arg(src, file, line, name, "source"))
+    return NULL;
+  int d = dim_of(name, x, dim, file, line);
+  if (d < 0) return NULL;
+  kiln_tensor *in[3] = {x, idx, src};
+  return op_dispatch(op, in, 3, &(op_attrs){.dim = d}, file, line);
+}
+
+kiln_tensor *kiln_scatter_add_at(kiln_tensor *x, int dim, kiln_tensor *idx, kiln_tensor *src, const char *file, int line) {
+  return scatter(OP_SCATTER_ADD, "scatter_add", x, dim, idx, src, file, line);
+}
+
+kiln_tensor *kiln_index_copy_at(kiln_tensor *x, int dim, kiln_tensor *idx, kiln_tensor *src, const char *file, int line) {
+  return scatter(OP_INDEX_COPY, "index_copy", x, dim, idx, src, file, line);
+}
+
+kiln_tensor *kiln_tril_at(kiln_tensor *x, int64_t k, const char *file, int line) {
+  return op_dispatch(OP_TRIL, &x, 1, &(op_attrs){.k = k}, file, line);
+}
+
+kiln_tensor *kiln_triu_at(kiln_tensor *x, int64_t k, const char *file, int line) {
+  return op_dispatch(OP_TRIU, &x, 1, &(op_attrs){.k = k}, file, line);
+}
+
+kiln_tensor *kiln_pad_at(kiln_tensor *x, int n, const int64_t *pads, double value, const char *file, int line) {
+  if (tensor_bad_arg(x, file, line, "pad", "input 0")) return NULL;
+  if (n < 0 || n > 2 * MAXD || (n && !pads)) return err_set(file, line, "pad", "bad pad list (%d widths)", n);
+  op_attrs a = {.nints = n, .value = value};
+  for (int i = 0; i < n; i++) a.ints[i] = pads[i]; /* the shape rule refuses widths past any size */
+  return op_dispatch(OP_PAD, &x, 1, &a, file, line);
+}
+
+kiln_tensor *kiln_cumsum_at(kiln_tensor *x, int dim, const char *file, int line) {
+  if (tensor_bad_arg(x, file, line, "cumsum", "input 0")) return NULL;
+  int d = axis_norm(dim, x->ndim);
+  char b[SHAPE_BUF];
+  if (d < 0) return err_set(file, line, "cumsum", "dim %d is out of range for shape %s", dim, err_shape(b, x->ndim, x->shape));
+  return op_dispatch(OP_CUMSUM, &x, 1, &(op_attrs){.dim = d}, file, line);
+}
+
+/* ---- topk, split, one_hot, repeat ---- */
+
+int kiln_topk_at(kiln_tensor *x, int64_t k, int dim, bool largest, kiln_tensor **values, kiln_tensor **indices,
+                 const char *file, int line) {
+  if (values) *values = NULL;
+  if (indices) *indices = NULL;
+  if (tensor_bad_arg(x, file, line, "topk", "input 0")) return -1;
+  if (!values && !indices) return err_set(file, line, "topk", "values and indices are both NULL"), -1;
+  int d = axis_norm(dim, x->ndim);
+  char b[SHAPE_BUF];
+  if (d < 0) return err_set(file, line, "topk", "dim %d is out of range for shape %s", dim, err_shape(b, x->ndim, x->shape)), -1;
+  kiln_scope_begin();
+  kiln_tensor *idx = op_dispatch(OP_TOPK, &x, 1, &(op_attrs){.dim = d, .k = k, .flag = largest}, file, line), *v = NULL;
+  /* the values are a gather of x at the indices, so that gradients flow to x */
+  if (idx && values) v = x->ndim ? kiln_gather_at(x, d, idx, file, line) : kiln_contiguous_at(x, file, line);
+  bool ok = idx && (!values || v);
+  if (ok && indices) *indices = kiln_keep(idx);
+  if (ok && values) *values = kiln_keep(v);
+  kiln_scope_end();
+  return ok ? 0 : -1;
+}
+
+int kiln_split_at(kiln_tensor *x, int64_t size, int dim, kiln_tensor **outs, int max_outs, const char *file, int line) {
+  if (tensor_bad_arg(x, file, line, "split", "input 0")) return -1;
+  char b[SHAPE_BUF];
+  int d = axis_norm(dim, x->ndim);
+  if (d < 0 || x->ndim == 0) return err_set(file, line, "split", "dim %d is out of range for shape %s", dim, err_shape(b, x->ndim, x->shape)), -1;
+  if (size < 1) return err_set(file, line, "split", "piece size %" PRId64 " must be at least 1", size), -1;
+  /* the count is a C number that depends on the size: a traced body must be
+   * re-recorded when the size changes, as after a kiln_size */
+  int64_t len = kiln_size(x, d), count = len / size + (len % size != 0);
+  if (count > INT_MAX) return err_set(file, line, "split", "%" PRId64 " pieces are too many", count), -1;
+  if (!outs) return (int)count;
+  if (max_outs < count)
+    return err_set(file, line, "split", "%s in pieces of %" PRId64 " along dim %d makes %" PRId64 " pieces, more than max_outs %d",
+                   err_shape(b, x->ndim, x->shape), size, dim, count, max_outs), -1;
+  for (int64_t i = 0; i < count; i++) {
+    int64_t end = (i + 1) * size < len ? (i + 1) * size : len;
+    if (!(outs[i] = kiln_slice_at(x, d, i * size, end, 1, file, line))) {
+      for (int64_t j = 0; j < i; j++) outs[j] = NULL;
+      return -1;
+    }
+  }
+  return (int)count;
+}
+
+kiln_tensor *kiln_one_hot_at(kiln_tensor *idx, int64_t n, const char *file, int line) {
+  if (tensor_bad_arg(idx, file, line, "one_hot", "input 0")) return NULL;
+  char b[SHAPE_BUF];
+  if (idx->dtype != KILN_I64) return err_set(file, line, "one_hot", "indices must be i64, got %s", kiln_dtype_name(idx->dtype));
+  if (idx->ndim >= MAXD) return err_set(file, line, "one_hot", "indices %s have too many dims", err_shape(b, idx->ndim, idx->shape));
+  if (n < -1) return err_set(file, line, "one_hot", "class count %" PRId64 " must be -1 or at least 0", n);
+  int64_t count = shape_numel(idx->ndim, idx->shape);
+  kiln_scope_begin();
+  if (n == -1) {
+    /* the count from the data: a value read (a traced body falls back to eager here) */
+    if (count == 0) {
+      kiln_scope_end();
+      return err_set(file, line, "one_hot", "cannot infer the class count from empty indices");
+    }
+    n = (int64_t)kiln_item_at(kiln_max_axes_at(idx, NULL, 0, false, file, line), file, line) + 1;
+  }
+  kiln_tensor *y = NULL;
+  for (int64_t i = 0, m = idx->st->meta ? 0 : count; i < m; i++) {
+    double v = tensor_get(idx, i);
+    if (v < 0 || v >= (double)n) {
+      err_set(file, line, "one_hot", "index %.0f at position %" PRId64 " is out of range [0, %" PRId64 ")", v, i, n);
+      goto done;
+    }
+  }
+  /* a recording's indices have no values yet: compiled code checks them */
+  kiln_tensor *t = idx->st->meta ? op_dispatch(OP_INDEX_CHECK, &idx, 1, &(op_attrs){.k = n}, file, line) : idx;
+  kiln_tensor *classes = kiln_arange_at(KILN_I64, 0, (double)n, 1, file, line);
+  y = kiln_keep(kiln_cast_at(kiln_eq_at(kiln_unsqueeze_at(t, -1, file, line), classes, file, line), KILN_I64, file, line));
+done:
+  kiln_scope_end();
+  return y;
+}
+
+kiln_tensor *kiln_repeat_at(kiln_tensor *x, int n, const int64_t *reps, const char *file, int line) {
+  if (tensor_bad_arg(x, file, line, "repeat", "input 0")) return NULL;
+  char b[SHAPE_BUF];
+  if (n < x->ndim || n > MAXD || (n && !reps))
+    return err_set(file, line, "repeat", "%d repeats for %s: at least one per dim, at most %d", n, err_shape(b, x->ndim, x->shape), MAXD);
+  int64_t shape[MAXD], total = 1;
+  bool empty = false;
+  for (int i = 0; i < n; i++) {
+    int j = i - (n - x->ndim);
+    if (reps[i] < 0) return err_set(file, line, "repeat", "repeat %" PRId64 " of dim %d is negative", reps[i], i);
+    shape[i] = j >= 0 ? x->shape[j] : 1;
+    empty |= shape[i] == 0 || reps[i] == 0;
+  }
+  /* sizes and the element count checked here, or a view inside would refuse them under its own name */
+  for (int i = 0; i < n; i++) {
+    if (reps[i] && shape[i] > INT64_MAX / reps[i])
+      return err_set(file, line, "repeat", "%s repeated %" PRId64 " times along dim %d is too large", err_shape(b, x->ndim, x->shape),
+                     reps[i], i);
+    if (!empty && total > INT64_MAX / 8 / (shape[i] * reps[i]))
+      return err_set(file, line, "repeat", "%s repeated has too many elements", err_shape(b, x->ndim, x->shape));
+    if (!empty) total *= shape[i] * reps[i];
+  }
+  if (n == MAXD && x->ndim == MAXD) {
+    bool all_one = true;
+    for (int i = 0; i < n; i++) all_one &= reps[i] == 1;
+    if (!all_one) return err_set(file, line, "repeat", "inputs of rank %d are not supported", MAXD);
+  }
+  kiln_scope_begin();
+  kiln_tensor *y = kiln_reshape_at(x, n, shape, file, line);
+  /* dim by dim: (.., a, ..) -> (.., 1, a, ..) -> expanded (.., r, a, ..) -> (.., r*a, ..) */
+  for (int i = 0; i < n && y; i++) {
+    if (reps[i] == 1) continue;
+    int64_t s1[MAXD], s2[MAXD];
+    for (int j = 0, k = 0; j < n; j++) {
+      if (j == i) s1[k++] = reps[i];
+      s1[k++] = shape[j];
+    }
+    kiln_tensor *e = kiln_expand_at(kiln_unsqueeze_at(y, i, file, line), n + 1, s1, file, line);
+    for (int j = 0; j < n; j++) s2[j] = j == i ? reps[i] * shape[i] : shape[j];
+    shape[i] = s2[i];
+    y = kiln_reshape_at(e, n, s2, file, line);
+  }
+  kiln_keep(y);
+  kiln_scope_end();
+  return y;
 }

@@ -300,6 +300,46 @@ static int bw_cos(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
   gin[0] = kiln_neg_at(kiln_mul_at(g, kiln_sin_at(nd->in[0], AT), AT), AT);
   return 0;
 }
+static int bw_silu(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  /* d/dx x s(x) = s (1 + x (1 - s)) */
+  kiln_dtype dt = nd->out_dtype;
+  kiln_tensor *x = nd->in[0], *s = kiln_sigmoid_at(x, AT), *one = scal(dt, 1, nd);
+  kiln_tensor *d = kiln_mul_at(s, kiln_add_at(one, kiln_mul_at(x, kiln_sub_at(one, s, AT), AT), AT), AT);
+  gin[0] = kiln_mul_at(g, d, AT);
+  return 0;
+}
+static int bw_softplus(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  /* sigmoid(x), and exactly 1 past the threshold, where softplus is x */
+  kiln_tensor *x = nd->in[0];
+  kiln_tensor *past = kiln_gt_at(x, scal(nd->out_dtype, 20, nd), AT);
+  gin[0] = kiln_where_at(past, g, kiln_mul_at(g, kiln_sigmoid_at(x, AT), AT), AT);
+  return 0;
+}
+static int bw_log1p(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  gin[0] = kiln_div_at(g, kiln_add_at(nd->in[0], scal(nd->out_dtype, 1, nd), AT), AT);
+  return 0;
+}
+static int bw_expm1(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  gin[0] = kiln_mul_at(g, kiln_add_at(OUT, scal(nd->out_dtype, 1, nd), AT), AT);
+  return 0;
+}
+/* floor, ceil, round, sign: zero almost everywhere, as torch (where, not
+ * g * 0, so that an infinite g gives 0, not nan) */
+static int bw_zero(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  gin[0] = kiln_where_at(scal(KILN_BOOL, 0, nd), g, scal(nd->out_dtype, 0, nd), AT);
+  return 0;
+}
+/* g where x was inside [lo, hi] (the bounds included, as torch), else 0 */
+static int bw_clamp(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  gin[0] = kiln_where_at(kiln_eq_at(OUT, nd->in[0], AT), g, scal(nd->out_dtype, 0, nd), AT);
+  return 0;
+}
+static int bw_leaky_relu(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  kiln_dtype dt = nd->out_dtype;
+  kiln_tensor *pos = kiln_gt_at(nd->in[0], scal(dt, 0, nd), AT);
+  gin[0] = kiln_where_at(pos, g, kiln_mul_at(g, scal(dt, nd->attrs.value, nd), AT), AT);
+  return 0;
+}
 static int bw_cast(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
   gin[0] = kiln_cast_at(g, IN(0).dtype, AT);
   return 0;
@@ -417,6 +457,48 @@ static int bw_index_add(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
 static int bw_slice_scatter(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
   if (IN(0).need) gin[0] = slice_scatter(g, kiln_zeros_at(IN(1).dtype, IN(1).ndim, IN(1).shape, AT), &nd->attrs, nd);
   if (IN(1).need) gin[1] = kiln_slice_at(g, nd->attrs.dim, nd->attrs.start.c, nd->attrs.end.c, nd->attrs.step, AT);
+  return 0;
+}
+
+static kiln_tensor *zeros_of_in(ag_node *nd, int i) { return kiln_zeros_at(IN(i).dtype, IN(i).ndim, IN(i).shape, AT); }
+static int bw_gather(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  kiln_tensor *in[3] = {zeros_of_in(nd, 0), nd->in[1], g};
+  gin[0] = op_dispatch(OP_SCATTER_ADD, in, 3, &nd->attrs, AT);
+  return 0;
+}
+static int bw_scatter_add(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  if (IN(0).need) gin[0] = g;
+  kiln_tensor *in[2] = {g, nd->in[1]};
+  if (IN(2).need) gin[2] = op_dispatch(OP_GATHER, in, 2, &nd->attrs, AT);
+  return 0;
+}
+/* x's rows that were overwritten get no gradient; the source's rows get g's
+ * rows at their indices (torch's formula: with a repeated index, every
+ * source row gets it, though the last one won) */
+static int bw_index_copy(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  kiln_tensor *in[3] = {g, nd->in[1], zeros_of_in(nd, 2)};
+  if (IN(0).need) gin[0] = op_dispatch(OP_INDEX_COPY, in, 3, &nd->attrs, AT);
+  if (IN(2).need) gin[2] = kiln_index_select_at(g, nd->attrs.dim, nd->in[1], AT);
+  return 0;
+}
+static int bw_tri(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  gin[0] = op_dispatch(nd->op, &g, 1, &nd->attrs, AT);
+  return 0;
+}
+/* the gradient of a pad is g padded back: every width negated (a pad crops, a crop pads with 0) */
+static int bw_pad(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  op_attrs a = nd->attrs;
+  for (int i = 0; i < a.nints; i++) a.ints[i] = -a.ints[i];
+  a.value = 0;
+  gin[0] = op_dispatch(OP_PAD, &g, 1, &a, AT);
+  return 0;
+}
+/* the sum of g from each position to the end: sum(g) - cumsum(g) + g */
+static int bw_cumsum(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  int d = nd->attrs.dim;
+  kiln_tensor *c = op_dispatch(OP_CUMSUM, &g, 1, &nd->attrs, AT);
+  kiln_tensor *total = IN(0).ndim ? kiln_sum_at(g, d, true, AT) : g;
+  gin[0] = kiln_add_at(kiln_sub_at(total, c, AT), g, AT);
   return 0;
 }
 

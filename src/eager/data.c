@@ -1,6 +1,7 @@
-/* Data movement kernels: cat, index_select, index_add and slice_scatter. Each
- * writes through a view of the output and the strided copy, so inputs may
- * have any layout. */
+/* Data movement kernels: cat, index_select, index_add, slice_scatter, gather,
+ * scatter_add, index_copy, tril, triu, pad and cumsum. Most write through a
+ * view of the output and the strided copy, so inputs may have any layout. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "eager/eager.h"
@@ -55,17 +56,24 @@ int k_index_select(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, k
   return 0;
 }
 
-int k_index_add(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out) {
-  (void)op, (void)n;
+/* out = x with src's rows along dim added (index_add) or written (index_copy)
+ * at the indices; sequential, so repeated indices add up in index order, or
+ * the last write wins, the same on every run. */
+static int index_rows(op_id op, kiln_tensor *const *in, const op_attrs *a, kiln_tensor *out) {
   pw_copy(out, in[0]);
   const kiln_tensor *idx = in[1], *src = in[2];
-  /* sequential: repeated indices add up in index order, the same on every run */
   for (int64_t i = 0; i < idx->shape[0]; i++) {
     kiln_tensor d = narrow(out, a->dim, index_at(idx, i), 1, 1);
     kiln_tensor s = narrow(src, a->dim, i, 1, 1);
-    pw_binary(OP_ADD, &d, &d, &s);
+    if (op == OP_INDEX_ADD) pw_binary(OP_ADD, &d, &d, &s);
+    else pw_copy(&d, &s);
   }
   return 0;
+}
+
+int k_index_add(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out) {
+  (void)n;
+  return index_rows(op, in, a, out);
 }
 
 int k_slice_scatter(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out) {
@@ -78,5 +86,215 @@ int k_slice_scatter(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, 
   if (len == 0) return 0;
   kiln_tensor v = narrow(out, a->dim, a->start.c, len, a->step);
   pw_copy(&v, in[1]);
+  return 0;
+}
+
+/* ---- gather, scatter_add, index_copy ---- */
+
+/* Steps the row-major index pos over shape; false after the last. */
+static bool next_pos(int ndim, const int64_t *shape, int64_t *pos) {
+  for (int d = ndim - 1; d >= 0; d--) {
+    if (++pos[d] < shape[d]) return true;
+    pos[d] = 0;
+  }
+  return false;
+}
+
+static int64_t offset_of(const kiln_tensor *t, const int64_t *pos, int skip) {
+  int64_t off = t->offset;
+  for (int d = 0; d < t->ndim; d++)
+    if (d != skip) off += pos[d] * t->stride[d];
+  return off;
+}
+
+/* For every position p of the index (in row-major order): x's element at p
+ * with dim replaced by the index's value there, and dst's (or src's) at p.
+ * gather copies x's into out; scatter_add adds src's into out's at x's place. */
+static void walk_index(const kiln_tensor *idx, int dim, const kiln_tensor *x, const kiln_tensor *y, bool add) {
+  int64_t n = shape_numel(idx->ndim, idx->shape), pos[MAXD] = {0};
+  size_t es = kiln_dtype_size(x->dtype);
+  char *xb = x->st->data, *yb = y->st->data;
+  const int64_t *ib = idx->st->data;
+  for (int64_t i = 0; i < n; i++, next_pos(idx->ndim, idx->shape, pos)) {
+    int64_t k = ib[offset_of(idx, pos, -1)];
+    int64_t xo = offset_of(x, pos, dim) + k * x->stride[dim], yo = offset_of(y, pos, -1);
+    if (!add) {
+      memcpy(yb + yo * (int64_t)es, xb + xo * (int64_t)es, es);
+      continue;
+    }
+    /* scatter_add: x is out (written), y the source; in index order, so repeats add up the same on every run */
+    switch (x->dtype) {
+    case KILN_F32: ((float *)xb)[xo] += ((const float *)yb)[yo]; break;
+    case KILN_F64: ((double *)xb)[xo] += ((const double *)yb)[yo]; break;
+    case KILN_I64: ((int64_t *)xb)[xo] = (int64_t)((uint64_t)((int64_t *)xb)[xo] + (uint64_t)((const int64_t *)yb)[yo]); break;
+    case KILN_BOOL: break;
+    }
+  }
+}
+
+int k_gather(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out) {
+  (void)op, (void)n;
+  walk_index(in[1], a->dim, in[0], out, false);
+  return 0;
+}
+
+int k_scatter_add(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out) {
+  (void)op, (void)n;
+  pw_copy(out, in[0]);
+  walk_index(in[1], a->dim, out, in[2], true);
+  return 0;
+}
+
+int k_index_copy(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out) {
+  (void)n;
+  return index_rows(op, in, a, out);
+}
+
+/* ---- tril, triu, pad, cumsum ---- */
+
+int k_tri(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out) {
+  (void)n;
+  pw_copy(out, in[0]);
+  int nd = out->ndim;
+  int64_t rows = out->shape[nd - 2], cols = out->shape[nd - 1];
+  if (!rows || !cols) return 0;
+  /* row i keeps columns j with j - i <= k (tril) or j - i >= k (triu); the rest of the row is zeroed */
+  for (int64_t i = 0; i < rows; i++) {
+    kiln_tensor row = narrow(out, nd - 2, i, 1, 1);
+    int64_t lo, hi; /* the columns to zero: [lo, hi) */
+    if (op == OP_TRIL) {
+      lo = a->k > cols - 1 - i ? cols : (i + a->k + 1 < 0 ? 0 : i + a->k + 1);
+      hi = cols;
+    } else {
+      lo = 0;
+      hi = a->k < -i ? 0 : (a->k > cols - i ? cols : i + a->k);
+    }
+    if (hi > lo) {
+      kiln_tensor z = narrow(&row, nd - 1, lo, hi - lo, 1);
+      pw_fill(&z, 0);
+    }
+  }
+  return 0;
+}
+
+int k_pad(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out) {
+  (void)op, (void)n;
+  pw_fill(out, a->value);
+  /* the part of x that stays, and where it goes: a negative pad crops */
+  kiln_tensor src = *in[0], dst = *out;
+  for (int i = 0; i < a->nints / 2; i++) {
+    int d = out->ndim - 1 - i;
+    int64_t l = a->ints[2 * i], s0 = l < 0 ? -l : 0, d0 = l > 0 ? l : 0;
+    int64_t len = src.shape[d] - s0 < out->shape[d] - d0 ? src.shape[d] - s0 : out->shape[d] - d0;
+    if (len <= 0) return 0;
+    src = narrow(&src, d, s0, len, 1);
+    dst = narrow(&dst, d, d0, len, 1);
+  }
+  if (shape_numel(src.ndim, src.shape)) pw_copy(&dst, &src);
+  return 0;
+}
+
+/* The offset of row r of t along dim (r counts the other dims in row-major order). */
+static int64_t row_offset(const kiln_tensor *t, int dim, int64_t r) {
+  int64_t off = t->offset;
+  for (int d = t->ndim - 1; d >= 0; d--) {
+    if (d == dim) continue;
+    off += (r % t->shape[d]) * t->stride[d];
+    r /= t->shape[d];
+  }
+  return off;
+}
+
+int k_cumsum(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out) {
+  (void)op, (void)n;
+  const kiln_tensor *x = in[0];
+  if (x->ndim == 0) {
+    pw_copy(out, x);
+    return 0;
+  }
+  int64_t len = x->shape[a->dim], total = shape_numel(x->ndim, x->shape);
+  if (!len) return 0;
+  int64_t xs = x->stride[a->dim], os = out->stride[a->dim];
+  for (int64_t r = 0, rows = total / len; r < rows; r++) {
+    int64_t xo = row_offset(x, a->dim, r), oo = row_offset(out, a->dim, r);
+    if (x->dtype == KILN_I64) {
+      const int64_t *p = (const int64_t *)x->st->data + xo;
+      int64_t *o = (int64_t *)out->st->data + oo;
+      uint64_t s = 0;
+      for (int64_t i = 0; i < len; i++) o[i * os] = (int64_t)(s += (uint64_t)p[i * xs]);
+    } else if (x->dtype == KILN_F32) {
+      /* accumulated in f64: a long f32 running sum keeps its accuracy */
+      const float *p = (const float *)x->st->data + xo;
+      float *o = (float *)out->st->data + oo;
+      double s = 0;
+      for (int64_t i = 0; i < len; i++) o[i * os] = (float)(s += p[i * xs]);
+    } else {
+      const double *p = (const double *)x->st->data + xo;
+      double *o = (double *)out->st->data + oo;
+      double s = 0;
+      for (int64_t i = 0; i < len; i++) o[i * os] = s += p[i * xs];
+    }
+  }
+  return 0;
+}
+
+/* ---- topk: the indices, best first ---- */
+
+typedef struct topk_row {
+  const char *base; /* the row's first element */
+  int64_t stride;   /* in elements */
+  kiln_dtype dt;
+  bool largest;
+} topk_row;
+
+static _Thread_local const topk_row *topk_cur;
+
+static double topk_value(int64_t i) {
+  const topk_row *r = topk_cur;
+  switch (r->dt) {
+  case KILN_F32: return ((const float *)r->base)[i * r->stride];
+  case KILN_F64: return ((const double *)r->base)[i * r->stride];
+  default: return 0;
+  }
+}
+
+/* a before b: the better value (NaN the largest of all), then the lower index */
+static int topk_cmp(const void *pa, const void *pb) {
+  int64_t a = *(const int64_t *)pa, b = *(const int64_t *)pb;
+  const topk_row *r = topk_cur;
+  int c = 0;
+  if (r->dt == KILN_I64) {
+    int64_t x = ((const int64_t *)r->base)[a * r->stride], y = ((const int64_t *)r->base)[b * r->stride];
+    c = x < y ? -1 : x > y;
+  } else {
+    double x = topk_value(a), y = topk_value(b);
+    bool nx = x != x, ny = y != y;
+    c = nx || ny ? (int)nx - (int)ny : (x < y ? -1 : x > y);
+  }
+  if (r->largest) c = -c;
+  return c ? c : (a < b ? -1 : a > b);
+}
+
+int k_topk(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out) {
+  (void)op, (void)n;
+  const kiln_tensor *x = in[0];
+  int dim = a->dim;
+  int64_t len = x->ndim ? x->shape[dim] : 1, rows = len ? shape_numel(x->ndim, x->shape) / len : 0;
+  if (!a->k || !rows) return 0;
+  int64_t *order = alloc_malloc(sizeof *order * (size_t)len);
+  if (!order) return -1;
+  size_t es = kiln_dtype_size(x->dtype);
+  for (int64_t r = 0; r < rows; r++) {
+    topk_row row = {(const char *)x->st->data + (x->ndim ? row_offset(x, dim, r) : x->offset) * (int64_t)es,
+                    x->ndim ? x->stride[dim] : 0, x->dtype, a->flag};
+    for (int64_t i = 0; i < len; i++) order[i] = i;
+    topk_cur = &row;
+    qsort(order, (size_t)len, sizeof *order, topk_cmp);
+    int64_t *o = (int64_t *)out->st->data + (out->ndim ? row_offset(out, dim, r) : out->offset);
+    int64_t os = out->ndim ? out->stride[dim] : 0;
+    for (int64_t i = 0; i < a->k; i++) o[i * os] = order[i];
+  }
+  topk_cur = NULL;
+  alloc_free(order);
   return 0;
 }

@@ -383,6 +383,9 @@ int shape_infer(dim_env *env, op_id op, const shape_arg *in, int n, const op_att
 /* The same on eager tensors: dtype, ndim and shape; 0 or -1 with the error set. */
 int shape_rule(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_dtype *dt, int *ndim,
                int64_t *shape, const char *file, int line);
+/* The same, its errors under another op's name (a public op written with op). */
+int shape_rule_as(op_id op, const char *name, kiln_tensor *const *in, int n, const op_attrs *a, kiln_dtype *dt, int *ndim,
+                  int64_t *shape, const char *file, int line);
 int shape_broadcast(int na, const int64_t *sa, int nb, const int64_t *sb, int *nout, int64_t *out);
 kiln_dtype dtype_promote(const kiln_tensor *a, const kiln_tensor *b);
 /* Normalizes axis in [-ndim, ndim) to [0, ndim); -1 when out of range. */
@@ -392,12 +395,15 @@ bool dtype_is_float(kiln_dtype dt);
 #define SHAPE_RULE(fn) int fn(dim_env *, op_id, const shape_arg *, int, const op_attrs *, shape_arg *, char *, size_t);
 SHAPE_RULE(sh_pointwise) SHAPE_RULE(sh_where) SHAPE_RULE(sh_reduce) SHAPE_RULE(sh_matmul) SHAPE_RULE(sh_reshape)
 SHAPE_RULE(sh_permute) SHAPE_RULE(sh_expand) SHAPE_RULE(sh_slice) SHAPE_RULE(sh_cat) SHAPE_RULE(sh_index_select)
-SHAPE_RULE(sh_index_add) SHAPE_RULE(sh_slice_scatter)
+SHAPE_RULE(sh_index_add) SHAPE_RULE(sh_slice_scatter) SHAPE_RULE(sh_gather) SHAPE_RULE(sh_scatter_add) SHAPE_RULE(sh_tri)
+SHAPE_RULE(sh_pad) SHAPE_RULE(sh_along) SHAPE_RULE(sh_topk)
 #undef SHAPE_RULE
 /* Indices (input 1, 1-D i64) within dim a->dim of input 0. */
 int chk_indices(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, const char *file, int line);
 /* Input 0, i64, holds only values in [0, a->k). */
 int chk_index_range(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, const char *file, int line);
+/* Indices (input 1, i64 of any shape) within dim a->dim of input 0. */
+int chk_gather(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, const char *file, int line);
 
 /* ---- kernels: write out (allocated, contiguous) from in ---------------- */
 
@@ -421,12 +427,23 @@ void gen_state_set(uint64_t seed, uint64_t offset);
 int k_index_select(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
 int k_index_add(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
 int k_slice_scatter(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
+int k_gather(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
+int k_scatter_add(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
+int k_index_copy(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
+int k_tri(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
+int k_pad(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
+int k_cumsum(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
+int k_topk(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
 
 /* pointwise.c: elementwise into an arbitrary (possibly strided) destination.
  * The in-place ops use these directly. All operands already have dtype dt
  * (dst may be bool for comparisons). */
 void pw_binary(op_id op, kiln_tensor *dst, const kiln_tensor *a, const kiln_tensor *b);
-void pw_unary(op_id op, kiln_tensor *dst, const kiln_tensor *a);
+void pw_unary(op_id op, kiln_tensor *dst, const kiln_tensor *a, const op_attrs *attrs);
+/* A clamp bound as an i64 (saturating; the entry point keeps fractions off i64). */
+static inline int64_t pw_bound_i64(double v) {
+  return v != v ? 0 : v <= -0x1p63 ? INT64_MIN : v >= 0x1p63 ? INT64_MAX : (int64_t)v;
+}
 /* dst = src converted to dst's dtype, broadcasting src to dst's shape. */
 void pw_copy(kiln_tensor *dst, const kiln_tensor *src);
 void pw_fill(kiln_tensor *dst, double v);

@@ -1,8 +1,9 @@
-/* In-place ops: add_ sub_ mul_ copy_ fill_ zero_. They write into dst's own
+/* In-place ops: add_ sub_ mul_ copy_ fill_ zero_ index_copy_. They write into dst's own
  * storage (bumping its version, which autograd checks), so they refuse what
  * would make the result depend on the order of writes (src overlapping dst
  * other than exactly, dst with repeated elements) and writes into tensors
  * autograd may still need. */
+#include <inttypes.h>
 #include <string.h>
 
 #include "eager/eager.h"
@@ -98,6 +99,36 @@ kiln_tensor *kiln_fill__at(kiln_tensor *dst, double v, const char *file, int lin
 kiln_tensor *kiln_zero__at(kiln_tensor *dst, const char *file, int line) {
   if (tensor_bad_arg(dst, file, line, "zero_", "dst")) return NULL;
   return kiln_fill__at(dst, 0.0, file, line) ? dst : NULL;
+}
+
+/* index_copy_: the out-of-place index_copy written into dst, every check
+ * made first, so that errors name index_copy_. */
+kiln_tensor *kiln_index_copy__at(kiln_tensor *dst, int dim, kiln_tensor *idx, kiln_tensor *src, const char *file, int line) {
+  const char *name = "index_copy_";
+  if (check_dst(name, dst, file, line) || tensor_bad_arg(idx, file, line, name, "index") ||
+      tensor_bad_arg(src, file, line, name, "src"))
+    return NULL;
+  char b[SHAPE_BUF];
+  int d = axis_norm(dim, dst->ndim);
+  if (d < 0 || dst->ndim == 0) return err_set(file, line, name, "dim %d is out of range for shape %s", dim, err_shape(b, dst->ndim, dst->shape));
+  if (grad_mode() && src->requires_grad)
+    return err_set(file, line, name, "src requires grad: in-place ops do not record history; use kiln_index_copy");
+  op_attrs a = {.dim = d};
+  kiln_tensor *in[3] = {dst, idx, src};
+  kiln_dtype dt;
+  int nd;
+  int64_t shape[MAXD];
+  if (shape_rule_as(OP_INDEX_COPY, name, in, 3, &a, &dt, &nd, shape, file, line)) return NULL;
+  for (int64_t i = 0; !idx->st->meta && i < idx->shape[0]; i++) {
+    double k = tensor_get(idx, i);
+    if (k < 0 || k >= (double)dst->shape[d])
+      return err_set(file, line, name, "index %.0f at position %" PRId64 " is out of range [0, %" PRId64 ")", k, i, dst->shape[d]);
+  }
+  kiln_scope_begin();
+  kiln_tensor *r = op_dispatch(OP_INDEX_COPY, in, 3, &a, file, line);
+  kiln_tensor *y = r ? inplace(OP_COPY, name, dst, r, file, line) : NULL;
+  kiln_scope_end();
+  return y;
 }
 
 void kiln_set_num_threads(int n) { pool_set_num_threads(n); }

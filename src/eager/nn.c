@@ -3,6 +3,8 @@
  * their backward from the primitives and reach the tracer as primitives that
  * the compiler fuses. Each runs in a scope of its own and keeps its result. */
 #include <inttypes.h>
+#include <math.h>
+#include <string.h>
 
 #include "eager/eager.h"
 
@@ -179,6 +181,107 @@ kiln_tensor *kiln_dropout_at(kiln_tensor *x, double p, bool training, const char
     kiln_tensor *keep = kiln_ge_at(kiln_rand_like_at(x, file, line), kiln_scalar_at(x->dtype, p, file, line), file, line);
     y = kiln_where_at(keep, kiln_mul_at(x, kiln_scalar_at(x->dtype, 1 / (1 - p), file, line), file, line), zero, file, line);
   }
+  kiln_keep(y);
+  kiln_scope_end();
+  return y;
+}
+
+/* log(sum(exp(x))) along axis: the row's max (without history: the result
+ * does not depend on it) taken out first, and 0 in its place where it is
+ * infinite, so that a row of -inf gives -inf and one holding +inf gives +inf. */
+kiln_tensor *kiln_logsumexp_at(kiln_tensor *x, int axis, bool keepdim, const char *file, int line) {
+  if (check_float("logsumexp", x, 0, file, line) || check_axis("logsumexp", x, axis, file, line)) return NULL;
+  kiln_scope_begin();
+  kiln_tensor *m = row_max(x, axis, file, line);
+  kiln_tensor *inf = kiln_scalar_at(x->dtype, INFINITY, file, line), *zero = kiln_scalar_at(x->dtype, 0, file, line);
+  m = kiln_where_at(kiln_eq_at(kiln_abs_at(m, file, line), inf, file, line), zero, m, file, line);
+  kiln_tensor *s = kiln_sum_at(kiln_exp_at(kiln_sub_at(x, m, file, line), file, line), axis, true, file, line);
+  kiln_tensor *y = kiln_add_at(kiln_log_at(s, file, line), m, file, line);
+  if (!keepdim) y = kiln_squeeze_at(y, axis, file, line);
+  kiln_keep(y);
+  kiln_scope_end();
+  return y;
+}
+
+static kiln_tensor *extreme_all(const char *op, bool max, kiln_tensor *x, const char *file, int line) {
+  if (tensor_bad_arg(x, file, line, op, "input 0")) return NULL;
+  char b[SHAPE_BUF];
+  if (shape_numel(x->ndim, x->shape) == 0) return err_set(file, line, op, "input %s has no elements", err_shape(b, x->ndim, x->shape));
+  if (x->dtype == KILN_BOOL) return err_set(file, line, op, "dtype bool is not supported");
+  return (max ? kiln_max_axes_at : kiln_min_axes_at)(x, NULL, 0, false, file, line);
+}
+
+kiln_tensor *kiln_max_all_at(kiln_tensor *x, const char *file, int line) { return extreme_all("max_all", true, x, file, line); }
+kiln_tensor *kiln_min_all_at(kiln_tensor *x, const char *file, int line) { return extreme_all("min_all", false, x, file, line); }
+
+kiln_tensor *kiln_masked_fill_at(kiln_tensor *x, kiln_tensor *mask, double value, const char *file, int line) {
+  if (tensor_bad_arg(x, file, line, "masked_fill", "input 0") || tensor_bad_arg(mask, file, line, "masked_fill", "mask"))
+    return NULL;
+  char b0[SHAPE_BUF], b1[SHAPE_BUF];
+  if (mask->dtype != KILN_BOOL) return err_set(file, line, "masked_fill", "mask must be bool, got %s", kiln_dtype_name(mask->dtype));
+  int nd;
+  int64_t shape[MAXD];
+  if (shape_broadcast(x->ndim, x->shape, mask->ndim, mask->shape, &nd, shape) || nd != x->ndim ||
+      memcmp(shape, x->shape, sizeof(int64_t) * (size_t)nd))
+    return err_set(file, line, "masked_fill", "mask %s does not broadcast to the input's shape %s",
+                   err_shape(b0, mask->ndim, mask->shape), err_shape(b1, x->ndim, x->shape));
+  kiln_scope_begin();
+  kiln_tensor *y = kiln_keep(kiln_where_at(mask, kiln_scalar_at(x->dtype, value, file, line), x, file, line));
+  kiln_scope_end();
+  return y;
+}
+
+/* Checks an optional per-channel parameter: NULL, or 1-D of c elements. */
+static int check_channels(const char *op, const char *what, const kiln_tensor *p, int64_t c, const kiln_tensor *x,
+                          const char *file, int line) {
+  char b0[SHAPE_BUF], b1[SHAPE_BUF];
+  if (tensor_check_live(p, what, op, file, line)) return -1;
+  if (p && (p->ndim != 1 || p->shape[0] != c))
+    return err_set(file, line, op, "%s %s does not match %" PRId64 " channels of %s", what, err_shape(b0, p->ndim, p->shape),
+                   c, err_shape(b1, x->ndim, x->shape)), -1;
+  return 0;
+}
+
+kiln_tensor *kiln_rms_norm_at(kiln_tensor *x, kiln_tensor *w, double eps, const char *file, int line) {
+  if (check_float("rms_norm", x, 0, file, line)) return NULL;
+  if (x->ndim == 0) return err_set(file, line, "rms_norm", "input must have at least one dim");
+  if (check_channels("rms_norm", "weight", w, x->shape[x->ndim - 1], x, file, line)) return NULL;
+  kiln_scope_begin();
+  kiln_tensor *ms = kiln_mean_at(kiln_mul_at(x, x, file, line), -1, true, file, line);
+  kiln_tensor *y = kiln_mul_at(x, kiln_rsqrt_at(kiln_add_at(ms, kiln_scalar_at(x->dtype, eps, file, line), file, line), file, line),
+                               file, line);
+  if (w) y = kiln_mul_at(y, w, file, line);
+  kiln_keep(y);
+  kiln_scope_end();
+  return y;
+}
+
+kiln_tensor *kiln_group_norm_at(kiln_tensor *x, int groups, kiln_tensor *w, kiln_tensor *b, double eps, const char *file,
+                                int line) {
+  if (check_float("group_norm", x, 0, file, line)) return NULL;
+  char b0[SHAPE_BUF];
+  if (x->ndim < 2) return err_set(file, line, "group_norm", "input must be (N,C,...), got %s", err_shape(b0, x->ndim, x->shape));
+  int64_t n = x->shape[0], c = x->shape[1];
+  if (groups < 1 || c % groups)
+    return err_set(file, line, "group_norm", "%" PRId64 " channels of %s do not split into %d groups", c,
+                   err_shape(b0, x->ndim, x->shape), groups);
+  if (check_channels("group_norm", "weight", w, c, x, file, line) || check_channels("group_norm", "bias", b, c, x, file, line))
+    return NULL;
+  if (shape_numel(x->ndim, x->shape) == 0) return err_set(file, line, "group_norm", "input %s has no elements", err_shape(b0, x->ndim, x->shape));
+  kiln_scope_begin();
+  /* (N, G, C/G * rest): each group's statistics over its last dim, biased variance */
+  kiln_tensor *g = kiln_reshape_at(x, 3, (int64_t[]){n, groups, -1}, file, line);
+  kiln_tensor *mu = kiln_mean_at(g, -1, true, file, line);
+  kiln_tensor *d = kiln_sub_at(g, mu, file, line);
+  kiln_tensor *var = kiln_mean_at(kiln_mul_at(d, d, file, line), -1, true, file, line);
+  kiln_tensor *r = kiln_rsqrt_at(kiln_add_at(var, kiln_scalar_at(x->dtype, eps, file, line), file, line), file, line);
+  kiln_tensor *y = kiln_reshape_at(kiln_mul_at(d, r, file, line), x->ndim, x->shape, file, line);
+  /* weight and bias per channel: (C, 1, ..., 1) against (N, C, ...) */
+  int64_t cs[MAXD];
+  cs[0] = c;
+  for (int i = 1; i < x->ndim - 1; i++) cs[i] = 1;
+  if (w) y = kiln_mul_at(y, kiln_reshape_at(w, x->ndim - 1, cs, file, line), file, line);
+  if (b) y = kiln_add_at(y, kiln_reshape_at(b, x->ndim - 1, cs, file, line), file, line);
   kiln_keep(y);
   kiln_scope_end();
   return y;

@@ -148,6 +148,40 @@ UN(gelu_erf_f64, double, vm_gelu_erf(x))
 UN(erf_f64, double, erf(x))
 UN(sin_f64, double, sin(x))
 UN(cos_f64, double, cos(x))
+UN(silu_f32, float, vm_siluf(x))
+UN(softplus_f32, float, vm_softplusf(x))
+UN(log1p_f32, float, vm_log1pf(x))
+UN(expm1_f32, float, vm_expm1f(x))
+UN(floor_f32, float, floorf(x))
+UN(ceil_f32, float, ceilf(x))
+UN(round_f32, float, rintf(x)) /* the default rounding mode: half to even */
+UN(sign_f32, float, (float)((x > 0.0f) - (x < 0.0f))) /* nan: 0, as torch */
+UN(silu_f64, double, vm_silu(x))
+UN(softplus_f64, double, vm_softplus(x))
+UN(log1p_f64, double, log1p(x))
+UN(expm1_f64, double, expm1(x))
+UN(floor_f64, double, floor(x))
+UN(ceil_f64, double, ceil(x))
+UN(round_f64, double, rint(x))
+UN(sign_f64, double, (double)((x > 0.0) - (x < 0.0)))
+UN(same_i64, int64_t, x)
+UN(sign_i64, int64_t, (int64_t)((x > 0) - (x < 0)))
+
+/* The ops with numbers: c is the op's attributes. clamp is max(x, lo), then
+ * min with hi (hi wins when lo > hi, as torch); nan passes both compares. */
+#define CLAMP(x, lo, hi) ((x) < (lo) ? (lo) : (x)) > (hi) ? (hi) : ((x) < (lo) ? (lo) : (x))
+#define UN_ATTR(NAME, T, PRE, EXPR)                                                  \
+  KILN_HOT static void NAME(char **p, const int64_t *s, int64_t n, const void *c) { \
+    const op_attrs *a = c;                                                           \
+    PRE;                                                                             \
+    UN_BODY(T, EXPR);                                                                \
+  }
+UN_ATTR(clamp_f32, float, float lo = (float)a->value; float hi = (float)a->value2, CLAMP(x, lo, hi))
+UN_ATTR(clamp_f64, double, double lo = a->value; double hi = a->value2, CLAMP(x, lo, hi))
+UN_ATTR(clamp_i64, int64_t, int64_t lo = pw_bound_i64(a->value); int64_t hi = pw_bound_i64(a->value2),
+        CLAMP(x, lo, hi))
+UN_ATTR(leaky_relu_f32, float, float k = (float)a->value, x > 0.0f ? x : x * k)
+UN_ATTR(leaky_relu_f64, double, double k = a->value, x > 0.0 ? x : x * k)
 UN(neg_i64, int64_t, (int64_t)(0 - (uint64_t)x))
 UN(abs_i64, int64_t, x < 0 ? (int64_t)(0 - (uint64_t)x) : x)
 UN(relu_i64, int64_t, x > 0 ? x : 0)
@@ -167,19 +201,29 @@ static const iter_inner unary_loops[OP_COUNT][3] = {
     [OP_ERF] = {erf_f32, erf_f64, NULL},
     [OP_SIN] = {sin_f32, sin_f64, NULL},
     [OP_COS] = {cos_f32, cos_f64, NULL},
+    [OP_SILU] = {silu_f32, silu_f64, NULL},
+    [OP_SOFTPLUS] = {softplus_f32, softplus_f64, NULL},
+    [OP_LOG1P] = {log1p_f32, log1p_f64, NULL},
+    [OP_EXPM1] = {expm1_f32, expm1_f64, NULL},
+    [OP_FLOOR] = {floor_f32, floor_f64, same_i64},
+    [OP_CEIL] = {ceil_f32, ceil_f64, same_i64},
+    [OP_ROUND] = {round_f32, round_f64, same_i64},
+    [OP_SIGN] = {sign_f32, sign_f64, sign_i64},
+    [OP_CLAMP] = {clamp_f32, clamp_f64, clamp_i64},
+    [OP_LEAKY_RELU] = {leaky_relu_f32, leaky_relu_f64, NULL},
 };
 
-void pw_unary(op_id op, kiln_tensor *dst, const kiln_tensor *a) {
+void pw_unary(op_id op, kiln_tensor *dst, const kiln_tensor *a, const op_attrs *attrs) {
   iter it;
   iter_build(&it, dst, &a, 1);
   iter_inner fn = a->dtype <= KILN_I64 ? unary_loops[op][a->dtype] : NULL;
   KILN_ASSERT(fn);
-  if (fn) iter_run(&it, fn, NULL);
+  if (fn) iter_run(&it, fn, attrs);
 }
 
 int k_unary(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out) {
-  (void)n, (void)a;
-  pw_unary(op, out, in[0]);
+  (void)n;
+  pw_unary(op, out, in[0], a);
   return 0;
 }
 

@@ -223,12 +223,13 @@ finish:
   return 0;
 }
 
-/* ---- argmax over one axis: the first index of the largest value (NaN wins) ---- */
+/* ---- argmax (argmin) over one axis: the first index of the largest (smallest) value; NaN wins ---- */
 
 typedef struct argmax_job {
   const kiln_tensor *x;
   kiln_tensor *out;
   int axis;
+  bool min; /* argmin */
 } argmax_job;
 
 static void argmax_chunk(void *c, int64_t b, int64_t e) {
@@ -245,27 +246,30 @@ static void argmax_chunk(void *c, int64_t b, int64_t e) {
       rem /= x->shape[d];
     }
     int64_t best = 0;
+    /* a before b: better for argmax, or for argmin */
+#define BETTER(a, b) (j->min ? (a) < (b) : (a) > (b))
     if (x->dtype == KILN_I64) {
       const int64_t *p = (const int64_t *)x->st->data + off;
       for (int64_t i = 1; i < len; i++)
-        if (p[i * st] > p[best * st]) best = i;
+        if (BETTER(p[i * st], p[best * st])) best = i;
     } else if (x->dtype == KILN_F32) {
       const float *p = (const float *)x->st->data + off;
       for (int64_t i = 1; i < len && p[best * st] == p[best * st]; i++)
-        if (p[i * st] > p[best * st] || p[i * st] != p[i * st]) best = i;
+        if (BETTER(p[i * st], p[best * st]) || p[i * st] != p[i * st]) best = i;
     } else {
       const double *p = (const double *)x->st->data + off;
       for (int64_t i = 1; i < len && p[best * st] == p[best * st]; i++)
-        if (p[i * st] > p[best * st] || p[i * st] != p[i * st]) best = i;
+        if (BETTER(p[i * st], p[best * st]) || p[i * st] != p[i * st]) best = i;
     }
+#undef BETTER
     o[r] = best;
   }
 }
 
 int k_argmax(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out) {
-  (void)op, (void)n;
+  (void)n;
   const kiln_tensor *x = in[0];
-  argmax_job j = {x, out, x->ndim ? a->axes[0] : 0};
+  argmax_job j = {x, out, x->ndim ? a->axes[0] : 0, op == OP_ARGMIN};
   if (x->ndim == 0) {
     *(int64_t *)tensor_data(out) = 0;
     return 0;

@@ -167,7 +167,7 @@ int sh_reduce(dim_env *env, op_id op, const shape_arg *in, int n, const op_attrs
   for (int j = 0; j < a->naxes; j++)
     if (a->axes[j] < 0 || (a->axes[j] >= x->ndim && x->ndim > 0) || (j && a->axes[j] <= a->axes[j - 1]))
       return fail(err, errn, "axes must be sorted and within rank %d", x->ndim);
-  bool nonempty = op == OP_MAX || op == OP_MIN || op == OP_ARGMAX;
+  bool nonempty = op == OP_MAX || op == OP_MIN || op == OP_ARGMAX || op == OP_ARGMIN;
   int k = 0;
   for (int i = 0, j = 0; i < x->ndim; i++) {
     if (j < a->naxes && a->axes[j] == i) {
@@ -351,6 +351,92 @@ int sh_slice_scatter(dim_env *env, op_id op, const shape_arg *in, int n, const o
   return 0;
 }
 
+/* gather: out has the index's shape; the index (i64, x's rank) may be
+ * shorter than x in every dim but dim. */
+static int gather_index(dim_env *env, const shape_arg *x, const shape_arg *idx, int dim, char *err, size_t errn) {
+  char b0[160], b1[160];
+  if (dim < 0 || dim >= x->ndim) return fail(err, errn, "dim %d is out of range for %s", dim, TXT(x, b0));
+  if (idx->dtype != KILN_I64 || idx->ndim != x->ndim)
+    return fail(err, errn, "index must be i64 of rank %d, got %s%s", x->ndim, kiln_dtype_name(idx->dtype), TXT(idx, b0));
+  for (int d = 0; d < x->ndim; d++)
+    if (d != dim && !is_true(env, idx->shape[d], SYM_LE, x->shape[d]))
+      return fail(err, errn, "index %s is larger than %s in dim %d", TXT(idx, b0), TXT(x, b1), d);
+  return 0;
+}
+
+int sh_gather(dim_env *env, op_id op, const shape_arg *in, int n, const op_attrs *a, shape_arg *out, char *err,
+              size_t errn) {
+  (void)op, (void)n;
+  if (gather_index(env, &in[0], &in[1], a->dim, err, errn)) return -1;
+  copy_shape(out, &in[1]);
+  return 0;
+}
+
+int sh_scatter_add(dim_env *env, op_id op, const shape_arg *in, int n, const op_attrs *a, shape_arg *out, char *err,
+                   size_t errn) {
+  (void)op, (void)n;
+  char b0[160], b1[160];
+  if (gather_index(env, &in[0], &in[1], a->dim, err, errn)) return -1;
+  bool ok = in[2].dtype == in[0].dtype && in[2].ndim == in[1].ndim;
+  for (int d = 0; ok && d < in[1].ndim; d++) ok = is_true(env, in[2].shape[d], SYM_EQ, in[1].shape[d]);
+  if (!ok)
+    return fail(err, errn, "source %s%s must have the index's shape %s and the input's dtype %s", kiln_dtype_name(in[2].dtype),
+                TXT(&in[2], b0), TXT(&in[1], b1), kiln_dtype_name(in[0].dtype));
+  copy_shape(out, &in[0]);
+  return 0;
+}
+
+int sh_tri(dim_env *env, op_id op, const shape_arg *in, int n, const op_attrs *a, shape_arg *out, char *err, size_t errn) {
+  (void)env, (void)op, (void)n, (void)a;
+  char b0[160];
+  if (in[0].ndim < 2) return fail(err, errn, "input %s must have at least 2 dims", TXT(&in[0], b0));
+  copy_shape(out, &in[0]);
+  return 0;
+}
+
+int sh_pad(dim_env *env, op_id op, const shape_arg *in, int n, const op_attrs *a, shape_arg *out, char *err, size_t errn) {
+  (void)op, (void)n;
+  char b0[160];
+  if (a->nints % 2 || a->nints > 2 * in[0].ndim)
+    return fail(err, errn, "%d pad widths for %s: an even number, at most two per dim", a->nints, TXT(&in[0], b0));
+  for (int i = 0; i < a->nints; i++) /* a loaded graph's widths too: their sum must not overflow */
+    if (a->ints[i] < -(INT64_C(1) << 48) || a->ints[i] > (INT64_C(1) << 48))
+      return fail(err, errn, "pad width %lld is out of range", (long long)a->ints[i]);
+  copy_shape(out, &in[0]);
+  for (int i = 0; i < a->nints / 2; i++) {
+    int d = in[0].ndim - 1 - i;
+    sym_dim s = sym_add(env->sym, in[0].shape[d], sym_const(a->ints[2 * i] + a->ints[2 * i + 1]));
+    if (sym_is_err(s) || !is_true(env, s, SYM_GE, sym_const(0)))
+      return fail(err, errn, "pads (%lld, %lld) of dim %d leave a negative size of %s", (long long)a->ints[2 * i],
+                  (long long)a->ints[2 * i + 1], d, TXT(&in[0], b0));
+    out->shape[d] = s;
+  }
+  return 0;
+}
+
+int sh_along(dim_env *env, op_id op, const shape_arg *in, int n, const op_attrs *a, shape_arg *out, char *err,
+             size_t errn) {
+  (void)env, (void)op, (void)n;
+  char b0[160];
+  if (a->dim < 0 || a->dim >= (in[0].ndim ? in[0].ndim : 1)) return fail(err, errn, "dim %d is out of range for %s", a->dim, TXT(&in[0], b0));
+  copy_shape(out, &in[0]);
+  return 0;
+}
+
+int sh_topk(dim_env *env, op_id op, const shape_arg *in, int n, const op_attrs *a, shape_arg *out, char *err,
+            size_t errn) {
+  (void)op, (void)n;
+  char b0[160];
+  if (a->dim < 0 || a->dim >= (in[0].ndim ? in[0].ndim : 1)) return fail(err, errn, "dim %d is out of range for %s", a->dim, TXT(&in[0], b0));
+  sym_dim len = in[0].ndim ? in[0].shape[a->dim] : sym_const(1);
+  if (a->k < 0 || !is_true(env, sym_const(a->k), SYM_LE, len))
+    return fail(err, errn, "k %lld is outside [0, %s] (dim %d of %s)", (long long)a->k, dims_text(1, &len, (char[32]){0}, 32),
+                a->dim, TXT(&in[0], b0));
+  copy_shape(out, &in[0]);
+  if (in[0].ndim) out->shape[a->dim] = sym_const(a->k);
+  return 0;
+}
+
 /* ---- the whole rule: dtype, then shape ---- */
 
 static const char *const in_text[] = {"any dtype", "numbers only; cast bool first", "floats only; cast first"};
@@ -390,8 +476,13 @@ static dim_env eager_env = {NULL, NULL};
 
 int shape_rule(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_dtype *dt, int *ndim, int64_t *shape,
                const char *file, int line) {
+  return shape_rule_as(op, op_table[op].name, in, n, a, dt, ndim, shape, file, line);
+}
+
+int shape_rule_as(op_id op, const char *name, kiln_tensor *const *in, int n, const op_attrs *a, kiln_dtype *dt, int *ndim,
+                  int64_t *shape, const char *file, int line) {
   shape_arg small[4] = {0}, *args = n <= 4 ? small : alloc_malloc(sizeof *args * (size_t)n), out = {0};
-  if (!args) return err_set(file, line, op_table[op].name, "out of memory"), -1;
+  if (!args) return err_set(file, line, name, "out of memory"), -1;
   for (int i = 0; i < n; i++) {
     args[i].dtype = in[i]->dtype;
     args[i].ndim = in[i]->ndim;
@@ -400,7 +491,7 @@ int shape_rule(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_
   char err[512];
   int rc = shape_infer(&eager_env, op, args, n, a, &out, err, sizeof err);
   if (args != small) alloc_free(args);
-  if (rc) return err_set(file, line, op_table[op].name, "%s", err), -1;
+  if (rc) return err_set(file, line, name, "%s", err), -1;
   *dt = out.dtype;
   *ndim = out.ndim;
   for (int d = 0; d < out.ndim; d++) shape[d] = out.shape[d].c;
@@ -418,6 +509,20 @@ int chk_indices(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, cons
     if (v < 0 || v >= bound)
       return err_set(file, line, op_table[op].name,
                      "index %" PRId64 " at position %" PRId64 " is out of range [0, %" PRId64 ")", v, i, bound),
+             -1;
+  }
+  return 0;
+}
+
+int chk_gather(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, const char *file, int line) {
+  (void)n;
+  const kiln_tensor *idx = in[1];
+  int64_t bound = in[0]->shape[a->dim];
+  for (int64_t i = 0, k = shape_numel(idx->ndim, idx->shape); i < k; i++) {
+    double v = tensor_get(idx, i); /* compared as a double: near 2^63 the cast itself would overflow */
+    if (v < 0 || v >= (double)bound)
+      return err_set(file, line, op_table[op].name, "index %.0f at position %" PRId64 " is out of range [0, %" PRId64 ")", v, i,
+                     bound),
              -1;
   }
   return 0;

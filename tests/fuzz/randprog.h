@@ -48,6 +48,8 @@ typedef struct prog {
   int n_val;     /* value outputs; n_out = n_val (+ N_IN gradients) */
   int n_out;
   int rot;       /* where in the sizes list the calls start */
+  int mode;      /* 0: the first set of ops; 1: the newer ops too (a mode of its own, so that the
+                    programs of mode 0, kept seeds among them, stay as they were) */
   const uint8_t *bytes; /* a fuzzer's input: the body's choices, then the seed's (NULL: the seed's only) */
   size_t n_bytes;
   /* C mode (off in prog_init, so the seeds' programs stay what they were):
@@ -244,6 +246,124 @@ static void ng_end(gen *g) {
   if (g->p->grad) kiln_no_grad_end();
 }
 
+/* A step of mode 1: the newer ops on a. Ops whose result jumps with the last
+ * bit of its input (floor, round, sign, topk, argmin, one_hot) take an input
+ * of the body, whose values compiled and eager code share exactly. */
+static int step_more(gen *g, val a) {
+  rng *r = &g->r;
+  int d[KILN_MAX_DIMS], nd;
+  val x = g->v[pick(r, N_IN)];
+  int last = a.nd - 1, xl = x.nd - 1;
+  switch (pick(r, 16)) {
+  case 0: { /* pointwise */
+    kiln_tensor *o;
+    switch (pick(r, 8)) {
+    case 0: o = kiln_silu(a.t); break;
+    case 1: o = kiln_softplus(kiln_mul_scalar(a.t, 8.0)); break;
+    case 2: o = kiln_log1p(kiln_abs(a.t)); break;
+    case 3: o = kiln_expm1(kiln_tanh(a.t)); break;
+    case 4: o = kiln_clamp(a.t, -0.5, 0.7); break;
+    case 5: o = kiln_leaky_relu(a.t, 0.1); break;
+    case 6: o = kiln_div_scalar(kiln_sub_scalar(kiln_add_scalar(a.t, 1.5), 0.25), -4.0); break;
+    default: o = kiln_mul_scalar(a.t, 3.0); break;
+    }
+    return push_like(g, o, &a);
+  }
+  case 1: { /* rounding of an input */
+    kiln_tensor *o, *y = kiln_mul_scalar(x.t, 2.0);
+    switch (pick(r, 4)) {
+    case 0: o = kiln_floor(y); break;
+    case 1: o = kiln_ceil(y); break;
+    case 2: o = kiln_round(y); break;
+    default: o = kiln_sign(y); break;
+    }
+    return push_like(g, o, &x);
+  }
+  case 2: { /* logsumexp over an axis */
+    if (a.nd == 0) return 0;
+    int ax = pick(r, a.nd);
+    bool keep = chance(r, 2);
+    nd = reduced(&a, 1u << ax, keep, d);
+    return push(g, kiln_logsumexp(a.t, ax, keep), nd, d, -1, false);
+  }
+  case 3: return push(g, chance(r, 2) ? kiln_max_all(a.t) : kiln_min_all(a.t), 0, d, -1, false);
+  case 4: { /* argmin of an input, as a float */
+    if (x.nd == 0) return 0;
+    int ax = pick(r, x.nd);
+    nd = reduced(&x, 1u << ax, false, d);
+    return push(g, kiln_cast(kiln_argmin(x.t, ax, false), g->ft), nd, d, -1, false);
+  }
+  case 5: /* masked_fill where a is above its mean */
+    return push_like(g, kiln_masked_fill(a.t, kiln_gt(a.t, kiln_mean_all(a.t)), -0.5), &a);
+  case 6: /* rms_norm over the last dim, with the weight when it is C */
+    if (a.nd == 0) return 0;
+    return push_like(g, kiln_rms_norm(a.t, a.d[last] == g->p->C ? g->in[1] : NULL, 1e-5), &a);
+  case 7: { /* group_norm over (N, C', ...) */
+    if (a.nd < 2) return 0;
+    int groups = a.d[1] > 0 && a.d[1] % 2 == 0 ? 2 : 1;
+    return push_like(g, kiln_group_norm(a.t, groups, NULL, NULL, 1e-5), &a);
+  }
+  case 8: /* triangles */
+    if (a.nd < 2) return 0;
+    return push_like(g, chance(r, 2) ? kiln_tril(a.t, pick(r, 3) - 1) : kiln_triu(a.t, pick(r, 3) - 1), &a);
+  case 9: { /* pad the last dim; a constant one may be cropped by 1 */
+    if (a.nd == 0) return 0;
+    int64_t lo = pick(r, 3), hi = a.d[last] > 1 ? pick(r, 3) - 1 : pick(r, 2);
+    memcpy(d, a.d, sizeof(int) * (size_t)a.nd);
+    d[last] = a.d[last] > 0 ? a.d[last] + (int)(lo + hi) : lo + hi == 0 ? a.d[last] : D_OPAQUE - ++g->opaque;
+    return push(g, kiln_pad(a.t, 2, ((int64_t[]){lo, hi}), 0.5), a.nd, d, -1, false);
+  }
+  case 10: /* cumsum */
+    if (a.nd == 0) return 0;
+    return push_like(g, kiln_cumsum(a.t, pick(r, a.nd)), &a);
+  case 11: { /* topk of an input along its constant last dim: the values, or scattered back into x */
+    if (x.nd == 0 || x.d[xl] <= 0) return 0;
+    int64_t k = 1 + pick(r, x.d[xl] < 3 ? x.d[xl] : 3);
+    kiln_tensor *v, *i;
+    if (kiln_topk(x.t, k, xl, chance(r, 2), &v, &i)) return push(g, NULL, 0, d, -1, false);
+    if (chance(r, 2)) return push_like(g, kiln_scatter_add(x.t, xl, i, kiln_exp(v)), &x);
+    memcpy(d, x.d, sizeof(int) * (size_t)x.nd);
+    d[xl] = (int)k;
+    return push(g, kiln_mul(v, kiln_gather(x.t, xl, i)), x.nd, d, -1, false);
+  }
+  case 12: { /* repeat one dim twice */
+    int n = a.nd ? a.nd : 1, ax = pick(r, n);
+    int64_t reps[KILN_MAX_DIMS];
+    for (int i = 0; i < n; i++) reps[i] = i == ax ? 2 : 1, d[i] = a.nd ? a.d[i] : 1;
+    d[ax] = d[ax] > 0 ? 2 * d[ax] : D_OPAQUE - ++g->opaque;
+    return push(g, kiln_repeat(a.t, n, reps), n, d, -1, false);
+  }
+  case 13: { /* index_copy of rows picked from a back into a, along a constant dim */
+    int ax = -1;
+    for (int i = 0; i < a.nd; i++)
+      if (a.d[i] > 0 && chance(r, 2)) ax = i;
+    if (ax < 0) return 0;
+    int64_t to[3], from[3];
+    int n = 1 + pick(r, 3);
+    for (int i = 0; i < n; i++) to[i] = pick(r, a.d[ax]), from[i] = pick(r, a.d[ax]);
+    kiln_tensor *src = kiln_tanh(kiln_index_select(a.t, ax, kiln_tensor_from(KILN_I64, 1, ((int64_t[]){n}), from)));
+    return push_like(g, kiln_index_copy(a.t, ax, kiln_tensor_from(KILN_I64, 1, ((int64_t[]){n}), to), src), &a);
+  }
+  case 14: { /* split a constant dim in pieces of 2, and cat them back in reverse */
+    int ax = -1;
+    for (int i = 0; i < a.nd; i++)
+      if (a.d[i] > 1) ax = i;
+    if (ax < 0) return 0;
+    kiln_tensor *p[8], *q[8];
+    int n = kiln_split(a.t, 2, ax, p, 8);
+    if (n < 0) return push(g, NULL, 0, d, -1, false);
+    for (int i = 0; i < n; i++) q[i] = p[n - 1 - i];
+    return push_like(g, kiln_cat(q, n, ax), &a);
+  }
+  default: { /* one_hot of an input's argmax along its constant last dim, as a float */
+    if (x.nd == 0 || x.d[xl] <= 0) return 0;
+    nd = reduced(&x, 1u << xl, false, d);
+    d[nd++] = x.d[xl];
+    return push(g, kiln_cast(kiln_one_hot(kiln_argmax(x.t, xl, false), x.d[xl]), g->ft), nd, d, -1, false);
+  }
+  }
+}
+
 /* One random step: adds one value (or a few) to the pool. 0, or -1 when an op failed. */
 /* A step of C around the ops (prog.cmode): what a tracer that saw only the
  * ops would get wrong. Every branch keeps a's shape. */
@@ -289,6 +409,7 @@ static int step(gen *g) {
   int d[KILN_MAX_DIMS], nd;
   int64_t s[KILN_MAX_DIMS];
   int C = g->p->C;
+  if (g->p->mode == 1 && chance(r, 2)) return step_more(g, a);
   switch (pick(r, 24)) {
   case 0:
   case 1: { /* binary pointwise with a broadcasting partner (lower rank, size-1 dims) */
