@@ -141,7 +141,10 @@ extern "C" {
 #define KILN_TENSORS(...) (kiln_tensor *const[]){__VA_ARGS__}, KILN__COUNT(kiln_tensor *, __VA_ARGS__)
 
 typedef struct kiln_tensor kiln_tensor; /* opaque, reference counted */
-typedef enum kiln_dtype { KILN_F32, KILN_F64, KILN_I64, KILN_BOOL } kiln_dtype;
+/* f16 (IEEE binary16) and bf16 (bfloat16) are stored narrow and computed in f32:
+ * an op loads them as f32, computes, and rounds its result to nearest even.
+ * i32 computes in i64 and wraps on store, like torch's int32. */
+typedef enum kiln_dtype { KILN_F32, KILN_F64, KILN_I64, KILN_BOOL, KILN_I32, KILN_F16, KILN_BF16 } kiln_dtype;
 
 /* ---- make, inspect, read back ---------------------------------------- */
 

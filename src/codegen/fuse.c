@@ -56,7 +56,7 @@ static bool is_view(int op) { return has_class(op, CGC_VIEW); }
 static bool pow_is_mul(const ir_graph *g, const ir_node *n) {
   const ir_node *e = &g->nodes[n->in[1]];
   if (e->op != IR_CONST || ir_node_numel_const(e) != 1) return false;
-  double c = e->dtype == KILN_F32 ? *(const float *)e->data : e->dtype == KILN_F64 ? *(const double *)e->data : 0;
+  double c = dtype_is_float(e->dtype) ? elem_load(e->dtype, e->data, 0) : 0;
   return c == 1.0 || c == 2.0 || c == 3.0;
 }
 static bool is_heavy(const ir_graph *g, const ir_node *n) {
@@ -311,8 +311,7 @@ static int expr_of(fuser *f, kbuild *kb, int node, bool root) {
   int id;
   if (n->op == IR_CONST && ir_node_numel_const(n) == 1) {
     /* a scalar constant is an immediate: LLVM folds it, pow(x, 3) becomes multiplies */
-    double c = n->dtype == KILN_F32 ? *(const float *)n->data : n->dtype == KILN_F64 ? *(const double *)n->data
-             : n->dtype == KILN_I64 ? (double)*(const int64_t *)n->data : (double)*(const bool *)n->data;
+    double c = elem_load(n->dtype, n->data, 0);
     id = add_expr(kb, (cg_expr){.kind = CG_CONST, .dtype = n->dtype, .c = c});
   } else if (!root && (f->mat[node] || !is_compute(n->op))) {
     int a = add_acc(f, kb, node);
@@ -782,7 +781,7 @@ static void fold_epilogues(cg_program *p, cg_view *views) {
     cg_kernel *m = &p->k[mi];
     const ir_node *mn = &g->nodes[m->node], *kn = &g->nodes[k->node];
     int mm = m->out_buf, o = k->out_buf;
-    if (mn->ndim != 2 || g->nodes[mn->in[0]].ndim != 2 || g->nodes[mn->in[1]].ndim != 2 || !dtype_is_float(mn->dtype) ||
+    if (mn->ndim != 2 || g->nodes[mn->in[0]].ndim != 2 || g->nodes[mn->in[1]].ndim != 2 || !dtype_is_float(mn->dtype) || dtype_is_narrow(mn->dtype) ||
         kn->dtype != mn->dtype || kn->ndim != 2 || !same_dims(2, kn->shape, mn->shape))
       continue;
     if (mm < 0 || p->buf[mm].kind != CG_BUF_TEMP || handed_out(p, views, mm)) continue;
