@@ -591,9 +591,10 @@ KILN_API void kiln_mem_reset_peak(void);
  * (safetensors.torch.save_file, load_file): a JSON header that names each
  * tensor with its dtype, shape and byte range, then the raw data, row-major
  * and little-endian. Files written here load there, and the other way round.
- * kiln's F32, F64, I64 and BOOL are the format's "F32", "F64", "I64" and
- * "BOOL". A file may hold other dtypes ("F16", "BF16", "I32", "U8", ...):
- * they are listed, and loading one is an error that names it.
+ * kiln's F32, F64, F16, BF16, I64, I32 and BOOL are the format's "F32",
+ * "F64", "F16", "BF16", "I64", "I32" and "BOOL". A file may hold other
+ * dtypes ("U8", "I16", ...): they are listed, and loading one is an error
+ * that names it.
  *
  *   const char *names[] = {"fc.weight", "fc.bias"};
  *   kiln_tensor *params[] = {m.w, m.b};
