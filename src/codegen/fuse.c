@@ -72,6 +72,16 @@ static bool small_matmul(const ir_graph *g, const ir_node *n) {
   return a->ndim == 2 && b->ndim == 2 && dtype_is_float(n->dtype) && sym_is_const(a->shape[0]) && a->shape[0].c <= 8;
 }
 
+/* The node a matvec loads for operand id: through a cast of f16 or bf16 to
+ * f32 (exact, and done by the load itself), so that narrow weights are read
+ * narrow and never copied out wide. */
+static int matvec_operand(const ir_graph *g, int id) {
+  const ir_node *n = &g->nodes[id];
+  if (n->op != OP_CAST || n->n_in != 1) return id;
+  kiln_dtype from = g->nodes[n->in[0]].dtype;
+  return (from == KILN_F16 || from == KILN_BF16) && n->dtype == KILN_F32 ? n->in[0] : id;
+}
+
 static bool is_one(const ir_graph *g, sym_dim d) {
   if (sym_is_const(d)) return d.c == 1;
   for (int i = 0; i < g->n_guards; i++) {
@@ -432,14 +442,15 @@ static int build_loop_kernel(fuser *f, int node, int *memo, uint8_t *seen) {
     k->n_outer = 2;
     kb.n_kept = 2;
     kb.kept[0] = 0, kb.kept[1] = 1;
-    kb.ovr_node[0] = n->in[0], kb.ovr_dims[0][0] = 0, kb.ovr_dims[0][1] = 2;
-    kb.ovr_node[1] = n->in[1], kb.ovr_dims[1][0] = 2, kb.ovr_dims[1][1] = 1;
-    if (n->in[0] == n->in[1]) return -1; /* x @ x: the two maps differ; BLAS takes it */
-    int la = add_acc(f, &kb, n->in[0]), lb = add_acc(f, &kb, n->in[1]);
+    int ia = matvec_operand(g, n->in[0]), ib = matvec_operand(g, n->in[1]);
+    kb.ovr_node[0] = ia, kb.ovr_dims[0][0] = 0, kb.ovr_dims[0][1] = 2;
+    kb.ovr_node[1] = ib, kb.ovr_dims[1][0] = 2, kb.ovr_dims[1][1] = 1;
+    if (ia == ib) return -1; /* x @ x: the two maps differ; BLAS takes it */
+    int la = add_acc(f, &kb, ia), lb = add_acc(f, &kb, ib);
     if (la < 0 || lb < 0) return -1;
     kb.ovr_node[0] = kb.ovr_node[1] = -1;
-    int ea = add_expr(&kb, (cg_expr){.kind = CG_LOAD, .dtype = a->dtype, .a = la});
-    int eb = add_expr(&kb, (cg_expr){.kind = CG_LOAD, .dtype = b->dtype, .a = lb});
+    int ea = add_expr(&kb, (cg_expr){.kind = CG_LOAD, .dtype = g->nodes[ia].dtype, .a = la});
+    int eb = add_expr(&kb, (cg_expr){.kind = CG_LOAD, .dtype = g->nodes[ib].dtype, .a = lb});
     int em = add_expr(&kb, (cg_expr){.kind = CG_OP, .op = OP_MUL, .dtype = n->dtype, .n_in = 2, .in = {ea, eb}});
     if (ea < 0 || eb < 0 || em < 0 || note_node(f, &kb, node)) return -1;
     int st = add_stage(&kb, (cg_stage){CG_REDUCE, OP_SUM, em, -1, true});
@@ -638,10 +649,10 @@ static int build(fuser *f, int *memo, uint8_t *seen) {
         if (add_buf(f, f->is_out[i] ? CG_BUF_OUTPUT : CG_BUF_TEMP, i) < 0) return -1;
         r = build_loop_kernel(f, i, memo, seen);
       }
-    } else if (small_matmul(g, n) && n->in[0] != n->in[1]) {
+    } else if (small_matmul(g, n) && matvec_operand(g, n->in[0]) != matvec_operand(g, n->in[1])) {
       for (int j = 0; j < 2; j++)
-        if (f->map[n->in[j]].buf < 0) {
-          materialize(f, n->in[j]);
+        if (f->map[matvec_operand(g, n->in[j])].buf < 0) {
+          materialize(f, matvec_operand(g, n->in[j]));
           return -2;
         }
       if (add_buf(f, f->is_out[i] ? CG_BUF_OUTPUT : CG_BUF_TEMP, i) < 0) return -1;
@@ -1291,8 +1302,10 @@ cg_program *fuse_graph(const ir_graph *g, char *err, size_t errn) {
     const ir_node *nd = &g->nodes[i];
     /* what a view, a matmul or an eager op reads must exist in memory */
     if (!is_compute(nd->op) && nd->op < OP_COUNT)
-      for (int j = 0; j < nd->n_in; j++)
-        if (is_compute(g->nodes[nd->in[j]].op)) f.mat[nd->in[j]] = 1;
+      for (int j = 0; j < nd->n_in; j++) {
+        int in = small_matmul(g, nd) ? matvec_operand(g, nd->in[j]) : nd->in[j];
+        if (is_compute(g->nodes[in].op)) f.mat[in] = 1;
+      }
   }
   for (int round = 0; round < 4 * g->n_nodes + 8; round++) {
     f.restart = 0;
