@@ -94,6 +94,9 @@ START_TEST(test_f64_narrows_once) {
   ck_assert_int_eq(0, kiln_read(kiln_cast(x, KILN_BF16), b, sizeof b));
   ck_assert_uint_eq(0x3c01, h[0]); /* 1 + 2^-10 */
   ck_assert_uint_eq(0x3f81, b[1]); /* 1 + 2^-7 */
+  /* a scalar made from a double rounds once too */
+  ck_assert(kiln_item(kiln_scalar(KILN_F16, v[0])) == 1 + 0x1p-10);
+  ck_assert(kiln_item(kiln_scalar(KILN_BF16, v[1])) == 1 + 0x1p-7);
   kiln_scope_end();
 }
 END_TEST

@@ -607,8 +607,8 @@ void elem_store(kiln_dtype dt, void *base, int64_t i, double v) {
   case KILN_I64: ((int64_t *)base)[i] = v != v ? 0 : v >= 0x1p63 ? INT64_MAX : v <= -0x1p63 ? INT64_MIN : (int64_t)v; break;
   case KILN_BOOL: ((bool *)base)[i] = v != 0; break;
   case KILN_I32: ((int32_t *)base)[i] = v != v ? 0 : v >= 0x1p31 ? INT32_MAX : v <= -0x1p31 ? INT32_MIN : (int32_t)v; break;
-  case KILN_F16: ((uint16_t *)base)[i] = half_from_float((float)v); break;
-  case KILN_BF16: ((uint16_t *)base)[i] = bf16_from_float((float)v); break;
+  case KILN_F16: ((uint16_t *)base)[i] = half_from_float(half_f64_odd(v)); break;
+  case KILN_BF16: ((uint16_t *)base)[i] = bf16_from_float(half_f64_odd(v)); break;
   }
 }
 
