@@ -141,7 +141,10 @@ extern "C" {
 #define KILN_TENSORS(...) (kiln_tensor *const[]){__VA_ARGS__}, KILN__COUNT(kiln_tensor *, __VA_ARGS__)
 
 typedef struct kiln_tensor kiln_tensor; /* opaque, reference counted */
-typedef enum kiln_dtype { KILN_F32, KILN_F64, KILN_I64, KILN_BOOL } kiln_dtype;
+/* f16 (IEEE binary16) and bf16 (bfloat16) are stored narrow and computed in f32:
+ * an op loads them as f32, computes, and rounds its result to nearest even.
+ * i32 computes in i64 and wraps on store, like torch's int32. */
+typedef enum kiln_dtype { KILN_F32, KILN_F64, KILN_I64, KILN_BOOL, KILN_I32, KILN_F16, KILN_BF16 } kiln_dtype;
 
 /* ---- make, inspect, read back ---------------------------------------- */
 
@@ -760,9 +763,10 @@ KILN_API void kiln_mem_reset_peak(void);
  * (safetensors.torch.save_file, load_file): a JSON header that names each
  * tensor with its dtype, shape and byte range, then the raw data, row-major
  * and little-endian. Files written here load there, and the other way round.
- * kiln's F32, F64, I64 and BOOL are the format's "F32", "F64", "I64" and
- * "BOOL". A file may hold other dtypes ("F16", "BF16", "I32", "U8", ...):
- * they are listed, and loading one is an error that names it.
+ * kiln's F32, F64, F16, BF16, I64, I32 and BOOL are the format's "F32",
+ * "F64", "F16", "BF16", "I64", "I32" and "BOOL". A file may hold other
+ * dtypes ("U8", "I16", ...): they are listed, and loading one is an error
+ * that names it.
  *
  *   const char *names[] = {"fc.weight", "fc.bias"};
  *   kiln_tensor *params[] = {m.w, m.b};

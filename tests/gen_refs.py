@@ -50,8 +50,21 @@ import sys
 import numpy as np
 
 SEED = 20240611
-NP = {"f32": np.float32, "f64": np.float64, "i64": np.int64, "bool": np.bool_}
+NP = {"f32": np.float32, "f64": np.float64, "i64": np.int64, "bool": np.bool_, "f16": np.float16, "i32": np.int32}
 FLOATS = ("f32", "f64")
+NARROW = ("f16", "bf16")   # their own family (narrow_family), so the cases above keep their random streams
+
+
+class BF16(np.ndarray):
+    """float64 values that are bfloat16 numbers (numpy has no bfloat16): see bf16_round."""
+
+
+def bf16_round(x):
+    """x rounded to bfloat16: 8 significant bits, ties to even (np.round), as a BF16 array."""
+    x = np.asarray(x, dtype=np.float64)
+    m, e = np.frexp(x)
+    r = np.where(np.isfinite(x), np.ldexp(np.round(np.ldexp(m, 8)), e - 8), x)
+    return np.asarray(r).view(BF16)
 
 GELU_C = 0.7978845608
 GELU_A = 0.044715
@@ -59,6 +72,8 @@ _erf = np.vectorize(math.erf, otypes=[np.float64])
 
 
 def dtname(a):
+    if isinstance(a, BF16):
+        return "bf16"
     for k, v in NP.items():
         if a.dtype == v:
             return k
@@ -68,7 +83,7 @@ def dtname(a):
 def fmt_values(a):
     flat = np.ascontiguousarray(a).reshape(-1)
     dt = dtname(a)
-    if dt in FLOATS:
+    if dt in FLOATS + NARROW:
         return " ".join(float(x).hex() for x in flat.tolist())
     if dt == "bool":
         return " ".join("1" if x else "0" for x in flat.tolist())
@@ -104,7 +119,7 @@ def apply_view(a, v):
 
 class Input:
     def __init__(self, base, views=(), gen=None):
-        self.base = np.array(base, order="C")   # keeps 0-d arrays 0-d
+        self.base = np.array(base, order="C", subok=True)   # keeps 0-d arrays 0-d, BF16 BF16
         self.views = list(views)
         self.gen = gen                          # (A, B, M, C, S): see formula()
 
@@ -338,7 +353,7 @@ class Writer:
         for inp in inputs:
             self.lines.append(inp.text())
         for out in outputs:
-            out = np.asarray(out)
+            out = np.asanyarray(out)
             head = "out %s %d %s" % (dtname(out), out.ndim, " ".join(str(d) for d in out.shape))
             if out.size > BIN_MIN:
                 vals = "bin %d" % len(self.bin)
@@ -1529,6 +1544,71 @@ def select_family(w, rng):
             w.case("data", "repeat", [x], [np.tile(x.value(), reps).astype(NP[dt])], {"reps": reps})
 
 
+def narrow_family(w, rng):
+    """f16, bf16 and i32: ops compute in f32 (i64) and round once to the
+    result's dtype; numpy's float16 and bf16_round give the rounded references.
+    Tolerances: one unit in the last place of the narrow dtype (kiln's f32
+    result may sit on the other side of a rounding boundary)."""
+    def narrow(x, dt):
+        with np.errstate(over="ignore"):   # 65520 rounds to f16's Inf, as it should
+            return bf16_round(x) if dt == "bf16" else np.asarray(x).astype(NP[dt])
+
+    def gen(dt, lo, hi):
+        return lambda s: narrow(rng.uniform(lo, hi, s), dt)
+
+    ulp = {"f16": 2.0 ** -10, "bf16": 2.0 ** -7}
+    for dt in NARROW:
+        t = (ulp[dt], ulp[dt] * 1e-2)
+        for op in ("neg", "abs", "exp", "log", "sqrt", "tanh", "sigmoid", "relu", "gelu", "sin"):
+            fn, dom, _ = UNARY[op]
+            lo, hi = (-4.0, 4.0) if dom is None or dom == "wide" else dom
+            for s in ([], [7], [3, 4]):
+                a = make_input(rng, s, gen(dt, lo, min(hi, 8.0)))
+                w.case("narrow", op, [a], [narrow(fn(f64(a.value())), dt)], tolerance=t)
+        for op in ("add", "sub", "mul", "div", "maximum", "minimum"):
+            for sa, sb in (([3, 4], [3, 4]), ([2, 3, 4], [4]), ([5, 1], [1, 6]), ([], [3])):
+                lo = 0.5 if op == "div" else -4.0
+                a, b = make_input(rng, sa, gen(dt, -4.0, 4.0)), make_input(rng, sb, gen(dt, lo, 4.0))
+                w.case("narrow", op, [a, b], [narrow(BIN_FN[op](f64(a.value()), f64(b.value())), dt)], tolerance=t)
+        for op, fn in (("sum", np.sum), ("mean", np.mean), ("max", np.max)):
+            for shape, axis in (([4, 6], 1), ([3, 5, 2], 0), ([8], -1)):
+                a = make_input(rng, shape, gen(dt, -2.0, 2.0))
+                want = narrow(fn(f64(a.value()), axis=axis), dt)
+                w.case("narrow", op, [a], [want], {"keepdim": 0, "axis": axis}, EXACT if op == "max" else t)
+        for sa, sb in (([3, 5], [5, 4]), ([1, 16], [16, 8]), ([2, 3, 4], [4, 2])):
+            a, b = make_input(rng, sa, gen(dt, -1.0, 1.0)), make_input(rng, sb, gen(dt, -1.0, 1.0))
+            want = narrow(np.matmul(f64(a.value()), f64(b.value())), dt)
+            w.case("narrow", "matmul", [a, b], [want], tolerance=(ulp[dt], ulp[dt] * 0.1))
+        # casts: f32 to the narrow dtype rounds to nearest even (ties included), back is exact
+        ties = np.array([1 + 2.0 ** -11, 1 + 3 * 2.0 ** -11, 1 + 2.0 ** -8, 1 + 3 * 2.0 ** -8, 65504.0, 65520.0, 6e-8,
+                         -2.0 ** -25, 1e-3, -0.0, np.inf, -np.inf], dtype=np.float32)
+        for x in (Input(ties), make_input(rng, [4, 5], lambda s: rng.standard_normal(s).astype(np.float32) * 100)):
+            w.case("narrow", "cast", [x], [narrow(f64(x.value()), dt)], {"dtype": dt})
+        a = make_input(rng, [6], gen(dt, -100.0, 100.0))
+        w.case("narrow", "cast", [a], [f64(a.value()).astype(np.float32)], {"dtype": "f32"})
+        w.case("narrow", "cast", [a], [np.trunc(f64(a.value())).astype(np.int32)], {"dtype": "i32"})
+        w.case("narrow", "lt", [a, Input(narrow(np.float64(1.5), dt))], [f64(a.value()) < 1.5])
+    # i32 computes in i64 and wraps on the way back, as numpy's int32 does
+    i32 = lambda s: rng.integers(-2 ** 31, 2 ** 31, s).astype(np.int32)
+    for op in ("add", "sub", "mul", "maximum"):
+        a, b = make_input(rng, [3, 4], i32), make_input(rng, [4], i32)
+        with np.errstate(over="ignore"):
+            w.case("narrow", op, [a, b], [BIN_FN[op](a.value(), b.value())])
+    a = make_input(rng, [2, 5], lambda s: rng.integers(-1000, 1000, s).astype(np.int32))
+    w.case("narrow", "neg", [a], [-a.value()])
+    w.case("narrow", "sum", [a], [np.sum(a.value(), axis=1, dtype=np.int32)], {"keepdim": 0, "axis": 1})
+    w.case("narrow", "cast", [a], [a.value().astype(np.float16)], {"dtype": "f16"})
+    # promotion, torch's: f16 with f32 is f32, f16 with bf16 f32, i32 with i64 i64, i32 with f16 f16
+    h, bf = make_input(rng, [3], gen("f16", -4, 4)), make_input(rng, [3], gen("bf16", -4, 4))
+    f = make_input(rng, [3], g_normal(rng, "f32"))
+    w.case("narrow", "add", [h, f], [ref(f64(h.value()) + f64(f.value()), "f32")], tolerance=tol("f32", "arith"))
+    w.case("narrow", "add", [bf, f], [ref(f64(bf.value()) + f64(f.value()), "f32")], tolerance=tol("f32", "arith"))
+    w.case("narrow", "mul", [h, bf], [ref(f64(h.value()) * f64(bf.value()), "f32")], tolerance=tol("f32", "arith"))
+    w.case("narrow", "add", [a, Input(np.array([1, 2, 3, 4, 5], dtype=np.int64))], [a.value().astype(np.int64) + [1, 2, 3, 4, 5]])
+    k = make_input(rng, [3], lambda s: rng.integers(-9, 9, s).astype(np.int32))
+    w.case("narrow", "mul", [k, h], [narrow(f64(k.value()) * f64(h.value()), "f16")], tolerance=(ulp["f16"], 0))
+
+
 def main():
     if len(sys.argv) != 2:
         sys.stderr.write("usage: gen_refs.py OUTDIR\n")
@@ -1546,6 +1626,7 @@ def main():
     reduce_more_family(w, np.random.default_rng(SEED + 23))
     data_family(w, np.random.default_rng(SEED + 24))
     select_family(w, np.random.default_rng(SEED + 25))
+    narrow_family(w, np.random.default_rng(SEED + 37))
     path = os.path.join(outdir, "ops.txt")
     for name, data in (("big.bin", bytes(w.bin)),
                        ("ops.txt", ("kiln-refs 1\n" + "\n".join(w.lines) + "\n").encode())):

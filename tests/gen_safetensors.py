@@ -43,16 +43,21 @@ LE = {"F32": "<f4", "F64": "<f8", "I64": "<i8", "BOOL": "|b1", "F16": "<f2", "I3
 BITS = {"BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8, "I16": 16, "U16": 16,
         "F16": 16, "BF16": 16, "I32": 32, "U32": 32, "F32": 32, "F64": 64, "I64": 64, "U64": 64,
         "C64": 64, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6}
-KILN = ("F32", "F64", "I64", "BOOL")
+KILN = ("F32", "F64", "I64", "BOOL", "F16", "BF16", "I32")
 
 
 def hexname(s):
     return "x" + s.encode("utf-8").hex()
 
 
+def bf16_values(raw):
+    """bfloat16 bytes as the f32 values they are (the top halves of f32s)."""
+    return (np.frombuffer(raw, dtype="<u2").astype("<u4") << 16).view("<f4")
+
+
 def fmt_values(dtype, arr):
     flat = arr.reshape(-1).tolist()
-    if dtype in ("F32", "F64"):
+    if dtype in ("F32", "F64", "F16", "BF16"):
         return [float(v).hex() for v in flat]
     if dtype == "BOOL":
         return ["1" if v else "0" for v in flat]
@@ -74,7 +79,7 @@ class T:
                 raw = (u >> 16).astype("<u2").tobytes()
             else:
                 raw = arr.astype(LE[dtype]).tobytes()
-            self.values = arr.astype(LE[dtype]) if dtype in KILN else None
+            self.values = bf16_values(raw) if dtype == "BF16" else arr.astype(LE[dtype]) if dtype in KILN else None
         else:
             self.values = None
         self.raw = raw
@@ -244,7 +249,7 @@ def read(path):
         spans.append((b, e, name))
         vals = ["-"]
         if dt in KILN:
-            arr = np.frombuffer(data[b:e], dtype=LE[dt]).reshape(shape)
+            arr = (bf16_values(data[b:e]) if dt == "BF16" else np.frombuffer(data[b:e], dtype=LE[dt])).reshape(shape)
             vals = fmt_values(dt, arr)
         out.append(" ".join(["t", hexname(name), dt, str(len(shape))] + [str(x) for x in shape] + vals))
     at = 0

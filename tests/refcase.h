@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "eager/half.h" /* f16 and bf16 bits (the file's values are exact in them) */
 #include "kiln.h"
 
 #define REF_MAX_IN 6
@@ -96,9 +97,9 @@ static int ref_fail(ref_lexer *lx, const char *what, const char *tok)
 
 static int ref_dtype_of(const char *s, kiln_dtype *dt)
 {
-  static const char *names[] = {"f32", "f64", "i64", "bool"};
-  static const kiln_dtype dts[] = {KILN_F32, KILN_F64, KILN_I64, KILN_BOOL};
-  for (int k = 0; k < 4; k++)
+  static const char *names[] = {"f32", "f64", "i64", "bool", "i32", "f16", "bf16"};
+  static const kiln_dtype dts[] = {KILN_F32, KILN_F64, KILN_I64, KILN_BOOL, KILN_I32, KILN_F16, KILN_BF16};
+  for (int k = 0; k < (int)(sizeof names / sizeof names[0]); k++)
     if (s && strcmp(s, names[k]) == 0) {
       *dt = dts[k];
       return 0;
@@ -141,7 +142,7 @@ static int ref_double(ref_lexer *lx, double *v) { return ref_double_of(lx, ref_t
 /* The numel values of t: listed, 'gen A B M C S' or 'bin OFFSET'. */
 static int ref_values(ref_lexer *lx, ref_tensor *t)
 {
-  bool fl = t->dt == KILN_F32 || t->dt == KILN_F64;
+  bool fl = t->dt == KILN_F32 || t->dt == KILN_F64 || t->dt == KILN_F16 || t->dt == KILN_BF16;
   size_t n = (size_t)(t->numel > 0 ? t->numel : 1);
   if (fl)
     t->f = calloc(n, sizeof *t->f);
@@ -169,7 +170,7 @@ static int ref_values(ref_lexer *lx, ref_tensor *t)
   }
   if (first && strcmp(first, "bin") == 0) {
     int64_t off;
-    size_t es = t->dt == KILN_F32 ? 4 : t->dt == KILN_BOOL ? 1 : 8;
+    size_t es = kiln_dtype_size(t->dt);
     if (ref_int(lx, &off))
       return -1;
     if (off < 0 || (size_t)off + n * es > lx->binlen)
@@ -184,6 +185,7 @@ static int ref_values(ref_lexer *lx, ref_tensor *t)
       case KILN_F64: memcpy(&f64, p, 8); t->f[k] = f64; break;
       case KILN_I64: memcpy(&i64, p, 8); t->i[k] = i64; break;
       case KILN_BOOL: t->i[k] = *p; break;
+      default: return ref_fail(lx, "bin data of f32, f64, i64 or bool", NULL);
       }
     }
     return 0;
@@ -413,6 +415,10 @@ static kiln_tensor *ref_make(const ref_tensor *t, kiln_tensor **base)
     case KILN_F64: ((double *)buf)[k] = t->f[k]; break;
     case KILN_I64: ((int64_t *)buf)[k] = t->i[k]; break;
     case KILN_BOOL: buf[k] = t->i[k] != 0; break;
+    /* the file's values are exact in these */
+    case KILN_I32: ((int32_t *)buf)[k] = (int32_t)t->i[k]; break;
+    case KILN_F16: ((uint16_t *)buf)[k] = half_from_float((float)t->f[k]); break;
+    case KILN_BF16: ((uint16_t *)buf)[k] = bf16_from_float((float)t->f[k]); break;
     }
   }
   kiln_tensor *x = kiln_tensor_from(t->dt, t->ndim, t->shape, buf);
@@ -576,8 +582,12 @@ static int ref_check(const refcase *c, int oi, const kiln_tensor *got, FILE *fp)
   for (size_t k = 0; k < n; k++) {
     double g, x;
     bool ok;
-    if (e->dt == KILN_F32 || e->dt == KILN_F64) {
-      g = e->dt == KILN_F32 ? (double)((float *)buf)[k] : ((double *)buf)[k];
+    if (e->dt == KILN_F32 || e->dt == KILN_F64 || e->dt == KILN_F16 || e->dt == KILN_BF16) {
+      uint16_t h = e->dt == KILN_F16 || e->dt == KILN_BF16 ? ((uint16_t *)buf)[k] : 0;
+      g = e->dt == KILN_F32    ? (double)((float *)buf)[k]
+          : e->dt == KILN_F64  ? ((double *)buf)[k]
+          : e->dt == KILN_F16  ? (double)half_to_float(h)
+                               : (double)bf16_to_float(h);
       x = e->f[k];
       double d = fabs(g - x);
       ok = (isnan(x) && isnan(g)) || g == x || d <= c->atol + c->rtol * fabs(x);
@@ -587,8 +597,8 @@ static int ref_check(const refcase *c, int oi, const kiln_tensor *got, FILE *fp)
       } else if (!ok) {
         max_abs = max_rel = NAN;
       }
-    } else if (e->dt == KILN_I64) {
-      int64_t gi = ((int64_t *)buf)[k];
+    } else if (e->dt == KILN_I64 || e->dt == KILN_I32) {
+      int64_t gi = e->dt == KILN_I64 ? ((int64_t *)buf)[k] : ((int32_t *)buf)[k];
       ok = gi == e->i[k];
       g = (double)gi;
       x = (double)e->i[k];

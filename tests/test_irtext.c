@@ -789,7 +789,7 @@ static const struct {
     {H "  %2: f32[1] = sum(%0) {axes=[9], keepdim=true}", "line 3, col 31: number out of range [0, 7]"},
     {H "  %2: f32[4,s0] = permute(%0) {perm=[1,0,2]}", "line 3, col 37: perm has 3 entries but %0 has 2 dims"},
     {H "  %2: f32[4] = slice(%1) {dim=0, start=0, stop=4, step=1}", "line 3, col 43: expected 'end'"},
-    {H "  %2: f32[4] = cast(%1) {dtype=f16}", "line 3, col 32: unknown dtype 'f16'"},
+    {H "  %2: f32[4] = cast(%1) {dtype=f8}", "line 3, col 32: unknown dtype 'f8'"},
     {H "  %2: f32[4] = neg(%1)  #f.c:3", "line 3, col 26: expected ' ' after '#', not 'f'"},
     {H "  %2: f32[4] = neg(%1)  # f.c", "line 3, col 27: expected 'file:line' after '# '"},
     {H "  %2: f32[4] = neg(%1)  # f.c:x", "line 3, col 31: expected a number"},

@@ -464,6 +464,9 @@ START_TEST(test_creation) { run_family("creation"); }
 END_TEST
 START_TEST(test_inplace) { run_family("inplace"); }
 END_TEST
+/* f16, bf16 and i32: computed wide, rounded once; promotion between dtypes */
+START_TEST(test_narrow) { run_family("narrow"); }
+END_TEST
 START_TEST(test_conv) { run_family("conv"); }
 END_TEST
 START_TEST(test_pool) { run_family("pool"); }
@@ -864,6 +867,7 @@ static Suite *ops_ref_suite(void)
       {"hand_math", test_hand_math}, {"hand_views", test_hand_views}, {"hand_random", test_hand_random},
       {"hand_errors", test_hand_errors}, {"hand_short_sums", test_hand_short_sums},
       {"conv", test_conv}, {"pool", test_pool}, {"norm", test_norm}, {"data", test_data},
+      {"narrow", test_narrow},
   };
   for (size_t k = 0; k < NELEM(cases); k++) {
     TCase *tc = tcase_create(cases[k].name);

@@ -19,6 +19,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "eager/half.h"
 #include "kiln.h"
 
 #define NELEM(a) ((int)(sizeof(a) / sizeof((a)[0])))
@@ -138,7 +139,8 @@ static void exp_free(exp_file *e) {
 
 static bool kiln_dtype_of(const char *s, kiln_dtype *dt) {
   static const struct { const char *s; kiln_dtype dt; } map[] = {
-      {"F32", KILN_F32}, {"F64", KILN_F64}, {"I64", KILN_I64}, {"BOOL", KILN_BOOL}};
+      {"F32", KILN_F32}, {"F64", KILN_F64}, {"I64", KILN_I64}, {"BOOL", KILN_BOOL},
+      {"F16", KILN_F16}, {"BF16", KILN_BF16}, {"I32", KILN_I32}};
   for (int i = 0; i < NELEM(map); i++)
     if (!strcmp(map[i].s, s)) return *dt = map[i].dt, true;
   return false;
@@ -173,6 +175,16 @@ static void check_values(const kiln_tensor *t, const exp_tensor *e, const char *
       snprintf(got, sizeof got, "%a", g), snprintf(want, sizeof want, "%a", w);
     } else if (dt == KILN_I64) {
       int64_t w = strtoll(e->v[k], NULL, 10), g = ((int64_t *)buf)[k];
+      ok = w == g;
+      snprintf(got, sizeof got, "%" PRId64, g), snprintf(want, sizeof want, "%" PRId64, w);
+    } else if (dt == KILN_F16 || dt == KILN_BF16) {
+      /* every f16 and bf16 is a double: the file's value exactly */
+      uint16_t b = ((uint16_t *)buf)[k];
+      double w = exp_f(e, k), g = dt == KILN_F16 ? half_to_float(b) : bf16_to_float(b);
+      ok = isnan(w) ? isnan(g) : w == g;
+      snprintf(got, sizeof got, "%a", g), snprintf(want, sizeof want, "%a", w);
+    } else if (dt == KILN_I32) {
+      int64_t w = strtoll(e->v[k], NULL, 10), g = ((int32_t *)buf)[k];
       ok = w == g;
       snprintf(got, sizeof got, "%" PRId64, g), snprintf(want, sizeof want, "%" PRId64, w);
     } else {
@@ -267,7 +279,7 @@ START_TEST(test_python_files_load) {
       } else {
         ck_assert_ptr_null(x);
         if (t->ndim > KILN_MAX_DIMS) expect_error_at(get_line, "kiln_tensors_get", "has 9 dims", "at most 8");
-        else expect_error_at(get_line, "kiln_tensors_get", "a dtype kiln does not have (it loads F32, F64, I64 and BOOL)",
+        else expect_error_at(get_line, "kiln_tensors_get", "a dtype kiln does not have (it loads F32, F64, I64, BOOL, F16, BF16 and I32)",
                              t->dtype);
       }
     }
@@ -282,7 +294,7 @@ START_TEST(test_python_files_load) {
   }
   fclose(ef);
   ck_assert_int_eq(7, files);
-  ck_assert_int_eq(28, checked);
+  ck_assert_int_eq(31, checked); /* 28, and the f16, bf16 and i32 of others.safetensors */
 }
 END_TEST
 
@@ -291,10 +303,10 @@ END_TEST
 START_TEST(test_other_dtypes) {
   char path[4096];
   ref_path(path, sizeof path, "others.safetensors");
-  const char *names[] = {"ok", "bf"};
+  const char *names[] = {"ok", "u"};
   kiln_tensor *out[2] = {(kiln_tensor *)1, (kiln_tensor *)1};
   ck_assert_int_eq(-1, kiln_load_tensors(path, 2, names, out));
-  expect_error_at(__LINE__ - 1, "kiln_load_tensors", "tensor \"bf\" is BF16, a dtype kiln does not have", path);
+  expect_error_at(__LINE__ - 1, "kiln_load_tensors", "tensor \"u\" is U8, a dtype kiln does not have", path);
   ck_assert_ptr_null(out[0]);
   ck_assert_ptr_null(out[1]);
   kiln_tensor_file *f = kiln_tensors_open(path);

@@ -258,6 +258,11 @@ cg_emit_fn cg_emitter(int op);
 /* NaN-propagating max/min (eager's MAXNAN), and dtype conversion, on scalars or vectors. */
 LLVMValueRef cg_maxnan(LLVMBuilderRef b, kiln_dtype dt, LLVMValueRef x, LLVMValueRef y, bool max);
 LLVMValueRef cg_convert(LLVMBuilderRef b, LLVMValueRef v, kiln_dtype from, kiln_dtype to);
+/* A narrow dtype's stored bits (i16 for f16 and bf16, i32 for i32) to the
+ * value kernels compute with (float, i64), and back with eager's rounding
+ * (eager/half.h: to nearest even, bit for bit; i32 wraps). */
+LLVMValueRef cg_narrow_load(LLVMBuilderRef b, LLVMValueRef bits, kiln_dtype dt);
+LLVMValueRef cg_narrow_store(LLVMBuilderRef b, LLVMValueRef v, kiln_dtype dt);
 #ifdef KILN_TEST_BUILD
 /* Test build: makes op look as if ops.def named no emitter for it (drop), or undoes that. */
 void cg_test_drop_emitter(int op, bool drop);

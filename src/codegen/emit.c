@@ -11,7 +11,7 @@
 
 #include "codegen/codegen.h"
 
-static bool is_float(kiln_dtype dt) { return dt == KILN_F32 || dt == KILN_F64; }
+static bool is_float(kiln_dtype dt) { return dtype_is_float(dt); }
 
 /* Element type t in the shape of v (a scalar, or a vector of v's lanes). */
 static LLVMTypeRef shaped(LLVMValueRef v, LLVMTypeRef t) {
@@ -19,12 +19,15 @@ static LLVMTypeRef shaped(LLVMValueRef v, LLVMTypeRef t) {
   return LLVMGetTypeKind(vt) == LLVMVectorTypeKind ? LLVMVectorType(t, LLVMGetVectorSize(vt)) : t;
 }
 
+/* The type a kernel computes dt in: f16 and bf16 as float, i32 as i64 (lower.c
+ * loads and stores them narrow). */
 static LLVMTypeRef elem_of(LLVMContextRef c, kiln_dtype dt) {
-  switch (dt) {
+  switch (dtype_wide(dt)) {
   case KILN_F32: return LLVMFloatTypeInContext(c);
   case KILN_F64: return LLVMDoubleTypeInContext(c);
   case KILN_I64: return LLVMInt64TypeInContext(c);
   case KILN_BOOL: return LLVMInt8TypeInContext(c);
+  default: break;
   }
   return LLVMFloatTypeInContext(c);
 }
@@ -59,7 +62,8 @@ LLVMValueRef cg_maxnan(LLVMBuilderRef b, kiln_dtype dt, LLVMValueRef x, LLVMValu
 }
 
 LLVMValueRef cg_convert(LLVMBuilderRef b, LLVMValueRef v, kiln_dtype from, kiln_dtype to) {
-  if (from == to) return v;
+  /* to a narrow dtype: the node's value is rounded to it where lower.c emits it */
+  if (dtype_wide(from) == dtype_wide(to)) return v;
   LLVMTypeRef t = shaped(v, elem_of(ctx_of(v), to));
   if (to == KILN_BOOL) {
     LLVMValueRef nz = is_float(from) ? LLVMBuildFCmp(b, LLVMRealUNE, v, const_like(v, from, 0), "")
@@ -70,6 +74,68 @@ LLVMValueRef cg_convert(LLVMBuilderRef b, LLVMValueRef v, kiln_dtype from, kiln_
   if (is_float(from) && is_float(to)) return to == KILN_F64 ? LLVMBuildFPExt(b, v, t, "") : LLVMBuildFPTrunc(b, v, t, "");
   if (is_float(from)) return LLVMBuildFPToSI(b, v, t, "");
   return LLVMBuildSIToFP(b, v, t, "");
+}
+
+/* ---- f16 and bf16 bits, the steps of eager/half.h ---- */
+
+/* Unsigned constant u of integer type t in the shape of v. */
+static LLVMValueRef uconst(LLVMValueRef v, LLVMTypeRef t, unsigned long long u) {
+  LLVMValueRef s = LLVMConstInt(t, u, 0);
+  LLVMTypeRef vt = LLVMTypeOf(v);
+  if (LLVMGetTypeKind(vt) != LLVMVectorTypeKind) return s;
+  unsigned n = LLVMGetVectorSize(vt);
+  LLVMValueRef lanes[64];
+  for (unsigned i = 0; i < n && i < 64; i++) lanes[i] = s;
+  return LLVMConstVector(lanes, n);
+}
+
+LLVMValueRef cg_narrow_load(LLVMBuilderRef b, LLVMValueRef h, kiln_dtype dt) {
+  LLVMContextRef c = ctx_of(h);
+  LLVMTypeRef i32 = LLVMInt32TypeInContext(c), f32 = LLVMFloatTypeInContext(c);
+  if (dt == KILN_I32) return LLVMBuildSExt(b, h, shaped(h, LLVMInt64TypeInContext(c)), "");
+  LLVMValueRef x = LLVMBuildZExt(b, h, shaped(h, i32), "");
+#define K(u) uconst(x, i32, (u))
+  if (dt == KILN_BF16) return LLVMBuildBitCast(b, LLVMBuildShl(b, x, K(16), ""), shaped(h, f32), "");
+  LLVMValueRef o = LLVMBuildShl(b, LLVMBuildAnd(b, x, K(0x7fff), ""), K(13), "");
+  LLVMValueRef exp = LLVMBuildAnd(b, o, K(0x0f800000u), "");
+  o = LLVMBuildAdd(b, o, K(112u << 23), "");
+  LLVMValueRef infnan = LLVMBuildAdd(b, o, K(112u << 23), "");
+  LLVMValueRef magic = LLVMBuildBitCast(b, K(113u << 23), shaped(h, f32), "");
+  LLVMValueRef den = LLVMBuildFSub(b, LLVMBuildBitCast(b, LLVMBuildAdd(b, o, K(1u << 23), ""), shaped(h, f32), ""), magic, "");
+  den = LLVMBuildBitCast(b, den, shaped(h, i32), "");
+  LLVMValueRef r = LLVMBuildSelect(b, LLVMBuildICmp(b, LLVMIntEQ, exp, K(0), ""), den, o, "");
+  r = LLVMBuildSelect(b, LLVMBuildICmp(b, LLVMIntEQ, exp, K(0x0f800000u), ""), infnan, r, "");
+  r = LLVMBuildOr(b, r, LLVMBuildShl(b, LLVMBuildAnd(b, x, K(0x8000), ""), K(16), ""), "");
+  return LLVMBuildBitCast(b, r, shaped(h, f32), "");
+#undef K
+}
+
+LLVMValueRef cg_narrow_store(LLVMBuilderRef b, LLVMValueRef v, kiln_dtype dt) {
+  LLVMContextRef c = ctx_of(v);
+  LLVMTypeRef i32 = LLVMInt32TypeInContext(c), i16 = LLVMInt16TypeInContext(c), f32 = LLVMFloatTypeInContext(c);
+  if (dt == KILN_I32) return LLVMBuildTrunc(b, v, shaped(v, i32), "");
+  LLVMValueRef u = LLVMBuildBitCast(b, v, shaped(v, i32), "");
+#define K(x) uconst(u, i32, (x))
+  if (dt == KILN_BF16) {
+    LLVMValueRef nan = LLVMBuildICmp(b, LLVMIntUGT, LLVMBuildAnd(b, u, K(0x7fffffffu), ""), K(0x7f800000u), "");
+    LLVMValueRef hi = LLVMBuildLShr(b, u, K(16), "");
+    LLVMValueRef rn = LLVMBuildLShr(b, LLVMBuildAdd(b, LLVMBuildAdd(b, u, K(0x7fff), ""), LLVMBuildAnd(b, hi, K(1), ""), ""), K(16), "");
+    return LLVMBuildTrunc(b, LLVMBuildSelect(b, nan, LLVMBuildOr(b, hi, K(0x40), ""), rn, ""), shaped(v, i16), "");
+  }
+  LLVMValueRef sign = LLVMBuildAnd(b, u, K(0x80000000u), ""), a = LLVMBuildXor(b, u, sign, "");
+  LLVMValueRef big = LLVMBuildOr(b, K(0x7e00), LLVMBuildAnd(b, LLVMBuildLShr(b, a, K(13), ""), K(0x3ff), ""), "");
+  big = LLVMBuildSelect(b, LLVMBuildICmp(b, LLVMIntUGT, a, K(0x7f800000u), ""), big, K(0x7c00), "");
+  LLVMValueRef half = LLVMBuildBitCast(b, K(126u << 23), shaped(v, f32), "");
+  LLVMValueRef small = LLVMBuildFAdd(b, LLVMBuildBitCast(b, a, shaped(v, f32), ""), half, "");
+  small = LLVMBuildSub(b, LLVMBuildBitCast(b, small, shaped(v, i32), ""), K(126u << 23), "");
+  LLVMValueRef odd = LLVMBuildAnd(b, LLVMBuildLShr(b, a, K(13), ""), K(1), "");
+  LLVMValueRef norm = LLVMBuildAdd(b, LLVMBuildAdd(b, a, K(((uint32_t)(15 - 127) << 23) + 0xfffu), ""), odd, "");
+  norm = LLVMBuildLShr(b, norm, K(13), "");
+  LLVMValueRef o = LLVMBuildSelect(b, LLVMBuildICmp(b, LLVMIntULT, a, K(113u << 23), ""), small, norm, "");
+  o = LLVMBuildSelect(b, LLVMBuildICmp(b, LLVMIntUGE, a, K(143u << 23), ""), big, o, "");
+  o = LLVMBuildOr(b, o, LLVMBuildLShr(b, sign, K(16), ""), "");
+  return LLVMBuildTrunc(b, o, shaped(v, i16), "");
+#undef K
 }
 
 /* ---- the emitters ops.def names ---- */

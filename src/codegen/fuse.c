@@ -56,7 +56,7 @@ static bool is_view(int op) { return has_class(op, CGC_VIEW); }
 static bool pow_is_mul(const ir_graph *g, const ir_node *n) {
   const ir_node *e = &g->nodes[n->in[1]];
   if (e->op != IR_CONST || ir_node_numel_const(e) != 1) return false;
-  double c = e->dtype == KILN_F32 ? *(const float *)e->data : e->dtype == KILN_F64 ? *(const double *)e->data : 0;
+  double c = dtype_is_float(e->dtype) ? elem_load(e->dtype, e->data, 0) : 0;
   return c == 1.0 || c == 2.0 || c == 3.0;
 }
 static bool is_heavy(const ir_graph *g, const ir_node *n) {
@@ -72,12 +72,25 @@ static bool small_matmul(const ir_graph *g, const ir_node *n) {
   return a->ndim == 2 && b->ndim == 2 && dtype_is_float(n->dtype) && sym_is_const(a->shape[0]) && a->shape[0].c <= 8;
 }
 
+/* The node a matvec loads for operand id: through a cast of f16 or bf16 to
+ * f32 (exact, and done by the load itself), so that narrow weights are read
+ * narrow and never copied out wide. */
+static int matvec_operand(const ir_graph *g, int id) {
+  const ir_node *n = &g->nodes[id];
+  if (n->op != OP_CAST || n->n_in != 1) return id;
+  kiln_dtype from = g->nodes[n->in[0]].dtype;
+  return (from == KILN_F16 || from == KILN_BF16) && n->dtype == KILN_F32 ? n->in[0] : id;
+}
+
 /* Whether the matvec loop of matmul n reads its (K,N) operand along rows in
  * memory: K unit-stride, as x @ W^T with W (out,in) is. With W (in,out) the
  * loop would walk columns (8x slower at (1,288)@(288,288)), and the eager
- * kernel's row-walking gemv runs instead. */
+ * kernel's row-walking gemv runs instead, except for f16 or bf16 weights,
+ * which that would copy out to f32 whole on every call. */
 static bool walks_rows(const fuser *f, const ir_node *n) {
-  const vmap *b = &f->map[n->in[1]];
+  int w = matvec_operand(f->g, n->in[1]);
+  if (w != n->in[1]) return true; /* narrow weights: the other way is an f32 copy of them all */
+  const vmap *b = &f->map[w];
   return b->buf >= 0 && sym_is_const(b->stride[0]) && b->stride[0].c == 1;
 }
 
@@ -320,8 +333,7 @@ static int expr_of(fuser *f, kbuild *kb, int node, bool root) {
   int id;
   if (n->op == IR_CONST && ir_node_numel_const(n) == 1) {
     /* a scalar constant is an immediate: LLVM folds it, pow(x, 3) becomes multiplies */
-    double c = n->dtype == KILN_F32 ? *(const float *)n->data : n->dtype == KILN_F64 ? *(const double *)n->data
-             : n->dtype == KILN_I64 ? (double)*(const int64_t *)n->data : (double)*(const bool *)n->data;
+    double c = elem_load(n->dtype, n->data, 0);
     id = add_expr(kb, (cg_expr){.kind = CG_CONST, .dtype = n->dtype, .c = c});
   } else if (!root && (f->mat[node] || !is_compute(n->op))) {
     int a = add_acc(f, kb, node);
@@ -444,14 +456,15 @@ static int build_loop_kernel(fuser *f, int node, int *memo, uint8_t *seen) {
     k->n_outer = 2;
     kb.n_kept = 2;
     kb.kept[0] = 0, kb.kept[1] = 1;
-    kb.ovr_node[0] = n->in[0], kb.ovr_dims[0][0] = 0, kb.ovr_dims[0][1] = 2;
-    kb.ovr_node[1] = n->in[1], kb.ovr_dims[1][0] = 2, kb.ovr_dims[1][1] = 1;
-    if (n->in[0] == n->in[1]) return -1; /* x @ x: the two maps differ; BLAS takes it */
-    int la = add_acc(f, &kb, n->in[0]), lb = add_acc(f, &kb, n->in[1]);
+    int ia = matvec_operand(g, n->in[0]), ib = matvec_operand(g, n->in[1]);
+    kb.ovr_node[0] = ia, kb.ovr_dims[0][0] = 0, kb.ovr_dims[0][1] = 2;
+    kb.ovr_node[1] = ib, kb.ovr_dims[1][0] = 2, kb.ovr_dims[1][1] = 1;
+    if (ia == ib) return -1; /* x @ x: the two maps differ; BLAS takes it */
+    int la = add_acc(f, &kb, ia), lb = add_acc(f, &kb, ib);
     if (la < 0 || lb < 0) return -1;
     kb.ovr_node[0] = kb.ovr_node[1] = -1;
-    int ea = add_expr(&kb, (cg_expr){.kind = CG_LOAD, .dtype = a->dtype, .a = la});
-    int eb = add_expr(&kb, (cg_expr){.kind = CG_LOAD, .dtype = b->dtype, .a = lb});
+    int ea = add_expr(&kb, (cg_expr){.kind = CG_LOAD, .dtype = g->nodes[ia].dtype, .a = la});
+    int eb = add_expr(&kb, (cg_expr){.kind = CG_LOAD, .dtype = g->nodes[ib].dtype, .a = lb});
     int em = add_expr(&kb, (cg_expr){.kind = CG_OP, .op = OP_MUL, .dtype = n->dtype, .n_in = 2, .in = {ea, eb}});
     if (ea < 0 || eb < 0 || em < 0 || note_node(f, &kb, node)) return -1;
     int st = add_stage(&kb, (cg_stage){CG_REDUCE, OP_SUM, em, -1, true});
@@ -650,10 +663,10 @@ static int build(fuser *f, int *memo, uint8_t *seen) {
         if (add_buf(f, f->is_out[i] ? CG_BUF_OUTPUT : CG_BUF_TEMP, i) < 0) return -1;
         r = build_loop_kernel(f, i, memo, seen);
       }
-    } else if (small_matmul(g, n) && n->in[0] != n->in[1] && walks_rows(f, n)) {
+    } else if (small_matmul(g, n) && matvec_operand(g, n->in[0]) != matvec_operand(g, n->in[1]) && walks_rows(f, n)) {
       for (int j = 0; j < 2; j++)
-        if (f->map[n->in[j]].buf < 0) {
-          materialize(f, n->in[j]);
+        if (f->map[matvec_operand(g, n->in[j])].buf < 0) {
+          materialize(f, matvec_operand(g, n->in[j]));
           return -2;
         }
       if (add_buf(f, f->is_out[i] ? CG_BUF_OUTPUT : CG_BUF_TEMP, i) < 0) return -1;
@@ -801,7 +814,7 @@ static void fold_epilogues(cg_program *p, cg_view *views) {
     cg_kernel *m = &p->k[mi];
     const ir_node *mn = &g->nodes[m->node], *kn = &g->nodes[k->node];
     int mm = m->out_buf, o = k->out_buf;
-    if (mn->ndim != 2 || g->nodes[mn->in[0]].ndim != 2 || g->nodes[mn->in[1]].ndim != 2 || !dtype_is_float(mn->dtype) ||
+    if (mn->ndim != 2 || g->nodes[mn->in[0]].ndim != 2 || g->nodes[mn->in[1]].ndim != 2 || !dtype_is_float(mn->dtype) || dtype_is_narrow(mn->dtype) ||
         kn->dtype != mn->dtype || kn->ndim != 2 || !same_dims(2, kn->shape, mn->shape))
       continue;
     if (mm < 0 || p->buf[mm].kind != CG_BUF_TEMP || handed_out(p, views, mm)) continue;
@@ -1360,8 +1373,10 @@ cg_program *fuse_graph(const ir_graph *g, char *err, size_t errn) {
     const ir_node *nd = &g->nodes[i];
     /* what a view, a matmul or an eager op reads must exist in memory */
     if (!is_compute(nd->op) && nd->op < OP_COUNT)
-      for (int j = 0; j < nd->n_in; j++)
-        if (is_compute(g->nodes[nd->in[j]].op)) f.mat[nd->in[j]] = 1;
+      for (int j = 0; j < nd->n_in; j++) {
+        int in = small_matmul(g, nd) ? matvec_operand(g, nd->in[j]) : nd->in[j];
+        if (is_compute(g->nodes[in].op)) f.mat[in] = 1;
+      }
   }
   for (int round = 0; round < 4 * g->n_nodes + 8; round++) {
     f.restart = 0;

@@ -103,17 +103,25 @@ static LLVMValueRef sym_val(lctx *L, sym_dim d) {
   return L->pval[idx];
 }
 
+/* The type dt is computed in: f16 and bf16 as f32, i32 as i64. */
 static LLVMTypeRef elem_type(lctx *L, kiln_dtype dt) {
-  switch (dt) {
+  switch (dtype_wide(dt)) {
   case KILN_F32: return L->f32;
   case KILN_F64: return L->f64;
   case KILN_I64: return L->i64;
   case KILN_BOOL: return L->i8;
+  default: break;
   }
   return L->f32;
 }
 
-static bool is_float(kiln_dtype dt) { return dt == KILN_F32 || dt == KILN_F64; }
+static bool is_float(kiln_dtype dt) { return dtype_is_float(dt); }
+
+/* The type dt is stored in: i16 for f16 and bf16, i32 for i32. */
+static LLVMTypeRef mem_type(lctx *L, kiln_dtype dt) {
+  if (dt == KILN_F16 || dt == KILN_BF16) return LLVMInt16TypeInContext(L->c);
+  return dt == KILN_I32 ? LLVMInt32TypeInContext(L->c) : elem_type(L, dt);
+}
 
 static LLVMValueRef call_intrinsic(lctx *L, const char *name, LLVMTypeRef t, LLVMValueRef *args, int n) {
   unsigned id = LLVMLookupIntrinsicID(name, strlen(name));
@@ -147,7 +155,7 @@ static LLVMValueRef const_of(lctx *L, kiln_dtype dt, double v) {
 
 static LLVMValueRef tag(lctx *L, LLVMValueRef inst, int a);
 
-static unsigned elem_bytes(kiln_dtype dt) { return dt == KILN_BOOL ? 1 : dt == KILN_F32 ? 4 : 8; }
+static unsigned elem_bytes(kiln_dtype dt) { return (unsigned)kiln_dtype_size(dt); }
 
 /* A vector load or store of f32 or f64 elements (t) is aligned as its elements only. */
 static LLVMValueRef vec_aligned(lctx *L, LLVMValueRef inst, LLVMTypeRef t) {
@@ -166,19 +174,23 @@ static LLVMValueRef masked(lctx *L, bool store, LLVMTypeRef vt, LLVMValueRef *ar
 
 /* Access a's element (or, in own vectors, its L->vw elements) at ptr. */
 static LLVMValueRef load_at(lctx *L, LLVMValueRef ptr, kiln_dtype dt, int a) {
-  LLVMTypeRef t = val_type(L, dt);
+  LLVMTypeRef t = vty(L, mem_type(L, dt));
   LLVMTypeRef i32 = LLVMInt32TypeInContext(L->c);
-  if (L->vw && L->mask)
-    return tag(L, masked(L, false, t, (LLVMValueRef[]){ptr, LLVMConstInt(i32, elem_bytes(dt), 0), L->mask, LLVMConstNull(t)}, 4), a);
-  LLVMValueRef v = tag(L, LLVMBuildLoad2(L->b, t, ptr, ""), a);
-  if (L->vw) LLVMSetAlignment(v, elem_bytes(dt)); /* a vector is aligned as its elements only */
-  return v;
+  LLVMValueRef v;
+  if (L->vw && L->mask) {
+    v = tag(L, masked(L, false, t, (LLVMValueRef[]){ptr, LLVMConstInt(i32, elem_bytes(dt), 0), L->mask, LLVMConstNull(t)}, 4), a);
+  } else {
+    v = tag(L, LLVMBuildLoad2(L->b, t, ptr, ""), a);
+    if (L->vw) LLVMSetAlignment(v, elem_bytes(dt)); /* a vector is aligned as its elements only */
+  }
+  return dtype_is_narrow(dt) ? cg_narrow_load(L->b, v, dt) : v;
 }
 
 static void store_at(lctx *L, LLVMValueRef v, LLVMValueRef ptr, kiln_dtype dt, int a) {
   LLVMTypeRef i32 = LLVMInt32TypeInContext(L->c);
+  if (dtype_is_narrow(dt)) v = cg_narrow_store(L->b, v, dt);
   if (L->vw && L->mask) {
-    tag(L, masked(L, true, val_type(L, dt), (LLVMValueRef[]){v, ptr, LLVMConstInt(i32, elem_bytes(dt), 0), L->mask}, 4), a);
+    tag(L, masked(L, true, vty(L, mem_type(L, dt)), (LLVMValueRef[]){v, ptr, LLVMConstInt(i32, elem_bytes(dt), 0), L->mask}, 4), a);
     return;
   }
   LLVMValueRef st = tag(L, LLVMBuildStore(L->b, v, ptr), a);
@@ -261,7 +273,7 @@ static LLVMValueRef emit(lctx *L, int e, LLVMValueRef *off) {
   LLVMValueRef v = NULL;
   switch (x->kind) {
   case CG_LOAD: {
-    LLVMTypeRef t = elem_type(L, x->dtype);
+    LLVMTypeRef t = mem_type(L, x->dtype);
     LLVMValueRef ptr = LLVMBuildGEP2(L->b, t, L->ptrs[x->a], &off[x->a], 1, "");
     /* in own vectors an access moves by 1 along the vector's dim, or by 0 (one value for every lane) */
     if (L->vw && const_is(L->k->acc[x->a].stride[L->vdim], 0)) {
@@ -290,6 +302,8 @@ static LLVMValueRef emit(lctx *L, int e, LLVMValueRef *off) {
     v = emit_op(L, x, off);
     break;
   }
+  /* a narrow value is rounded to its dtype where it is made, as eager stores it */
+  if (v && x->kind != CG_LOAD && dtype_is_narrow(x->dtype)) v = cg_narrow_load(L->b, cg_narrow_store(L->b, v, x->dtype), x->dtype);
   L->memo[e] = v;
   return v;
 }
@@ -480,14 +494,14 @@ static void reduce_body(lctx *L, LLVMValueRef *off, void *vctx) {
   LLVMValueRef v = emit(L, r->st->expr, off);
   if (!v) return;
   if (r->keep_in >= 0)
-    store_at(L, v, LLVMBuildGEP2(L->b, elem_type(L, r->dt), L->ptrs[r->keep_in], &off[r->keep_in], 1, ""), r->dt, r->keep_in);
+    store_at(L, v, LLVMBuildGEP2(L->b, mem_type(L, r->dt), L->ptrs[r->keep_in], &off[r->keep_in], 1, ""), r->dt, r->keep_in);
   LLVMValueRef acc_ptr = L->vw && !r->column ? r->vacc[L->vcopy] : r->acc_ptr;
   LLVMTypeRef acc_t = vty(L, r->acc_t);
   LLVMValueRef acc = LLVMBuildLoad2(L->b, acc_t, acc_ptr, "");
   if (r->column) vec_aligned(L, acc, r->acc_t);
   LLVMValueRef nv;
   if (r->st->op == OP_SUM || r->st->op == OP_MEAN) {
-    if (r->dt == KILN_F32 && r->acc_t == L->f64) v = LLVMBuildFPExt(L->b, v, acc_t, "");
+    if (dtype_wide(r->dt) == KILN_F32 && r->acc_t == L->f64) v = LLVMBuildFPExt(L->b, v, acc_t, "");
     if (is_float(r->dt)) {
       nv = LLVMBuildFAdd(L->b, acc, v, "");
       if (!r->ordered) LLVMSetFastMathFlags(nv, LLVMFastMathAllowReassoc);
@@ -520,7 +534,7 @@ static void map_body(lctx *L, LLVMValueRef *off, void *vctx) {
   if (L->reuse_expr >= 0 && st->store == L->reuse_acc) {
     /* an earlier REDUCE stage left this value where this stage stores: read it back */
     kiln_dtype dt = L->k->expr[L->reuse_expr].dtype;
-    LLVMTypeRef t = elem_type(L, dt);
+    LLVMTypeRef t = mem_type(L, dt);
     LLVMValueRef ptr = LLVMBuildGEP2(L->b, t, L->ptrs[st->store], &off[st->store], 1, "");
     L->memo[L->reuse_expr] = load_at(L, ptr, dt, st->store);
   }
@@ -528,7 +542,7 @@ static void map_body(lctx *L, LLVMValueRef *off, void *vctx) {
   if (!v) return;
   const cg_access *a = &L->k->acc[st->store];
   kiln_dtype dt = L->prog->buf[a->buf].dtype;
-  LLVMValueRef ptr = LLVMBuildGEP2(L->b, elem_type(L, dt), L->ptrs[st->store], &off[st->store], 1, "");
+  LLVMValueRef ptr = LLVMBuildGEP2(L->b, mem_type(L, dt), L->ptrs[st->store], &off[st->store], 1, "");
   store_at(L, v, ptr, dt, st->store);
 }
 
@@ -939,7 +953,7 @@ static void lower_column(lctx *L, LLVMValueRef begin, LLVMValueRef end) {
     kiln_dtype dt = k->expr[st->expr].dtype;
     /* the row rule: f32 sums widen to f64 unless the reduced count is small and known */
     bool sum = st->op == OP_SUM || st->op == OP_MEAN;
-    cl.acc_t[s] = sum && dt == KILN_F32 && !short_rows(k) ? L->f64 : elem_type(L, dt);
+    cl.acc_t[s] = sum && dtype_wide(dt) == KILN_F32 && !short_rows(k) ? L->f64 : elem_type(L, dt);
     cl.acc[s] = LLVMBuildArrayAlloca(L->eb, L->f64, ci64(L, CG_COLUMN), "colacc");
     /* a value a later REDUCE reads at every reduced point is finished once, not there */
     bool read_later = false;
@@ -1008,7 +1022,7 @@ static void lower_staged(lctx *L, LLVMValueRef begin, LLVMValueRef end) {
   for (int s = 0; s < k->n_stage; s++) {
     if (k->stage[s].kind != CG_REDUCE) continue;
     kiln_dtype dt = k->expr[k->stage[s].expr].dtype;
-    acc_t[s] = dt == KILN_F32 && !short_rows(k) ? L->f64 : elem_type(L, dt);
+    acc_t[s] = dtype_wide(dt) == KILN_F32 && !short_rows(k) ? L->f64 : elem_type(L, dt);
     acc_ptr[s] = LLVMBuildAlloca(L->eb, L->f64, "acc"); /* f64 is the widest accumulator */
   }
   plan_reuse(L);
@@ -1041,7 +1055,7 @@ static void lower_staged(lctx *L, LLVMValueRef begin, LLVMValueRef end) {
       LLVMValueRef iv = acc_t[s] == L->f64 ? LLVMConstReal(L->f64, init) : const_of(L, dt, init);
       if (!is_float(dt) && st->op == OP_MAX) iv = ci64(L, INT64_MIN);
       if (!is_float(dt) && st->op == OP_MIN) iv = ci64(L, INT64_MAX);
-      if (dt == KILN_F32 && st->op != OP_SUM && st->op != OP_MEAN) {
+      if (dtype_wide(dt) == KILN_F32 && st->op != OP_SUM && st->op != OP_MEAN) {
         /* max/min of f32 stay in f32 */
         acc_t[s] = L->f32;
         iv = LLVMConstReal(L->f32, init);
@@ -1080,7 +1094,7 @@ static void lower_split(lctx *L, LLVMValueRef begin, LLVMValueRef end) {
   const cg_stage *st = &k->stage[0];
   kiln_dtype dt = k->expr[st->expr].dtype;
   bool sum = st->op == OP_SUM || st->op == OP_MEAN;
-  LLVMTypeRef acc_t = dt == KILN_F32 && !(sum && !short_rows(k)) ? L->f32 : L->f64;
+  LLVMTypeRef acc_t = dtype_wide(dt) == KILN_F32 && !(sum && !short_rows(k)) ? L->f32 : L->f64;
   double init = st->op == OP_MAX ? -INFINITY : st->op == OP_MIN ? INFINITY : 0.0;
   LLVMValueRef acc_ptr = LLVMBuildAlloca(L->eb, L->f64, "acc");
   LLVMValueRef scratch = LLVMBuildLoad2(
@@ -1124,7 +1138,7 @@ static void lower_split(lctx *L, LLVMValueRef begin, LLVMValueRef end) {
     for (int d = 0; d < k->ndim; d++) cnt = LLVMBuildMul(L->b, cnt, sym_val(L, k->dim[d]), "");
     r = LLVMBuildFDiv(L->b, r, LLVMBuildSIToFP(L->b, cnt, L->f64, ""), "");
   }
-  if (dt == KILN_F32) r = LLVMBuildFPTrunc(L->b, r, L->f32, "");
+  if (dtype_wide(dt) == KILN_F32) r = LLVMBuildFPTrunc(L->b, r, L->f32, "");
   L->accv[0] = r;
   LLVMValueRef off[64];
   memcpy(off, L->base, sizeof(LLVMValueRef) * (size_t)k->n_acc);

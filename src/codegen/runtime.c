@@ -745,7 +745,7 @@ static int compare_kernel(backend_exec *e, const cg_kernel *k, char *const *bufs
   }
   if (!all[k->result_node] || make_view(&v, bufs[k->out_buf], n->dtype, n, &whole, vals, g->n_syms)) return 0;
   int64_t cnt = kiln_numel(&v.t), worst_at = -1;
-  double worst = 0, tol = n->dtype == KILN_F32 ? 1e-4 : n->dtype == KILN_F64 ? 1e-10 : 0;
+  double worst = 0, tol = dtype_check_tol(n->dtype);
   for (int64_t i = 0; i < cnt; i++) {
     double x = tensor_get(&v.t, i), y = tensor_get(all[k->result_node], i);
     if (x == y || (x != x && y != y)) continue;
@@ -959,7 +959,7 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
     }
     int r = !ok ? -1
             : k->kind == CG_K_MATMUL && k->beta != 0 ? gemm_into(ins[0], ins[1], k->alpha, k->beta, &ov.t)
-            : k->scratch_buf >= 0                    ? conv_kernel((op_id)n->op, ins, &at, &ov.t, bufs[k->scratch_buf])
+            : k->scratch_buf >= 0 && !dtype_is_narrow(n->dtype) ? conv_kernel((op_id)n->op, ins, &at, &ov.t, bufs[k->scratch_buf])
                                                      : op_kernel((op_id)n->op, many ? many : ins, many ? n->n_in : nin, &at, &ov.t);
     alloc_free(many), alloc_free(mv);
     if (r) {

@@ -127,7 +127,7 @@ static void walk_index(const kiln_tensor *idx, int dim, const kiln_tensor *x, co
     case KILN_F32: ((float *)xb)[xo] += ((const float *)yb)[yo]; break;
     case KILN_F64: ((double *)xb)[xo] += ((const double *)yb)[yo]; break;
     case KILN_I64: ((int64_t *)xb)[xo] = (int64_t)((uint64_t)((int64_t *)xb)[xo] + (uint64_t)((const int64_t *)yb)[yo]); break;
-    case KILN_BOOL: break;
+    default: break; /* bool is refused by the op; narrow dtypes arrive widened */
     }
   }
 }

@@ -131,7 +131,7 @@ static kiln_tensor *dispatch_owned(op_id op, kiln_tensor *const *in, int n, cons
       err_set(file, line, name, "out of memory");
       goto fail;
     }
-    if (!record && op_table[op].kernel(op, in, n, a, out)) {
+    if (!record && op_kernel(op, in, n, a, out)) {
       err_set(file, line, name, "out of memory");
       goto fail;
     }
@@ -146,10 +146,38 @@ fail:
   return NULL;
 }
 
+/* Narrow dtypes compute wide: f16 and bf16 inputs are copied to f32, i32 to
+ * i64, the kernel runs on those, and a narrow result is rounded back to its
+ * dtype once, as torch computes a bf16 op in f32. Casts and copies convert by
+ * themselves. */
+static int kernel_wide(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out) {
+  kiln_tensor *small[4], **w = n <= 4 ? small : alloc_malloc(sizeof *w * (size_t)n), *wo = out;
+  if (!w) return -1;
+  int rc = 0;
+  for (int i = 0; i < n; i++) {
+    w[i] = in[i];
+    if (rc || !dtype_is_narrow(in[i]->dtype)) continue;
+    if (!(w[i] = tensor_new(dtype_wide(in[i]->dtype), in[i]->ndim, in[i]->shape))) rc = -1;
+    else pw_copy(w[i], in[i]);
+  }
+  if (!rc && dtype_is_narrow(out->dtype) && !(wo = tensor_new(dtype_wide(out->dtype), out->ndim, out->shape))) rc = -1;
+  if (!rc) rc = op_table[op].kernel(op, w, n, a, wo);
+  if (!rc && wo != out) pw_copy(out, wo);
+  if (wo != out) kiln_release(wo);
+  for (int i = 0; i < n; i++)
+    if (w[i] != in[i]) kiln_release(w[i]);
+  if (w != small) alloc_free(w);
+  return rc;
+}
+
 int op_kernel(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out) {
   static const op_attrs none;
   if (!op_table[op].kernel) return -1;
-  return op_table[op].kernel(op, in, n, a ? a : &none, out);
+  if (!a) a = &none;
+  bool narrow = dtype_is_narrow(out->dtype);
+  for (int i = 0; i < n && !narrow; i++) narrow = dtype_is_narrow(in[i]->dtype);
+  if (narrow && op != OP_CAST && op != OP_COPY) return kernel_wide(op, in, n, a, out);
+  return op_table[op].kernel(op, in, n, a, out);
 }
 
 kiln_tensor *op_run(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, const char *file, int line) {

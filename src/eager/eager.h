@@ -391,6 +391,15 @@ kiln_dtype dtype_promote(const kiln_tensor *a, const kiln_tensor *b);
 /* Normalizes axis in [-ndim, ndim) to [0, ndim); -1 when out of range. */
 int axis_norm(int axis, int ndim);
 bool dtype_is_float(kiln_dtype dt);
+/* A dtype the enum names. */
+static inline bool dtype_valid(kiln_dtype dt) { return (unsigned)dt <= KILN_BF16; }
+/* Stored narrow, computed wide: f16 and bf16 in f32, i32 in i64 (dtype_wide). */
+static inline bool dtype_is_narrow(kiln_dtype dt) { return dt == KILN_F16 || dt == KILN_BF16 || dt == KILN_I32; }
+/* Relative tolerance of check mode (compiled against eager): a few units in the last place. */
+static inline double dtype_check_tol(kiln_dtype dt) {
+  return dt == KILN_F32 ? 1e-4 : dt == KILN_F64 ? 1e-10 : dt == KILN_F16 ? 4e-3 : dt == KILN_BF16 ? 3e-2 : 0;
+}
+static inline kiln_dtype dtype_wide(kiln_dtype dt) { return dt == KILN_I32 ? KILN_I64 : dtype_is_narrow(dt) ? KILN_F32 : dt; }
 /* The rules ops.def names. */
 #define SHAPE_RULE(fn) int fn(dim_env *, op_id, const shape_arg *, int, const op_attrs *, shape_arg *, char *, size_t);
 SHAPE_RULE(sh_pointwise) SHAPE_RULE(sh_where) SHAPE_RULE(sh_reduce) SHAPE_RULE(sh_matmul) SHAPE_RULE(sh_reshape)
@@ -447,6 +456,10 @@ static inline int64_t pw_bound_i64(double v) {
 /* dst = src converted to dst's dtype, broadcasting src to dst's shape. */
 void pw_copy(kiln_tensor *dst, const kiln_tensor *src);
 void pw_fill(kiln_tensor *dst, double v);
+/* Element i of a contiguous buffer of dtype dt, as a double; and the store
+ * (rounded to nearest even for the narrow floats, saturated for integers). */
+double elem_load(kiln_dtype dt, const void *base, int64_t i);
+void elem_store(kiln_dtype dt, void *base, int64_t i, double v);
 
 /* ---- views.c: view layouts (shared by dispatch and in-place checks) ----- */
 

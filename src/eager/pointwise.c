@@ -5,6 +5,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "eager/half.h"
 #include "eager/iter.h"
 #include "eager/vmath.h"
 
@@ -89,6 +90,12 @@ static const iter_inner binary_loops[OP_COUNT][4] = {
 };
 
 void pw_binary(op_id op, kiln_tensor *dst, const kiln_tensor *a, const kiln_tensor *b) {
+  if (dtype_is_narrow(a->dtype) || dtype_is_narrow(dst->dtype)) {
+    /* in place into a narrow tensor: through op_kernel's wide copies */
+    kiln_tensor *in[2] = {(kiln_tensor *)a, (kiln_tensor *)b};
+    op_kernel(op, in, 2, NULL, dst);
+    return;
+  }
   iter it;
   const kiln_tensor *ops[2] = {a, b};
   iter_build(&it, dst, ops, 2);
@@ -282,28 +289,55 @@ static inline int64_t f2i(double x) {
   return (int64_t)x;
 }
 
-CVT_LOOP(float, float, cvt_f32_f32, x)
-CVT_LOOP(float, double, cvt_f32_f64, x)
-CVT_LOOP(float, int64_t, cvt_f32_i64, x)
-CVT_LOOP(float, bool, cvt_f32_b8, x)
-CVT_LOOP(double, float, cvt_f64_f32, x)
-CVT_LOOP(double, double, cvt_f64_f64, x)
-CVT_LOOP(double, int64_t, cvt_f64_i64, x)
-CVT_LOOP(double, bool, cvt_f64_b8, x)
-CVT_LOOP(int64_t, float, cvt_i64_f32, f2i(x))
-CVT_LOOP(int64_t, double, cvt_i64_f64, f2i(x))
-CVT_LOOP(int64_t, int64_t, cvt_i64_i64, x)
-CVT_LOOP(int64_t, bool, cvt_i64_b8, x)
-CVT_LOOP(bool, float, cvt_b8_f32, x != 0)
-CVT_LOOP(bool, double, cvt_b8_f64, x != 0)
-CVT_LOOP(bool, int64_t, cvt_b8_i64, x != 0)
-CVT_LOOP(bool, bool, cvt_b8_b8, x)
+/* Loads widen the source to what C converts from (f16 and bf16 to float);
+ * stores narrow with the destination's rule. */
+#define LD_f32(x) (x)
+#define LD_f64(x) (x)
+#define LD_i64(x) (x)
+#define LD_b8(x) (x)
+#define LD_i32(x) (x)
+#define LD_f16(x) half_to_float(x)
+#define LD_bf16(x) bf16_to_float(x)
+#define IS_FP(v) _Generic((v), float: 1, double: 1, default: 0)
+#define ST_f32(v) ((float)(v))
+#define ST_f64(v) ((double)(v))
+#define ST_i64(v) (IS_FP(v) ? f2i((double)(v)) : (int64_t)(v))
+#define ST_b8(v) ((v) != 0)
+/* i64 -> i32 wraps, as torch's; floats saturate like f2i */
+#define ST_i32(v) (IS_FP(v) ? f2i32((double)(v)) : (int32_t)(uint32_t)(uint64_t)(v))
+#define TO_F32_ONCE(v) _Generic((v), double: half_f64_odd((double)(v)), default: (float)(v))
+#define ST_f16(v) half_from_float(TO_F32_ONCE(v))
+#define ST_bf16(v) bf16_from_float(TO_F32_ONCE(v))
 
-static const iter_inner cvt_loops[4][4] = {
-    {cvt_f32_f32, cvt_f32_f64, cvt_f32_i64, cvt_f32_b8},
-    {cvt_f64_f32, cvt_f64_f64, cvt_f64_i64, cvt_f64_b8},
-    {cvt_i64_f32, cvt_i64_f64, cvt_i64_i64, cvt_i64_b8},
-    {cvt_b8_f32, cvt_b8_f64, cvt_b8_i64, cvt_b8_b8},
+static inline int32_t f2i32(double x) {
+  if (x != x) return 0;
+  if (x >= 2147483647.0) return INT32_MAX;
+  if (x <= -2147483648.0) return INT32_MIN;
+  return (int32_t)x;
+}
+
+#define CVT_FROM(SO, TO, SI, TI) __attribute__((unused)) CVT_LOOP(TO, TI, cvt_##SO##_##SI, ST_##SO(LD_##SI(x)))
+#define CVT_ROW(SO, TO)                                                                                      \
+  CVT_FROM(SO, TO, f32, float) CVT_FROM(SO, TO, f64, double) CVT_FROM(SO, TO, i64, int64_t)                 \
+  CVT_FROM(SO, TO, b8, bool) CVT_FROM(SO, TO, i32, int32_t) CVT_FROM(SO, TO, f16, uint16_t) CVT_FROM(SO, TO, bf16, uint16_t)
+CVT_ROW(f32, float)
+CVT_ROW(f64, double)
+CVT_ROW(i64, int64_t)
+CVT_ROW(b8, bool)
+CVT_ROW(i32, int32_t)
+CVT_ROW(f16, uint16_t)
+CVT_ROW(bf16, uint16_t)
+/* same dtype: the bits, NaN payloads included */
+CVT_LOOP(uint16_t, uint16_t, cvt_bits16, x)
+CVT_LOOP(int32_t, int32_t, cvt_bits32, x)
+
+#define CVT_PTRS(SO) {cvt_##SO##_f32, cvt_##SO##_f64, cvt_##SO##_i64, cvt_##SO##_b8, cvt_##SO##_i32, cvt_##SO##_f16, cvt_##SO##_bf16}
+/* [dst][src] in kiln_dtype's order */
+static const iter_inner cvt_loops[7][7] = {
+    CVT_PTRS(f32), CVT_PTRS(f64), CVT_PTRS(i64), CVT_PTRS(b8),
+    {cvt_i32_f32, cvt_i32_f64, cvt_i32_i64, cvt_i32_b8, cvt_bits32, cvt_i32_f16, cvt_i32_bf16},
+    {cvt_f16_f32, cvt_f16_f64, cvt_f16_i64, cvt_f16_b8, cvt_f16_i32, cvt_bits16, cvt_f16_bf16},
+    {cvt_bf16_f32, cvt_bf16_f64, cvt_bf16_i64, cvt_bf16_b8, cvt_bf16_i32, cvt_bf16_f16, cvt_bits16},
 };
 
 void pw_copy(kiln_tensor *dst, const kiln_tensor *src) {
@@ -325,12 +359,7 @@ void pw_fill(kiln_tensor *dst, double v) {
     int64_t i;
     bool b;
   } u;
-  switch (dst->dtype) {
-  case KILN_F32: u.f = (float)v; break;
-  case KILN_F64: u.d = v; break;
-  case KILN_I64: u.i = f2i(v); break;
-  case KILN_BOOL: u.b = v != 0; break;
-  }
+  elem_store(dst->dtype, &u, 0, v);
   storage st = {.data = &u, .bytes = sizeof u};
   kiln_tensor one = {.dtype = dst->dtype, .ndim = 0, .st = &st};
   const kiln_tensor *src = &one;

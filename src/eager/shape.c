@@ -11,7 +11,7 @@
 
 #include "eager/eager.h"
 
-bool dtype_is_float(kiln_dtype dt) { return dt == KILN_F32 || dt == KILN_F64; }
+bool dtype_is_float(kiln_dtype dt) { return dt == KILN_F32 || dt == KILN_F64 || dt == KILN_F16 || dt == KILN_BF16; }
 
 int axis_norm(int axis, int ndim) {
   int n = ndim > 0 ? ndim : 1; /* a 0-d tensor accepts axis 0 and -1 like a vector of one */
@@ -19,19 +19,26 @@ int axis_norm(int axis, int ndim) {
   return axis < 0 ? axis + n : axis;
 }
 
-static int category(kiln_dtype dt) { return dt == KILN_BOOL ? 0 : dt == KILN_I64 ? 1 : 2; }
-static int rank(kiln_dtype dt) { return dt == KILN_BOOL ? 0 : dt == KILN_I64 ? 1 : dt == KILN_F32 ? 2 : 3; }
+static int category(kiln_dtype dt) { return dt == KILN_BOOL ? 0 : dtype_is_float(dt) ? 2 : 1; }
+/* [bool, i32, i64, f16 and bf16, f32, f64]: f16 and bf16 share a rank, and meet at f32 */
+static int rank(kiln_dtype dt) {
+  static const int r[] = {[KILN_BOOL] = 0, [KILN_I32] = 1, [KILN_I64] = 2, [KILN_F16] = 3, [KILN_BF16] = 3,
+                          [KILN_F32] = 4, [KILN_F64] = 5};
+  return r[dt];
+}
 
-/* The result type of a binary op: bool < i64 < f32 < f64. A 0-d operand does
- * not widen a tensor of its own category (f32 tensor * f64 scalar stays f32),
- * as in torch. */
+/* The result type of a binary op, torch's: bool < i32 < i64 < f16, bf16 < f32
+ * < f64, and f16 with bf16 is f32. A 0-d operand does not widen a tensor of
+ * its own category (f32 tensor * f64 scalar stays f32, bf16 tensor * f32
+ * scalar stays bf16, i32 tensor + i64 scalar stays i32). */
 kiln_dtype dtype_promote(const kiln_tensor *a, const kiln_tensor *b) {
   kiln_dtype x = a->dtype, y = b->dtype;
-  if (x == y) return x;
+  if (x == y || !dtype_valid(x) || !dtype_valid(y)) return x;
   if ((a->ndim == 0) != (b->ndim == 0)) {
     const kiln_tensor *big = a->ndim == 0 ? b : a, *small = a->ndim == 0 ? a : b;
     if (category(small->dtype) <= category(big->dtype)) return big->dtype;
   }
+  if (rank(x) == rank(y)) return KILN_F32; /* f16 with bf16 */
   return rank(x) > rank(y) ? x : y;
 }
 
@@ -450,7 +457,7 @@ int shape_infer(dim_env *env, op_id op, const shape_arg *in, int n, const op_att
   const dtype_rule *r = &oi->dt;
   int f = r->first < n ? r->first : 0;
   kiln_dtype dt = in[f].dtype;
-  if ((unsigned)dt > KILN_BOOL) return fail(err, errn, "unknown dtype %d", (int)dt);
+  if (!dtype_valid(dt)) return fail(err, errn, "unknown dtype %d", (int)dt);
   bool ok = r->in == DT_IN_ANY || (r->in == DT_IN_NUM && dt != KILN_BOOL) || (r->in == DT_IN_FLOAT && dtype_is_float(dt));
   if (!ok) return fail(err, errn, "dtype %s is not supported (%s)", kiln_dtype_name(dt), in_text[r->in]);
   for (int i = f + 1; r->promote && i < n; i++)
@@ -462,7 +469,7 @@ int shape_infer(dim_env *env, op_id op, const shape_arg *in, int n, const op_att
   case DT_OUT_BOOL: out->dtype = KILN_BOOL; break;
   case DT_OUT_I64: out->dtype = KILN_I64; break;
   case DT_OUT_ATTR:
-    if ((unsigned)a->dtype > KILN_BOOL) return fail(err, errn, "unknown dtype %d", (int)a->dtype);
+    if (!dtype_valid(a->dtype)) return fail(err, errn, "unknown dtype %d", (int)a->dtype);
     out->dtype = a->dtype;
     break;
   }

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "eager/eager.h"
+#include "eager/half.h"
 #include "eager/pool.h"
 
 /* ---- sizes and layout ---- */
@@ -17,6 +18,9 @@ size_t kiln_dtype_size(kiln_dtype dt) {
   case KILN_F64: return 8;
   case KILN_I64: return 8;
   case KILN_BOOL: return 1;
+  case KILN_I32: return 4;
+  case KILN_F16:
+  case KILN_BF16: return 2;
   }
   return 0;
 }
@@ -27,6 +31,9 @@ const char *kiln_dtype_name(kiln_dtype dt) {
   case KILN_F64: return "f64";
   case KILN_I64: return "i64";
   case KILN_BOOL: return "bool";
+  case KILN_I32: return "i32";
+  case KILN_F16: return "f16";
+  case KILN_BF16: return "bf16";
   }
   return "?";
 }
@@ -61,7 +68,7 @@ static int check_shape(const char *op, int ndim, const int64_t *shape, kiln_dtyp
                        int line) {
   if (ndim < 0 || ndim > MAXD) return err_set(file, line, op, "rank %d is outside 0..%d", ndim, MAXD), -1;
   if (ndim > 0 && !shape) return err_set(file, line, op, "shape is NULL for rank %d", ndim), -1;
-  if ((unsigned)dt > KILN_BOOL) return err_set(file, line, op, "unknown dtype %d", (int)dt), -1;
+  if (!dtype_valid(dt)) return err_set(file, line, op, "unknown dtype %d", (int)dt), -1;
   int64_t n = 1;
   for (int i = 0; i < ndim; i++) {
     if (shape[i] < 0) return err_set(file, line, op, "size %" PRId64 " of dim %d is negative", shape[i], i), -1;
@@ -406,11 +413,7 @@ kiln_tensor *kiln_arange_at(kiln_dtype dt, double start, double stop, double ste
   if (!t) return err_set(file, line, "arange", "out of memory");
   for (int64_t i = 0; i < n; i++) {
     double v = start + (double)i * step;
-    switch (dt) {
-    case KILN_F32: ((float *)t->st->data)[i] = (float)v; break;
-    case KILN_F64: ((double *)t->st->data)[i] = v; break;
-    default: ((int64_t *)t->st->data)[i] = (int64_t)v; break;
-    }
+    elem_store(dt, t->st->data, i, dtype_is_float(dt) ? v : (double)(int64_t)v);
   }
   const trace_hooks *h = recording();
   if (h) {
@@ -451,12 +454,13 @@ static void rng_chunk(void *ctx, int64_t b, int64_t e) {
     } else {
       v = 1.0 - unit_open(j->key, n); /* [0, 1) */
     }
-    if (j->t->dtype == KILN_F32) {
-      float f = (float)v;
-      if (!j->normal && f >= 1.0f) f = 0x1.fffffep-1f; /* rounding must not reach 1 */
-      ((float *)j->t->st->data)[i] = f;
-    } else {
+    if (j->t->dtype == KILN_F64) {
       ((double *)j->t->st->data)[i] = v;
+    } else {
+      elem_store(j->t->dtype, j->t->st->data, i, v);
+      /* rounding must not reach 1: the largest value below it instead */
+      if (!j->normal && elem_load(j->t->dtype, j->t->st->data, i) >= 1.0)
+        elem_store(j->t->dtype, j->t->st->data, i, 1.0 - (j->t->dtype == KILN_F32 ? 0x1p-24 : j->t->dtype == KILN_F16 ? 0x1p-11 : 0x1p-8));
     }
   }
 }
@@ -593,13 +597,32 @@ double tensor_get(const kiln_tensor *t, int64_t linear) {
     off += (linear % t->shape[i]) * t->stride[i];
     linear /= t->shape[i];
   }
-  switch (t->dtype) {
-  case KILN_F32: return ((const float *)t->st->data)[off];
-  case KILN_F64: return ((const double *)t->st->data)[off];
-  case KILN_I64: return (double)((const int64_t *)t->st->data)[off];
-  case KILN_BOOL: return ((const bool *)t->st->data)[off];
+  return elem_load(t->dtype, t->st->data, off);
+}
+
+double elem_load(kiln_dtype dt, const void *base, int64_t i) {
+  switch (dt) {
+  case KILN_F32: return ((const float *)base)[i];
+  case KILN_F64: return ((const double *)base)[i];
+  case KILN_I64: return (double)((const int64_t *)base)[i];
+  case KILN_BOOL: return ((const bool *)base)[i];
+  case KILN_I32: return ((const int32_t *)base)[i];
+  case KILN_F16: return half_to_float(((const uint16_t *)base)[i]);
+  case KILN_BF16: return bf16_to_float(((const uint16_t *)base)[i]);
   }
   return 0;
+}
+
+void elem_store(kiln_dtype dt, void *base, int64_t i, double v) {
+  switch (dt) {
+  case KILN_F32: ((float *)base)[i] = (float)v; break;
+  case KILN_F64: ((double *)base)[i] = v; break;
+  case KILN_I64: ((int64_t *)base)[i] = v != v ? 0 : v >= 0x1p63 ? INT64_MAX : v <= -0x1p63 ? INT64_MIN : (int64_t)v; break;
+  case KILN_BOOL: ((bool *)base)[i] = v != 0; break;
+  case KILN_I32: ((int32_t *)base)[i] = v != v ? 0 : v >= 0x1p31 ? INT32_MAX : v <= -0x1p31 ? INT32_MIN : (int32_t)v; break;
+  case KILN_F16: ((uint16_t *)base)[i] = half_from_float(half_f64_odd(v)); break;
+  case KILN_BF16: ((uint16_t *)base)[i] = bf16_from_float(half_f64_odd(v)); break;
+  }
 }
 
 int kiln_read_at(const kiln_tensor *t, void *dst, size_t bytes, const char *file, int line) {
@@ -657,7 +680,7 @@ char *kiln_describe(const kiln_tensor *t, char *buf, size_t n) {
 static void print_rec(const kiln_tensor *t, int d, int64_t *linear, int64_t block) {
   if (d == t->ndim) {
     double v = tensor_get(t, *linear);
-    if (t->dtype == KILN_I64 || t->dtype == KILN_BOOL) printf("%lld", (long long)v);
+    if (!dtype_is_float(t->dtype)) printf("%lld", (long long)v);
     else printf("%.6g", v);
     (*linear)++;
     return;

@@ -1342,7 +1342,7 @@ static bool close_enough(const kiln_tensor *a, const kiln_tensor *b, double *max
   }
   bool ok = true;
   int64_t n = shape_numel(a->ndim, a->shape);
-  double tol = a->dtype == KILN_F32 ? 1e-4 : a->dtype == KILN_F64 ? 1e-10 : 0;
+  double tol = dtype_check_tol(a->dtype);
   for (int64_t i = 0; i < n; i++) {
     double x = tensor_get(a, i), y = tensor_get(b, i);
     if (x == y || (x != x && y != y)) continue;

@@ -200,7 +200,7 @@ static int read_use(parser *ps, int *id) {
 
 static int read_dtype(parser *ps, kiln_dtype *dt) {
   size_t n = peek_word(ps);
-  static const kiln_dtype all[] = {KILN_F32, KILN_F64, KILN_I64, KILN_BOOL};
+  static const kiln_dtype all[] = {KILN_F32, KILN_F64, KILN_I64, KILN_BOOL, KILN_I32, KILN_F16, KILN_BF16};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
     const char *name = kiln_dtype_name(all[i]);
     if (n == strlen(name) && !strncmp(ps->p, name, n)) {
@@ -209,7 +209,7 @@ static int read_dtype(parser *ps, kiln_dtype *dt) {
       return 0;
     }
   }
-  if (!n) return fail(ps, ps->p, "expected a dtype (f32, f64, i64, bool)");
+  if (!n) return fail(ps, ps->p, "expected a dtype (f32, f64, f16, bf16, i64, i32, bool)");
   return fail(ps, ps->p, "unknown dtype '%.*s'", (int)(n > 32 ? 32 : n), ps->p);
 }
 
@@ -451,6 +451,16 @@ static int read_value(parser *ps, kiln_dtype dt, void *data, int64_t i) {
     if (read_int(ps, INT64_MIN, INT64_MAX, &x)) return -1;
     if (x != 0 && x != 1) return fail(ps, at, "a bool is 0 or 1");
     ((unsigned char *)data)[i] = (unsigned char)x;
+    return 0;
+  case KILN_I32:
+    if (read_int(ps, INT32_MIN, INT32_MAX, &x)) return -1;
+    ((int32_t *)data)[i] = (int32_t)x;
+    return 0;
+  case KILN_F16:
+  case KILN_BF16:
+    /* printed exactly (every f16 and bf16 is a double), so this rounding is exact too */
+    if (read_float(ps, &d)) return -1;
+    elem_store(dt, data, i, d);
     return 0;
   }
   return fail(ps, at, "bad dtype");

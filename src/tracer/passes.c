@@ -135,12 +135,8 @@ static bool const_uniform(const ir_node *n, double v) {
   if (k <= 0) return false;
   for (int64_t i = 0; i < k; i++) {
     double x;
-    switch (n->dtype) {
-    case KILN_F32: x = ((const float *)n->data)[i]; break;
-    case KILN_F64: x = ((const double *)n->data)[i]; break;
-    case KILN_I64: x = (double)((const int64_t *)n->data)[i]; break;
-    default: return false;
-    }
+    if (n->dtype == KILN_BOOL) return false;
+    x = elem_load(n->dtype, n->data, i);
     if (x != v) return false;
   }
   return true;

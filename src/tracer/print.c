@@ -141,6 +141,9 @@ static void format_elem(const ir_node *n, int64_t i, char *b) {
   case KILN_F64: format_double(((const double *)n->data)[i], b); break;
   case KILN_I64: sprintf(b, "%" PRId64, ((const int64_t *)n->data)[i]); break;
   case KILN_BOOL: sprintf(b, "%d", ((const unsigned char *)n->data)[i] != 0); break;
+  case KILN_I32: sprintf(b, "%" PRId32, ((const int32_t *)n->data)[i]); break;
+  case KILN_F16:
+  case KILN_BF16: format_double(elem_load(n->dtype, n->data, i), b); break;
   default: strcpy(b, "?"); break;
   }
 }

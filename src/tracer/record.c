@@ -318,7 +318,7 @@ static void compute_now(recording *r, op_id op, kiln_tensor *const *in, int n, c
     memcpy(tmp.shape, in[0]->shape, sizeof tmp.shape);
     contiguous_strides(tmp.ndim, tmp.shape, tmp.stride);
     pw_copy(&tmp, in[0]);
-  } else if (op_table[op].kernel(op, in, n, a ? a : &(op_attrs){0}, out)) {
+  } else if (op_kernel(op, in, n, a, out)) {
     fail(r, "out of memory");
   }
 }

@@ -153,7 +153,7 @@ static int check_node(verifier *v, int id) {
   int want = n->op < OP_COUNT ? op_table[n->op].arity : (n->op == IR_GRAD || n->op == IR_NUMEL) ? 1 : 0;
   if (want >= 0 && n->n_in != want) return fail(v, "%%%d: %s: takes %d inputs, has %d", id, op, want, n->n_in);
   if (want < 0 && n->n_in < 1) return fail(v, "%%%d: %s: needs at least one input", id, op);
-  if ((unsigned)n->dtype > KILN_BOOL) return fail(v, "%%%d: %s: unknown dtype %d", id, op, (int)n->dtype);
+  if (!dtype_valid(n->dtype)) return fail(v, "%%%d: %s: unknown dtype %d", id, op, (int)n->dtype);
   if (n->ndim < 0 || n->ndim > MAXD) return fail(v, "%%%d: %s: rank %d is outside 0..%d", id, op, n->ndim, MAXD);
   for (int i = 0; i < n->ndim; i++)
     if (check_dim(v, id, "dim", i, n->shape[i])) return -1;
