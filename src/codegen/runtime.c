@@ -1001,7 +1001,8 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
                                                      : op_kernel((op_id)n->op, many ? many : ins, many ? n->n_in : nin, &at, &ov.t);
     alloc_free(many), alloc_free(mv);
     if (r) {
-      err_set(n->file, n->line, ir_op_name(n->op), "%s: %%%d: the kernel failed", g->name, k->node);
+      err_set(n->file, n->line, ir_op_name(n->op), "%s: %%%d: the kernel failed: %s", g->name, k->node,
+              err_kernel_failed());
       goto done;
     }
   }

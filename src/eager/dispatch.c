@@ -6,7 +6,7 @@
 
 #include "eager/eager.h"
 
-_Static_assert(OP_COUNT == 55, "ops.def changed: update the op count here");
+_Static_assert(OP_COUNT == 56, "ops.def changed: update the op count here");
 
 static _Thread_local const trace_hooks *hooks;
 
@@ -126,7 +126,7 @@ static kiln_tensor *dispatch_owned(op_id op, kiln_tensor *const *in, int n, cons
       goto fail;
     }
     if (!record && op_table[op].kernel(op, in, n, a, out)) {
-      err_set(file, line, name, "out of memory");
+      err_set(file, line, name, "%s", err_kernel_failed());
       goto fail;
     }
   }

@@ -87,6 +87,10 @@ void *err_set(const char *file, int line, const char *op, const char *fmt, ...)
 void *err_null(const char *file, int line, const char *op, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 /* How many errors this thread has set: unchanged across a call that set none. */
 unsigned long err_count(void);
+/* A failing kernel's reason (printf-style), and the message for a kernel that
+ * returned nonzero: that reason once, else "out of memory". */
+void err_kernel_why(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+const char *err_kernel_failed(void);
 /* Gives a message set without a location (deep in a compiled call) the caller's file:line. */
 void err_locate(const char *file, int line);
 /* How BLAS reads a (rows, cols) matrix with strides (rs, cs): 0 with its
@@ -396,6 +400,8 @@ SHAPE_RULE(sh_index_add) SHAPE_RULE(sh_slice_scatter)
 int chk_indices(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, const char *file, int line);
 /* Input 0, i64, holds only values in [0, a->k). */
 int chk_index_range(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, const char *file, int line);
+/* dist.c: MPI is there and started (started here on first use). */
+int chk_dist(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, const char *file, int line);
 
 /* ---- kernels: write out (allocated, contiguous) from in ---------------- */
 
@@ -413,6 +419,8 @@ int k_rand(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
 int k_index_select(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
 int k_index_add(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
 int k_slice_scatter(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
+/* dist.c: the sum (or mean, attrs flag) of in[0] over the processes of MPI_COMM_WORLD */
+int k_allreduce(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
 
 /* pointwise.c: elementwise into an arbitrary (possibly strided) destination.
  * The in-place ops use these directly. All operands already have dtype dt

@@ -227,6 +227,8 @@ ir_graph *pass_simplify(ir_graph *g) {
 /* Whether n can be folded: constant inputs, concrete attrs and a small concrete result. */
 static bool foldable(const ir_graph *g, const ir_node *n, op_attrs *a) {
   if (n->n_in < 1 || n->op >= OP_COUNT) return false;
+  /* a collective is made by every process at run time, never by one compile */
+  if (n->op == OP_ALLREDUCE) return false;
   for (int j = 0; j < n->n_in; j++)
     if (g->nodes[n->in[j]].op != IR_CONST || ir_node_numel_const(&g->nodes[n->in[j]]) < 0) return false;
   int64_t k = ir_node_numel_const(n);
