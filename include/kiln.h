@@ -429,6 +429,11 @@ KILN_API kiln_tensor *kiln_allreduce__at(kiln_tensor *t, kiln_reduce_op op, cons
  * error (kiln_last_error says why: no MPI, or MPI failed to start). */
 KILN_API int kiln_dist_rank(void);
 KILN_API int kiln_dist_size(void);
+/* Milliseconds over the process's life: wall time with collectives in flight,
+ * and of that what the program spent blocked waiting for them. A compiled
+ * step overlaps its allreduces with the kernels after them, so blocked can be
+ * less than in flight; an eager allreduce blocks throughout. 0s without MPI. */
+KILN_API void kiln_dist_times(double *in_flight_ms, double *blocked_ms);
 #define kiln_allreduce(...) KILN_OP(kiln_allreduce_at, __VA_ARGS__)
 #define kiln_allreduce_(...) KILN_OP(kiln_allreduce__at, __VA_ARGS__)
 

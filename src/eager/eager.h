@@ -422,6 +422,30 @@ int k_slice_scatter(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_ten
 /* dist.c: the sum (or mean, attrs flag) of in[0] over the processes of MPI_COMM_WORLD */
 int k_allreduce(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
 
+/* dist.c: allreduces in flight (MPI_Iallreduce), so that compiled code runs
+ * on while they travel: runtime.c starts one where the graph has it and waits
+ * for it only before a kernel touches its buffer. One queue per call. */
+enum { DIST_MAX_PENDING = 64 };
+typedef struct dist_pending {
+  int n;
+  double since; /* when the queue last went from empty to not (ms) */
+  struct {
+    unsigned char req[16]; /* the MPI_Request */
+    char *data;
+    int64_t count;
+    kiln_dtype dtype;
+    bool mean;
+  } r[DIST_MAX_PENDING];
+} dist_pending;
+/* Whether compiled code overlaps its allreduces (KILN_DIST_OVERLAP=0: it waits at once). */
+bool dist_overlap(void);
+/* Starts the sum (mean) of out's values (contiguous) over the processes, in place. 0, or -1 and err_kernel_why. */
+int dist_start(dist_pending *q, kiln_tensor *out, bool mean);
+/* Waits for those in flight whose data overlaps [lo, lo + bytes), or all when lo is NULL. 0 or -1. */
+int dist_wait(dist_pending *q, const char *lo, size_t bytes);
+/* Lets MPI move the ones in flight along (it progresses them only inside its calls). */
+void dist_poll(dist_pending *q);
+
 /* pointwise.c: elementwise into an arbitrary (possibly strided) destination.
  * The in-place ops use these directly. All operands already have dtype dt
  * (dst may be bool for comparisons). */
