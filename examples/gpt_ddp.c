@@ -114,6 +114,11 @@ int main(int argc, char **argv) {
   }
   if (gpt_init(&model, &cfg, 1) != 0 || (check && gpt_init(&ref, &cfg, 1) != 0)) goto fail;
   ddp d = {.g = &model, .rows = hi - lo, .batch = B};
+  int64_t n_weights = 0;
+  for (int i = 0; i < model.n_params; i++) n_weights += kiln_numel(model.p[i]);
+  if (rank == 0)
+    printf("gpt_ddp: %lld parameters: each step sums %.2f MiB of gradients over the processes\n", (long long)n_weights,
+           (double)n_weights * (f64 ? 8 : 4) / 1048576.0);
   if (rank == 0)
     printf("gpt_ddp: %d processes, batch %lld x %lld split %s, %d steps, %s, %s\n", size, (long long)B, (long long)T,
            B % size ? "unevenly" : "evenly", steps, compiled ? "compiled" : "eager", f64 ? "f64" : "f32");
@@ -156,8 +161,9 @@ int main(int argc, char **argv) {
     double flight, blocked;
     kiln_dist_times(&flight, &blocked);
     flight = (flight - flight0) / (steps - 1), blocked = (blocked - blocked0) / (steps - 1);
-    printf("ms/step in allreduces %.2f, blocked waiting %.2f: %.0f%% overlapped\n", flight, blocked,
-           flight > 0 ? 100 * (1 - blocked / flight) : 0.0);
+    if (flight >= 0.01)
+      printf("ms/step in allreduces %.2f, blocked waiting %.2f: %.0f%% overlapped\n", flight, blocked,
+             100 * (1 - blocked / flight));
   }
   if (compiled) {
     /* every call after the first ran the graph, with one allreduce per gradient and one for the loss */
