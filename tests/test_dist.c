@@ -167,6 +167,31 @@ END_TEST
 START_TEST(test_compiled_interp) { run_compiled(KILN_BACKEND_INTERP); }
 END_TEST
 
+/* An allreduce of a constant stays in the graph: folding it would make the
+ * collective at compile time, once, instead of on every call. */
+static int const_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  out[0] = kiln_add(in[0], kiln_allreduce(kiln_scalar(KILN_F64, R + 1), KILN_REDUCE_SUM));
+  return out[0] ? 0 : -1;
+}
+
+START_TEST(test_not_folded) {
+  kiln_scope_begin();
+  kiln_fn *fn = kiln_compile(const_body, NULL, &(kiln_options){.name = "const", .n_in = 1, .n_out = 1});
+  ck_assert_ptr_nonnull(fn);
+  for (int call = 0; call < 2; call++) {
+    kiln_tensor *out = NULL;
+    ck_assert_msg(kiln_call(fn, (kiln_tensor *[]){kiln_scalar(KILN_F64, 10)}, &out) == 0, "%s", kiln_last_error());
+    expect(out, 1, (double[]){10 + tri()}, "10 + sum of r + 1");
+  }
+  char *g = kiln_fn_graph(fn, 0);
+  ck_assert_msg(g && strstr(g, "= allreduce("), "%s", g ? g : kiln_last_error());
+  free(g);
+  kiln_fn_free(fn);
+  kiln_scope_end();
+}
+END_TEST
+
 /* Without MPI: every call is an error that says so. */
 START_TEST(test_without_mpi) {
   kiln_scope_begin();
@@ -204,6 +229,7 @@ int main(void) {
     tcase_add_test(tc, test_gradient);
     tcase_add_test(tc, test_compiled_llvm);
     tcase_add_test(tc, test_compiled_interp);
+    tcase_add_test(tc, test_not_folded);
   } else {
     tcase_add_test(tc, test_without_mpi);
   }
