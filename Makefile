@@ -24,7 +24,10 @@ JOBS       ?= 2
 CMAKE_ARGS ?=
 PREFIX     ?= /usr/local
 
-DEPS       := cmake pkg-config build-essential llvm-19-dev libopenblas-dev libcjson-dev check python3-numpy
+# Open MPI: the collectives of data-parallel training (docs/scaling.md); kiln builds
+# without it too (KILN_MPI=OFF), but `make test` runs the MPI tests.
+DEPS       := cmake pkg-config build-essential llvm-19-dev libopenblas-dev libcjson-dev check python3-numpy \
+              openmpi-bin libopenmpi-dev
 # The bench's Python packages (PyTorch 2.x, JAX, matplotlib) come from PyPI into build/venv
 # (bench/venv.sh); Debian gives the venv module and the Python headers torch.compile's C++ includes.
 BENCH_DEPS := python3-venv python3-dev

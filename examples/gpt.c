@@ -64,21 +64,6 @@ static void check(bool pass, bool *ok, const char *what) {
   if (!pass) *ok = false;
 }
 
-/* max |a - b| over every parameter of two models, or -1 on error */
-static double params_max_diff(const gpt *a, const gpt *b) {
-  double worst = 0;
-  kiln_scope_begin();
-  kiln_no_grad_begin();
-  for (int i = 0; i < a->n_params && worst >= 0; i++) {
-    kiln_tensor *d = kiln_max_axes(kiln_abs(kiln_sub(a->p[i], b->p[i])), NULL, 0, false);
-    double v = d ? kiln_item(d) : -1;
-    worst = v < 0 ? -1 : fmax(worst, v);
-  }
-  kiln_no_grad_end();
-  kiln_scope_end();
-  return worst;
-}
-
 /* Loss of a model on a fixed batch, eagerly and without autograd; NAN on error. */
 static double eval_loss(const gpt *g, const gpt_data *d, int64_t B, int64_t T) {
   uint64_t rng = 99;
@@ -209,7 +194,7 @@ int main(int argc, char **argv) {
   compiled_peak += kept;
   kiln_fn_stats st;
   if (kiln_fn_get_stats(train, &st) != 0) goto fail;
-  double pdiff = params_max_diff(&a, &b), eval_a = eval_loss(&a, &data, 4 * B, T), eval_b = eval_loss(&b, &data, 4 * B, T);
+  double pdiff = gpt_params_max_diff(&a, &b), eval_a = eval_loss(&a, &data, 4 * B, T), eval_b = eval_loss(&b, &data, 4 * B, T);
   if (pdiff < 0 || !isfinite(eval_a) || !isfinite(eval_b)) goto fail;
 
   double first = (le[0] + le[1] + le[2]) / 3, last = 0;

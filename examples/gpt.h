@@ -235,6 +235,21 @@ static inline int gpt_copy_state(gpt *dst, const gpt *src) {
   return bad ? -1 : 0;
 }
 
+/* max |a - b| over every parameter of two models, or -1 on error */
+static inline double gpt_params_max_diff(const gpt *a, const gpt *b) {
+  double worst = 0;
+  kiln_scope_begin();
+  kiln_no_grad_begin();
+  for (int i = 0; i < a->n_params && worst >= 0; i++) {
+    kiln_tensor *d = kiln_max_axes(kiln_abs(kiln_sub(a->p[i], b->p[i])), NULL, 0, false);
+    double v = d ? kiln_item(d) : -1;
+    worst = v < 0 ? -1 : fmax(worst, v);
+  }
+  kiln_no_grad_end();
+  kiln_scope_end();
+  return worst;
+}
+
 static inline kiln_tensor *gpt_linear(kiln_tensor *x, kiln_tensor *w, kiln_tensor *b) {
   return kiln_add(kiln_matmul(x, w), b);
 }

@@ -513,6 +513,34 @@ KILN_API kiln_tensor *kiln_index_copy__at(kiln_tensor *dst, int dim, kiln_tensor
 #define kiln_zero_(...) KILN_OP(kiln_zero__at, __VA_ARGS__)
 #define kiln_index_copy_(...) KILN_OP(kiln_index_copy__at, __VA_ARGS__)
 
+/* ---- collectives over MPI (docs/scaling.md) ------------------------------
+ *
+ * For data-parallel training: every process of MPI_COMM_WORLD runs the same
+ * program on its slice of the batch, and the gradients are summed across
+ * processes before the update. kiln initializes MPI on first use (when the
+ * program has not) and finalizes what it initialized at exit. Every process
+ * must make the same collective calls in the same order. In a compiled
+ * function an allreduce is a node of the graph. Without MPI (built with
+ * KILN_MPI=OFF) the calls are errors that say so. */
+typedef enum kiln_reduce_op { KILN_REDUCE_SUM, KILN_REDUCE_MEAN } kiln_reduce_op;
+/* A new tensor: op over t's values on every process (MEAN: floats only); the
+ * same shape and dtype on every process. Differentiable: its gradient is the
+ * same allreduce of the incoming gradient. */
+KILN_API kiln_tensor *kiln_allreduce_at(kiln_tensor *t, kiln_reduce_op op, const char *, int);
+/* In place: t = allreduce(t, op); t returned. Refused outside no-grad when t requires grad. */
+KILN_API kiln_tensor *kiln_allreduce__at(kiln_tensor *t, kiln_reduce_op op, const char *, int);
+/* This process's rank in MPI_COMM_WORLD and the number of processes; -1 on
+ * error (kiln_last_error says why: no MPI, or MPI failed to start). */
+KILN_API int kiln_dist_rank(void);
+KILN_API int kiln_dist_size(void);
+/* Milliseconds over the process's life: wall time with collectives in flight,
+ * and of that what the program spent blocked waiting for them. A compiled
+ * step overlaps its allreduces with the kernels after them, so blocked can be
+ * less than in flight; an eager allreduce blocks throughout. 0s without MPI. */
+KILN_API void kiln_dist_times(double *in_flight_ms, double *blocked_ms);
+#define kiln_allreduce(...) KILN_OP(kiln_allreduce_at, __VA_ARGS__)
+#define kiln_allreduce_(...) KILN_OP(kiln_allreduce__at, __VA_ARGS__)
+
 /* ---- autograd --------------------------------------------------------- */
 
 KILN_API void kiln_requires_grad_at(kiln_tensor *, bool, const char *file, int line);

@@ -477,6 +477,23 @@ START_TEST(test_random_literals) {
 }
 END_TEST
 
+/* The collectives, alone (one process), or their error without MPI. */
+START_TEST(test_allreduce_literals) {
+  kiln_scope_begin();
+  kiln_tensor *x = kiln_tensor_from(KILN_F32, 1, (int64_t[]){3}, (float[]){1, 2, 3});
+  if (kiln_dist_size() < 0) {
+    ck_assert_ptr_null(kiln_allreduce(x, KILN_REDUCE_SUM));
+    ck_assert_ptr_nonnull(strstr(kiln_last_error(), "without MPI"));
+    ck_assert_ptr_null(kiln_allreduce_(x, KILN_REDUCE_MEAN));
+  } else {
+    ck_assert_int_eq(1, kiln_dist_size());
+    EXPECT(kiln_allreduce(x, KILN_REDUCE_SUM), ((int64_t[]){3}), 1, 2, 3);
+    EXPECT(kiln_allreduce_(x, KILN_REDUCE_MEAN), ((int64_t[]){3}), 1, 2, 3);
+  }
+  kiln_scope_end();
+}
+END_TEST
+
 /* The header's version macros agree with each other and with the library. */
 START_TEST(test_version) {
   char want[32];
@@ -536,6 +553,7 @@ static Suite *macros_suite(void) {
   tcase_add_test(tc, test_checked_lists);
   tcase_add_test(tc, test_tensor_file_literals);
   tcase_add_test(tc, test_random_literals);
+  tcase_add_test(tc, test_allreduce_literals);
   tcase_add_test(tc, test_version);
   tcase_add_test(tc, test_every_macro_used);
   suite_add_tcase(s, tc);

@@ -493,7 +493,7 @@ static int count_op(const char *op)
   return n;
 }
 
-/* Primitives no public call reaches directly: what tests them instead. */
+/* Primitives no public call reaches directly, or that numpy cannot stand for: what tests them instead. */
 static const struct {
   const char *op, *covered_by;
 } indirect[] = {
@@ -501,6 +501,8 @@ static const struct {
     {"slice_scatter", "the gradient of slice (test_autograd, finite differences)"},
     {"index_check", "cross entropy's targets in compiled code (test_compile, test_bad_targets_compiled)"},
     {"rand", "the default generator's numbers against kiln_rand's stream, eager and compiled (test_capture)"},
+    {"allreduce", "a collective: hand-derived sums over 1, 2 and 3 processes under mpirun, eager, gradient, "
+                  "interpreter and compiled (test_dist)"},
 };
 
 /* The file covers every primitive of the op table, every composite op and

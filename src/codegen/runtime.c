@@ -766,6 +766,34 @@ static int compare_kernel(backend_exec *e, const cg_kernel *k, char *const *bufs
   return 1;
 }
 
+/* Allreduces in flight (dist.c) write their buffers until waited for: before
+ * a kernel touches a buffer (reads it, or writes it: any overlap of bytes,
+ * so aliases and reused arena space count), the ones on it complete. */
+static int wait_buf(dist_pending *q, const cg_program *p, int b, char *const *bufs, kiln_tensor *const *tens,
+                    const size_t *bytes) {
+  if (!q->n || b < 0 || !bufs[b]) return 0;
+  size_t span = tens[b] ? (size_t)shape_numel(tens[b]->ndim, tens[b]->shape) * kiln_dtype_size(tens[b]->dtype)
+                : p->buf[b].alias_of >= 0 ? bytes[p->buf[b].alias_of]
+                                          : bytes[b];
+  return dist_wait(q, bufs[b], span ? span : 1);
+}
+
+static int wait_kernel(dist_pending *q, const cg_program *p, const ir_graph *g, const cg_kernel *k, char *const *bufs,
+                       kiln_tensor *const *tens, const size_t *bytes) {
+  if (!q->n) return 0;
+  dist_poll(q); /* MPI moves them along only inside its calls: between kernels is when */
+  int bad = 0;
+  if (k->kind == CG_K_LOOP) {
+    for (int a = 0; a < k->n_acc && !bad; a++) bad = wait_buf(q, p, k->acc[a].buf, bufs, tens, bytes);
+    return bad;
+  }
+  const ir_node *n = &g->nodes[k->node];
+  for (int j = 0; j < n->n_in && !bad; j++) bad = wait_buf(q, p, p->views[n->in[j]].buf, bufs, tens, bytes);
+  if (!bad) bad = wait_buf(q, p, k->out_buf, bufs, tens, bytes);
+  if (!bad) bad = wait_buf(q, p, k->scratch_buf, bufs, tens, bytes);
+  return bad;
+}
+
 static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const *params, kiln_tensor **out, char *report,
                     size_t rn) {
   const ir_graph *g = e->g;
@@ -792,6 +820,9 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
   bool shared_arena = false;
   int n_out_done = 0, mismatch = 0;
   kiln_tensor **all = NULL; /* check mode: the interpreter's values */
+  /* allreduces run on while later kernels do, except in check mode, which reads each kernel's result at once */
+  dist_pending dq = {0};
+  bool overlap = !report && dist_overlap();
   if (!bufs || !tens || !own || !bytes || !off) goto oom;
   for (int b = 0; b < nb; b++) {
     const cg_buf *bf = &p->buf[b];
@@ -895,6 +926,10 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
       mismatch = 1;
       break;
     }
+    if (wait_kernel(&dq, p, g, k, bufs, tens, bytes)) {
+      err_set("", 0, "call", "%s: an allreduce failed: %s", g->name, err_kernel_failed());
+      goto done;
+    }
     if (k->kind == CG_K_LOOP) {
       int64_t prm[256];
       for (int i = 0; i < k->n_param && i < 256; i++)
@@ -957,17 +992,25 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
       alloc_free(many), alloc_free(mv);
       goto done;
     }
+    bool start = ok && overlap && n->op == OP_ALLREDUCE && tensor_contiguous(&ov.t);
+    if (start) pw_copy(&ov.t, ins[0]);
     int r = !ok ? -1
+            : start ? dist_start(&dq, &ov.t, at.flag)
             : k->kind == CG_K_MATMUL && k->beta != 0 ? gemm_into(ins[0], ins[1], k->alpha, k->beta, &ov.t)
             : k->scratch_buf >= 0 && !dtype_is_narrow(n->dtype) ? conv_kernel((op_id)n->op, ins, &at, &ov.t, bufs[k->scratch_buf])
                                                      : op_kernel((op_id)n->op, many ? many : ins, many ? n->n_in : nin, &at, &ov.t);
     alloc_free(many), alloc_free(mv);
     if (r) {
-      err_set(n->file, n->line, ir_op_name(n->op), "%s: %%%d: the kernel failed", g->name, k->node);
+      err_set(n->file, n->line, ir_op_name(n->op), "%s: %%%d: the kernel failed: %s", g->name, k->node,
+              err_kernel_failed());
       goto done;
     }
   }
 
+  if (dist_wait(&dq, NULL, 0)) {
+    err_set("", 0, "call", "%s: an allreduce failed: %s", g->name, err_kernel_failed());
+    goto done;
+  }
   if (report) {
     if (!mismatch && p->n_k) mismatch = compare_kernel(e, &p->k[p->n_k - 1], bufs, vals, all, report, rn);
     rc = mismatch;
@@ -1028,6 +1071,7 @@ bad_shape:
 oom:
   err_set("", 0, "call", "%s: out of memory", g->name);
 done:
+  dist_wait(&dq, NULL, 0); /* nothing may still write the arena (after an error: its error stands) */
   if (rc)
     for (int i = 0; i < n_out_done; i++) kiln_release(out[i]), out[i] = NULL;
   if (shared_arena) {

@@ -501,6 +501,12 @@ static int bw_cumsum(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
   gin[0] = kiln_add_at(kiln_sub_at(total, c, AT), g, AT);
   return 0;
 }
+/* y = op over the processes of x_p: the objective is the sum of every process's
+ * loss, so each x_p's gradient is the same op over the processes' gradients */
+static int bw_allreduce(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  gin[0] = kiln_allreduce_at(g, nd->attrs.flag ? KILN_REDUCE_MEAN : KILN_REDUCE_SUM, AT);
+  return 0;
+}
 
 /* convolution and pooling: their gradients are ops of their own (conv.c,
  * pooling.c), given the forward's input whose shape they have */

@@ -6,7 +6,7 @@
 
 #include "eager/eager.h"
 
-_Static_assert(OP_COUNT == 74, "ops.def changed: update the op count here");
+_Static_assert(OP_COUNT == 75, "ops.def changed: update the op count here");
 
 static _Thread_local const trace_hooks *hooks;
 
@@ -132,7 +132,7 @@ static kiln_tensor *dispatch_owned(op_id op, kiln_tensor *const *in, int n, cons
       goto fail;
     }
     if (!record && op_kernel(op, in, n, a, out)) {
-      err_set(file, line, name, "out of memory");
+      err_set(file, line, name, "%s", err_kernel_failed());
       goto fail;
     }
   }

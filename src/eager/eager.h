@@ -87,6 +87,10 @@ void *err_set(const char *file, int line, const char *op, const char *fmt, ...)
 void *err_null(const char *file, int line, const char *op, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 /* How many errors this thread has set: unchanged across a call that set none. */
 unsigned long err_count(void);
+/* A failing kernel's reason (printf-style), and the message for a kernel that
+ * returned nonzero: that reason once, else "out of memory". */
+void err_kernel_why(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+const char *err_kernel_failed(void);
 /* Gives a message set without a location (deep in a compiled call) the caller's file:line. */
 void err_locate(const char *file, int line);
 void err_restore(const char *text);
@@ -413,6 +417,8 @@ int chk_indices(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, cons
 int chk_index_range(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, const char *file, int line);
 /* Indices (input 1, i64 of any shape) within dim a->dim of input 0. */
 int chk_gather(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, const char *file, int line);
+/* dist.c: MPI is there and started (started here on first use). */
+int chk_dist(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, const char *file, int line);
 
 /* ---- kernels: write out (allocated, contiguous) from in ---------------- */
 
@@ -443,6 +449,32 @@ int k_tri(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
 int k_pad(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
 int k_cumsum(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
 int k_topk(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
+/* dist.c: the sum (or mean, attrs flag) of in[0] over the processes of MPI_COMM_WORLD */
+int k_allreduce(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
+
+/* dist.c: allreduces in flight (MPI_Iallreduce), so that compiled code runs
+ * on while they travel: runtime.c starts one where the graph has it and waits
+ * for it only before a kernel touches its buffer. One queue per call. */
+enum { DIST_MAX_PENDING = 64 };
+typedef struct dist_pending {
+  int n;
+  double since; /* when the queue last went from empty to not (ms) */
+  struct {
+    unsigned char req[16]; /* the MPI_Request */
+    char *data;
+    int64_t count;
+    kiln_dtype dtype;
+    bool mean;
+  } r[DIST_MAX_PENDING];
+} dist_pending;
+/* Whether compiled code overlaps its allreduces (KILN_DIST_OVERLAP=0: it waits at once). */
+bool dist_overlap(void);
+/* Starts the sum (mean) of out's values (contiguous) over the processes, in place. 0, or -1 and err_kernel_why. */
+int dist_start(dist_pending *q, kiln_tensor *out, bool mean);
+/* Waits for those in flight whose data overlaps [lo, lo + bytes), or all when lo is NULL. 0 or -1. */
+int dist_wait(dist_pending *q, const char *lo, size_t bytes);
+/* Lets MPI move the ones in flight along (it progresses them only inside its calls). */
+void dist_poll(dist_pending *q);
 
 /* pointwise.c: elementwise into an arbitrary (possibly strided) destination.
  * The in-place ops use these directly. All operands already have dtype dt

@@ -10,6 +10,24 @@ static _Thread_local unsigned long n_set; /* errors set on this thread */
 
 unsigned long err_count(void) { return n_set; }
 
+/* Why the last eager kernel on this thread failed, when not out of memory
+ * (a collective that MPI refused): kernels have no caller's line to name. */
+static _Thread_local char kernel_why[256];
+
+void err_kernel_why(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(kernel_why, sizeof kernel_why, fmt, ap);
+  va_end(ap);
+}
+
+const char *err_kernel_failed(void) {
+  static _Thread_local char taken[256];
+  snprintf(taken, sizeof taken, "%s", kernel_why[0] ? kernel_why : "out of memory");
+  kernel_why[0] = 0;
+  return taken;
+}
+
 static const char *base_name(const char *path) {
   /* Keep the path as the user's compiler gave it, minus a leading "./". */
   if (path && path[0] == '.' && path[1] == '/') return path + 2;

@@ -51,7 +51,12 @@ static ir_graph *graph_like(ir_graph *src) {
 /* A new graph with every op node of src passed through rw (or just
  * interned when rw is NULL), outputs and writes following their nodes.
  * Frees src; NULL on out of memory. */
-static ir_graph *rebuild(ir_graph *src, rewrite_fn rw, int *changed) {
+static ir_graph *rebuild_in(ir_graph *src, const int *order, rewrite_fn rw, int *changed);
+
+static ir_graph *rebuild(ir_graph *src, rewrite_fn rw, int *changed) { return rebuild_in(src, NULL, rw, changed); }
+
+/* The same, taking src's nodes in order[] (a topological order; NULL: their own). */
+static ir_graph *rebuild_in(ir_graph *src, const int *order, rewrite_fn rw, int *changed) {
   *changed = 0;
   int max_in = 1;
   for (int i = 0; i < src->n_nodes; i++)
@@ -60,7 +65,8 @@ static ir_graph *rebuild(ir_graph *src, rewrite_fn rw, int *changed) {
   int *ins = alloc_malloc(sizeof(int) * (size_t)max_in);
   ir_graph *dst = map && ins ? graph_like(src) : NULL;
   if (!dst) goto oom;
-  for (int i = 0; i < src->n_nodes; i++) {
+  for (int o = 0; o < src->n_nodes; o++) {
+    int i = order ? order[o] : o;
     ir_node n = src->nodes[i];
     for (int j = 0; j < n.n_in; j++) ins[j] = map[n.in[j]];
     n.in = ins;
@@ -223,6 +229,8 @@ ir_graph *pass_simplify(ir_graph *g) {
 /* Whether n can be folded: constant inputs, concrete attrs and a small concrete result. */
 static bool foldable(const ir_graph *g, const ir_node *n, op_attrs *a) {
   if (n->n_in < 1 || n->op >= OP_COUNT) return false;
+  /* a collective is made by every process at run time, never by one compile */
+  if (n->op == OP_ALLREDUCE) return false;
   for (int j = 0; j < n->n_in; j++)
     if (g->nodes[n->in[j]].op != IR_CONST || ir_node_numel_const(&g->nodes[n->in[j]]) < 0) return false;
   int64_t k = ir_node_numel_const(n);
@@ -286,6 +294,56 @@ ir_graph *pass_fold(ir_graph *g) {
   return rebuild(g, fold_node, &changed);
 }
 
+/* ---- schedule ------------------------------------------------------------- */
+
+/* Each allreduce moves up to just after its input (after the leaves, which
+ * come first), so that a training step's gradient is sent as soon as the
+ * backward has made it and travels while the rest of the backward runs
+ * (runtime.c waits for it only where it is read). The order depends on the
+ * graph alone, so every process issues the collectives in the same order,
+ * as MPI requires. */
+/* Appends the allreduces of node x (of every leaf when x is the last leaf), then theirs, to order. */
+static void place_after(const ir_graph *g, int x, int last_leaf, const int *ar, int n_ar, bool *placed, int *order,
+                        int *k) {
+  for (int a = 0; a < n_ar; a++) {
+    int j = ar[a], in = g->nodes[j].in[0];
+    if (placed[j] || !(in == x || (x == last_leaf && in < x))) continue;
+    placed[j] = true;
+    order[(*k)++] = j;
+    place_after(g, j, last_leaf, ar, n_ar, placed, order, k);
+  }
+}
+
+ir_graph *pass_schedule(ir_graph *g) {
+  int n = g->n_nodes, last_leaf = -1, n_ar = 0, k = 0;
+  for (int i = 0; i < n; i++) {
+    if (is_leaf(g->nodes[i].op)) last_leaf = i;
+    n_ar += g->nodes[i].op == OP_ALLREDUCE;
+  }
+  if (!n_ar) return g;
+  int *order = alloc_malloc(sizeof(int) * (size_t)n), *ar = alloc_malloc(sizeof(int) * (size_t)n_ar);
+  bool *placed = alloc_calloc((size_t)n, sizeof *placed);
+  if (!order || !ar || !placed) {
+    alloc_free(order), alloc_free(ar), alloc_free(placed);
+    ir_free(g);
+    return NULL;
+  }
+  n_ar = 0;
+  for (int i = 0; i < n; i++)
+    if (g->nodes[i].op == OP_ALLREDUCE) ar[n_ar++] = i;
+  for (int i = 0; i < n; i++) {
+    if (placed[i]) continue;
+    if (g->nodes[i].op == OP_ALLREDUCE && g->nodes[i].in[0] >= last_leaf) continue; /* placed after its input */
+    placed[i] = true;
+    order[k++] = i;
+    if (i >= last_leaf) place_after(g, i, last_leaf, ar, n_ar, placed, order, &k);
+  }
+  int changed;
+  ir_graph *r = k == n ? rebuild_in(g, order, NULL, &changed) : g; /* k < n cannot be: keep the graph */
+  alloc_free(order), alloc_free(ar), alloc_free(placed);
+  return r;
+}
+
 /* ---- the pipeline ------------------------------------------------------- */
 
 static const struct {
@@ -297,6 +355,7 @@ static const struct {
     {"simplify", pass_simplify}, /* identities the folded constants made visible */
     {"cse", pass_cse},
     {"dce", pass_dce},
+    {"schedule", pass_schedule}, /* collectives early, to overlap what follows */
 };
 
 ir_graph *pass_pipeline(ir_graph *g, char *err, size_t errn) {
