@@ -212,10 +212,11 @@ static sym_dim explain_by(build_state *b, int64_t v, int64_t pv, bool products) 
 /* A size slot: the dim it is in the graph, and its rule. hint: a dim the
  * number may stand for by its place (an expand keeping a dim), or the error dim. */
 static sym_dim slot_size(build_state *b, int ev, int si, int64_t v, sym_dim hint, bool user) {
-  rec_slot ps;
+  rec_slot ps = {0};
   sym_dim d;
   int arg = -1;
-  if (prev_slot(b, ev, si, &ps) && !ps.is_float) {
+  bool had_prev = prev_slot(b, ev, si, &ps) && !ps.is_float;
+  if (had_prev) {
     if (ps.i == v) {
       d = sym_const(v); /* a literal: it stayed put while other things changed */
     } else {
@@ -251,8 +252,18 @@ static sym_dim slot_size(build_state *b, int ev, int si, int64_t v, sym_dim hint
     rule.kind = SLOT_EXPR;
     if (sym_print(d, text, sizeof text) >= (int)sizeof text ||
         sym_parse(b->rsym, text, &rule.e, &end, err, sizeof err) || *end) {
-      bfail(b, "a size expression too long to keep: %.64s", text);
-      return sym_error();
+      /* the rules' context cannot hold it (too long, or a divisor it cannot
+       * prove positive without this graph's bounds): a number that changed is
+       * passed at run time, a first guess stays a literal; both checked */
+      if (had_prev) {
+        d = new_arg_sym(b, v, true, ps.i, &arg);
+        if (sym_is_err(d)) return d;
+        rule.kind = SLOT_ARG;
+        rule.arg = arg;
+      } else {
+        d = sym_const(v);
+        rule.kind = SLOT_CONST;
+      }
     }
   }
   if (add_rule(b, rule)) return sym_error();

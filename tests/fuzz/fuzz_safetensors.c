@@ -51,7 +51,16 @@ static int dtype_bits(const char *dt) {
 
 /* kiln's dtypes by the format's names (a dtype kiln gains is a case here too). */
 static const char *kiln_name_of(kiln_dtype dt) {
-  return dt == KILN_F32 ? "F32" : dt == KILN_F64 ? "F64" : dt == KILN_I64 ? "I64" : dt == KILN_BOOL ? "BOOL" : "?";
+  switch (dt) {
+  case KILN_F32: return "F32";
+  case KILN_F64: return "F64";
+  case KILN_I64: return "I64";
+  case KILN_BOOL: return "BOOL";
+  case KILN_I32: return "I32";
+  case KILN_F16: return "F16";
+  case KILN_BF16: return "BF16";
+  }
+  return "?";
 }
 
 /* t's elements equal bytes[0..n), bool bytes read as 0 or 1. */
