@@ -110,6 +110,11 @@ typedef struct storage {
   atomic_ulong version; /* bumped by every in-place write, checked by autograd */
   uint64_t serial;      /* unique, like a tensor's */
   bool meta;            /* a recording's value: no data yet (data NULL) until the call materializes it */
+  /* scratch of the recording that made this meta storage (record.c), so that
+   * its end-of-segment scan is linear: the tensors it made over this storage,
+   * whether it is listed live, the value covering it */
+  int rec_count, rec_value;
+  bool rec_listed;
   _Atomic(char *) name; /* kiln_param_name's, or NULL: saved graphs name their params by it */
 } storage;
 

@@ -522,35 +522,39 @@ int rec_live_values(recording *r, kiln_tensor *const *skip, int n_skip, rec_live
   *n = 0;
   rec_live *lv = alloc_malloc(sizeof *lv * (size_t)(s->n_made + 1));
   if (!lv) return -1;
+  /* per meta storage: the tensors made over it, and the first whole tensor
+   * whose value (this segment's, current version) covers it */
+  for (int i = 0; i < s->n_made; i++) {
+    storage *st = s->made[i]->st;
+    if (st->meta) st->rec_count = 0, st->rec_value = -1, st->rec_listed = false;
+  }
+  for (int i = 0; i < s->n_made; i++) {
+    kiln_tensor *w = s->made[i];
+    storage *st = w->st;
+    if (!st->meta) continue;
+    st->rec_count++;
+    if (st->rec_value < 0 && whole(w) && r->val[w->rec_id].seg == r->seg &&
+        r->val[w->rec_id].version == atomic_load(&st->version))
+      st->rec_value = w->rec_id;
+  }
   int k = 0;
   for (int i = 0; i < s->n_made; i++) {
     kiln_tensor *t = s->made[i];
     /* alive beyond our reference, and holding data the call computes; or
      * its storage is (a view made outside dispatch, autograd's, holds it) */
-    if (!t->st->meta) continue;
-    if (tensor_refs(t) <= 1) {
-      int ours = 0;
-      for (int j = 0; j < s->n_made; j++) ours += s->made[j]->st == t->st;
-      if (atomic_load(&t->st->refcount) <= ours) continue;
-    }
+    if (!t->st->meta || t->st->rec_listed) continue;
+    if (tensor_refs(t) <= 1 && atomic_load(&t->st->refcount) <= t->st->rec_count) continue;
     bool skipped = false;
     for (int j = 0; j < n_skip && !skipped; j++) skipped = skip[j] == t;
     if (skipped) continue;
-    bool seen = false;
-    for (int j = 0; j < k && !seen; j++) seen = lv[j].st == t->st;
-    if (seen) continue;
     /* the storage's data: the value of the tensor that covers it */
-    int value = -1;
-    for (int j = 0; j < s->n_made && value < 0; j++) {
-      kiln_tensor *w = s->made[j];
-      if (w->st == t->st && whole(w) && r->val[w->rec_id].seg == r->seg && r->val[w->rec_id].version == atomic_load(&w->st->version))
-        value = w->rec_id;
-    }
+    int value = t->st->rec_value;
     if (value < 0) {
       alloc_free(lv);
       fail(r, "a live view whose whole storage the call no longer has");
       return -1;
     }
+    t->st->rec_listed = true;
     lv[k++] = (rec_live){value, t->st, -1};
   }
   *out = lv;
