@@ -59,10 +59,7 @@ static int write_logits(gpt *g, const char *idx_path, const char *out_path) {
   } else if (idx && (kiln_ndim(idx) != 2 || kiln_type(idx) != KILN_I64)) {
     fprintf(stderr, "%s: \"idx\" must be (B,T) i64\n", idx_path);
   }
-  kiln_release(out[0]);
-  kiln_release(out[1]);
-  kiln_release(idx);
-  kiln_fn_free(fn);
+  kiln_fn_free(fn); /* the tensors belong to the caller's scope */
   return rc;
 }
 
