@@ -7,6 +7,8 @@
 #   make demo     release build, then the demo
 #   make bench    release build, then the benchmarks: kiln against PyTorch, torch.compile and JAX
 #                 (their Python packages go into build/venv once, from PyPI: bench/venv.sh)
+#   make torch-roundtrip  release build, then the GPT's weights saved by PyTorch loaded into kiln and
+#                 back, the logits compared (bench/torch_roundtrip.py; PyTorch from build/venv)
 #   make test-cross  release build, then test_export's exported models built for AArch64 with
 #                 Debian's cross compiler and run under qemu-user (CROSS_DEPS), docs/deploy.md
 #   make install  release build, then cmake --install into PREFIX (default /usr/local;
@@ -50,7 +52,7 @@ if [ -n "$$missing" ]; then \
 fi
 endef
 
-.PHONY: all build deps bench-deps configure test test-release test-asan demo bench install clean
+.PHONY: all build deps bench-deps configure test test-release test-asan demo bench torch-roundtrip install clean
 
 all: build
 
@@ -102,6 +104,12 @@ demo: deps
 bench: bench-deps
 	$(MAKE) --no-print-directory release-build
 	BUILD=$(BUILD) bench/run.sh
+
+# The GPT's weights from PyTorch into kiln and back, the logits compared (bench/torch_roundtrip.py);
+# PyTorch comes from the bench's venv, so CI's `make test` never runs it.
+torch-roundtrip: bench-deps
+	$(MAKE) --no-print-directory release-build
+	py=$$(bench/venv.sh $(BUILD)/venv) && $$py bench/torch_roundtrip.py $(BUILD)
 
 install: build
 	cmake --install $(BUILD) --prefix $(PREFIX)

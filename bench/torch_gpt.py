@@ -61,8 +61,9 @@ def gen_flops_per_token():
     return sum(forward_flops(1, t, last_only=True) for t in ctx) / len(ctx)
 
 
-def workloads(torch):
-    """[(id, name, maker)] in torch_workloads.py's form."""
+def models(torch):
+    """The model classes: (GPT, NextLogits). torch_roundtrip.py builds them
+    too, to move weights to and from kiln."""
     nn, F = torch.nn, torch.nn.functional
 
     class Block(nn.Module):
@@ -134,6 +135,13 @@ def workloads(torch):
         def forward(self, idx):
             h = self.gpt.hidden(idx)
             return h[:, -1, :] @ self.gpt.wte.t()
+
+    return GPT, NextLogits
+
+
+def workloads(torch):
+    """[(id, name, maker)] in torch_workloads.py's form."""
+    GPT, NextLogits = models(torch)
 
     def adamw(model, fused=False):
         # weight decay on the 2-D parameters only (matrices and both embeddings)

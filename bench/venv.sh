@@ -1,6 +1,7 @@
 #!/bin/sh
 # The benchmark's Python: a virtual environment with pinned PyTorch 2.x
-# (torch.compile), JAX on CPU (jax.jit), numpy and matplotlib, made once.
+# (torch.compile), JAX on CPU (jax.jit), numpy, matplotlib and safetensors,
+# made once.
 #
 #   bench/venv.sh DIR        (run.sh calls it with $BUILD/venv)
 #
@@ -14,7 +15,8 @@ set -eu
 
 # The pins. PyTorch from the default index brings its CUDA libraries along
 # (about 6 GB), which its import needs even when it only runs on the CPU.
-PINS="torch==2.15.0 jax[cpu]==0.10.2 numpy==2.4.6 matplotlib==3.11.2"
+# safetensors: PyTorch's side of bench/torch_roundtrip.py.
+PINS="torch==2.15.0 jax[cpu]==0.10.2 numpy==2.4.6 matplotlib==3.11.2 safetensors==0.8.0"
 
 dir=${1:?usage: bench/venv.sh DIR}
 stamp=$dir/.pins

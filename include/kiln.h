@@ -720,8 +720,9 @@ KILN_API kiln_fn *kiln_load_string_at(const char *text, const char *file, int li
 /* Names the tensor's storage (views share it): a saved graph names the param
  * it captured so (`@param(wte)`), a function loaded from it refuses a
  * named tensor passed where another name is taken (params in the wrong
- * order), and an export's header uses the names. 1 to 128 of A-Z a-z 0-9
- * _ . : / -; naming again renames. 0 or -1. */
+ * order), and an export's header uses the names. A param never named is
+ * named after the call that first used it (`gpt_h_280`), docs/ir.md. 1 to
+ * 128 of A-Z a-z 0-9 _ . : / -; naming again renames. 0 or -1. */
 KILN_API int kiln_param_name_at(kiln_tensor *t, const char *name, const char *file, int line);
 #define kiln_param_name(...) KILN_CALL(int, kiln_param_name_at, __VA_ARGS__)
 

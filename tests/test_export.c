@@ -53,7 +53,9 @@ static void mlp_free(mlp *m) {
   for (int i = 0; i < 4; i++) kiln_release(m->t[i]);
 }
 
-/* y = gelu(x @ w1 + b1) @ w2 + b2 and softmax(y) over the last dim */
+/* y = gelu(x @ w1 + b1) @ w2 + b2 and softmax(y) over the last dim. MLP_LINE
+ * is the line that first uses w2 and b2: unnamed, they are named after it. */
+enum { MLP_LINE = __LINE__ + 4 };
 static int mlp_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
   mlp *m = ctx;
   kiln_tensor *h = kiln_gelu(kiln_add(kiln_matmul(in[0], m->t[0]), m->t[1]));
@@ -336,7 +338,9 @@ START_TEST(test_params_as_inputs) {
   build_app("mlpp");
   char hdr[160];
   snprintf(hdr, sizeof hdr, "%s/mlpp.h", dir);
-  ck_assert_int_eq(0, sh("grep -q 'in\\[4\\]  param3 *f32\\[8\\]' %s && grep -q 'in\\[0\\]  in0 *f32\\[s0, 16\\]' %s", hdr, hdr));
+  /* b2, the second param first used at test_export.c:MLP_LINE, is named so */
+  ck_assert_int_eq(0, sh("grep -q 'in\\[4\\]  test_export_c_%d_1 *f32\\[8\\]' %s && grep -q 'in\\[0\\]  in0 *f32\\[s0, 16\\]' %s",
+                         MLP_LINE, hdr, hdr));
   float *x = random_x(5);
   mlp m2 = m; /* other weights: the export must use the ones passed */
   for (int i = 0; i < IN * HID; i++) m2.w1[i] = uniform() * 0.3f;
@@ -357,7 +361,9 @@ START_TEST(test_params_as_inputs) {
   expect_close("softmax with the weights passed", out[1], sm, 5 * OUT, 1e-5);
   free(out[0]), free(out[1]);
   ck_assert_int_eq(-1, next_reply(f, 2, NULL, NULL, NULL, msg, sizeof msg));
-  ck_assert_msg(strstr(msg, "input 1 (param0) dim 0 is 32, the model takes 16"), "message: %s", msg);
+  char want[128];
+  snprintf(want, sizeof want, "input 1 (test_export_c_%d) dim 0 is 32, the model takes 16", MLP_LINE - 1);
+  ck_assert_msg(strstr(msg, want), "message: %s", msg);
   fclose(f);
   free(x);
   remove_dir();
@@ -647,6 +653,8 @@ START_TEST(test_plan_version) {
 }
 END_TEST
 
+/* x*a - b; AXB_LINE is the line of its ops, where a and b are first used */
+enum { AXB_LINE = __LINE__ + 3 };
 static int axb_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
   kiln_tensor **ab = ctx;
   out[0] = kiln_sub(kiln_mul(in[0], ab[0]), ab[1]);
@@ -689,6 +697,61 @@ START_TEST(test_param_names) {
   ck_assert_int_eq(0, sh("grep -q 'in\\[1\\]  layer.0/a ' %s.h && grep -q 'in\\[2\\]  b ' %s.h", path, path));
   kiln_fn_free(loaded);
   kiln_fn_free(fn);
+  kiln_scope_end();
+  remove_dir();
+}
+END_TEST
+
+/* Params never named: the capture site names them (the file's base name, the
+ * line, then _1 ... for more params first used on that line), the names are
+ * the same for fresh tensors traced again, and a loaded graph refuses the
+ * two same-shaped params in the wrong order, naming both, where without
+ * names it gave a wrong answer. */
+START_TEST(test_param_site_names) {
+  make_dir();
+  kiln_scope_begin();
+  char a_name[64], b_name[64], path[2][128], want[256];
+  snprintf(a_name, sizeof a_name, "test_export_c_%d", AXB_LINE);
+  snprintf(b_name, sizeof b_name, "test_export_c_%d_1", AXB_LINE);
+  kiln_tensor *x = kiln_tensor_from(KILN_F32, 1, (int64_t[]){4}, (float[]){1, 1, 2, 2}), *out[1];
+  kiln_tensor *ab[2][2];
+  for (int k = 0; k < 2; k++) {
+    ab[k][0] = kiln_tensor_from(KILN_F32, 1, (int64_t[]){4}, (float[]){1, 2, 3, 4});
+    ab[k][1] = kiln_tensor_from(KILN_F32, 1, (int64_t[]){4}, (float[]){10, 20, 30, 40});
+    kiln_fn *fn = kiln_compile(axb_body, ab[k], &(kiln_options){.name = "axb", .n_in = 1, .n_out = 1});
+    ck_assert_int_eq(0, kiln_call(fn, &x, out));
+    snprintf(path[k], sizeof path[k], "%s/axb%d.kiln", dir, k);
+    ck_assert_int_eq(0, kiln_save(fn, path[k]));
+    kiln_fn_free(fn);
+  }
+  ck_assert_int_eq(0, sh("grep -q '%%1: f32\\[4\\] @param(%s), %%2: f32\\[4\\] @param(%s)' %s", a_name, b_name, path[0]));
+  ck_assert_int_eq(0, sh("cmp -s %s %s", path[0], path[1]));
+  kiln_fn *loaded = kiln_load(path[0]);
+  ck_assert_msg(loaded != NULL, "%s", kiln_last_error());
+  /* x*a - b = [1-10, 2-20, 6-30, 8-40], with either pair of tensors */
+  for (int k = 0; k < 2; k++) {
+    ck_assert_int_eq(0, kiln_call(loaded, (kiln_tensor *[]){x, ab[k][0], ab[k][1]}, out));
+    float y[4];
+    ck_assert_int_eq(0, kiln_read(out[0], y, sizeof y));
+    ck_assert(y[0] == -9 && y[1] == -18 && y[2] == -24 && y[3] == -32);
+  }
+  ck_assert_int_eq(-1, kiln_call(loaded, (kiln_tensor *[]){x, ab[0][1], ab[0][0]}, out));
+  snprintf(want, sizeof want, "input 1: the tensor named '%s' is passed where the graph takes '%s'", b_name, a_name);
+  ck_assert_msg(strstr(kiln_last_error(), want), "%s", kiln_last_error());
+  /* a name kiln_param_name gives later wins over the site's */
+  ck_assert_int_eq(0, kiln_param_name(ab[1][0], "a"));
+  ck_assert_int_eq(-1, kiln_call(loaded, (kiln_tensor *[]){x, ab[1][0], ab[1][1]}, out));
+  ck_assert_msg(strstr(kiln_last_error(), "the tensor named 'a' is passed where"), "%s", kiln_last_error());
+  kiln_fn_free(loaded);
+  /* a text without names (before them) loads, and takes the tensors by position */
+  loaded = kiln_load_string("graph axb(%0: f32[4], %1: f32[4] @param, %2: f32[4] @param) -> (%4)\n"
+                            "  %3: f32[4] = mul(%0, %1)\n  %4: f32[4] = sub(%3, %2)\n");
+  ck_assert_msg(loaded != NULL, "%s", kiln_last_error());
+  ck_assert_int_eq(0, kiln_call(loaded, (kiln_tensor *[]){x, ab[0][1], ab[0][0]}, out));
+  float y[4];
+  ck_assert_int_eq(0, kiln_read(out[0], y, sizeof y));
+  ck_assert(y[0] == 9 && y[1] == 18 && y[2] == 57 && y[3] == 76); /* x*b - a */
+  kiln_fn_free(loaded);
   kiln_scope_end();
   remove_dir();
 }
@@ -753,6 +816,7 @@ int main(void) {
       {"no_blas", test_no_blas},
       {"kilnc", test_kilnc},
       {"param_names", test_param_names},
+      {"param_site_names", test_param_site_names},
       {"plan_version", test_plan_version},
       {"cross", test_cross},
       {"refusals", test_refusals},

@@ -204,7 +204,7 @@ static int build_plan(const ir_graph *g, const cg_program *p, const export_reque
   for (int i = 0; i < n_in; i++) {
     const ir_node *n = input_node(g, rq, i);
     if (!n) return fail(err, errn, "input %d is not in the graph", i);
-    char nm[96];
+    char nm[160]; /* a param's name: up to 128 */
     input_name(g, rq, i, nm, sizeof nm);
     size_t at = ins + (size_t)i * IN_WORDS;
     int64_t name = (int64_t)put_str(str, nm), dims[RT_MAXD] = {0};
@@ -355,11 +355,17 @@ static int write_header(const ir_graph *g, const export_request *rq, const char 
     }
   }
   fprintf(f, " * Inputs:\n");
+  int width = 12; /* the names' column */
   for (int i = 0; i < n_in; i++) {
-    char nm[96], sh[512];
+    char nm[160];
+    input_name(g, rq, i, nm, sizeof nm);
+    if ((int)strlen(nm) > width) width = (int)strlen(nm);
+  }
+  for (int i = 0; i < n_in; i++) {
+    char nm[160], sh[512];
     input_name(g, rq, i, nm, sizeof nm);
     shape_text(input_node(g, rq, i), sh, sizeof sh);
-    fprintf(f, " *   in[%d]  %-12s %s\n", i, nm, sh);
+    fprintf(f, " *   in[%d]  %-*s %s\n", i, width, nm, sh);
   }
   fprintf(f, " * Outputs:\n");
   for (int i = 0; i < g->n_outputs; i++) {

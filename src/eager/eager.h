@@ -165,6 +165,9 @@ void storage_materialize(storage *st, void *data);
 void storage_release_ref(storage *s);
 /* Moves src's data (of the same byte count) into the meta storage st; src keeps none. */
 void storage_steal(storage *st, storage *src);
+/* st's name; when it has none, a copy of name becomes it first (a param
+ * named after its capture site). NULL out of memory. */
+const char *storage_name_default(storage *st, const char *name);
 /* New view of t's storage with the given layout, owned by the caller. */
 kiln_tensor *tensor_view(kiln_tensor *t, int ndim, const int64_t *shape, const int64_t *stride, int64_t offset);
 /* Registers a freshly made tensor with the innermost scope; returns it. */

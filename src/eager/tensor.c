@@ -740,3 +740,15 @@ int kiln_param_name_at(kiln_tensor *t, const char *name, const char *file, int l
 }
 
 int (kiln_param_name)(kiln_tensor *t, const char *name) { return kiln_param_name_at(t, name, "", 0); }
+
+const char *storage_name_default(storage *st, const char *name) {
+  char *had = atomic_load(&st->name);
+  if (had) return had;
+  size_t n = strlen(name);
+  char *c = alloc_malloc(n + 1);
+  if (!c) return NULL;
+  memcpy(c, name, n + 1);
+  if (atomic_compare_exchange_strong(&st->name, &had, c)) return c;
+  alloc_free(c); /* named meanwhile: that name wins */
+  return had;
+}

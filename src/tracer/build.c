@@ -13,6 +13,7 @@
  * argument. With one observation a user's number is a constant, and a number
  * kiln's own formulas passed is the one size of the trace that has it
  * (verified on every call, so a wrong guess retraces, never misleads). */
+#include <ctype.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -365,6 +366,44 @@ static void concrete(ir_node *n, const rec_value *v) {
   for (int i = 0; i < v->ndim; i++) n->shape[i] = sym_const(v->shape[i]);
 }
 
+static bool param_name_taken(const ir_graph *g, const char *name) {
+  for (int i = 0; i < g->n_nodes; i++)
+    if (g->nodes[i].op == IR_PARAM && g->nodes[i].name && !strcmp(g->nodes[i].name, name)) return true;
+  return false;
+}
+
+/* The name of a param no kiln_param_name call named: the call that first
+ * used it, "gpt_h_210" for gpt.h:210 (the file's base name, so a build
+ * directory does not change it), then "gpt_h_210_1" ... for more params
+ * first used there. A C identifier, unique in the graph, and the same on
+ * every run of the program, since a trace is. */
+static void site_name(const ir_graph *g, const char *file, int line, char buf[128]) {
+  const char *base = file ? file : "";
+  for (const char *c = base; *c; c++)
+    if (*c == '/' || *c == '\\') base = c + 1;
+  char first[96]; /* the stem (at most 80) and the line */
+  size_t k = 0;
+  if (isdigit((unsigned char)*base)) first[k++] = 'p';
+  for (const char *c = base; *c && k < 80; c++) first[k++] = isalnum((unsigned char)*c) ? *c : '_';
+  first[k] = '\0';
+  if (!k) snprintf(first, sizeof first, "param");
+  if (line > 0) snprintf(first + strlen(first), sizeof first - strlen(first), "_%d", line);
+  snprintf(buf, 128, "%s", first);
+  for (int i = 1; param_name_taken(g, buf); i++) snprintf(buf, 128, "%s_%d", first, i);
+}
+
+/* A param's name: kiln_param_name's, else its capture site's, which its
+ * storage keeps when the param is the whole of it (so that a graph loaded
+ * from the text can check the tensors passed for it by name). NULL out of
+ * memory. */
+static const char *param_name(build_state *b, kiln_tensor *t, char buf[128]) {
+  const char *had = atomic_load(&t->st->name);
+  if (had) return had;
+  site_name(b->g, b->at_file, b->at_line, buf);
+  bool whole = t->offset == 0 && (size_t)shape_numel(t->ndim, t->shape) * kiln_dtype_size(t->dtype) == t->st->bytes;
+  return whole ? storage_name_default(t->st, buf) : buf;
+}
+
 /* The node of value id v, making the leaf when it is one not seen yet. */
 static int node_of(build_state *b, int v) {
   if (b->node[v] >= 0) return b->node[v];
@@ -376,8 +415,7 @@ static int node_of(build_state *b, int v) {
     id = b->input_node[rv->index];
     break;
   case RV_PARAM: {
-    ir_node n = {.op = IR_PARAM, .index = s->n_params, .file = b->at_file ? b->at_file : "", .line = b->at_line,
-                 .name = atomic_load(&b->r->params[rv->index]->st->name)};
+    ir_node n = {.op = IR_PARAM, .index = s->n_params, .file = b->at_file ? b->at_file : "", .line = b->at_line};
     concrete(&n, rv);
     if (b->freeze && !b->r->params[rv->index]->requires_grad) {
       /* frozen: the weight's data is a constant of the graph */
@@ -392,6 +430,8 @@ static int node_of(build_state *b, int v) {
       s->frozen = true;
       break;
     }
+    char site[128];
+    if (!(n.name = param_name(b, b->r->params[rv->index], site))) return bfail(b, "out of memory"), -1;
     if (alloc_grow((void **)&s->params, &s->cap_params, s->n_params + 1, sizeof *s->params)) return bfail(b, "out of memory"), -1;
     s->params[s->n_params++] = rv->index;
     id = ir_append(b->g, &n);
