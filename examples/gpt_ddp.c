@@ -106,6 +106,7 @@ int main(int argc, char **argv) {
   gpt model = {0}, ref = {0};
   kiln_fn *fn = NULL;
   int status = 1;
+  int64_t colls0 = 0;
   double step_ms = 0, flight0 = 0, blocked0 = 0, ref_loss_last = NAN, loss_last = NAN, worst_loss = 0;
   if (gpt_data_load(&data, path) != 0) return 1;
   if (hi <= lo) {
@@ -143,7 +144,7 @@ int main(int argc, char **argv) {
       kiln_tensor *in[2] = {kiln_contiguous(kiln_slice(idx, 0, lo, hi, 1)),
                             kiln_contiguous(kiln_slice(tgt, 0, lo, hi, 1))};
       double t0 = now_ms();
-      if (s == 1) kiln_dist_times(&flight0, &blocked0); /* step 0 traces and compiles */
+      if (s == 1) kiln_dist_times(&flight0, &blocked0), colls0 = kiln_dist_collectives(); /* step 0 traces and compiles */
       if (compiled) rc = in[0] && in[1] ? kiln_call(fn, in, &loss) : -1;
       else rc = (loss = ddp_step(&d, in[0], in[1])) ? 0 : -1;
       loss_last = rc == 0 ? kiln_item(loss) : NAN;
@@ -164,6 +165,8 @@ int main(int argc, char **argv) {
     if (flight >= 0.01)
       printf("ms/step in allreduces %.2f, blocked waiting %.2f: %.0f%% overlapped\n", flight, blocked,
              100 * (1 - blocked / flight));
+    /* compiled: the allreduces packed into buckets (KILN_DIST_BUCKET_KB) */
+    printf("collectives/step %.1f\n", (double)(kiln_dist_collectives() - colls0) / (steps - 1));
   }
   if (compiled) {
     /* every call after the first ran the graph, with one allreduce per gradient and one for the loss */

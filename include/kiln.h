@@ -538,6 +538,11 @@ KILN_API int kiln_dist_size(void);
  * step overlaps its allreduces with the kernels after them, so blocked can be
  * less than in flight; an eager allreduce blocks throughout. 0s without MPI. */
 KILN_API void kiln_dist_times(double *in_flight_ms, double *blocked_ms);
+/* Collectives (MPI_Iallreduce calls) this process has issued. A compiled
+ * step packs consecutive small allreduces of one dtype and op into buckets
+ * of at most KILN_DIST_BUCKET_KB KiB (default 1024; 0: one per tensor), one
+ * collective each (docs/scaling.md); an eager allreduce is one. 0 without MPI. */
+KILN_API int64_t kiln_dist_collectives(void);
 #define kiln_allreduce(...) KILN_OP(kiln_allreduce_at, __VA_ARGS__)
 #define kiln_allreduce_(...) KILN_OP(kiln_allreduce__at, __VA_ARGS__)
 
