@@ -536,7 +536,8 @@ KILN_API int kiln_dist_size(void);
 /* Milliseconds over the process's life: wall time with collectives in flight,
  * and of that what the program spent blocked waiting for them. A compiled
  * step overlaps its allreduces with the kernels after them, so blocked can be
- * less than in flight; an eager allreduce blocks throughout. 0s without MPI. */
+ * less than in flight; an eager allreduce blocks throughout. A bucket is in
+ * flight from when it is sent, not while it fills. 0s without MPI. */
 KILN_API void kiln_dist_times(double *in_flight_ms, double *blocked_ms);
 /* Collectives (MPI_Iallreduce calls) this process has issued. A compiled
  * step packs consecutive small allreduces of one dtype and op into buckets
