@@ -121,6 +121,7 @@ static bool touches(const dist_coll *c, const char *lo, size_t bytes) {
   if (!lo) return true;
   size_t es = kiln_dtype_size(c->dtype);
   if (!c->stage) return overlaps(c->data, (size_t)c->count * es, lo, bytes);
+  if (!overlaps(c->lo, (size_t)(c->hi - c->lo), lo, bytes)) return false;
   for (int i = 0; i < c->n_m; i++)
     if (overlaps(c->m[i].dst, (size_t)c->m[i].count * es, lo, bytes)) return true;
   return false;
@@ -216,8 +217,11 @@ static int join(dist_pending *q, kiln_tensor *out, int64_t count, bool mean) {
     if (!m) return err_kernel_why("out of memory for an allreduce bucket"), -1;
     b->m = m, b->cap_m = nc;
   }
-  memcpy(b->stage + have, tensor_data(out), bytes);
-  b->m[b->n_m++] = (dist_member){tensor_data(out), count};
+  char *d = tensor_data(out);
+  memcpy(b->stage + have, d, bytes);
+  b->m[b->n_m++] = (dist_member){d, count};
+  if (b->n_m == 1 || d < b->lo) b->lo = d;
+  if (b->n_m == 1 || d + bytes > b->hi) b->hi = d + bytes;
   b->count += count, b->dtype = out->dtype, b->mean = mean;
   return 0;
 }

@@ -476,6 +476,7 @@ typedef struct dist_coll {
   bool mean;
   char *stage;      /* a bucket's staging buffer (NULL: in place) */
   dist_member *m;   /* a bucket's members, in the stage's order */
+  char *lo, *hi;    /* the members' bytes lie in [lo, hi): most buffers are seen not to touch them at once */
   int n_m, cap_m;
   size_t stage_cap; /* bytes allocated at stage */
 } dist_coll;
