@@ -300,6 +300,35 @@ START_TEST(test_buckets) {
 }
 END_TEST
 
+/* Caps that differ between the processes: checked at the first compiled
+ * allreduce of the process (so this test runs first), until they agree. */
+START_TEST(test_bucket_cap_differs) {
+  kiln_scope_begin();
+  kiln_fn *fn = kiln_compile(bucket_body, NULL, &(kiln_options){.name = "caps", .n_in = 1, .n_out = N_BUCKETED});
+  ck_assert_msg(fn != NULL, "%s", kiln_last_error());
+  kiln_tensor *out[N_BUCKETED] = {0};
+  int64_t before = kiln_dist_collectives();
+  /* every process's call fails, saying so */
+  setenv("KILN_DIST_BUCKET_KB", R ? "2" : "1", 1);
+  ck_assert_int_eq(-1, kiln_call(fn, (kiln_tensor *[]){kiln_zeros(KILN_F64, 1, (int64_t[]){512})}, out));
+  ck_assert_msg(strstr(kiln_last_error(), "KILN_DIST_BUCKET_KB differs between the processes") &&
+                    strstr(kiln_last_error(), "1 to 2 over all") && strstr(kiln_last_error(), "test_dist.c:"),
+                "%s", kiln_last_error());
+  /* one process's cap malformed: it says so, the others that the caps differ (none waits for it) */
+  setenv("KILN_DIST_BUCKET_KB", R ? "1" : "1x", 1);
+  ck_assert_int_eq(-1, kiln_call(fn, (kiln_tensor *[]){kiln_zeros(KILN_F64, 1, (int64_t[]){512})}, out));
+  ck_assert_msg(strstr(kiln_last_error(), R ? "KILN_DIST_BUCKET_KB differs" : "KILN_DIST_BUCKET_KB=1x is not a size"),
+                "%s", kiln_last_error());
+  ck_assert_int_eq(before, kiln_dist_collectives());
+  /* agreeing, the calls run */
+  setenv("KILN_DIST_BUCKET_KB", "1", 1);
+  ck_assert_int_eq(6, bucketed_call(fn, "agreed"));
+  unsetenv("KILN_DIST_BUCKET_KB");
+  kiln_fn_free(fn);
+  kiln_scope_end();
+}
+END_TEST
+
 /* y reads the first allreduce's result while its bucket is still open (the
  * cap is far away and another allreduce follows): the bucket must go first,
  * and y see the sum. g1 = sum(x), y = 2 g1, g2 = sum(y + x) = (2P + 1) g1. */
@@ -482,6 +511,7 @@ int main(void) {
       fprintf(stderr, "test_dist: %d processes, expected %s\n", P, np);
       return EXIT_FAILURE;
     }
+    if (P > 1) tcase_add_test(tc, test_bucket_cap_differs); /* first: see there */
     tcase_add_test(tc, test_sum_mean_eager);
     tcase_add_test(tc, test_bad_input);
     tcase_add_test(tc, test_gradient);

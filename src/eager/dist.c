@@ -89,19 +89,49 @@ bool dist_overlap(void) {
   return !(v && !strcmp(v, "0"));
 }
 
-/* KILN_DIST_BUCKET_KB: the bucket cap in bytes, DIST_BUCKET_KB when unset; -1 when malformed.
- * At most 1 GiB, so that a bucket's count fits MPI's int. */
+/* KILN_DIST_BUCKET_KB: the bucket cap in bytes, DIST_BUCKET_KB when unset; -1 when malformed or not
+ * the same on every process. At most 1 GiB, so that a bucket's count fits MPI's int. */
 enum { DIST_BUCKET_KB = 1024 };
+static int64_t bucket_cap_bad(const char *v) {
+  err_kernel_why("KILN_DIST_BUCKET_KB=%s is not a size in KiB (a whole number >= 0; 0: no buckets)", v);
+  return -1;
+}
+
 static int64_t bucket_cap(void) {
   const char *v = getenv("KILN_DIST_BUCKET_KB");
-  if (!v || !*v) return (int64_t)DIST_BUCKET_KB << 10;
-  char *end;
-  long long kb = strtoll(v, &end, 10);
-  if (*end || kb < 0) {
-    err_kernel_why("KILN_DIST_BUCKET_KB=%s is not a size in KiB (a whole number >= 0; 0: no buckets)", v);
+  int64_t cap = (int64_t)DIST_BUCKET_KB << 10;
+  if (v && *v) {
+    char *end;
+    long long kb = strtoll(v, &end, 10);
+    /* malformed: -1 KiB, which the check below still makes with the others (they must not wait for it) */
+    cap = *end || kb < 0 ? -1024 : kb > (1 << 20) ? (int64_t)1 << 30 : (int64_t)kb << 10;
+  }
+  /* Processes with different caps would make collectives of different sizes
+   * that MPI pairs up anyway (wrong sums or a hang). The first read (the
+   * first compiled allreduce, the same call on every process) is checked
+   * against the others' until they agree: an environment not forwarded to
+   * another machine (mpirun -x) shows there. A cap the program changes
+   * later is its own to change everywhere alike. */
+  static bool agreed;
+  if (agreed) {
+    return cap < 0 ? bucket_cap_bad(v) : cap;
+  }
+  long long mm[2] = {cap, -cap};
+  int rc = MPI_Allreduce(MPI_IN_PLACE, mm, 2, MPI_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
+  if (rc != MPI_SUCCESS) {
+    char buf[MPI_MAX_ERROR_STRING];
+    err_kernel_why("MPI_Allreduce failed (a process stopped?): %s", mpi_why(rc, buf));
     return -1;
   }
-  return kb > (1 << 20) ? (int64_t)1 << 30 : (int64_t)kb << 10;
+  if (cap < 0) return bucket_cap_bad(v);
+  if (mm[0] != -mm[1]) {
+    err_kernel_why("KILN_DIST_BUCKET_KB differs between the processes (%lld KiB here, %lld to %lld over all, -1: "
+                   "malformed): every process must use the same (mpirun -x KILN_DIST_BUCKET_KB)",
+                   (long long)(cap >> 10), -mm[1] >> 10, mm[0] >> 10);
+    return -1;
+  }
+  agreed = true;
+  return cap;
 }
 
 static void coll_free(dist_coll *c) {
