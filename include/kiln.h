@@ -543,7 +543,8 @@ KILN_API void kiln_dist_times(double *in_flight_ms, double *blocked_ms);
  * step packs consecutive small allreduces of one dtype and op into buckets
  * of at most KILN_DIST_BUCKET_KB KiB (default 1024; 0: one per tensor), one
  * collective each (docs/scaling.md); an eager allreduce is one. Not counted:
- * the check, when a call first meets a cap, that every process has the same. 0 without MPI. */
+ * the check, at the first compiled allreduce, that every process has the same
+ * cap. 0 without MPI. */
 KILN_API int64_t kiln_dist_collectives(void);
 #define kiln_allreduce(...) KILN_OP(kiln_allreduce_at, __VA_ARGS__)
 #define kiln_allreduce_(...) KILN_OP(kiln_allreduce__at, __VA_ARGS__)
