@@ -16,6 +16,8 @@
  * --check also trains one model on the whole batch in this process, eagerly,
  * and compares: the parameters after N steps, and the losses. --f64 trains in
  * float64, where the comparison is tight.
+ * --collectives N: fails unless every step after the first made N collectives
+ * (the buckets of a compiled step: KILN_DIST_BUCKET_KB).
  * --die-at K: process 1 kills itself at step K (the fault test: the other
  * processes must end with an error, not hang).
  * Prints "final loss X" (process 0) and exits nonzero when anything is off. */
@@ -76,18 +78,20 @@ static int ddp_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
 
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
-  int steps = 20, die_at = -1;
+  int steps = 20, die_at = -1, want_colls = -1;
   bool compiled = false, check = false, f64 = false;
   const char *path = "examples/data/genesis.txt";
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--data") && i + 1 < argc) path = argv[++i];
     else if (!strcmp(argv[i], "--die-at") && i + 1 < argc) die_at = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--collectives") && i + 1 < argc) want_colls = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--compiled")) compiled = true;
     else if (!strcmp(argv[i], "--check")) check = true;
     else if (!strcmp(argv[i], "--f64")) f64 = true;
     else {
-      fprintf(stderr, "usage: %s [--steps N] [--compiled] [--check] [--f64] [--data FILE] [--die-at K]\n", argv[0]);
+      fprintf(stderr, "usage: %s [--steps N] [--compiled] [--check] [--f64] [--data FILE] [--die-at K] [--collectives N]\n",
+              argv[0]);
       return 2;
     }
   }
@@ -106,6 +110,7 @@ int main(int argc, char **argv) {
   gpt model = {0}, ref = {0};
   kiln_fn *fn = NULL;
   int status = 1;
+  int64_t colls0 = 0;
   double step_ms = 0, flight0 = 0, blocked0 = 0, ref_loss_last = NAN, loss_last = NAN, worst_loss = 0;
   if (gpt_data_load(&data, path) != 0) return 1;
   if (hi <= lo) {
@@ -143,7 +148,7 @@ int main(int argc, char **argv) {
       kiln_tensor *in[2] = {kiln_contiguous(kiln_slice(idx, 0, lo, hi, 1)),
                             kiln_contiguous(kiln_slice(tgt, 0, lo, hi, 1))};
       double t0 = now_ms();
-      if (s == 1) kiln_dist_times(&flight0, &blocked0); /* step 0 traces and compiles */
+      if (s == 1) kiln_dist_times(&flight0, &blocked0), colls0 = kiln_dist_collectives(); /* step 0 traces and compiles */
       if (compiled) rc = in[0] && in[1] ? kiln_call(fn, in, &loss) : -1;
       else rc = (loss = ddp_step(&d, in[0], in[1])) ? 0 : -1;
       loss_last = rc == 0 ? kiln_item(loss) : NAN;
@@ -164,6 +169,13 @@ int main(int argc, char **argv) {
     if (flight >= 0.01)
       printf("ms/step in allreduces %.2f, blocked waiting %.2f: %.0f%% overlapped\n", flight, blocked,
              100 * (1 - blocked / flight));
+    /* compiled: the allreduces packed into buckets (KILN_DIST_BUCKET_KB) */
+    printf("collectives/step %.1f\n", (double)(kiln_dist_collectives() - colls0) / (steps - 1));
+  }
+  if (want_colls >= 0 && steps > 1 && kiln_dist_collectives() - colls0 != (int64_t)want_colls * (steps - 1)) {
+    printf("process %d: %lld collectives in %d steps, expected %d a step: FAILED\n", rank,
+           (long long)(kiln_dist_collectives() - colls0), steps - 1, want_colls);
+    status = 1;
   }
   if (compiled) {
     /* every call after the first ran the graph, with one allreduce per gradient and one for the loss */

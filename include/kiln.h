@@ -536,8 +536,16 @@ KILN_API int kiln_dist_size(void);
 /* Milliseconds over the process's life: wall time with collectives in flight,
  * and of that what the program spent blocked waiting for them. A compiled
  * step overlaps its allreduces with the kernels after them, so blocked can be
- * less than in flight; an eager allreduce blocks throughout. 0s without MPI. */
+ * less than in flight; an eager allreduce blocks throughout. A bucket is in
+ * flight from when it is sent, not while it fills. 0s without MPI. */
 KILN_API void kiln_dist_times(double *in_flight_ms, double *blocked_ms);
+/* Collectives (MPI_Iallreduce calls) this process has issued. A compiled
+ * step packs consecutive small allreduces of one dtype and op into buckets
+ * of at most KILN_DIST_BUCKET_KB KiB (default 1024; 0: one per tensor), one
+ * collective each (docs/scaling.md); an eager allreduce is one. Not counted:
+ * the check, at the first compiled allreduce, that every process has the same
+ * cap. 0 without MPI. */
+KILN_API int64_t kiln_dist_collectives(void);
 #define kiln_allreduce(...) KILN_OP(kiln_allreduce_at, __VA_ARGS__)
 #define kiln_allreduce_(...) KILN_OP(kiln_allreduce__at, __VA_ARGS__)
 

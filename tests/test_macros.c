@@ -481,14 +481,17 @@ END_TEST
 START_TEST(test_allreduce_literals) {
   kiln_scope_begin();
   kiln_tensor *x = kiln_tensor_from(KILN_F32, 1, (int64_t[]){3}, (float[]){1, 2, 3});
+  int64_t colls = kiln_dist_collectives();
   if (kiln_dist_size() < 0) {
     ck_assert_ptr_null(kiln_allreduce(x, KILN_REDUCE_SUM));
     ck_assert_ptr_nonnull(strstr(kiln_last_error(), "without MPI"));
     ck_assert_ptr_null(kiln_allreduce_(x, KILN_REDUCE_MEAN));
+    ck_assert_int_eq(0, kiln_dist_collectives());
   } else {
     ck_assert_int_eq(1, kiln_dist_size());
     EXPECT(kiln_allreduce(x, KILN_REDUCE_SUM), ((int64_t[]){3}), 1, 2, 3);
     EXPECT(kiln_allreduce_(x, KILN_REDUCE_MEAN), ((int64_t[]){3}), 1, 2, 3);
+    ck_assert_int_eq(colls + 2, kiln_dist_collectives()); /* eager: one each */
   }
   kiln_scope_end();
 }

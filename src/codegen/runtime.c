@@ -38,6 +38,7 @@ struct backend_exec {
   bool plan_dumped;
   double front_ms, opt_ms, machine_ms; /* compile time, by phase */
   size_t *plan_bytes, *plan_off, plan_total; /* the last call's plan (under mu) */
+  int last_allreduce;     /* the last allreduce's kernel: its bucket goes at once */
 };
 
 static double now_ms(void) {
@@ -382,6 +383,9 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
   e->fn = alloc_calloc((size_t)p->n_k + 1, sizeof *e->fn);
   e->consts = alloc_calloc((size_t)p->n_buf + 1, sizeof *e->consts);
   if (!e->fn || !e->consts) goto oom;
+  e->last_allreduce = -1;
+  for (int k = 0; k < p->n_k; k++)
+    if (p->k[k].kind != CG_K_LOOP && g->nodes[p->k[k].node].op == OP_ALLREDUCE) e->last_allreduce = k;
   for (int b = 0; b < p->n_buf; b++)
     if (p->buf[b].kind == CG_BUF_CONST && !(e->consts[b] = ir_const_tensor(&g->nodes[p->buf[b].node]))) goto oom;
   /* Kernels go into groups, one module each, optimized and compiled on as
@@ -771,7 +775,7 @@ static int compare_kernel(backend_exec *e, const cg_kernel *k, char *const *bufs
  * so aliases and reused arena space count), the ones on it complete. */
 static int wait_buf(dist_pending *q, const cg_program *p, int b, char *const *bufs, kiln_tensor *const *tens,
                     const size_t *bytes) {
-  if (!q->n || b < 0 || !bufs[b]) return 0;
+  if (!dist_busy(q) || b < 0 || !bufs[b]) return 0;
   size_t span = tens[b] ? (size_t)shape_numel(tens[b]->ndim, tens[b]->shape) * kiln_dtype_size(tens[b]->dtype)
                 : p->buf[b].alias_of >= 0 ? bytes[p->buf[b].alias_of]
                                           : bytes[b];
@@ -780,7 +784,7 @@ static int wait_buf(dist_pending *q, const cg_program *p, int b, char *const *bu
 
 static int wait_kernel(dist_pending *q, const cg_program *p, const ir_graph *g, const cg_kernel *k, char *const *bufs,
                        kiln_tensor *const *tens, const size_t *bytes) {
-  if (!q->n) return 0;
+  if (!dist_busy(q)) return 0;
   dist_poll(q); /* MPI moves them along only inside its calls: between kernels is when */
   int bad = 0;
   if (k->kind == CG_K_LOOP) {
@@ -821,7 +825,7 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
   int n_out_done = 0, mismatch = 0;
   kiln_tensor **all = NULL; /* check mode: the interpreter's values */
   /* allreduces run on while later kernels do, except in check mode, which reads each kernel's result at once */
-  dist_pending dq = {0};
+  dist_pending dq = {.cap = -1}; /* bucket cap: read on the first allreduce */
   bool overlap = !report && dist_overlap();
   if (!bufs || !tens || !own || !bytes || !off) goto oom;
   for (int b = 0; b < nb; b++) {
@@ -995,7 +999,7 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
     bool start = ok && overlap && n->op == OP_ALLREDUCE && tensor_contiguous(&ov.t);
     if (start) pw_copy(&ov.t, ins[0]);
     int r = !ok ? -1
-            : start ? dist_start(&dq, &ov.t, at.flag)
+            : start ? dist_start(&dq, &ov.t, at.flag, ki == e->last_allreduce)
             : k->kind == CG_K_MATMUL && k->beta != 0 ? gemm_into(ins[0], ins[1], k->alpha, k->beta, &ov.t)
             : k->scratch_buf >= 0 && !dtype_is_narrow(n->dtype) ? conv_kernel((op_id)n->op, ins, &at, &ov.t, bufs[k->scratch_buf])
                                                      : op_kernel((op_id)n->op, many ? many : ins, many ? n->n_in : nin, &at, &ov.t);
@@ -1071,7 +1075,7 @@ bad_shape:
 oom:
   err_set("", 0, "call", "%s: out of memory", g->name);
 done:
-  dist_wait(&dq, NULL, 0); /* nothing may still write the arena (after an error: its error stands) */
+  dist_end(&dq); /* nothing may still write the arena (after an error: its error stands) */
   if (rc)
     for (int i = 0; i < n_out_done; i++) kiln_release(out[i]), out[i] = NULL;
   if (shared_arena) {

@@ -462,27 +462,49 @@ int k_allreduce(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor 
 
 /* dist.c: allreduces in flight (MPI_Iallreduce), so that compiled code runs
  * on while they travel: runtime.c starts one where the graph has it and waits
- * for it only before a kernel touches its buffer. One queue per call. */
+ * for it only before a kernel touches its buffer. Consecutive small ones of
+ * one dtype and op are packed into a bucket (a staging buffer) and go as one
+ * collective when it is full, when a kernel needs a member, or after the
+ * graph's last allreduce (docs/scaling.md). One queue per call. */
 enum { DIST_MAX_PENDING = 64 };
+typedef struct dist_member {
+  char *dst; /* the tensor's buffer, written from the stage when done */
+  int64_t count;
+} dist_member;
+typedef struct dist_coll {
+  unsigned char req[16]; /* the MPI_Request, once issued */
+  char *data;            /* what MPI reduces: the tensor in place, or stage */
+  int64_t count;
+  kiln_dtype dtype;
+  bool mean;
+  char *stage;      /* a bucket's staging buffer (NULL: in place) */
+  dist_member *m;   /* a bucket's members, in the stage's order */
+  char *lo, *hi;    /* the members' bytes lie in [lo, hi): most buffers are seen not to touch them at once */
+  int n_m, cap_m;
+  size_t stage_cap; /* bytes allocated at stage */
+} dist_coll;
 typedef struct dist_pending {
-  int n;
-  double since; /* when the queue last went from empty to not (ms) */
-  struct {
-    unsigned char req[16]; /* the MPI_Request */
-    char *data;
-    int64_t count;
-    kiln_dtype dtype;
-    bool mean;
-  } r[DIST_MAX_PENDING];
+  int n;           /* issued: r[0, n) */
+  double since;    /* when the queue last went from empty to not (ms) */
+  int64_t cap;     /* bucket bytes; 0: none (each tensor alone); < 0: read KILN_DIST_BUCKET_KB on first use */
+  dist_coll open;  /* the bucket being filled (open.n_m members), not issued yet */
+  dist_coll r[DIST_MAX_PENDING];
 } dist_pending;
 /* Whether compiled code overlaps its allreduces (KILN_DIST_OVERLAP=0: it waits at once). */
 bool dist_overlap(void);
-/* Starts the sum (mean) of out's values (contiguous) over the processes, in place. 0, or -1 and err_kernel_why. */
-int dist_start(dist_pending *q, kiln_tensor *out, bool mean);
-/* Waits for those in flight whose data overlaps [lo, lo + bytes), or all when lo is NULL. 0 or -1. */
+/* Starts the sum (mean) of out's values (contiguous) over the processes, in
+ * place: into the open bucket, or issued; last (no allreduce follows in the
+ * graph) issues the open bucket at once. 0, or -1 and err_kernel_why. */
+int dist_start(dist_pending *q, kiln_tensor *out, bool mean, bool last);
+/* Waits for those whose data overlaps [lo, lo + bytes) (issuing the open
+ * bucket when a member does), or all when lo is NULL. 0 or -1. */
 int dist_wait(dist_pending *q, const char *lo, size_t bytes);
 /* Lets MPI move the ones in flight along (it progresses them only inside its calls). */
 void dist_poll(dist_pending *q);
+/* After an error or at the end: drops the open bucket unissued, waits for
+ * the rest (nothing may still write the caller's buffers), frees it all. */
+void dist_end(dist_pending *q);
+static inline bool dist_busy(const dist_pending *q) { return q->n > 0 || q->open.n_m > 0; }
 
 /* pointwise.c: elementwise into an arbitrary (possibly strided) destination.
  * The in-place ops use these directly. All operands already have dtype dt
