@@ -6,6 +6,9 @@
  *   W11_llama_generate  greedy generation of 256 tokens from BOS through the
  *                       KV cache, one compiled variant for every position:
  *                       ms per token, and tokens per second
+ *   W11_llama_generate_bf16  the same with the layers' weight matrices in
+ *                       bf16 (the embedding, tied to the head, stays f32):
+ *                       half the bytes a decode step streams
  *   W12_llama_forward   logits of 64 tokens at once, batch 1: ms per call
  *   M1_matvec_in_out    (1,288) @ (288,288), weights (in,out): ms per call
  *   M1_matvec_out_in    (1,288) @ (288,288)^T, weights (out,in): ms per call
@@ -35,7 +38,7 @@ typedef struct ll_result {
   double per; /* the sample divided by this: tokens for W11 */
 } ll_result;
 
-static ll_result results[4];
+static ll_result results[6];
 static int n_results;
 
 static bool wanted(const char *id, const char *name, const char *only) {
@@ -170,6 +173,29 @@ int bench_llama(const char *only) {
     print_row(&r);
     kiln_fn_free(fn);
     kiln_release(c.x);
+  }
+  if (w11) {
+    /* bf16 weight matrices: a product of f32 activations and bf16 weights is f32 */
+    int bad = 0;
+    for (int l = 0; l < cfg.n_layers && !bad; l++)
+      for (int w = 0; w < LL_PER_LAYER && !bad; w++) {
+        kiln_tensor **p = &m.layer[l * LL_PER_LAYER + w];
+        if (kiln_ndim(*p) != 2) continue;
+        kiln_tensor *narrow = kiln_keep(kiln_cast(*p, KILN_BF16));
+        bad = narrow == NULL;
+        if (!bad) kiln_release(*p), *p = narrow;
+      }
+    if (bad) {
+      fprintf(stderr, "llama bf16: %s\n", kiln_last_error());
+    } else {
+      ll_ctx c = {.m = &m};
+      kiln_options o = {.name = "W11_bf16", .n_in = 1, .n_out = 1};
+      kiln_fn *fn = kiln_compile(llama_decode_body, &m, &o);
+      ll_result r = measure("W11_llama_generate_bf16", gen_run, &c, fn, GEN_TOKENS);
+      results[n_results++] = r;
+      print_row(&r);
+      kiln_fn_free(fn);
+    }
   }
   llama_free(&m);
   return n_results;
