@@ -402,35 +402,29 @@ START_TEST(test_random_programs) {
 }
 END_TEST
 
+/* 100 seeds from 70000 (KILN_FUZZ_PROGRAMS, KILN_FUZZ_FIRST move them) of
+ * the generator in mode, in C mode if cmode; every one must agree with eager. */
+static void run_seeds(int mode, bool cmode, const char *what) {
+  const char *env = getenv("KILN_FUZZ_PROGRAMS");
+  const char *first = getenv("KILN_FUZZ_FIRST");
+  int n = env ? atoi(env) : 100;
+  uint64_t base = first ? strtoull(first, NULL, 10) : 70000;
+  int failed = 0;
+  uint64_t first_bad = 0;
+  for (int i = 0; i < n; i++) run_seed_in(base + (uint64_t)i, mode, cmode, &failed, &first_bad);
+  ck_assert_msg(failed == 0, "%d of %d random programs %s differ from eager; the first is seed %llu", failed, n, what,
+                (unsigned long long)first_bad);
+}
+
 /* The generator in C mode: branches on sizes and on values read back, C
  * numbers that change between calls, numbers made from sizes, dropout. Every
  * compiled call must give the body's eager answer. */
-START_TEST(test_random_programs_c) {
-  const char *env = getenv("KILN_FUZZ_PROGRAMS");
-  const char *first = getenv("KILN_FUZZ_FIRST");
-  int n = env ? atoi(env) : 100;
-  uint64_t base = first ? strtoull(first, NULL, 10) : 70000;
-  int failed = 0;
-  uint64_t first_bad = 0;
-  for (int i = 0; i < n; i++) run_seed_in(base + (uint64_t)i, 0, true, &failed, &first_bad);
-  ck_assert_msg(failed == 0, "%d of %d random programs in C mode differ from eager; the first is seed %llu", failed, n,
-                (unsigned long long)first_bad);
-}
+START_TEST(test_random_programs_c) { run_seeds(0, true, "in C mode"); }
 END_TEST
 
 /* Mode 1: programs that use the newer ops as well (clamp, silu, ..., topk,
- * split, group_norm). KILN_FUZZ_FIRST moves its seeds too. */
-START_TEST(test_random_programs_more_ops) {
-  const char *env = getenv("KILN_FUZZ_PROGRAMS");
-  const char *first = getenv("KILN_FUZZ_FIRST");
-  int n = env ? atoi(env) : 100;
-  uint64_t base = first ? strtoull(first, NULL, 10) : 70000;
-  int failed = 0;
-  uint64_t first_bad = 0;
-  for (int i = 0; i < n; i++) run_seed_in(base + (uint64_t)i, 1, false, &failed, &first_bad);
-  ck_assert_msg(failed == 0, "%d of %d random programs of mode 1 differ from eager; the first is seed %llu", failed, n,
-                (unsigned long long)first_bad);
-}
+ * split, group_norm). */
+START_TEST(test_random_programs_more_ops) { run_seeds(1, false, "of mode 1"); }
 END_TEST
 
 /* The same generator with every light kernel on the quick code generator
