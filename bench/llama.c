@@ -126,6 +126,18 @@ static void print_row(const ll_result *r) {
   fflush(stdout);
 }
 
+/* Compiles body (over body_ctx) as fn_name, measures it against eager under
+ * name and prints the row. */
+static void add_row(const char *name, const char *fn_name, kiln_body body, void *body_ctx,
+                    int (*run)(void *, kiln_fn *), ll_ctx *c, double per) {
+  kiln_options o = {.name = fn_name, .n_in = 1, .n_out = 1};
+  kiln_fn *fn = kiln_compile(body, body_ctx, &o);
+  ll_result r = measure(name, run, c, fn, per);
+  results[n_results++] = r;
+  print_row(&r);
+  kiln_fn_free(fn);
+}
+
 /* Runs the selected workloads and prints their rows; returns how many rows. */
 int bench_llama(const char *only) {
   bool w11 = wanted("W11", "W11_llama_generate", only), w12 = wanted("W12", "W12_llama_forward", only);
@@ -136,13 +148,7 @@ int bench_llama(const char *only) {
       ll_ctx c = {.transposed = t == 1};
       c.x = kiln_randn(KILN_F32, 2, ((int64_t[]){1, 288}), 1);
       c.w = kiln_randn(KILN_F32, 2, ((int64_t[]){288, 288}), 2);
-      kiln_options o = {.name = t ? "M1_out_in" : "M1_in_out", .n_in = 1, .n_out = 1};
-      kiln_fn *fn = kiln_compile(mv_body, &c, &o);
-      const char *name = t ? "M1_matvec_out_in" : "M1_matvec_in_out";
-      ll_result r = measure(name, mv_run, &c, fn, 1);
-      results[n_results++] = r;
-      print_row(&r);
-      kiln_fn_free(fn);
+      add_row(t ? "M1_matvec_out_in" : "M1_matvec_in_out", t ? "M1_out_in" : "M1_in_out", mv_body, &c, mv_run, &c, 1);
       kiln_release(c.x), kiln_release(c.w);
     }
   }
@@ -155,23 +161,13 @@ int bench_llama(const char *only) {
   }
   if (w11) {
     ll_ctx c = {.m = &m};
-    kiln_options o = {.name = "W11", .n_in = 1, .n_out = 1};
-    kiln_fn *fn = kiln_compile(llama_decode_body, &m, &o);
-    ll_result r = measure("W11_llama_generate", gen_run, &c, fn, GEN_TOKENS);
-    results[n_results++] = r;
-    print_row(&r);
-    kiln_fn_free(fn);
+    add_row("W11_llama_generate", "W11", llama_decode_body, &m, gen_run, &c, GEN_TOKENS);
   }
   if (w12) {
     int64_t t[FWD_T];
     for (int i = 0; i < FWD_T; i++) t[i] = (i * 7919 + 1) % cfg.vocab_size;
     ll_ctx c = {.m = &m, .x = kiln_tensor_from(KILN_I64, 1, ((int64_t[]){FWD_T}), t)};
-    kiln_options o = {.name = "W12", .n_in = 1, .n_out = 1};
-    kiln_fn *fn = kiln_compile(llama_forward_body, &m, &o);
-    ll_result r = measure("W12_llama_forward", fwd_run, &c, fn, 1);
-    results[n_results++] = r;
-    print_row(&r);
-    kiln_fn_free(fn);
+    add_row("W12_llama_forward", "W12", llama_forward_body, &m, fwd_run, &c, 1);
     kiln_release(c.x);
   }
   if (w11) {
@@ -189,12 +185,7 @@ int bench_llama(const char *only) {
       fprintf(stderr, "llama bf16: %s\n", kiln_last_error());
     } else {
       ll_ctx c = {.m = &m};
-      kiln_options o = {.name = "W11_bf16", .n_in = 1, .n_out = 1};
-      kiln_fn *fn = kiln_compile(llama_decode_body, &m, &o);
-      ll_result r = measure("W11_llama_generate_bf16", gen_run, &c, fn, GEN_TOKENS);
-      results[n_results++] = r;
-      print_row(&r);
-      kiln_fn_free(fn);
+      add_row("W11_llama_generate_bf16", "W11_bf16", llama_decode_body, &m, gen_run, &c, GEN_TOKENS);
     }
   }
   llama_free(&m);
