@@ -79,13 +79,9 @@ typedef double gv_f64 __attribute__((vector_size(64)));
 SMALL_GEMV_FN(float, gv_f32, small_gemv_f32)
 SMALL_GEMV_FN(double, gv_f64, small_gemv_f64)
 
+/* m, n and k are at least 1 (k_matmul returns before an empty product) */
 static void gemm(kiln_dtype dt, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int64_t k,
                  const void *a, int64_t lda, const void *b, int64_t ldb, void *c, int64_t ldc) {
-  if (m == 0 || n == 0) return;
-  if (k == 0) {
-    memset(c, 0, (size_t)(m * n) * kiln_dtype_size(dt)); /* c is contiguous (m, n) here */
-    return;
-  }
   if (m == 1 && n * k <= SMALL_GEMV) {
     int64_t inca = ta == CblasNoTrans ? 1 : lda;
     if (dt == KILN_F32) small_gemv_f32(tb == CblasTrans, n, k, a, inca, b, ldb, c);
@@ -137,6 +133,11 @@ int k_matmul(op_id op, kiln_tensor *const *in, int n, const op_attrs *attrs, kil
     bv.stride[0] = b->stride[0], bv.stride[1] = 1;
   }
   int64_t m = av.shape[av.ndim - 2], k = av.shape[av.ndim - 1], nn = bv.shape[bv.ndim - 1];
+  int64_t n_out = shape_numel(out->ndim, out->shape);
+  if (n_out == 0 || k == 0) { /* an empty product, or sums over nothing: buffers of no bytes may be NULL */
+    if (n_out) memset(tensor_data(out), 0, (size_t)n_out * kiln_dtype_size(out->dtype));
+    return 0;
+  }
   CBLAS_TRANSPOSE ta = CblasNoTrans, tb = CblasNoTrans;
   int64_t lda = 1, ldb = 1;
   if (cblas_layout(m, k, av.stride[av.ndim - 2], av.stride[av.ndim - 1], &ta, &lda)) {
@@ -163,11 +164,6 @@ int k_matmul(op_id op, kiln_tensor *const *in, int n, const op_attrs *attrs, kil
     bshape[i] = da == 1 ? db : da; /* not the max: a 1 broadcasts to a 0 */
     batch *= bshape[i];
   }
-  if (m == 0 || nn == 0 || batch == 0) goto done; /* empty: its buffers may be NULL */
-  if (k == 0) { /* a sum of nothing; a and b may have no buffer */
-    memset(tensor_data(out), 0, (size_t)(batch * m * nn) * es);
-    goto done;
-  }
   char *pa = tensor_data(&av), *pb = tensor_data(&bv), *pc = tensor_data(out);
   bool b_shared = true; /* b has no batch stride: fold a's batch into M when a stacks */
   for (int i = 0; i < nbb; i++) b_shared &= bv.shape[i] == 1;
@@ -190,7 +186,6 @@ int k_matmul(op_id op, kiln_tensor *const *in, int n, const op_attrs *attrs, kil
            pc + bi * m * nn * (int64_t)es, nn);
     }
   }
-done:
   kiln_release(ca);
   kiln_release(cb);
   return 0;
