@@ -420,8 +420,10 @@ static int inplace_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
   return out[0] ? 0 : -1;
 }
 
+/* _i 1: in check mode too, which must agree with eager (an input passed
+ * twice is one leaf of its snapshot) */
 START_TEST(test_inplace_and_alias_guard) {
-  kiln_options o = {.name = "inplace", .n_in = 2, .n_out = 1};
+  kiln_options o = {.name = "inplace", .n_in = 2, .n_out = 1, .check = _i};
   kiln_fn *fn = kiln_compile(inplace_body, NULL, &o);
   kiln_scope_begin();
   int64_t s[1] = {3};
@@ -446,6 +448,7 @@ START_TEST(test_inplace_and_alias_guard) {
   kiln_fn_stats st;
   kiln_fn_get_stats(fn, &st);
   ck_assert_int_eq(2, st.traces);
+  ck_assert_int_eq(0, st.check_fails);
   kiln_scope_end();
   kiln_fn_free(fn);
 }
@@ -1084,11 +1087,12 @@ START_TEST(test_freeze_and_dump_dir) {
 }
 END_TEST
 
-/* a released weight is noticed: the variant that captured it does not run */
+/* a released weight is noticed: the variant that captured it does not run
+ * (_i 1: in check mode too, whose snapshot must not keep it alive) */
 START_TEST(test_released_param_retraces) {
   mlp m;
   mlp_init(&m, 4, 8, 2, false);
-  kiln_options o = {.name = "mlp", .n_in = 1, .n_out = 1};
+  kiln_options o = {.name = "mlp", .n_in = 1, .n_out = 1, .check = _i};
   kiln_fn *fn = kiln_compile(mlp_body, &m, &o);
   kiln_scope_begin();
   kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){3, 4}), 1), *y = NULL;
@@ -1116,6 +1120,7 @@ START_TEST(test_released_param_retraces) {
   kiln_fn_get_stats(fn, &st);
   ck_assert_int_eq(0, st.fallbacks);
   ck_assert_int_eq(1, st.variants);
+  ck_assert_int_eq(0, st.check_fails);
   kiln_fn_free(fn);
   mlp_free(&m);
 }
@@ -1136,7 +1141,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, test_training_dynamic_batch);
   tcase_add_test(tc, test_var_dynamic);
   tcase_add_test(tc, test_outputs_alias_inputs);
-  tcase_add_test(tc, test_inplace_and_alias_guard);
+  tcase_add_loop_test(tc, test_inplace_and_alias_guard, 0, 2);
   tcase_add_test(tc, test_write_with_live_view);
   tcase_add_test(tc, test_save_load);
   tcase_add_test(tc, test_load_rejects_bad_text);
@@ -1150,7 +1155,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, test_regressions);
   tcase_add_test(tc, test_read_sizes_stay_symbolic);
   tcase_add_test(tc, test_shared_read_size_guarded);
-  tcase_add_test(tc, test_released_param_retraces);
+  tcase_add_loop_test(tc, test_released_param_retraces, 0, 2);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -1414,12 +1414,26 @@ static int call_checked(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out, 
   variant *v = fn->n_variants ? fn->variants[fn->n_variants - 1] : NULL;
   int n = fn->opts.n_in + (v ? v->n_params : 0);
   kiln_tensor **leaves = alloc_malloc(sizeof *leaves * (size_t)(n + 1));
-  for (int i = 0; leaves && i < n; i++) leaves[i] = i < fn->opts.n_in ? in[i] : kiln_retain(v->params[i - fn->opts.n_in]);
+  int kept = 0, n_in = 0; /* leaves [0, n_in) are inputs, the rest params retained here */
+  for (int i = 0; leaves && i < n; i++) {
+    kiln_tensor *t = i < fn->opts.n_in ? in[i] : v->params[i - fn->opts.n_in];
+    bool twice = false; /* a tensor passed twice is one leaf: two would swap its data back */
+    for (int j = 0; j < kept && !twice; j++) twice = leaves[j] == t;
+    if (twice) continue;
+    if (i < fn->opts.n_in) {
+      leaves[kept++] = t, n_in++;
+    } else if (tensor_refs(t) > 1) {
+      /* one only the variant still holds was released by its owner: the call
+       * drops that variant, and a reference here would hide the release */
+      leaves[kept++] = kiln_retain(t);
+    }
+  }
+  n = kept;
   pthread_mutex_unlock(&fn->mu);
   if (!leaves) return err_set("", 0, "call", "%s: out of memory", fn->name), -1;
   snapshot s = {0};
   int rc = snap_take(leaves, n, &s);
-  for (int i = fn->opts.n_in; i < n; i++) kiln_release(leaves[i]);
+  for (int i = n_in; i < n; i++) kiln_release(leaves[i]);
   alloc_free(leaves);
   if (rc) {
     snap_free(&s);
