@@ -409,9 +409,11 @@ KILN_API kiln_tensor *kiln_cumsum_at(kiln_tensor *x, int dim, const char *, int)
 KILN_API int kiln_topk_at(kiln_tensor *x, int64_t k, int dim, bool largest, kiln_tensor **values, kiln_tensor **indices,
                           const char *, int);
 /* Views of x in pieces of size along dim (the last may be shorter) into
- * outs[0..count); returns the count, or -1. outs NULL: only the count;
- * max_outs smaller than the count is an error. */
-KILN_API int kiln_split_at(kiln_tensor *x, int64_t size, int dim, kiln_tensor **outs, int max_outs, const char *, int);
+ * outs[0..count), as torch.split; returns the count, or -1. outs NULL: only
+ * the count. kiln_split's outs must hold the count; kiln_split_n takes the
+ * room it has, max_outs, and a count above it is an error. */
+KILN_API int kiln_split_at(kiln_tensor *x, int64_t size, int dim, kiln_tensor **outs, const char *, int);
+KILN_API int kiln_split_n_at(kiln_tensor *x, int64_t size, int dim, kiln_tensor **outs, int max_outs, const char *, int);
 /* i64 (idx.shape + (n,)): 1 at each index's class; n -1 takes the largest
  * index + 1 (a value read: a compiled body falls back to eager there). */
 KILN_API kiln_tensor *kiln_one_hot_at(kiln_tensor *idx, int64_t n, const char *, int);
@@ -456,6 +458,7 @@ KILN_API kiln_tensor *kiln_group_norm_at(kiln_tensor *x, int groups, kiln_tensor
 #define kiln_cumsum(...) KILN_OP(kiln_cumsum_at, __VA_ARGS__)
 #define kiln_topk(...) KILN_CALL(int, kiln_topk_at, __VA_ARGS__)
 #define kiln_split(...) KILN_CALL(int, kiln_split_at, __VA_ARGS__)
+#define kiln_split_n(...) KILN_CALL(int, kiln_split_n_at, __VA_ARGS__)
 #define kiln_one_hot(...) KILN_OP(kiln_one_hot_at, __VA_ARGS__)
 #define kiln_repeat(...) KILN_OP(kiln_repeat_at, __VA_ARGS__)
 #define kiln_cross_entropy(...) KILN_OP(kiln_cross_entropy_at, __VA_ARGS__)

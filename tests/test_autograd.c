@@ -545,7 +545,7 @@ static kiln_tensor *f_split(kiln_tensor *const *x, const void *c)
 {
   (void)c;
   kiln_tensor *p[3];
-  if (kiln_split(x[0], 2, 1, p, 3) != 3)
+  if (kiln_split(x[0], 2, 1, p) != 3)
     return NULL;
   return kiln_cat(((kiln_tensor *[]){kiln_mul(p[2], p[2]), kiln_exp(p[0]), p[1]}), 3, 1);
 }

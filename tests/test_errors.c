@@ -503,10 +503,10 @@ START_TEST(test_new_op_errors)
   expect_error(tl, "kiln_topk", "both NULL", NULL);
   kiln_tensor *pieces[2];
   tl = __LINE__ + 1;
-  ck_assert_int_eq(-1, kiln_split(x, 2, 1, pieces, 2));
+  ck_assert_int_eq(-1, kiln_split_n(x, 2, 1, pieces, 2));
   expect_error(tl, "kiln_split", "3 pieces", "max_outs 2");
   tl = __LINE__ + 1;
-  ck_assert_int_eq(-1, kiln_split(x, 0, 1, pieces, 2));
+  ck_assert_int_eq(-1, kiln_split_n(x, 0, 1, pieces, 2));
   expect_error(tl, "kiln_split", "at least 1", NULL);
   EXPECT_ERR(kiln_one_hot(kiln_tensor_from(KILN_I64, 1, S3, ((int64_t[]){0, -1, 2})), 3), "kiln_one_hot", "index -1");
   EXPECT_ERR(kiln_one_hot(x, 3), "kiln_one_hot", "i64");

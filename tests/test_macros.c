@@ -112,8 +112,11 @@ START_TEST(test_view_literals) {
   EXPECT(tv, ((int64_t[]){2, 2}), 3, 2, 6, 5);
   EXPECT(ti, ((int64_t[]){2, 2}), 2, 1, 2, 1);
   kiln_tensor *pieces[2];
-  ck_assert_int_eq(2, kiln_split(m, 2, 1, pieces, 2));
+  ck_assert_int_eq(2, kiln_split(m, 2, 1, NULL));
+  ck_assert_int_eq(2, kiln_split(m, 2, 1, pieces));
   EXPECT(pieces[1], ((int64_t[]){2, 1}), 3, 6);
+  ck_assert_int_eq(2, kiln_split_n(m, 2, 1, pieces, 2));
+  EXPECT(pieces[0], ((int64_t[]){2, 2}), 1, 2, 4, 5);
   EXPECT(kiln_one_hot(kiln_tensor_from(KILN_I64, 1, (int64_t[]){2}, (int64_t[]){2, 0}), 3), ((int64_t[]){2, 3}), 0, 0, 1, 1, 0, 0);
   EXPECT(kiln_repeat(r, 2, (int64_t[]){2, 2}), ((int64_t[]){2, 4}), 7, 8, 7, 8, 7, 8, 7, 8);
   kiln_scope_end();

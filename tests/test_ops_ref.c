@@ -263,7 +263,7 @@ static bool dispatch(const refcase *c, kiln_tensor **in, kiln_tensor *base0, kil
   }
   if (strcmp(op, "split") == 0) {
     kiln_tensor *pieces[16];
-    int n = kiln_split(in[0], (int64_t)attr1(c, "size", &ok), (int)attr1(c, "dim", &ok), pieces, 16);
+    int n = kiln_split_n(in[0], (int64_t)attr1(c, "size", &ok), (int)attr1(c, "dim", &ok), pieces, 16);
     if (n != c->nout) {
       fprintf(stderr, "case %d: split made %d pieces, expected %d\n", c->index, n, c->nout);
       return false;

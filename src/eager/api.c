@@ -453,7 +453,7 @@ int kiln_topk_at(kiln_tensor *x, int64_t k, int dim, bool largest, kiln_tensor *
   return ok ? 0 : -1;
 }
 
-int kiln_split_at(kiln_tensor *x, int64_t size, int dim, kiln_tensor **outs, int max_outs, const char *file, int line) {
+int kiln_split_n_at(kiln_tensor *x, int64_t size, int dim, kiln_tensor **outs, int max_outs, const char *file, int line) {
   if (tensor_bad_arg(x, file, line, "split", "input 0")) return -1;
   char b[SHAPE_BUF];
   int d = axis_norm(dim, x->ndim);
@@ -475,6 +475,10 @@ int kiln_split_at(kiln_tensor *x, int64_t size, int dim, kiln_tensor **outs, int
     }
   }
   return (int)count;
+}
+
+int kiln_split_at(kiln_tensor *x, int64_t size, int dim, kiln_tensor **outs, const char *file, int line) {
+  return kiln_split_n_at(x, size, dim, outs, INT_MAX, file, line);
 }
 
 kiln_tensor *kiln_one_hot_at(kiln_tensor *idx, int64_t n, const char *file, int line) {

@@ -350,7 +350,7 @@ static int step_more(gen *g, val a) {
       if (a.d[i] > 1) ax = i;
     if (ax < 0) return 0;
     kiln_tensor *p[8], *q[8];
-    int n = kiln_split(a.t, 2, ax, p, 8);
+    int n = kiln_split_n(a.t, 2, ax, p, 8);
     if (n < 0) return push(g, NULL, 0, d, -1, false);
     for (int i = 0; i < n; i++) q[i] = p[n - 1 - i];
     return push_like(g, kiln_cat(q, n, ax), &a);
