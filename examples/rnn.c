@@ -20,6 +20,9 @@
 
 #include "kiln.h"
 
+/* DECODE_MAX stays under 63: a compiled decode breaks the graph at each test
+ * of the loop until while_loop compiles to a native loop, and a call allows
+ * 63 breaks. */
 enum { E = 16, H = 64, B = 16, TMIN = 8, TMAX = 24, MAXV = 96, DECODE_MAX = 48 };
 enum { EMB, WX, WH, BIAS, WO, BO, NPARAM };
 static const double LR = 0.5;
