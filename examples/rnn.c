@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "kiln.h"
+#include "lstm.h"
 
 /* DECODE_MAX stays under 63: a compiled decode breaks the graph at each test
  * of the loop until while_loop compiles to a native loop, and a call allows
@@ -27,33 +28,21 @@ enum { E = 16, H = 64, B = 16, TMIN = 8, TMAX = 24, MAXV = 96, DECODE_MAX = 48 }
 enum { EMB, WX, WH, BIAS, WO, BO, NPARAM };
 static const double LR = 0.5;
 
-typedef struct lstm {
+typedef struct model {
   kiln_tensor *p[NPARAM]; /* emb (V,E), wx (E,4H), wh (H,4H), bias (4H), wo (H,V), bo (V) */
-} lstm;
+} model;
 
-/* The cell, scan's body: in = (h (B,H), c (B,H), x_t (B,E)), out = (h', c', h'). */
-static int cell(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
-  lstm *m = ctx;
-  kiln_tensor *g = kiln_add(kiln_add(kiln_matmul(in[2], m->p[WX]), kiln_matmul(in[0], m->p[WH])), m->p[BIAS]);
-  kiln_tensor *i = kiln_sigmoid(kiln_slice(g, -1, 0, H, 1));
-  kiln_tensor *f = kiln_sigmoid(kiln_slice(g, -1, H, 2 * H, 1));
-  kiln_tensor *u = kiln_tanh(kiln_slice(g, -1, 2 * H, 3 * H, 1));
-  kiln_tensor *o = kiln_sigmoid(kiln_slice(g, -1, 3 * H, 4 * H, 1));
-  out[1] = kiln_add(kiln_mul(f, in[1]), kiln_mul(i, u));
-  out[0] = kiln_mul(o, kiln_tanh(out[1]));
-  out[2] = out[0];
-  return out[0] && out[1] ? 0 : -1;
-}
+/* The cell of lstm.h reads the model's weights. */
+static lstm_cell_w cell_of(const model *m) { return (lstm_cell_w){m->p[WX], m->p[WH], m->p[BIAS], H}; }
 
 /* Mean cross entropy of predicting ids[t+1] from ids[..t], ids (T+1,B) i64.
- * T is read from a size only to shape the reshapes: the scan's trip count is
- * dim 0 of x, which a compiled function keeps symbolic. */
-static kiln_tensor *loss_of(lstm *m, kiln_tensor *ids) {
+ * The LSTM is one kiln_scan over x's dim 0, not a C loop over T, so one
+ * compiled step can serve every length. */
+static kiln_tensor *loss_of(model *m, kiln_tensor *ids) {
   int64_t T = kiln_size(ids, 0) - 1;
+  lstm_cell_w w = cell_of(m);
   kiln_tensor *x = kiln_embedding(m->p[EMB], kiln_slice(ids, 0, 0, T, 1)); /* (T,B,E) */
-  kiln_tensor *init[2] = {kiln_zeros(KILN_F32, 2, (int64_t[]){B, H}), kiln_zeros(KILN_F32, 2, (int64_t[]){B, H})};
-  kiln_tensor *last[2], *hs;
-  if (kiln_scan(cell, m, 2, init, 1, &x, last, 1, &hs)) return NULL;
+  kiln_tensor *hs = lstm_layer(&w, x);                                     /* (T,B,H) */
   kiln_tensor *logits = kiln_add(kiln_matmul(kiln_reshape(hs, 2, (int64_t[]){-1, H}), m->p[WO]), m->p[BO]);
   kiln_tensor *target = kiln_reshape(kiln_contiguous(kiln_slice(ids, 0, 1, T + 1, 1)), 1, (int64_t[]){-1});
   return kiln_cross_entropy(logits, target);
@@ -62,7 +51,7 @@ static kiln_tensor *loss_of(lstm *m, kiln_tensor *ids) {
 /* One training step, the body of the compiled function: in = ids (T+1,B),
  * out = the loss before the SGD update, which happens in place. */
 static int train_step(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
-  lstm *m = ctx;
+  model *m = ctx;
   out[0] = loss_of(m, in[0]);
   if (!out[0] || kiln_backward(out[0])) return -1;
   kiln_no_grad_begin();
@@ -77,7 +66,7 @@ static int train_step(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
 /* ---- greedy decode with kiln_while_loop ---- */
 
 typedef struct decoder {
-  lstm *m;
+  model *m;
   int64_t end; /* the end token's id */
 } decoder;
 
@@ -98,7 +87,8 @@ static int next_char(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
   decoder *d = ctx;
   kiln_tensor *cs[3];
   kiln_tensor *step_in[3] = {in[0], in[1], kiln_embedding(d->m->p[EMB], in[2])};
-  if (cell(d->m, step_in, cs)) return -1;
+  lstm_cell_w w = cell_of(d->m);
+  if (lstm_cell(&w, step_in, cs)) return -1;
   kiln_tensor *logits = kiln_add(kiln_matmul(cs[0], d->m->p[WO]), d->m->p[BO]); /* (1,V) */
   kiln_tensor *at_n = kiln_eq(kiln_arange(KILN_I64, 0, DECODE_MAX, 1), in[3]);
   out[0] = cs[0];
@@ -158,7 +148,7 @@ static uint64_t next_rand(void) {
 }
 
 /* The same random weights for every model made. */
-static void lstm_init(lstm *m, int vocab) {
+static void model_init(model *m, int vocab) {
   int64_t shapes[NPARAM][2] = {{vocab, E}, {E, 4 * H}, {H, 4 * H}, {4 * H, 0}, {H, vocab}, {vocab, 0}};
   double scale[NPARAM] = {1.0, 1 / sqrt(E), 1 / sqrt(H), 0, 1 / sqrt(H), 0};
   kiln_scope_begin();
@@ -196,9 +186,9 @@ int main(int argc, char **argv) {
   for (long i = 0; i < n; i++) ids[i] = id_of[text[i]] < 0 ? 0 : id_of[text[i]];
 
   /* twins: one trained by the compiled step, one by the same step run eagerly */
-  lstm m, twin;
-  lstm_init(&m, vocab);
-  lstm_init(&twin, vocab);
+  model m, twin;
+  model_init(&m, vocab);
+  model_init(&twin, vocab);
   kiln_fn *step_fn = kiln_compile(train_step, &m, &(kiln_options){.name = "lstm_step", .n_in = 1, .n_out = 1});
   if (!step_fn) return fail("kiln_compile");
 
