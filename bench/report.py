@@ -335,7 +335,8 @@ def render(rep, img_rel):
     notes.append("torch.compile of the training steps (W5, W8, W10) compiles the loss (forward and, through "
                  "AOTAutograd, backward); the optimizer step runs eagerly from Python. kiln and JAX "
                  "compile the whole step, update included.")
-    fwd = [r for r in side if r["name"].startswith("W10_lstm_fwd") and isinstance(r.get("variants"), int)]
+    fwd = [r for r in side if r["name"].startswith("W10_lstm_fwd") and r.get("compiled_ok")
+           and isinstance(r.get("variants"), int)]
     if fwd:
         v = max(r["variants"] for r in fwd)
         notes.append(f"W10: kiln_bench --compiled called one compiled function at every length of the forward rows "
