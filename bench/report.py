@@ -337,7 +337,7 @@ def render(rep, img_rel):
                  "compile the whole step, update included.")
     fwd = [r for r in side if r["name"].startswith("W10_lstm_fwd") and r.get("compiled_ok")
            and isinstance(r.get("variants"), int)]
-    if fwd:
+    if len(fwd) > 1:  # one length says nothing about variants across lengths
         v = max(r["variants"] for r in fwd)
         notes.append(f"W10: kiln_bench --compiled called one compiled function at every length of the forward rows "
                      f"({', '.join(r['name'].rsplit('_T', 1)[1] for r in fwd)}); it made {v} variant"
