@@ -8,8 +8,10 @@
  * states, so one call covers any length. The whole step (forward, backward,
  * SGD) is one kiln_compile'd function called at every length; a twin model
  * trained by the same step run eagerly must see the same losses. The
- * program exits nonzero when they differ or when the loss does not fall
- * well below its start, so it doubles as a smoke test.
+ * decode, a kiln_while_loop whose carry gathers the characters, runs
+ * compiled and eagerly and must give the same text. The program exits
+ * nonzero when the two sides differ or when the loss does not fall well
+ * below its start, so it doubles as a smoke test.
  *
  *   build/examples/rnn [path] [--steps N]
  */
