@@ -1,6 +1,6 @@
 /* bench.h - what the parts of kiln_bench share: a workload opened as a case
  * that runs one call eagerly or compiled (workloads.c for W1..W7, gpt.c for
- * W8 and W9, resnet.c for W13 and W14), which serve.c hands to
+ * W8 and W9, lstm.c for W10, resnet.c for W13 and W14), which serve.c hands to
  * bench/side_by_side.py sample by sample. */
 #ifndef KILN_BENCH_H
 #define KILN_BENCH_H
@@ -9,6 +9,7 @@
 #include <stdio.h>
 
 #include "kiln.h"
+#include "stats.h"
 
 /* One workload, ready to run: its inputs made, its compiled function made
  * (traced and compiled on its first compiled call). */
@@ -21,17 +22,46 @@ typedef struct bench_case {
   int per; /* calls a sample stands for (W9: the bytes one generation makes) */
 } bench_case;
 
+/* Times run(ctx, NULL) (eager) and run(ctx, fn) (compiled) interleaved,
+ * sample by sample, so that both see the same machine: as many pairs as fit
+ * budget_s by the time of one pair, at least lo and at most hi. The medians,
+ * in ms per call divided by per, go to *eager_ms and *compiled_ms. 0, or -1
+ * when a call failed. */
+static inline int bench_interleaved(int (*run)(void *ctx, kiln_fn *fn), void *ctx, kiln_fn *fn, double budget_s,
+                                    int lo, int hi, double per, double *eager_ms, double *compiled_ms) {
+  double t0 = bench_now_s();
+  if (run(ctx, NULL) || run(ctx, fn)) return -1;
+  double pair = bench_now_s() - t0;
+  int n = (int)(budget_s / (pair > 0 ? pair : 1e-9));
+  n = n < lo ? lo : n > hi ? hi : n;
+  double *e = malloc(sizeof(double) * (size_t)n), *c = malloc(sizeof(double) * (size_t)n);
+  int rc = e && c ? 0 : -1;
+  for (int i = 0; !rc && i < n; i++) {
+    double a = bench_now_s();
+    rc = run(ctx, NULL);
+    double b = bench_now_s();
+    rc = rc || run(ctx, fn);
+    c[i] = 1e3 * (bench_now_s() - b) / per;
+    e[i] = 1e3 * (b - a) / per;
+  }
+  if (!rc) *eager_ms = bench_median(e, n), *compiled_ms = bench_median(c, n);
+  free(e), free(c);
+  return rc;
+}
+
 /* Open workload id ("W1" or "W1_gelu") into c: 0, -1 on failure (message in
  * kiln_last_error), 1 when the id is not theirs. */
 int workloads_case_open(const char *id, bench_case *c);
 int gpt_case_open(const char *id, bench_case *c);
 int resnet_case_open(const char *id, bench_case *c); /* by name: W13 has two rows */
+int lstm_case_open(const char *id, bench_case *c);   /* by name: W10 has five rows */
 void bench_case_close(bench_case *c);
 
 /* Every workload's id and name, in order, one per line: "W1 W1_gelu". */
 void workloads_list(FILE *f);
 void gpt_list(FILE *f);
 void resnet_list(FILE *f);
+void lstm_list(FILE *f);
 
 int bench_serve(void);                      /* serve.c */
 int bench_overhead(void);                   /* overhead.c */
@@ -43,5 +73,7 @@ int bench_resnet(const char *only);         /* resnet.c: W13, W14 (and R50 when 
 void bench_resnet_json(FILE *f, int threads);
 int bench_llama(const char *only);          /* llama.c: W11, W12, M1 */
 void bench_llama_json(FILE *f, int threads);
+int bench_lstm(const char *only);           /* lstm.c: W10 */
+void bench_lstm_json(FILE *f, int threads);
 
 #endif

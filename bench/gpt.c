@@ -102,23 +102,9 @@ static gpt_result measure(const char *name, side s, kiln_fn *fn, double per) {
   kiln_mem_reset_peak();
   s.run(s.ctx, fn);
   r.compiled_peak = kept + (kiln_mem_peak() - base);
-  double t0 = bench_now_s();
-  s.run(s.ctx, NULL);
-  s.run(s.ctx, fn);
-  double pair = bench_now_s() - t0;
-  int n = (int)(SAMPLE_BUDGET_S / (pair > 0 ? pair : 1e-9));
-  n = n < MIN_SAMPLES ? MIN_SAMPLES : n > MAX_SAMPLES ? MAX_SAMPLES : n;
-  double e[MAX_SAMPLES], c[MAX_SAMPLES];
-  for (int i = 0; i < n; i++) {
-    double a = bench_now_s();
-    if (s.run(s.ctx, NULL)) return r;
-    double b = bench_now_s();
-    if (s.run(s.ctx, fn)) return r;
-    c[i] = 1e3 * (bench_now_s() - b) / per;
-    e[i] = 1e3 * (b - a) / per;
-  }
-  r.eager_ms = bench_median(e, n);
-  r.compiled_ms = bench_median(c, n);
+  if (bench_interleaved(s.run, s.ctx, fn, SAMPLE_BUDGET_S, MIN_SAMPLES, MAX_SAMPLES, per, &r.eager_ms,
+                        &r.compiled_ms))
+    return r;
   kiln_fn_get_stats(fn, &st);
   r.ok = st.traces == 1 && st.variants == 1 && st.fallbacks == 0;
   return r;

@@ -12,7 +12,9 @@ workload ahead of time and returns (step, compile_ms):
 Each function is written op by op as docs/workloads.md writes it; XLA fuses
 what it fuses. The training step (W5) is one jitted function: forward,
 jax.grad and the SGD update, with the parameters donated so the update
-happens in place, as kiln's compiled step writes them back.
+happens in place, as kiln's compiled step writes them back; so is W10's
+(an LSTM whose steps are one lax.scan, compiled once per length, since
+jax.jit specializes on shapes).
 
 Only side_by_side.py imports this module, and only when JAX imports.
 """
@@ -100,13 +102,9 @@ def make_w4():
     return pure(mlp_ops, *mlp_inputs())
 
 
-def make_w5():
-    x, *params = mlp_inputs()
-    t = randn(256, 1024)
-
-    def loss_fn(params, x, t):
-        return jnp.mean((mlp_ops(x, *params) - t) ** 2)
-
+def sgd_step(loss_fn, params, x, t):
+    """The builder of a training step: loss_fn(params, x, t), jax.grad and
+    SGD, one jitted function with the parameters donated (updated in place)."""
     def train_step(params, x, t):
         loss, grads = jax.value_and_grad(loss_fn)(params, x, t)
         return loss, [p - LR * g for p, g in zip(params, grads)]
@@ -120,6 +118,11 @@ def make_w5():
             return jax.block_until_ready(loss)
         return step, ms
     return build
+
+
+def make_w5():
+    x, *params = mlp_inputs()
+    return sgd_step(lambda p, x, t: jnp.mean((mlp_ops(x, *p) - t) ** 2), params, x, randn(256, 1024))
 
 
 def make_w6():
@@ -141,6 +144,42 @@ def make_w7():
     return pure(attention, randn(8, 512, 64), randn(8, 512, 64), randn(8, 512, 64))
 
 
+# ---- W10: the LSTM of examples/lstm.h as lax.scan (bench/torch_lstm.py's constants) ----
+
+LSTM_B, LSTM_I, LSTM_H, LSTM_TRAIN_T, LSTM_FWD_T, LSTM_W_SCALE = 32, 128, 128, 64, (16, 32, 64, 128), 0.088
+
+
+def lstm_scan(params, x):
+    """hs (T,B,H) of x (T,B,I) from h = c = 0: the cell is the body of one lax.scan."""
+    wx, wh, bias = params
+    H = LSTM_H
+
+    def cell(carry, xt):
+        h, c = carry
+        g = xt @ wx + h @ wh + bias
+        i, f = jax.nn.sigmoid(g[:, :H]), jax.nn.sigmoid(g[:, H:2 * H])
+        u, o = jnp.tanh(g[:, 2 * H:3 * H]), jax.nn.sigmoid(g[:, 3 * H:])
+        c = f * c + i * u
+        h = o * jnp.tanh(c)
+        return (h, c), h
+    zeros = jnp.zeros((x.shape[1], H), x.dtype)
+    return jax.lax.scan(cell, (zeros, zeros), x)[1]
+
+
+def lstm_params():
+    return [randn(LSTM_I, 4 * LSTM_H, scale=LSTM_W_SCALE), randn(LSTM_H, 4 * LSTM_H, scale=LSTM_W_SCALE),
+            randn(4 * LSTM_H, scale=LSTM_W_SCALE)]
+
+
+def make_w10_fwd(T):
+    return lambda: pure(lstm_scan, lstm_params(), randn(T, LSTM_B, LSTM_I))
+
+
+def make_w10_train():
+    return sgd_step(lambda p, x, t: jnp.mean((lstm_scan(p, x) - t) ** 2), lstm_params(),
+                    randn(LSTM_TRAIN_T, LSTM_B, LSTM_I), randn(LSTM_TRAIN_T, LSTM_B, LSTM_H))
+
+
 WORKLOADS = [
     ("W1", "W1_gelu", make_w1),
     ("W2", "W2_softmax", make_w2),
@@ -149,7 +188,8 @@ WORKLOADS = [
     ("W5", "W5_mlp_train", make_w5),
     ("W6", "W6_batch1", make_w6),
     ("W7", "W7_attention", make_w7),
-]
+    ("W10", "W10_lstm_train", make_w10_train),
+] + [("W10", f"W10_lstm_fwd_T{T}", make_w10_fwd(T)) for T in LSTM_FWD_T]
 
 
 def workloads():

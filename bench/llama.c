@@ -91,22 +91,9 @@ static ll_result measure(const char *name, int (*run)(void *, kiln_fn *), ll_ctx
   if (!fn || run(c, fn) || run(c, fn)) return r;
   for (int i = 0; i < WARMUP; i++)
     if (run(c, NULL) || run(c, fn)) return r;
-  double t0 = bench_now_s();
-  run(c, NULL), run(c, fn);
-  double pair = bench_now_s() - t0;
-  int n = (int)(SAMPLE_BUDGET_S / (pair > 0 ? pair : 1e-9));
-  n = n < MIN_SAMPLES ? MIN_SAMPLES : n > MAX_SAMPLES ? MAX_SAMPLES : n;
-  double e[MAX_SAMPLES], cc[MAX_SAMPLES];
-  for (int i = 0; i < n; i++) {
-    double a = bench_now_s();
-    if (run(c, NULL)) return r;
-    double b = bench_now_s();
-    if (run(c, fn)) return r;
-    cc[i] = 1e3 * (bench_now_s() - b) / per;
-    e[i] = 1e3 * (b - a) / per;
-  }
-  r.eager_ms = bench_median(e, n);
-  r.compiled_ms = bench_median(cc, n);
+  if (bench_interleaved(run, c, fn, SAMPLE_BUDGET_S, MIN_SAMPLES, MAX_SAMPLES, per, &r.eager_ms,
+                        &r.compiled_ms))
+    return r;
   kiln_fn_stats st;
   kiln_fn_get_stats(fn, &st);
   r.compile_ms = st.compile_ms, r.trace_ms = st.trace_ms, r.variants = st.variants, r.traces = st.traces;

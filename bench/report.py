@@ -23,6 +23,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -45,6 +46,9 @@ WORK = {
     "W7_attention": ("attention", "compute", 2 * (8 * 512 * 512 * 64) * 2),
     "W8_gpt_train": ("GPT train step", "compute", torch_gpt.train_flops()),
     "W9_gpt_generate": ("GPT generate (per token)", "compute", torch_gpt.gen_flops_per_token()),
+    # W10: an LSTM step's two matmuls are 2*B*(I+H)*4H flops (B 32, I = H = 128); the backward twice that
+    "W10_lstm_train": ("LSTM train step, T 64", "compute", 3 * 64 * 2 * 32 * 256 * 512),
+    **{f"W10_lstm_fwd_T{t}": (f"LSTM forward, T {t}", "compute", t * 2 * 32 * 256 * 512) for t in (16, 32, 64, 128)},
     "W13_resnet18_b1": ("ResNet-18 inference, batch 1", "latency", 0),
     "W13_resnet18_b32": ("ResNet-18 inference, batch 32", "latency", 0),
     "W14_resnet18_train": ("ResNet-18 train step", "latency", 0),
@@ -98,8 +102,9 @@ def human(n, unit):
 
 
 def order(name):
+    """Workloads by number, then their rows with numbers in numeric order (W10_lstm_fwd_T16 before _T128)."""
     head = name.split("_")[0]
-    return (int(head[1:]) if head[1:].isdigit() else 99, name)
+    return (int(head[1:]) if head[1:].isdigit() else 99, [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)])
 
 
 # ---- the contenders ----------------------------------------------------------
@@ -324,12 +329,20 @@ def render(rep, img_rel):
                         "interleaved eager and compiled samples (kiln_bench --compiled); the other "
                         "contenders were not measured.")
     notes.append("\"PyTorch fused ops\" is PyTorch's own op for the computation (F.gelu, torch.softmax, "
-                 "F.layer_norm, addmm, F.linear, F.scaled_dot_product_attention; W8 and W9: the same GPT "
+                 "F.layer_norm, addmm, F.linear, F.scaled_dot_product_attention, nn.LSTM for W10; W8 and W9: the same GPT "
                  "with F.scaled_dot_product_attention and, in W8, the fused AdamW): the bar a compiler's "
                  "kernel has to reach. The other PyTorch columns and JAX run the op-by-op program.")
-    notes.append("torch.compile of the training steps (W5, W8) compiles the loss (forward and, through "
+    notes.append("torch.compile of the training steps (W5, W8, W10) compiles the loss (forward and, through "
                  "AOTAutograd, backward); the optimizer step runs eagerly from Python. kiln and JAX "
                  "compile the whole step, update included.")
+    fwd = [r for r in side if r["name"].startswith("W10_lstm_fwd") and r.get("compiled_ok")
+           and isinstance(r.get("variants"), int)]
+    if len(fwd) > 1:  # one length says nothing about variants across lengths
+        v = max(r["variants"] for r in fwd)
+        notes.append(f"W10: kiln_bench --compiled called one compiled function at every length of the forward rows "
+                     f"({', '.join(r['name'].rsplit('_T', 1)[1] for r in fwd)}); it made {v} variant"
+                     f"{'' if v == 1 else 's'} (the target: 1). In the side-by-side run each row is a function of "
+                     f"its own; torch.compile and jax.jit specialize on the length, one compile per row.")
     for r in side:
         if r.get("separate_run"):
             notes.append(f"{r['name']}: " + ", ".join(LABEL[m] for m in r["separate_run"]) +

@@ -65,6 +65,8 @@ static int run(run_ctx *c, kiln_fn *fn) {
   return rc;
 }
 
+static int run_any(void *c, kiln_fn *fn) { return run(c, fn); } /* run, as bench_interleaved calls it */
+
 /* Times c eagerly and through fn (its first call traces and compiles), interleaved. */
 static rn_result measure(const char *name, run_ctx *c, kiln_fn *fn) {
   rn_result r = {.name = name};
@@ -85,23 +87,9 @@ static rn_result measure(const char *name, run_ctx *c, kiln_fn *fn) {
   kiln_mem_reset_peak();
   run(c, fn);
   r.compiled_peak = kept + (kiln_mem_peak() - base);
-  double t0 = bench_now_s();
-  run(c, NULL);
-  run(c, fn);
-  double pair = bench_now_s() - t0;
-  int n = (int)(SAMPLE_BUDGET_S / (pair > 0 ? pair : 1e-9));
-  n = n < MIN_SAMPLES ? MIN_SAMPLES : n > MAX_SAMPLES ? MAX_SAMPLES : n;
-  double e[MAX_SAMPLES], cc[MAX_SAMPLES];
-  for (int i = 0; i < n; i++) {
-    double a = bench_now_s();
-    if (run(c, NULL)) return r;
-    double b = bench_now_s();
-    if (run(c, fn)) return r;
-    cc[i] = 1e3 * (bench_now_s() - b);
-    e[i] = 1e3 * (b - a);
-  }
-  r.eager_ms = bench_median(e, n);
-  r.compiled_ms = bench_median(cc, n);
+  if (bench_interleaved(run_any, c, fn, SAMPLE_BUDGET_S, MIN_SAMPLES, MAX_SAMPLES, 1, &r.eager_ms,
+                        &r.compiled_ms))
+    return r;
   kiln_fn_get_stats(fn, &st);
   r.ok = st.traces == 1 && st.variants == 1 && st.fallbacks == 0;
   return r;

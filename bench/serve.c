@@ -50,6 +50,7 @@ int bench_serve(void) {
     } else if (!strcmp(line, "list")) {
       workloads_list(stdout);
       gpt_list(stdout);
+      lstm_list(stdout);
       resnet_list(stdout);
       printf("end\n");
     } else if (!strcmp(line, "threads") && arg && atoi(arg) > 0) {
@@ -59,6 +60,7 @@ int bench_serve(void) {
       bench_case_close(&c);
       int rc = workloads_case_open(arg, &c);
       if (rc == 1) rc = gpt_case_open(arg, &c);
+      if (rc == 1) rc = lstm_case_open(arg, &c);
       if (rc == 1) rc = resnet_case_open(arg, &c);
       if (rc == 0)
         printf("ok %s %d\n", c.name, c.per);

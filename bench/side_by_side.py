@@ -8,9 +8,9 @@ The contenders (MODES): kiln eager and kiln compiled (through `kiln_bench
 --serve`, a child process that times each call in C), PyTorch eager (op by
 op), PyTorch's fused ops, torch.compile in its default mode and in
 mode="max-autotune-no-cudagraphs", and JAX's jax.jit. They are defined in
-bench/workloads.c, bench/gpt.c and bench/resnet.c (kiln),
-bench/torch_workloads.py, bench/torch_gpt.py and bench/torch_resnet.py (PyTorch), bench/jax_workloads.py and bench/jax_gpt.py
-(JAX); a workload one side lacks, or a library that does not import, leaves
+bench/workloads.c, bench/gpt.c, bench/lstm.c and bench/resnet.c (kiln),
+bench/torch_workloads.py, bench/torch_gpt.py, bench/torch_lstm.py and bench/torch_resnet.py (PyTorch),
+bench/jax_workloads.py and bench/jax_gpt.py (JAX); a workload one side lacks, or a library that does not import, leaves
 those cells empty with the reason in the JSON's meta.errors.
 
 For each workload and thread count, every contender is built first (the
@@ -396,9 +396,7 @@ def main():
         for wid, name, maker in (side.workloads() if side else []):
             table.setdefault(name, {"id": wid})[lib] = maker
 
-    def order(name):
-        head = name.split("_")[0]
-        return (int(head[1:]) if head[1:].isdigit() else 99, name)
+    from report import order
     names = [n for n in sorted(table, key=order)
              if not only or n in only or table[n]["id"] in only]
     if not names:

@@ -1,6 +1,7 @@
 """The workloads of docs/workloads.md in PyTorch, for bench/side_by_side.py.
 
-WORKLOADS lists (id, name, maker); torch_gpt.py adds W8 and W9. maker()
+WORKLOADS lists (id, name, maker); torch_gpt.py adds W8 and W9,
+torch_lstm.py W10 (an LSTM), torch_resnet.py W13 and W14. maker()
 makes the inputs and returns a dict of builders, each returning step, a
 function of no argument that runs one call:
 
@@ -118,15 +119,23 @@ def make_w4():
                      {"w1": w1, "b1": b1, "w2": w2, "b2": b2}, lambda: mlp_builtin(x, w1, b1, w2, b2))
 
 
-def make_w5():
-    x, *init = mlp_inputs()
-    t = randn(256, 1024)
-
-    def sgd(params):
+def sgd_train(loss_fn, params, *inputs):
+    """One training step: loss_fn(*inputs), backward, SGD p -= LR * grad on
+    params, the gradients dropped."""
+    def step():
+        loss = loss_fn(*inputs)
+        loss.backward()
         with torch.no_grad():
             for p in params:
                 p.sub_(LR * p.grad)
                 p.grad = None
+        return loss
+    return step
+
+
+def make_w5():
+    x, *init = mlp_inputs()
+    t = randn(256, 1024)
 
     class Loss(nn.Module):
         def __init__(self):
@@ -137,26 +146,18 @@ def make_w5():
             y = mlp_ops(x, self.w1, self.b1, self.w2, self.b2)
             return torch.mean((y - t) ** 2)
 
-    def train(loss_fn, params):
-        def step():
-            loss = loss_fn(x, t)
-            loss.backward()
-            sgd(params)
-            return loss
-        return step
-
     def eager():
         m = Loss()
-        return train(m, list(m.parameters()))
+        return sgd_train(m, list(m.parameters()), x, t)
 
     def builtin():
         m = Loss()
         params = list(m.parameters())
-        return train(lambda x, t: F.mse_loss(mlp_builtin(x, *params), t), params)
+        return sgd_train(lambda x, t: F.mse_loss(mlp_builtin(x, *params), t), params, x, t)
 
     def compile_(wrap):
         m = Loss()
-        return train(wrap(m), list(m.parameters()))
+        return sgd_train(wrap(m), list(m.parameters()), x, t)
 
     return {"eager": eager, "builtin": builtin, "compile": compile_}
 
@@ -202,7 +203,8 @@ WORKLOADS = [
 
 
 def workloads():
-    """Every workload, W8 and W9 (torch_gpt.py), W13 and W14 (torch_resnet.py) included."""
+    """Every workload, W8 and W9 (torch_gpt.py), W10 (torch_lstm.py), W13 and W14 (torch_resnet.py) included."""
     import torch_gpt
+    import torch_lstm
     import torch_resnet
-    return WORKLOADS + torch_gpt.workloads(torch) + torch_resnet.workloads(torch)
+    return WORKLOADS + torch_gpt.workloads(torch) + torch_lstm.WORKLOADS + torch_resnet.workloads(torch)

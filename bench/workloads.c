@@ -558,6 +558,7 @@ static int bench_compiled(const char *only, const char *json) {
     fflush(stdout);
   }
   int n_gpt = bench_gpt(only); /* W8, W9: gpt.c */
+  int n_ls = bench_lstm(only);  /* W10: lstm.c */
   int n_rn = bench_resnet(only);
   int n_ll = bench_llama(only); /* W11, W12, M1: llama.c */
   if (json) {
@@ -580,6 +581,8 @@ static int bench_compiled(const char *only, const char *json) {
     bench_resnet_json(f, threads);
     if (n_ll && (n || n_gpt || n_rn)) fprintf(f, "  ,\n");
     bench_llama_json(f, threads);
+    if (n_ls && (n || n_gpt || n_rn || n_ll)) fprintf(f, "  ,\n");
+    bench_lstm_json(f, threads);
     fprintf(f, "]\n");
     fclose(f);
   }
