@@ -445,6 +445,49 @@ START_TEST(test_value_reads) {
 }
 END_TEST
 
+/* A body that reads a value 100 times (a decode loop reading each token):
+ * past the breaks a call holds, the rest of the body runs eagerly, with the
+ * body's answer; it used to fail the call, with a message about a tensor
+ * without data. */
+enum { MANY_READS = 100 };
+static int many_reads(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  kiln_tensor *x = in[0];
+  for (int i = 0; i < MANY_READS; i++) {
+    double v = kiln_item(kiln_sum_all(x));
+    x = kiln_add(x, kiln_scalar(KILN_F64, v > 0 ? -0.25 : 0.5));
+  }
+  out[0] = x;
+  return out[0] ? 0 : -1;
+}
+
+START_TEST(test_many_breaks) {
+  kiln_options o = {.name = "many_reads", .n_in = 1};
+  kiln_fn *fn = kiln_compile(many_reads, NULL, &o);
+  kiln_scope_begin();
+  kiln_tensor *x = kiln_tensor_from(KILN_F64, 1, ((int64_t[]){2}), ((double[]){1.0, 2.0})), *y = NULL;
+  for (int call = 0; call < 2; call++) {
+    ck_assert_msg(kiln_call(fn, &x, &y) == 0, "%s", kiln_last_error());
+    /* by hand: the sum starts at 3 and falls by 0.5 a step to -0.5, then
+     * alternates between -0.5 (+0.5 each) and 0.5 (-0.25 each) */
+    double sum = 3.0, want0 = 1.0;
+    for (int i = 0; i < MANY_READS; i++) {
+      double d = sum > 0 ? -0.25 : 0.5;
+      sum += 2 * d;
+      want0 += d;
+    }
+    double got[2];
+    ck_assert_int_eq(0, kiln_read(y, got, sizeof got));
+    ck_assert_double_eq_tol(got[0], want0, 1e-12);
+    ck_assert_double_eq_tol(got[1], want0 + 1.0, 1e-12);
+  }
+  kiln_scope_end();
+  kiln_fn_stats st = stats(fn);
+  ck_assert_int_gt(st.fallbacks, 0); /* the tail ran eagerly, and says so */
+  kiln_fn_free(fn);
+}
+END_TEST
+
 /* ---- fullgraph ---- */
 
 START_TEST(test_fullgraph) {
@@ -537,6 +580,7 @@ Suite *capture_suite(void) {
   tcase_add_test(tc, test_grad_accumulates);
   tcase_add_test(tc, test_literal_equal_to_size);
   tcase_add_test(tc, test_value_reads);
+  tcase_add_test(tc, test_many_breaks);
   tcase_add_test(tc, test_fullgraph);
   tcase_add_test(tc, test_paths);
   tcase_add_test(tc, test_unknown_variables_warn);

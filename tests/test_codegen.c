@@ -1921,6 +1921,53 @@ START_TEST(test_op_without_emitter) {
 END_TEST
 #endif
 
+/* A sum of 70 rows as a chain of adds (an unrolled loop's gradient sum):
+ * one fused kernel would read 70 buffers, past what the lowering takes, and
+ * the variant used to run on the interpreter. The fuser cuts the chain. */
+enum { CHAIN_ROWS = 70 };
+static int chain_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  kiln_tensor *acc = kiln_slice(in[0], 0, 0, 1, 1);
+  for (int i = 1; i < CHAIN_ROWS; i++) acc = kiln_add(acc, kiln_mul(kiln_slice(in[0], 0, i, i + 1, 1), in[1]));
+  out[0] = acc;
+  return out[0] ? 0 : -1;
+}
+
+START_TEST(test_long_chain_lowers) {
+  kiln_scope_begin();
+  kiln_tensor *x = kiln_randn(KILN_F64, 2, ((int64_t[]){CHAIN_ROWS, 33}), 3), *s = kiln_scalar(KILN_F64, 0.5), *y = NULL;
+  kiln_options o = {.name = "chain", .n_in = 2, .n_out = 1, .backend = KILN_BACKEND_LLVM};
+  kiln_fn *fn = kiln_compile(chain_body, NULL, &o);
+  fflush(stderr);
+  FILE *log = tmpfile();
+  ck_assert_ptr_nonnull(log);
+  int saved = dup(2);
+  dup2(fileno(log), 2);
+  ck_assert_int_eq(0, kiln_call(fn, (kiln_tensor *[]){x, s}, &y));
+  ck_assert_int_eq(0, kiln_call(fn, (kiln_tensor *[]){x, s}, &y));
+  fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  char text[2048] = "";
+  rewind(log);
+  size_t got = fread(text, 1, sizeof text - 1, log);
+  text[got] = 0;
+  fclose(log);
+  ck_assert_msg(strstr(text, "interpreter") == NULL, "the variant did not lower: \"%s\"", text);
+  /* the reference: row 0 plus half of every other row, summed in double by hand */
+  double xd[CHAIN_ROWS * 33], yd[33];
+  ck_assert_int_eq(0, kiln_read(x, xd, sizeof xd));
+  ck_assert_int_eq(0, kiln_read(y, yd, sizeof yd));
+  for (int j = 0; j < 33; j++) {
+    double want = xd[j];
+    for (int i = 1; i < CHAIN_ROWS; i++) want += 0.5 * xd[i * 33 + j];
+    ck_assert_double_eq_tol(yd[j], want, 1e-12 * (1 + fabs(want)));
+  }
+  kiln_fn_free(fn);
+  kiln_scope_end();
+}
+END_TEST
+
 /* Found by fuzzing (tests/fuzz/fuzz_irtext.c): compiled index_select and
  * index_add check the call's indices as eager does; they used to read and
  * write out of bounds. */
@@ -2109,6 +2156,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, test_random_programs_more_ops);
   tcase_add_test(tc, test_llvm_fatal_error);
   tcase_add_test(tc, test_index_bounds);
+  tcase_add_test(tc, test_long_chain_lowers);
   tcase_add_test(tc, test_dead_node_buffer);
   tcase_add_test(tc, test_matmul_empty_temps);
   tcase_add_test(tc, test_gemm_folds);

@@ -295,6 +295,11 @@ static bool reduce_fits(fuser *f, kbuild *kb, const ir_node *r) {
   return true;
 }
 
+/* Accesses a kernel may gather before its inputs' trees are cut off into
+ * kernels of their own: room under lower.c's 64 for the loads a pending
+ * parent still adds and the stores. */
+enum { ACC_SOFT = 40 };
+
 static int expr_of(fuser *f, kbuild *kb, int node, bool root);
 
 static int reduce_stage(fuser *f, kbuild *kb, int node, int op_override) {
@@ -364,6 +369,13 @@ static int expr_of(fuser *f, kbuild *kb, int node, bool root) {
       int c = expr_of(f, kb, n->in[i], false);
       if (c < 0) return c;
       e.in[i] = c;
+    }
+    if (!root && kb->k->n_acc > ACC_SOFT) {
+      /* the kernel reads many buffers (a long chain, as an unrolled loop's
+       * sum of per-step gradients): this node becomes a kernel's result of
+       * its own, so that no kernel passes the 64 accesses the lowering takes */
+      materialize(f, node);
+      return -2;
     }
     if (!root && is_heavy(f->g, n) && broadcast_here(f, kb, n) && !uses_acc(kb->k, &e)) {
       /* a costly value that the kernel broadcasts would be computed once per

@@ -419,6 +419,10 @@ static void on_read(void *ctx, const char *what, const kiln_tensor *t, const cha
   r->read_data = true;
   r->reader = what;
   if (r->failed || !pending(r, t)) return;
+  if (r->n_breaks == REC_MAX_BREAKS)
+    return escape(r, file, line, "%s:%d: %s reads data after %d graph breaks in one call: the rest of the body ran eagerly",
+                  file, line, what, REC_MAX_BREAKS);
+  r->n_breaks++;
   int e = new_event(r, EV_BREAK, 0, NULL, 0, file, line);
   if (e < 0) return;
   if (r->run(r, r->run_ctx, false)) {

@@ -185,6 +185,11 @@ typedef struct rec_event {
 
 typedef struct recording recording;
 
+/* Breaks a call may take: past them the rest of the body runs eagerly (an
+ * escape), within the segments a call holds (64, with the escape's and the
+ * last). */
+enum { REC_MAX_BREAKS = 62 };
+
 /* Called at a data read of a value that has none yet (and once at the end):
  * run the events since the last break, give the live values their data.
  * 0, or -1 with the error set (the read then fails). */
@@ -217,6 +222,7 @@ struct recording {
   bool why_is_error;       /* why is a whole error message (a segment's run failed) */
   const char *reader;      /* the call that read data at the newest break ("kiln_item") */
   bool escaped;            /* the rest of the body ran eagerly after an EV_ESCAPE */
+  int n_breaks;            /* EV_BREAKs so far (REC_MAX_BREAKS, then an escape) */
   rec_run_fn run;
   void *run_ctx;
   struct rec_state *st;    /* the maps and lists behind the log (record.c) */
