@@ -82,16 +82,21 @@ static int matvec_operand(const ir_graph *g, int id) {
   return (from == KILN_F16 || from == KILN_BF16) && n->dtype == KILN_F32 ? n->in[0] : id;
 }
 
-/* Whether the matvec loop of matmul n reads its (K,N) operand along rows in
- * memory: K unit-stride, as x @ W^T with W (out,in) is. With W (in,out) the
- * loop would walk columns (8x slower at (1,288)@(288,288)), and the eager
- * kernel's row-walking gemv runs instead, except for f16 or bf16 weights,
- * which that would copy out to f32 whole on every call. */
+/* Whether matmul n runs as our loop: its (K,N) operand read along rows in
+ * memory (K unit-stride, as x @ W^T with W (out,in) is), or, for one row
+ * of x, along N (W (in,out)): that loop is a column kernel whose panels
+ * keep vectors of outputs in registers as they run down K (lower.c). With
+ * (in,out) weights and more rows it would walk columns, and the eager
+ * kernel's gemv runs instead, except for f16 or bf16 weights, which that
+ * would copy out to f32 whole on every call. */
 static bool walks_rows(const fuser *f, const ir_node *n) {
   int w = matvec_operand(f->g, n->in[1]);
   if (w != n->in[1]) return true; /* narrow weights: the other way is an f32 copy of them all */
   const vmap *b = &f->map[w];
-  return b->buf >= 0 && sym_is_const(b->stride[0]) && b->stride[0].c == 1;
+  if (b->buf < 0) return false;
+  if (sym_is_const(b->stride[0]) && b->stride[0].c == 1) return true;
+  const ir_node *x = &f->g->nodes[n->in[0]];
+  return sym_is_const(x->shape[0]) && x->shape[0].c == 1 && sym_is_const(b->stride[1]) && b->stride[1].c == 1;
 }
 
 static bool is_one(const ir_graph *g, sym_dim d) {
