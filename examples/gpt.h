@@ -110,7 +110,7 @@ typedef struct gpt {
   kiln_tensor *step;   /* 0-d: AdamW steps taken so far */
   kiln_tensor *mask;   /* (block_size,block_size) bool: col <= row */
   kiln_tensor **kc, **vc; /* per layer (block_size,C) key and value caches of generation (gpt_cache_init), or NULL */
-  int64_t pos;            /* the cache row the next decoded byte writes */
+  int64_t pos;            /* the cache row the next decoded byte writes (gpt_decode_step) */
 } gpt;
 
 static inline int gpt_n_params(const gpt_config *c) { return GPT_FIRST_LAYER + GPT_PER_LAYER * c->n_layer + 2; }
@@ -333,31 +333,36 @@ static inline kiln_tensor *gpt_next_logits(const gpt *g, kiln_tensor *idx) {
   return logits;
 }
 
-/* Logits (1,V) of the byte after idx (1,) i64, decoded at position g->pos
- * through the caches (gpt_cache_init): its key and value go to row pos of
- * each layer's, and its query attends over rows 0..pos (all earlier bytes,
- * so no mask). The same numbers as the last row of gpt_next_logits over
- * the bytes at positions 0..pos, up to rounding. No autograd. */
-static inline kiln_tensor *gpt_decode_logits(const gpt *g, kiln_tensor *idx) {
+/* Logits (1,V) of the byte after idx (1,) i64, decoded at position pos
+ * (1,) i64 through the caches (gpt_cache_init): its key and value go to
+ * row pos of each layer's, and its query attends over every row, those
+ * after pos masked out (their stale values weigh exactly 0). The position
+ * is data, not a size or a C number: every step has the same graph, so a
+ * compiled call can skip running the body (gpt_decode_body). The same
+ * numbers as the last row of gpt_next_logits over the bytes at positions
+ * 0..pos, up to rounding. No autograd. */
+static inline kiln_tensor *gpt_decode_logits(const gpt *g, kiln_tensor *idx, kiln_tensor *pos) {
   const gpt_config *c = &g->cfg;
-  int64_t pos = g->pos, S = pos + 1, C = c->n_embd, H = c->n_head, hs = C / H;
+  int64_t S = c->block_size, C = c->n_embd, H = c->n_head, hs = C / H;
   kiln_dtype dt = c->dtype;
   kiln_no_grad_begin();
-  kiln_tensor *x = kiln_add(kiln_embedding(g->p[GPT_WTE], idx), kiln_slice(g->p[GPT_WPE], 0, pos, S, 1)); /* (1,C) */
+  kiln_tensor *x = kiln_add(kiln_embedding(g->p[GPT_WTE], idx), kiln_embedding(g->p[GPT_WPE], pos)); /* (1,C) */
+  kiln_tensor *allowed = kiln_index_select(g->mask, 0, pos); /* (1,S): col <= pos */
   for (int l = 0; l < c->n_layer && x; l++) {
     kiln_tensor *a = kiln_layer_norm(x, gpt_layer_param(g, l, GPT_LN1_W), gpt_layer_param(g, l, GPT_LN1_B), GPT_LN_EPS);
     kiln_tensor *qkv = gpt_linear(a, gpt_layer_param(g, l, GPT_ATTN_W), gpt_layer_param(g, l, GPT_ATTN_B)); /* (1,3C) */
     kiln_tensor *q = kiln_slice(qkv, 1, 0, C, 1), *k = kiln_slice(qkv, 1, C, 2 * C, 1), *v = kiln_slice(qkv, 1, 2 * C, 3 * C, 1);
-    if (!kiln_copy_(kiln_slice(g->kc[l], 0, pos, S, 1), k) || !kiln_copy_(kiln_slice(g->vc[l], 0, pos, S, 1), v)) {
+    if (!kiln_index_copy_(g->kc[l], 0, pos, k) || !kiln_index_copy_(g->vc[l], 0, pos, v)) {
       x = NULL;
       break;
     }
     int64_t heads[3] = {S, H, hs};
-    kiln_tensor *keys = kiln_permute(kiln_reshape(kiln_slice(g->kc[l], 0, 0, S, 1), 3, heads), ((int[]){1, 0, 2})); /* (H,S,hs) */
-    kiln_tensor *vals = kiln_permute(kiln_reshape(kiln_slice(g->vc[l], 0, 0, S, 1), 3, heads), ((int[]){1, 0, 2}));
+    kiln_tensor *keys = kiln_permute(kiln_reshape(g->kc[l], 3, heads), ((int[]){1, 0, 2})); /* (H,S,hs) */
+    kiln_tensor *vals = kiln_permute(kiln_reshape(g->vc[l], 3, heads), ((int[]){1, 0, 2}));
     kiln_tensor *qh = kiln_reshape(q, 3, ((int64_t[]){H, 1, hs}));
     kiln_tensor *att = kiln_mul(kiln_matmul(qh, kiln_transpose(keys, 1, 2)), kiln_scalar(dt, 1.0 / sqrt((double)hs))); /* (H,1,S) */
-    kiln_tensor *y = kiln_matmul(kiln_softmax(att, -1), vals);                    /* (H,1,hs) */
+    att = kiln_softmax(kiln_where(allowed, att, kiln_scalar(dt, -INFINITY)), -1);
+    kiln_tensor *y = kiln_matmul(att, vals);                                       /* (H,1,hs) */
     y = kiln_reshape(kiln_contiguous(y), 2, ((int64_t[]){1, C}));                  /* heads side by side, as (B,T,H,hs) */
     x = kiln_add(x, gpt_linear(y, gpt_layer_param(g, l, GPT_PROJ_W), gpt_layer_param(g, l, GPT_PROJ_B)));
     kiln_tensor *m = kiln_layer_norm(x, gpt_layer_param(g, l, GPT_LN2_W), gpt_layer_param(g, l, GPT_LN2_B), GPT_LN_EPS);
@@ -432,12 +437,14 @@ static inline int gpt_next_body(void *ctx, kiln_tensor *const *in, kiln_tensor *
   return out[0] ? 0 : -1;
 }
 
-/* in: one byte (1,) i64; out: next-byte logits (1,V), after writing its key
- * and value at row g->pos of the caches. The caller moves g->pos on: a C
- * number the compiled variant takes as an argument, so one variant serves
- * every position. */
+/* in: one byte (1,) i64 and its position (1,) i64; out: next-byte logits
+ * (1,V), after writing its key and value at that row of the caches. The
+ * body depends on nothing but its inputs' shapes and the model's tensors
+ * (the caches are params, written in place), so it may be compiled with
+ * .capture = KILN_CAPTURE_GUARDS: a call then runs the compiled steps
+ * without running the body. */
 static inline int gpt_decode_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
-  out[0] = gpt_decode_logits(ctx, in[0]);
+  out[0] = gpt_decode_logits(ctx, in[0], in[1]);
   return out[0] ? 0 : -1;
 }
 
@@ -556,13 +563,14 @@ static inline int gpt_generate(const gpt *g, kiln_fn *fn, uint8_t *text, int64_t
   return rc;
 }
 
-/* Decodes byte b at g->pos through fn (gpt_decode_body, or NULL: eagerly),
+/* Decodes byte b at position g->pos through fn (gpt_decode_body, or NULL: eagerly),
  * moves g->pos on and reads the next-byte logits (V floats). 0 or -1. */
 static inline int gpt_decode_step(gpt *g, kiln_fn *fn, uint8_t b, float *logits) {
-  int64_t tok = b;
+  int64_t tok[2] = {b, g->pos};
   kiln_scope_begin();
-  kiln_tensor *idx = kiln_tensor_from(KILN_I64, 1, ((int64_t[]){1}), &tok), *out = NULL;
-  int rc = !idx ? -1 : fn ? kiln_call(fn, &idx, &out) : (out = gpt_decode_logits(g, idx)) ? 0 : -1;
+  kiln_tensor *in[2] = {kiln_tensor_from(KILN_I64, 1, ((int64_t[]){1}), &tok[0]),
+                        kiln_tensor_from(KILN_I64, 1, ((int64_t[]){1}), &tok[1])}, *out = NULL;
+  int rc = !in[0] || !in[1] ? -1 : fn ? kiln_call(fn, in, &out) : (out = gpt_decode_logits(g, in[0], in[1])) ? 0 : -1;
   if (rc == 0) rc = kiln_read(out, logits, sizeof(float) * (size_t)g->cfg.vocab_size);
   kiln_scope_end();
   g->pos++;

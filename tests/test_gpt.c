@@ -314,38 +314,41 @@ START_TEST(test_generation_one_variant) {
 END_TEST
 
 /* Decoding through the KV caches (gpt_decode_body, one compiled variant
- * whose position is an argument): at every position of the context the
- * logits equal those of the uncached forward over the bytes so far
- * (gpt_next_logits, eager, masked); generation that fits the context gives
- * gpt_generate's bytes; past it (a context shift) compiled gives eager's. */
+ * for every position, which is an input; calls skip the body): at every
+ * position of the context the logits equal those of the uncached forward
+ * over the bytes so far (gpt_next_logits, eager); generation that fits the
+ * context gives gpt_generate's bytes; past it (a context shift) compiled
+ * gives eager's. */
 START_TEST(test_generation_kv_cache) {
   gpt_config c = tiny(KILN_F32);
   gpt g;
   ck_assert_int_eq(0, gpt_init(&g, &c, 9));
   ck_assert_int_eq(0, gpt_cache_init(&g));
-  kiln_options o = {.name = "decode", .n_in = 1, .n_out = 1};
+  kiln_options o = {.name = "decode", .n_in = 2, .n_out = 1, .capture = KILN_CAPTURE_GUARDS};
   kiln_fn *fn = kiln_compile(gpt_decode_body, &g, &o);
   ck_assert_ptr_nonnull(fn);
   int64_t x[8];
   uint64_t seed = 5;
   for (int64_t t = 0; t < c.block_size; t++) x[t] = (int64_t)(gpt_rand(&seed) % 64);
-  for (g.pos = 0; g.pos < c.block_size; g.pos++) {
+  for (int64_t p = 0; p < c.block_size; p++) {
     kiln_scope_begin();
-    kiln_tensor *tok = kiln_tensor_from(KILN_I64, 1, ((int64_t[]){1}), &x[g.pos]), *got = NULL;
-    ck_assert_msg(kiln_call(fn, &tok, &got) == 0, "pos %lld: %s", (long long)g.pos, kiln_last_error());
-    kiln_tensor *want = gpt_next_logits(&g, kiln_tensor_from(KILN_I64, 2, ((int64_t[]){1, g.pos + 1}), x));
+    kiln_tensor *in[2] = {kiln_tensor_from(KILN_I64, 1, ((int64_t[]){1}), &x[p]), kiln_tensor_from(KILN_I64, 1, ((int64_t[]){1}), &p)};
+    kiln_tensor *got = NULL;
+    ck_assert_msg(kiln_call(fn, in, &got) == 0, "pos %lld: %s", (long long)p, kiln_last_error());
+    kiln_tensor *want = gpt_next_logits(&g, kiln_tensor_from(KILN_I64, 2, ((int64_t[]){1, p + 1}), x));
     ck_assert_int_eq(2, kiln_ndim(got));
     ck_assert_int_eq(c.vocab_size, kiln_size(got, 1));
     int64_t at;
     double d = maxdiff(got, want, &at);
-    ck_assert_msg(d <= 1e-5, "pos %lld: logits differ by %g at %lld", (long long)g.pos, d, (long long)at);
+    ck_assert_msg(d <= 1e-5, "pos %lld: logits differ by %g at %lld", (long long)p, d, (long long)at);
     kiln_scope_end();
   }
   kiln_fn_stats st;
   ck_assert_int_eq(0, kiln_fn_get_stats(fn, &st));
+  ck_assert_int_eq(1, st.traces);
   ck_assert_int_eq(1, st.variants);
   ck_assert_int_eq(0, st.fallbacks);
-  ck_assert_int_eq(c.block_size - 2, st.hits); /* the first two calls trace: the second finds pos an argument */
+  ck_assert_int_eq(c.block_size - 1, st.guard_hits); /* every call after the first skipped the body */
 
   uint8_t a[20] = {1, 2, 3}, b[20] = {1, 2, 3}, e[20] = {1, 2, 3};
   int64_t la = 3, lb = 3, le = 3;
