@@ -823,7 +823,7 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
   kiln_tensor **all = NULL; /* check mode: the interpreter's values */
   /* allreduces run on while later kernels do, except in check mode, which reads each kernel's result at once */
   dist_pending dq = {.cap = -1}; /* bucket cap: read on the first allreduce */
-  bool overlap = !report && dist_overlap();
+  bool overlap = !report && e->last_allreduce >= 0 && dist_overlap(); /* a getenv: only where an allreduce can use it */
   if (!bufs || !tens || !own || !bytes || !off) goto oom;
   for (int b = 0; b < nb; b++) {
     const cg_buf *bf = &p->buf[b];
