@@ -122,8 +122,9 @@ static void print_row(const ll_result *r) {
     printf("%-14s FAILED (%s)\n", r->name, kiln_last_error());
     return;
   }
-  printf("%-14s %10.3f %12.3f %7.2fx %11.1f   variants %lld, traces %lld", r->name, r->eager_ms, r->compiled_ms,
-         r->eager_ms / r->compiled_ms, r->compile_ms, r->variants, r->traces);
+  bool tiny = r->eager_ms < 0.1; /* M1: microseconds need the digits */
+  printf(tiny ? "%-14s %10.5f %12.5f %7.2fx %11.1f   variants %lld, traces %lld" : "%-14s %10.3f %12.3f %7.2fx %11.1f   variants %lld, traces %lld",
+         r->name, r->eager_ms, r->compiled_ms, r->eager_ms / r->compiled_ms, r->compile_ms, r->variants, r->traces);
   if (r->per > 1) printf("   tokens/s: eager %.0f, compiled %.0f", 1e3 / r->eager_ms, 1e3 / r->compiled_ms);
   printf("\n");
   fflush(stdout);
