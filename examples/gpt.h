@@ -109,6 +109,8 @@ typedef struct gpt {
   kiln_tensor **m, **v; /* AdamW moments, one per parameter, zeros at init */
   kiln_tensor *step;   /* 0-d: AdamW steps taken so far */
   kiln_tensor *mask;   /* (block_size,block_size) bool: col <= row */
+  kiln_tensor **kc, **vc; /* per layer (block_size,C) key and value caches of generation (gpt_cache_init), or NULL */
+  int64_t pos;            /* the cache row the next decoded byte writes (gpt_decode_step) */
 } gpt;
 
 static inline int gpt_n_params(const gpt_config *c) { return GPT_FIRST_LAYER + GPT_PER_LAYER * c->n_layer + 2; }
@@ -173,7 +175,27 @@ static inline void gpt_free(gpt *g) {
   free(g->v);
   kiln_release(g->step);
   kiln_release(g->mask);
+  for (int l = 0; g->kc && l < g->cfg.n_layer; l++) kiln_release(g->kc[l]), kiln_release(g->vc[l]);
+  free(g->kc);
+  free(g->vc);
   memset(g, 0, sizeof *g);
+}
+
+/* Zero key and value caches for generation with gpt_decode_logits; 0, or -1. */
+static inline int gpt_cache_init(gpt *g) {
+  const gpt_config *c = &g->cfg;
+  if (g->kc) return 0;
+  g->kc = calloc((size_t)c->n_layer, sizeof *g->kc);
+  g->vc = calloc((size_t)c->n_layer, sizeof *g->vc);
+  int bad = !g->kc || !g->vc;
+  for (int l = 0; l < c->n_layer && !bad; l++) {
+    int64_t shape[2] = {c->block_size, c->n_embd};
+    g->kc[l] = kiln_keep(kiln_zeros(c->dtype, 2, shape));
+    g->vc[l] = kiln_keep(kiln_zeros(c->dtype, 2, shape));
+    bad = !g->kc[l] || !g->vc[l];
+  }
+  g->pos = 0;
+  return bad ? -1 : 0;
 }
 
 /* A new model with GPT-2's init from seed; 0, or -1 with kiln's error set
@@ -311,6 +333,48 @@ static inline kiln_tensor *gpt_next_logits(const gpt *g, kiln_tensor *idx) {
   return logits;
 }
 
+/* Logits (1,V) of the byte after idx (1,) i64, decoded at position pos
+ * (1,) i64 through the caches (gpt_cache_init): its key and value go to
+ * row pos of each layer's, and its query attends over every row, those
+ * after pos masked out (their stale values weigh exactly 0). The position
+ * is data, not a size or a C number: every step has the same graph, so a
+ * compiled call can skip running the body (gpt_decode_body). The same
+ * numbers as the last row of gpt_next_logits over the bytes at positions
+ * 0..pos, up to rounding. No autograd. */
+static inline kiln_tensor *gpt_decode_logits(const gpt *g, kiln_tensor *idx, kiln_tensor *pos) {
+  const gpt_config *c = &g->cfg;
+  int64_t S = c->block_size, C = c->n_embd, H = c->n_head, hs = C / H;
+  kiln_dtype dt = c->dtype;
+  kiln_no_grad_begin();
+  kiln_tensor *x = kiln_add(kiln_embedding(g->p[GPT_WTE], idx), kiln_embedding(g->p[GPT_WPE], pos)); /* (1,C) */
+  kiln_tensor *allowed = kiln_index_select(g->mask, 0, pos); /* (1,S): col <= pos */
+  for (int l = 0; l < c->n_layer && x; l++) {
+    kiln_tensor *a = kiln_layer_norm(x, gpt_layer_param(g, l, GPT_LN1_W), gpt_layer_param(g, l, GPT_LN1_B), GPT_LN_EPS);
+    kiln_tensor *qkv = gpt_linear(a, gpt_layer_param(g, l, GPT_ATTN_W), gpt_layer_param(g, l, GPT_ATTN_B)); /* (1,3C) */
+    kiln_tensor *q = kiln_slice(qkv, 1, 0, C, 1), *k = kiln_slice(qkv, 1, C, 2 * C, 1), *v = kiln_slice(qkv, 1, 2 * C, 3 * C, 1);
+    if (!kiln_index_copy_(g->kc[l], 0, pos, k) || !kiln_index_copy_(g->vc[l], 0, pos, v)) {
+      x = NULL;
+      break;
+    }
+    int64_t heads[3] = {S, H, hs};
+    kiln_tensor *keys = kiln_permute(kiln_reshape(g->kc[l], 3, heads), ((int[]){1, 0, 2})); /* (H,S,hs) */
+    kiln_tensor *vals = kiln_permute(kiln_reshape(g->vc[l], 3, heads), ((int[]){1, 0, 2}));
+    kiln_tensor *qh = kiln_reshape(q, 3, ((int64_t[]){H, 1, hs}));
+    kiln_tensor *att = kiln_mul(kiln_matmul(qh, kiln_transpose(keys, 1, 2)), kiln_scalar(dt, 1.0 / sqrt((double)hs))); /* (H,1,S) */
+    att = kiln_softmax(kiln_where(allowed, att, kiln_scalar(dt, -INFINITY)), -1);
+    kiln_tensor *y = kiln_matmul(att, vals);                                       /* (H,1,hs) */
+    y = kiln_reshape(kiln_contiguous(y), 2, ((int64_t[]){1, C}));                  /* heads side by side, as (B,T,H,hs) */
+    x = kiln_add(x, gpt_linear(y, gpt_layer_param(g, l, GPT_PROJ_W), gpt_layer_param(g, l, GPT_PROJ_B)));
+    kiln_tensor *m = kiln_layer_norm(x, gpt_layer_param(g, l, GPT_LN2_W), gpt_layer_param(g, l, GPT_LN2_B), GPT_LN_EPS);
+    kiln_tensor *f = kiln_gelu(gpt_linear(m, gpt_layer_param(g, l, GPT_FC_W), gpt_layer_param(g, l, GPT_FC_B)));
+    x = kiln_add(x, gpt_linear(f, gpt_layer_param(g, l, GPT_FC2_W), gpt_layer_param(g, l, GPT_FC2_B)));
+  }
+  int last = g->n_params - 2;
+  kiln_tensor *logits = x ? gpt_head(g, kiln_layer_norm(x, g->p[last], g->p[last + 1], GPT_LN_EPS)) : NULL;
+  kiln_no_grad_end();
+  return logits;
+}
+
 /* One AdamW update from the .grad of every parameter (then dropped), as in
  * the header comment. In-place ops under no-grad: a compiled step records them
  * as writes to the parameters and moments. 0 or -1. */
@@ -370,6 +434,17 @@ static inline int gpt_train_body(void *ctx, kiln_tensor *const *in, kiln_tensor 
 /* in: idx (B,T) i64; out: next-byte logits (B,V) */
 static inline int gpt_next_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
   out[0] = gpt_next_logits(ctx, in[0]);
+  return out[0] ? 0 : -1;
+}
+
+/* in: one byte (1,) i64 and its position (1,) i64; out: next-byte logits
+ * (1,V), after writing its key and value at that row of the caches. The
+ * body depends on nothing but its inputs' shapes and the model's tensors
+ * (the caches are params, written in place), so it may be compiled with
+ * .capture = KILN_CAPTURE_GUARDS: a call then runs the compiled steps
+ * without running the body. */
+static inline int gpt_decode_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  out[0] = gpt_decode_logits(ctx, in[0], in[1]);
   return out[0] ? 0 : -1;
 }
 
@@ -485,6 +560,49 @@ static inline int gpt_generate(const gpt *g, kiln_fn *fn, uint8_t *text, int64_t
   }
   free(logits);
   free(ctx);
+  return rc;
+}
+
+/* Decodes byte b at position g->pos through fn (gpt_decode_body, or NULL: eagerly),
+ * moves g->pos on and reads the next-byte logits (V floats). 0 or -1. */
+static inline int gpt_decode_step(gpt *g, kiln_fn *fn, uint8_t b, float *logits) {
+  int64_t tok[2] = {b, g->pos};
+  kiln_scope_begin();
+  kiln_tensor *in[2] = {kiln_tensor_from(KILN_I64, 1, ((int64_t[]){1}), &tok[0]),
+                        kiln_tensor_from(KILN_I64, 1, ((int64_t[]){1}), &tok[1])}, *out = NULL;
+  int rc = !in[0] || !in[1] ? -1 : fn ? kiln_call(fn, in, &out) : (out = gpt_decode_logits(g, in[0], in[1])) ? 0 : -1;
+  if (rc == 0) rc = kiln_read(out, logits, sizeof(float) * (size_t)g->cfg.vocab_size);
+  kiln_scope_end();
+  g->pos++;
+  return rc;
+}
+
+/* gpt_generate through the KV caches (made here if missing): the context
+ * (the last block_size bytes) is decoded a byte at a time from position 0,
+ * then each new byte in one step. While the text fits block_size the bytes
+ * are gpt_generate's. When the caches are full, the last block_size/2
+ * bytes are decoded again from position 0 (a context shift): the model
+ * then sees between block_size/2 and block_size bytes where gpt_generate
+ * sees block_size. fn: a kiln_fn of gpt_decode_body, or NULL to decode
+ * eagerly. The model must be f32. 0 or -1. */
+static inline int gpt_generate_cached(gpt *g, kiln_fn *fn, uint8_t *text, int64_t *len, int64_t n, double temperature,
+                                      uint64_t *rng) {
+  int64_t B = g->cfg.block_size, keep = B / 2 > 0 ? B / 2 : 1;
+  float *logits = malloc(sizeof(float) * (size_t)g->cfg.vocab_size);
+  int rc = logits && *len > 0 && gpt_cache_init(g) == 0 ? 0 : -1;
+  g->pos = 0;
+  for (int64_t t = *len - (*len < B ? *len : B); t < *len && rc == 0; t++) rc = gpt_decode_step(g, fn, text[t], logits);
+  for (int64_t i = 0; i < n && rc == 0; i++) {
+    text[(*len)++] = (uint8_t)gpt_sample(logits, g->cfg.vocab_size, temperature, rng);
+    if (i + 1 == n) break;
+    if (g->pos < B) {
+      rc = gpt_decode_step(g, fn, text[*len - 1], logits);
+      continue;
+    }
+    g->pos = 0;
+    for (int64_t t = *len - keep; t < *len && rc == 0; t++) rc = gpt_decode_step(g, fn, text[t], logits);
+  }
+  free(logits);
   return rc;
 }
 

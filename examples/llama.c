@@ -73,8 +73,9 @@ int main(int argc, char **argv) {
     llama_requires_grad(&m, false);
   }
 
-  kiln_options o = {.name = "llama_decode", .n_in = 1, .n_out = 1};
-  kiln_fn *fn = eager ? NULL : kiln_compile(llama_decode_body, &m, &o);
+  /* the position is an input: one graph for every step, and calls skip running the body */
+  kiln_options o = {.name = "llama_step", .n_in = 2, .n_out = 1, .capture = KILN_CAPTURE_GUARDS};
+  kiln_fn *fn = eager ? NULL : kiln_compile(llama_step_body, &m, &o);
   int64_t *out = malloc(sizeof *out * (size_t)(n + 1)), bos = LLAMA_BOS;
   double t0 = now_s();
   if (!out || llama_generate(&m, fn, &bos, 1, n, out)) return fprintf(stderr, "llama: %s\n", kiln_last_error()), 1;

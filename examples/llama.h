@@ -14,7 +14,9 @@
  *     q, k rotated in pairs (RoPE): per head, elements (2j, 2j+1) at position p
  *       turn by p / 10000^(2j/hs), hs = D/n_heads
  *     with a cache: k, v written into rows pos0.. of the layer's (seq_len,KV)
- *       caches; keys and values are rows 0 .. pos0+T-1 of them
+ *       caches; keys and values are rows 0 .. pos0+T-1 of them (in
+ *       llama_step_body, with the position a tensor: every row, those
+ *       after it masked out)
  *     att = softmax((q @ keys^T) / sqrt(hs), causal)          head i reads kv head i / (n_heads/n_kv_heads)
  *     x = x + (att @ values) @ wo^T
  *     h = rmsnorm(x, rms_ffn)
@@ -279,33 +281,40 @@ static inline kiln_tensor *llama_rmsnorm(kiln_tensor *x, kiln_tensor *w) {
 
 static inline kiln_tensor *llama_silu(kiln_tensor *x) { return kiln_mul(x, kiln_sigmoid(x)); }
 
-/* x (T,n,hs) turned in pairs at positions pos0 .. pos0+T-1. */
-static inline kiln_tensor *llama_rope(const llama *m, kiln_tensor *x, int64_t pos0) {
+/* x (T,n,hs) turned in pairs at positions pos0 .. pos0+T-1, or at the
+ * positions in at (T,) i64 when it is not NULL. */
+static inline kiln_tensor *llama_rope(const llama *m, kiln_tensor *x, int64_t pos0, kiln_tensor *at) {
   int64_t T = kiln_size(x, 0), n = kiln_size(x, 1), hs = kiln_size(x, 2);
   kiln_tensor *p = kiln_reshape(x, 4, ((int64_t[]){T, n, hs / 2, 2}));
   kiln_tensor *x0 = kiln_slice(p, 3, 0, 1, 1), *x1 = kiln_slice(p, 3, 1, 2, 1); /* (T,n,hs/2,1) */
   int64_t ts[4] = {T, 1, hs / 2, 1};
-  kiln_tensor *c = kiln_reshape(kiln_slice(m->cos, 0, pos0, pos0 + T, 1), 4, ts);
-  kiln_tensor *s = kiln_reshape(kiln_slice(m->sin, 0, pos0, pos0 + T, 1), 4, ts);
+  kiln_tensor *c = kiln_reshape(at ? kiln_index_select(m->cos, 0, at) : kiln_slice(m->cos, 0, pos0, pos0 + T, 1), 4, ts);
+  kiln_tensor *s = kiln_reshape(at ? kiln_index_select(m->sin, 0, at) : kiln_slice(m->sin, 0, pos0, pos0 + T, 1), 4, ts);
   kiln_tensor *r0 = kiln_sub(kiln_mul(x0, c), kiln_mul(x1, s));
   kiln_tensor *r1 = kiln_add(kiln_mul(x0, s), kiln_mul(x1, c));
   return kiln_reshape(kiln_cat(KILN_TENSORS(r0, r1), 3), 3, ((int64_t[]){T, n, hs}));
 }
 
 /* Attention of layer l for h (T,D) at positions pos0..: through the caches
- * when use_cache (k, v written at rows pos0..), else over these T alone (pos0 0). */
-static inline kiln_tensor *llama_attention(llama *m, int l, kiln_tensor *h, int64_t pos0, bool use_cache) {
+ * when use_cache (k, v written at rows pos0..), else over these T alone (pos0 0).
+ * With at (1,) i64 (T 1, use_cache), the position is that tensor's value
+ * instead: the row is written by index, and the query attends over every
+ * row of the caches, those after it masked out. */
+static inline kiln_tensor *llama_attention(llama *m, int l, kiln_tensor *h, int64_t pos0, bool use_cache, kiln_tensor *at) {
   const llama_config *c = &m->cfg;
   int64_t T = kiln_size(h, 0), D = c->dim, nh = c->n_heads, nkv = c->n_kv_heads, hs = D / nh, g = nh / nkv;
-  int64_t KV = llama_kv_dim(c), S = pos0 + T;
+  int64_t KV = llama_kv_dim(c), S = at ? c->seq_len : pos0 + T;
   kiln_dtype dt = c->dtype;
   kiln_tensor *q = kiln_matmul(h, kiln_transpose(llama_w(m, l, LL_WQ), 0, 1));
   kiln_tensor *k = kiln_matmul(h, kiln_transpose(llama_w(m, l, LL_WK), 0, 1));
   kiln_tensor *v = kiln_matmul(h, kiln_transpose(llama_w(m, l, LL_WV), 0, 1));
-  q = llama_rope(m, kiln_reshape(q, 3, ((int64_t[]){T, nh, hs})), pos0);
-  k = kiln_reshape(llama_rope(m, kiln_reshape(k, 3, ((int64_t[]){T, nkv, hs})), pos0), 2, ((int64_t[]){T, KV}));
+  q = llama_rope(m, kiln_reshape(q, 3, ((int64_t[]){T, nh, hs})), pos0, at);
+  k = kiln_reshape(llama_rope(m, kiln_reshape(k, 3, ((int64_t[]){T, nkv, hs})), pos0, at), 2, ((int64_t[]){T, KV}));
   kiln_tensor *keys = k, *vals = v; /* (S,KV) */
-  if (use_cache) {
+  if (at) {
+    if (!kiln_index_copy_(m->kc[l], 0, at, k) || !kiln_index_copy_(m->vc[l], 0, at, v)) return NULL;
+    keys = m->kc[l], vals = m->vc[l];
+  } else if (use_cache) {
     if (!kiln_copy_(kiln_slice(m->kc[l], 0, pos0, S, 1), k) || !kiln_copy_(kiln_slice(m->vc[l], 0, pos0, S, 1), v)) return NULL;
     keys = kiln_slice(m->kc[l], 0, 0, S, 1);
     vals = kiln_slice(m->vc[l], 0, 0, S, 1);
@@ -315,7 +324,7 @@ static inline kiln_tensor *llama_attention(llama *m, int l, kiln_tensor *h, int6
   /* the g query heads that share a kv head, as g*T rows of it */
   kiln_tensor *qg = kiln_reshape(kiln_permute(q, ((int[]){1, 0, 2})), 3, ((int64_t[]){nkv, g * T, hs}));
   kiln_tensor *att = kiln_mul(kiln_matmul(qg, kiln_transpose(keys, 1, 2)), kiln_scalar(dt, 1.0 / sqrt((double)hs)));
-  kiln_tensor *mask = kiln_slice(kiln_slice(m->mask, 0, pos0, S, 1), 1, 0, S, 1); /* (T,S) */
+  kiln_tensor *mask = at ? kiln_index_select(m->mask, 0, at) : kiln_slice(kiln_slice(m->mask, 0, pos0, S, 1), 1, 0, S, 1); /* (T,S) */
   att = kiln_reshape(att, 4, ((int64_t[]){nkv, g, T, S}));
   att = kiln_softmax(kiln_where(mask, att, kiln_scalar(dt, -INFINITY)), -1);
   kiln_tensor *y = kiln_matmul(kiln_reshape(att, 3, ((int64_t[]){nkv, g * T, S})), vals); /* (nkv,g*T,hs) */
@@ -325,11 +334,12 @@ static inline kiln_tensor *llama_attention(llama *m, int l, kiln_tensor *h, int6
 }
 
 /* Logits (T,V) of tokens (T,) i64 at positions pos0 ..; use_cache: through
- * (and into) the KV caches, else attending over these tokens alone. */
-static inline kiln_tensor *llama_forward(llama *m, kiln_tensor *tokens, int64_t pos0, bool use_cache) {
+ * (and into) the KV caches, else attending over these tokens alone. at:
+ * one token's position as a (1,) i64 tensor instead of pos0 (llama_step_body). */
+static inline kiln_tensor *llama_forward(llama *m, kiln_tensor *tokens, int64_t pos0, bool use_cache, kiln_tensor *at) {
   kiln_tensor *x = kiln_embedding(m->tok_emb, tokens);
   for (int l = 0; l < m->cfg.n_layers; l++) {
-    x = kiln_add(x, llama_attention(m, l, llama_rmsnorm(x, llama_w(m, l, LL_RMS_ATT)), pos0, use_cache));
+    x = kiln_add(x, llama_attention(m, l, llama_rmsnorm(x, llama_w(m, l, LL_RMS_ATT)), pos0, use_cache, at));
     kiln_tensor *h = llama_rmsnorm(x, llama_w(m, l, LL_RMS_FFN));
     kiln_tensor *a = kiln_matmul(h, kiln_transpose(llama_w(m, l, LL_W1), 0, 1));
     kiln_tensor *b = kiln_matmul(h, kiln_transpose(llama_w(m, l, LL_W3), 0, 1));
@@ -341,7 +351,7 @@ static inline kiln_tensor *llama_forward(llama *m, kiln_tensor *tokens, int64_t 
 /* Mean cross entropy of next-token prediction over tokens (T+1,) i64. */
 static inline kiln_tensor *llama_loss(llama *m, kiln_tensor *tokens) {
   int64_t n = kiln_size(tokens, 0);
-  kiln_tensor *logits = llama_forward(m, kiln_slice(tokens, 0, 0, n - 1, 1), 0, false);
+  kiln_tensor *logits = llama_forward(m, kiln_slice(tokens, 0, 0, n - 1, 1), 0, false, NULL);
   return kiln_cross_entropy(logits, kiln_slice(tokens, 0, 1, n, 1));
 }
 
@@ -384,7 +394,20 @@ static inline void llama_requires_grad(llama *m, bool on) {
 static inline int llama_decode_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
   llama *m = ctx;
   kiln_no_grad_begin();
-  out[0] = llama_forward(m, in[0], m->pos, true);
+  out[0] = llama_forward(m, in[0], m->pos, true, NULL);
+  kiln_no_grad_end();
+  return out[0] ? 0 : -1;
+}
+
+/* in: one token (1,) i64 and its position (1,) i64; out: its logits (1,V),
+ * after writing its k and v at that row of the caches. The position is data:
+ * every step has one graph, which reads no C number that changes, so it may
+ * be compiled with .capture = KILN_CAPTURE_GUARDS and calls skip running
+ * the body. Attention reads every row of the caches (those past the
+ * position masked out), where llama_decode_body reads rows 0..pos. */
+static inline int llama_step_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  kiln_no_grad_begin();
+  out[0] = llama_forward(ctx, in[0], 0, true, in[1]);
   kiln_no_grad_end();
   return out[0] ? 0 : -1;
 }
@@ -392,22 +415,25 @@ static inline int llama_decode_body(void *ctx, kiln_tensor *const *in, kiln_tens
 /* in: tokens (T,) i64; out: logits (T,V), no cache */
 static inline int llama_forward_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
   kiln_no_grad_begin();
-  out[0] = llama_forward(ctx, in[0], 0, false);
+  out[0] = llama_forward(ctx, in[0], 0, false, NULL);
   kiln_no_grad_end();
   return out[0] ? 0 : -1;
 }
 
 /* Greedy generation: n tokens after `prompt` (np tokens, from position 0),
- * each decoded through fn (or eagerly when fn is NULL) into out[0..np+n).
- * 0 or -1. */
+ * each decoded through fn (or eagerly by llama_decode_body when fn is NULL)
+ * into out[0..np+n). fn gets the token and its position (llama_step_body
+ * reads both, llama_decode_body the token). 0 or -1. */
 static inline int llama_generate(llama *m, kiln_fn *fn, const int64_t *prompt, int np, int n, int64_t *out) {
   if (np < 1 || np + n > m->cfg.seq_len) return fprintf(stderr, "llama_generate: %d + %d tokens do not fit seq_len %d\n", np, n, m->cfg.seq_len), -1;
   memcpy(out, prompt, sizeof *out * (size_t)np);
   m->pos = 0;
   for (int i = 0; i + 1 < np + n; i++) {
     kiln_scope_begin();
-    kiln_tensor *tok = kiln_tensor_from(KILN_I64, 1, ((int64_t[]){1}), &out[i]), *logits = NULL;
-    int rc = fn ? kiln_call(fn, &tok, &logits) : llama_decode_body(m, &tok, &logits);
+    int64_t pos = m->pos;
+    kiln_tensor *in[2] = {kiln_tensor_from(KILN_I64, 1, ((int64_t[]){1}), &out[i]),
+                          kiln_tensor_from(KILN_I64, 1, ((int64_t[]){1}), &pos)}, *logits = NULL;
+    int rc = fn ? kiln_call(fn, in, &logits) : llama_decode_body(m, in, &logits);
     if (rc == 0 && i + 1 >= np) {
       kiln_tensor *best = kiln_argmax(logits, -1, false);
       rc = best && kiln_read(best, &out[i + 1], sizeof out[i + 1]) == 0 ? 0 : -1;

@@ -180,9 +180,20 @@ START_TEST(test_fusion_plans) {
   free_plan(p);
   kiln_fn_free(fn);
 
-  /* weights (in,out): a dot-product loop would walk columns; the row-walking gemv runs instead */
+  /* weights (in,out), one row: a column kernel (panels of outputs along K), bias and relu behind it */
   kiln_tensor *lr2[3] = {row, kiln_randn(KILN_F32, 2, ((int64_t[]){70, 20}), 7), c};
   fn = compile_once(linear_relu_body, 3, lr2);
+  p = plan_of(fn);
+  ck_assert_int_eq(0, count_kind(p, CG_K_MATMUL));
+  ck_assert_int_eq(1, p->n_k);
+  ck_assert(strstr(p->k[0].name, "matvec") != NULL);
+  ck_assert(lower_is_column(&p->k[0]));
+  free_plan(p);
+  kiln_fn_free(fn);
+
+  /* (in,out) with two rows: a dot-product loop would walk columns; the row-walking gemv runs instead */
+  kiln_tensor *lr3[3] = {kiln_randn(KILN_F32, 2, ((int64_t[]){2, 70}), 6), lr2[1], c};
+  fn = compile_once(linear_relu_body, 3, lr3);
   p = plan_of(fn);
   ck_assert_int_eq(1, count_kind(p, CG_K_MATMUL));
   ck_assert(strstr(p->k[0].name, "matvec") == NULL);
@@ -1651,6 +1662,79 @@ START_TEST(test_full_reduce_blocks) {
 }
 END_TEST
 
+/* ---- batch-1 matvec against (in,out) weights: column panels ---- */
+
+static int plain_matmul_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  out[0] = kiln_matmul(in[0], in[1]);
+  return 0;
+}
+
+static int linear_gelu_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  out[0] = kiln_gelu(kiln_add(kiln_matmul(in[0], in[1]), in[2]));
+  return 0;
+}
+
+/* y = x @ W with W (K,N) and one row of x runs as one column kernel whose
+ * panels keep vectors of outputs in registers down K (lower.c). Output
+ * counts cover under a vector (5), vectors and a masked rest (70), whole
+ * panels (288), panels, single vectors and a rest (277), and enough to be
+ * split over two threads (4005). Checked against a sum in f64 written
+ * here, bitwise against eager's gemv (which adds in the same order), and
+ * for the same bits at 1 and 2 threads; bf16 weights are read narrow. */
+START_TEST(test_matvec_in_out_panels) {
+  static const int64_t sizes[][2] = {{37, 5}, {70, 70}, {288, 288}, {41, 277}, {37, 4005}};
+  for (int i = 0; i < 5; i++) {
+    for (int narrow = 0; narrow < 2; narrow++) {
+      kiln_scope_begin();
+      int64_t k = sizes[i][0], n = sizes[i][1];
+      kiln_tensor *w = kiln_randn(KILN_F32, 2, ((int64_t[]){k, n}), 70 + (uint64_t)i);
+      if (narrow) w = kiln_cast(kiln_cast(w, KILN_BF16), KILN_F32); /* exact in bf16, so the f64 sum below holds */
+      kiln_tensor *in[3] = {kiln_randn(KILN_F32, 2, ((int64_t[]){1, k}), 80 + (uint64_t)i), narrow ? kiln_cast(w, KILN_BF16) : w,
+                            kiln_randn(KILN_F32, 1, ((int64_t[]){n}), 90 + (uint64_t)i)};
+      kiln_fn *fn = compile_once(narrow ? linear_relu_body : linear_gelu_body, 3, in);
+      cg_program *p = plan_of(fn);
+      ck_assert_int_eq(0, count_kind(p, CG_K_MATMUL));
+      ck_assert_int_eq(1, p->n_k);
+      ck_assert(lower_is_column(&p->k[0]));
+      free_plan(p);
+      char *dump = llvm_dump_of(fn);
+      ck_assert_msg(strstr(dump, "%panel") != NULL, "[%lld,%lld]: no panel accumulators:\n%.3000s", (long long)k, (long long)n, dump);
+      ck_assert_msg(strstr(dump, "gather") == NULL, "[%lld,%lld]: gathers", (long long)k, (long long)n);
+      free(dump);
+      kiln_tensor *y = NULL;
+      ck_assert_int_eq(0, kiln_call(fn, in, &y));
+      static float xs[300], ws[300 * 300], bs[300], ys[300];
+      ck_assert_int_eq(0, kiln_read(in[0], xs, sizeof(float) * (size_t)k));
+      if (n < 300) {
+        ck_assert_int_eq(0, kiln_read(w, ws, sizeof(float) * (size_t)(k * n)));
+        ck_assert_int_eq(0, kiln_read(in[2], bs, sizeof(float) * (size_t)n));
+        ck_assert_int_eq(0, kiln_read(y, ys, sizeof(float) * (size_t)n));
+      }
+      for (int64_t j = 0; j < n && n < 300; j++) {
+        double acc = bs[j];
+        for (int64_t q = 0; q < k; q++) acc += (double)xs[q] * ws[q * n + j];
+        double want = narrow ? (acc > 0 ? acc : 0) : 0.5 * acc * (1 + tanh(0.7978845608028654 * (acc + 0.044715 * acc * acc * acc))); /* the tanh form */
+        ck_assert_msg(fabs(ys[j] - want) <= 1e-5 * (1 + fabs(want)), "[%lld,%lld] at %lld: %g, want %g", (long long)k,
+                      (long long)n, (long long)j, ys[j], want);
+      }
+      /* eager's gemv adds x[q] * W[q, j] in q's order, without an FMA: the same bits */
+      kiln_tensor *ref = kiln_matmul(in[0], narrow ? w : in[1]), *got = NULL;
+      kiln_fn *bare = compile_once(plain_matmul_body, 2, (kiln_tensor *[]){in[0], narrow ? in[1] : w});
+      ck_assert_int_eq(0, kiln_call(bare, (kiln_tensor *[]){in[0], narrow ? in[1] : w}, &got));
+      int64_t bad;
+      ck_assert_msg(maxdiff_rel(got, ref, &bad) == 0, "[%lld,%lld]: differs from eager at %lld", (long long)k, (long long)n,
+                    (long long)bad);
+      same_at_1_and_2_threads(fn, in);
+      kiln_fn_free(bare);
+      kiln_fn_free(fn);
+      kiln_scope_end();
+    }
+  }
+}
+END_TEST
+
 /* ---- column reductions: over the leading (outer-in-memory) axes ---- */
 
 enum { COL_SUM, COL_MEAN, COL_MAX, COL_MIN, COL_TANH, COL_VAR, COL_N };
@@ -2165,6 +2249,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, test_dot_products_fused);
   tcase_add_test(tc, test_reduce_epilogues);
   tcase_add_test(tc, test_column_reductions);
+  tcase_add_test(tc, test_matvec_in_out_panels);
   tcase_add_test(tc, test_shared_kernels);
   tcase_add_test(tc, test_op_numbers_in_signature);
   tcase_add_test(tc, test_new_pointwise_compiled);

@@ -1,8 +1,8 @@
 /* The GPT of examples/gpt.h end to end on a tiny config: its training step
  * compiled (LLVM and the interpreter) against the same step run eagerly, its
  * AdamW against the formulas computed here in C, its gradients against
- * finite differences in f64, and generation at growing lengths served by one
- * variant with the length symbolic. */
+ * finite differences in f64, generation at growing lengths served by one
+ * variant with the length symbolic, and generation through the KV caches. */
 #include <check.h>
 #include <math.h>
 #include <stdio.h>
@@ -313,6 +313,63 @@ START_TEST(test_generation_one_variant) {
 }
 END_TEST
 
+/* Decoding through the KV caches (gpt_decode_body, one compiled variant
+ * for every position, which is an input; calls skip the body): at every
+ * position of the context the logits equal those of the uncached forward
+ * over the bytes so far (gpt_next_logits, eager); generation that fits the
+ * context gives gpt_generate's bytes; past it (a context shift) compiled
+ * gives eager's. */
+START_TEST(test_generation_kv_cache) {
+  gpt_config c = tiny(KILN_F32);
+  gpt g;
+  ck_assert_int_eq(0, gpt_init(&g, &c, 9));
+  ck_assert_int_eq(0, gpt_cache_init(&g));
+  kiln_options o = {.name = "decode", .n_in = 2, .n_out = 1, .capture = KILN_CAPTURE_GUARDS};
+  kiln_fn *fn = kiln_compile(gpt_decode_body, &g, &o);
+  ck_assert_ptr_nonnull(fn);
+  int64_t x[8];
+  uint64_t seed = 5;
+  for (int64_t t = 0; t < c.block_size; t++) x[t] = (int64_t)(gpt_rand(&seed) % 64);
+  for (int64_t p = 0; p < c.block_size; p++) {
+    kiln_scope_begin();
+    kiln_tensor *in[2] = {kiln_tensor_from(KILN_I64, 1, ((int64_t[]){1}), &x[p]), kiln_tensor_from(KILN_I64, 1, ((int64_t[]){1}), &p)};
+    kiln_tensor *got = NULL;
+    ck_assert_msg(kiln_call(fn, in, &got) == 0, "pos %lld: %s", (long long)p, kiln_last_error());
+    kiln_tensor *want = gpt_next_logits(&g, kiln_tensor_from(KILN_I64, 2, ((int64_t[]){1, p + 1}), x));
+    ck_assert_int_eq(2, kiln_ndim(got));
+    ck_assert_int_eq(c.vocab_size, kiln_size(got, 1));
+    int64_t at;
+    double d = maxdiff(got, want, &at);
+    ck_assert_msg(d <= 1e-5, "pos %lld: logits differ by %g at %lld", (long long)p, d, (long long)at);
+    kiln_scope_end();
+  }
+  kiln_fn_stats st;
+  ck_assert_int_eq(0, kiln_fn_get_stats(fn, &st));
+  ck_assert_int_eq(1, st.traces);
+  ck_assert_int_eq(1, st.variants);
+  ck_assert_int_eq(0, st.fallbacks);
+  ck_assert_int_eq(c.block_size - 1, st.guard_hits); /* every call after the first skipped the body */
+
+  uint8_t a[20] = {1, 2, 3}, b[20] = {1, 2, 3}, e[20] = {1, 2, 3};
+  int64_t la = 3, lb = 3, le = 3;
+  uint64_t ra = 1, rb = 1, re = 1;
+  ck_assert_int_eq(0, gpt_generate_cached(&g, fn, a, &la, 5, 0, &ra)); /* fills the context: 8 bytes */
+  ck_assert_int_eq(0, gpt_generate(&g, NULL, b, &lb, 5, 0, &rb));
+  ck_assert_int_eq(8, la);
+  ck_assert_mem_eq(a, b, 8);
+  la = 3;
+  ck_assert_int_eq(0, gpt_generate_cached(&g, fn, a, &la, 17, 0, &ra)); /* past it: shifts */
+  ck_assert_int_eq(0, gpt_generate_cached(&g, NULL, e, &le, 17, 0, &re));
+  ck_assert_int_eq(20, la);
+  ck_assert_mem_eq(a, e, 20);
+  ck_assert_int_eq(0, kiln_fn_get_stats(fn, &st));
+  ck_assert_int_eq(1, st.variants);
+  ck_assert_int_eq(0, st.fallbacks);
+  kiln_fn_free(fn);
+  gpt_free(&g);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("gpt");
   TCase *tc = tcase_create("core");
@@ -322,6 +379,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, test_adamw_formula);
   tcase_add_test(tc, test_gradient_finite_differences);
   tcase_add_test(tc, test_generation_one_variant);
+  tcase_add_test(tc, test_generation_kv_cache);
   suite_add_tcase(s, tc);
   return s;
 }

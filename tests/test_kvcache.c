@@ -108,14 +108,30 @@ START_TEST(test_write_is_in_graph) {
 }
 END_TEST
 
-/* What fd 2 received while the calls ran. */
+/* What fd 2 received between catch_begin and catch_end. */
 static char caught[1 << 16];
-static void run_steps_caught(kiln_fn *fn, kv *c, kiln_tensor *xs, int n) {
+static FILE *catch_log;
+static int catch_saved;
+
+static void catch_begin(void) {
   fflush(stderr);
-  FILE *log = tmpfile();
-  ck_assert_ptr_nonnull(log);
-  int saved = dup(2);
-  dup2(fileno(log), 2);
+  catch_log = tmpfile();
+  ck_assert_ptr_nonnull(catch_log);
+  catch_saved = dup(2);
+  dup2(fileno(catch_log), 2);
+}
+
+static void catch_end(void) {
+  fflush(stderr);
+  dup2(catch_saved, 2);
+  close(catch_saved);
+  rewind(catch_log);
+  caught[fread(caught, 1, sizeof caught - 1, catch_log)] = 0;
+  fclose(catch_log);
+}
+
+static void run_steps_caught(kiln_fn *fn, kv *c, kiln_tensor *xs, int n) {
+  catch_begin();
   for (int64_t p = 0; p < n; p++) {
     kiln_scope_begin();
     kiln_tensor *x = kiln_slice(xs, 0, p, p + 1, 1), *y;
@@ -123,12 +139,7 @@ static void run_steps_caught(kiln_fn *fn, kv *c, kiln_tensor *xs, int n) {
     ck_assert_msg(kiln_call(fn, &x, &y) == 0, "%s", kiln_last_error());
     kiln_scope_end();
   }
-  fflush(stderr);
-  dup2(saved, 2);
-  close(saved);
-  rewind(log);
-  caught[fread(caught, 1, sizeof caught - 1, log)] = 0;
-  fclose(log);
+  catch_end();
 }
 
 /* The row writes into the param's own memory: the scatter's buffer is the
@@ -152,6 +163,49 @@ START_TEST(test_scatter_in_place) {
   kiln_fn_free(fn);
   kiln_release(xs);
   kiln_release(c.cache), kiln_release(c.cacheT);
+}
+END_TEST
+
+/* The position as an input: index_copy_ writes row idx of the cache, and
+ * the compiled write goes into the cache's own memory too (the plan says
+ * so); check mode finds nothing wrong, and the cache holds each row 3x
+ * where it was written, zeros elsewhere. */
+static int step_at(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  kv *c = ctx;
+  if (!kiln_index_copy_(c->cache, 0, in[1], kiln_mul(in[0], kiln_scalar(KILN_F32, 3.0)))) return -1;
+  out[0] = kiln_sum(c->cache, 0, true);
+  return out[0] ? 0 : -1;
+}
+
+START_TEST(test_index_copy_in_place) {
+  kv c = {kiln_zeros(KILN_F32, 2, ((int64_t[]){T, D})), NULL, 0};
+  kiln_tensor *xs = rows(12);
+  kiln_options o = {.name = "kv_at", .n_in = 2, .n_out = 1, .dump = KILN_DUMP_KERNELS, .check = 1,
+                    .capture = KILN_CAPTURE_GUARDS};
+  kiln_fn *fn = kiln_compile(step_at, &c, &o);
+  catch_begin();
+  for (int64_t p = 0; p < 6; p++) {
+    kiln_scope_begin();
+    int64_t at = 2 * p;
+    kiln_tensor *in[2] = {kiln_slice(xs, 0, p, p + 1, 1), kiln_tensor_from(KILN_I64, 1, ((int64_t[]){1}), &at)}, *y;
+    ck_assert_msg(kiln_call(fn, in, &y) == 0, "%s", kiln_last_error());
+    kiln_scope_end();
+  }
+  catch_end();
+  ck_assert_msg(strstr(caught, "f32[24,8] stored in place in b"), "%s", caught);
+  kiln_fn_stats st;
+  ck_assert_int_eq(0, kiln_fn_get_stats(fn, &st));
+  ck_assert_int_eq(0, st.check_fails);
+  ck_assert_int_eq(1, st.variants);
+  float got[T * D], x[STEPS * D];
+  ck_assert_int_eq(0, kiln_read(c.cache, got, sizeof got));
+  ck_assert_int_eq(0, kiln_read(xs, x, sizeof x));
+  for (int r = 0; r < T; r++)
+    for (int j = 0; j < D; j++)
+      ck_assert_float_eq_tol(r % 2 == 0 && r < 12 ? 3 * x[r / 2 * D + j] : 0.0f, got[r * D + j], 1e-6);
+  kiln_fn_free(fn);
+  kiln_release(xs);
+  kiln_release(c.cache);
 }
 END_TEST
 
@@ -280,6 +334,7 @@ int main(void) {
   tcase_add_test(tc, test_cache_filled_over_steps);
   tcase_add_test(tc, test_write_is_in_graph);
   tcase_add_test(tc, test_scatter_in_place);
+  tcase_add_test(tc, test_index_copy_in_place);
   tcase_add_test(tc, test_old_value_read_after_write);
   tcase_add_test(tc, test_write_into_made_tensor);
   tcase_add_test(tc, test_grad_through_cache_refused);

@@ -260,15 +260,26 @@ START_TEST(test_eager_matches_reference) {
 }
 END_TEST
 
+/* The reference and two models loaded from its checkpoint: e eager, c compiled. */
+static void load_pair(ref *r, llama *e, llama *c) {
+  make_path();
+  ref_make(r, &TINY, ckpt);
+  ck_assert_int_eq(0, llama_load(e, ckpt, KILN_F32));
+  ck_assert_int_eq(0, llama_load(c, ckpt, KILN_F32));
+}
+
+static void free_pair(ref *r, llama *e, llama *c) {
+  remove(ckpt);
+  llama_free(e), llama_free(c);
+  ref_free(r);
+}
+
 /* Generation through one compiled variant: logits at every position equal
  * eager's, the caches too, and later calls are hits. */
 START_TEST(test_compiled_generation) {
-  make_path();
   ref r;
-  ref_make(&r, &TINY, ckpt);
   llama e, c;
-  ck_assert_int_eq(0, llama_load(&e, ckpt, KILN_F32));
-  ck_assert_int_eq(0, llama_load(&c, ckpt, KILN_F32));
+  load_pair(&r, &e, &c);
   kiln_options o = {.name = "llama_decode", .n_in = 1, .n_out = 1};
   kiln_fn *fn = kiln_compile(llama_decode_body, &c, &o);
   ck_assert_ptr_nonnull(fn);
@@ -300,9 +311,44 @@ START_TEST(test_compiled_generation) {
   ck_assert_int_eq(0, kiln_fn_get_stats(fn, &st));
   ck_assert_int_eq(1, st.variants);
   kiln_fn_free(fn);
-  remove(ckpt);
-  llama_free(&e), llama_free(&c);
-  ref_free(&r);
+  free_pair(&r, &e, &c);
+}
+END_TEST
+
+/* Decoding with the position as an input (llama_step_body), compiled on the
+ * guard-only path: logits at every position equal the reference's, eagerly
+ * and compiled; the body ran once (every later call skipped it); and
+ * generation through it picks the tokens eager llama_decode_body picks. */
+START_TEST(test_step_body_guard_path) {
+  ref r;
+  llama e, c;
+  load_pair(&r, &e, &c);
+  kiln_options o = {.name = "llama_step", .n_in = 2, .n_out = 1, .capture = KILN_CAPTURE_GUARDS};
+  kiln_fn *fn = kiln_compile(llama_step_body, &c, &o);
+  ck_assert_ptr_nonnull(fn);
+  for (int64_t p = 0; p < N_TOK; p++) {
+    double want[40];
+    ref_step(&r, (int)TOKENS[p], (int)p, want);
+    kiln_scope_begin();
+    kiln_tensor *in[2] = {kiln_tensor_from(KILN_I64, 1, ((int64_t[]){1}), &TOKENS[p]), kiln_tensor_from(KILN_I64, 1, ((int64_t[]){1}), &p)};
+    kiln_tensor *ye, *yc;
+    ck_assert_int_eq(0, llama_step_body(&e, in, &ye));
+    ck_assert_msg(kiln_call(fn, in, &yc) == 0, "%s", kiln_last_error());
+    double de = maxdiff_to(ye, want, TINY.vocab_size), dc = maxdiff_to(yc, want, TINY.vocab_size);
+    ck_assert_msg(de < 2e-4 && dc < 2e-4, "position %lld: eager %g, compiled %g from the reference", (long long)p, de, dc);
+    kiln_scope_end();
+  }
+  kiln_fn_stats st;
+  ck_assert_int_eq(0, kiln_fn_get_stats(fn, &st));
+  ck_assert_int_eq(1, st.traces);
+  ck_assert_int_eq(1, st.variants);
+  ck_assert_int_eq(N_TOK - 1, st.guard_hits);
+  int64_t te[N_TOK], tc[N_TOK];
+  ck_assert_int_eq(0, llama_generate(&e, NULL, TOKENS, 3, N_TOK - 3, te));
+  ck_assert_int_eq(0, llama_generate(&c, fn, TOKENS, 3, N_TOK - 3, tc));
+  for (int i = 0; i < N_TOK; i++) ck_assert_int_eq(te[i], tc[i]);
+  kiln_fn_free(fn);
+  free_pair(&r, &e, &c);
 }
 END_TEST
 
@@ -411,6 +457,7 @@ int main(void) {
   tcase_add_test(tc, test_tokenizer);
   tcase_add_test(tc, test_eager_matches_reference);
   tcase_add_test(tc, test_compiled_generation);
+  tcase_add_test(tc, test_step_body_guard_path);
   tcase_add_test(tc, test_train_step);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);

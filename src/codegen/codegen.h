@@ -325,5 +325,9 @@ size_t plan_arena(const cg_program *p, const size_t *bytes, size_t *offset);
 /* ---- runtime.c: the LLVM backend ------------------------------------------------ */
 
 extern const backend backend_llvm;
+/* Whether lowering emits vector loops of its own: light kernels' loops
+ * (own_vectors_ok) and the column panels (lower.c), unless
+ * KILN_VECTORIZE=llvm leaves every kernel to LLVM's vectorizer. */
+bool runtime_own_vectors(void);
 
 #endif

@@ -82,16 +82,21 @@ static int matvec_operand(const ir_graph *g, int id) {
   return (from == KILN_F16 || from == KILN_BF16) && n->dtype == KILN_F32 ? n->in[0] : id;
 }
 
-/* Whether the matvec loop of matmul n reads its (K,N) operand along rows in
- * memory: K unit-stride, as x @ W^T with W (out,in) is. With W (in,out) the
- * loop would walk columns (8x slower at (1,288)@(288,288)), and the eager
- * kernel's row-walking gemv runs instead, except for f16 or bf16 weights,
- * which that would copy out to f32 whole on every call. */
+/* Whether matmul n runs as our loop: its (K,N) operand read along rows in
+ * memory (K unit-stride, as x @ W^T with W (out,in) is), or, for one row
+ * of x, along N (W (in,out)): that loop is a column kernel whose panels
+ * keep vectors of outputs in registers as they run down K (lower.c). With
+ * (in,out) weights and more rows it would walk columns, and the eager
+ * kernel's gemv runs instead, except for f16 or bf16 weights, which that
+ * would copy out to f32 whole on every call. */
 static bool walks_rows(const fuser *f, const ir_node *n) {
   int w = matvec_operand(f->g, n->in[1]);
   if (w != n->in[1]) return true; /* narrow weights: the other way is an f32 copy of them all */
   const vmap *b = &f->map[w];
-  return b->buf >= 0 && sym_is_const(b->stride[0]) && b->stride[0].c == 1;
+  if (b->buf < 0) return false;
+  if (sym_is_const(b->stride[0]) && b->stride[0].c == 1) return true;
+  const ir_node *x = &f->g->nodes[n->in[0]];
+  return sym_is_const(x->shape[0]) && x->shape[0].c == 1 && sym_is_const(b->stride[1]) && b->stride[1].c == 1;
 }
 
 static bool is_one(const ir_graph *g, sym_dim d) {
@@ -1287,18 +1292,21 @@ static bool written_back_from(const cg_program *p, int b, int node) {
   return false;
 }
 
-/* A write into a view in place: slice_scatter(P, x) stores into P's buffer
- * when nothing after it reads P's old value (no later kernel, output or
- * write) and, for a param or input, the call writes the scatter's value
- * (or a scatter into it) back to P anyway. The eager kernel then writes
- * the slice alone (k_slice_scatter skips copying P onto itself) and the
- * write-back finds nothing to copy: a KV cache update streams one row,
- * not the cache twice. */
+/* A write into a view in place: slice_scatter(P, x), or index_copy(P, dim,
+ * idx, x), stores into P's buffer when nothing after it reads P's old value
+ * (no later kernel, output or write) and, for a param or input, the call
+ * writes the scatter's value (or a scatter into it) back to P anyway. The
+ * eager kernel then writes the rows alone (k_slice_scatter and
+ * k_index_copy skip copying P onto itself) and the write-back finds
+ * nothing to copy: a KV cache update streams one row, not the cache twice.
+ * An index_copy whose rows come from P itself keeps its own buffer. */
 static void scatter_in_place(cg_program *p, cg_view *views, int n_nodes) {
   const ir_graph *g = p->g;
   for (int ki = 0; ki < p->n_k; ki++) {
     cg_kernel *k = &p->k[ki];
-    if (k->kind != CG_K_EAGER || g->nodes[k->node].op != OP_SLICE_SCATTER) continue;
+    int op = k->kind == CG_K_EAGER ? g->nodes[k->node].op : -1;
+    if (op != OP_SLICE_SCATTER && !(op == OP_INDEX_COPY && k->in_buf[1] != k->in_buf[0] && k->in_buf[2] != k->in_buf[0]))
+      continue;
     int base = g->nodes[k->node].in[0], o = k->out_buf, b = k->in_buf[0];
     if (o < 0 || b < 0 || p->buf[o].kind != CG_BUF_TEMP || p->buf[o].alias_of >= 0 || p->node_buf[base] != b) continue;
     /* the base is its buffer, whole and in order (not a view of it) */

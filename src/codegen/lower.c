@@ -1009,9 +1009,144 @@ static void lower_column(lctx *L, LLVMValueRef begin, LLVMValueRef end) {
   loop_close(L, &lb);
 }
 
+/* The column schedule in registers, for a sum of one REDUCE stage then one
+ * MAP whose accumulator is the stage's own type (f64, or f32 over short
+ * known rows): a batch-1 matvec against (in,out) weights, y = x @ W with W
+ * (K,N), is one. A panel of up to CG_PANEL vectors of consecutive outer
+ * elements keeps its sums in registers while the reduced loops run (per
+ * reduced point: one broadcast of x[k] and a vector load of W's row piece
+ * per vector), then stores them through the MAP; what is left after the
+ * panels runs a vector at a time, the last one under a mask. Each element
+ * adds in the reduced index's order, as the column schedule and eager do
+ * (no FMA: bitwise eager's column sums and its (in,out) gemv), whichever
+ * panel or vector it falls in, so the bits depend neither on the runtime's
+ * blocks nor on the thread count. */
+enum { CG_PANEL = 8 };
+
+static bool vec_reads_ok(const cg_kernel *k, int e, int d, const int *stored, int n_stored);
+
+static bool panel_ok(const cg_kernel *k) {
+  if (!runtime_own_vectors() || !column_ok(k) || k->n_stage != 2 || k->split) return false;
+  const cg_stage *r = &k->stage[0], *m = &k->stage[1];
+  if (r->kind != CG_REDUCE || (r->op != OP_SUM && r->op != OP_MEAN) || m->kind != CG_MAP) return false;
+  kiln_dtype dt = dtype_wide(k->expr[r->expr].dtype);
+  if (dt != KILN_F64 && !(dt == KILN_F32 && short_rows(k))) return false;
+  int t = k->n_outer - 1;
+  return const_is(k->acc[m->store].stride[t], 1) && vec_reads_ok(k, r->expr, t, NULL, 0) &&
+         vec_reads_ok(k, m->expr, t, &m->store, 1);
+}
+
+typedef struct panel {
+  int t, lanes;
+  LLVMValueRef base[64];  /* per access: its offset at the panel's first outer element */
+  LLVMValueRef acc[CG_PANEL]; /* allocas of one vector each, promoted to registers */
+  LLVMTypeRef vt;
+} panel;
+
+/* The accesses' bases at element j of the panel (j a multiple of the lanes). */
+static void panel_point(lctx *L, const panel *pn, int j) {
+  cg_kernel *k = L->k;
+  for (int a = 0; a < k->n_acc; a++) {
+    sym_dim s = k->acc[a].stride[pn->t];
+    L->base[a] = const_is(s, 0) ? pn->base[a] : LLVMBuildAdd(L->b, pn->base[a], LLVMBuildMul(L->b, ci64(L, j), sym_val(L, s), ""), "");
+  }
+}
+
+/* The reduced dims [d, ndim) as loops; at the innermost point, each of the
+ * panel's n vectors adds its term. */
+static void panel_nest(lctx *L, panel *pn, int n, int d, LLVMValueRef *idx) {
+  cg_kernel *k = L->k;
+  if (d < k->ndim) {
+    loop lp;
+    loop_open(L, &lp, ci64(L, 0), sym_val(L, k->dim[d]), "reduced");
+    lp.vectorized = true; /* vectors already: LLVM's vectorizer would widen along the strided dim */
+    idx[d] = lp.i;
+    panel_nest(L, pn, n, d + 1, idx);
+    loop_close(L, &lp);
+    return;
+  }
+  for (int v = 0; v < n; v++) {
+    panel_point(L, pn, v * pn->lanes);
+    LLVMValueRef off[64];
+    inner_offsets(L, idx, off);
+    clear_memo(L);
+    LLVMValueRef e = emit(L, k->stage[0].expr, off);
+    if (!e) return;
+    LLVMBuildStore(L->b, LLVMBuildFAdd(L->b, LLVMBuildLoad2(L->b, pn->vt, pn->acc[v], ""), e, ""), pn->acc[v]);
+  }
+}
+
+/* n vectors of outer elements from c (under L->mask when it is set): sums, then stores. */
+static void panel_run(lctx *L, panel *pn, LLVMValueRef c, int n) {
+  cg_kernel *k = L->k;
+  outer_bases(L, c, k->n_outer);
+  memcpy(pn->base, L->base, sizeof(LLVMValueRef) * (size_t)k->n_acc);
+  L->vw = pn->lanes;
+  for (int v = 0; v < n; v++) LLVMBuildStore(L->b, LLVMConstNull(pn->vt), pn->acc[v]);
+  LLVMValueRef idx[MAXD];
+  panel_nest(L, pn, n, k->n_outer, idx);
+  for (int v = 0; v < n; v++) {
+    L->accv[0] = reduced_value(L, &k->stage[0], LLVMGetElementType(pn->vt), LLVMBuildLoad2(L->b, pn->vt, pn->acc[v], ""));
+    panel_point(L, pn, v * pn->lanes);
+    LLVMValueRef off[64];
+    memcpy(off, L->base, sizeof(LLVMValueRef) * (size_t)k->n_acc);
+    map_body(L, off, (void *)&k->stage[1]);
+  }
+  L->vw = 0;
+}
+
+/* Outer elements [begin, end) of a panel kernel: panels, single vectors, a masked one. */
+static void lower_panels(lctx *L, LLVMValueRef begin, LLVMValueRef end) {
+  cg_kernel *k = L->k;
+  panel pn = {.t = k->n_outer - 1, .lanes = __builtin_cpu_supports("avx512f") ? 16 : 8};
+  L->vdim = pn.t;
+  pn.vt = LLVMVectorType(elem_type(L, k->expr[k->stage[0].expr].dtype), (unsigned)pn.lanes);
+  /* a known count of vectors takes the widest panel that divides it, so no single vectors are left */
+  int width = CG_PANEL;
+  int64_t total = 1;
+  for (int d = 0; d < k->n_outer && total; d++) total = sym_is_const(k->dim[d]) ? total * k->dim[d].c : 0;
+  for (int w = CG_PANEL; total && total % pn.lanes == 0 && w >= CG_PANEL / 2; w--)
+    if (total / pn.lanes % w == 0) {
+      width = w;
+      break;
+    }
+  for (int v = 0; v < width; v++) pn.acc[v] = LLVMBuildAlloca(L->eb, pn.vt, "panel");
+  int64_t step = (int64_t)width * pn.lanes;
+  LLVMValueRef span = LLVMBuildSub(L->b, end, begin, "");
+  LLVMValueRef n_panels = LLVMBuildSDiv(L->b, span, ci64(L, step), "");
+  loop lp;
+  loop_open(L, &lp, ci64(L, 0), n_panels, "panels");
+  lp.vectorized = true;
+  panel_run(L, &pn, LLVMBuildAdd(L->b, begin, LLVMBuildMul(L->b, lp.i, ci64(L, step), ""), ""), width);
+  loop_close(L, &lp);
+  LLVMValueRef from = LLVMBuildAdd(L->b, begin, LLVMBuildMul(L->b, n_panels, ci64(L, step), ""), "");
+  LLVMValueRef n_vec = LLVMBuildSDiv(L->b, LLVMBuildSub(L->b, end, from, ""), ci64(L, pn.lanes), "");
+  loop lv;
+  loop_open(L, &lv, ci64(L, 0), n_vec, "vectors");
+  lv.vectorized = true;
+  panel_run(L, &pn, LLVMBuildAdd(L->b, from, LLVMBuildMul(L->b, lv.i, ci64(L, pn.lanes), ""), ""), 1);
+  loop_close(L, &lv);
+  LLVMValueRef last = LLVMBuildAdd(L->b, from, LLVMBuildMul(L->b, n_vec, ci64(L, pn.lanes), ""), "");
+  LLVMBasicBlockRef tail = LLVMAppendBasicBlockInContext(L->c, L->fn, "tail"), done = LLVMAppendBasicBlockInContext(L->c, L->fn, "taildone");
+  LLVMBuildCondBr(L->b, LLVMBuildICmp(L->b, LLVMIntSLT, last, end, ""), tail, done);
+  LLVMPositionBuilderAtEnd(L->b, tail);
+  LLVMValueRef lane[64];
+  for (int j = 0; j < pn.lanes; j++) lane[j] = ci64(L, j);
+  L->vw = pn.lanes;
+  L->mask = LLVMBuildICmp(L->b, LLVMIntSLT, LLVMConstVector(lane, (unsigned)pn.lanes), splat(L, LLVMBuildSub(L->b, end, last, "")), "");
+  panel_run(L, &pn, last, 1);
+  L->mask = NULL;
+  LLVMBuildBr(L->b, done);
+  LLVMPositionBuilderAtEnd(L->b, done);
+}
+
 /* Staged kernels: for o in [begin, end): stages. */
 static void lower_staged(lctx *L, LLVMValueRef begin, LLVMValueRef end) {
   cg_kernel *k = L->k;
+  if (panel_ok(k)) {
+    lower_panels(L, begin, end);
+    return;
+  }
   if (column_ok(k)) {
     lower_column(L, begin, end);
     return;

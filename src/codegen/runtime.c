@@ -335,10 +335,7 @@ static bool want_quick(int distinct) {
   return distinct >= QUICK_MIN_KERNELS;
 }
 
-/* Light kernels' loops are vectors lowering emits itself (lower.c,
- * own_vectors_ok), unless KILN_VECTORIZE=llvm leaves them to LLVM's
- * vectorizer as the others. */
-static bool want_own_vectors(void) {
+bool runtime_own_vectors(void) {
   const char *v = getenv("KILN_VECTORIZE");
   return !(v && !strcmp(v, "llvm"));
 }
@@ -435,7 +432,7 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
     sigs[k].first = j;
     distinct += j == k;
   }
-  bool quick = want_quick(distinct), own_vectors = want_own_vectors();
+  bool quick = want_quick(distinct), own_vectors = runtime_own_vectors();
   int n_light = threads > 1 ? 2 * threads : 1;
   groups = quick && !dumping && threads ? threads + n_light : threads;
   gq.n = groups;
@@ -826,7 +823,7 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
   kiln_tensor **all = NULL; /* check mode: the interpreter's values */
   /* allreduces run on while later kernels do, except in check mode, which reads each kernel's result at once */
   dist_pending dq = {.cap = -1}; /* bucket cap: read on the first allreduce */
-  bool overlap = !report && dist_overlap();
+  bool overlap = !report && e->last_allreduce >= 0 && dist_overlap(); /* a getenv: only where an allreduce can use it */
   if (!bufs || !tens || !own || !bytes || !off) goto oom;
   for (int b = 0; b < nb; b++) {
     const cg_buf *bf = &p->buf[b];

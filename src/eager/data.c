@@ -59,8 +59,14 @@ int k_index_select(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, k
 /* out = x with src's rows along dim added (index_add) or written (index_copy)
  * at the indices; sequential, so repeated indices add up in index order, or
  * the last write wins, the same on every run. */
+/* Whether out is in[0] itself: compiled code may write into it in place (codegen's scatter_in_place). */
+static bool same_tensor(const kiln_tensor *out, const kiln_tensor *in) {
+  return tensor_data(out) == tensor_data(in) && out->ndim == in->ndim &&
+         !memcmp(out->stride, in->stride, sizeof(int64_t) * (size_t)out->ndim);
+}
+
 static int index_rows(op_id op, kiln_tensor *const *in, const op_attrs *a, kiln_tensor *out) {
-  pw_copy(out, in[0]);
+  if (!same_tensor(out, in[0])) pw_copy(out, in[0]);
   const kiln_tensor *idx = in[1], *src = in[2];
   for (int64_t i = 0; i < idx->shape[0]; i++) {
     kiln_tensor d = narrow(out, a->dim, index_at(idx, i), 1, 1);
@@ -78,10 +84,7 @@ int k_index_add(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln
 
 int k_slice_scatter(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out) {
   (void)op, (void)n;
-  /* compiled code may scatter into in[0] itself (codegen's scatter_in_place) */
-  bool same = tensor_data(out) == tensor_data(in[0]) && out->ndim == in[0]->ndim &&
-              !memcmp(out->stride, in[0]->stride, sizeof(int64_t) * (size_t)out->ndim);
-  if (!same) pw_copy(out, in[0]);
+  if (!same_tensor(out, in[0])) pw_copy(out, in[0]);
   int64_t len = in[1]->shape[a->dim];
   if (len == 0) return 0;
   kiln_tensor v = narrow(out, a->dim, a->start.c, len, a->step);
