@@ -432,7 +432,7 @@ int sh_attention(dim_env *env, op_id op, const shape_arg *in, int n, const op_at
     int nt;
     sym_dim t[MAXD];
     bool fits = m->ndim <= nd && bcast(env, m->ndim, m->shape, nd, sc.shape, &nt, t) == 0;
-    for (int d = 0; fits && d < nd; d++) fits = sym_same(t[d], sc.shape[d]);
+    for (int d = 0; fits && d < nd; d++) fits = is_true(env, t[d], SYM_EQ, sc.shape[d]);
     if (!fits) return fail(err, errn, "mask %s does not broadcast to the scores %s", TXT(m, b0), TXT(&sc, b1));
   }
   return 0;

@@ -41,10 +41,35 @@ static bool const_value(const ir_node *n, double *v) {
   return true;
 }
 
-static bool same_shape(const ir_node *a, const ir_node *b) {
+/* Whether dims a and b are equal for every call the graph serves: the same
+ * expression, or linked by the graph's equality guards (a symbolic T gives
+ * the scores (s0,s1) and a mask sliced to T (s3,s4), with s3 == s0, s4 == s1). */
+static bool dims_eq(const ir_graph *g, sym_dim a, sym_dim b) {
+  enum { MAX_HOPS = 16 };
+  sym_dim seen[MAX_HOPS + 1];
+  int n = 0;
+  seen[n++] = a;
+  for (int k = 0; k < n; k++) {
+    if (sym_same(seen[k], b)) return true;
+    for (int i = 0; i < g->n_guards && n <= MAX_HOPS; i++) {
+      const sym_guard *gd = &g->guards[i];
+      if (gd->op != SYM_EQ) continue;
+      sym_dim other;
+      if (sym_same(gd->lhs, seen[k])) other = gd->rhs;
+      else if (sym_same(gd->rhs, seen[k])) other = gd->lhs;
+      else continue;
+      bool known = false;
+      for (int j = 0; j < n; j++) known |= sym_same(seen[j], other);
+      if (!known) seen[n++] = other;
+    }
+  }
+  return false;
+}
+
+static bool same_shape(const ir_graph *g, const ir_node *a, const ir_node *b) {
   if (a->ndim != b->ndim) return false;
   for (int i = 0; i < a->ndim; i++)
-    if (!sym_same(a->shape[i], b->shape[i])) return false;
+    if (!dims_eq(g, a->shape[i], b->shape[i])) return false;
   return true;
 }
 
@@ -67,7 +92,7 @@ static bool match_scores(const ir_graph *g, int s, attn_match *m) {
     if (kt->attrs.perm[i] != (i < nd - 2 ? i : i == nd - 2 ? nd - 1 : nd - 2)) return false;
   const ir_node *k = node(g, kt->in[0]);
   for (int i = 0; i < nd - 2; i++)
-    if (!sym_same(q->shape[i], ns->shape[i]) || !sym_same(k->shape[i], ns->shape[i])) return false;
+    if (!dims_eq(g, q->shape[i], ns->shape[i]) || !dims_eq(g, k->shape[i], ns->shape[i])) return false;
   m->q = ns->in[0];
   m->k = kt->in[0];
   return true;
@@ -81,7 +106,7 @@ static bool match_scaled(const ir_graph *g, const int *uses, int y, attn_match *
   if ((n->op == OP_MUL || n->op == OP_DIV) && n->n_in == 2) {
     int s = n->in[0], other = n->in[1];
     if (n->op == OP_MUL && const_value(node(g, s), &c)) s = n->in[1], other = n->in[0];
-    if (const_value(node(g, other), &c) && ir_node_numel_const(node(g, other)) == 1 && same_shape(node(g, s), n) &&
+    if (const_value(node(g, other), &c) && ir_node_numel_const(node(g, other)) == 1 && same_shape(g, node(g, s), n) &&
         used(uses, s, 1) && match_scores(g, s, m)) {
       m->scale = n->op == OP_MUL ? c : 1 / c;
       return true;
@@ -98,7 +123,7 @@ static bool match_masked(const ir_graph *g, const int *uses, int x, attn_match *
   if (n->op == OP_WHERE && node(g, n->in[0])->dtype == KILN_BOOL) {
     for (int side = 1; side <= 2; side++) {
       int y = n->in[side], fill = n->in[3 - side];
-      if (!const_value(node(g, fill), &c) || c != -INFINITY || !same_shape(node(g, y), n) || !used(uses, y, 1)) continue;
+      if (!const_value(node(g, fill), &c) || c != -INFINITY || !same_shape(g, node(g, y), n) || !used(uses, y, 1)) continue;
       if (match_scaled(g, uses, y, m)) {
         m->mask = n->in[0];
         m->drop = side == 2; /* where(mask, -inf, y): true drops */
@@ -110,7 +135,7 @@ static bool match_masked(const ir_graph *g, const int *uses, int x, attn_match *
   if (n->op == OP_ADD) {
     for (int side = 0; side < 2; side++) {
       int y = n->in[side], add = n->in[1 - side];
-      if (node(g, add)->dtype != n->dtype || !same_shape(node(g, y), n) || !used(uses, y, 1)) continue;
+      if (node(g, add)->dtype != n->dtype || !same_shape(g, node(g, y), n) || !used(uses, y, 1)) continue;
       if (match_scaled(g, uses, y, m)) {
         m->mask = add;
         return true;
@@ -130,7 +155,7 @@ static bool match_attention(const ir_graph *g, const int *uses, int o, attn_matc
   if (np->op != OP_DIV || !used(uses, p, 1)) return false;
   int e = np->in[0], sum = np->in[1];
   const ir_node *ne = node(g, e), *nsum = node(g, sum);
-  if (ne->op != OP_EXP || !same_shape(ne, np) || !used(uses, e, 2) || !last_dim_reduce(nsum, OP_SUM) ||
+  if (ne->op != OP_EXP || !same_shape(g, ne, np) || !used(uses, e, 2) || !last_dim_reduce(nsum, OP_SUM) ||
       nsum->in[0] != e || !used(uses, sum, 1))
     return false;
   const ir_node *nd = node(g, ne->in[0]);
@@ -138,13 +163,13 @@ static bool match_attention(const ir_graph *g, const int *uses, int o, attn_matc
   int x = nd->in[0], mx = nd->in[1];
   const ir_node *nmx = node(g, mx);
   if (!last_dim_reduce(nmx, OP_MAX) || nmx->in[0] != x || !used(uses, mx, 1) || !used(uses, x, 2) ||
-      !same_shape(node(g, x), nd))
+      !same_shape(g, node(g, x), nd))
     return false;
   const ir_node *nv = node(g, v);
   int r = no->ndim;
   if (nv->ndim != r) return false;
   for (int i = 0; i < r - 2; i++)
-    if (!sym_same(nv->shape[i], no->shape[i])) return false;
+    if (!dims_eq(g, nv->shape[i], no->shape[i])) return false;
   if (!match_masked(g, uses, x, m)) return false;
   m->v = v;
   /* every operand of the fused op in the result's dtype, the scores' rank that of q */
