@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "eager/eager.h"
+#include "eager/iter.h"
 #include "eager/pool.h"
 #include "eager/vmath.h"
 
@@ -58,6 +59,13 @@ static int attn_tile_mode(const attn_job *j, int64_t mo, int64_t r0, int64_t nr,
   int64_t dropped = 0;
   for (int64_t r = r0; r < r0 + nr; r++) {
     int64_t at = mo + r * j->mrs + c0 * j->mcs;
+    if (j->mask_bool && j->mcs == 1) { /* the usual (T,S) bool mask: a loop that vectorizes */
+      const uint8_t *mk = (const uint8_t *)j->mask + at, drop = j->drop;
+      int64_t n = 0;
+      for (int64_t c = 0; c < nc; c++) n += mk[c] == drop;
+      dropped += n;
+      continue;
+    }
     for (int64_t c = 0; c < nc; c++, at += j->mcs)
       dropped += j->mask_bool ? ((const bool *)j->mask)[at] == j->drop
                  : j->f64     ? ((const double *)j->mask)[at] == -INFINITY
@@ -160,7 +168,8 @@ int k_attention(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln
     goto done;
   }
   if (!(j.kp = alloc_malloc(kbytes ? kbytes : 1)) || !(j.vp = alloc_malloc(vbytes ? vbytes : 1))) goto done;
-  pool_parallel_for(nb, 1, pack_chunk, &j);
+  int64_t per_entry = (int64_t)per * (j.D + j.Ep); /* elements an entry's pack writes: small ones run inline */
+  pool_parallel_for(nb, per_entry >= PARALLEL_GRAIN ? 1 : PARALLEL_GRAIN / (per_entry ? per_entry : 1), pack_chunk, &j);
   pool_parallel_for(nb * j.nrb, 1, attn_chunk, &j);
   rc = j.failed ? -1 : 0;
 done:
