@@ -21,7 +21,8 @@
 #include "eager/pool.h"
 #include "eager/vmath.h"
 
-enum { ATTN_BR = 64 }; /* query rows of a task (a multiple of 4) */
+enum { ATTN_BR = 64 };              /* query rows of a task (a multiple of 4) */
+enum { ATTN_TASK_GRAIN = 1 << 20 }; /* multiply-adds a pool chunk should have at least */
 enum { TILE_SKIP, TILE_PLAIN, TILE_MASK, TILE_ADD };
 
 typedef struct attn_job {
@@ -170,7 +171,10 @@ int k_attention(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln
   if (!(j.kp = alloc_malloc(kbytes ? kbytes : 1)) || !(j.vp = alloc_malloc(vbytes ? vbytes : 1))) goto done;
   int64_t per_entry = (int64_t)per * (j.D + j.Ep); /* elements an entry's pack writes: small ones run inline */
   pool_parallel_for(nb, per_entry >= PARALLEL_GRAIN ? 1 : PARALLEL_GRAIN / (per_entry ? per_entry : 1), pack_chunk, &j);
-  pool_parallel_for(nb * j.nrb, 1, attn_chunk, &j);
+  /* a task's multiply-adds: tasks of a small attention (a token of generation) run inline,
+   * where waking a worker would cost more than the work */
+  int64_t task_fma = (j.T < ATTN_BR ? j.T : ATTN_BR) * j.S * (j.D + j.E) + 1;
+  pool_parallel_for(nb * j.nrb, task_fma >= ATTN_TASK_GRAIN ? 1 : ATTN_TASK_GRAIN / task_fma, attn_chunk, &j);
   rc = j.failed ? -1 : 0;
 done:
   alloc_free(j.kp), alloc_free(j.vp);
