@@ -23,6 +23,7 @@
 
 enum { ATTN_BR = 64 };              /* query rows of a task (a multiple of 4) */
 enum { ATTN_TASK_GRAIN = 1 << 20 }; /* multiply-adds a pool chunk should have at least */
+enum { ATTN_TILE_VECS = 8 };        /* 64-byte vectors across a key tile (a multiple of 4) */
 enum { TILE_SKIP, TILE_PLAIN, TILE_MASK, TILE_ADD };
 
 typedef struct attn_job {
@@ -94,7 +95,7 @@ static int attn_tile_mode(const attn_job *j, int64_t mo, int64_t r0, int64_t nr,
 /* Elements of a chunk's working memory: q rows, the tile's scores, the
  * output rows, the running max and sum. */
 static int64_t attn_ws_elems(const attn_job *j, int64_t lanes) {
-  return ATTN_BR * j->D + ATTN_BR * 4 * lanes + ATTN_BR * j->Ep + 2 * ATTN_BR;
+  return ATTN_BR * j->D + ATTN_BR * ATTN_TILE_VECS * lanes + ATTN_BR * j->Ep + 2 * ATTN_BR;
 }
 
 static void attn_chunk(void *c, int64_t b, int64_t e) {
@@ -130,7 +131,7 @@ int k_attention(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln
   const kiln_tensor *q = unit_rows(in[0], &own[0]), *k = unit_rows(in[1], &own[1]), *v = unit_rows(in[2], &own[2]);
   const kiln_tensor *mask = n > 3 ? in[3] : NULL;
   int rc = -1, nd = out->ndim;
-  size_t kbytes, vbytes;
+  size_t kbytes, vbytes, pack_bytes = 0;
   attn_job j = {0};
   if (!q || !k || !v) goto done;
   j = (attn_job){.q = tensor_data(q), .k = tensor_data(k), .v = tensor_data(v), .out = tensor_data(out),
@@ -159,16 +160,20 @@ int k_attention(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln
     j.mcs = md >= 1 && mask->shape[md - 1] > 1 ? mask->stride[md - 1] : 0;
   }
   j.nrb = (j.T + ATTN_BR - 1) / ATTN_BR;
-  j.ntiles = (j.S + 4 * lanes - 1) / (4 * lanes);
+  j.ntiles = (j.S + ATTN_TILE_VECS * lanes - 1) / (ATTN_TILE_VECS * lanes);
   /* k and v once in the tiles' layout: every row block of an entry reads them */
-  size_t esz = j.f64 ? sizeof(double) : sizeof(float), per = (size_t)(j.ntiles * 4 * lanes);
+  size_t esz = j.f64 ? sizeof(double) : sizeof(float), per = (size_t)(j.ntiles * ATTN_TILE_VECS * lanes);
   kbytes = (size_t)nb * per * (size_t)j.D * esz;
   vbytes = (size_t)nb * per * (size_t)j.Ep * esz;
   if (nb * j.nrb == 0 || j.E == 0) {
     rc = 0;
     goto done;
   }
-  if (!(j.kp = alloc_malloc(kbytes ? kbytes : 1)) || !(j.vp = alloc_malloc(vbytes ? vbytes : 1))) goto done;
+  /* one block for both, from the storage allocator: it keeps large blocks
+   * for the next call instead of faulting in fresh pages every time */
+  pack_bytes = (kbytes + vbytes + 63) / 64 * 64;
+  if (!(j.kp = alloc_aligned(pack_bytes ? pack_bytes : 64))) goto done;
+  j.vp = (char *)j.kp + kbytes;
   int64_t per_entry = (int64_t)per * (j.D + j.Ep); /* elements an entry's pack writes: small ones run inline */
   pool_parallel_for(nb, per_entry >= PARALLEL_GRAIN ? 1 : PARALLEL_GRAIN / (per_entry ? per_entry : 1), pack_chunk, &j);
   /* a task's multiply-adds: tasks of a small attention (a token of generation) run inline,
@@ -177,7 +182,7 @@ int k_attention(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln
   pool_parallel_for(nb * j.nrb, task_fma >= ATTN_TASK_GRAIN ? 1 : ATTN_TASK_GRAIN / task_fma, attn_chunk, &j);
   rc = j.failed ? -1 : 0;
 done:
-  alloc_free(j.kp), alloc_free(j.vp);
+  alloc_aligned_free(j.kp, pack_bytes ? pack_bytes : 64);
   for (int x = 0; x < 3; x++) kiln_release(own[x]);
   return rc;
 }

@@ -9,14 +9,14 @@
 #define AT_CAT(a, b) AT_CAT2(a, b)
 #define FN(name) AT_CAT(name, AT_SFX)
 #define LN ((int64_t)(64 / sizeof(AT))) /* lanes */
-#define BC (4 * LN)                      /* key columns of a tile */
+#define BC (ATTN_TILE_VECS * LN)        /* key columns of a tile */
 #define AI static inline __attribute__((always_inline))
 
 /* aligned(sizeof(AT)): loads and stores from any element address */
 typedef AT FN(vec) __attribute__((vector_size(64), aligned(sizeof(AT))));
 typedef int64_t FN(ivec) __attribute__((vector_size(64), aligned(sizeof(AT))));
 
-/* s[r][0..BC) = q[r] . kt[.][0..BC) for the 4 rows of q (row length D, kt (D,BC)). */
+/* s[r][0..4 LN) = q[r] . kt[.][0..4 LN) for the 4 rows of q (row length D; kt and s rows BC apart). */
 AI void FN(scores4)(const AT *q, int64_t D, const AT *kt, AT *s) {
   FN(vec) acc[4][4];
   memset(acc, 0, sizeof acc);
@@ -51,10 +51,10 @@ AI void FN(pv4)(const AT *p, int64_t nc, const AT *vb, int64_t ld, AT *o, const 
     for (int c = 0; c < NV; c++) ((FN(vec) *)(o + r * ld))[c] = acc[r][c];
 }
 
-/* The largest of s[0..BC); -inf when all are. */
-AI AT FN(row_max)(const AT *s) {
+/* The largest of s[0..nv*LN); -inf when all are. */
+AI AT FN(row_max)(const AT *s, int64_t nv) {
   FN(vec) m = ((const FN(vec) *)s)[0];
-  for (int c = 1; c < 4; c++) {
+  for (int64_t c = 1; c < nv; c++) {
     FN(vec) x = ((const FN(vec) *)s)[c];
     FN(ivec) gt = (FN(ivec))(x > m);
     m = (FN(vec))(((FN(ivec))x & gt) | ((FN(ivec))m & ~gt));
@@ -64,10 +64,11 @@ AI AT FN(row_max)(const AT *s) {
   return r;
 }
 
-/* s[c] = exp(s[c] - mx) over the tile's columns; their sum. */
-AI AT FN(row_exp)(AT *s, AT mx) {
-  for (int64_t c = 0; c < BC; c++) s[c] = AT_EXP(s[c] - mx);
-  FN(vec) t = ((FN(vec) *)s)[0] + ((FN(vec) *)s)[1] + ((FN(vec) *)s)[2] + ((FN(vec) *)s)[3];
+/* s[c] = exp(s[c] - mx) over s[0..nv*LN); their sum. */
+AI AT FN(row_exp)(AT *s, int64_t nv, AT mx) {
+  for (int64_t c = 0; c < nv * LN; c++) s[c] = AT_EXP(s[c] - mx);
+  FN(vec) t = ((FN(vec) *)s)[0];
+  for (int64_t c = 1; c < nv; c++) t += ((FN(vec) *)s)[c];
   AT r = 0;
   for (int i = 0; i < LN; i++) r += t[i];
   return r;
@@ -115,11 +116,12 @@ KILN_HOT static void FN(attn_tasks)(const attn_job *j, int64_t b, int64_t e, AT 
     for (int64_t r = 0; r < ATTN_BR; r++) m[r] = -INFINITY, l[r] = 0;
     memset(ob, 0, sizeof(AT) * (size_t)(nr4 * Ep));
     for (int64_t c0 = 0; c0 < S; c0 += BC) {
-      int64_t nc = S - c0 < BC ? S - c0 : BC;
+      int64_t nc = S - c0 < BC ? S - c0 : BC, nv = (nc + LN - 1) / LN; /* the vectors with a column */
       int mode = attn_tile_mode(j, off[3], r0, nr, c0, nc);
       if (mode == TILE_SKIP) continue;
       const AT *kt = kp + (c0 / BC) * D * BC, *vb = vp + c0 * Ep;
-      for (int64_t rg = 0; rg < nr4; rg += 4) FN(scores4)(qb + rg * D, D, kt, sb + rg * BC);
+      for (int64_t rg = 0; rg < nr4; rg += 4)
+        for (int64_t h = 0; h < nc; h += 4 * LN) FN(scores4)(qb + rg * D, D, kt + h, sb + rg * BC + h); /* past nc: -inf below */
       for (int64_t r = 0; r < nr; r++) {
         AT *s = sb + r * BC;
         if (mode == TILE_MASK) {
@@ -130,13 +132,13 @@ KILN_HOT static void FN(attn_tasks)(const attn_job *j, int64_t b, int64_t e, AT 
           const AT *mk = (const AT *)j->mask + off[3] + (r0 + r) * j->mrs + c0 * j->mcs;
           for (int64_t c = 0; c < nc; c++) s[c] += mk[c * j->mcs];
         }
-        for (int64_t c = nc; c < BC; c++) s[c] = -INFINITY;
-        AT mx = FN(row_max)(s), mn = mx > m[r] ? mx : m[r];
+        for (int64_t c = nc; c < nv * LN; c++) s[c] = -INFINITY;
+        AT mx = FN(row_max)(s, nv), mn = mx > m[r] ? mx : m[r];
         if (mn == -INFINITY) { /* nothing kept in this row yet */
-          memset(s, 0, sizeof(AT) * BC);
+          memset(s, 0, sizeof(AT) * (size_t)nc);
           continue;
         }
-        AT alpha = AT_EXP(m[r] - mn), sum = FN(row_exp)(s, mn);
+        AT alpha = AT_EXP(m[r] - mn), sum = FN(row_exp)(s, nv, mn);
         l[r] = l[r] * alpha + sum;
         m[r] = mn;
         if (alpha != 1)
