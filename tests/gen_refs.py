@@ -1622,14 +1622,15 @@ def attention_np(q, k, v, mask, scale, drop):
 
 def attention_family(w, rng):
     """attention, the fused op the compiler's attention pass makes: odd sizes
-    around the kernel's 64-row blocks and 64- (f32) or 32-column (f64) tiles,
+    around the kernel's 64-row blocks and 128- (f32) or 64-column (f64) tiles,
     head dims 1 to 128, no mask, causal and random bool masks of either
     polarity (broadcast over the batch), an additive float mask, strided
     operands; family "attention". Every row keeps its first column, so no row
     is all -inf."""
     for dt in FLOATS:
         for batch, t, s, d, e in (((), 1, 1, 1, 1), ((2,), 5, 5, 3, 4), ((2,), 65, 65, 17, 16),
-                                  ((1, 3), 7, 70, 64, 64), ((2,), 130, 33, 128, 5), ((3,), 64, 64, 2, 33)):
+                                  ((1, 3), 7, 70, 64, 64), ((2,), 130, 33, 128, 5), ((3,), 64, 64, 2, 33),
+                                  ((2,), 70, 260, 24, 20)):
             for kind in ("none", "causal", "drop", "add"):
                 q = make_input(rng, batch + (t, d), g_normal(rng, dt))
                 k = make_input(rng, batch + (s, d), g_normal(rng, dt))

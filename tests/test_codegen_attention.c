@@ -167,10 +167,11 @@ static void case_three_ways(kiln_dtype dt, int mask, bool by_div, int nd, const 
 }
 
 START_TEST(test_fused_three_ways) {
-  /* (T, S, D, E): a row, odd sizes about the 64-row blocks and the 64 (f32)
-   * or 32 (f64) column tiles, head dims 1 to 128 */
+  /* (T, S, D, E): a row, odd sizes about the 64-row blocks and the 128 (f32)
+   * or 64 (f64) column tiles, head dims 1 to 128 */
   static const int64_t sizes[][4] = {{1, 1, 1, 1},    {1, 9, 8, 8},     {5, 5, 3, 7},     {63, 63, 16, 16},
-                                     {65, 65, 17, 33}, {130, 130, 64, 64}, {7, 70, 128, 5}, {100, 33, 2, 128}};
+                                     {65, 65, 17, 33}, {130, 130, 64, 64}, {7, 70, 128, 5}, {100, 33, 2, 128},
+                                     {150, 150, 8, 8}};
   for (int dti = 0; dti < 2; dti++) {
     kiln_dtype dt = dti ? KILN_F64 : KILN_F32;
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
