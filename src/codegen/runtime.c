@@ -582,6 +582,10 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
   }
   double t1 = now_ms(), opt_ms = 0, cg_ms = 0;
   if (dump & KILN_DUMP_KERNELS) {
+    if (e->own_g) { /* the kernels name the nodes of this graph, not of the `graph` dump's */
+      fprintf(e->dump_to, "after the attention pass:\n");
+      ir_print(g, e->dump_to);
+    }
     fuse_dump(p, e->dump_to);
     fprintf(e->dump_to, "fusion and lowering: %.2f ms\n", t1 - t0);
   }

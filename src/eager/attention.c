@@ -3,7 +3,7 @@
  * optional mask that broadcasts to (...,T,S): bool (an entry equal to
  * attrs.flag is dropped, its score -inf) or of q's dtype (added to the
  * scores). No user calls it: the compiler's attention pass
- * (src/tracer/attention.c) puts it in place of the ops that spell it out.
+ * (src/tracer/fuse_attention.c) puts it in place of the ops that spell it out.
  *
  * Flash attention on the CPU: a task is one batch entry's block of
  * ATTN_BR query rows; it walks the keys a tile of BC columns at a time,
