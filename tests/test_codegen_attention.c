@@ -52,6 +52,7 @@ typedef struct att_ctx {
   int mask;          /* M_* */
   bool by_div;       /* the scale as a divide (W7), else a multiply (the GPT) */
   bool probs_out;    /* the probabilities are a second output */
+  bool scores_out;   /* the scaled scores are a second output */
   kiln_tensor *keep; /* (TMAX,TMAX) bool: col <= row */
   kiln_tensor *drop; /* its negation */
   kiln_tensor *add;  /* 0 where keep, -inf elsewhere */
@@ -75,6 +76,7 @@ static int att_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
   kiln_tensor *p = kiln_softmax(s, -1);
   out[0] = kiln_matmul(p, in[2]);
   if (c->probs_out) out[1] = p;
+  if (c->scores_out) out[1] = s;
   return 0;
 }
 
@@ -190,12 +192,13 @@ START_TEST(test_fused_three_ways) {
 }
 END_TEST
 
-/* The probabilities read elsewhere (a second output): not fused, and right. */
-START_TEST(test_probs_read_elsewhere) {
+/* The probabilities (or the scaled scores) read elsewhere, as a second output: not fused, and right. */
+static void case_read_elsewhere(bool probs) {
   kiln_scope_begin();
   att_ctx c;
   ctx_init(&c, KILN_F32, M_KEEP);
-  c.probs_out = true;
+  c.probs_out = probs;
+  c.scores_out = !probs;
   int64_t sh[3] = {2, 40, 16};
   kiln_tensor *in[3] = {randn(KILN_F32, 3, sh, 1), randn(KILN_F32, 3, sh, 2), randn(KILN_F32, 3, sh, 3)};
   kiln_tensor *y[2], *ref[2];
@@ -207,6 +210,11 @@ START_TEST(test_probs_read_elsewhere) {
   kiln_fn_free(fn);
   ctx_free(&c);
   kiln_scope_end();
+}
+
+START_TEST(test_read_elsewhere) {
+  case_read_elsewhere(true);
+  case_read_elsewhere(false);
 }
 END_TEST
 
@@ -337,7 +345,7 @@ static Suite *attention_suite(void) {
   TCase *tc = tcase_create("attention");
   tcase_set_timeout(tc, 300);
   tcase_add_test(tc, test_fused_three_ways);
-  tcase_add_test(tc, test_probs_read_elsewhere);
+  tcase_add_test(tc, test_read_elsewhere);
   tcase_add_test(tc, test_training_stays_unfused);
   tcase_add_test(tc, test_check_mode);
   tcase_add_test(tc, test_symbolic_sizes);
