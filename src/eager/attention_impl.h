@@ -120,8 +120,9 @@ KILN_HOT static void FN(attn_tasks)(const attn_job *j, int64_t b, int64_t e, AT 
       int mode = attn_tile_mode(j, off[3], r0, nr, c0, nc);
       if (mode == TILE_SKIP) continue;
       const AT *kt = kp + (c0 / BC) * D * BC, *vb = vp + c0 * Ep;
+      /* each half of the tile that has a key; the columns past nc are set to -inf below */
       for (int64_t rg = 0; rg < nr4; rg += 4)
-        for (int64_t h = 0; h < nc; h += 4 * LN) FN(scores4)(qb + rg * D, D, kt + h, sb + rg * BC + h); /* past nc: -inf below */
+        for (int64_t h = 0; h < nc; h += 4 * LN) FN(scores4)(qb + rg * D, D, kt + h, sb + rg * BC + h);
       for (int64_t r = 0; r < nr; r++) {
         AT *s = sb + r * BC;
         if (mode == TILE_MASK) {

@@ -123,7 +123,8 @@ static bool match_masked(const ir_graph *g, const int *uses, int x, attn_match *
   if (n->op == OP_WHERE && node(g, n->in[0])->dtype == KILN_BOOL) {
     for (int side = 1; side <= 2; side++) {
       int y = n->in[side], fill = n->in[3 - side];
-      if (!const_value(node(g, fill), &c) || c != -INFINITY || !same_shape(g, node(g, y), n) || !used(uses, y, 1)) continue;
+      if (!const_value(node(g, fill), &c) || c != -INFINITY || !same_shape(g, node(g, y), n) || !used(uses, y, 1))
+        continue;
       if (match_scaled(g, uses, y, m)) {
         m->mask = n->in[0];
         m->drop = side == 2; /* where(mask, -inf, y): true drops */
