@@ -1609,6 +1609,50 @@ def narrow_family(w, rng):
     w.case("narrow", "mul", [k, h], [narrow(f64(k.value()) * f64(h.value()), "f16")], tolerance=(ulp["f16"], 0))
 
 
+def attention_np(q, k, v, mask, scale, drop):
+    """softmax(scale * q @ k^T, masked) @ v in float64: a bool mask drops the
+    entries equal to drop, a float mask is added to the scores."""
+    s = scale * np.matmul(f64(q), np.swapaxes(f64(k), -1, -2))
+    if mask is not None:
+        s = np.where(mask == drop, -np.inf, s) if mask.dtype == np.bool_ else s + f64(mask)
+    s = s - s.max(axis=-1, keepdims=True)
+    e = np.exp(s)
+    return np.matmul(e / e.sum(axis=-1, keepdims=True), f64(v))
+
+
+def attention_family(w, rng):
+    """attention, the fused op the compiler's attention pass makes: odd sizes
+    around the kernel's 64-row blocks and 128- (f32) or 64-column (f64) tiles,
+    head dims 1 to 128, no mask, causal and random bool masks of either
+    polarity (broadcast over the batch), an additive float mask, strided
+    operands; family "attention". Every row keeps its first column, so no row
+    is all -inf."""
+    for dt in FLOATS:
+        for batch, t, s, d, e in (((), 1, 1, 1, 1), ((2,), 5, 5, 3, 4), ((2,), 65, 65, 17, 16),
+                                  ((1, 3), 7, 70, 64, 64), ((2,), 130, 33, 128, 5), ((3,), 64, 64, 2, 33),
+                                  ((2,), 70, 260, 24, 20)):
+            for kind in ("none", "causal", "drop", "add"):
+                q = make_input(rng, batch + (t, d), g_normal(rng, dt))
+                k = make_input(rng, batch + (s, d), g_normal(rng, dt))
+                v = make_input(rng, batch + (s, e), g_normal(rng, dt))
+                scale = 1 / math.sqrt(d)
+                ins, mask, drop = [q, k, v], None, False
+                if kind == "causal":
+                    mask = np.arange(s)[None, :] <= np.arange(t)[:, None] + (s - t if s > t else 0)
+                elif kind == "drop":
+                    mask = rng.random((1,) * len(batch) + (t, s)) < 0.3
+                    mask[..., 0] = False
+                    drop = True
+                elif kind == "add":
+                    mask = (rng.standard_normal(batch + (t, s)) * 0.5).astype(NP[dt])
+                    mask[..., 1:][rng.random(mask[..., 1:].shape) < 0.2] = -np.inf
+                if mask is not None:
+                    ins.append(Input(mask))
+                exp = attention_np(q.value(), k.value(), v.value(), mask, scale, drop)
+                w.case("attention", "attention", ins, [ref(exp, dt)], {"scale": scale, "drop": int(drop)},
+                       (2e-5, 2e-6) if dt == "f32" else (1e-11, 1e-12))
+
+
 def main():
     if len(sys.argv) != 2:
         sys.stderr.write("usage: gen_refs.py OUTDIR\n")
@@ -1627,6 +1671,7 @@ def main():
     data_family(w, np.random.default_rng(SEED + 24))
     select_family(w, np.random.default_rng(SEED + 25))
     narrow_family(w, np.random.default_rng(SEED + 37))
+    attention_family(w, np.random.default_rng(SEED + 38))
     path = os.path.join(outdir, "ops.txt")
     for name, data in (("big.bin", bytes(w.bin)),
                        ("ops.txt", ("kiln-refs 1\n" + "\n".join(w.lines) + "\n").encode())):

@@ -368,6 +368,10 @@ static bool dispatch(const refcase *c, kiln_tensor **in, kiln_tensor *base0, kil
     double start = attr1(c, "start", &ok), stop = attr1(c, "stop", &ok);
     out[0] = kiln_arange(dt, start, stop, attr1(c, "step", &ok));
   } else if (conv_dispatch(c, in, out, &ok)) {
+  } else if (strcmp(op, "attention") == 0) {
+    /* made by the compiler's attention pass, never called: straight to dispatch */
+    op_attrs a = {.value = attr1(c, "scale", &ok), .flag = attr1(c, "drop", &ok) != 0};
+    out[0] = op_dispatch(OP_ATTENTION, in, c->nin, &a, __FILE__, __LINE__);
   } else if (strcmp(op, "fill_") == 0 || strcmp(op, "zero_") == 0) {
     kiln_tensor *r = op[0] == 'f' ? kiln_fill_(in[0], attr1(c, "value", &ok)) : kiln_zero_(in[0]);
     inplace_results(c, r, in[0], base0, out);
@@ -474,6 +478,8 @@ END_TEST
 START_TEST(test_norm) { run_family("norm"); }
 END_TEST
 START_TEST(test_data) { run_family("data"); }
+END_TEST
+START_TEST(test_attention) { run_family("attention"); }
 END_TEST
 /* Large tensors, with 3 threads so that chunk edges fall mid-row. */
 START_TEST(test_big)
@@ -869,7 +875,7 @@ static Suite *ops_ref_suite(void)
       {"hand_math", test_hand_math}, {"hand_views", test_hand_views}, {"hand_random", test_hand_random},
       {"hand_errors", test_hand_errors}, {"hand_short_sums", test_hand_short_sums},
       {"conv", test_conv}, {"pool", test_pool}, {"norm", test_norm}, {"data", test_data},
-      {"narrow", test_narrow},
+      {"narrow", test_narrow}, {"attention", test_attention},
   };
   for (size_t k = 0; k < NELEM(cases); k++) {
     TCase *tc = tcase_create(cases[k].name);

@@ -23,7 +23,8 @@ typedef rt_kernel_fn kern_fn;
 #define MAX_GROUPS 4
 
 struct backend_exec {
-  const ir_graph *g;
+  const ir_graph *g;      /* the variant's graph, or own_g */
+  ir_graph *own_g;        /* the variant's graph after the attention pass, when it fused any */
   cg_program *prog;
   cg_jit *jit;            /* the kernels' machine code, linked */
   kern_fn *fn;            /* per kernel (loops only) */
@@ -64,6 +65,7 @@ static void exec_free(backend_exec *e) {
     alloc_track(-(int64_t)e->arena_cap);
   }
   pthread_mutex_destroy(&e->mu);
+  pass_attention_free(e->own_g);
   alloc_free(e);
 }
 
@@ -374,6 +376,13 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
   e->dump = dump;
   e->dump_to = dump_to ? dump_to : stderr;
   double t0 = now_ms();
+  /* attention spelled out in primitives becomes one fused kernel here, not
+   * in the pass pipeline: the interpreter and kiln_export keep the ops */
+  if (pass_attention(g, &e->own_g) < 0) goto oom;
+  if (e->own_g) g = e->g = e->own_g;
+#ifdef KILN_TEST_BUILD
+  if (e->own_g && ir_verify(g, err, errn)) goto fail;
+#endif
   e->prog = fuse_graph(g, err, errn);
   if (!e->prog) goto fail;
   cg_program *p = e->prog;
@@ -570,6 +579,10 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
   }
   double t1 = now_ms(), opt_ms = 0, cg_ms = 0;
   if (dump & KILN_DUMP_KERNELS) {
+    if (e->own_g) { /* the kernels name the nodes of this graph, not of the `graph` dump's */
+      fprintf(e->dump_to, "after the attention pass:\n");
+      ir_print(g, e->dump_to);
+    }
     fuse_dump(p, e->dump_to);
     fprintf(e->dump_to, "fusion and lowering: %.2f ms\n", t1 - t0);
   }

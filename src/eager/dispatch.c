@@ -6,7 +6,7 @@
 
 #include "eager/eager.h"
 
-_Static_assert(OP_COUNT == 75, "ops.def changed: update the op count here");
+_Static_assert(OP_COUNT == 76, "ops.def changed: update the op count here");
 
 static _Thread_local const trace_hooks *hooks;
 

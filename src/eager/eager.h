@@ -417,7 +417,7 @@ static inline kiln_dtype dtype_wide(kiln_dtype dt) { return dt == KILN_I32 ? KIL
 SHAPE_RULE(sh_pointwise) SHAPE_RULE(sh_where) SHAPE_RULE(sh_reduce) SHAPE_RULE(sh_matmul) SHAPE_RULE(sh_reshape)
 SHAPE_RULE(sh_permute) SHAPE_RULE(sh_expand) SHAPE_RULE(sh_slice) SHAPE_RULE(sh_cat) SHAPE_RULE(sh_index_select)
 SHAPE_RULE(sh_index_add) SHAPE_RULE(sh_slice_scatter) SHAPE_RULE(sh_gather) SHAPE_RULE(sh_scatter_add) SHAPE_RULE(sh_tri)
-SHAPE_RULE(sh_pad) SHAPE_RULE(sh_along) SHAPE_RULE(sh_topk)
+SHAPE_RULE(sh_pad) SHAPE_RULE(sh_along) SHAPE_RULE(sh_topk) SHAPE_RULE(sh_attention)
 #undef SHAPE_RULE
 /* Indices (input 1, 1-D i64) within dim a->dim of input 0. */
 int chk_indices(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, const char *file, int line);
@@ -457,6 +457,8 @@ int k_tri(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
 int k_pad(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
 int k_cumsum(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
 int k_topk(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
+/* attention.c: softmax(scale * q @ k^T, masked) @ v, fused (flash attention) */
+int k_attention(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
 /* dist.c: the sum (or mean, attrs flag) of in[0] over the processes of MPI_COMM_WORLD */
 int k_allreduce(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
 

@@ -401,6 +401,43 @@ int sh_tri(dim_env *env, op_id op, const shape_arg *in, int n, const op_attrs *a
   return 0;
 }
 
+/* attention(q (...,T,D), k (...,S,D), v (...,S,E)[, mask]) -> (...,T,E): q, k
+ * and v of one float dtype and rank with equal batch dims; a mask bool or of
+ * their dtype that broadcasts to (...,T,S) (attention.c). */
+int sh_attention(dim_env *env, op_id op, const shape_arg *in, int n, const op_attrs *a, shape_arg *out, char *err,
+                 size_t errn) {
+  (void)op, (void)a;
+  char b0[160], b1[160], b2[160];
+  if (n != 3 && n != 4) return fail(err, errn, "takes q, k, v and an optional mask, got %d inputs", n);
+  const shape_arg *q = &in[0], *k = &in[1], *v = &in[2];
+  int nd = q->ndim;
+  if (k->dtype != q->dtype || v->dtype != q->dtype)
+    return fail(err, errn, "q, k and v must have one dtype, got %s, %s and %s", kiln_dtype_name(q->dtype),
+                kiln_dtype_name(k->dtype), kiln_dtype_name(v->dtype));
+  bool ok = nd >= 2 && k->ndim == nd && v->ndim == nd && is_true(env, k->shape[nd - 1], SYM_EQ, q->shape[nd - 1]) &&
+            is_true(env, v->shape[nd - 2], SYM_EQ, k->shape[nd - 2]);
+  for (int d = 0; ok && d < nd - 2; d++)
+    ok = is_true(env, k->shape[d], SYM_EQ, q->shape[d]) && is_true(env, v->shape[d], SYM_EQ, q->shape[d]);
+  if (!ok)
+    return fail(err, errn, "q %s, k %s and v %s are not (...,T,D), (...,S,D) and (...,S,E)", TXT(q, b0), TXT(k, b1),
+                TXT(v, b2));
+  copy_shape(out, q);
+  out->shape[nd - 1] = v->shape[nd - 1];
+  if (n == 4) {
+    const shape_arg *m = &in[3];
+    if (m->dtype != KILN_BOOL && m->dtype != q->dtype)
+      return fail(err, errn, "mask must be bool or %s, got %s", kiln_dtype_name(q->dtype), kiln_dtype_name(m->dtype));
+    shape_arg sc = *out;
+    sc.shape[nd - 1] = k->shape[nd - 2];
+    int nt;
+    sym_dim t[MAXD];
+    bool fits = m->ndim <= nd && bcast(env, m->ndim, m->shape, nd, sc.shape, &nt, t) == 0;
+    for (int d = 0; fits && d < nd; d++) fits = is_true(env, t[d], SYM_EQ, sc.shape[d]);
+    if (!fits) return fail(err, errn, "mask %s does not broadcast to the scores %s", TXT(m, b0), TXT(&sc, b1));
+  }
+  return 0;
+}
+
 int sh_pad(dim_env *env, op_id op, const shape_arg *in, int n, const op_attrs *a, shape_arg *out, char *err, size_t errn) {
   (void)op, (void)n;
   char b0[160];

@@ -402,6 +402,15 @@ ir_graph *pass_simplify(ir_graph *g); /* x*1, x+0, x-0, x/1, neg(neg x), transpo
  * a dump after the pass named in dump_after (NULL: none). */
 ir_graph *pass_pipeline(ir_graph *g, char *err, size_t errn);
 
+/* ---- fuse_attention.c: the attention pass (the LLVM backend's) ---------- */
+
+/* Each softmax(scale * q @ k^T [masked]) @ v spelled out in primitives, with
+ * nothing else reading its intermediates, made one attention node. Returns
+ * how many; when > 0, *out is a new graph that borrows g's symbols (free it
+ * with pass_attention_free, before g). -1 on out of memory. */
+int pass_attention(const ir_graph *g, ir_graph **out);
+void pass_attention_free(ir_graph *g);
+
 /* ---- verify.c -------------------------------------------------------------- */
 
 /* Definitions before uses, arity, leaf kinds, dtypes and ranks by the op's

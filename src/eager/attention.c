@@ -1,0 +1,188 @@
+/* The fused attention kernel: out = softmax(scale * q @ k^T, masked) @ v over
+ * the last two dims, for q (...,T,D), k (...,S,D), v (...,S,E) and an
+ * optional mask that broadcasts to (...,T,S): bool (an entry equal to
+ * attrs.flag is dropped, its score -inf) or of q's dtype (added to the
+ * scores). No user calls it: the compiler's attention pass
+ * (src/tracer/fuse_attention.c) puts it in place of the ops that spell it out.
+ *
+ * Flash attention on the CPU: a task is one batch entry's block of
+ * ATTN_BR query rows; it walks the keys a tile of BC columns at a time,
+ * keeping the tile's scores, each row's running max and sum (the online
+ * softmax) and the (BR,E) output rows in the chunk's working memory, so
+ * the (T,S) scores are never in memory and everything a tile touches stays
+ * in L1/L2. A tile whose mask drops every entry (above a causal diagonal)
+ * is skipped; one whose mask keeps every entry is not masked. Tasks run
+ * over the thread pool. */
+#include <math.h>
+#include <string.h>
+
+#include "eager/eager.h"
+#include "eager/iter.h"
+#include "eager/pool.h"
+#include "eager/vmath.h"
+
+enum { ATTN_BR = 64 };              /* query rows of a task (a multiple of 4) */
+enum { ATTN_TASK_GRAIN = 1 << 20 }; /* multiply-adds a pool chunk should have at least */
+enum { ATTN_TILE_VECS = 8 };        /* 64-byte vectors across a key tile (a multiple of 4) */
+enum { TILE_SKIP, TILE_PLAIN, TILE_MASK, TILE_ADD };
+
+typedef struct attn_job {
+  const void *q, *k, *v, *mask;
+  void *out;
+  int64_t T, S, D, E, Ep;      /* Ep: E rounded up to whole vectors */
+  int64_t qrs, krs, vrs;       /* row strides (the last dims are unit-stride) */
+  int64_t mrs, mcs, ors, ocs;  /* the mask's row and column strides (0: broadcast), out's */
+  int nbd;                     /* batch dims */
+  int64_t bshape[MAXD];
+  int64_t bstride[5][MAXD];    /* per batch dim: q, k, v, mask, out */
+  int64_t nrb;                 /* row blocks per batch entry */
+  int64_t ntiles;              /* key tiles per batch entry */
+  void *kp, *vp;               /* k and v packed for the tiles (attn_pack) */
+  double scale;
+  bool mask_bool, drop;        /* a bool mask, and the value that drops an entry */
+  bool has_mask, f64;
+  bool failed;                 /* a chunk could not get its working memory */
+} attn_job;
+
+/* Element offsets of batch entry bh in q, k, v, mask and out. */
+static void attn_offsets(const attn_job *j, int64_t bh, int64_t off[5]) {
+  for (int x = 0; x < 5; x++) off[x] = 0;
+  for (int d = j->nbd - 1; d >= 0; d--) {
+    int64_t i = bh % j->bshape[d];
+    bh /= j->bshape[d];
+    for (int x = 0; x < 5; x++) off[x] += i * j->bstride[x][d];
+  }
+}
+
+/* How the mask treats the tile rows [r0, r0+nr) x cols [c0, c0+nc) of the
+ * entry at mask offset mo: skipped when it drops every entry. */
+static int attn_tile_mode(const attn_job *j, int64_t mo, int64_t r0, int64_t nr, int64_t c0, int64_t nc) {
+  if (!j->has_mask) return TILE_PLAIN;
+  int64_t dropped = 0;
+  for (int64_t r = r0; r < r0 + nr; r++) {
+    int64_t at = mo + r * j->mrs + c0 * j->mcs;
+    if (j->mask_bool && j->mcs == 1) { /* the usual (T,S) bool mask: a loop that vectorizes */
+      const uint8_t *mk = (const uint8_t *)j->mask + at, drop = j->drop;
+      int64_t n = 0;
+      for (int64_t c = 0; c < nc; c++) n += mk[c] == drop;
+      dropped += n;
+      continue;
+    }
+    for (int64_t c = 0; c < nc; c++, at += j->mcs)
+      dropped += j->mask_bool ? ((const bool *)j->mask)[at] == j->drop
+                 : j->f64     ? ((const double *)j->mask)[at] == -INFINITY
+                              : ((const float *)j->mask)[at] == -INFINITY;
+  }
+  if (dropped == nr * nc) return TILE_SKIP;
+  return !j->mask_bool ? TILE_ADD : dropped ? TILE_MASK : TILE_PLAIN;
+}
+
+#define AT float
+#define AT_SFX f32
+#define AT_EXP vm_expf
+#include "eager/attention_impl.h"
+#undef AT
+#undef AT_SFX
+#undef AT_EXP
+#define AT double
+#define AT_SFX f64
+#define AT_EXP exp
+#include "eager/attention_impl.h"
+#undef AT
+#undef AT_SFX
+#undef AT_EXP
+
+/* Elements of a chunk's working memory: q rows, the tile's scores, the
+ * output rows, the running max and sum. */
+static int64_t attn_ws_elems(const attn_job *j, int64_t lanes) {
+  return ATTN_BR * j->D + ATTN_BR * ATTN_TILE_VECS * lanes + ATTN_BR * j->Ep + 2 * ATTN_BR;
+}
+
+static void attn_chunk(void *c, int64_t b, int64_t e) {
+  attn_job *j = c;
+  int64_t n = attn_ws_elems(j, j->f64 ? 8 : 16);
+  void *ws = alloc_malloc((size_t)n * (j->f64 ? sizeof(double) : sizeof(float)));
+  if (!ws) {
+    __atomic_store_n(&j->failed, true, __ATOMIC_RELAXED);
+    return;
+  }
+  if (j->f64) attn_tasks_f64(j, b, e, ws);
+  else attn_tasks_f32(j, b, e, ws);
+  alloc_free(ws);
+}
+
+static void pack_chunk(void *c, int64_t b, int64_t e) {
+  attn_job *j = c;
+  if (j->f64) attn_pack_f64(j, b, e);
+  else attn_pack_f32(j, b, e);
+}
+
+/* t itself when its last dim is unit-stride, else a contiguous copy in *own. */
+static const kiln_tensor *unit_rows(const kiln_tensor *t, kiln_tensor **own) {
+  int nd = t->ndim;
+  if (t->shape[nd - 1] <= 1 || t->stride[nd - 1] == 1) return t;
+  if ((*own = tensor_new(t->dtype, nd, t->shape))) pw_copy(*own, t);
+  return *own;
+}
+
+int k_attention(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out) {
+  (void)op;
+  kiln_tensor *own[3] = {0};
+  const kiln_tensor *q = unit_rows(in[0], &own[0]), *k = unit_rows(in[1], &own[1]), *v = unit_rows(in[2], &own[2]);
+  const kiln_tensor *mask = n > 3 ? in[3] : NULL;
+  int rc = -1, nd = out->ndim;
+  size_t kbytes, vbytes, pack_bytes = 0;
+  attn_job j = {0};
+  if (!q || !k || !v) goto done;
+  j = (attn_job){.q = tensor_data(q), .k = tensor_data(k), .v = tensor_data(v), .out = tensor_data(out),
+                .T = q->shape[nd - 2], .S = k->shape[nd - 2], .D = q->shape[nd - 1], .E = v->shape[nd - 1],
+                .qrs = q->stride[nd - 2], .krs = k->stride[nd - 2], .vrs = v->stride[nd - 2],
+                .ors = out->stride[nd - 2], .ocs = out->stride[nd - 1], .nbd = nd - 2, .scale = a->value,
+                .f64 = out->dtype == KILN_F64, .drop = a->flag};
+  int64_t lanes = j.f64 ? 8 : 16, nb = 1;
+  j.Ep = (j.E + lanes - 1) / lanes * lanes;
+  const kiln_tensor *ts[5] = {q, k, v, mask, out};
+  for (int d = 0; d < j.nbd; d++) {
+    j.bshape[d] = out->shape[d];
+    nb *= out->shape[d];
+    for (int x = 0; x < 5; x++) {
+      const kiln_tensor *t = ts[x];
+      int td = t ? d - (nd - t->ndim) : -1; /* the mask lines up on the right */
+      j.bstride[x][d] = td >= 0 && t->shape[td] > 1 ? t->stride[td] : 0;
+    }
+  }
+  if (mask) {
+    j.mask = tensor_data(mask);
+    j.has_mask = true;
+    j.mask_bool = mask->dtype == KILN_BOOL;
+    int md = mask->ndim;
+    j.mrs = md >= 2 && mask->shape[md - 2] > 1 ? mask->stride[md - 2] : 0;
+    j.mcs = md >= 1 && mask->shape[md - 1] > 1 ? mask->stride[md - 1] : 0;
+  }
+  j.nrb = (j.T + ATTN_BR - 1) / ATTN_BR;
+  j.ntiles = (j.S + ATTN_TILE_VECS * lanes - 1) / (ATTN_TILE_VECS * lanes);
+  /* k and v once in the tiles' layout: every row block of an entry reads them */
+  size_t esz = j.f64 ? sizeof(double) : sizeof(float), per = (size_t)(j.ntiles * ATTN_TILE_VECS * lanes);
+  kbytes = (size_t)nb * per * (size_t)j.D * esz;
+  vbytes = (size_t)nb * per * (size_t)j.Ep * esz;
+  if (nb * j.nrb == 0 || j.E == 0) {
+    rc = 0;
+    goto done;
+  }
+  /* one block for both, from the storage allocator: it keeps large blocks
+   * for the next call instead of faulting in fresh pages every time */
+  pack_bytes = (kbytes + vbytes + 63) / 64 * 64;
+  if (!(j.kp = alloc_aligned(pack_bytes ? pack_bytes : 64))) goto done;
+  j.vp = (char *)j.kp + kbytes;
+  int64_t per_entry = (int64_t)per * (j.D + j.Ep); /* elements an entry's pack writes: small ones run inline */
+  pool_parallel_for(nb, per_entry >= PARALLEL_GRAIN ? 1 : PARALLEL_GRAIN / (per_entry ? per_entry : 1), pack_chunk, &j);
+  /* a task's multiply-adds: tasks of a small attention (a token of generation) run inline,
+   * where waking a worker would cost more than the work */
+  int64_t task_fma = (j.T < ATTN_BR ? j.T : ATTN_BR) * j.S * (j.D + j.E) + 1;
+  pool_parallel_for(nb * j.nrb, task_fma >= ATTN_TASK_GRAIN ? 1 : ATTN_TASK_GRAIN / task_fma, attn_chunk, &j);
+  rc = j.failed ? -1 : 0;
+done:
+  alloc_aligned_free(j.kp, pack_bytes ? pack_bytes : 64);
+  for (int x = 0; x < 3; x++) kiln_release(own[x]);
+  return rc;
+}

@@ -1,0 +1,176 @@
+/* The fused attention kernel's loops for one float type (attention.c includes
+ * this twice): AT is the type, AT_SFX its suffix, AT_EXP its exp. Vectors are
+ * 64 bytes (GCC/clang vector extensions): one AVX-512 register, two AVX2 ones.
+ * A tile is BR query rows by BC key columns; the loops over it are register
+ * blocked, four rows by four vectors, so that the inner loop is FMAs fed by
+ * four loads and four broadcasts. */
+
+#define AT_CAT2(a, b) a##_##b
+#define AT_CAT(a, b) AT_CAT2(a, b)
+#define FN(name) AT_CAT(name, AT_SFX)
+#define LN ((int64_t)(64 / sizeof(AT))) /* lanes */
+#define BC (ATTN_TILE_VECS * LN)        /* key columns of a tile */
+#define AI static inline __attribute__((always_inline))
+
+/* aligned(sizeof(AT)): loads and stores from any element address */
+typedef AT FN(vec) __attribute__((vector_size(64), aligned(sizeof(AT))));
+typedef int64_t FN(ivec) __attribute__((vector_size(64), aligned(sizeof(AT))));
+
+/* s[r][0..4 LN) = q[r] . kt[.][0..4 LN) for the 4 rows of q (row length D; kt and s rows BC apart). */
+AI void FN(scores4)(const AT *q, int64_t D, const AT *kt, AT *s) {
+  FN(vec) acc[4][4];
+  memset(acc, 0, sizeof acc);
+  for (int64_t d = 0; d < D; d++) {
+    const FN(vec) *kv = (const FN(vec) *)(kt + d * BC);
+    FN(vec) k0 = kv[0], k1 = kv[1], k2 = kv[2], k3 = kv[3];
+    for (int r = 0; r < 4; r++) {
+      AT a = q[r * D + d];
+      acc[r][0] += a * k0, acc[r][1] += a * k1, acc[r][2] += a * k2, acc[r][3] += a * k3;
+    }
+  }
+  for (int r = 0; r < 4; r++)
+    for (int c = 0; c < 4; c++) ((FN(vec) *)(s + r * BC))[c] = acc[r][c];
+}
+
+/* o[r][0..NV*LN) += p[r][0..nc) @ vb[0..nc)[0..NV*LN) for 4 rows (p rows BC
+ * apart, vb and o rows ld apart). NV is a constant once inlined. */
+AI void FN(pv4)(const AT *p, int64_t nc, const AT *vb, int64_t ld, AT *o, const int NV) {
+  FN(vec) acc[4][4];
+  for (int r = 0; r < 4; r++)
+    for (int c = 0; c < NV; c++) acc[r][c] = ((const FN(vec) *)(o + r * ld))[c];
+  for (int64_t c = 0; c < nc; c++) {
+    const FN(vec) *vv = (const FN(vec) *)(vb + c * ld);
+    FN(vec) w[4];
+    for (int j = 0; j < NV; j++) w[j] = vv[j];
+    for (int r = 0; r < 4; r++) {
+      AT a = p[r * BC + c];
+      for (int j = 0; j < NV; j++) acc[r][j] += a * w[j];
+    }
+  }
+  for (int r = 0; r < 4; r++)
+    for (int c = 0; c < NV; c++) ((FN(vec) *)(o + r * ld))[c] = acc[r][c];
+}
+
+/* The largest of s[0..nv*LN); -inf when all are. */
+AI AT FN(row_max)(const AT *s, int64_t nv) {
+  FN(vec) m = ((const FN(vec) *)s)[0];
+  for (int64_t c = 1; c < nv; c++) {
+    FN(vec) x = ((const FN(vec) *)s)[c];
+    FN(ivec) gt = (FN(ivec))(x > m);
+    m = (FN(vec))(((FN(ivec))x & gt) | ((FN(ivec))m & ~gt));
+  }
+  AT r = m[0];
+  for (int i = 1; i < LN; i++) r = m[i] > r ? m[i] : r;
+  return r;
+}
+
+/* s[c] = exp(s[c] - mx) over s[0..nv*LN); their sum. */
+AI AT FN(row_exp)(AT *s, int64_t nv, AT mx) {
+  for (int64_t c = 0; c < nv * LN; c++) s[c] = AT_EXP(s[c] - mx);
+  FN(vec) t = ((FN(vec) *)s)[0];
+  for (int64_t c = 1; c < nv; c++) t += ((FN(vec) *)s)[c];
+  AT r = 0;
+  for (int i = 0; i < LN; i++) r += t[i];
+  return r;
+}
+
+/* Packs batch entries [b, e) of j's k and v: per entry, k's tiles (D,BC)
+ * transposed and v's rows (S rounded up to tiles, Ep), zero-padded. */
+KILN_HOT static void FN(attn_pack)(const attn_job *j, int64_t b, int64_t e) {
+  const int64_t D = j->D, E = j->E, Ep = j->Ep, S = j->S, Sp = j->ntiles * BC;
+  for (int64_t bh = b; bh < e; bh++) {
+    int64_t off[5];
+    attn_offsets(j, bh, off);
+    const AT *k = (const AT *)j->k + off[1], *v = (const AT *)j->v + off[2];
+    AT *kp = (AT *)j->kp + bh * Sp * D, *vp = (AT *)j->vp + bh * Sp * Ep;
+    for (int64_t c = 0; c < Sp; c++) {
+      AT *kt = kp + (c / BC) * D * BC + c % BC;
+      for (int64_t d = 0; d < D; d++) kt[d * BC] = c < S ? k[c * j->krs + d] : 0;
+      for (int64_t x = 0; x < Ep; x++) vp[c * Ep + x] = c < S && x < E ? v[c * j->vrs + x] : 0;
+    }
+  }
+}
+
+/* Tasks [b, e) of j (a row block of one batch entry each), with ws the
+ * chunk's working memory (attn_ws_elems elements). */
+KILN_HOT static void FN(attn_tasks)(const attn_job *j, int64_t b, int64_t e, AT *ws) {
+  const int64_t D = j->D, E = j->E, Ep = j->Ep, T = j->T, S = j->S, Sp = j->ntiles * BC;
+  AT *qb = ws, *sb = qb + ATTN_BR * D, *ob = sb + ATTN_BR * BC, *m = ob + ATTN_BR * Ep, *l = m + ATTN_BR;
+  const AT scale = (AT)j->scale;
+  for (int64_t t = b; t < e; t++) {
+    int64_t bh = t / j->nrb, i = t % j->nrb;
+    /* zigzag: a chunk of consecutive tasks gets early and late (costly, when causal) blocks alike */
+    int64_t rb = i % 2 == 0 ? i / 2 : j->nrb - 1 - i / 2;
+    int64_t off[5];
+    attn_offsets(j, bh, off);
+    const AT *q = (const AT *)j->q + off[0];
+    const AT *kp = (const AT *)j->kp + bh * Sp * D, *vp = (const AT *)j->vp + bh * Sp * Ep;
+    AT *out = (AT *)j->out + off[4];
+    int64_t r0 = rb * ATTN_BR, nr = T - r0 < ATTN_BR ? T - r0 : ATTN_BR, nr4 = (nr + 3) / 4 * 4;
+    for (int64_t r = 0; r < nr; r++) {
+      const AT *restrict qr = q + (r0 + r) * j->qrs;
+      AT *restrict to = qb + r * D;
+      for (int64_t d = 0; d < D; d++) to[d] = qr[d] * scale;
+    }
+    memset(qb + nr * D, 0, sizeof(AT) * (size_t)((nr4 - nr) * D));
+    for (int64_t r = 0; r < ATTN_BR; r++) m[r] = -INFINITY, l[r] = 0;
+    memset(ob, 0, sizeof(AT) * (size_t)(nr4 * Ep));
+    for (int64_t c0 = 0; c0 < S; c0 += BC) {
+      int64_t nc = S - c0 < BC ? S - c0 : BC, nv = (nc + LN - 1) / LN; /* the vectors with a column */
+      int mode = attn_tile_mode(j, off[3], r0, nr, c0, nc);
+      if (mode == TILE_SKIP) continue;
+      const AT *kt = kp + (c0 / BC) * D * BC, *vb = vp + c0 * Ep;
+      /* each half of the tile that has a key; the columns past nc are set to -inf below */
+      for (int64_t rg = 0; rg < nr4; rg += 4)
+        for (int64_t h = 0; h < nc; h += 4 * LN) FN(scores4)(qb + rg * D, D, kt + h, sb + rg * BC + h);
+      for (int64_t r = 0; r < nr; r++) {
+        AT *s = sb + r * BC;
+        if (mode == TILE_MASK) {
+          const bool *mk = (const bool *)j->mask + off[3] + (r0 + r) * j->mrs + c0 * j->mcs;
+          for (int64_t c = 0; c < nc; c++)
+            if (mk[c * j->mcs] == j->drop) s[c] = -INFINITY;
+        } else if (mode == TILE_ADD) {
+          const AT *mk = (const AT *)j->mask + off[3] + (r0 + r) * j->mrs + c0 * j->mcs;
+          for (int64_t c = 0; c < nc; c++) s[c] += mk[c * j->mcs];
+        }
+        for (int64_t c = nc; c < nv * LN; c++) s[c] = -INFINITY;
+        AT mx = FN(row_max)(s, nv), mn = mx > m[r] ? mx : m[r];
+        if (mn == -INFINITY) { /* nothing kept in this row yet */
+          memset(s, 0, sizeof(AT) * (size_t)nc);
+          continue;
+        }
+        AT alpha = AT_EXP(m[r] - mn), sum = FN(row_exp)(s, nv, mn);
+        l[r] = l[r] * alpha + sum;
+        m[r] = mn;
+        if (alpha != 1)
+          for (int64_t x = 0; x < Ep; x++) ob[r * Ep + x] *= alpha;
+      }
+      for (int64_t rg = 0; rg < nr4; rg += 4)
+        for (int64_t x0 = 0; x0 < Ep; x0 += 4 * LN) {
+          const AT *p = sb + rg * BC, *vx = vb + x0;
+          AT *o = ob + rg * Ep + x0;
+          switch ((Ep - x0) / LN) {
+          case 1: FN(pv4)(p, nc, vx, Ep, o, 1); break;
+          case 2: FN(pv4)(p, nc, vx, Ep, o, 2); break;
+          case 3: FN(pv4)(p, nc, vx, Ep, o, 3); break;
+          default: FN(pv4)(p, nc, vx, Ep, o, 4); break;
+          }
+        }
+    }
+    /* a row that kept nothing is 0/0: NaN, as the unfused softmax gives */
+    for (int64_t r = 0; r < nr; r++) {
+      AT *o = out + (r0 + r) * j->ors, inv = 1 / l[r];
+      if (j->ocs == 1)
+        for (int64_t x = 0; x < E; x++) o[x] = ob[r * Ep + x] * inv;
+      else
+        for (int64_t x = 0; x < E; x++) o[x * j->ocs] = ob[r * Ep + x] * inv;
+    }
+  }
+}
+
+#undef AT_CAT2
+#undef AT_CAT
+#undef FN
+#undef LN
+#undef BC
+#undef AI

@@ -1,0 +1,363 @@
+/* The attention pass and the fused attention kernel in compiled code: each
+ * way of writing attention (a scale by mul or div, no mask, where with a
+ * bool mask kept, masked_fill, an additive mask; 3-D and 4-D) compiled with
+ * the LLVM backend fuses (asserted on the kernels) and agrees with the body
+ * run eagerly, with the interpreter (which runs the unfused ops) and with
+ * the LLVM backend unfused (KILN_FUSE_ATTENTION=0), at sizes around the
+ * kernel's blocks, f32 and f64; the pass keeps off graphs that read the
+ * probabilities elsewhere (a second output, a training step); check mode
+ * passes; one variant serves symbolic sizes; the GPT's forward fuses. The
+ * kernel's values against numpy are test_ops_ref's "attention" family. */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codegen/codegen.h"
+#include "kiln.h"
+
+#include "../examples/gpt.h"
+
+enum { M_NONE, M_KEEP, M_DROP, M_ADD };
+
+/* max |a - b| / (1 + |b|) over the elements (NaN in both counts as equal); *bad its index. */
+static double maxdiff_rel(kiln_tensor *a, kiln_tensor *b, int64_t *bad) {
+  int64_t n = kiln_numel(a);
+  ck_assert_int_eq(n, kiln_numel(b));
+  double *x = malloc(sizeof(double) * (size_t)(n + 1)), *y = malloc(sizeof(double) * (size_t)(n + 1)), m = 0;
+  kiln_scope_begin();
+  ck_assert(x && y && !kiln_read(kiln_cast(a, KILN_F64), x, sizeof(double) * (size_t)n) &&
+            !kiln_read(kiln_cast(b, KILN_F64), y, sizeof(double) * (size_t)n));
+  kiln_scope_end();
+  *bad = -1;
+  for (int64_t i = 0; i < n; i++) {
+    if ((isnan(x[i]) && isnan(y[i])) || x[i] == y[i]) continue;
+    double e = fabs(x[i] - y[i]) / (1 + fabs(y[i]));
+    if (!(e <= m)) m = isnan(e) ? INFINITY : e, *bad = i;
+  }
+  free(x), free(y);
+  return m;
+}
+
+static bool same_shape(const kiln_tensor *a, const kiln_tensor *b) {
+  if (kiln_ndim(a) != kiln_ndim(b)) return false;
+  for (int d = 0; d < kiln_ndim(a); d++)
+    if (kiln_size(a, d) != kiln_size(b, d)) return false;
+  return true;
+}
+
+typedef struct att_ctx {
+  kiln_dtype dt;
+  int mask;          /* M_* */
+  bool by_div;       /* the scale as a divide (W7), else a multiply (the GPT) */
+  bool probs_out;    /* the probabilities are a second output */
+  bool scores_out;   /* the scaled scores are a second output */
+  kiln_tensor *keep; /* (TMAX,TMAX) bool: col <= row */
+  kiln_tensor *drop; /* its negation */
+  kiln_tensor *add;  /* 0 where keep, -inf elsewhere */
+} att_ctx;
+
+enum { TMAX = 160 };
+
+/* out[0] = softmax(q @ k^T / sqrt(D) [masked]) @ v for q, k, v (..., T, D|E). */
+static int att_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  att_ctx *c = ctx;
+  int nd = kiln_ndim(in[0]);
+  int64_t T = kiln_size(in[0], -2), S = kiln_size(in[1], -2), D = kiln_size(in[0], -1);
+  kiln_tensor *s = kiln_matmul(in[0], kiln_transpose(in[1], nd - 2, nd - 1));
+  s = c->by_div ? kiln_div(s, kiln_scalar(c->dt, sqrt((double)D))) : kiln_mul(s, kiln_scalar(c->dt, 1 / sqrt((double)D)));
+  if (c->mask == M_KEEP)
+    s = kiln_where(kiln_slice(kiln_slice(c->keep, 0, 0, T, 1), 1, 0, S, 1), s, kiln_scalar(c->dt, -INFINITY));
+  else if (c->mask == M_DROP)
+    s = kiln_masked_fill(s, kiln_slice(kiln_slice(c->drop, 0, 0, T, 1), 1, 0, S, 1), -INFINITY);
+  else if (c->mask == M_ADD)
+    s = kiln_add(kiln_slice(kiln_slice(c->add, 0, 0, T, 1), 1, 0, S, 1), s);
+  kiln_tensor *p = kiln_softmax(s, -1);
+  out[0] = kiln_matmul(p, in[2]);
+  if (c->probs_out) out[1] = p;
+  if (c->scores_out) out[1] = s;
+  return 0;
+}
+
+static void ctx_init(att_ctx *c, kiln_dtype dt, int mask) {
+  *c = (att_ctx){.dt = dt, .mask = mask};
+  kiln_tensor *pos = kiln_arange(KILN_I64, 0, TMAX, 1);
+  c->keep = kiln_keep(kiln_le(kiln_unsqueeze(pos, 0), kiln_unsqueeze(pos, 1)));
+  c->drop = kiln_keep(kiln_gt(kiln_unsqueeze(pos, 0), kiln_unsqueeze(pos, 1)));
+  c->add = kiln_keep(kiln_where(c->keep, kiln_scalar(dt, 0), kiln_scalar(dt, -INFINITY)));
+  ck_assert(c->keep && c->drop && c->add);
+}
+
+static void ctx_free(att_ctx *c) {
+  kiln_release(c->keep);
+  kiln_release(c->drop);
+  kiln_release(c->add);
+}
+
+/* Whether the newest variant of fn, compiled by the LLVM backend, has an attention kernel. */
+static bool has_attention_kernel(kiln_fn *fn) {
+  kiln_fn_stats st;
+  ck_assert_int_eq(0, kiln_fn_get_stats(fn, &st));
+  char *text = kiln_fn_graph(fn, (int)st.variants - 1), err[256], *dump = NULL;
+  ck_assert_ptr_nonnull(text);
+  ir_graph *g = ir_parse(text, err, sizeof err);
+  ck_assert_msg(g != NULL, "%s", err);
+  size_t dn = 0;
+  FILE *f = open_memstream(&dump, &dn);
+  backend_exec *e = backend_llvm.compile(g, KILN_DUMP_KERNELS, f, err, sizeof err);
+  ck_assert_msg(e != NULL, "%s", err);
+  backend_llvm.free(e);
+  fclose(f);
+  ir_free(g);
+  bool r = strstr(dump, "_attention ->") != NULL;
+  free(dump);
+  free(text);
+  return r;
+}
+
+static kiln_tensor *randn(kiln_dtype dt, int nd, const int64_t *shape, uint64_t seed) {
+  return kiln_randn(dt, nd, shape, seed);
+}
+
+/* out = the body compiled on backend (fused or not), called twice. */
+static kiln_fn *compiled(att_ctx *c, int be, int n_out, kiln_tensor *const *in, kiln_tensor **out) {
+  kiln_options o = {.name = "att", .n_in = 3, .n_out = n_out, .backend = be};
+  kiln_fn *fn = kiln_compile(att_body, c, &o);
+  ck_assert_int_eq(0, kiln_call(fn, in, out));
+  ck_assert_int_eq(0, kiln_call(fn, in, out));
+  return fn;
+}
+
+static double tol_of(kiln_dtype dt) { return dt == KILN_F32 ? 2e-5 : 1e-11; }
+
+/* One case: eager, interpreter, LLVM fused and LLVM unfused agree; the fused
+ * one has an attention kernel and the unfused one none. */
+static void case_three_ways(kiln_dtype dt, int mask, bool by_div, int nd, const int64_t *qs, int64_t S, int64_t E) {
+  kiln_scope_begin();
+  att_ctx c;
+  ctx_init(&c, dt, mask);
+  c.by_div = by_div;
+  int64_t ks[4], vs[4];
+  for (int d = 0; d < nd; d++) ks[d] = vs[d] = qs[d];
+  ks[nd - 2] = vs[nd - 2] = S;
+  vs[nd - 1] = E;
+  kiln_tensor *in[3] = {randn(dt, nd, qs, 11), randn(dt, nd, ks, 12), randn(dt, nd, vs, 13)};
+  kiln_tensor *ref, *y, *yi, *yu;
+  ck_assert_int_eq(0, att_body(&c, in, &ref));
+  kiln_fn *fn = compiled(&c, KILN_BACKEND_LLVM, 1, in, &y);
+  kiln_fn *fi = compiled(&c, KILN_BACKEND_INTERP, 1, in, &yi);
+  ck_assert_int_eq(0, setenv("KILN_FUSE_ATTENTION", "0", 1));
+  kiln_fn *fu = compiled(&c, KILN_BACKEND_LLVM, 1, in, &yu);
+  ck_assert_msg(!has_attention_kernel(fu), "fused with KILN_FUSE_ATTENTION=0");
+  unsetenv("KILN_FUSE_ATTENTION");
+  ck_assert_msg(has_attention_kernel(fn), "mask %d, T %lld, S %lld: not fused", mask, (long long)qs[nd - 2], (long long)S);
+  int64_t bad;
+  double d = maxdiff_rel(y, ref, &bad), di = maxdiff_rel(yi, ref, &bad), du = maxdiff_rel(yu, ref, &bad);
+  double df = maxdiff_rel(y, yu, &bad);
+  ck_assert(same_shape(y, ref));
+  ck_assert_msg(d <= tol_of(dt) && di <= tol_of(dt) && du <= tol_of(dt) && df <= tol_of(dt),
+                "%s mask %d nd %d T %lld S %lld D %lld E %lld: fused %g (at %lld), interpreter %g, unfused %g from eager; "
+                "fused %g from unfused",
+                dt == KILN_F32 ? "f32" : "f64", mask, nd, (long long)qs[nd - 2], (long long)S, (long long)qs[nd - 1],
+                (long long)E, d, (long long)bad, di, du, df);
+  kiln_fn_free(fn);
+  kiln_fn_free(fi);
+  kiln_fn_free(fu);
+  ctx_free(&c);
+  kiln_scope_end();
+}
+
+START_TEST(test_fused_three_ways) {
+  /* (T, S, D, E): a row, odd sizes about the 64-row blocks and the 128 (f32)
+   * or 64 (f64) column tiles, head dims 1 to 128 */
+  static const int64_t sizes[][4] = {{1, 1, 1, 1},    {1, 9, 8, 8},     {5, 5, 3, 7},     {63, 63, 16, 16},
+                                     {65, 65, 17, 33}, {130, 130, 64, 64}, {7, 70, 128, 5}, {100, 33, 2, 128},
+                                     {150, 150, 8, 8}};
+  for (int dti = 0; dti < 2; dti++) {
+    kiln_dtype dt = dti ? KILN_F64 : KILN_F32;
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+      for (int mask = M_NONE; mask <= M_ADD; mask++) {
+        const int64_t *z = sizes[i];
+        /* masks are sliced from (TMAX,TMAX): causal from the top left, so S <= T keeps a column per row */
+        if (mask != M_NONE && z[1] > z[0]) continue;
+        int64_t q3[3] = {2, z[0], z[2]};
+        case_three_ways(dt, mask, mask == M_NONE, 3, q3, z[1], z[3]);
+      }
+    int64_t q4[4] = {2, 3, 37, 24}, q2[2] = {70, 8};
+    case_three_ways(dt, M_KEEP, false, 4, q4, 37, 24);
+    case_three_ways(dt, M_NONE, true, 4, q4, 50, 24);
+    case_three_ways(dt, M_DROP, false, 2, q2, 70, 8);
+  }
+}
+END_TEST
+
+/* The probabilities (or the scaled scores) read elsewhere, as a second output: not fused, and right. */
+static void case_read_elsewhere(bool probs) {
+  kiln_scope_begin();
+  att_ctx c;
+  ctx_init(&c, KILN_F32, M_KEEP);
+  c.probs_out = probs;
+  c.scores_out = !probs;
+  int64_t sh[3] = {2, 40, 16};
+  kiln_tensor *in[3] = {randn(KILN_F32, 3, sh, 1), randn(KILN_F32, 3, sh, 2), randn(KILN_F32, 3, sh, 3)};
+  kiln_tensor *y[2], *ref[2];
+  kiln_fn *fn = compiled(&c, KILN_BACKEND_LLVM, 2, in, y);
+  ck_assert(!has_attention_kernel(fn));
+  ck_assert_int_eq(0, att_body(&c, in, ref));
+  int64_t bad;
+  for (int i = 0; i < 2; i++) ck_assert_double_le(maxdiff_rel(y[i], ref[i], &bad), 2e-5);
+  kiln_fn_free(fn);
+  ctx_free(&c);
+  kiln_scope_end();
+}
+
+START_TEST(test_read_elsewhere) {
+  case_read_elsewhere(true);
+  case_read_elsewhere(false);
+}
+END_TEST
+
+/* A training step through attention: its backward reads the probabilities,
+ * so the graph keeps the unfused ops; the gradients match eager's. */
+typedef struct train_ctx {
+  att_ctx a;
+  kiln_tensor *wq; /* (D,D), requires grad */
+} train_ctx;
+
+static int train_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  train_ctx *t = ctx;
+  kiln_tensor *q = kiln_matmul(in[0], t->wq), *y;
+  kiln_tensor *qkv[3] = {q, in[1], in[2]};
+  att_body(&t->a, qkv, &y);
+  kiln_tensor *loss = kiln_sum_all(kiln_mul(y, y));
+  if (kiln_backward(loss)) return -1;
+  out[0] = loss;
+  out[1] = kiln_mul((kiln_tensor *)kiln_grad(t->wq), kiln_scalar(KILN_F64, 1));
+  kiln_zero_grad(t->wq);
+  return 0;
+}
+
+START_TEST(test_training_stays_unfused) {
+  kiln_scope_begin();
+  train_ctx t;
+  ctx_init(&t.a, KILN_F64, M_KEEP);
+  int64_t sh[3] = {2, 20, 8}, w[2] = {8, 8};
+  t.wq = kiln_keep(randn(KILN_F64, 2, w, 5));
+  kiln_requires_grad(t.wq, true);
+  kiln_tensor *in[3] = {randn(KILN_F64, 3, sh, 1), randn(KILN_F64, 3, sh, 2), randn(KILN_F64, 3, sh, 3)};
+  kiln_options o = {.name = "train", .n_in = 3, .n_out = 2, .backend = KILN_BACKEND_LLVM};
+  kiln_fn *fn = kiln_compile(train_body, &t, &o);
+  kiln_tensor *y[2], *ref[2];
+  ck_assert_int_eq(0, kiln_call(fn, in, y));
+  ck_assert_int_eq(0, kiln_call(fn, in, y));
+  ck_assert(!has_attention_kernel(fn));
+  ck_assert_int_eq(0, train_body(&t, in, ref));
+  int64_t bad;
+  for (int i = 0; i < 2; i++) ck_assert_double_le(maxdiff_rel(y[i], ref[i], &bad), 1e-11);
+  kiln_fn_free(fn);
+  kiln_release(t.wq);
+  ctx_free(&t.a);
+  kiln_scope_end();
+}
+END_TEST
+
+/* Check mode compares the fused call with the body run eagerly: no failures. */
+START_TEST(test_check_mode) {
+  kiln_scope_begin();
+  att_ctx c;
+  ctx_init(&c, KILN_F32, M_DROP);
+  int64_t sh[3] = {3, 70, 32};
+  kiln_tensor *in[3] = {randn(KILN_F32, 3, sh, 1), randn(KILN_F32, 3, sh, 2), randn(KILN_F32, 3, sh, 3)};
+  kiln_options o = {.name = "checked", .n_in = 3, .n_out = 1, .backend = KILN_BACKEND_LLVM, .check = 1};
+  kiln_fn *fn = kiln_compile(att_body, &c, &o);
+  kiln_tensor *y;
+  for (int i = 0; i < 3; i++) ck_assert_int_eq(0, kiln_call(fn, in, &y));
+  kiln_fn_stats st;
+  ck_assert_int_eq(0, kiln_fn_get_stats(fn, &st));
+  ck_assert_int_eq(0, st.check_fails);
+  ck_assert(has_attention_kernel(fn));
+  kiln_fn_free(fn);
+  ctx_free(&c);
+  kiln_scope_end();
+}
+END_TEST
+
+/* T changes from call to call: the second variant has T symbolic, fuses, and
+ * serves the sizes after it. */
+START_TEST(test_symbolic_sizes) {
+  kiln_scope_begin();
+  att_ctx c;
+  ctx_init(&c, KILN_F32, M_KEEP);
+  kiln_options o = {.name = "sym", .n_in = 3, .n_out = 1, .backend = KILN_BACKEND_LLVM};
+  kiln_fn *fn = kiln_compile(att_body, &c, &o);
+  static const int64_t ts[] = {40, 70, 1, 129, 64};
+  for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) {
+    int64_t sh[3] = {2, ts[i], 16};
+    kiln_tensor *in[3] = {randn(KILN_F32, 3, sh, 1 + i), randn(KILN_F32, 3, sh, 2 + i), randn(KILN_F32, 3, sh, 3 + i)};
+    kiln_tensor *y, *ref;
+    ck_assert_int_eq(0, kiln_call(fn, in, &y));
+    ck_assert_int_eq(0, att_body(&c, in, &ref));
+    int64_t bad;
+    ck_assert_msg(maxdiff_rel(y, ref, &bad) <= 2e-5, "T %lld", (long long)ts[i]);
+    ck_assert_msg(has_attention_kernel(fn), "T %lld", (long long)ts[i]);
+  }
+  kiln_fn_stats st;
+  ck_assert_int_eq(0, kiln_fn_get_stats(fn, &st));
+  ck_assert_int_eq(2, st.variants);
+  kiln_fn_free(fn);
+  ctx_free(&c);
+  kiln_scope_end();
+}
+END_TEST
+
+/* The GPT's next-byte logits (examples/gpt.h) compiled: its causal attention fuses. */
+static int gpt_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  out[0] = gpt_next_logits(ctx, in[0]);
+  return 0;
+}
+
+START_TEST(test_gpt_forward_fuses) {
+  gpt_config cfg = {.n_layer = 2, .n_head = 2, .n_embd = 32, .block_size = 80, .vocab_size = 64, .dtype = KILN_F32,
+                    .opt = GPT_ADAMW_DEFAULT};
+  gpt g;
+  ck_assert_int_eq(0, gpt_init(&g, &cfg, 7));
+  kiln_scope_begin();
+  int64_t sh[2] = {2, 70};
+  kiln_tensor *idx = kiln_cast(kiln_mul(kiln_rand(KILN_F32, 2, sh, 3), kiln_scalar(KILN_F32, 63.9)), KILN_I64);
+  kiln_options o = {.name = "gpt", .n_in = 1, .n_out = 1, .backend = KILN_BACKEND_LLVM};
+  kiln_fn *fn = kiln_compile(gpt_body, &g, &o);
+  kiln_tensor *y, *ref;
+  ck_assert_int_eq(0, kiln_call(fn, &idx, &y));
+  ck_assert_int_eq(0, kiln_call(fn, &idx, &y));
+  ck_assert(has_attention_kernel(fn));
+  ck_assert_int_eq(0, gpt_body(&g, &idx, &ref));
+  int64_t bad;
+  ck_assert_double_le(maxdiff_rel(y, ref, &bad), 1e-4);
+  kiln_fn_free(fn);
+  kiln_scope_end();
+  gpt_free(&g);
+}
+END_TEST
+
+static Suite *attention_suite(void) {
+  Suite *s = suite_create("codegen_attention");
+  TCase *tc = tcase_create("attention");
+  tcase_set_timeout(tc, 300);
+  tcase_add_test(tc, test_fused_three_ways);
+  tcase_add_test(tc, test_read_elsewhere);
+  tcase_add_test(tc, test_training_stays_unfused);
+  tcase_add_test(tc, test_check_mode);
+  tcase_add_test(tc, test_symbolic_sizes);
+  tcase_add_test(tc, test_gpt_forward_fuses);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) {
+  SRunner *sr = srunner_create(attention_suite());
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
