@@ -50,15 +50,9 @@ static LLVMValueRef sub(const vm *v, LLVMValueRef a, LLVMValueRef b) { return LL
 static LLVMValueRef mul(const vm *v, LLVMValueRef a, LLVMValueRef b) { return LLVMBuildFMul(v->b, a, b, ""); }
 static LLVMValueRef fdiv(const vm *v, LLVMValueRef a, LLVMValueRef b) { return LLVMBuildFDiv(v->b, a, b, ""); }
 static LLVMValueRef neg(const vm *v, LLVMValueRef a) { return LLVMBuildFNeg(v->b, a, ""); }
-/* p * x + c, the step of a Horner polynomial: one fused multiply-add, as
- * vmath.h's vm__fma (llvm.fma is exact on every target, a libm call where
- * the CPU has no FMA) */
+/* p * x + c, the step of a Horner polynomial (two roundings, as in C) */
 static LLVMValueRef horner(const vm *v, LLVMValueRef p, LLVMValueRef x, LLVMValueRef c) {
-  unsigned id = LLVMLookupIntrinsicID("llvm.fma", 8);
-  KILN_ASSERT(id != 0);
-  LLVMTypeRef t = LLVMTypeOf(p);
-  LLVMValueRef fn = LLVMGetIntrinsicDeclaration(v->mod, id, &t, 1), args[3] = {p, x, c};
-  return LLVMBuildCall2(v->b, LLVMIntrinsicGetType(v->ctx, id, &t, 1), fn, args, 3, "");
+  return add(v, mul(v, p, x), c);
 }
 
 static LLVMValueRef lt(const vm *v, LLVMValueRef a, LLVMValueRef b) { return LLVMBuildFCmp(v->b, LLVMRealOLT, a, b, ""); }

@@ -78,12 +78,6 @@ static inline float vm__copysign(float x, float s) {
   return vm__float((vm__bits(x) & 0x7fffffffu) | (vm__bits(s) & 0x80000000u));
 }
 
-/* p * x + c in one rounding: every polynomial step is a fused multiply-add,
- * here and in the compiled kernels (vmath_ir.c's horner), so that the two
- * give the same bits; a CPU without FMA computes it exactly through libm. */
-static inline float vm__fma(float p, float x, float c) { return __builtin_fmaf(p, x, c); }
-static inline double vm__fmad(double p, double x, double c) { return __builtin_fma(p, x, c); }
-
 /* 1.5 * 2^23: adding it rounds a float of magnitude < 2^22 to an integer,
  * which then sits in the low mantissa bits. */
 #define VM__ROUND 12582912.0f
@@ -91,11 +85,11 @@ static inline double vm__fmad(double p, double x, double c) { return __builtin_f
 /* P with e^r = 1 + r + r^2 P(r) for |r| <= ln2/2 */
 static inline float vm__exp_poly(float r) {
   float p = 1.9875691500e-4f;
-  p = vm__fma(p, r, 1.3981999507e-3f);
-  p = vm__fma(p, r, 8.3334519073e-3f);
-  p = vm__fma(p, r, 4.1665795894e-2f);
-  p = vm__fma(p, r, 1.6666665459e-1f);
-  return vm__fma(p, r, 5.0000001201e-1f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  return p * r + 5.0000001201e-1f;
 }
 
 /* exp(hi + lo) for |lo| small next to |hi| (a -0.0f lo folds away). The sum
@@ -140,14 +134,14 @@ static inline float vm_logf(float x) {
   float f = vm__float((ix & 0x007fffffu) + 0x3f3504f3u) - 1.0f;
   float z = f * f;
   float p = 7.0376836292e-2f;
-  p = vm__fma(p, f, -1.1514610310e-1f);
-  p = vm__fma(p, f, 1.1676998740e-1f);
-  p = vm__fma(p, f, -1.2420140846e-1f);
-  p = vm__fma(p, f, 1.4249322787e-1f);
-  p = vm__fma(p, f, -1.6668057665e-1f);
-  p = vm__fma(p, f, 2.0000714765e-1f);
-  p = vm__fma(p, f, -2.4999993993e-1f);
-  p = vm__fma(p, f, 3.3333331174e-1f);
+  p = p * f - 1.1514610310e-1f;
+  p = p * f + 1.1676998740e-1f;
+  p = p * f - 1.2420140846e-1f;
+  p = p * f + 1.4249322787e-1f;
+  p = p * f - 1.6668057665e-1f;
+  p = p * f + 2.0000714765e-1f;
+  p = p * f - 2.4999993993e-1f;
+  p = p * f + 3.3333331174e-1f;
   float y = f * z * p + k * -2.12194440e-4f - 0.5f * z;
   float r = (f + y) + k * 0.693359375f;
   r = vm__sel(x == INFINITY, x, r);
@@ -168,10 +162,10 @@ static inline float vm_sigmoidf(float x) {
 static inline float vm_tanhf(float x) {
   float z = x * x;
   float p = -5.70498872745e-3f;
-  p = vm__fma(p, z, 2.06390887954e-2f);
-  p = vm__fma(p, z, -5.37397155531e-2f);
-  p = vm__fma(p, z, 1.33314422036e-1f);
-  p = vm__fma(p, z, -3.33332819422e-1f);
+  p = p * z + 2.06390887954e-2f;
+  p = p * z - 5.37397155531e-2f;
+  p = p * z + 1.33314422036e-1f;
+  p = p * z - 3.33332819422e-1f;
   float small = x + x * z * p;
   float a = vm__abs(x);
   float ac = vm__sel(a < 10.0f, a, 10.0f);
@@ -184,10 +178,10 @@ static inline float vm_tanhf(float x) {
 /* erf(x) / x - 1 for z = x*x <= 0.25 (near-minimax, degree 4 in z). */
 static inline float vm__erf_small(float z) {
   float p = 4.71908257e-3f;
-  p = vm__fma(p, z, -2.67577327e-2f);
-  p = vm__fma(p, z, 1.12828314e-1f);
-  p = vm__fma(p, z, -3.76126090e-1f);
-  p = vm__fma(p, z, 1.28379166e-1f);
+  p = p * z - 2.67577327e-2f;
+  p = p * z + 1.12828314e-1f;
+  p = p * z - 3.76126090e-1f;
+  p = p * z + 1.28379166e-1f;
   return p;
 }
 
@@ -202,15 +196,15 @@ static inline float vm__erf_small(float z) {
 static inline float vm__erfc_tail(double t, double t2, double scale) {
   double u = 1.0 / (1.0 + 0.5 * t);
   double p = 0.26450133617389646;
-  p = vm__fmad(p, u, -1.2395561333502182);
-  p = vm__fmad(p, u, 2.2845317557210112);
-  p = vm__fmad(p, u, -1.9830956021617332);
-  p = vm__fmad(p, u, 0.83156612999604854);
-  p = vm__fmad(p, u, -0.41351994969075458);
-  p = vm__fmad(p, u, 0.15535472974160286);
-  p = vm__fmad(p, u, 0.36500632299409769);
-  p = vm__fmad(p, u, 1.0007927710692577);
-  p = vm__fmad(p, u, -1.2655394594966286);
+  p = p * u - 1.2395561333502182;
+  p = p * u + 2.2845317557210112;
+  p = p * u - 1.9830956021617332;
+  p = p * u + 0.83156612999604854;
+  p = p * u - 0.41351994969075458;
+  p = p * u + 0.15535472974160286;
+  p = p * u + 0.36500632299409769;
+  p = p * u + 1.0007927710692577;
+  p = p * u - 1.2655394594966286;
   double e = (p - t2) + 44.361419555836499803;
   float hi = (float)e;
   float lo = (float)(e - (double)hi);
@@ -250,16 +244,16 @@ static inline float vm__reduce_pio2(float x, uint32_t *q) {
 static inline float vm__sin_poly(float r) {
   float z = r * r;
   float p = -1.9515295891e-4f;
-  p = vm__fma(p, z, 8.3321608736e-3f);
-  p = vm__fma(p, z, -1.6666654611e-1f);
+  p = p * z + 8.3321608736e-3f;
+  p = p * z - 1.6666654611e-1f;
   return r + r * z * p;
 }
 
 static inline float vm__cos_poly(float r) {
   float z = r * r;
   float p = 2.443315711809948e-5f;
-  p = vm__fma(p, z, -1.388731625493765e-3f);
-  p = vm__fma(p, z, 4.166664568298827e-2f);
+  p = p * z - 1.388731625493765e-3f;
+  p = p * z + 4.166664568298827e-2f;
   return 1.0f - 0.5f * z + z * z * p;
 }
 
