@@ -369,6 +369,9 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
   /* fault injection: the fallback to the interpreter must hold */
   if (getenv("KILN_TEST_FAIL_LLVM")) return snprintf(err, errn, "LLVM failure forced by KILN_TEST_FAIL_LLVM"), NULL;
 #endif
+  for (int i = 0; i < g->n_nodes; i++)
+    if (ir_is_cf(g->nodes[i].op))
+      return snprintf(err, errn, "%%%d: %s: regions are not lowered yet", i, ir_op_name(g->nodes[i].op)), NULL;
   if (jit_init(err, errn)) return NULL;
   backend_exec *e = alloc_calloc(1, sizeof *e);
   if (!e) return snprintf(err, errn, "out of memory"), NULL;

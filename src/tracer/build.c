@@ -786,19 +786,13 @@ static int ev_numel(build_state *b, int ev) {
 /* Leaves first (inputs, params, grads), then the rest in order. Frees g. */
 static ir_graph *reorder(ir_graph *g, int *pos) {
   int *order = alloc_malloc(sizeof(int) * (size_t)g->n_nodes + 1), k = 0;
-  ir_graph *r = ir_new(g->name);
+  ir_graph *r = order ? ir_new_like(g) : NULL;
   if (!order || !r) goto fail;
   for (int pass = IR_INPUT; pass <= IR_GRAD; pass++)
     for (int i = 0; i < g->n_nodes; i++)
       if (g->nodes[i].op == pass) order[k++] = i;
   for (int i = 0; i < g->n_nodes; i++)
     if (g->nodes[i].op < IR_INPUT || g->nodes[i].op > IR_GRAD) order[k++] = i;
-  sym_ctx_free(r->sym);
-  r->sym = g->sym;
-  g->sym = NULL;
-  r->n_syms = g->n_syms;
-  memcpy(r->sym_lo, g->sym_lo, sizeof r->sym_lo);
-  memcpy(r->sym_hi, g->sym_hi, sizeof r->sym_hi);
   for (int i = 0; i < k; i++) {
     ir_node n = g->nodes[order[i]];
     int ins[64], *p = n.n_in <= 64 ? ins : alloc_malloc(sizeof(int) * (size_t)n.n_in);

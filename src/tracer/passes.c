@@ -34,20 +34,6 @@ static bool same_type(const ir_node *a, const ir_node *b) {
  * rewrites it made in *changed. */
 typedef int (*rewrite_fn)(ir_graph *dst, ir_node *n, int *changed);
 
-/* An empty graph that takes over src's symbols (the expressions of src's
- * shapes live in src->sym). NULL on out of memory, src untouched. */
-static ir_graph *graph_like(ir_graph *src) {
-  ir_graph *g = ir_new(src->name);
-  if (!g) return NULL;
-  sym_ctx_free(g->sym);
-  g->sym = src->sym;
-  src->sym = NULL;
-  g->n_syms = src->n_syms;
-  memcpy(g->sym_lo, src->sym_lo, sizeof g->sym_lo);
-  memcpy(g->sym_hi, src->sym_hi, sizeof g->sym_hi);
-  return g;
-}
-
 /* A new graph with every op node of src passed through rw (or just
  * interned when rw is NULL), outputs and writes following their nodes.
  * Frees src; NULL on out of memory. */
@@ -63,7 +49,7 @@ static ir_graph *rebuild_in(ir_graph *src, const int *order, rewrite_fn rw, int 
     if (src->nodes[i].n_in > max_in) max_in = src->nodes[i].n_in;
   int *map = alloc_malloc(sizeof(int) * ((size_t)src->n_nodes + 1));
   int *ins = alloc_malloc(sizeof(int) * (size_t)max_in);
-  ir_graph *dst = map && ins ? graph_like(src) : NULL;
+  ir_graph *dst = map && ins ? ir_new_like(src) : NULL;
   if (!dst) goto oom;
   for (int o = 0; o < src->n_nodes; o++) {
     int i = order ? order[o] : o;

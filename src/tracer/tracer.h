@@ -18,6 +18,13 @@ enum {
   IR_GRAD,             /* the .grad of the param node in[0] when the call starts */
   IR_CONST,            /* data inside the graph (scalars, tensors made in the trace, frozen params) */
   IR_NUMEL,            /* 0-d: the product of in[0]'s sizes over attrs.axes (all when naxes is 0) plus attrs.start */
+  /* Control flow: a node that owns region graphs (sub[]) and makes a tuple of
+   * results, read by IR_GET nodes only (docs/ir.md, Control flow). */
+  IR_COND,             /* in = pred, operands...: sub[0] then, sub[1] else, each over the operands */
+  IR_WHILE,            /* in = init[n_carry], captures...: sub[0] cond -> one bool, sub[1] body -> new carry */
+  IR_SCAN,             /* in = init[n_carry], xs[n_xs], captures...: sub[0] body over (carry, xs[t], captures)
+                          -> (new carry, y[t]...); results: last carry, ys stacked along a new dim 0 */
+  IR_GET,              /* result attrs.k of the control-flow node in[0] */
   IR_OP_COUNT
 };
 
@@ -34,6 +41,8 @@ typedef struct ir_node {
   const char *file;      /* the user's call that made it (interned in the graph); "" when unknown */
   int line;
   const char *name;      /* IR_PARAM (and a loaded graph's IR_INPUT): kiln_param_name's, or NULL */
+  struct ir_graph *sub[2]; /* IR_COND, IR_WHILE, IR_SCAN: the regions (reference counted: copies share them) */
+  int n_carry, n_xs;     /* IR_WHILE, IR_SCAN: how in[] splits (the rest are captures) */
 } ir_node;
 
 /* After a call, each write copies a value into an input or param (a functionalized
@@ -63,12 +72,17 @@ typedef struct ir_graph {
   int n_guards;
   struct ir_arena *arena; /* everything the graph owns but nodes/outputs/writes/guards arrays */
   struct ir_intern *intern; /* (op, dtype, inputs, attrs) -> node id */
+  int refs;              /* a region: the nodes that hold it (0: a top-level graph, one owner) */
+  bool region;           /* a region: its symbols are its parent's (sym borrowed), its leaves inputs only */
 } ir_graph;
 
 enum { IR_MAX_SYMS = 64, IR_MAX_IN = 1 << 16 };
 
 ir_graph *ir_new(const char *name);          /* NULL when out of memory */
-void ir_free(ir_graph *g);
+void ir_free(ir_graph *g);                   /* a region: drops one reference */
+/* An empty graph with src's name that takes over src's symbols (a region's
+ * copy shares them, as a region does); NULL on OOM, src untouched then. */
+ir_graph *ir_new_like(ir_graph *src);
 void *ir_alloc(ir_graph *g, size_t n);       /* zeroed, freed with the graph */
 const char *ir_str(ir_graph *g, const char *s); /* interned copy of s */
 
@@ -110,6 +124,29 @@ int *ir_use_counts(const ir_graph *g);
 /* A fresh graph holding only the nodes with keep[i] (renumbered in order),
  * with outputs, writes, guards and symbols carried over. NULL on OOM. */
 ir_graph *ir_compact(const ir_graph *g, const bool *keep);
+
+/* ---- region.c: control-flow nodes and their regions ----------------------- */
+
+static inline bool ir_is_cf(int op) { return op == IR_COND || op == IR_WHILE || op == IR_SCAN; }
+/* How many regions a control-flow op owns (0 for other ops). */
+int ir_n_sub(int op);
+/* The name of region i of op as the text writes it ("then", "else", "cond", "body"). */
+const char *ir_sub_name(int op, int i);
+/* A new empty region of parent (its symbols shared), held once. NULL on OOM. */
+ir_graph *ir_region_new(ir_graph *parent, const char *name);
+/* Another reference to a region. */
+ir_graph *ir_region_hold(ir_graph *r);
+/* Copies parent's symbol count and bounds into region r and the regions in it. */
+void ir_region_sync(ir_graph *r, const ir_graph *parent);
+/* How many results control-flow node n makes (its regions' outputs). */
+int ir_cf_n_results(const ir_node *n);
+/* The type of result k of control-flow node id, into out's dtype, ndim and
+ * shape; 0 or -1 (k out of range, or a region missing). */
+int ir_cf_result_type(const ir_graph *g, int id, int k, ir_node *out);
+/* The type region i of node id takes as argument j (as ir_cf_result_type). */
+int ir_cf_arg_type(const ir_graph *g, int id, int i, int j, ir_node *out);
+/* How many arguments region i of node id takes. */
+int ir_cf_n_args(const ir_graph *g, int id, int i);
 
 /* ---- symshape.c: shape rules over symbolic dims -------------------------- */
 

@@ -1,0 +1,268 @@
+/* Regions in the IR: cond, while and scan nodes that own region graphs.
+ * The golden files tests/ir/scan.ir and cond_while.ir, loaded as functions,
+ * run on the interpreter against the same loops written in plain C (double);
+ * the verifier names both lines of a mismatch between branches or between a
+ * carry in and out; the parser refuses malformed regions with line and
+ * column; the text round-trips through kiln_fn_graph. */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tracer/tracer.h"
+
+static char *read_golden(const char *name) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s", __FILE__);
+  char *slash = strrchr(path, '/');
+  ck_assert_ptr_nonnull(slash);
+  snprintf(slash, sizeof path - (size_t)(slash - path), "/ir/%s", name);
+  FILE *f = fopen(path, "rb");
+  ck_assert_msg(f != NULL, "cannot open %s", path);
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  rewind(f);
+  char *buf = calloc(1, (size_t)n + 1);
+  ck_assert_int_eq(n, (long)fread(buf, 1, (size_t)n, f));
+  fclose(f);
+  return buf;
+}
+
+static void fill(float *d, int64_t n, unsigned seed) {
+  uint64_t s = seed * 2654435761u + 1;
+  for (int64_t i = 0; i < n; i++) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    d[i] = (float)((double)(s >> 11) * 0x1.0p-53 * 2 - 1);
+  }
+}
+
+static void expect_close(const float *got, const double *want, int64_t n, const char *what) {
+  for (int64_t i = 0; i < n; i++)
+    ck_assert_msg(fabs(got[i] - want[i]) <= 1e-5 * (1 + fabs(want[i])), "%s at %lld: expected %.9g, got %.9g", what,
+                  (long long)i, want[i], (double)got[i]);
+}
+
+/* scan.ir: h <- tanh(h + x[t] @ W), ys[t] = h, for T = 0, 1, 5 with one function */
+START_TEST(test_scan_runs) {
+  char *text = read_golden("scan.ir");
+  kiln_fn *fn = kiln_load_string(text);
+  ck_assert_msg(fn != NULL, "%s", kiln_last_error());
+  static const int64_t Ts[] = {0, 1, 5};
+  for (int c = 0; c < 3; c++) {
+    int64_t T = Ts[c];
+    float x[5 * 4 * 3], h0[4 * 8], w[3 * 8];
+    fill(x, T * 12, 1 + (unsigned)c), fill(h0, 32, 2), fill(w, 24, 3);
+    double h[32], ys[5 * 32];
+    for (int i = 0; i < 32; i++) h[i] = h0[i];
+    for (int64_t t = 0; t < T; t++) {
+      double nh[32];
+      for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 8; j++) {
+          double acc = 0;
+          for (int k = 0; k < 3; k++) acc += (double)x[t * 12 + i * 3 + k] * w[k * 8 + j];
+          nh[i * 8 + j] = tanh(h[i * 8 + j] + acc);
+        }
+      memcpy(h, nh, sizeof h);
+      memcpy(ys + t * 32, h, sizeof h);
+    }
+    kiln_scope_begin();
+    kiln_tensor *in[3] = {kiln_tensor_from(KILN_F32, 3, (int64_t[]){T, 4, 3}, x),
+                          kiln_tensor_from(KILN_F32, 2, (int64_t[]){4, 8}, h0),
+                          kiln_tensor_from(KILN_F32, 2, (int64_t[]){3, 8}, w)};
+    kiln_tensor *out[2];
+    ck_assert_msg(0 == kiln_call(fn, in, out), "%s", kiln_last_error());
+    ck_assert_int_eq(3, kiln_ndim(out[1]));
+    ck_assert_int_eq(T, kiln_size(out[1], 0));
+    float got_h[32], got_ys[5 * 32];
+    ck_assert_int_eq(0, kiln_read(out[0], got_h, sizeof got_h));
+    ck_assert_int_eq(0, kiln_read(out[1], got_ys, sizeof(float) * (size_t)(T * 32)));
+    expect_close(got_h, h, 32, "last carry");
+    expect_close(got_ys, ys, T * 32, "ys");
+    kiln_scope_end();
+  }
+  kiln_fn_free(fn);
+  free(text);
+}
+END_TEST
+
+/* cond_while.ir: per step c <- x[t] > 0 ? c + x[t] : c * x[t]; ys = x; then
+ * v = c doubled while sum(v) < bound; out (v + 1)^2 */
+START_TEST(test_cond_while_runs) {
+  char *text = read_golden("cond_while.ir");
+  kiln_fn *fn = kiln_load_string(text);
+  ck_assert_msg(fn != NULL, "%s", kiln_last_error());
+  static const float xs[][3] = {{0.5f, -2, -1}, {4, 0, 0}};
+  static const int64_t Ts[] = {3, 1};
+  for (int k = 0; k < 2; k++) {
+    int64_t T = Ts[k];
+    float c0[3] = {1, 2, 3}, bound = 100;
+    double c[3] = {1, 2, 3};
+    for (int64_t t = 0; t < T; t++)
+      for (int i = 0; i < 3; i++) c[i] = xs[k][t] > 0 ? c[i] + xs[k][t] : c[i] * xs[k][t];
+    while (c[0] + c[1] + c[2] < bound)
+      for (int i = 0; i < 3; i++) c[i] += c[i];
+    double want[3], want_ys[3];
+    for (int i = 0; i < 3; i++) want[i] = (c[i] + 1) * (c[i] + 1);
+    for (int t = 0; t < T; t++) want_ys[t] = xs[k][t];
+    kiln_scope_begin();
+    kiln_tensor *in[3] = {kiln_tensor_from(KILN_F32, 1, (int64_t[]){T}, xs[k]),
+                          kiln_tensor_from(KILN_F32, 1, (int64_t[]){3}, c0), kiln_scalar(KILN_F32, bound)};
+    kiln_tensor *out[2];
+    ck_assert_msg(0 == kiln_call(fn, in, out), "%s", kiln_last_error());
+    float got[3], got_ys[3];
+    ck_assert_int_eq(0, kiln_read(out[0], got_ys, sizeof(float) * (size_t)T));
+    ck_assert_int_eq(0, kiln_read(out[1], got, sizeof got));
+    expect_close(got_ys, want_ys, T, "ys");
+    expect_close(got, want, 3, "after the while loop");
+    kiln_scope_end();
+  }
+  kiln_fn_free(fn);
+  free(text);
+}
+END_TEST
+
+/* The text kiln_fn_graph gives back is the file's (after `version`), regions and all. */
+START_TEST(test_round_trip) {
+  static const char *const names[] = {"scan.ir", "cond_while.ir"};
+  for (int k = 0; k < 2; k++) {
+    char *text = read_golden(names[k]);
+    char err[256];
+    ir_graph *g = ir_parse(text, err, sizeof err);
+    ck_assert_msg(g != NULL, "%s", err);
+    char *once = ir_to_string(g);
+    ir_graph *g2 = ir_parse(once, err, sizeof err);
+    ck_assert_msg(g2 != NULL, "%s", err);
+    char *twice = ir_to_string(g2);
+    ck_assert_str_eq(once, twice);
+    ck_assert_ptr_nonnull(strstr(once, "region body("));
+    /* the passes copy nodes between graphs: their regions are shared, then freed once */
+    g = pass_pipeline(g, err, sizeof err);
+    ck_assert_msg(g != NULL, "%s", err);
+    ck_assert_int_eq(0, ir_verify(g, err, sizeof err));
+    ir_free(g);
+    ir_free(g2);
+    alloc_free(once);
+    alloc_free(twice);
+    free(text);
+  }
+}
+END_TEST
+
+/* A graph text with one line replaced: the verifier's (or the parser's) message. */
+static char *edited(const char *text, const char *from, const char *to) {
+  const char *at = strstr(text, from);
+  ck_assert_msg(at != NULL, "no '%s' in the text", from);
+  size_t n = strlen(text) - strlen(from) + strlen(to) + 1;
+  char *s = malloc(n);
+  snprintf(s, n, "%.*s%s%s", (int)(at - text), text, to, at + strlen(from));
+  return s;
+}
+
+static void expect_verify_error(const char *text, const char *w1, const char *w2, const char *w3) {
+  char err[512];
+  ir_graph *g = ir_parse(text, err, sizeof err);
+  ck_assert_msg(g != NULL, "%s", err);
+  ck_assert_int_eq(-1, ir_verify(g, err, sizeof err));
+  const char *w[3] = {w1, w2, w3};
+  for (int i = 0; i < 3; i++) ck_assert_msg(!w[i] || strstr(err, w[i]), "expected \"%s\" in: %s", w[i], err);
+  ir_free(g);
+}
+
+START_TEST(test_verify_regions) {
+  char *cw = read_golden("cond_while.ir"), *sc = read_golden("scan.ir");
+  /* branches that disagree: both lines named */
+  char *t = edited(cw, "%2: f32[3] = mul(%0, %1)  # cf.c:16", "%2: f32[] = mul(%1, %1)  # cf.c:16");
+  expect_verify_error(t, "branches disagree", "cf.c:16", "cf.c:14");
+  free(t);
+  /* a carry that changes type in the body: the body's line and the carry's */
+  t = edited(sc, "-> (%5, %5)\n      %3: f32[4,8] = matmul(%1, %2)", "-> (%3, %5)\n      %3: f32[4,8] = matmul(%1, %2)");
+  free(t);
+  t = edited(sc, "%5: f32[4,8] = tanh(%4)  # rnn.c:31\n", "%5: f32[4,8] = tanh(%4)  # rnn.c:31\n      %6: f32[8] = sum(%5) {axes=[0], keepdim=false}  # rnn.c:32\n");
+  char *t2 = edited(t, "-> (%5, %5)", "-> (%6, %5)");
+  expect_verify_error(t2, "carry changes", "rnn.c:32", "f32[4,8]");
+  free(t2), free(t);
+  /* a get at the wrong type, a get past the results */
+  t = edited(sc, "%4: f32[4,8] = get(%3) {k=0}", "%4: f32[4] = get(%3) {k=0}");
+  expect_verify_error(t, "get", "result 0", NULL);
+  free(t);
+  t = edited(sc, "%4: f32[4,8] = get(%3) {k=0}", "%4: f32[4,8] = get(%3) {k=2}");
+  expect_verify_error(t, "has no result 2", NULL, NULL);
+  free(t);
+  /* the tuple itself used as a tensor */
+  t = edited(sc, "-> (%4, %5)", "-> (%4, %3)");
+  expect_verify_error(t, "tuple", NULL, NULL);
+  free(t);
+  /* a region argument of the wrong type */
+  t = edited(sc, "region body(%0: f32[4,8], %1: f32[4,3]", "region body(%0: f32[4,8], %1: f32[s0,4,3]");
+  expect_verify_error(t, "argument 1", "f32[4,3]", NULL);
+  free(t);
+  /* a while's cond must give a bool */
+  t = edited(cw, "%3: bool[] = lt(%2, %1)  # cf.c:25\n    end", "%3: bool[] = lt(%2, %1)  # cf.c:25\n    end");
+  char *t3 = edited(t, "region cond(%0: f32[3], %1: f32[]) -> (%3)", "region cond(%0: f32[3], %1: f32[]) -> (%2)");
+  expect_verify_error(t3, "one-element bool", NULL, NULL);
+  free(t3), free(t);
+  free(cw), free(sc);
+}
+END_TEST
+
+static void expect_parse_error(const char *text, const char *want) {
+  char err[512];
+  ir_graph *g = ir_parse(text, err, sizeof err);
+  ck_assert_msg(g == NULL, "parsed: %s", text);
+  ck_assert_msg(strstr(err, want) != NULL, "expected \"%s\" in: %s", want, err);
+}
+
+START_TEST(test_parse_regions) {
+  char *sc = read_golden("scan.ir");
+  char *t = strndup(sc, (size_t)(strstr(sc, "    end\n") - sc));
+  expect_parse_error(t, "no 'end'");
+  free(t);
+  t = edited(sc, "region body(", "region then(");
+  expect_parse_error(t, "expected region 'body'");
+  free(t);
+  t = edited(sc, "%3: tuple = scan", "%3: f32[4] = scan");
+  expect_parse_error(t, "write its type 'tuple'");
+  free(t);
+  t = edited(sc, "%4: f32[4,8] = get(%3) {k=0}", "%4: tuple = get(%3) {k=0}");
+  expect_parse_error(t, "only cond, while and scan make a tuple");
+  free(t);
+  t = edited(sc, "{carry=1, xs=1}", "{carry=1, xs=3}");
+  expect_parse_error(t, "out of range");
+  free(t);
+  /* a region sees its own ids only */
+  t = edited(sc, "%3: f32[4,8] = matmul(%1, %2)", "%3: f32[4,8] = matmul(%1, %7)");
+  expect_parse_error(t, "%7 is not defined yet");
+  free(t);
+  /* every cut-off prefix is an error, never a crash */
+  size_t n = strlen(sc);
+  for (size_t k = 0; k < n; k += 7) {
+    char *cut = strndup(sc, k);
+    char err[256];
+    ir_graph *g = ir_parse(cut, err, sizeof err);
+    if (g) {
+      ir_verify(g, err, sizeof err);
+      ir_free(g);
+    }
+    free(cut);
+  }
+  free(sc);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("regions");
+  TCase *tc = tcase_create("regions");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, test_scan_runs);
+  tcase_add_test(tc, test_cond_while_runs);
+  tcase_add_test(tc, test_round_trip);
+  tcase_add_test(tc, test_verify_regions);
+  tcase_add_test(tc, test_parse_regions);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
