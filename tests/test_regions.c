@@ -3,7 +3,13 @@
  * run on the interpreter against the same loops written in plain C (double);
  * the verifier names both lines of a mismatch between branches or between a
  * carry in and out; the parser refuses malformed regions with line and
- * column; the text round-trips through kiln_fn_graph. */
+ * column; the text round-trips.
+ *
+ * Capture: inside a compiled function kiln_scan, kiln_cond and
+ * kiln_while_loop record their bodies once, as regions: one trace serves
+ * every length of a scan (0 and 1 included) and both branches of a cond,
+ * eager and the interpreter and LLVM agree with a C loop, and mismatches
+ * name both lines. */
 #include <check.h>
 #include <math.h>
 #include <stdio.h>
@@ -250,6 +256,263 @@ START_TEST(test_parse_regions) {
 }
 END_TEST
 
+
+/* ---- capture ---- */
+
+enum { NB = 2, NI = 3, NH = 4, TMAX = 19 };
+
+/* h <- tanh(x_t @ W + h @ U + b); y_t = 2 * h */
+typedef struct cell {
+  kiln_tensor *w, *u, *b;
+} cell;
+
+static int cell_fn(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  cell *c = ctx;
+  kiln_tensor *h = kiln_tanh(kiln_add(kiln_add(kiln_matmul(in[1], c->w), kiln_matmul(in[0], c->u)), c->b));
+  out[0] = h;
+  out[1] = kiln_mul(h, kiln_scalar(KILN_F32, 2));
+  return !out[0] || !out[1];
+}
+
+static cell *g_cell;
+static int scan_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  return kiln_scan(cell_fn, g_cell, 1, &in[0], 1, &in[1], &out[0], 1, &out[1]);
+}
+
+static void cell_ref(const float *x, const float *h0, const float *w, const float *u, const float *b, int T, double *h,
+                     double *ys) {
+  for (int i = 0; i < NB * NH; i++) h[i] = h0[i];
+  for (int t = 0; t < T; t++) {
+    double nh[NB * NH];
+    for (int r = 0; r < NB; r++)
+      for (int j = 0; j < NH; j++) {
+        double acc = b[j];
+        for (int k = 0; k < NI; k++) acc += (double)x[(t * NB + r) * NI + k] * w[k * NH + j];
+        for (int k = 0; k < NH; k++) acc += h[r * NH + k] * u[k * NH + j];
+        nh[r * NH + j] = tanh(acc);
+      }
+    memcpy(h, nh, sizeof nh);
+    for (int i = 0; i < NB * NH; i++) ys[t * NB * NH + i] = 2 * h[i];
+  }
+}
+
+/* one trace for T = 0, 1, 5, 19; eager, the interpreter and LLVM against C */
+START_TEST(test_scan_one_trace) {
+  float x[TMAX * NB * NI], h0[NB * NH], w[NI * NH], u[NH * NH], bb[NH];
+  fill(x, TMAX * NB * NI, 5), fill(h0, NB * NH, 6), fill(w, NI * NH, 7), fill(u, NH * NH, 8), fill(bb, NH, 9);
+  kiln_scope_begin();
+  cell c = {kiln_tensor_from(KILN_F32, 2, (int64_t[]){NI, NH}, w), kiln_tensor_from(KILN_F32, 2, (int64_t[]){NH, NH}, u),
+            kiln_tensor_from(KILN_F32, 1, (int64_t[]){NH}, bb)};
+  g_cell = &c;
+  static const int Ts[] = {0, 1, 5, 19, 1, 5};
+  for (int be = 0; be <= KILN_BACKEND_LLVM; be++) {
+    kiln_fn *fn = be ? kiln_compile(scan_body, NULL, &(kiln_options){.name = "rnn", .n_in = 2, .n_out = 2, .backend = be}) : NULL;
+    ck_assert_msg(!be || fn, "%s", kiln_last_error());
+    for (size_t k = 0; k < sizeof Ts / sizeof Ts[0]; k++) {
+      int T = Ts[k];
+      double h[NB * NH], ys[TMAX * NB * NH];
+      cell_ref(x, h0, w, u, bb, T, h, ys);
+      kiln_scope_begin();
+      kiln_tensor *in[2] = {kiln_tensor_from(KILN_F32, 2, (int64_t[]){NB, NH}, h0),
+                            kiln_tensor_from(KILN_F32, 3, (int64_t[]){T, NB, NI}, x)},
+                  *out[2];
+      ck_assert_msg((fn ? kiln_call(fn, in, out) : scan_body(NULL, in, out)) == 0, "%s", kiln_last_error());
+      float got_h[NB * NH], got_ys[TMAX * NB * NH];
+      ck_assert_int_eq(T, kiln_size(out[1], 0));
+      ck_assert_int_eq(0, kiln_read(out[0], got_h, sizeof got_h));
+      ck_assert_int_eq(0, kiln_read(out[1], got_ys, sizeof(float) * (size_t)(T * NB * NH)));
+      expect_close(got_h, h, NB * NH, "last carry");
+      expect_close(got_ys, ys, T * NB * NH, "ys");
+      kiln_scope_end();
+    }
+    if (!fn) continue;
+    kiln_fn_stats st;
+    ck_assert_int_eq(0, kiln_fn_get_stats(fn, &st));
+    ck_assert_int_eq(1, st.traces);
+    ck_assert_int_eq(1, st.variants);
+    ck_assert_int_eq(0, st.breaks);
+    /* the graph: one scan whose body is the cell, at this file's lines */
+    char *text = kiln_fn_graph(fn, 0);
+    ck_assert_ptr_nonnull(text);
+    ck_assert_msg(strstr(text, "= scan(") && strstr(text, "region body(") && strstr(text, "= tanh(") &&
+                      strstr(text, "test_regions.c:"),
+                  "%s", text);
+    ck_assert_msg(strstr(text, "sym s0 in [0, "), "the length is a symbol from 0: %s", text);
+    free(text);
+    kiln_fn_free(fn);
+  }
+  kiln_scope_end();
+}
+END_TEST
+
+/* a while loop whose trip count is data: x doubles until its sum passes the bound */
+static int below(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  kiln_tensor *bound = ctx;
+  return !(out[0] = kiln_lt(kiln_sum_all(in[0]), bound));
+}
+static int twice(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  return !(out[0] = kiln_add(in[0], in[0]));
+}
+static int while_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  return kiln_while_loop(below, twice, in[1], 1, &in[0], out);
+}
+
+START_TEST(test_while_one_trace) {
+  kiln_scope_begin();
+  for (int be = KILN_BACKEND_INTERP; be <= KILN_BACKEND_LLVM; be++) {
+    kiln_fn *fn = kiln_compile(while_body, NULL, &(kiln_options){.name = "grow", .n_in = 2, .n_out = 1, .backend = be});
+    static const float bounds[] = {100, 5, 1e4f, 0};
+    for (int k = 0; k < 4; k++) {
+      float x0[3] = {0.5f, 1, 1.5f};
+      double want[3] = {0.5, 1, 1.5};
+      while (want[0] + want[1] + want[2] < bounds[k])
+        for (int i = 0; i < 3; i++) want[i] *= 2;
+      kiln_scope_begin();
+      kiln_tensor *in[2] = {kiln_tensor_from(KILN_F32, 1, (int64_t[]){3}, x0), kiln_scalar(KILN_F32, bounds[k])}, *out[1];
+      ck_assert_msg(kiln_call(fn, in, out) == 0, "%s", kiln_last_error());
+      float got[3];
+      ck_assert_int_eq(0, kiln_read(out[0], got, sizeof got));
+      expect_close(got, want, 3, "while");
+      kiln_scope_end();
+    }
+    kiln_fn_stats st;
+    ck_assert_int_eq(0, kiln_fn_get_stats(fn, &st));
+    ck_assert_int_eq(1, st.traces);
+    ck_assert_int_eq(0, st.breaks);
+    kiln_fn_free(fn);
+  }
+  kiln_scope_end();
+}
+END_TEST
+
+/* branches that disagree, a carry that changes: errors naming both lines */
+static int then_vec(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  return !(out[0] = kiln_exp(in[0])); /* THEN_LINE */
+}
+static int else_sum(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  return !(out[0] = kiln_sum_all(in[0])); /* ELSE_LINE */
+}
+static int bad_cond_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  kiln_tensor *p = kiln_gt(kiln_sum_all(in[0]), kiln_scalar(KILN_F32, 0));
+  return kiln_cond(p, then_vec, else_sum, NULL, 1, in, 1, out); /* COND_LINE */
+}
+static int shrink(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  out[0] = kiln_sum(in[0], 0, false); /* SHRINK_LINE */
+  out[1] = in[1];
+  return !out[0];
+}
+static int bad_scan_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  return kiln_scan(shrink, NULL, 1, &in[0], 1, &in[1], &out[0], 1, &out[1]);
+}
+static int reads_data(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  double v = kiln_item(kiln_sum_all(in[1])); /* READ_LINE */
+  out[0] = kiln_add(in[0], kiln_scalar(KILN_F32, v));
+  out[1] = in[1];
+  return !out[0];
+}
+static int read_scan_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  return kiln_scan(reads_data, NULL, 1, &in[0], 1, &in[1], &out[0], 1, &out[1]);
+}
+
+/* the line of this file holding marker */
+static int line_of(const char *marker) {
+  char *text = read_golden("../test_regions.c");
+  int line = 1;
+  for (const char *p = text; *p; p++) {
+    if (*p == '\n') line++;
+    if (!strncmp(p, "/* ", 3) && !strncmp(p + 3, marker, strlen(marker)) && p[3 + strlen(marker)] == ' ') break;
+  }
+  free(text);
+  return line;
+}
+
+static void expect_lines(const char *e, const char *m1, const char *m2, const char *m3) {
+  const char *m[3] = {m1, m2, m3};
+  for (int i = 0; i < 3; i++) {
+    if (!m[i]) continue;
+    char loc[64];
+    snprintf(loc, sizeof loc, "test_regions.c:%d", line_of(m[i]));
+    ck_assert_msg(strstr(e, loc) != NULL, "expected %s (%s) in: %s", loc, m[i], e);
+  }
+}
+
+START_TEST(test_capture_errors) {
+  kiln_scope_begin();
+  kiln_fn *fn = kiln_compile(bad_cond_body, NULL, &(kiln_options){.name = "bad_cond", .n_in = 1, .n_out = 1});
+  kiln_tensor *in[2] = {kiln_tensor_from(KILN_F32, 2, (int64_t[]){2, 3}, (float[]){1, 2, 3, 4, 5, 6}), NULL}, *out[2];
+  ck_assert_int_eq(-1, kiln_call(fn, in, out));
+  const char *e = kiln_last_error();
+  ck_assert_msg(strstr(e, "else_fn's out 0 is f32[]") && strstr(e, "then_fn's is f32[2,3]"), "%s", e);
+  expect_lines(e, "COND_LINE", "THEN_LINE", "ELSE_LINE");
+  kiln_fn_free(fn);
+
+  fn = kiln_compile(bad_scan_body, NULL, &(kiln_options){.name = "bad_scan", .n_in = 2, .n_out = 2});
+  in[1] = kiln_zeros(KILN_F32, 3, (int64_t[]){4, 2, 3});
+  ck_assert_int_eq(-1, kiln_call(fn, in, out));
+  e = kiln_last_error();
+  ck_assert_msg(strstr(e, "body_fn's out 0 is f32[3]") && strstr(e, "the carry is f32[2,3]"), "%s", e);
+  expect_lines(e, "SHRINK_LINE", NULL, NULL);
+  kiln_fn_free(fn);
+
+  fn = kiln_compile(read_scan_body, NULL, &(kiln_options){.name = "read_scan", .n_in = 2, .n_out = 2});
+  ck_assert_int_eq(-1, kiln_call(fn, in, out));
+  e = kiln_last_error();
+  ck_assert_msg(strstr(e, "reads data inside the body"), "%s", e);
+  expect_lines(e, "READ_LINE", NULL, NULL);
+  kiln_fn_free(fn);
+  kiln_scope_end();
+}
+END_TEST
+
+/* gradients through a scan inside a compiled body: its steps record one by
+ * one (regions do not differentiate yet), and the grads match eager's */
+static int loss_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  kiln_tensor *h[1], *ys[1];
+  if (kiln_scan(cell_fn, g_cell, 1, &in[0], 1, &in[1], h, 1, ys)) return -1;
+  kiln_tensor *loss = kiln_sum_all(kiln_mul(ys[0], ys[0]));
+  if (kiln_backward(loss)) return -1;
+  out[0] = loss;
+  out[1] = kiln_mul(kiln_grad(g_cell->u), kiln_scalar(KILN_F32, 1));
+  return !out[1];
+}
+
+START_TEST(test_scan_grad_compiled) {
+  float x[5 * NB * NI], h0[NB * NH], w[NI * NH], u[NH * NH], bb[NH];
+  fill(x, 5 * NB * NI, 15), fill(h0, NB * NH, 16), fill(w, NI * NH, 17), fill(u, NH * NH, 18), fill(bb, NH, 19);
+  kiln_scope_begin();
+  cell c = {kiln_tensor_from(KILN_F32, 2, (int64_t[]){NI, NH}, w), kiln_tensor_from(KILN_F32, 2, (int64_t[]){NH, NH}, u),
+            kiln_tensor_from(KILN_F32, 1, (int64_t[]){NH}, bb)};
+  kiln_requires_grad(c.u, true);
+  g_cell = &c;
+  kiln_tensor *in[2] = {kiln_tensor_from(KILN_F32, 2, (int64_t[]){NB, NH}, h0),
+                        kiln_tensor_from(KILN_F32, 3, (int64_t[]){5, NB, NI}, x)},
+              *want[2], *got[2];
+  ck_assert_int_eq(0, loss_body(NULL, in, want));
+  float gw[NH * NH], gg[NH * NH];
+  ck_assert_int_eq(0, kiln_read(want[1], gw, sizeof gw));
+  kiln_zero_grad(c.u);
+  kiln_fn *fn = kiln_compile(loss_body, NULL, &(kiln_options){.name = "loss", .n_in = 2, .n_out = 2});
+  ck_assert_msg(kiln_call(fn, in, got) == 0, "%s", kiln_last_error());
+  ck_assert_int_eq(0, kiln_read(got[1], gg, sizeof gg));
+  double ref[NH * NH];
+  for (int i = 0; i < NH * NH; i++) ref[i] = gw[i];
+  expect_close(gg, ref, NH * NH, "compiled grad");
+  kiln_fn_free(fn);
+  kiln_scope_end();
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("regions");
   TCase *tc = tcase_create("regions");
@@ -260,6 +523,13 @@ int main(void) {
   tcase_add_test(tc, test_verify_regions);
   tcase_add_test(tc, test_parse_regions);
   suite_add_tcase(s, tc);
+  TCase *cap = tcase_create("capture");
+  tcase_set_timeout(cap, 120);
+  tcase_add_test(cap, test_scan_one_trace);
+  tcase_add_test(cap, test_while_one_trace);
+  tcase_add_test(cap, test_capture_errors);
+  tcase_add_test(cap, test_scan_grad_compiled);
+  suite_add_tcase(s, cap);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);
   int failed = srunner_ntests_failed(sr);

@@ -205,7 +205,16 @@ typedef enum rec_ekind {
   EV_RAND,    /* numbers of the counter-based generator: seed a.k, normal when a.flag */
   EV_NUMEL,   /* 0-d count of in[0]'s elements over a.axes (all when none) plus a.start */
   EV_BREAK,   /* a data read: the events before it ran as a segment, and the live values have data */
-  EV_ESCAPE   /* something a graph cannot hold: the events before it ran, and the rest of the body ran eagerly */
+  EV_ESCAPE,  /* something a graph cannot hold: the events before it ran, and the rest of the body ran eagerly */
+  /* control flow recorded as regions: EV_CF (op IR_COND/IR_WHILE/IR_SCAN,
+   * in = its operands, a.k carries, a.dim xs), then per region its EV_ARGs
+   * (a.dim the region, a.k the argument), its body's events and an EV_YIELD
+   * of its results (in); after the last region an EV_GET per result (a.k) */
+  EV_CF,
+  EV_ARG,
+  EV_YIELD,
+  EV_GET,
+  EV_DEAD     /* a region recorded and then run as eager code instead (its values unused) */
 } rec_ekind;
 
 typedef struct rec_event {
@@ -254,6 +263,9 @@ struct recording {
   bool why_is_error;       /* why is a whole error message (a segment's run failed) */
   const char *reader;      /* the call that read data at the newest break ("kiln_item") */
   bool escaped;            /* the rest of the body ran eagerly after an EV_ESCAPE */
+  int cf_depth;            /* regions being recorded around the current op */
+  struct { int input, dim; } scan_dims[8]; /* inputs' dims a scan steps over: symbolic from the first trace */
+  int n_scan_dims;
   rec_run_fn run;
   void *run_ctx;
   struct rec_state *st;    /* the maps and lists behind the log (record.c) */
@@ -369,6 +381,21 @@ typedef struct build_size {
   bool used, ambiguous;
 } build_size;
 
+/* A control-flow construct being built: its regions' arguments (placeholder
+ * nodes of the segment's graph) and results, until its last region ends and
+ * cf_extract moves each region's nodes into a region graph. */
+typedef struct build_cf {
+  int op, n_carry, n_xs;
+  int *in, n_in;             /* its operands' nodes */
+  int first;                 /* nodes from here on may be its regions' */
+  int *ph[2], n_args;        /* each region's argument placeholders */
+  int *res[2], n_res[2];     /* each region's results */
+  const char *file;
+  int line;
+} build_cf;
+
+enum { BUILD_MAX_CF = 16 };
+
 typedef struct build_state {
   recording *r;
   const char *at_file;     /* the event being built: where a param it reads is first used */
@@ -399,6 +426,11 @@ typedef struct build_state {
   build_seg *seg;
   build_size *sizes;
   size_t sizes_cap;
+  build_cf cf[BUILD_MAX_CF]; /* control flow open around the event being built */
+  int n_cf;
+  int cf_node;               /* the construct the next EV_GETs read */
+  int n_placeholders;
+  bool has_cf;
   bool failed;
   char why[512];
 } build_state;
