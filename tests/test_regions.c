@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "tracer/tracer.h"
 
@@ -513,6 +514,156 @@ START_TEST(test_scan_grad_compiled) {
 }
 END_TEST
 
+/* work that depends on no argument of the body is done once, outside the loop */
+static int invariant_cell(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  cell *c = ctx;
+  kiln_tensor *wt = kiln_exp(c->u); /* INVARIANT_LINE */
+  out[0] = kiln_tanh(kiln_add(kiln_matmul(in[0], wt), kiln_matmul(in[1], c->w)));
+  out[1] = out[0];
+  return !out[0];
+}
+static int invariant_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  return kiln_scan(invariant_cell, g_cell, 1, &in[0], 1, &in[1], &out[0], 1, &out[1]);
+}
+
+START_TEST(test_invariant_hoisted) {
+  float x[4 * NB * NI], h0[NB * NH], w[NI * NH], u[NH * NH];
+  fill(x, 4 * NB * NI, 35), fill(h0, NB * NH, 36), fill(w, NI * NH, 37), fill(u, NH * NH, 38);
+  kiln_scope_begin();
+  cell c = {kiln_tensor_from(KILN_F32, 2, (int64_t[]){NI, NH}, w), kiln_tensor_from(KILN_F32, 2, (int64_t[]){NH, NH}, u), NULL};
+  g_cell = &c;
+  kiln_fn *fn = kiln_compile(invariant_body, NULL, &(kiln_options){.name = "hoist", .n_in = 2, .n_out = 2});
+  kiln_tensor *in[2] = {kiln_tensor_from(KILN_F32, 2, (int64_t[]){NB, NH}, h0),
+                        kiln_tensor_from(KILN_F32, 3, (int64_t[]){4, NB, NI}, x)},
+              *out[2], *want[2];
+  ck_assert_msg(kiln_call(fn, in, out) == 0, "%s", kiln_last_error());
+  ck_assert_int_eq(0, invariant_body(NULL, in, want));
+  float got[4 * NB * NH], ref[4 * NB * NH];
+  double refd[4 * NB * NH];
+  ck_assert_int_eq(0, kiln_read(out[1], got, sizeof got));
+  ck_assert_int_eq(0, kiln_read(want[1], ref, sizeof ref));
+  for (int i = 0; i < 4 * NB * NH; i++) refd[i] = ref[i];
+  expect_close(got, refd, 4 * NB * NH, "hoisted");
+  char *text = kiln_fn_graph(fn, 0);
+  const char *ex = strstr(text, "= exp("), *body = strstr(text, "region body(");
+  ck_assert_msg(ex && body && ex < body, "the exp is not outside the region:\n%s", text);
+  free(text);
+  kiln_fn_free(fn);
+  kiln_scope_end();
+}
+END_TEST
+
+/* cond compiled on both backends against eager, both outcomes from one trace */
+static int then_add(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  return !(out[0] = kiln_add(kiln_exp(in[0]), in[1]));
+}
+static int else_mul(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  return !(out[0] = kiln_mul(in[0], in[1]));
+}
+static int cond_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  kiln_tensor *p = kiln_gt(kiln_sum_all(in[0]), kiln_sum_all(in[1]));
+  return kiln_cond(p, then_add, else_mul, NULL, 2, in, 1, out);
+}
+
+START_TEST(test_cond_three_ways) {
+  kiln_scope_begin();
+  for (int be = KILN_BACKEND_INTERP; be <= KILN_BACKEND_LLVM; be++) {
+    kiln_fn *fn = kiln_compile(cond_body, NULL, &(kiln_options){.name = "cond", .n_in = 2, .n_out = 1, .backend = be});
+    for (int k = 0; k < 4; k++) {
+      float a[6], b[6];
+      /* odd k swaps the two: the other branch */
+      fill(a, 6, (k % 2 ? 50u : 40u) + (unsigned)k / 2), fill(b, 6, (k % 2 ? 40u : 50u) + (unsigned)k / 2);
+      double sa = 0, sb = 0, want[6];
+      for (int i = 0; i < 6; i++) sa += a[i], sb += b[i];
+      for (int i = 0; i < 6; i++) want[i] = sa > sb ? exp((double)a[i]) + b[i] : (double)a[i] * b[i];
+      kiln_scope_begin();
+      kiln_tensor *in[2] = {kiln_tensor_from(KILN_F32, 2, (int64_t[]){2, 3}, a),
+                            kiln_tensor_from(KILN_F32, 2, (int64_t[]){2, 3}, b)},
+                  *out[1], *eo[1];
+      ck_assert_msg(kiln_call(fn, in, out) == 0, "%s", kiln_last_error());
+      ck_assert_int_eq(0, cond_body(NULL, in, eo));
+      float got[6], eg[6];
+      ck_assert_int_eq(0, kiln_read(out[0], got, sizeof got));
+      ck_assert_int_eq(0, kiln_read(eo[0], eg, sizeof eg));
+      expect_close(got, want, 6, "compiled");
+      expect_close(eg, want, 6, "eager");
+      kiln_scope_end();
+    }
+    kiln_fn_stats st;
+    ck_assert_int_eq(0, kiln_fn_get_stats(fn, &st));
+    ck_assert_int_eq(1, st.traces);
+    ck_assert_int_eq(0, st.breaks);
+    kiln_fn_free(fn);
+  }
+  kiln_scope_end();
+}
+END_TEST
+
+#ifdef KILN_TEST_BUILD
+/* the cell without a C number, so that calls take the guard-only path, where check mode compares kernels */
+static int plain_cell(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  cell *c = ctx;
+  out[0] = kiln_tanh(kiln_add(kiln_add(kiln_matmul(in[1], c->w), kiln_matmul(in[0], c->u)), c->b));
+  out[1] = out[0];
+  return !out[0];
+}
+static int plain_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  return kiln_scan(plain_cell, g_cell, 1, &in[0], 1, &in[1], &out[0], 1, &out[1]);
+}
+
+/* check mode through a region: a kernel of the scan's body made wrong is
+ * named, with the region and the scan's line; a checked call returns
+ * eager's answer */
+START_TEST(test_check_names_region_kernel) {
+  float x[5 * NB * NI], h0[NB * NH], w[NI * NH], u[NH * NH], bb[NH];
+  fill(x, 5 * NB * NI, 25), fill(h0, NB * NH, 26), fill(w, NI * NH, 27), fill(u, NH * NH, 28), fill(bb, NH, 29);
+  kiln_scope_begin();
+  cell c = {kiln_tensor_from(KILN_F32, 2, (int64_t[]){NI, NH}, w), kiln_tensor_from(KILN_F32, 2, (int64_t[]){NH, NH}, u),
+            kiln_tensor_from(KILN_F32, 1, (int64_t[]){NH}, bb)};
+  g_cell = &c;
+  kiln_tensor *in[2] = {kiln_tensor_from(KILN_F32, 2, (int64_t[]){NB, NH}, h0),
+                        kiln_tensor_from(KILN_F32, 3, (int64_t[]){5, NB, NI}, x)},
+              *out[2];
+  double h[NB * NH], ys[5 * NB * NH];
+  cell_ref(x, h0, w, u, bb, 5, h, ys);
+  setenv("KILN_TEST_CORRUPT_KERNEL", "k2_pointwise", 1);
+  for (int i = 0; i < 5 * NB * NH; i++) ys[i] /= 2;
+  for (int i = 0; i < NB * NH; i++) (void)h[i];
+  kiln_fn *fn = kiln_compile(plain_body, NULL, &(kiln_options){.name = "checked", .n_in = 2, .n_out = 2,
+                                                               .backend = KILN_BACKEND_LLVM, .check = 1});
+  /* the first call traces (check mode starts with the second) */
+  ck_assert_msg(kiln_call(fn, in, out) == 0, "%s", kiln_last_error());
+  fflush(stderr);
+  FILE *log = tmpfile();
+  ck_assert_ptr_nonnull(log);
+  int saved = dup(2);
+  dup2(fileno(log), 2);
+  int rc = kiln_call(fn, in, out);
+  fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  unsetenv("KILN_TEST_CORRUPT_KERNEL");
+  char text[4096] = "";
+  rewind(log);
+  text[fread(text, 1, sizeof text - 1, log)] = 0;
+  fclose(log);
+  ck_assert_msg(rc == 0, "%s", kiln_last_error());
+  float got[NB * NH];
+  ck_assert_int_eq(0, kiln_read(out[0], got, sizeof got));
+  expect_close(got, h, NB * NH, "eager's answer");
+  ck_assert_msg(strstr(text, "in region 'body' of %") && strstr(text, "(scan at ") && strstr(text, "kernel k2_pointwise differs"),
+                "%s", text);
+  kiln_fn_free(fn);
+  kiln_scope_end();
+}
+END_TEST
+#endif
+
 int main(void) {
   Suite *s = suite_create("regions");
   TCase *tc = tcase_create("regions");
@@ -529,6 +680,11 @@ int main(void) {
   tcase_add_test(cap, test_while_one_trace);
   tcase_add_test(cap, test_capture_errors);
   tcase_add_test(cap, test_scan_grad_compiled);
+  tcase_add_test(cap, test_invariant_hoisted);
+  tcase_add_test(cap, test_cond_three_ways);
+#ifdef KILN_TEST_BUILD
+  tcase_add_test(cap, test_check_names_region_kernel);
+#endif
   suite_add_tcase(s, cap);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

@@ -898,8 +898,10 @@ static int cf_extract(build_state *b, build_cf *f) {
       const ir_node *n = &g->nodes[stack[--sp]];
       for (int j = 0; j < n->n_in; j++) {
         int y = n->in[j];
-        if (dep[y] && !reach[i][y]) reach[i][y] = true, stack[sp++] = y;
-        if (!dep[y] && !is_cap[y]) is_cap[y] = true, caps[n_caps++] = y;
+        /* a small constant is copied in rather than passed */
+        bool copy = g->nodes[y].op == IR_CONST && ir_node_numel_const(&g->nodes[y]) <= 16;
+        if ((dep[y] || copy) && !reach[i][y]) reach[i][y] = true, stack[sp++] = y;
+        if (!dep[y] && !copy && !is_cap[y]) is_cap[y] = true, caps[n_caps++] = y;
       }
     }
   }
@@ -921,7 +923,7 @@ static int cf_extract(build_state *b, build_cf *f) {
       if ((map[src] = ir_append(r, &in)) < 0) bfail(b, "out of memory while building");
     }
     for (int j = 0; j < f->n_args; j++) reach[i][f->ph[i][j]] = false; /* inputs already */
-    for (int x = f->first; x < N && !b->failed; x++) {
+    for (int x = 0; x < N && !b->failed; x++) {
       if (!reach[i][x]) continue;
       ir_node n = g->nodes[x];
       for (int j = 0; j < n.n_in; j++) ins[j] = map[n.in[j]];

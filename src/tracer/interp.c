@@ -94,12 +94,16 @@ static void write_data(kiln_tensor *dst, const kiln_tensor *value) {
 }
 
 static int run(const ir_graph *g, kiln_tensor *const *consts, kiln_tensor *const *in, kiln_tensor *const *params,
-               kiln_tensor **out, kiln_tensor **all, const int64_t *bound);
+               kiln_tensor **out, kiln_tensor **all, const int64_t *bound, const region_execs *rx);
 
-/* ---- control flow: regions run through run() with the parent's sizes ---- */
+/* ---- control flow: regions run with the parent's sizes ---- */
 
-static int run_region(const ir_graph *r, const int64_t *vals, kiln_tensor *const *args, kiln_tensor **out) {
-  return run(r, NULL, args, NULL, out, NULL, vals);
+/* Region k of node id: on its compiled exec when rx has one, else here. */
+static int run_region(const ir_graph *g, int id, int k, const int64_t *vals, const region_execs *rx,
+                      kiln_tensor *const *args, kiln_tensor **out) {
+  backend_exec *x = rx && id < rx->n ? rx->sub[id][k] : NULL;
+  if (x) return rx->be->run_bound(x, args, vals, out);
+  return run(g->nodes[id].sub[k], NULL, args, NULL, out, NULL, vals, NULL);
 }
 
 static void release_n(kiln_tensor **ts, int n) {
@@ -119,7 +123,8 @@ static bool pred_value(const kiln_tensor *p) { return *(const unsigned char *)te
 
 /* Runs control-flow node id over its inputs' values v; res (ir_cf_n_results
  * of them, allocated here) gets its results. 0 or -1 with the error set. */
-static int run_cf(const ir_graph *g, int id, kiln_tensor *const *v, const int64_t *vals, kiln_tensor ***res) {
+static int run_cf(const ir_graph *g, int id, kiln_tensor *const *v, const int64_t *vals, const region_execs *rx,
+                  kiln_tensor ***res) {
   const ir_node *n = &g->nodes[id];
   int n_res = ir_cf_n_results(n), n_args = ir_cf_n_args(g, id, 0), rc = 0;
   kiln_tensor **r = alloc_calloc((size_t)n_res + 1, sizeof *r);
@@ -131,16 +136,16 @@ static int run_cf(const ir_graph *g, int id, kiln_tensor *const *v, const int64_
   }
   if (n->op == IR_COND) {
     for (int j = 0; j < n_args; j++) args[j] = v[n->in[j + 1]];
-    rc = run_region(n->sub[pred_value(v[n->in[0]]) ? 0 : 1], vals, args, r);
+    rc = run_region(g, id, pred_value(v[n->in[0]]) ? 0 : 1, vals, rx, args, r);
   } else if (n->op == IR_WHILE) {
     for (int j = 0; j < n_args; j++) args[j] = j < n->n_carry ? kiln_retain(v[n->in[j]]) : v[n->in[j]];
     for (;;) {
       kiln_tensor *p = NULL;
-      if ((rc = run_region(n->sub[0], vals, args, &p))) break;
+      if ((rc = run_region(g, id, 0, vals, rx, args, &p))) break;
       bool go = pred_value(p);
       kiln_release(p);
       if (!go) break;
-      if ((rc = run_region(n->sub[1], vals, args, step))) break;
+      if ((rc = run_region(g, id, 1, vals, rx, args, step))) break;
       release_n(args, n->n_carry);
       memcpy(args, step, sizeof *args * (size_t)n->n_carry);
     }
@@ -165,7 +170,7 @@ static int run_cf(const ir_graph *g, int id, kiln_tensor *const *v, const int64_
         if (!(args[nc + j] = tensor_view(x, x->ndim - 1, x->shape + 1, x->stride + 1, x->offset + t * x->stride[0])))
           rc = cf_oom(n);
       }
-      if (!rc) rc = run_region(body, vals, args, step);
+      if (!rc) rc = run_region(g, id, 0, vals, rx, args, step);
       for (int j = 0; j < nx; j++) kiln_release(args[nc + j]), args[nc + j] = NULL;
       if (rc) break;
       for (int k = nc; k < n_res && !rc; k++) {
@@ -197,7 +202,7 @@ done:
  * tuple's value is NULL). bound: a region's symbol values (its parent's),
  * else they bind from the inputs. */
 static int run(const ir_graph *g, kiln_tensor *const *consts, kiln_tensor *const *in, kiln_tensor *const *params,
-               kiln_tensor **out, kiln_tensor **all, const int64_t *bound) {
+               kiln_tensor **out, kiln_tensor **all, const int64_t *bound, const region_execs *rx) {
   int64_t vals[IR_MAX_SYMS];
   char err[512];
   if (bound)
@@ -217,7 +222,7 @@ static int run(const ir_graph *g, kiln_tensor *const *consts, kiln_tensor *const
   for (int i = 0; i < g->n_nodes; i++) {
     const ir_node *n = &g->nodes[i];
     if (ir_is_cf(n->op)) {
-      if (run_cf(g, i, v, vals, &tup[i])) goto fail;
+      if (run_cf(g, i, v, vals, rx, &tup[i])) goto fail;
       continue;
     }
     if (n->op == IR_GET) {
@@ -328,11 +333,15 @@ done:
 }
 
 int interp_run(const ir_graph *g, kiln_tensor *const *in, kiln_tensor *const *params, kiln_tensor **out) {
-  return run(g, NULL, in, params, out, NULL, NULL);
+  return run(g, NULL, in, params, out, NULL, NULL, NULL);
 }
 
 int interp_values(const ir_graph *g, kiln_tensor *const *in, kiln_tensor *const *params, kiln_tensor **all) {
-  return run(g, NULL, in, params, NULL, all, NULL);
+  return run(g, NULL, in, params, NULL, all, NULL, NULL);
+}
+
+int interp_values_bound(const ir_graph *g, kiln_tensor *const *in, const int64_t *vals, kiln_tensor **all) {
+  return run(g, NULL, in, NULL, NULL, all, vals, NULL);
 }
 
 /* ---- as a backend: constants made once ---- */
@@ -361,7 +370,68 @@ oom:
 }
 
 static int interp_exec(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const *params, kiln_tensor **out) {
-  return run(e->g, e->consts, in, params, out, NULL, NULL);
+  return run(e->g, e->consts, in, params, out, NULL, NULL, NULL);
+}
+
+static int interp_exec_bound(backend_exec *e, kiln_tensor *const *in, const int64_t *vals, kiln_tensor **out) {
+  return run(e->g, e->consts, in, NULL, out, NULL, vals, NULL);
+}
+
+int interp_run_with(const ir_graph *g, kiln_tensor *const *in, kiln_tensor *const *params, const int64_t *bound,
+                    const region_execs *rx, kiln_tensor **out) {
+  return run(g, NULL, in, params, out, NULL, bound, rx);
+}
+
+/* ---- check mode through compiled regions ---- */
+
+int region_execs_check(const ir_graph *g, kiln_tensor *const *in, kiln_tensor *const *params, const int64_t *bound,
+                       const region_execs *rx, char *report, size_t rn) {
+  int64_t vals[IR_MAX_SYMS];
+  char err[512];
+  if (bound)
+    memcpy(vals, bound, sizeof vals);
+  else if (ir_bind_syms(g, in, params, vals, err, sizeof err))
+    return err_set("", 0, "call", "%s: %s", g->name, err), -1;
+  kiln_tensor **all = alloc_calloc((size_t)g->n_nodes + 1, sizeof *all), *args[2 * 64 + 64] = {0}, *p = NULL;
+  int rc = all ? run(g, NULL, in, params, NULL, all, vals, rx) : (err_set("", 0, "call", "out of memory"), -1);
+  for (int id = 0; id < g->n_nodes && rc == 0; id++) {
+    const ir_node *n = &g->nodes[id];
+    if (!ir_is_cf(n->op) || id >= rx->n) continue;
+    int na = ir_cf_n_args(g, id, 0), k = 0, nv = 0;
+    kiln_tensor *views[64];
+    if (na > (int)(sizeof args / sizeof args[0])) continue;
+    for (int j = 0; j < na; j++) args[j] = all[n->in[n->op == IR_COND ? j + 1 : j]];
+    if (n->op == IR_COND) k = pred_value(all[n->in[0]]) ? 0 : 1;
+    if (n->op == IR_SCAN) {
+      if (all[n->in[n->n_carry]]->shape[0] == 0) continue;
+      for (int j = 0; j < n->n_xs && rc == 0; j++) {
+        kiln_tensor *x = args[n->n_carry + j];
+        views[nv] = tensor_view(x, x->ndim - 1, x->shape + 1, x->stride + 1, x->offset);
+        if (!views[nv]) rc = cf_oom(n);
+        args[n->n_carry + j] = views[nv++];
+      }
+    }
+    for (int pass = 0; rc == 0 && pass < (n->op == IR_WHILE ? 2 : 1); pass++, k++) {
+      if (pass == 1) {
+        /* the body's first step runs only when the condition holds at the start */
+        if ((rc = run_region(g, id, 0, vals, NULL, args, &p))) break;
+        bool go = pred_value(p);
+        kiln_release(p);
+        if (!go) break;
+      }
+      rc = rx->sub[id][k] && rx->be->check_bound ? rx->be->check_bound(rx->sub[id][k], args, vals, report, rn) : 0;
+      if (rc == 1) {
+        char inner[1024];
+        snprintf(inner, sizeof inner, "%s", report);
+        snprintf(report, rn, "in region '%s' of %%%d (%s at %s:%d), its first step: %s", ir_sub_name(n->op, k), id,
+                 ir_op_name(n->op), n->file, n->line, inner);
+      }
+    }
+    for (int j = 0; j < nv; j++) kiln_release(views[j]);
+  }
+  for (int i = 0; all && i < g->n_nodes; i++) kiln_release(all[i]);
+  alloc_free(all);
+  return rc;
 }
 
 static void interp_free(backend_exec *e) {
@@ -371,4 +441,4 @@ static void interp_free(backend_exec *e) {
   alloc_free(e);
 }
 
-const backend backend_interp = {"interp", interp_compile, interp_exec, interp_free, NULL, NULL};
+const backend backend_interp = {"interp", interp_compile, interp_exec, interp_free, NULL, NULL, interp_exec_bound, NULL};

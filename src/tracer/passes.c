@@ -1,8 +1,9 @@
 /* Graph passes between the trace and a backend: simplify (algebraic
  * identities and view chains), fold (evaluate small constant subgraphs with
  * the eager kernels), cse (merge equal nodes) and dce (drop what no output or
- * write reaches). pass_pipeline lists them in order; test builds run the
- * verifier after each one.
+ * write reaches). pass_pipeline lists them in order, each run on the graph
+ * and then on every region inside it; test builds run the verifier (which
+ * walks the regions too) after each one.
  *
  * simplify, fold and cse rebuild the graph node by node in topological order
  * through ir_add, so each node's inputs are already rewritten when it is met
@@ -344,6 +345,22 @@ static const struct {
     {"schedule", pass_schedule}, /* collectives early, to overlap what follows */
 };
 
+/* Runs pass over every region of g, deepest first: each node's region is
+ * replaced by what the pass makes of it. 0, or -1 on out of memory. */
+static int in_regions(ir_graph *g, ir_graph *(*pass)(ir_graph *g)) {
+  for (int i = 0; i < g->n_nodes; i++)
+    for (int k = 0; k < 2; k++) {
+      ir_graph *sub = g->nodes[i].sub[k];
+      if (!sub) continue;
+      if (in_regions(sub, pass)) return -1;
+      ir_graph *r = pass(ir_region_hold(sub));
+      if (!r) return -1;
+      ir_free(sub);
+      g->nodes[i].sub[k] = r;
+    }
+  return 0;
+}
+
 ir_graph *pass_pipeline(ir_graph *g, char *err, size_t errn) {
   if (errn) err[0] = '\0';
   if (!g) {
@@ -360,6 +377,10 @@ ir_graph *pass_pipeline(ir_graph *g, char *err, size_t errn) {
 #endif
   for (size_t i = 0; i < sizeof pipeline / sizeof pipeline[0]; i++) {
     g = pipeline[i].run(g);
+    if (g && in_regions(g, pipeline[i].run)) {
+      ir_free(g);
+      g = NULL;
+    }
     if (!g) {
       snprintf(err, errn, "%s: out of memory", pipeline[i].name);
       return NULL;

@@ -619,6 +619,7 @@ static int on_cf(void *ctx, const cf_call *c, kiln_tensor **results) {
       if (!args[j]) rc = -1;
     }
     if (rc) {
+      release_all(args, c->n_args);
       err_set(c->file, c->line, cf_name[c->kind], "%s", r->why);
       break;
     }

@@ -92,3 +92,31 @@ int ir_cf_arg_type(const ir_graph *g, int id, int i, int j, ir_node *out) {
   }
   return 0;
 }
+
+/* ---- compiled regions ---- */
+
+int region_execs_compile(const ir_graph *g, const backend *be, unsigned dump, FILE *dump_to, region_execs *rx,
+                         char *err, size_t errn) {
+  memset(rx, 0, sizeof *rx);
+  rx->be = be;
+  rx->sub = alloc_calloc((size_t)g->n_nodes + 1, sizeof *rx->sub);
+  if (!rx->sub) return snprintf(err, errn, "out of memory"), -1;
+  rx->n = g->n_nodes;
+  for (int i = 0; i < g->n_nodes; i++)
+    for (int k = 0; k < ir_n_sub(g->nodes[i].op); k++) {
+      char why[512];
+      if ((rx->sub[i][k] = be->compile(g->nodes[i].sub[k], dump, dump_to, why, sizeof why))) continue;
+      snprintf(err, errn, "%%%d: %s: region '%s': %s", i, ir_op_name(g->nodes[i].op), ir_sub_name(g->nodes[i].op, k), why);
+      region_execs_free(rx);
+      return -1;
+    }
+  return 0;
+}
+
+void region_execs_free(region_execs *rx) {
+  for (int i = 0; rx->sub && i < rx->n; i++)
+    for (int k = 0; k < 2; k++)
+      if (rx->sub[i][k]) rx->be->free(rx->sub[i][k]);
+  alloc_free(rx->sub);
+  memset(rx, 0, sizeof *rx);
+}

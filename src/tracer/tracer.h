@@ -507,7 +507,34 @@ typedef struct backend {
   int (*check)(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const *params, char *report, size_t n);
   /* Optional: how long compile spent in its front (fusion, lowering), optimization and machine code. */
   void (*times)(const backend_exec *e, double *front_ms, double *opt_ms, double *machine_ms);
+  /* Runs a region's exec with its parent's symbol values vals (a region's
+   * arguments need not bind them); out as in run. 0 or -1. */
+  int (*run_bound)(backend_exec *e, kiln_tensor *const *in, const int64_t *vals, kiln_tensor **out);
+  /* Check mode of a region's exec at vals (as check). */
+  int (*check_bound)(backend_exec *e, kiln_tensor *const *in, const int64_t *vals, char *report, size_t n);
 } backend;
+
+/* The compiled regions of a graph: sub[i][k] runs node i's region k on be. */
+typedef struct region_execs {
+  const backend *be;
+  backend_exec *(*sub)[2];
+  int n;
+} region_execs;
+/* Compiles every region of g with be (a region with regions of its own is
+ * be's business); 0, or -1 with err naming the region. */
+int region_execs_compile(const ir_graph *g, const backend *be, unsigned dump, FILE *dump_to, region_execs *rx,
+                         char *err, size_t errn);
+void region_execs_free(region_execs *rx);
+/* interp_run for a graph whose regions run through rx (NULL: the
+ * interpreter), with the symbols' values bound (a region's) or, when
+ * bound is NULL, bound from the inputs. */
+int interp_run_with(const ir_graph *g, kiln_tensor *const *in, kiln_tensor *const *params, const int64_t *bound,
+                    const region_execs *rx, kiln_tensor **out);
+/* Check mode through rx: each construct's first step (the branch taken,
+ * a while's cond and first body, a scan's step 0) checked by its region's
+ * exec; 0 all agree, 1 one differs (report names the region), -1 error. */
+int region_execs_check(const ir_graph *g, kiln_tensor *const *in, kiln_tensor *const *params, const int64_t *bound,
+                       const region_execs *rx, char *report, size_t n);
 
 /* The graph text's format version: kiln_save writes `version N` first;
  * the parser reads texts without it (the format before versions) and with
@@ -532,5 +559,7 @@ extern const backend backend_llvm; /* src/codegen */
 int interp_run(const ir_graph *g, kiln_tensor *const *in, kiln_tensor *const *params, kiln_tensor **out);
 /* Every node's value (all[i] retained, g->n_nodes of them), no writes. 0 or -1. */
 int interp_values(const ir_graph *g, kiln_tensor *const *in, kiln_tensor *const *params, kiln_tensor **all);
+/* The same for a region, at its parent's symbol values. */
+int interp_values_bound(const ir_graph *g, kiln_tensor *const *in, const int64_t *vals, kiln_tensor **all);
 
 #endif
