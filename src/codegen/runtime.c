@@ -825,11 +825,7 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
     return report ? region_execs_check(g, in, params, bound, &e->rx, report, rn) : interp_run_with(g, in, params, bound, &e->rx, out);
   cg_program *p = e->prog;
   int64_t vals[IR_MAX_SYMS];
-  char err[512];
-  if (bound)
-    memcpy(vals, bound, sizeof vals);
-  else if (ir_bind_syms(g, in, params, vals, err, sizeof err))
-    return err_set("", 0, "call", "%s: %s", g->name, err), -1;
+  if (ir_bind_or(g, in, params, bound, vals)) return -1;
   int nb = p->n_buf, ns = g->n_syms, rc = -1;
   /* per buffer: its data, the tensor behind it (when there is one), ours to
    * release, its bytes and arena offset; on the stack for a small plan,

@@ -86,6 +86,18 @@ int ir_bind_syms(const ir_graph *g, kiln_tensor *const *in, kiln_tensor *const *
   return 0;
 }
 
+int ir_bind_or(const ir_graph *g, kiln_tensor *const *in, kiln_tensor *const *params, const int64_t *bound,
+               int64_t *vals) {
+  char err[512];
+  if (bound) {
+    memcpy(vals, bound, sizeof(int64_t) * IR_MAX_SYMS);
+    return 0;
+  }
+  if (!ir_bind_syms(g, in, params, vals, err, sizeof err)) return 0;
+  err_set("", 0, "call", "%s: %s", g->name, err);
+  return -1;
+}
+
 /* Copies value into dst's storage (same shape and dtype). */
 static void write_data(kiln_tensor *dst, const kiln_tensor *value) {
   if (dst == value) return;
@@ -204,11 +216,7 @@ done:
 static int run(const ir_graph *g, kiln_tensor *const *consts, kiln_tensor *const *in, kiln_tensor *const *params,
                kiln_tensor **out, kiln_tensor **all, const int64_t *bound, const region_execs *rx) {
   int64_t vals[IR_MAX_SYMS];
-  char err[512];
-  if (bound)
-    memcpy(vals, bound, sizeof vals);
-  else if (ir_bind_syms(g, in, params, vals, err, sizeof err))
-    return err_set("", 0, "call", "%s: %s", g->name, err), -1;
+  if (ir_bind_or(g, in, params, bound, vals)) return -1;
   int *uses = ir_use_counts(g);
   kiln_tensor **v = alloc_calloc((size_t)g->n_nodes + 1, sizeof *v);
   bool *owned = alloc_calloc((size_t)g->n_nodes + 1, sizeof *owned);
@@ -387,11 +395,7 @@ int interp_run_with(const ir_graph *g, kiln_tensor *const *in, kiln_tensor *cons
 int region_execs_check(const ir_graph *g, kiln_tensor *const *in, kiln_tensor *const *params, const int64_t *bound,
                        const region_execs *rx, char *report, size_t rn) {
   int64_t vals[IR_MAX_SYMS];
-  char err[512];
-  if (bound)
-    memcpy(vals, bound, sizeof vals);
-  else if (ir_bind_syms(g, in, params, vals, err, sizeof err))
-    return err_set("", 0, "call", "%s: %s", g->name, err), -1;
+  if (ir_bind_or(g, in, params, bound, vals)) return -1;
   kiln_tensor **all = alloc_calloc((size_t)g->n_nodes + 1, sizeof *all), *args[2 * 64 + 64] = {0}, *p = NULL;
   int rc = all ? run(g, NULL, in, params, NULL, all, vals, rx) : (err_set("", 0, "call", "out of memory"), -1);
   for (int id = 0; id < g->n_nodes && rc == 0; id++) {

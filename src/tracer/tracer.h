@@ -490,6 +490,11 @@ ir_graph *ir_parse(const char *text, char *err, size_t errn);
 int ir_bind_syms(const ir_graph *g, kiln_tensor *const *in, kiln_tensor *const *params, int64_t *vals,
                  char *err, size_t errn);
 
+/* The symbols' values: bound (a region's, its parent's: IR_MAX_SYMS of
+ * them) when set, else bound from the inputs. 0, or -1 with the error set. */
+int ir_bind_or(const ir_graph *g, kiln_tensor *const *in, kiln_tensor *const *params, const int64_t *bound,
+               int64_t *vals);
+
 /* ---- backend.c: the interface every backend implements ----------------------- */
 
 typedef struct backend_exec backend_exec; /* a compiled graph, backend-specific */
