@@ -258,6 +258,53 @@ START_TEST(test_parse_regions) {
 END_TEST
 
 
+/* passes_hoist.ir, before and after the pipeline (which hoists), loaded and
+ * run on both backends against C: h = h0 + sum_t x[t] @ (2 exp(W)), then
+ * v = h doubled while sum(v) < b*b */
+START_TEST(test_hoisted_text_runs) {
+  char *file = read_golden("passes_hoist.ir"), *cut = strstr(file, ";---- pipeline");
+  *cut = '\0';
+  const char *texts[2] = {file, strchr(cut + 1, '\n') + 1};
+  float x[5 * 12], h0[32], w[24], b = 30;
+  fill(x, 60, 61), fill(h0, 32, 62), fill(w, 24, 63);
+  for (int i = 0; i < 60; i++) x[i] = fabsf(x[i]);
+  for (int i = 0; i < 32; i++) h0[i] = fabsf(h0[i]);
+  double h[32], v[32], s = 0;
+  for (int i = 0; i < 32; i++) h[i] = h0[i];
+  for (int t = 0; t < 5; t++)
+    for (int i = 0; i < 4; i++)
+      for (int j = 0; j < 8; j++)
+        for (int k = 0; k < 3; k++) h[i * 8 + j] += (double)x[t * 12 + i * 3 + k] * 2 * exp((double)w[k * 8 + j]);
+  memcpy(v, h, sizeof v);
+  for (int i = 0; i < 32; i++) s += v[i];
+  while (s < (double)b * b) {
+    s = 0;
+    for (int i = 0; i < 32; i++) s += v[i] += v[i];
+  }
+  for (int run = 0; run < 4; run++) {
+    int be = run % 2 ? KILN_BACKEND_LLVM : KILN_BACKEND_INTERP;
+    setenv("KILN_BACKEND", be == KILN_BACKEND_INTERP ? "interp" : "llvm", 1);
+    kiln_fn *fn = kiln_load_string(texts[run / 2]);
+    unsetenv("KILN_BACKEND");
+    ck_assert_msg(fn != NULL, "%s", kiln_last_error());
+    kiln_scope_begin();
+    /* the graph's inputs, then its param */
+    kiln_tensor *in[4] = {kiln_tensor_from(KILN_F32, 3, (int64_t[]){5, 4, 3}, x), kiln_tensor_from(KILN_F32, 2, (int64_t[]){4, 8}, h0),
+                          kiln_scalar(KILN_F32, b), kiln_tensor_from(KILN_F32, 2, (int64_t[]){3, 8}, w)},
+                *out[2];
+    ck_assert_msg(kiln_call(fn, in, out) == 0, "%s", kiln_last_error());
+    float got[32];
+    ck_assert_int_eq(0, kiln_read(out[0], got, sizeof got));
+    expect_close(got, h, 32, "scan");
+    ck_assert_int_eq(0, kiln_read(out[1], got, sizeof got));
+    expect_close(got, v, 32, "while");
+    kiln_scope_end();
+    kiln_fn_free(fn);
+  }
+  free(file);
+}
+END_TEST
+
 /* ---- capture ---- */
 
 enum { NB = 2, NI = 3, NH = 4, TMAX = 19 };
@@ -673,6 +720,7 @@ int main(void) {
   tcase_add_test(tc, test_round_trip);
   tcase_add_test(tc, test_verify_regions);
   tcase_add_test(tc, test_parse_regions);
+  tcase_add_test(tc, test_hoisted_text_runs);
   suite_add_tcase(s, tc);
   TCase *cap = tcase_create("capture");
   tcase_set_timeout(cap, 120);

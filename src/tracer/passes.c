@@ -331,6 +331,179 @@ ir_graph *pass_schedule(ir_graph *g) {
   return r;
 }
 
+/* ---- hoist ------------------------------------------------------------- */
+
+/* Work in a loop's region that depends only on its captures (and
+ * constants) is the same every step: it moves out, before the loop, and its
+ * values come in as new captures. Captured recordings have none (build.c
+ * keeps such work outside by construction); a graph read from text may. */
+
+static bool hoistable_op(int op) { return (op >= 0 && op < OP_COUNT) || op == IR_NUMEL; }
+
+/* Loop node i of src (its operands ins[] already dst's ids) into dst, its
+ * regions' invariant work computed in dst first. The node's id, or -1. */
+static int hoist_loop(ir_graph *dst, const ir_graph *src, int i, const int *ins) {
+  const ir_node *n = &src->nodes[i];
+  int first_cap = n->op == IR_SCAN ? n->n_carry + n->n_xs : n->n_carry, n_sub = ir_n_sub(n->op), id = -1, n_extra = 0;
+  int max = 0;
+  for (int k = 0; k < n_sub; k++) max += n->sub[k]->n_nodes;
+  bool *lift[2] = {NULL, NULL};
+  int *at[2] = {NULL, NULL}, *extra = alloc_malloc(sizeof(int) * ((size_t)max + 1)), *cins = NULL;
+  int *rmap = alloc_malloc(sizeof(int) * ((size_t)max + 1)), *rin = alloc_malloc(sizeof(int) * ((size_t)max + 1));
+  ir_graph *sub[2] = {NULL, NULL};
+  bool ok = extra && rmap && rin;
+  for (int k = 0; k < n_sub && ok; k++) {
+    const ir_graph *r = n->sub[k];
+    lift[k] = alloc_calloc((size_t)r->n_nodes + 1, sizeof(bool));
+    at[k] = alloc_malloc(sizeof(int) * ((size_t)r->n_nodes + 1)); /* a region node's id in dst, or -1 */
+    bool *inv = alloc_calloc((size_t)r->n_nodes + 1, sizeof(bool));
+    ok = lift[k] && at[k] && inv;
+    for (int x = 0; x < r->n_nodes && ok; x++) {
+      const ir_node *c = &r->nodes[x];
+      at[k][x] = -1;
+      if (c->op == IR_INPUT) {
+        inv[x] = c->index >= first_cap;
+        if (inv[x]) at[k][x] = ins[c->index];
+        continue;
+      }
+      if (c->op == IR_CONST) {
+        inv[x] = true;
+        continue;
+      }
+      if (!hoistable_op(c->op) || c->n_in < 1) continue;
+      bool all = true, any_cap = false;
+      for (int j = 0; j < c->n_in; j++) {
+        all &= inv[c->in[j]];
+        any_cap |= r->nodes[c->in[j]].op != IR_CONST;
+      }
+      if (!all || !any_cap) continue; /* constants alone are fold's */
+      inv[x] = lift[k][x] = true;
+      ir_node h = *c;
+      int small[16], *hin = c->n_in <= 16 ? small : alloc_malloc(sizeof(int) * (size_t)c->n_in);
+      if (!hin) {
+        ok = false;
+        break;
+      }
+      for (int j = 0; j < c->n_in && ok; j++) {
+        int y = c->in[j];
+        if (at[k][y] < 0) ok = (at[k][y] = ir_add(dst, &r->nodes[y])) >= 0; /* a constant, copied out */
+        hin[j] = at[k][y];
+      }
+      h.in = hin;
+      if (ok) ok = (at[k][x] = ir_add(dst, &h)) >= 0;
+      if (hin != small) alloc_free(hin);
+    }
+    /* the lifted values the region still reads come in as captures */
+    for (int x = 0; x < r->n_nodes && ok; x++) {
+      const ir_node *c = &r->nodes[x];
+      bool need = false;
+      for (int j = 0; j < c->n_in && !lift[k][x]; j++) need |= lift[k][c->in[j]];
+      for (int j = 0; j < c->n_in && need; j++) {
+        int y = c->in[j], e = 0;
+        if (!lift[k][y]) continue;
+        while (e < n_extra && extra[e] != at[k][y]) e++;
+        if (e == n_extra) extra[n_extra++] = at[k][y];
+      }
+    }
+    for (int o = 0; o < r->n_outputs && ok; o++) {
+      int y = r->outputs[o], e = 0;
+      if (!lift[k][y]) continue;
+      while (e < n_extra && extra[e] != at[k][y]) e++;
+      if (e == n_extra) extra[n_extra++] = at[k][y];
+    }
+    alloc_free(inv);
+  }
+  if (!ok) goto done;
+  if (!n_extra) {
+    /* nothing to move out: the node as it is */
+    ir_node c = *n;
+    c.in = (int *)ins;
+    id = ir_add(dst, &c);
+    goto done;
+  }
+  for (int k = 0; k < n_sub && ok; k++) {
+    const ir_graph *r = n->sub[k];
+    ir_graph *nr = sub[k] = ir_region_new(dst, r->name);
+    ok = nr != NULL;
+    for (int x = 0; x < r->n_inputs && ok; x++) ok = (rmap[x] = ir_append(nr, &r->nodes[x])) >= 0;
+    for (int e = 0; e < n_extra && ok; e++) {
+      const ir_node *v = &dst->nodes[extra[e]];
+      ir_node in = {.op = IR_INPUT, .index = r->n_inputs + e, .dtype = v->dtype, .ndim = v->ndim, .file = ""};
+      memcpy(in.shape, v->shape, sizeof in.shape);
+      ok = (rin[e] = ir_append(nr, &in)) >= 0;
+    }
+    for (int x = r->n_inputs; x < r->n_nodes && ok; x++) {
+      if (lift[k][x]) {
+        int e = 0;
+        while (e < n_extra && extra[e] != at[k][x]) e++;
+        rmap[x] = e < n_extra ? rin[e] : -1; /* -1: only lifted nodes read it */
+        continue;
+      }
+      ir_node c = r->nodes[x];
+      int small[16], *cin = c.n_in <= 16 ? small : alloc_malloc(sizeof(int) * (size_t)c.n_in);
+      if (!cin) {
+        ok = false;
+        break;
+      }
+      for (int j = 0; j < c.n_in; j++) cin[j] = rmap[c.in[j]];
+      c.in = cin;
+      ok = (rmap[x] = ir_add(nr, &c)) >= 0;
+      if (cin != small) alloc_free(cin);
+    }
+    for (int o = 0; o < r->n_outputs && ok; o++) ok = !ir_add_output(nr, rmap[r->outputs[o]]);
+  }
+  if (ok && (cins = alloc_malloc(sizeof(int) * (size_t)(n->n_in + n_extra)))) {
+    memcpy(cins, ins, sizeof(int) * (size_t)n->n_in);
+    memcpy(cins + n->n_in, extra, sizeof(int) * (size_t)n_extra);
+    ir_node c = *n;
+    c.in = cins;
+    c.n_in = n->n_in + n_extra;
+    c.sub[0] = sub[0], c.sub[1] = sub[1];
+    id = ir_append(dst, &c);
+  }
+done:
+  for (int k = 0; k < 2; k++) ir_free(sub[k]), alloc_free(lift[k]), alloc_free(at[k]);
+  alloc_free(extra), alloc_free(rmap), alloc_free(rin), alloc_free(cins);
+  return id;
+}
+
+ir_graph *pass_hoist(ir_graph *g) {
+  bool loops = false;
+  for (int i = 0; i < g->n_nodes; i++) loops |= g->nodes[i].op == IR_SCAN || g->nodes[i].op == IR_WHILE;
+  if (!loops) return g;
+  int max_in = 1;
+  for (int i = 0; i < g->n_nodes; i++)
+    if (g->nodes[i].n_in > max_in) max_in = g->nodes[i].n_in;
+  int *map = alloc_malloc(sizeof(int) * ((size_t)g->n_nodes + 1)), *ins = alloc_malloc(sizeof(int) * (size_t)max_in);
+  ir_graph *dst = map && ins ? ir_new_like(g) : NULL;
+  if (!dst) goto oom;
+  for (int i = 0; i < g->n_nodes; i++) {
+    ir_node n = g->nodes[i];
+    for (int j = 0; j < n.n_in; j++) ins[j] = map[n.in[j]];
+    n.in = ins;
+    map[i] = n.op == IR_SCAN || n.op == IR_WHILE ? hoist_loop(dst, g, i, ins) : ir_add(dst, &n);
+    if (map[i] < 0) goto oom;
+  }
+  for (int i = 0; i < g->n_outputs; i++)
+    if (ir_add_output(dst, map[g->outputs[i]])) goto oom;
+  for (int i = 0; i < g->n_writes; i++) {
+    ir_write w = g->writes[i];
+    w.target = map[w.target];
+    if (w.value >= 0) w.value = map[w.value];
+    if (ir_add_write(dst, w)) goto oom;
+  }
+  for (int i = 0; i < g->n_guards; i++)
+    if (ir_add_guard(dst, g->guards[i])) goto oom;
+  alloc_free(map), alloc_free(ins);
+  ir_free(g);
+  return dst;
+oom:
+  alloc_free(map), alloc_free(ins);
+  ir_free(dst);
+  ir_free(g);
+  return NULL;
+}
+
 /* ---- the pipeline ------------------------------------------------------- */
 
 static const struct {
@@ -340,6 +513,7 @@ static const struct {
     {"simplify", pass_simplify}, /* x*1, cast(cast...), view chains: exposes constants */
     {"fold", pass_fold},         /* constant subgraphs, the casts of scalars among them */
     {"simplify", pass_simplify}, /* identities the folded constants made visible */
+    {"hoist", pass_hoist},       /* loop-invariant work out of loop regions */
     {"cse", pass_cse},
     {"dce", pass_dce},
     {"schedule", pass_schedule}, /* collectives early, to overlap what follows */
