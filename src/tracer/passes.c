@@ -336,7 +336,10 @@ ir_graph *pass_schedule(ir_graph *g) {
 /* Work in a loop's region that depends only on its captures (and
  * constants) is the same every step: it moves out, before the loop, and its
  * values come in as new captures. Captured recordings have none (build.c
- * keeps such work outside by construction); a graph read from text may. */
+ * keeps such work outside by construction); a graph read from text may.
+ * A scan's work on xs[t] and captures alone (an RNN's input projection
+ * x[t] @ W) is batched: done once outside over all of xs, a matmul or a
+ * pointwise op on (T, ...), its result a new xs of the scan. */
 
 static bool hoistable_op(int op) { return (op >= 0 && op < OP_COUNT) || op == IR_NUMEL; }
 
@@ -350,14 +353,21 @@ static int hoist_loop(ir_graph *dst, const ir_graph *src, int i, const int *ins)
   bool *lift[2] = {NULL, NULL};
   int *at[2] = {NULL, NULL}, *extra = alloc_malloc(sizeof(int) * ((size_t)max + 1)), *cins = NULL;
   int *rmap = alloc_malloc(sizeof(int) * ((size_t)max + 1)), *rin = alloc_malloc(sizeof(int) * ((size_t)max + 1));
+  int *xnew = alloc_malloc(sizeof(int) * ((size_t)max + 1)), *xin = alloc_malloc(sizeof(int) * ((size_t)max + 1)), n_xnew = 0;
+  bool *batch = NULL; /* the scan's region: a node computed for all steps at once outside */
+  int *bat = NULL;
   ir_graph *sub[2] = {NULL, NULL};
-  bool ok = extra && rmap && rin;
+  bool ok = extra && rmap && rin && xnew && xin;
   for (int k = 0; k < n_sub && ok; k++) {
     const ir_graph *r = n->sub[k];
     lift[k] = alloc_calloc((size_t)r->n_nodes + 1, sizeof(bool));
     at[k] = alloc_malloc(sizeof(int) * ((size_t)r->n_nodes + 1)); /* a region node's id in dst, or -1 */
     bool *inv = alloc_calloc((size_t)r->n_nodes + 1, sizeof(bool));
-    ok = lift[k] && at[k] && inv;
+    if (n->op == IR_SCAN) {
+      batch = alloc_calloc((size_t)r->n_nodes + 1, sizeof(bool));
+      bat = alloc_malloc(sizeof(int) * ((size_t)r->n_nodes + 1)); /* a batched node's id in dst */
+    }
+    ok = lift[k] && at[k] && inv && (n->op != IR_SCAN || (batch && bat));
     for (int x = 0; x < r->n_nodes && ok; x++) {
       const ir_node *c = &r->nodes[x];
       at[k][x] = -1;
@@ -393,11 +403,73 @@ static int hoist_loop(ir_graph *dst, const ir_graph *src, int i, const int *ins)
       if (ok) ok = (at[k][x] = ir_add(dst, &h)) >= 0;
       if (hin != small) alloc_free(hin);
     }
+    /* a scan's work on xs[t] alone (and invariants) is the same op on all of
+     * xs at once: a pointwise op whose xs-side inputs have its rank, or a
+     * matmul of such by an invariant matrix; done once outside, its result
+     * comes in as a new xs */
+    for (int x = 0; x < r->n_nodes && ok && n->op == IR_SCAN; x++) {
+      const ir_node *c = &r->nodes[x];
+      if (c->op == IR_INPUT) {
+        if (c->index >= n->n_carry && c->index < first_cap) batch[x] = true, bat[x] = ins[c->index];
+        continue;
+      }
+      if (lift[k][x] || c->op < 0 || c->op >= OP_COUNT || c->n_in < 1) continue;
+      int kind = op_table[c->op].kind;
+      bool fits = kind == KIND_POINTWISE || (c->op == OP_MATMUL && c->n_in == 2 && !batch[c->in[1]] && inv[c->in[1]] &&
+                                             r->nodes[c->in[1]].ndim == 2 && r->nodes[c->in[0]].ndim >= 2);
+      bool any = false;
+      for (int j = 0; j < c->n_in && fits; j++) {
+        const ir_node *y = &r->nodes[c->in[j]];
+        if (batch[c->in[j]]) any = true, fits = y->ndim == c->ndim;
+        else fits = inv[c->in[j]] && y->ndim <= c->ndim;
+      }
+      if (!fits || !any || c->ndim >= MAXD) continue;
+      ir_node h = *c;
+      int small[16], *hin = c->n_in <= 16 ? small : alloc_malloc(sizeof(int) * (size_t)c->n_in);
+      if (!hin) {
+        ok = false;
+        break;
+      }
+      for (int j = 0; j < c->n_in && ok; j++) {
+        int y = c->in[j];
+        if (batch[y]) {
+          hin[j] = bat[y];
+        } else {
+          if (at[k][y] < 0) ok = (at[k][y] = ir_add(dst, &r->nodes[y])) >= 0;
+          hin[j] = at[k][y];
+        }
+      }
+      /* (T, ...): the steps' values stacked, T being xs's dim 0 */
+      memmove(h.shape + 1, h.shape, sizeof h.shape[0] * (size_t)h.ndim);
+      h.shape[0] = src->nodes[n->in[n->n_carry]].ndim ? dst->nodes[ins[n->n_carry]].shape[0] : sym_const(0);
+      h.ndim++;
+      h.in = hin;
+      if (ok) ok = (bat[x] = ir_add(dst, &h)) >= 0;
+      batch[x] = true;
+      if (hin != small) alloc_free(hin);
+    }
+    for (int x = r->n_inputs; x < r->n_nodes && ok && batch; x++) {
+      const ir_node *c = &r->nodes[x];
+      bool need = false;
+      for (int j = 0; j < c->n_in && !batch[x] && !lift[k][x]; j++) need |= batch[c->in[j]] && r->nodes[c->in[j]].op != IR_INPUT;
+      for (int j = 0; j < c->n_in && need; j++) {
+        int y = c->in[j], e = 0;
+        if (!batch[y] || r->nodes[y].op == IR_INPUT) continue;
+        while (e < n_xnew && xnew[e] != bat[y]) e++;
+        if (e == n_xnew) xnew[n_xnew++] = bat[y];
+      }
+    }
+    for (int o = 0; o < r->n_outputs && ok && n->op == IR_SCAN; o++) {
+      int y = r->outputs[o], e = 0;
+      if (!batch[y] || r->nodes[y].op == IR_INPUT) continue;
+      while (e < n_xnew && xnew[e] != bat[y]) e++;
+      if (e == n_xnew) xnew[n_xnew++] = bat[y];
+    }
     /* the lifted values the region still reads come in as captures */
     for (int x = 0; x < r->n_nodes && ok; x++) {
       const ir_node *c = &r->nodes[x];
       bool need = false;
-      for (int j = 0; j < c->n_in && !lift[k][x]; j++) need |= lift[k][c->in[j]];
+      for (int j = 0; j < c->n_in && !lift[k][x] && !(batch && batch[x]); j++) need |= lift[k][c->in[j]];
       for (int j = 0; j < c->n_in && need; j++) {
         int y = c->in[j], e = 0;
         if (!lift[k][y]) continue;
@@ -414,7 +486,7 @@ static int hoist_loop(ir_graph *dst, const ir_graph *src, int i, const int *ins)
     alloc_free(inv);
   }
   if (!ok) goto done;
-  if (!n_extra) {
+  if (!n_extra && !n_xnew) {
     /* nothing to move out: the node as it is */
     ir_node c = *n;
     c.in = (int *)ins;
@@ -425,10 +497,22 @@ static int hoist_loop(ir_graph *dst, const ir_graph *src, int i, const int *ins)
     const ir_graph *r = n->sub[k];
     ir_graph *nr = sub[k] = ir_region_new(dst, r->name);
     ok = nr != NULL;
-    for (int x = 0; x < r->n_inputs && ok; x++) ok = (rmap[x] = ir_append(nr, &r->nodes[x])) >= 0;
+    /* arguments: the carry, the xs, the new xs, the captures, the new captures */
+    for (int x = 0; x < first_cap && ok; x++) ok = (rmap[x] = ir_append(nr, &r->nodes[x])) >= 0;
+    for (int e = 0; e < n_xnew && ok; e++) {
+      const ir_node *v = &dst->nodes[xnew[e]];
+      ir_node in = {.op = IR_INPUT, .index = first_cap + e, .dtype = v->dtype, .ndim = v->ndim - 1, .file = ""};
+      memcpy(in.shape, v->shape + 1, sizeof in.shape[0] * (size_t)in.ndim);
+      ok = (xin[e] = ir_append(nr, &in)) >= 0;
+    }
+    for (int x = first_cap; x < r->n_inputs && ok; x++) {
+      ir_node in = r->nodes[x];
+      in.index += n_xnew;
+      ok = (rmap[x] = ir_append(nr, &in)) >= 0;
+    }
     for (int e = 0; e < n_extra && ok; e++) {
       const ir_node *v = &dst->nodes[extra[e]];
-      ir_node in = {.op = IR_INPUT, .index = r->n_inputs + e, .dtype = v->dtype, .ndim = v->ndim, .file = ""};
+      ir_node in = {.op = IR_INPUT, .index = r->n_inputs + n_xnew + e, .dtype = v->dtype, .ndim = v->ndim, .file = ""};
       memcpy(in.shape, v->shape, sizeof in.shape);
       ok = (rin[e] = ir_append(nr, &in)) >= 0;
     }
@@ -437,6 +521,12 @@ static int hoist_loop(ir_graph *dst, const ir_graph *src, int i, const int *ins)
         int e = 0;
         while (e < n_extra && extra[e] != at[k][x]) e++;
         rmap[x] = e < n_extra ? rin[e] : -1; /* -1: only lifted nodes read it */
+        continue;
+      }
+      if (batch && batch[x]) {
+        int e = 0;
+        while (e < n_xnew && xnew[e] != bat[x]) e++;
+        rmap[x] = e < n_xnew ? xin[e] : -1; /* -1: only batched nodes read it */
         continue;
       }
       ir_node c = r->nodes[x];
@@ -452,18 +542,22 @@ static int hoist_loop(ir_graph *dst, const ir_graph *src, int i, const int *ins)
     }
     for (int o = 0; o < r->n_outputs && ok; o++) ok = !ir_add_output(nr, rmap[r->outputs[o]]);
   }
-  if (ok && (cins = alloc_malloc(sizeof(int) * (size_t)(n->n_in + n_extra)))) {
-    memcpy(cins, ins, sizeof(int) * (size_t)n->n_in);
-    memcpy(cins + n->n_in, extra, sizeof(int) * (size_t)n_extra);
+  if (ok && (cins = alloc_malloc(sizeof(int) * (size_t)(n->n_in + n_xnew + n_extra)))) {
+    memcpy(cins, ins, sizeof(int) * (size_t)first_cap);
+    memcpy(cins + first_cap, xnew, sizeof(int) * (size_t)n_xnew);
+    memcpy(cins + first_cap + n_xnew, ins + first_cap, sizeof(int) * (size_t)(n->n_in - first_cap));
+    memcpy(cins + n->n_in + n_xnew, extra, sizeof(int) * (size_t)n_extra);
     ir_node c = *n;
     c.in = cins;
-    c.n_in = n->n_in + n_extra;
+    c.n_in = n->n_in + n_xnew + n_extra;
+    c.n_xs = n->n_xs + n_xnew;
     c.sub[0] = sub[0], c.sub[1] = sub[1];
     id = ir_append(dst, &c);
   }
 done:
   for (int k = 0; k < 2; k++) ir_free(sub[k]), alloc_free(lift[k]), alloc_free(at[k]);
-  alloc_free(extra), alloc_free(rmap), alloc_free(rin), alloc_free(cins);
+  alloc_free(extra), alloc_free(rmap), alloc_free(rin), alloc_free(cins), alloc_free(xnew), alloc_free(xin);
+  alloc_free(batch), alloc_free(bat);
   return id;
 }
 
