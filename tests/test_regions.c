@@ -394,6 +394,55 @@ START_TEST(test_scan_one_trace) {
 }
 END_TEST
 
+/* a captured scan saved (regions, the batched input projection and all)
+ * and loaded: the loaded function runs at a length never traced, against C */
+START_TEST(test_save_load_captured) {
+  float x[7 * NB * NI], h0[NB * NH], w[NI * NH], u[NH * NH], bb[NH];
+  fill(x, 7 * NB * NI, 45), fill(h0, NB * NH, 46), fill(w, NI * NH, 47), fill(u, NH * NH, 48), fill(bb, NH, 49);
+  kiln_scope_begin();
+  cell c = {kiln_tensor_from(KILN_F32, 2, (int64_t[]){NI, NH}, w), kiln_tensor_from(KILN_F32, 2, (int64_t[]){NH, NH}, u),
+            kiln_tensor_from(KILN_F32, 1, (int64_t[]){NH}, bb)};
+  ck_assert_int_eq(0, kiln_param_name(c.w, "w"));
+  ck_assert_int_eq(0, kiln_param_name(c.u, "u"));
+  ck_assert_int_eq(0, kiln_param_name(c.b, "b"));
+  g_cell = &c;
+  kiln_fn *fn = kiln_compile(scan_body, NULL, &(kiln_options){.name = "rnn", .n_in = 2, .n_out = 2});
+  kiln_tensor *in[5] = {kiln_tensor_from(KILN_F32, 2, (int64_t[]){NB, NH}, h0),
+                        kiln_tensor_from(KILN_F32, 3, (int64_t[]){5, NB, NI}, x)},
+              *out[2];
+  ck_assert_msg(kiln_call(fn, in, out) == 0, "%s", kiln_last_error());
+  char path[] = "/tmp/kiln_regions_XXXXXX";
+  int fd = mkstemp(path);
+  ck_assert_int_ge(fd, 0);
+  close(fd);
+  ck_assert_msg(kiln_save(fn, path) == 0, "%s", kiln_last_error());
+  char *text = kiln_fn_graph(fn, 0);
+  kiln_fn_free(fn);
+  fn = kiln_load(path);
+  unlink(path);
+  ck_assert_msg(fn != NULL, "%s", kiln_last_error());
+  ck_assert_msg(strstr(text, "region body("), "%s", text);
+  /* the loaded function takes the params after the inputs, in the order the graph lists them */
+  const char *order[3];
+  int np = 0;
+  for (const char *p = strstr(text, "@param("); p && np < 3; p = strstr(p + 1, "@param(")) order[np++] = p + 7;
+  ck_assert_msg(3 == np, "%s", text);
+  for (int i = 0; i < 3; i++) in[2 + i] = order[i][0] == 'w' ? c.w : order[i][0] == 'u' ? c.u : c.b;
+  free(text);
+  in[1] = kiln_tensor_from(KILN_F32, 3, (int64_t[]){7, NB, NI}, x);
+  ck_assert_msg(kiln_call(fn, in, out) == 0, "%s", kiln_last_error());
+  double h[NB * NH], ys[7 * NB * NH];
+  cell_ref(x, h0, w, u, bb, 7, h, ys);
+  float got[7 * NB * NH];
+  ck_assert_int_eq(0, kiln_read(out[0], got, sizeof(float) * NB * NH));
+  expect_close(got, h, NB * NH, "loaded carry");
+  ck_assert_int_eq(0, kiln_read(out[1], got, sizeof got));
+  expect_close(got, ys, 7 * NB * NH, "loaded ys");
+  kiln_fn_free(fn);
+  kiln_scope_end();
+}
+END_TEST
+
 /* a while loop whose trip count is data: x doubles until its sum passes the bound */
 static int below(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
   kiln_tensor *bound = ctx;
@@ -726,6 +775,7 @@ int main(void) {
   tcase_set_timeout(cap, 120);
   tcase_add_test(cap, test_scan_one_trace);
   tcase_add_test(cap, test_while_one_trace);
+  tcase_add_test(cap, test_save_load_captured);
   tcase_add_test(cap, test_capture_errors);
   tcase_add_test(cap, test_scan_grad_compiled);
   tcase_add_test(cap, test_invariant_hoisted);
