@@ -443,6 +443,61 @@ START_TEST(test_save_load_captured) {
 }
 END_TEST
 
+/* a cond that autograd differentiates through inside a compiled body: it
+ * runs as before (its predicate read, a break), and what its recorded
+ * bodies made is dropped, so the break's segment does not take it for a
+ * live value; compiled loss and grads equal eager's */
+static kiln_tensor *g_w;
+static int then_gw(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  return !(out[0] = kiln_mul(kiln_exp(in[0]), g_w));
+}
+static int else_gw(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  return !(out[0] = kiln_sub(in[0], kiln_mul(g_w, g_w)));
+}
+static int cond_loss_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  kiln_tensor *r[1], *p = kiln_gt(kiln_sum_all(in[0]), kiln_scalar(KILN_F32, 0));
+  if (kiln_cond(p, then_gw, else_gw, NULL, 1, in, 1, r)) return -1;
+  kiln_tensor *loss = kiln_sum_all(kiln_mul(r[0], r[0]));
+  if (kiln_backward(loss)) return -1;
+  out[0] = loss;
+  out[1] = kiln_mul(kiln_grad(g_w), kiln_scalar(KILN_F32, 1));
+  kiln_zero_grad(g_w);
+  return !out[1];
+}
+
+START_TEST(test_cond_grad_compiled) {
+  kiln_scope_begin();
+  float w[4];
+  fill(w, 4, 70);
+  g_w = kiln_tensor_from(KILN_F32, 1, (int64_t[]){4}, w);
+  kiln_requires_grad(g_w, true);
+  kiln_fn *fn = kiln_compile(cond_loss_body, NULL, &(kiln_options){.name = "cond_loss", .n_in = 1, .n_out = 2});
+  for (int k = 0; k < 4; k++) {
+    float x[4];
+    fill(x, 4, 71 + (unsigned)k);
+    for (int i = 0; i < 4; i++) x[i] = k % 2 ? fabsf(x[i]) : -fabsf(x[i]); /* both branches */
+    kiln_scope_begin();
+    kiln_tensor *in = kiln_tensor_from(KILN_F32, 1, (int64_t[]){4}, x), *o[2], *e[2];
+    ck_assert_msg(kiln_call(fn, &in, o) == 0, "%s", kiln_last_error());
+    ck_assert_int_eq(0, cond_loss_body(NULL, &in, e));
+    float got[5], want[5];
+    ck_assert_int_eq(0, kiln_read(o[0], got, 4));
+    ck_assert_int_eq(0, kiln_read(o[1], got + 1, 16));
+    ck_assert_int_eq(0, kiln_read(e[0], want, 4));
+    ck_assert_int_eq(0, kiln_read(e[1], want + 1, 16));
+    double wd[5];
+    for (int i = 0; i < 5; i++) wd[i] = want[i];
+    expect_close(got, wd, 5, "compiled loss and grad");
+    kiln_scope_end();
+  }
+  kiln_fn_free(fn);
+  kiln_scope_end();
+}
+END_TEST
+
 /* a while loop whose trip count is data: x doubles until its sum passes the bound */
 static int below(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
   kiln_tensor *bound = ctx;
@@ -778,6 +833,7 @@ int main(void) {
   tcase_add_test(cap, test_save_load_captured);
   tcase_add_test(cap, test_capture_errors);
   tcase_add_test(cap, test_scan_grad_compiled);
+  tcase_add_test(cap, test_cond_grad_compiled);
   tcase_add_test(cap, test_invariant_hoisted);
   tcase_add_test(cap, test_cond_three_ways);
 #ifdef KILN_TEST_BUILD

@@ -597,7 +597,7 @@ static int on_cf(void *ctx, const cf_call *c, kiln_tensor **results) {
   recording *r = ctx;
   if (r->failed || r->escaped) return 0;
   static const int ir_op[] = {IR_COND, IR_WHILE, IR_SCAN};
-  int ids[2 * 64], first = r->n_ev, rc = 0;
+  int ids[2 * 64], first = r->n_ev, made0 = r->st->n_made, rc = 0;
   if (c->n_in > (int)(sizeof ids / sizeof ids[0]) || values_of(r, c->in, c->n_in, ids)) return r->failed ? -1 : 0;
   int e = new_event(r, EV_CF, ir_op[c->kind], ids, c->n_in, c->file, c->line);
   if (e < 0) return err_set(c->file, c->line, cf_name[c->kind], "%s", r->why), -1;
@@ -637,8 +637,20 @@ static int on_cf(void *ctx, const cf_call *c, kiln_tensor **results) {
     for (int k = 0; !rc && k < c->n_out[i]; k++) grads |= out[i][k]->requires_grad;
   }
   if (!rc && grads) {
-    /* gradients flow through it: its steps run as eager code, recorded one by one */
+    for (int i = 0; i < 2; i++) release_all(out[i], c->n_regions > i ? c->n_out[i] : 0);
+    /* gradients flow through it: its steps run as eager code, recorded one
+     * by one. What its bodies made goes: no graph computes it, and no
+     * segment may take it for a live value (autograd's saved tensors would) */
     for (int k = first; k < r->n_ev; k++) r->ev[k].kind = EV_DEAD;
+    struct rec_state *s = r->st;
+    for (int i = made0; i < s->n_made; i++) {
+      kiln_tensor *t = s->made[i];
+      if (t->grad_fn) ag_node_release(t->grad_fn);
+      t->grad_fn = NULL;
+    }
+    for (int i = made0; i < s->n_made; i++) kiln_release(s->made[i]);
+    s->n_made = made0;
+    if (s->n_laid > made0) s->n_laid = made0;
   } else if (!rc) {
     for (int k = 0; k < c->n_results && !rc; k++) {
       int g = new_event(r, EV_GET, 0, NULL, 0, c->file, c->line);
