@@ -322,6 +322,20 @@ static int cell_fn(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
   return !out[0] || !out[1];
 }
 
+/* The cell's weights from C arrays (no bias when bb is NULL), owned by the scope. */
+static cell cell_of(const float *w, const float *u, const float *bb) {
+  return (cell){kiln_tensor_from(KILN_F32, 2, (int64_t[]){NI, NH}, w), kiln_tensor_from(KILN_F32, 2, (int64_t[]){NH, NH}, u),
+                bb ? kiln_tensor_from(KILN_F32, 1, (int64_t[]){NH}, bb) : NULL};
+}
+
+/* fn served every call from one trace, without a graph break */
+static void expect_one_trace(kiln_fn *fn) {
+  kiln_fn_stats st;
+  ck_assert_int_eq(0, kiln_fn_get_stats(fn, &st));
+  ck_assert_int_eq(1, st.traces);
+  ck_assert_int_eq(0, st.breaks);
+}
+
 static cell *g_cell;
 static int scan_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
   (void)ctx;
@@ -350,8 +364,7 @@ START_TEST(test_scan_one_trace) {
   float x[TMAX * NB * NI], h0[NB * NH], w[NI * NH], u[NH * NH], bb[NH];
   fill(x, TMAX * NB * NI, 5), fill(h0, NB * NH, 6), fill(w, NI * NH, 7), fill(u, NH * NH, 8), fill(bb, NH, 9);
   kiln_scope_begin();
-  cell c = {kiln_tensor_from(KILN_F32, 2, (int64_t[]){NI, NH}, w), kiln_tensor_from(KILN_F32, 2, (int64_t[]){NH, NH}, u),
-            kiln_tensor_from(KILN_F32, 1, (int64_t[]){NH}, bb)};
+  cell c = cell_of(w, u, bb);
   g_cell = &c;
   static const int Ts[] = {0, 1, 5, 19, 1, 5};
   for (int be = 0; be <= KILN_BACKEND_LLVM; be++) {
@@ -400,8 +413,7 @@ START_TEST(test_save_load_captured) {
   float x[7 * NB * NI], h0[NB * NH], w[NI * NH], u[NH * NH], bb[NH];
   fill(x, 7 * NB * NI, 45), fill(h0, NB * NH, 46), fill(w, NI * NH, 47), fill(u, NH * NH, 48), fill(bb, NH, 49);
   kiln_scope_begin();
-  cell c = {kiln_tensor_from(KILN_F32, 2, (int64_t[]){NI, NH}, w), kiln_tensor_from(KILN_F32, 2, (int64_t[]){NH, NH}, u),
-            kiln_tensor_from(KILN_F32, 1, (int64_t[]){NH}, bb)};
+  cell c = cell_of(w, u, bb);
   ck_assert_int_eq(0, kiln_param_name(c.w, "w"));
   ck_assert_int_eq(0, kiln_param_name(c.u, "u"));
   ck_assert_int_eq(0, kiln_param_name(c.b, "b"));
@@ -530,10 +542,7 @@ START_TEST(test_while_one_trace) {
       expect_close(got, want, 3, "while");
       kiln_scope_end();
     }
-    kiln_fn_stats st;
-    ck_assert_int_eq(0, kiln_fn_get_stats(fn, &st));
-    ck_assert_int_eq(1, st.traces);
-    ck_assert_int_eq(0, st.breaks);
+    expect_one_trace(fn);
     kiln_fn_free(fn);
   }
   kiln_scope_end();
@@ -643,8 +652,7 @@ START_TEST(test_scan_grad_compiled) {
   float x[5 * NB * NI], h0[NB * NH], w[NI * NH], u[NH * NH], bb[NH];
   fill(x, 5 * NB * NI, 15), fill(h0, NB * NH, 16), fill(w, NI * NH, 17), fill(u, NH * NH, 18), fill(bb, NH, 19);
   kiln_scope_begin();
-  cell c = {kiln_tensor_from(KILN_F32, 2, (int64_t[]){NI, NH}, w), kiln_tensor_from(KILN_F32, 2, (int64_t[]){NH, NH}, u),
-            kiln_tensor_from(KILN_F32, 1, (int64_t[]){NH}, bb)};
+  cell c = cell_of(w, u, bb);
   kiln_requires_grad(c.u, true);
   g_cell = &c;
   kiln_tensor *in[2] = {kiln_tensor_from(KILN_F32, 2, (int64_t[]){NB, NH}, h0),
@@ -682,7 +690,7 @@ START_TEST(test_invariant_hoisted) {
   float x[4 * NB * NI], h0[NB * NH], w[NI * NH], u[NH * NH];
   fill(x, 4 * NB * NI, 35), fill(h0, NB * NH, 36), fill(w, NI * NH, 37), fill(u, NH * NH, 38);
   kiln_scope_begin();
-  cell c = {kiln_tensor_from(KILN_F32, 2, (int64_t[]){NI, NH}, w), kiln_tensor_from(KILN_F32, 2, (int64_t[]){NH, NH}, u), NULL};
+  cell c = cell_of(w, u, NULL);
   g_cell = &c;
   kiln_fn *fn = kiln_compile(invariant_body, NULL, &(kiln_options){.name = "hoist", .n_in = 2, .n_out = 2});
   kiln_tensor *in[2] = {kiln_tensor_from(KILN_F32, 2, (int64_t[]){NB, NH}, h0),
@@ -744,10 +752,7 @@ START_TEST(test_cond_three_ways) {
       expect_close(eg, want, 6, "eager");
       kiln_scope_end();
     }
-    kiln_fn_stats st;
-    ck_assert_int_eq(0, kiln_fn_get_stats(fn, &st));
-    ck_assert_int_eq(1, st.traces);
-    ck_assert_int_eq(0, st.breaks);
+    expect_one_trace(fn);
     kiln_fn_free(fn);
   }
   kiln_scope_end();
@@ -774,8 +779,7 @@ START_TEST(test_check_names_region_kernel) {
   float x[5 * NB * NI], h0[NB * NH], w[NI * NH], u[NH * NH], bb[NH];
   fill(x, 5 * NB * NI, 25), fill(h0, NB * NH, 26), fill(w, NI * NH, 27), fill(u, NH * NH, 28), fill(bb, NH, 29);
   kiln_scope_begin();
-  cell c = {kiln_tensor_from(KILN_F32, 2, (int64_t[]){NI, NH}, w), kiln_tensor_from(KILN_F32, 2, (int64_t[]){NH, NH}, u),
-            kiln_tensor_from(KILN_F32, 1, (int64_t[]){NH}, bb)};
+  cell c = cell_of(w, u, bb);
   g_cell = &c;
   kiln_tensor *in[2] = {kiln_tensor_from(KILN_F32, 2, (int64_t[]){NB, NH}, h0),
                         kiln_tensor_from(KILN_F32, 3, (int64_t[]){5, NB, NI}, x)},

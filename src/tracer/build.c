@@ -984,16 +984,7 @@ static ir_graph *reorder(ir_graph *g, int *pos) {
     if (p != ins) alloc_free(p);
     if (pos[order[i]] < 0) goto fail;
   }
-  for (int i = 0; i < g->n_outputs; i++)
-    if (ir_add_output(r, pos[g->outputs[i]])) goto fail;
-  for (int i = 0; i < g->n_writes; i++) {
-    ir_write w = g->writes[i];
-    w.target = pos[w.target];
-    if (w.value >= 0) w.value = pos[w.value];
-    if (ir_add_write(r, w)) goto fail;
-  }
-  for (int i = 0; i < g->n_guards; i++)
-    if (ir_add_guard(r, g->guards[i])) goto fail;
+  if (ir_copy_tail(r, g, pos)) goto fail;
   alloc_free(order);
   ir_free(g);
   return r;

@@ -333,6 +333,20 @@ int *ir_use_counts(const ir_graph *g) {
   return uses;
 }
 
+int ir_copy_tail(ir_graph *dst, const ir_graph *src, const int *map) {
+  for (int i = 0; i < src->n_outputs; i++)
+    if (ir_add_output(dst, map[src->outputs[i]])) return -1;
+  for (int i = 0; i < src->n_writes; i++) {
+    ir_write w = src->writes[i];
+    w.target = map[w.target];
+    if (w.value >= 0) w.value = map[w.value];
+    if (ir_add_write(dst, w)) return -1;
+  }
+  for (int i = 0; i < src->n_guards; i++)
+    if (ir_add_guard(dst, src->guards[i])) return -1;
+  return 0;
+}
+
 ir_graph *ir_compact(const ir_graph *src, const bool *keep) {
   int *map = alloc_malloc(sizeof(int) * ((size_t)src->n_nodes + 1));
   /* the symbols' expressions live in src's context: move it over */
@@ -351,16 +365,7 @@ ir_graph *ir_compact(const ir_graph *src, const bool *keep) {
     if (ins != in_buf) alloc_free(ins);
     if (map[i] < 0) goto oom;
   }
-  for (int i = 0; i < src->n_outputs; i++)
-    if (ir_add_output(g, map[src->outputs[i]])) goto oom;
-  for (int i = 0; i < src->n_writes; i++) {
-    ir_write w = src->writes[i];
-    w.target = map[w.target];
-    if (w.value >= 0) w.value = map[w.value];
-    if (ir_add_write(g, w)) goto oom;
-  }
-  for (int i = 0; i < src->n_guards; i++)
-    if (ir_add_guard(g, src->guards[i])) goto oom;
+  if (ir_copy_tail(g, src, map)) goto oom;
   alloc_free(map);
   return g;
 oom:

@@ -60,16 +60,7 @@ static ir_graph *rebuild_in(ir_graph *src, const int *order, rewrite_fn rw, int 
     map[i] = rw && n.op < OP_COUNT ? rw(dst, &n, changed) : ir_add(dst, &n);
     if (map[i] < 0) goto oom;
   }
-  for (int i = 0; i < src->n_outputs; i++)
-    if (ir_add_output(dst, map[src->outputs[i]])) goto oom;
-  for (int i = 0; i < src->n_writes; i++) {
-    ir_write w = src->writes[i];
-    w.target = map[w.target];
-    if (w.value >= 0) w.value = map[w.value];
-    if (ir_add_write(dst, w)) goto oom;
-  }
-  for (int i = 0; i < src->n_guards; i++)
-    if (ir_add_guard(dst, src->guards[i])) goto oom;
+  if (ir_copy_tail(dst, src, map)) goto oom;
   alloc_free(map);
   alloc_free(ins);
   ir_free(src);
@@ -343,6 +334,29 @@ ir_graph *pass_schedule(ir_graph *g) {
 
 static bool hoistable_op(int op) { return (op >= 0 && op < OP_COUNT) || op == IR_NUMEL; }
 
+/* Region r's node c (or its batched form) appended to dst: each input as
+ * batch/bat say (the batched value), else at (its id in dst; a constant
+ * not there yet is copied out). Its id in dst, or -1. */
+static int copy_out(ir_graph *dst, const ir_graph *r, const ir_node *c, int *at, const bool *batch, const int *bat) {
+  int small[16], *in = c->n_in <= 16 ? small : alloc_malloc(sizeof(int) * (size_t)c->n_in), id = -1;
+  if (!in) return -1;
+  bool ok = true;
+  for (int j = 0; j < c->n_in && ok; j++) {
+    int y = c->in[j];
+    if (batch && batch[y]) {
+      in[j] = bat[y];
+      continue;
+    }
+    if (at[y] < 0) ok = (at[y] = ir_add(dst, &r->nodes[y])) >= 0;
+    in[j] = at[y];
+  }
+  ir_node h = *c;
+  h.in = in;
+  if (ok) id = ir_add(dst, &h);
+  if (in != small) alloc_free(in);
+  return id;
+}
+
 /* Loop node i of src (its operands ins[] already dst's ids) into dst, its
  * regions' invariant work computed in dst first. The node's id, or -1. */
 static int hoist_loop(ir_graph *dst, const ir_graph *src, int i, const int *ins) {
@@ -388,20 +402,7 @@ static int hoist_loop(ir_graph *dst, const ir_graph *src, int i, const int *ins)
       }
       if (!all || !any_cap) continue; /* constants alone are fold's */
       inv[x] = lift[k][x] = true;
-      ir_node h = *c;
-      int small[16], *hin = c->n_in <= 16 ? small : alloc_malloc(sizeof(int) * (size_t)c->n_in);
-      if (!hin) {
-        ok = false;
-        break;
-      }
-      for (int j = 0; j < c->n_in && ok; j++) {
-        int y = c->in[j];
-        if (at[k][y] < 0) ok = (at[k][y] = ir_add(dst, &r->nodes[y])) >= 0; /* a constant, copied out */
-        hin[j] = at[k][y];
-      }
-      h.in = hin;
-      if (ok) ok = (at[k][x] = ir_add(dst, &h)) >= 0;
-      if (hin != small) alloc_free(hin);
+      ok = (at[k][x] = copy_out(dst, r, c, at[k], NULL, NULL)) >= 0;
     }
     /* a scan's work on xs[t] alone (and invariants) is the same op on all of
      * xs at once: a pointwise op whose xs-side inputs have its rank, or a
@@ -425,28 +426,12 @@ static int hoist_loop(ir_graph *dst, const ir_graph *src, int i, const int *ins)
       }
       if (!fits || !any || c->ndim >= MAXD) continue;
       ir_node h = *c;
-      int small[16], *hin = c->n_in <= 16 ? small : alloc_malloc(sizeof(int) * (size_t)c->n_in);
-      if (!hin) {
-        ok = false;
-        break;
-      }
-      for (int j = 0; j < c->n_in && ok; j++) {
-        int y = c->in[j];
-        if (batch[y]) {
-          hin[j] = bat[y];
-        } else {
-          if (at[k][y] < 0) ok = (at[k][y] = ir_add(dst, &r->nodes[y])) >= 0;
-          hin[j] = at[k][y];
-        }
-      }
       /* (T, ...): the steps' values stacked, T being xs's dim 0 */
       memmove(h.shape + 1, h.shape, sizeof h.shape[0] * (size_t)h.ndim);
-      h.shape[0] = src->nodes[n->in[n->n_carry]].ndim ? dst->nodes[ins[n->n_carry]].shape[0] : sym_const(0);
+      h.shape[0] = dst->nodes[ins[n->n_carry]].shape[0];
       h.ndim++;
-      h.in = hin;
-      if (ok) ok = (bat[x] = ir_add(dst, &h)) >= 0;
+      ok = (bat[x] = copy_out(dst, r, &h, at[k], batch, bat)) >= 0;
       batch[x] = true;
-      if (hin != small) alloc_free(hin);
     }
     for (int x = r->n_inputs; x < r->n_nodes && ok && batch; x++) {
       const ir_node *c = &r->nodes[x];
@@ -578,16 +563,7 @@ ir_graph *pass_hoist(ir_graph *g) {
     map[i] = n.op == IR_SCAN || n.op == IR_WHILE ? hoist_loop(dst, g, i, ins) : ir_add(dst, &n);
     if (map[i] < 0) goto oom;
   }
-  for (int i = 0; i < g->n_outputs; i++)
-    if (ir_add_output(dst, map[g->outputs[i]])) goto oom;
-  for (int i = 0; i < g->n_writes; i++) {
-    ir_write w = g->writes[i];
-    w.target = map[w.target];
-    if (w.value >= 0) w.value = map[w.value];
-    if (ir_add_write(dst, w)) goto oom;
-  }
-  for (int i = 0; i < g->n_guards; i++)
-    if (ir_add_guard(dst, g->guards[i])) goto oom;
+  if (ir_copy_tail(dst, g, map)) goto oom;
   alloc_free(map), alloc_free(ins);
   ir_free(g);
   return dst;

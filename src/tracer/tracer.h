@@ -121,6 +121,9 @@ unsigned ir_attr_fields(int op);
 int ir_attrs_eval(const ir_node *n, const int64_t *vals, int nvals, op_attrs *out);
 /* Number of users of every node (outputs and writes count); caller frees with alloc_free. */
 int *ir_use_counts(const ir_graph *g);
+/* src's outputs, writes and guards into dst, src's node i being dst's
+ * map[i]; 0 or -1 (out of memory). */
+int ir_copy_tail(ir_graph *dst, const ir_graph *src, const int *map);
 /* A fresh graph holding only the nodes with keep[i] (renumbered in order),
  * with outputs, writes, guards and symbols carried over. NULL on OOM. */
 ir_graph *ir_compact(const ir_graph *g, const bool *keep);
