@@ -510,6 +510,46 @@ START_TEST(test_cond_grad_compiled) {
 }
 END_TEST
 
+/* a body that draws (dropout) is not a region: eager draws anew every step,
+ * and so does the compiled call, which records the steps one by one */
+static int drop_cell(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  out[0] = kiln_add(in[0], kiln_dropout(in[1], 0.5, true));
+  out[1] = out[0];
+  return !out[0];
+}
+static int drop_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  return kiln_scan(drop_cell, NULL, 1, &in[0], 1, &in[1], &out[0], 1, &out[1]);
+}
+
+START_TEST(test_scan_with_draws) {
+  kiln_scope_begin();
+  kiln_fn *fn = kiln_compile(drop_body, NULL, &(kiln_options){.name = "drop", .n_in = 2, .n_out = 2});
+  for (int k = 0; k < 3; k++) {
+    kiln_scope_begin();
+    kiln_tensor *in[2] = {kiln_zeros(KILN_F32, 1, (int64_t[]){16}), kiln_randn(KILN_F32, 2, (int64_t[]){6, 16}, 80 + (uint64_t)k)},
+                *o[2], *e[2];
+    kiln_manual_seed(90 + (uint64_t)k);
+    ck_assert_msg(kiln_call(fn, in, o) == 0, "%s", kiln_last_error());
+    kiln_manual_seed(90 + (uint64_t)k);
+    ck_assert_int_eq(0, drop_body(NULL, in, e));
+    float got[96], want[96];
+    double wd[96];
+    ck_assert_int_eq(0, kiln_read(o[1], got, sizeof got));
+    ck_assert_int_eq(0, kiln_read(e[1], want, sizeof want));
+    for (int i = 0; i < 96; i++) wd[i] = want[i];
+    expect_close(got, wd, 96, "compiled dropout steps");
+    kiln_scope_end();
+  }
+  char *text = kiln_fn_graph(fn, 0);
+  ck_assert_msg(text && !strstr(text, "region body("), "a drawing body became a region:\n%s", text ? text : "");
+  free(text);
+  kiln_fn_free(fn);
+  kiln_scope_end();
+}
+END_TEST
+
 /* a while loop whose trip count is data: x doubles until its sum passes the bound */
 static int below(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
   kiln_tensor *bound = ctx;
@@ -834,6 +874,7 @@ int main(void) {
   tcase_add_test(cap, test_capture_errors);
   tcase_add_test(cap, test_scan_grad_compiled);
   tcase_add_test(cap, test_cond_grad_compiled);
+  tcase_add_test(cap, test_scan_with_draws);
   tcase_add_test(cap, test_invariant_hoisted);
   tcase_add_test(cap, test_cond_three_ways);
 #ifdef KILN_TEST_BUILD

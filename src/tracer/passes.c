@@ -332,7 +332,8 @@ ir_graph *pass_schedule(ir_graph *g) {
  * x[t] @ W) is batched: done once outside over all of xs, a matmul or a
  * pointwise op on (T, ...), its result a new xs of the scan. */
 
-static bool hoistable_op(int op) { return (op >= 0 && op < OP_COUNT) || op == IR_NUMEL; }
+/* (a draw is never the same twice: it stays in) */
+static bool hoistable_op(int op) { return (op >= 0 && op < OP_COUNT && !(op_table[op].attrs & AF_RNG)) || op == IR_NUMEL; }
 
 /* Region r's node c (or its batched form) appended to dst: each input as
  * batch/bat say (the batched value), else at (its id in dst; a constant
@@ -415,6 +416,7 @@ static int hoist_loop(ir_graph *dst, const ir_graph *src, int i, const int *ins)
         continue;
       }
       if (lift[k][x] || c->op < 0 || c->op >= OP_COUNT || c->n_in < 1) continue;
+      if (op_table[c->op].attrs & AF_RNG) continue;
       int kind = op_table[c->op].kind;
       bool fits = kind == KIND_POINTWISE || (c->op == OP_MATMUL && c->n_in == 2 && !batch[c->in[1]] && inv[c->in[1]] &&
                                              r->nodes[c->in[1]].ndim == 2 && r->nodes[c->in[0]].ndim >= 2);

@@ -591,13 +591,16 @@ static int cf_check_outs(recording *r, const cf_call *c, int i, kiln_tensor *con
 
 /* Records the construct: an EV_CF, each region's arguments (meta tensors),
  * its body's events and an EV_YIELD of its results, then one EV_GET per
- * result. A construct that autograd must see through is marked dead and run
- * as eager code instead (0): its steps then record one by one, as before. */
+ * result. A construct that autograd must see through, or whose body draws
+ * from the generator, is marked dead and run as eager code instead (0): its
+ * steps then record one by one, as before. */
 static int on_cf(void *ctx, const cf_call *c, kiln_tensor **results) {
   recording *r = ctx;
   if (r->failed || r->escaped) return 0;
   static const int ir_op[] = {IR_COND, IR_WHILE, IR_SCAN};
   int ids[2 * 64], first = r->n_ev, made0 = r->st->n_made, rc = 0;
+  uint64_t seed0, off0; /* the generator, as the eager run that may follow must find it */
+  gen_state_get(&seed0, &off0);
   if (c->n_in > (int)(sizeof ids / sizeof ids[0]) || values_of(r, c->in, c->n_in, ids)) return r->failed ? -1 : 0;
   int e = new_event(r, EV_CF, ir_op[c->kind], ids, c->n_in, c->file, c->line);
   if (e < 0) return err_set(c->file, c->line, cf_name[c->kind], "%s", r->why), -1;
@@ -636,12 +639,16 @@ static int on_cf(void *ctx, const cf_call *c, kiln_tensor **results) {
     if (!rc) r->ev[y].a.k = i;
     for (int k = 0; !rc && k < c->n_out[i]; k++) grads |= out[i][k]->requires_grad;
   }
+  /* a draw from the generator in a body: eager draws anew each step, a
+   * region recorded once would not */
+  for (int k = first; k < r->n_ev && !rc; k++) grads |= r->ev[k].kind == EV_OP && (op_table[r->ev[k].op].attrs & AF_RNG);
   if (!rc && grads) {
     for (int i = 0; i < 2; i++) release_all(out[i], c->n_regions > i ? c->n_out[i] : 0);
-    /* gradients flow through it: its steps run as eager code, recorded one
+    /* gradients flow through it, or it draws: its steps run as eager code, recorded one
      * by one. What its bodies made goes: no graph computes it, and no
      * segment may take it for a live value (autograd's saved tensors would) */
     for (int k = first; k < r->n_ev; k++) r->ev[k].kind = EV_DEAD;
+    gen_state_set(seed0, off0);
     struct rec_state *s = r->st;
     for (int i = made0; i < s->n_made; i++) {
       kiln_tensor *t = s->made[i];
