@@ -438,6 +438,11 @@ END_TEST
 START_TEST(test_random_programs_more_ops) { run_seeds(1, false, "of mode 1"); }
 END_TEST
 
+/* Mode 2: the newer ops and control flow (scan, cond, while_loop), which a
+ * compiled body records as regions (or, with grads, as before). */
+START_TEST(test_random_programs_regions) { run_seeds(2, false, "of mode 2 (control flow)"); }
+END_TEST
+
 /* The same generator with every light kernel on the quick code generator
  * (KILN_QUICK=1), and so in vectors of lowering's own where it can, which
  * otherwise only compiles of many kernels use. KILN_FUZZ_FIRST moves its
@@ -2238,6 +2243,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, test_random_programs_quick);
   tcase_add_test(tc, test_random_programs_c);
   tcase_add_test(tc, test_random_programs_more_ops);
+  tcase_add_test(tc, test_random_programs_regions);
   tcase_add_test(tc, test_llvm_fatal_error);
   tcase_add_test(tc, test_index_bounds);
   tcase_add_test(tc, test_long_chain_lowers);

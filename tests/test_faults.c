@@ -196,6 +196,38 @@ static int compiled(results *r, int backend) {
 static int traced_interp(results *r) { return compiled(r, KILN_BACKEND_INTERP); }
 static int compiled_llvm(results *r) { return compiled(r, KILN_BACKEND_LLVM); }
 
+/* Regions: the scan with a cond inside and the while loop, in a compiled
+ * body (captured as regions, lowered per region): traced, hit, and at lengths 0 and 2. */
+static int regions_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  kiln_tensor *last = NULL;
+  if (kiln_scan(cf_step, NULL, 1, &in[0], 1, &in[1], &last, 1, &out[0])) return -1;
+  return kiln_while_loop(cf_below, cf_grow, NULL, 1, &last, &out[1]);
+}
+
+static int call_len(kiln_fn *fn, int64_t T, uint64_t seed, results *r) {
+  int rc = -1;
+  kiln_scope_begin();
+  kiln_tensor *in[2] = {kiln_randn(KILN_F32, 1, ((int64_t[]){3}), seed), kiln_randn(KILN_F32, 2, ((int64_t[]){T, 3}), seed + 1)};
+  kiln_tensor *y[2] = {NULL, NULL};
+  kiln_scope_begin();
+  if (in[0] && in[1] && !kiln_call(fn, in, y) && !take(r, y[0]) && !take(r, y[1])) rc = 0;
+  kiln_scope_end();
+  kiln_scope_end();
+  return rc;
+}
+
+static int regions(results *r, int backend) {
+  kiln_options o = {.name = "regions", .n_in = 2, .n_out = 2, .backend = backend};
+  kiln_fn *fn = kiln_compile(regions_body, NULL, &o);
+  int rc = fn && !call_len(fn, 5, 31, r) && !call_len(fn, 5, 33, r) && !call_len(fn, 0, 35, r) && !call_len(fn, 2, 37, r) ? 0 : -1;
+  kiln_fn_free(fn);
+  return rc;
+}
+
+static int regions_interp(results *r) { return regions(r, KILN_BACKEND_INTERP); }
+static int regions_llvm(results *r) { return regions(r, KILN_BACKEND_LLVM); }
+
 static char graph_path[64];
 
 static int save_load(results *r) {
@@ -352,6 +384,14 @@ START_TEST(test_trace_faults) {
 }
 END_TEST
 
+START_TEST(test_region_faults) {
+  int d, points = inject("regions (interp)", regions_interp, 1, &d);
+  ck_assert_int_ge(points, 50);
+  points = inject("regions (llvm)", regions_llvm, 4, &d);
+  ck_assert_int_ge(points, 50);
+}
+END_TEST
+
 START_TEST(test_compile_faults) {
   int d, points = inject("compile (llvm)", compiled_llvm, 4, &d);
   ck_assert_int_ge(points, 50);
@@ -419,6 +459,7 @@ int main(void) {
   tcase_add_test(tc, test_control_flow_faults);
   tcase_add_test(tc, test_trace_faults);
   tcase_add_test(tc, test_compile_faults);
+  tcase_add_test(tc, test_region_faults);
   tcase_add_test(tc, test_save_load_faults);
   tcase_add_test(tc, test_weights_faults);
   tcase_add_test(tc, test_llvm_failure_falls_back);

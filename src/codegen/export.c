@@ -387,6 +387,10 @@ static int write_header(const ir_graph *g, const export_request *rq, const char 
 }
 
 int export_graph(const ir_graph *g, const export_request *rq, char *err, size_t errn) {
+  for (int i = 0; i < g->n_nodes; i++)
+    if (ir_is_cf(g->nodes[i].op))
+      return snprintf(err, errn, "%%%d: %s (%s:%d): libkiln_rt does not run control flow regions", i,
+                      ir_op_name(g->nodes[i].op), g->nodes[i].file, g->nodes[i].line), -1;
   char why[256] = "";
   int rc = -1, n_loops = 0;
   words pl = {0};

@@ -40,6 +40,11 @@ struct backend_exec {
   double front_ms, opt_ms, machine_ms; /* compile time, by phase */
   size_t *plan_bytes, *plan_off, plan_total; /* the last call's plan (under mu) */
   int last_allreduce;     /* the last allreduce's kernel: its bucket goes at once */
+  /* A graph with control flow: its regions compiled (each its own kernels,
+   * compiled once), and the graph around them run node by node, a region
+   * per construct step on its exec (interp_run_with) */
+  bool driver;
+  region_execs rx;
 };
 
 static double now_ms(void) {
@@ -50,6 +55,7 @@ static double now_ms(void) {
 
 static void exec_free(backend_exec *e) {
   if (!e) return;
+  region_execs_free(&e->rx);
   /* the caller's dump file is the caller's to close (a compile that fails
    * has not made its own handle yet) */
   if (e->own_dump && e->dump_to) fclose(e->dump_to);
@@ -369,6 +375,19 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
   if (getenv("KILN_TEST_FAIL_LLVM")) return snprintf(err, errn, "LLVM failure forced by KILN_TEST_FAIL_LLVM"), NULL;
 #endif
   if (jit_init(err, errn)) return NULL;
+  for (int i = 0; i < g->n_nodes; i++)
+    if (ir_is_cf(g->nodes[i].op)) {
+      backend_exec *d = alloc_calloc(1, sizeof *d);
+      if (!d) return snprintf(err, errn, "out of memory"), NULL;
+      pthread_mutex_init(&d->mu, NULL);
+      d->g = g;
+      d->driver = true;
+      if (region_execs_compile(g, &backend_llvm, dump, dump_to, &d->rx, err, errn)) {
+        exec_free(d);
+        return NULL;
+      }
+      return d;
+    }
   backend_exec *e = alloc_calloc(1, sizeof *e);
   if (!e) return snprintf(err, errn, "out of memory"), NULL;
   pthread_mutex_init(&e->mu, NULL);
@@ -808,13 +827,15 @@ static int wait_kernel(dist_pending *q, const cg_program *p, const ir_graph *g, 
   return bad;
 }
 
+/* bound: a region's symbol values (its parent's), else they bind from the inputs. */
 static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const *params, kiln_tensor **out, char *report,
-                    size_t rn) {
+                    size_t rn, const int64_t *bound) {
   const ir_graph *g = e->g;
+  if (e->driver)
+    return report ? region_execs_check(g, in, params, bound, &e->rx, report, rn) : interp_run_with(g, in, params, bound, &e->rx, out);
   cg_program *p = e->prog;
   int64_t vals[IR_MAX_SYMS];
-  char err[512];
-  if (ir_bind_syms(g, in, params, vals, err, sizeof err)) return err_set("", 0, "call", "%s: %s", g->name, err), -1;
+  if (ir_bind_or(g, in, params, bound, vals)) return -1;
   int nb = p->n_buf, ns = g->n_syms, rc = -1;
   /* per buffer: its data, the tensor behind it (when there is one), ours to
    * release, its bytes and arena offset; on the stack for a small plan,
@@ -932,7 +953,7 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
   if (report) {
     /* check mode: the interpreter's value of every node, then each kernel against it */
     all = alloc_calloc((size_t)g->n_nodes + 1, sizeof *all);
-    if (!all || interp_values(g, in, params, all)) goto oom;
+    if (!all || (bound ? interp_values_bound(g, in, vals, all) : interp_values(g, in, params, all))) goto oom;
   }
   for (int ki = 0; ki < p->n_k && !mismatch; ki++) {
     cg_kernel *k = &p->k[ki];
@@ -1106,11 +1127,19 @@ done:
 }
 
 static int llvm_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const *params, kiln_tensor **out) {
-  return exec_run(e, in, params, out, NULL, 0);
+  return exec_run(e, in, params, out, NULL, 0, NULL);
 }
 
 static int llvm_check(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const *params, char *report, size_t n) {
-  return exec_run(e, in, params, NULL, report, n);
+  return exec_run(e, in, params, NULL, report, n, NULL);
+}
+
+static int llvm_run_bound(backend_exec *e, kiln_tensor *const *in, const int64_t *vals, kiln_tensor **out) {
+  return exec_run(e, in, NULL, out, NULL, 0, vals);
+}
+
+static int llvm_check_bound(backend_exec *e, kiln_tensor *const *in, const int64_t *vals, char *report, size_t n) {
+  return exec_run(e, in, NULL, NULL, report, n, vals);
 }
 
 static void llvm_times(const backend_exec *e, double *front, double *opt, double *machine) {
@@ -1119,4 +1148,4 @@ static void llvm_times(const backend_exec *e, double *front, double *opt, double
   *machine = e->machine_ms;
 }
 
-const backend backend_llvm = {"llvm", llvm_compile, llvm_run, exec_free, llvm_check, llvm_times};
+const backend backend_llvm = {"llvm", llvm_compile, llvm_run, exec_free, llvm_check, llvm_times, llvm_run_bound, llvm_check_bound};

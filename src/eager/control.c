@@ -8,7 +8,14 @@
  * Each branch or step runs inside a scope of its own, so a long loop does
  * not pile its intermediates into the caller's scope: the step's outputs are
  * retained, the scope closes, and what autograd needs lives on in its nodes.
- * Results are new references owned like any op result. */
+ * Results are new references owned like any op result.
+ *
+ * Inside a compiled function's recording, each construct is first offered
+ * to the tracer (the cf hook): it records each body once, over meta
+ * tensors, as a region of the graph, and hands back the results' meta
+ * tensors; the predicate is never read and a scan's length never unrolled.
+ * When the tracer declines (autograd must see through it, or the recording
+ * went eager), the construct runs here as plain C, as outside. */
 #include <limits.h>
 #include <string.h>
 
@@ -49,14 +56,18 @@ static int same_type(const char *op, const char *what, int i, const kiln_tensor 
   return -1;
 }
 
-/* p as a C bool: p must be a one-element bool tensor. 0/1, or -1 with the error set. */
+/* p must be a one-element bool tensor: 0, or -1 with the error set. */
+static int check_pred(const char *op, const char *what, const kiln_tensor *p, const char *file, int line) {
+  if (p->dtype == KILN_BOOL && kiln_numel(p) == 1) return 0;
+  char b[SHAPE_BUF];
+  err_set(file, line, op, "%s must be a one-element bool tensor, got %s%s", what, kiln_dtype_name(p->dtype),
+          err_shape(b, p->ndim, p->shape));
+  return -1;
+}
+
+/* p as a C bool: 0/1, or -1 with the error set. */
 static int read_pred(const char *op, const char *what, const kiln_tensor *p, const char *file, int line) {
-  if (p->dtype != KILN_BOOL || kiln_numel(p) != 1) {
-    char b[SHAPE_BUF];
-    err_set(file, line, op, "%s must be a one-element bool tensor, got %s%s", what, kiln_dtype_name(p->dtype),
-            err_shape(b, p->ndim, p->shape));
-    return -1;
-  }
+  if (check_pred(op, what, p, file, line)) return -1;
   /* a read at the caller's line: inside a compiled function it is where the graph breaks */
   unsigned char v = 0;
   if (kiln_read_at(p, &v, sizeof v, file, line)) return -1;
@@ -87,6 +98,31 @@ static void release_all(kiln_tensor **ts, int n) {
   }
 }
 
+/* ---- inside a recording: the bodies recorded once, as regions ---- */
+
+static const char *const cf_op[] = {"cond", "while_loop", "scan"};
+
+static int cf_run(const cf_call *c, int i, kiln_tensor *const *args, kiln_tensor **out) {
+  static const char *const who[3][2] = {{"then_fn", "else_fn"}, {"cond_fn", "body_fn"}, {"body_fn", "body_fn"}};
+  kiln_tensor *res[2 * CF_MAX];
+  kiln_scope_begin();
+  int rc = run_body(cf_op[c->kind], who[c->kind][i], c->fn[i], c->ctx, args, res, c->n_out[i], c->file, c->line);
+  for (int k = 0; k < c->n_out[i]; k++) out[k] = rc ? NULL : kiln_retain(res[k]);
+  kiln_scope_end();
+  return rc;
+}
+
+/* Offers the construct to a recording (the tracer's cf hook): 1 recorded,
+ * its results handed out to the caller's scope; 0 run it eagerly; -1 error. */
+static int cf_offer(cf_call *c, kiln_tensor **results) {
+  const trace_hooks *h = dispatch_hooks();
+  if (!h || !h->record || !h->cf) return 0;
+  c->run = cf_run;
+  int rc = h->cf(h->ctx, c, results);
+  if (rc == 1) hand_out(results, c->n_results);
+  return rc;
+}
+
 int kiln_cond_at(kiln_tensor *pred, kiln_body then_fn, kiln_body else_fn, void *ctx, int n_in, kiln_tensor *const *in,
                  int n_out, kiln_tensor **out, const char *file, int line) {
   const char *op = "cond";
@@ -95,6 +131,13 @@ int kiln_cond_at(kiln_tensor *pred, kiln_body then_fn, kiln_body else_fn, void *
   if (check_list(op, "in", in, n_in, 0, file, line)) return -1;
   if (n_out < 1 || n_out > CF_MAX || !out) return err_set(file, line, op, "n_out %d: must be 1 to %d with out set", n_out, CF_MAX), -1;
   for (int i = 0; i < n_out; i++) out[i] = NULL;
+  if (check_pred(op, "pred", pred, file, line)) return -1;
+  kiln_tensor *ops[CF_MAX + 1] = {pred};
+  if (n_in) memcpy(ops + 1, in, sizeof *ops * (size_t)n_in);
+  cf_call c = {.kind = CF_COND, .in = ops, .n_in = n_in + 1, .n_args = n_in, .n_regions = 2, .n_out = {n_out, n_out},
+               .n_results = n_out, .fn = {then_fn, else_fn}, .ctx = ctx, .file = file, .line = line};
+  int recorded = cf_offer(&c, out);
+  if (recorded) return recorded < 0 ? -1 : 0;
   int p = read_pred(op, "pred", pred, file, line);
   if (p < 0) return -1;
   kiln_tensor *res[CF_MAX];
@@ -114,6 +157,10 @@ int kiln_while_loop_at(kiln_body cond_fn, kiln_body body_fn, void *ctx, int n_ca
   if (!cond_fn || !body_fn) return err_set(file, line, op, "%s is NULL", cond_fn ? "body_fn" : "cond_fn"), -1;
   if (check_list(op, "init", init, n_carry, 1, file, line)) return -1;
   if (!final) return err_set(file, line, op, "final is NULL"), -1;
+  cf_call c = {.kind = CF_WHILE, .in = init, .n_in = n_carry, .n_carry = n_carry, .n_args = n_carry, .n_regions = 2,
+               .n_out = {1, n_carry}, .n_results = n_carry, .fn = {cond_fn, body_fn}, .ctx = ctx, .file = file, .line = line};
+  int recorded = cf_offer(&c, final);
+  if (recorded) return recorded < 0 ? -1 : 0;
   kiln_tensor *carry[CF_MAX], *next[CF_MAX];
   for (int i = 0; i < n_carry; i++) carry[i] = kiln_retain(init[i]);
   int rc = 0;
@@ -197,6 +244,21 @@ int kiln_scan_at(kiln_body body_fn, void *ctx, int n_carry, kiln_tensor *const *
   }
   int64_t T = xs[0]->shape[0];
   if (T > INT_MAX) return err_set(file, line, op, "%lld steps, more than %d", (long long)T, INT_MAX), -1;
+  {
+    kiln_tensor *ops[2 * CF_MAX], *res[2 * CF_MAX];
+    if (n_carry) memcpy(ops, init, sizeof *ops * (size_t)n_carry);
+    memcpy(ops + n_carry, xs, sizeof *ops * (size_t)n_xs);
+    cf_call c = {.kind = CF_SCAN, .in = ops, .n_in = n_carry + n_xs, .n_carry = n_carry, .n_xs = n_xs,
+                 .n_args = n_carry + n_xs, .n_regions = 1, .n_out = {n_carry + n_ys}, .n_results = n_carry + n_ys,
+                 .fn = {body_fn}, .ctx = ctx, .file = file, .line = line};
+    int recorded = cf_offer(&c, res);
+    if (recorded < 0) return -1;
+    if (recorded) {
+      if (n_carry) memcpy(carry_out, res, sizeof *carry_out * (size_t)n_carry);
+      if (n_ys) memcpy(ys, res + n_carry, sizeof *ys * (size_t)n_ys);
+      return 0;
+    }
+  }
   kiln_tensor *carry[CF_MAX], *step[2 * CF_MAX], *res[CF_MAX] = {0};
   kiln_tensor **yt = NULL; /* (T, n_ys): every step's ys, retained */
   for (int i = 0; i < n_carry; i++) carry[i] = kiln_retain(init[i]);

@@ -337,6 +337,25 @@ int op_kernel(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_t
 /* Same, but the result belongs to the caller (no scope): the interpreter frees at last use. */
 kiln_tensor *op_run(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, const char *file, int line);
 
+/* A control-flow construct as control.c offers it to a recording. */
+typedef enum cf_kind { CF_COND, CF_WHILE, CF_SCAN } cf_kind;
+typedef struct cf_call {
+  cf_kind kind;
+  kiln_tensor *const *in;  /* cond: pred, operands; while: init; scan: init, xs */
+  int n_in, n_carry, n_xs;
+  int n_args;              /* each region's arguments (cond: the operands; else the carry, then xs[t]) */
+  int n_regions;           /* cond: then, else; while: cond, body; scan: body */
+  int n_out[2];            /* each region's results */
+  int n_results;
+  /* Runs region i's body over args (their own scope): out[0..n_out[i]) set,
+   * retained, each checked to be a live tensor. 0, or -1 with the error set. */
+  int (*run)(const struct cf_call *c, int i, kiln_tensor *const *args, kiln_tensor **out);
+  kiln_body fn[2];
+  void *ctx;
+  const char *file;
+  int line;
+} cf_call;
+
 /* Set by the tracer while tracing (thread-local, so other threads run eager
  * ops untouched). op: after every dispatched op, with its result. inplace:
  * before an in-place write (op ADD/SUB/MUL/COPY with src, or OP_COUNT for
@@ -363,6 +382,10 @@ typedef struct trace_hooks {
                 const char *file, int line);
   /* the caller read a size (kiln_size) or other metadata C can branch on */
   void (*size_read)(void *ctx, const kiln_tensor *t, int dim);
+  /* kiln_cond, kiln_while_loop or kiln_scan (control.c): record its bodies
+   * once, as regions. 1: recorded, results[0..c->n_results) set (new
+   * references); 0: not recorded (run it as eager code); -1: error set. */
+  int (*cf)(void *ctx, const struct cf_call *c, kiln_tensor **results);
 } trace_hooks;
 enum { FAC_FULL, FAC_DATA, FAC_RAND };
 /* NULL clears. The hooks struct must outlive its use. */

@@ -781,24 +781,199 @@ static int ev_numel(build_state *b, int ev) {
   return id;
 }
 
+/* ---- control flow: regions built in place, then moved out ---- */
+
+/* Each region's body is built into the segment's graph like any code, over
+ * placeholder nodes for its arguments (IR_GET without inputs, unique by
+ * attrs.k). When the construct's last region ends, cf_extract moves every
+ * node that depends on a region's placeholders and that its results reach
+ * into a region graph; what a region reads that does not depend on them
+ * (an outer value, or loop-invariant work on it) stays outside and becomes
+ * a capture. The nodes left behind are dropped by dce at the segment's end. */
+
+static void cf_frame_free(build_cf *f) {
+  alloc_free(f->in);
+  for (int i = 0; i < 2; i++) alloc_free(f->ph[i]), alloc_free(f->res[i]);
+  memset(f, 0, sizeof *f);
+}
+
+static int ev_cf(build_state *b, int ev) {
+  const rec_event *e = &b->r->ev[ev];
+  b->at_file = e->file, b->at_line = e->line;
+  if (b->n_cf == BUILD_MAX_CF) return bfail(b, "%s:%d: control flow nested more than %d deep", e->file, e->line, BUILD_MAX_CF), -1;
+  build_cf *f = &b->cf[b->n_cf++];
+  memset(f, 0, sizeof *f);
+  f->op = e->op;
+  f->n_carry = (int)e->a.k;
+  f->n_xs = e->a.dim;
+  f->n_in = e->n_in;
+  f->n_args = e->op == IR_COND ? e->n_in - 1 : e->n_in;
+  f->file = e->file, f->line = e->line;
+  f->in = alloc_malloc(sizeof(int) * (size_t)(e->n_in + 1));
+  for (int i = 0; i < ir_n_sub(e->op); i++) f->ph[i] = alloc_calloc((size_t)f->n_args + 1, sizeof(int));
+  if (!f->in || !f->ph[0] || (ir_n_sub(e->op) > 1 && !f->ph[1])) return bfail(b, "out of memory while building"), -1;
+  for (int i = 0; i < e->n_in; i++)
+    if ((f->in[i] = node_of(b, b->r->ids[e->in + i])) < 0) return -1;
+  f->first = b->g->n_nodes;
+  b->has_cf = true;
+  return -1; /* no node of its own yet */
+}
+
+/* Argument a.k of region a.dim: a placeholder of the operand's type (xs[t]: dim 0 dropped). */
+static int ev_arg(build_state *b, int ev) {
+  const rec_event *e = &b->r->ev[ev];
+  if (!b->n_cf) return bfail(b, "a region argument outside control flow"), -1;
+  build_cf *f = &b->cf[b->n_cf - 1];
+  int j = (int)e->a.k, i = e->a.dim;
+  if (i < 0 || i >= ir_n_sub(f->op) || j < 0 || j >= f->n_args) return bfail(b, "a region argument out of range"), -1;
+  const ir_node *src = &b->g->nodes[f->in[f->op == IR_COND ? j + 1 : j]];
+  bool x = f->op == IR_SCAN && j >= f->n_carry;
+  ir_node n = {.op = IR_GET, .dtype = src->dtype, .ndim = src->ndim - x, .file = e->file, .line = e->line};
+  memcpy(n.shape, src->shape + x, sizeof(sym_dim) * (size_t)n.ndim);
+  n.attrs.k = -1 - b->n_placeholders++;
+  int id = ir_append(b->g, &n);
+  if (id < 0) return bfail(b, "out of memory while building"), -1;
+  f->ph[i][j] = id;
+  return id;
+}
+
+static int cf_extract(build_state *b, build_cf *f);
+
+static int ev_yield(build_state *b, int ev) {
+  const rec_event *e = &b->r->ev[ev];
+  if (!b->n_cf) return bfail(b, "a region's end outside control flow"), -1;
+  build_cf *f = &b->cf[b->n_cf - 1];
+  int i = (int)e->a.k;
+  if (i < 0 || i >= ir_n_sub(f->op) || f->res[i]) return bfail(b, "a region's end out of order"), -1;
+  if (!(f->res[i] = alloc_malloc(sizeof(int) * (size_t)(e->n_in + 1)))) return bfail(b, "out of memory while building"), -1;
+  f->n_res[i] = e->n_in;
+  for (int k = 0; k < e->n_in; k++)
+    if ((f->res[i][k] = node_of(b, b->r->ids[e->in + k])) < 0) return -1;
+  if (i < ir_n_sub(f->op) - 1) return -1;
+  b->cf_node = cf_extract(b, f);
+  cf_frame_free(f);
+  b->n_cf--;
+  return -1;
+}
+
+static int ev_get(build_state *b, int ev) {
+  const rec_event *e = &b->r->ev[ev];
+  ir_node n = {.op = IR_GET, .n_in = 1, .in = &b->cf_node, .file = e->file, .line = e->line};
+  n.attrs.k = e->a.k;
+  if (b->cf_node < 0 || ir_cf_result_type(b->g, b->cf_node, (int)e->a.k, &n)) return bfail(b, "%s:%d: a result of control flow without its construct", e->file, e->line), -1;
+  int id = ir_add(b->g, &n);
+  if (id < 0) return bfail(b, "out of memory while building"), -1;
+  check_value(b, id, e->out, e);
+  return id;
+}
+
+/* Moves the regions of frame f out of the segment's graph into region
+ * graphs (see above) and appends the construct's node: its operands, then
+ * the captures every region takes after its arguments. The node's id, or -1. */
+static int cf_extract(build_state *b, build_cf *f) {
+  ir_graph *g = b->g;
+  int N = g->n_nodes, n_sub = ir_n_sub(f->op), id = -1, n_caps = 0;
+  bool *dep = alloc_calloc((size_t)N + 1, sizeof *dep), *reach[2] = {NULL, NULL}, *is_cap = alloc_calloc((size_t)N + 1, 1);
+  int *caps = alloc_malloc(sizeof(int) * ((size_t)N + 1)), *map = alloc_malloc(sizeof(int) * ((size_t)N + 1)), *stack = alloc_malloc(sizeof(int) * ((size_t)N + 1));
+  int *ins = alloc_malloc(sizeof(int) * ((size_t)(f->n_in + N) + 1));
+  ir_graph *sub[2] = {NULL, NULL};
+  for (int i = 0; i < n_sub; i++) reach[i] = alloc_calloc((size_t)N + 1, sizeof(bool));
+  if (!dep || !is_cap || !caps || !map || !stack || !ins || !reach[0] || (n_sub > 1 && !reach[1])) {
+    bfail(b, "out of memory while building");
+    goto done;
+  }
+  for (int i = 0; i < n_sub; i++) {
+    /* what depends on region i's arguments, and of that what its results reach */
+    memset(dep, 0, (size_t)N + 1);
+    for (int j = 0; j < f->n_args; j++) dep[f->ph[i][j]] = true;
+    for (int x = f->first; x < N; x++)
+      for (int j = 0; j < g->nodes[x].n_in && !dep[x]; j++) dep[x] = dep[g->nodes[x].in[j]];
+    int sp = 0;
+    for (int k = 0; k < f->n_res[i]; k++) {
+      int o = f->res[i][k];
+      if (dep[o] && !reach[i][o]) reach[i][o] = true, stack[sp++] = o;
+      if (!dep[o] && !is_cap[o]) is_cap[o] = true, caps[n_caps++] = o;
+    }
+    while (sp) {
+      const ir_node *n = &g->nodes[stack[--sp]];
+      for (int j = 0; j < n->n_in; j++) {
+        int y = n->in[j];
+        /* a small constant is copied in rather than passed */
+        bool copy = g->nodes[y].op == IR_CONST && ir_node_numel_const(&g->nodes[y]) <= 16;
+        if ((dep[y] || copy) && !reach[i][y]) reach[i][y] = true, stack[sp++] = y;
+        if (!dep[y] && !copy && !is_cap[y]) is_cap[y] = true, caps[n_caps++] = y;
+      }
+    }
+  }
+  /* the captures in the order of the outer graph: operands of the node after its own */
+  for (int x = 0, k = 0; x < N; x++)
+    if (is_cap[x]) caps[k++] = x;
+  for (int i = 0; i < n_sub && !b->failed; i++) {
+    ir_graph *r = sub[i] = ir_region_new(g, ir_sub_name(f->op, i));
+    if (!r) {
+      bfail(b, "out of memory while building");
+      break;
+    }
+    for (int a = 0; a < f->n_args + n_caps && !b->failed; a++) {
+      int src = a < f->n_args ? f->ph[i][a] : caps[a - f->n_args];
+      ir_node in = {.op = IR_INPUT, .index = a, .file = ""};
+      in.dtype = g->nodes[src].dtype;
+      in.ndim = g->nodes[src].ndim;
+      memcpy(in.shape, g->nodes[src].shape, sizeof in.shape);
+      if ((map[src] = ir_append(r, &in)) < 0) bfail(b, "out of memory while building");
+    }
+    for (int j = 0; j < f->n_args; j++) reach[i][f->ph[i][j]] = false; /* inputs already */
+    for (int x = 0; x < N && !b->failed; x++) {
+      if (!reach[i][x]) continue;
+      ir_node n = g->nodes[x];
+      for (int j = 0; j < n.n_in; j++) ins[j] = map[n.in[j]];
+      n.in = ins;
+      if ((map[x] = ir_add(r, &n)) < 0) bfail(b, "out of memory while building");
+    }
+    for (int k = 0; k < f->n_res[i] && !b->failed; k++)
+      if (ir_add_output(r, map[f->res[i][k]])) bfail(b, "out of memory while building");
+  }
+  if (!b->failed) {
+    memcpy(ins, f->in, sizeof(int) * (size_t)f->n_in);
+    memcpy(ins + f->n_in, caps, sizeof(int) * (size_t)n_caps);
+    ir_node n = {.op = f->op, .n_in = f->n_in + n_caps, .in = ins, .n_carry = f->n_carry, .n_xs = f->n_xs,
+                 .sub = {sub[0], sub[1]}, .file = f->file, .line = f->line};
+    if ((id = ir_append(g, &n)) < 0) bfail(b, "out of memory while building");
+  }
+done:
+  for (int i = 0; i < 2; i++) ir_free(sub[i]), alloc_free(reach[i]);
+  alloc_free(dep), alloc_free(is_cap), alloc_free(caps), alloc_free(map), alloc_free(stack), alloc_free(ins);
+  return id;
+}
+
+/* After the segment is built: the placeholders and the region nodes left
+ * behind are dropped; a placeholder still used means a body's value escaped
+ * its region. 0 or -1. */
+static int cf_finish(build_state *b) {
+  ir_graph *g = pass_dce(b->g);
+  b->g = g;
+  if (!g) return bfail(b, "out of memory while building"), -1;
+  for (int i = 0; i < g->n_nodes; i++) {
+    const ir_node *n = &g->nodes[i];
+    if (n->op == IR_GET && n->n_in == 0)
+      return bfail(b, "%s:%d: a value made inside the body of a kiln_cond, kiln_while_loop or kiln_scan is used "
+                      "outside it (return it from the body instead)", n->file, n->line), -1;
+  }
+  return 0;
+}
+
 /* ---- the graph ---- */
 
 /* Leaves first (inputs, params, grads), then the rest in order. Frees g. */
 static ir_graph *reorder(ir_graph *g, int *pos) {
   int *order = alloc_malloc(sizeof(int) * (size_t)g->n_nodes + 1), k = 0;
-  ir_graph *r = ir_new(g->name);
+  ir_graph *r = order ? ir_new_like(g) : NULL;
   if (!order || !r) goto fail;
   for (int pass = IR_INPUT; pass <= IR_GRAD; pass++)
     for (int i = 0; i < g->n_nodes; i++)
       if (g->nodes[i].op == pass) order[k++] = i;
   for (int i = 0; i < g->n_nodes; i++)
     if (g->nodes[i].op < IR_INPUT || g->nodes[i].op > IR_GRAD) order[k++] = i;
-  sym_ctx_free(r->sym);
-  r->sym = g->sym;
-  g->sym = NULL;
-  r->n_syms = g->n_syms;
-  memcpy(r->sym_lo, g->sym_lo, sizeof r->sym_lo);
-  memcpy(r->sym_hi, g->sym_hi, sizeof r->sym_hi);
   for (int i = 0; i < k; i++) {
     ir_node n = g->nodes[order[i]];
     int ins[64], *p = n.n_in <= 64 ? ins : alloc_malloc(sizeof(int) * (size_t)n.n_in);
@@ -809,16 +984,7 @@ static ir_graph *reorder(ir_graph *g, int *pos) {
     if (p != ins) alloc_free(p);
     if (pos[order[i]] < 0) goto fail;
   }
-  for (int i = 0; i < g->n_outputs; i++)
-    if (ir_add_output(r, pos[g->outputs[i]])) goto fail;
-  for (int i = 0; i < g->n_writes; i++) {
-    ir_write w = g->writes[i];
-    w.target = pos[w.target];
-    if (w.value >= 0) w.value = pos[w.value];
-    if (ir_add_write(r, w)) goto fail;
-  }
-  for (int i = 0; i < g->n_guards; i++)
-    if (ir_add_guard(r, g->guards[i])) goto fail;
+  if (ir_copy_tail(r, g, pos)) goto fail;
   alloc_free(order);
   ir_free(g);
   return r;
@@ -842,10 +1008,13 @@ int build_begin(build_state *b, recording *r, const uint8_t (*dynamic)[MAXD], bo
   for (int i = 0; i < r->n_in; i++) {
     const kiln_tensor *t = r->in[i];
     for (int d = 0; d < t->ndim; d++) {
-      if (!dynamic || !dynamic[i][d] || t->shape[d] <= 1) continue;
+      /* a scan's length is a symbol from the first trace, as small as 0 */
+      bool scan = false;
+      for (int q = 0; q < r->n_scan_dims; q++) scan |= r->scan_dims[q].input == i && r->scan_dims[q].dim == d;
+      if (!scan && (!dynamic || !dynamic[i][d] || t->shape[d] <= 1)) continue;
       if (b->n_syms == IR_MAX_SYMS) return -1;
       int k = b->n_syms++;
-      b->sym[k] = (build_sym){.input = i, .dim = d, .arg = -1, .lo = 1, .hi = INT64_MAX};
+      b->sym[k] = (build_sym){.input = i, .dim = d, .arg = -1, .lo = scan ? 0 : 1, .hi = INT64_MAX};
       b->vals[k] = t->shape[d];
       if (prev && i < prev->n_in && d < prev->in_ndim[i]) {
         b->has_prev[k] = true;
@@ -907,6 +1076,8 @@ int build_segment(build_state *b, int from, int to, const int *out, int n_out, c
   b->seg = seg;
   b->failed = false;
   b->why[0] = 0;
+  b->has_cf = false;
+  b->cf_node = -1;
   if (alloc_grow((void **)&b->rule_at, &b->cap_rule_at, to + 1, sizeof *b->rule_at)) return bfail(b, "out of memory"), -1;
   alloc_free(b->sizes);
   b->sizes = NULL;
@@ -943,8 +1114,13 @@ int build_segment(build_state *b, int from, int to, const int *out, int n_out, c
     case EV_DATA:
     case EV_RAND: id = ev_factory(b, ev); break;
     case EV_NUMEL: id = ev_numel(b, ev); break;
+    case EV_CF: id = ev_cf(b, ev); break;
+    case EV_ARG: id = ev_arg(b, ev); break;
+    case EV_YIELD: id = ev_yield(b, ev); break;
+    case EV_GET: id = ev_get(b, ev); break;
     case EV_BREAK:
-    case EV_ESCAPE: continue;
+    case EV_ESCAPE:
+    case EV_DEAD: continue;
     }
     if (id >= 0 && e->out >= 0) b->node[e->out] = id;
   }
@@ -978,7 +1154,10 @@ int build_segment(build_state *b, int from, int to, const int *out, int n_out, c
     if (ir_add_write(b->g, (ir_write){IR_WRITE_GRAD, target, gv, "", 0})) bfail(b, "out of memory");
   }
   bind_args(b);
+  if (b->n_cf && !b->failed) bfail(b, "%s:%d: control flow whose regions did not end", b->cf[b->n_cf - 1].file, b->cf[b->n_cf - 1].line);
+  if (b->has_cf && !b->failed) cf_finish(b);
 out:
+  while (b->n_cf) cf_frame_free(&b->cf[--b->n_cf]);
   if (!b->failed) {
     int *pos = alloc_malloc(sizeof(int) * (size_t)(b->g->n_nodes + 1));
     ir_graph *g = pos ? reorder(b->g, pos) : NULL;
@@ -986,6 +1165,9 @@ out:
     alloc_free(pos);
     b->g = NULL;
     if (!g) bfail(b, "out of memory while building");
+    for (int i = 0; g && i < g->n_nodes; i++)
+      for (int k = 0; k < 2; k++)
+        if (g->nodes[i].sub[k]) ir_region_sync(g->nodes[i].sub[k], g);
     seg->g = g;
   } else {
     ir_free(b->g);

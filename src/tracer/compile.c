@@ -614,9 +614,15 @@ static bool same_structure(const int *ids_a, const rec_event *a, const int *ids_
   case EV_NUMEL:
     return a->a.naxes == b->a.naxes && !memcmp(a->a.axes, b->a.axes, sizeof a->a.axes) && a->a.start.c == b->a.start.c &&
            a->a.dtype == b->a.dtype;
+  case EV_CF:
+  case EV_ARG:
+  case EV_YIELD:
+  case EV_GET:
+    return a->a.k == b->a.k && a->a.dim == b->a.dim;
   case EV_INPLACE:
   case EV_BREAK:
   case EV_ESCAPE:
+  case EV_DEAD:
     return true;
   }
   return false;

@@ -86,6 +86,18 @@ int ir_bind_syms(const ir_graph *g, kiln_tensor *const *in, kiln_tensor *const *
   return 0;
 }
 
+int ir_bind_or(const ir_graph *g, kiln_tensor *const *in, kiln_tensor *const *params, const int64_t *bound,
+               int64_t *vals) {
+  char err[512];
+  if (bound) {
+    memcpy(vals, bound, sizeof(int64_t) * IR_MAX_SYMS);
+    return 0;
+  }
+  if (!ir_bind_syms(g, in, params, vals, err, sizeof err)) return 0;
+  err_set("", 0, "call", "%s: %s", g->name, err);
+  return -1;
+}
+
 /* Copies value into dst's storage (same shape and dtype). */
 static void write_data(kiln_tensor *dst, const kiln_tensor *value) {
   if (dst == value) return;
@@ -93,24 +105,139 @@ static void write_data(kiln_tensor *dst, const kiln_tensor *value) {
   atomic_fetch_add(&dst->st->version, 1);
 }
 
-/* all: when not NULL, every node's value is kept there (retained) and
- * nothing is written back: the check mode's view of the whole graph. */
 static int run(const ir_graph *g, kiln_tensor *const *consts, kiln_tensor *const *in, kiln_tensor *const *params,
-               kiln_tensor **out, kiln_tensor **all) {
+               kiln_tensor **out, kiln_tensor **all, const int64_t *bound, const region_execs *rx);
+
+/* ---- control flow: regions run with the parent's sizes ---- */
+
+/* Region k of node id: on its compiled exec when rx has one, else here. */
+static int run_region(const ir_graph *g, int id, int k, const int64_t *vals, const region_execs *rx,
+                      kiln_tensor *const *args, kiln_tensor **out) {
+  backend_exec *x = rx && id < rx->n ? rx->sub[id][k] : NULL;
+  if (x) return rx->be->run_bound(x, args, vals, out);
+  return run(g->nodes[id].sub[k], NULL, args, NULL, out, NULL, vals, NULL);
+}
+
+static void release_n(kiln_tensor **ts, int n) {
+  for (int i = 0; i < n; i++) {
+    kiln_release(ts[i]);
+    ts[i] = NULL;
+  }
+}
+
+static int cf_oom(const ir_node *n) {
+  err_set(n->file, n->line, ir_op_name(n->op), "out of memory");
+  return -1;
+}
+
+/* A one-element bool's value. */
+static bool pred_value(const kiln_tensor *p) { return *(const unsigned char *)tensor_data(p) != 0; }
+
+/* Runs control-flow node id over its inputs' values v; res (ir_cf_n_results
+ * of them, allocated here) gets its results. 0 or -1 with the error set. */
+static int run_cf(const ir_graph *g, int id, kiln_tensor *const *v, const int64_t *vals, const region_execs *rx,
+                  kiln_tensor ***res) {
+  const ir_node *n = &g->nodes[id];
+  int n_res = ir_cf_n_results(n), n_args = ir_cf_n_args(g, id, 0), rc = 0;
+  kiln_tensor **r = alloc_calloc((size_t)n_res + 1, sizeof *r);
+  kiln_tensor **args = alloc_calloc((size_t)n_args + 1, sizeof *args);
+  kiln_tensor **step = alloc_calloc((size_t)n_res + 1, sizeof *step);
+  if (!r || !args || !step) {
+    rc = cf_oom(n);
+    goto done;
+  }
+  if (n->op == IR_COND) {
+    for (int j = 0; j < n_args; j++) args[j] = v[n->in[j + 1]];
+    rc = run_region(g, id, pred_value(v[n->in[0]]) ? 0 : 1, vals, rx, args, r);
+  } else if (n->op == IR_WHILE) {
+    for (int j = 0; j < n_args; j++) args[j] = j < n->n_carry ? kiln_retain(v[n->in[j]]) : v[n->in[j]];
+    for (;;) {
+      kiln_tensor *p = NULL;
+      if ((rc = run_region(g, id, 0, vals, rx, args, &p))) break;
+      bool go = pred_value(p);
+      kiln_release(p);
+      if (!go) break;
+      if ((rc = run_region(g, id, 1, vals, rx, args, step))) break;
+      release_n(args, n->n_carry);
+      memcpy(args, step, sizeof *args * (size_t)n->n_carry);
+    }
+    memcpy(r, args, sizeof *r * (size_t)n->n_carry);
+    if (rc) release_n(r, n->n_carry);
+  } else {
+    const ir_graph *body = n->sub[0];
+    int nc = n->n_carry, nx = n->n_xs;
+    int64_t T = v[n->in[nc]]->shape[0];
+    for (int j = 0; j < n_args; j++) args[j] = j < nc ? kiln_retain(v[n->in[j]]) : j < nc + nx ? NULL : v[n->in[j]];
+    /* each y stacks into a tensor of its own, written a step at a time */
+    for (int k = nc; k < n_res && !rc; k++) {
+      const ir_node *y = &body->nodes[body->outputs[k]];
+      int64_t shape[MAXD];
+      shape[0] = T;
+      if (ir_node_shape(y, vals, g->n_syms, shape + 1) || !(r[k] = tensor_new(y->dtype, y->ndim + 1, shape)))
+        rc = cf_oom(n);
+    }
+    for (int64_t t = 0; t < T && !rc; t++) {
+      for (int j = 0; j < nx && !rc; j++) {
+        kiln_tensor *x = v[n->in[nc + j]];
+        if (!(args[nc + j] = tensor_view(x, x->ndim - 1, x->shape + 1, x->stride + 1, x->offset + t * x->stride[0])))
+          rc = cf_oom(n);
+      }
+      if (!rc) rc = run_region(g, id, 0, vals, rx, args, step);
+      for (int j = 0; j < nx; j++) kiln_release(args[nc + j]), args[nc + j] = NULL;
+      if (rc) break;
+      for (int k = nc; k < n_res && !rc; k++) {
+        kiln_tensor *dst = r[k], *row = tensor_view(dst, dst->ndim - 1, dst->shape + 1, dst->stride + 1, dst->offset + t * dst->stride[0]);
+        if (!row) rc = cf_oom(n);
+        else pw_copy(row, step[k]);
+        kiln_release(row);
+      }
+      release_n(args, nc);
+      memcpy(args, step, sizeof *args * (size_t)nc);
+      release_n(step + nc, n_res - nc);
+    }
+    memcpy(r, args, sizeof *r * (size_t)nc);
+    if (rc) release_n(r, n_res);
+  }
+done:
+  alloc_free(args);
+  alloc_free(step);
+  if (rc) {
+    alloc_free(r);
+    r = NULL;
+  }
+  *res = r;
+  return rc;
+}
+
+/* all: when not NULL, every node's value is kept there (retained) and
+ * nothing is written back: the check mode's view of the whole graph (a
+ * tuple's value is NULL). bound: a region's symbol values (its parent's),
+ * else they bind from the inputs. */
+static int run(const ir_graph *g, kiln_tensor *const *consts, kiln_tensor *const *in, kiln_tensor *const *params,
+               kiln_tensor **out, kiln_tensor **all, const int64_t *bound, const region_execs *rx) {
   int64_t vals[IR_MAX_SYMS];
-  char err[512];
-  if (ir_bind_syms(g, in, params, vals, err, sizeof err)) return err_set("", 0, "call", "%s: %s", g->name, err), -1;
+  if (ir_bind_or(g, in, params, bound, vals)) return -1;
   int *uses = ir_use_counts(g);
   kiln_tensor **v = alloc_calloc((size_t)g->n_nodes + 1, sizeof *v);
   bool *owned = alloc_calloc((size_t)g->n_nodes + 1, sizeof *owned);
+  kiln_tensor ***tup = alloc_calloc((size_t)g->n_nodes + 1, sizeof *tup); /* control-flow results */
   int rc = -1;
-  if (!uses || !v || !owned) {
+  if (!uses || !v || !owned || !tup) {
     err_set("", 0, "call", "%s: out of memory", g->name);
     goto done;
   }
   kiln_no_grad_begin();
   for (int i = 0; i < g->n_nodes; i++) {
     const ir_node *n = &g->nodes[i];
+    if (ir_is_cf(n->op)) {
+      if (run_cf(g, i, v, vals, rx, &tup[i])) goto fail;
+      continue;
+    }
+    if (n->op == IR_GET) {
+      v[i] = kiln_retain(tup[n->in[0]][n->attrs.k]);
+      owned[i] = true;
+      continue;
+    }
     if (n->op == IR_NUMEL) {
       int64_t c;
       v[i] = tensor_new(n->dtype, 0, NULL);
@@ -200,21 +327,29 @@ static int run(const ir_graph *g, kiln_tensor *const *consts, kiln_tensor *const
   rc = 0;
 fail:
   kiln_no_grad_end();
-  for (int i = 0; i < g->n_nodes; i++)
+  for (int i = 0; i < g->n_nodes; i++) {
     if (owned[i]) kiln_release(v[i]);
+    if (tup[i]) release_n(tup[i], ir_cf_n_results(&g->nodes[i]));
+    alloc_free(tup[i]);
+  }
 done:
   alloc_free(uses);
   alloc_free(v);
   alloc_free(owned);
+  alloc_free(tup);
   return rc;
 }
 
 int interp_run(const ir_graph *g, kiln_tensor *const *in, kiln_tensor *const *params, kiln_tensor **out) {
-  return run(g, NULL, in, params, out, NULL);
+  return run(g, NULL, in, params, out, NULL, NULL, NULL);
 }
 
 int interp_values(const ir_graph *g, kiln_tensor *const *in, kiln_tensor *const *params, kiln_tensor **all) {
-  return run(g, NULL, in, params, NULL, all);
+  return run(g, NULL, in, params, NULL, all, NULL, NULL);
+}
+
+int interp_values_bound(const ir_graph *g, kiln_tensor *const *in, const int64_t *vals, kiln_tensor **all) {
+  return run(g, NULL, in, NULL, NULL, all, vals, NULL);
 }
 
 /* ---- as a backend: constants made once ---- */
@@ -243,7 +378,64 @@ oom:
 }
 
 static int interp_exec(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const *params, kiln_tensor **out) {
-  return run(e->g, e->consts, in, params, out, NULL);
+  return run(e->g, e->consts, in, params, out, NULL, NULL, NULL);
+}
+
+static int interp_exec_bound(backend_exec *e, kiln_tensor *const *in, const int64_t *vals, kiln_tensor **out) {
+  return run(e->g, e->consts, in, NULL, out, NULL, vals, NULL);
+}
+
+int interp_run_with(const ir_graph *g, kiln_tensor *const *in, kiln_tensor *const *params, const int64_t *bound,
+                    const region_execs *rx, kiln_tensor **out) {
+  return run(g, NULL, in, params, out, NULL, bound, rx);
+}
+
+/* ---- check mode through compiled regions ---- */
+
+int region_execs_check(const ir_graph *g, kiln_tensor *const *in, kiln_tensor *const *params, const int64_t *bound,
+                       const region_execs *rx, char *report, size_t rn) {
+  int64_t vals[IR_MAX_SYMS];
+  if (ir_bind_or(g, in, params, bound, vals)) return -1;
+  kiln_tensor **all = alloc_calloc((size_t)g->n_nodes + 1, sizeof *all), *args[2 * 64 + 64] = {0}, *p = NULL;
+  int rc = all ? run(g, NULL, in, params, NULL, all, vals, rx) : (err_set("", 0, "call", "out of memory"), -1);
+  for (int id = 0; id < g->n_nodes && rc == 0; id++) {
+    const ir_node *n = &g->nodes[id];
+    if (!ir_is_cf(n->op) || id >= rx->n) continue;
+    int na = ir_cf_n_args(g, id, 0), k = 0, nv = 0;
+    kiln_tensor *views[64];
+    if (na > (int)(sizeof args / sizeof args[0])) continue;
+    for (int j = 0; j < na; j++) args[j] = all[n->in[n->op == IR_COND ? j + 1 : j]];
+    if (n->op == IR_COND) k = pred_value(all[n->in[0]]) ? 0 : 1;
+    if (n->op == IR_SCAN) {
+      if (all[n->in[n->n_carry]]->shape[0] == 0) continue;
+      for (int j = 0; j < n->n_xs && rc == 0; j++) {
+        kiln_tensor *x = args[n->n_carry + j];
+        views[nv] = tensor_view(x, x->ndim - 1, x->shape + 1, x->stride + 1, x->offset);
+        if (!views[nv]) rc = cf_oom(n);
+        args[n->n_carry + j] = views[nv++];
+      }
+    }
+    for (int pass = 0; rc == 0 && pass < (n->op == IR_WHILE ? 2 : 1); pass++, k++) {
+      if (pass == 1) {
+        /* the body's first step runs only when the condition holds at the start */
+        if ((rc = run_region(g, id, 0, vals, NULL, args, &p))) break;
+        bool go = pred_value(p);
+        kiln_release(p);
+        if (!go) break;
+      }
+      rc = rx->sub[id][k] && rx->be->check_bound ? rx->be->check_bound(rx->sub[id][k], args, vals, report, rn) : 0;
+      if (rc == 1) {
+        char inner[1024];
+        snprintf(inner, sizeof inner, "%s", report);
+        snprintf(report, rn, "in region '%s' of %%%d (%s at %s:%d), its first step: %s", ir_sub_name(n->op, k), id,
+                 ir_op_name(n->op), n->file, n->line, inner);
+      }
+    }
+    for (int j = 0; j < nv; j++) kiln_release(views[j]);
+  }
+  for (int i = 0; all && i < g->n_nodes; i++) kiln_release(all[i]);
+  alloc_free(all);
+  return rc;
 }
 
 static void interp_free(backend_exec *e) {
@@ -253,4 +445,4 @@ static void interp_free(backend_exec *e) {
   alloc_free(e);
 }
 
-const backend backend_interp = {"interp", interp_compile, interp_exec, interp_free, NULL, NULL};
+const backend backend_interp = {"interp", interp_compile, interp_exec, interp_free, NULL, NULL, interp_exec_bound, NULL};

@@ -77,6 +77,7 @@ static uint64_t node_hash(const ir_node *n) {
   for (int i = 0; i < n->n_in; i++) h = mix(h, (uint64_t)n->in[i]);
   h = mix(h, attrs_hash(ir_attr_fields(n->op), &n->attrs));
   h = mix(h, (uint64_t)n->index);
+  h = mix(h, (uint64_t)(uintptr_t)n->sub[0] ^ (uint64_t)(uintptr_t)n->sub[1] * 3 ^ (uint64_t)n->n_carry << 32 ^ (uint64_t)n->n_xs);
   if (n->op == IR_CONST) {
     const unsigned char *p = n->data;
     size_t k = node_data_bytes(n);
@@ -90,6 +91,8 @@ static bool dim_eq(sym_dim a, sym_dim b) { return a.e == b.e && (a.e || a.c == b
 static bool node_eq(const ir_node *a, const ir_node *b) {
   if (a->op != b->op || a->dtype != b->dtype || a->ndim != b->ndim || a->n_in != b->n_in || a->index != b->index)
     return false;
+  /* control flow: equal when it runs the same regions over the same inputs */
+  if (a->sub[0] != b->sub[0] || a->sub[1] != b->sub[1] || a->n_carry != b->n_carry || a->n_xs != b->n_xs) return false;
   for (int i = 0; i < a->ndim; i++)
     if (!dim_eq(a->shape[i], b->shape[i])) return false;
   for (int i = 0; i < a->n_in; i++)
@@ -131,8 +134,29 @@ ir_graph *ir_new(const char *name) {
   return g;
 }
 
+ir_graph *ir_new_like(ir_graph *src) {
+  ir_graph *g = ir_new(src->name);
+  if (!g) return NULL;
+  sym_ctx_free(g->sym);
+  g->sym = src->sym;
+  if (src->region) {
+    /* a region borrows its parent's symbols: both keep them */
+    g->region = true;
+    g->refs = 1;
+  } else {
+    src->sym = NULL;
+  }
+  g->n_syms = src->n_syms;
+  memcpy(g->sym_lo, src->sym_lo, sizeof g->sym_lo);
+  memcpy(g->sym_hi, src->sym_hi, sizeof g->sym_hi);
+  return g;
+}
+
 void ir_free(ir_graph *g) {
   if (!g) return;
+  if (g->region && --g->refs > 0) return;
+  for (int i = 0; i < g->n_nodes; i++)
+    for (int k = 0; k < 2; k++) ir_free(g->nodes[i].sub[k]);
   if (g->arena) {
     for (ir_block *b = g->arena->head, *nb; b; b = nb) {
       nb = b->next;
@@ -142,7 +166,7 @@ void ir_free(ir_graph *g) {
   }
   if (g->intern) alloc_free(g->intern->slot);
   alloc_free(g->intern);
-  sym_ctx_free(g->sym);
+  if (!g->region) sym_ctx_free(g->sym);
   alloc_free(g->nodes);
   alloc_free(g->outputs);
   alloc_free(g->writes);
@@ -191,6 +215,8 @@ static int push(ir_graph *g, const ir_node *n) {
   c.file = ir_str(g, n->file);
   if (!c.file) return -1;
   if (n->name && !(c.name = ir_str(g, n->name))) return -1;
+  for (int k = 0; k < 2; k++)
+    if (c.sub[k]) ir_region_hold(c.sub[k]);
   if (n->op == IR_INPUT) g->n_inputs++;
   if (n->op == IR_PARAM) g->n_params++;
   g->nodes[g->n_nodes] = c;
@@ -250,7 +276,8 @@ int ir_add_guard(ir_graph *g, sym_guard gd) {
 
 /* ---- names ---- */
 
-static const char *const leaf_names[] = {"input", "param", "grad", "const", "numel"};
+static const char *const leaf_names[] = {"input", "param", "grad", "const", "numel", "cond", "while", "scan", "get"};
+_Static_assert(sizeof leaf_names / sizeof leaf_names[0] == IR_OP_COUNT - IR_INPUT, "a name for every IR op");
 
 const char *ir_op_name(int op) {
   if (op >= 0 && op < OP_COUNT) return op_table[op].name;
@@ -286,7 +313,7 @@ int ir_node_shape(const ir_node *n, const int64_t *vals, int nvals, int64_t *sha
 
 unsigned ir_attr_fields(int op) {
   if (op >= 0 && op < OP_COUNT) return op_table[op].attrs;
-  return op == IR_NUMEL ? AF_AXES | AF_START : AF_NONE;
+  return op == IR_NUMEL ? AF_AXES | AF_START : op == IR_GET ? AF_K : AF_NONE;
 }
 
 int ir_attrs_eval(const ir_node *n, const int64_t *vals, int nvals, op_attrs *out) {
@@ -306,17 +333,25 @@ int *ir_use_counts(const ir_graph *g) {
   return uses;
 }
 
+int ir_copy_tail(ir_graph *dst, const ir_graph *src, const int *map) {
+  for (int i = 0; i < src->n_outputs; i++)
+    if (ir_add_output(dst, map[src->outputs[i]])) return -1;
+  for (int i = 0; i < src->n_writes; i++) {
+    ir_write w = src->writes[i];
+    w.target = map[w.target];
+    if (w.value >= 0) w.value = map[w.value];
+    if (ir_add_write(dst, w)) return -1;
+  }
+  for (int i = 0; i < src->n_guards; i++)
+    if (ir_add_guard(dst, src->guards[i])) return -1;
+  return 0;
+}
+
 ir_graph *ir_compact(const ir_graph *src, const bool *keep) {
-  ir_graph *g = ir_new(src->name);
   int *map = alloc_malloc(sizeof(int) * ((size_t)src->n_nodes + 1));
-  if (!g || !map) goto oom;
   /* the symbols' expressions live in src's context: move it over */
-  sym_ctx_free(g->sym);
-  g->sym = src->sym;
-  ((ir_graph *)src)->sym = NULL;
-  g->n_syms = src->n_syms;
-  memcpy(g->sym_lo, src->sym_lo, sizeof g->sym_lo);
-  memcpy(g->sym_hi, src->sym_hi, sizeof g->sym_hi);
+  ir_graph *g = map ? ir_new_like((ir_graph *)src) : NULL;
+  if (!g || !map) goto oom;
   int in_buf[64];
   for (int i = 0; i < src->n_nodes; i++) {
     map[i] = -1;
@@ -330,16 +365,7 @@ ir_graph *ir_compact(const ir_graph *src, const bool *keep) {
     if (ins != in_buf) alloc_free(ins);
     if (map[i] < 0) goto oom;
   }
-  for (int i = 0; i < src->n_outputs; i++)
-    if (ir_add_output(g, map[src->outputs[i]])) goto oom;
-  for (int i = 0; i < src->n_writes; i++) {
-    ir_write w = src->writes[i];
-    w.target = map[w.target];
-    if (w.value >= 0) w.value = map[w.value];
-    if (ir_add_write(g, w)) goto oom;
-  }
-  for (int i = 0; i < src->n_guards; i++)
-    if (ir_add_guard(g, src->guards[i])) goto oom;
+  if (ir_copy_tail(g, src, map)) goto oom;
   alloc_free(map);
   return g;
 oom:

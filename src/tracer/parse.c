@@ -45,6 +45,7 @@ typedef struct parser {
   out_ref *outs; /* the header's outputs, checked once all nodes are read */
   int n_outs, cap_outs;
   void *vals; /* a const's data while its line is read */
+  int depth;  /* regions open around the current line */
 } parser;
 
 /* ---- errors ---- */
@@ -556,6 +557,43 @@ static int parse_sym(parser *ps) {
 }
 
 /* `graph NAME(leaves) -> (outputs)`, the word graph already read. */
+/* `-> (%N, ...)` to the end of the line: the outputs, checked once the
+ * nodes are read (resolve_outputs). */
+static int read_outputs(parser *ps) {
+  if (expect(ps, "->") || expect(ps, "(")) return -1;
+  skip_blank(ps);
+  if (*ps->p != ')')
+    for (;;) {
+      skip_blank(ps);
+      const char *at = ps->p;
+      int id;
+      if (read_id(ps, &id)) return -1;
+      if (ps->n_outs == ps->cap_outs) {
+        int cap = ps->cap_outs ? ps->cap_outs * 2 : 8;
+        out_ref *o = alloc_realloc(ps->outs, sizeof *o * (size_t)cap);
+        if (!o) return fail_oom(ps);
+        ps->outs = o;
+        ps->cap_outs = cap;
+      }
+      ps->outs[ps->n_outs++] = (out_ref){id, ps->lno, (long long)(at - ps->line) + 1};
+      skip_blank(ps);
+      if (*ps->p == ')') break;
+      if (*ps->p != ',') return fail_unexpected(ps, "expected ',' or ')'");
+      ps->p++;
+    }
+  ps->p++;
+  return expect_eol(ps);
+}
+
+static int resolve_outputs(parser *ps) {
+  for (int i = 0; i < ps->n_outs; i++) {
+    out_ref o = ps->outs[i];
+    if (o.id >= ps->g->n_nodes) return fail_pos(ps, o.lno, o.col, "output %%%d is not defined", o.id);
+    if (ir_add_output(ps->g, o.id)) return fail_oom(ps);
+  }
+  return 0;
+}
+
 static int parse_header(parser *ps) {
   ir_graph *g = ps->g;
   skip_blank(ps);
@@ -625,29 +663,7 @@ static int parse_header(parser *ps) {
       ps->p++;
     }
   ps->p++;
-  if (expect(ps, "->") || expect(ps, "(")) return -1;
-  skip_blank(ps);
-  if (*ps->p != ')')
-    for (;;) {
-      skip_blank(ps);
-      const char *at = ps->p;
-      int id;
-      if (read_id(ps, &id)) return -1;
-      if (ps->n_outs == ps->cap_outs) {
-        int cap = ps->cap_outs ? ps->cap_outs * 2 : 8;
-        out_ref *o = alloc_realloc(ps->outs, sizeof *o * (size_t)cap);
-        if (!o) return fail_oom(ps);
-        ps->outs = o;
-        ps->cap_outs = cap;
-      }
-      ps->outs[ps->n_outs++] = (out_ref){id, ps->lno, (long long)(at - ps->line) + 1};
-      skip_blank(ps);
-      if (*ps->p == ')') break;
-      if (*ps->p != ',') return fail_unexpected(ps, "expected ',' or ')'");
-      ps->p++;
-    }
-  ps->p++;
-  return expect_eol(ps);
+  return read_outputs(ps);
 }
 
 /* `guards: G, G, ...`, the word guards already read. */
@@ -673,7 +689,7 @@ static int parse_guards(parser *ps) {
 /* Inputs an op takes: -1 for one or more, -2 for an op with no node line. */
 static int op_arity(int op) {
   if (op >= 0 && op < OP_COUNT) return op_table[op].arity;
-  return op == IR_NUMEL ? 1 : -2;
+  return op == IR_NUMEL || op == IR_GET ? 1 : ir_is_cf(op) ? -1 : -2;
 }
 
 static int read_bool(parser *ps, bool *b) {
@@ -756,6 +772,92 @@ static int read_attrs(parser *ps, ir_node *n) {
   return expect(ps, "}");
 }
 
+/* scan's `{carry=N, xs=M}` and while's `{carry=N}`: how its inputs split. */
+static int read_cf_attrs(parser *ps, ir_node *n, const char *op_at) {
+  if (n->op != IR_SCAN && n->op != IR_WHILE) return 0;
+  int64_t c, x = 0;
+  if (expect(ps, "{") || expect_key(ps, "carry") || read_int(ps, 0, n->n_in, &c)) return -1;
+  if (n->op == IR_SCAN && (expect(ps, ",") || expect_key(ps, "xs") || read_int(ps, 1, n->n_in - c, &x))) return -1;
+  if (expect(ps, "}")) return -1;
+  if (n->op == IR_WHILE && c < 1) return fail(ps, op_at, "a while loop carries at least one value");
+  n->n_carry = (int)c;
+  n->n_xs = (int)x;
+  return 0;
+}
+
+static int parse_node(parser *ps);
+
+/* Region i of node id: `region NAME(%0: TYPE, ...) -> (%N, ...)`, its node
+ * lines, `end`. Its ids count from %0 again; it sees only its arguments. */
+static int parse_region(parser *ps, int id, int i) {
+  enum { MAX_DEPTH = 32 };
+  ir_graph *parent = ps->g;
+  int op = parent->nodes[id].op;
+  const char *name = ir_sub_name(op, i);
+  if (!next_line(ps)) return fail(ps, ps->p, "expected 'region %s' of %%%d", name, id);
+  if (!accept_word(ps, "region")) return fail(ps, ps->p, "expected 'region %s' of %%%d", name, id);
+  if (!accept_word(ps, name)) return fail(ps, ps->p, "expected region '%s'", name);
+  if (ps->depth == MAX_DEPTH) return fail(ps, ps->p, "regions nested more than %d deep", MAX_DEPTH);
+  ir_graph *r = ir_region_new(parent, name);
+  if (!r) return fail_oom(ps);
+  parent->nodes[id].sub[i] = r; /* the parent frees it from now on */
+  out_ref *outs = ps->outs;
+  int n_outs = ps->n_outs, cap_outs = ps->cap_outs;
+  ps->outs = NULL;
+  ps->n_outs = ps->cap_outs = 0;
+  ps->g = r;
+  ps->depth++;
+  int rc = expect(ps, "(");
+  skip_blank(ps);
+  if (!rc && *ps->p != ')')
+    for (;;) {
+      skip_blank(ps);
+      const char *at = ps->p;
+      int a;
+      ir_node leaf = {.op = IR_INPUT, .file = "", .index = r->n_inputs};
+      if ((rc = read_id(ps, &a))) break;
+      if (a != r->n_nodes) {
+        rc = fail(ps, at, "expected %%%d (ids count up from %%0)", r->n_nodes);
+        break;
+      }
+      if ((rc = expect(ps, ":") || read_type(ps, &leaf))) break;
+      if (ir_append(r, &leaf) < 0) {
+        rc = fail_oom(ps);
+        break;
+      }
+      skip_blank(ps);
+      if (*ps->p == ')') break;
+      if (*ps->p != ',') {
+        rc = fail_unexpected(ps, "expected ',' or ')'");
+        break;
+      }
+      ps->p++;
+    }
+  if (!rc) {
+    ps->p++;
+    rc = read_outputs(ps);
+  }
+  while (!rc) {
+    if (!next_line(ps)) {
+      rc = fail(ps, ps->p, "region '%s' of %%%d has no 'end'", name, id);
+    } else if (accept_word(ps, "end")) {
+      rc = expect_eol(ps) || resolve_outputs(ps);
+      break;
+    } else if (*ps->p == '%') {
+      rc = parse_node(ps);
+    } else {
+      rc = fail(ps, ps->p, "expected a node line or 'end' in region '%s'", name);
+    }
+  }
+  alloc_free(ps->outs);
+  ps->outs = outs;
+  ps->n_outs = n_outs;
+  ps->cap_outs = cap_outs;
+  ps->g = parent;
+  ps->depth--;
+  return rc ? -1 : 0;
+}
+
 /* `%ID: TYPE = OP(ARGS) {ATTRS}  # file:line`, the cursor at '%'. */
 static int parse_node(parser *ps) {
   ir_graph *g = ps->g;
@@ -766,12 +868,16 @@ static int parse_node(parser *ps) {
   if (id != g->n_nodes) return fail(ps, at, "expected %%%d (ids count up by one)", g->n_nodes);
   if (expect(ps, ":")) return -1;
   const char *type_at = (skip_blank(ps), ps->p);
-  if (read_type(ps, &n) || expect(ps, "=")) return -1;
+  bool tuple = accept_word(ps, "tuple");
+  if ((!tuple && read_type(ps, &n)) || expect(ps, "=")) return -1;
   size_t len = peek_word(ps);
   const char *op_at = ps->p;
   if (!len) return fail(ps, op_at, "expected an op name");
   n.op = ir_op_parse(op_at, len);
   if (n.op < 0) return fail(ps, op_at, "unknown op '%.*s'", (int)(len > 32 ? 32 : len), op_at);
+  if (tuple != ir_is_cf(n.op))
+    return fail(ps, tuple ? type_at : op_at, tuple ? "only cond, while and scan make a tuple" : "'%s' makes a tuple: write its type 'tuple'",
+                ir_op_name(n.op));
   if (is_header_leaf(n.op))
     return fail(ps, op_at, "'%s' is a leaf: leaves are listed in the graph header", ir_op_name(n.op));
   if (n.op != IR_CONST && op_arity(n.op) == -2) return fail(ps, op_at, "'%s' has no node line", ir_op_name(n.op));
@@ -804,10 +910,11 @@ static int parse_node(parser *ps) {
     if (arity >= 0 && n.n_in != arity)
       return fail(ps, op_at, "'%s' takes %d input%s, not %d", ir_op_name(n.op), arity, arity == 1 ? "" : "s", n.n_in);
   }
-  if (read_attrs(ps, &n) || read_where(ps, &n.file, &n.line) || expect_eol(ps)) return -1;
+  if (read_cf_attrs(ps, &n, op_at) || read_attrs(ps, &n) || read_where(ps, &n.file, &n.line) || expect_eol(ps)) return -1;
   int rc = ir_append(g, &n) < 0 ? fail_oom(ps) : 0;
   alloc_free(ps->vals);
   ps->vals = NULL;
+  for (int i = 0; !rc && i < ir_n_sub(n.op); i++) rc = parse_region(ps, id, i);
   return rc;
 }
 
@@ -890,12 +997,7 @@ static int parse_graph(parser *ps) {
   ps->lno = lno;
   ps->p = p;
   if (parse_body(ps, more)) return -1;
-  for (int i = 0; i < ps->n_outs; i++) {
-    out_ref o = ps->outs[i];
-    if (o.id >= ps->g->n_nodes) return fail_pos(ps, o.lno, o.col, "output %%%d is not defined", o.id);
-    if (ir_add_output(ps->g, o.id)) return fail_oom(ps);
-  }
-  return 0;
+  return resolve_outputs(ps);
 }
 
 ir_graph *ir_parse(const char *text, char *err, size_t errn) {

@@ -1,8 +1,9 @@
 /* Graph passes between the trace and a backend: simplify (algebraic
  * identities and view chains), fold (evaluate small constant subgraphs with
  * the eager kernels), cse (merge equal nodes) and dce (drop what no output or
- * write reaches). pass_pipeline lists them in order; test builds run the
- * verifier after each one.
+ * write reaches). pass_pipeline lists them in order, each run on the graph
+ * and then on every region inside it; test builds run the verifier (which
+ * walks the regions too) after each one.
  *
  * simplify, fold and cse rebuild the graph node by node in topological order
  * through ir_add, so each node's inputs are already rewritten when it is met
@@ -34,20 +35,6 @@ static bool same_type(const ir_node *a, const ir_node *b) {
  * rewrites it made in *changed. */
 typedef int (*rewrite_fn)(ir_graph *dst, ir_node *n, int *changed);
 
-/* An empty graph that takes over src's symbols (the expressions of src's
- * shapes live in src->sym). NULL on out of memory, src untouched. */
-static ir_graph *graph_like(ir_graph *src) {
-  ir_graph *g = ir_new(src->name);
-  if (!g) return NULL;
-  sym_ctx_free(g->sym);
-  g->sym = src->sym;
-  src->sym = NULL;
-  g->n_syms = src->n_syms;
-  memcpy(g->sym_lo, src->sym_lo, sizeof g->sym_lo);
-  memcpy(g->sym_hi, src->sym_hi, sizeof g->sym_hi);
-  return g;
-}
-
 /* A new graph with every op node of src passed through rw (or just
  * interned when rw is NULL), outputs and writes following their nodes.
  * Frees src; NULL on out of memory. */
@@ -63,7 +50,7 @@ static ir_graph *rebuild_in(ir_graph *src, const int *order, rewrite_fn rw, int 
     if (src->nodes[i].n_in > max_in) max_in = src->nodes[i].n_in;
   int *map = alloc_malloc(sizeof(int) * ((size_t)src->n_nodes + 1));
   int *ins = alloc_malloc(sizeof(int) * (size_t)max_in);
-  ir_graph *dst = map && ins ? graph_like(src) : NULL;
+  ir_graph *dst = map && ins ? ir_new_like(src) : NULL;
   if (!dst) goto oom;
   for (int o = 0; o < src->n_nodes; o++) {
     int i = order ? order[o] : o;
@@ -73,16 +60,7 @@ static ir_graph *rebuild_in(ir_graph *src, const int *order, rewrite_fn rw, int 
     map[i] = rw && n.op < OP_COUNT ? rw(dst, &n, changed) : ir_add(dst, &n);
     if (map[i] < 0) goto oom;
   }
-  for (int i = 0; i < src->n_outputs; i++)
-    if (ir_add_output(dst, map[src->outputs[i]])) goto oom;
-  for (int i = 0; i < src->n_writes; i++) {
-    ir_write w = src->writes[i];
-    w.target = map[w.target];
-    if (w.value >= 0) w.value = map[w.value];
-    if (ir_add_write(dst, w)) goto oom;
-  }
-  for (int i = 0; i < src->n_guards; i++)
-    if (ir_add_guard(dst, src->guards[i])) goto oom;
+  if (ir_copy_tail(dst, src, map)) goto oom;
   alloc_free(map);
   alloc_free(ins);
   ir_free(src);
@@ -344,6 +322,260 @@ ir_graph *pass_schedule(ir_graph *g) {
   return r;
 }
 
+/* ---- hoist ------------------------------------------------------------- */
+
+/* Work in a loop's region that depends only on its captures (and
+ * constants) is the same every step: it moves out, before the loop, and its
+ * values come in as new captures. Captured recordings have none (build.c
+ * keeps such work outside by construction); a graph read from text may.
+ * A scan's work on xs[t] and captures alone (an RNN's input projection
+ * x[t] @ W) is batched: done once outside over all of xs, a matmul or a
+ * pointwise op on (T, ...), its result a new xs of the scan. */
+
+/* (a draw is never the same twice: it stays in) */
+static bool hoistable_op(int op) { return (op >= 0 && op < OP_COUNT && !(op_table[op].attrs & AF_RNG)) || op == IR_NUMEL; }
+
+/* Region r's node c (or its batched form) appended to dst: each input as
+ * batch/bat say (the batched value), else at (its id in dst; a constant
+ * not there yet is copied out). Its id in dst, or -1. */
+static int copy_out(ir_graph *dst, const ir_graph *r, const ir_node *c, int *at, const bool *batch, const int *bat) {
+  int small[16], *in = c->n_in <= 16 ? small : alloc_malloc(sizeof(int) * (size_t)c->n_in), id = -1;
+  if (!in) return -1;
+  bool ok = true;
+  for (int j = 0; j < c->n_in && ok; j++) {
+    int y = c->in[j];
+    if (batch && batch[y]) {
+      in[j] = bat[y];
+      continue;
+    }
+    if (at[y] < 0) ok = (at[y] = ir_add(dst, &r->nodes[y])) >= 0;
+    in[j] = at[y];
+  }
+  ir_node h = *c;
+  h.in = in;
+  if (ok) id = ir_add(dst, &h);
+  if (in != small) alloc_free(in);
+  return id;
+}
+
+/* Loop node i of src (its operands ins[] already dst's ids) into dst, its
+ * regions' invariant work computed in dst first. The node's id, or -1. */
+static int hoist_loop(ir_graph *dst, const ir_graph *src, int i, const int *ins) {
+  const ir_node *n = &src->nodes[i];
+  int first_cap = n->op == IR_SCAN ? n->n_carry + n->n_xs : n->n_carry, n_sub = ir_n_sub(n->op), id = -1, n_extra = 0;
+  int max = 0;
+  for (int k = 0; k < n_sub; k++) max += n->sub[k]->n_nodes;
+  bool *lift[2] = {NULL, NULL};
+  int *at[2] = {NULL, NULL}, *extra = alloc_malloc(sizeof(int) * ((size_t)max + 1)), *cins = NULL;
+  int *rmap = alloc_malloc(sizeof(int) * ((size_t)max + 1)), *rin = alloc_malloc(sizeof(int) * ((size_t)max + 1));
+  int *xnew = alloc_malloc(sizeof(int) * ((size_t)max + 1)), *xin = alloc_malloc(sizeof(int) * ((size_t)max + 1)), n_xnew = 0;
+  bool *batch = NULL; /* the scan's region: a node computed for all steps at once outside */
+  int *bat = NULL;
+  ir_graph *sub[2] = {NULL, NULL};
+  bool ok = extra && rmap && rin && xnew && xin;
+  for (int k = 0; k < n_sub && ok; k++) {
+    const ir_graph *r = n->sub[k];
+    lift[k] = alloc_calloc((size_t)r->n_nodes + 1, sizeof(bool));
+    at[k] = alloc_malloc(sizeof(int) * ((size_t)r->n_nodes + 1)); /* a region node's id in dst, or -1 */
+    bool *inv = alloc_calloc((size_t)r->n_nodes + 1, sizeof(bool));
+    if (n->op == IR_SCAN) {
+      batch = alloc_calloc((size_t)r->n_nodes + 1, sizeof(bool));
+      bat = alloc_malloc(sizeof(int) * ((size_t)r->n_nodes + 1)); /* a batched node's id in dst */
+    }
+    ok = lift[k] && at[k] && inv && (n->op != IR_SCAN || (batch && bat));
+    for (int x = 0; x < r->n_nodes && ok; x++) {
+      const ir_node *c = &r->nodes[x];
+      at[k][x] = -1;
+      if (c->op == IR_INPUT) {
+        inv[x] = c->index >= first_cap;
+        if (inv[x]) at[k][x] = ins[c->index];
+        continue;
+      }
+      if (c->op == IR_CONST) {
+        inv[x] = true;
+        continue;
+      }
+      if (!hoistable_op(c->op) || c->n_in < 1) continue;
+      bool all = true, any_cap = false;
+      for (int j = 0; j < c->n_in; j++) {
+        all &= inv[c->in[j]];
+        any_cap |= r->nodes[c->in[j]].op != IR_CONST;
+      }
+      if (!all || !any_cap) continue; /* constants alone are fold's */
+      inv[x] = lift[k][x] = true;
+      ok = (at[k][x] = copy_out(dst, r, c, at[k], NULL, NULL)) >= 0;
+    }
+    /* a scan's work on xs[t] alone (and invariants) is the same op on all of
+     * xs at once: a pointwise op whose xs-side inputs have its rank, or a
+     * matmul of such by an invariant matrix; done once outside, its result
+     * comes in as a new xs */
+    for (int x = 0; x < r->n_nodes && ok && n->op == IR_SCAN; x++) {
+      const ir_node *c = &r->nodes[x];
+      if (c->op == IR_INPUT) {
+        if (c->index >= n->n_carry && c->index < first_cap) batch[x] = true, bat[x] = ins[c->index];
+        continue;
+      }
+      if (lift[k][x] || c->op < 0 || c->op >= OP_COUNT || c->n_in < 1) continue;
+      if (op_table[c->op].attrs & AF_RNG) continue;
+      int kind = op_table[c->op].kind;
+      bool fits = kind == KIND_POINTWISE || (c->op == OP_MATMUL && c->n_in == 2 && !batch[c->in[1]] && inv[c->in[1]] &&
+                                             r->nodes[c->in[1]].ndim == 2 && r->nodes[c->in[0]].ndim >= 2);
+      bool any = false;
+      for (int j = 0; j < c->n_in && fits; j++) {
+        const ir_node *y = &r->nodes[c->in[j]];
+        if (batch[c->in[j]]) any = true, fits = y->ndim == c->ndim;
+        else fits = inv[c->in[j]] && y->ndim <= c->ndim;
+      }
+      if (!fits || !any || c->ndim >= MAXD) continue;
+      ir_node h = *c;
+      /* (T, ...): the steps' values stacked, T being xs's dim 0 */
+      memmove(h.shape + 1, h.shape, sizeof h.shape[0] * (size_t)h.ndim);
+      h.shape[0] = dst->nodes[ins[n->n_carry]].shape[0];
+      h.ndim++;
+      ok = (bat[x] = copy_out(dst, r, &h, at[k], batch, bat)) >= 0;
+      batch[x] = true;
+    }
+    for (int x = r->n_inputs; x < r->n_nodes && ok && batch; x++) {
+      const ir_node *c = &r->nodes[x];
+      bool need = false;
+      for (int j = 0; j < c->n_in && !batch[x] && !lift[k][x]; j++) need |= batch[c->in[j]] && r->nodes[c->in[j]].op != IR_INPUT;
+      for (int j = 0; j < c->n_in && need; j++) {
+        int y = c->in[j], e = 0;
+        if (!batch[y] || r->nodes[y].op == IR_INPUT) continue;
+        while (e < n_xnew && xnew[e] != bat[y]) e++;
+        if (e == n_xnew) xnew[n_xnew++] = bat[y];
+      }
+    }
+    for (int o = 0; o < r->n_outputs && ok && n->op == IR_SCAN; o++) {
+      int y = r->outputs[o], e = 0;
+      if (!batch[y] || r->nodes[y].op == IR_INPUT) continue;
+      while (e < n_xnew && xnew[e] != bat[y]) e++;
+      if (e == n_xnew) xnew[n_xnew++] = bat[y];
+    }
+    /* the lifted values the region still reads come in as captures */
+    for (int x = 0; x < r->n_nodes && ok; x++) {
+      const ir_node *c = &r->nodes[x];
+      bool need = false;
+      for (int j = 0; j < c->n_in && !lift[k][x] && !(batch && batch[x]); j++) need |= lift[k][c->in[j]];
+      for (int j = 0; j < c->n_in && need; j++) {
+        int y = c->in[j], e = 0;
+        if (!lift[k][y]) continue;
+        while (e < n_extra && extra[e] != at[k][y]) e++;
+        if (e == n_extra) extra[n_extra++] = at[k][y];
+      }
+    }
+    for (int o = 0; o < r->n_outputs && ok; o++) {
+      int y = r->outputs[o], e = 0;
+      if (!lift[k][y]) continue;
+      while (e < n_extra && extra[e] != at[k][y]) e++;
+      if (e == n_extra) extra[n_extra++] = at[k][y];
+    }
+    alloc_free(inv);
+  }
+  if (!ok) goto done;
+  if (!n_extra && !n_xnew) {
+    /* nothing to move out: the node as it is */
+    ir_node c = *n;
+    c.in = (int *)ins;
+    id = ir_add(dst, &c);
+    goto done;
+  }
+  for (int k = 0; k < n_sub && ok; k++) {
+    const ir_graph *r = n->sub[k];
+    ir_graph *nr = sub[k] = ir_region_new(dst, r->name);
+    ok = nr != NULL;
+    /* arguments: the carry, the xs, the new xs, the captures, the new captures */
+    for (int x = 0; x < first_cap && ok; x++) ok = (rmap[x] = ir_append(nr, &r->nodes[x])) >= 0;
+    for (int e = 0; e < n_xnew && ok; e++) {
+      const ir_node *v = &dst->nodes[xnew[e]];
+      ir_node in = {.op = IR_INPUT, .index = first_cap + e, .dtype = v->dtype, .ndim = v->ndim - 1, .file = ""};
+      memcpy(in.shape, v->shape + 1, sizeof in.shape[0] * (size_t)in.ndim);
+      ok = (xin[e] = ir_append(nr, &in)) >= 0;
+    }
+    for (int x = first_cap; x < r->n_inputs && ok; x++) {
+      ir_node in = r->nodes[x];
+      in.index += n_xnew;
+      ok = (rmap[x] = ir_append(nr, &in)) >= 0;
+    }
+    for (int e = 0; e < n_extra && ok; e++) {
+      const ir_node *v = &dst->nodes[extra[e]];
+      ir_node in = {.op = IR_INPUT, .index = r->n_inputs + n_xnew + e, .dtype = v->dtype, .ndim = v->ndim, .file = ""};
+      memcpy(in.shape, v->shape, sizeof in.shape);
+      ok = (rin[e] = ir_append(nr, &in)) >= 0;
+    }
+    for (int x = r->n_inputs; x < r->n_nodes && ok; x++) {
+      if (lift[k][x]) {
+        int e = 0;
+        while (e < n_extra && extra[e] != at[k][x]) e++;
+        rmap[x] = e < n_extra ? rin[e] : -1; /* -1: only lifted nodes read it */
+        continue;
+      }
+      if (batch && batch[x]) {
+        int e = 0;
+        while (e < n_xnew && xnew[e] != bat[x]) e++;
+        rmap[x] = e < n_xnew ? xin[e] : -1; /* -1: only batched nodes read it */
+        continue;
+      }
+      ir_node c = r->nodes[x];
+      int small[16], *cin = c.n_in <= 16 ? small : alloc_malloc(sizeof(int) * (size_t)c.n_in);
+      if (!cin) {
+        ok = false;
+        break;
+      }
+      for (int j = 0; j < c.n_in; j++) cin[j] = rmap[c.in[j]];
+      c.in = cin;
+      ok = (rmap[x] = ir_add(nr, &c)) >= 0;
+      if (cin != small) alloc_free(cin);
+    }
+    for (int o = 0; o < r->n_outputs && ok; o++) ok = !ir_add_output(nr, rmap[r->outputs[o]]);
+  }
+  if (ok && (cins = alloc_malloc(sizeof(int) * (size_t)(n->n_in + n_xnew + n_extra)))) {
+    memcpy(cins, ins, sizeof(int) * (size_t)first_cap);
+    memcpy(cins + first_cap, xnew, sizeof(int) * (size_t)n_xnew);
+    memcpy(cins + first_cap + n_xnew, ins + first_cap, sizeof(int) * (size_t)(n->n_in - first_cap));
+    memcpy(cins + n->n_in + n_xnew, extra, sizeof(int) * (size_t)n_extra);
+    ir_node c = *n;
+    c.in = cins;
+    c.n_in = n->n_in + n_xnew + n_extra;
+    c.n_xs = n->n_xs + n_xnew;
+    c.sub[0] = sub[0], c.sub[1] = sub[1];
+    id = ir_append(dst, &c);
+  }
+done:
+  for (int k = 0; k < 2; k++) ir_free(sub[k]), alloc_free(lift[k]), alloc_free(at[k]);
+  alloc_free(extra), alloc_free(rmap), alloc_free(rin), alloc_free(cins), alloc_free(xnew), alloc_free(xin);
+  alloc_free(batch), alloc_free(bat);
+  return id;
+}
+
+ir_graph *pass_hoist(ir_graph *g) {
+  bool loops = false;
+  for (int i = 0; i < g->n_nodes; i++) loops |= g->nodes[i].op == IR_SCAN || g->nodes[i].op == IR_WHILE;
+  if (!loops) return g;
+  int max_in = 1;
+  for (int i = 0; i < g->n_nodes; i++)
+    if (g->nodes[i].n_in > max_in) max_in = g->nodes[i].n_in;
+  int *map = alloc_malloc(sizeof(int) * ((size_t)g->n_nodes + 1)), *ins = alloc_malloc(sizeof(int) * (size_t)max_in);
+  ir_graph *dst = map && ins ? ir_new_like(g) : NULL;
+  if (!dst) goto oom;
+  for (int i = 0; i < g->n_nodes; i++) {
+    ir_node n = g->nodes[i];
+    for (int j = 0; j < n.n_in; j++) ins[j] = map[n.in[j]];
+    n.in = ins;
+    map[i] = n.op == IR_SCAN || n.op == IR_WHILE ? hoist_loop(dst, g, i, ins) : ir_add(dst, &n);
+    if (map[i] < 0) goto oom;
+  }
+  if (ir_copy_tail(dst, g, map)) goto oom;
+  alloc_free(map), alloc_free(ins);
+  ir_free(g);
+  return dst;
+oom:
+  alloc_free(map), alloc_free(ins);
+  ir_free(dst);
+  ir_free(g);
+  return NULL;
+}
+
 /* ---- the pipeline ------------------------------------------------------- */
 
 static const struct {
@@ -353,10 +585,27 @@ static const struct {
     {"simplify", pass_simplify}, /* x*1, cast(cast...), view chains: exposes constants */
     {"fold", pass_fold},         /* constant subgraphs, the casts of scalars among them */
     {"simplify", pass_simplify}, /* identities the folded constants made visible */
+    {"hoist", pass_hoist},       /* loop-invariant work out of loop regions */
     {"cse", pass_cse},
     {"dce", pass_dce},
     {"schedule", pass_schedule}, /* collectives early, to overlap what follows */
 };
+
+/* Runs pass over every region of g, deepest first: each node's region is
+ * replaced by what the pass makes of it. 0, or -1 on out of memory. */
+static int in_regions(ir_graph *g, ir_graph *(*pass)(ir_graph *g)) {
+  for (int i = 0; i < g->n_nodes; i++)
+    for (int k = 0; k < 2; k++) {
+      ir_graph *sub = g->nodes[i].sub[k];
+      if (!sub) continue;
+      if (in_regions(sub, pass)) return -1;
+      ir_graph *r = pass(ir_region_hold(sub));
+      if (!r) return -1;
+      ir_free(sub);
+      g->nodes[i].sub[k] = r;
+    }
+  return 0;
+}
 
 ir_graph *pass_pipeline(ir_graph *g, char *err, size_t errn) {
   if (errn) err[0] = '\0';
@@ -374,6 +623,10 @@ ir_graph *pass_pipeline(ir_graph *g, char *err, size_t errn) {
 #endif
   for (size_t i = 0; i < sizeof pipeline / sizeof pipeline[0]; i++) {
     g = pipeline[i].run(g);
+    if (g && in_regions(g, pipeline[i].run)) {
+      ir_free(g);
+      g = NULL;
+    }
     if (!g) {
       snprintf(err, errn, "%s: out of memory", pipeline[i].name);
       return NULL;

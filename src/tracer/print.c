@@ -258,6 +258,69 @@ static void put_name(out *o, const char *name) {
   put_str(o, n ? b : "graph");
 }
 
+static void put_indent(out *o, int depth) {
+  for (int i = 0; i < depth; i++) put_str(o, "  ");
+}
+
+static void print_region(out *o, const ir_graph *r, const char *name, int depth);
+
+/* The node lines of g from node k on, indented depth steps; a control-flow
+ * node's regions follow its line, one step deeper. */
+static void print_nodes(out *o, const ir_graph *g, int k, int depth) {
+  /* a leaf out of place prints as a node line, which the parser refuses */
+  for (int id = k; id < g->n_nodes && !o->failed; id++) {
+    const ir_node *n = &g->nodes[id];
+    put_indent(o, depth);
+    putf(o, "%%%d: ", id);
+    if (ir_is_cf(n->op))
+      put_str(o, "tuple");
+    else
+      put_type(o, n);
+    put_str(o, " = ");
+    put_str(o, ir_op_name(n->op));
+    put_str(o, "(");
+    if (n->op == IR_CONST) {
+      put_const_values(o, n);
+    } else {
+      for (int j = 0; j < n->n_in; j++) putf(o, j ? ", %%%d" : "%%%d", n->in[j]);
+    }
+    put_str(o, ")");
+    if (n->op == IR_SCAN) putf(o, " {carry=%d, xs=%d}", n->n_carry, n->n_xs);
+    if (n->op == IR_WHILE) putf(o, " {carry=%d}", n->n_carry);
+    put_attrs(o, g, id);
+    put_where(o, n->file, n->line);
+    put_str(o, "\n");
+    for (int i = 0; i < ir_n_sub(n->op); i++) {
+      if (n->sub[i]) {
+        print_region(o, n->sub[i], ir_sub_name(n->op, i), depth + 1);
+      } else {
+        put_indent(o, depth + 1);
+        put_str(o, "?\n"); /* a region missing: the parser refuses it */
+      }
+    }
+  }
+}
+
+/* `region NAME(%0: TYPE, ...) -> (%N, ...)`, its nodes, then `end`. */
+static void print_region(out *o, const ir_graph *r, const char *name, int depth) {
+  int k = 0;
+  while (k < r->n_nodes && is_header_leaf(r->nodes[k].op)) k++;
+  put_indent(o, depth);
+  put_str(o, "region ");
+  put_str(o, name);
+  put_str(o, "(");
+  for (int i = 0; i < k; i++) {
+    putf(o, i ? ", %%%d: " : "%%%d: ", i);
+    put_type(o, &r->nodes[i]);
+  }
+  put_str(o, ") -> (");
+  for (int i = 0; i < r->n_outputs; i++) putf(o, i ? ", %%%d" : "%%%d", r->outputs[i]);
+  put_str(o, ")\n");
+  print_nodes(o, r, k, depth + 1);
+  put_indent(o, depth);
+  put_str(o, "end\n");
+}
+
 static void print_graph(out *o, const ir_graph *g) {
   /* the leaves leading the node array are the header's arguments */
   int k = 0;
@@ -306,24 +369,7 @@ static void print_graph(out *o, const ir_graph *g) {
     put_str(o, "\n");
   }
 
-  /* a leaf out of place prints as a node line, which the parser refuses */
-  for (int id = k; id < g->n_nodes && !o->failed; id++) {
-    const ir_node *n = &g->nodes[id];
-    putf(o, "  %%%d: ", id);
-    put_type(o, n);
-    put_str(o, " = ");
-    put_str(o, ir_op_name(n->op));
-    put_str(o, "(");
-    if (n->op == IR_CONST) {
-      put_const_values(o, n);
-    } else {
-      for (int j = 0; j < n->n_in; j++) putf(o, j ? ", %%%d" : "%%%d", n->in[j]);
-    }
-    put_str(o, ")");
-    put_attrs(o, g, id);
-    put_where(o, n->file, n->line);
-    put_str(o, "\n");
-  }
+  print_nodes(o, g, k, 1);
 
   for (int i = 0; i < g->n_writes; i++) {
     const ir_write *w = &g->writes[i];

@@ -72,6 +72,11 @@ static void escape(recording *r, const char *file, int line, const char *fmt, ..
   va_start(ap, fmt);
   vsnprintf(r->why, sizeof r->why, fmt, ap);
   va_end(ap);
+  if (r->cf_depth) {
+    /* a region records its body once: it cannot run part of it eagerly */
+    r->failed = true;
+    return;
+  }
   if (new_event(r, EV_ESCAPE, 0, NULL, 0, file, line) < 0) return;
   r->escaped = true;
   r->st->hooks.record = false;
@@ -381,6 +386,9 @@ static void on_inplace(void *ctx, op_id op, kiln_tensor *dst, kiln_tensor *src, 
                        int line) {
   recording *r = ctx;
   if (r->failed) return;
+  if (r->cf_depth)
+    return fail(r, "%s:%d: an in-place write inside the body of a kiln_cond, kiln_while_loop or kiln_scan in a "
+                   "compiled function (a region's body is functional: return the new value instead)", file, line);
   int ids[3] = {rec_value_of(r, dst), src ? rec_value_of(r, src) : 0, 0};
   if (ids[0] < 0 || ids[1] < 0) return;
   int n = src ? 2 : 1;
@@ -419,6 +427,14 @@ static void on_read(void *ctx, const char *what, const kiln_tensor *t, const cha
   r->read_data = true;
   r->reader = what;
   if (r->failed || !pending(r, t)) return;
+  if (r->cf_depth) {
+    fail(r, "%s:%d: %s reads data inside the body of a kiln_cond, kiln_while_loop or kiln_scan, which a compiled "
+            "function records once as a region, without data (compute it with ops, or read it outside the body)",
+         file, line, what);
+    err_set(file, line, what, "%s", r->why);
+    r->why_is_error = true;
+    return;
+  }
   if (r->n_breaks == REC_MAX_BREAKS)
     return escape(r, file, line, "%s:%d: %s reads data after %d graph breaks in one call: the rest of the body ran eagerly",
                   file, line, what, REC_MAX_BREAKS);
@@ -504,6 +520,192 @@ static kiln_tensor *on_factory(void *ctx, int kind, kiln_dtype dt, int ndim, con
     adopt(r, t, v);
   }
   return t;
+}
+
+/* ---- control flow: each body recorded once, as a region ---- */
+
+static const char *const cf_name[] = {"cond", "while_loop", "scan"};
+
+/* " (f.c:12)": where the recording made t, or where it came from. */
+static const char *made_at(recording *r, const kiln_tensor *t, char *buf, size_t n) {
+  if (t->rec_call == r->id && t->rec_id >= 0 && t->rec_id < r->n_val) {
+    const rec_value *v = &r->val[t->rec_id];
+    if (v->kind == RV_MADE && v->event >= 0) {
+      const rec_event *e = &r->ev[v->event];
+      snprintf(buf, n, "%s:%d", e->file, e->line);
+      return buf;
+    }
+  }
+  snprintf(buf, n, "%s", t->rec_call == r->id ? "a value of the call" : "a tensor made before the call");
+  return buf;
+}
+
+/* got agrees with want in dtype and shape, or the error names both and the lines that made them. */
+static int cf_same(recording *r, const cf_call *c, const char *what, int k, const kiln_tensor *got, const char *against,
+                   const kiln_tensor *want) {
+  if (got->dtype == want->dtype && got->ndim == want->ndim &&
+      !memcmp(got->shape, want->shape, sizeof(int64_t) * (size_t)got->ndim))
+    return 0;
+  char b0[SHAPE_BUF], b1[SHAPE_BUF], w0[300], w1[300];
+  err_set(c->file, c->line, cf_name[c->kind], "%s %d is %s%s (made at %s) but %s is %s%s (made at %s)", what, k,
+          kiln_dtype_name(got->dtype), err_shape(b0, got->ndim, got->shape), made_at(r, got, w0, sizeof w0), against,
+          kiln_dtype_name(want->dtype), err_shape(b1, want->ndim, want->shape), made_at(r, want, w1, sizeof w1));
+  return -1;
+}
+
+/* A new meta tensor of dtype dt and shape, made by event ev of the recording (its value). */
+static kiln_tensor *cf_value(recording *r, int ev, kiln_dtype dt, int ndim, const int64_t *shape) {
+  kiln_tensor *t = tensor_new_meta(dt, ndim, shape);
+  if (!t) return fail(r, "out of memory while recording"), NULL;
+  int v = new_value(r, RV_MADE, t, -1, ev);
+  if (v < 0 || adopt(r, t, v)) {
+    kiln_release(t);
+    return NULL;
+  }
+  r->ev[ev].out = v;
+  return t;
+}
+
+static void release_all(kiln_tensor **ts, int n) {
+  for (int i = 0; i < n; i++) {
+    kiln_release(ts[i]);
+    ts[i] = NULL;
+  }
+}
+
+/* Region i's results out[0..n) against what the construct needs of them:
+ * while's cond a one-element bool; a new carry the carry's type; else's
+ * results then's (prev). 0, or -1 with the error set. */
+static int cf_check_outs(recording *r, const cf_call *c, int i, kiln_tensor *const *out, kiln_tensor *const *prev) {
+  if (c->kind == CF_WHILE && i == 0) {
+    const kiln_tensor *p = out[0];
+    if (p->dtype == KILN_BOOL && shape_numel(p->ndim, p->shape) == 1) return 0;
+    char b[SHAPE_BUF], w[300];
+    err_set(c->file, c->line, cf_name[c->kind], "cond_fn's out[0] must be a one-element bool tensor, got %s%s (made at %s)",
+            kiln_dtype_name(p->dtype), err_shape(b, p->ndim, p->shape), made_at(r, p, w, sizeof w));
+    return -1;
+  }
+  if (c->kind == CF_COND)
+    for (int k = 0; i == 1 && k < c->n_out[1]; k++)
+      if (cf_same(r, c, "else_fn's out", k, out[k], "then_fn's", prev[k])) return -1;
+  for (int k = 0; c->kind != CF_COND && k < c->n_carry; k++)
+    if (cf_same(r, c, "body_fn's out", k, out[k], "the carry", c->in[k])) return -1;
+  return 0;
+}
+
+/* Records the construct: an EV_CF, each region's arguments (meta tensors),
+ * its body's events and an EV_YIELD of its results, then one EV_GET per
+ * result. A construct that autograd must see through, or whose body draws
+ * from the generator, is marked dead and run as eager code instead (0): its
+ * steps then record one by one, as before. */
+static int on_cf(void *ctx, const cf_call *c, kiln_tensor **results) {
+  recording *r = ctx;
+  if (r->failed || r->escaped) return 0;
+  static const int ir_op[] = {IR_COND, IR_WHILE, IR_SCAN};
+  int ids[2 * 64], first = r->n_ev, made0 = r->st->n_made, rc = 0;
+  uint64_t seed0, off0; /* the generator, as the eager run that may follow must find it */
+  gen_state_get(&seed0, &off0);
+  if (c->n_in > (int)(sizeof ids / sizeof ids[0]) || values_of(r, c->in, c->n_in, ids)) return r->failed ? -1 : 0;
+  int e = new_event(r, EV_CF, ir_op[c->kind], ids, c->n_in, c->file, c->line);
+  if (e < 0) return err_set(c->file, c->line, cf_name[c->kind], "%s", r->why), -1;
+  r->ev[e].a.k = c->n_carry;
+  r->ev[e].a.dim = c->n_xs;
+  bool grads = false;
+  for (int j = 0; j < c->n_in; j++) grads |= c->in[j]->requires_grad && kiln_grad_enabled();
+  kiln_tensor *args[2 * 64] = {0}, *out[2][2 * 64] = {{0}};
+  for (int i = 0; i < c->n_regions && !rc; i++) {
+    for (int j = 0; j < c->n_args && !rc; j++) {
+      const kiln_tensor *src = c->in[c->kind == CF_COND ? j + 1 : j];
+      bool x = c->kind == CF_SCAN && j >= c->n_carry; /* xs[t]: dim 0 dropped */
+      int a = new_event(r, EV_ARG, 0, NULL, 0, c->file, c->line);
+      if (a >= 0) {
+        r->ev[a].a.k = j;
+        r->ev[a].a.dim = i;
+      }
+      args[j] = a < 0 ? NULL : cf_value(r, a, src->dtype, src->ndim - x, src->shape + x);
+      if (!args[j]) rc = -1;
+    }
+    if (rc) {
+      release_all(args, c->n_args);
+      err_set(c->file, c->line, cf_name[c->kind], "%s", r->why);
+      break;
+    }
+    r->cf_depth++;
+    rc = c->run(c, i, args, out[i]);
+    r->cf_depth--;
+    release_all(args, c->n_args);
+    if (!rc && r->failed) rc = -1, err_set(c->file, c->line, cf_name[c->kind], "%s", r->why);
+    if (!rc) rc = cf_check_outs(r, c, i, out[i], out[0]);
+    int oid[2 * 64];
+    if (!rc && values_of(r, out[i], c->n_out[i], oid)) rc = -1, err_set(c->file, c->line, cf_name[c->kind], "%s", r->why);
+    int y = rc ? -1 : new_event(r, EV_YIELD, 0, oid, c->n_out[i], c->file, c->line);
+    if (!rc && y < 0) rc = -1, err_set(c->file, c->line, cf_name[c->kind], "%s", r->why);
+    if (!rc) r->ev[y].a.k = i;
+    for (int k = 0; !rc && k < c->n_out[i]; k++) grads |= out[i][k]->requires_grad;
+  }
+  /* a draw from the generator in a body: eager draws anew each step, a
+   * region recorded once would not */
+  for (int k = first; k < r->n_ev && !rc; k++) grads |= r->ev[k].kind == EV_OP && (op_table[r->ev[k].op].attrs & AF_RNG);
+  if (!rc && grads) {
+    for (int i = 0; i < 2; i++) release_all(out[i], c->n_regions > i ? c->n_out[i] : 0);
+    /* gradients flow through it, or it draws: its steps run as eager code, recorded one
+     * by one. What its bodies made goes: no graph computes it, and no
+     * segment may take it for a live value (autograd's saved tensors would) */
+    for (int k = first; k < r->n_ev; k++) r->ev[k].kind = EV_DEAD;
+    gen_state_set(seed0, off0);
+    struct rec_state *s = r->st;
+    for (int i = made0; i < s->n_made; i++) {
+      kiln_tensor *t = s->made[i];
+      if (t->grad_fn) ag_node_release(t->grad_fn);
+      t->grad_fn = NULL;
+    }
+    for (int i = made0; i < s->n_made; i++) kiln_release(s->made[i]);
+    s->n_made = made0;
+    if (s->n_laid > made0) s->n_laid = made0;
+  } else if (!rc) {
+    for (int k = 0; k < c->n_results && !rc; k++) {
+      int g = new_event(r, EV_GET, 0, NULL, 0, c->file, c->line);
+      if (g < 0) {
+        rc = -1;
+        break;
+      }
+      r->ev[g].a.k = k;
+      const kiln_tensor *like = c->kind == CF_COND ? out[0][k] : k < c->n_carry ? c->in[k] : out[0][k];
+      int64_t shape[MAXD];
+      int nd = like->ndim;
+      memcpy(shape, like->shape, sizeof(int64_t) * (size_t)nd);
+      if (c->kind == CF_SCAN && k >= c->n_carry) {
+        /* y: stacked along a new dim 0 of the steps' count */
+        if (nd + 1 > MAXD) {
+          release_all(results, k);
+          rc = -1;
+          err_set(c->file, c->line, "scan", "y %d of rank %d would stack to rank %d, more than %d", k - c->n_carry, nd, nd + 1, MAXD);
+          break;
+        }
+        memmove(shape + 1, shape, sizeof(int64_t) * (size_t)nd);
+        shape[0] = c->in[c->n_carry]->shape[0];
+        nd++;
+      }
+      if (!(results[k] = cf_value(r, g, like->dtype, nd, shape))) {
+        release_all(results, k);
+        rc = -1;
+      }
+    }
+    if (rc && !r->failed) fail(r, "out of memory while recording");
+    if (rc) err_set(c->file, c->line, cf_name[c->kind], "%s", r->why);
+    /* a scan over an input's dim 0: that dim is a symbol from the first trace, 0 and 1 included */
+    for (int j = 0; !rc && c->kind == CF_SCAN && j < c->n_xs; j++) {
+      const rec_value *xv = &r->val[ids[c->n_carry + j]];
+      bool known = false;
+      for (int q = 0; q < r->n_scan_dims; q++) known |= r->scan_dims[q].input == xv->index;
+      if (xv->kind != RV_INPUT || known || r->n_scan_dims == (int)(sizeof r->scan_dims / sizeof r->scan_dims[0])) continue;
+      r->scan_dims[r->n_scan_dims].input = xv->index;
+      r->scan_dims[r->n_scan_dims++].dim = 0;
+    }
+  }
+  for (int i = 0; i < 2; i++) release_all(out[i], c->n_regions > i ? c->n_out[i] : 0);
+  if (rc) return -1;
+  return grads ? 0 : 1;
 }
 
 /* ---- data a read needs ---- */
@@ -681,6 +883,11 @@ int rec_slots(const rec_event *e, rec_slot *out, int max) {
   case EV_NUMEL:
   case EV_BREAK:
   case EV_ESCAPE:
+  case EV_CF:
+  case EV_ARG:
+  case EV_YIELD:
+  case EV_GET:
+  case EV_DEAD:
     break;
   }
   return k;
@@ -723,7 +930,8 @@ int rec_begin(recording *r, kiln_tensor *const *in, int n_in, rec_run_fn run, vo
                            .numel = on_numel,
                            .size_read = on_size_read,
                            .record = true,
-                           .factory = on_factory};
+                           .factory = on_factory,
+                           .cf = on_cf};
   s->saved = dispatch_hooks();
   dispatch_set_hooks(&s->hooks);
   return r->failed ? -1 : 0;

@@ -18,6 +18,13 @@ enum {
   IR_GRAD,             /* the .grad of the param node in[0] when the call starts */
   IR_CONST,            /* data inside the graph (scalars, tensors made in the trace, frozen params) */
   IR_NUMEL,            /* 0-d: the product of in[0]'s sizes over attrs.axes (all when naxes is 0) plus attrs.start */
+  /* Control flow: a node that owns region graphs (sub[]) and makes a tuple of
+   * results, read by IR_GET nodes only (docs/ir.md, Control flow). */
+  IR_COND,             /* in = pred, operands...: sub[0] then, sub[1] else, each over the operands */
+  IR_WHILE,            /* in = init[n_carry], captures...: sub[0] cond -> one bool, sub[1] body -> new carry */
+  IR_SCAN,             /* in = init[n_carry], xs[n_xs], captures...: sub[0] body over (carry, xs[t], captures)
+                          -> (new carry, y[t]...); results: last carry, ys stacked along a new dim 0 */
+  IR_GET,              /* result attrs.k of the control-flow node in[0] */
   IR_OP_COUNT
 };
 
@@ -34,6 +41,8 @@ typedef struct ir_node {
   const char *file;      /* the user's call that made it (interned in the graph); "" when unknown */
   int line;
   const char *name;      /* IR_PARAM (and a loaded graph's IR_INPUT): kiln_param_name's, or NULL */
+  struct ir_graph *sub[2]; /* IR_COND, IR_WHILE, IR_SCAN: the regions (reference counted: copies share them) */
+  int n_carry, n_xs;     /* IR_WHILE, IR_SCAN: how in[] splits (the rest are captures) */
 } ir_node;
 
 /* After a call, each write copies a value into an input or param (a functionalized
@@ -63,12 +72,17 @@ typedef struct ir_graph {
   int n_guards;
   struct ir_arena *arena; /* everything the graph owns but nodes/outputs/writes/guards arrays */
   struct ir_intern *intern; /* (op, dtype, inputs, attrs) -> node id */
+  int refs;              /* a region: the nodes that hold it (0: a top-level graph, one owner) */
+  bool region;           /* a region: its symbols are its parent's (sym borrowed), its leaves inputs only */
 } ir_graph;
 
 enum { IR_MAX_SYMS = 64, IR_MAX_IN = 1 << 16 };
 
 ir_graph *ir_new(const char *name);          /* NULL when out of memory */
-void ir_free(ir_graph *g);
+void ir_free(ir_graph *g);                   /* a region: drops one reference */
+/* An empty graph with src's name that takes over src's symbols (a region's
+ * copy shares them, as a region does); NULL on OOM, src untouched then. */
+ir_graph *ir_new_like(ir_graph *src);
 void *ir_alloc(ir_graph *g, size_t n);       /* zeroed, freed with the graph */
 const char *ir_str(ir_graph *g, const char *s); /* interned copy of s */
 
@@ -107,9 +121,35 @@ unsigned ir_attr_fields(int op);
 int ir_attrs_eval(const ir_node *n, const int64_t *vals, int nvals, op_attrs *out);
 /* Number of users of every node (outputs and writes count); caller frees with alloc_free. */
 int *ir_use_counts(const ir_graph *g);
+/* src's outputs, writes and guards into dst, src's node i being dst's
+ * map[i]; 0 or -1 (out of memory). */
+int ir_copy_tail(ir_graph *dst, const ir_graph *src, const int *map);
 /* A fresh graph holding only the nodes with keep[i] (renumbered in order),
  * with outputs, writes, guards and symbols carried over. NULL on OOM. */
 ir_graph *ir_compact(const ir_graph *g, const bool *keep);
+
+/* ---- region.c: control-flow nodes and their regions ----------------------- */
+
+static inline bool ir_is_cf(int op) { return op == IR_COND || op == IR_WHILE || op == IR_SCAN; }
+/* How many regions a control-flow op owns (0 for other ops). */
+int ir_n_sub(int op);
+/* The name of region i of op as the text writes it ("then", "else", "cond", "body"). */
+const char *ir_sub_name(int op, int i);
+/* A new empty region of parent (its symbols shared), held once. NULL on OOM. */
+ir_graph *ir_region_new(ir_graph *parent, const char *name);
+/* Another reference to a region. */
+ir_graph *ir_region_hold(ir_graph *r);
+/* Copies parent's symbol count and bounds into region r and the regions in it. */
+void ir_region_sync(ir_graph *r, const ir_graph *parent);
+/* How many results control-flow node n makes (its regions' outputs). */
+int ir_cf_n_results(const ir_node *n);
+/* The type of result k of control-flow node id, into out's dtype, ndim and
+ * shape; 0 or -1 (k out of range, or a region missing). */
+int ir_cf_result_type(const ir_graph *g, int id, int k, ir_node *out);
+/* The type region i of node id takes as argument j (as ir_cf_result_type). */
+int ir_cf_arg_type(const ir_graph *g, int id, int i, int j, ir_node *out);
+/* How many arguments region i of node id takes. */
+int ir_cf_n_args(const ir_graph *g, int id, int i);
 
 /* ---- symshape.c: shape rules over symbolic dims -------------------------- */
 
@@ -168,7 +208,16 @@ typedef enum rec_ekind {
   EV_RAND,    /* numbers of the counter-based generator: seed a.k, normal when a.flag */
   EV_NUMEL,   /* 0-d count of in[0]'s elements over a.axes (all when none) plus a.start */
   EV_BREAK,   /* a data read: the events before it ran as a segment, and the live values have data */
-  EV_ESCAPE   /* something a graph cannot hold: the events before it ran, and the rest of the body ran eagerly */
+  EV_ESCAPE,  /* something a graph cannot hold: the events before it ran, and the rest of the body ran eagerly */
+  /* control flow recorded as regions: EV_CF (op IR_COND/IR_WHILE/IR_SCAN,
+   * in = its operands, a.k carries, a.dim xs), then per region its EV_ARGs
+   * (a.dim the region, a.k the argument), its body's events and an EV_YIELD
+   * of its results (in); after the last region an EV_GET per result (a.k) */
+  EV_CF,
+  EV_ARG,
+  EV_YIELD,
+  EV_GET,
+  EV_DEAD     /* a region recorded and then run as eager code instead (its values unused) */
 } rec_ekind;
 
 typedef struct rec_event {
@@ -222,6 +271,9 @@ struct recording {
   bool why_is_error;       /* why is a whole error message (a segment's run failed) */
   const char *reader;      /* the call that read data at the newest break ("kiln_item") */
   bool escaped;            /* the rest of the body ran eagerly after an EV_ESCAPE */
+  int cf_depth;            /* regions being recorded around the current op */
+  struct { int input, dim; } scan_dims[8]; /* inputs' dims a scan steps over: symbolic from the first trace */
+  int n_scan_dims;
   int n_breaks;            /* EV_BREAKs so far (REC_MAX_BREAKS, then an escape) */
   rec_run_fn run;
   void *run_ctx;
@@ -338,6 +390,21 @@ typedef struct build_size {
   bool used, ambiguous;
 } build_size;
 
+/* A control-flow construct being built: its regions' arguments (placeholder
+ * nodes of the segment's graph) and results, until its last region ends and
+ * cf_extract moves each region's nodes into a region graph. */
+typedef struct build_cf {
+  int op, n_carry, n_xs;
+  int *in, n_in;             /* its operands' nodes */
+  int first;                 /* nodes from here on may be its regions' */
+  int *ph[2], n_args;        /* each region's argument placeholders */
+  int *res[2], n_res[2];     /* each region's results */
+  const char *file;
+  int line;
+} build_cf;
+
+enum { BUILD_MAX_CF = 16 };
+
 typedef struct build_state {
   recording *r;
   const char *at_file;     /* the event being built: where a param it reads is first used */
@@ -368,6 +435,11 @@ typedef struct build_state {
   build_seg *seg;
   build_size *sizes;
   size_t sizes_cap;
+  build_cf cf[BUILD_MAX_CF]; /* control flow open around the event being built */
+  int n_cf;
+  int cf_node;               /* the construct the next EV_GETs read */
+  int n_placeholders;
+  bool has_cf;
   bool failed;
   char why[512];
 } build_state;
@@ -396,6 +468,7 @@ ir_graph *pass_dce(ir_graph *g);      /* drop nodes no output or write reaches *
 ir_graph *pass_cse(ir_graph *g);      /* merge equal nodes (after other rewrites) */
 ir_graph *pass_schedule(ir_graph *g); /* allreduces just after their inputs, to overlap what follows */
 ir_graph *pass_fold(ir_graph *g);     /* evaluate nodes whose inputs are all constants (small results) */
+ir_graph *pass_hoist(ir_graph *g);    /* work in a scan's or while's regions that reads only captures moves out */
 ir_graph *pass_simplify(ir_graph *g); /* x*1, x+0, x-0, x/1, neg(neg x), transpose of transpose,
                                          reshape of reshape, identity views, cast to own type */
 /* The pipeline: the passes in order, the verifier between them in test builds,
@@ -436,6 +509,11 @@ ir_graph *ir_parse(const char *text, char *err, size_t errn);
 int ir_bind_syms(const ir_graph *g, kiln_tensor *const *in, kiln_tensor *const *params, int64_t *vals,
                  char *err, size_t errn);
 
+/* The symbols' values: bound (a region's, its parent's: IR_MAX_SYMS of
+ * them) when set, else bound from the inputs. 0, or -1 with the error set. */
+int ir_bind_or(const ir_graph *g, kiln_tensor *const *in, kiln_tensor *const *params, const int64_t *bound,
+               int64_t *vals);
+
 /* ---- backend.c: the interface every backend implements ----------------------- */
 
 typedef struct backend_exec backend_exec; /* a compiled graph, backend-specific */
@@ -453,7 +531,34 @@ typedef struct backend {
   int (*check)(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const *params, char *report, size_t n);
   /* Optional: how long compile spent in its front (fusion, lowering), optimization and machine code. */
   void (*times)(const backend_exec *e, double *front_ms, double *opt_ms, double *machine_ms);
+  /* Runs a region's exec with its parent's symbol values vals (a region's
+   * arguments need not bind them); out as in run. 0 or -1. */
+  int (*run_bound)(backend_exec *e, kiln_tensor *const *in, const int64_t *vals, kiln_tensor **out);
+  /* Check mode of a region's exec at vals (as check). */
+  int (*check_bound)(backend_exec *e, kiln_tensor *const *in, const int64_t *vals, char *report, size_t n);
 } backend;
+
+/* The compiled regions of a graph: sub[i][k] runs node i's region k on be. */
+typedef struct region_execs {
+  const backend *be;
+  backend_exec *(*sub)[2];
+  int n;
+} region_execs;
+/* Compiles every region of g with be (a region with regions of its own is
+ * be's business); 0, or -1 with err naming the region. */
+int region_execs_compile(const ir_graph *g, const backend *be, unsigned dump, FILE *dump_to, region_execs *rx,
+                         char *err, size_t errn);
+void region_execs_free(region_execs *rx);
+/* interp_run for a graph whose regions run through rx (NULL: the
+ * interpreter), with the symbols' values bound (a region's) or, when
+ * bound is NULL, bound from the inputs. */
+int interp_run_with(const ir_graph *g, kiln_tensor *const *in, kiln_tensor *const *params, const int64_t *bound,
+                    const region_execs *rx, kiln_tensor **out);
+/* Check mode through rx: each construct's first step (the branch taken,
+ * a while's cond and first body, a scan's step 0) checked by its region's
+ * exec; 0 all agree, 1 one differs (report names the region), -1 error. */
+int region_execs_check(const ir_graph *g, kiln_tensor *const *in, kiln_tensor *const *params, const int64_t *bound,
+                       const region_execs *rx, char *report, size_t n);
 
 /* The graph text's format version: kiln_save writes `version N` first;
  * the parser reads texts without it (the format before versions) and with
@@ -478,5 +583,7 @@ extern const backend backend_llvm; /* src/codegen */
 int interp_run(const ir_graph *g, kiln_tensor *const *in, kiln_tensor *const *params, kiln_tensor **out);
 /* Every node's value (all[i] retained, g->n_nodes of them), no writes. 0 or -1. */
 int interp_values(const ir_graph *g, kiln_tensor *const *in, kiln_tensor *const *params, kiln_tensor **all);
+/* The same for a region, at its parent's symbol values. */
+int interp_values_bound(const ir_graph *g, kiln_tensor *const *in, const int64_t *vals, kiln_tensor **all);
 
 #endif

@@ -150,7 +150,9 @@ static int check_node(verifier *v, int id) {
   for (int j = 0; j < n->n_in; j++)
     if (n->in[j] < 0 || n->in[j] >= id)
       return fail(v, "%%%d: %s: input %d is %%%d, which is not defined before it", id, op, j, n->in[j]);
-  int want = n->op < OP_COUNT ? op_table[n->op].arity : (n->op == IR_GRAD || n->op == IR_NUMEL) ? 1 : 0;
+  int want = n->op < OP_COUNT ? op_table[n->op].arity
+             : (n->op == IR_GRAD || n->op == IR_NUMEL || n->op == IR_GET) ? 1
+             : ir_is_cf(n->op) ? -1 : 0;
   if (want >= 0 && n->n_in != want) return fail(v, "%%%d: %s: takes %d inputs, has %d", id, op, want, n->n_in);
   if (want < 0 && n->n_in < 1) return fail(v, "%%%d: %s: needs at least one input", id, op);
   if (!dtype_valid(n->dtype)) return fail(v, "%%%d: %s: unknown dtype %d", id, op, (int)n->dtype);
@@ -251,6 +253,148 @@ static int check_guards(verifier *v) {
   return 0;
 }
 
+/* ---- control flow ---- */
+
+static bool same_type(verifier *v, const ir_node *a, const ir_node *b);
+
+static const char *type_text(const ir_node *t, char *buf, size_t n) {
+  size_t k = (size_t)snprintf(buf, n, "%s[", kiln_dtype_name(t->dtype));
+  for (int i = 0; i < t->ndim && k < n; i++) {
+    char d[64];
+    k += (size_t)snprintf(buf + k, n - k, "%s%s", i ? "," : "", dim_text(t->shape[i], d, sizeof d));
+  }
+  if (k < n) snprintf(buf + k, n - k, "]");
+  return buf;
+}
+
+/* "%5 (rnn.c:30)": a region node and the user's line that made it. */
+static const char *where_text(const ir_graph *r, int id, char *buf, size_t n) {
+  const ir_node *x = &r->nodes[id];
+  if (x->file && *x->file)
+    snprintf(buf, n, "%%%d (%s:%d)", id, x->file, x->line);
+  else
+    snprintf(buf, n, "%%%d", id);
+  return buf;
+}
+
+/* Region i of control-flow node id: a region of inputs only, taking the
+ * arguments the node gives it, and itself valid (its symbols and guards
+ * the parent's). */
+static int check_region(verifier *v, int id, int i) {
+  ir_graph *g = v->g, *r = g->nodes[id].sub[i];
+  const char *op = ir_op_name(g->nodes[id].op), *rn = ir_sub_name(g->nodes[id].op, i);
+  if (!r) return fail(v, "%%%d: %s: region '%s' is missing", id, op, rn);
+  if (!r->region || r->sym != g->sym) return fail(v, "%%%d: %s: region '%s' does not share the graph's symbols", id, op, rn);
+  if (r->n_params || r->n_writes || r->n_guards)
+    return fail(v, "%%%d: %s: region '%s' has params, writes or guards (a region takes arguments only)", id, op, rn);
+  int want = ir_cf_n_args(g, id, i);
+  if (r->n_inputs != want) return fail(v, "%%%d: %s: region '%s' takes %d arguments, the node gives %d", id, op, rn, r->n_inputs, want);
+  for (int j = 0; j < want; j++) {
+    ir_node t = {0};
+    char b0[256], b1[256];
+    if (ir_cf_arg_type(g, id, i, j, &t)) return fail(v, "%%%d: %s: argument %d of region '%s' has no type (xs 0-d?)", id, op, j, rn);
+    if (j >= r->n_nodes || r->nodes[j].op != IR_INPUT || !same_type(v, &r->nodes[j], &t))
+      return fail(v, "%%%d: %s: region '%s' takes argument %d as %s, the node gives %s", id, op, rn, j,
+                  j < r->n_nodes ? type_text(&r->nodes[j], b0, sizeof b0) : "nothing", type_text(&t, b1, sizeof b1));
+  }
+  ir_region_sync(r, g);
+  /* the region's dims are decided under the parent's guards */
+  sym_guard *own = r->guards;
+  r->guards = g->guards;
+  r->n_guards = g->n_guards;
+  char why[768];
+  int rc = ir_verify(r, why, sizeof why);
+  r->guards = own;
+  r->n_guards = 0;
+  if (rc) return fail(v, "%%%d: %s: region '%s': %s", id, op, rn, why);
+  return 0;
+}
+
+/* Output k of region r has type t, or the error names both lines. */
+static int check_region_out(verifier *v, int id, const ir_graph *r, int k, const ir_node *t, const char *what,
+                            const ir_graph *tr, int tid) {
+  const ir_node *o = &r->nodes[r->outputs[k]];
+  if (same_type(v, o, t)) return 0;
+  char b0[256], b1[256], w0[192], w1[192];
+  return fail(v, "%%%d: %s: %s: %s's output %d is %s at %s, but %s at %s", id, ir_op_name(v->g->nodes[id].op), what,
+              r->name, k, type_text(o, b0, sizeof b0), where_text(r, r->outputs[k], w0, sizeof w0), type_text(t, b1, sizeof b1),
+              tr ? where_text(tr, tid, w1, sizeof w1) : "its input");
+}
+
+static int check_cf(verifier *v, int id) {
+  ir_graph *g = v->g;
+  const ir_node *n = &g->nodes[id];
+  const char *op = ir_op_name(n->op);
+  for (int i = 0; i < 2; i++)
+    if ((i < ir_n_sub(n->op)) != (n->sub[i] != NULL)) return fail(v, "%%%d: %s: has %s region %d", id, op, n->sub[i] ? "an extra" : "no", i);
+  if (n->op == IR_COND) {
+    const ir_node *p = &g->nodes[n->in[0]];
+    if (p->dtype != KILN_BOOL || ir_node_numel_const(p) != 1)
+      return fail(v, "%%%d: cond: the predicate %%%d must be a one-element bool", id, n->in[0]);
+  } else {
+    int lo = n->op == IR_WHILE ? 1 : 0, need = n->n_carry + (n->op == IR_SCAN ? n->n_xs : 0);
+    if (n->n_carry < lo || n->n_xs < (n->op == IR_SCAN) || need > n->n_in)
+      return fail(v, "%%%d: %s: carry=%d, xs=%d do not fit its %d inputs", id, op, n->n_carry, n->n_xs, n->n_in);
+  }
+  for (int i = 0; i < ir_n_sub(n->op); i++)
+    if (check_region(v, id, i)) return -1;
+  const ir_graph *r0 = n->sub[0], *r1 = n->sub[1];
+  if (n->op == IR_COND) {
+    if (r0->n_outputs != r1->n_outputs)
+      return fail(v, "%%%d: cond: then gives %d results, else %d", id, r0->n_outputs, r1->n_outputs);
+    for (int k = 0; k < r0->n_outputs; k++)
+      if (check_region_out(v, id, r1, k, &r0->nodes[r0->outputs[k]], "the branches disagree", r0, r0->outputs[k])) return -1;
+  } else if (n->op == IR_WHILE) {
+    if (r0->n_outputs != 1) return fail(v, "%%%d: while: cond gives %d results, not 1", id, r0->n_outputs);
+    const ir_node *p = &r0->nodes[r0->outputs[0]];
+    if (p->dtype != KILN_BOOL || ir_node_numel_const(p) != 1)
+      return fail(v, "%%%d: while: cond's output %%%d must be a one-element bool", id, r0->outputs[0]);
+    if (r1->n_outputs != n->n_carry) return fail(v, "%%%d: while: body gives %d results for %d carried", id, r1->n_outputs, n->n_carry);
+    for (int k = 0; k < n->n_carry; k++)
+      if (check_region_out(v, id, r1, k, &r1->nodes[k], "the carry changes", r1, k)) return -1;
+  } else {
+    if (r0->n_outputs < n->n_carry || r0->n_outputs < 1)
+      return fail(v, "%%%d: scan: body gives %d results for %d carried", id, r0->n_outputs, n->n_carry);
+    for (int k = 0; k < n->n_carry; k++)
+      if (check_region_out(v, id, r0, k, &r0->nodes[k], "the carry changes", r0, k)) return -1;
+    const ir_node *x0 = &g->nodes[n->in[n->n_carry]];
+    for (int j = 1; j < n->n_xs; j++) {
+      const ir_node *x = &g->nodes[n->in[n->n_carry + j]];
+      if (x->ndim < 1 || x0->ndim < 1 || !sym_same(x->shape[0], x0->shape[0]))
+        return fail(v, "%%%d: scan: xs %d (%%%d) and xs 0 (%%%d) differ in dim 0", id, j, n->in[n->n_carry + j], n->in[n->n_carry]);
+    }
+    for (int k = n->n_carry; k < r0->n_outputs; k++)
+      if (r0->nodes[r0->outputs[k]].ndim >= MAXD) return fail(v, "%%%d: scan: y %d would stack to more than %d dims", id, k - n->n_carry, MAXD);
+  }
+  return 0;
+}
+
+/* A tuple is read by get nodes only; a get reads a result that exists, at its type. */
+static int check_tuples(verifier *v) {
+  const ir_graph *g = v->g;
+  for (int id = 0; id < g->n_nodes; id++) {
+    const ir_node *n = &g->nodes[id];
+    for (int j = 0; j < n->n_in; j++) {
+      bool tup = ir_is_cf(g->nodes[n->in[j]].op);
+      if (n->op == IR_GET && !tup) return fail(v, "%%%d: get: %%%d is not a cond, while or scan", id, n->in[j]);
+      if (n->op != IR_GET && tup) return fail(v, "%%%d: %s: input %d is the tuple %%%d (read it with get)", id, ir_op_name(n->op), j, n->in[j]);
+    }
+    if (n->op != IR_GET) continue;
+    ir_node t = {0};
+    if (ir_cf_result_type(g, n->in[0], (int)n->attrs.k, &t))
+      return fail(v, "%%%d: get: %%%d has no result %lld", id, n->in[0], (long long)n->attrs.k);
+    if (!same_type(v, n, &t)) {
+      char b0[256], b1[256];
+      return fail(v, "%%%d: get: type %s, but result %lld of %%%d is %s", id, type_text(n, b0, sizeof b0), (long long)n->attrs.k,
+                  n->in[0], type_text(&t, b1, sizeof b1));
+    }
+  }
+  for (int i = 0; i < g->n_outputs; i++)
+    if (g->outputs[i] >= 0 && g->outputs[i] < g->n_nodes && ir_is_cf(g->nodes[g->outputs[i]].op))
+      return fail(v, "output %d: %%%d is a tuple (read it with get)", i, g->outputs[i]);
+  return 0;
+}
+
 int ir_verify(const ir_graph *g, char *err, size_t errn) {
   verifier v = {(ir_graph *)g, err, errn, 0, {0}};
   if (errn) err[0] = '\0';
@@ -270,8 +414,11 @@ int ir_verify(const ir_graph *g, char *err, size_t errn) {
       if (!n->data) return fail(&v, "%%%d: const: no data", id);
     } else if (n->op < OP_COUNT && check_rule(&v, id)) {
       return -1;
+    } else if (ir_is_cf(n->op) && check_cf(&v, id)) {
+      return -1;
     }
   }
+  if (check_tuples(&v)) return -1;
   return check_outputs_writes(&v);
 }
 

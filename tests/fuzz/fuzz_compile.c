@@ -1,7 +1,7 @@
 /* Differential fuzzing of the compiler: the bytes choose a random program
  * (the generator of tests/fuzz/randprog.h, which test_codegen runs from
  * seeds), its dynamic mode, C mode (C branches, numbers, value reads and
- * dropout around the ops), its op set (mode 1 adds the newer ops) and the sizes of two to four calls; each call runs
+ * dropout around the ops), its op set (mode 1 adds the newer ops, mode 2 control flow too) and the sizes of two to four calls; each call runs
  * compiled (LLVM) and eagerly, and the outputs must agree within the
  * tolerance test_codegen uses. A mismatch or a compiled call that fails where
  * eager succeeds aborts with the program's IR. Layout of an input: 8 bytes of
@@ -55,6 +55,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     unsigned b = fuzz_byte(&f);
     if (k == 0) pg.cmode = b >> 6 & 1; /* C around the ops (randprog.h) */
     if (k == 1) pg.mode = b >> 6 & 1;  /* the newer ops too */
+    if (k == 2 && (b >> 6 & 1)) pg.mode = 2; /* and control flow */
     sizes[k][0] = 1 + (b & 7);
     sizes[k][1] = 1 + (b >> 3 & 3) + (b >> 5 & 1) * (pg.C - 1); /* T sometimes equal to C */
   }

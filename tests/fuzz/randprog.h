@@ -49,7 +49,8 @@ typedef struct prog {
   int n_out;
   int rot;       /* where in the sizes list the calls start */
   int mode;      /* 0: the first set of ops; 1: the newer ops too (a mode of its own, so that the
-                    programs of mode 0, kept seeds among them, stay as they were) */
+                    programs of mode 0, kept seeds among them, stay as they were); 2: and
+                    control flow (scan, cond, while_loop: regions in a compiled body) */
   const uint8_t *bytes; /* a fuzzer's input: the body's choices, then the seed's (NULL: the seed's only) */
   size_t n_bytes;
   /* C mode (off in prog_init, so the seeds' programs stay what they were):
@@ -401,6 +402,56 @@ static int cstep(gen *g, const val *a) {
   }
 }
 
+/* ---- control flow (mode 2): regions in a compiled body ---- */
+
+static int rp_cell(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  gen *g = ctx; /* carry c, x[t]: c = c/2 + sin(x[t]); y[t] = c * x[t] */
+  out[0] = kiln_add(kiln_mul(in[0], S(g, 0.5)), kiln_sin(in[1]));
+  out[1] = kiln_mul(out[0], in[1]);
+  return !out[0] || !out[1];
+}
+static int rp_then(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  return !(out[0] = kiln_exp(kiln_tanh(in[0])));
+}
+static int rp_else(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  return !(out[0] = kiln_mul(in[0], S(ctx, -0.5)));
+}
+/* while max |a| > 0.25, at most 8 times (a counter in the carry) */
+static int rp_below(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  gen *g = ctx;
+  kiln_tensor *small = kiln_cast(kiln_le(kiln_max_all(kiln_abs(in[0])), S(g, 0.25)), g->ft);
+  return !(out[0] = kiln_lt(kiln_add(in[1], kiln_mul(small, S(g, 8))), S(g, 8)));
+}
+static int rp_halve(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  gen *g = ctx;
+  out[0] = kiln_mul(in[0], S(g, 0.5));
+  out[1] = kiln_add(in[1], S(g, 1));
+  return !out[0] || !out[1];
+}
+
+static int step_region(gen *g, val *a) {
+  rng *r = &g->r;
+  switch (pick(r, 3)) {
+  case 0: { /* a scan over a's dim 0; its carry starts at a[0] * 0 */
+    if (a->nd < 1) break;
+    kiln_tensor *init = kiln_mul(kiln_squeeze(kiln_slice(a->t, 0, 0, 1, 1), 0), S(g, 0)), *last = NULL, *ys = NULL;
+    if (!init || kiln_scan(rp_cell, g, 1, &init, 1, &a->t, &last, 1, &ys)) return push(g, NULL, 0, NULL, -1, false);
+    if (push(g, last, a->nd - 1, a->d + 1, -1, false)) return -1;
+    return push_like(g, ys, a);
+  }
+  case 1: { /* a cond on a's sum */
+    kiln_tensor *p = kiln_gt(kiln_sum_all(a->t), S(g, 0)), *o = NULL;
+    if (!p || kiln_cond(p, rp_then, rp_else, g, 1, &a->t, 1, &o)) return push(g, NULL, 0, NULL, -1, false);
+    return push_like(g, o, a);
+  }
+  default: break;
+  }
+  kiln_tensor *init[2] = {a->t, S(g, 0)}, *fin[2] = {NULL, NULL};
+  if (kiln_while_loop(rp_below, rp_halve, g, 2, init, fin)) return push(g, NULL, 0, NULL, -1, false);
+  return push_like(g, fin[0], a);
+}
+
 static int step(gen *g) {
   rng *r = &g->r;
   int ia = pick_float(g);
@@ -409,7 +460,8 @@ static int step(gen *g) {
   int d[KILN_MAX_DIMS], nd;
   int64_t s[KILN_MAX_DIMS];
   int C = g->p->C;
-  if (g->p->mode == 1 && chance(r, 2)) return step_more(g, a);
+  if (g->p->mode == 2 && chance(r, 4)) return step_region(g, &a);
+  if (g->p->mode >= 1 && chance(r, 2)) return step_more(g, a);
   switch (pick(r, 24)) {
   case 0:
   case 1: { /* binary pointwise with a broadcasting partner (lower rank, size-1 dims) */

@@ -1,0 +1,889 @@
+/* Regions in the IR: cond, while and scan nodes that own region graphs.
+ * The golden files tests/ir/scan.ir and cond_while.ir, loaded as functions,
+ * run on the interpreter against the same loops written in plain C (double);
+ * the verifier names both lines of a mismatch between branches or between a
+ * carry in and out; the parser refuses malformed regions with line and
+ * column; the text round-trips.
+ *
+ * Capture: inside a compiled function kiln_scan, kiln_cond and
+ * kiln_while_loop record their bodies once, as regions: one trace serves
+ * every length of a scan (0 and 1 included) and both branches of a cond,
+ * eager and the interpreter and LLVM agree with a C loop, and mismatches
+ * name both lines. */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tracer/tracer.h"
+
+static char *read_golden(const char *name) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s", __FILE__);
+  char *slash = strrchr(path, '/');
+  ck_assert_ptr_nonnull(slash);
+  snprintf(slash, sizeof path - (size_t)(slash - path), "/ir/%s", name);
+  FILE *f = fopen(path, "rb");
+  ck_assert_msg(f != NULL, "cannot open %s", path);
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  rewind(f);
+  char *buf = calloc(1, (size_t)n + 1);
+  ck_assert_int_eq(n, (long)fread(buf, 1, (size_t)n, f));
+  fclose(f);
+  return buf;
+}
+
+static void fill(float *d, int64_t n, unsigned seed) {
+  uint64_t s = seed * 2654435761u + 1;
+  for (int64_t i = 0; i < n; i++) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    d[i] = (float)((double)(s >> 11) * 0x1.0p-53 * 2 - 1);
+  }
+}
+
+static void expect_close(const float *got, const double *want, int64_t n, const char *what) {
+  for (int64_t i = 0; i < n; i++)
+    ck_assert_msg(fabs(got[i] - want[i]) <= 1e-5 * (1 + fabs(want[i])), "%s at %lld: expected %.9g, got %.9g", what,
+                  (long long)i, want[i], (double)got[i]);
+}
+
+/* scan.ir: h <- tanh(h + x[t] @ W), ys[t] = h, for T = 0, 1, 5 with one function */
+START_TEST(test_scan_runs) {
+  char *text = read_golden("scan.ir");
+  kiln_fn *fn = kiln_load_string(text);
+  ck_assert_msg(fn != NULL, "%s", kiln_last_error());
+  static const int64_t Ts[] = {0, 1, 5};
+  for (int c = 0; c < 3; c++) {
+    int64_t T = Ts[c];
+    float x[5 * 4 * 3], h0[4 * 8], w[3 * 8];
+    fill(x, T * 12, 1 + (unsigned)c), fill(h0, 32, 2), fill(w, 24, 3);
+    double h[32], ys[5 * 32];
+    for (int i = 0; i < 32; i++) h[i] = h0[i];
+    for (int64_t t = 0; t < T; t++) {
+      double nh[32];
+      for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 8; j++) {
+          double acc = 0;
+          for (int k = 0; k < 3; k++) acc += (double)x[t * 12 + i * 3 + k] * w[k * 8 + j];
+          nh[i * 8 + j] = tanh(h[i * 8 + j] + acc);
+        }
+      memcpy(h, nh, sizeof h);
+      memcpy(ys + t * 32, h, sizeof h);
+    }
+    kiln_scope_begin();
+    kiln_tensor *in[3] = {kiln_tensor_from(KILN_F32, 3, (int64_t[]){T, 4, 3}, x),
+                          kiln_tensor_from(KILN_F32, 2, (int64_t[]){4, 8}, h0),
+                          kiln_tensor_from(KILN_F32, 2, (int64_t[]){3, 8}, w)};
+    kiln_tensor *out[2];
+    ck_assert_msg(0 == kiln_call(fn, in, out), "%s", kiln_last_error());
+    ck_assert_int_eq(3, kiln_ndim(out[1]));
+    ck_assert_int_eq(T, kiln_size(out[1], 0));
+    float got_h[32], got_ys[5 * 32];
+    ck_assert_int_eq(0, kiln_read(out[0], got_h, sizeof got_h));
+    ck_assert_int_eq(0, kiln_read(out[1], got_ys, sizeof(float) * (size_t)(T * 32)));
+    expect_close(got_h, h, 32, "last carry");
+    expect_close(got_ys, ys, T * 32, "ys");
+    kiln_scope_end();
+  }
+  kiln_fn_free(fn);
+  free(text);
+}
+END_TEST
+
+/* cond_while.ir: per step c <- x[t] > 0 ? c + x[t] : c * x[t]; ys = x; then
+ * v = c doubled while sum(v) < bound; out (v + 1)^2 */
+START_TEST(test_cond_while_runs) {
+  char *text = read_golden("cond_while.ir");
+  kiln_fn *fn = kiln_load_string(text);
+  ck_assert_msg(fn != NULL, "%s", kiln_last_error());
+  static const float xs[][3] = {{0.5f, -2, -1}, {4, 0, 0}};
+  static const int64_t Ts[] = {3, 1};
+  for (int k = 0; k < 2; k++) {
+    int64_t T = Ts[k];
+    float c0[3] = {1, 2, 3}, bound = 100;
+    double c[3] = {1, 2, 3};
+    for (int64_t t = 0; t < T; t++)
+      for (int i = 0; i < 3; i++) c[i] = xs[k][t] > 0 ? c[i] + xs[k][t] : c[i] * xs[k][t];
+    while (c[0] + c[1] + c[2] < bound)
+      for (int i = 0; i < 3; i++) c[i] += c[i];
+    double want[3], want_ys[3];
+    for (int i = 0; i < 3; i++) want[i] = (c[i] + 1) * (c[i] + 1);
+    for (int t = 0; t < T; t++) want_ys[t] = xs[k][t];
+    kiln_scope_begin();
+    kiln_tensor *in[3] = {kiln_tensor_from(KILN_F32, 1, (int64_t[]){T}, xs[k]),
+                          kiln_tensor_from(KILN_F32, 1, (int64_t[]){3}, c0), kiln_scalar(KILN_F32, bound)};
+    kiln_tensor *out[2];
+    ck_assert_msg(0 == kiln_call(fn, in, out), "%s", kiln_last_error());
+    float got[3], got_ys[3];
+    ck_assert_int_eq(0, kiln_read(out[0], got_ys, sizeof(float) * (size_t)T));
+    ck_assert_int_eq(0, kiln_read(out[1], got, sizeof got));
+    expect_close(got_ys, want_ys, T, "ys");
+    expect_close(got, want, 3, "after the while loop");
+    kiln_scope_end();
+  }
+  kiln_fn_free(fn);
+  free(text);
+}
+END_TEST
+
+/* The text kiln_fn_graph gives back is the file's (after `version`), regions and all. */
+START_TEST(test_round_trip) {
+  static const char *const names[] = {"scan.ir", "cond_while.ir"};
+  for (int k = 0; k < 2; k++) {
+    char *text = read_golden(names[k]);
+    char err[256];
+    ir_graph *g = ir_parse(text, err, sizeof err);
+    ck_assert_msg(g != NULL, "%s", err);
+    char *once = ir_to_string(g);
+    ir_graph *g2 = ir_parse(once, err, sizeof err);
+    ck_assert_msg(g2 != NULL, "%s", err);
+    char *twice = ir_to_string(g2);
+    ck_assert_str_eq(once, twice);
+    ck_assert_ptr_nonnull(strstr(once, "region body("));
+    /* the passes copy nodes between graphs: their regions are shared, then freed once */
+    g = pass_pipeline(g, err, sizeof err);
+    ck_assert_msg(g != NULL, "%s", err);
+    ck_assert_int_eq(0, ir_verify(g, err, sizeof err));
+    ir_free(g);
+    ir_free(g2);
+    alloc_free(once);
+    alloc_free(twice);
+    free(text);
+  }
+}
+END_TEST
+
+/* A graph text with one line replaced: the verifier's (or the parser's) message. */
+static char *edited(const char *text, const char *from, const char *to) {
+  const char *at = strstr(text, from);
+  ck_assert_msg(at != NULL, "no '%s' in the text", from);
+  size_t n = strlen(text) - strlen(from) + strlen(to) + 1;
+  char *s = malloc(n);
+  snprintf(s, n, "%.*s%s%s", (int)(at - text), text, to, at + strlen(from));
+  return s;
+}
+
+static void expect_verify_error(const char *text, const char *w1, const char *w2, const char *w3) {
+  char err[512];
+  ir_graph *g = ir_parse(text, err, sizeof err);
+  ck_assert_msg(g != NULL, "%s", err);
+  ck_assert_int_eq(-1, ir_verify(g, err, sizeof err));
+  const char *w[3] = {w1, w2, w3};
+  for (int i = 0; i < 3; i++) ck_assert_msg(!w[i] || strstr(err, w[i]), "expected \"%s\" in: %s", w[i], err);
+  ir_free(g);
+}
+
+START_TEST(test_verify_regions) {
+  char *cw = read_golden("cond_while.ir"), *sc = read_golden("scan.ir");
+  /* branches that disagree: both lines named */
+  char *t = edited(cw, "%2: f32[3] = mul(%0, %1)  # cf.c:16", "%2: f32[] = mul(%1, %1)  # cf.c:16");
+  expect_verify_error(t, "branches disagree", "cf.c:16", "cf.c:14");
+  free(t);
+  /* a carry that changes type in the body: the body's line and the carry's */
+  t = edited(sc, "-> (%5, %5)\n      %3: f32[4,8] = matmul(%1, %2)", "-> (%3, %5)\n      %3: f32[4,8] = matmul(%1, %2)");
+  free(t);
+  t = edited(sc, "%5: f32[4,8] = tanh(%4)  # rnn.c:31\n", "%5: f32[4,8] = tanh(%4)  # rnn.c:31\n      %6: f32[8] = sum(%5) {axes=[0], keepdim=false}  # rnn.c:32\n");
+  char *t2 = edited(t, "-> (%5, %5)", "-> (%6, %5)");
+  expect_verify_error(t2, "carry changes", "rnn.c:32", "f32[4,8]");
+  free(t2), free(t);
+  /* a get at the wrong type, a get past the results */
+  t = edited(sc, "%4: f32[4,8] = get(%3) {k=0}", "%4: f32[4] = get(%3) {k=0}");
+  expect_verify_error(t, "get", "result 0", NULL);
+  free(t);
+  t = edited(sc, "%4: f32[4,8] = get(%3) {k=0}", "%4: f32[4,8] = get(%3) {k=2}");
+  expect_verify_error(t, "has no result 2", NULL, NULL);
+  free(t);
+  /* the tuple itself used as a tensor */
+  t = edited(sc, "-> (%4, %5)", "-> (%4, %3)");
+  expect_verify_error(t, "tuple", NULL, NULL);
+  free(t);
+  /* a region argument of the wrong type */
+  t = edited(sc, "region body(%0: f32[4,8], %1: f32[4,3]", "region body(%0: f32[4,8], %1: f32[s0,4,3]");
+  expect_verify_error(t, "argument 1", "f32[4,3]", NULL);
+  free(t);
+  /* a while's cond must give a bool */
+  t = edited(cw, "%3: bool[] = lt(%2, %1)  # cf.c:25\n    end", "%3: bool[] = lt(%2, %1)  # cf.c:25\n    end");
+  char *t3 = edited(t, "region cond(%0: f32[3], %1: f32[]) -> (%3)", "region cond(%0: f32[3], %1: f32[]) -> (%2)");
+  expect_verify_error(t3, "one-element bool", NULL, NULL);
+  free(t3), free(t);
+  free(cw), free(sc);
+}
+END_TEST
+
+static void expect_parse_error(const char *text, const char *want) {
+  char err[512];
+  ir_graph *g = ir_parse(text, err, sizeof err);
+  ck_assert_msg(g == NULL, "parsed: %s", text);
+  ck_assert_msg(strstr(err, want) != NULL, "expected \"%s\" in: %s", want, err);
+}
+
+START_TEST(test_parse_regions) {
+  char *sc = read_golden("scan.ir");
+  char *t = strndup(sc, (size_t)(strstr(sc, "    end\n") - sc));
+  expect_parse_error(t, "no 'end'");
+  free(t);
+  t = edited(sc, "region body(", "region then(");
+  expect_parse_error(t, "expected region 'body'");
+  free(t);
+  t = edited(sc, "%3: tuple = scan", "%3: f32[4] = scan");
+  expect_parse_error(t, "write its type 'tuple'");
+  free(t);
+  t = edited(sc, "%4: f32[4,8] = get(%3) {k=0}", "%4: tuple = get(%3) {k=0}");
+  expect_parse_error(t, "only cond, while and scan make a tuple");
+  free(t);
+  t = edited(sc, "{carry=1, xs=1}", "{carry=1, xs=3}");
+  expect_parse_error(t, "out of range");
+  free(t);
+  /* a region sees its own ids only */
+  t = edited(sc, "%3: f32[4,8] = matmul(%1, %2)", "%3: f32[4,8] = matmul(%1, %7)");
+  expect_parse_error(t, "%7 is not defined yet");
+  free(t);
+  /* every cut-off prefix is an error, never a crash */
+  size_t n = strlen(sc);
+  for (size_t k = 0; k < n; k += 7) {
+    char *cut = strndup(sc, k);
+    char err[256];
+    ir_graph *g = ir_parse(cut, err, sizeof err);
+    if (g) {
+      ir_verify(g, err, sizeof err);
+      ir_free(g);
+    }
+    free(cut);
+  }
+  free(sc);
+}
+END_TEST
+
+
+/* passes_hoist.ir, before and after the pipeline (which hoists), loaded and
+ * run on both backends against C: h = h0 + sum_t x[t] @ (2 exp(W)), then
+ * v = h doubled while sum(v) < b*b */
+START_TEST(test_hoisted_text_runs) {
+  char *file = read_golden("passes_hoist.ir"), *cut = strstr(file, ";---- pipeline");
+  *cut = '\0';
+  const char *texts[2] = {file, strchr(cut + 1, '\n') + 1};
+  float x[5 * 12], h0[32], w[24], b = 30;
+  fill(x, 60, 61), fill(h0, 32, 62), fill(w, 24, 63);
+  for (int i = 0; i < 60; i++) x[i] = fabsf(x[i]);
+  for (int i = 0; i < 32; i++) h0[i] = fabsf(h0[i]);
+  double h[32], v[32], s = 0;
+  for (int i = 0; i < 32; i++) h[i] = h0[i];
+  for (int t = 0; t < 5; t++)
+    for (int i = 0; i < 4; i++)
+      for (int j = 0; j < 8; j++)
+        for (int k = 0; k < 3; k++) h[i * 8 + j] += (double)x[t * 12 + i * 3 + k] * 2 * exp((double)w[k * 8 + j]);
+  memcpy(v, h, sizeof v);
+  for (int i = 0; i < 32; i++) s += v[i];
+  while (s < (double)b * b) {
+    s = 0;
+    for (int i = 0; i < 32; i++) s += v[i] += v[i];
+  }
+  for (int run = 0; run < 4; run++) {
+    int be = run % 2 ? KILN_BACKEND_LLVM : KILN_BACKEND_INTERP;
+    setenv("KILN_BACKEND", be == KILN_BACKEND_INTERP ? "interp" : "llvm", 1);
+    kiln_fn *fn = kiln_load_string(texts[run / 2]);
+    unsetenv("KILN_BACKEND");
+    ck_assert_msg(fn != NULL, "%s", kiln_last_error());
+    kiln_scope_begin();
+    /* the graph's inputs, then its param */
+    kiln_tensor *in[4] = {kiln_tensor_from(KILN_F32, 3, (int64_t[]){5, 4, 3}, x), kiln_tensor_from(KILN_F32, 2, (int64_t[]){4, 8}, h0),
+                          kiln_scalar(KILN_F32, b), kiln_tensor_from(KILN_F32, 2, (int64_t[]){3, 8}, w)},
+                *out[2];
+    ck_assert_msg(kiln_call(fn, in, out) == 0, "%s", kiln_last_error());
+    float got[32];
+    ck_assert_int_eq(0, kiln_read(out[0], got, sizeof got));
+    expect_close(got, h, 32, "scan");
+    ck_assert_int_eq(0, kiln_read(out[1], got, sizeof got));
+    expect_close(got, v, 32, "while");
+    kiln_scope_end();
+    kiln_fn_free(fn);
+  }
+  free(file);
+}
+END_TEST
+
+/* ---- capture ---- */
+
+enum { NB = 2, NI = 3, NH = 4, TMAX = 19 };
+
+/* h <- tanh(x_t @ W + h @ U + b); y_t = 2 * h */
+typedef struct cell {
+  kiln_tensor *w, *u, *b;
+} cell;
+
+static int cell_fn(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  cell *c = ctx;
+  kiln_tensor *h = kiln_tanh(kiln_add(kiln_add(kiln_matmul(in[1], c->w), kiln_matmul(in[0], c->u)), c->b));
+  out[0] = h;
+  out[1] = kiln_mul(h, kiln_scalar(KILN_F32, 2));
+  return !out[0] || !out[1];
+}
+
+/* The cell's weights from C arrays (no bias when bb is NULL), owned by the scope. */
+static cell cell_of(const float *w, const float *u, const float *bb) {
+  return (cell){kiln_tensor_from(KILN_F32, 2, (int64_t[]){NI, NH}, w), kiln_tensor_from(KILN_F32, 2, (int64_t[]){NH, NH}, u),
+                bb ? kiln_tensor_from(KILN_F32, 1, (int64_t[]){NH}, bb) : NULL};
+}
+
+/* fn served every call from one trace, without a graph break */
+static void expect_one_trace(kiln_fn *fn) {
+  kiln_fn_stats st;
+  ck_assert_int_eq(0, kiln_fn_get_stats(fn, &st));
+  ck_assert_int_eq(1, st.traces);
+  ck_assert_int_eq(0, st.breaks);
+}
+
+static cell *g_cell;
+static int scan_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  return kiln_scan(cell_fn, g_cell, 1, &in[0], 1, &in[1], &out[0], 1, &out[1]);
+}
+
+static void cell_ref(const float *x, const float *h0, const float *w, const float *u, const float *b, int T, double *h,
+                     double *ys) {
+  for (int i = 0; i < NB * NH; i++) h[i] = h0[i];
+  for (int t = 0; t < T; t++) {
+    double nh[NB * NH];
+    for (int r = 0; r < NB; r++)
+      for (int j = 0; j < NH; j++) {
+        double acc = b[j];
+        for (int k = 0; k < NI; k++) acc += (double)x[(t * NB + r) * NI + k] * w[k * NH + j];
+        for (int k = 0; k < NH; k++) acc += h[r * NH + k] * u[k * NH + j];
+        nh[r * NH + j] = tanh(acc);
+      }
+    memcpy(h, nh, sizeof nh);
+    for (int i = 0; i < NB * NH; i++) ys[t * NB * NH + i] = 2 * h[i];
+  }
+}
+
+/* one trace for T = 0, 1, 5, 19; eager, the interpreter and LLVM against C */
+START_TEST(test_scan_one_trace) {
+  float x[TMAX * NB * NI], h0[NB * NH], w[NI * NH], u[NH * NH], bb[NH];
+  fill(x, TMAX * NB * NI, 5), fill(h0, NB * NH, 6), fill(w, NI * NH, 7), fill(u, NH * NH, 8), fill(bb, NH, 9);
+  kiln_scope_begin();
+  cell c = cell_of(w, u, bb);
+  g_cell = &c;
+  static const int Ts[] = {0, 1, 5, 19, 1, 5};
+  for (int be = 0; be <= KILN_BACKEND_LLVM; be++) {
+    kiln_fn *fn = be ? kiln_compile(scan_body, NULL, &(kiln_options){.name = "rnn", .n_in = 2, .n_out = 2, .backend = be}) : NULL;
+    ck_assert_msg(!be || fn, "%s", kiln_last_error());
+    for (size_t k = 0; k < sizeof Ts / sizeof Ts[0]; k++) {
+      int T = Ts[k];
+      double h[NB * NH], ys[TMAX * NB * NH];
+      cell_ref(x, h0, w, u, bb, T, h, ys);
+      kiln_scope_begin();
+      kiln_tensor *in[2] = {kiln_tensor_from(KILN_F32, 2, (int64_t[]){NB, NH}, h0),
+                            kiln_tensor_from(KILN_F32, 3, (int64_t[]){T, NB, NI}, x)},
+                  *out[2];
+      ck_assert_msg((fn ? kiln_call(fn, in, out) : scan_body(NULL, in, out)) == 0, "%s", kiln_last_error());
+      float got_h[NB * NH], got_ys[TMAX * NB * NH];
+      ck_assert_int_eq(T, kiln_size(out[1], 0));
+      ck_assert_int_eq(0, kiln_read(out[0], got_h, sizeof got_h));
+      ck_assert_int_eq(0, kiln_read(out[1], got_ys, sizeof(float) * (size_t)(T * NB * NH)));
+      expect_close(got_h, h, NB * NH, "last carry");
+      expect_close(got_ys, ys, T * NB * NH, "ys");
+      kiln_scope_end();
+    }
+    if (!fn) continue;
+    kiln_fn_stats st;
+    ck_assert_int_eq(0, kiln_fn_get_stats(fn, &st));
+    ck_assert_int_eq(1, st.traces);
+    ck_assert_int_eq(1, st.variants);
+    ck_assert_int_eq(0, st.breaks);
+    /* the graph: one scan whose body is the cell, at this file's lines */
+    char *text = kiln_fn_graph(fn, 0);
+    ck_assert_ptr_nonnull(text);
+    ck_assert_msg(strstr(text, "= scan(") && strstr(text, "region body(") && strstr(text, "= tanh(") &&
+                      strstr(text, "test_regions.c:"),
+                  "%s", text);
+    ck_assert_msg(strstr(text, "sym s0 in [0, "), "the length is a symbol from 0: %s", text);
+    free(text);
+    kiln_fn_free(fn);
+  }
+  kiln_scope_end();
+}
+END_TEST
+
+/* a captured scan saved (regions, the batched input projection and all)
+ * and loaded: the loaded function runs at a length never traced, against C */
+START_TEST(test_save_load_captured) {
+  float x[7 * NB * NI], h0[NB * NH], w[NI * NH], u[NH * NH], bb[NH];
+  fill(x, 7 * NB * NI, 45), fill(h0, NB * NH, 46), fill(w, NI * NH, 47), fill(u, NH * NH, 48), fill(bb, NH, 49);
+  kiln_scope_begin();
+  cell c = cell_of(w, u, bb);
+  ck_assert_int_eq(0, kiln_param_name(c.w, "w"));
+  ck_assert_int_eq(0, kiln_param_name(c.u, "u"));
+  ck_assert_int_eq(0, kiln_param_name(c.b, "b"));
+  g_cell = &c;
+  kiln_fn *fn = kiln_compile(scan_body, NULL, &(kiln_options){.name = "rnn", .n_in = 2, .n_out = 2});
+  kiln_tensor *in[5] = {kiln_tensor_from(KILN_F32, 2, (int64_t[]){NB, NH}, h0),
+                        kiln_tensor_from(KILN_F32, 3, (int64_t[]){5, NB, NI}, x)},
+              *out[2];
+  ck_assert_msg(kiln_call(fn, in, out) == 0, "%s", kiln_last_error());
+  char path[] = "/tmp/kiln_regions_XXXXXX";
+  int fd = mkstemp(path);
+  ck_assert_int_ge(fd, 0);
+  close(fd);
+  ck_assert_msg(kiln_save(fn, path) == 0, "%s", kiln_last_error());
+  char *text = kiln_fn_graph(fn, 0);
+  kiln_fn_free(fn);
+  fn = kiln_load(path);
+  unlink(path);
+  ck_assert_msg(fn != NULL, "%s", kiln_last_error());
+  ck_assert_msg(strstr(text, "region body("), "%s", text);
+  /* the loaded function takes the params after the inputs, in the order the graph lists them */
+  const char *order[3];
+  int np = 0;
+  for (const char *p = strstr(text, "@param("); p && np < 3; p = strstr(p + 1, "@param(")) order[np++] = p + 7;
+  ck_assert_msg(3 == np, "%s", text);
+  for (int i = 0; i < 3; i++) in[2 + i] = order[i][0] == 'w' ? c.w : order[i][0] == 'u' ? c.u : c.b;
+  free(text);
+  in[1] = kiln_tensor_from(KILN_F32, 3, (int64_t[]){7, NB, NI}, x);
+  ck_assert_msg(kiln_call(fn, in, out) == 0, "%s", kiln_last_error());
+  double h[NB * NH], ys[7 * NB * NH];
+  cell_ref(x, h0, w, u, bb, 7, h, ys);
+  float got[7 * NB * NH];
+  ck_assert_int_eq(0, kiln_read(out[0], got, sizeof(float) * NB * NH));
+  expect_close(got, h, NB * NH, "loaded carry");
+  ck_assert_int_eq(0, kiln_read(out[1], got, sizeof got));
+  expect_close(got, ys, 7 * NB * NH, "loaded ys");
+  kiln_fn_free(fn);
+  kiln_scope_end();
+}
+END_TEST
+
+/* a cond that autograd differentiates through inside a compiled body: it
+ * runs as before (its predicate read, a break), and what its recorded
+ * bodies made is dropped, so the break's segment does not take it for a
+ * live value; compiled loss and grads equal eager's */
+static kiln_tensor *g_w;
+static int then_gw(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  return !(out[0] = kiln_mul(kiln_exp(in[0]), g_w));
+}
+static int else_gw(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  return !(out[0] = kiln_sub(in[0], kiln_mul(g_w, g_w)));
+}
+static int cond_loss_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  kiln_tensor *r[1], *p = kiln_gt(kiln_sum_all(in[0]), kiln_scalar(KILN_F32, 0));
+  if (kiln_cond(p, then_gw, else_gw, NULL, 1, in, 1, r)) return -1;
+  kiln_tensor *loss = kiln_sum_all(kiln_mul(r[0], r[0]));
+  if (kiln_backward(loss)) return -1;
+  out[0] = loss;
+  out[1] = kiln_mul(kiln_grad(g_w), kiln_scalar(KILN_F32, 1));
+  kiln_zero_grad(g_w);
+  return !out[1];
+}
+
+START_TEST(test_cond_grad_compiled) {
+  kiln_scope_begin();
+  float w[4];
+  fill(w, 4, 70);
+  g_w = kiln_tensor_from(KILN_F32, 1, (int64_t[]){4}, w);
+  kiln_requires_grad(g_w, true);
+  kiln_fn *fn = kiln_compile(cond_loss_body, NULL, &(kiln_options){.name = "cond_loss", .n_in = 1, .n_out = 2});
+  for (int k = 0; k < 4; k++) {
+    float x[4];
+    fill(x, 4, 71 + (unsigned)k);
+    for (int i = 0; i < 4; i++) x[i] = k % 2 ? fabsf(x[i]) : -fabsf(x[i]); /* both branches */
+    kiln_scope_begin();
+    kiln_tensor *in = kiln_tensor_from(KILN_F32, 1, (int64_t[]){4}, x), *o[2], *e[2];
+    ck_assert_msg(kiln_call(fn, &in, o) == 0, "%s", kiln_last_error());
+    ck_assert_int_eq(0, cond_loss_body(NULL, &in, e));
+    float got[5], want[5];
+    ck_assert_int_eq(0, kiln_read(o[0], got, 4));
+    ck_assert_int_eq(0, kiln_read(o[1], got + 1, 16));
+    ck_assert_int_eq(0, kiln_read(e[0], want, 4));
+    ck_assert_int_eq(0, kiln_read(e[1], want + 1, 16));
+    double wd[5];
+    for (int i = 0; i < 5; i++) wd[i] = want[i];
+    expect_close(got, wd, 5, "compiled loss and grad");
+    kiln_scope_end();
+  }
+  kiln_fn_free(fn);
+  kiln_scope_end();
+}
+END_TEST
+
+/* a body that draws (dropout) is not a region: eager draws anew every step,
+ * and so does the compiled call, which records the steps one by one */
+static int drop_cell(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  out[0] = kiln_add(in[0], kiln_dropout(in[1], 0.5, true));
+  out[1] = out[0];
+  return !out[0];
+}
+static int drop_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  return kiln_scan(drop_cell, NULL, 1, &in[0], 1, &in[1], &out[0], 1, &out[1]);
+}
+
+START_TEST(test_scan_with_draws) {
+  kiln_scope_begin();
+  kiln_fn *fn = kiln_compile(drop_body, NULL, &(kiln_options){.name = "drop", .n_in = 2, .n_out = 2});
+  for (int k = 0; k < 3; k++) {
+    kiln_scope_begin();
+    kiln_tensor *in[2] = {kiln_zeros(KILN_F32, 1, (int64_t[]){16}), kiln_randn(KILN_F32, 2, (int64_t[]){6, 16}, 80 + (uint64_t)k)},
+                *o[2], *e[2];
+    kiln_manual_seed(90 + (uint64_t)k);
+    ck_assert_msg(kiln_call(fn, in, o) == 0, "%s", kiln_last_error());
+    kiln_manual_seed(90 + (uint64_t)k);
+    ck_assert_int_eq(0, drop_body(NULL, in, e));
+    float got[96], want[96];
+    double wd[96];
+    ck_assert_int_eq(0, kiln_read(o[1], got, sizeof got));
+    ck_assert_int_eq(0, kiln_read(e[1], want, sizeof want));
+    for (int i = 0; i < 96; i++) wd[i] = want[i];
+    expect_close(got, wd, 96, "compiled dropout steps");
+    kiln_scope_end();
+  }
+  char *text = kiln_fn_graph(fn, 0);
+  ck_assert_msg(text && !strstr(text, "region body("), "a drawing body became a region:\n%s", text ? text : "");
+  free(text);
+  kiln_fn_free(fn);
+  kiln_scope_end();
+}
+END_TEST
+
+/* a while loop whose trip count is data: x doubles until its sum passes the bound */
+static int below(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  kiln_tensor *bound = ctx;
+  return !(out[0] = kiln_lt(kiln_sum_all(in[0]), bound));
+}
+static int twice(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  return !(out[0] = kiln_add(in[0], in[0]));
+}
+static int while_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  return kiln_while_loop(below, twice, in[1], 1, &in[0], out);
+}
+
+START_TEST(test_while_one_trace) {
+  kiln_scope_begin();
+  for (int be = KILN_BACKEND_INTERP; be <= KILN_BACKEND_LLVM; be++) {
+    kiln_fn *fn = kiln_compile(while_body, NULL, &(kiln_options){.name = "grow", .n_in = 2, .n_out = 1, .backend = be});
+    static const float bounds[] = {100, 5, 1e4f, 0};
+    for (int k = 0; k < 4; k++) {
+      float x0[3] = {0.5f, 1, 1.5f};
+      double want[3] = {0.5, 1, 1.5};
+      while (want[0] + want[1] + want[2] < bounds[k])
+        for (int i = 0; i < 3; i++) want[i] *= 2;
+      kiln_scope_begin();
+      kiln_tensor *in[2] = {kiln_tensor_from(KILN_F32, 1, (int64_t[]){3}, x0), kiln_scalar(KILN_F32, bounds[k])}, *out[1];
+      ck_assert_msg(kiln_call(fn, in, out) == 0, "%s", kiln_last_error());
+      float got[3];
+      ck_assert_int_eq(0, kiln_read(out[0], got, sizeof got));
+      expect_close(got, want, 3, "while");
+      kiln_scope_end();
+    }
+    expect_one_trace(fn);
+    kiln_fn_free(fn);
+  }
+  kiln_scope_end();
+}
+END_TEST
+
+/* branches that disagree, a carry that changes: errors naming both lines
+ * (each body notes the line of its op; cond_line is one before the call) */
+static int then_line, else_line, cond_line, shrink_line, read_line;
+static int then_vec(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  then_line = __LINE__, out[0] = kiln_exp(in[0]);
+  return !out[0];
+}
+static int else_sum(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  else_line = __LINE__, out[0] = kiln_sum_all(in[0]);
+  return !out[0];
+}
+static int bad_cond_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  kiln_tensor *p = kiln_gt(kiln_sum_all(in[0]), kiln_scalar(KILN_F32, 0));
+  cond_line = __LINE__;
+  return kiln_cond(p, then_vec, else_sum, NULL, 1, in, 1, out);
+}
+static int shrink(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  shrink_line = __LINE__, out[0] = kiln_sum(in[0], 0, false);
+  out[1] = in[1];
+  return !out[0];
+}
+static int bad_scan_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  return kiln_scan(shrink, NULL, 1, &in[0], 1, &in[1], &out[0], 1, &out[1]);
+}
+static int reads_data(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  read_line = __LINE__;
+  double v = kiln_item(kiln_sum_all(in[1]));
+  out[0] = kiln_add(in[0], kiln_scalar(KILN_F32, v));
+  out[1] = in[1];
+  return !out[0];
+}
+static int read_scan_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  return kiln_scan(reads_data, NULL, 1, &in[0], 1, &in[1], &out[0], 1, &out[1]);
+}
+
+static void expect_lines(const char *e, int l1, int l2, int l3) {
+  const int l[3] = {l1, l2, l3};
+  for (int i = 0; i < 3; i++) {
+    if (!l[i]) continue;
+    char loc[64];
+    snprintf(loc, sizeof loc, "test_regions.c:%d", l[i]);
+    ck_assert_msg(strstr(e, loc) != NULL, "expected %s in: %s", loc, e);
+  }
+}
+
+START_TEST(test_capture_errors) {
+  kiln_scope_begin();
+  kiln_fn *fn = kiln_compile(bad_cond_body, NULL, &(kiln_options){.name = "bad_cond", .n_in = 1, .n_out = 1});
+  kiln_tensor *in[2] = {kiln_tensor_from(KILN_F32, 2, (int64_t[]){2, 3}, (float[]){1, 2, 3, 4, 5, 6}), NULL}, *out[2];
+  ck_assert_int_eq(-1, kiln_call(fn, in, out));
+  const char *e = kiln_last_error();
+  ck_assert_msg(strstr(e, "else_fn's out 0 is f32[]") && strstr(e, "then_fn's is f32[2,3]"), "%s", e);
+  expect_lines(e, cond_line + 1, then_line, else_line);
+  kiln_fn_free(fn);
+
+  fn = kiln_compile(bad_scan_body, NULL, &(kiln_options){.name = "bad_scan", .n_in = 2, .n_out = 2});
+  in[1] = kiln_zeros(KILN_F32, 3, (int64_t[]){4, 2, 3});
+  ck_assert_int_eq(-1, kiln_call(fn, in, out));
+  e = kiln_last_error();
+  ck_assert_msg(strstr(e, "body_fn's out 0 is f32[3]") && strstr(e, "the carry is f32[2,3]"), "%s", e);
+  expect_lines(e, shrink_line, 0, 0);
+  kiln_fn_free(fn);
+
+  fn = kiln_compile(read_scan_body, NULL, &(kiln_options){.name = "read_scan", .n_in = 2, .n_out = 2});
+  ck_assert_int_eq(-1, kiln_call(fn, in, out));
+  e = kiln_last_error();
+  ck_assert_msg(strstr(e, "reads data inside the body"), "%s", e);
+  expect_lines(e, read_line + 1, 0, 0);
+  kiln_fn_free(fn);
+  kiln_scope_end();
+}
+END_TEST
+
+/* gradients through a scan inside a compiled body: its steps record one by
+ * one (regions do not differentiate yet), and the grads match eager's */
+static int loss_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  kiln_tensor *h[1], *ys[1];
+  if (kiln_scan(cell_fn, g_cell, 1, &in[0], 1, &in[1], h, 1, ys)) return -1;
+  kiln_tensor *loss = kiln_sum_all(kiln_mul(ys[0], ys[0]));
+  if (kiln_backward(loss)) return -1;
+  out[0] = loss;
+  out[1] = kiln_mul(kiln_grad(g_cell->u), kiln_scalar(KILN_F32, 1));
+  return !out[1];
+}
+
+START_TEST(test_scan_grad_compiled) {
+  float x[5 * NB * NI], h0[NB * NH], w[NI * NH], u[NH * NH], bb[NH];
+  fill(x, 5 * NB * NI, 15), fill(h0, NB * NH, 16), fill(w, NI * NH, 17), fill(u, NH * NH, 18), fill(bb, NH, 19);
+  kiln_scope_begin();
+  cell c = cell_of(w, u, bb);
+  kiln_requires_grad(c.u, true);
+  g_cell = &c;
+  kiln_tensor *in[2] = {kiln_tensor_from(KILN_F32, 2, (int64_t[]){NB, NH}, h0),
+                        kiln_tensor_from(KILN_F32, 3, (int64_t[]){5, NB, NI}, x)},
+              *want[2], *got[2];
+  ck_assert_int_eq(0, loss_body(NULL, in, want));
+  float gw[NH * NH], gg[NH * NH];
+  ck_assert_int_eq(0, kiln_read(want[1], gw, sizeof gw));
+  kiln_zero_grad(c.u);
+  kiln_fn *fn = kiln_compile(loss_body, NULL, &(kiln_options){.name = "loss", .n_in = 2, .n_out = 2});
+  ck_assert_msg(kiln_call(fn, in, got) == 0, "%s", kiln_last_error());
+  ck_assert_int_eq(0, kiln_read(got[1], gg, sizeof gg));
+  double ref[NH * NH];
+  for (int i = 0; i < NH * NH; i++) ref[i] = gw[i];
+  expect_close(gg, ref, NH * NH, "compiled grad");
+  kiln_fn_free(fn);
+  kiln_scope_end();
+}
+END_TEST
+
+/* work that depends on no argument of the body is done once, outside the loop */
+static int invariant_cell(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  cell *c = ctx;
+  kiln_tensor *wt = kiln_exp(c->u);
+  out[0] = kiln_tanh(kiln_add(kiln_matmul(in[0], wt), kiln_matmul(in[1], c->w)));
+  out[1] = out[0];
+  return !out[0];
+}
+static int invariant_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  return kiln_scan(invariant_cell, g_cell, 1, &in[0], 1, &in[1], &out[0], 1, &out[1]);
+}
+
+START_TEST(test_invariant_hoisted) {
+  float x[4 * NB * NI], h0[NB * NH], w[NI * NH], u[NH * NH];
+  fill(x, 4 * NB * NI, 35), fill(h0, NB * NH, 36), fill(w, NI * NH, 37), fill(u, NH * NH, 38);
+  kiln_scope_begin();
+  cell c = cell_of(w, u, NULL);
+  g_cell = &c;
+  kiln_fn *fn = kiln_compile(invariant_body, NULL, &(kiln_options){.name = "hoist", .n_in = 2, .n_out = 2});
+  kiln_tensor *in[2] = {kiln_tensor_from(KILN_F32, 2, (int64_t[]){NB, NH}, h0),
+                        kiln_tensor_from(KILN_F32, 3, (int64_t[]){4, NB, NI}, x)},
+              *out[2], *want[2];
+  ck_assert_msg(kiln_call(fn, in, out) == 0, "%s", kiln_last_error());
+  ck_assert_int_eq(0, invariant_body(NULL, in, want));
+  float got[4 * NB * NH], ref[4 * NB * NH];
+  double refd[4 * NB * NH];
+  ck_assert_int_eq(0, kiln_read(out[1], got, sizeof got));
+  ck_assert_int_eq(0, kiln_read(want[1], ref, sizeof ref));
+  for (int i = 0; i < 4 * NB * NH; i++) refd[i] = ref[i];
+  expect_close(got, refd, 4 * NB * NH, "hoisted");
+  char *text = kiln_fn_graph(fn, 0);
+  const char *ex = strstr(text, "= exp("), *body = strstr(text, "region body(");
+  ck_assert_msg(ex && body && ex < body, "the exp is not outside the region:\n%s", text);
+  free(text);
+  kiln_fn_free(fn);
+  kiln_scope_end();
+}
+END_TEST
+
+/* cond compiled on both backends against eager, both outcomes from one trace */
+static int then_add(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  return !(out[0] = kiln_add(kiln_exp(in[0]), in[1]));
+}
+static int else_mul(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  return !(out[0] = kiln_mul(in[0], in[1]));
+}
+static int cond_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  kiln_tensor *p = kiln_gt(kiln_sum_all(in[0]), kiln_sum_all(in[1]));
+  return kiln_cond(p, then_add, else_mul, NULL, 2, in, 1, out);
+}
+
+START_TEST(test_cond_three_ways) {
+  kiln_scope_begin();
+  for (int be = KILN_BACKEND_INTERP; be <= KILN_BACKEND_LLVM; be++) {
+    kiln_fn *fn = kiln_compile(cond_body, NULL, &(kiln_options){.name = "cond", .n_in = 2, .n_out = 1, .backend = be});
+    for (int k = 0; k < 4; k++) {
+      float a[6], b[6];
+      /* odd k swaps the two: the other branch */
+      fill(a, 6, (k % 2 ? 50u : 40u) + (unsigned)k / 2), fill(b, 6, (k % 2 ? 40u : 50u) + (unsigned)k / 2);
+      double sa = 0, sb = 0, want[6];
+      for (int i = 0; i < 6; i++) sa += a[i], sb += b[i];
+      for (int i = 0; i < 6; i++) want[i] = sa > sb ? exp((double)a[i]) + b[i] : (double)a[i] * b[i];
+      kiln_scope_begin();
+      kiln_tensor *in[2] = {kiln_tensor_from(KILN_F32, 2, (int64_t[]){2, 3}, a),
+                            kiln_tensor_from(KILN_F32, 2, (int64_t[]){2, 3}, b)},
+                  *out[1], *eo[1];
+      ck_assert_msg(kiln_call(fn, in, out) == 0, "%s", kiln_last_error());
+      ck_assert_int_eq(0, cond_body(NULL, in, eo));
+      float got[6], eg[6];
+      ck_assert_int_eq(0, kiln_read(out[0], got, sizeof got));
+      ck_assert_int_eq(0, kiln_read(eo[0], eg, sizeof eg));
+      expect_close(got, want, 6, "compiled");
+      expect_close(eg, want, 6, "eager");
+      kiln_scope_end();
+    }
+    expect_one_trace(fn);
+    kiln_fn_free(fn);
+  }
+  kiln_scope_end();
+}
+END_TEST
+
+#ifdef KILN_TEST_BUILD
+/* the cell without a C number, so that calls take the guard-only path, where check mode compares kernels */
+static int plain_cell(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  cell *c = ctx;
+  out[0] = kiln_tanh(kiln_add(kiln_add(kiln_matmul(in[1], c->w), kiln_matmul(in[0], c->u)), c->b));
+  out[1] = out[0];
+  return !out[0];
+}
+static int plain_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  return kiln_scan(plain_cell, g_cell, 1, &in[0], 1, &in[1], &out[0], 1, &out[1]);
+}
+
+/* check mode through a region: a kernel of the scan's body made wrong is
+ * named, with the region and the scan's line; a checked call returns
+ * eager's answer */
+START_TEST(test_check_names_region_kernel) {
+  float x[5 * NB * NI], h0[NB * NH], w[NI * NH], u[NH * NH], bb[NH];
+  fill(x, 5 * NB * NI, 25), fill(h0, NB * NH, 26), fill(w, NI * NH, 27), fill(u, NH * NH, 28), fill(bb, NH, 29);
+  kiln_scope_begin();
+  cell c = cell_of(w, u, bb);
+  g_cell = &c;
+  kiln_tensor *in[2] = {kiln_tensor_from(KILN_F32, 2, (int64_t[]){NB, NH}, h0),
+                        kiln_tensor_from(KILN_F32, 3, (int64_t[]){5, NB, NI}, x)},
+              *out[2];
+  double h[NB * NH], ys[5 * NB * NH];
+  cell_ref(x, h0, w, u, bb, 5, h, ys);
+  /* the body's kernels: the recurrent matmul, then the pointwise rest (the
+   * input projection is batched out of the loop) */
+  setenv("KILN_TEST_CORRUPT_KERNEL", "k1_pointwise", 1);
+  for (int i = 0; i < 5 * NB * NH; i++) ys[i] /= 2;
+  for (int i = 0; i < NB * NH; i++) (void)h[i];
+  kiln_fn *fn = kiln_compile(plain_body, NULL, &(kiln_options){.name = "checked", .n_in = 2, .n_out = 2,
+                                                               .backend = KILN_BACKEND_LLVM, .check = 1});
+  /* the first call traces (check mode starts with the second) */
+  ck_assert_msg(kiln_call(fn, in, out) == 0, "%s", kiln_last_error());
+  fflush(stderr);
+  FILE *log = tmpfile();
+  ck_assert_ptr_nonnull(log);
+  int saved = dup(2);
+  dup2(fileno(log), 2);
+  int rc = kiln_call(fn, in, out);
+  fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  unsetenv("KILN_TEST_CORRUPT_KERNEL");
+  char text[4096] = "";
+  rewind(log);
+  text[fread(text, 1, sizeof text - 1, log)] = 0;
+  fclose(log);
+  ck_assert_msg(rc == 0, "%s", kiln_last_error());
+  float got[NB * NH];
+  ck_assert_int_eq(0, kiln_read(out[0], got, sizeof got));
+  expect_close(got, h, NB * NH, "eager's answer");
+  ck_assert_msg(strstr(text, "in region 'body' of %") && strstr(text, "(scan at ") && strstr(text, "kernel k1_pointwise differs"),
+                "%s", text);
+  kiln_fn_free(fn);
+  kiln_scope_end();
+}
+END_TEST
+#endif
+
+int main(void) {
+  Suite *s = suite_create("regions");
+  TCase *tc = tcase_create("regions");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, test_scan_runs);
+  tcase_add_test(tc, test_cond_while_runs);
+  tcase_add_test(tc, test_round_trip);
+  tcase_add_test(tc, test_verify_regions);
+  tcase_add_test(tc, test_parse_regions);
+  tcase_add_test(tc, test_hoisted_text_runs);
+  suite_add_tcase(s, tc);
+  TCase *cap = tcase_create("capture");
+  tcase_set_timeout(cap, 120);
+  tcase_add_test(cap, test_scan_one_trace);
+  tcase_add_test(cap, test_while_one_trace);
+  tcase_add_test(cap, test_save_load_captured);
+  tcase_add_test(cap, test_capture_errors);
+  tcase_add_test(cap, test_scan_grad_compiled);
+  tcase_add_test(cap, test_cond_grad_compiled);
+  tcase_add_test(cap, test_scan_with_draws);
+  tcase_add_test(cap, test_invariant_hoisted);
+  tcase_add_test(cap, test_cond_three_ways);
+#ifdef KILN_TEST_BUILD
+  tcase_add_test(cap, test_check_names_region_kernel);
+#endif
+  suite_add_tcase(s, cap);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
