@@ -73,8 +73,8 @@ static void escape(recording *r, const char *file, int line, const char *fmt, ..
   vsnprintf(r->why, sizeof r->why, fmt, ap);
   va_end(ap);
   if (r->cf_depth) {
-    /* a region records its body once: it cannot run part of it eagerly */
-    r->failed = true;
+    /* a region records its body once: the construct runs step by step instead */
+    r->cf_unfit = true;
     return;
   }
   if (new_event(r, EV_ESCAPE, 0, NULL, 0, file, line) < 0) return;
@@ -386,9 +386,9 @@ static void on_inplace(void *ctx, op_id op, kiln_tensor *dst, kiln_tensor *src, 
                        int line) {
   recording *r = ctx;
   if (r->failed) return;
-  if (r->cf_depth)
-    return fail(r, "%s:%d: an in-place write inside the body of a kiln_cond, kiln_while_loop or kiln_scan in a "
-                   "compiled function (a region's body is functional: return the new value instead)", file, line);
+  /* a region's body is functional: the construct runs step by step instead
+   * (the write is recorded as any, among the events that then go dead) */
+  if (r->cf_depth) r->cf_unfit = true;
   int ids[3] = {rec_value_of(r, dst), src ? rec_value_of(r, src) : 0, 0};
   if (ids[0] < 0 || ids[1] < 0) return;
   int n = src ? 2 : 1;
@@ -428,11 +428,9 @@ static void on_read(void *ctx, const char *what, const kiln_tensor *t, const cha
   r->reader = what;
   if (r->failed || !pending(r, t)) return;
   if (r->cf_depth) {
-    fail(r, "%s:%d: %s reads data inside the body of a kiln_cond, kiln_while_loop or kiln_scan, which a compiled "
-            "function records once as a region, without data (compute it with ops, or read it outside the body)",
-         file, line, what);
-    err_set(file, line, what, "%s", r->why);
-    r->why_is_error = true;
+    /* a region is recorded without data: the construct runs step by step
+     * instead, where this read is a graph break as anywhere else */
+    r->cf_unfit = true;
     return;
   }
   if (r->n_breaks == REC_MAX_BREAKS)
@@ -610,7 +608,8 @@ static int on_cf(void *ctx, const cf_call *c, kiln_tensor **results) {
   if (e < 0) return err_set(c->file, c->line, cf_name[c->kind], "%s", r->why), -1;
   r->ev[e].a.k = c->n_carry;
   r->ev[e].a.dim = c->n_xs;
-  bool grads = false;
+  bool grads = false, unfit0 = r->cf_unfit;
+  r->cf_unfit = false;
   for (int j = 0; j < c->n_in; j++) grads |= c->in[j]->requires_grad && kiln_grad_enabled();
   kiln_tensor *args[2 * 64] = {0}, *out[2][2 * 64] = {{0}};
   for (int i = 0; i < c->n_regions && !rc; i++) {
@@ -643,6 +642,10 @@ static int on_cf(void *ctx, const cf_call *c, kiln_tensor **results) {
     if (!rc) r->ev[y].a.k = i;
     for (int k = 0; !rc && k < c->n_out[i]; k++) grads |= out[i][k]->requires_grad;
   }
+  /* a body read data or wrote in place: whatever it did after (its error
+   * included: the read had no data) is the recording's, not the user's */
+  if (r->cf_unfit) rc = 0, grads = true;
+  r->cf_unfit = unfit0;
   /* a draw from the generator in a body: eager draws anew each step, a
    * region recorded once would not */
   for (int k = first; k < r->n_ev && !rc; k++) grads |= r->ev[k].kind == EV_OP && (op_table[r->ev[k].op].attrs & AF_RNG);

@@ -272,6 +272,8 @@ struct recording {
   const char *reader;      /* the call that read data at the newest break ("kiln_item") */
   bool escaped;            /* the rest of the body ran eagerly after an EV_ESCAPE */
   int cf_depth;            /* regions being recorded around the current op */
+  bool cf_unfit;           /* a region body did what a region cannot hold (a data read, an in-place
+                              write): the construct runs step by step instead */
   struct { int input, dim; } scan_dims[8]; /* inputs' dims a scan steps over: symbolic from the first trace */
   int n_scan_dims;
   int n_breaks;            /* EV_BREAKs so far (REC_MAX_BREAKS, then an escape) */
