@@ -657,8 +657,6 @@ START_TEST(test_capture_errors) {
   ck_assert_msg(strstr(e, "body_fn's out 0 is f32[3]") && strstr(e, "the carry is f32[2,3]"), "%s", e);
   expect_lines(e, shrink_line, 0, 0);
   kiln_fn_free(fn);
-
-  kiln_fn_free(fn);
   kiln_scope_end();
 }
 END_TEST
