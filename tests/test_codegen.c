@@ -2010,6 +2010,15 @@ START_TEST(test_op_without_emitter) {
 END_TEST
 #endif
 
+/* KILN_JIT_FEATURES=-avx512f gives the kernels of an AVX2 machine (ctest
+ * runs this file once more with it): the vector width follows it. */
+START_TEST(test_jit_features_env) {
+  const char *f = getenv("KILN_JIT_FEATURES");
+  if (f && strstr(f, "-avx512f")) ck_assert(!jit_wide_vectors());
+  else ck_assert_int_eq(jit_wide_vectors(), __builtin_cpu_supports("avx512f") != 0);
+}
+END_TEST
+
 /* A sum of 70 rows as a chain of adds (an unrolled loop's gradient sum):
  * one fused kernel would read 70 buffers, past what the lowering takes, and
  * the variant used to run on the interpreter. The fuser cuts the chain. */
@@ -2247,6 +2256,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, test_llvm_fatal_error);
   tcase_add_test(tc, test_index_bounds);
   tcase_add_test(tc, test_long_chain_lowers);
+  tcase_add_test(tc, test_jit_features_env);
   tcase_add_test(tc, test_dead_node_buffer);
   tcase_add_test(tc, test_matmul_empty_temps);
   tcase_add_test(tc, test_gemm_folds);

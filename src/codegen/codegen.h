@@ -165,6 +165,8 @@ typedef struct cg_jit cg_jit;
 
 /* One-time LLVM setup (thread safe); 0 or -1. */
 int jit_init(char *err, size_t errn);
+/* Whether kernels use 512-bit vectors (AVX-512, unless KILN_JIT_FEATURES turns it off). */
+bool jit_wide_vectors(void);
 /* A module to build into, for the host target, in a context of its own. */
 typedef struct cg_module {
   LLVMContextRef ctx;

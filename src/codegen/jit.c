@@ -38,6 +38,7 @@ static struct {
   char *features;
   char *layout;        /* data layout of the host target machine */
   char *id;            /* jit_target_id */
+  bool wide;           /* 512-bit vectors: the CPU has AVX-512 and KILN_JIT_FEATURES keeps it */
   LLVMTargetRef target;
 } host = {.once = PTHREAD_ONCE_INIT};
 
@@ -176,6 +177,20 @@ static void init_once(void) {
   host.triple = LLVMGetDefaultTargetTriple();
   host.cpu = LLVMGetHostCPUName();
   host.features = LLVMGetHostCPUFeatures();
+  /* KILN_JIT_FEATURES: LLVM feature changes after the host's ("-avx512f":
+   * the kernels an AVX2 machine would get, to measure one on this one) */
+  const char *extra = getenv("KILN_JIT_FEATURES");
+  if (extra && *extra) {
+    size_t nf = strlen(host.features) + strlen(extra) + 2;
+    char *f = malloc(nf);
+    if (f) {
+      snprintf(f, nf, "%s,%s", host.features, extra);
+      LLVMDisposeMessage(host.features);
+      host.features = LLVMCreateMessage(f);
+      free(f);
+    }
+  }
+  host.wide = __builtin_cpu_supports("avx512f") && !(extra && strstr(extra, "-avx512f"));
   char *msg = NULL;
   if (LLVMGetTargetFromTriple(host.triple, &host.target, &msg)) {
     snprintf(host.err, sizeof host.err, "LLVM target %s: %s", host.triple, msg ? msg : "not found");
@@ -203,6 +218,11 @@ static void init_once(void) {
   snprintf(host.id, n, "kiln kernels %d; LLVM %u.%u.%u; %s; %s; %s; small PIC O3; %s %s %s; %s", KERNEL_FORMAT, major, minor,
            patch, host.triple, host.cpu, host.features, opts[1], opts[2], opts[3], PASS_OPTIONS);
   host.status = 0;
+}
+
+bool jit_wide_vectors(void) {
+  pthread_once(&host.once, init_once);
+  return host.wide;
 }
 
 int jit_init(char *err, size_t errn) {

@@ -1098,7 +1098,7 @@ static void panel_run(lctx *L, panel *pn, LLVMValueRef c, int n) {
 /* Outer elements [begin, end) of a panel kernel: panels, single vectors, a masked one. */
 static void lower_panels(lctx *L, LLVMValueRef begin, LLVMValueRef end) {
   cg_kernel *k = L->k;
-  panel pn = {.t = k->n_outer - 1, .lanes = __builtin_cpu_supports("avx512f") ? 16 : 8};
+  panel pn = {.t = k->n_outer - 1, .lanes = jit_wide_vectors() ? 16 : 8};
   L->vdim = pn.t;
   pn.vt = LLVMVectorType(elem_type(L, k->expr[k->stage[0].expr].dtype), (unsigned)pn.lanes);
   /* a known count of vectors takes the widest panel that divides it, so no single vectors are left */
@@ -1441,7 +1441,7 @@ int lower_kernel(const cg_program *prog, cg_kernel *k, LLVMModuleRef m, char *wh
   LLVMTypeRef ft = LLVMFunctionType(LLVMVoidTypeInContext(L.c), params, 4, 0);
   L.fn = LLVMAddFunction(m, k->name, ft);
   /* LLVM keeps to 256-bit vectors on AVX-512 hosts unless told; our loops gain from the full width */
-  if (__builtin_cpu_supports("avx512f")) LLVMAddTargetDependentFunctionAttr(L.fn, "prefer-vector-width", "512");
+  if (jit_wide_vectors()) LLVMAddTargetDependentFunctionAttr(L.fn, "prefer-vector-width", "512");
   L.b = LLVMCreateBuilderInContext(L.c);
   L.eb = LLVMCreateBuilderInContext(L.c);
   LLVMBasicBlockRef entry = LLVMAppendBasicBlockInContext(L.c, L.fn, "entry");
@@ -1469,7 +1469,7 @@ int lower_kernel(const cg_program *prog, cg_kernel *k, LLVMModuleRef m, char *wh
              k->stage[1].kind == CG_MAP && !k->stage[1].inner && is_float(k->expr[k->stage[0].expr].dtype);
   plan_reuse(&L);
   /* 512-bit vectors where the CPU has them (prefer-vector-width above) */
-  if (own_vectors_ok(&L)) L.lanes = __builtin_cpu_supports("avx512f") ? 16 : 8;
+  if (own_vectors_ok(&L)) L.lanes = jit_wide_vectors() ? 16 : 8;
   L.copies = 1;
   if (k->split) lower_split(&L, LLVMGetParam(L.fn, 2), LLVMGetParam(L.fn, 3));
   else if (staged) lower_staged(&L, LLVMGetParam(L.fn, 2), LLVMGetParam(L.fn, 3));
