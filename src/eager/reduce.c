@@ -37,38 +37,44 @@ CONTIG_SUM(float, float, csum_f32)
 CONTIG_SUM(double, double, csum_f64)
 CONTIG_SUM(int64_t, uint64_t, csum_i64)
 
-/* max/min of a row: 64-byte vectors of a plain compare-and-select (GCC's
- * vectorizer leaves the NaN-propagating form scalar), NaNs noted on the
- * side; a row that has one is scanned again for its first NaN, the result
- * the NaN-propagating F gives too. Always inlined: each KILN_HOT caller's
- * clone must compile it for its own vector width (an out-of-line copy, built
- * for the baseline, runs these 64-byte vectors in pieces, 20x slower). */
+/* max/min of a row: 32-byte vectors of a plain compare-and-select, two at
+ * a time (GCC's vectorizer leaves the NaN-propagating form scalar), NaNs
+ * noted on the side; a row that has one is scanned again for its first NaN,
+ * the result the NaN-propagating F gives too. 32 bytes, because GCC turns a
+ * compare of vectors wider than the clone's registers into one scalar
+ * compare per lane: 64-byte vectors made the AVX2 clone's max a scalar loop
+ * through the stack, and W2 eager 2.5x slower there. Always inlined: each
+ * KILN_HOT caller's clone must compile it for its own instructions (an
+ * out-of-line copy, built for the baseline, runs the vectors in pieces). */
 #define ALWAYS_INLINE __attribute__((always_inline))
-typedef float vf32 __attribute__((vector_size(64)));
-typedef double vf64 __attribute__((vector_size(64)));
-typedef int64_t vi64 __attribute__((vector_size(64)));
-typedef int32_t vi32 __attribute__((vector_size(64)));
+typedef float vf32 __attribute__((vector_size(32)));
+typedef double vf64 __attribute__((vector_size(32)));
+typedef int64_t vi64 __attribute__((vector_size(32)));
+typedef int32_t vi32 __attribute__((vector_size(32)));
 #define CONTIG_EXT(T, VT, VI, NAME, F, CMP)                      \
   ALWAYS_INLINE static inline T NAME(const T *x, int64_t n, T init) { \
     if (init != init) return init;                               \
-    enum { L = 64 / sizeof(T) };                                 \
-    VT acc;                                                      \
+    enum { L = 32 / sizeof(T) };                                 \
+    VT a0, a1;                                                   \
     VI bad = {0};                                                \
-    for (int j = 0; j < L; j++) acc[j] = init;                   \
+    for (int j = 0; j < L; j++) a0[j] = a1[j] = init;            \
     int64_t i = 0;                                               \
-    for (; i + L <= n; i += L) {                                 \
-      VT v;                                                      \
-      memcpy(&v, x + i, sizeof v);                               \
-      VI keep = acc CMP v;                                       \
-      acc = (VT)((keep & (VI)acc) | (~keep & (VI)v));            \
-      bad |= v != v;                                             \
+    for (; i + 2 * L <= n; i += 2 * L) {                         \
+      VT v0, v1;                                                 \
+      memcpy(&v0, x + i, sizeof v0);                             \
+      memcpy(&v1, x + i + L, sizeof v1);                         \
+      VI k0 = a0 CMP v0, k1 = a1 CMP v1;                         \
+      a0 = (VT)((k0 & (VI)a0) | (~k0 & (VI)v0));                 \
+      a1 = (VT)((k1 & (VI)a1) | (~k1 & (VI)v1));                 \
+      bad |= (v0 != v0) | (v1 != v1);                            \
     }                                                            \
     VI none = {0};                                               \
     if (memcmp(&bad, &none, sizeof bad))                         \
       for (int64_t k = 0; k < i; k++)                            \
         if (x[k] != x[k]) return x[k];                           \
     T r = init;                                                  \
-    for (int j = 0; j < L; j++) r = F(r, acc[j]);                \
+    for (int j = 0; j < L; j++) r = F(r, a0[j]);                 \
+    for (int j = 0; j < L; j++) r = F(r, a1[j]);                 \
     for (; i < n; i++) r = F(r, x[i]);                           \
     return r;                                                    \
   }
