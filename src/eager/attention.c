@@ -14,6 +14,7 @@
  * is skipped; one whose mask keeps every entry is not masked. Tasks run
  * over the thread pool. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "eager/eager.h"
@@ -23,7 +24,7 @@
 
 enum { ATTN_BR = 64 };              /* query rows of a task (a multiple of 4) */
 enum { ATTN_TASK_GRAIN = 1 << 20 }; /* multiply-adds a pool chunk should have at least */
-enum { ATTN_TILE_VECS = 8 };        /* 64-byte vectors across a key tile (a multiple of 4) */
+enum { ATTN_TILE_VECS = 8 };        /* vectors across a key tile (a multiple of 4) */
 enum { TILE_SKIP, TILE_PLAIN, TILE_MASK, TILE_ADD };
 
 typedef struct attn_job {
@@ -42,6 +43,7 @@ typedef struct attn_job {
   bool mask_bool, drop;        /* a bool mask, and the value that drops an entry */
   bool has_mask, f64;
   bool failed;                 /* a chunk could not get its working memory */
+  int vb;                      /* the bytes of a vector in the loops that run (attn_vb) */
 } attn_job;
 
 /* Element offsets of batch entry bh in q, k, v, mask and out. */
@@ -77,20 +79,58 @@ static int attn_tile_mode(const attn_job *j, int64_t mo, int64_t r0, int64_t nr,
   return !j->mask_bool ? TILE_ADD : dropped ? TILE_MASK : TILE_PLAIN;
 }
 
-#define AT float
-#define AT_SFX f32
-#define AT_EXP vm_expf
-#include "eager/attention_impl.h"
-#undef AT
-#undef AT_SFX
-#undef AT_EXP
-#define AT double
-#define AT_SFX f64
-#define AT_EXP exp
-#include "eager/attention_impl.h"
-#undef AT
-#undef AT_SFX
-#undef AT_EXP
+/* Each type once per vector width: 64, 32 and 16 bytes for AVX-512, AVX2
+ * and the rest where kiln picks the x86-64 level at run time, else the
+ * one the compiler targets (16 bytes for NEON). */
+#if defined(KILN_CPU_DISPATCH)
+#define AT_ISA v4
+#define AT_VB 64
+#define AT_TARGET __attribute__((target("arch=x86-64-v4")))
+#include "eager/attention_types.h"
+#undef AT_ISA
+#undef AT_VB
+#undef AT_TARGET
+#define AT_ISA v3
+#define AT_VB 32
+#define AT_TARGET __attribute__((target("arch=x86-64-v3")))
+#include "eager/attention_types.h"
+#undef AT_ISA
+#undef AT_VB
+#undef AT_TARGET
+#define AT_ISA base
+#define AT_VB 16
+#define AT_TARGET
+#include "eager/attention_types.h"
+#undef AT_ISA
+#undef AT_VB
+#undef AT_TARGET
+/* The vector bytes of the instantiation this CPU runs. KILN_JIT_FEATURES
+ * with -avx512f asks for an AVX2 machine's kernels: this one's too. */
+static int attn_vb(void) {
+  const char *f = getenv("KILN_JIT_FEATURES");
+  bool no512 = f && strstr(f, "-avx512f");
+  return __builtin_cpu_supports("x86-64-v4") && !no512 ? 64 : __builtin_cpu_supports("x86-64-v3") ? 32 : 16;
+}
+#define ATTN_CALL(vb, name, sfx, ...)                                        \
+  ((vb) == 64 ? name##_##sfx##_v4(__VA_ARGS__) : (vb) == 32 ? name##_##sfx##_v3(__VA_ARGS__) \
+                                                          : name##_##sfx##_base(__VA_ARGS__))
+#else
+#define AT_ISA one
+#if defined(__AVX512F__)
+#define AT_VB 64
+#elif defined(__AVX2__)
+#define AT_VB 32
+#else
+#define AT_VB 16
+#endif
+#define AT_TARGET
+#include "eager/attention_types.h"
+static int attn_vb(void) { return AT_VB; }
+#define ATTN_CALL(vb, name, sfx, ...) ((void)(vb), name##_##sfx##_one(__VA_ARGS__))
+#undef AT_ISA
+#undef AT_VB
+#undef AT_TARGET
+#endif
 
 /* Elements of a chunk's working memory: q rows, the tile's scores, the
  * output rows, the running max and sum. */
@@ -100,21 +140,22 @@ static int64_t attn_ws_elems(const attn_job *j, int64_t lanes) {
 
 static void attn_chunk(void *c, int64_t b, int64_t e) {
   attn_job *j = c;
-  int64_t n = attn_ws_elems(j, j->f64 ? 8 : 16);
-  void *ws = alloc_malloc((size_t)n * (j->f64 ? sizeof(double) : sizeof(float)));
+  size_t esz = j->f64 ? sizeof(double) : sizeof(float);
+  int64_t n = attn_ws_elems(j, j->vb / (int64_t)esz);
+  void *ws = alloc_malloc((size_t)n * esz);
   if (!ws) {
     __atomic_store_n(&j->failed, true, __ATOMIC_RELAXED);
     return;
   }
-  if (j->f64) attn_tasks_f64(j, b, e, ws);
-  else attn_tasks_f32(j, b, e, ws);
+  if (j->f64) ATTN_CALL(j->vb, attn_tasks, f64, j, b, e, ws);
+  else ATTN_CALL(j->vb, attn_tasks, f32, j, b, e, ws);
   alloc_free(ws);
 }
 
 static void pack_chunk(void *c, int64_t b, int64_t e) {
   attn_job *j = c;
-  if (j->f64) attn_pack_f64(j, b, e);
-  else attn_pack_f32(j, b, e);
+  if (j->f64) ATTN_CALL(j->vb, attn_pack, f64, j, b, e);
+  else ATTN_CALL(j->vb, attn_pack, f32, j, b, e);
 }
 
 /* t itself when its last dim is unit-stride, else a contiguous copy in *own. */
@@ -139,7 +180,8 @@ int k_attention(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln
                 .qrs = q->stride[nd - 2], .krs = k->stride[nd - 2], .vrs = v->stride[nd - 2],
                 .ors = out->stride[nd - 2], .ocs = out->stride[nd - 1], .nbd = nd - 2, .scale = a->value,
                 .f64 = out->dtype == KILN_F64, .drop = a->flag};
-  int64_t lanes = j.f64 ? 8 : 16, nb = 1;
+  j.vb = attn_vb();
+  int64_t lanes = j.vb / (j.f64 ? 8 : 4), nb = 1;
   j.Ep = (j.E + lanes - 1) / lanes * lanes;
   const kiln_tensor *ts[5] = {q, k, v, mask, out};
   for (int d = 0; d < j.nbd; d++) {

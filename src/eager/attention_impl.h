@@ -1,46 +1,55 @@
-/* The fused attention kernel's loops for one float type (attention.c includes
- * this twice): AT is the type, AT_SFX its suffix, AT_EXP its exp. Vectors are
- * 64 bytes (GCC/clang vector extensions): one AVX-512 register, two AVX2 ones.
- * A tile is BR query rows by BC key columns; the loops over it are register
- * blocked, four rows by four vectors, so that the inner loop is FMAs fed by
- * four loads and four broadcasts. */
+/* The fused attention kernel's loops for one float type and one vector
+ * width (attention.c includes this once per pair): AT is the type, AT_SFX
+ * its suffix, AT_EXP its exp, AT_VB the bytes of a vector (GCC/clang
+ * vector extensions), AT_ISA the name of the instruction set and AT_TARGET
+ * the attribute that compiles the outer functions for it. The width is
+ * the instruction set's register (64 bytes on AVX-512, 32 on AVX2, 16
+ * otherwise): wider vectors than the registers make GCC split them, spill
+ * the register blocks and compare lane by lane (AVX2 ran W7 10x slower
+ * than eager that way). A tile is BR query rows by BC key columns; the
+ * loops over it are register blocked, four rows by CV vectors (below), so that
+ * the inner loop is FMAs fed by CV loads and four broadcasts. */
 
 #define AT_CAT2(a, b) a##_##b
 #define AT_CAT(a, b) AT_CAT2(a, b)
-#define FN(name) AT_CAT(name, AT_SFX)
-#define LN ((int64_t)(64 / sizeof(AT))) /* lanes */
-#define BC (ATTN_TILE_VECS * LN)        /* key columns of a tile */
+#define FN(name) AT_CAT(AT_CAT(name, AT_SFX), AT_ISA)
+#define LN ((int64_t)(AT_VB / sizeof(AT))) /* lanes */
+#define BC (ATTN_TILE_VECS * LN)           /* key columns of a tile */
+/* vectors of columns in a register block: 4 rows by 4 takes 16 of AVX-512's
+ * 32 registers; 16-register sets take 4 by 2, which leaves room for the loads */
+#define CV (AT_VB >= 64 ? 4 : 2)
 #define AI static inline __attribute__((always_inline))
 
 /* aligned(sizeof(AT)): loads and stores from any element address */
-typedef AT FN(vec) __attribute__((vector_size(64), aligned(sizeof(AT))));
-typedef int64_t FN(ivec) __attribute__((vector_size(64), aligned(sizeof(AT))));
+typedef AT FN(vec) __attribute__((vector_size(AT_VB), aligned(sizeof(AT))));
+typedef int64_t FN(ivec) __attribute__((vector_size(AT_VB), aligned(sizeof(AT))));
 
-/* s[r][0..4 LN) = q[r] . kt[.][0..4 LN) for the 4 rows of q (row length D; kt and s rows BC apart). */
+/* s[r][0..CV LN) = q[r] . kt[.][0..CV LN) for the 4 rows of q (row length D; kt and s rows BC apart). */
 AI void FN(scores4)(const AT *q, int64_t D, const AT *kt, AT *s) {
-  FN(vec) acc[4][4];
+  FN(vec) acc[4][CV];
   memset(acc, 0, sizeof acc);
   for (int64_t d = 0; d < D; d++) {
     const FN(vec) *kv = (const FN(vec) *)(kt + d * BC);
-    FN(vec) k0 = kv[0], k1 = kv[1], k2 = kv[2], k3 = kv[3];
+    FN(vec) k[CV];
+    for (int c = 0; c < CV; c++) k[c] = kv[c];
     for (int r = 0; r < 4; r++) {
       AT a = q[r * D + d];
-      acc[r][0] += a * k0, acc[r][1] += a * k1, acc[r][2] += a * k2, acc[r][3] += a * k3;
+      for (int c = 0; c < CV; c++) acc[r][c] += a * k[c];
     }
   }
   for (int r = 0; r < 4; r++)
-    for (int c = 0; c < 4; c++) ((FN(vec) *)(s + r * BC))[c] = acc[r][c];
+    for (int c = 0; c < CV; c++) ((FN(vec) *)(s + r * BC))[c] = acc[r][c];
 }
 
 /* o[r][0..NV*LN) += p[r][0..nc) @ vb[0..nc)[0..NV*LN) for 4 rows (p rows BC
- * apart, vb and o rows ld apart). NV is a constant once inlined. */
+ * apart, vb and o rows ld apart), NV <= CV. NV is a constant once inlined. */
 AI void FN(pv4)(const AT *p, int64_t nc, const AT *vb, int64_t ld, AT *o, const int NV) {
-  FN(vec) acc[4][4];
+  FN(vec) acc[4][CV];
   for (int r = 0; r < 4; r++)
     for (int c = 0; c < NV; c++) acc[r][c] = ((const FN(vec) *)(o + r * ld))[c];
   for (int64_t c = 0; c < nc; c++) {
     const FN(vec) *vv = (const FN(vec) *)(vb + c * ld);
-    FN(vec) w[4];
+    FN(vec) w[CV];
     for (int j = 0; j < NV; j++) w[j] = vv[j];
     for (int r = 0; r < 4; r++) {
       AT a = p[r * BC + c];
@@ -76,7 +85,7 @@ AI AT FN(row_exp)(AT *s, int64_t nv, AT mx) {
 
 /* Packs batch entries [b, e) of j's k and v: per entry, k's tiles (D,BC)
  * transposed and v's rows (S rounded up to tiles, Ep), zero-padded. */
-KILN_HOT static void FN(attn_pack)(const attn_job *j, int64_t b, int64_t e) {
+AT_TARGET static void FN(attn_pack)(const attn_job *j, int64_t b, int64_t e) {
   const int64_t D = j->D, E = j->E, Ep = j->Ep, S = j->S, Sp = j->ntiles * BC;
   for (int64_t bh = b; bh < e; bh++) {
     int64_t off[5];
@@ -93,7 +102,7 @@ KILN_HOT static void FN(attn_pack)(const attn_job *j, int64_t b, int64_t e) {
 
 /* Tasks [b, e) of j (a row block of one batch entry each), with ws the
  * chunk's working memory (attn_ws_elems elements). */
-KILN_HOT static void FN(attn_tasks)(const attn_job *j, int64_t b, int64_t e, AT *ws) {
+AT_TARGET static void FN(attn_tasks)(const attn_job *j, int64_t b, int64_t e, AT *ws) {
   const int64_t D = j->D, E = j->E, Ep = j->Ep, T = j->T, S = j->S, Sp = j->ntiles * BC;
   AT *qb = ws, *sb = qb + ATTN_BR * D, *ob = sb + ATTN_BR * BC, *m = ob + ATTN_BR * Ep, *l = m + ATTN_BR;
   const AT scale = (AT)j->scale;
@@ -122,7 +131,7 @@ KILN_HOT static void FN(attn_tasks)(const attn_job *j, int64_t b, int64_t e, AT 
       const AT *kt = kp + (c0 / BC) * D * BC, *vb = vp + c0 * Ep;
       /* each half of the tile that has a key; the columns past nc are set to -inf below */
       for (int64_t rg = 0; rg < nr4; rg += 4)
-        for (int64_t h = 0; h < nc; h += 4 * LN) FN(scores4)(qb + rg * D, D, kt + h, sb + rg * BC + h);
+        for (int64_t h = 0; h < nc; h += CV * LN) FN(scores4)(qb + rg * D, D, kt + h, sb + rg * BC + h);
       for (int64_t r = 0; r < nr; r++) {
         AT *s = sb + r * BC;
         if (mode == TILE_MASK) {
@@ -146,15 +155,14 @@ KILN_HOT static void FN(attn_tasks)(const attn_job *j, int64_t b, int64_t e, AT 
           for (int64_t x = 0; x < Ep; x++) ob[r * Ep + x] *= alpha;
       }
       for (int64_t rg = 0; rg < nr4; rg += 4)
-        for (int64_t x0 = 0; x0 < Ep; x0 += 4 * LN) {
+        for (int64_t x0 = 0; x0 < Ep; x0 += CV * LN) {
           const AT *p = sb + rg * BC, *vx = vb + x0;
           AT *o = ob + rg * Ep + x0;
-          switch ((Ep - x0) / LN) {
-          case 1: FN(pv4)(p, nc, vx, Ep, o, 1); break;
-          case 2: FN(pv4)(p, nc, vx, Ep, o, 2); break;
-          case 3: FN(pv4)(p, nc, vx, Ep, o, 3); break;
-          default: FN(pv4)(p, nc, vx, Ep, o, 4); break;
-          }
+          int64_t left = (Ep - x0) / LN;
+          if (CV == 4 && left >= 4) FN(pv4)(p, nc, vx, Ep, o, 4);
+          else if (CV == 4 && left == 3) FN(pv4)(p, nc, vx, Ep, o, 3);
+          else if (left >= 2) FN(pv4)(p, nc, vx, Ep, o, 2);
+          else FN(pv4)(p, nc, vx, Ep, o, 1);
         }
     }
     /* a row that kept nothing is 0/0: NaN, as the unfused softmax gives */
@@ -173,4 +181,5 @@ KILN_HOT static void FN(attn_tasks)(const attn_job *j, int64_t b, int64_t e, AT 
 #undef FN
 #undef LN
 #undef BC
+#undef CV
 #undef AI
