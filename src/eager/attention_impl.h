@@ -5,7 +5,7 @@
  * the attribute that compiles the outer functions for it. The width is
  * the instruction set's register (64 bytes on AVX-512, 32 on AVX2, 16
  * otherwise): wider vectors than the registers make GCC split them, spill
- * the register blocks and compare lane by lane (AVX2 ran W7 10x slower
+ * the register blocks and compare lane by lane (AVX2 ran W7 12x slower
  * than eager that way). A tile is BR query rows by BC key columns; the
  * loops over it are register blocked, four rows by CV vectors (below), so that
  * the inner loop is FMAs fed by CV loads and four broadcasts. */
