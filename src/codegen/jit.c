@@ -190,7 +190,7 @@ static void init_once(void) {
       free(f);
     }
   }
-  host.wide = __builtin_cpu_supports("avx512f") && !(extra && strstr(extra, "-avx512f"));
+  host.wide = __builtin_cpu_supports("avx512f") && !cpu_avx512_turned_off();
   char *msg = NULL;
   if (LLVMGetTargetFromTriple(host.triple, &host.target, &msg)) {
     snprintf(host.err, sizeof host.err, "LLVM target %s: %s", host.triple, msg ? msg : "not found");

@@ -14,7 +14,6 @@
  * is skipped; one whose mask keeps every entry is not masked. Tasks run
  * over the thread pool. */
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "eager/eager.h"
@@ -104,12 +103,12 @@ static int attn_tile_mode(const attn_job *j, int64_t mo, int64_t r0, int64_t nr,
 #undef AT_ISA
 #undef AT_VB
 #undef AT_TARGET
-/* The vector bytes of the instantiation this CPU runs. KILN_JIT_FEATURES
- * with -avx512f asks for an AVX2 machine's kernels: this one's too. */
+/* The vector bytes of the instantiation this CPU runs (an AVX2 machine's
+ * when AVX-512 is turned off, as for the JIT's kernels). */
 static int attn_vb(void) {
-  const char *f = getenv("KILN_JIT_FEATURES");
-  bool no512 = f && strstr(f, "-avx512f");
-  return __builtin_cpu_supports("x86-64-v4") && !no512 ? 64 : __builtin_cpu_supports("x86-64-v3") ? 32 : 16;
+  return __builtin_cpu_supports("x86-64-v4") && !cpu_avx512_turned_off() ? 64
+         : __builtin_cpu_supports("x86-64-v3")                          ? 32
+                                                                         : 16;
 }
 #define ATTN_CALL(vb, name, sfx, ...)                                        \
   ((vb) == 64 ? name##_##sfx##_v4(__VA_ARGS__) : (vb) == 32 ? name##_##sfx##_v3(__VA_ARGS__) \

@@ -2,6 +2,7 @@
  * passes through op_dispatch, which checks inputs, promotes dtypes, applies
  * the shape rule, runs the kernel (or makes the view), records the op for
  * autograd and shows it to the tracer's hook. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "eager/eager.h"
@@ -188,4 +189,9 @@ kiln_tensor *op_dispatch(op_id op, kiln_tensor *const *in, int n, const op_attrs
   kiln_tensor *t = dispatch_owned(op, in, n, a, file, line);
   if (t && !(t = scope_adopt(t))) err_set(file, line, op_table[op].name, "out of memory");
   return t;
+}
+
+bool cpu_avx512_turned_off(void) {
+  const char *f = getenv("KILN_JIT_FEATURES");
+  return f && strstr(f, "-avx512f");
 }

@@ -33,6 +33,11 @@
  * CMake defines KILN_CPU_DISPATCH where that works: not with -march=native
  * (nothing to choose), nor in the sanitizer builds (ThreadSanitizer
  * instruments the resolver, which runs before it is set up). */
+/* KILN_JIT_FEATURES names "-avx512f": the code an AVX2 machine would run,
+ * asked for on an AVX-512 one (to measure or test it there). The JIT's
+ * kernels and the attention kernel's loops both follow it (dispatch.c). */
+bool cpu_avx512_turned_off(void);
+
 #ifdef KILN_CPU_DISPATCH
 #define KILN_HOT __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else

@@ -608,9 +608,11 @@ static int on_cf(void *ctx, const cf_call *c, kiln_tensor **results) {
   if (e < 0) return err_set(c->file, c->line, cf_name[c->kind], "%s", r->why), -1;
   r->ev[e].a.k = c->n_carry;
   r->ev[e].a.dim = c->n_xs;
-  bool grads = false, unfit0 = r->cf_unfit;
+  /* stepwise: the construct runs step by step (gradients flow through it, a
+   * body draws, reads data or writes in place), not as a region */
+  bool stepwise = false, unfit0 = r->cf_unfit;
   r->cf_unfit = false;
-  for (int j = 0; j < c->n_in; j++) grads |= c->in[j]->requires_grad && kiln_grad_enabled();
+  for (int j = 0; j < c->n_in; j++) stepwise |= c->in[j]->requires_grad && kiln_grad_enabled();
   kiln_tensor *args[2 * 64] = {0}, *out[2][2 * 64] = {{0}};
   for (int i = 0; i < c->n_regions && !rc; i++) {
     for (int j = 0; j < c->n_args && !rc; j++) {
@@ -640,16 +642,16 @@ static int on_cf(void *ctx, const cf_call *c, kiln_tensor **results) {
     int y = rc ? -1 : new_event(r, EV_YIELD, 0, oid, c->n_out[i], c->file, c->line);
     if (!rc && y < 0) rc = -1, err_set(c->file, c->line, cf_name[c->kind], "%s", r->why);
     if (!rc) r->ev[y].a.k = i;
-    for (int k = 0; !rc && k < c->n_out[i]; k++) grads |= out[i][k]->requires_grad;
+    for (int k = 0; !rc && k < c->n_out[i]; k++) stepwise |= out[i][k]->requires_grad;
   }
   /* a body read data or wrote in place: whatever it did after (its error
    * included: the read had no data) is the recording's, not the user's */
-  if (r->cf_unfit) rc = 0, grads = true;
+  if (r->cf_unfit) rc = 0, stepwise = true;
   r->cf_unfit = unfit0;
   /* a draw from the generator in a body: eager draws anew each step, a
    * region recorded once would not */
-  for (int k = first; k < r->n_ev && !rc; k++) grads |= r->ev[k].kind == EV_OP && (op_table[r->ev[k].op].attrs & AF_RNG);
-  if (!rc && grads) {
+  for (int k = first; k < r->n_ev && !rc; k++) stepwise |= r->ev[k].kind == EV_OP && (op_table[r->ev[k].op].attrs & AF_RNG);
+  if (!rc && stepwise) {
     for (int i = 0; i < 2; i++) release_all(out[i], c->n_regions > i ? c->n_out[i] : 0);
     /* gradients flow through it, or it draws: its steps run as eager code, recorded one
      * by one. What its bodies made goes: no graph computes it, and no
@@ -708,7 +710,7 @@ static int on_cf(void *ctx, const cf_call *c, kiln_tensor **results) {
   }
   for (int i = 0; i < 2; i++) release_all(out[i], c->n_regions > i ? c->n_out[i] : 0);
   if (rc) return -1;
-  return grads ? 0 : 1;
+  return stepwise ? 0 : 1;
 }
 
 /* ---- data a read needs ---- */
