@@ -27,6 +27,27 @@
 
 #include "fuzz/randprog.h" /* the random programs, and maxdiff_rel and same_shape */
 
+/* What the library writes to stderr between the two calls, caught in a
+ * file: stderr_catch returns it, stderr_release puts stderr back and reads
+ * it into text. */
+static FILE *stderr_catch(int *saved) {
+  fflush(stderr);
+  FILE *log = tmpfile();
+  ck_assert_ptr_nonnull(log);
+  *saved = dup(2);
+  dup2(fileno(log), 2);
+  return log;
+}
+
+static void stderr_release(FILE *log, int saved, char *text, size_t n) {
+  fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  rewind(log);
+  text[fread(text, 1, n - 1, log)] = 0;
+  fclose(log);
+}
+
 /* ---- the plan ---- */
 
 /* The kernels of fn's newest variant after fusion. */
@@ -1887,19 +1908,11 @@ START_TEST(test_forced_faults) {
   o = (kiln_options){.name = "checked", .n_in = 1, .n_out = 1, .backend = KILN_BACKEND_LLVM, .check = 1};
   fn = kiln_compile(softmax_body, NULL, &o);
   ck_assert_int_eq(0, kiln_call(fn, &x, &y));
-  fflush(stderr);
-  FILE *log = tmpfile();
-  ck_assert_ptr_nonnull(log);
-  int saved = dup(2);
-  dup2(fileno(log), 2);
+  int saved;
+  FILE *log = stderr_catch(&saved);
   ck_assert_int_eq(0, kiln_call(fn, &x, &y));
-  fflush(stderr);
-  dup2(saved, 2);
-  close(saved);
   char text[4096] = "";
-  rewind(log);
-  text[fread(text, 1, sizeof text - 1, log)] = 0;
-  fclose(log);
+  stderr_release(log, saved, text, sizeof text);
   unsetenv("KILN_TEST_CORRUPT_KERNEL");
   ck_assert_double_le(maxdiff_rel(y, ref, &bad), 1e-6); /* eager's answer, not the corrupted one */
   /* the report names the kernel that went wrong, with its nodes */
@@ -1981,22 +1994,13 @@ START_TEST(test_op_without_emitter) {
   kcache_forget();
   kiln_fn *fn = kiln_compile(tanh_body, NULL, &o);
   /* what the compile says goes to stderr: caught in a file */
-  fflush(stderr);
-  FILE *log = tmpfile();
-  ck_assert_ptr_nonnull(log);
-  int saved = dup(2);
-  dup2(fileno(log), 2);
+  int saved;
+  FILE *log = stderr_catch(&saved);
   ck_assert_int_eq(0, kiln_call(fn, &x, &y));
   ck_assert_int_eq(0, kiln_call(fn, &x, &y));
-  fflush(stderr);
-  dup2(saved, 2);
-  close(saved);
-  cg_test_drop_emitter(OP_TANH, false);
   char text[2048] = "";
-  rewind(log);
-  size_t got = fread(text, 1, sizeof text - 1, log);
-  text[got] = 0;
-  fclose(log);
+  stderr_release(log, saved, text, sizeof text);
+  cg_test_drop_emitter(OP_TANH, false);
   ck_assert_msg(strstr(text, "no emitter for the op 'tanh'") != NULL, "the warning does not name the op: \"%s\"", text);
   int64_t bad;
   ck_assert_double_eq(0, maxdiff_rel(y, ref, &bad)); /* the interpreter runs eager's kernels */
@@ -2036,21 +2040,12 @@ START_TEST(test_long_chain_lowers) {
   kiln_tensor *x = kiln_randn(KILN_F64, 2, ((int64_t[]){CHAIN_ROWS, 33}), 3), *s = kiln_scalar(KILN_F64, 0.5), *y = NULL;
   kiln_options o = {.name = "chain", .n_in = 2, .n_out = 1, .backend = KILN_BACKEND_LLVM};
   kiln_fn *fn = kiln_compile(chain_body, NULL, &o);
-  fflush(stderr);
-  FILE *log = tmpfile();
-  ck_assert_ptr_nonnull(log);
-  int saved = dup(2);
-  dup2(fileno(log), 2);
+  int saved;
+  FILE *log = stderr_catch(&saved);
   ck_assert_int_eq(0, kiln_call(fn, (kiln_tensor *[]){x, s}, &y));
   ck_assert_int_eq(0, kiln_call(fn, (kiln_tensor *[]){x, s}, &y));
-  fflush(stderr);
-  dup2(saved, 2);
-  close(saved);
   char text[2048] = "";
-  rewind(log);
-  size_t got = fread(text, 1, sizeof text - 1, log);
-  text[got] = 0;
-  fclose(log);
+  stderr_release(log, saved, text, sizeof text);
   ck_assert_msg(strstr(text, "interpreter") == NULL, "the variant did not lower: \"%s\"", text);
   /* the reference: row 0 plus half of every other row, summed in double by hand */
   double xd[CHAIN_ROWS * 33], yd[33];
