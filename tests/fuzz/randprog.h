@@ -208,6 +208,12 @@ static kiln_tensor *unary(gen *g, int op, kiln_tensor *a) {
   }
 }
 
+/* Added where a program compares a computed value with another that can
+ * equal it exactly but for rounding (a mean of values on a lattice, a sum of
+ * a centred value): eager and compiled code round differently, and the
+ * branch must not depend on how. */
+#define TIE_OFF 0.0137
+
 static kiln_tensor *compare(int op, kiln_tensor *a, kiln_tensor *b) {
   switch (op) {
   case 0: return kiln_gt(a, b);
@@ -294,8 +300,9 @@ static int step_more(gen *g, val a) {
     nd = reduced(&x, 1u << ax, false, d);
     return push(g, kiln_cast(kiln_argmin(x.t, ax, false), g->ft), nd, d, -1, false);
   }
-  case 5: /* masked_fill where a is above its mean */
-    return push_like(g, kiln_masked_fill(a.t, kiln_gt(a.t, kiln_mean_all(a.t)), -0.5), &a);
+  case 5: /* masked_fill where a is above its mean (plus an offset: a value
+            * of a rounding op can equal the mean but for its last bit) */
+    return push_like(g, kiln_masked_fill(a.t, kiln_gt(a.t, kiln_add_scalar(kiln_mean_all(a.t), TIE_OFF)), -0.5), &a);
   case 6: /* rms_norm over the last dim, with the weight when it is C */
     if (a.nd == 0) return 0;
     return push_like(g, kiln_rms_norm(a.t, a.d[last] == g->p->C ? g->in[1] : NULL, 1e-5), &a);
@@ -387,14 +394,18 @@ static int cstep(gen *g, const val *a) {
   }
   case 3: { /* a branch on a value read back (a graph break) */
     double m = kiln_item(kiln_mean_all(a->t));
-    if (!isfinite(m)) m = 0;
+    /* a mean that is zero but for rounding (of a centred value) would pick
+     * the branch by the order of its sum, which compiled code may change */
+    if (!isfinite(m) || fabs(m) < 1e-3) m = 0;
     kiln_tensor *o = m > 0 ? kiln_relu(a->t) : kiln_mul(a->t, kiln_scalar(g->ft, 0.5));
     return push_like(g, o, a);
   }
   case 4: /* dropout from the default generator */
     return push_like(g, kiln_dropout(a->t, 0.25, true), a);
   default: { /* a loop whose trip count is a value read back */
-    int n = (int)fmin(3, fabs(kiln_item(kiln_mean_all(a->t))) * 4);
+    /* offset so that a mean of a softmax (1/K) or a rounding op's values
+     * does not sit on a step, where rounding would choose the count */
+    int n = (int)fmin(3, fabs(kiln_item(kiln_mean_all(a->t))) * 4 + 0.4137);
     kiln_tensor *o = a->t;
     for (int i = 0; i < n; i++) o = kiln_tanh(o);
     return push_like(g, o, a);
@@ -441,7 +452,7 @@ static int step_region(gen *g, val *a) {
     return push_like(g, ys, a);
   }
   case 1: { /* a cond on a's sum */
-    kiln_tensor *p = kiln_gt(kiln_sum_all(a->t), S(g, 0)), *o = NULL;
+    kiln_tensor *p = kiln_gt(kiln_sum_all(a->t), S(g, TIE_OFF)), *o = NULL; /* a centred a sums to 0 but for rounding */
     if (!p || kiln_cond(p, rp_then, rp_else, g, 1, &a->t, 1, &o)) return push(g, NULL, 0, NULL, -1, false);
     return push_like(g, o, a);
   }
@@ -826,14 +837,16 @@ static int step(gen *g) {
       if (kiln_type(l->t) != g->ft || l->nd != 2 || l->d[1] < 2) continue;
       kiln_tensor *lab = NULL;
       for (int t2 = 0; t2 < 6 && !lab; t2++) {
-        val *b = &g->v[pick(r, g->n)];
+        /* the argmax of a body's input (or its copy): of a computed value, two
+         * entries equal but for rounding would pick the label by it */
+        val *b = &g->v[pick(r, N_IN + 1)];
         if (kiln_type(b->t) == g->ft && b->nd == 2 && b->d[0] == l->d[0] && b->d[1] > 0 && b->d[1] <= l->d[1])
           lab = kiln_argmax(b->t, 1, false);
       }
       /* a row sum against its mean plus a margin: without one, a centered row
        * (x - mean(x)) compares two rounding errors, and eager and compiled,
        * summing in different orders, may pick different labels (seed 70152) */
-      if (!lab) lab = kiln_cast(kiln_gt(kiln_sum(l->t, 1, false), kiln_add(kiln_mean(l->t, 1, false), S(g, 0.5))), KILN_I64);
+      if (!lab) lab = kiln_cast(kiln_gt(kiln_sum(l->t, 1, false), kiln_add(kiln_mean(l->t, 1, false), S(g, 0.5 + TIE_OFF))), KILN_I64);
       return push(g, kiln_cross_entropy(l->t, lab), 0, d, -1, false);
     }
     return 0;
