@@ -352,13 +352,13 @@ static int step_more(gen *g, val a) {
     kiln_tensor *src = kiln_tanh(kiln_index_select(a.t, ax, kiln_tensor_from(KILN_I64, 1, ((int64_t[]){n}), from)));
     return push_like(g, kiln_index_copy(a.t, ax, kiln_tensor_from(KILN_I64, 1, ((int64_t[]){n}), to), src), &a);
   }
-  case 14: { /* split a constant dim in pieces of 2, and cat them back in reverse */
+  case 14: { /* split a constant dim in pieces of 2 (at most 8 pieces), and cat them back in reverse */
     int ax = -1;
     for (int i = 0; i < a.nd; i++)
       if (a.d[i] > 1) ax = i;
     if (ax < 0) return 0;
     kiln_tensor *p[8], *q[8];
-    int n = kiln_split_n(a.t, 2, ax, p, 8);
+    int n = kiln_split_n(a.t, a.d[ax] > 16 ? (a.d[ax] + 7) / 8 : 2, ax, p, 8);
     if (n < 0) return push(g, NULL, 0, d, -1, false);
     for (int i = 0; i < n; i++) q[i] = p[n - 1 - i];
     return push_like(g, kiln_cat(q, n, ax), &a);
