@@ -1321,6 +1321,64 @@ static void scatter_in_place(cg_program *p, cg_view *views, int n_nodes) {
   }
 }
 
+/* Whether kernel ki stores to buffer b (its result, or a stage's store). */
+static bool kernel_writes(const cg_program *p, int ki, int b) {
+  const cg_kernel *k = &p->k[ki];
+  if (k->out_buf == b) return true;
+  for (int a = 0; a < k->n_acc; a++)
+    if (k->acc[a].buf == b && stores_to(k, a)) return true;
+  return false;
+}
+
+/* Write-backs in place: the new value of a param or input (an optimizer's
+ * update of a weight or a moment) is stored straight into the argument's
+ * memory instead of a temp that lives until the call's end and is then
+ * copied over it. Sound when one kernel makes the value, whole and
+ * contiguous, of the argument's dtype and shape, nothing after that kernel
+ * reads or writes the argument (no later kernel, output or other write sees
+ * its old value), and that kernel reads the argument, if at all, only at
+ * the element it stores (a pointwise loop: the same offset and strides).
+ * Without it a training step's arena holds a copy of every weight and
+ * moment. The argument's buffer is marked `updated`, so that check mode,
+ * which runs the kernels before the real call, updates a copy. */
+static void write_in_place(cg_program *p, cg_view *views, int n_nodes) {
+  const ir_graph *g = p->g;
+  for (int i = 0; i < g->n_writes; i++) {
+    const ir_write *w = &g->writes[i];
+    if (w->kind != IR_WRITE_DATA || w->value < 0) continue;
+    int o = p->node_buf[w->value], b = p->node_buf[w->target];
+    if (o < 0 || b < 0 || views[w->value].buf != o || !sym_same(views[w->value].off, sym_const(0))) continue;
+    const cg_buf *ob = &p->buf[o], *bb = &p->buf[b];
+    if (ob->kind != CG_BUF_TEMP || ob->alias_of >= 0 || ob->scratch_of >= 0 || ob->first < 0 || bb->kind != CG_BUF_INPUT ||
+        ob->dtype != bb->dtype || ob->ndim != bb->ndim || !same_dims(ob->ndim, ob->shape, bb->shape))
+      continue;
+    /* the value goes nowhere else, and the argument is handed out by nothing */
+    bool ok = !handed_out(p, views, b);
+    for (int j = 0; j < g->n_outputs && ok; j++) ok = views[g->outputs[j]].buf != o;
+    for (int j = 0; j < g->n_writes && ok; j++)
+      ok = j == i || ((g->writes[j].value < 0 || views[g->writes[j].value].buf != o) && p->node_buf[g->writes[j].target] != b);
+    int ki = ob->first;
+    const cg_kernel *k = &p->k[ki];
+    /* one kernel makes it; nothing after that kernel touches the argument */
+    for (int kj = 0; kj < p->n_k && ok; kj++) ok = kj == ki || !kernel_writes(p, kj, o);
+    for (int kj = ki + 1; kj < p->n_k && ok; kj++) {
+      int ko = p->k[kj].out_buf;
+      ok = !kernel_reads(p, kj, b) && !kernel_writes(p, kj, b) && (ko < 0 || p->buf[ko].alias_of != b);
+    }
+    if (!ok) continue;
+    if (kernel_reads(p, ki, b)) {
+      /* read and stored element for element, in one pointwise stage */
+      if (k->kind != CG_K_LOOP || k->n_stage != 1 || k->stage[0].kind != CG_MAP || k->n_outer != k->ndim) continue;
+      const cg_access *st = &k->acc[k->stage[0].store];
+      if (st->buf != o) continue;
+      for (int a = 0; a < k->n_acc && ok; a++) ok = k->acc[a].buf != b || same_access(k, &k->acc[a], st);
+      if (!ok) continue;
+    }
+    p->buf[b].updated = true;
+    alias_buffer(p, views, n_nodes, ki, o, b);
+  }
+}
+
 /* In place: a pointwise kernel whose input buffer dies in it, with the same
  * dtype, shape and element order as its result, stores into that buffer
  * (a matmul's output under its epilogue, a chain of materialized nodes).
@@ -1465,6 +1523,7 @@ cg_program *fuse_graph(const ir_graph *g, char *err, size_t errn) {
   for (int i = 0; i < g->n_outputs; i++)
     if (f.map[g->outputs[i]].buf >= 0) p->buf[f.map[g->outputs[i]].buf].last = p->n_k;
   scatter_in_place(p, f.map, g->n_nodes);
+  write_in_place(p, f.map, g->n_nodes);
   reuse_in_place(p, f.map, g->n_nodes);
   coalesce_dims(p);
   alloc_free(f.mat), alloc_free(f.is_out), alloc_free(f.kcount), alloc_free(f.klast);
