@@ -1379,6 +1379,176 @@ static void write_in_place(cg_program *p, cg_view *views, int n_nodes) {
   }
 }
 
+/* ---- updates as soon as they can run ---- */
+
+/* The buffers kernel ki reads (r) and writes (w), a buffer updated through
+ * an alias counted as the buffer it aliases; a matmul that adds into its
+ * output reads it too. Counts in *nr, *nw; -1 when out of memory. */
+static int kernel_rw(const cg_program *p, int ki, int **r, int *nr, int **w, int *nw) {
+  const cg_kernel *k = &p->k[ki];
+  int cap = k->n_acc + k->n_in_rest + 4;
+  *r = alloc_calloc((size_t)cap, sizeof(int)), *w = alloc_calloc((size_t)cap, sizeof(int));
+  if (!*r || !*w) return -1;
+  *nr = *nw = 0;
+#define CANON(b) (p->buf[b].alias_of >= 0 ? p->buf[b].alias_of : (b))
+  for (int a = 0; k->kind == CG_K_LOOP && a < k->n_acc; a++)
+    if (stores_to(k, a)) (*w)[(*nw)++] = CANON(k->acc[a].buf);
+    else (*r)[(*nr)++] = CANON(k->acc[a].buf);
+  for (int j = 0; j < 3; j++)
+    if (k->in_buf[j] >= 0) (*r)[(*nr)++] = CANON(k->in_buf[j]);
+  for (int j = 0; j < k->n_in_rest; j++)
+    if (k->in_rest[j] >= 0) (*r)[(*nr)++] = CANON(k->in_rest[j]);
+  if (k->out_buf >= 0) {
+    if (k->kind == CG_K_MATMUL && k->beta != 0) (*r)[(*nr)++] = CANON(k->out_buf);
+    (*w)[(*nw)++] = CANON(k->out_buf);
+  }
+#undef CANON
+  return 0;
+}
+
+static bool in_list(const int *l, int n, int b) {
+  for (int i = 0; i < n; i++)
+    if (l[i] == b) return true;
+  return false;
+}
+
+/* Must kernel a (earlier) stay before kernel b? When b reads what a writes,
+ * writes what a reads or writes, or a touches an argument b's result is
+ * written back to (t: those arguments of b). */
+static bool conflicts(const int *ra, int nra, const int *wa, int nwa, const int *rb, int nrb, const int *wb, int nwb,
+                      const int *tb, int ntb) {
+  for (int i = 0; i < nwa; i++)
+    if (in_list(rb, nrb, wa[i]) || in_list(wb, nwb, wa[i]) || in_list(tb, ntb, wa[i])) return true;
+  for (int i = 0; i < nra; i++)
+    if (in_list(wb, nwb, ra[i]) || in_list(tb, ntb, ra[i])) return true;
+  return false;
+}
+
+/* An update (an optimizer's, of a weight and its moments) runs as soon as
+ * what it reads is ready and nothing still needs the old value of the
+ * argument it is written back to, instead of after the whole backward: the
+ * gradient it consumes then dies at once, so the arena holds the gradients
+ * of a layer or two rather than all of them. Hoisted are the kernels whose
+ * results go only to other hoisted kernels and to write-backs into a param
+ * or input (those write_in_place can store in place), loop kernels and
+ * matmuls only; what reads an allreduce's result stays where it is, so that
+ * the backward's compute overlaps the reduction. The order of every other
+ * kernel is kept, and a hoisted kernel never passes one it conflicts with,
+ * so each kernel computes what it did: results do not change by a bit.
+ * 0, or -1 when out of memory (the order is then unchanged). */
+static int hoist_updates(cg_program *p, const cg_view *views) {
+  const ir_graph *g = p->g;
+  int n = p->n_k, nb = p->n_buf, rc = -1;
+  if (n < 2 || g->n_writes == 0) return 0;
+  int **r = alloc_calloc((size_t)n, sizeof *r), **w = alloc_calloc((size_t)n, sizeof *w);
+  int **t = alloc_calloc((size_t)n, sizeof *t), *nr = alloc_calloc((size_t)n, sizeof(int));
+  int *nw = alloc_calloc((size_t)n, sizeof(int)), *nt = alloc_calloc((size_t)n, sizeof(int));
+  uint8_t *hoist = alloc_calloc((size_t)n, 1), *reduced = alloc_calloc((size_t)nb, 1);
+  int *target = alloc_calloc((size_t)nb, sizeof(int)), *need = alloc_calloc((size_t)n, sizeof(int));
+  int *last_w = alloc_calloc((size_t)nb, sizeof(int)), *last_r = alloc_calloc((size_t)nb, sizeof(int));
+  int *order = alloc_calloc((size_t)n, sizeof(int)), *pend = alloc_calloc((size_t)n, sizeof(int));
+  cg_kernel *nk = alloc_calloc((size_t)n, sizeof *nk);
+  if (!r || !w || !t || !nr || !nw || !nt || !hoist || !pend || !reduced || !target || !need || !last_w || !last_r ||
+      !order || !nk)
+    goto out;
+  for (int ki = 0; ki < n; ki++)
+    if (kernel_rw(p, ki, &r[ki], &nr[ki], &w[ki], &nw[ki])) goto out;
+  /* per buffer: the argument its value is written back to (-1 none, -2 a
+   * write it cannot be stored in place for: an output, a .grad) */
+  for (int b = 0; b < nb; b++) target[b] = -1;
+  for (int i = 0; i < g->n_outputs; i++)
+    if (views[g->outputs[i]].buf >= 0) target[views[g->outputs[i]].buf] = -2;
+  for (int i = 0; i < g->n_writes; i++) {
+    const ir_write *wr = &g->writes[i];
+    int v = wr->value >= 0 ? views[wr->value].buf : -1, b = p->node_buf[wr->target];
+    if (v < 0 || target[v] == -2) continue;
+    bool ok = wr->kind == IR_WRITE_DATA && b >= 0 && p->buf[b].kind == CG_BUF_INPUT && target[v] == -1;
+    target[v] = ok ? b : -2;
+  }
+  for (int ki = 0; ki < n; ki++)
+    if (p->k[ki].kind == CG_K_EAGER && g->nodes[p->k[ki].node].op == OP_ALLREDUCE)
+      for (int i = 0; i < nw[ki]; i++) reduced[w[ki][i]] = 1;
+  /* which to hoist, from the last kernel back: what reads a hoisted kernel's results is hoisted too */
+  for (int ki = n - 1; ki >= 0; ki--) {
+    const cg_kernel *k = &p->k[ki];
+    bool ok = k->kind != CG_K_EAGER && nw[ki] > 0;
+    for (int i = 0; i < nr[ki] && ok; i++) ok = !reduced[r[ki][i]];
+    for (int i = 0; i < nw[ki] && ok; i++) {
+      int b = w[ki][i];
+      bool used = false;
+      for (int kj = 0; kj < n && ok; kj++) {
+        if (kj == ki || !(in_list(r[kj], nr[kj], b) || in_list(w[kj], nw[kj], b))) continue;
+        /* an earlier kernel may only have read an argument's old value */
+        ok = kj > ki ? hoist[kj] : !in_list(w[kj], nw[kj], b) && p->buf[b].kind == CG_BUF_INPUT;
+        used |= kj > ki;
+      }
+      ok = ok && target[b] != -2 && (used || target[b] >= 0);
+    }
+    /* a matmul updating a param in place (fold_epilogues) writes the param's buffer itself */
+    if (ok) {
+      int *tl = alloc_calloc((size_t)nw[ki] + 1, sizeof(int));
+      if (!tl) goto out;
+      for (int i = 0; i < k->n_acc + 1; i++) {
+        int raw = i < k->n_acc ? (k->kind == CG_K_LOOP && stores_to(k, i) ? k->acc[i].buf : -1) : k->out_buf;
+        if (raw >= 0 && target[raw] >= 0 && !in_list(tl, nt[ki], target[raw])) tl[nt[ki]++] = target[raw];
+      }
+      t[ki] = tl;
+    }
+    hoist[ki] = ok;
+  }
+  /* each hoisted kernel waits for the last kernel kept in place that it conflicts with */
+  for (int b = 0; b < nb; b++) last_w[b] = last_r[b] = -1;
+  for (int ki = 0; ki < n; ki++) {
+    if (!hoist[ki]) {
+      for (int i = 0; i < nr[ki]; i++) last_r[r[ki][i]] = ki;
+      for (int i = 0; i < nw[ki]; i++) last_w[w[ki][i]] = ki;
+      continue;
+    }
+    int m = -1;
+#define AT_LEAST(x) (m = (x) > m ? (x) : m)
+    for (int i = 0; i < nr[ki]; i++) AT_LEAST(last_w[r[ki][i]]);
+    for (int i = 0; i < nw[ki]; i++) AT_LEAST(last_w[w[ki][i]]), AT_LEAST(last_r[w[ki][i]]);
+    for (int i = 0; i < nt[ki]; i++) AT_LEAST(last_w[t[ki][i]]), AT_LEAST(last_r[t[ki][i]]);
+#undef AT_LEAST
+    need[ki] = m;
+  }
+  /* the new order: kept kernels in theirs, each hoisted one right after the
+   * kept kernel it waits for and the hoisted ones before it it conflicts
+   * with (pend: the hoisted ones still to place, in their order) */
+  int no = 0, np = 0;
+  for (int ki = 0; ki < n; ki++)
+    if (hoist[ki]) pend[np++] = ki;
+  for (int kept = -1; kept < n; kept++) {
+    if (kept >= 0) {
+      if (hoist[kept]) continue;
+      order[no++] = kept;
+    }
+    int still = 0;
+    for (int q = 0; q < np; q++) {
+      int sk = pend[q];
+      bool ready = need[sk] <= kept;
+      for (int x = 0; x < still && ready; x++) {
+        int j = pend[x];
+        ready = !conflicts(r[j], nr[j], w[j], nw[j], r[sk], nr[sk], w[sk], nw[sk], t[sk], nt[sk]);
+      }
+      if (ready) order[no++] = sk;
+      else pend[still++] = sk;
+    }
+    np = still;
+  }
+  if (no == n) {
+    for (int i = 0; i < n; i++) nk[i] = p->k[order[i]];
+    memcpy(p->k, nk, sizeof *nk * (size_t)n);
+  }
+  rc = 0;
+out:
+  for (int ki = 0; ki < n && r; ki++) alloc_free(r[ki]), alloc_free(w ? w[ki] : NULL), alloc_free(t ? t[ki] : NULL);
+  alloc_free(r), alloc_free(w), alloc_free(t), alloc_free(nr), alloc_free(nw), alloc_free(nt), alloc_free(hoist);
+  alloc_free(pend), alloc_free(reduced), alloc_free(target), alloc_free(need), alloc_free(last_w), alloc_free(last_r);
+  alloc_free(order), alloc_free(nk);
+  return rc;
+}
+
 /* In place: a pointwise kernel whose input buffer dies in it, with the same
  * dtype, shape and element order as its result, stores into that buffer
  * (a matmul's output under its epilogue, a chain of materialized nodes).
@@ -1493,6 +1663,10 @@ cg_program *fuse_graph(const ir_graph *g, char *err, size_t errn) {
   }
   fold_epilogues(p, f.map);
   if (merge_rows(p)) {
+    snprintf(err, errn, "out of memory");
+    goto fail;
+  }
+  if (hoist_updates(p, f.map)) {
     snprintf(err, errn, "out of memory");
     goto fail;
   }
