@@ -1412,18 +1412,6 @@ static bool in_list(const int *l, int n, int b) {
   return false;
 }
 
-/* Must kernel a (earlier) stay before kernel b? When b reads what a writes,
- * writes what a reads or writes, or a touches an argument b's result is
- * written back to (t: those arguments of b). */
-static bool conflicts(const int *ra, int nra, const int *wa, int nwa, const int *rb, int nrb, const int *wb, int nwb,
-                      const int *tb, int ntb) {
-  for (int i = 0; i < nwa; i++)
-    if (in_list(rb, nrb, wa[i]) || in_list(wb, nwb, wa[i]) || in_list(tb, ntb, wa[i])) return true;
-  for (int i = 0; i < nra; i++)
-    if (in_list(wb, nwb, ra[i]) || in_list(tb, ntb, ra[i])) return true;
-  return false;
-}
-
 /* An update (an optimizer's, of a weight and its moments) runs as soon as
  * what it reads is ready and nothing still needs the old value of the
  * argument it is written back to, instead of after the whole backward: the
@@ -1447,8 +1435,11 @@ static int hoist_updates(cg_program *p, const cg_view *views) {
   int *target = alloc_calloc((size_t)nb, sizeof(int)), *need = alloc_calloc((size_t)n, sizeof(int));
   int *last_w = alloc_calloc((size_t)nb, sizeof(int)), *last_r = alloc_calloc((size_t)nb, sizeof(int));
   int *order = alloc_calloc((size_t)n, sizeof(int)), *pend = alloc_calloc((size_t)n, sizeof(int));
+  int *ustart = NULL, *users = NULL; /* per buffer b: the kernels that touch it, users[ustart[b] .. ustart[b+1]) */
+  int *succ_n = alloc_calloc((size_t)n, sizeof(int)), *succ_at = alloc_calloc((size_t)n, sizeof(int));
+  int *indeg = alloc_calloc((size_t)n, sizeof(int)), *edge_to = NULL; /* hoisted j's successors: edge_to[..] */
   cg_kernel *nk = alloc_calloc((size_t)n, sizeof *nk);
-  if (!r || !w || !t || !nr || !nw || !nt || !hoist || !pend || !reduced || !target || !need || !last_w || !last_r ||
+  if (!r || !w || !t || !nr || !nw || !nt || !hoist || !pend || !succ_n || !succ_at || !indeg || !reduced || !target || !need || !last_w || !last_r ||
       !order || !nk)
     goto out;
   for (int ki = 0; ki < n; ki++)
@@ -1468,6 +1459,21 @@ static int hoist_updates(cg_program *p, const cg_view *views) {
   for (int ki = 0; ki < n; ki++)
     if (p->k[ki].kind == CG_K_EAGER && g->nodes[p->k[ki].node].op == OP_ALLREDUCE)
       for (int i = 0; i < nw[ki]; i++) reduced[w[ki][i]] = 1;
+  /* the kernels that touch each buffer, in order (a kernel once per buffer it names) */
+  ustart = alloc_calloc((size_t)nb + 1, sizeof(int));
+  if (!ustart) goto out;
+  for (int ki = 0; ki < n; ki++) {
+    for (int i = 0; i < nr[ki]; i++) ustart[r[ki][i] + 1]++;
+    for (int i = 0; i < nw[ki]; i++) ustart[w[ki][i] + 1]++;
+  }
+  for (int b = 0; b < nb; b++) ustart[b + 1] += ustart[b];
+  users = alloc_calloc((size_t)ustart[nb] + 1, sizeof(int));
+  if (!users) goto out;
+  for (int b = 0; b < nb; b++) last_w[b] = ustart[b]; /* fill cursors */
+  for (int ki = 0; ki < n; ki++) {
+    for (int i = 0; i < nr[ki]; i++) users[last_w[r[ki][i]]++] = ki;
+    for (int i = 0; i < nw[ki]; i++) users[last_w[w[ki][i]]++] = ki;
+  }
   /* which to hoist, from the last kernel back: what reads a hoisted kernel's results is hoisted too */
   for (int ki = n - 1; ki >= 0; ki--) {
     const cg_kernel *k = &p->k[ki];
@@ -1476,8 +1482,9 @@ static int hoist_updates(cg_program *p, const cg_view *views) {
     for (int i = 0; i < nw[ki] && ok; i++) {
       int b = w[ki][i];
       bool used = false;
-      for (int kj = 0; kj < n && ok; kj++) {
-        if (kj == ki || !(in_list(r[kj], nr[kj], b) || in_list(w[kj], nw[kj], b))) continue;
+      for (int u = ustart[b]; u < ustart[b + 1] && ok; u++) {
+        int kj = users[u];
+        if (kj == ki) continue;
         /* an earlier kernel may only have read an argument's old value */
         ok = kj > ki ? hoist[kj] : !in_list(w[kj], nw[kj], b) && p->buf[b].kind == CG_BUF_INPUT;
         used |= kj > ki;
@@ -1512,9 +1519,36 @@ static int hoist_updates(cg_program *p, const cg_view *views) {
 #undef AT_LEAST
     need[ki] = m;
   }
-  /* the new order: kept kernels in theirs, each hoisted one right after the
-   * kept kernel it waits for and the hoisted ones before it it conflicts
-   * with (pend: the hoisted ones still to place, in their order) */
+  /* and for the hoisted ones before it that it conflicts with (one that
+   * writes what it reads, or reads or writes what it writes or writes back
+   * to): edges j -> s (j < s), found through the users of the buffers s
+   * names; a pair may repeat, counted alike both ways */
+  int n_edge = 0;
+  for (int pass = 0; pass < 2; pass++) {
+    for (int sk = 0; sk < n; sk++) {
+      if (!hoist[sk]) continue;
+      for (int part = 0; part < 3; part++) {
+        const int *l = part == 0 ? r[sk] : part == 1 ? w[sk] : t[sk];
+        int nl = part == 0 ? nr[sk] : part == 1 ? nw[sk] : nt[sk];
+        for (int i = 0; i < nl; i++)
+          for (int u = ustart[l[i]]; u < ustart[l[i] + 1]; u++) {
+            int j = users[u];
+            /* a read of what j writes; any touch of what sk writes or writes back to */
+            if (j >= sk || !hoist[j] || (part == 0 && !in_list(w[j], nw[j], l[i]))) continue;
+            if (pass == 1) edge_to[succ_at[j]++] = sk, indeg[sk]++;
+            else n_edge++, succ_n[j]++;
+          }
+      }
+    }
+    if (pass == 0) {
+      edge_to = alloc_calloc((size_t)n_edge + 1, sizeof(int));
+      if (!edge_to) goto out;
+      for (int j = 0, at = 0; j < n; j++) succ_at[j] = at, at += succ_n[j];
+    }
+  }
+  /* the new order: kept kernels in theirs, each hoisted one as soon as the
+   * kept kernel it waits for and the hoisted ones it conflicts with have run
+   * (pend: the hoisted ones still to place, in their order) */
   int no = 0, np = 0;
   for (int ki = 0; ki < n; ki++)
     if (hoist[ki]) pend[np++] = ki;
@@ -1526,13 +1560,13 @@ static int hoist_updates(cg_program *p, const cg_view *views) {
     int still = 0;
     for (int q = 0; q < np; q++) {
       int sk = pend[q];
-      bool ready = need[sk] <= kept;
-      for (int x = 0; x < still && ready; x++) {
-        int j = pend[x];
-        ready = !conflicts(r[j], nr[j], w[j], nw[j], r[sk], nr[sk], w[sk], nw[sk], t[sk], nt[sk]);
+      if (need[sk] > kept || indeg[sk] > 0) {
+        pend[still++] = sk;
+        continue;
       }
-      if (ready) order[no++] = sk;
-      else pend[still++] = sk;
+      order[no++] = sk;
+      /* succ_at[sk] ran to the end of its edges: they start succ_n[sk] before */
+      for (int e = succ_at[sk] - succ_n[sk]; e < succ_at[sk]; e++) indeg[edge_to[e]]--;
     }
     np = still;
   }
@@ -1545,7 +1579,8 @@ out:
   for (int ki = 0; ki < n && r; ki++) alloc_free(r[ki]), alloc_free(w ? w[ki] : NULL), alloc_free(t ? t[ki] : NULL);
   alloc_free(r), alloc_free(w), alloc_free(t), alloc_free(nr), alloc_free(nw), alloc_free(nt), alloc_free(hoist);
   alloc_free(pend), alloc_free(reduced), alloc_free(target), alloc_free(need), alloc_free(last_w), alloc_free(last_r);
-  alloc_free(order), alloc_free(nk);
+  alloc_free(order), alloc_free(nk), alloc_free(ustart), alloc_free(users), alloc_free(succ_n), alloc_free(succ_at);
+  alloc_free(indeg), alloc_free(edge_to);
   return rc;
 }
 
