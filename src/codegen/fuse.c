@@ -1341,23 +1341,34 @@ static bool kernel_writes(const cg_program *p, int ki, int b) {
  * Without it a training step's arena holds a copy of every weight and
  * moment. The argument's buffer is marked `updated`, so that check mode,
  * which runs the kernels before the real call, updates a copy. */
+/* The argument write i could store its value in (before the order is
+ * checked): one whole contiguous temp of the argument's dtype and shape,
+ * read by no output or other write, for a param or input that no output
+ * hands out and no other write targets. Else -1. */
+static int in_place_target(const cg_program *p, const cg_view *views, int i) {
+  const ir_graph *g = p->g;
+  const ir_write *w = &g->writes[i];
+  if (w->kind != IR_WRITE_DATA || w->value < 0) return -1;
+  int o = p->node_buf[w->value], b = p->node_buf[w->target];
+  if (o < 0 || b < 0 || views[w->value].buf != o || !sym_same(views[w->value].off, sym_const(0))) return -1;
+  const cg_buf *ob = &p->buf[o], *bb = &p->buf[b];
+  if (ob->kind != CG_BUF_TEMP || ob->alias_of >= 0 || ob->scratch_of >= 0 || bb->kind != CG_BUF_INPUT ||
+      ob->dtype != bb->dtype || ob->ndim != bb->ndim || !same_dims(ob->ndim, ob->shape, bb->shape))
+    return -1;
+  bool ok = !handed_out(p, views, b);
+  for (int j = 0; j < g->n_outputs && ok; j++) ok = views[g->outputs[j]].buf != o;
+  for (int j = 0; j < g->n_writes && ok; j++)
+    ok = j == i || ((g->writes[j].value < 0 || views[g->writes[j].value].buf != o) && p->node_buf[g->writes[j].target] != b);
+  return ok ? b : -1;
+}
+
 static void write_in_place(cg_program *p, cg_view *views, int n_nodes) {
   const ir_graph *g = p->g;
   for (int i = 0; i < g->n_writes; i++) {
-    const ir_write *w = &g->writes[i];
-    if (w->kind != IR_WRITE_DATA || w->value < 0) continue;
-    int o = p->node_buf[w->value], b = p->node_buf[w->target];
-    if (o < 0 || b < 0 || views[w->value].buf != o || !sym_same(views[w->value].off, sym_const(0))) continue;
-    const cg_buf *ob = &p->buf[o], *bb = &p->buf[b];
-    if (ob->kind != CG_BUF_TEMP || ob->alias_of >= 0 || ob->scratch_of >= 0 || ob->first < 0 || bb->kind != CG_BUF_INPUT ||
-        ob->dtype != bb->dtype || ob->ndim != bb->ndim || !same_dims(ob->ndim, ob->shape, bb->shape))
-      continue;
-    /* the value goes nowhere else, and the argument is handed out by nothing */
-    bool ok = !handed_out(p, views, b);
-    for (int j = 0; j < g->n_outputs && ok; j++) ok = views[g->outputs[j]].buf != o;
-    for (int j = 0; j < g->n_writes && ok; j++)
-      ok = j == i || ((g->writes[j].value < 0 || views[g->writes[j].value].buf != o) && p->node_buf[g->writes[j].target] != b);
-    int ki = ob->first;
+    int b = in_place_target(p, views, i), o = b >= 0 ? p->node_buf[g->writes[i].value] : -1;
+    if (b < 0 || p->buf[o].first < 0) continue;
+    bool ok = true;
+    int ki = p->buf[o].first;
     const cg_kernel *k = &p->k[ki];
     /* one kernel makes it; nothing after that kernel touches the argument */
     for (int kj = 0; kj < p->n_k && ok; kj++) ok = kj == ki || !kernel_writes(p, kj, o);
@@ -1450,11 +1461,8 @@ static int hoist_updates(cg_program *p, const cg_view *views) {
   for (int i = 0; i < g->n_outputs; i++)
     if (views[g->outputs[i]].buf >= 0) target[views[g->outputs[i]].buf] = -2;
   for (int i = 0; i < g->n_writes; i++) {
-    const ir_write *wr = &g->writes[i];
-    int v = wr->value >= 0 ? views[wr->value].buf : -1, b = p->node_buf[wr->target];
-    if (v < 0 || target[v] == -2) continue;
-    bool ok = wr->kind == IR_WRITE_DATA && b >= 0 && p->buf[b].kind == CG_BUF_INPUT && target[v] == -1;
-    target[v] = ok ? b : -2;
+    int v = g->writes[i].value >= 0 ? views[g->writes[i].value].buf : -1, b = in_place_target(p, views, i);
+    if (v >= 0) target[v] = target[v] == -1 && b >= 0 ? b : -2;
   }
   for (int ki = 0; ki < n; ki++)
     if (p->k[ki].kind == CG_K_EAGER && g->nodes[p->k[ki].node].op == OP_ALLREDUCE)
@@ -1500,6 +1508,10 @@ static int hoist_updates(cg_program *p, const cg_view *views) {
         if (raw >= 0 && target[raw] >= 0 && !in_list(tl, nt[ki], target[raw])) tl[nt[ki]++] = target[raw];
       }
       t[ki] = tl;
+      /* a kernel after it that touches the argument would keep the value out of place, and
+       * moving it up would only make that temp live longer */
+      for (int i = 0; i < nt[ki] && ok; i++)
+        for (int u = ustart[tl[i]]; u < ustart[tl[i] + 1] && ok; u++) ok = users[u] <= ki;
     }
     hoist[ki] = ok;
   }
