@@ -1330,17 +1330,6 @@ static bool kernel_writes(const cg_program *p, int ki, int b) {
   return false;
 }
 
-/* Write-backs in place: the new value of a param or input (an optimizer's
- * update of a weight or a moment) is stored straight into the argument's
- * memory instead of a temp that lives until the call's end and is then
- * copied over it. Sound when one kernel makes the value, whole and
- * contiguous, of the argument's dtype and shape, nothing after that kernel
- * reads or writes the argument (no later kernel, output or other write sees
- * its old value), and that kernel reads the argument, if at all, only at
- * the element it stores (a pointwise loop: the same offset and strides).
- * Without it a training step's arena holds a copy of every weight and
- * moment. The argument's buffer is marked `updated`, so that check mode,
- * which runs the kernels before the real call, updates a copy. */
 /* The argument write i could store its value in (before the order is
  * checked): one whole contiguous temp of the argument's dtype and shape,
  * read by no output or other write, for a param or input that no output
@@ -1362,6 +1351,17 @@ static int in_place_target(const cg_program *p, const cg_view *views, int i) {
   return ok ? b : -1;
 }
 
+/* Write-backs in place: the new value of a param or input (an optimizer's
+ * update of a weight or a moment) is stored straight into the argument's
+ * memory instead of a temp that lives until the call's end and is then
+ * copied over it. Sound when one kernel makes the value, whole and
+ * contiguous, of the argument's dtype and shape, nothing after that kernel
+ * reads or writes the argument (no later kernel, output or other write sees
+ * its old value), and that kernel reads the argument, if at all, only at
+ * the element it stores (a pointwise loop: the same offset and strides).
+ * Without it a training step's arena holds a copy of every weight and
+ * moment. The argument's buffer is marked `updated`, so that check mode,
+ * which runs the kernels before the real call, updates a copy. */
 static void write_in_place(cg_program *p, cg_view *views, int n_nodes) {
   const ir_graph *g = p->g;
   for (int i = 0; i < g->n_writes; i++) {
@@ -1450,8 +1450,8 @@ static int hoist_updates(cg_program *p, const cg_view *views) {
   int *succ_n = alloc_calloc((size_t)n, sizeof(int)), *succ_at = alloc_calloc((size_t)n, sizeof(int));
   int *indeg = alloc_calloc((size_t)n, sizeof(int)), *edge_to = NULL; /* hoisted j's successors: edge_to[..] */
   cg_kernel *nk = alloc_calloc((size_t)n, sizeof *nk);
-  if (!r || !w || !t || !nr || !nw || !nt || !hoist || !pend || !succ_n || !succ_at || !indeg || !reduced || !target || !need || !last_w || !last_r ||
-      !order || !nk)
+  if (!r || !w || !t || !nr || !nw || !nt || !hoist || !pend || !succ_n || !succ_at || !indeg || !reduced || !target ||
+      !need || !last_w || !last_r || !order || !nk)
     goto out;
   for (int ki = 0; ki < n; ki++)
     if (kernel_rw(p, ki, &r[ki], &nr[ki], &w[ki], &nw[ki])) goto out;
@@ -1499,7 +1499,8 @@ static int hoist_updates(cg_program *p, const cg_view *views) {
       }
       ok = ok && target[b] != -2 && (used || target[b] >= 0);
     }
-    /* a matmul updating a param in place (fold_epilogues) writes the param's buffer itself */
+    /* the arguments its results are written back to (through their own buffers, not the
+     * aliases above) */
     if (ok) {
       int *tl = alloc_calloc((size_t)nw[ki] + 1, sizeof(int));
       if (!tl) goto out;
