@@ -2248,6 +2248,101 @@ START_TEST(test_gemm_folds) {
 }
 END_TEST
 
+/* ---- write-backs stored in place ---- */
+
+#define F32(x) kiln_scalar(KILN_F32, x)
+
+/* a moment and a weight updated from a gradient (in[0]): m = 0.9 m + 0.1 g^2, w -= 0.01 m */
+static int moment_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  kiln_tensor *g2 = kiln_mul(in[0], in[0]);
+  bool ok = kiln_mul_(in[2], F32(0.9)) && kiln_add_(in[2], kiln_mul(g2, F32(0.1))) &&
+            kiln_sub_(in[1], kiln_mul(in[2], F32(0.01)));
+  out[0] = ok ? kiln_sum_all(in[0]) : NULL;
+  return out[0] ? 0 : -1;
+}
+
+/* w's old value, read by a sum that fusion may place after the update */
+static int stale_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  kiln_tensor *y = kiln_mul(in[1], in[0]);
+  out[0] = kiln_sub_(in[1], kiln_mul(in[0], F32(0.1))) ? kiln_sum_all(y) : NULL;
+  return out[0] ? 0 : -1;
+}
+
+/* The writes whose value a kernel stores in the argument itself; each such
+ * kernel is the last to touch the argument, and reads it only where it stores. */
+static int writes_in_place(const cg_program *p) {
+  const ir_graph *g = p->g;
+  int n = 0;
+  for (int i = 0; i < g->n_writes; i++) {
+    int b = p->node_buf[g->writes[i].target];
+    if (g->writes[i].kind != IR_WRITE_DATA || p->views[g->writes[i].value].buf != b) continue;
+    ck_assert(p->buf[b].kind == CG_BUF_INPUT && p->buf[b].updated);
+    int last = -1;
+    for (int k = 0; k < p->n_k; k++) {
+      for (int a = 0; a < p->k[k].n_acc; a++)
+        if (p->k[k].acc[a].buf == b) last = k;
+      for (int j = 0; j < 3; j++)
+        if (p->k[k].in_buf[j] == b || p->k[k].out_buf == b) last = k;
+    }
+    ck_assert_int_ge(last, 0);
+    const cg_kernel *k = &p->k[last];
+    ck_assert_int_eq(CG_K_LOOP, k->kind);
+    for (int a = 0; a < k->n_acc; a++)
+      if (k->acc[a].buf == b) ck_assert(sym_same(k->acc[a].offset, k->acc[k->stage[0].store].offset));
+    n++;
+  }
+  return n;
+}
+
+/* A param's new value is stored into it by the kernel that makes it (no temp
+ * kept to the end and copied over it), in check mode too, which runs the
+ * kernels before the real call and so must update a copy; a kernel that
+ * reads the old value after the update keeps it out of place. Three steps
+ * against eager on copies. */
+START_TEST(test_write_back_in_place) {
+  kiln_scope_begin();
+  int64_t s[2] = {7, 33};
+  for (int which = 0; which < 2; which++)
+    for (int check = 0; check < 2; check++) {
+      body_fn body = which ? stale_body : moment_body;
+      kiln_tensor *x = kiln_randn(KILN_F32, 2, s, 1), *wc = kiln_randn(KILN_F32, 2, s, 2), *mc = kiln_randn(KILN_F32, 2, s, 3);
+      kiln_tensor *we = kiln_mul(wc, F32(1)), *me = kiln_mul(mc, F32(1)); /* copies for eager */
+      kiln_options o = {.name = "update", .n_in = which ? 2 : 3, .n_out = 1, .backend = KILN_BACKEND_LLVM, .check = check,
+                        .capture = KILN_CAPTURE_GUARDS}; /* the path whose check runs the kernels */
+      kiln_fn *fn = kiln_compile(body, NULL, &o);
+      for (int step = 0; step < 3; step++) {
+        kiln_tensor *y = NULL, *ref = NULL;
+        ck_assert_int_eq(0, kiln_call(fn, ((kiln_tensor *[]){x, wc, mc}), &y));
+        ck_assert_int_eq(0, body(NULL, ((kiln_tensor *[]){x, we, me}), &ref));
+        int64_t bad;
+        ck_assert_msg(maxdiff_rel(y, ref, &bad) <= 1e-5, "body %d check %d step %d: output", which, check, step);
+        ck_assert_msg(maxdiff_rel(wc, we, &bad) <= 1e-6, "body %d check %d step %d: w at %lld", which, check, step,
+                      (long long)bad);
+        ck_assert_msg(maxdiff_rel(mc, me, &bad) <= 1e-6, "body %d check %d step %d: m at %lld", which, check, step,
+                      (long long)bad);
+      }
+      kiln_fn_stats st;
+      ck_assert_int_eq(0, kiln_fn_get_stats(fn, &st));
+      ck_assert_int_eq(2, st.hits);
+      ck_assert_int_eq(0, st.check_fails);
+      cg_program *p = plan_of(fn);
+      int n = writes_in_place(p);
+      if (!which) {
+        ck_assert_int_eq(2, n); /* m and w */
+        for (int b = 0; b < p->n_buf; b++) /* no temp as large as a weight */
+          ck_assert(p->buf[b].kind != CG_BUF_TEMP || p->buf[b].alias_of >= 0 || p->buf[b].first < 0 || p->buf[b].ndim < 2);
+      }
+      free_plan(p);
+      kiln_fn_free(fn);
+    }
+  kiln_scope_end();
+}
+END_TEST
+
+#undef F32
+
 static Suite *suite(void) {
   Suite *s = suite_create("codegen");
   TCase *tc = tcase_create("core");
@@ -2266,6 +2361,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, test_dead_node_buffer);
   tcase_add_test(tc, test_matmul_empty_temps);
   tcase_add_test(tc, test_gemm_folds);
+  tcase_add_test(tc, test_write_back_in_place);
   tcase_add_test(tc, test_full_reduce_blocks);
   tcase_add_test(tc, test_masked_tails);
   tcase_add_test(tc, test_dot_products_fused);

@@ -370,6 +370,58 @@ START_TEST(test_generation_kv_cache) {
 }
 END_TEST
 
+/* The memory a compiled training step keeps between calls (its arena) is
+ * bounded by what the backward needs, derived here by hand, not by the
+ * model's size: each parameter's new value (and its moments') is stored in
+ * place, and each gradient dies as the AdamW update that reads it runs. A
+ * config whose parameters outweigh its activations, so that a plan that kept
+ * every gradient (or a copy of every weight and moment) until the end fails. */
+START_TEST(test_train_arena_bound) {
+  const gpt_config c = {.n_layer = 4, .n_head = 2, .n_embd = 64, .block_size = 8, .vocab_size = 256, .dtype = KILN_F32,
+                        .opt = GPT_ADAMW_DEFAULT};
+  const int64_t L = c.n_layer, H = c.n_head, C = c.n_embd, T = c.block_size, V = c.vocab_size, BT = T; /* batch 1 */
+  gpt g;
+  ck_assert_int_eq(0, gpt_init(&g, &c, 3));
+  int64_t n_params = 0;
+  for (int i = 0; i < g.n_params; i++) n_params += kiln_numel(g.p[i]);
+  kiln_options o = {.name = "train", .n_in = 2, .n_out = 1};
+  kiln_fn *fn = kiln_compile(gpt_train_body, &g, &o);
+  ck_assert_ptr_nonnull(fn);
+  size_t before = kiln_mem_in_use(), kept[2];
+  for (int s = 0; s < 2; s++) {
+    kiln_scope_begin();
+    int64_t x[2 * 8];
+    uint64_t seed = 11 + (uint64_t)s;
+    for (int i = 0; i < 2 * 8; i++) x[i] = (int64_t)(gpt_rand(&seed) % (uint64_t)V);
+    kiln_tensor *in[2] = {kiln_tensor_from(KILN_I64, 2, ((int64_t[]){1, T}), x),
+                          kiln_tensor_from(KILN_I64, 2, ((int64_t[]){1, T}), x + 8)},
+                *loss = NULL;
+    ck_assert_msg(kiln_call(fn, in, &loss) == 0, "step %d: %s", s, kiln_last_error());
+    kiln_scope_end();
+    kept[s] = kiln_mem_in_use() - before;
+  }
+  ck_assert_uint_eq(kept[0], kept[1]); /* the arena is made once */
+  /* floats, per row of the batch and per layer: what the backward reads of
+   * the forward (two layer norms' inputs and statistics, q, k, v, the
+   * attention's output, the MLP's 4C before and after gelu, residuals) is
+   * under 24 C, plus the attention probabilities and their gradient, 3 H T */
+  int64_t acts = L * BT * (24 * C + 3 * H * T) + BT * (3 * V + 4 * C);
+  /* the working set of one layer's backward: its weights' gradients */
+  int64_t layer = 12 * C * C + 13 * C;
+  /* the tied embedding: the head's gradient of wte lives from the first
+   * step of the backward to the last, where the embedding's joins it */
+  int64_t tied = 2 * V * C;
+  size_t bound = (size_t)(acts + layer + tied) * sizeof(float) + 64 * 64 * (size_t)(L + 1); /* 64-byte slots */
+  fprintf(stderr, "gpt arena: %zu bytes kept, bound %zu, parameters %zu bytes\n", kept[1], bound,
+          (size_t)n_params * sizeof(float));
+  ck_assert_msg(kept[1] <= bound, "the step keeps %zu bytes between calls, over the %zu the backward needs", kept[1], bound);
+  /* the bound is below what keeping every gradient would take */
+  ck_assert_uint_lt(bound, (size_t)n_params * sizeof(float));
+  kiln_fn_free(fn);
+  gpt_free(&g);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("gpt");
   TCase *tc = tcase_create("core");
@@ -380,6 +432,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, test_gradient_finite_differences);
   tcase_add_test(tc, test_generation_one_variant);
   tcase_add_test(tc, test_generation_kv_cache);
+  tcase_add_test(tc, test_train_arena_bound);
   suite_add_tcase(s, tc);
   return s;
 }

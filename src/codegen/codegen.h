@@ -40,6 +40,8 @@ typedef struct cg_buf {
   int alias_of;         /* TEMP reusing a dying input's memory in place, else -1 */
   int scratch_of;       /* TEMP: working memory of that kernel (a conv's im2col columns), sized by
                            its op at each call (conv_scratch_bytes); else -1 */
+  bool updated;         /* INPUT: a kernel stores into it in place (its write-back's value); check mode
+                           then runs the kernels on a copy */
 } cg_buf;
 
 /* How a kernel reads or writes a buffer: element offset and one stride per

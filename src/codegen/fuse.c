@@ -1321,6 +1321,282 @@ static void scatter_in_place(cg_program *p, cg_view *views, int n_nodes) {
   }
 }
 
+/* Whether kernel ki stores to buffer b (its result, or a stage's store). */
+static bool kernel_writes(const cg_program *p, int ki, int b) {
+  const cg_kernel *k = &p->k[ki];
+  if (k->out_buf == b) return true;
+  for (int a = 0; a < k->n_acc; a++)
+    if (k->acc[a].buf == b && stores_to(k, a)) return true;
+  return false;
+}
+
+/* The argument write i could store its value in (before the order is
+ * checked): one whole contiguous temp of the argument's dtype and shape,
+ * read by no output or other write, for a param or input that no output
+ * hands out and no other write targets. Else -1. */
+static int in_place_target(const cg_program *p, const cg_view *views, int i) {
+  const ir_graph *g = p->g;
+  const ir_write *w = &g->writes[i];
+  if (w->kind != IR_WRITE_DATA || w->value < 0) return -1;
+  int o = p->node_buf[w->value], b = p->node_buf[w->target];
+  if (o < 0 || b < 0 || views[w->value].buf != o || !sym_same(views[w->value].off, sym_const(0))) return -1;
+  const cg_buf *ob = &p->buf[o], *bb = &p->buf[b];
+  if (ob->kind != CG_BUF_TEMP || ob->alias_of >= 0 || ob->scratch_of >= 0 || bb->kind != CG_BUF_INPUT ||
+      ob->dtype != bb->dtype || ob->ndim != bb->ndim || !same_dims(ob->ndim, ob->shape, bb->shape))
+    return -1;
+  bool ok = !handed_out(p, views, b);
+  for (int j = 0; j < g->n_outputs && ok; j++) ok = views[g->outputs[j]].buf != o;
+  for (int j = 0; j < g->n_writes && ok; j++)
+    ok = j == i || ((g->writes[j].value < 0 || views[g->writes[j].value].buf != o) && p->node_buf[g->writes[j].target] != b);
+  return ok ? b : -1;
+}
+
+/* Write-backs in place: the new value of a param or input (an optimizer's
+ * update of a weight or a moment) is stored straight into the argument's
+ * memory instead of a temp that lives until the call's end and is then
+ * copied over it. Sound when one kernel makes the value, whole and
+ * contiguous, of the argument's dtype and shape, nothing after that kernel
+ * reads or writes the argument (no later kernel, output or other write sees
+ * its old value), and that kernel reads the argument, if at all, only at
+ * the element it stores (a pointwise loop: the same offset and strides).
+ * Without it a training step's arena holds a copy of every weight and
+ * moment. The argument's buffer is marked `updated`, so that check mode,
+ * which runs the kernels before the real call, updates a copy. */
+static void write_in_place(cg_program *p, cg_view *views, int n_nodes) {
+  const ir_graph *g = p->g;
+  for (int i = 0; i < g->n_writes; i++) {
+    int b = in_place_target(p, views, i), o = b >= 0 ? p->node_buf[g->writes[i].value] : -1;
+    if (b < 0 || p->buf[o].first < 0) continue;
+    bool ok = true;
+    int ki = p->buf[o].first;
+    const cg_kernel *k = &p->k[ki];
+    /* one kernel makes it; nothing after that kernel touches the argument */
+    for (int kj = 0; kj < p->n_k && ok; kj++) ok = kj == ki || !kernel_writes(p, kj, o);
+    for (int kj = ki + 1; kj < p->n_k && ok; kj++) {
+      int ko = p->k[kj].out_buf;
+      ok = !kernel_reads(p, kj, b) && !kernel_writes(p, kj, b) && (ko < 0 || p->buf[ko].alias_of != b);
+    }
+    if (!ok) continue;
+    if (kernel_reads(p, ki, b)) {
+      /* read and stored element for element, in one pointwise stage */
+      if (k->kind != CG_K_LOOP || k->n_stage != 1 || k->stage[0].kind != CG_MAP || k->n_outer != k->ndim) continue;
+      const cg_access *st = &k->acc[k->stage[0].store];
+      if (st->buf != o) continue;
+      for (int a = 0; a < k->n_acc && ok; a++) ok = k->acc[a].buf != b || same_access(k, &k->acc[a], st);
+      if (!ok) continue;
+    }
+    p->buf[b].updated = true;
+    alias_buffer(p, views, n_nodes, ki, o, b);
+  }
+}
+
+/* ---- updates as soon as they can run ---- */
+
+/* The buffers kernel ki reads (r) and writes (w), a buffer updated through
+ * an alias counted as the buffer it aliases; a matmul that adds into its
+ * output reads it too. Counts in *nr, *nw; -1 when out of memory. */
+static int kernel_rw(const cg_program *p, int ki, int **r, int *nr, int **w, int *nw) {
+  const cg_kernel *k = &p->k[ki];
+  int cap = k->n_acc + k->n_in_rest + 4;
+  *r = alloc_calloc((size_t)cap, sizeof(int)), *w = alloc_calloc((size_t)cap, sizeof(int));
+  if (!*r || !*w) return -1;
+  *nr = *nw = 0;
+#define CANON(b) (p->buf[b].alias_of >= 0 ? p->buf[b].alias_of : (b))
+  for (int a = 0; k->kind == CG_K_LOOP && a < k->n_acc; a++)
+    if (stores_to(k, a)) (*w)[(*nw)++] = CANON(k->acc[a].buf);
+    else (*r)[(*nr)++] = CANON(k->acc[a].buf);
+  for (int j = 0; j < 3; j++)
+    if (k->in_buf[j] >= 0) (*r)[(*nr)++] = CANON(k->in_buf[j]);
+  for (int j = 0; j < k->n_in_rest; j++)
+    if (k->in_rest[j] >= 0) (*r)[(*nr)++] = CANON(k->in_rest[j]);
+  if (k->out_buf >= 0) {
+    if (k->kind == CG_K_MATMUL && k->beta != 0) (*r)[(*nr)++] = CANON(k->out_buf);
+    (*w)[(*nw)++] = CANON(k->out_buf);
+  }
+#undef CANON
+  return 0;
+}
+
+static bool in_list(const int *l, int n, int b) {
+  for (int i = 0; i < n; i++)
+    if (l[i] == b) return true;
+  return false;
+}
+
+/* An update (an optimizer's, of a weight and its moments) runs as soon as
+ * what it reads is ready and nothing still needs the old value of the
+ * argument it is written back to, instead of after the whole backward: the
+ * gradient it consumes then dies at once, so the arena holds the gradients
+ * of a layer or two rather than all of them. Hoisted are the kernels whose
+ * results go only to other hoisted kernels and to write-backs into a param
+ * or input (those write_in_place can store in place), loop kernels and
+ * matmuls only; what reads an allreduce's result stays where it is, so that
+ * the backward's compute overlaps the reduction. The order of every other
+ * kernel is kept, and a hoisted kernel never passes one it conflicts with,
+ * so each kernel computes what it did: results do not change by a bit.
+ * 0, or -1 when out of memory (the order is then unchanged). */
+static int hoist_updates(cg_program *p, const cg_view *views) {
+  const ir_graph *g = p->g;
+  int n = p->n_k, nb = p->n_buf, rc = -1;
+  if (n < 2 || g->n_writes == 0) return 0;
+  int **r = alloc_calloc((size_t)n, sizeof *r), **w = alloc_calloc((size_t)n, sizeof *w);
+  int **t = alloc_calloc((size_t)n, sizeof *t), *nr = alloc_calloc((size_t)n, sizeof(int));
+  int *nw = alloc_calloc((size_t)n, sizeof(int)), *nt = alloc_calloc((size_t)n, sizeof(int));
+  uint8_t *hoist = alloc_calloc((size_t)n, 1), *reduced = alloc_calloc((size_t)nb, 1);
+  int *target = alloc_calloc((size_t)nb, sizeof(int)), *need = alloc_calloc((size_t)n, sizeof(int));
+  int *last_w = alloc_calloc((size_t)nb, sizeof(int)), *last_r = alloc_calloc((size_t)nb, sizeof(int));
+  int *order = alloc_calloc((size_t)n, sizeof(int)), *pend = alloc_calloc((size_t)n, sizeof(int));
+  int *ustart = NULL, *users = NULL; /* per buffer b: the kernels that touch it, users[ustart[b] .. ustart[b+1]) */
+  int *succ_n = alloc_calloc((size_t)n, sizeof(int)), *succ_at = alloc_calloc((size_t)n, sizeof(int));
+  int *indeg = alloc_calloc((size_t)n, sizeof(int)), *edge_to = NULL; /* hoisted j's successors: edge_to[..] */
+  cg_kernel *nk = alloc_calloc((size_t)n, sizeof *nk);
+  if (!r || !w || !t || !nr || !nw || !nt || !hoist || !pend || !succ_n || !succ_at || !indeg || !reduced || !target ||
+      !need || !last_w || !last_r || !order || !nk)
+    goto out;
+  for (int ki = 0; ki < n; ki++)
+    if (kernel_rw(p, ki, &r[ki], &nr[ki], &w[ki], &nw[ki])) goto out;
+  /* per buffer: the argument its value is written back to (-1 none, -2 a
+   * write it cannot be stored in place for: an output, a .grad) */
+  for (int b = 0; b < nb; b++) target[b] = -1;
+  for (int i = 0; i < g->n_outputs; i++)
+    if (views[g->outputs[i]].buf >= 0) target[views[g->outputs[i]].buf] = -2;
+  for (int i = 0; i < g->n_writes; i++) {
+    int v = g->writes[i].value >= 0 ? views[g->writes[i].value].buf : -1, b = in_place_target(p, views, i);
+    if (v >= 0) target[v] = target[v] == -1 && b >= 0 ? b : -2;
+  }
+  for (int ki = 0; ki < n; ki++)
+    if (p->k[ki].kind == CG_K_EAGER && g->nodes[p->k[ki].node].op == OP_ALLREDUCE)
+      for (int i = 0; i < nw[ki]; i++) reduced[w[ki][i]] = 1;
+  /* the kernels that touch each buffer, in order (a kernel once per buffer it names) */
+  ustart = alloc_calloc((size_t)nb + 1, sizeof(int));
+  if (!ustart) goto out;
+  for (int ki = 0; ki < n; ki++) {
+    for (int i = 0; i < nr[ki]; i++) ustart[r[ki][i] + 1]++;
+    for (int i = 0; i < nw[ki]; i++) ustart[w[ki][i] + 1]++;
+  }
+  for (int b = 0; b < nb; b++) ustart[b + 1] += ustart[b];
+  users = alloc_calloc((size_t)ustart[nb] + 1, sizeof(int));
+  if (!users) goto out;
+  for (int b = 0; b < nb; b++) last_w[b] = ustart[b]; /* fill cursors */
+  for (int ki = 0; ki < n; ki++) {
+    for (int i = 0; i < nr[ki]; i++) users[last_w[r[ki][i]]++] = ki;
+    for (int i = 0; i < nw[ki]; i++) users[last_w[w[ki][i]]++] = ki;
+  }
+  /* which to hoist, from the last kernel back: what reads a hoisted kernel's results is hoisted too */
+  for (int ki = n - 1; ki >= 0; ki--) {
+    const cg_kernel *k = &p->k[ki];
+    bool ok = k->kind != CG_K_EAGER && nw[ki] > 0;
+    for (int i = 0; i < nr[ki] && ok; i++) ok = !reduced[r[ki][i]];
+    for (int i = 0; i < nw[ki] && ok; i++) {
+      int b = w[ki][i];
+      bool used = false;
+      for (int u = ustart[b]; u < ustart[b + 1] && ok; u++) {
+        int kj = users[u];
+        if (kj == ki) continue;
+        /* an earlier kernel may only have read an argument's old value */
+        ok = kj > ki ? hoist[kj] : !in_list(w[kj], nw[kj], b) && p->buf[b].kind == CG_BUF_INPUT;
+        used |= kj > ki;
+      }
+      ok = ok && target[b] != -2 && (used || target[b] >= 0);
+    }
+    /* the arguments its results are written back to (through their own buffers, not the
+     * aliases above) */
+    if (ok) {
+      int *tl = alloc_calloc((size_t)nw[ki] + 1, sizeof(int));
+      if (!tl) goto out;
+      for (int i = 0; i < k->n_acc + 1; i++) {
+        int raw = i < k->n_acc ? (k->kind == CG_K_LOOP && stores_to(k, i) ? k->acc[i].buf : -1) : k->out_buf;
+        if (raw >= 0 && target[raw] >= 0 && !in_list(tl, nt[ki], target[raw])) tl[nt[ki]++] = target[raw];
+      }
+      t[ki] = tl;
+      /* a kernel after it that touches the argument would keep the value out of place, and
+       * moving it up would only make that temp live longer */
+      for (int i = 0; i < nt[ki] && ok; i++)
+        for (int u = ustart[tl[i]]; u < ustart[tl[i] + 1] && ok; u++) ok = users[u] <= ki;
+    }
+    hoist[ki] = ok;
+  }
+  /* each hoisted kernel waits for the last kernel kept in place that it conflicts with */
+  for (int b = 0; b < nb; b++) last_w[b] = last_r[b] = -1;
+  for (int ki = 0; ki < n; ki++) {
+    if (!hoist[ki]) {
+      for (int i = 0; i < nr[ki]; i++) last_r[r[ki][i]] = ki;
+      for (int i = 0; i < nw[ki]; i++) last_w[w[ki][i]] = ki;
+      continue;
+    }
+    int m = -1;
+#define AT_LEAST(x) (m = (x) > m ? (x) : m)
+    for (int i = 0; i < nr[ki]; i++) AT_LEAST(last_w[r[ki][i]]);
+    for (int i = 0; i < nw[ki]; i++) AT_LEAST(last_w[w[ki][i]]), AT_LEAST(last_r[w[ki][i]]);
+    for (int i = 0; i < nt[ki]; i++) AT_LEAST(last_w[t[ki][i]]), AT_LEAST(last_r[t[ki][i]]);
+#undef AT_LEAST
+    need[ki] = m;
+  }
+  /* and for the hoisted ones before it that it conflicts with (one that
+   * writes what it reads, or reads or writes what it writes or writes back
+   * to): edges j -> s (j < s), found through the users of the buffers s
+   * names; a pair may repeat, counted alike both ways */
+  int n_edge = 0;
+  for (int pass = 0; pass < 2; pass++) {
+    for (int sk = 0; sk < n; sk++) {
+      if (!hoist[sk]) continue;
+      for (int part = 0; part < 3; part++) {
+        const int *l = part == 0 ? r[sk] : part == 1 ? w[sk] : t[sk];
+        int nl = part == 0 ? nr[sk] : part == 1 ? nw[sk] : nt[sk];
+        for (int i = 0; i < nl; i++)
+          for (int u = ustart[l[i]]; u < ustart[l[i] + 1]; u++) {
+            int j = users[u];
+            /* a read of what j writes; any touch of what sk writes or writes back to */
+            if (j >= sk || !hoist[j] || (part == 0 && !in_list(w[j], nw[j], l[i]))) continue;
+            if (pass == 1) edge_to[succ_at[j]++] = sk, indeg[sk]++;
+            else n_edge++, succ_n[j]++;
+          }
+      }
+    }
+    if (pass == 0) {
+      edge_to = alloc_calloc((size_t)n_edge + 1, sizeof(int));
+      if (!edge_to) goto out;
+      for (int j = 0, at = 0; j < n; j++) succ_at[j] = at, at += succ_n[j];
+    }
+  }
+  /* the new order: kept kernels in theirs, each hoisted one as soon as the
+   * kept kernel it waits for and the hoisted ones it conflicts with have run
+   * (pend: the hoisted ones still to place, in their order) */
+  int no = 0, np = 0;
+  for (int ki = 0; ki < n; ki++)
+    if (hoist[ki]) pend[np++] = ki;
+  for (int kept = -1; kept < n; kept++) {
+    if (kept >= 0) {
+      if (hoist[kept]) continue;
+      order[no++] = kept;
+    }
+    int still = 0;
+    for (int q = 0; q < np; q++) {
+      int sk = pend[q];
+      if (need[sk] > kept || indeg[sk] > 0) {
+        pend[still++] = sk;
+        continue;
+      }
+      order[no++] = sk;
+      /* succ_at[sk] ran to the end of its edges: they start succ_n[sk] before */
+      for (int e = succ_at[sk] - succ_n[sk]; e < succ_at[sk]; e++) indeg[edge_to[e]]--;
+    }
+    np = still;
+  }
+  if (no == n) {
+    for (int i = 0; i < n; i++) nk[i] = p->k[order[i]];
+    memcpy(p->k, nk, sizeof *nk * (size_t)n);
+  }
+  rc = 0;
+out:
+  for (int ki = 0; ki < n && r; ki++) alloc_free(r[ki]), alloc_free(w ? w[ki] : NULL), alloc_free(t ? t[ki] : NULL);
+  alloc_free(r), alloc_free(w), alloc_free(t), alloc_free(nr), alloc_free(nw), alloc_free(nt), alloc_free(hoist);
+  alloc_free(pend), alloc_free(reduced), alloc_free(target), alloc_free(need), alloc_free(last_w), alloc_free(last_r);
+  alloc_free(order), alloc_free(nk), alloc_free(ustart), alloc_free(users), alloc_free(succ_n), alloc_free(succ_at);
+  alloc_free(indeg), alloc_free(edge_to);
+  return rc;
+}
+
 /* In place: a pointwise kernel whose input buffer dies in it, with the same
  * dtype, shape and element order as its result, stores into that buffer
  * (a matmul's output under its epilogue, a chain of materialized nodes).
@@ -1438,6 +1714,10 @@ cg_program *fuse_graph(const ir_graph *g, char *err, size_t errn) {
     snprintf(err, errn, "out of memory");
     goto fail;
   }
+  if (hoist_updates(p, f.map)) {
+    snprintf(err, errn, "out of memory");
+    goto fail;
+  }
   number_kernels(p);
   if (add_scratch_bufs(&f)) {
     snprintf(err, errn, "out of memory");
@@ -1465,6 +1745,7 @@ cg_program *fuse_graph(const ir_graph *g, char *err, size_t errn) {
   for (int i = 0; i < g->n_outputs; i++)
     if (f.map[g->outputs[i]].buf >= 0) p->buf[f.map[g->outputs[i]].buf].last = p->n_k;
   scatter_in_place(p, f.map, g->n_nodes);
+  write_in_place(p, f.map, g->n_nodes);
   reuse_in_place(p, f.map, g->n_nodes);
   coalesce_dims(p);
   alloc_free(f.mat), alloc_free(f.is_out), alloc_free(f.kcount), alloc_free(f.klast);

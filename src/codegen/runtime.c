@@ -871,8 +871,9 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
         err_set("", 0, "call", "%s: %%%d: the .grad it reads is NULL", g->name, bf->node);
         goto done;
       }
-      if (!tensor_contiguous(t)) {
-        /* kernels read their buffers as contiguous: copy a strided argument once */
+      if (!tensor_contiguous(t) || (report && bf->updated)) {
+        /* kernels read their buffers as contiguous: copy a strided argument once; check mode
+         * runs the kernels before the real call, so an argument they update in place is a copy */
         if (!(own[b] = op_run(OP_COPY, &t, 1, NULL, "", 0))) goto done;
         t = own[b];
       }
