@@ -841,10 +841,15 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
    * release, its bytes and arena offset; on the stack for a small plan,
    * since a batch-1 call is a few microseconds */
   enum { STACK_BUFS = 32 };
-  char *s_bufs[STACK_BUFS] = {0};
-  kiln_tensor *s_tens[STACK_BUFS] = {0}, *s_own[STACK_BUFS] = {0};
-  size_t s_bytes[STACK_BUFS] = {0}, s_off[STACK_BUFS] = {0};
+  char *s_bufs[STACK_BUFS];
+  kiln_tensor *s_tens[STACK_BUFS], *s_own[STACK_BUFS];
+  size_t s_bytes[STACK_BUFS], s_off[STACK_BUFS];
   bool small = nb <= STACK_BUFS;
+  if (small) { /* the nb in use only */
+    memset(s_bufs, 0, sizeof *s_bufs * (size_t)nb), memset(s_tens, 0, sizeof *s_tens * (size_t)nb);
+    memset(s_own, 0, sizeof *s_own * (size_t)nb), memset(s_bytes, 0, sizeof *s_bytes * (size_t)nb);
+    memset(s_off, 0, sizeof *s_off * (size_t)nb);
+  }
   char **bufs = small ? s_bufs : alloc_calloc((size_t)nb, sizeof *bufs);
   kiln_tensor **tens = small ? s_tens : alloc_calloc((size_t)nb, sizeof *tens);
   kiln_tensor **own = small ? s_own : alloc_calloc((size_t)nb, sizeof *own);
@@ -856,8 +861,11 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
   int n_out_done = 0, mismatch = 0;
   kiln_tensor **all = NULL; /* check mode: the interpreter's values */
   /* allreduces run on while later kernels do, except in check mode, which reads each kernel's result at once */
-  dist_pending dq = {.cap = -1}; /* bucket cap: read on the first allreduce */
-  bool overlap = !report && e->last_allreduce >= 0 && dist_overlap(); /* a getenv: only where an allreduce can use it */
+  /* the queue (kilobytes: zeroing it was a third of a batch-1 call's own
+   * cost) only in a graph with an allreduce; bucket cap read on the first */
+  dist_pending dq_mem, *dq = NULL;
+  if (e->last_allreduce >= 0) dq_mem = (dist_pending){.cap = -1}, dq = &dq_mem;
+  bool overlap = !report && dq && dist_overlap(); /* a getenv: only where an allreduce can use it */
   if (!bufs || !tens || !own || !bytes || !off) goto oom;
   for (int b = 0; b < nb; b++) {
     const cg_buf *bf = &p->buf[b];
@@ -961,7 +969,7 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
       mismatch = 1;
       break;
     }
-    if (wait_kernel(&dq, p, g, k, bufs, tens, bytes)) {
+    if (dq && wait_kernel(dq, p, g, k, bufs, tens, bytes)) {
       err_set("", 0, "call", "%s: an allreduce failed: %s", g->name, err_kernel_failed());
       goto done;
     }
@@ -1030,7 +1038,7 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
     bool start = ok && overlap && n->op == OP_ALLREDUCE && tensor_contiguous(&ov.t);
     if (start) pw_copy(&ov.t, ins[0]);
     int r = !ok ? -1
-            : start ? dist_start(&dq, &ov.t, at.flag, ki == e->last_allreduce)
+            : start ? dist_start(dq, &ov.t, at.flag, ki == e->last_allreduce)
             : k->kind == CG_K_MATMUL && k->beta != 0 ? gemm_into(ins[0], ins[1], k->alpha, k->beta, &ov.t)
             : k->scratch_buf >= 0 && !dtype_is_narrow(n->dtype) ? conv_kernel((op_id)n->op, ins, &at, &ov.t, bufs[k->scratch_buf])
                                                      : op_kernel((op_id)n->op, many ? many : ins, many ? n->n_in : nin, &at, &ov.t);
@@ -1042,7 +1050,7 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
     }
   }
 
-  if (dist_wait(&dq, NULL, 0)) {
+  if (dq && dist_wait(dq, NULL, 0)) {
     err_set("", 0, "call", "%s: an allreduce failed: %s", g->name, err_kernel_failed());
     goto done;
   }
@@ -1106,7 +1114,7 @@ bad_shape:
 oom:
   err_set("", 0, "call", "%s: out of memory", g->name);
 done:
-  dist_end(&dq); /* nothing may still write the arena (after an error: its error stands) */
+  if (dq) dist_end(dq); /* nothing may still write the arena (after an error: its error stands) */
   if (rc)
     for (int i = 0; i < n_out_done; i++) kiln_release(out[i]), out[i] = NULL;
   if (shared_arena) {

@@ -1538,7 +1538,8 @@ static int guard_call(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out, ch
   }
   fn->st.variants = fn->n_variants;
   variant *hit = NULL;
-  char first_why[512] = "";
+  char first_why[512]; /* set only, never zeroed: a hit's call is a few microseconds */
+  first_why[0] = 0;
   for (int i = fn->n_variants - 1; i >= 0 && !hit; i--) {
     variant *v = fn->variants[i];
     if (!v->guard_ok && !v->loaded) continue;
@@ -1562,8 +1563,9 @@ static int guard_call(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out, ch
     if (why) snprintf(why, whyn, "%s", first_why);
     return 0;
   }
-  kiln_tensor *all[MAX_IN] = {0};
+  kiln_tensor *all[MAX_IN];
   const segment *seg = hit->seg[0];
+  for (int i = 0; i < seg->n_out && i < MAX_IN; i++) all[i] = NULL;
   int rc = seg->be->run(seg->exec, in, hit->params, all);
   if (rc == 0)
     for (int i = 0; i < fn->opts.n_out; i++) out[i] = all[i];
@@ -1584,7 +1586,8 @@ static int guard_call(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out, ch
 }
 
 static int plain_call(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out) {
-  char why[512] = "";
+  char why[512];
+  why[0] = 0;
   int g = guard_call(fn, in, out, why, sizeof why);
   if (g) return g < 0 ? -1 : 0;
   if (fn->loaded) return err_set("", 0, "call", "%s: the call does not fit the loaded graph: %s", fn->name, why), -1;
