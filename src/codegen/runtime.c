@@ -40,6 +40,8 @@ struct backend_exec {
   double front_ms, opt_ms, machine_ms; /* compile time, by phase */
   size_t *plan_bytes, *plan_off, plan_total; /* the last call's plan (under mu) */
   int last_allreduce;     /* the last allreduce's kernel: its bucket goes at once */
+  int *leaves, n_leaves;  /* g's input and param nodes: a call binds the symbols from those alone */
+  bool temps;             /* some buffer lives in the arena: a call plans it (else it takes no lock) */
   /* A graph with control flow: its regions compiled (each its own kernels,
    * compiled once), and the graph around them run node by node, a region
    * per construct step on its exec (interp_run_with) */
@@ -64,6 +66,7 @@ static void exec_free(backend_exec *e) {
   alloc_free(e->consts);
   alloc_free(e->fn);
   alloc_free(e->plan_bytes), alloc_free(e->plan_off);
+  alloc_free(e->leaves);
   jit_free(e->jit);
   cg_program_free(e->prog);
   if (e->arena) {
@@ -408,6 +411,8 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
   e->fn = alloc_calloc((size_t)p->n_k + 1, sizeof *e->fn);
   e->consts = alloc_calloc((size_t)p->n_buf + 1, sizeof *e->consts);
   if (!e->fn || !e->consts) goto oom;
+  if (!(e->leaves = ir_leaf_ids(g, &e->n_leaves))) goto oom;
+  for (int b = 0; b < p->n_buf; b++) e->temps |= p->buf[b].kind == CG_BUF_TEMP;
   e->last_allreduce = -1;
   for (int k = 0; k < p->n_k; k++)
     if (p->k[k].kind != CG_K_LOOP && g->nodes[p->k[k].node].op == OP_ALLREDUCE) e->last_allreduce = k;
@@ -835,7 +840,7 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
     return report ? region_execs_check(g, in, params, bound, &e->rx, report, rn) : interp_run_with(g, in, params, bound, &e->rx, out);
   cg_program *p = e->prog;
   int64_t vals[IR_MAX_SYMS];
-  if (ir_bind_or(g, in, params, bound, vals)) return -1;
+  if (ir_bind_or(g, e->leaves, e->n_leaves, in, params, bound, vals)) return -1;
   int nb = p->n_buf, ns = g->n_syms, rc = -1;
   /* per buffer: its data, the tensor behind it (when there is one), ours to
    * release, its bytes and arena offset; on the stack for a small plan,
@@ -906,37 +911,40 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
     tens[b] = t;
     if (t) bufs[b] = tensor_data(t);
   }
-  pthread_mutex_lock(&e->mu);
-  arena_bytes = plan_cached(e, bytes, off);
-  if (!e->arena_busy) {
-    e->arena_busy = shared_arena = true;
-    if (arena_bytes > e->arena_cap) {
-      /* the arena counts as tensor memory (kiln_mem_in_use), so peaks compare with eager's */
-      if (e->arena) {
-        alloc_aligned_free(e->arena, e->arena_cap);
-        alloc_track(-(int64_t)e->arena_cap);
+  /* a graph with no intermediates (a batch-1 matmul) has no arena to plan or lock */
+  if (e->temps || (e->dump & KILN_DUMP_KERNELS)) {
+    pthread_mutex_lock(&e->mu);
+    arena_bytes = plan_cached(e, bytes, off);
+    if (!e->arena_busy) {
+      e->arena_busy = shared_arena = true;
+      if (arena_bytes > e->arena_cap) {
+        /* the arena counts as tensor memory (kiln_mem_in_use), so peaks compare with eager's */
+        if (e->arena) {
+          alloc_aligned_free(e->arena, e->arena_cap);
+          alloc_track(-(int64_t)e->arena_cap);
+        }
+        e->arena_cap = (arena_bytes + 63) / 64 * 64;
+        e->arena = alloc_aligned(e->arena_cap);
+        if (!e->arena) e->arena_cap = 0;
+        alloc_track((int64_t)e->arena_cap);
       }
-      e->arena_cap = (arena_bytes + 63) / 64 * 64;
-      e->arena = alloc_aligned(e->arena_cap);
-      if (!e->arena) e->arena_cap = 0;
-      alloc_track((int64_t)e->arena_cap);
+      arena = e->arena;
     }
-    arena = e->arena;
-  }
-  if ((e->dump & KILN_DUMP_KERNELS) && e->dump_to && !e->plan_dumped) {
-    e->plan_dumped = true;
-    fprintf(e->dump_to, "memory plan of %s at this call's sizes: arena %zu bytes\n", g->name, arena_bytes);
-    for (int b = 0; b < nb; b++)
-      if (p->buf[b].kind == CG_BUF_TEMP && p->buf[b].alias_of < 0 && bytes[b] > 0)
-        fprintf(e->dump_to, "  b%d at %zu, %zu bytes\n", b, off[b], bytes[b]);
-    if (e->dump_to != stderr) {
-      fclose(e->dump_to);
-      e->dump_to = NULL;
-    } else {
-      fflush(stderr);
+    if ((e->dump & KILN_DUMP_KERNELS) && e->dump_to && !e->plan_dumped) {
+      e->plan_dumped = true;
+      fprintf(e->dump_to, "memory plan of %s at this call's sizes: arena %zu bytes\n", g->name, arena_bytes);
+      for (int b = 0; b < nb; b++)
+        if (p->buf[b].kind == CG_BUF_TEMP && p->buf[b].alias_of < 0 && bytes[b] > 0)
+          fprintf(e->dump_to, "  b%d at %zu, %zu bytes\n", b, off[b], bytes[b]);
+      if (e->dump_to != stderr) {
+        fclose(e->dump_to);
+        e->dump_to = NULL;
+      } else {
+        fflush(stderr);
+      }
     }
+    pthread_mutex_unlock(&e->mu);
   }
-  pthread_mutex_unlock(&e->mu);
   if (!shared_arena) {
     /* another call holds the kept arena: this one gets its own */
     arena = arena_bytes ? alloc_aligned((arena_bytes + 63) / 64 * 64) : NULL;
