@@ -331,8 +331,11 @@ static int guards_pass(const kiln_fn *fn, const variant *v, kiln_tensor *const *
       }
     }
   }
+  /* pairs with an input only: two params are tensors the variant holds,
+   * and a tensor's storage never changes (a decode step's ~70 params made
+   * this loop thousands of pairs a call) */
   int n_leaves = n_in + v->n_params;
-  for (int i = 0; i < n_leaves; i++) {
+  for (int i = 0; i < n_in; i++) {
     kiln_tensor *a = leaf_at(fn, v, in, i);
     for (int j = i + 1; j < n_leaves; j++) {
       bool share = a->st == leaf_at(fn, v, in, j)->st, traced = v->alias[j] == v->alias[i];
