@@ -1125,9 +1125,10 @@ static void lower_panels(lctx *L, LLVMValueRef begin, LLVMValueRef end) {
    * 16 lanes) and the kernel is too small to be split over threads (one
    * call runs all its outputs): W is then read row after row, one stream,
    * as eager's gemv reads it; (288) outputs are one panel of 18 vectors */
-  int64_t work = total;
-  for (int d = k->n_outer; d < k->ndim && work; d++) work = sym_is_const(k->dim[d]) ? work * k->dim[d].c : 0;
-  if (pn.lanes == 16 && total && total % pn.lanes == 0 && total / pn.lanes <= CG_PANEL_WHOLE && work && work < 2 * RT_GRAIN)
+  int64_t inner = 1; /* rt_run_loop's test, at this kernel's sizes */
+  for (int d = k->n_outer; d < k->ndim && inner; d++) inner = sym_is_const(k->dim[d]) ? inner * k->dim[d].c : 0;
+  bool one_block = inner > 0 && total < 2 * (inner >= RT_GRAIN ? 1 : RT_GRAIN / inner);
+  if (pn.lanes == 16 && total && total % pn.lanes == 0 && total / pn.lanes <= CG_PANEL_WHOLE && one_block)
     width = (int)(total / pn.lanes);
   for (int v = 0; v < width; v++) pn.acc[v] = LLVMBuildAlloca(L->eb, pn.vt, "panel");
   int64_t step = (int64_t)width * pn.lanes;
