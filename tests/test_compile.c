@@ -1126,6 +1126,101 @@ START_TEST(test_released_param_retraces) {
 }
 END_TEST
 
+/* ---- the guard-only path of a batch-1 call ---- */
+
+typedef struct {
+  kiln_tensor *w;
+  bool t; /* w is (out,in): x @ w^T */
+} captured_mv;
+
+static int captured_mv_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  captured_mv *c = ctx;
+  out[0] = kiln_matmul(in[0], c->t ? kiln_transpose(c->w, 0, 1) : c->w);
+  return out[0] ? 0 : -1;
+}
+
+/* A batch-1 matvec over a captured weight (the bench's M1), in both
+ * layouts, called until it runs on the guard-only path: that path reads the
+ * variant's input nodes and the exec's leaf list rather than every node, and
+ * a graph without intermediates plans no arena. Later calls that differ are
+ * still caught, each at the call where it first differs: another row count,
+ * another rank, and an input that is a row of the weight itself (sharing its
+ * storage); each result against eager. Then the same graph saved and loaded
+ * (no body to retrace): hits, and a wrong size or dtype refused, after hits. */
+START_TEST(test_guard_path_after_hits) {
+  for (int t = 0; t < 2; t++) {
+    kiln_scope_begin();
+    captured_mv c = {kiln_randn(KILN_F32, 2, ((int64_t[]){24, 24}), 5), t == 1};
+    kiln_options o = {.name = "m1", .n_in = 1, .n_out = 1};
+    kiln_fn *fn = kiln_compile(captured_mv_body, &c, &o);
+    kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){1, 24}), 6);
+    kiln_tensor *x3 = kiln_randn(KILN_F32, 2, ((int64_t[]){3, 24}), 7);
+    kiln_tensor *x1d = kiln_randn(KILN_F32, 1, ((int64_t[]){24}), 8);
+    kiln_tensor *xw = kiln_slice(c.w, 0, 2, 3, 1); /* (1,24), the weight's own storage */
+    kiln_tensor *cases[] = {x, x, x, x, x3, x1d, x1d, xw, xw, x};
+    /* what each call is: a trace (1) or a hit on the guard-only path (0) */
+    int traced[] = {1, 0, 0, 0, 1, 1, 0, 1, 0, 0};
+    kiln_fn_stats st;
+    for (int i = 0; i < 10; i++) {
+      kiln_fn_get_stats(fn, &st);
+      long long traces = st.traces, hits = st.guard_hits;
+      kiln_tensor *y = NULL, *ref = NULL;
+      ck_assert_msg(kiln_call(fn, &cases[i], &y) == 0, "call %d: %s", i, kiln_last_error());
+      ck_assert_int_eq(0, captured_mv_body(&c, &cases[i], &ref));
+      ck_assert_int_eq(kiln_ndim(ref), kiln_ndim(y));
+      ck_assert_double_le(maxdiff(y, ref), 1e-5);
+      kiln_fn_get_stats(fn, &st);
+      ck_assert_msg(st.traces - traces == traced[i] && st.guard_hits - hits == 1 - traced[i],
+                    "t %d call %d: traces +%lld, guard hits +%lld", t, i, st.traces - traces, st.guard_hits - hits);
+    }
+    ck_assert_int_eq(0, st.fallbacks);
+
+    char path[] = "/tmp/kiln_test_m1XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    ck_assert_msg(kiln_save(fn, path) == 0, "%s", kiln_last_error()); /* the newest variant: x's */
+    kiln_fn *ld = kiln_load(path);
+    unlink(path);
+    ck_assert_msg(ld != NULL, "%s", kiln_last_error());
+    kiln_tensor *in[2] = {x, c.w}, *y = NULL, *ref = NULL;
+    ck_assert_int_eq(0, captured_mv_body(&c, &x, &ref));
+    for (int i = 0; i < 3; i++) {
+      ck_assert_msg(kiln_call(ld, in, &y) == 0, "%s", kiln_last_error());
+      ck_assert_double_le(maxdiff(y, ref), 1e-5);
+    }
+    kiln_tensor *bad[][2] = {{x3, c.w}, {kiln_cast(x, KILN_F64), c.w}, {x, kiln_slice(c.w, 0, 0, 23, 1)}};
+    for (int i = 0; i < 3; i++) {
+      y = NULL;
+      ck_assert_int_eq(-1, kiln_call(ld, bad[i], &y));
+      ck_assert_ptr_null(y);
+      ck_assert_msg(has(kiln_last_error(), "does not fit the loaded graph"), "bad call %d: %s", i, kiln_last_error());
+    }
+    ck_assert_msg(kiln_call(ld, in, &y) == 0, "%s", kiln_last_error());
+    kiln_fn_free(ld);
+    kiln_fn_free(fn);
+    kiln_scope_end();
+  }
+  /* an input sized by an expression: the guard path leaves it to the run's
+   * binding (over the leaf list), which refuses it after hits */
+  kiln_fn *ld = kiln_load_string("graph e(%0: f32[s0], %1: f32[2*s0]) -> (%3)\n  sym s0 in [1, 1000]\n"
+                                 "  %2: f32[2*s0] = cat(%0, %0) {dim=0}\n  %3: f32[2*s0] = add(%2, %1)\n");
+  ck_assert_msg(ld != NULL, "%s", kiln_last_error());
+  kiln_scope_begin();
+  kiln_tensor *a = kiln_randn(KILN_F32, 1, ((int64_t[]){5}), 1), *in[2] = {a, kiln_randn(KILN_F32, 1, ((int64_t[]){10}), 2)};
+  kiln_tensor *y = NULL;
+  for (int i = 0; i < 3; i++) ck_assert_msg(kiln_call(ld, in, &y) == 0, "%s", kiln_last_error());
+  ck_assert_double_le(maxdiff(y, kiln_add(kiln_cat(KILN_TENSORS(a, a), 0), in[1])), 1e-6);
+  in[1] = kiln_randn(KILN_F32, 1, ((int64_t[]){11}), 3);
+  y = NULL;
+  ck_assert_int_eq(-1, kiln_call(ld, in, &y));
+  ck_assert_ptr_null(y);
+  ck_assert_msg(has(kiln_last_error(), "does not fit the graph's size expression"), "%s", kiln_last_error());
+  kiln_scope_end();
+  kiln_fn_free(ld);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("compile");
   TCase *tc = tcase_create("core");
@@ -1156,6 +1251,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, test_read_sizes_stay_symbolic);
   tcase_add_test(tc, test_shared_read_size_guarded);
   tcase_add_loop_test(tc, test_released_param_retraces, 0, 2);
+  tcase_add_test(tc, test_guard_path_after_hits);
   suite_add_tcase(s, tc);
   return s;
 }

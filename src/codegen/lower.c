@@ -1021,7 +1021,7 @@ static void lower_column(lctx *L, LLVMValueRef begin, LLVMValueRef end) {
  * (no FMA: bitwise eager's column sums and its (in,out) gemv), whichever
  * panel or vector it falls in, so the bits depend neither on the runtime's
  * blocks nor on the thread count. */
-enum { CG_PANEL = 8 };
+enum { CG_PANEL = 8, CG_PANEL_WHOLE = 24 };
 
 static bool vec_reads_ok(const cg_kernel *k, int e, int d, const int *stored, int n_stored);
 
@@ -1039,7 +1039,7 @@ static bool panel_ok(const cg_kernel *k) {
 typedef struct panel {
   int t, lanes;
   LLVMValueRef base[64];  /* per access: its offset at the panel's first outer element */
-  LLVMValueRef acc[CG_PANEL]; /* allocas of one vector each, promoted to registers */
+  LLVMValueRef acc[CG_PANEL_WHOLE]; /* allocas of one vector each, promoted to registers */
   LLVMTypeRef vt;
 } panel;
 
@@ -1065,10 +1065,21 @@ static void panel_nest(lctx *L, panel *pn, int n, int d, LLVMValueRef *idx) {
     loop_close(L, &lp);
     return;
   }
+  /* the offsets at the panel's first vector, and each later vector's a
+   * constant distance on from those: LLVM then addresses all the panel's
+   * loads from one register (offsets taken from each vector's own base were
+   * a register per vector, spilled past six) */
+  LLVMValueRef off0[64];
+  panel_point(L, pn, 0);
+  inner_offsets(L, idx, off0);
   for (int v = 0; v < n; v++) {
     panel_point(L, pn, v * pn->lanes);
     LLVMValueRef off[64];
-    inner_offsets(L, idx, off);
+    for (int a = 0; a < k->n_acc; a++) {
+      sym_dim st = k->acc[a].stride[pn->t];
+      off[a] = v == 0 || const_is(st, 0) ? off0[a]
+                                         : LLVMBuildAdd(L->b, off0[a], LLVMBuildMul(L->b, ci64(L, v * pn->lanes), sym_val(L, st), ""), "");
+    }
     clear_memo(L);
     LLVMValueRef e = emit(L, k->stage[0].expr, off);
     if (!e) return;
@@ -1110,6 +1121,15 @@ static void lower_panels(lctx *L, LLVMValueRef begin, LLVMValueRef end) {
       width = w;
       break;
     }
+  /* a whole row of outputs in one panel when the registers hold it (32 of
+   * 16 lanes) and the kernel is too small to be split over threads (one
+   * call runs all its outputs): W is then read row after row, one stream,
+   * as eager's gemv reads it; (288) outputs are one panel of 18 vectors */
+  int64_t inner = 1; /* rt_run_loop's test, at this kernel's sizes */
+  for (int d = k->n_outer; d < k->ndim && inner; d++) inner = sym_is_const(k->dim[d]) ? inner * k->dim[d].c : 0;
+  bool one_block = inner > 0 && total < 2 * (inner >= RT_GRAIN ? 1 : RT_GRAIN / inner);
+  if (pn.lanes == 16 && total && total % pn.lanes == 0 && total / pn.lanes <= CG_PANEL_WHOLE && one_block)
+    width = (int)(total / pn.lanes);
   for (int v = 0; v < width; v++) pn.acc[v] = LLVMBuildAlloca(L->eb, pn.vt, "panel");
   int64_t step = (int64_t)width * pn.lanes;
   LLVMValueRef span = LLVMBuildSub(L->b, end, begin, "");

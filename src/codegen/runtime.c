@@ -40,6 +40,8 @@ struct backend_exec {
   double front_ms, opt_ms, machine_ms; /* compile time, by phase */
   size_t *plan_bytes, *plan_off, plan_total; /* the last call's plan (under mu) */
   int last_allreduce;     /* the last allreduce's kernel: its bucket goes at once */
+  int *leaves, n_leaves;  /* g's input and param nodes: a call binds the symbols from those alone */
+  bool temps;             /* some buffer lives in the arena: a call plans it (else it takes no lock) */
   /* A graph with control flow: its regions compiled (each its own kernels,
    * compiled once), and the graph around them run node by node, a region
    * per construct step on its exec (interp_run_with) */
@@ -64,6 +66,7 @@ static void exec_free(backend_exec *e) {
   alloc_free(e->consts);
   alloc_free(e->fn);
   alloc_free(e->plan_bytes), alloc_free(e->plan_off);
+  alloc_free(e->leaves);
   jit_free(e->jit);
   cg_program_free(e->prog);
   if (e->arena) {
@@ -408,6 +411,8 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
   e->fn = alloc_calloc((size_t)p->n_k + 1, sizeof *e->fn);
   e->consts = alloc_calloc((size_t)p->n_buf + 1, sizeof *e->consts);
   if (!e->fn || !e->consts) goto oom;
+  if (!(e->leaves = ir_leaf_ids(g, &e->n_leaves))) goto oom;
+  for (int b = 0; b < p->n_buf; b++) e->temps |= p->buf[b].kind == CG_BUF_TEMP;
   e->last_allreduce = -1;
   for (int k = 0; k < p->n_k; k++)
     if (p->k[k].kind != CG_K_LOOP && g->nodes[p->k[k].node].op == OP_ALLREDUCE) e->last_allreduce = k;
@@ -835,16 +840,21 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
     return report ? region_execs_check(g, in, params, bound, &e->rx, report, rn) : interp_run_with(g, in, params, bound, &e->rx, out);
   cg_program *p = e->prog;
   int64_t vals[IR_MAX_SYMS];
-  if (ir_bind_or(g, in, params, bound, vals)) return -1;
+  if (ir_bind_or(g, e->leaves, e->n_leaves, in, params, bound, vals)) return -1;
   int nb = p->n_buf, ns = g->n_syms, rc = -1;
   /* per buffer: its data, the tensor behind it (when there is one), ours to
    * release, its bytes and arena offset; on the stack for a small plan,
    * since a batch-1 call is a few microseconds */
   enum { STACK_BUFS = 32 };
-  char *s_bufs[STACK_BUFS] = {0};
-  kiln_tensor *s_tens[STACK_BUFS] = {0}, *s_own[STACK_BUFS] = {0};
-  size_t s_bytes[STACK_BUFS] = {0}, s_off[STACK_BUFS] = {0};
+  char *s_bufs[STACK_BUFS];
+  kiln_tensor *s_tens[STACK_BUFS], *s_own[STACK_BUFS];
+  size_t s_bytes[STACK_BUFS], s_off[STACK_BUFS];
   bool small = nb <= STACK_BUFS;
+  if (small) { /* the nb in use only */
+    memset(s_bufs, 0, sizeof *s_bufs * (size_t)nb), memset(s_tens, 0, sizeof *s_tens * (size_t)nb);
+    memset(s_own, 0, sizeof *s_own * (size_t)nb), memset(s_bytes, 0, sizeof *s_bytes * (size_t)nb);
+    memset(s_off, 0, sizeof *s_off * (size_t)nb);
+  }
   char **bufs = small ? s_bufs : alloc_calloc((size_t)nb, sizeof *bufs);
   kiln_tensor **tens = small ? s_tens : alloc_calloc((size_t)nb, sizeof *tens);
   kiln_tensor **own = small ? s_own : alloc_calloc((size_t)nb, sizeof *own);
@@ -856,8 +866,11 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
   int n_out_done = 0, mismatch = 0;
   kiln_tensor **all = NULL; /* check mode: the interpreter's values */
   /* allreduces run on while later kernels do, except in check mode, which reads each kernel's result at once */
-  dist_pending dq = {.cap = -1}; /* bucket cap: read on the first allreduce */
-  bool overlap = !report && e->last_allreduce >= 0 && dist_overlap(); /* a getenv: only where an allreduce can use it */
+  /* the queue (kilobytes: zeroing it was a third of a batch-1 call's own
+   * cost) only in a graph with an allreduce; bucket cap read on the first */
+  dist_pending dq_mem, *dq = NULL;
+  if (e->last_allreduce >= 0) dq_mem = (dist_pending){.cap = -1}, dq = &dq_mem;
+  bool overlap = !report && dq && dist_overlap(); /* a getenv: only where an allreduce can use it */
   if (!bufs || !tens || !own || !bytes || !off) goto oom;
   for (int b = 0; b < nb; b++) {
     const cg_buf *bf = &p->buf[b];
@@ -899,37 +912,40 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
     tens[b] = t;
     if (t) bufs[b] = tensor_data(t);
   }
-  pthread_mutex_lock(&e->mu);
-  arena_bytes = plan_cached(e, bytes, off);
-  if (!e->arena_busy) {
-    e->arena_busy = shared_arena = true;
-    if (arena_bytes > e->arena_cap) {
-      /* the arena counts as tensor memory (kiln_mem_in_use), so peaks compare with eager's */
-      if (e->arena) {
-        alloc_aligned_free(e->arena, e->arena_cap);
-        alloc_track(-(int64_t)e->arena_cap);
+  /* a graph with no intermediates (a batch-1 matmul) has no arena to plan or lock */
+  if (e->temps || (e->dump & KILN_DUMP_KERNELS)) {
+    pthread_mutex_lock(&e->mu);
+    arena_bytes = plan_cached(e, bytes, off);
+    if (!e->arena_busy) {
+      e->arena_busy = shared_arena = true;
+      if (arena_bytes > e->arena_cap) {
+        /* the arena counts as tensor memory (kiln_mem_in_use), so peaks compare with eager's */
+        if (e->arena) {
+          alloc_aligned_free(e->arena, e->arena_cap);
+          alloc_track(-(int64_t)e->arena_cap);
+        }
+        e->arena_cap = (arena_bytes + 63) / 64 * 64;
+        e->arena = alloc_aligned(e->arena_cap);
+        if (!e->arena) e->arena_cap = 0;
+        alloc_track((int64_t)e->arena_cap);
       }
-      e->arena_cap = (arena_bytes + 63) / 64 * 64;
-      e->arena = alloc_aligned(e->arena_cap);
-      if (!e->arena) e->arena_cap = 0;
-      alloc_track((int64_t)e->arena_cap);
+      arena = e->arena;
     }
-    arena = e->arena;
-  }
-  if ((e->dump & KILN_DUMP_KERNELS) && e->dump_to && !e->plan_dumped) {
-    e->plan_dumped = true;
-    fprintf(e->dump_to, "memory plan of %s at this call's sizes: arena %zu bytes\n", g->name, arena_bytes);
-    for (int b = 0; b < nb; b++)
-      if (p->buf[b].kind == CG_BUF_TEMP && p->buf[b].alias_of < 0 && bytes[b] > 0)
-        fprintf(e->dump_to, "  b%d at %zu, %zu bytes\n", b, off[b], bytes[b]);
-    if (e->dump_to != stderr) {
-      fclose(e->dump_to);
-      e->dump_to = NULL;
-    } else {
-      fflush(stderr);
+    if ((e->dump & KILN_DUMP_KERNELS) && e->dump_to && !e->plan_dumped) {
+      e->plan_dumped = true;
+      fprintf(e->dump_to, "memory plan of %s at this call's sizes: arena %zu bytes\n", g->name, arena_bytes);
+      for (int b = 0; b < nb; b++)
+        if (p->buf[b].kind == CG_BUF_TEMP && p->buf[b].alias_of < 0 && bytes[b] > 0)
+          fprintf(e->dump_to, "  b%d at %zu, %zu bytes\n", b, off[b], bytes[b]);
+      if (e->dump_to != stderr) {
+        fclose(e->dump_to);
+        e->dump_to = NULL;
+      } else {
+        fflush(stderr);
+      }
     }
+    pthread_mutex_unlock(&e->mu);
   }
-  pthread_mutex_unlock(&e->mu);
   if (!shared_arena) {
     /* another call holds the kept arena: this one gets its own */
     arena = arena_bytes ? alloc_aligned((arena_bytes + 63) / 64 * 64) : NULL;
@@ -962,7 +978,7 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
       mismatch = 1;
       break;
     }
-    if (wait_kernel(&dq, p, g, k, bufs, tens, bytes)) {
+    if (dq && wait_kernel(dq, p, g, k, bufs, tens, bytes)) {
       err_set("", 0, "call", "%s: an allreduce failed: %s", g->name, err_kernel_failed());
       goto done;
     }
@@ -1031,7 +1047,7 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
     bool start = ok && overlap && n->op == OP_ALLREDUCE && tensor_contiguous(&ov.t);
     if (start) pw_copy(&ov.t, ins[0]);
     int r = !ok ? -1
-            : start ? dist_start(&dq, &ov.t, at.flag, ki == e->last_allreduce)
+            : start ? dist_start(dq, &ov.t, at.flag, ki == e->last_allreduce)
             : k->kind == CG_K_MATMUL && k->beta != 0 ? gemm_into(ins[0], ins[1], k->alpha, k->beta, &ov.t)
             : k->scratch_buf >= 0 && !dtype_is_narrow(n->dtype) ? conv_kernel((op_id)n->op, ins, &at, &ov.t, bufs[k->scratch_buf])
                                                      : op_kernel((op_id)n->op, many ? many : ins, many ? n->n_in : nin, &at, &ov.t);
@@ -1043,7 +1059,7 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
     }
   }
 
-  if (dist_wait(&dq, NULL, 0)) {
+  if (dq && dist_wait(dq, NULL, 0)) {
     err_set("", 0, "call", "%s: an allreduce failed: %s", g->name, err_kernel_failed());
     goto done;
   }
@@ -1107,7 +1123,7 @@ bad_shape:
 oom:
   err_set("", 0, "call", "%s: out of memory", g->name);
 done:
-  dist_end(&dq); /* nothing may still write the arena (after an error: its error stands) */
+  if (dq) dist_end(dq); /* nothing may still write the arena (after an error: its error stands) */
   if (rc)
     for (int i = 0; i < n_out_done; i++) kiln_release(out[i]), out[i] = NULL;
   if (shared_arena) {

@@ -70,6 +70,9 @@ enum { RT_STATE_WORDS = 4 };
 /* Outer elements a dot-product kernel runs per pass of its inner loop, and
  * the blocks of a split full reduction (codegen.h: CG_JAM, CG_BLOCKS). */
 enum { RT_JAM = 4, RT_BLOCKS = 64 };
+/* Elements of work per block of a loop kernel split over threads: one of
+ * fewer than two blocks runs on the calling thread (loop.c). */
+enum { RT_GRAIN = 65536 };
 
 /* Runs loop kernel fn over its outer range on the thread pool: range outer
  * elements (each over inner elements when staged: a reduction or a row),

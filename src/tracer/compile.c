@@ -85,6 +85,8 @@ typedef struct variant {
   bool guard_ok;
   trace_leaf *in_leaf, *param_leaf;
   dim_check (*in_dims)[MAXD];
+  int in_node[MAX_IN];     /* the graph's input nodes, so a call reads those alone */
+  int n_in_node;           /* -1: more than MAX_IN, every node is scanned */
   bool loaded;             /* from kiln_load */
   int users;               /* calls using it now (fn->mu) */
   bool dead;               /* dropped from the cache: freed when the last user is done */
@@ -254,8 +256,9 @@ static void print_guards(FILE *f, const kiln_fn *fn, const variant *v) {
 static int inputs_pass(const kiln_fn *fn, const variant *v, kiln_tensor *const *in, int64_t *vals, char *why, size_t whyn) {
   bool bound[IR_MAX_SYMS] = {0};
   const ir_graph *g = v->seg[0]->g;
-  for (int i = 0; i < g->n_nodes; i++) {
-    const ir_node *n = &g->nodes[i];
+  int n_scan = v->n_in_node >= 0 ? v->n_in_node : g->n_nodes;
+  for (int s = 0; s < n_scan; s++) {
+    const ir_node *n = &g->nodes[v->n_in_node >= 0 ? v->in_node[s] : s];
     if (n->op != IR_INPUT || n->index >= fn->opts.n_in) continue;
     const kiln_tensor *t = in[n->index];
     if (t->dtype != n->dtype) {
@@ -328,8 +331,11 @@ static int guards_pass(const kiln_fn *fn, const variant *v, kiln_tensor *const *
       }
     }
   }
+  /* pairs with an input only: two params are tensors the variant holds,
+   * and a tensor's storage never changes (a decode step's ~70 params made
+   * this loop thousands of pairs a call) */
   int n_leaves = n_in + v->n_params;
-  for (int i = 0; i < n_leaves; i++) {
+  for (int i = 0; i < n_in; i++) {
     kiln_tensor *a = leaf_at(fn, v, in, i);
     for (int j = i + 1; j < n_leaves; j++) {
       bool share = a->st == leaf_at(fn, v, in, j)->st, traced = v->alias[j] == v->alias[i];
@@ -376,12 +382,17 @@ static void variant_free(variant *v) {
   alloc_free(v);
 }
 
-/* The guard of each input dim: its constant, its symbol, or an expression (-2). */
+/* The guard of each input dim: its constant, its symbol, or an expression
+ * (-2); and the input nodes' ids, which the guard path reads instead of the
+ * whole graph (a decode step's: hundreds of nodes, a cache line each). */
 static void fill_in_dims(const kiln_fn *fn, variant *v) {
   const ir_graph *g = v->seg[0]->g;
+  v->n_in_node = 0;
   for (int i = 0; i < g->n_nodes; i++) {
     const ir_node *n = &g->nodes[i];
     if (n->op != IR_INPUT || n->index >= fn->opts.n_in) continue;
+    if (v->n_in_node >= 0 && v->n_in_node < MAX_IN) v->in_node[v->n_in_node++] = i;
+    else v->n_in_node = -1;
     for (int d = 0; d < n->ndim; d++) {
       int k = ir_sym_id(g, n->shape[d]);
       v->in_dims[n->index][d] = sym_is_const(n->shape[d]) ? (dim_check){n->shape[d].c, -1} : (dim_check){0, k >= 0 ? k : -2};
@@ -782,7 +793,7 @@ static bool seg_binds(call_state *cs, const segment *seg, const build_arg *args,
   if (seg_inputs_make(cs, seg, args, argi, argf, &si)) return snprintf(why, whyn, "%s", kiln_last_error()), false;
   int64_t vals[IR_MAX_SYMS];
   char err[256];
-  bool ok = ir_bind_syms(seg->g, si.ins, si.ps, vals, err, sizeof err) == 0;
+  bool ok = ir_bind_syms(seg->g, NULL, 0, si.ins, si.ps, vals, err, sizeof err) == 0;
   if (!ok) snprintf(why, whyn, "values carried across a graph break do not fit variant %d (%s)", no, err);
   seg_inputs_free(&si);
   return ok;
@@ -1520,6 +1531,7 @@ static int guard_call(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out, ch
   int64_t vals[IR_MAX_SYMS];
   struct timespec g0 = {0}, g1 = {0};
   pthread_mutex_lock(&fn->mu);
+  fn->st.calls++; /* every call comes here first, once */
   bool timed = fn->guard_samples < 16 || (fn->st.calls & 15) == 0;
   if (timed) clock_gettime(CLOCK_MONOTONIC, &g0);
   /* a variant whose weights their owner released can never run again: dropped */
@@ -1538,7 +1550,8 @@ static int guard_call(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out, ch
   }
   fn->st.variants = fn->n_variants;
   variant *hit = NULL;
-  char first_why[512] = "";
+  char first_why[512]; /* set only, never zeroed: a hit's call is a few microseconds */
+  first_why[0] = 0;
   for (int i = fn->n_variants - 1; i >= 0 && !hit; i--) {
     variant *v = fn->variants[i];
     if (!v->guard_ok && !v->loaded) continue;
@@ -1562,8 +1575,9 @@ static int guard_call(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out, ch
     if (why) snprintf(why, whyn, "%s", first_why);
     return 0;
   }
-  kiln_tensor *all[MAX_IN] = {0};
+  kiln_tensor *all[MAX_IN];
   const segment *seg = hit->seg[0];
+  for (int i = 0; i < seg->n_out && i < MAX_IN; i++) all[i] = NULL;
   int rc = seg->be->run(seg->exec, in, hit->params, all);
   if (rc == 0)
     for (int i = 0; i < fn->opts.n_out; i++) out[i] = all[i];
@@ -1584,7 +1598,8 @@ static int guard_call(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out, ch
 }
 
 static int plain_call(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out) {
-  char why[512] = "";
+  char why[512];
+  why[0] = 0;
   int g = guard_call(fn, in, out, why, sizeof why);
   if (g) return g < 0 ? -1 : 0;
   if (fn->loaded) return err_set("", 0, "call", "%s: the call does not fit the loaded graph: %s", fn->name, why), -1;
@@ -1600,10 +1615,12 @@ int kiln_call_at(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out, const c
     else if (tensor_check_live(in[i], "an input", "call", file, line)) return -1;
   if (dispatch_hooks() && dispatch_hooks()->record)
     return err_set(file, line, "call", "%s: called inside another compiled function's body; call its body directly", fn->name), -1;
-  pthread_mutex_lock(&fn->mu);
-  fn->st.calls++;
-  bool check = fn->opts.check && !fn->loaded && fn->n_variants > 0;
-  pthread_mutex_unlock(&fn->mu);
+  bool check = false; /* opts and loaded never change: most calls take no lock here (guard_call counts them) */
+  if (fn->opts.check && !fn->loaded) {
+    pthread_mutex_lock(&fn->mu);
+    check = fn->n_variants > 0;
+    pthread_mutex_unlock(&fn->mu);
+  }
   kiln_clear_error();
   int rc = check ? call_checked(fn, in, out, plain_call) : plain_call(fn, in, out);
   if (rc) err_locate(file, line);

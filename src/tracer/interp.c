@@ -14,14 +14,15 @@ static const char *leaf_tensor_desc(const ir_node *n, char *buf, size_t len) {
   return buf;
 }
 
-int ir_bind_syms(const ir_graph *g, kiln_tensor *const *in, kiln_tensor *const *params, int64_t *vals, char *err,
-                 size_t errn) {
+int ir_bind_syms(const ir_graph *g, const int *leaves, int n_leaves, kiln_tensor *const *in, kiln_tensor *const *params,
+                 int64_t *vals, char *err, size_t errn) {
   bool bound[IR_MAX_SYMS] = {0};
   char who[32]; /* filled only for a message: a call binds every leaf */
+  int n_scan = leaves ? n_leaves : g->n_nodes;
   /* two rounds: plain symbols bind first, expressions check after */
   for (int round = 0; round < 2; round++) {
-    for (int i = 0; i < g->n_nodes; i++) {
-      const ir_node *n = &g->nodes[i];
+    for (int li = 0; li < n_scan; li++) {
+      const ir_node *n = &g->nodes[leaves ? leaves[li] : li];
       if (n->op != IR_INPUT && n->op != IR_PARAM) continue;
       const kiln_tensor *t = ir_leaf_tensor(g, n, in, params);
       if (!t) return snprintf(err, errn, "%s is NULL", leaf_tensor_desc(n, who, sizeof who)), -1;
@@ -86,14 +87,22 @@ int ir_bind_syms(const ir_graph *g, kiln_tensor *const *in, kiln_tensor *const *
   return 0;
 }
 
-int ir_bind_or(const ir_graph *g, kiln_tensor *const *in, kiln_tensor *const *params, const int64_t *bound,
-               int64_t *vals) {
+int *ir_leaf_ids(const ir_graph *g, int *n) {
+  int *ids = alloc_malloc(sizeof *ids * (size_t)(g->n_nodes + 1));
+  *n = 0;
+  for (int i = 0; ids && i < g->n_nodes; i++)
+    if (g->nodes[i].op == IR_INPUT || g->nodes[i].op == IR_PARAM) ids[(*n)++] = i;
+  return ids;
+}
+
+int ir_bind_or(const ir_graph *g, const int *leaves, int n_leaves, kiln_tensor *const *in, kiln_tensor *const *params,
+               const int64_t *bound, int64_t *vals) {
   char err[512];
   if (bound) {
     memcpy(vals, bound, sizeof(int64_t) * IR_MAX_SYMS);
     return 0;
   }
-  if (!ir_bind_syms(g, in, params, vals, err, sizeof err)) return 0;
+  if (!ir_bind_syms(g, leaves, n_leaves, in, params, vals, err, sizeof err)) return 0;
   err_set("", 0, "call", "%s: %s", g->name, err);
   return -1;
 }
@@ -216,7 +225,7 @@ done:
 static int run(const ir_graph *g, kiln_tensor *const *consts, kiln_tensor *const *in, kiln_tensor *const *params,
                kiln_tensor **out, kiln_tensor **all, const int64_t *bound, const region_execs *rx) {
   int64_t vals[IR_MAX_SYMS];
-  if (ir_bind_or(g, in, params, bound, vals)) return -1;
+  if (ir_bind_or(g, NULL, 0, in, params, bound, vals)) return -1;
   int *uses = ir_use_counts(g);
   kiln_tensor **v = alloc_calloc((size_t)g->n_nodes + 1, sizeof *v);
   bool *owned = alloc_calloc((size_t)g->n_nodes + 1, sizeof *owned);
@@ -395,7 +404,7 @@ int interp_run_with(const ir_graph *g, kiln_tensor *const *in, kiln_tensor *cons
 int region_execs_check(const ir_graph *g, kiln_tensor *const *in, kiln_tensor *const *params, const int64_t *bound,
                        const region_execs *rx, char *report, size_t rn) {
   int64_t vals[IR_MAX_SYMS];
-  if (ir_bind_or(g, in, params, bound, vals)) return -1;
+  if (ir_bind_or(g, NULL, 0, in, params, bound, vals)) return -1;
   kiln_tensor **all = alloc_calloc((size_t)g->n_nodes + 1, sizeof *all), *args[2 * 64 + 64] = {0}, *p = NULL;
   int rc = all ? run(g, NULL, in, params, NULL, all, vals, rx) : (err_set("", 0, "call", "out of memory"), -1);
   for (int id = 0; id < g->n_nodes && rc == 0; id++) {

@@ -507,14 +507,21 @@ ir_graph *ir_parse(const char *text, char *err, size_t errn);
 /* ---- interp.c: the interpreter backend --------------------------------------- */
 
 /* Concrete values of the graph's symbols bound from the inputs' shapes and
- * checked against the guards and bounds; 0, or -1 with why in err. */
-int ir_bind_syms(const ir_graph *g, kiln_tensor *const *in, kiln_tensor *const *params, int64_t *vals,
-                 char *err, size_t errn);
+ * checked against the guards and bounds; 0, or -1 with why in err. leaves:
+ * the ids of g's IR_INPUT and IR_PARAM nodes (ir_leaf_ids), or NULL to find
+ * them among all the nodes. */
+int ir_bind_syms(const ir_graph *g, const int *leaves, int n_leaves, kiln_tensor *const *in,
+                 kiln_tensor *const *params, int64_t *vals, char *err, size_t errn);
 
 /* The symbols' values: bound (a region's, its parent's: IR_MAX_SYMS of
- * them) when set, else bound from the inputs. 0, or -1 with the error set. */
-int ir_bind_or(const ir_graph *g, kiln_tensor *const *in, kiln_tensor *const *params, const int64_t *bound,
-               int64_t *vals);
+ * them) when set, else bound from the inputs (leaves as for ir_bind_syms).
+ * 0, or -1 with the error set. */
+int ir_bind_or(const ir_graph *g, const int *leaves, int n_leaves, kiln_tensor *const *in,
+               kiln_tensor *const *params, const int64_t *bound, int64_t *vals);
+
+/* The ids of g's IR_INPUT and IR_PARAM nodes in order, in a new array
+ * (alloc_free it) of *n; NULL when out of memory. */
+int *ir_leaf_ids(const ir_graph *g, int *n);
 
 /* ---- backend.c: the interface every backend implements ----------------------- */
 
