@@ -26,23 +26,41 @@
 
 #include "tracer/tracer.h"
 
-/* One event of a body: its inputs are references, a slot (>= 0) or a
- * capture (-1 - index). */
+/* A body's events as a program. Every value a construct's bodies make
+ * (nested bodies included) has a slot of its own; a reference is a slot
+ * (>= 0) or a capture (-1 - index). A nested construct is an EV_CF
+ * instruction whose regions are ranges of the instructions after it, and
+ * an EV_GET per result it hands to the body. */
+typedef struct cfg_region {
+  int n_args, args[64]; /* the slots its arguments take */
+  int begin, end;       /* its instructions */
+  int n_out, *out;      /* the references of its results */
+} cfg_region;
+
+typedef struct cfg_cf {
+  cf_kind kind;
+  int n_carry, n_xs, n_regions, n_results;
+  cfg_region reg[2];
+  int next;          /* the first instruction after its regions */
+  kiln_tensor **res; /* its results, while a replay runs (the caller's scope) */
+} cfg_cf;
+
 typedef struct cfg_ins {
-  rec_ekind kind; /* EV_OP, EV_FULL, EV_DATA or EV_NUMEL */
+  rec_ekind kind; /* EV_OP, EV_FULL, EV_DATA, EV_NUMEL, EV_CF or EV_GET */
   int op;
   op_attrs a;
   int n_in, *in;
-  void *data; /* EV_DATA's bytes (owned) */
+  int out;     /* its slot (EV_CF: none) */
+  void *data;  /* EV_DATA's bytes (owned) */
+  cfg_cf *cf;  /* EV_CF: the construct; EV_GET: the construct whose result a.k it is */
   const char *file;
   int line;
 } cfg_ins;
 
 typedef struct cfg_prog {
-  int n_args;   /* slots 0..n_args: the region's arguments; then one per instruction */
   cfg_ins *ins;
-  int n_ins;
-  int n_out, *out; /* the yield's references */
+  int n_ins, cap_ins, n_slots;
+  cfg_region top[2]; /* the construct's own regions */
 } cfg_prog;
 
 struct cfg_grad {
@@ -53,124 +71,259 @@ struct cfg_grad {
   int n_caps, cap_caps;
   kiln_tensor **caps;
   struct { kiln_dtype dtype; int ndim; int64_t shape[MAXD]; } *res; /* cond: its results' types */
-  cfg_prog prog[2];
+  cfg_prog prog;
   kiln_tensor **saved; /* scan: the stacked carries, n_carry of them */
   const char *file;
   int line;
 };
 
-/* ---- the program of a body ---- */
+/* ---- the program, from the recording ---- */
 
-static int ref_of(recording *r, cfg_grad *g, int *slot_of, int id) {
-  if (slot_of[id] >= 0) return slot_of[id];
-  kiln_tensor *t = rec_tensor_of(r, id);
-  if (!t) return INT32_MIN;
+enum { NO_SLOT = -1, POISON = -2, BAD_REF = INT32_MIN };
+
+typedef struct builder {
+  recording *r;
+  cfg_grad *g;
+  int *slot_of; /* value id -> slot, NO_SLOT, or POISON (a value no body may read) */
+  int k;        /* the next event */
+} builder;
+
+static int ref_of(builder *b, int id) {
+  cfg_grad *g = b->g;
+  if (b->slot_of[id] >= 0) return b->slot_of[id];
+  if (b->slot_of[id] == POISON) return BAD_REF;
+  kiln_tensor *t = rec_tensor_of(b->r, id);
+  if (!t) return BAD_REF;
   for (int c = 0; c < g->n_caps; c++)
     if (g->caps[c] == t) return -1 - c;
-  if (alloc_grow((void **)&g->caps, &g->cap_caps, g->n_caps + 1, sizeof *g->caps)) return INT32_MIN;
+  if (alloc_grow((void **)&g->caps, &g->cap_caps, g->n_caps + 1, sizeof *g->caps)) return BAD_REF;
   g->caps[g->n_caps] = kiln_retain(t);
   return -1 - g->n_caps++;
 }
 
-/* Region i's program from the events first.. of r: 0, 1 when a program
- * cannot hold them, -1 out of memory. */
-static int prog_build(recording *r, int first, int region, cfg_grad *g, cfg_prog *p) {
-  int *slot_of = alloc_malloc(sizeof(int) * (size_t)(r->n_val + 1));
-  if (!slot_of) return -1;
-  for (int v = 0; v < r->n_val; v++) slot_of[v] = -1;
-  p->ins = alloc_calloc((size_t)(r->n_ev - first + 1), sizeof *p->ins);
-  int rc = p->ins ? 1 : -1, depth = 0;
-  bool in_region = false;
-  for (int k = first + 1; k < r->n_ev && p->ins; k++) {
-    const rec_event *e = &r->ev[k];
-    if (e->kind == EV_CF) depth++;
-    if (e->kind == EV_ARG && depth == 0 && e->a.dim == region) {
-      in_region = true;
-      slot_of[e->out] = (int)e->a.k;
-      if ((int)e->a.k + 1 > p->n_args) p->n_args = (int)e->a.k + 1;
+static cfg_ins *ins_new(builder *b, const rec_event *e) {
+  cfg_prog *p = &b->g->prog;
+  if (alloc_grow((void **)&p->ins, &p->cap_ins, p->n_ins + 1, sizeof *p->ins)) return NULL;
+  cfg_ins *in = &p->ins[p->n_ins++];
+  *in = (cfg_ins){.kind = e->kind, .op = e->op, .a = e->a, .n_in = e->n_in, .out = -1, .file = e->file, .line = e->line};
+  if (!(in->in = alloc_malloc(sizeof(int) * (size_t)(e->n_in + 1)))) return NULL;
+  for (int j = 0; j < e->n_in; j++)
+    if ((in->in[j] = ref_of(b, b->r->ids[e->in + j])) == BAD_REF) return NULL;
+  return in;
+}
+
+static int parse_cf(builder *b, int region_of_parent);
+
+/* Region i of the construct whose events are being read: its arguments,
+ * its body (nested constructs included), its yield. 0, or -1 when a
+ * program cannot hold it (or out of memory). n_keep: results kept (-1 all). */
+static int parse_region(builder *b, int i, cfg_region *reg, int n_keep) {
+  recording *r = b->r;
+  cfg_prog *p = &b->g->prog;
+  reg->begin = p->n_ins;
+  for (; b->k < r->n_ev; b->k++) {
+    const rec_event *e = &r->ev[b->k];
+    if (e->kind == EV_DEAD) continue; /* a nested construct run step by step: its steps follow */
+    if (e->kind == EV_ARG) {
+      if (e->a.dim != i || e->a.k < 0 || e->a.k >= 64) return -1;
+      reg->args[e->a.k] = b->slot_of[e->out] = p->n_slots++;
+      if (e->a.k + 1 > reg->n_args) reg->n_args = (int)e->a.k + 1;
       continue;
     }
-    if (!in_region) continue;
-    if (e->kind == EV_YIELD && depth == 0) {
-      p->n_out = e->n_in;
-      if (!(p->out = alloc_malloc(sizeof(int) * (size_t)(e->n_in + 1)))) {
-        rc = -1;
-        break;
-      }
-      rc = 0;
-      for (int j = 0; j < e->n_in && !rc; j++)
-        if ((p->out[j] = ref_of(r, g, slot_of, r->ids[e->in + j])) == INT32_MIN) rc = 1;
-      break;
+    if (e->kind == EV_YIELD) {
+      if (e->a.k != i) return -1;
+      reg->end = p->n_ins;
+      reg->n_out = n_keep >= 0 && n_keep < e->n_in ? n_keep : e->n_in;
+      if (!(reg->out = alloc_malloc(sizeof(int) * (size_t)(e->n_in + 1)))) return -1;
+      for (int j = 0; j < reg->n_out; j++)
+        if ((reg->out[j] = ref_of(b, r->ids[e->in + j])) == BAD_REF) return -1;
+      b->k++;
+      return 0;
+    }
+    if (e->kind == EV_CF) {
+      if (parse_cf(b, i)) return -1;
+      b->k--; /* the loop steps past the construct's last event */
+      continue;
     }
     bool ok = e->kind == EV_FULL || e->kind == EV_DATA || e->kind == EV_NUMEL ||
               (e->kind == EV_OP && !(op_table[e->op].attrs & AF_RNG));
-    if (!ok || depth) break; /* a nested construct, a draw, a write in place: not replayable */
-    cfg_ins *in = &p->ins[p->n_ins];
-    *in = (cfg_ins){.kind = e->kind, .op = e->op, .a = e->a, .n_in = e->n_in, .file = e->file, .line = e->line};
-    in->in = alloc_malloc(sizeof(int) * (size_t)(e->n_in + 1));
-    if (!in->in) {
-      rc = -1;
-      break;
-    }
-    p->n_ins++;
-    bool bad = false;
-    for (int j = 0; j < e->n_in && !bad; j++) bad = (in->in[j] = ref_of(r, g, slot_of, r->ids[e->in + j])) == INT32_MIN;
-    if (bad) break;
+    if (!ok) return -1; /* a draw, a write in place, a break: not replayable */
+    cfg_ins *in = ins_new(b, e);
+    if (!in) return -1;
     if (e->kind == EV_DATA) {
       int64_t shape[MAXD];
       for (int d = 0; d < e->a.ndim; d++) shape[d] = e->a.shape[d].c;
       size_t bytes = (size_t)shape_numel(e->a.ndim, shape) * kiln_dtype_size(e->a.dtype);
-      if (!(in->data = alloc_malloc(bytes + 1))) {
-        rc = -1;
-        break;
-      }
+      if (!(in->data = alloc_malloc(bytes + 1))) return -1;
       if (bytes) memcpy(in->data, e->data, bytes);
     }
-    slot_of[e->out] = p->n_args + p->n_ins - 1;
+    in->out = b->slot_of[e->out] = p->n_slots++;
   }
-  alloc_free(slot_of);
+  return -1;
+}
+
+/* A nested construct at event b->k (its EV_CF): an instruction, its
+ * regions, and one EV_GET instruction per result the body reads. */
+static int parse_cf(builder *b, int parent_region) {
+  (void)parent_region;
+  recording *r = b->r;
+  const rec_event *e = &r->ev[b->k];
+  cfg_cf *cf = alloc_calloc(1, sizeof *cf);
+  if (!cf) return -1;
+  cfg_ins *in = ins_new(b, e);
+  if (!in) return alloc_free(cf), -1;
+  in->cf = cf;
+  cf->kind = e->op == IR_COND ? CF_COND : e->op == IR_WHILE ? CF_WHILE : CF_SCAN;
+  cf->n_carry = (int)e->a.k;
+  cf->n_xs = e->a.dim;
+  cf->n_regions = ir_n_sub(e->op);
+  /* a scan recorded for autograd stacked its carries as extra ys (a.flag): not the body's */
+  int n_keep = cf->kind == CF_SCAN && e->a.flag ? -2 : -1;
+  b->k++;
+  for (int i = 0; i < cf->n_regions; i++) {
+    if (n_keep == -2) {
+      /* the yield's count less the carries it saved: its yield is the first at this depth */
+      int y = b->k, open[64], n_open = 0;
+      for (; y < r->n_ev; y++) {
+        const rec_event *ye = &r->ev[y];
+        if (ye->kind == EV_CF && n_open < 64) open[n_open++] = ir_n_sub(ye->op);
+        if (ye->kind != EV_YIELD) continue;
+        if (!n_open) break;
+        if (--open[n_open - 1] == 0) n_open--;
+      }
+      if (y == r->n_ev) return -1;
+      n_keep = r->ev[y].n_in - cf->n_carry;
+    }
+    if (parse_region(b, i, &cf->reg[i], n_keep)) return -1;
+  }
+  cf->n_results = cf->kind == CF_WHILE ? cf->n_carry : cf->reg[0].n_out;
+  if (!(cf->res = alloc_calloc((size_t)cf->n_results + 1, sizeof *cf->res))) return -1;
+  cfg_cf *mine = cf;
+  cf->next = b->g->prog.n_ins;
+  for (; b->k < r->n_ev && r->ev[b->k].kind == EV_GET; b->k++) {
+    const rec_event *ge = &r->ev[b->k];
+    if (ge->a.k >= mine->n_results) {
+      b->slot_of[ge->out] = POISON; /* a saved carry: autograd's, not the body's */
+      continue;
+    }
+    cfg_ins *gi = ins_new(b, ge);
+    if (!gi) return -1;
+    gi->cf = mine;
+    gi->out = b->slot_of[ge->out] = b->g->prog.n_slots++;
+  }
+  return 0;
+}
+
+/* The construct's regions from its events (EV_CF at first). 0, or -1 when
+ * a program cannot hold them or out of memory. */
+static int prog_build(recording *r, int first, cfg_grad *g, int n_regions) {
+  builder b = {.r = r, .g = g, .k = first + 1};
+  if (!(b.slot_of = alloc_malloc(sizeof(int) * (size_t)(r->n_val + 1)))) return -1;
+  for (int v = 0; v < r->n_val; v++) b.slot_of[v] = NO_SLOT;
+  int rc = 0;
+  for (int i = 0; i < n_regions && !rc; i++) rc = parse_region(&b, i, &g->prog.top[i], -1);
+  alloc_free(b.slot_of);
   return rc;
 }
 
 static void prog_free(cfg_prog *p) {
   for (int i = 0; i < p->n_ins; i++) {
-    alloc_free(p->ins[i].in);
-    alloc_free(p->ins[i].data);
+    cfg_ins *in = &p->ins[i];
+    alloc_free(in->in);
+    alloc_free(in->data);
+    if (in->kind == EV_CF && in->cf) {
+      for (int k = 0; k < 2; k++) alloc_free(in->cf->reg[k].out);
+      alloc_free(in->cf->res);
+      alloc_free(in->cf);
+    }
   }
   alloc_free(p->ins);
-  alloc_free(p->out);
+  for (int k = 0; k < 2; k++) alloc_free(p->top[k].out);
 }
 
-static kiln_tensor *ref_get(const cfg_grad *g, kiln_tensor *const *slots, int ref) {
-  return ref >= 0 ? slots[ref] : g->caps[-1 - ref];
+/* ---- replay ---- */
+
+typedef struct replay {
+  const cfg_grad *g;
+  kiln_tensor **v; /* the slots */
+} replay;
+
+typedef struct body_ctx {
+  replay *rp;
+  const cfg_cf *cf;
+} body_ctx;
+
+static kiln_tensor *ref_get(const replay *rp, int ref) { return ref >= 0 ? rp->v[ref] : rp->g->caps[-1 - ref]; }
+
+static int run_range(replay *rp, int begin, int end);
+
+/* Region i of a construct replayed as its body: in[] into its argument slots. */
+static int run_region(replay *rp, const cfg_region *reg, kiln_tensor *const *in, kiln_tensor **out) {
+  for (int j = 0; j < reg->n_args; j++) rp->v[reg->args[j]] = in[j];
+  if (run_range(rp, reg->begin, reg->end)) return -1;
+  for (int k = 0; k < reg->n_out; k++) out[k] = ref_get(rp, reg->out[k]);
+  return 0;
+}
+static int replay_body0(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  body_ctx *bc = ctx;
+  return run_region(bc->rp, &bc->cf->reg[0], in, out);
+}
+static int replay_body1(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  body_ctx *bc = ctx;
+  return run_region(bc->rp, &bc->cf->reg[1], in, out);
 }
 
-/* Runs region i's program over args: out[0..n_out) scope-owned, or -1 with the error set. */
-static int prog_run(const cfg_grad *g, int region, kiln_tensor *const *args, kiln_tensor **out) {
-  const cfg_prog *p = &g->prog[region];
-  kiln_tensor **v = alloc_malloc(sizeof *v * (size_t)(p->n_args + p->n_ins + 1));
-  if (!v) return err_set(g->file, g->line, "autograd", "out of memory"), -1;
-  memcpy(v, args, sizeof *v * (size_t)p->n_args);
-  int rc = 0;
-  for (int i = 0; i < p->n_ins && !rc; i++) {
+static int run_cf(replay *rp, const cfg_ins *in, kiln_tensor *const *x) {
+  const cfg_cf *cf = in->cf;
+  body_ctx bc = {rp, cf};
+  const char *file = in->file;
+  int line = in->line;
+  switch (cf->kind) {
+  case CF_COND:
+    return kiln_cond_at(x[0], replay_body0, replay_body1, &bc, in->n_in - 1, x + 1, cf->n_results, cf->res, file, line);
+  case CF_WHILE:
+    return kiln_while_loop_at(replay_body0, replay_body1, &bc, cf->n_carry, x, cf->res, file, line);
+  case CF_SCAN:
+    return kiln_scan_at(replay_body0, &bc, cf->n_carry, x, cf->n_xs, x + cf->n_carry, cf->res,
+                        cf->n_results - cf->n_carry, cf->res + cf->n_carry, file, line);
+  }
+  return -1;
+}
+
+static int run_range(replay *rp, int begin, int end) {
+  const cfg_prog *p = &rp->g->prog;
+  for (int i = begin; i < end; i++) {
     const cfg_ins *in = &p->ins[i];
-    kiln_tensor *x[64];
-    for (int j = 0; j < in->n_in && j < 64; j++) x[j] = ref_get(g, v, in->in[j]);
+    kiln_tensor *x[128];
+    if (in->n_in > 128) return err_set(in->file, in->line, "autograd", "more than 128 inputs to replay"), -1;
+    for (int j = 0; j < in->n_in; j++) x[j] = ref_get(rp, in->in[j]);
     int64_t shape[MAXD];
     for (int d = 0; d < in->a.ndim && d < MAXD; d++) shape[d] = in->a.shape[d].c;
     kiln_tensor *t = NULL;
     switch (in->kind) {
-    case EV_OP: t = in->n_in <= 64 ? op_dispatch((op_id)in->op, x, in->n_in, &in->a, in->file, in->line) : NULL; break;
+    case EV_OP: t = op_dispatch((op_id)in->op, x, in->n_in, &in->a, in->file, in->line); break;
     case EV_FULL: t = kiln_full_at(in->a.dtype, in->a.ndim, shape, in->a.value, in->file, in->line); break;
     case EV_DATA: t = kiln_tensor_from_at(in->a.dtype, in->a.ndim, shape, in->data, in->file, in->line); break;
     case EV_NUMEL: t = numel_scalar(x[0], in->a.axes, in->a.naxes, in->a.start.c, in->a.dtype, in->file, in->line); break;
+    case EV_GET: t = in->cf->res[in->a.k]; break;
+    case EV_CF:
+      if (run_cf(rp, in, x)) return -1;
+      i = in->cf->next - 1;
+      continue;
     default: break;
     }
-    if (!t) rc = -1;
-    v[p->n_args + i] = t;
+    if (!t) return -1;
+    rp->v[in->out] = t;
   }
-  for (int k = 0; k < p->n_out && !rc; k++) out[k] = ref_get(g, v, p->out[k]);
-  alloc_free(v);
+  return 0;
+}
+
+/* Runs the construct's region i over args: out[] scope-owned, or -1 with the error set. */
+static int prog_run(const cfg_grad *g, int region, kiln_tensor *const *args, kiln_tensor **out) {
+  replay rp = {g, alloc_calloc((size_t)g->prog.n_slots + 1, sizeof(kiln_tensor *))};
+  if (!rp.v) return err_set(g->file, g->line, "autograd", "out of memory"), -1;
+  int rc = run_region(&rp, &g->prog.top[region], args, out);
+  alloc_free(rp.v);
   return rc;
 }
 
@@ -186,7 +339,7 @@ static kiln_tensor *zeros_like(const kiln_tensor *t, const char *file, int line)
  * of each capture that requires grad (zeros where none flows). 0 or -1. */
 static int vjp(const cfg_grad *g, int region, kiln_tensor *const *args, const bool *need, kiln_tensor *const *cot,
                kiln_tensor **d) {
-  const cfg_prog *p = &g->prog[region];
+  const cfg_region *p = &g->prog.top[region];
   int n_args = p->n_args, n = 0, rc = 0, depth = grad_mode_force_on();
   kiln_tensor *out[128], *wrt[192], *res[192];
   int where[192];
@@ -347,8 +500,7 @@ static void cfg_free(void *data) {
   alloc_free(g->in);
   alloc_free(g->caps);
   alloc_free(g->saved);
-  prog_free(&g->prog[0]);
-  prog_free(&g->prog[1]);
+  prog_free(&g->prog);
   alloc_free(g);
 }
 
@@ -363,8 +515,7 @@ cfg_grad *cfg_new(recording *r, const cf_call *c, int first) {
   g->in = alloc_calloc((size_t)c->n_in + 1, sizeof *g->in);
   if (!g->in) return cfg_free(g), NULL;
   for (int i = 0; i < c->n_in; i++) g->in[i] = kiln_retain(c->in[i]);
-  for (int i = 0; i < c->n_regions; i++)
-    if (prog_build(r, first, i, g, &g->prog[i])) return cfg_free(g), NULL;
+  if (prog_build(r, first, g, c->n_regions)) return cfg_free(g), NULL;
   if (g->n_caps + g->n_in > 128 || g->n_res + c->n_carry > 128) return cfg_free(g), NULL;
   return g;
 }

@@ -687,6 +687,7 @@ static int on_cf(void *ctx, const cf_call *c, kiln_tensor **results) {
         r->n_ids += c->n_carry;
         r->ev[y].n_in += c->n_carry;
         n_saved = c->n_carry;
+        r->ev[first].a.flag = true; /* its yield holds the saved carries too (cfgrad.c) */
       }
     }
   }
