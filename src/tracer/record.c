@@ -675,8 +675,11 @@ static int on_cf(void *ctx, const cf_call *c, kiln_tensor **results) {
     if (!grad) stepwise = true;
     if (grad && c->kind == CF_SCAN) {
       int y = r->n_ev - 1, cid[64];
-      for (int k = first; k < r->n_ev; k++)
-        if (r->ev[k].kind == EV_ARG && r->ev[k].a.dim == 0 && r->ev[k].a.k < c->n_carry) cid[r->ev[k].a.k] = r->ev[k].out;
+      /* the body's arguments open its events (a nested construct's come later) */
+      for (int j = 0; j < c->n_carry; j++) {
+        KILN_ASSERT(r->ev[first + 1 + j].kind == EV_ARG && r->ev[first + 1 + j].a.k == j);
+        cid[j] = r->ev[first + 1 + j].out;
+      }
       KILN_ASSERT(r->ev[y].kind == EV_YIELD && r->ev[y].in + r->ev[y].n_in == r->n_ids);
       if (alloc_grow((void **)&r->ids, &r->cap_ids, r->n_ids + c->n_carry, sizeof *r->ids)) {
         rc = -1;
