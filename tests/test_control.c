@@ -266,6 +266,13 @@ START_TEST(test_while_backward_is_an_error) {
   ck_assert_int_eq(0, kiln_while_loop(under3, sin_step, &c, 2, init, fin));
   kiln_no_grad_end();
   ck_assert(!kiln_get_requires_grad(fin[0]));
+  /* ... and no history even for an init it passed through, as compiled */
+  init[1] = kiln_scalar(KILN_I64, 5);
+  kiln_no_grad_begin();
+  kiln_tensor *same[2];
+  ck_assert_int_eq(0, kiln_while_loop(under3, sin_step, &c, 2, init, same));
+  kiln_no_grad_end();
+  ck_assert(!kiln_get_requires_grad(same[0]));
   double got[N];
   read_f64(fin[0], got, N);
   for (int i = 0; i < N; i++) {

@@ -702,8 +702,8 @@ START_TEST(test_unfit_bodies_step_by_step) {
 }
 END_TEST
 
-/* gradients through a scan inside a compiled body: its steps record one by
- * one (regions do not differentiate yet), and the grads match eager's */
+/* gradients through a scan inside a compiled body (kiln_backward into
+ * .grad): the scan and its reverse are regions, and the grads match eager's */
 static int loss_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
   (void)ctx;
   kiln_tensor *h[1], *ys[1];
