@@ -377,13 +377,27 @@ static int vjp(const cfg_grad *g, int region, kiln_tensor *const *args, const bo
 
 /* ---- scan ---- */
 
-/* x reversed along dim 0, with ops a trace keeps symbolic in T. */
-static kiln_tensor *flip0(kiln_tensor *x, const char *file, int line) {
-  int64_t T = x->shape[0];
-  kiln_tensor *steps = kiln_cumsum_at(kiln_expand_at(kiln_scalar_at(KILN_F32, 1, file, line), 1, &T, file, line), 0, file, line);
+/* The index that reverses dim 0 of x (T-1, ..., 0, i64), made from x's
+ * own elements and shape so that a trace keeps it symbolic in T: no size
+ * passes as a number (a number equal to two symbols, or below 2, would be
+ * taken for a constant). Every flip of one backward uses it, so the reverse
+ * scan's xs agree on dim 0 in the graph, not only in value. */
+static kiln_tensor *rev_index(kiln_tensor *x, const char *file, int line) {
+  kiln_tensor *one = kiln_scalar_at(KILN_F32, 1, file, line), *ones = NULL;
+  bool empty = false;
+  for (int d = 1; d < x->ndim; d++) empty |= x->shape[d] == 0;
+  if (empty) {
+    int64_t T = x->shape[0]; /* no element to take the shape from: the number, then */
+    ones = kiln_expand_at(one, 1, &T, file, line);
+  } else {
+    kiln_tensor *v = x;
+    for (int d = 1; d < x->ndim; d++) v = kiln_slice_at(v, d, 0, 1, 1, file, line);
+    for (int d = x->ndim - 1; d >= 1; d--) v = kiln_squeeze_at(v, d, file, line);
+    ones = kiln_where_at(kiln_eq_at(v, v, file, line), one, one, file, line); /* 1 whatever v holds, NaN too */
+  }
+  kiln_tensor *steps = kiln_cumsum_at(ones, 0, file, line);
   kiln_tensor *n = numel_scalar(x, (int[]){0}, 1, 0, KILN_F32, file, line);
-  kiln_tensor *idx = kiln_cast_at(kiln_sub_at(n, steps, file, line), KILN_I64, file, line);
-  return kiln_index_select_at(x, 0, idx, file, line);
+  return kiln_cast_at(kiln_sub_at(n, steps, file, line), KILN_I64, file, line);
 }
 
 typedef struct rev_ctx {
@@ -430,22 +444,26 @@ static int scan_backward(void *data, kiln_tensor *const *gout, kiln_tensor **gin
       if (!(init[nc + rc.n_capg++] = zeros_like(g->caps[c], g->file, g->line))) return -1;
     }
   int n_xs = 0;
+  kiln_tensor *rev = rev_index(g->in[nc], g->file, g->line);
+  if (!rev) return -1;
+#define FLIP(x) kiln_index_select_at((x), 0, rev, g->file, g->line)
   for (int k = 0; k < nc; k++)
-    if (!(xs[n_xs++] = flip0(g->saved[k], g->file, g->line))) return -1;
+    if (!(xs[n_xs++] = FLIP(g->saved[k]))) return -1;
   for (int j = 0; j < nx; j++) {
-    if (!(xs[n_xs++] = flip0(g->in[nc + j], g->file, g->line))) return -1;
+    if (!(xs[n_xs++] = FLIP(g->in[nc + j]))) return -1;
     rc.x_need[j] = g->in[nc + j]->requires_grad && dtype_is_float(g->in[nc + j]->dtype);
     rc.n_dx += rc.x_need[j];
   }
   for (int k = 0; k < ny; k++)
     if (gout[nc + k]) {
       rc.dy_of[rc.n_dy++] = k;
-      if (!(xs[n_xs++] = flip0(gout[nc + k], g->file, g->line))) return -1;
+      if (!(xs[n_xs++] = FLIP(gout[nc + k]))) return -1;
     }
   if (kiln_scan_at(rev_step, &rc, nc + rc.n_capg, init, n_xs, xs, cout, rc.n_dx, dx, g->file, g->line)) return -1;
   for (int k = 0; k < nc; k++) gin[k] = cout[k];
   for (int j = 0, m = 0; j < nx; j++)
-    if (rc.x_need[j] && !(gin[nc + j] = flip0(dx[m++], g->file, g->line))) return -1;
+    if (rc.x_need[j] && !(gin[nc + j] = FLIP(dx[m++]))) return -1;
+#undef FLIP
   for (int c = 0; c < rc.n_capg; c++) gin[g->n_in + rc.capg[c]] = cout[nc + c];
   return 0;
 }
