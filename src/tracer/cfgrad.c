@@ -340,10 +340,25 @@ static kiln_tensor *zeros_like(const kiln_tensor *t, const char *file, int line)
 static int vjp(const cfg_grad *g, int region, kiln_tensor *const *args, const bool *need, kiln_tensor *const *cot,
                kiln_tensor **d) {
   const cfg_region *p = &g->prog.top[region];
-  int n_args = p->n_args, n = 0, rc = 0, depth = grad_mode_force_on();
-  kiln_tensor *out[128], *wrt[192], *res[192];
+  int n_args = p->n_args, n = 0, rc = 0;
+  kiln_tensor *out[128], *wrt[192], *res[192], *own[128];
   int where[192];
   bool had[128];
+  /* An argument passed twice, or also read as a capture (eagerly, after an
+   * escape: a recording's arguments are new tensors), gets an alias of its
+   * own, so that each slot's gradient is its own share. */
+  for (int j = 0; j < n_args; j++) {
+    bool dup = false;
+    for (int i = 0; i < j; i++) dup |= args[i] == args[j];
+    for (int c = 0; c < g->n_caps; c++) dup |= g->caps[c] == args[j];
+    own[j] = dup ? tensor_view(args[j], args[j]->ndim, args[j]->shape, args[j]->stride, args[j]->offset) : NULL;
+    if (dup && !own[j]) rc = -1, err_set(g->file, g->line, "autograd", "out of memory");
+    if (own[j]) scope_adopt(own[j]);
+    own[j] = own[j] ? own[j] : args[j];
+  }
+  if (rc) return -1;
+  args = own;
+  int depth = grad_mode_force_on();
   for (int j = 0; j < n_args; j++) {
     d[j] = NULL;
     had[j] = args[j]->requires_grad;
@@ -534,7 +549,12 @@ cfg_grad *cfg_new(recording *r, const cf_call *c, int first) {
   if (!g->in) return cfg_free(g), NULL;
   for (int i = 0; i < c->n_in; i++) g->in[i] = kiln_retain(c->in[i]);
   if (prog_build(r, first, g, c->n_regions)) return cfg_free(g), NULL;
-  if (g->n_caps + g->n_in > 128 || g->n_res + c->n_carry > 128) return cfg_free(g), NULL;
+  /* the backward's construct must fit kiln_scan's and kiln_cond's lists (64 each); else step by step */
+  int n_capg = 0;
+  for (int k = 0; k < g->n_caps; k++) n_capg += g->caps[k]->requires_grad && dtype_is_float(g->caps[k]->dtype);
+  bool fits = g->kind == CF_SCAN ? g->n_carry + n_capg <= 64 && 2 * g->n_carry + g->n_xs + (g->n_res - g->n_carry) <= 64
+                                 : g->n_in - 1 + g->n_res <= 64 && g->n_in - 1 + n_capg <= 64;
+  if (!fits || g->n_caps > 64) return cfg_free(g), NULL;
   return g;
 }
 
@@ -560,7 +580,7 @@ int cfg_attach(cfg_grad *g, kiln_tensor *const *results, kiln_tensor *const *sav
     memcpy(g->res[k].shape, results[k]->shape, sizeof g->res[k].shape);
   }
   memcpy(in, g->in, sizeof *in * (size_t)g->n_in);
-  memcpy(in + g->n_in, g->caps, sizeof *in * (size_t)g->n_caps);
+  if (g->n_caps) memcpy(in + g->n_in, g->caps, sizeof *in * (size_t)g->n_caps);
   int rc = ag_record_multi(g->kind == CF_SCAN ? &scan_ops : &cond_ops, g, in, g->n_in + g->n_caps, results, g->n_res,
                            g->file, g->line);
   alloc_free(in);
