@@ -70,7 +70,6 @@ struct cfg_grad {
   kiln_tensor **in;
   int n_caps, cap_caps;
   kiln_tensor **caps;
-  struct { kiln_dtype dtype; int ndim; int64_t shape[MAXD]; } *res; /* cond: its results' types */
   cfg_prog prog;
   kiln_tensor **saved; /* scan: the stacked carries, n_carry of them */
   const char *file;
@@ -329,8 +328,21 @@ static int prog_run(const cfg_grad *g, int region, kiln_tensor *const *args, kil
 
 /* ---- a body's VJP ---- */
 
-static kiln_tensor *zeros_like(const kiln_tensor *t, const char *file, int line) {
-  return kiln_zeros_at(t->dtype, t->ndim, t->shape, file, line);
+/* Zeros of t's dtype and shape, the shape taken from t itself: sizes passed
+ * as numbers could be taken for another symbol of the same value. */
+static kiln_tensor *zeros_like(kiln_tensor *t, const char *file, int line) {
+  kiln_tensor *z = kiln_scalar_at(t->dtype, 0, file, line);
+  return kiln_where_at(kiln_eq_at(t, t, file, line), z, z, file, line);
+}
+
+/* d with x's dims as the graph writes them: a gradient's dims may be other
+ * symbols of the same value (or constants), and a carry's or a branch's
+ * type must agree in the graph, not only in value. NULL: zeros like x. */
+static kiln_tensor *shaped_like(kiln_tensor *x, kiln_tensor *d, const char *file, int line) {
+  if (!d) return zeros_like(x, file, line);
+  if (d->ndim == 0) return d;
+  kiln_tensor *all = kiln_eq_at(x, x, file, line);
+  return kiln_where_at(all, d, d, file, line); /* broadcast keeps the first operand's dims where they are symbols */
 }
 
 /* Region i replayed over args (gradients on, the args that need[] theirs
@@ -437,7 +449,7 @@ static int rev_step(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
   for (int k = 0; k < rc->n_dy; k++) cot[nc + rc->dy_of[k]] = cx[n_args + k];
   if (vjp(g, 0, cx, need, cot, d)) return -1;
   for (int k = 0; k < nc; k++)
-    if (!(out[k] = d[k] ? d[k] : zeros_like(cx[k], g->file, g->line))) return -1;
+    if (!(out[k] = shaped_like(cx[k], d[k], g->file, g->line))) return -1;
   for (int c = 0; c < rc->n_capg; c++)
     if (!(out[nc + c] = kiln_add_at(dcaps[c], d[n_args + rc->capg[c]], g->file, g->line))) return -1;
   for (int j = 0, m = 0; j < nx; j++)
@@ -485,19 +497,28 @@ static int scan_backward(void *data, kiln_tensor *const *gout, kiln_tensor **gin
 
 /* ---- cond ---- */
 
-/* A branch's VJP: in = operands, cotangents of the results; out = the
+typedef struct cond_ctx {
+  const cfg_grad *g;
+  bool has[64]; /* the results whose cotangent flowed (the others are not passed) */
+} cond_ctx;
+
+/* A branch's VJP: in = operands, the cotangents that flowed; out = the
  * operands' gradients (zeros for those that need none), the captures'. */
-static int cond_branch_vjp(const cfg_grad *g, int region, kiln_tensor *const *in, kiln_tensor **out) {
+static int cond_branch_vjp(const cond_ctx *cc, int region, kiln_tensor *const *in, kiln_tensor **out) {
+  const cfg_grad *g = cc->g;
   int n_ops = g->n_in - 1;
-  kiln_tensor *d[192];
+  kiln_tensor *d[192], *cot[128];
   bool need[128] = {0};
   for (int j = 0; j < n_ops; j++) need[j] = dtype_is_float(in[j]->dtype);
-  if (vjp(g, region, in, need, in + n_ops, d)) return -1;
+  for (int k = 0, m = n_ops; k < g->n_res; k++) cot[k] = cc->has[k] ? in[m++] : NULL;
+  if (vjp(g, region, in, need, cot, d)) return -1;
   int m = 0;
   for (int j = 0; j < n_ops; j++)
-    if (!(out[m++] = d[j] ? d[j] : zeros_like(in[j], g->file, g->line))) return -1;
+    if (!(out[m++] = shaped_like(in[j], d[j], g->file, g->line))) return -1;
   for (int c = 0; c < g->n_caps; c++)
-    if (g->caps[c]->requires_grad && dtype_is_float(g->caps[c]->dtype)) out[m++] = d[n_ops + c];
+    if (g->caps[c]->requires_grad && dtype_is_float(g->caps[c]->dtype) &&
+        !(out[m++] = shaped_like(g->caps[c], d[n_ops + c], g->file, g->line)))
+      return -1;
   return 0;
 }
 static int then_vjp(void *ctx, kiln_tensor *const *in, kiln_tensor **out) { return cond_branch_vjp(ctx, 0, in, out); }
@@ -508,13 +529,13 @@ static int cond_backward(void *data, kiln_tensor *const *gout, kiln_tensor **gin
   const cfg_grad *g = data;
   int n_ops = g->n_in - 1, n = 0, n_out = 0;
   kiln_tensor *in[128], *out[128];
+  cond_ctx cc = {.g = g};
   for (int j = 0; j < n_ops; j++) in[n++] = g->in[1 + j];
   for (int k = 0; k < g->n_res; k++)
-    if (!(in[n++] = gout[k] ? gout[k] : kiln_zeros_at(g->res[k].dtype, g->res[k].ndim, g->res[k].shape, g->file, g->line)))
-      return -1;
+    if ((cc.has[k] = gout[k] != NULL)) in[n++] = gout[k];
   n_out = n_ops;
   for (int c = 0; c < g->n_caps; c++) n_out += g->caps[c]->requires_grad && dtype_is_float(g->caps[c]->dtype);
-  if (kiln_cond_at(g->in[0], then_vjp, else_vjp, (void *)g, n, in, n_out, out, g->file, g->line)) return -1;
+  if (kiln_cond_at(g->in[0], then_vjp, else_vjp, &cc, n, in, n_out, out, g->file, g->line)) return -1;
   for (int j = 0; j < n_ops; j++) gin[1 + j] = out[j];
   for (int c = 0, m = n_ops; c < g->n_caps; c++)
     if (g->caps[c]->requires_grad && dtype_is_float(g->caps[c]->dtype)) gin[g->n_in + c] = out[m++];
@@ -529,7 +550,6 @@ static void cfg_free(void *data) {
   for (int i = 0; i < g->n_in; i++) kiln_release(g->in[i]);
   for (int c = 0; c < g->n_caps; c++) kiln_release(g->caps[c]);
   for (int k = 0; g->saved && k < g->n_carry; k++) kiln_release(g->saved[k]);
-  alloc_free(g->res);
   alloc_free(g->in);
   alloc_free(g->caps);
   alloc_free(g->saved);
@@ -564,21 +584,14 @@ int cfg_attach(cfg_grad *g, kiln_tensor *const *results, kiln_tensor *const *sav
   const char *file = g->file;
   int line = g->line;
   g->saved = alloc_calloc((size_t)g->n_carry + 1, sizeof *g->saved);
-  g->res = alloc_calloc((size_t)g->n_res + 1, sizeof *g->res);
   kiln_tensor **in = alloc_malloc(sizeof *in * (size_t)(g->n_in + g->n_caps + 1));
-  if (!g->saved || !g->res || !in) {
+  if (!g->saved || !in) {
     alloc_free(in);
     cfg_free(g);
     return err_set(file, line, "autograd", "out of memory"), -1;
   }
-  /* scan: the stacked carries; cond: only the results' types (keeping a
-   * result would keep its own node alive) */
+  /* scan: the stacked carries (never a result: that would keep its own node alive) */
   for (int k = 0; g->kind == CF_SCAN && k < g->n_carry; k++) g->saved[k] = kiln_retain(saved[k]);
-  for (int k = 0; k < g->n_res; k++) {
-    g->res[k].dtype = results[k]->dtype;
-    g->res[k].ndim = results[k]->ndim;
-    memcpy(g->res[k].shape, results[k]->shape, sizeof g->res[k].shape);
-  }
   memcpy(in, g->in, sizeof *in * (size_t)g->n_in);
   if (g->n_caps) memcpy(in + g->n_in, g->caps, sizeof *in * (size_t)g->n_caps);
   int rc = ag_record_multi(g->kind == CF_SCAN ? &scan_ops : &cond_ops, g, in, g->n_in + g->n_caps, results, g->n_res,
