@@ -1,10 +1,11 @@
 /* An LSTM cell as the body of kiln_scan: the forward against a hand-written
  * LSTM in double, gradients through the scan against central finite
- * differences in f64, and compiled functions (a forward, and a training step
- * with its backward and SGD update) against the same code run eagerly, on
- * the interpreter and on LLVM, at several lengths including 0 and 1. The
- * compiled results must hold however the scan is captured (steps recorded
- * one by one, or one loop for every length). */
+ * differences in f64, and compiled functions (a forward, a training step
+ * with its backward and SGD update, and gradients by kiln_grad_of in f64
+ * against finite differences) against the same code run eagerly, on the
+ * interpreter and on LLVM, at several lengths including 0 and 1. The
+ * gradient function must serve every length from one trace: the scan and
+ * its backward (a reverse scan) are one region each. */
 #include <check.h>
 #include <math.h>
 #include <stdio.h>
