@@ -849,6 +849,8 @@ static void grad_regions_case(int mode) {
     gcell c = {f64_of(2, (int64_t[]){NI, NH}, w), f64_of(2, (int64_t[]){NH, NH}, u)};
     kiln_requires_grad(c.w, true);
     kiln_requires_grad(c.u, true);
+    ck_assert_int_eq(0, kiln_param_name(c.w, "w"));
+    ck_assert_int_eq(0, kiln_param_name(c.u, "u"));
     kiln_fn *fn = kiln_compile(g_loss, &c, &(kiln_options){.name = "gloss", .n_in = 3, .n_out = 5, .backend = be});
     int n_lengths = mode ? 6 : 2;
     for (int li = 0; li < n_lengths; li++) {
@@ -898,7 +900,38 @@ static void grad_regions_case(int mode) {
     int scans = count_of(text, "= scan("), conds = count_of(text, "= cond(");
     if (scans != 2 * mode || conds != 2 + mode) fprintf(stderr, "%s\n", text);
     ck_assert_msg(scans == 2 * mode && conds == 2 + mode, "%d scans and %d conds (the graph is above)", scans, conds);
+    /* saved and loaded (a process without the C body): the same loss and gradients at a new length */
+    char path[] = "/tmp/kiln_gradregions_XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    ck_assert_msg(kiln_save(fn, path) == 0, "%s", kiln_last_error());
+    kiln_fn *ld = kiln_load(path);
+    unlink(path);
+    ck_assert_msg(ld != NULL, "%s", kiln_last_error());
+    int T = mode ? 3 : 1;
+    for (int i = 0; i < NB * NI; i++) x[i] = fabs(x[i]);
+    kiln_tensor *in[5] = {f64_of(2, (int64_t[]){NB, NH}, h0), f64_of(3, (int64_t[]){T, NB, NI}, x),
+                          f64_of(3, (int64_t[]){TMAX, NB, NH}, r)},
+                *got[5], *want[5];
+    /* the params after the inputs, in the graph's order */
+    const char *pw = strstr(text, "@param(w"), *pu = strstr(text, "@param(u");
+    ck_assert(pw && pu);
+    in[3] = pw < pu ? c.w : c.u;
+    in[4] = pw < pu ? c.u : c.w;
+    kiln_requires_grad(in[0], true);
+    kiln_requires_grad(in[1], true);
+    ck_assert_msg(kiln_call(ld, in, got) == 0, "%s", kiln_last_error());
+    ck_assert_int_eq(0, g_loss(&c, in, want));
+    for (int k = 0; k < 5; k++) {
+      int64_t nk = kiln_numel(want[k]);
+      double g[TMAX * NB * NI], e[TMAX * NB * NI];
+      read_d(got[k], g, nk);
+      read_d(want[k], e, nk);
+      expect_near(g, e, nk, 1e-10, "loaded", T);
+    }
     free(text);
+    kiln_fn_free(ld);
     kiln_fn_free(fn);
     kiln_scope_end();
   }
