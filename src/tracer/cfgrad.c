@@ -111,7 +111,7 @@ static cfg_ins *ins_new(builder *b, const rec_event *e) {
   return in;
 }
 
-static int parse_cf(builder *b, int region_of_parent);
+static int parse_cf(builder *b);
 
 /* Region i of the construct whose events are being read: its arguments,
  * its body (nested constructs included), its yield. 0, or -1 when a
@@ -140,7 +140,7 @@ static int parse_region(builder *b, int i, cfg_region *reg, int n_keep) {
       return 0;
     }
     if (e->kind == EV_CF) {
-      if (parse_cf(b, i)) return -1;
+      if (parse_cf(b)) return -1;
       b->k--; /* the loop steps past the construct's last event */
       continue;
     }
@@ -163,8 +163,7 @@ static int parse_region(builder *b, int i, cfg_region *reg, int n_keep) {
 
 /* A nested construct at event b->k (its EV_CF): an instruction, its
  * regions, and one EV_GET instruction per result the body reads. */
-static int parse_cf(builder *b, int parent_region) {
-  (void)parent_region;
+static int parse_cf(builder *b) {
   recording *r = b->r;
   const rec_event *e = &r->ev[b->k];
   cfg_cf *cf = alloc_calloc(1, sizeof *cf);
@@ -464,7 +463,7 @@ static int scan_backward(void *data, kiln_tensor *const *gout, kiln_tensor **gin
   rev_ctx rc = {.g = g};
   kiln_tensor *init[128], *xs[192], *cout[128], *dx[64];
   for (int k = 0; k < nc; k++)
-    if (!(init[k] = gout[k] ? gout[k] : zeros_like(g->in[k], g->file, g->line))) return -1;
+    if (!(init[k] = shaped_like(g->in[k], gout[k], g->file, g->line))) return -1; /* typed as the carry the step gives */
   for (int c = 0; c < g->n_caps; c++)
     if (g->caps[c]->requires_grad && dtype_is_float(g->caps[c]->dtype)) {
       rc.capg[rc.n_capg] = c;
