@@ -791,8 +791,22 @@ static int g_step(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
   return !(out[1] = kiln_mul(out[0], out[0]));
 }
 
+/* a scan inside a scan's step: z <- tanh(z @ U + row @ W) over the rows of x_t */
+static int g_row(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  gcell *c = ctx;
+  return !(out[0] = kiln_tanh(kiln_add(kiln_matmul(in[0], c->u), kiln_matmul(in[1], c->w))));
+}
+/* in = h, x_t; out = h' = h/2 + z (z the inner scan's last carry), y = h' */
+static int g_step2(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  kiln_tensor *z0 = kiln_zeros(KILN_F64, 1, (int64_t[]){NH}), *z;
+  if (!z0 || kiln_scan(g_row, ctx, 1, &z0, 1, &in[1], &z, 0, NULL)) return -1;
+  out[0] = kiln_add(kiln_mul(in[0], kiln_scalar(KILN_F64, 0.5)), z);
+  out[1] = out[0];
+  return !out[0];
+}
+
 /* mode 0: one cond on the sign of sum(x[0]) over (h0, x[0]); mode 1: a scan
- * of g_step over x. loss = sum(r * the result) + sum(h^2); out = the loss
+ * of g_step over x; mode 2: a scan of g_step2 (a scan in its step). loss = sum(r * the result) + sum(h^2); out = the loss
  * and its gradients by kiln_grad_of: W, U, h0, x. in = h0, x, r. */
 static int g_mode;
 static int g_loss(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
@@ -803,7 +817,7 @@ static int g_loss(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
     kiln_tensor *p = kiln_gt(kiln_sum_all(x0), kiln_scalar(KILN_F64, 0));
     if (!p || kiln_cond(p, g_then, g_else, c, 2, args, 1, &h)) return -1;
     y = kiln_mul(h, h);
-  } else if (kiln_scan(g_step, c, 1, &in[0], 1, &in[1], &h, 1, &y)) {
+  } else if (kiln_scan(g_mode == 1 ? g_step : g_step2, c, 1, &in[0], 1, &in[1], &h, 1, &y)) {
     return -1;
   }
   kiln_tensor *loss = kiln_add(kiln_sum_all(kiln_mul(y, kiln_slice(in[2], 0, 0, kiln_size(y, 0), 1))), kiln_sum_all(kiln_mul(h, h)));
@@ -897,9 +911,11 @@ static void grad_regions_case(int mode) {
     expect_one_trace(fn);
     char *text = kiln_fn_graph(fn, 0);
     ck_assert_ptr_nonnull(text);
+    /* mode 2: the scan and its inner one, the reverse scan and in its step the inner one recomputed and reversed */
     int scans = count_of(text, "= scan("), conds = count_of(text, "= cond(");
-    if (scans != 2 * mode || conds != 2 + mode) fprintf(stderr, "%s\n", text);
-    ck_assert_msg(scans == 2 * mode && conds == 2 + mode, "%d scans and %d conds (the graph is above)", scans, conds);
+    int want_scans = mode == 2 ? 5 : 2 * mode, want_conds = mode == 2 ? 0 : 2 + mode;
+    if (scans != want_scans || conds != want_conds) fprintf(stderr, "%s\n", text);
+    ck_assert_msg(scans == want_scans && conds == want_conds, "%d scans and %d conds (the graph is above)", scans, conds);
     /* saved and loaded (a process without the C body): the same loss and gradients at a new length */
     char path[] = "/tmp/kiln_gradregions_XXXXXX";
     int fd = mkstemp(path);
@@ -941,6 +957,9 @@ START_TEST(test_cond_grad_region) { grad_regions_case(0); }
 END_TEST
 
 START_TEST(test_cond_in_scan_grad_region) { grad_regions_case(1); }
+END_TEST
+
+START_TEST(test_scan_in_scan_grad_region) { grad_regions_case(2); }
 END_TEST
 
 /* while_loop is forward only in a compiled body too: a backward reaching it
@@ -1155,6 +1174,7 @@ int main(void) {
   tcase_add_test(cap, test_cond_three_ways);
   tcase_add_test(cap, test_cond_grad_region);
   tcase_add_test(cap, test_cond_in_scan_grad_region);
+  tcase_add_test(cap, test_scan_in_scan_grad_region);
   tcase_add_test(cap, test_while_backward_compiled);
 #ifdef KILN_TEST_BUILD
   tcase_add_test(cap, test_check_names_region_kernel);
