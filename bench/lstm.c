@@ -11,7 +11,9 @@
  * kiln_bench --compiled runs the four forward rows through one compiled
  * function, x's dim 0 marked dynamic, and prints how many variants it made
  * across them: the target is one for every T (the scan captured as a loop);
- * while the scan is recorded step by step it is one per T. serve.c opens
+ * while the scan is recorded step by step it is one per T. After the
+ * training row it calls the training step at those four lengths too and
+ * prints the variants it made (its backward is a reverse scan: one). serve.c opens
  * each row as a case of its own (bench/side_by_side.py).
  */
 #define _POSIX_C_SOURCE 200809L
@@ -171,6 +173,18 @@ int bench_lstm(const char *only) {
     }
     results[n_results] = measure("W10_lstm_train", &c, fn);
     print_row(&results[n_results++]);
+    /* the same step at the forward rows' lengths: how many variants they take */
+    kiln_fn_stats st;
+    bool ok = fn != NULL;
+    for (int k = 0; k < N_FWD && ok; k++) {
+      kiln_release(c.x), kiln_release(c.target);
+      c.x = make_x(FWD_T[k]);
+      c.target = kiln_randn(KILN_F32, 3, (int64_t[]){FWD_T[k], LB, LH}, 1005);
+      ok = c.x && c.target && !case_run(&c, fn);
+    }
+    if (ok && !kiln_fn_get_stats(fn, &st))
+      printf("W10 train: one compiled function over T = 16, 32, 64, 128 made %lld variant%s, %lld trace%s (the target: 1)\n",
+             (long long)st.variants, st.variants == 1 ? "" : "s", (long long)st.traces, st.traces == 1 ? "" : "s");
     kiln_fn_free(fn);
     case_free(&c);
   }

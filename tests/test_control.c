@@ -235,36 +235,51 @@ static int sin_step(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
   out[1] = kiln_add(in[1], kiln_scalar(KILN_I64, 1));
   return !out[0] || !out[1];
 }
-static double sin_loss(const double *x0, const double *w, int n) {
-  double l = 0;
-  for (int i = 0; i < n; i++) {
-    double x = x0[i];
-    for (int k = 0; k < 3; k++) x = sin(x) * w[i];
-    l += x;
-  }
-  return l;
-}
-
-START_TEST(test_while_gradient_eager) {
+/* while_loop is forward only, as in JAX: a backward that reaches its
+ * results fails, naming the loop's line; under no_grad it runs as ever. */
+START_TEST(test_while_backward_is_an_error) {
   enum { N = 3 };
-  double x0[N] = {0.3, -0.7, 1.1}, w[N] = {1.5, -0.5, 0.9}, g[N], fd[N];
+  double x0[N] = {0.3, -0.7, 1.1}, w[N] = {1.5, -0.5, 0.9};
   kiln_scope_begin();
   sinw c = {kiln_tensor_from(KILN_F64, 1, (int64_t[]){N}, w)};
   kiln_requires_grad(c.w, true);
-  kiln_tensor *fin[2];
-  ck_assert_int_eq(0, kiln_while_loop(under3, sin_step, &c, 2,
-                                      (kiln_tensor *[]){kiln_tensor_from(KILN_F64, 1, (int64_t[]){N}, x0),
-                                                        kiln_scalar(KILN_I64, 0)},
-                                      fin));
-  ck_assert_int_eq(0, kiln_backward(kiln_sum_all(fin[0])));
-  read_f64(kiln_grad(c.w), g, N);
+  kiln_tensor *init[2] = {kiln_tensor_from(KILN_F64, 1, (int64_t[]){N}, x0), kiln_scalar(KILN_I64, 0)}, *fin[2];
+  int line = __LINE__ + 1;
+  ck_assert_int_eq(0, kiln_while_loop(under3, sin_step, &c, 2, init, fin));
+  ck_assert(kiln_get_requires_grad(fin[0]));
+  ck_assert_int_eq(-1, kiln_backward(kiln_sum_all(fin[0])));
+  char where[64];
+  snprintf(where, sizeof where, "test_control.c:%d", line);
+  ck_assert_msg(strstr(kiln_last_error(), where) && strstr(kiln_last_error(), "forward only"), "%s", kiln_last_error());
+  ck_assert(kiln_grad(c.w) == NULL);
+  /* no step at all (the counter starts past the bound): still forward only */
+  kiln_requires_grad(init[0], true);
+  init[1] = kiln_scalar(KILN_I64, 5);
+  ck_assert_int_eq(0, kiln_while_loop(under3, sin_step, &c, 2, init, fin));
+  ck_assert_int_eq(-1, kiln_backward(kiln_sum_all(fin[0])));
+  ck_assert(kiln_grad(init[0]) == NULL);
+  /* the init it returned as is keeps its own flag */
+  ck_assert(kiln_get_requires_grad(init[0]));
+  /* under no_grad: no history, the loop's values as before */
+  init[1] = kiln_scalar(KILN_I64, 0);
+  kiln_no_grad_begin();
+  ck_assert_int_eq(0, kiln_while_loop(under3, sin_step, &c, 2, init, fin));
+  kiln_no_grad_end();
+  ck_assert(!kiln_get_requires_grad(fin[0]));
+  /* ... and no history even for an init it passed through, as compiled */
+  init[1] = kiln_scalar(KILN_I64, 5);
+  kiln_no_grad_begin();
+  kiln_tensor *same[2];
+  ck_assert_int_eq(0, kiln_while_loop(under3, sin_step, &c, 2, init, same));
+  kiln_no_grad_end();
+  ck_assert(!kiln_get_requires_grad(same[0]));
+  double got[N];
+  read_f64(fin[0], got, N);
   for (int i = 0; i < N; i++) {
-    double wp[N], wm[N];
-    memcpy(wp, w, sizeof w), memcpy(wm, w, sizeof w);
-    wp[i] += 1e-6, wm[i] -= 1e-6;
-    fd[i] = (sin_loss(x0, wp, N) - sin_loss(x0, wm, N)) / 2e-6;
+    double x = x0[i];
+    for (int k = 0; k < 3; k++) x = sin(x) * w[i];
+    ck_assert_msg(fabs(got[i] - x) < 1e-12, "x[%d] = %.15g, want %.15g", i, got[i], x);
   }
-  close_all(fd, g, N, 1e-6, "d/dw through while_loop");
   kiln_scope_end();
 }
 END_TEST
@@ -723,7 +738,7 @@ static Suite *control_suite(void) {
   tcase_add_test(tc, test_cond_gradient);
   tcase_add_test(tc, test_while_counts_to_data_bound);
   tcase_add_test(tc, test_while_errors);
-  tcase_add_test(tc, test_while_gradient_eager);
+  tcase_add_test(tc, test_while_backward_is_an_error);
   tcase_add_test(tc, test_scan_rnn_lengths);
   tcase_add_test(tc, test_scan_two_xs_no_carry);
   tcase_add_test(tc, test_scan_errors);

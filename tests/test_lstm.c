@@ -1,10 +1,11 @@
 /* An LSTM cell as the body of kiln_scan: the forward against a hand-written
  * LSTM in double, gradients through the scan against central finite
- * differences in f64, and compiled functions (a forward, and a training step
- * with its backward and SGD update) against the same code run eagerly, on
- * the interpreter and on LLVM, at several lengths including 0 and 1. The
- * compiled results must hold however the scan is captured (steps recorded
- * one by one, or one loop for every length). */
+ * differences in f64, and compiled functions (a forward, a training step
+ * with its backward and SGD update, and gradients by kiln_grad_of in f64
+ * against finite differences) against the same code run eagerly, on the
+ * interpreter and on LLVM, at several lengths including 0 and 1. The
+ * gradient function must serve every length from one trace: the scan and
+ * its backward (a reverse scan) are one region each. */
 #include <check.h>
 #include <math.h>
 #include <stdio.h>
@@ -296,6 +297,95 @@ START_TEST(test_lstm_compiled_train_step) {
 }
 END_TEST
 
+/* ---- gradients through the scan in a compiled function, f64 ---- */
+
+/* in = (h0, c0, x (T,B,I), r (TMAX+2,B,H) weights of the loss); out = the
+ * loss of ref_loss and its gradients by kiln_grad_of: Wx, Wh, bias, h0, c0, x. */
+static int grad_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  lstm *m = ctx;
+  kiln_tensor *f[3];
+  if (lstm_forward(m, in, f)) return -1;
+  int64_t T = kiln_size(in[2], 0);
+  kiln_tensor *r_hs = kiln_slice(in[3], 0, 0, T, 1), *r_h = kiln_squeeze(kiln_slice(in[3], 0, TMAX, TMAX + 1, 1), 0),
+              *r_c = kiln_squeeze(kiln_slice(in[3], 0, TMAX + 1, TMAX + 2, 1), 0);
+  kiln_tensor *loss = kiln_add(kiln_add(kiln_sum_all(kiln_mul(f[2], r_hs)), kiln_sum_all(kiln_mul(f[0], r_h))),
+                               kiln_sum_all(kiln_mul(f[1], r_c)));
+  kiln_tensor *wrt[6] = {m->wx, m->wh, m->bias, in[0], in[1], in[2]};
+  if (!loss || kiln_grad_of(loss, wrt, 6, out + 1)) return -1;
+  out[0] = loss;
+  return 0;
+}
+
+/* One compiled function serves every length (0 and 1 included): the scan
+ * and its backward are one region each, whatever T. Its loss and gradients
+ * equal eager's and central finite differences of the f64 reference, on
+ * the interpreter and on LLVM. */
+START_TEST(test_lstm_compiled_gradient) {
+  static const int lengths[] = {5, 0, 1, 7, 8, 1, 0};
+  enum { NL = sizeof lengths / sizeof *lengths };
+  lstm_data d;
+  data_init(&d);
+  double r[(TMAX + 2) * B * H];
+  fill(r, (TMAX + 2) * B * H, 9);
+  for (int backend = KILN_BACKEND_INTERP; backend <= KILN_BACKEND_LLVM; backend++) {
+    kiln_scope_begin();
+    lstm m = lstm_make(&d, KILN_F64);
+    kiln_fn *fn = kiln_compile(grad_body, &m,
+                               &(kiln_options){.name = "lstm_grad", .n_in = 4, .n_out = 7, .backend = backend});
+    ck_assert_msg(fn != NULL, "%s", kiln_last_error());
+    for (int li = 0; li < NL; li++) {
+      int T = lengths[li];
+      kiln_scope_begin();
+      kiln_tensor *in[4] = {from(KILN_F64, 2, (int64_t[]){B, H}, d.h0), from(KILN_F64, 2, (int64_t[]){B, H}, d.c0),
+                            from(KILN_F64, 3, (int64_t[]){T, B, I}, d.x),
+                            from(KILN_F64, 3, (int64_t[]){TMAX + 2, B, H}, r)};
+      for (int i = 0; i < 3; i++) kiln_requires_grad(in[i], true);
+      kiln_tensor *got[7], *want[7];
+      ck_assert_msg(kiln_call(fn, in, got) == 0, "T=%d: %s", T, kiln_last_error());
+      ck_assert_msg(grad_body(&m, in, want) == 0, "%s", kiln_last_error());
+      double l;
+      read_f64(got[0], &l, 1);
+      ck_assert_msg(fabs(l - ref_loss(&d, T, r)) < 1e-12, "T=%d: loss %.15g, reference %.15g", T, l, ref_loss(&d, T, r));
+      double *vals[6] = {d.wx, d.wh, d.bias, d.h0, d.c0, d.x};
+      int64_t ns[6] = {I * G, H * G, G, B * H, B * H, (int64_t)T * B * I};
+      const char *names[6] = {"Wx", "Wh", "bias", "h0", "c0", "x"};
+      for (int k = 0; k < 6; k++) {
+        double g[TMAX * B * I + H * G], e[TMAX * B * I + H * G], fd[TMAX * B * I + H * G];
+        read_f64(got[1 + k], g, ns[k]);
+        read_f64(want[1 + k], e, ns[k]);
+        for (int64_t i = 0; i < ns[k]; i++) {
+          double keep = vals[k][i];
+          vals[k][i] = keep + 1e-6;
+          double lp = ref_loss(&d, T, r);
+          vals[k][i] = keep - 1e-6;
+          double lm = ref_loss(&d, T, r);
+          vals[k][i] = keep;
+          fd[i] = (lp - lm) / 2e-6;
+        }
+        close_all(fd, g, ns[k], 1e-6, names[k], T); /* compiled against finite differences */
+        close_all(e, g, ns[k], 1e-10, names[k], T); /* compiled against eager */
+      }
+      kiln_scope_end();
+    }
+    kiln_fn_stats st;
+    ck_assert_int_eq(0, kiln_fn_get_stats(fn, &st));
+    ck_assert_int_eq(NL, st.calls);
+    ck_assert_int_eq(0, st.fallbacks);
+    ck_assert_int_eq(1, st.traces); /* one variant for every T */
+    ck_assert_int_eq(1, st.variants);
+    /* the forward scan and its reverse: two scan nodes, nothing unrolled */
+    char *text = kiln_fn_graph(fn, 0);
+    ck_assert_msg(text != NULL, "%s", kiln_last_error());
+    int scans = 0;
+    for (const char *p = text; (p = strstr(p, "= scan(")); p++) scans++;
+    ck_assert_msg(scans == 2, "%d scan nodes in\n%s", scans, text);
+    free(text);
+    kiln_fn_free(fn);
+    kiln_scope_end();
+  }
+}
+END_TEST
+
 static Suite *lstm_suite(void) {
   Suite *s = suite_create("lstm");
   TCase *tc = tcase_create("scan");
@@ -303,6 +393,7 @@ static Suite *lstm_suite(void) {
   tcase_add_test(tc, test_lstm_gradient);
   tcase_add_test(tc, test_lstm_compiled_forward);
   tcase_add_test(tc, test_lstm_compiled_train_step);
+  tcase_add_test(tc, test_lstm_compiled_gradient);
   suite_add_tcase(s, tc);
   return s;
 }

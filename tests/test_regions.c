@@ -702,8 +702,8 @@ START_TEST(test_unfit_bodies_step_by_step) {
 }
 END_TEST
 
-/* gradients through a scan inside a compiled body: its steps record one by
- * one (regions do not differentiate yet), and the grads match eager's */
+/* gradients through a scan inside a compiled body (kiln_backward into
+ * .grad): the scan and its reverse are regions, and the grads match eager's */
 static int loss_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
   (void)ctx;
   kiln_tensor *h[1], *ys[1];
@@ -735,6 +735,267 @@ START_TEST(test_scan_grad_compiled) {
   double ref[NH * NH];
   for (int i = 0; i < NH * NH; i++) ref[i] = gw[i];
   expect_close(gg, ref, NH * NH, "compiled grad");
+  kiln_fn_free(fn);
+  kiln_scope_end();
+}
+END_TEST
+
+/* ---- gradients through regions, f64 ---- */
+
+/* Weights of the f64 cells below, leaves requiring grad. */
+typedef struct gcell {
+  kiln_tensor *w, *u; /* (NI,NH), (NH,NH) */
+} gcell;
+
+static kiln_tensor *f64_of(int ndim, const int64_t *shape, const double *v) { return kiln_tensor_from(KILN_F64, ndim, shape, v); }
+
+static void dfill(double *d, int64_t n, unsigned seed) {
+  float f[256];
+  ck_assert_int_le(n, 256);
+  fill(f, n, seed);
+  for (int64_t i = 0; i < n; i++) d[i] = f[i];
+}
+
+/* n gradients against want (eager or finite differences) */
+static void expect_near(const double *got, const double *want, int64_t n, double tol, const char *what, int T) {
+  for (int64_t i = 0; i < n; i++)
+    ck_assert_msg(fabs(got[i] - want[i]) <= tol * (1 + fabs(want[i])), "T=%d, %s at %lld: expected %.12g, got %.12g", T,
+                  what, (long long)i, want[i], got[i]);
+}
+
+static void read_d(kiln_tensor *t, double *d, int64_t n) {
+  ck_assert_msg(t != NULL, "%s", kiln_last_error());
+  ck_assert_int_eq(n, kiln_numel(t));
+  ck_assert_int_eq(0, kiln_read(t, d, sizeof(double) * (size_t)n));
+}
+
+static int count_of(const char *text, const char *what) {
+  int n = 0;
+  for (const char *p = text; (p = strstr(p, what)); p++) n++;
+  return n;
+}
+
+/* the cond's branches: then h' = tanh(h @ U + x @ W), else h' = h/2 + sin(x @ W) */
+static int g_then(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  gcell *c = ctx;
+  return !(out[0] = kiln_tanh(kiln_add(kiln_matmul(in[0], c->u), kiln_matmul(in[1], c->w))));
+}
+static int g_else(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  gcell *c = ctx;
+  return !(out[0] = kiln_add(kiln_mul(in[0], kiln_scalar(KILN_F64, 0.5)), kiln_sin(kiln_matmul(in[1], c->w))));
+}
+/* a scan step with a cond inside, on the sign of sum(x_t): in = h, x_t; out = h', y = h' * h' */
+static int g_step(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  kiln_tensor *p = kiln_gt(kiln_sum_all(in[1]), kiln_scalar(KILN_F64, 0));
+  if (!p || kiln_cond(p, g_then, g_else, ctx, 2, in, 1, out)) return -1;
+  return !(out[1] = kiln_mul(out[0], out[0]));
+}
+
+/* a scan inside a scan's step: z <- tanh(z @ U + row @ W) over the rows of x_t */
+static int g_row(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  gcell *c = ctx;
+  return !(out[0] = kiln_tanh(kiln_add(kiln_matmul(in[0], c->u), kiln_matmul(in[1], c->w))));
+}
+/* in = h, x_t; out = h' = h/2 + z (z the inner scan's last carry), y = h' */
+static int g_step2(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  kiln_tensor *z0 = kiln_zeros(KILN_F64, 1, (int64_t[]){NH}), *z;
+  if (!z0 || kiln_scan(g_row, ctx, 1, &z0, 1, &in[1], &z, 0, NULL)) return -1;
+  out[0] = kiln_add(kiln_mul(in[0], kiln_scalar(KILN_F64, 0.5)), z);
+  out[1] = out[0];
+  return !out[0];
+}
+
+/* mode 0: one cond on the sign of sum(x[0]) over (h0, x[0]); mode 1: a scan
+ * of g_step over x; mode 2: a scan of g_step2 (a scan in its step). loss = sum(r * the result) + sum(h^2); out = the loss
+ * and its gradients by kiln_grad_of: W, U, h0, x. in = h0, x, r. */
+static int g_mode;
+static int g_loss(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  gcell *c = ctx;
+  kiln_tensor *h, *y;
+  if (g_mode == 0) {
+    kiln_tensor *x0 = kiln_squeeze(kiln_slice(in[1], 0, 0, 1, 1), 0), *args[2] = {in[0], x0};
+    kiln_tensor *p = kiln_gt(kiln_sum_all(x0), kiln_scalar(KILN_F64, 0));
+    if (!p || kiln_cond(p, g_then, g_else, c, 2, args, 1, &h)) return -1;
+    y = kiln_mul(h, h);
+  } else if (kiln_scan(g_mode == 1 ? g_step : g_step2, c, 1, &in[0], 1, &in[1], &h, 1, &y)) {
+    return -1;
+  }
+  kiln_tensor *loss = kiln_add(kiln_sum_all(kiln_mul(y, kiln_slice(in[2], 0, 0, kiln_size(y, 0), 1))), kiln_sum_all(kiln_mul(h, h)));
+  kiln_tensor *wrt[4] = {c->w, c->u, in[0], in[1]};
+  if (!loss || kiln_grad_of(loss, wrt, 4, out + 1)) return -1;
+  out[0] = loss;
+  return 0;
+}
+
+/* the loss of g_loss at these values, eagerly without grad */
+static double g_loss_at(const double *w, const double *u, const double *h0, const double *x, const double *r, int T) {
+  kiln_scope_begin();
+  gcell c = {f64_of(2, (int64_t[]){NI, NH}, w), f64_of(2, (int64_t[]){NH, NH}, u)};
+  kiln_requires_grad(c.w, true);
+  kiln_tensor *in[3] = {f64_of(2, (int64_t[]){NB, NH}, h0), f64_of(3, (int64_t[]){T, NB, NI}, x),
+                        f64_of(3, (int64_t[]){TMAX, NB, NH}, r)},
+              *out[5];
+  kiln_requires_grad(in[0], true); /* a loss that needs grad at T = 0 too */
+  ck_assert_msg(g_loss(&c, in, out) == 0, "%s", kiln_last_error());
+  double l;
+  read_d(out[0], &l, 1);
+  kiln_scope_end();
+  return l;
+}
+
+/* Gradients through a cond (mode 0) and through a scan with a cond inside
+ * (mode 1) in a compiled function: against finite differences of the loss
+ * in f64 and against eager, on the interpreter and on LLVM, for every T
+ * (both branches taken) from one trace whose graph holds each construct
+ * and its backward: a cond and a cond; a scan with its cond, and the
+ * reverse scan, whose step recomputes the forward cond and runs its backward
+ * cond. */
+static void grad_regions_case(int mode) {
+  static const int lengths[] = {6, 0, 1, 4, 6, 1};
+  double w[NI * NH], u[NH * NH], h0[NB * NH], x[TMAX * NB * NI], r[TMAX * NB * NH];
+  dfill(w, NI * NH, 80), dfill(u, NH * NH, 81), dfill(h0, NB * NH, 82), dfill(r, TMAX * NB * NH, 84);
+  dfill(x, 6 * NB * NI, 83); /* the steps' signs of sum(x_t) below: both branches */
+  for (int t = 0; t < 6; t++)
+    for (int i = 0; i < NB * NI; i++) x[t * NB * NI + i] = fabs(x[t * NB * NI + i]) * (t % 3 == 1 ? -1 : 1);
+  g_mode = mode;
+  for (int be = KILN_BACKEND_INTERP; be <= KILN_BACKEND_LLVM; be++) {
+    kiln_scope_begin();
+    gcell c = {f64_of(2, (int64_t[]){NI, NH}, w), f64_of(2, (int64_t[]){NH, NH}, u)};
+    kiln_requires_grad(c.w, true);
+    kiln_requires_grad(c.u, true);
+    ck_assert_int_eq(0, kiln_param_name(c.w, "w"));
+    ck_assert_int_eq(0, kiln_param_name(c.u, "u"));
+    kiln_fn *fn = kiln_compile(g_loss, &c, &(kiln_options){.name = "gloss", .n_in = 3, .n_out = 5, .backend = be});
+    int n_lengths = mode ? 6 : 2;
+    for (int li = 0; li < n_lengths; li++) {
+      int T = mode ? lengths[li] : 1;
+      /* mode 0: the first x[0] positive, then negative: each branch */
+      if (!mode)
+        for (int i = 0; i < NB * NI; i++) x[i] = fabs(x[i]) * (li ? -1 : 1);
+      kiln_scope_begin();
+      kiln_tensor *in[3] = {f64_of(2, (int64_t[]){NB, NH}, h0), f64_of(3, (int64_t[]){T, NB, NI}, x),
+                            f64_of(3, (int64_t[]){TMAX, NB, NH}, r)},
+                  *got[5], *want[5];
+      kiln_requires_grad(in[0], true);
+      kiln_requires_grad(in[1], true);
+      ck_assert_msg(kiln_call(fn, in, got) == 0, "T=%d: %s", T, kiln_last_error());
+      ck_assert_msg(g_loss(&c, in, want) == 0, "%s", kiln_last_error());
+      double *vals[4] = {w, u, h0, x};
+      int64_t ns[4] = {NI * NH, NH * NH, NB * NH, (int64_t)T * NB * NI};
+      const char *names[4] = {"W", "U", "h0", "x"};
+      double lg, le;
+      read_d(got[0], &lg, 1);
+      read_d(want[0], &le, 1);
+      expect_near(&lg, &le, 1, 1e-12, "loss", T);
+      for (int k = 0; k < 4; k++) {
+        double g[TMAX * NB * NI], e[TMAX * NB * NI], fd[TMAX * NB * NI];
+        read_d(got[1 + k], g, ns[k]);
+        read_d(want[1 + k], e, ns[k]);
+        for (int64_t i = 0; i < ns[k]; i++) {
+          double keep = vals[k][i];
+          vals[k][i] = keep + 1e-6;
+          double lp = g_loss_at(w, u, h0, x, r, T);
+          vals[k][i] = keep - 1e-6;
+          double lm = g_loss_at(w, u, h0, x, r, T);
+          vals[k][i] = keep;
+          fd[i] = (lp - lm) / 2e-6;
+        }
+        expect_near(g, fd, ns[k], 1e-6, names[k], T); /* compiled against finite differences */
+        expect_near(g, e, ns[k], 1e-10, names[k], T); /* compiled against eager */
+      }
+      kiln_scope_end();
+    }
+    kiln_fn_stats st;
+    ck_assert_int_eq(0, kiln_fn_get_stats(fn, &st));
+    ck_assert_int_eq(0, st.fallbacks);
+    expect_one_trace(fn);
+    char *text = kiln_fn_graph(fn, 0);
+    ck_assert_ptr_nonnull(text);
+    /* mode 2: the scan and its inner one, the reverse scan and in its step the inner one recomputed and reversed */
+    int scans = count_of(text, "= scan("), conds = count_of(text, "= cond(");
+    int want_scans = mode == 2 ? 5 : 2 * mode, want_conds = mode == 2 ? 0 : 2 + mode;
+    if (scans != want_scans || conds != want_conds) fprintf(stderr, "%s\n", text);
+    ck_assert_msg(scans == want_scans && conds == want_conds, "%d scans and %d conds (the graph is above)", scans, conds);
+    /* saved and loaded (a process without the C body): the same loss and gradients at a new length */
+    char path[] = "/tmp/kiln_gradregions_XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    ck_assert_msg(kiln_save(fn, path) == 0, "%s", kiln_last_error());
+    kiln_fn *ld = kiln_load(path);
+    unlink(path);
+    ck_assert_msg(ld != NULL, "%s", kiln_last_error());
+    int T = mode ? 3 : 1;
+    for (int i = 0; i < NB * NI; i++) x[i] = fabs(x[i]);
+    kiln_tensor *in[5] = {f64_of(2, (int64_t[]){NB, NH}, h0), f64_of(3, (int64_t[]){T, NB, NI}, x),
+                          f64_of(3, (int64_t[]){TMAX, NB, NH}, r)},
+                *got[5], *want[5];
+    /* the params after the inputs, in the graph's order */
+    const char *pw = strstr(text, "@param(w"), *pu = strstr(text, "@param(u");
+    ck_assert(pw && pu);
+    in[3] = pw < pu ? c.w : c.u;
+    in[4] = pw < pu ? c.u : c.w;
+    kiln_requires_grad(in[0], true);
+    kiln_requires_grad(in[1], true);
+    ck_assert_msg(kiln_call(ld, in, got) == 0, "%s", kiln_last_error());
+    ck_assert_int_eq(0, g_loss(&c, in, want));
+    for (int k = 0; k < 5; k++) {
+      int64_t nk = kiln_numel(want[k]);
+      double g[TMAX * NB * NI], e[TMAX * NB * NI];
+      read_d(got[k], g, nk);
+      read_d(want[k], e, nk);
+      expect_near(g, e, nk, 1e-10, "loaded", T);
+    }
+    free(text);
+    kiln_fn_free(ld);
+    kiln_fn_free(fn);
+    kiln_scope_end();
+  }
+}
+
+START_TEST(test_cond_grad_region) { grad_regions_case(0); }
+END_TEST
+
+START_TEST(test_cond_in_scan_grad_region) { grad_regions_case(1); }
+END_TEST
+
+START_TEST(test_scan_in_scan_grad_region) { grad_regions_case(2); }
+END_TEST
+
+/* while_loop is forward only in a compiled body too: a backward reaching it
+ * fails the call, naming the loop's line; the loop itself stays one region */
+static int w_below(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  return !(out[0] = kiln_lt(in[1], kiln_scalar(KILN_I64, 3)));
+}
+static int w_step(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  gcell *c = ctx;
+  out[0] = kiln_tanh(kiln_matmul(in[0], c->u));
+  out[1] = kiln_add(in[1], kiln_scalar(KILN_I64, 1));
+  return !out[0] || !out[1];
+}
+static int g_while_line;
+static int w_loss(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  kiln_tensor *init[2] = {in[0], kiln_scalar(KILN_I64, 0)}, *fin[2];
+  g_while_line = __LINE__ + 1;
+  if (kiln_while_loop(w_below, w_step, ctx, 2, init, fin)) return -1;
+  out[0] = kiln_sum_all(fin[0]);
+  return kiln_backward(out[0]);
+}
+
+START_TEST(test_while_backward_compiled) {
+  kiln_scope_begin();
+  double u[NH * NH], h0[NB * NH];
+  dfill(u, NH * NH, 90), dfill(h0, NB * NH, 91);
+  gcell c = {NULL, f64_of(2, (int64_t[]){NH, NH}, u)};
+  kiln_requires_grad(c.u, true);
+  kiln_fn *fn = kiln_compile(w_loss, &c, &(kiln_options){.name = "wloss", .n_in = 1, .n_out = 1});
+  kiln_tensor *in = f64_of(2, (int64_t[]){NB, NH}, h0), *out;
+  ck_assert_int_eq(-1, kiln_call(fn, &in, &out));
+  char where[64];
+  snprintf(where, sizeof where, "test_regions.c:%d", g_while_line);
+  ck_assert_msg(strstr(kiln_last_error(), where) && strstr(kiln_last_error(), "forward only"), "%s", kiln_last_error());
+  ck_assert(kiln_grad(c.u) == NULL);
   kiln_fn_free(fn);
   kiln_scope_end();
 }
@@ -911,6 +1172,10 @@ int main(void) {
   tcase_add_test(cap, test_scan_with_draws);
   tcase_add_test(cap, test_invariant_hoisted);
   tcase_add_test(cap, test_cond_three_ways);
+  tcase_add_test(cap, test_cond_grad_region);
+  tcase_add_test(cap, test_cond_in_scan_grad_region);
+  tcase_add_test(cap, test_scan_in_scan_grad_region);
+  tcase_add_test(cap, test_while_backward_compiled);
 #ifdef KILN_TEST_BUILD
   tcase_add_test(cap, test_check_names_region_kernel);
 #endif

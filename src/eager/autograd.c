@@ -17,6 +17,12 @@ void kiln_no_grad_end(void) {
   if (no_grad_depth > 0) no_grad_depth--;
 }
 bool kiln_grad_enabled(void) { return grad_mode(); }
+int grad_mode_force_on(void) {
+  int depth = no_grad_depth;
+  no_grad_depth = 0;
+  return depth;
+}
+void grad_mode_restore(int depth) { no_grad_depth = depth; }
 
 /* ---- nodes ---- */
 
@@ -27,6 +33,7 @@ typedef struct ag_input {
   bool need;        /* requires grad: the backward computes its gradient */
   ag_node *next;    /* the node that made it (retained), or */
   kiln_tensor *leaf; /* the leaf it is (retained) */
+  int slot;         /* next is a multi-output node: which of its outputs this is */
 } ag_input;
 
 struct ag_extra {
@@ -34,6 +41,14 @@ struct ag_extra {
   kiln_tensor *saved_out;
   unsigned long out_version;
   unsigned long epoch; /* the backward that last visited it */
+  /* a multi-output node (ag_record_multi): its formula, and per output the
+   * gradient so far; its results' own nodes are single-output "gets" (op
+   * OP_COUNT) whose one input is it */
+  const ag_multi_ops *multi;
+  void *multi_data;
+  bool get;      /* passes its gradient to output slot of its one input */
+  int n_out;
+  kiln_tensor **accs;
 };
 
 /* The extra block lives right after the node; the struct in eager.h keeps
@@ -79,6 +94,9 @@ void ag_node_release(ag_node *nd) {
       }
     }
     kiln_release(n->acc);
+    for (int k = 0; k < x->n_out; k++) kiln_release(x->accs[k]);
+    alloc_free(x->accs);
+    if (x->multi && x->multi->free) x->multi->free(x->multi_data);
     alloc_free(x->inputs);
     alloc_free(n->in);
     alloc_free(n->version);
@@ -139,6 +157,95 @@ int ag_record(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_t
   out->grad_fn = nd;
   out->requires_grad = true;
   return 0;
+}
+
+/* A bare node of n inputs (the multi-output node's and its gets'). */
+static node_full *node_bare(int n, const char *file, int line) {
+  node_full *f = alloc_calloc(1, sizeof *f);
+  if (!f) return NULL;
+  atomic_init(&f->n.refcount, 1);
+  f->n.op = OP_COPY; /* never indexes the formulas: multi and get are asked first */
+  f->n.n_in = n;
+  f->n.file = file;
+  f->n.line = line;
+  f->n.in = alloc_calloc((size_t)n + 1, sizeof *f->n.in);
+  f->n.version = alloc_calloc((size_t)n + 1, sizeof *f->n.version);
+  f->x.inputs = alloc_calloc((size_t)n + 1, sizeof *f->x.inputs);
+  if (!f->n.in || !f->n.version || !f->x.inputs) {
+    ag_node_release(&f->n);
+    return NULL;
+  }
+  return f;
+}
+
+static void input_of(ag_input *ai, const kiln_tensor *t) {
+  ai->dtype = t->dtype;
+  ai->ndim = t->ndim;
+  memcpy(ai->shape, t->shape, sizeof ai->shape);
+  ai->need = t->requires_grad && dtype_is_float(t->dtype);
+  if (!ai->need) return;
+  if (t->grad_fn) {
+    ai->next = t->grad_fn;
+    atomic_fetch_add(&ai->next->refcount, 1);
+  } else {
+    ai->leaf = kiln_retain((kiln_tensor *)t);
+  }
+}
+
+int ag_record_multi(const ag_multi_ops *ops, void *data, kiln_tensor *const *in, int n_in, kiln_tensor *const *out,
+                    int n_out, const char *file, int line) {
+  node_full *m = node_bare(n_in, file, line);
+  if (m) m->x.accs = alloc_calloc((size_t)n_out + 1, sizeof *m->x.accs);
+  if (!m || !m->x.accs) {
+    if (m) ag_node_release(&m->n);
+    if (ops->free) ops->free(data);
+    return err_set(file, line, "autograd", "out of memory recording for autograd"), -1;
+  }
+  m->x.multi = ops;
+  m->x.multi_data = data;
+  m->x.n_out = n_out;
+  for (int i = 0; i < n_in; i++) input_of(&m->x.inputs[i], in[i]);
+  int rc = 0;
+  for (int k = 0; k < n_out && !rc; k++) {
+    kiln_tensor *t = out[k];
+    if (!dtype_is_float(t->dtype)) continue;
+    node_full *g = node_bare(1, file, line);
+    if (!g) {
+      err_set(file, line, "autograd", "out of memory recording for autograd");
+      rc = -1;
+      break;
+    }
+    g->x.get = true;
+    g->n.out_dtype = t->dtype;
+    g->n.out_ndim = t->ndim;
+    memcpy(g->n.out_shape, t->shape, sizeof g->n.out_shape);
+    ag_input *ai = &g->x.inputs[0];
+    ai->dtype = t->dtype;
+    ai->ndim = t->ndim;
+    memcpy(ai->shape, t->shape, sizeof ai->shape);
+    ai->need = true;
+    ai->next = &m->n;
+    ai->slot = k;
+    atomic_fetch_add(&m->n.refcount, 1);
+    ag_node_release(t->grad_fn);
+    t->grad_fn = &g->n;
+    t->requires_grad = true;
+  }
+  ag_node_release(&m->n);
+  return rc;
+}
+
+static int while_backward(void *data, kiln_tensor *const *gout, kiln_tensor **gin, const char *file, int line) {
+  (void)data, (void)gout, (void)gin;
+  return err_set(file, line, "while_loop",
+                 "a backward reached kiln_while_loop, which is forward only (its trip count depends on data): use "
+                 "kiln_scan over a fixed length, or run the loop under kiln_no_grad"),
+         -1;
+}
+
+int ag_forward_only(kiln_tensor *const *out, int n_out, const char *file, int line) {
+  static const ag_multi_ops ops = {while_backward, NULL};
+  return ag_record_multi(&ops, NULL, NULL, 0, out, n_out, file, line);
 }
 
 /* ---- backward formulas (public ops, reported at the forward op's line) ---- */
@@ -565,7 +672,14 @@ typedef struct bw_req {
   int nwrt;
   bool accumulate; /* backward: into .grad of leaves */
   bool free_graph;
+  bool stop;       /* a wrt tensor's node is a leaf: the walk does not go past it */
 } bw_req;
+
+static bool stopped(const bw_req *rq, const ag_node *nd) {
+  for (int j = 0; rq->stop && j < rq->nwrt; j++)
+    if (rq->wrt[j]->grad_fn == nd) return true;
+  return false;
+}
 
 /* acc += g (the first one is kept as is: it may be a view, it is never written) */
 static kiln_tensor *acc_add(kiln_tensor *acc, kiln_tensor *g, const char *file, int line) {
@@ -625,7 +739,7 @@ static int run_backward(kiln_tensor *root, kiln_tensor *seed, const bw_req *rq, 
     ag_node *nd = stack.v[--stack.n];
     if (nl_push(&all, nd)) goto oom;
     nd->pending = 0;
-    for (int i = 0; i < nd->n_in; i++) {
+    for (int i = 0; i < nd->n_in && !stopped(rq, nd); i++) {
       ag_node *c = EXTRA(nd)->inputs[i].next;
       if (!c) continue;
       if (c->freed) {
@@ -638,23 +752,40 @@ static int run_backward(kiln_tensor *root, kiln_tensor *seed, const bw_req *rq, 
     }
   }
   for (int k = 0; k < all.n; k++)
-    for (int i = 0; i < all.v[k]->n_in; i++)
+    for (int i = 0; i < all.v[k]->n_in && !stopped(rq, all.v[k]); i++)
       if (EXTRA(all.v[k])->inputs[i].next) EXTRA(all.v[k])->inputs[i].next->pending++;
   root->grad_fn->acc = kiln_retain(seed);
   if (nl_push(&ready, root->grad_fn)) goto oom;
   while (ready.n) {
     ag_node *nd = ready.v[--ready.n];
+    struct ag_extra *x = EXTRA(nd);
     kiln_tensor *g = nd->acc;
     nd->acc = NULL;
+    for (int k = 0; x->multi && !g && k < x->n_out; k++)
+      if (x->accs[k]) g = kiln_retain(x->accs[k]); /* some gradient flowed in: the formula runs */
     kiln_tensor *gin[64] = {0}, **gp = nd->n_in <= 64 ? gin : alloc_calloc((size_t)nd->n_in, sizeof *gp);
     if (!gp) goto oom;
+    if (g && stopped(rq, nd)) {
+      /* a wrt tensor taken as a leaf: its gradient is all that is wanted of it */
+      for (int j = 0; j < rq->nwrt; j++)
+        if (rq->wrt[j]->grad_fn == nd && !(rq->res[j] = acc_add(rq->res[j], g, file, line))) {
+          kiln_release(g);
+          if (gp != gin) alloc_free(gp);
+          goto done;
+        }
+      kiln_release(g);
+      if (gp != gin) alloc_free(gp);
+      continue;
+    }
     if (g) {
       /* a sum that could not be made (out of memory) fails the call: never a gradient short of a term */
       int bad = 0;
       for (int j = 0; j < rq->nwrt; j++)
         if (rq->wrt[j]->grad_fn == nd && !(rq->res[j] = acc_add(rq->res[j], g, file, line))) bad = 1;
       internal_begin();
-      bad = bad || check_versions(nd) || backwards[nd->op](nd, g, gp);
+      if (x->get) gp[0] = g;
+      else if (x->multi) bad = bad || x->multi->backward(x->multi_data, x->accs, gp, nd->file, nd->line);
+      else bad = bad || check_versions(nd) || backwards[nd->op](nd, g, gp);
       internal_end();
       if (bad) {
         kiln_release(g);
@@ -676,7 +807,9 @@ static int run_backward(kiln_tensor *root, kiln_tensor *seed, const bw_req *rq, 
       if (gi && gi->dtype != ai->dtype && !(gi = kiln_cast_at(gi, ai->dtype, nd->file, nd->line))) {
         r = -1;
       } else if (ai->next) {
-        if (gi && !(ai->next->acc = acc_add(ai->next->acc, gi, file, line))) r = -1;
+        struct ag_extra *nx = EXTRA(ai->next);
+        kiln_tensor **acc = nx->multi ? &nx->accs[ai->slot] : &ai->next->acc;
+        if (gi && !(*acc = acc_add(*acc, gi, file, line))) r = -1;
         else if (--ai->next->pending == 0) r = nl_push(&ready, ai->next);
       } else if (ai->leaf && gi) {
         r = leaf_grad(ai->leaf, gi, rq, file, line);
@@ -699,6 +832,10 @@ done:
     ag_node *nd = all.v[k];
     kiln_release(nd->acc);
     nd->acc = NULL;
+    for (int j = 0; j < EXTRA(nd)->n_out; j++) {
+      kiln_release(EXTRA(nd)->accs[j]);
+      EXTRA(nd)->accs[j] = NULL;
+    }
     if (rq->free_graph && rc == 0) {
       node_free_saved(nd);
       kiln_release(EXTRA(nd)->saved_out);
@@ -754,6 +891,9 @@ int kiln_backward_with_at(kiln_tensor *out, kiln_tensor *grad_out, const char *f
   return backward_entry(out, grad_out, &rq, file, line);
 }
 
+static int grad_of(kiln_tensor *out, kiln_tensor *const *wrt, int n, kiln_tensor **grads, bool stop, const char *file,
+                   int line);
+
 int kiln_grad_of_at(kiln_tensor *out, kiln_tensor *const *wrt, int n, kiln_tensor **grads, const char *file,
                     int line) {
   if (!out || (n > 0 && (!wrt || !grads)) || n < 0) return err_set(file, line, "grad_of", "NULL argument"), -1;
@@ -764,7 +904,17 @@ int kiln_grad_of_at(kiln_tensor *out, kiln_tensor *const *wrt, int n, kiln_tenso
     if (tensor_check_live(wrt[j], "a wrt tensor", "grad_of", file, line)) return -1;
   }
   if (shape_numel(out->ndim, out->shape) != 1) return err_set(file, line, "grad_of", "out must have one element"), -1;
-  bw_req rq = {.wrt = wrt, .res = grads, .nwrt = n};
+  return grad_of(out, wrt, n, grads, false, file, line);
+}
+
+int ag_grad_of_stop(kiln_tensor *out, kiln_tensor *const *wrt, int n, kiln_tensor **grads, const char *file, int line) {
+  for (int j = 0; j < n; j++) grads[j] = NULL;
+  return grad_of(out, wrt, n, grads, true, file, line);
+}
+
+static int grad_of(kiln_tensor *out, kiln_tensor *const *wrt, int n, kiln_tensor **grads, bool stop, const char *file,
+                   int line) {
+  bw_req rq = {.wrt = wrt, .res = grads, .nwrt = n, .stop = stop};
   int rc = backward_entry(out, NULL, &rq, file, line);
   for (int j = 0; j < n; j++) {
     kiln_tensor *g = grads[j];

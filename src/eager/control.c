@@ -182,6 +182,20 @@ int kiln_while_loop_at(kiln_body cond_fn, kiln_body body_fn, void *ctx, int n_ca
     release_all(carry, n_carry);
     memcpy(carry, next, sizeof *carry * (size_t)n_carry);
   }
+  /* forward only, as in JAX: a gradient reaching the results is an error
+   * at this line, not a gradient through however many steps this call took.
+   * Under no_grad a carry still requiring grad is an init passed through:
+   * a result without history, as a compiled loop gives */
+  bool grad = false;
+  for (int i = 0; !rc && i < n_carry; i++) grad |= grad_mode() && carry[i]->requires_grad;
+  for (int i = 0; !rc && i < n_carry; i++) {
+    kiln_tensor *t = carry[i];
+    if (!grad && !t->requires_grad) continue;
+    carry[i] = tensor_view(t, t->ndim, t->shape, t->stride, t->offset);
+    kiln_release(t);
+    if (!carry[i]) rc = -1, err_set(file, line, op, "out of memory");
+  }
+  if (grad && !rc) rc = ag_forward_only(carry, n_carry, file, line);
   if (rc) {
     release_all(carry, n_carry);
     return -1;

@@ -583,6 +583,26 @@ bool grad_mode(void);
 int ag_record(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out, const char *file,
               int line);
 void ag_node_release(ag_node *node);
+/* A node with several outputs (a control-flow construct recorded as one
+ * region): backward gets every output's gradient (NULL where none flowed)
+ * and sets gin[0..n_in) (NULL: no gradient for that input), scope-owned. */
+typedef struct ag_multi_ops {
+  int (*backward)(void *data, kiln_tensor *const *gout, kiln_tensor **gin, const char *file, int line);
+  void (*free)(void *data);
+} ag_multi_ops;
+/* Gives out[0..n_out) (their float ones) one node of ops over in[0..n_in),
+ * which owns data from now on (freed by ops->free, on error too). 0 or -1. */
+int ag_record_multi(const ag_multi_ops *ops, void *data, kiln_tensor *const *in, int n_in, kiln_tensor *const *out,
+                    int n_out, const char *file, int line);
+/* out[0..n_out) (their float ones) get a node whose backward is an error
+ * naming file:line: kiln_while_loop is forward only. 0 or -1. */
+int ag_forward_only(kiln_tensor *const *out, int n_out, const char *file, int line);
+/* Gradients of out w.r.t. wrt[0..n), as kiln_grad_of, but a wrt tensor with
+ * history is a leaf here: the walk stops at it. */
+int ag_grad_of_stop(kiln_tensor *out, kiln_tensor *const *wrt, int n, kiln_tensor **grads, const char *file, int line);
+/* Grad mode on whatever kiln_no_grad_begin said; the old depth, for grad_mode_restore. */
+int grad_mode_force_on(void);
+void grad_mode_restore(int depth);
 
 /* ---- conv.c, pooling.c: convolution and pooling over NCHW ---------------- */
 

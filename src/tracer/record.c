@@ -294,6 +294,18 @@ int rec_value_of(recording *r, kiln_tensor *t) {
   return id;
 }
 
+kiln_tensor *rec_tensor_of(recording *r, int value) {
+  struct rec_state *s = r->st;
+  for (int i = s->n_made - 1; i >= 0; i--)
+    if (s->made[i]->rec_call == r->id && s->made[i]->rec_id == value && r->val[value].seg == r->seg) return s->made[i];
+  for (int i = 0; i < s->n_leaf; i++) {
+    leaf_state *l = &s->leaf[i];
+    if (l->value == value || map_get(&s->leaves, l->t->serial) == value) return l->t;
+    if (l->grad_value == value) return l->grad0;
+  }
+  return NULL;
+}
+
 /* Every input's value id, or -1. */
 static int values_of(recording *r, kiln_tensor *const *in, int n, int *ids) {
   for (int i = 0; i < n; i++)
@@ -608,11 +620,12 @@ static int on_cf(void *ctx, const cf_call *c, kiln_tensor **results) {
   if (e < 0) return err_set(c->file, c->line, cf_name[c->kind], "%s", r->why), -1;
   r->ev[e].a.k = c->n_carry;
   r->ev[e].a.dim = c->n_xs;
-  /* stepwise: the construct runs step by step (gradients flow through it, a
-   * body draws, reads data or writes in place), not as a region */
-  bool stepwise = false, unfit0 = r->cf_unfit;
+  /* stepwise: the construct runs step by step (a body draws, reads data or
+   * writes in place, or autograd cannot replay it), not as a region.
+   * want_grad: gradients flow through it (cfgrad.c) */
+  bool stepwise = false, want_grad = false, unfit0 = r->cf_unfit;
   r->cf_unfit = false;
-  for (int j = 0; j < c->n_in; j++) stepwise |= c->in[j]->requires_grad && kiln_grad_enabled();
+  for (int j = 0; j < c->n_in; j++) want_grad |= c->in[j]->requires_grad && kiln_grad_enabled();
   kiln_tensor *args[2 * 64] = {0}, *out[2][2 * 64] = {{0}};
   for (int i = 0; i < c->n_regions && !rc; i++) {
     for (int j = 0; j < c->n_args && !rc; j++) {
@@ -642,7 +655,7 @@ static int on_cf(void *ctx, const cf_call *c, kiln_tensor **results) {
     int y = rc ? -1 : new_event(r, EV_YIELD, 0, oid, c->n_out[i], c->file, c->line);
     if (!rc && y < 0) rc = -1, err_set(c->file, c->line, cf_name[c->kind], "%s", r->why);
     if (!rc) r->ev[y].a.k = i;
-    for (int k = 0; !rc && k < c->n_out[i]; k++) stepwise |= out[i][k]->requires_grad;
+    for (int k = 0; !rc && k < c->n_out[i]; k++) want_grad |= out[i][k]->requires_grad;
   }
   /* a body read data or wrote in place: whatever it did after (its error
    * included: the read had no data) is the recording's, not the user's */
@@ -651,6 +664,36 @@ static int on_cf(void *ctx, const cf_call *c, kiln_tensor **results) {
   /* a draw from the generator in a body: eager draws anew each step, a
    * region recorded once would not */
   for (int k = first; k < r->n_ev && !rc; k++) stepwise |= r->ev[k].kind == EV_OP && (op_table[r->ev[k].op].attrs & AF_RNG);
+  /* gradients through a scan or cond: its bodies kept as programs autograd
+   * replays; a scan stacks each step's incoming carry as extra ys (what its
+   * backward steps over). A while_loop stays forward only. */
+  cfg_grad *grad = NULL;
+  int n_saved = 0;
+  kiln_tensor *saved[64] = {0};
+  if (!rc && !stepwise && want_grad && c->kind != CF_WHILE) {
+    grad = cfg_new(r, c, first);
+    if (!grad) stepwise = true;
+    if (grad && c->kind == CF_SCAN) {
+      int y = r->n_ev - 1, cid[64];
+      /* the body's arguments open its events (a nested construct's come later) */
+      for (int j = 0; j < c->n_carry; j++) {
+        KILN_ASSERT(r->ev[first + 1 + j].kind == EV_ARG && r->ev[first + 1 + j].a.k == j);
+        cid[j] = r->ev[first + 1 + j].out;
+      }
+      KILN_ASSERT(r->ev[y].kind == EV_YIELD && r->ev[y].in + r->ev[y].n_in == r->n_ids);
+      if (alloc_grow((void **)&r->ids, &r->cap_ids, r->n_ids + c->n_carry, sizeof *r->ids)) {
+        rc = -1;
+        fail(r, "out of memory while recording");
+        err_set(c->file, c->line, cf_name[c->kind], "%s", r->why);
+      } else {
+        memcpy(r->ids + r->n_ids, cid, sizeof(int) * (size_t)c->n_carry);
+        r->n_ids += c->n_carry;
+        r->ev[y].n_in += c->n_carry;
+        n_saved = c->n_carry;
+        r->ev[first].a.flag = true; /* its yield holds the saved carries too (cfgrad.c) */
+      }
+    }
+  }
   if (!rc && stepwise) {
     for (int i = 0; i < 2; i++) release_all(out[i], c->n_regions > i ? c->n_out[i] : 0);
     /* gradients flow through it, or it draws: its steps run as eager code, recorded one
@@ -668,14 +711,26 @@ static int on_cf(void *ctx, const cf_call *c, kiln_tensor **results) {
     s->n_made = made0;
     if (s->n_laid > made0) s->n_laid = made0;
   } else if (!rc) {
-    for (int k = 0; k < c->n_results && !rc; k++) {
+    /* the bodies' tensors stay inside their regions: no autograd history
+     * (a replay's, or one through a capture) may reach them from outside */
+    struct rec_state *s = r->st;
+    for (int i = made0; i < s->n_made; i++) {
+      kiln_tensor *t = s->made[i];
+      if (t->grad_fn) ag_node_release(t->grad_fn);
+      t->grad_fn = NULL;
+      t->requires_grad = false;
+    }
+    for (int k = 0; k < c->n_results + n_saved && !rc; k++) {
       int g = new_event(r, EV_GET, 0, NULL, 0, c->file, c->line);
       if (g < 0) {
         rc = -1;
         break;
       }
       r->ev[g].a.k = k;
-      const kiln_tensor *like = c->kind == CF_COND ? out[0][k] : k < c->n_carry ? c->in[k] : out[0][k];
+      const kiln_tensor *like = c->kind == CF_COND                ? out[0][k]
+                                : k >= c->n_results              ? c->in[k - c->n_results]
+                                : k < c->n_carry                 ? c->in[k]
+                                                                 : out[0][k];
       int64_t shape[MAXD];
       int nd = like->ndim;
       memcpy(shape, like->shape, sizeof(int64_t) * (size_t)nd);
@@ -691,13 +746,24 @@ static int on_cf(void *ctx, const cf_call *c, kiln_tensor **results) {
         shape[0] = c->in[c->n_carry]->shape[0];
         nd++;
       }
-      if (!(results[k] = cf_value(r, g, like->dtype, nd, shape))) {
-        release_all(results, k);
+      kiln_tensor **dst = k < c->n_results ? &results[k] : &saved[k - c->n_results];
+      if (!(*dst = cf_value(r, g, like->dtype, nd, shape))) {
+        release_all(results, k < c->n_results ? k : c->n_results);
+        release_all(saved, n_saved);
         rc = -1;
       }
     }
     if (rc && !r->failed) fail(r, "out of memory while recording");
     if (rc) err_set(c->file, c->line, cf_name[c->kind], "%s", r->why);
+    int ag = 0;
+    if (!rc && grad) {
+      ag = cfg_attach(grad, results, saved);
+      grad = NULL;
+    } else if (!rc && want_grad && c->kind == CF_WHILE) {
+      ag = ag_forward_only(results, c->n_results, c->file, c->line);
+    }
+    if (!rc) release_all(saved, n_saved);
+    if (ag) release_all(results, c->n_results), rc = -1;
     /* a scan over an input's dim 0: that dim is a symbol from the first trace, 0 and 1 included */
     for (int j = 0; !rc && c->kind == CF_SCAN && j < c->n_xs; j++) {
       const rec_value *xv = &r->val[ids[c->n_carry + j]];
@@ -709,6 +775,7 @@ static int on_cf(void *ctx, const cf_call *c, kiln_tensor **results) {
     }
   }
   for (int i = 0; i < 2; i++) release_all(out[i], c->n_regions > i ? c->n_out[i] : 0);
+  cfg_discard(grad);
   if (rc) return -1;
   return stepwise ? 0 : 1;
 }

@@ -290,6 +290,18 @@ void rec_end(recording *r);
 void rec_free(recording *r);
 /* The value id tensor t has in the recording, adding it as a leaf when new; -1 on failure. */
 int rec_value_of(recording *r, kiln_tensor *t);
+/* cfgrad.c: reverse mode through a construct recorded as one region. From
+ * the events of construct c (its EV_CF at first, its bodies logged): the
+ * bodies as replayable programs, or NULL when they cannot be (a nested
+ * construct, a draw) or out of memory. */
+typedef struct cfg_grad cfg_grad;
+cfg_grad *cfg_new(recording *r, const cf_call *c, int first);
+void cfg_discard(cfg_grad *g);
+/* Gives results[0..c->n_results) the construct's autograd node, which owns
+ * g from now on; saved: scan's stacked carries. 0 or -1. */
+int cfg_attach(cfg_grad *g, kiln_tensor *const *results, kiln_tensor *const *saved);
+/* The tensor whose value in this segment is value (made, a leaf, a .grad), or NULL. */
+kiln_tensor *rec_tensor_of(recording *r, int value);
 /* The live values whose data a segment must produce, in a stable order:
  * every storage a tensor of the call still holds (skip[0..n_skip) aside:
  * the body's outputs, which the caller gives data of their own), by its

@@ -458,8 +458,12 @@ static int step_region(gen *g, val *a) {
   }
   default: break;
   }
+  /* while_loop is forward only: with grads, its result is a constant of the loss */
   kiln_tensor *init[2] = {a->t, S(g, 0)}, *fin[2] = {NULL, NULL};
-  if (kiln_while_loop(rp_below, rp_halve, g, 2, init, fin)) return push(g, NULL, 0, NULL, -1, false);
+  if (g->p->grad) kiln_no_grad_begin();
+  int rc = kiln_while_loop(rp_below, rp_halve, g, 2, init, fin);
+  if (g->p->grad) kiln_no_grad_end();
+  if (rc) return push(g, NULL, 0, NULL, -1, false);
   return push_like(g, fin[0], a);
 }
 

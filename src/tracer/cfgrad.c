@@ -1,0 +1,600 @@
+/* Reverse mode through a construct recorded as one region (on_cf in
+ * record.c). The construct's results get one autograd node (a multi-output
+ * node, autograd.c) that keeps what the recording logged of each body: its
+ * events, copied into a small program over the region's arguments and its
+ * captures (the outer tensors it read). The user's C body is never run
+ * again, so a backward after the body's ctx went out of scope is sound, and
+ * so are bodies with side effects.
+ *
+ * Backward replays a body's program with gradients on over fresh leaves,
+ * then takes the gradients of sum_k sum(out_k * cot_k) (the cotangents of
+ * its results) with kiln's autograd: under a recording, that records the
+ * step's VJP, forward recomputed included, as one region again.
+ *  - scan: the forward also stacks each step's incoming carry as extra ys
+ *    (the saved carries: T times the carry's size). The backward is a
+ *    kiln_scan over the steps in reverse (flipped xs: the saved carries, xs,
+ *    the ys' cotangents), whose carry is the carry's cotangent and the
+ *    captures' gradients summed over the steps, and whose ys are the xs'
+ *    gradients. What a step computes inside is recomputed, not saved.
+ *  - cond: the backward is a kiln_cond on the same predicate of the two
+ *    branches' VJPs.
+ *  - while_loop: forward only, as in JAX: its results get a node whose
+ *    backward is an error naming the loop's line (ag_forward_only).
+ * A body whose events a program cannot hold (a nested construct, a
+ * draw, an in-place write) is not a region: record.c runs it step by step. */
+#include <string.h>
+
+#include "tracer/tracer.h"
+
+/* A body's events as a program. Every value a construct's bodies make
+ * (nested bodies included) has a slot of its own; a reference is a slot
+ * (>= 0) or a capture (-1 - index). A nested construct is an EV_CF
+ * instruction whose regions are ranges of the instructions after it, and
+ * an EV_GET per result it hands to the body. */
+typedef struct cfg_region {
+  int n_args, args[64]; /* the slots its arguments take */
+  int begin, end;       /* its instructions */
+  int n_out, *out;      /* the references of its results */
+} cfg_region;
+
+typedef struct cfg_cf {
+  cf_kind kind;
+  int n_carry, n_xs, n_regions, n_results;
+  cfg_region reg[2];
+  int next;          /* the first instruction after its regions */
+  kiln_tensor **res; /* its results, while a replay runs (the caller's scope) */
+} cfg_cf;
+
+typedef struct cfg_ins {
+  rec_ekind kind; /* EV_OP, EV_FULL, EV_DATA, EV_NUMEL, EV_CF or EV_GET */
+  int op;
+  op_attrs a;
+  int n_in, *in;
+  int out;     /* its slot (EV_CF: none) */
+  void *data;  /* EV_DATA's bytes (owned) */
+  cfg_cf *cf;  /* EV_CF: the construct; EV_GET: the construct whose result a.k it is */
+  const char *file;
+  int line;
+} cfg_ins;
+
+typedef struct cfg_prog {
+  cfg_ins *ins;
+  int n_ins, cap_ins, n_slots;
+  cfg_region top[2]; /* the construct's own regions */
+} cfg_prog;
+
+struct cfg_grad {
+  cf_kind kind;
+  int n_carry, n_xs, n_res; /* n_res: the construct's results the user sees */
+  int n_in;                 /* the construct's inputs, then the captures: the node's inputs */
+  kiln_tensor **in;
+  int n_caps, cap_caps;
+  kiln_tensor **caps;
+  cfg_prog prog;
+  kiln_tensor **saved; /* scan: the stacked carries, n_carry of them */
+  const char *file;
+  int line;
+};
+
+/* ---- the program, from the recording ---- */
+
+enum { NO_SLOT = -1, POISON = -2, BAD_REF = INT32_MIN };
+
+typedef struct builder {
+  recording *r;
+  cfg_grad *g;
+  int *slot_of; /* value id -> slot, NO_SLOT, or POISON (a value no body may read) */
+  int k;        /* the next event */
+} builder;
+
+static int ref_of(builder *b, int id) {
+  cfg_grad *g = b->g;
+  if (b->slot_of[id] >= 0) return b->slot_of[id];
+  if (b->slot_of[id] == POISON) return BAD_REF;
+  kiln_tensor *t = rec_tensor_of(b->r, id);
+  if (!t) return BAD_REF;
+  for (int c = 0; c < g->n_caps; c++)
+    if (g->caps[c] == t) return -1 - c;
+  if (alloc_grow((void **)&g->caps, &g->cap_caps, g->n_caps + 1, sizeof *g->caps)) return BAD_REF;
+  g->caps[g->n_caps] = kiln_retain(t);
+  return -1 - g->n_caps++;
+}
+
+static cfg_ins *ins_new(builder *b, const rec_event *e) {
+  cfg_prog *p = &b->g->prog;
+  if (alloc_grow((void **)&p->ins, &p->cap_ins, p->n_ins + 1, sizeof *p->ins)) return NULL;
+  cfg_ins *in = &p->ins[p->n_ins++];
+  *in = (cfg_ins){.kind = e->kind, .op = e->op, .a = e->a, .n_in = e->n_in, .out = -1, .file = e->file, .line = e->line};
+  if (!(in->in = alloc_malloc(sizeof(int) * (size_t)(e->n_in + 1)))) return NULL;
+  for (int j = 0; j < e->n_in; j++)
+    if ((in->in[j] = ref_of(b, b->r->ids[e->in + j])) == BAD_REF) return NULL;
+  return in;
+}
+
+static int parse_cf(builder *b);
+
+/* Region i of the construct whose events are being read: its arguments,
+ * its body (nested constructs included), its yield. 0, or -1 when a
+ * program cannot hold it (or out of memory). n_keep: results kept (-1 all). */
+static int parse_region(builder *b, int i, cfg_region *reg, int n_keep) {
+  recording *r = b->r;
+  cfg_prog *p = &b->g->prog;
+  reg->begin = p->n_ins;
+  for (; b->k < r->n_ev; b->k++) {
+    const rec_event *e = &r->ev[b->k];
+    if (e->kind == EV_DEAD) continue; /* a nested construct run step by step: its steps follow */
+    if (e->kind == EV_ARG) {
+      if (e->a.dim != i || e->a.k < 0 || e->a.k >= 64) return -1;
+      reg->args[e->a.k] = b->slot_of[e->out] = p->n_slots++;
+      if (e->a.k + 1 > reg->n_args) reg->n_args = (int)e->a.k + 1;
+      continue;
+    }
+    if (e->kind == EV_YIELD) {
+      if (e->a.k != i) return -1;
+      reg->end = p->n_ins;
+      reg->n_out = n_keep >= 0 && n_keep < e->n_in ? n_keep : e->n_in;
+      if (!(reg->out = alloc_malloc(sizeof(int) * (size_t)(e->n_in + 1)))) return -1;
+      for (int j = 0; j < reg->n_out; j++)
+        if ((reg->out[j] = ref_of(b, r->ids[e->in + j])) == BAD_REF) return -1;
+      b->k++;
+      return 0;
+    }
+    if (e->kind == EV_CF) {
+      if (parse_cf(b)) return -1;
+      b->k--; /* the loop steps past the construct's last event */
+      continue;
+    }
+    bool ok = e->kind == EV_FULL || e->kind == EV_DATA || e->kind == EV_NUMEL ||
+              (e->kind == EV_OP && !(op_table[e->op].attrs & AF_RNG));
+    if (!ok) return -1; /* a draw, a write in place, a break: not replayable */
+    cfg_ins *in = ins_new(b, e);
+    if (!in) return -1;
+    if (e->kind == EV_DATA) {
+      int64_t shape[MAXD];
+      for (int d = 0; d < e->a.ndim; d++) shape[d] = e->a.shape[d].c;
+      size_t bytes = (size_t)shape_numel(e->a.ndim, shape) * kiln_dtype_size(e->a.dtype);
+      if (!(in->data = alloc_malloc(bytes + 1))) return -1;
+      if (bytes) memcpy(in->data, e->data, bytes);
+    }
+    in->out = b->slot_of[e->out] = p->n_slots++;
+  }
+  return -1;
+}
+
+/* A nested construct at event b->k (its EV_CF): an instruction, its
+ * regions, and one EV_GET instruction per result the body reads. */
+static int parse_cf(builder *b) {
+  recording *r = b->r;
+  const rec_event *e = &r->ev[b->k];
+  cfg_cf *cf = alloc_calloc(1, sizeof *cf);
+  if (!cf) return -1;
+  cfg_ins *in = ins_new(b, e);
+  if (!in) return alloc_free(cf), -1;
+  in->cf = cf;
+  cf->kind = e->op == IR_COND ? CF_COND : e->op == IR_WHILE ? CF_WHILE : CF_SCAN;
+  cf->n_carry = (int)e->a.k;
+  cf->n_xs = e->a.dim;
+  cf->n_regions = ir_n_sub(e->op);
+  /* a scan recorded for autograd stacked its carries as extra ys (a.flag): not the body's */
+  int n_keep = cf->kind == CF_SCAN && e->a.flag ? -2 : -1;
+  b->k++;
+  for (int i = 0; i < cf->n_regions; i++) {
+    if (n_keep == -2) {
+      /* the yield's count less the carries it saved: its yield is the first at this depth */
+      int y = b->k, open[64], n_open = 0;
+      for (; y < r->n_ev; y++) {
+        const rec_event *ye = &r->ev[y];
+        if (ye->kind == EV_CF && n_open < 64) open[n_open++] = ir_n_sub(ye->op);
+        if (ye->kind != EV_YIELD) continue;
+        if (!n_open) break;
+        if (--open[n_open - 1] == 0) n_open--;
+      }
+      if (y == r->n_ev) return -1;
+      n_keep = r->ev[y].n_in - cf->n_carry;
+    }
+    if (parse_region(b, i, &cf->reg[i], n_keep)) return -1;
+  }
+  cf->n_results = cf->kind == CF_WHILE ? cf->n_carry : cf->reg[0].n_out;
+  if (!(cf->res = alloc_calloc((size_t)cf->n_results + 1, sizeof *cf->res))) return -1;
+  cfg_cf *mine = cf;
+  cf->next = b->g->prog.n_ins;
+  for (; b->k < r->n_ev && r->ev[b->k].kind == EV_GET; b->k++) {
+    const rec_event *ge = &r->ev[b->k];
+    if (ge->a.k >= mine->n_results) {
+      b->slot_of[ge->out] = POISON; /* a saved carry: autograd's, not the body's */
+      continue;
+    }
+    cfg_ins *gi = ins_new(b, ge);
+    if (!gi) return -1;
+    gi->cf = mine;
+    gi->out = b->slot_of[ge->out] = b->g->prog.n_slots++;
+  }
+  return 0;
+}
+
+/* The construct's regions from its events (EV_CF at first). 0, or -1 when
+ * a program cannot hold them or out of memory. */
+static int prog_build(recording *r, int first, cfg_grad *g, int n_regions) {
+  builder b = {.r = r, .g = g, .k = first + 1};
+  if (!(b.slot_of = alloc_malloc(sizeof(int) * (size_t)(r->n_val + 1)))) return -1;
+  for (int v = 0; v < r->n_val; v++) b.slot_of[v] = NO_SLOT;
+  int rc = 0;
+  for (int i = 0; i < n_regions && !rc; i++) rc = parse_region(&b, i, &g->prog.top[i], -1);
+  alloc_free(b.slot_of);
+  return rc;
+}
+
+static void prog_free(cfg_prog *p) {
+  for (int i = 0; i < p->n_ins; i++) {
+    cfg_ins *in = &p->ins[i];
+    alloc_free(in->in);
+    alloc_free(in->data);
+    if (in->kind == EV_CF && in->cf) {
+      for (int k = 0; k < 2; k++) alloc_free(in->cf->reg[k].out);
+      alloc_free(in->cf->res);
+      alloc_free(in->cf);
+    }
+  }
+  alloc_free(p->ins);
+  for (int k = 0; k < 2; k++) alloc_free(p->top[k].out);
+}
+
+/* ---- replay ---- */
+
+typedef struct replay {
+  const cfg_grad *g;
+  kiln_tensor **v; /* the slots */
+} replay;
+
+typedef struct body_ctx {
+  replay *rp;
+  const cfg_cf *cf;
+} body_ctx;
+
+static kiln_tensor *ref_get(const replay *rp, int ref) { return ref >= 0 ? rp->v[ref] : rp->g->caps[-1 - ref]; }
+
+static int run_range(replay *rp, int begin, int end);
+
+/* Region i of a construct replayed as its body: in[] into its argument slots. */
+static int run_region(replay *rp, const cfg_region *reg, kiln_tensor *const *in, kiln_tensor **out) {
+  for (int j = 0; j < reg->n_args; j++) rp->v[reg->args[j]] = in[j];
+  if (run_range(rp, reg->begin, reg->end)) return -1;
+  for (int k = 0; k < reg->n_out; k++) out[k] = ref_get(rp, reg->out[k]);
+  return 0;
+}
+static int replay_body0(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  body_ctx *bc = ctx;
+  return run_region(bc->rp, &bc->cf->reg[0], in, out);
+}
+static int replay_body1(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  body_ctx *bc = ctx;
+  return run_region(bc->rp, &bc->cf->reg[1], in, out);
+}
+
+static int run_cf(replay *rp, const cfg_ins *in, kiln_tensor *const *x) {
+  const cfg_cf *cf = in->cf;
+  body_ctx bc = {rp, cf};
+  const char *file = in->file;
+  int line = in->line;
+  switch (cf->kind) {
+  case CF_COND:
+    return kiln_cond_at(x[0], replay_body0, replay_body1, &bc, in->n_in - 1, x + 1, cf->n_results, cf->res, file, line);
+  case CF_WHILE:
+    return kiln_while_loop_at(replay_body0, replay_body1, &bc, cf->n_carry, x, cf->res, file, line);
+  case CF_SCAN:
+    return kiln_scan_at(replay_body0, &bc, cf->n_carry, x, cf->n_xs, x + cf->n_carry, cf->res,
+                        cf->n_results - cf->n_carry, cf->res + cf->n_carry, file, line);
+  }
+  return -1;
+}
+
+static int run_range(replay *rp, int begin, int end) {
+  const cfg_prog *p = &rp->g->prog;
+  for (int i = begin; i < end; i++) {
+    const cfg_ins *in = &p->ins[i];
+    kiln_tensor *x[128];
+    if (in->n_in > 128) return err_set(in->file, in->line, "autograd", "more than 128 inputs to replay"), -1;
+    for (int j = 0; j < in->n_in; j++) x[j] = ref_get(rp, in->in[j]);
+    int64_t shape[MAXD];
+    for (int d = 0; d < in->a.ndim && d < MAXD; d++) shape[d] = in->a.shape[d].c;
+    kiln_tensor *t = NULL;
+    switch (in->kind) {
+    case EV_OP: t = op_dispatch((op_id)in->op, x, in->n_in, &in->a, in->file, in->line); break;
+    case EV_FULL: t = kiln_full_at(in->a.dtype, in->a.ndim, shape, in->a.value, in->file, in->line); break;
+    case EV_DATA: t = kiln_tensor_from_at(in->a.dtype, in->a.ndim, shape, in->data, in->file, in->line); break;
+    case EV_NUMEL: t = numel_scalar(x[0], in->a.axes, in->a.naxes, in->a.start.c, in->a.dtype, in->file, in->line); break;
+    case EV_GET: t = in->cf->res[in->a.k]; break;
+    case EV_CF:
+      if (run_cf(rp, in, x)) return -1;
+      i = in->cf->next - 1;
+      continue;
+    default: break;
+    }
+    if (!t) return -1;
+    rp->v[in->out] = t;
+  }
+  return 0;
+}
+
+/* Runs the construct's region i over args: out[] scope-owned, or -1 with the error set. */
+static int prog_run(const cfg_grad *g, int region, kiln_tensor *const *args, kiln_tensor **out) {
+  replay rp = {g, alloc_calloc((size_t)g->prog.n_slots + 1, sizeof(kiln_tensor *))};
+  if (!rp.v) return err_set(g->file, g->line, "autograd", "out of memory"), -1;
+  int rc = run_region(&rp, &g->prog.top[region], args, out);
+  alloc_free(rp.v);
+  return rc;
+}
+
+/* ---- a body's VJP ---- */
+
+/* Zeros of t's dtype and shape, the shape taken from t itself: sizes passed
+ * as numbers could be taken for another symbol of the same value. */
+static kiln_tensor *zeros_like(kiln_tensor *t, const char *file, int line) {
+  kiln_tensor *z = kiln_scalar_at(t->dtype, 0, file, line);
+  return kiln_where_at(kiln_eq_at(t, t, file, line), z, z, file, line);
+}
+
+/* d with x's dims as the graph writes them: a gradient's dims may be other
+ * symbols of the same value (or constants), and a carry's or a branch's
+ * type must agree in the graph, not only in value. NULL: zeros like x. */
+static kiln_tensor *shaped_like(kiln_tensor *x, kiln_tensor *d, const char *file, int line) {
+  if (!d) return zeros_like(x, file, line);
+  if (d->ndim == 0) return d;
+  kiln_tensor *all = kiln_eq_at(x, x, file, line);
+  return kiln_where_at(all, d, d, file, line); /* broadcast keeps the first operand's dims where they are symbols */
+}
+
+/* Region i replayed over args (gradients on, the args that need[] theirs
+ * as new leaves); then the gradients of sum_k sum(out_k * cot_k) (cot_k
+ * NULL: none) into d: d[j] of args[j] (NULL unless need[j]), d[n_args + c]
+ * of each capture that requires grad (zeros where none flows). 0 or -1. */
+static int vjp(const cfg_grad *g, int region, kiln_tensor *const *args, const bool *need, kiln_tensor *const *cot,
+               kiln_tensor **d) {
+  const cfg_region *p = &g->prog.top[region];
+  int n_args = p->n_args, n = 0, rc = 0;
+  kiln_tensor *out[128], *wrt[192], *res[192], *own[128];
+  int where[192];
+  bool had[128];
+  /* An argument passed twice, or also read as a capture (eagerly, after an
+   * escape: a recording's arguments are new tensors), gets an alias of its
+   * own, so that each slot's gradient is its own share. */
+  for (int j = 0; j < n_args; j++) {
+    bool dup = false;
+    for (int i = 0; i < j; i++) dup |= args[i] == args[j];
+    for (int c = 0; c < g->n_caps; c++) dup |= g->caps[c] == args[j];
+    own[j] = dup ? tensor_view(args[j], args[j]->ndim, args[j]->shape, args[j]->stride, args[j]->offset) : NULL;
+    if (dup && !own[j]) rc = -1, err_set(g->file, g->line, "autograd", "out of memory");
+    if (own[j]) scope_adopt(own[j]);
+    own[j] = own[j] ? own[j] : args[j];
+  }
+  if (rc) return -1;
+  args = own;
+  int depth = grad_mode_force_on();
+  for (int j = 0; j < n_args; j++) {
+    d[j] = NULL;
+    had[j] = args[j]->requires_grad;
+    if (!need[j]) continue;
+    /* a new leaf (an eager operand keeps its history: the walk stops at it) */
+    if (!args[j]->grad_fn) args[j]->requires_grad = true;
+    where[n] = j;
+    wrt[n++] = args[j];
+  }
+  for (int c = 0; c < g->n_caps; c++)
+    if (g->caps[c]->requires_grad && dtype_is_float(g->caps[c]->dtype)) where[n] = n_args + c, wrt[n++] = g->caps[c];
+  rc = prog_run(g, region, args, out);
+  kiln_tensor *L = NULL;
+  for (int k = 0; !rc && k < p->n_out; k++) {
+    if (!cot[k] || !out[k]->requires_grad) continue;
+    kiln_tensor *term = kiln_sum_axes_at(kiln_mul_at(out[k], cot[k], g->file, g->line), NULL, 0, false, g->file, g->line);
+    L = L ? kiln_add_at(L, term, g->file, g->line) : term;
+    if (!L) rc = -1;
+  }
+  for (int j = 0; j < n; j++) res[j] = NULL;
+  if (!rc && L) rc = ag_grad_of_stop(L, wrt, n, res, g->file, g->line);
+  grad_mode_restore(depth);
+  for (int j = 0; j < n && !rc; j++) {
+    kiln_tensor *x = where[j] < n_args ? args[where[j]] : g->caps[where[j] - n_args];
+    d[where[j]] = res[j] ? res[j] : zeros_like(x, g->file, g->line);
+    if (!d[where[j]]) rc = -1;
+  }
+  for (int j = 0; j < n_args; j++) args[j]->requires_grad = had[j];
+  return rc;
+}
+
+/* ---- scan ---- */
+
+/* The index that reverses dim 0 of x (T-1, ..., 0, i64), made from x's
+ * own elements and shape so that a trace keeps it symbolic in T: no size
+ * passes as a number (a number equal to two symbols, or below 2, would be
+ * taken for a constant). Every flip of one backward uses it, so the reverse
+ * scan's xs agree on dim 0 in the graph, not only in value. */
+static kiln_tensor *rev_index(kiln_tensor *x, const char *file, int line) {
+  kiln_tensor *one = kiln_scalar_at(KILN_F32, 1, file, line), *ones = NULL;
+  bool empty = false;
+  for (int d = 1; d < x->ndim; d++) empty |= x->shape[d] == 0;
+  if (empty) {
+    int64_t T = x->shape[0]; /* no element to take the shape from: the number, then */
+    ones = kiln_expand_at(one, 1, &T, file, line);
+  } else {
+    kiln_tensor *v = x;
+    for (int d = 1; d < x->ndim; d++) v = kiln_slice_at(v, d, 0, 1, 1, file, line);
+    for (int d = x->ndim - 1; d >= 1; d--) v = kiln_squeeze_at(v, d, file, line);
+    ones = kiln_where_at(kiln_eq_at(v, v, file, line), one, one, file, line); /* 1 whatever v holds, NaN too */
+  }
+  kiln_tensor *steps = kiln_cumsum_at(ones, 0, file, line);
+  kiln_tensor *n = numel_scalar(x, (int[]){0}, 1, 0, KILN_F32, file, line);
+  return kiln_cast_at(kiln_sub_at(n, steps, file, line), KILN_I64, file, line);
+}
+
+typedef struct rev_ctx {
+  const cfg_grad *g;
+  int n_dy, dy_of[64]; /* the ys whose cotangents the reverse scan steps over */
+  int n_capg, capg[64];
+  bool x_need[64];
+  int n_dx;
+} rev_ctx;
+
+/* The reverse scan's step: in = dcarry, dcaps, carry_t, xs_t, dy_t; out =
+ * dcarry', dcaps', dx_t (of the xs that need theirs). */
+static int rev_step(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  const rev_ctx *rc = ctx;
+  const cfg_grad *g = rc->g;
+  int nc = g->n_carry, nx = g->n_xs, n_args = nc + nx;
+  kiln_tensor *const *dcarry = in, *const *dcaps = in + nc, *const *cx = in + nc + rc->n_capg;
+  kiln_tensor *cot[128] = {0}, *d[192];
+  bool need[128];
+  for (int k = 0; k < nc; k++) cot[k] = dcarry[k], need[k] = dtype_is_float(cx[k]->dtype);
+  for (int j = 0; j < nx; j++) need[nc + j] = rc->x_need[j];
+  for (int k = 0; k < rc->n_dy; k++) cot[nc + rc->dy_of[k]] = cx[n_args + k];
+  if (vjp(g, 0, cx, need, cot, d)) return -1;
+  for (int k = 0; k < nc; k++)
+    if (!(out[k] = shaped_like(cx[k], d[k], g->file, g->line))) return -1;
+  for (int c = 0; c < rc->n_capg; c++)
+    if (!(out[nc + c] = kiln_add_at(dcaps[c], d[n_args + rc->capg[c]], g->file, g->line))) return -1;
+  for (int j = 0, m = 0; j < nx; j++)
+    if (rc->x_need[j]) out[nc + rc->n_capg + m++] = d[nc + j];
+  return 0;
+}
+
+static int scan_backward(void *data, kiln_tensor *const *gout, kiln_tensor **gin, const char *file, int line) {
+  (void)file, (void)line;
+  const cfg_grad *g = data;
+  int nc = g->n_carry, nx = g->n_xs, ny = g->n_res - nc;
+  rev_ctx rc = {.g = g};
+  kiln_tensor *init[128], *xs[192], *cout[128], *dx[64];
+  for (int k = 0; k < nc; k++)
+    if (!(init[k] = shaped_like(g->in[k], gout[k], g->file, g->line))) return -1; /* typed as the carry the step gives */
+  for (int c = 0; c < g->n_caps; c++)
+    if (g->caps[c]->requires_grad && dtype_is_float(g->caps[c]->dtype)) {
+      rc.capg[rc.n_capg] = c;
+      if (!(init[nc + rc.n_capg++] = zeros_like(g->caps[c], g->file, g->line))) return -1;
+    }
+  int n_xs = 0;
+  kiln_tensor *rev = rev_index(g->in[nc], g->file, g->line);
+  if (!rev) return -1;
+#define FLIP(x) kiln_index_select_at((x), 0, rev, g->file, g->line)
+  for (int k = 0; k < nc; k++)
+    if (!(xs[n_xs++] = FLIP(g->saved[k]))) return -1;
+  for (int j = 0; j < nx; j++) {
+    if (!(xs[n_xs++] = FLIP(g->in[nc + j]))) return -1;
+    rc.x_need[j] = g->in[nc + j]->requires_grad && dtype_is_float(g->in[nc + j]->dtype);
+    rc.n_dx += rc.x_need[j];
+  }
+  for (int k = 0; k < ny; k++)
+    if (gout[nc + k]) {
+      rc.dy_of[rc.n_dy++] = k;
+      if (!(xs[n_xs++] = FLIP(gout[nc + k]))) return -1;
+    }
+  if (kiln_scan_at(rev_step, &rc, nc + rc.n_capg, init, n_xs, xs, cout, rc.n_dx, dx, g->file, g->line)) return -1;
+  for (int k = 0; k < nc; k++) gin[k] = cout[k];
+  for (int j = 0, m = 0; j < nx; j++)
+    if (rc.x_need[j] && !(gin[nc + j] = FLIP(dx[m++]))) return -1;
+#undef FLIP
+  for (int c = 0; c < rc.n_capg; c++) gin[g->n_in + rc.capg[c]] = cout[nc + c];
+  return 0;
+}
+
+/* ---- cond ---- */
+
+typedef struct cond_ctx {
+  const cfg_grad *g;
+  bool has[64]; /* the results whose cotangent flowed (the others are not passed) */
+} cond_ctx;
+
+/* A branch's VJP: in = operands, the cotangents that flowed; out = the
+ * operands' gradients (zeros for those that need none), the captures'. */
+static int cond_branch_vjp(const cond_ctx *cc, int region, kiln_tensor *const *in, kiln_tensor **out) {
+  const cfg_grad *g = cc->g;
+  int n_ops = g->n_in - 1;
+  kiln_tensor *d[192], *cot[128];
+  bool need[128] = {0};
+  for (int j = 0; j < n_ops; j++) need[j] = dtype_is_float(in[j]->dtype);
+  for (int k = 0, m = n_ops; k < g->n_res; k++) cot[k] = cc->has[k] ? in[m++] : NULL;
+  if (vjp(g, region, in, need, cot, d)) return -1;
+  int m = 0;
+  for (int j = 0; j < n_ops; j++)
+    if (!(out[m++] = shaped_like(in[j], d[j], g->file, g->line))) return -1;
+  for (int c = 0; c < g->n_caps; c++)
+    if (g->caps[c]->requires_grad && dtype_is_float(g->caps[c]->dtype) &&
+        !(out[m++] = shaped_like(g->caps[c], d[n_ops + c], g->file, g->line)))
+      return -1;
+  return 0;
+}
+static int then_vjp(void *ctx, kiln_tensor *const *in, kiln_tensor **out) { return cond_branch_vjp(ctx, 0, in, out); }
+static int else_vjp(void *ctx, kiln_tensor *const *in, kiln_tensor **out) { return cond_branch_vjp(ctx, 1, in, out); }
+
+static int cond_backward(void *data, kiln_tensor *const *gout, kiln_tensor **gin, const char *file, int line) {
+  (void)file, (void)line;
+  const cfg_grad *g = data;
+  int n_ops = g->n_in - 1, n = 0, n_out = 0;
+  kiln_tensor *in[128], *out[128];
+  cond_ctx cc = {.g = g};
+  for (int j = 0; j < n_ops; j++) in[n++] = g->in[1 + j];
+  for (int k = 0; k < g->n_res; k++)
+    if ((cc.has[k] = gout[k] != NULL)) in[n++] = gout[k];
+  n_out = n_ops;
+  for (int c = 0; c < g->n_caps; c++) n_out += g->caps[c]->requires_grad && dtype_is_float(g->caps[c]->dtype);
+  if (kiln_cond_at(g->in[0], then_vjp, else_vjp, &cc, n, in, n_out, out, g->file, g->line)) return -1;
+  for (int j = 0; j < n_ops; j++) gin[1 + j] = out[j];
+  for (int c = 0, m = n_ops; c < g->n_caps; c++)
+    if (g->caps[c]->requires_grad && dtype_is_float(g->caps[c]->dtype)) gin[g->n_in + c] = out[m++];
+  return 0;
+}
+
+/* ---- the node ---- */
+
+static void cfg_free(void *data) {
+  cfg_grad *g = data;
+  if (!g) return;
+  for (int i = 0; i < g->n_in; i++) kiln_release(g->in[i]);
+  for (int c = 0; c < g->n_caps; c++) kiln_release(g->caps[c]);
+  for (int k = 0; g->saved && k < g->n_carry; k++) kiln_release(g->saved[k]);
+  alloc_free(g->in);
+  alloc_free(g->caps);
+  alloc_free(g->saved);
+  prog_free(&g->prog);
+  alloc_free(g);
+}
+
+static const ag_multi_ops scan_ops = {scan_backward, cfg_free};
+static const ag_multi_ops cond_ops = {cond_backward, cfg_free};
+
+cfg_grad *cfg_new(recording *r, const cf_call *c, int first) {
+  cfg_grad *g = alloc_calloc(1, sizeof *g);
+  if (!g) return NULL;
+  *g = (cfg_grad){.kind = c->kind, .n_carry = c->n_carry, .n_xs = c->n_xs, .n_res = c->n_results, .n_in = c->n_in,
+                  .file = c->file, .line = c->line};
+  g->in = alloc_calloc((size_t)c->n_in + 1, sizeof *g->in);
+  if (!g->in) return cfg_free(g), NULL;
+  for (int i = 0; i < c->n_in; i++) g->in[i] = kiln_retain(c->in[i]);
+  if (prog_build(r, first, g, c->n_regions)) return cfg_free(g), NULL;
+  /* the backward's construct must fit kiln_scan's and kiln_cond's lists (64 each); else step by step */
+  int n_capg = 0;
+  for (int k = 0; k < g->n_caps; k++) n_capg += g->caps[k]->requires_grad && dtype_is_float(g->caps[k]->dtype);
+  bool fits = g->kind == CF_SCAN ? g->n_carry + n_capg <= 64 && 2 * g->n_carry + g->n_xs + (g->n_res - g->n_carry) <= 64
+                                 : g->n_in - 1 + g->n_res <= 64 && g->n_in - 1 + n_capg <= 64;
+  if (!fits || g->n_caps > 64) return cfg_free(g), NULL;
+  return g;
+}
+
+void cfg_discard(cfg_grad *g) { cfg_free(g); }
+
+int cfg_attach(cfg_grad *g, kiln_tensor *const *results, kiln_tensor *const *saved) {
+  const char *file = g->file;
+  int line = g->line;
+  g->saved = alloc_calloc((size_t)g->n_carry + 1, sizeof *g->saved);
+  kiln_tensor **in = alloc_malloc(sizeof *in * (size_t)(g->n_in + g->n_caps + 1));
+  if (!g->saved || !in) {
+    alloc_free(in);
+    cfg_free(g);
+    return err_set(file, line, "autograd", "out of memory"), -1;
+  }
+  /* scan: the stacked carries (never a result: that would keep its own node alive) */
+  for (int k = 0; g->kind == CF_SCAN && k < g->n_carry; k++) g->saved[k] = kiln_retain(saved[k]);
+  memcpy(in, g->in, sizeof *in * (size_t)g->n_in);
+  if (g->n_caps) memcpy(in + g->n_in, g->caps, sizeof *in * (size_t)g->n_caps);
+  int rc = ag_record_multi(g->kind == CF_SCAN ? &scan_ops : &cond_ops, g, in, g->n_in + g->n_caps, results, g->n_res,
+                           g->file, g->line);
+  alloc_free(in);
+  return rc;
+}
