@@ -468,6 +468,31 @@ START_TEST(test_retain_release)
 }
 END_TEST
 
+/* Storage of 64 KiB and up goes back to the block cache on free and is
+ * handed out again to the next request of its size, a smaller one only
+ * when it rounds to the same pages: a training step that frees and makes
+ * the same tensors again does not fault in fresh pages every time. */
+START_TEST(test_block_cache_reuse) {
+  size_t n = 40 * 512 * sizeof(float); /* 80 KiB */
+  void *a = alloc_aligned(n);
+  ck_assert_ptr_nonnull(a);
+  alloc_aligned_free(a, n);
+  void *b = alloc_aligned(n);
+  ck_assert_ptr_eq(a, b);
+  /* a size of the same pages meets it; one more page does not */
+  alloc_aligned_free(b, n);
+  void *c = alloc_aligned(n - 64);
+  ck_assert_ptr_eq(a, c);
+  alloc_aligned_free(c, n - 64);
+  void *d = alloc_aligned(n + 4096);
+  ck_assert_ptr_ne(a, d);
+  alloc_aligned_free(d, n + 4096);
+  void *e = alloc_aligned(n);
+  ck_assert_ptr_eq(a, e);
+  alloc_aligned_free(e, n);
+}
+END_TEST
+
 START_TEST(test_mem_peak)
 {
   size_t base = kiln_mem_in_use();
@@ -641,6 +666,7 @@ static Suite *tensor_suite(void)
   tcase_add_test(life, test_release_misuse);
   tcase_add_test(life, test_released_header_reuse);
   tcase_add_test(life, test_mem_peak);
+  tcase_add_test(life, test_block_cache_reuse);
   suite_add_tcase(s, life);
   return s;
 }
