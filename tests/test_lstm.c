@@ -127,6 +127,20 @@ static double ref_loss(const lstm_data *d, int T, const double *r) {
   return l;
 }
 
+/* Central differences of the reference loss in each of v[0..n) (a field of
+ * d, restored after), into fd. */
+static void fd_grad(lstm_data *d, int T, const double *r, double *v, int64_t n, double *fd) {
+  for (int64_t i = 0; i < n; i++) {
+    double keep = v[i];
+    v[i] = keep + 1e-6;
+    double lp = ref_loss(d, T, r);
+    v[i] = keep - 1e-6;
+    double lm = ref_loss(d, T, r);
+    v[i] = keep;
+    fd[i] = (lp - lm) / 2e-6;
+  }
+}
+
 START_TEST(test_lstm_gradient) {
   int lengths[] = {0, 1, 5};
   lstm_data d;
@@ -158,15 +172,7 @@ START_TEST(test_lstm_gradient) {
       double g[H * G] = {0}, fd[H * G];
       /* no step ran (T = 0): autograd never reached the weights */
       if (kiln_grad(leaves[k]) || T > 0) read_f64(kiln_grad(leaves[k]), g, ns[k]);
-      for (int64_t i = 0; i < ns[k]; i++) {
-        double keep = vals[k][i];
-        vals[k][i] = keep + 1e-6;
-        double lp = ref_loss(&d, T, r);
-        vals[k][i] = keep - 1e-6;
-        double lm = ref_loss(&d, T, r);
-        vals[k][i] = keep;
-        fd[i] = (lp - lm) / 2e-6;
-      }
+      fd_grad(&d, T, r, vals[k], ns[k], fd);
       close_all(fd, g, ns[k], 1e-6, names[k], T);
     }
     kiln_scope_end();
@@ -353,15 +359,7 @@ START_TEST(test_lstm_compiled_gradient) {
         double g[TMAX * B * I + H * G], e[TMAX * B * I + H * G], fd[TMAX * B * I + H * G];
         read_f64(got[1 + k], g, ns[k]);
         read_f64(want[1 + k], e, ns[k]);
-        for (int64_t i = 0; i < ns[k]; i++) {
-          double keep = vals[k][i];
-          vals[k][i] = keep + 1e-6;
-          double lp = ref_loss(&d, T, r);
-          vals[k][i] = keep - 1e-6;
-          double lm = ref_loss(&d, T, r);
-          vals[k][i] = keep;
-          fd[i] = (lp - lm) / 2e-6;
-        }
+        fd_grad(&d, T, r, vals[k], ns[k], fd);
         close_all(fd, g, ns[k], 1e-6, names[k], T); /* compiled against finite differences */
         close_all(e, g, ns[k], 1e-10, names[k], T); /* compiled against eager */
       }
