@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "eager/eager.h"
+#include "eager/gemm.h"
 
 int cblas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs, CBLAS_TRANSPOSE *tr, int64_t *ld) {
   if (cs == 1 && (rows <= 1 || rs >= (cols > 1 ? cols : 1))) {
@@ -95,7 +96,7 @@ static void gemm(kiln_dtype dt, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t 
     else if (m == 1)
       cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)n, (int)k, 1.0f, b, (int)ldb, a, ta == CblasNoTrans ? 1 : (int)lda,
                   0.0f, c, 1);
-    else
+    else if (!kgemm_f32(ta == CblasTrans, tb == CblasTrans, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc))
       cblas_sgemm(CblasRowMajor, ta, tb, (int)m, (int)n, (int)k, 1.0f, a, (int)lda, b, (int)ldb, 0.0f, c, (int)ldc);
   } else {
     if (m == 1 && tb == CblasNoTrans)

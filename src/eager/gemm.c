@@ -1,0 +1,310 @@
+/* gemm.c - kiln's own single-precision GEMM (x86-64 with AVX-512, or AVX2
+ * and FMA), which eager matmul, convolution and compiled code all call.
+ *
+ * Why not only OpenBLAS: the OpenBLAS of Debian 12 (0.3.21) runs its
+ * Skylake-X kernels on AMD Zen 5 at well under half the FMA rate the core
+ * has, and re-packs both operands on every call; at the shapes of a batch-1
+ * LLM forward or a small CNN that packing is a large part of the time.
+ *
+ * The loops are BLIS's: C is cut into NC-wide column blocks and K into
+ * slices of at most KC; each slice of B is packed into NR-wide panels
+ * (k-major), each MC-row block of A into MR-row panels, and a micro-kernel
+ * holds one MR x NR tile of C in registers across the slice. Threads split
+ * the tiles of a slice, never K, so every element of C sums its products in
+ * one order whatever the thread count: results do not depend on threads,
+ * and eager and compiled code agree to the bit. */
+#include "eager/gemm.h"
+
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "eager/eager.h"
+#include "eager/pool.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+
+enum {
+  KC_MAX = 384,       /* a B panel slice (KC x NR floats) stays in L1, an A block in L2 */
+  MC = 96,            /* rows of A per task: its A panels (MC x KC floats) stay in L2 */
+  MB = 4032,          /* rows of A packed per block (a multiple of both MRs) */
+  NC = 3072,          /* columns of B packed per block (KC x NC floats in L3) */
+  MR512 = 8, NR512 = 32, /* AVX-512: 16 accumulators of 16 lanes */
+  MR256 = 6, NR256 = 16, /* AVX2: 12 accumulators of 8 lanes */
+  MIN_WORK = 1 << 15, /* m * n * k below which OpenBLAS's lower overhead wins */
+  PAR_WORK = 1 << 20  /* ... below which one thread does it all */
+};
+
+typedef struct gemm_job {
+  bool tb, ta;
+  int mr, nr;
+  int64_t m, n, k, lda, ldb, ldc;
+  float alpha, beta;
+  const float *a, *b;
+  float *c;
+  int64_t jc, nc, ic, mb, pc, kc; /* the block: columns [jc, jc + nc), rows [ic, ic + mb), K slice [pc, pc + kc) */
+  float *bp;                       /* the slice of B packed: ceil(nc / nr) panels of kc x nr */
+  float *ap;                       /* the slice of A packed: ceil(mb / mr) panels of kc x mr */
+  int64_t ngroups, panels_per_group;
+} gemm_job;
+
+/* ---- packing ---- */
+
+/* dst[i * dld + j] = src[j * ld + i] for i < 16, j < rows (16 or 8), in registers */
+__attribute__((target("avx512f"))) static inline void tr16(const float *src, int64_t ld, int rows, float *dst,
+                                                           int64_t dld) {
+  __m512 r[16], t[16];
+  for (int i = 0; i < 16; i++) r[i] = i < rows ? _mm512_loadu_ps(src + i * ld) : _mm512_setzero_ps();
+  for (int i = 0; i < 16; i += 2) t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]), t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  for (int i = 0; i < 16; i += 4) {
+    __m512d a = _mm512_castps_pd(t[i]), b = _mm512_castps_pd(t[i + 1]);
+    __m512d c = _mm512_castps_pd(t[i + 2]), d = _mm512_castps_pd(t[i + 3]);
+    r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+    r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+    r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+    r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+  }
+  for (int h = 0; h < 16; h += 8)
+    for (int i = 0; i < 4; i++) {
+      t[h + i] = _mm512_shuffle_f32x4(r[h + i], r[h + i + 4], 0x88);
+      t[h + i + 4] = _mm512_shuffle_f32x4(r[h + i], r[h + i + 4], 0xdd);
+    }
+  for (int i = 0; i < 8; i++) {
+    __m512 lo = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88), hi = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
+    if (rows == 16) {
+      _mm512_storeu_ps(dst + i * dld, lo);
+      _mm512_storeu_ps(dst + (i + 8) * dld, hi);
+    } else {
+      _mm256_storeu_ps(dst + i * dld, _mm512_castps512_ps256(lo));
+      _mm256_storeu_ps(dst + (i + 8) * dld, _mm512_castps512_ps256(hi));
+    }
+  }
+}
+
+/* dst[kk * 32 + jj] = src[jj * ld + kk] for jj < 32: a B^T panel, 16 x 16 blocks transposed in registers */
+__attribute__((target("avx512f"))) static void pack_t512(const float *src, int64_t ld, int64_t kc, float *dst) {
+  int64_t kk = 0;
+  for (; kk + 16 <= kc; kk += 16) {
+    tr16(src + kk, ld, 16, dst + kk * 32, 32);
+    tr16(src + 16 * ld + kk, ld, 16, dst + kk * 32 + 16, 32);
+  }
+  for (; kk < kc; kk++)
+    for (int jj = 0; jj < 32; jj++) dst[kk * 32 + jj] = src[jj * ld + kk];
+}
+
+/* the same for 16 columns with AVX2 */
+__attribute__((target("avx2"))) static void pack_t256(const float *src, int64_t ld, int64_t kc, float *dst) {
+  __m256i idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)ld));
+  const float *hi = src + 8 * ld;
+  for (int64_t kk = 0; kk < kc; kk++) {
+    _mm256_storeu_ps(dst + kk * 16, _mm256_i32gather_ps(src + kk, idx, 4));
+    _mm256_storeu_ps(dst + kk * 16 + 8, _mm256_i32gather_ps(hi + kk, idx, 4));
+  }
+}
+
+/* Panels [p0, p1) of the current B slice, zero padded past n. */
+static void pack_b(void *ctx, int64_t p0, int64_t p1) {
+  const gemm_job *g = ctx;
+  const int nr = g->nr;
+  for (int64_t p = p0; p < p1; p++) {
+    float *dst = g->bp + p * g->kc * nr;
+    int64_t j0 = g->jc + p * nr, w = g->jc + g->nc - j0;
+    if (w > nr) w = nr;
+    if (!g->tb) {
+      const float *src = g->b + g->pc * g->ldb + j0;
+      for (int64_t kk = 0; kk < g->kc; kk++) {
+        memcpy(dst + kk * nr, src + kk * g->ldb, (size_t)w * sizeof(float));
+        if (w < nr) memset(dst + kk * nr + w, 0, (size_t)(nr - w) * sizeof(float));
+      }
+      continue;
+    }
+    /* b holds B^T: column j of B is row j of b, contiguous along k */
+    const float *src = g->b + j0 * g->ldb + g->pc;
+    if (w == nr && (nr == NR512 || g->ldb <= INT32_MAX / nr)) {
+      if (nr == NR512) pack_t512(src, g->ldb, g->kc, dst);
+      else pack_t256(src, g->ldb, g->kc, dst);
+      continue;
+    }
+    for (int64_t jj = 0; jj < nr; jj++)
+      for (int64_t kk = 0; kk < g->kc; kk++) dst[kk * nr + jj] = jj < w ? src[jj * g->ldb + kk] : 0;
+  }
+}
+
+/* dst[kk * 8 + ii] = src[ii * ld + kk] for ii < 8: a row-major A panel (AVX-512's MR) */
+__attribute__((target("avx512f"))) static void pack_a512(const float *src, int64_t ld, int64_t kc, float *dst) {
+  int64_t kk = 0;
+  for (; kk + 16 <= kc; kk += 16) tr16(src + kk, ld, 8, dst + kk * 8, 8);
+  for (; kk < kc; kk++)
+    for (int ii = 0; ii < 8; ii++) dst[kk * 8 + ii] = src[ii * ld + kk];
+}
+
+/* Panels [p0, p1) of the current A slice (MR rows each), zero padded past m. */
+static void pack_a(void *ctx, int64_t p0, int64_t p1) {
+  const gemm_job *g = ctx;
+  const int mr = g->mr;
+  int64_t sr = g->ta ? 1 : g->lda, sk = g->ta ? g->lda : 1; /* strides of a row and of k */
+  for (int64_t p = p0; p < p1; p++) {
+    float *dst = g->ap + p * g->kc * mr;
+    int64_t i0 = g->ic + p * mr, h = g->ic + g->mb - i0 < mr ? g->ic + g->mb - i0 : mr;
+    if (!g->ta && h == mr && mr == MR512) {
+      pack_a512(g->a + i0 * g->lda + g->pc, g->lda, g->kc, dst);
+      continue;
+    }
+    for (int64_t ii = 0; ii < mr; ii++) {
+      const float *src = g->a + (i0 + ii) * sr + g->pc * sk;
+      for (int64_t kk = 0; kk < g->kc; kk++) dst[kk * mr + ii] = ii < h ? src[kk * sk] : 0;
+    }
+  }
+}
+
+/* ---- micro-kernels: the tile t (MR x NR) = A panel^T (kc x MR) times B panel (kc x NR) ---- */
+
+__attribute__((target("avx512f"))) static void kern512(int64_t kc, const float *ap, const float *bp, float *t) {
+  __m512 c0[MR512], c1[MR512];
+  for (int i = 0; i < MR512; i++) c0[i] = c1[i] = _mm512_setzero_ps();
+  for (int64_t kk = 0; kk < kc; kk++) {
+    __m512 b0 = _mm512_loadu_ps(bp), b1 = _mm512_loadu_ps(bp + 16);
+    for (int i = 0; i < MR512; i++) {
+      __m512 av = _mm512_set1_ps(ap[i]);
+      c0[i] = _mm512_fmadd_ps(av, b0, c0[i]);
+      c1[i] = _mm512_fmadd_ps(av, b1, c1[i]);
+    }
+    ap += MR512, bp += NR512;
+  }
+  for (int i = 0; i < MR512; i++) {
+    _mm512_storeu_ps(t + i * NR512, c0[i]);
+    _mm512_storeu_ps(t + i * NR512 + 16, c1[i]);
+  }
+}
+
+__attribute__((target("avx2,fma"))) static void kern256(int64_t kc, const float *ap, const float *bp, float *t) {
+  __m256 c0[MR256], c1[MR256];
+  for (int i = 0; i < MR256; i++) c0[i] = c1[i] = _mm256_setzero_ps();
+  for (int64_t kk = 0; kk < kc; kk++) {
+    __m256 b0 = _mm256_loadu_ps(bp), b1 = _mm256_loadu_ps(bp + 8);
+    for (int i = 0; i < MR256; i++) {
+      __m256 av = _mm256_broadcast_ss(ap + i);
+      c0[i] = _mm256_fmadd_ps(av, b0, c0[i]);
+      c1[i] = _mm256_fmadd_ps(av, b1, c1[i]);
+    }
+    ap += MR256, bp += NR256;
+  }
+  for (int i = 0; i < MR256; i++) {
+    _mm256_storeu_ps(t + i * NR256, c0[i]);
+    _mm256_storeu_ps(t + i * NR256 + 8, c1[i]);
+  }
+}
+
+/* The tile into C (h x w of it): C = alpha t + beta C on the first K slice, C += alpha t after. */
+static void store_tile(const gemm_job *g, const float *t, int64_t i0, int64_t j0, int64_t h, int64_t w) {
+  for (int64_t i = 0; i < h; i++) {
+    float *c = g->c + (i0 + i) * g->ldc + j0;
+    const float *s = t + i * g->nr;
+    if (g->pc > 0)
+      for (int64_t j = 0; j < w; j++) c[j] += g->alpha * s[j];
+    else if (g->beta == 0)
+      for (int64_t j = 0; j < w; j++) c[j] = g->alpha * s[j];
+    else
+      for (int64_t j = 0; j < w; j++) c[j] = g->alpha * s[j] + g->beta * c[j];
+  }
+}
+
+/* Tasks [t0, t1): task t is MC-row block t / ngroups of the A block against
+ * panel group t % ngroups of the B block. */
+static void compute(void *ctx, int64_t t0, int64_t t1) {
+  const gemm_job *g = ctx;
+  const int mr = g->mr, nr = g->nr;
+  float tile[MR512 * NR512] __attribute__((aligned(64)));
+  int64_t npanels = (g->nc + nr - 1) / nr;
+  for (int64_t t = t0; t < t1; t++) {
+    int64_t r_begin = t / g->ngroups * MC, r_end = r_begin + MC < g->mb ? r_begin + MC : g->mb;
+    int64_t grp = t % g->ngroups, p_end = (grp + 1) * g->panels_per_group;
+    if (p_end > npanels) p_end = npanels;
+    for (int64_t p = grp * g->panels_per_group; p < p_end; p++) {
+      int64_t j0 = g->jc + p * nr, w = g->jc + g->nc - j0 < nr ? g->jc + g->nc - j0 : nr;
+      const float *bp = g->bp + p * g->kc * nr;
+      for (int64_t r = r_begin; r < r_end; r += mr) {
+        const float *ap = g->ap + r * g->kc; /* r is a multiple of mr: MC is */
+        if (mr == MR512) kern512(g->kc, ap, bp, tile);
+        else kern256(g->kc, ap, bp, tile);
+        store_tile(g, tile, g->ic + r, j0, r_end - r < mr ? r_end - r : mr, w);
+      }
+    }
+  }
+}
+
+static _Atomic int isa_level; /* 0 not yet known, 1 none (BLAS), 2 AVX2 and FMA, 3 AVX-512 */
+
+static int isa(void) {
+  int l = atomic_load_explicit(&isa_level, memory_order_relaxed);
+  if (l) return l;
+  const char *env = getenv("KILN_GEMM");
+  __builtin_cpu_init();
+  if (env && !strcmp(env, "blas")) l = 1;
+  else if (__builtin_cpu_supports("avx512f") && !(env && !strcmp(env, "avx2"))) l = 3;
+  else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) l = 2;
+  else l = 1;
+  atomic_store_explicit(&isa_level, l, memory_order_relaxed);
+  return l;
+}
+
+const char *gemm_kernel_name(void) { return isa() == 3 ? "avx512" : isa() == 2 ? "avx2" : "blas"; }
+
+bool kgemm_f32(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+              const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+  int level = isa();
+  if (level < 2 || m < 2 || n < 1 || k < 1 || (double)m * (double)n * (double)k < MIN_WORK) return false;
+  gemm_job g = {.ta = ta, .tb = tb, .m = m, .n = n, .k = k, .lda = lda, .ldb = ldb, .ldc = ldc,
+                .alpha = alpha, .beta = beta, .a = a, .b = b, .c = c};
+  g.mr = level == 3 ? MR512 : MR256;
+  g.nr = level == 3 ? NR512 : NR256;
+  int64_t slices = (k + KC_MAX - 1) / KC_MAX, kc = (k + slices - 1) / slices; /* even slices: no thin tail */
+  int64_t ncap = n < NC ? n : NC, mcap = m < MB ? m : MB;
+  size_t bbytes = ((size_t)((ncap + g.nr - 1) / g.nr * g.nr) * (size_t)kc * sizeof(float) + 63) & ~(size_t)63;
+  size_t abytes = ((size_t)((mcap + g.mr - 1) / g.mr * g.mr) * (size_t)kc * sizeof(float) + 63) & ~(size_t)63;
+  g.bp = alloc_aligned(bbytes);
+  g.ap = alloc_aligned(abytes);
+  if (!g.bp || !g.ap) {
+    alloc_aligned_free(g.bp, bbytes);
+    alloc_aligned_free(g.ap, abytes);
+    return false;
+  }
+  bool parallel = (double)m * (double)n * (double)k >= PAR_WORK;
+  int threads = parallel ? pool_num_threads() : 1;
+  for (g.jc = 0; g.jc < n; g.jc += NC) {
+    g.nc = n - g.jc < NC ? n - g.jc : NC;
+    int64_t bpanels = (g.nc + g.nr - 1) / g.nr;
+    for (g.pc = 0; g.pc < k; g.pc += kc) {
+      g.kc = k - g.pc < kc ? k - g.pc : kc;
+      pool_parallel_for(bpanels, parallel ? 4 : bpanels, pack_b, &g);
+      for (g.ic = 0; g.ic < m; g.ic += MB) {
+        g.mb = m - g.ic < MB ? m - g.ic : MB;
+        int64_t apanels = (g.mb + g.mr - 1) / g.mr, mblocks = (g.mb + MC - 1) / MC;
+        pool_parallel_for(apanels, parallel ? 4 : apanels, pack_a, &g);
+        /* When A is short, split the panels too, so that every thread has tiles. */
+        g.ngroups = 1;
+        while (mblocks * g.ngroups < 4 * threads && g.ngroups < bpanels) g.ngroups++;
+        g.panels_per_group = (bpanels + g.ngroups - 1) / g.ngroups;
+        g.ngroups = (bpanels + g.panels_per_group - 1) / g.panels_per_group;
+        int64_t tasks = mblocks * g.ngroups;
+        pool_parallel_for(tasks, parallel ? 1 : tasks, compute, &g);
+      }
+    }
+  }
+  alloc_aligned_free(g.bp, bbytes);
+  alloc_aligned_free(g.ap, abytes);
+  return true;
+}
+
+#else /* not x86-64: OpenBLAS does it all */
+
+const char *gemm_kernel_name(void) { return "blas"; }
+
+bool kgemm_f32(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+              const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+  (void)ta, (void)tb, (void)m, (void)n, (void)k, (void)alpha, (void)a, (void)lda, (void)b, (void)ldb, (void)beta;
+  (void)c, (void)ldc;
+  return false;
+}
+#endif
