@@ -98,13 +98,16 @@ START_TEST(test_layouts_and_edges) {
 }
 END_TEST
 
-/* Column blocks past NC (3072), row blocks past MB (4032), K past two slices. */
+/* Column blocks past NC (3072), row blocks past MB (4032), K past two slices;
+ * x @ W^T with W the wider one is computed as (W @ x^T)^T (n >= 4m). */
 START_TEST(test_blocks) {
   if (!strcmp(gemm_kernel_name(), "blas")) return;
   run_case(make(false, true, 9, 3100, 40, 1, 1.0f, 0.0f));
   run_case(make(false, false, 4040, 20, 24, 0, 1.0f, 0.5f));
   run_case(make(true, false, 4040, 33, 17, 2, 2.0f, 0.0f));
   run_case(make(false, false, 37, 45, 1000, 0, 1.0f, 1.0f));
+  run_case(make(false, false, 20, 40, 1024, 0, 1.0f, 0.0f)); /* rows 4 KiB apart: A packed, not read in place */
+  run_case(make(false, true, 20, 40, 1024, 0, 1.0f, 0.0f));
 }
 END_TEST
 

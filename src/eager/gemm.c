@@ -38,6 +38,8 @@ enum {
 
 typedef struct gemm_job {
   bool tb, ta;
+  bool direct_a; /* A row-major: the kernel reads its rows in place, no A panels */
+  bool ct;       /* the product computed is C^T: tiles are stored transposed */
   int mr, nr;
   int64_t m, n, k, lda, ldb, ldc;
   float alpha, beta;
@@ -147,6 +149,7 @@ static void pack_a(void *ctx, int64_t p0, int64_t p1) {
   for (int64_t p = p0; p < p1; p++) {
     float *dst = g->ap + p * g->kc * mr;
     int64_t i0 = g->ic + p * mr, h = g->ic + g->mb - i0 < mr ? g->ic + g->mb - i0 : mr;
+    if (g->direct_a && h == mr) continue; /* read in place */
     if (!g->ta && h == mr && mr == MR512) {
       pack_a512(g->a + i0 * g->lda + g->pc, g->lda, g->kc, dst);
       continue;
@@ -160,17 +163,20 @@ static void pack_a(void *ctx, int64_t p0, int64_t p1) {
 
 /* ---- micro-kernels: the tile t (MR x NR) = A panel^T (kc x MR) times B panel (kc x NR) ---- */
 
-__attribute__((target("avx512f"))) static void kern512(int64_t kc, const float *ap, const float *bp, float *t) {
+/* A's element (i, kk) is ap[i * sa + kk * sk]: a packed panel (sa 1, sk MR)
+ * or rows of a row-major A in place (sa its row stride, sk 1). */
+__attribute__((target("avx512f"))) static void kern512(int64_t kc, const float *ap, int64_t sa, int64_t sk,
+                                                       const float *bp, float *t) {
   __m512 c0[MR512], c1[MR512];
   for (int i = 0; i < MR512; i++) c0[i] = c1[i] = _mm512_setzero_ps();
   for (int64_t kk = 0; kk < kc; kk++) {
     __m512 b0 = _mm512_loadu_ps(bp), b1 = _mm512_loadu_ps(bp + 16);
     for (int i = 0; i < MR512; i++) {
-      __m512 av = _mm512_set1_ps(ap[i]);
+      __m512 av = _mm512_set1_ps(ap[i * sa]);
       c0[i] = _mm512_fmadd_ps(av, b0, c0[i]);
       c1[i] = _mm512_fmadd_ps(av, b1, c1[i]);
     }
-    ap += MR512, bp += NR512;
+    ap += sk, bp += NR512;
   }
   for (int i = 0; i < MR512; i++) {
     _mm512_storeu_ps(t + i * NR512, c0[i]);
@@ -178,17 +184,18 @@ __attribute__((target("avx512f"))) static void kern512(int64_t kc, const float *
   }
 }
 
-__attribute__((target("avx2,fma"))) static void kern256(int64_t kc, const float *ap, const float *bp, float *t) {
+__attribute__((target("avx2,fma"))) static void kern256(int64_t kc, const float *ap, int64_t sa, int64_t sk,
+                                                         const float *bp, float *t) {
   __m256 c0[MR256], c1[MR256];
   for (int i = 0; i < MR256; i++) c0[i] = c1[i] = _mm256_setzero_ps();
   for (int64_t kk = 0; kk < kc; kk++) {
     __m256 b0 = _mm256_loadu_ps(bp), b1 = _mm256_loadu_ps(bp + 8);
     for (int i = 0; i < MR256; i++) {
-      __m256 av = _mm256_broadcast_ss(ap + i);
+      __m256 av = _mm256_broadcast_ss(ap + i * sa);
       c0[i] = _mm256_fmadd_ps(av, b0, c0[i]);
       c1[i] = _mm256_fmadd_ps(av, b1, c1[i]);
     }
-    ap += MR256, bp += NR256;
+    ap += sk, bp += NR256;
   }
   for (int i = 0; i < MR256; i++) {
     _mm256_storeu_ps(t + i * NR256, c0[i]);
@@ -198,15 +205,17 @@ __attribute__((target("avx2,fma"))) static void kern256(int64_t kc, const float 
 
 /* The tile into C (h x w of it): C = alpha t + beta C on the first K slice, C += alpha t after. */
 static void store_tile(const gemm_job *g, const float *t, int64_t i0, int64_t j0, int64_t h, int64_t w) {
+  /* element (i, j) of the product goes to c[i * si + j * sj] */
+  int64_t si = g->ct ? 1 : g->ldc, sj = g->ct ? g->ldc : 1;
   for (int64_t i = 0; i < h; i++) {
-    float *c = g->c + (i0 + i) * g->ldc + j0;
+    float *c = g->c + (i0 + i) * si + j0 * sj;
     const float *s = t + i * g->nr;
     if (g->pc > 0)
-      for (int64_t j = 0; j < w; j++) c[j] += g->alpha * s[j];
+      for (int64_t j = 0; j < w; j++) c[j * sj] += g->alpha * s[j];
     else if (g->beta == 0)
-      for (int64_t j = 0; j < w; j++) c[j] = g->alpha * s[j];
+      for (int64_t j = 0; j < w; j++) c[j * sj] = g->alpha * s[j];
     else
-      for (int64_t j = 0; j < w; j++) c[j] = g->alpha * s[j] + g->beta * c[j];
+      for (int64_t j = 0; j < w; j++) c[j * sj] = g->alpha * s[j] + g->beta * c[j * sj];
   }
 }
 
@@ -225,10 +234,12 @@ static void compute(void *ctx, int64_t t0, int64_t t1) {
       int64_t j0 = g->jc + p * nr, w = g->jc + g->nc - j0 < nr ? g->jc + g->nc - j0 : nr;
       const float *bp = g->bp + p * g->kc * nr;
       for (int64_t r = r_begin; r < r_end; r += mr) {
+        int64_t h = r_end - r < mr ? r_end - r : mr, sa = 1, sk = mr;
         const float *ap = g->ap + r * g->kc; /* r is a multiple of mr: MC is */
-        if (mr == MR512) kern512(g->kc, ap, bp, tile);
-        else kern256(g->kc, ap, bp, tile);
-        store_tile(g, tile, g->ic + r, j0, r_end - r < mr ? r_end - r : mr, w);
+        if (g->direct_a && h == mr) ap = g->a + (g->ic + r) * g->lda + g->pc, sa = g->lda, sk = 1;
+        if (mr == MR512) kern512(g->kc, ap, sa, sk, bp, tile);
+        else kern256(g->kc, ap, sa, sk, bp, tile);
+        store_tile(g, tile, g->ic + r, j0, h, w);
       }
     }
   }
@@ -257,6 +268,16 @@ bool kgemm_f32(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, c
   if (level < 2 || m < 2 || n < 1 || k < 1 || (double)m * (double)n * (double)k < MIN_WORK) return false;
   gemm_job g = {.ta = ta, .tb = tb, .m = m, .n = n, .k = k, .lda = lda, .ldb = ldb, .ldc = ldc,
                 .alpha = alpha, .beta = beta, .a = a, .b = b, .c = c};
+  /* x @ W^T with W the big one (an LLM's head, a linear layer of (out,in)
+   * weights): compute C^T = W @ x^T, so that W is read in place and only
+   * x is packed, where packing W^T would stream all of W twice more. */
+  if (tb && !ta && n >= 4 * m) {
+    g.m = n, g.n = m, g.a = b, g.lda = ldb, g.b = a, g.ldb = lda, g.tb = true, g.ct = true;
+    m = g.m, n = g.n;
+  }
+  /* A row-major: its rows are read in place, MR streams the prefetchers
+   * follow, unless rows 4 KiB apart would fight over the same L1 sets. */
+  g.direct_a = !g.ta && g.lda % 1024 != 0;
   g.mr = level == 3 ? MR512 : MR256;
   g.nr = level == 3 ? NR512 : NR256;
   int64_t slices = (k + KC_MAX - 1) / KC_MAX, kc = (k + slices - 1) / slices; /* even slices: no thin tail */
