@@ -105,6 +105,22 @@ __attribute__((target("avx2"))) static void pack_t256(const float *src, int64_t 
   }
 }
 
+/* dst[kk * 32 + jj] = src[kk * ld + jj]: a row-major B panel */
+__attribute__((target("avx512f"))) static void copy_rows512(const float *src, int64_t ld, int64_t kc, float *dst) {
+  for (int64_t kk = 0; kk < kc; kk++) {
+    _mm512_storeu_ps(dst + kk * 32, _mm512_loadu_ps(src + kk * ld));
+    _mm512_storeu_ps(dst + kk * 32 + 16, _mm512_loadu_ps(src + kk * ld + 16));
+  }
+}
+
+/* the same for 16 columns with AVX2 */
+__attribute__((target("avx2"))) static void copy_rows256(const float *src, int64_t ld, int64_t kc, float *dst) {
+  for (int64_t kk = 0; kk < kc; kk++) {
+    _mm256_storeu_ps(dst + kk * 16, _mm256_loadu_ps(src + kk * ld));
+    _mm256_storeu_ps(dst + kk * 16 + 8, _mm256_loadu_ps(src + kk * ld + 8));
+  }
+}
+
 /* Panels [p0, p1) of the current B slice, zero padded past n. */
 static void pack_b(void *ctx, int64_t p0, int64_t p1) {
   const gemm_job *g = ctx;
@@ -115,6 +131,11 @@ static void pack_b(void *ctx, int64_t p0, int64_t p1) {
     if (w > nr) w = nr;
     if (!g->tb) {
       const float *src = g->b + g->pc * g->ldb + j0;
+      if (w == nr) {
+        if (nr == NR512) copy_rows512(src, g->ldb, g->kc, dst);
+        else copy_rows256(src, g->ldb, g->kc, dst);
+        continue;
+      }
       for (int64_t kk = 0; kk < g->kc; kk++) {
         memcpy(dst + kk * nr, src + kk * g->ldb, (size_t)w * sizeof(float));
         if (w < nr) memset(dst + kk * nr + w, 0, (size_t)(nr - w) * sizeof(float));
@@ -150,6 +171,14 @@ static void pack_a(void *ctx, int64_t p0, int64_t p1) {
     float *dst = g->ap + p * g->kc * mr;
     int64_t i0 = g->ic + p * mr, h = g->ic + g->mb - i0 < mr ? g->ic + g->mb - i0 : mr;
     if (g->direct_a && h == mr) continue; /* read in place */
+    if (g->ta && h == mr) { /* a holds A^T: the panel's rows at one k are adjacent */
+      const float *src = g->a + g->pc * g->lda + i0;
+      if (mr == MR512) /* sizes the compiler sees, so no calls */
+        for (int64_t kk = 0; kk < g->kc; kk++) memcpy(dst + kk * MR512, src + kk * g->lda, MR512 * sizeof(float));
+      else
+        for (int64_t kk = 0; kk < g->kc; kk++) memcpy(dst + kk * MR256, src + kk * g->lda, MR256 * sizeof(float));
+      continue;
+    }
     if (!g->ta && h == mr && mr == MR512) {
       pack_a512(g->a + i0 * g->lda + g->pc, g->lda, g->kc, dst);
       continue;
@@ -205,8 +234,24 @@ __attribute__((target("avx2,fma"))) static void kern256(int64_t kc, const float 
 
 /* The tile into C (h x w of it): C = alpha t + beta C on the first K slice, C += alpha t after. */
 static void store_tile(const gemm_job *g, const float *t, int64_t i0, int64_t j0, int64_t h, int64_t w) {
+  const float alpha = g->alpha, beta = g->beta;
+  if (!g->ct) { /* rows of C: unit stride, so the loops vectorize */
+    for (int64_t i = 0; i < h; i++) {
+      float *c = g->c + (i0 + i) * g->ldc + j0;
+      const float *s = t + i * g->nr;
+      if (g->pc > 0)
+        for (int64_t j = 0; j < w; j++) c[j] += alpha * s[j];
+      else if (beta == 0 && alpha == 1)
+        memcpy(c, s, (size_t)w * sizeof(float));
+      else if (beta == 0)
+        for (int64_t j = 0; j < w; j++) c[j] = alpha * s[j];
+      else
+        for (int64_t j = 0; j < w; j++) c[j] = alpha * s[j] + beta * c[j];
+    }
+    return;
+  }
   /* element (i, j) of the product goes to c[i * si + j * sj] */
-  int64_t si = g->ct ? 1 : g->ldc, sj = g->ct ? g->ldc : 1;
+  int64_t si = 1, sj = g->ldc;
   for (int64_t i = 0; i < h; i++) {
     float *c = g->c + (i0 + i) * si + j0 * sj;
     const float *s = t + i * g->nr;
