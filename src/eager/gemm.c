@@ -49,6 +49,7 @@ typedef struct gemm_job {
   float *bp;                       /* the slice of B packed: ceil(nc / nr) panels of kc x nr */
   float *ap;                       /* the slice of A packed: ceil(mb / mr) panels of kc x mr */
   int64_t ngroups, panels_per_group;
+  bool pack_b_in_task; /* one task per panel group: each packs its own B panels */
 } gemm_job;
 
 /* ---- packing ---- */
@@ -275,6 +276,7 @@ static void compute(void *ctx, int64_t t0, int64_t t1) {
     int64_t r_begin = t / g->ngroups * MC, r_end = r_begin + MC < g->mb ? r_begin + MC : g->mb;
     int64_t grp = t % g->ngroups, p_end = (grp + 1) * g->panels_per_group;
     if (p_end > npanels) p_end = npanels;
+    if (g->pack_b_in_task) pack_b((void *)g, grp * g->panels_per_group, p_end);
     for (int64_t p = grp * g->panels_per_group; p < p_end; p++) {
       int64_t j0 = g->jc + p * nr, w = g->jc + g->nc - j0 < nr ? g->jc + g->nc - j0 : nr;
       const float *bp = g->bp + p * g->kc * nr;
@@ -338,16 +340,20 @@ bool kgemm_f32(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, c
   }
   bool parallel = (double)m * (double)n * (double)k >= PAR_WORK;
   int threads = parallel ? pool_num_threads() : 1;
+  /* Each pool job wakes threads: with one row block, the tasks pack their
+   * own B panels, and a row-major A needs at most its last panel packed. */
+  g.pack_b_in_task = m <= MC;
   for (g.jc = 0; g.jc < n; g.jc += NC) {
     g.nc = n - g.jc < NC ? n - g.jc : NC;
     int64_t bpanels = (g.nc + g.nr - 1) / g.nr;
     for (g.pc = 0; g.pc < k; g.pc += kc) {
       g.kc = k - g.pc < kc ? k - g.pc : kc;
-      pool_parallel_for(bpanels, parallel ? 4 : bpanels, pack_b, &g);
+      if (!g.pack_b_in_task) pool_parallel_for(bpanels, parallel ? 4 : bpanels, pack_b, &g);
       for (g.ic = 0; g.ic < m; g.ic += MB) {
         g.mb = m - g.ic < MB ? m - g.ic : MB;
         int64_t apanels = (g.mb + g.mr - 1) / g.mr, mblocks = (g.mb + MC - 1) / MC;
-        pool_parallel_for(apanels, parallel ? 4 : apanels, pack_a, &g);
+        if (!g.direct_a) pool_parallel_for(apanels, parallel ? 4 : apanels, pack_a, &g);
+        else if (g.mb % g.mr) pack_a(&g, apanels - 1, apanels);
         /* When A is short, split the panels too, so that every thread has tiles. */
         g.ngroups = 1;
         while (mblocks * g.ngroups < 4 * threads && g.ngroups < bpanels) g.ngroups++;
