@@ -3,7 +3,7 @@
  * and beta, sizes on and off the tile and block edges (several K slices,
  * several column blocks, several row blocks). Also: C outside the product
  * is never written, beta 0 never reads C, the bits do not depend on the
- * thread count, and the cases it declines (m < 2, tiny products) leave C
+ * thread count, and the cases it declines (m < 6, tiny products) leave C
  * alone. Run twice by ctest: once with the host's kernel, once with
  * KILN_GEMM=avx2 (the 8-lane kernel on an AVX-512 host). */
 #include <check.h>
@@ -84,7 +84,7 @@ END_TEST
  * and around the tile edges of both kernels (MR 6 or 8, NR 16 or 32). */
 START_TEST(test_layouts_and_edges) {
   if (!strcmp(gemm_kernel_name(), "blas")) return; /* nothing of kiln's runs here: test_matmul covers BLAS */
-  static const int64_t ms[] = {2, 5, 6, 7, 8, 9, 13, 48, 97}, ns[] = {15, 16, 17, 31, 32, 33, 100};
+  static const int64_t ms[] = {6, 7, 8, 9, 13, 48, 97}, ns[] = {15, 16, 17, 31, 32, 33, 100};
   static const int64_t ks[] = {1, 3, 64, 385, 800};
   int i = 0;
   for (int t = 0; t < 4; t++)
@@ -132,11 +132,12 @@ START_TEST(test_threads_same_bits) {
 }
 END_TEST
 
-/* m < 2 and products too small to pay for packing go to BLAS: nothing written. */
+/* m < 6 and products too small to pay for packing go to BLAS: nothing written. */
 START_TEST(test_declines) {
   float a[64 * 64] = {0}, b[64 * 64] = {0}, c[64 * 64];
   for (int i = 0; i < 64 * 64; i++) c[i] = GUARD;
   ck_assert(!kgemm_f32(false, false, 1, 64, 64, 1.0f, a, 64, b, 64, 0.0f, c, 64));
+  ck_assert(!kgemm_f32(false, true, 5, 64, 64, 1.0f, a, 64, b, 64, 0.0f, c, 64));
   ck_assert(!kgemm_f32(false, false, 8, 8, 8, 1.0f, a, 8, b, 8, 0.0f, c, 8));
   ck_assert(!kgemm_f32(false, false, 4, 4, 0, 1.0f, a, 4, b, 4, 0.0f, c, 4));
   for (int i = 0; i < 64 * 64; i++) ck_assert(c[i] == GUARD);

@@ -32,6 +32,7 @@ enum {
   NC = 3072,          /* columns of B packed per block (KC x NC floats in L3) */
   MR512 = 8, NR512 = 32, /* AVX-512: 16 accumulators of 16 lanes */
   MR256 = 6, NR256 = 16, /* AVX2: 12 accumulators of 8 lanes */
+  MIN_ROWS = 6,       /* fewer rows of C (or of C^T) leave most of a tile idle: OpenBLAS does better */
   MIN_WORK = 1 << 15, /* m * n * k below which OpenBLAS's lower overhead wins */
   PAR_WORK = 1 << 20  /* ... below which one thread does it all */
 };
@@ -83,6 +84,12 @@ __attribute__((target("avx512f"))) static inline void tr16(const float *src, int
       _mm256_storeu_ps(dst + (i + 8) * dld, _mm512_castps512_ps256(hi));
     }
   }
+}
+
+/* tt[j * 8 + i] = t[i * 32 + j]: an AVX-512 tile of C^T turned to C's rows */
+__attribute__((target("avx512f"))) static void transpose_tile512(const float *t, float *tt) {
+  tr16(t, NR512, MR512, tt, MR512);
+  tr16(t + 16, NR512, MR512, tt + 16 * MR512, MR512);
 }
 
 /* dst[kk * 32 + jj] = src[jj * ld + kk] for jj < 32: a B^T panel, 16 x 16 blocks transposed in registers */
@@ -251,6 +258,21 @@ static void store_tile(const gemm_job *g, const float *t, int64_t i0, int64_t j0
     }
     return;
   }
+  if (g->mr == MR512 && h == MR512) { /* transposed in registers, then C's rows in runs of 8 */
+    float tt[MR512 * NR512] __attribute__((aligned(64)));
+    transpose_tile512(t, tt);
+    for (int64_t j = 0; j < w; j++) {
+      float *c = g->c + (j0 + j) * g->ldc + i0;
+      const float *s = tt + j * MR512;
+      if (g->pc > 0)
+        for (int i = 0; i < MR512; i++) c[i] += alpha * s[i];
+      else if (beta == 0)
+        for (int i = 0; i < MR512; i++) c[i] = alpha * s[i];
+      else
+        for (int i = 0; i < MR512; i++) c[i] = alpha * s[i] + beta * c[i];
+    }
+    return;
+  }
   /* element (i, j) of the product goes to c[i * si + j * sj] */
   int64_t si = 1, sj = g->ldc;
   for (int64_t i = 0; i < h; i++) {
@@ -312,13 +334,13 @@ const char *gemm_kernel_name(void) { return isa() == 3 ? "avx512" : isa() == 2 ?
 bool kgemm_f32(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
               const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
   int level = isa();
-  if (level < 2 || m < 2 || n < 1 || k < 1 || (double)m * (double)n * (double)k < MIN_WORK) return false;
+  if (level < 2 || m < MIN_ROWS || n < 1 || k < 1 || (double)m * (double)n * (double)k < MIN_WORK) return false;
   gemm_job g = {.ta = ta, .tb = tb, .m = m, .n = n, .k = k, .lda = lda, .ldb = ldb, .ldc = ldc,
                 .alpha = alpha, .beta = beta, .a = a, .b = b, .c = c};
   /* x @ W^T with W the big one (an LLM's head, a linear layer of (out,in)
    * weights): compute C^T = W @ x^T, so that W is read in place and only
    * x is packed, where packing W^T would stream all of W twice more. */
-  if (tb && !ta && n >= 4 * m) {
+  if (tb && !ta && n >= 4 * m && m >= MR512) {
     g.m = n, g.n = m, g.a = b, g.lda = ldb, g.b = a, g.ldb = lda, g.tb = true, g.ct = true;
     m = g.m, n = g.n;
   }

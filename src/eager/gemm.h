@@ -8,8 +8,8 @@
 /* c (m x n, row stride ldc) = alpha * op(a) @ op(b) + beta * c, row-major as
  * cblas_sgemm: op(a) is a (m x k, stride lda) or, when ta, the transpose of a
  * (k x m); likewise b. beta 0 never reads c. Returns false, having written
- * nothing, where it does not run (no AVX2 and FMA, not x86-64, a product too
- * small to pay for packing, out of memory): the caller then calls BLAS. */
+ * nothing, where it does not run (no AVX2 and FMA, not x86-64, m < 6, a
+ * product too small to pay for packing, out of memory): the caller then calls BLAS. */
 bool kgemm_f32(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
               const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
 
