@@ -74,8 +74,11 @@ START_TEST(test_kernel_is_known) {
   ck_assert(!strcmp(got, "avx512") || !strcmp(got, "avx2") || !strcmp(got, "blas"));
   if (want && !strcmp(want, "avx2")) ck_assert_msg(strcmp(got, "avx512") != 0, "KILN_GEMM=avx2 ran %s", got);
 #if defined(__x86_64__)
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && !(want && !strcmp(want, "blas")))
-    ck_assert_msg(strcmp(got, "blas") != 0, "an AVX2 host fell back to BLAS");
+  if (__builtin_cpu_supports("avx512f") && !want)
+    ck_assert_msg(!strcmp(got, "avx512"), "an AVX-512 host ran %s", got);
+  if (!__builtin_cpu_supports("avx512f") && !want) ck_assert_msg(!strcmp(got, "blas"), "an AVX2 host ran %s", got);
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && want && !strcmp(want, "avx2"))
+    ck_assert_msg(!strcmp(got, "avx2"), "KILN_GEMM=avx2 ran %s", got);
 #endif
 }
 END_TEST

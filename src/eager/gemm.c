@@ -1,10 +1,14 @@
-/* gemm.c - kiln's own single-precision GEMM (x86-64 with AVX-512, or AVX2
- * and FMA), which eager matmul, convolution and compiled code all call.
+/* gemm.c - kiln's own single-precision GEMM (x86-64 with AVX-512; AVX2
+ * and FMA when asked for), which eager matmul, convolution and compiled
+ * code all call.
  *
- * Why not only OpenBLAS: the OpenBLAS of Debian 12 (0.3.21) runs its
- * Skylake-X kernels on AMD Zen 5 at well under half the FMA rate the core
- * has, and re-packs both operands on every call; at the shapes of a batch-1
- * LLM forward or a small CNN that packing is a large part of the time.
+ * Why not only OpenBLAS: its speed depends on which kernels it picks. The
+ * 0.3.21 of Debian 12 predates AMD Zen 5, and where OPENBLAS_CORETYPE or
+ * its CPU table gives it Haswell kernels it runs at 256 bits, 1.5-1.8x
+ * slower than this one; against its own AVX-512 kernels this one is at
+ * parity, ahead on an LLM head (x @ W^T: W is read in place, never
+ * transposed). It also runs on kiln's pool, with no second set of threads
+ * spinning after each call, and gives the same bits at any thread count.
  *
  * The loops are BLIS's: C is cut into NC-wide column blocks and K into
  * slices of at most KC; each slice of B is packed into NR-wide panels
@@ -221,24 +225,29 @@ __attribute__((target("avx512f"))) static void kern512(int64_t kc, const float *
   }
 }
 
+/* Named accumulators, not arrays: GCC keeps an array of them in memory
+ * and stores every one after each multiply-add. */
+#define ROW256(i)                                                    \
+  {                                                                  \
+    __m256 av = _mm256_broadcast_ss(ap + (i) * sa);                  \
+    c0##i = _mm256_fmadd_ps(av, b0, c0##i);                          \
+    c1##i = _mm256_fmadd_ps(av, b1, c1##i);                          \
+  }
+#define OUT256(i)                                                    \
+  _mm256_storeu_ps(t + (i) * NR256, c0##i), _mm256_storeu_ps(t + (i) * NR256 + 8, c1##i)
 __attribute__((target("avx2,fma"))) static void kern256(int64_t kc, const float *ap, int64_t sa, int64_t sk,
                                                          const float *bp, float *t) {
-  __m256 c0[MR256], c1[MR256];
-  for (int i = 0; i < MR256; i++) c0[i] = c1[i] = _mm256_setzero_ps();
+  __m256 c00 = _mm256_setzero_ps(), c01 = c00, c02 = c00, c03 = c00, c04 = c00, c05 = c00;
+  __m256 c10 = c00, c11 = c00, c12 = c00, c13 = c00, c14 = c00, c15 = c00;
   for (int64_t kk = 0; kk < kc; kk++) {
     __m256 b0 = _mm256_loadu_ps(bp), b1 = _mm256_loadu_ps(bp + 8);
-    for (int i = 0; i < MR256; i++) {
-      __m256 av = _mm256_broadcast_ss(ap + i * sa);
-      c0[i] = _mm256_fmadd_ps(av, b0, c0[i]);
-      c1[i] = _mm256_fmadd_ps(av, b1, c1[i]);
-    }
+    ROW256(0) ROW256(1) ROW256(2) ROW256(3) ROW256(4) ROW256(5)
     ap += sk, bp += NR256;
   }
-  for (int i = 0; i < MR256; i++) {
-    _mm256_storeu_ps(t + i * NR256, c0[i]);
-    _mm256_storeu_ps(t + i * NR256 + 8, c1[i]);
-  }
+  OUT256(0), OUT256(1), OUT256(2), OUT256(3), OUT256(4), OUT256(5);
 }
+#undef ROW256
+#undef OUT256
 
 /* The tile into C (h x w of it): C = alpha t + beta C on the first K slice, C += alpha t after. */
 static void store_tile(const gemm_job *g, const float *t, int64_t i0, int64_t j0, int64_t h, int64_t w) {
@@ -316,14 +325,18 @@ static void compute(void *ctx, int64_t t0, int64_t t1) {
 
 static _Atomic int isa_level; /* 0 not yet known, 1 none (BLAS), 2 AVX2 and FMA, 3 AVX-512 */
 
+/* AVX-512 runs kiln's kernel by default. On AVX2 alone OpenBLAS's Haswell
+ * kernel is 3-10% faster than the 6x16 one, so that one runs only when
+ * asked for (KILN_GEMM=avx2, also on an AVX-512 CPU, for tests). */
 static int isa(void) {
   int l = atomic_load_explicit(&isa_level, memory_order_relaxed);
   if (l) return l;
   const char *env = getenv("KILN_GEMM");
+  bool want_avx2 = env && !strcmp(env, "avx2");
   __builtin_cpu_init();
   if (env && !strcmp(env, "blas")) l = 1;
-  else if (__builtin_cpu_supports("avx512f") && !(env && !strcmp(env, "avx2"))) l = 3;
-  else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) l = 2;
+  else if (__builtin_cpu_supports("avx512f") && !want_avx2) l = 3;
+  else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && want_avx2) l = 2;
   else l = 1;
   atomic_store_explicit(&isa_level, l, memory_order_relaxed);
   return l;

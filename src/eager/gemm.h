@@ -8,13 +8,15 @@
 /* c (m x n, row stride ldc) = alpha * op(a) @ op(b) + beta * c, row-major as
  * cblas_sgemm: op(a) is a (m x k, stride lda) or, when ta, the transpose of a
  * (k x m); likewise b. beta 0 never reads c. Returns false, having written
- * nothing, where it does not run (no AVX2 and FMA, not x86-64, m < 6, a
- * product too small to pay for packing, out of memory): the caller then calls BLAS. */
+ * nothing, where it does not run (no AVX-512 unless KILN_GEMM=avx2, not
+ * x86-64, m < 6, a product too small to pay for packing, out of memory): the caller then calls BLAS. */
 bool kgemm_f32(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
               const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
 
 /* Which kernel kgemm_f32 runs here: "avx512", "avx2" or "blas" (never runs).
- * KILN_GEMM=blas turns it off, for comparing against OpenBLAS. */
+ * AVX-512 CPUs run kiln's; KILN_GEMM=blas turns it off, KILN_GEMM=avx2
+ * runs the AVX2 kernel (which is not the default on AVX2 CPUs: OpenBLAS's
+ * is a little faster there). */
 const char *gemm_kernel_name(void);
 
 #endif
