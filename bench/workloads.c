@@ -636,13 +636,16 @@ void workloads_list(FILE *f) {
 }
 
 static void usage(const char *argv0) {
-  fprintf(stderr, "usage: %s [--threads N] [--only W1,W3] [--json PATH] [--compiled] | --overhead | --first-call | --serve\n", argv0);
+  fprintf(stderr,
+          "usage: %s [--threads N] [--only W1,W3] [--json PATH] [--compiled] | --overhead | --first-call | --serve | "
+          "--gemm [--threads N]\n",
+          argv0);
 }
 
 int main(int argc, char **argv) {
   int threads_list[2] = {1, 2}, n_threads = 2;
   const char *only = NULL, *json = NULL;
-  bool compiled = false;
+  bool compiled = false, gemm = false;
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
       threads_list[0] = atoi(argv[++i]);
@@ -663,12 +666,15 @@ int main(int argc, char **argv) {
       return bench_serve();
     } else if (strcmp(argv[i], "--compiled") == 0) {
       compiled = true;
+    } else if (strcmp(argv[i], "--gemm") == 0) {
+      gemm = true;
     } else {
       usage(argv[0]);
       return 2;
     }
   }
 
+  if (gemm) return bench_gemm(n_threads == 1 ? threads_list[0] : 1);
   if (compiled) {
     if (n_threads == 1) kiln_set_num_threads(threads_list[0]);
     return bench_compiled(only, json);
