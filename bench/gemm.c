@@ -4,8 +4,8 @@
  * Prints the kernels each side runs (OpenBLAS picks its own by CPU model or
  * OPENBLAS_CORETYPE), median ms per product, GFLOP/s and the ratio.
  *
- * Without --threads it runs at 1 thread: CPU time then measures the work
- * even on a loaded machine; wall time is printed too. */
+ * Without --threads it runs at 1 thread, timing CPU seconds: they measure
+ * the work even on a loaded machine. At more threads it times wall seconds. */
 #define _POSIX_C_SOURCE 200809L
 #include <cblas.h>
 #include <stdbool.h>

@@ -638,9 +638,12 @@ void workloads_list(FILE *f) {
 static void usage(const char *argv0) {
   fprintf(stderr,
           "usage: %s [--threads N] [--only W1,W3] [--json PATH] [--compiled] | --overhead | --first-call | --serve | "
-          "--gemm [--threads N]\n",
+          "--gemm [--threads N]\n"
+          "  --cpu-time (with --threads 1): time CPU seconds, not wall seconds (for a shared machine)\n",
           argv0);
 }
+
+int bench_cpu_clock;
 
 int main(int argc, char **argv) {
   int threads_list[2] = {1, 2}, n_threads = 2;
@@ -668,12 +671,18 @@ int main(int argc, char **argv) {
       compiled = true;
     } else if (strcmp(argv[i], "--gemm") == 0) {
       gemm = true;
+    } else if (strcmp(argv[i], "--cpu-time") == 0) {
+      bench_cpu_clock = 1;
     } else {
       usage(argv[0]);
       return 2;
     }
   }
 
+  if (bench_cpu_clock && !(n_threads == 1 && threads_list[0] == 1)) {
+    fprintf(stderr, "--cpu-time needs --threads 1: CPU time adds up the threads\n");
+    return 2;
+  }
   if (gemm) return bench_gemm(n_threads == 1 ? threads_list[0] : 1);
   if (compiled) {
     if (n_threads == 1) kiln_set_num_threads(threads_list[0]);

@@ -22,6 +22,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "eager/eager.h"
 #include "eager/pool.h"
@@ -324,6 +325,26 @@ static void compute(void *ctx, int64_t t0, int64_t t1) {
 }
 
 static _Atomic int isa_level; /* 0 not yet known, 1 none (BLAS), 2 AVX2 and FMA, 3 AVX-512 */
+static _Atomic int blas512;   /* 0 not yet known, 1 OpenBLAS runs 256-bit kernels, 2 its AVX-512 ones */
+
+char *openblas_get_corename(void);
+
+/* OpenBLAS picks its kernels by CPU model, or by OPENBLAS_CORETYPE. Its
+ * AVX-512 ones (Skylake-X, Cooper Lake, Sapphire Rapids) beat this kernel
+ * by about 10% on products of several row blocks, and lose to it on one
+ * row block (a batch-1 or short-sequence layer) and on x @ W^T. */
+bool gemm_blas_avx512(void) {
+  int v = atomic_load_explicit(&blas512, memory_order_relaxed);
+  if (!v) {
+    const char *name = openblas_get_corename();
+    v = 1;
+    for (const char *p = name; p && *p && v == 1; p++)
+      if (!strncasecmp(p, "skylakex", 8) || !strncasecmp(p, "cooperlake", 10) || !strncasecmp(p, "sapphire", 8)) v = 2;
+    atomic_store_explicit(&blas512, v, memory_order_relaxed);
+  }
+  return v == 2;
+}
+
 
 /* AVX-512 runs kiln's kernel by default. On AVX2 alone OpenBLAS's Haswell
  * kernel is 3-10% faster than the 6x16 one, so that one runs only when
@@ -348,12 +369,14 @@ bool kgemm_f32(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, c
               const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
   int level = isa();
   if (level < 2 || m < MIN_ROWS || n < 1 || k < 1 || (double)m * (double)n * (double)k < MIN_WORK) return false;
+  bool head = tb && !ta && n >= 4 * m && m >= MR512; /* x @ W^T, W the wider: see below */
+  if (level == 3 && m > MC && !head && gemm_blas_avx512()) return false;
   gemm_job g = {.ta = ta, .tb = tb, .m = m, .n = n, .k = k, .lda = lda, .ldb = ldb, .ldc = ldc,
                 .alpha = alpha, .beta = beta, .a = a, .b = b, .c = c};
   /* x @ W^T with W the big one (an LLM's head, a linear layer of (out,in)
    * weights): compute C^T = W @ x^T, so that W is read in place and only
    * x is packed, where packing W^T would stream all of W twice more. */
-  if (tb && !ta && n >= 4 * m && m >= MR512) {
+  if (head) {
     g.m = n, g.n = m, g.a = b, g.lda = ldb, g.b = a, g.ldb = lda, g.tb = true, g.ct = true;
     m = g.m, n = g.n;
   }

@@ -9,9 +9,15 @@
  * cblas_sgemm: op(a) is a (m x k, stride lda) or, when ta, the transpose of a
  * (k x m); likewise b. beta 0 never reads c. Returns false, having written
  * nothing, where it does not run (no AVX-512 unless KILN_GEMM=avx2, not
- * x86-64, m < 6, a product too small to pay for packing, out of memory): the caller then calls BLAS. */
+ * x86-64, m < 6, a product too small to pay for packing, m > 96 where
+ * OpenBLAS has AVX-512 kernels (gemm_blas_avx512), out of memory): the caller then calls BLAS. */
 bool kgemm_f32(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
               const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
+
+/* Whether OpenBLAS runs its AVX-512 kernels here (by CPU model or
+ * OPENBLAS_CORETYPE): kgemm_f32 then leaves it the products of more than
+ * one row block (m > 96), where they are faster. */
+bool gemm_blas_avx512(void);
 
 /* Which kernel kgemm_f32 runs here: "avx512", "avx2" or "blas" (never runs).
  * AVX-512 CPUs run kiln's; KILN_GEMM=blas turns it off, KILN_GEMM=avx2
