@@ -145,7 +145,7 @@ static void pack_b(void *ctx, int64_t p0, int64_t p1) {
     if (!g->tb) {
       const float *src = g->b + g->pc * g->ldb + j0;
       if (w == nr) {
-        if (nr == NR512) copy_rows512(src, g->ldb, g->kc, dst);
+        if (nr == 32) copy_rows512(src, g->ldb, g->kc, dst);
         else copy_rows256(src, g->ldb, g->kc, dst);
         continue;
       }
@@ -157,8 +157,8 @@ static void pack_b(void *ctx, int64_t p0, int64_t p1) {
     }
     /* b holds B^T: column j of B is row j of b, contiguous along k */
     const float *src = g->b + j0 * g->ldb + g->pc;
-    if (w == nr && (nr == NR512 || g->ldb <= INT32_MAX / nr)) {
-      if (nr == NR512) pack_t512(src, g->ldb, g->kc, dst);
+    if (w == nr && (nr == 32 || g->ldb <= INT32_MAX / nr)) {
+      if (nr == 32) pack_t512(src, g->ldb, g->kc, dst);
       else pack_t256(src, g->ldb, g->kc, dst);
       continue;
     }
@@ -207,6 +207,26 @@ static void pack_a(void *ctx, int64_t p0, int64_t p1) {
 
 /* A's element (i, kk) is ap[i * sa + kk * sk]: a packed panel (sa 1, sk MR)
  * or rows of a row-major A in place (sa its row stride, sk 1). */
+/* kern512 for products of at most 16 columns (a deep conv layer at batch 1):
+ * an 8 x 16 tile, one vector a row, named accumulators (see ROW256). */
+#define ROW16(i)                                                     \
+  {                                                                  \
+    c##i = _mm512_fmadd_ps(_mm512_set1_ps(ap[(i) * sa]), b0, c##i);  \
+  }
+__attribute__((target("avx512f"))) static void kern512n16(int64_t kc, const float *ap, int64_t sa, int64_t sk,
+                                                          const float *bp, float *t) {
+  __m512 c0 = _mm512_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0;
+  for (int64_t kk = 0; kk < kc; kk++) {
+    __m512 b0 = _mm512_loadu_ps(bp);
+    ROW16(0) ROW16(1) ROW16(2) ROW16(3) ROW16(4) ROW16(5) ROW16(6) ROW16(7)
+    ap += sk, bp += 16;
+  }
+  _mm512_storeu_ps(t, c0), _mm512_storeu_ps(t + 16, c1), _mm512_storeu_ps(t + 32, c2);
+  _mm512_storeu_ps(t + 48, c3), _mm512_storeu_ps(t + 64, c4), _mm512_storeu_ps(t + 80, c5);
+  _mm512_storeu_ps(t + 96, c6), _mm512_storeu_ps(t + 112, c7);
+}
+#undef ROW16
+
 __attribute__((target("avx512f"))) static void kern512(int64_t kc, const float *ap, int64_t sa, int64_t sk,
                                                        const float *bp, float *t) {
   __m512 c0[MR512], c1[MR512];
@@ -268,7 +288,7 @@ static void store_tile(const gemm_job *g, const float *t, int64_t i0, int64_t j0
     }
     return;
   }
-  if (g->mr == MR512 && h == MR512) { /* transposed in registers, then C's rows in runs of 8 */
+  if (g->mr == MR512 && g->nr == NR512 && h == MR512) { /* transposed in registers, then C's rows in runs of 8 */
     float tt[MR512 * NR512] __attribute__((aligned(64)));
     transpose_tile512(t, tt);
     for (int64_t j = 0; j < w; j++) {
@@ -316,7 +336,8 @@ static void compute(void *ctx, int64_t t0, int64_t t1) {
         int64_t h = r_end - r < mr ? r_end - r : mr, sa = 1, sk = mr;
         const float *ap = g->ap + r * g->kc; /* r is a multiple of mr: MC is */
         if (g->direct_a && h == mr) ap = g->a + (g->ic + r) * g->lda + g->pc, sa = g->lda, sk = 1;
-        if (mr == MR512) kern512(g->kc, ap, sa, sk, bp, tile);
+        if (mr == MR512 && nr == NR512) kern512(g->kc, ap, sa, sk, bp, tile);
+        else if (mr == MR512) kern512n16(g->kc, ap, sa, sk, bp, tile);
         else kern256(g->kc, ap, sa, sk, bp, tile);
         store_tile(g, tile, g->ic + r, j0, h, w);
       }
@@ -326,13 +347,15 @@ static void compute(void *ctx, int64_t t0, int64_t t1) {
 
 static _Atomic int isa_level; /* 0 not yet known, 1 none (BLAS), 2 AVX2 and FMA, 3 AVX-512 */
 static _Atomic int blas512;   /* 0 not yet known, 1 OpenBLAS runs 256-bit kernels, 2 its AVX-512 ones */
+static _Atomic bool force_own; /* KILN_GEMM=kiln: every product this kernel takes, none left to OpenBLAS */
 
 char *openblas_get_corename(void);
 
 /* OpenBLAS picks its kernels by CPU model, or by OPENBLAS_CORETYPE. Its
  * AVX-512 ones (Skylake-X, Cooper Lake, Sapphire Rapids) beat this kernel
  * by about 10% on products of several row blocks, and lose to it on one
- * row block (a batch-1 or short-sequence layer) and on x @ W^T. */
+ * row block (a batch-1 or short-sequence layer), on x @ W^T and on 16
+ * columns or fewer (a deep conv layer at batch 1). */
 bool gemm_blas_avx512(void) {
   int v = atomic_load_explicit(&blas512, memory_order_relaxed);
   if (!v) {
@@ -355,6 +378,7 @@ static int isa(void) {
   const char *env = getenv("KILN_GEMM");
   bool want_avx2 = env && !strcmp(env, "avx2");
   __builtin_cpu_init();
+  atomic_store_explicit(&force_own, env && !strcmp(env, "kiln"), memory_order_relaxed);
   if (env && !strcmp(env, "blas")) l = 1;
   else if (__builtin_cpu_supports("avx512f") && !want_avx2) l = 3;
   else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && want_avx2) l = 2;
@@ -370,7 +394,9 @@ bool kgemm_f32(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, c
   int level = isa();
   if (level < 2 || m < MIN_ROWS || n < 1 || k < 1 || (double)m * (double)n * (double)k < MIN_WORK) return false;
   bool head = tb && !ta && n >= 4 * m && m >= MR512; /* x @ W^T, W the wider: see below */
-  if (level == 3 && m > MC && !head && gemm_blas_avx512()) return false;
+  if (level == 3 && m > MC && n > 16 && !head && !atomic_load_explicit(&force_own, memory_order_relaxed) &&
+      gemm_blas_avx512())
+    return false;
   gemm_job g = {.ta = ta, .tb = tb, .m = m, .n = n, .k = k, .lda = lda, .ldb = ldb, .ldc = ldc,
                 .alpha = alpha, .beta = beta, .a = a, .b = b, .c = c};
   /* x @ W^T with W the big one (an LLM's head, a linear layer of (out,in)
@@ -385,6 +411,7 @@ bool kgemm_f32(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, c
   g.direct_a = !g.ta && g.lda % 1024 != 0;
   g.mr = level == 3 ? MR512 : MR256;
   g.nr = level == 3 ? NR512 : NR256;
+  if (level == 3 && n <= 16) g.nr = 16; /* a 32-wide tile would leave half its lanes idle */
   int64_t slices = (k + KC_MAX - 1) / KC_MAX, kc = (k + slices - 1) / slices; /* even slices: no thin tail */
   int64_t ncap = n < NC ? n : NC, mcap = m < MB ? m : MB;
   size_t bbytes = ((size_t)((ncap + g.nr - 1) / g.nr * g.nr) * (size_t)kc * sizeof(float) + 63) & ~(size_t)63;

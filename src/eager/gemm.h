@@ -10,7 +10,8 @@
  * (k x m); likewise b. beta 0 never reads c. Returns false, having written
  * nothing, where it does not run (no AVX-512 unless KILN_GEMM=avx2, not
  * x86-64, m < 6, a product too small to pay for packing, m > 96 where
- * OpenBLAS has AVX-512 kernels (gemm_blas_avx512), out of memory): the caller then calls BLAS. */
+ * OpenBLAS has AVX-512 kernels (gemm_blas_avx512) but for x @ W^T or
+ * n <= 16, out of memory): the caller then calls BLAS. */
 bool kgemm_f32(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
               const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
 
@@ -20,7 +21,8 @@ bool kgemm_f32(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, c
 bool gemm_blas_avx512(void);
 
 /* Which kernel kgemm_f32 runs here: "avx512", "avx2" or "blas" (never runs).
- * AVX-512 CPUs run kiln's; KILN_GEMM=blas turns it off, KILN_GEMM=avx2
+ * AVX-512 CPUs run kiln's; KILN_GEMM=blas turns it off, KILN_GEMM=kiln
+ * leaves OpenBLAS nothing it could take (for comparing), KILN_GEMM=avx2
  * runs the AVX2 kernel (which is not the default on AVX2 CPUs: OpenBLAS's
  * is a little faster there). */
 const char *gemm_kernel_name(void);
