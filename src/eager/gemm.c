@@ -458,6 +458,8 @@ bool kgemm_f32(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, c
 
 const char *gemm_kernel_name(void) { return "blas"; }
 
+bool gemm_blas_avx512(void) { return false; }
+
 bool kgemm_f32(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
               const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
   (void)ta, (void)tb, (void)m, (void)n, (void)k, (void)alpha, (void)a, (void)lda, (void)b, (void)ldb, (void)beta;
