@@ -377,6 +377,11 @@ START_TEST(test_lstm_compiled_gradient) {
     int scans = 0;
     for (const char *p = text; (p = strstr(p, "= scan(")); p++) scans++;
     ck_assert_msg(scans == 2, "%d scan nodes in\n%s", scans, text);
+    /* the weights' gradients are summed after the reverse loop (the sums
+     * pass), not carried through it: both scans carry h and c alone */
+    int two = 0;
+    for (const char *p = text; (p = strstr(p, "{carry=2, ")); p++) two++;
+    ck_assert_msg(two == 2, "%d of the scans carry h and c alone in\n%s", two, text);
     free(text);
     kiln_fn_free(fn);
     kiln_scope_end();
