@@ -333,11 +333,14 @@ START_TEST(test_lstm_compiled_gradient) {
   data_init(&d);
   double r[(TMAX + 2) * B * H];
   fill(r, (TMAX + 2) * B * H, 9);
-  for (int backend = KILN_BACKEND_INTERP; backend <= KILN_BACKEND_LLVM; backend++) {
+  int matmuls[2] = {0, 0}; /* in the graph, per scan_save policy */
+  for (int run = 0; run < 4; run++) {
+    int backend = run % 2 ? KILN_BACKEND_LLVM : KILN_BACKEND_INTERP, save = run / 2;
     kiln_scope_begin();
     lstm m = lstm_make(&d, KILN_F64);
     kiln_fn *fn = kiln_compile(grad_body, &m,
-                               &(kiln_options){.name = "lstm_grad", .n_in = 4, .n_out = 7, .backend = backend});
+                               &(kiln_options){.name = "lstm_grad", .n_in = 4, .n_out = 7, .backend = backend,
+                                               .scan_save = save ? KILN_SCAN_SAVE_DOTS : KILN_SCAN_SAVE_CARRIES});
     ck_assert_msg(fn != NULL, "%s", kiln_last_error());
     for (int li = 0; li < NL; li++) {
       int T = lengths[li];
@@ -382,6 +385,10 @@ START_TEST(test_lstm_compiled_gradient) {
     int two = 0;
     for (const char *p = text; (p = strstr(p, "{carry=2, ")); p++) two++;
     ck_assert_msg(two == 2, "%d of the scans carry h and c alone in\n%s", two, text);
+    /* saving the forward's matmuls: the backward runs none of them again */
+    matmuls[save] = 0;
+    for (const char *p = text; (p = strstr(p, "= matmul(")); p++) matmuls[save]++;
+    if (save) ck_assert_msg(matmuls[1] < matmuls[0], "%d matmuls saving them, %d recomputing, in\n%s", matmuls[1], matmuls[0], text);
     free(text);
     kiln_fn_free(fn);
     kiln_scope_end();

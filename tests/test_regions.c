@@ -313,7 +313,8 @@ END_TEST
 
 /* passes_sums.ir, before and after the pipeline (whose sums pass takes four
  * of the five carries out of the loop: matmuls over the steps' rows
- * stacked, a sum, a captured factor), loaded and run on both backends at
+ * stacked, a sum, a captured factor; and hands a y that is an xs on as the
+ * xs operand), loaded and run on both backends at
  * T = 0, 1 and 5 against C that runs the loop as written. */
 START_TEST(test_sums_text_runs) {
   char *file = read_golden("passes_sums.ir"), *cut = strstr(file, ";---- pipeline");
@@ -325,7 +326,8 @@ START_TEST(test_sums_text_runs) {
   static const int lengths[] = {0, 1, 5};
   for (int li = 0; li < 3; li++) {
     int T = lengths[li];
-    double c0[8], c1[4], g[12], c3[8], c4[12], ys[TS * 12];
+    double c0[8], c1[4], g[12], c3[8], c4[12], ys[TS * 12], d64[TS * 12];
+    for (int i = 0; i < TS * 12; i++) d64[i] = d[i];
     for (int i = 0; i < 8; i++) c0[i] = c3[i] = a0[i];
     for (int i = 0; i < 4; i++) c1[i] = b0[i];
     for (int i = 0; i < 12; i++) g[i] = c4[i] = g0[i];
@@ -357,12 +359,12 @@ START_TEST(test_sums_text_runs) {
                             kiln_tensor_from(KILN_F32, 1, (int64_t[]){4}, b0),
                             kiln_tensor_from(KILN_F32, 2, (int64_t[]){3, 4}, g0),
                             kiln_tensor_from(KILN_F32, 2, (int64_t[]){4, 4}, w)},
-                  *out[6];
+                  *out[7];
       ck_assert_msg(kiln_call(fn, in, out) == 0, "T=%d: %s", T, kiln_last_error());
-      const double *want[6] = {c0, c1, g, c3, c4, ys};
-      const int64_t n[6] = {8, 4, 12, 8, 12, (int64_t)T * 12};
-      const char *names[6] = {"h^T e", "sum e", "g", "h^T g + h^T e", "g W", "ys"};
-      for (int k = 0; k < 6; k++) {
+      const double *want[7] = {c0, c1, g, c3, c4, ys, d64};
+      const int64_t n[7] = {8, 4, 12, 8, 12, (int64_t)T * 12, (int64_t)T * 12};
+      const char *names[7] = {"h^T e", "sum e", "g", "h^T g + h^T e", "g W", "ys", "d as it came"};
+      for (int k = 0; k < 7; k++) {
         float got[TS * 12];
         ck_assert_int_eq(n[k], kiln_numel(out[k]));
         ck_assert_int_eq(0, kiln_read(out[k], got, sizeof(float) * (size_t)n[k]));

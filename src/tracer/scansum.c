@@ -15,7 +15,11 @@
  * (x_t, a saved carry) is not yielded again: the xs operand is its stack.
  * A captured factor (the same every step) multiplies the sum of the other.
  * The order of the additions changes (one GEMM's order instead of the
- * loop's), so results move by rounding; at T = 0 the sum is zeros. */
+ * loop's), so results move by rounding; at T = 0 the sum is zeros.
+ *
+ * The same rebuild drops a y that is an xs argument as it came (a saved
+ * per-step value the hoist pass had batched before the loop): its stack
+ * is the xs operand, not a copy written a step at a time. */
 #include <string.h>
 
 #include "tracer/tracer.h"
@@ -252,15 +256,19 @@ static int sums_scan(ir_graph *dst, const ir_graph *src, int i, const int *ins, 
   for (int k = 0; k < n_res; k++) kmap[k] = k;
   int *uses = ir_use_counts(r);
   acc *accs = alloc_calloc((size_t)nc + 1, sizeof *accs);
-  bool *out = alloc_calloc((size_t)nc + 1, sizeof *out);
+  bool *out = alloc_calloc((size_t)n_res + 1, sizeof *out); /* a carry taken out, or a y that is an xs */
   stacks s = {0, alloc_malloc(sizeof(int) * ((size_t)r->n_nodes + 1)), alloc_malloc(sizeof(int) * ((size_t)r->n_nodes + 1))};
   int *rmap = alloc_malloc(sizeof(int) * ((size_t)r->n_nodes + 1));
   int *cins = alloc_malloc(sizeof(int) * ((size_t)n->n_in + 1)), *buf = NULL;
   ir_graph *nr = NULL;
   bool ok = uses && accs && out && s.node && s.outer && rmap && cins;
-  int n_out = 0;
+  int n_out = 0, n_pass = 0;
   for (int k = 0; k < nc && ok && n->n_xs > 0; k++) n_out += out[k] = accumulates(n, uses, k, &accs[k]);
-  if (ok && !n_out) {
+  for (int k = nc; k < n_res && ok; k++) {
+    int a = arg_index(r, r->outputs[k]);
+    n_pass += out[k] = a >= nc && a < first_cap;
+  }
+  if (ok && !n_out && !n_pass) {
     ir_node c = *n;
     c.in = (int *)ins;
     id = ir_add(dst, &c);
@@ -302,7 +310,7 @@ static int sums_scan(ir_graph *dst, const ir_graph *src, int i, const int *ins, 
     ok = dead || rmap[x] >= 0;
   }
   for (int o = 0; o < n_res && ok; o++)
-    if (!(o < nc && out[o])) ok = rmap[r->outputs[o]] >= 0 && !ir_add_output(nr, rmap[r->outputs[o]]);
+    if (!out[o]) ok = rmap[r->outputs[o]] >= 0 && !ir_add_output(nr, rmap[r->outputs[o]]);
   for (int e = 0; e < s.n && ok; e++) ok = rmap[s.node[e]] >= 0 && !ir_add_output(nr, rmap[s.node[e]]);
   /* the node: the kept carries' inits, the xs, the captures */
   int m = 0;
@@ -323,12 +331,16 @@ static int sums_scan(ir_graph *dst, const ir_graph *src, int i, const int *ins, 
     ir_node g = {.op = IR_GET, .dtype = v->dtype, .ndim = v->ndim + 1, .n_in = 1, .in = &id, .file = n->file, .line = n->line};
     g.shape[0] = T;
     memcpy(g.shape + 1, v->shape, sizeof(sym_dim) * (size_t)v->ndim);
-    g.attrs.k = n_res - n_out + e;
+    g.attrs.k = n_res - n_out - n_pass + e;
     ok = v->ndim < MAXD && (s.outer[e] = ir_add(dst, &g)) >= 0;
   }
   for (int k = 0, kept = 0; k < n_res && ok; k++) {
-    if (!(k < nc && out[k])) {
+    if (!out[k]) {
       kmap[k] = kept++;
+      continue;
+    }
+    if (k >= nc) {
+      kmap[k] = -2 - ins[arg_index(r, r->outputs[k])]; /* the xs it passes on */
       continue;
     }
     const ir_node *ty = &r->nodes[k];
