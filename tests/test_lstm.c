@@ -396,6 +396,14 @@ START_TEST(test_lstm_compiled_gradient) {
 }
 END_TEST
 
+/* A scan_save that is no policy: kiln_compile says so. */
+START_TEST(test_scan_save_unknown) {
+  kiln_fn *fn = kiln_compile(grad_body, NULL, &(kiln_options){.n_in = 4, .scan_save = 5});
+  ck_assert(fn == NULL);
+  ck_assert_msg(strstr(kiln_last_error(), "unknown scan_save policy 5") != NULL, "%s", kiln_last_error());
+}
+END_TEST
+
 static Suite *lstm_suite(void) {
   Suite *s = suite_create("lstm");
   TCase *tc = tcase_create("scan");
@@ -404,6 +412,7 @@ static Suite *lstm_suite(void) {
   tcase_add_test(tc, test_lstm_compiled_forward);
   tcase_add_test(tc, test_lstm_compiled_train_step);
   tcase_add_test(tc, test_lstm_compiled_gradient);
+  tcase_add_test(tc, test_scan_save_unknown);
   suite_add_tcase(s, tc);
   return s;
 }
