@@ -674,8 +674,8 @@ typedef struct kiln_options {
  * a compiled function, keeps of each step for the backward (as
  * jax.checkpoint's policies): the rest the backward recomputes. */
 enum kiln_scan_save {
-  KILN_SCAN_SAVE_CARRIES = 0, /* each step's incoming carry: T times the carry (the default) */
-  KILN_SCAN_SAVE_DOTS = 1,    /* also each step's matmul results: no matmul of the forward runs again */
+  KILN_SCAN_SAVE_DOTS = 0,    /* the default: each step's incoming carry and its matmuls' results */
+  KILN_SCAN_SAVE_CARRIES = 1, /* the carry alone, T times its size: the backward recomputes each step */
 };
 
 typedef struct kiln_fn kiln_fn;

@@ -334,6 +334,7 @@ START_TEST(test_lstm_compiled_gradient) {
   double r[(TMAX + 2) * B * H];
   fill(r, (TMAX + 2) * B * H, 9);
   int matmuls[2] = {0, 0}; /* in the graph, per scan_save policy */
+  unsetenv("KILN_SCAN_SAVE"); /* each run's policy is its options' */
   for (int run = 0; run < 4; run++) {
     int backend = run % 2 ? KILN_BACKEND_LLVM : KILN_BACKEND_INTERP, save = run / 2;
     kiln_scope_begin();
@@ -388,7 +389,7 @@ START_TEST(test_lstm_compiled_gradient) {
     /* saving the forward's matmuls: the backward runs none of them again */
     matmuls[save] = 0;
     for (const char *p = text; (p = strstr(p, "= matmul(")); p++) matmuls[save]++;
-    if (save) ck_assert_msg(matmuls[1] < matmuls[0], "%d matmuls saving them, %d recomputing, in\n%s", matmuls[1], matmuls[0], text);
+    if (save) ck_assert_msg(matmuls[1] < matmuls[0], "%d matmuls saving them, %d recomputing", matmuls[1], matmuls[0]);
     free(text);
     kiln_fn_free(fn);
     kiln_scope_end();

@@ -15,11 +15,11 @@
  *    kiln_scan over the steps in reverse (flipped xs: the saved carries, xs,
  *    the ys' cotangents), whose carry is the carry's cotangent and the
  *    captures' gradients summed over the steps, and whose ys are the xs'
- *    gradients. What a step computes inside is recomputed, not saved;
- *    with kiln_options.scan_save = KILN_SCAN_SAVE_DOTS the forward also
- *    yields each step's matmul results (top level of the body) and the
- *    replay takes them for the matmul's value, recording only its
- *    autograd node: the reverse step computes no forward matmul.
+ *    gradients. By default (kiln_options.scan_save, KILN_SCAN_SAVE_DOTS)
+ *    the forward also yields each step's matmul results (the body's own
+ *    level) and the replay takes them for the matmul's value, recording
+ *    only its autograd node: the reverse step computes no forward matmul.
+ *    The rest of a step is recomputed; with KILN_SCAN_SAVE_CARRIES all of it.
  *  - cond: the backward is a kiln_cond on the same predicate of the two
  *    branches' VJPs.
  *  - while_loop: forward only, as in JAX: its results get a node whose

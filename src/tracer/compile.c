@@ -430,7 +430,7 @@ kiln_fn *kiln_compile_at(kiln_body body, void *ctx, const kiln_options *opts, co
   if (o.dynamic < KILN_DYNAMIC_AUTO || o.dynamic > KILN_DYNAMIC_ALL) return err_set(file, line, "compile", "unknown dynamic policy %d", o.dynamic);
   if (o.capture < KILN_CAPTURE_AUTO || o.capture > KILN_CAPTURE_GUARDS) return err_set(file, line, "compile", "unknown capture mode %d", o.capture);
   if (o.max_variants < 0) return err_set(file, line, "compile", "max_variants %d is negative", o.max_variants);
-  if (o.scan_save < KILN_SCAN_SAVE_CARRIES || o.scan_save > KILN_SCAN_SAVE_DOTS)
+  if (o.scan_save < KILN_SCAN_SAVE_DOTS || o.scan_save > KILN_SCAN_SAVE_CARRIES)
     return err_set(file, line, "compile", "unknown scan_save policy %d", o.scan_save);
   kiln_fn *fn = alloc_handle(&fn_pool);
   if (!fn) return err_set(file, line, "compile", "out of memory");
