@@ -667,7 +667,16 @@ typedef struct kiln_options {
   int backend;       /* enum kiln_backend */
   int capture;       /* enum kiln_capture (KILN_CAPTURE variable too) */
   int fullgraph;     /* a graph break is an error naming its line (KILN_FULLGRAPH=1 too) */
+  int scan_save;     /* enum kiln_scan_save: what a differentiated kiln_scan keeps for its backward */
 } kiln_options;
+
+/* What the forward of a kiln_scan that autograd differentiates through, in
+ * a compiled function, keeps of each step for the backward (as
+ * jax.checkpoint's policies): the rest the backward recomputes. */
+enum kiln_scan_save {
+  KILN_SCAN_SAVE_DOTS = 0,    /* the default: each step's incoming carry and its matmuls' results */
+  KILN_SCAN_SAVE_CARRIES = 1, /* the carry alone, T times its size: the backward recomputes each step */
+};
 
 typedef struct kiln_fn kiln_fn;
 

@@ -333,11 +333,15 @@ START_TEST(test_lstm_compiled_gradient) {
   data_init(&d);
   double r[(TMAX + 2) * B * H];
   fill(r, (TMAX + 2) * B * H, 9);
-  for (int backend = KILN_BACKEND_INTERP; backend <= KILN_BACKEND_LLVM; backend++) {
+  int matmuls[2] = {0, 0}; /* in the graph, per scan_save policy */
+  unsetenv("KILN_SCAN_SAVE"); /* each run's policy is its options' */
+  for (int run = 0; run < 4; run++) {
+    int backend = run % 2 ? KILN_BACKEND_LLVM : KILN_BACKEND_INTERP, save = run / 2;
     kiln_scope_begin();
     lstm m = lstm_make(&d, KILN_F64);
     kiln_fn *fn = kiln_compile(grad_body, &m,
-                               &(kiln_options){.name = "lstm_grad", .n_in = 4, .n_out = 7, .backend = backend});
+                               &(kiln_options){.name = "lstm_grad", .n_in = 4, .n_out = 7, .backend = backend,
+                                               .scan_save = save ? KILN_SCAN_SAVE_DOTS : KILN_SCAN_SAVE_CARRIES});
     ck_assert_msg(fn != NULL, "%s", kiln_last_error());
     for (int li = 0; li < NL; li++) {
       int T = lengths[li];
@@ -377,10 +381,27 @@ START_TEST(test_lstm_compiled_gradient) {
     int scans = 0;
     for (const char *p = text; (p = strstr(p, "= scan(")); p++) scans++;
     ck_assert_msg(scans == 2, "%d scan nodes in\n%s", scans, text);
+    /* the weights' gradients are summed after the reverse loop (the sums
+     * pass), not carried through it: both scans carry h and c alone */
+    int two = 0;
+    for (const char *p = text; (p = strstr(p, "{carry=2, ")); p++) two++;
+    ck_assert_msg(two == 2, "%d of the scans carry h and c alone in\n%s", two, text);
+    /* saving the forward's matmuls: the backward runs none of them again */
+    matmuls[save] = 0;
+    for (const char *p = text; (p = strstr(p, "= matmul(")); p++) matmuls[save]++;
+    if (save) ck_assert_msg(matmuls[1] < matmuls[0], "%d matmuls saving them, %d recomputing", matmuls[1], matmuls[0]);
     free(text);
     kiln_fn_free(fn);
     kiln_scope_end();
   }
+}
+END_TEST
+
+/* A scan_save that is no policy: kiln_compile says so. */
+START_TEST(test_scan_save_unknown) {
+  kiln_fn *fn = kiln_compile(grad_body, NULL, &(kiln_options){.n_in = 4, .scan_save = 5});
+  ck_assert(fn == NULL);
+  ck_assert_msg(strstr(kiln_last_error(), "unknown scan_save policy 5") != NULL, "%s", kiln_last_error());
 }
 END_TEST
 
@@ -392,6 +413,7 @@ static Suite *lstm_suite(void) {
   tcase_add_test(tc, test_lstm_compiled_forward);
   tcase_add_test(tc, test_lstm_compiled_train_step);
   tcase_add_test(tc, test_lstm_compiled_gradient);
+  tcase_add_test(tc, test_scan_save_unknown);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -258,6 +258,16 @@ START_TEST(test_parse_regions) {
 END_TEST
 
 
+/* Run k of four: texts[k / 2] (a golden file's input, then its pipeline
+ * section) loaded on the interpreter (k even) or LLVM (k odd). */
+static kiln_fn *load_run(const char *const *texts, int k) {
+  setenv("KILN_BACKEND", k % 2 ? "llvm" : "interp", 1);
+  kiln_fn *fn = kiln_load_string(texts[k / 2]);
+  unsetenv("KILN_BACKEND");
+  ck_assert_msg(fn != NULL, "%s", kiln_last_error());
+  return fn;
+}
+
 /* passes_hoist.ir, before and after the pipeline (which hoists), loaded and
  * run on both backends against C: h = h0 + sum_t x[t] @ (2 exp(W)), then
  * v = h doubled while sum(v) < b*b */
@@ -282,11 +292,7 @@ START_TEST(test_hoisted_text_runs) {
     for (int i = 0; i < 32; i++) s += v[i] += v[i];
   }
   for (int run = 0; run < 4; run++) {
-    int be = run % 2 ? KILN_BACKEND_LLVM : KILN_BACKEND_INTERP;
-    setenv("KILN_BACKEND", be == KILN_BACKEND_INTERP ? "interp" : "llvm", 1);
-    kiln_fn *fn = kiln_load_string(texts[run / 2]);
-    unsetenv("KILN_BACKEND");
-    ck_assert_msg(fn != NULL, "%s", kiln_last_error());
+    kiln_fn *fn = load_run(texts, run);
     kiln_scope_begin();
     /* the graph's inputs, then its param */
     kiln_tensor *in[4] = {kiln_tensor_from(KILN_F32, 3, (int64_t[]){5, 4, 3}, x), kiln_tensor_from(KILN_F32, 2, (int64_t[]){4, 8}, h0),
@@ -300,6 +306,73 @@ START_TEST(test_hoisted_text_runs) {
     expect_close(got, v, 32, "while");
     kiln_scope_end();
     kiln_fn_free(fn);
+  }
+  free(file);
+}
+END_TEST
+
+/* passes_sums.ir, before and after the pipeline (whose sums pass takes four
+ * of the five carries out of the loop: matmuls over the steps' rows
+ * stacked, a sum, a captured factor; and hands a y that is an xs on as the
+ * xs operand), loaded and run on both backends at
+ * T = 0, 1 and 5 against C that runs the loop as written. */
+START_TEST(test_sums_text_runs) {
+  char *file = read_golden("passes_sums.ir"), *cut = strstr(file, ";---- pipeline");
+  *cut = '\0';
+  const char *texts[2] = {file, strchr(cut + 1, '\n') + 1};
+  enum { TS = 5 };
+  float h[TS * 6], d[TS * 12], a0[8], b0[4], g0[12], w[16];
+  fill(h, TS * 6, 71), fill(d, TS * 12, 72), fill(a0, 8, 73), fill(b0, 4, 74), fill(g0, 12, 75), fill(w, 16, 76);
+  static const int lengths[] = {0, 1, 5};
+  for (int li = 0; li < 3; li++) {
+    int T = lengths[li];
+    double c0[8], c1[4], g[12], c3[8], c4[12], ys[TS * 12], d64[TS * 12];
+    for (int i = 0; i < TS * 12; i++) d64[i] = d[i];
+    for (int i = 0; i < 8; i++) c0[i] = c3[i] = a0[i];
+    for (int i = 0; i < 4; i++) c1[i] = b0[i];
+    for (int i = 0; i < 12; i++) g[i] = c4[i] = g0[i];
+    for (int t = 0; t < T; t++) {
+      const float *ht = h + t * 6, *dt = d + t * 12;
+      double e[12], gw[12];
+      for (int i = 0; i < 12; i++) e[i] = tanh((double)dt[i]);
+      for (int r = 0; r < 3; r++)
+        for (int j = 0; j < 4; j++) {
+          gw[r * 4 + j] = 0;
+          for (int k = 0; k < 4; k++) gw[r * 4 + j] += g[r * 4 + k] * w[k * 4 + j];
+        }
+      for (int m = 0; m < 2; m++)
+        for (int j = 0; j < 4; j++)
+          for (int r = 0; r < 3; r++) {
+            c0[m * 4 + j] += ht[r * 2 + m] * e[r * 4 + j];
+            c3[m * 4 + j] += ht[r * 2 + m] * (g[r * 4 + j] + e[r * 4 + j]);
+          }
+      for (int r = 0; r < 3; r++)
+        for (int j = 0; j < 4; j++) c1[j] += e[r * 4 + j];
+      for (int i = 0; i < 12; i++) c4[i] += gw[i], g[i] = tanh(gw[i] + dt[i]), ys[t * 12 + i] = g[i];
+    }
+    for (int run = 0; run < 4; run++) {
+      kiln_fn *fn = load_run(texts, run);
+      kiln_scope_begin();
+      kiln_tensor *in[6] = {kiln_tensor_from(KILN_F32, 3, (int64_t[]){T, 3, 2}, h),
+                            kiln_tensor_from(KILN_F32, 3, (int64_t[]){T, 3, 4}, d),
+                            kiln_tensor_from(KILN_F32, 2, (int64_t[]){2, 4}, a0),
+                            kiln_tensor_from(KILN_F32, 1, (int64_t[]){4}, b0),
+                            kiln_tensor_from(KILN_F32, 2, (int64_t[]){3, 4}, g0),
+                            kiln_tensor_from(KILN_F32, 2, (int64_t[]){4, 4}, w)},
+                  *out[7];
+      ck_assert_msg(kiln_call(fn, in, out) == 0, "T=%d: %s", T, kiln_last_error());
+      const double *want[7] = {c0, c1, g, c3, c4, ys, d64};
+      const int64_t n[7] = {8, 4, 12, 8, 12, (int64_t)T * 12, (int64_t)T * 12};
+      const char *names[7] = {"h^T e", "sum e", "g", "h^T g + h^T e", "g W", "ys", "d as it came"};
+      for (int k = 0; k < 7; k++) {
+        float got[TS * 12];
+        ck_assert_int_eq(n[k], kiln_numel(out[k]));
+        ck_assert_int_eq(0, kiln_read(out[k], got, sizeof(float) * (size_t)n[k]));
+        expect_close(got, want[k], n[k], names[k]);
+      }
+      kiln_scope_end();
+      kiln_fn_free(fn);
+    }
   }
   free(file);
 }
@@ -1159,6 +1232,7 @@ int main(void) {
   tcase_add_test(tc, test_verify_regions);
   tcase_add_test(tc, test_parse_regions);
   tcase_add_test(tc, test_hoisted_text_runs);
+  tcase_add_test(tc, test_sums_text_runs);
   suite_add_tcase(s, tc);
   TCase *cap = tcase_create("capture");
   tcase_set_timeout(cap, 120);

@@ -15,7 +15,11 @@
  *    kiln_scan over the steps in reverse (flipped xs: the saved carries, xs,
  *    the ys' cotangents), whose carry is the carry's cotangent and the
  *    captures' gradients summed over the steps, and whose ys are the xs'
- *    gradients. What a step computes inside is recomputed, not saved.
+ *    gradients. By default (kiln_options.scan_save, KILN_SCAN_SAVE_DOTS)
+ *    the forward also yields each step's matmul results (the body's own
+ *    level) and the replay takes them for the matmul's value, recording
+ *    only its autograd node: the reverse step computes no forward matmul.
+ *    The rest of a step is recomputed; with KILN_SCAN_SAVE_CARRIES all of it.
  *  - cond: the backward is a kiln_cond on the same predicate of the two
  *    branches' VJPs.
  *  - while_loop: forward only, as in JAX: its results get a node whose
@@ -55,6 +59,8 @@ typedef struct cfg_ins {
   cfg_cf *cf;  /* EV_CF: the construct; EV_GET: the construct whose result a.k it is */
   const char *file;
   int line;
+  int vid;  /* EV_OP: the recording's value id of its result */
+  int keep; /* its per-step values the forward yields (saved): their index, else -1 */
 } cfg_ins;
 
 typedef struct cfg_prog {
@@ -71,7 +77,8 @@ struct cfg_grad {
   int n_caps, cap_caps;
   kiln_tensor **caps;
   cfg_prog prog;
-  kiln_tensor **saved; /* scan: the stacked carries, n_carry of them */
+  kiln_tensor **saved; /* scan: the stacked carries (n_carry), then the kept values (n_kept) */
+  int n_kept, kept_ids[64]; /* scan_save: the instructions whose per-step values are saved, as value ids */
   const char *file;
   int line;
 };
@@ -104,7 +111,8 @@ static cfg_ins *ins_new(builder *b, const rec_event *e) {
   cfg_prog *p = &b->g->prog;
   if (alloc_grow((void **)&p->ins, &p->cap_ins, p->n_ins + 1, sizeof *p->ins)) return NULL;
   cfg_ins *in = &p->ins[p->n_ins++];
-  *in = (cfg_ins){.kind = e->kind, .op = e->op, .a = e->a, .n_in = e->n_in, .out = -1, .file = e->file, .line = e->line};
+  *in = (cfg_ins){.kind = e->kind, .op = e->op, .a = e->a, .n_in = e->n_in, .out = -1, .file = e->file, .line = e->line,
+                  .vid = e->out, .keep = -1};
   if (!(in->in = alloc_malloc(sizeof(int) * (size_t)(e->n_in + 1)))) return NULL;
   for (int j = 0; j < e->n_in; j++)
     if ((in->in[j] = ref_of(b, b->r->ids[e->in + j])) == BAD_REF) return NULL;
@@ -243,7 +251,8 @@ static void prog_free(cfg_prog *p) {
 
 typedef struct replay {
   const cfg_grad *g;
-  kiln_tensor **v; /* the slots */
+  kiln_tensor **v;            /* the slots */
+  kiln_tensor *const *kept;   /* this step's kept values (NULL: recompute every op) */
 } replay;
 
 typedef struct body_ctx {
@@ -288,6 +297,18 @@ static int run_cf(replay *rp, const cfg_ins *in, kiln_tensor *const *x) {
   return -1;
 }
 
+/* The op of in over x whose value the forward saved (kept): an identity
+ * view of it (a permute that passes no size, which the passes drop), with
+ * the op's autograd node over x, so that the gradients flow as through the
+ * op while the op itself does not run again. */
+static kiln_tensor *kept_value(kiln_tensor *kept, const cfg_ins *in, kiln_tensor *const *x) {
+  int perm[MAXD];
+  for (int d = 0; d < kept->ndim; d++) perm[d] = d;
+  kiln_tensor *t = kiln_permute_at(kept, perm, in->file, in->line);
+  if (!t || ag_record((op_id)in->op, x, in->n_in, &in->a, t, in->file, in->line)) return NULL;
+  return t;
+}
+
 static int run_range(replay *rp, int begin, int end) {
   const cfg_prog *p = &rp->g->prog;
   for (int i = begin; i < end; i++) {
@@ -299,7 +320,10 @@ static int run_range(replay *rp, int begin, int end) {
     for (int d = 0; d < in->a.ndim && d < MAXD; d++) shape[d] = in->a.shape[d].c;
     kiln_tensor *t = NULL;
     switch (in->kind) {
-    case EV_OP: t = op_dispatch((op_id)in->op, x, in->n_in, &in->a, in->file, in->line); break;
+    case EV_OP:
+      t = in->keep >= 0 && rp->kept ? kept_value(rp->kept[in->keep], in, x)
+                                     : op_dispatch((op_id)in->op, x, in->n_in, &in->a, in->file, in->line);
+      break;
     case EV_FULL: t = kiln_full_at(in->a.dtype, in->a.ndim, shape, in->a.value, in->file, in->line); break;
     case EV_DATA: t = kiln_tensor_from_at(in->a.dtype, in->a.ndim, shape, in->data, in->file, in->line); break;
     case EV_NUMEL: t = numel_scalar(x[0], in->a.axes, in->a.naxes, in->a.start.c, in->a.dtype, in->file, in->line); break;
@@ -317,8 +341,9 @@ static int run_range(replay *rp, int begin, int end) {
 }
 
 /* Runs the construct's region i over args: out[] scope-owned, or -1 with the error set. */
-static int prog_run(const cfg_grad *g, int region, kiln_tensor *const *args, kiln_tensor **out) {
-  replay rp = {g, alloc_calloc((size_t)g->prog.n_slots + 1, sizeof(kiln_tensor *))};
+static int prog_run(const cfg_grad *g, int region, kiln_tensor *const *args, kiln_tensor *const *kept,
+                    kiln_tensor **out) {
+  replay rp = {g, alloc_calloc((size_t)g->prog.n_slots + 1, sizeof(kiln_tensor *)), kept};
   if (!rp.v) return err_set(g->file, g->line, "autograd", "out of memory"), -1;
   int rc = run_region(&rp, &g->prog.top[region], args, out);
   alloc_free(rp.v);
@@ -348,8 +373,8 @@ static kiln_tensor *shaped_like(kiln_tensor *x, kiln_tensor *d, const char *file
  * as new leaves); then the gradients of sum_k sum(out_k * cot_k) (cot_k
  * NULL: none) into d: d[j] of args[j] (NULL unless need[j]), d[n_args + c]
  * of each capture that requires grad (zeros where none flows). 0 or -1. */
-static int vjp(const cfg_grad *g, int region, kiln_tensor *const *args, const bool *need, kiln_tensor *const *cot,
-               kiln_tensor **d) {
+static int vjp(const cfg_grad *g, int region, kiln_tensor *const *args, kiln_tensor *const *kept, const bool *need,
+               kiln_tensor *const *cot, kiln_tensor **d) {
   const cfg_region *p = &g->prog.top[region];
   int n_args = p->n_args, n = 0, rc = 0;
   kiln_tensor *out[128], *wrt[192], *res[192], *own[128];
@@ -381,7 +406,7 @@ static int vjp(const cfg_grad *g, int region, kiln_tensor *const *args, const bo
   }
   for (int c = 0; c < g->n_caps; c++)
     if (g->caps[c]->requires_grad && dtype_is_float(g->caps[c]->dtype)) where[n] = n_args + c, wrt[n++] = g->caps[c];
-  rc = prog_run(g, region, args, out);
+  rc = prog_run(g, region, args, kept, out);
   kiln_tensor *L = NULL;
   for (int k = 0; !rc && k < p->n_out; k++) {
     if (!cot[k] || !out[k]->requires_grad) continue;
@@ -434,7 +459,7 @@ typedef struct rev_ctx {
   int n_dx;
 } rev_ctx;
 
-/* The reverse scan's step: in = dcarry, dcaps, carry_t, xs_t, dy_t; out =
+/* The reverse scan's step: in = dcarry, dcaps, carry_t, xs_t, dy_t, kept_t; out =
  * dcarry', dcaps', dx_t (of the xs that need theirs). */
 static int rev_step(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
   const rev_ctx *rc = ctx;
@@ -446,7 +471,7 @@ static int rev_step(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
   for (int k = 0; k < nc; k++) cot[k] = dcarry[k], need[k] = dtype_is_float(cx[k]->dtype);
   for (int j = 0; j < nx; j++) need[nc + j] = rc->x_need[j];
   for (int k = 0; k < rc->n_dy; k++) cot[nc + rc->dy_of[k]] = cx[n_args + k];
-  if (vjp(g, 0, cx, need, cot, d)) return -1;
+  if (vjp(g, 0, cx, g->n_kept ? cx + n_args + rc->n_dy : NULL, need, cot, d)) return -1;
   for (int k = 0; k < nc; k++)
     if (!(out[k] = shaped_like(cx[k], d[k], g->file, g->line))) return -1;
   for (int c = 0; c < rc->n_capg; c++)
@@ -485,6 +510,8 @@ static int scan_backward(void *data, kiln_tensor *const *gout, kiln_tensor **gin
       rc.dy_of[rc.n_dy++] = k;
       if (!(xs[n_xs++] = FLIP(gout[nc + k]))) return -1;
     }
+  for (int j = 0; j < g->n_kept; j++)
+    if (!(xs[n_xs++] = FLIP(g->saved[nc + j]))) return -1;
   if (kiln_scan_at(rev_step, &rc, nc + rc.n_capg, init, n_xs, xs, cout, rc.n_dx, dx, g->file, g->line)) return -1;
   for (int k = 0; k < nc; k++) gin[k] = cout[k];
   for (int j = 0, m = 0; j < nx; j++)
@@ -510,7 +537,7 @@ static int cond_branch_vjp(const cond_ctx *cc, int region, kiln_tensor *const *i
   bool need[128] = {0};
   for (int j = 0; j < n_ops; j++) need[j] = dtype_is_float(in[j]->dtype);
   for (int k = 0, m = n_ops; k < g->n_res; k++) cot[k] = cc->has[k] ? in[m++] : NULL;
-  if (vjp(g, region, in, need, cot, d)) return -1;
+  if (vjp(g, region, in, NULL, need, cot, d)) return -1;
   int m = 0;
   for (int j = 0; j < n_ops; j++)
     if (!(out[m++] = shaped_like(in[j], d[j], g->file, g->line))) return -1;
@@ -548,7 +575,7 @@ static void cfg_free(void *data) {
   if (!g) return;
   for (int i = 0; i < g->n_in; i++) kiln_release(g->in[i]);
   for (int c = 0; c < g->n_caps; c++) kiln_release(g->caps[c]);
-  for (int k = 0; g->saved && k < g->n_carry; k++) kiln_release(g->saved[k]);
+  for (int k = 0; g->saved && k < g->n_carry + g->n_kept; k++) kiln_release(g->saved[k]);
   alloc_free(g->in);
   alloc_free(g->caps);
   alloc_free(g->saved);
@@ -571,7 +598,22 @@ cfg_grad *cfg_new(recording *r, const cf_call *c, int first) {
   /* the backward's construct must fit kiln_scan's and kiln_cond's lists (64 each); else step by step */
   int n_capg = 0;
   for (int k = 0; k < g->n_caps; k++) n_capg += g->caps[k]->requires_grad && dtype_is_float(g->caps[k]->dtype);
-  bool fits = g->kind == CF_SCAN ? g->n_carry + n_capg <= 64 && 2 * g->n_carry + g->n_xs + (g->n_res - g->n_carry) <= 64
+  int n_rev_xs = 2 * g->n_carry + g->n_xs + (g->n_res - g->n_carry);
+  /* scan_save: the matmuls of the body's own level (a nested construct's stay
+   * recomputed: its replay runs a program of its own) */
+  const cfg_region *top = &g->prog.top[0];
+  for (int i = top->begin; g->kind == CF_SCAN && r->scan_save == KILN_SCAN_SAVE_DOTS && r->cf_depth == 0 && i < top->end; i++) {
+    cfg_ins *in = &g->prog.ins[i];
+    if (in->kind == EV_CF) {
+      i = in->cf->next - 1;
+      continue;
+    }
+    if (in->kind != EV_OP || in->op != OP_MATMUL || !dtype_is_float(r->val[in->vid].dtype)) continue;
+    if (n_rev_xs + g->n_kept + 1 > 64 || g->n_carry + g->n_kept + 1 > 64) break; /* the rest recomputed */
+    in->keep = g->n_kept;
+    g->kept_ids[g->n_kept++] = in->vid;
+  }
+  bool fits = g->kind == CF_SCAN ? g->n_carry + n_capg <= 64 && n_rev_xs + g->n_kept <= 64
                                  : g->n_in - 1 + g->n_res <= 64 && g->n_in - 1 + n_capg <= 64;
   if (!fits || g->n_caps > 64) return cfg_free(g), NULL;
   return g;
@@ -579,10 +621,15 @@ cfg_grad *cfg_new(recording *r, const cf_call *c, int first) {
 
 void cfg_discard(cfg_grad *g) { cfg_free(g); }
 
+int cfg_kept(const cfg_grad *g, const int **ids) {
+  *ids = g->kept_ids;
+  return g->n_kept;
+}
+
 int cfg_attach(cfg_grad *g, kiln_tensor *const *results, kiln_tensor *const *saved) {
   const char *file = g->file;
   int line = g->line;
-  g->saved = alloc_calloc((size_t)g->n_carry + 1, sizeof *g->saved);
+  g->saved = alloc_calloc((size_t)(g->n_carry + g->n_kept) + 1, sizeof *g->saved);
   kiln_tensor **in = alloc_malloc(sizeof *in * (size_t)(g->n_in + g->n_caps + 1));
   if (!g->saved || !in) {
     alloc_free(in);
@@ -590,7 +637,7 @@ int cfg_attach(cfg_grad *g, kiln_tensor *const *results, kiln_tensor *const *sav
     return err_set(file, line, "autograd", "out of memory"), -1;
   }
   /* scan: the stacked carries (never a result: that would keep its own node alive) */
-  for (int k = 0; g->kind == CF_SCAN && k < g->n_carry; k++) g->saved[k] = kiln_retain(saved[k]);
+  for (int k = 0; g->kind == CF_SCAN && k < g->n_carry + g->n_kept; k++) g->saved[k] = kiln_retain(saved[k]);
   memcpy(in, g->in, sizeof *in * (size_t)g->n_in);
   if (g->n_caps) memcpy(in + g->n_in, g->caps, sizeof *in * (size_t)g->n_caps);
   int rc = ag_record_multi(g->kind == CF_SCAN ? &scan_ops : &cond_ops, g, in, g->n_in + g->n_caps, results, g->n_res,

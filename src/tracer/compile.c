@@ -430,6 +430,8 @@ kiln_fn *kiln_compile_at(kiln_body body, void *ctx, const kiln_options *opts, co
   if (o.dynamic < KILN_DYNAMIC_AUTO || o.dynamic > KILN_DYNAMIC_ALL) return err_set(file, line, "compile", "unknown dynamic policy %d", o.dynamic);
   if (o.capture < KILN_CAPTURE_AUTO || o.capture > KILN_CAPTURE_GUARDS) return err_set(file, line, "compile", "unknown capture mode %d", o.capture);
   if (o.max_variants < 0) return err_set(file, line, "compile", "max_variants %d is negative", o.max_variants);
+  if (o.scan_save < KILN_SCAN_SAVE_DOTS || o.scan_save > KILN_SCAN_SAVE_CARRIES)
+    return err_set(file, line, "compile", "unknown scan_save policy %d", o.scan_save);
   kiln_fn *fn = alloc_handle(&fn_pool);
   if (!fn) return err_set(file, line, "compile", "out of memory");
   atomic_store(&fn->magic, FN_MAGIC);
@@ -448,6 +450,9 @@ kiln_fn *kiln_compile_at(kiln_body body, void *ctx, const kiln_options *opts, co
   if (chk && *chk && strcmp(chk, "0")) fn->opts.check = 1;
   const char *fg = getenv("KILN_FULLGRAPH");
   if (fg && *fg && strcmp(fg, "0")) fn->opts.fullgraph = 1;
+  const char *ss = getenv("KILN_SCAN_SAVE");
+  if (ss && !strcmp(ss, "dots")) fn->opts.scan_save = KILN_SCAN_SAVE_DOTS;
+  if (ss && !strcmp(ss, "carries")) fn->opts.scan_save = KILN_SCAN_SAVE_CARRIES;
   const char *cap = getenv("KILN_CAPTURE");
   if (fn->opts.capture == KILN_CAPTURE_AUTO && cap && *cap) {
     if (!strcmp(cap, "record")) fn->opts.capture = KILN_CAPTURE_RECORD;
@@ -1250,6 +1255,7 @@ static int record_call(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out) {
     return err_set("", 0, "call", "%s: out of memory", fn->name), -1;
   }
   snprintf(cs.why, sizeof cs.why, "%s", why0);
+  cs.rec.scan_save = fn->opts.scan_save;
   kiln_scope_begin();
   for (int i = 0; i < n_out; i++) out[i] = NULL;
   unsigned long errors = err_count();

@@ -142,6 +142,19 @@ static int cf_oom(const ir_node *n) {
 /* A one-element bool's value. */
 static bool pred_value(const kiln_tensor *p) { return *(const unsigned char *)tensor_data(p) != 0; }
 
+/* A loop's captures from first on that are strided views (a transposed
+ * weight, an expanded scalar) copied once into own[] and args[], when the
+ * region runs compiled: its exec reads arguments as contiguous and would
+ * copy them on every step. 0, or -1 out of memory. */
+static int dense_captures(const ir_node *n, int first, bool compiled, kiln_tensor **args, int n_args, kiln_tensor **own) {
+  for (int j = first; j < n_args && compiled; j++) {
+    if (tensor_contiguous(args[j])) continue;
+    if (!(own[j] = op_run(OP_COPY, &args[j], 1, NULL, n->file, n->line))) return -1;
+    args[j] = own[j];
+  }
+  return 0;
+}
+
 /* Runs control-flow node id over its inputs' values v; res (ir_cf_n_results
  * of them, allocated here) gets its results. 0 or -1 with the error set. */
 static int run_cf(const ir_graph *g, int id, kiln_tensor *const *v, const int64_t *vals, const region_execs *rx,
@@ -151,7 +164,8 @@ static int run_cf(const ir_graph *g, int id, kiln_tensor *const *v, const int64_
   kiln_tensor **r = alloc_calloc((size_t)n_res + 1, sizeof *r);
   kiln_tensor **args = alloc_calloc((size_t)n_args + 1, sizeof *args);
   kiln_tensor **step = alloc_calloc((size_t)n_res + 1, sizeof *step);
-  if (!r || !args || !step) {
+  kiln_tensor **own = alloc_calloc((size_t)n_args + 1, sizeof *own); /* captures made contiguous */
+  if (!r || !args || !step || !own) {
     rc = cf_oom(n);
     goto done;
   }
@@ -160,6 +174,10 @@ static int run_cf(const ir_graph *g, int id, kiln_tensor *const *v, const int64_
     rc = run_region(g, id, pred_value(v[n->in[0]]) ? 0 : 1, vals, rx, args, r);
   } else if (n->op == IR_WHILE) {
     for (int j = 0; j < n_args; j++) args[j] = j < n->n_carry ? kiln_retain(v[n->in[j]]) : v[n->in[j]];
+    if (dense_captures(n, 0, rx && id < rx->n, args, n_args, own)) {
+      rc = cf_oom(n);
+      goto done;
+    }
     for (;;) {
       kiln_tensor *p = NULL;
       if ((rc = run_region(g, id, 0, vals, rx, args, &p))) break;
@@ -177,6 +195,7 @@ static int run_cf(const ir_graph *g, int id, kiln_tensor *const *v, const int64_
     int nc = n->n_carry, nx = n->n_xs;
     int64_t T = v[n->in[nc]]->shape[0];
     for (int j = 0; j < n_args; j++) args[j] = j < nc ? kiln_retain(v[n->in[j]]) : j < nc + nx ? NULL : v[n->in[j]];
+    if (dense_captures(n, nc + nx, rx && id < rx->n, args, n_args, own)) rc = cf_oom(n);
     /* each y stacks into a tensor of its own, written a step at a time */
     for (int k = nc; k < n_res && !rc; k++) {
       const ir_node *y = &body->nodes[body->outputs[k]];
@@ -208,6 +227,8 @@ static int run_cf(const ir_graph *g, int id, kiln_tensor *const *v, const int64_
     if (rc) release_n(r, n_res);
   }
 done:
+  if (own) release_n(own, n_args);
+  alloc_free(own);
   alloc_free(args);
   alloc_free(step);
   if (rc) {

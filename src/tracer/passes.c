@@ -586,6 +586,7 @@ static const struct {
     {"fold", pass_fold},         /* constant subgraphs, the casts of scalars among them */
     {"simplify", pass_simplify}, /* identities the folded constants made visible */
     {"hoist", pass_hoist},       /* loop-invariant work out of loop regions */
+    {"sums", pass_sums},         /* a scan carry that only accumulates: summed after the loop (scansum.c) */
     {"cse", pass_cse},
     {"dce", pass_dce},
     {"schedule", pass_schedule}, /* collectives early, to overlap what follows */

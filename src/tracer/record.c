@@ -668,28 +668,33 @@ static int on_cf(void *ctx, const cf_call *c, kiln_tensor **results) {
    * replays; a scan stacks each step's incoming carry as extra ys (what its
    * backward steps over). A while_loop stays forward only. */
   cfg_grad *grad = NULL;
-  int n_saved = 0;
+  int n_saved = 0, n_kept = 0; /* n_kept: of the saved, the per-step values after the carries */
   kiln_tensor *saved[64] = {0};
+  const int *kept_ids = NULL;
   if (!rc && !stepwise && want_grad && c->kind != CF_WHILE) {
     grad = cfg_new(r, c, first);
     if (!grad) stepwise = true;
     if (grad && c->kind == CF_SCAN) {
       int y = r->n_ev - 1, cid[64];
+      const int *kept;
+      n_kept = cfg_kept(grad, &kept);
+      kept_ids = kept;
       /* the body's arguments open its events (a nested construct's come later) */
       for (int j = 0; j < c->n_carry; j++) {
         KILN_ASSERT(r->ev[first + 1 + j].kind == EV_ARG && r->ev[first + 1 + j].a.k == j);
         cid[j] = r->ev[first + 1 + j].out;
       }
+      memcpy(cid + c->n_carry, kept, sizeof(int) * (size_t)n_kept); /* cfg_new keeps n_carry + n_kept <= 64 */
       KILN_ASSERT(r->ev[y].kind == EV_YIELD && r->ev[y].in + r->ev[y].n_in == r->n_ids);
-      if (alloc_grow((void **)&r->ids, &r->cap_ids, r->n_ids + c->n_carry, sizeof *r->ids)) {
+      if (alloc_grow((void **)&r->ids, &r->cap_ids, r->n_ids + c->n_carry + n_kept, sizeof *r->ids)) {
         rc = -1;
         fail(r, "out of memory while recording");
         err_set(c->file, c->line, cf_name[c->kind], "%s", r->why);
       } else {
-        memcpy(r->ids + r->n_ids, cid, sizeof(int) * (size_t)c->n_carry);
-        r->n_ids += c->n_carry;
-        r->ev[y].n_in += c->n_carry;
-        n_saved = c->n_carry;
+        memcpy(r->ids + r->n_ids, cid, sizeof(int) * (size_t)(c->n_carry + n_kept));
+        r->n_ids += c->n_carry + n_kept;
+        r->ev[y].n_in += c->n_carry + n_kept;
+        n_saved = c->n_carry + n_kept;
         r->ev[first].a.flag = true; /* its yield holds the saved carries too (cfgrad.c) */
       }
     }
@@ -728,12 +733,20 @@ static int on_cf(void *ctx, const cf_call *c, kiln_tensor **results) {
       }
       r->ev[g].a.k = k;
       const kiln_tensor *like = c->kind == CF_COND                ? out[0][k]
+                                : k >= c->n_results + c->n_carry ? c->in[0] /* kept: typed below */
                                 : k >= c->n_results              ? c->in[k - c->n_results]
                                 : k < c->n_carry                 ? c->in[k]
                                                                  : out[0][k];
       int64_t shape[MAXD];
       int nd = like->ndim;
+      kiln_dtype dt = like->dtype;
       memcpy(shape, like->shape, sizeof(int64_t) * (size_t)nd);
+      if (k >= c->n_results + c->n_carry) {
+        /* a kept per-step value (scan_save): its type as the body made it */
+        const rec_value *kv = &r->val[kept_ids[k - c->n_results - c->n_carry]];
+        dt = kv->dtype, nd = kv->ndim;
+        memcpy(shape, kv->shape, sizeof(int64_t) * (size_t)nd);
+      }
       if (c->kind == CF_SCAN && k >= c->n_carry) {
         /* y: stacked along a new dim 0 of the steps' count */
         if (nd + 1 > MAXD) {
@@ -747,7 +760,7 @@ static int on_cf(void *ctx, const cf_call *c, kiln_tensor **results) {
         nd++;
       }
       kiln_tensor **dst = k < c->n_results ? &results[k] : &saved[k - c->n_results];
-      if (!(*dst = cf_value(r, g, like->dtype, nd, shape))) {
+      if (!(*dst = cf_value(r, g, dt, nd, shape))) {
         release_all(results, k < c->n_results ? k : c->n_results);
         release_all(saved, n_saved);
         rc = -1;

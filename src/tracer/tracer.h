@@ -272,6 +272,7 @@ struct recording {
   const char *reader;      /* the call that read data at the newest break ("kiln_item") */
   bool escaped;            /* the rest of the body ran eagerly after an EV_ESCAPE */
   int cf_depth;            /* regions being recorded around the current op */
+  int scan_save;           /* kiln_options.scan_save (cfgrad.c) */
   bool cf_unfit;           /* a region body did what a region cannot hold (a data read, an in-place
                               write): the construct runs step by step instead */
   struct { int input, dim; } scan_dims[8]; /* inputs' dims a scan steps over: symbolic from the first trace */
@@ -297,6 +298,9 @@ int rec_value_of(recording *r, kiln_tensor *t);
 typedef struct cfg_grad cfg_grad;
 cfg_grad *cfg_new(recording *r, const cf_call *c, int first);
 void cfg_discard(cfg_grad *g);
+/* A scan's per-step values its forward yields after the saved carries (the
+ * matmuls kiln_options.scan_save keeps): how many, their value ids in *ids. */
+int cfg_kept(const cfg_grad *g, const int **ids);
 /* Gives results[0..c->n_results) the construct's autograd node, which owns
  * g from now on; saved: scan's stacked carries. 0 or -1. */
 int cfg_attach(cfg_grad *g, kiln_tensor *const *results, kiln_tensor *const *saved);
@@ -482,6 +486,7 @@ ir_graph *pass_dce(ir_graph *g);      /* drop nodes no output or write reaches *
 ir_graph *pass_cse(ir_graph *g);      /* merge equal nodes (after other rewrites) */
 ir_graph *pass_schedule(ir_graph *g); /* allreduces just after their inputs, to overlap what follows */
 ir_graph *pass_fold(ir_graph *g);     /* evaluate nodes whose inputs are all constants (small results) */
+ir_graph *pass_sums(ir_graph *g);     /* a scan carry that only accumulates carry + z(step) is summed after the loop */
 ir_graph *pass_hoist(ir_graph *g);    /* work in a scan's or while's regions that reads only captures moves out */
 ir_graph *pass_simplify(ir_graph *g); /* x*1, x+0, x-0, x/1, neg(neg x), transpose of transpose,
                                          reshape of reshape, identity views, cast to own type */
