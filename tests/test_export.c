@@ -584,6 +584,221 @@ START_TEST(test_cross) {
 }
 END_TEST
 
+/* ---- control flow: regions through libkiln_rt ---- */
+
+enum { CB = 3, CI = 4, CH = 5, CMAXT = 7 };
+
+/* The weights of the cells below: per LSTM gate (i, f, g, o) x @ wx + h @ wh + b. */
+typedef struct cfm {
+  kiln_tensor *wx[4], *wh[4], *b[4], *bound;
+} cfm;
+
+static float *rand_floats(int64_t n) {
+  float *d = malloc((size_t)n * 4 + 4);
+  for (int64_t i = 0; i < n; i++) d[i] = uniform();
+  return d;
+}
+
+static void cfm_init(cfm *m) {
+  for (int g = 0; g < 4; g++) {
+    float *a = rand_floats(CI * CH), *b = rand_floats(CH * CH), *c = rand_floats(CH);
+    m->wx[g] = kiln_tensor_from(KILN_F32, 2, (int64_t[]){CI, CH}, a);
+    m->wh[g] = kiln_tensor_from(KILN_F32, 2, (int64_t[]){CH, CH}, b);
+    m->b[g] = kiln_tensor_from(KILN_F32, 1, (int64_t[]){CH}, c);
+    free(a), free(b), free(c);
+  }
+  m->bound = kiln_scalar(KILN_F32, 100);
+}
+
+static void cfm_free(cfm *m) {
+  for (int g = 0; g < 4; g++) kiln_release(m->wx[g]), kiln_release(m->wh[g]), kiln_release(m->b[g]);
+  kiln_release(m->bound);
+}
+
+static kiln_tensor *gate(const cfm *m, int g, kiln_tensor *x, kiln_tensor *h) {
+  return kiln_add(kiln_add(kiln_matmul(x, m->wx[g]), kiln_matmul(h, m->wh[g])), m->b[g]);
+}
+
+/* in = h, c, x_t; out = h', c', y_t = h' */
+static int lstm_cell(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  const cfm *m = ctx;
+  kiln_tensor *i = kiln_sigmoid(gate(m, 0, in[2], in[0])), *f = kiln_sigmoid(gate(m, 1, in[2], in[0]));
+  kiln_tensor *g = kiln_tanh(gate(m, 2, in[2], in[0])), *o = kiln_sigmoid(gate(m, 3, in[2], in[0]));
+  out[1] = kiln_add(kiln_mul(f, in[1]), kiln_mul(i, g));
+  out[0] = kiln_mul(o, kiln_tanh(out[1]));
+  out[2] = out[0];
+  return !out[0] || !out[1];
+}
+
+/* in = xs [T, CB, CI], h0, c0 [CB, CH]; out = h, c, ys [T, CB, CH] */
+static int lstm_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  return kiln_scan(lstm_cell, ctx, 2, (kiln_tensor *[]){in[1], in[2]}, 1, &in[0], out, 1, &out[2]);
+}
+
+/* then: tanh(x @ wh0 + b0), else: x / 2 - b1; in = x [CB, CH], the pred from x's sum */
+static int then_fn(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  const cfm *m = ctx;
+  return !(out[0] = kiln_tanh(kiln_add(kiln_matmul(in[0], m->wh[0]), m->b[0])));
+}
+static int else_fn(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  const cfm *m = ctx;
+  return !(out[0] = kiln_sub(kiln_mul(in[0], kiln_scalar(KILN_F32, 0.5)), m->b[1]));
+}
+static int cond_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  kiln_tensor *p = kiln_gt(kiln_sum_all(in[0]), kiln_scalar(KILN_F32, 0)), *r = NULL;
+  if (kiln_cond(p, then_fn, else_fn, ctx, 1, in, 1, &r)) return -1;
+  return !(out[0] = kiln_add(r, kiln_scalar(KILN_F32, 1)));
+}
+
+/* carry x [CH], n []: while sum(x) < 100: x <- 2x, n <- n + 1 */
+static int below_fn(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  const cfm *m = ctx;
+  return !(out[0] = kiln_lt(kiln_sum_all(in[0]), m->bound));
+}
+static int twice_fn(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  out[0] = kiln_add(in[0], in[0]);
+  out[1] = kiln_add(in[1], kiln_scalar(KILN_F32, 1));
+  return !out[0] || !out[1];
+}
+static int while_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  return kiln_while_loop(below_fn, twice_fn, ctx, 2, in, out);
+}
+
+/* a scan step with a cond inside on the sign of sum(x_t): in = h, x_t; out = h', y = h' * h' */
+static int cond_then(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  const cfm *m = ctx;
+  return !(out[0] = kiln_tanh(kiln_add(kiln_matmul(in[0], m->wh[0]), kiln_matmul(in[1], m->wx[0]))));
+}
+static int cond_else(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  const cfm *m = ctx;
+  return !(out[0] = kiln_add(kiln_mul(in[0], kiln_scalar(KILN_F32, 0.5)), kiln_sin(kiln_matmul(in[1], m->wx[1]))));
+}
+static int cond_step(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  kiln_tensor *p = kiln_gt(kiln_sum_all(in[1]), kiln_scalar(KILN_F32, 0));
+  if (!p || kiln_cond(p, cond_then, cond_else, ctx, 2, in, 1, out)) return -1;
+  return !(out[1] = kiln_mul(out[0], out[0]));
+}
+/* in = xs [T, CB, CI], h0 [CB, CH]; out = h, ys; a scan in the step's else would nest deeper */
+static int cond_scan_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  return kiln_scan(cond_step, ctx, 1, &in[1], 1, &in[0], &out[0], 1, &out[1]);
+}
+
+/* A case: a body, its inputs per call and their shapes. */
+typedef struct cf_case {
+  const char *name;
+  kiln_body body;
+  int n_in, n_out;
+} cf_case;
+
+/* body run eagerly (no compile) on c's inputs: its outputs as doubles, malloc'ed, and their element counts */
+static void eager_outputs(const cf_case *k, cfm *m, const call *c, double **y, int64_t *n) {
+  kiln_scope_begin();
+  kiln_tensor *in[6], *out[6] = {0};
+  for (int i = 0; i < k->n_in; i++) in[i] = kiln_tensor_from(KILN_F32, c->ndim[i], c->shape[i], c->data[i]);
+  ck_assert_msg(k->body(m, in, out) == 0, "%s eagerly: %s", k->name, kiln_last_error());
+  for (int i = 0; i < k->n_out; i++) {
+    n[i] = kiln_numel(out[i]);
+    float *t = malloc((size_t)n[i] * 4 + 4);
+    ck_assert_int_eq(0, kiln_read(out[i], t, (size_t)n[i] * 4));
+    y[i] = malloc((size_t)n[i] * 8 + 8);
+    for (int64_t e = 0; e < n[i]; e++) y[i][e] = t[e];
+    free(t);
+  }
+  kiln_scope_end();
+}
+
+/* Compiles k, calls it once on c[0] (the trace), exports it and runs every
+ * call of c through libkiln_rt: each output equals eager's. */
+static void cf_export_case(const cf_case *k, cfm *m, const call *c, int n_calls, const char *cc) {
+  kiln_fn *fn = kiln_compile(k->body, m, &(kiln_options){.name = k->name, .n_in = k->n_in, .n_out = k->n_out});
+  ck_assert_ptr_nonnull(fn);
+  kiln_scope_begin();
+  kiln_tensor *in[6], *out[6] = {0};
+  for (int i = 0; i < k->n_in; i++) in[i] = kiln_tensor_from(KILN_F32, c[0].ndim[i], c[0].shape[i], c[0].data[i]);
+  ck_assert_msg(kiln_call(fn, in, out) == 0, "%s", kiln_last_error());
+  kiln_scope_end();
+  char prefix[128];
+  snprintf(prefix, sizeof prefix, "%s/%s", dir, k->name);
+  ck_assert_msg(kiln_export(fn, prefix, &(kiln_export_options){.name = k->name}) == 0, "%s", kiln_last_error());
+  if (cc) build_app_src(k->name, cc, KILN_TEST_SAN);
+  else build_app(k->name);
+  run_app(k->name, c, n_calls, k->n_out, NULL);
+  FILE *f = open_reply();
+  for (int ci = 0; ci < n_calls; ci++) {
+    float *got[6];
+    int64_t shapes[6][4], n[6];
+    int ndim[6];
+    char msg[512], what[128];
+    ck_assert_msg(next_reply(f, k->n_out, got, shapes, ndim, msg, sizeof msg) == 0, "%s call %d: %s", k->name, ci, msg);
+    double *want[6];
+    eager_outputs(k, m, &c[ci], want, n);
+    for (int i = 0; i < k->n_out; i++) {
+      int64_t numel = 1;
+      for (int d = 0; d < ndim[i]; d++) numel *= shapes[i][d];
+      ck_assert_msg(numel == n[i], "%s call %d output %d: %lld elements, eager has %lld", k->name, ci, i,
+                    (long long)numel, (long long)n[i]);
+      snprintf(what, sizeof what, "%s call %d output %d against eager", k->name, ci, i);
+      expect_close(what, got[i], want[i], n[i], 1e-5);
+      free(got[i]), free(want[i]);
+    }
+  }
+  fclose(f);
+  kiln_fn_free(fn);
+}
+
+/* scan (an LSTM), cond, while and a cond inside a scan, exported and run
+ * through libkiln_rt at lengths 0, 1 and 7 (one export serves every T; the
+ * first call traced at T = 3) and trip counts 0, 1 and 7; with cc, libkiln_rt
+ * from its sources without BLAS (a cross compiler with runner set). */
+static void cf_exports(const char *cc) {
+  cfm m;
+  cfm_init(&m);
+  make_dir();
+  int64_t lens[4] = {3, 0, 1, CMAXT};
+  float *xs = rand_floats(CMAXT * CB * CI), *h0 = rand_floats(CB * CH), *c0 = rand_floats(CB * CH);
+  call sc[4];
+  for (int c = 0; c < 4; c++)
+    sc[c] = (call){3, {xs, h0, c0}, {3, 2, 2}, {{lens[c], CB, CI}, {CB, CH}, {CB, CH}}, {0}};
+  cf_export_case(&(cf_case){"lstm", lstm_body, 3, 3}, &m, sc, 4, cc);
+  for (int c = 0; c < 4; c++) sc[c].n_in = 2;
+  cf_export_case(&(cf_case){"cscan", cond_scan_body, 2, 2}, &m, sc, 4, cc);
+  /* both branches: x of either sign of sum */
+  float *xp = rand_floats(CB * CH), *xn = malloc(CB * CH * 4);
+  for (int i = 0; i < CB * CH; i++) xp[i] = fabsf(xp[i]) + 0.1f, xn[i] = -xp[i];
+  call cc2[3] = {{1, {xp}, {2}, {{CB, CH}}, {0}}, {1, {xn}, {2}, {{CB, CH}}, {0}}, {1, {xp}, {2}, {{CB, CH}}, {0}}};
+  cf_export_case(&(cf_case){"cnd", cond_body, 1, 1}, &m, cc2, 3, cc);
+  /* sum(x) 60, 200 and 1: 1, 0 and 7 doublings to reach 100 */
+  float w1[CH] = {20, 10, 10, 10, 10}, w0[CH] = {40, 40, 40, 40, 40}, w7[CH] = {0.2f, 0.2f, 0.2f, 0.2f, 0.2f}, zero = 0;
+  call wc[3] = {{2, {w1, &zero}, {1, 0}, {{CH}, {0}}, {0}}, {2, {w0, &zero}, {1, 0}, {{CH}, {0}}, {0}},
+                {2, {w7, &zero}, {1, 0}, {{CH}, {0}}, {0}}};
+  cf_export_case(&(cf_case){"grow", while_body, 2, 2}, &m, wc, 3, cc);
+  /* the trip counts are the ones meant: n comes back as 1, 0, 7 */
+  run_app("grow", wc, 3, 2, NULL);
+  FILE *f = open_reply();
+  for (int c = 0; c < 3; c++) {
+    float *out[2];
+    int64_t shapes[2][4];
+    int ndim[2];
+    char msg[512];
+    ck_assert_int_eq(0, next_reply(f, 2, out, shapes, ndim, msg, sizeof msg));
+    ck_assert_int_eq(ndim[1], 0);
+    ck_assert_msg(out[1][0] == (float)(c == 0 ? 1 : c == 1 ? 0 : 7), "call %d: %g steps", c, out[1][0]);
+    free(out[0]), free(out[1]);
+  }
+  fclose(f);
+  free(xs), free(h0), free(c0), free(xp), free(xn);
+  remove_dir();
+  cfm_free(&m);
+}
+
+START_TEST(test_control_flow) { cf_exports(NULL); }
+END_TEST
+
+START_TEST(test_control_flow_no_blas) { cf_exports(KILN_TEST_CC); }
+END_TEST
+
+
 /* kilnc: a saved graph to an object on the command line; a loaded graph's
  * params are inputs, so the weights come with the call. Bad files are an
  * exit status of 1 and the reason. */
@@ -644,7 +859,7 @@ START_TEST(test_plan_version) {
   FILE *f = open_reply();
   char msg[512];
   ck_assert_int_eq(-1, next_reply(f, 2, NULL, NULL, NULL, msg, sizeof msg));
-  ck_assert_msg(strstr(msg, "exported for runtime plan version 1, this libkiln_rt reads version 7"), "message: %s", msg);
+  ck_assert_msg(strstr(msg, "exported for runtime plan version 2, this libkiln_rt reads version 7"), "message: %s", msg);
   fclose(f);
   free(x);
   remove_dir();
@@ -820,6 +1035,8 @@ int main(void) {
       {"plan_version", test_plan_version},
       {"cross", test_cross},
       {"refusals", test_refusals},
+      {"control_flow", test_control_flow},
+      {"control_flow_no_blas", test_control_flow_no_blas},
   };
   for (int k = 0; k < NELEM(cases); k++) {
     TCase *tc = tcase_create(cases[k].name);
