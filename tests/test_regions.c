@@ -589,6 +589,66 @@ START_TEST(test_while_one_trace) {
 }
 END_TEST
 
+/* Storages a compiled call makes. */
+static uint64_t storages_of_call(kiln_fn *fn, kiln_tensor *const *in, int n_out) {
+  kiln_tensor *out[2] = {0};
+  uint64_t before = storage_count();
+  ck_assert_msg(kiln_call(fn, in, out) == 0, "%s", kiln_last_error());
+  (void)n_out; /* the outputs are the scope's */
+  return storage_count() - before;
+}
+
+/* The planner per region: a compiled scan or while writes each step's carry
+ * into one of two sets of buffers made once per call, and a scan's ys
+ * straight into their rows of the stacked results (backend.run_into), so a
+ * call makes as many storages at 19 steps as at 1 or 7 (the step's own
+ * intermediates live in its exec's arena, kept between steps). */
+START_TEST(test_loop_buffers_per_call) {
+  float x[TMAX * NB * NI], h0[NB * NH], w[NI * NH], u[NH * NH], bb[NH];
+  fill(x, TMAX * NB * NI, 5), fill(h0, NB * NH, 6), fill(w, NI * NH, 7), fill(u, NH * NH, 8), fill(bb, NH, 9);
+  kiln_scope_begin();
+  cell c = cell_of(w, u, bb);
+  g_cell = &c;
+  kiln_fn *fn = kiln_compile(scan_body, NULL, &(kiln_options){.name = "rnn", .n_in = 2, .n_out = 2});
+  uint64_t made[3];
+  static const int Ts[3] = {1, 19, 7};
+  for (int k = 0; k < 3; k++) {
+    kiln_tensor *in[2] = {kiln_tensor_from(KILN_F32, 2, (int64_t[]){NB, NH}, h0),
+                          kiln_tensor_from(KILN_F32, 3, (int64_t[]){Ts[k], NB, NI}, x)};
+    storages_of_call(fn, in, 2); /* the trace, then the compiled variant's first call */
+    made[k] = storages_of_call(fn, in, 2);
+    /* and the answer is still the step's */
+    double h[NB * NH], ys[TMAX * NB * NH];
+    cell_ref(x, h0, w, u, bb, Ts[k], h, ys);
+    kiln_tensor *out[2];
+    ck_assert_int_eq(0, kiln_call(fn, in, out));
+    float got_h[NB * NH], got_ys[TMAX * NB * NH];
+    ck_assert_int_eq(0, kiln_read(out[0], got_h, sizeof got_h));
+    ck_assert_int_eq(0, kiln_read(out[1], got_ys, sizeof(float) * (size_t)(Ts[k] * NB * NH)));
+    expect_close(got_h, h, NB * NH, "last carry");
+    expect_close(got_ys, ys, Ts[k] * NB * NH, "ys");
+  }
+  expect_one_trace(fn);
+  ck_assert_msg(made[0] == made[1] && made[1] == made[2], "storages per call at T = 1, 19, 7: %llu, %llu, %llu",
+                (unsigned long long)made[0], (unsigned long long)made[1], (unsigned long long)made[2]);
+  kiln_fn_free(fn);
+  /* a while of 1 and of 12 steps */
+  fn = kiln_compile(while_body, NULL, &(kiln_options){.name = "grow", .n_in = 2, .n_out = 1});
+  static const float bounds[2] = {5, 1e4f};
+  for (int k = 0; k < 2; k++) {
+    float x0[3] = {0.5f, 1, 1.5f};
+    kiln_tensor *in[2] = {kiln_tensor_from(KILN_F32, 1, (int64_t[]){3}, x0), kiln_scalar(KILN_F32, bounds[k])};
+    storages_of_call(fn, in, 1);
+    made[k] = storages_of_call(fn, in, 1);
+  }
+  expect_one_trace(fn);
+  ck_assert_msg(made[0] == made[1], "storages per call at 1 and 12 steps: %llu, %llu", (unsigned long long)made[0],
+                (unsigned long long)made[1]);
+  kiln_fn_free(fn);
+  kiln_scope_end();
+}
+END_TEST
+
 /* branches that disagree, a carry that changes: errors naming both lines
  * (each body notes the line of its op; cond_line is one before the call) */
 static int then_line, else_line, cond_line, shrink_line;
@@ -1278,6 +1338,7 @@ int main(void) {
   tcase_add_test(cap, test_check_names_region_kernel);
 #endif
   tcase_add_test(cap, test_backward_after_escape);
+  tcase_add_test(cap, test_loop_buffers_per_call);
   suite_add_tcase(s, cap);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);
