@@ -586,7 +586,7 @@ END_TEST
 
 /* ---- control flow: regions through libkiln_rt ---- */
 
-enum { CB = 3, CI = 4, CH = 5, CMAXT = 7 };
+enum { CB = 3, CI = 4, CH = 5, CMAXT = 11 };
 
 /* The weights of the cells below: per LSTM gate (i, f, g, o) x @ wx + h @ wh + b. */
 typedef struct cfm {
@@ -684,6 +684,21 @@ static int cond_scan_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) 
   return kiln_scan(cond_step, ctx, 1, &in[1], 1, &in[0], &out[0], 1, &out[1]);
 }
 
+/* The LSTM's training graph: loss = sum(ys^2)/2 + sum(c), and its gradients
+ * with respect to wx[1], wh[2] and b[3] (kiln_grad_of: no .grad written, so
+ * the backward's reverse scan is part of the exported graph). */
+static int lstm_grad_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  cfm *m = ctx;
+  kiln_tensor *r[3];
+  if (lstm_body(ctx, in, r)) return -1;
+  out[0] = kiln_add(kiln_mul(kiln_sum_all(kiln_mul(r[2], r[2])), kiln_scalar(KILN_F32, 0.5)), kiln_sum_all(r[1]));
+  /* plus 0 * the weights: eagerly at T = 0 (no step) the loss must still reach them (gradients 0) */
+  kiln_tensor *z = kiln_add(kiln_add(kiln_sum_all(m->wx[1]), kiln_sum_all(m->wh[2])), kiln_sum_all(m->b[3]));
+  out[0] = kiln_add(out[0], kiln_mul(z, kiln_scalar(KILN_F32, 0)));
+  if (!out[0]) return -1;
+  return kiln_grad_of(out[0], (kiln_tensor *[]){m->wx[1], m->wh[2], m->b[3]}, 3, out + 1);
+}
+
 /* A case: a body, its inputs per call and their shapes. */
 typedef struct cf_case {
   const char *name;
@@ -747,20 +762,29 @@ static void cf_export_case(const cf_case *k, cfm *m, const call *c, int n_calls,
   kiln_fn_free(fn);
 }
 
-/* scan (an LSTM), cond, while and a cond inside a scan, exported and run
- * through libkiln_rt at lengths 0, 1 and 7 (one export serves every T; the
- * first call traced at T = 3) and trip counts 0, 1 and 7; with cc, libkiln_rt
- * from its sources without BLAS (a cross compiler with runner set). */
+/* scan (an LSTM), the LSTM's training graph (the backward's reverse scan),
+ * cond, while and a cond inside a scan, exported and run through libkiln_rt
+ * at lengths 0, 1 and 7 (one export serves every T; the first call traced at
+ * T = 11) and trip counts 0, 1 and 7; with cc, libkiln_rt from its sources
+ * without BLAS (a cross compiler with runner set). */
 static void cf_exports(const char *cc) {
   cfm m;
   cfm_init(&m);
   make_dir();
-  int64_t lens[4] = {3, 0, 1, CMAXT};
+  /* traced at 11: at 3, the batch's size, the training graph's trace took a
+   * size of 15 for 5 * T and guarded T == 3 */
+  int64_t lens[4] = {CMAXT, 0, 1, 7};
   float *xs = rand_floats(CMAXT * CB * CI), *h0 = rand_floats(CB * CH), *c0 = rand_floats(CB * CH);
   call sc[4];
   for (int c = 0; c < 4; c++)
     sc[c] = (call){3, {xs, h0, c0}, {3, 2, 2}, {{lens[c], CB, CI}, {CB, CH}, {CB, CH}}, {0}};
   cf_export_case(&(cf_case){"lstm", lstm_body, 3, 3}, &m, sc, 4, cc);
+  /* the training graph: the reverse scan of the backward runs through libkiln_rt too */
+  for (int g = 0; g < 4; g++)
+    kiln_requires_grad(m.wx[g], true), kiln_requires_grad(m.wh[g], true), kiln_requires_grad(m.b[g], true);
+  cf_export_case(&(cf_case){"lstm_grad", lstm_grad_body, 3, 4}, &m, sc, 4, cc);
+  for (int g = 0; g < 4; g++)
+    kiln_requires_grad(m.wx[g], false), kiln_requires_grad(m.wh[g], false), kiln_requires_grad(m.b[g], false);
   for (int c = 0; c < 4; c++) sc[c].n_in = 2;
   cf_export_case(&(cf_case){"cscan", cond_scan_body, 2, 2}, &m, sc, 4, cc);
   /* both branches: x of either sign of sum */

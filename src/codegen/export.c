@@ -154,7 +154,8 @@ static int refuse(const ir_graph *g, const cg_program *p, const export_request *
     const ir_node *n = &g->nodes[kk->node];
     if (kk->kind == CG_K_EAGER && ir_is_cf(n->op) && n->n_in > 256)
       return fail(err, errn, "%s has %d operands (the runtime takes 256)", where(n, w, sizeof w), n->n_in);
-    if (kk->kind == CG_K_EAGER && !ir_is_cf(n->op) && n->op != IR_GET &&
+    bool cumsum = n->op == OP_CUMSUM && (n->dtype == KILN_F32 || n->dtype == KILN_F64 || n->dtype == KILN_I64);
+    if (kk->kind == CG_K_EAGER && !ir_is_cf(n->op) && n->op != IR_GET && !cumsum &&
         (n->op != OP_INDEX_SELECT || g->nodes[n->in[1]].ndim != 1))
       return fail(err, errn, "%s runs through an eager kernel, which libkiln_rt does not have: the op cannot be exported yet",
                   where(n, w, sizeof w));
@@ -313,6 +314,16 @@ static int build_plan(const unit *u, const export_request *rq, words *pl, bytes 
       size_t v = pl->n;
       for (int i = 0; i < VIEW_WORDS; i++) put(pl, 0);
       if (!pl->oom) put_view(pl, v, k->out_buf, kn, &p->views[k->node]);
+      if (pl->oom) goto oom;
+      continue;
+    }
+    if (k->kind == CG_K_EAGER && kn->op == OP_CUMSUM) {
+      /* the running sums along dim (the reverse scan's step indices) */
+      put(pl, RT_K_CUMSUM), put(pl, kn->dtype), put(pl, kn->attrs.dim);
+      size_t v = pl->n;
+      for (int i = 0; i < 2 * VIEW_WORDS; i++) put(pl, 0);
+      if (!pl->oom) put_view(pl, v, p->views[kn->in[0]].buf, &g->nodes[kn->in[0]], &p->views[kn->in[0]]);
+      if (!pl->oom) put_view(pl, v + VIEW_WORDS, k->out_buf, kn, &p->views[k->node]);
       if (pl->oom) goto oom;
       continue;
     }

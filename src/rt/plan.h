@@ -59,12 +59,14 @@ enum { RT_BUF_INPUT, RT_BUF_WEIGHT, RT_BUF_TEMP, RT_BUF_OUTPUT };
  *   RT_K_MATMUL: kind, dtype, alpha and beta (a double's bits), then three views: a, b, out
  *   RT_K_GATHER: kind, dtype, dim, where (string offset: "index_select (file:line)"), then three
  *                views: the source, the i64 indices (1-D), out; out = source's slices at the indices along dim
+ *   RT_K_CUMSUM: kind, dtype, dim, then two views: the source, out; out = the running sums along dim
+ *                (f32's accumulated in f64, as eager's kernel)
  *   RT_K_CF:     kind, op (RT_CF_*), id (0 .. PLAN_NCF-1: its state in a call), n_in, n_carry, n_xs,
  *                unit0, unit1 (-1 for a scan), where (string offset), then per operand: dtype, a view.
  *                Runs the construct over its operands (a cond's first is the predicate) into
  *                result slots the call keeps; its node's value is nothing
  *   RT_K_GET:    kind, id (the RT_K_CF's), k, dtype, then a view: result k of that construct into it */
-enum { RT_K_LOOP, RT_K_MATMUL, RT_K_GATHER, RT_K_CF, RT_K_GET };
+enum { RT_K_LOOP, RT_K_MATMUL, RT_K_GATHER, RT_K_CF, RT_K_GET, RT_K_CUMSUM };
 enum { RT_CF_COND, RT_CF_WHILE, RT_CF_SCAN };
 enum { CF_WORDS = 9 }; /* an RT_K_CF record's words before its operands */
 

@@ -300,6 +300,48 @@ static int gather(const run *r, const int64_t *k, char **bufs) {
   return 0;
 }
 
+/* out's running sums of the source along dim, as eager's k_cumsum (f32 summed in f64). */
+static int cumsum(const run *r, const int64_t *k, char **bufs) {
+  int64_t dt = k[1], dim = k[2], base = k - r->plan + 3;
+  view vs, vo;
+  if (eval_view(r, base, &vs) || eval_view(r, base + VIEW_WORDS, &vo) || vs.ndim != vo.ndim || dim < 0 ||
+      (vs.ndim && dim >= vs.ndim))
+    return fail(r, "a cumsum's sizes do not evaluate");
+  if (vs.ndim == 0) {
+    memcpy(bufs[vo.buf] + vo.off * (int64_t)dtype_size(dt), bufs[vs.buf] + vs.off * (int64_t)dtype_size(dt), dtype_size(dt));
+    return 0;
+  }
+  int64_t len = vs.shape[dim], rows = 1, at[RT_MAXD] = {0};
+  for (int d = 0; d < vs.ndim; d++) rows *= d == dim ? 1 : vs.shape[d];
+  for (int64_t row = 0; row < rows && len > 0; row++) {
+    int64_t so = vs.off, oo = vo.off;
+    for (int d = 0; d < vs.ndim; d++) so += at[d] * vs.stride[d], oo += at[d] * vo.stride[d];
+    int64_t ss = vs.stride[dim], os = vo.stride[dim];
+    if (dt == 2) {
+      const int64_t *p = (const int64_t *)(void *)bufs[vs.buf] + so;
+      int64_t *o = (int64_t *)(void *)bufs[vo.buf] + oo;
+      uint64_t acc = 0;
+      for (int64_t i = 0; i < len; i++) o[i * os] = (int64_t)(acc += (uint64_t)p[i * ss]);
+    } else if (dt == 0) {
+      const float *p = (const float *)(void *)bufs[vs.buf] + so;
+      float *o = (float *)(void *)bufs[vo.buf] + oo;
+      double acc = 0;
+      for (int64_t i = 0; i < len; i++) o[i * os] = (float)(acc += p[i * ss]);
+    } else {
+      const double *p = (const double *)(void *)bufs[vs.buf] + so;
+      double *o = (double *)(void *)bufs[vo.buf] + oo;
+      double acc = 0;
+      for (int64_t i = 0; i < len; i++) o[i * os] = acc += p[i * ss];
+    }
+    for (int d = (int)vs.ndim - 1; d >= 0; d--) {
+      if (d == dim) continue;
+      if (++at[d] < vs.shape[d]) break;
+      at[d] = 0;
+    }
+  }
+  return 0;
+}
+
 /* Binds every symbol from the input dim it is named by, then checks each
  * input's dtype-free facts (rank, sizes) and the guards. */
 static int bind(run *r, const kiln_rt_buffer *in) {
@@ -649,8 +691,8 @@ static int run_kernels(run *r, frame *f) {
   char **bufs = f->bufs;
   for (int ki = 0; ki < f->nk; ki++) {
     const int64_t *k = P + P[H[PLAN_KERNELS] + ki];
-    if (k[0] == RT_K_MATMUL || k[0] == RT_K_GATHER) {
-      if (k[0] == RT_K_MATMUL ? matmul(r, k, bufs) : gather(r, k, bufs)) return -1;
+    if (k[0] == RT_K_MATMUL || k[0] == RT_K_GATHER || k[0] == RT_K_CUMSUM) {
+      if (k[0] == RT_K_MATMUL ? matmul(r, k, bufs) : k[0] == RT_K_GATHER ? gather(r, k, bufs) : cumsum(r, k, bufs)) return -1;
       continue;
     }
     if (k[0] == RT_K_CF || k[0] == RT_K_GET) {
