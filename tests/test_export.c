@@ -547,6 +547,8 @@ static void mlp_elsewhere(const char *cc, const char *flags, const char *target)
 START_TEST(test_no_blas) { mlp_elsewhere(KILN_TEST_CC, KILN_TEST_SAN, NULL); }
 END_TEST
 
+static void cf_exports(const char *cc, const char *flags, const char *target);
+
 /* KILN_CROSS_CC (aarch64-linux-gnu-gcc), KILN_CROSS_RUN (qemu-aarch64 -L
  * /usr/aarch64-linux-gnu) and KILN_CROSS_TARGET (default aarch64-linux-gnu):
  * make test-cross sets them; without them this case checks only that the
@@ -558,6 +560,7 @@ START_TEST(test_cross) {
     runner = run;
     mlp_elsewhere(cc, "", target);
     gpt_forward(target, cc);
+    cf_exports(cc, "", target);
     runner = "";
     return;
   }
@@ -725,7 +728,8 @@ static void eager_outputs(const cf_case *k, cfm *m, const call *c, double **y, i
 
 /* Compiles k, calls it once on c[0] (the trace), exports it and runs every
  * call of c through libkiln_rt: each output equals eager's. */
-static void cf_export_case(const cf_case *k, cfm *m, const call *c, int n_calls, const char *cc) {
+static void cf_export_case(const cf_case *k, cfm *m, const call *c, int n_calls, const char *cc, const char *flags,
+                           const char *target) {
   kiln_fn *fn = kiln_compile(k->body, m, &(kiln_options){.name = k->name, .n_in = k->n_in, .n_out = k->n_out});
   ck_assert_ptr_nonnull(fn);
   kiln_scope_begin();
@@ -735,8 +739,9 @@ static void cf_export_case(const cf_case *k, cfm *m, const call *c, int n_calls,
   kiln_scope_end();
   char prefix[128];
   snprintf(prefix, sizeof prefix, "%s/%s", dir, k->name);
-  ck_assert_msg(kiln_export(fn, prefix, &(kiln_export_options){.name = k->name}) == 0, "%s", kiln_last_error());
-  if (cc) build_app_src(k->name, cc, KILN_TEST_SAN);
+  ck_assert_msg(kiln_export(fn, prefix, &(kiln_export_options){.name = k->name, .target = target}) == 0, "%s",
+                kiln_last_error());
+  if (cc) build_app_src(k->name, cc, flags);
   else build_app(k->name);
   run_app(k->name, c, n_calls, k->n_out, NULL);
   FILE *f = open_reply();
@@ -766,8 +771,8 @@ static void cf_export_case(const cf_case *k, cfm *m, const call *c, int n_calls,
  * cond, while and a cond inside a scan, exported and run through libkiln_rt
  * at lengths 0, 1 and 7 (one export serves every T; the first call traced at
  * T = 11) and trip counts 0, 1 and 7; with cc, libkiln_rt from its sources
- * without BLAS (a cross compiler with runner set). */
-static void cf_exports(const char *cc) {
+ * without BLAS (a cross compiler for target, with runner set). */
+static void cf_exports(const char *cc, const char *flags, const char *target) {
   cfm m;
   cfm_init(&m);
   make_dir();
@@ -778,25 +783,25 @@ static void cf_exports(const char *cc) {
   call sc[4];
   for (int c = 0; c < 4; c++)
     sc[c] = (call){3, {xs, h0, c0}, {3, 2, 2}, {{lens[c], CB, CI}, {CB, CH}, {CB, CH}}, {0}};
-  cf_export_case(&(cf_case){"lstm", lstm_body, 3, 3}, &m, sc, 4, cc);
+  cf_export_case(&(cf_case){"lstm", lstm_body, 3, 3}, &m, sc, 4, cc, flags, target);
   /* the training graph: the reverse scan of the backward runs through libkiln_rt too */
   for (int g = 0; g < 4; g++)
     kiln_requires_grad(m.wx[g], true), kiln_requires_grad(m.wh[g], true), kiln_requires_grad(m.b[g], true);
-  cf_export_case(&(cf_case){"lstm_grad", lstm_grad_body, 3, 4}, &m, sc, 4, cc);
+  cf_export_case(&(cf_case){"lstm_grad", lstm_grad_body, 3, 4}, &m, sc, 4, cc, flags, target);
   for (int g = 0; g < 4; g++)
     kiln_requires_grad(m.wx[g], false), kiln_requires_grad(m.wh[g], false), kiln_requires_grad(m.b[g], false);
   for (int c = 0; c < 4; c++) sc[c].n_in = 2;
-  cf_export_case(&(cf_case){"cscan", cond_scan_body, 2, 2}, &m, sc, 4, cc);
+  cf_export_case(&(cf_case){"cscan", cond_scan_body, 2, 2}, &m, sc, 4, cc, flags, target);
   /* both branches: x of either sign of sum */
   float *xp = rand_floats(CB * CH), *xn = malloc(CB * CH * 4);
   for (int i = 0; i < CB * CH; i++) xp[i] = fabsf(xp[i]) + 0.1f, xn[i] = -xp[i];
   call cc2[3] = {{1, {xp}, {2}, {{CB, CH}}, {0}}, {1, {xn}, {2}, {{CB, CH}}, {0}}, {1, {xp}, {2}, {{CB, CH}}, {0}}};
-  cf_export_case(&(cf_case){"cnd", cond_body, 1, 1}, &m, cc2, 3, cc);
+  cf_export_case(&(cf_case){"cnd", cond_body, 1, 1}, &m, cc2, 3, cc, flags, target);
   /* sum(x) 60, 200 and 1: 1, 0 and 7 doublings to reach 100 */
   float w1[CH] = {20, 10, 10, 10, 10}, w0[CH] = {40, 40, 40, 40, 40}, w7[CH] = {0.2f, 0.2f, 0.2f, 0.2f, 0.2f}, zero = 0;
   call wc[3] = {{2, {w1, &zero}, {1, 0}, {{CH}, {0}}, {0}}, {2, {w0, &zero}, {1, 0}, {{CH}, {0}}, {0}},
                 {2, {w7, &zero}, {1, 0}, {{CH}, {0}}, {0}}};
-  cf_export_case(&(cf_case){"grow", while_body, 2, 2}, &m, wc, 3, cc);
+  cf_export_case(&(cf_case){"grow", while_body, 2, 2}, &m, wc, 3, cc, flags, target);
   /* the trip counts are the ones meant: n comes back as 1, 0, 7 */
   run_app("grow", wc, 3, 2, NULL);
   FILE *f = open_reply();
@@ -816,10 +821,10 @@ static void cf_exports(const char *cc) {
   cfm_free(&m);
 }
 
-START_TEST(test_control_flow) { cf_exports(NULL); }
+START_TEST(test_control_flow) { cf_exports(NULL, NULL, NULL); }
 END_TEST
 
-START_TEST(test_control_flow_no_blas) { cf_exports(KILN_TEST_CC); }
+START_TEST(test_control_flow_no_blas) { cf_exports(KILN_TEST_CC, KILN_TEST_SAN, NULL); }
 END_TEST
 
 
