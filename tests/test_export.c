@@ -702,11 +702,27 @@ static int lstm_grad_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) 
   return kiln_grad_of(out[0], (kiln_tensor *[]){m->wx[1], m->wh[2], m->b[3]}, 3, out + 1);
 }
 
-/* A case: a body, its inputs per call and their shapes. */
+/* a scan inside a scan's step: z <- tanh(z @ wh0 + row @ wx0) over the rows of x_t, from h */
+static int row_step(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  const cfm *m = ctx;
+  return !(out[0] = kiln_tanh(kiln_add(kiln_matmul(in[0], m->wh[0]), kiln_matmul(in[1], m->wx[0]))));
+}
+static int nest_step(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  if (kiln_scan(row_step, ctx, 1, &in[0], 1, &in[1], &out[0], 0, NULL)) return -1;
+  return !(out[1] = kiln_mul(out[0], out[0]));
+}
+/* in = x (CB, T, CI), its steps along dim 1 (a strided xs), h0 (CB, CH); out = h, ys */
+static int nest_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  kiln_tensor *xs = kiln_transpose(in[0], 0, 1);
+  return !xs || kiln_scan(nest_step, ctx, 1, &in[1], 1, &xs, &out[0], 1, &out[1]);
+}
+
+/* A case: a body, its inputs per call and their shapes (dyn: input 0's dim
+ * marked dynamic before the first call, when not 0). */
 typedef struct cf_case {
   const char *name;
   kiln_body body;
-  int n_in, n_out;
+  int n_in, n_out, dyn;
 } cf_case;
 
 /* body run eagerly (no compile) on c's inputs: its outputs as doubles, malloc'ed, and their element counts */
@@ -732,6 +748,7 @@ static void cf_export_case(const cf_case *k, cfm *m, const call *c, int n_calls,
                            const char *target) {
   kiln_fn *fn = kiln_compile(k->body, m, &(kiln_options){.name = k->name, .n_in = k->n_in, .n_out = k->n_out});
   ck_assert_ptr_nonnull(fn);
+  if (k->dyn) ck_assert_int_eq(0, kiln_mark_dynamic(fn, 0, k->dyn));
   kiln_scope_begin();
   kiln_tensor *in[6], *out[6] = {0};
   for (int i = 0; i < k->n_in; i++) in[i] = kiln_tensor_from(KILN_F32, c[0].ndim[i], c[0].shape[i], c[0].data[i]);
@@ -783,25 +800,32 @@ static void cf_exports(const char *cc, const char *flags, const char *target) {
   call sc[4];
   for (int c = 0; c < 4; c++)
     sc[c] = (call){3, {xs, h0, c0}, {3, 2, 2}, {{lens[c], CB, CI}, {CB, CH}, {CB, CH}}, {0}};
-  cf_export_case(&(cf_case){"lstm", lstm_body, 3, 3}, &m, sc, 4, cc, flags, target);
+  cf_export_case(&(cf_case){"lstm", lstm_body, 3, 3, 0}, &m, sc, 4, cc, flags, target);
   /* the training graph: the reverse scan of the backward runs through libkiln_rt too */
   for (int g = 0; g < 4; g++)
     kiln_requires_grad(m.wx[g], true), kiln_requires_grad(m.wh[g], true), kiln_requires_grad(m.b[g], true);
-  cf_export_case(&(cf_case){"lstm_grad", lstm_grad_body, 3, 4}, &m, sc, 4, cc, flags, target);
+  cf_export_case(&(cf_case){"lstm_grad", lstm_grad_body, 3, 4, 0}, &m, sc, 4, cc, flags, target);
   for (int g = 0; g < 4; g++)
     kiln_requires_grad(m.wx[g], false), kiln_requires_grad(m.wh[g], false), kiln_requires_grad(m.b[g], false);
   for (int c = 0; c < 4; c++) sc[c].n_in = 2;
-  cf_export_case(&(cf_case){"cscan", cond_scan_body, 2, 2}, &m, sc, 4, cc, flags, target);
+  cf_export_case(&(cf_case){"cscan", cond_scan_body, 2, 2, 0}, &m, sc, 4, cc, flags, target);
+  /* a scan in a scan, over x's dim 1 (T, marked dynamic: from 1, where a
+   * scan's own symbol starts at 0): the operand is a strided view */
+  float *xt = rand_floats(CB * CMAXT * CI);
+  call nc[3];
+  for (int c = 0; c < 3; c++) nc[c] = (call){2, {xt, h0}, {3, 2}, {{CB, c ? lens[c + 1] : CMAXT, CI}, {CB, CH}}, {0}};
+  cf_export_case(&(cf_case){"nest", nest_body, 2, 2, 1}, &m, nc, 3, cc, flags, target);
+  free(xt);
   /* both branches: x of either sign of sum */
   float *xp = rand_floats(CB * CH), *xn = malloc(CB * CH * 4);
   for (int i = 0; i < CB * CH; i++) xp[i] = fabsf(xp[i]) + 0.1f, xn[i] = -xp[i];
   call cc2[3] = {{1, {xp}, {2}, {{CB, CH}}, {0}}, {1, {xn}, {2}, {{CB, CH}}, {0}}, {1, {xp}, {2}, {{CB, CH}}, {0}}};
-  cf_export_case(&(cf_case){"cnd", cond_body, 1, 1}, &m, cc2, 3, cc, flags, target);
+  cf_export_case(&(cf_case){"cnd", cond_body, 1, 1, 0}, &m, cc2, 3, cc, flags, target);
   /* sum(x) 60, 200 and 1: 1, 0 and 7 doublings to reach 100 */
   float w1[CH] = {20, 10, 10, 10, 10}, w0[CH] = {40, 40, 40, 40, 40}, w7[CH] = {0.2f, 0.2f, 0.2f, 0.2f, 0.2f}, zero = 0;
   call wc[3] = {{2, {w1, &zero}, {1, 0}, {{CH}, {0}}, {0}}, {2, {w0, &zero}, {1, 0}, {{CH}, {0}}, {0}},
                 {2, {w7, &zero}, {1, 0}, {{CH}, {0}}, {0}}};
-  cf_export_case(&(cf_case){"grow", while_body, 2, 2}, &m, wc, 3, cc, flags, target);
+  cf_export_case(&(cf_case){"grow", while_body, 2, 2, 0}, &m, wc, 3, cc, flags, target);
   /* the trip counts are the ones meant: n comes back as 1, 0, 7 */
   run_app("grow", wc, 3, 2, NULL);
   FILE *f = open_reply();
