@@ -848,6 +848,52 @@ static void cf_exports(const char *cc, const char *flags, const char *target) {
 START_TEST(test_control_flow) { cf_exports(NULL, NULL, NULL); }
 END_TEST
 
+/* The heap blocks a run of dir/app_<name> on calls makes, by valgrind's count. */
+static long heap_allocs(const char *name, const call *calls, int n, int n_out) {
+  run_app(name, calls, n, n_out, NULL);
+  ck_assert_int_eq(0, sh("cd %s && valgrind --log-file=vg.txt ./app_%s req rep", dir, name));
+  char path[128], line[512];
+  snprintf(path, sizeof path, "%s/vg.txt", dir);
+  FILE *f = fopen(path, "r");
+  ck_assert_ptr_nonnull(f);
+  long allocs = -1;
+  while (fgets(line, sizeof line, f)) {
+    const char *at = strstr(line, "total heap usage: ");
+    if (at) allocs = strtol(at + strlen("total heap usage: "), NULL, 10);
+  }
+  fclose(f);
+  ck_assert_msg(allocs > 0, "no heap summary from valgrind in %s", path);
+  return allocs;
+}
+
+/* libkiln_rt runs a scan's steps without allocating: a call of the LSTM at
+ * T = 1 and at T = 11 make as many heap blocks (the units and the carry
+ * buffers are made once per call), and so does the while loop at 1 and 7
+ * trips. Built without sanitizers or BLAS, run under valgrind. */
+START_TEST(test_control_flow_allocs) {
+  if (system("valgrind --version > /dev/null 2>&1")) return; /* no valgrind: nothing to count with */
+  cfm m;
+  cfm_init(&m);
+  make_dir();
+  float *xs = rand_floats(CMAXT * CB * CI), *h0 = rand_floats(CB * CH), *c0 = rand_floats(CB * CH);
+  call sc[2];
+  for (int c = 0; c < 2; c++)
+    sc[c] = (call){3, {xs, h0, c0}, {3, 2, 2}, {{c ? CMAXT : 1, CB, CI}, {CB, CH}, {CB, CH}}, {0}};
+  cf_export_case(&(cf_case){"lstm", lstm_body, 3, 3, 0}, &m, sc, 2, KILN_TEST_CC, "", NULL);
+  long a1 = heap_allocs("lstm", &sc[0], 1, 3), a11 = heap_allocs("lstm", &sc[1], 1, 3);
+  ck_assert_msg(a1 == a11, "heap blocks of a call at T = 1: %ld, at T = 11: %ld", a1, a11);
+  /* (at 0 trips the body's unit is never prepared: a call makes fewer blocks) */
+  float w1[CH] = {20, 10, 10, 10, 10}, w7[CH] = {0.2f, 0.2f, 0.2f, 0.2f, 0.2f}, zero = 0;
+  call wc[2] = {{2, {w1, &zero}, {1, 0}, {{CH}, {0}}, {0}}, {2, {w7, &zero}, {1, 0}, {{CH}, {0}}, {0}}};
+  cf_export_case(&(cf_case){"grow", while_body, 2, 2, 0}, &m, wc, 2, KILN_TEST_CC, "", NULL);
+  long w1a = heap_allocs("grow", &wc[0], 1, 2), w7a = heap_allocs("grow", &wc[1], 1, 2);
+  ck_assert_msg(w1a == w7a, "heap blocks of a while at 1 trip: %ld, at 7: %ld", w1a, w7a);
+  free(xs), free(h0), free(c0);
+  remove_dir();
+  cfm_free(&m);
+}
+END_TEST
+
 START_TEST(test_control_flow_no_blas) { cf_exports(KILN_TEST_CC, KILN_TEST_SAN, NULL); }
 END_TEST
 
@@ -1090,6 +1136,7 @@ int main(void) {
       {"refusals", test_refusals},
       {"control_flow", test_control_flow},
       {"control_flow_no_blas", test_control_flow_no_blas},
+      {"control_flow_allocs", test_control_flow_allocs},
   };
   for (int k = 0; k < NELEM(cases); k++) {
     TCase *tc = tcase_create(cases[k].name);
