@@ -547,6 +547,8 @@ static void mlp_elsewhere(const char *cc, const char *flags, const char *target)
 START_TEST(test_no_blas) { mlp_elsewhere(KILN_TEST_CC, KILN_TEST_SAN, NULL); }
 END_TEST
 
+static void cf_exports(const char *cc, const char *flags, const char *target);
+
 /* KILN_CROSS_CC (aarch64-linux-gnu-gcc), KILN_CROSS_RUN (qemu-aarch64 -L
  * /usr/aarch64-linux-gnu) and KILN_CROSS_TARGET (default aarch64-linux-gnu):
  * make test-cross sets them; without them this case checks only that the
@@ -558,6 +560,7 @@ START_TEST(test_cross) {
     runner = run;
     mlp_elsewhere(cc, "", target);
     gpt_forward(target, cc);
+    cf_exports(cc, "", target);
     runner = "";
     return;
   }
@@ -583,6 +586,317 @@ START_TEST(test_cross) {
   mlp_free(&m);
 }
 END_TEST
+
+/* ---- control flow: regions through libkiln_rt ---- */
+
+enum { CB = 3, CI = 4, CH = 5, CMAXT = 11 };
+
+/* The weights of the cells below: per LSTM gate (i, f, g, o) x @ wx + h @ wh + b. */
+typedef struct cfm {
+  kiln_tensor *wx[4], *wh[4], *b[4], *bound;
+} cfm;
+
+static float *rand_floats(int64_t n) {
+  float *d = malloc((size_t)n * 4 + 4);
+  for (int64_t i = 0; i < n; i++) d[i] = uniform();
+  return d;
+}
+
+static void cfm_init(cfm *m) {
+  for (int g = 0; g < 4; g++) {
+    float *a = rand_floats(CI * CH), *b = rand_floats(CH * CH), *c = rand_floats(CH);
+    m->wx[g] = kiln_tensor_from(KILN_F32, 2, (int64_t[]){CI, CH}, a);
+    m->wh[g] = kiln_tensor_from(KILN_F32, 2, (int64_t[]){CH, CH}, b);
+    m->b[g] = kiln_tensor_from(KILN_F32, 1, (int64_t[]){CH}, c);
+    free(a), free(b), free(c);
+  }
+  m->bound = kiln_scalar(KILN_F32, 100);
+}
+
+static void cfm_free(cfm *m) {
+  for (int g = 0; g < 4; g++) kiln_release(m->wx[g]), kiln_release(m->wh[g]), kiln_release(m->b[g]);
+  kiln_release(m->bound);
+}
+
+static kiln_tensor *gate(const cfm *m, int g, kiln_tensor *x, kiln_tensor *h) {
+  return kiln_add(kiln_add(kiln_matmul(x, m->wx[g]), kiln_matmul(h, m->wh[g])), m->b[g]);
+}
+
+/* in = h, c, x_t; out = h', c', y_t = h' */
+static int lstm_cell(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  const cfm *m = ctx;
+  kiln_tensor *i = kiln_sigmoid(gate(m, 0, in[2], in[0])), *f = kiln_sigmoid(gate(m, 1, in[2], in[0]));
+  kiln_tensor *g = kiln_tanh(gate(m, 2, in[2], in[0])), *o = kiln_sigmoid(gate(m, 3, in[2], in[0]));
+  out[1] = kiln_add(kiln_mul(f, in[1]), kiln_mul(i, g));
+  out[0] = kiln_mul(o, kiln_tanh(out[1]));
+  out[2] = out[0];
+  return !out[0] || !out[1];
+}
+
+/* in = xs [T, CB, CI], h0, c0 [CB, CH]; out = h, c, ys [T, CB, CH] */
+static int lstm_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  return kiln_scan(lstm_cell, ctx, 2, (kiln_tensor *[]){in[1], in[2]}, 1, &in[0], out, 1, &out[2]);
+}
+
+/* then: tanh(x @ wh0 + b0), else: x / 2 - b1; in = x [CB, CH], the pred from x's sum */
+static int then_fn(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  const cfm *m = ctx;
+  return !(out[0] = kiln_tanh(kiln_add(kiln_matmul(in[0], m->wh[0]), m->b[0])));
+}
+static int else_fn(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  const cfm *m = ctx;
+  return !(out[0] = kiln_sub(kiln_mul(in[0], kiln_scalar(KILN_F32, 0.5)), m->b[1]));
+}
+static int cond_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  kiln_tensor *p = kiln_gt(kiln_sum_all(in[0]), kiln_scalar(KILN_F32, 0)), *r = NULL;
+  if (kiln_cond(p, then_fn, else_fn, ctx, 1, in, 1, &r)) return -1;
+  return !(out[0] = kiln_add(r, kiln_scalar(KILN_F32, 1)));
+}
+
+/* carry x [CH], n []: while sum(x) < 100: x <- 2x, n <- n + 1 */
+static int below_fn(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  const cfm *m = ctx;
+  return !(out[0] = kiln_lt(kiln_sum_all(in[0]), m->bound));
+}
+static int twice_fn(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  out[0] = kiln_add(in[0], in[0]);
+  out[1] = kiln_add(in[1], kiln_scalar(KILN_F32, 1));
+  return !out[0] || !out[1];
+}
+static int while_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  return kiln_while_loop(below_fn, twice_fn, ctx, 2, in, out);
+}
+
+/* a scan step with a cond inside on the sign of sum(x_t): in = h, x_t; out = h', y = h' * h' */
+static int cond_then(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  const cfm *m = ctx;
+  return !(out[0] = kiln_tanh(kiln_add(kiln_matmul(in[0], m->wh[0]), kiln_matmul(in[1], m->wx[0]))));
+}
+static int cond_else(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  const cfm *m = ctx;
+  return !(out[0] = kiln_add(kiln_mul(in[0], kiln_scalar(KILN_F32, 0.5)), kiln_sin(kiln_matmul(in[1], m->wx[1]))));
+}
+static int cond_step(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  kiln_tensor *p = kiln_gt(kiln_sum_all(in[1]), kiln_scalar(KILN_F32, 0));
+  if (!p || kiln_cond(p, cond_then, cond_else, ctx, 2, in, 1, out)) return -1;
+  return !(out[1] = kiln_mul(out[0], out[0]));
+}
+/* in = xs [T, CB, CI], h0 [CB, CH]; out = h, ys; a scan in the step's else would nest deeper */
+static int cond_scan_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  return kiln_scan(cond_step, ctx, 1, &in[1], 1, &in[0], &out[0], 1, &out[1]);
+}
+
+/* The LSTM's training graph: loss = sum(ys^2)/2 + sum(c), and its gradients
+ * with respect to wx[1], wh[2] and b[3] (kiln_grad_of: no .grad written, so
+ * the backward's reverse scan is part of the exported graph). */
+static int lstm_grad_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  cfm *m = ctx;
+  kiln_tensor *r[3];
+  if (lstm_body(ctx, in, r)) return -1;
+  out[0] = kiln_add(kiln_mul(kiln_sum_all(kiln_mul(r[2], r[2])), kiln_scalar(KILN_F32, 0.5)), kiln_sum_all(r[1]));
+  /* plus 0 * the weights: eagerly at T = 0 (no step) the loss must still reach them (gradients 0) */
+  kiln_tensor *z = kiln_add(kiln_add(kiln_sum_all(m->wx[1]), kiln_sum_all(m->wh[2])), kiln_sum_all(m->b[3]));
+  out[0] = kiln_add(out[0], kiln_mul(z, kiln_scalar(KILN_F32, 0)));
+  if (!out[0]) return -1;
+  return kiln_grad_of(out[0], (kiln_tensor *[]){m->wx[1], m->wh[2], m->b[3]}, 3, out + 1);
+}
+
+/* a scan inside a scan's step: z <- tanh(z @ wh0 + row @ wx0) over the rows of x_t, from h */
+static int row_step(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  const cfm *m = ctx;
+  return !(out[0] = kiln_tanh(kiln_add(kiln_matmul(in[0], m->wh[0]), kiln_matmul(in[1], m->wx[0]))));
+}
+static int nest_step(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  if (kiln_scan(row_step, ctx, 1, &in[0], 1, &in[1], &out[0], 0, NULL)) return -1;
+  return !(out[1] = kiln_mul(out[0], out[0]));
+}
+/* in = x (CB, T, CI), its steps along dim 1 (a strided xs), h0 (CB, CH); out = h, ys */
+static int nest_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  kiln_tensor *xs = kiln_transpose(in[0], 0, 1);
+  return !xs || kiln_scan(nest_step, ctx, 1, &in[1], 1, &xs, &out[0], 1, &out[1]);
+}
+
+/* A case: a body, its inputs per call and their shapes (dyn: input 0's dim
+ * marked dynamic before the first call, when not 0). */
+typedef struct cf_case {
+  const char *name;
+  kiln_body body;
+  int n_in, n_out, dyn;
+} cf_case;
+
+/* body run eagerly (no compile) on c's inputs: its outputs as doubles, malloc'ed, and their element counts */
+static void eager_outputs(const cf_case *k, cfm *m, const call *c, double **y, int64_t *n) {
+  kiln_scope_begin();
+  kiln_tensor *in[6], *out[6] = {0};
+  for (int i = 0; i < k->n_in; i++) in[i] = kiln_tensor_from(KILN_F32, c->ndim[i], c->shape[i], c->data[i]);
+  ck_assert_msg(k->body(m, in, out) == 0, "%s eagerly: %s", k->name, kiln_last_error());
+  for (int i = 0; i < k->n_out; i++) {
+    n[i] = kiln_numel(out[i]);
+    float *t = malloc((size_t)n[i] * 4 + 4);
+    ck_assert_int_eq(0, kiln_read(out[i], t, (size_t)n[i] * 4));
+    y[i] = malloc((size_t)n[i] * 8 + 8);
+    for (int64_t e = 0; e < n[i]; e++) y[i][e] = t[e];
+    free(t);
+  }
+  kiln_scope_end();
+}
+
+/* Compiles k, calls it once on c[0] (the trace), exports it and runs every
+ * call of c through libkiln_rt: each output equals eager's. */
+static void cf_export_case(const cf_case *k, cfm *m, const call *c, int n_calls, const char *cc, const char *flags,
+                           const char *target) {
+  kiln_fn *fn = kiln_compile(k->body, m, &(kiln_options){.name = k->name, .n_in = k->n_in, .n_out = k->n_out});
+  ck_assert_ptr_nonnull(fn);
+  if (k->dyn) ck_assert_int_eq(0, kiln_mark_dynamic(fn, 0, k->dyn));
+  kiln_scope_begin();
+  kiln_tensor *in[6], *out[6] = {0};
+  for (int i = 0; i < k->n_in; i++) in[i] = kiln_tensor_from(KILN_F32, c[0].ndim[i], c[0].shape[i], c[0].data[i]);
+  ck_assert_msg(kiln_call(fn, in, out) == 0, "%s", kiln_last_error());
+  kiln_scope_end();
+  char prefix[128];
+  snprintf(prefix, sizeof prefix, "%s/%s", dir, k->name);
+  ck_assert_msg(kiln_export(fn, prefix, &(kiln_export_options){.name = k->name, .target = target}) == 0, "%s",
+                kiln_last_error());
+  if (cc) build_app_src(k->name, cc, flags);
+  else build_app(k->name);
+  run_app(k->name, c, n_calls, k->n_out, NULL);
+  FILE *f = open_reply();
+  for (int ci = 0; ci < n_calls; ci++) {
+    float *got[6];
+    int64_t shapes[6][4], n[6];
+    int ndim[6];
+    char msg[512], what[128];
+    ck_assert_msg(next_reply(f, k->n_out, got, shapes, ndim, msg, sizeof msg) == 0, "%s call %d: %s", k->name, ci, msg);
+    double *want[6];
+    eager_outputs(k, m, &c[ci], want, n);
+    for (int i = 0; i < k->n_out; i++) {
+      int64_t numel = 1;
+      for (int d = 0; d < ndim[i]; d++) numel *= shapes[i][d];
+      ck_assert_msg(numel == n[i], "%s call %d output %d: %lld elements, eager has %lld", k->name, ci, i,
+                    (long long)numel, (long long)n[i]);
+      snprintf(what, sizeof what, "%s call %d output %d against eager", k->name, ci, i);
+      expect_close(what, got[i], want[i], n[i], 1e-5);
+      free(got[i]), free(want[i]);
+    }
+  }
+  fclose(f);
+  kiln_fn_free(fn);
+}
+
+/* scan (an LSTM), the LSTM's training graph (the backward's reverse scan),
+ * cond, while and a cond inside a scan, exported and run through libkiln_rt
+ * at lengths 0, 1 and 7 (one export serves every T; the first call traced at
+ * T = 11) and trip counts 0, 1 and 7; with cc, libkiln_rt from its sources
+ * without BLAS (a cross compiler for target, with runner set). */
+static void cf_exports(const char *cc, const char *flags, const char *target) {
+  cfm m;
+  cfm_init(&m);
+  make_dir();
+  /* traced at 11: at 3, the batch's size, the training graph's trace took a
+   * size of 15 for 5 * T and guarded T == 3 */
+  int64_t lens[4] = {CMAXT, 0, 1, 7};
+  float *xs = rand_floats(CMAXT * CB * CI), *h0 = rand_floats(CB * CH), *c0 = rand_floats(CB * CH);
+  call sc[4];
+  for (int c = 0; c < 4; c++)
+    sc[c] = (call){3, {xs, h0, c0}, {3, 2, 2}, {{lens[c], CB, CI}, {CB, CH}, {CB, CH}}, {0}};
+  cf_export_case(&(cf_case){"lstm", lstm_body, 3, 3, 0}, &m, sc, 4, cc, flags, target);
+  /* the training graph: the reverse scan of the backward runs through libkiln_rt too */
+  for (int g = 0; g < 4; g++)
+    kiln_requires_grad(m.wx[g], true), kiln_requires_grad(m.wh[g], true), kiln_requires_grad(m.b[g], true);
+  cf_export_case(&(cf_case){"lstm_grad", lstm_grad_body, 3, 4, 0}, &m, sc, 4, cc, flags, target);
+  for (int g = 0; g < 4; g++)
+    kiln_requires_grad(m.wx[g], false), kiln_requires_grad(m.wh[g], false), kiln_requires_grad(m.b[g], false);
+  for (int c = 0; c < 4; c++) sc[c].n_in = 2;
+  cf_export_case(&(cf_case){"cscan", cond_scan_body, 2, 2, 0}, &m, sc, 4, cc, flags, target);
+  /* a scan in a scan, over x's dim 1 (T, marked dynamic: from 1, where a
+   * scan's own symbol starts at 0): the operand is a strided view */
+  float *xt = rand_floats(CB * CMAXT * CI);
+  call nc[3];
+  for (int c = 0; c < 3; c++) nc[c] = (call){2, {xt, h0}, {3, 2}, {{CB, c ? lens[c + 1] : CMAXT, CI}, {CB, CH}}, {0}};
+  cf_export_case(&(cf_case){"nest", nest_body, 2, 2, 1}, &m, nc, 3, cc, flags, target);
+  free(xt);
+  /* both branches: x of either sign of sum */
+  float *xp = rand_floats(CB * CH), *xn = malloc(CB * CH * 4);
+  for (int i = 0; i < CB * CH; i++) xp[i] = fabsf(xp[i]) + 0.1f, xn[i] = -xp[i];
+  call cc2[3] = {{1, {xp}, {2}, {{CB, CH}}, {0}}, {1, {xn}, {2}, {{CB, CH}}, {0}}, {1, {xp}, {2}, {{CB, CH}}, {0}}};
+  cf_export_case(&(cf_case){"cnd", cond_body, 1, 1, 0}, &m, cc2, 3, cc, flags, target);
+  /* sum(x) 60, 200 and 1: 1, 0 and 7 doublings to reach 100 */
+  float w1[CH] = {20, 10, 10, 10, 10}, w0[CH] = {40, 40, 40, 40, 40}, w7[CH] = {0.2f, 0.2f, 0.2f, 0.2f, 0.2f}, zero = 0;
+  call wc[3] = {{2, {w1, &zero}, {1, 0}, {{CH}, {0}}, {0}}, {2, {w0, &zero}, {1, 0}, {{CH}, {0}}, {0}},
+                {2, {w7, &zero}, {1, 0}, {{CH}, {0}}, {0}}};
+  cf_export_case(&(cf_case){"grow", while_body, 2, 2, 0}, &m, wc, 3, cc, flags, target);
+  /* the trip counts are the ones meant: n comes back as 1, 0, 7 */
+  run_app("grow", wc, 3, 2, NULL);
+  FILE *f = open_reply();
+  for (int c = 0; c < 3; c++) {
+    float *out[2];
+    int64_t shapes[2][4];
+    int ndim[2];
+    char msg[512];
+    ck_assert_int_eq(0, next_reply(f, 2, out, shapes, ndim, msg, sizeof msg));
+    ck_assert_int_eq(ndim[1], 0);
+    ck_assert_msg(out[1][0] == (float)(c == 0 ? 1 : c == 1 ? 0 : 7), "call %d: %g steps", c, out[1][0]);
+    free(out[0]), free(out[1]);
+  }
+  fclose(f);
+  free(xs), free(h0), free(c0), free(xp), free(xn);
+  remove_dir();
+  cfm_free(&m);
+}
+
+START_TEST(test_control_flow) { cf_exports(NULL, NULL, NULL); }
+END_TEST
+
+/* The heap blocks a run of dir/app_<name> on calls makes, by valgrind's count. */
+static long heap_allocs(const char *name, const call *calls, int n, int n_out) {
+  run_app(name, calls, n, n_out, NULL);
+  ck_assert_int_eq(0, sh("cd %s && valgrind --log-file=vg.txt ./app_%s req rep", dir, name));
+  char path[128], line[512];
+  snprintf(path, sizeof path, "%s/vg.txt", dir);
+  FILE *f = fopen(path, "r");
+  ck_assert_ptr_nonnull(f);
+  long allocs = -1;
+  while (fgets(line, sizeof line, f)) {
+    const char *at = strstr(line, "total heap usage: ");
+    if (at) allocs = strtol(at + strlen("total heap usage: "), NULL, 10);
+  }
+  fclose(f);
+  ck_assert_msg(allocs > 0, "no heap summary from valgrind in %s", path);
+  return allocs;
+}
+
+/* libkiln_rt runs a scan's steps without allocating: a call of the LSTM at
+ * T = 1 and at T = 11 make as many heap blocks (the units and the carry
+ * buffers are made once per call), and so does the while loop at 1 and 7
+ * trips. Built without sanitizers or BLAS, run under valgrind. */
+START_TEST(test_control_flow_allocs) {
+  if (system("valgrind --version > /dev/null 2>&1")) return; /* no valgrind: nothing to count with */
+  cfm m;
+  cfm_init(&m);
+  make_dir();
+  float *xs = rand_floats(CMAXT * CB * CI), *h0 = rand_floats(CB * CH), *c0 = rand_floats(CB * CH);
+  call sc[2];
+  for (int c = 0; c < 2; c++)
+    sc[c] = (call){3, {xs, h0, c0}, {3, 2, 2}, {{c ? CMAXT : 1, CB, CI}, {CB, CH}, {CB, CH}}, {0}};
+  cf_export_case(&(cf_case){"lstm", lstm_body, 3, 3, 0}, &m, sc, 2, KILN_TEST_CC, "", NULL);
+  long a1 = heap_allocs("lstm", &sc[0], 1, 3), a11 = heap_allocs("lstm", &sc[1], 1, 3);
+  ck_assert_msg(a1 == a11, "heap blocks of a call at T = 1: %ld, at T = 11: %ld", a1, a11);
+  /* (at 0 trips the body's unit is never prepared: a call makes fewer blocks) */
+  float w1[CH] = {20, 10, 10, 10, 10}, w7[CH] = {0.2f, 0.2f, 0.2f, 0.2f, 0.2f}, zero = 0;
+  call wc[2] = {{2, {w1, &zero}, {1, 0}, {{CH}, {0}}, {0}}, {2, {w7, &zero}, {1, 0}, {{CH}, {0}}, {0}}};
+  cf_export_case(&(cf_case){"grow", while_body, 2, 2, 0}, &m, wc, 2, KILN_TEST_CC, "", NULL);
+  long w1a = heap_allocs("grow", &wc[0], 1, 2), w7a = heap_allocs("grow", &wc[1], 1, 2);
+  ck_assert_msg(w1a == w7a, "heap blocks of a while at 1 trip: %ld, at 7: %ld", w1a, w7a);
+  free(xs), free(h0), free(c0);
+  remove_dir();
+  cfm_free(&m);
+}
+END_TEST
+
+START_TEST(test_control_flow_no_blas) { cf_exports(KILN_TEST_CC, KILN_TEST_SAN, NULL); }
+END_TEST
+
 
 /* kilnc: a saved graph to an object on the command line; a loaded graph's
  * params are inputs, so the weights come with the call. Bad files are an
@@ -644,7 +958,7 @@ START_TEST(test_plan_version) {
   FILE *f = open_reply();
   char msg[512];
   ck_assert_int_eq(-1, next_reply(f, 2, NULL, NULL, NULL, msg, sizeof msg));
-  ck_assert_msg(strstr(msg, "exported for runtime plan version 1, this libkiln_rt reads version 7"), "message: %s", msg);
+  ck_assert_msg(strstr(msg, "exported for runtime plan version 2, this libkiln_rt reads version 7"), "message: %s", msg);
   fclose(f);
   free(x);
   remove_dir();
@@ -820,6 +1134,9 @@ int main(void) {
       {"plan_version", test_plan_version},
       {"cross", test_cross},
       {"refusals", test_refusals},
+      {"control_flow", test_control_flow},
+      {"control_flow_no_blas", test_control_flow_no_blas},
+      {"control_flow_allocs", test_control_flow_allocs},
   };
   for (int k = 0; k < NELEM(cases); k++) {
     TCase *tc = tcase_create(cases[k].name);

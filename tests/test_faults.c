@@ -228,6 +228,16 @@ static int regions(results *r, int backend) {
 static int regions_interp(results *r) { return regions(r, KILN_BACKEND_INTERP); }
 static int regions_llvm(results *r) { return regions(r, KILN_BACKEND_LLVM); }
 
+static char export_prefix[64];
+static kiln_fn *export_fn;
+
+/* The regions' variant exported (traced once before, on the interpreter:
+ * the export fuses, lowers and plans every region itself). */
+static int regions_export(results *r) {
+  (void)r;
+  return kiln_export(export_fn, export_prefix, NULL);
+}
+
 static char graph_path[64];
 
 static int save_load(results *r) {
@@ -392,6 +402,24 @@ START_TEST(test_region_faults) {
 }
 END_TEST
 
+START_TEST(test_export_faults) {
+  snprintf(export_prefix, sizeof export_prefix, "faults_export_%d", (int)getpid());
+  results r = {0};
+  kiln_options o = {.name = "regions", .n_in = 2, .n_out = 2, .backend = KILN_BACKEND_INTERP};
+  export_fn = kiln_compile(regions_body, NULL, &o);
+  ck_assert_int_eq(0, call_len(export_fn, 5, 31, &r));
+  int d, points = inject("regions (export)", regions_export, 4, &d);
+  kiln_fn_free(export_fn);
+  free(r.v);
+  char path[80];
+  snprintf(path, sizeof path, "%s.o", export_prefix);
+  unlink(path);
+  snprintf(path, sizeof path, "%s.h", export_prefix);
+  unlink(path);
+  ck_assert_int_ge(points, 50);
+}
+END_TEST
+
 START_TEST(test_compile_faults) {
   int d, points = inject("compile (llvm)", compiled_llvm, 4, &d);
   ck_assert_int_ge(points, 50);
@@ -460,6 +488,7 @@ int main(void) {
   tcase_add_test(tc, test_trace_faults);
   tcase_add_test(tc, test_compile_faults);
   tcase_add_test(tc, test_region_faults);
+  tcase_add_test(tc, test_export_faults);
   tcase_add_test(tc, test_save_load_faults);
   tcase_add_test(tc, test_weights_faults);
   tcase_add_test(tc, test_llvm_failure_falls_back);

@@ -662,6 +662,66 @@ START_TEST(test_while_one_trace) {
 }
 END_TEST
 
+/* Storages a compiled call makes. */
+static uint64_t storages_of_call(kiln_fn *fn, kiln_tensor *const *in, int n_out) {
+  kiln_tensor *out[2] = {0};
+  uint64_t before = storage_count();
+  ck_assert_msg(kiln_call(fn, in, out) == 0, "%s", kiln_last_error());
+  (void)n_out; /* the outputs are the scope's */
+  return storage_count() - before;
+}
+
+/* The planner per region: a compiled scan or while writes each step's carry
+ * into one of two sets of buffers made once per call, and a scan's ys
+ * straight into their rows of the stacked results (backend.run_into), so a
+ * call makes as many storages at 19 steps as at 1 or 7 (the step's own
+ * intermediates live in its exec's arena, kept between steps). */
+START_TEST(test_loop_buffers_per_call) {
+  float x[TMAX * NB * NI], h0[NB * NH], w[NI * NH], u[NH * NH], bb[NH];
+  fill(x, TMAX * NB * NI, 5), fill(h0, NB * NH, 6), fill(w, NI * NH, 7), fill(u, NH * NH, 8), fill(bb, NH, 9);
+  kiln_scope_begin();
+  cell c = cell_of(w, u, bb);
+  g_cell = &c;
+  kiln_fn *fn = kiln_compile(scan_body, NULL, &(kiln_options){.name = "rnn", .n_in = 2, .n_out = 2});
+  uint64_t made[3];
+  static const int Ts[3] = {1, 19, 7};
+  for (int k = 0; k < 3; k++) {
+    kiln_tensor *in[2] = {kiln_tensor_from(KILN_F32, 2, (int64_t[]){NB, NH}, h0),
+                          kiln_tensor_from(KILN_F32, 3, (int64_t[]){Ts[k], NB, NI}, x)};
+    storages_of_call(fn, in, 2); /* the trace, then the compiled variant's first call */
+    made[k] = storages_of_call(fn, in, 2);
+    /* and the answer is still the step's */
+    double h[NB * NH], ys[TMAX * NB * NH];
+    cell_ref(x, h0, w, u, bb, Ts[k], h, ys);
+    kiln_tensor *out[2];
+    ck_assert_int_eq(0, kiln_call(fn, in, out));
+    float got_h[NB * NH], got_ys[TMAX * NB * NH];
+    ck_assert_int_eq(0, kiln_read(out[0], got_h, sizeof got_h));
+    ck_assert_int_eq(0, kiln_read(out[1], got_ys, sizeof(float) * (size_t)(Ts[k] * NB * NH)));
+    expect_close(got_h, h, NB * NH, "last carry");
+    expect_close(got_ys, ys, Ts[k] * NB * NH, "ys");
+  }
+  expect_one_trace(fn);
+  ck_assert_msg(made[0] == made[1] && made[1] == made[2], "storages per call at T = 1, 19, 7: %llu, %llu, %llu",
+                (unsigned long long)made[0], (unsigned long long)made[1], (unsigned long long)made[2]);
+  kiln_fn_free(fn);
+  /* a while of 1 and of 12 steps */
+  fn = kiln_compile(while_body, NULL, &(kiln_options){.name = "grow", .n_in = 2, .n_out = 1});
+  static const float bounds[2] = {5, 1e4f};
+  for (int k = 0; k < 2; k++) {
+    float x0[3] = {0.5f, 1, 1.5f};
+    kiln_tensor *in[2] = {kiln_tensor_from(KILN_F32, 1, (int64_t[]){3}, x0), kiln_scalar(KILN_F32, bounds[k])};
+    storages_of_call(fn, in, 1);
+    made[k] = storages_of_call(fn, in, 1);
+  }
+  expect_one_trace(fn);
+  ck_assert_msg(made[0] == made[1], "storages per call at 1 and 12 steps: %llu, %llu", (unsigned long long)made[0],
+                (unsigned long long)made[1]);
+  kiln_fn_free(fn);
+  kiln_scope_end();
+}
+END_TEST
+
 /* branches that disagree, a carry that changes: errors naming both lines
  * (each body notes the line of its op; cond_line is one before the call) */
 static int then_line, else_line, cond_line, shrink_line;
@@ -1160,6 +1220,104 @@ START_TEST(test_cond_three_ways) {
 }
 END_TEST
 
+/* ---- an eager backward after a recording escaped ---- */
+
+/* The weights, and w2 = 1.5 W made in the body (a capture with history of its own). */
+typedef struct ecell {
+  kiln_tensor *w, *u, *w2;
+} ecell;
+
+static int e_step(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  ecell *c = ctx;
+  out[0] = kiln_tanh(kiln_add(kiln_matmul(in[1], c->w2), kiln_matmul(in[0], c->u)));
+  out[1] = kiln_mul(out[0], out[0]);
+  return !out[0] || !out[1];
+}
+static int e_then(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  ecell *c = ctx;
+  return !(out[0] = kiln_tanh(kiln_matmul(in[0], c->u)));
+}
+static int e_else(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  ecell *c = ctx;
+  return !(out[0] = kiln_mul(in[0], kiln_sum_all(c->w)));
+}
+
+/* h = tanh(h0), a scan from h over x, a cond on x's sign over the scan's h,
+ * then 63 data reads: the last is past the recording's breaks, so the rest
+ * of the body runs eagerly on the values the graph gave, and the outputs
+ * leave with autograd history reaching back into the recorded constructs.
+ * in = x (T, NB, NI), h0 (NB, NH); out = sum(ys)/2 + sum(hc), the scan's h */
+static int escape_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  ecell *c = ctx;
+  kiln_tensor *x = in[0], *h = kiln_tanh(in[1]), *hT, *ys, *hc;
+  c->w2 = kiln_mul(c->w, kiln_scalar(KILN_F64, 1.5));
+  if (kiln_scan(e_step, c, 1, &h, 1, &x, &hT, 1, &ys)) return -1;
+  kiln_tensor *p = kiln_gt(kiln_sum_all(x), kiln_scalar(KILN_F64, 0));
+  if (!p || kiln_cond(p, e_then, e_else, c, 1, &hT, 1, &hc)) return -1;
+  kiln_tensor *s = kiln_sum_all(ys);
+  for (int i = 0; i < 63; i++) {
+    s = kiln_add(s, kiln_scalar(KILN_F64, 1));
+    if (isnan(kiln_item(s))) return -1;
+  }
+  out[0] = kiln_add(kiln_mul(kiln_sum_all(ys), kiln_scalar(KILN_F64, 0.5)), kiln_sum_all(hc));
+  out[1] = hT;
+  return !out[0] || !out[1];
+}
+
+/* The outputs of a compiled call whose recording escaped carry the
+ * recorded constructs' autograd nodes; kiln_backward on them outside the
+ * function gives eager's gradients (W, U, h0) at T = 0, 1, 5, both branches.
+ * (The cond's backward replays its branch eagerly on an operand with
+ * history: a backward inside a backward, which used to take the outer
+ * one's pending count and partial sum of h's node, so nothing reached h0.) */
+START_TEST(test_backward_after_escape) {
+  double w[NI * NH], u[NH * NH], x[TMAX * NB * NI], h0[NB * NH];
+  dfill(w, NI * NH, 41), dfill(u, NH * NH, 42), dfill(x, TMAX * NB * NI, 43), dfill(h0, NB * NH, 44);
+  ecell c = {f64_of(2, (int64_t[]){NI, NH}, w), f64_of(2, (int64_t[]){NH, NH}, u), NULL};
+  kiln_requires_grad(c.w, true), kiln_requires_grad(c.u, true);
+  kiln_fn *fn = kiln_compile(escape_body, &c, &(kiln_options){.name = "escape", .n_in = 2, .n_out = 2});
+  ck_assert_ptr_nonnull(fn);
+  int lens[4] = {5, 1, 0, 5};
+  for (int k = 0; k < 4; k++) {
+    int T = lens[k];
+    double got[2][NI * NH + NH * NH + NB * NH], *want = NULL;
+    if (k == 3)
+      for (int i = 0; i < T * NB * NI; i++) x[i] = -x[i]; /* the other branch */
+    for (int compiled = 0; compiled < 2; compiled++) {
+      kiln_scope_begin();
+      kiln_tensor *xt = f64_of(3, (int64_t[]){T, NB, NI}, x), *ht = f64_of(2, (int64_t[]){NB, NH}, h0), *out[2] = {0};
+      kiln_requires_grad(ht, true);
+      kiln_tensor *in[2] = {xt, ht};
+      ck_assert_msg((compiled ? kiln_call(fn, in, out) : escape_body(&c, in, out)) == 0, "%s", kiln_last_error());
+      kiln_tensor *loss = kiln_add(out[0], kiln_sum_all(kiln_mul(out[1], out[1])));
+      ck_assert_msg(kiln_backward(loss) == 0, "T=%d: %s", T, kiln_last_error());
+      double *g = got[compiled];
+      kiln_tensor *grads[3] = {kiln_grad(c.w), kiln_grad(c.u), kiln_grad(ht)};
+      int64_t n[3] = {NI * NH, NH * NH, NB * NH};
+      for (int i = 0, at = 0; i < 3; at += (int)n[i], i++) {
+        /* eagerly a scan of no steps leaves the weights without a gradient; compiled, zeros */
+        if (grads[i]) read_d(grads[i], g + at, n[i]);
+        else memset(g + at, 0, sizeof(double) * (size_t)n[i]);
+      }
+      kiln_zero_grad(c.w), kiln_zero_grad(c.u);
+      kiln_scope_end();
+      want = got[0];
+    }
+    expect_near(got[1], want, NI * NH, 1e-12, "dW", T);
+    expect_near(got[1] + NI * NH, want + NI * NH, NH * NH, 1e-12, "dU", T);
+    expect_near(got[1] + NI * NH + NH * NH, want + NI * NH + NH * NH, NB * NH, 1e-12, "dh0", T);
+    double norm = 0;
+    for (int i = 0; i < NB * NH; i++) norm += fabs(want[NI * NH + NH * NH + i]);
+    ck_assert_msg(norm > 1e-3, "T=%d: dh0 is %g, the case shows nothing", T, norm);
+  }
+  kiln_fn_stats st;
+  ck_assert_int_eq(0, kiln_fn_get_stats(fn, &st));
+  ck_assert_int_eq(4, st.fallbacks); /* every call escaped */
+  kiln_fn_free(fn);
+  kiln_release(c.w), kiln_release(c.u);
+}
+END_TEST
+
 #ifdef KILN_TEST_BUILD
 /* the cell without a C number, so that calls take the guard-only path, where check mode compares kernels */
 static int plain_cell(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
@@ -1253,6 +1411,8 @@ int main(void) {
 #ifdef KILN_TEST_BUILD
   tcase_add_test(cap, test_check_names_region_kernel);
 #endif
+  tcase_add_test(cap, test_backward_after_escape);
+  tcase_add_test(cap, test_loop_buffers_per_call);
   suite_add_tcase(s, cap);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

@@ -8,7 +8,13 @@
  * (src/rt/rt.c). Sizes stay symbolic, so one export serves every size its
  * guards allow. What the runtime has no kernel for (an op that runs through
  * an eager kernel, a write back to an input, a .grad) is refused here, with
- * the op and the user's file:line. */
+ * the op and the user's file:line.
+ *
+ * A graph with control flow exports as units (rt/plan.h): the graph and each
+ * region, nested ones included, fused and planned on its own as the JIT does
+ * (runtime.c's region execs); a cond, while or scan node is one kernel of its
+ * graph that runs its regions' units, and each get of its results a copy out
+ * of the construct's result slots. */
 #include <ctype.h>
 #include <errno.h>
 #include <stdarg.h>
@@ -125,6 +131,9 @@ static const char *where(const ir_node *n, char *buf, size_t bn) {
 /* What the runtime cannot run; 0, or -1 with why. */
 static int refuse(const ir_graph *g, const cg_program *p, const export_request *rq, char *err, size_t errn) {
   char w[256];
+  if (g->n_writes && g->region)
+    return fail(err, errn, "a region writes back to an input (%s:%d): an export runs graphs without in-place updates",
+                g->writes[0].file ? g->writes[0].file : "?", g->writes[0].line);
   if (g->n_writes)
     return fail(err, errn, "the variant writes back to an input or param (%s:%d): an export runs graphs without in-place updates",
                 g->writes[0].file ? g->writes[0].file : "?", g->writes[0].line);
@@ -143,7 +152,11 @@ static int refuse(const ir_graph *g, const cg_program *p, const export_request *
   for (int k = 0; k < p->n_k; k++) {
     const cg_kernel *kk = &p->k[k];
     const ir_node *n = &g->nodes[kk->node];
-    if (kk->kind == CG_K_EAGER && (n->op != OP_INDEX_SELECT || g->nodes[n->in[1]].ndim != 1))
+    if (kk->kind == CG_K_EAGER && ir_is_cf(n->op) && n->n_in > 256)
+      return fail(err, errn, "%s has %d operands (the runtime takes 256)", where(n, w, sizeof w), n->n_in);
+    bool cumsum = n->op == OP_CUMSUM && (n->dtype == KILN_F32 || n->dtype == KILN_F64 || n->dtype == KILN_I64);
+    if (kk->kind == CG_K_EAGER && !ir_is_cf(n->op) && n->op != IR_GET && !cumsum &&
+        (n->op != OP_INDEX_SELECT || g->nodes[n->in[1]].ndim != 1))
       return fail(err, errn, "%s runs through an eager kernel, which libkiln_rt does not have: the op cannot be exported yet",
                   where(n, w, sizeof w));
     if (kk->kind == CG_K_MATMUL && n->dtype != KILN_F32 && n->dtype != KILN_F64)
@@ -174,10 +187,25 @@ static void input_name(const ir_graph *g, const export_request *rq, int i, char 
   else snprintf(buf, bn, "in%d", i);
 }
 
-/* The plan and the weights of program p; 0, or -1 with err. */
-static int build_plan(const ir_graph *g, const cg_program *p, const export_request *rq, words *pl, bytes *str,
-                      bytes *wt, int *n_loops, char *err, size_t errn) {
-  int n_in = g->n_inputs + (rq->params_as_inputs ? g->n_params : 0);
+/* A graph of the export: the top one (unit 0) or a region. */
+typedef struct unit {
+  const ir_graph *g;
+  cg_program *p;
+  int (*sub)[2]; /* per node: the units of its regions */
+  int64_t header; /* its header's word */
+} unit;
+
+/* The plan and the weights of unit u (program p of graph g), its header at
+ * the plan's end; *loops counts the loop kernels before it (in), then with
+ * its own (out); *n_cf likewise the control-flow kernels. 0, or -1 with err. */
+static int build_plan(const unit *u, const export_request *rq, words *pl, bytes *str, bytes *wt, int *n_loops,
+                      int *n_cf, char *err, size_t errn) {
+  const ir_graph *g = u->g;
+  const cg_program *p = u->p;
+  bool top = !g->region;
+  int n_in = g->n_inputs + (top && rq->params_as_inputs ? g->n_params : 0);
+  size_t base = pl->n;
+  int *cf_of = NULL; /* per node: its construct's id */
   for (int i = 0; i < PLAN_HEADER; i++) put(pl, 0);
   size_t syms = pl->n, ins = syms + (size_t)g->n_syms * SYM_WORDS, outs = ins + (size_t)n_in * IN_WORDS;
   size_t bufs = outs + (size_t)g->n_outputs * OUT_WORDS, kers = bufs + (size_t)p->n_buf * BUF_WORDS;
@@ -198,7 +226,8 @@ static int build_plan(const ir_graph *g, const cg_program *p, const export_reque
       for (int d = 0; n && d < n->ndim && bi < 0; d++)
         if (ir_sym_id(g, n->shape[d]) == s) bi = i, bd = d;
     }
-    if (bi < 0) return fail(err, errn, "s%d is not the size of any input of the export (an embedded param's?)", s);
+    if (bi < 0 && top) return fail(err, errn, "s%d is not the size of any input of the export (an embedded param's?)", s);
+    if (!top) bi = bd = -1; /* a region's symbols are its parent's */
     pl->w[at] = g->sym_lo[s], pl->w[at + 1] = g->sym_hi[s], pl->w[at + 2] = bi, pl->w[at + 3] = bd;
   }
   for (int i = 0; i < n_in; i++) {
@@ -246,11 +275,58 @@ static int build_plan(const ir_graph *g, const cg_program *p, const export_reque
     int64_t w[BUF_WORDS] = {kind, bf->dtype, numel, src, bf->alias_of, bf->first, bf->last};
     memcpy(pl->w + at, w, sizeof w);
   }
-  int loops = 0;
+  int loops = *n_loops;
+  if (!(cf_of = alloc_malloc(sizeof(int) * ((size_t)g->n_nodes + 1)))) goto oom;
+  for (int i = 0; i < g->n_nodes; i++) cf_of[i] = -1;
   for (int ki = 0; ki < p->n_k; ki++) {
     const cg_kernel *k = &p->k[ki];
     size_t rec = pl->n;
     pl->w[kers + (size_t)ki] = (int64_t)rec;
+    const ir_node *kn = &g->nodes[k->node];
+    if (k->kind == CG_K_EAGER && ir_is_cf(kn->op)) {
+      /* the construct over its operands' views; its id numbers its state in a call */
+      char w[256];
+      int op = kn->op == IR_COND ? RT_CF_COND : kn->op == IR_WHILE ? RT_CF_WHILE : RT_CF_SCAN;
+      cf_of[k->node] = *n_cf;
+      int64_t head[CF_WORDS] = {RT_K_CF, op, (*n_cf)++, kn->n_in, kn->n_carry, kn->n_xs, u->sub[k->node][0],
+                                u->sub[k->node][1], (int64_t)put_str(str, where(kn, w, sizeof w))};
+      for (int i = 0; i < CF_WORDS; i++) put(pl, head[i]);
+      size_t ops = pl->n;
+      for (int i = 0; i < kn->n_in * (1 + VIEW_WORDS); i++) put(pl, 0);
+      for (int j = 0; j < kn->n_in && !pl->oom; j++) {
+        const ir_node *x = &g->nodes[kn->in[j]];
+        size_t at = ops + (size_t)j * (1 + VIEW_WORDS);
+        pl->w[at] = x->dtype;
+        put_view(pl, at + 1, p->views[kn->in[j]].buf, x, &p->views[kn->in[j]]);
+      }
+      if (pl->oom) goto oom;
+      continue;
+    }
+    if (k->kind == CG_K_EAGER && kn->op == IR_GET) {
+      /* the construct's result into this node's buffer: the construct is the
+       * kernel that made its tuple's buffer (every construct has one id) */
+      int cf = cf_of[kn->in[0]];
+      if (cf < 0) {
+        alloc_free(cf_of);
+        return fail(err, errn, "%%%d: get of a construct that runs after it", k->node);
+      }
+      put(pl, RT_K_GET), put(pl, cf), put(pl, kn->attrs.k), put(pl, kn->dtype);
+      size_t v = pl->n;
+      for (int i = 0; i < VIEW_WORDS; i++) put(pl, 0);
+      if (!pl->oom) put_view(pl, v, k->out_buf, kn, &p->views[k->node]);
+      if (pl->oom) goto oom;
+      continue;
+    }
+    if (k->kind == CG_K_EAGER && kn->op == OP_CUMSUM) {
+      /* the running sums along dim (the reverse scan's step indices) */
+      put(pl, RT_K_CUMSUM), put(pl, kn->dtype), put(pl, kn->attrs.dim);
+      size_t v = pl->n;
+      for (int i = 0; i < 2 * VIEW_WORDS; i++) put(pl, 0);
+      if (!pl->oom) put_view(pl, v, p->views[kn->in[0]].buf, &g->nodes[kn->in[0]], &p->views[kn->in[0]]);
+      if (!pl->oom) put_view(pl, v + VIEW_WORDS, k->out_buf, kn, &p->views[k->node]);
+      if (pl->oom) goto oom;
+      continue;
+    }
     if (k->kind == CG_K_MATMUL || k->kind == CG_K_EAGER) {
       const ir_node *n = &g->nodes[k->node];
       int64_t ab, bb;
@@ -295,12 +371,15 @@ static int build_plan(const ir_graph *g, const cg_program *p, const export_reque
     size_t at = guards + (size_t)i * GUARD_WORDS;
     pl->w[at] = g->guards[i].op, pl->w[at + 1] = l, pl->w[at + 2] = r, pl->w[at + 3] = t;
   }
+  alloc_free(cf_of);
+  cf_of = NULL;
   h[PLAN_WORDS] = (int64_t)pl->n;
   if (pl->oom || str->oom || wt->oom) goto oom;
-  memcpy(pl->w, h, sizeof h);
+  memcpy(pl->w + base, h, sizeof h);
   *n_loops = loops;
   return 0;
 oom:
+  alloc_free(cf_of);
   return fail(err, errn, "out of memory (or a size expression too large for the runtime)");
 }
 
@@ -386,13 +465,33 @@ static int write_header(const ir_graph *g, const export_request *rq, const char 
   return 0;
 }
 
+/* Adds g and, depth first, every region under it to us (grown); g's unit id, or -1 when out of memory. */
+static int add_units(const ir_graph *g, unit **us, int *n, int *cap) {
+  if (*n == *cap) {
+    int c = *cap ? 2 * *cap : 8;
+    unit *nu = alloc_realloc(*us, sizeof *nu * (size_t)c);
+    if (!nu) return -1;
+    *us = nu, *cap = c;
+  }
+  int id = (*n)++;
+  (*us)[id] = (unit){.g = g, .header = -1};
+  int (*sub)[2] = alloc_calloc((size_t)g->n_nodes + 1, sizeof *sub);
+  if (!sub) return -1;
+  (*us)[id].sub = sub;
+  for (int i = 0; i < g->n_nodes; i++) {
+    sub[i][0] = sub[i][1] = -1;
+    for (int k = 0; k < ir_n_sub(g->nodes[i].op); k++) {
+      int r = add_units(g->nodes[i].sub[k], us, n, cap);
+      if (r < 0) return -1;
+      (*us)[id].sub[i][k] = r;
+    }
+  }
+  return id;
+}
+
 int export_graph(const ir_graph *g, const export_request *rq, char *err, size_t errn) {
-  for (int i = 0; i < g->n_nodes; i++)
-    if (ir_is_cf(g->nodes[i].op))
-      return snprintf(err, errn, "%%%d: %s (%s:%d): libkiln_rt does not run control flow regions", i,
-                      ir_op_name(g->nodes[i].op), g->nodes[i].file, g->nodes[i].line), -1;
   char why[256] = "";
-  int rc = -1, n_loops = 0;
+  int rc = -1, n_loops = 0, n_units = 0, cap_units = 0, n_cf = 0;
   words pl = {0};
   bytes str = {0}, wt = {0};
   void *obj = NULL;
@@ -402,9 +501,19 @@ int export_graph(const ir_graph *g, const export_request *rq, char *err, size_t 
   LLVMTargetMachineRef tm = NULL;
   LLVMValueRef *fns = NULL;
   char **keys = NULL;
-  cg_program *p = NULL;
+  unit *us = NULL;
   if (!(tm = jit_machine_for(rq->target, rq->cpu, err, errn))) goto done;
-  if (!(p = fuse_graph(g, err, errn)) || refuse(g, p, rq, err, errn)) goto done;
+  if (add_units(g, &us, &n_units, &cap_units) < 0) {
+    fail(err, errn, "out of memory");
+    goto done;
+  }
+  for (int u = 0; u < n_units; u++) {
+    char e[400];
+    if ((us[u].p = fuse_graph(us[u].g, e, sizeof e)) && !refuse(us[u].g, us[u].p, rq, e, sizeof e)) continue;
+    if (u) fail(err, errn, "region '%s': %s", us[u].g->name, e);
+    else fail(err, errn, "%s", e);
+    goto done;
+  }
   LLVMTargetDataRef td = LLVMCreateTargetDataLayout(tm);
   unsigned ptr_bytes = LLVMPointerSize(td);
   bool little = LLVMByteOrder(td) == LLVMLittleEndian;
@@ -420,48 +529,65 @@ int export_graph(const ir_graph *g, const export_request *rq, char *err, size_t 
   }
   LLVMTypeRef i64 = LLVMInt64TypeInContext(cx), i8 = LLVMInt8TypeInContext(cx), i32 = LLVMInt32TypeInContext(cx);
   LLVMTypeRef ptr = LLVMPointerTypeInContext(cx, 0);
-  for (int ki = 0; ki < p->n_k; ki++) n_loops += p->k[ki].kind == CG_K_LOOP;
+  for (int u = 0; u < n_units; u++)
+    for (int ki = 0; ki < us[u].p->n_k; ki++) n_loops += us[u].p->k[ki].kind == CG_K_LOOP;
   fns = alloc_calloc((size_t)n_loops + 1, sizeof *fns);
   keys = alloc_calloc((size_t)n_loops + 1, sizeof *keys);
   if (!fns || !keys) {
     fail(err, errn, "out of memory");
     goto done_names;
   }
-  for (int ki = 0, at = 0; ki < p->n_k; ki++) {
-    cg_kernel *k = &p->k[ki];
-    if (k->kind != CG_K_LOOP) continue;
-    k->own_vectors = false; /* the target's vectorizer picks the widths */
-    if (lower_kernel(p, k, mod, why, sizeof why)) {
-      fail(err, errn, "lowering failed: %s", why[0] ? why : k->name);
-      goto done_names;
+  /* every unit's loop kernels in one module, numbered in unit order */
+  for (int u = 0, at = 0; u < n_units; u++)
+    for (int ki = 0; ki < us[u].p->n_k; ki++) {
+      cg_kernel *k = &us[u].p->k[ki];
+      if (k->kind != CG_K_LOOP) continue;
+      k->own_vectors = false; /* the target's vectorizer picks the widths */
+      if (lower_kernel(us[u].p, k, mod, why, sizeof why)) {
+        fail(err, errn, "lowering failed: %s", why[0] ? why : k->name);
+        goto done_names;
+      }
+      LLVMValueRef fn = LLVMGetNamedFunction(mod, k->name);
+      if (!fn) {
+        fail(err, errn, "kernel %s not found after lowering", k->name);
+        goto done_names;
+      }
+      /* a kernel whose code an earlier one has (a repeated layer) runs that
+       * one's with its own sizes in p, as in the JIT (equal keys, equal code) */
+      keys[at] = kernel_key(fn, k, false);
+      int twin = -1;
+      for (int j = 0; j < at && keys[at] && twin < 0; j++)
+        if (keys[j] && !strcmp(keys[j], keys[at])) twin = j;
+      if (twin >= 0) {
+        LLVMDeleteFunction(fn);
+        fns[at++] = fns[twin];
+        continue;
+      }
+      char nm[160];
+      if (u) snprintf(nm, sizeof nm, "%s.r%d.%s", rq->name, u, k->name);
+      else snprintf(nm, sizeof nm, "%s.%s", rq->name, k->name);
+      LLVMSetValueName2(fn, nm, strlen(nm));
+      LLVMSetLinkage(fn, LLVMInternalLinkage);
+      /* lowering tunes for the host's vector width; the target chooses its own */
+      LLVMRemoveStringAttributeAtIndex(fn, LLVMAttributeFunctionIndex, "prefer-vector-width", 19);
+      fns[at++] = fn;
     }
-    LLVMValueRef fn = LLVMGetNamedFunction(mod, k->name);
-    if (!fn) {
-      fail(err, errn, "kernel %s not found after lowering", k->name);
-      goto done_names;
-    }
-    /* a kernel whose code an earlier one has (a repeated layer) runs that
-     * one's with its own sizes in p, as in the JIT (equal keys, equal code) */
-    keys[at] = kernel_key(fn, k, false);
-    int twin = -1;
-    for (int j = 0; j < at && keys[at] && twin < 0; j++)
-      if (keys[j] && !strcmp(keys[j], keys[at])) twin = j;
-    if (twin >= 0) {
-      LLVMDeleteFunction(fn);
-      fns[at++] = fns[twin];
-      continue;
-    }
-    char nm[160];
-    snprintf(nm, sizeof nm, "%s.%s", rq->name, k->name);
-    LLVMSetValueName2(fn, nm, strlen(nm));
-    LLVMSetLinkage(fn, LLVMInternalLinkage);
-    /* lowering tunes for the host's vector width; the target chooses its own */
-    LLVMRemoveStringAttributeAtIndex(fn, LLVMAttributeFunctionIndex, "prefer-vector-width", 19);
-    fns[at++] = fn;
-  }
   /* the plan (after lowering: it fills in each kernel's parameters), what it
    * points at, then the model and the two entry points */
-  if (build_plan(g, p, rq, &pl, &str, &wt, &n_loops, err, errn)) goto done_names;
+  int loops = 0;
+  for (int u = 0; u < n_units; u++) {
+    us[u].header = (int64_t)pl.n;
+    if (build_plan(&us[u], rq, &pl, &str, &wt, &loops, &n_cf, err, errn)) goto done_names;
+  }
+  /* the top's header: the units' table and counts, the plan's length */
+  size_t unit_table = pl.n;
+  for (int u = 0; u < n_units; u++) put(&pl, us[u].header);
+  if (pl.oom) {
+    fail(err, errn, "out of memory");
+    goto done_names;
+  }
+  pl.w[PLAN_NUNIT] = n_units, pl.w[PLAN_UNITS] = (int64_t)unit_table, pl.w[PLAN_NCF] = n_cf;
+  pl.w[PLAN_WORDS] = (int64_t)pl.n;
   char nm[160];
   snprintf(nm, sizeof nm, "%s.plan", rq->name);
   LLVMValueRef *pw = alloc_malloc(pl.n * sizeof *pw);
@@ -526,6 +652,7 @@ done:
   if (mod) LLVMDisposeModule(mod);
   if (cx) LLVMContextDispose(cx);
   if (tm) LLVMDisposeTargetMachine(tm);
-  cg_program_free(p);
+  for (int u = 0; us && u < n_units; u++) cg_program_free(us[u].p), alloc_free(us[u].sub);
+  alloc_free(us);
   return rc;
 }

@@ -710,7 +710,7 @@ static int build(fuser *f, int *memo, uint8_t *seen) {
       if (!k->nodes) return -1;
       k->nodes[0] = i;
       k->n_nodes = 1;
-      kind_name(k, n->op == OP_MATMUL ? "matmul" : op_table[n->op].name);
+      kind_name(k, n->op == OP_MATMUL ? "matmul" : ir_op_name(n->op));
     }
     if (r < 0) return r;
   }

@@ -838,12 +838,35 @@ static int wait_kernel(dist_pending *q, const cg_program *p, const ir_graph *g, 
   return bad;
 }
 
-/* bound: a region's symbol values (its parent's), else they bind from the inputs. */
+/* The output whose tensor into[] gives buffer b's memory: an output that is
+ * b's whole value, contiguous, where into[] has a contiguous tensor of its
+ * size; -1 none. */
+static int into_output(const backend_exec *e, int b, kiln_tensor *const *into) {
+  const cg_program *p = e->prog;
+  const ir_graph *g = e->g;
+  const cg_buf *bf = &p->buf[b];
+  for (int i = 0; into && i < g->n_outputs; i++) {
+    int o = g->outputs[i];
+    const cg_view *m = &p->views[o];
+    if (o != bf->node || m->buf != b || !sym_same(m->off, sym_const(0)) || !into[i]) continue;
+    if (into[i]->dtype != bf->dtype || !tensor_contiguous(into[i])) continue;
+    return i;
+  }
+  return -1;
+}
+
+/* bound: a region's symbol values (its parent's), else they bind from the
+ * inputs. into: when not NULL, out[i] are written into into[i] (a region's
+ * loop passes the carry's other buffers and the stacked ys' rows, so a step
+ * allocates nothing): the kernels store an output straight into its tensor
+ * where it is a whole buffer, else it is copied there at the end. */
 static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const *params, kiln_tensor **out, char *report,
-                    size_t rn, const int64_t *bound) {
+                    size_t rn, const int64_t *bound, kiln_tensor *const *into) {
   const ir_graph *g = e->g;
   if (e->driver)
-    return report ? region_execs_check(g, in, params, bound, &e->rx, report, rn) : interp_run_with(g, in, params, bound, &e->rx, out);
+    return report ? region_execs_check(g, in, params, bound, &e->rx, report, rn)
+           : into ? interp_run_into(g, in, bound, &e->rx, into)
+                  : interp_run_with(g, in, params, bound, &e->rx, out);
   cg_program *p = e->prog;
   int64_t vals[IR_MAX_SYMS];
   if (ir_bind_or(g, e->leaves, e->n_leaves, in, params, bound, vals)) return -1;
@@ -902,6 +925,13 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
       break;
     case CG_BUF_OUTPUT:
       if (ir_node_shape(n, vals, ns, shape)) goto bad_shape;
+      {
+        int io = into_output(e, b, into);
+        if (io >= 0 && shape_numel(bf->ndim, shape) == kiln_numel(into[io])) {
+          t = into[io];
+          break;
+        }
+      }
       if (!(own[b] = t = tensor_new(bf->dtype, bf->ndim, shape))) goto oom;
       break;
     case CG_BUF_TEMP:
@@ -1074,8 +1104,16 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
     rc = mismatch;
     goto done;
   }
+  for (int i = 0; into && i < g->n_outputs; i++) {
+    /* into the caller's tensors: what the kernels did not store there is copied */
+    int o = g->outputs[i];
+    const cg_view *m = &p->views[o];
+    tview v;
+    if (make_view(&v, bufs[m->buf], g->nodes[o].dtype, &g->nodes[o], m, vals, ns)) goto bad_shape;
+    if (tensor_data(&v.t) != tensor_data(into[i]) || !tensor_contiguous(&v.t)) pw_copy(into[i], &v.t);
+  }
   /* outputs: fresh tensors, or views of them and of the arguments, as in the graph */
-  for (int i = 0; i < g->n_outputs; i++) {
+  for (int i = 0; !into && i < g->n_outputs; i++) {
     int o = g->outputs[i];
     const cg_view *m = &p->views[o];
     const cg_buf *bf = &p->buf[m->buf];
@@ -1150,19 +1188,23 @@ done:
 }
 
 static int llvm_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const *params, kiln_tensor **out) {
-  return exec_run(e, in, params, out, NULL, 0, NULL);
+  return exec_run(e, in, params, out, NULL, 0, NULL, NULL);
 }
 
 static int llvm_check(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const *params, char *report, size_t n) {
-  return exec_run(e, in, params, NULL, report, n, NULL);
+  return exec_run(e, in, params, NULL, report, n, NULL, NULL);
 }
 
 static int llvm_run_bound(backend_exec *e, kiln_tensor *const *in, const int64_t *vals, kiln_tensor **out) {
-  return exec_run(e, in, NULL, out, NULL, 0, vals);
+  return exec_run(e, in, NULL, out, NULL, 0, vals, NULL);
 }
 
 static int llvm_check_bound(backend_exec *e, kiln_tensor *const *in, const int64_t *vals, char *report, size_t n) {
-  return exec_run(e, in, NULL, NULL, report, n, vals);
+  return exec_run(e, in, NULL, NULL, report, n, vals, NULL);
+}
+
+static int llvm_run_into(backend_exec *e, kiln_tensor *const *in, const int64_t *vals, kiln_tensor *const *into) {
+  return exec_run(e, in, NULL, NULL, NULL, 0, vals, into);
 }
 
 static void llvm_times(const backend_exec *e, double *front, double *opt, double *machine) {
@@ -1171,4 +1213,5 @@ static void llvm_times(const backend_exec *e, double *front, double *opt, double
   *machine = e->machine_ms;
 }
 
-const backend backend_llvm = {"llvm", llvm_compile, llvm_run, exec_free, llvm_check, llvm_times, llvm_run_bound, llvm_check_bound};
+const backend backend_llvm = {"llvm",    llvm_compile,   llvm_run,        exec_free,    llvm_check,
+                               llvm_times, llvm_run_bound, llvm_check_bound, llvm_run_into};

@@ -720,7 +720,53 @@ static int check_versions(ag_node *nd) {
   return 0;
 }
 
+/* A node's state in a backward run, kept aside while a nested run (a
+ * construct's VJP replayed eagerly inside a formula, cfgrad.c) walks the
+ * same nodes: the outer run's count of what it still waits for and the
+ * gradient summed so far must not be taken, counted again or freed by it. */
+typedef struct saved_state {
+  ag_node *nd;
+  int pending;
+  kiln_tensor *acc, **accs;
+} saved_state;
+static _Thread_local int bw_depth;
+
+static int run_backward_at(kiln_tensor *root, kiln_tensor *seed, const bw_req *rq, const char *file, int line);
+
 static int run_backward(kiln_tensor *root, kiln_tensor *seed, const bw_req *rq, const char *file, int line) {
+  bw_depth++;
+  int rc = run_backward_at(root, seed, rq, file, line);
+  bw_depth--;
+  return rc;
+}
+
+/* Sets nd's run state aside (a nested run): 0, or -1 when out of memory. */
+static int set_aside(saved_state **v, int *n, int *cap, ag_node *nd) {
+  if (alloc_grow((void **)v, cap, *n + 1, sizeof **v)) return -1;
+  struct ag_extra *x = EXTRA(nd);
+  saved_state *s = &(*v)[(*n)++];
+  *s = (saved_state){nd, nd->pending, nd->acc, NULL};
+  nd->acc = NULL;
+  if (x->multi && x->n_out) {
+    if (!(s->accs = alloc_malloc(sizeof *s->accs * (size_t)x->n_out))) return -1;
+    memcpy(s->accs, x->accs, sizeof *s->accs * (size_t)x->n_out);
+    memset(x->accs, 0, sizeof *x->accs * (size_t)x->n_out);
+  }
+  return 0;
+}
+
+static void put_back(saved_state *v, int n) {
+  for (int i = 0; i < n; i++) {
+    struct ag_extra *x = EXTRA(v[i].nd);
+    v[i].nd->pending = v[i].pending;
+    v[i].nd->acc = v[i].acc;
+    if (v[i].accs) memcpy(x->accs, v[i].accs, sizeof *x->accs * (size_t)x->n_out);
+    alloc_free(v[i].accs);
+  }
+  alloc_free(v);
+}
+
+static int run_backward_at(kiln_tensor *root, kiln_tensor *seed, const bw_req *rq, const char *file, int line) {
   if (!root->requires_grad)
     return err_set(file, line, "backward", "the tensor does not require grad (no input of it requires grad)"), -1;
   if (!root->grad_fn) return leaf_grad(root, seed, rq, file, line);
@@ -732,12 +778,15 @@ static int run_backward(kiln_tensor *root, kiln_tensor *seed, const bw_req *rq, 
   static atomic_ulong epochs;
   unsigned long epoch = atomic_fetch_add(&epochs, 1) + 1;
   nodelist all = {0}, stack = {0}, ready = {0};
-  int rc = -1;
+  saved_state *aside = NULL;
+  int rc = -1, n_aside = 0, cap_aside = 0;
+  bool nested = bw_depth > 1;
   if (nl_push(&stack, root->grad_fn)) goto oom;
   EXTRA(root->grad_fn)->epoch = epoch;
   while (stack.n) {
     ag_node *nd = stack.v[--stack.n];
     if (nl_push(&all, nd)) goto oom;
+    if (nested && set_aside(&aside, &n_aside, &cap_aside, nd)) goto oom;
     nd->pending = 0;
     for (int i = 0; i < nd->n_in && !stopped(rq, nd); i++) {
       ag_node *c = EXTRA(nd)->inputs[i].next;
@@ -843,6 +892,7 @@ done:
       nd->freed = true;
     }
   }
+  put_back(aside, n_aside);
   alloc_free(all.v);
   alloc_free(stack.v);
   alloc_free(ready.v);

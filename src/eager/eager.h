@@ -159,6 +159,8 @@ bool tensor_bad_arg(const kiln_tensor *t, const char *file, int line, const char
 int64_t shape_numel(int ndim, const int64_t *shape);
 /* The serial the next tensor made will get: every tensor made before now has a smaller one. */
 uint64_t tensor_serial_now(void);
+/* Storages with data made so far, by every thread (tests count what a call allocates). */
+uint64_t storage_count(void);
 /* New contiguous tensor with uninitialized data, owned by the caller (not by a scope). */
 kiln_tensor *tensor_new(kiln_dtype dt, int ndim, const int64_t *shape);
 /* New contiguous tensor over a meta storage (no data: a recording's value), owned by the caller. */

@@ -88,9 +88,13 @@ static atomic_ullong next_serial = 1;
 
 uint64_t tensor_serial_now(void) { return atomic_load(&next_serial); }
 
+static atomic_ullong storages_made;
+uint64_t storage_count(void) { return atomic_load(&storages_made); }
+
 static storage *storage_new(size_t bytes) {
   storage *s = alloc_malloc(sizeof *s);
   if (!s) return NULL;
+  atomic_fetch_add_explicit(&storages_made, 1, memory_order_relaxed);
   /* 64-byte aligned data so vector loads never split cache lines at the start */
   size_t rounded = (bytes + 63) & ~(size_t)63;
   s->data = alloc_aligned(rounded ? rounded : 64);

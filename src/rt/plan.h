@@ -12,6 +12,14 @@
  *   kernels  per kernel: the offset of its record (RT_K_LOOP or RT_K_MATMUL)
  *   guards   per guard: sym_cmp op, lhs (code), rhs (code), text (string offset)
  *
+ * A graph with control flow is several *units*: the top graph (unit 0, its
+ * header at word 0) and each region of its cond, while and scan nodes,
+ * nested ones included, each a header and sections of its own laid out as
+ * above, every offset counted from word 0. The top header's PLAN_UNITS
+ * points at the table of the units' header offsets. A region's symbols are
+ * the top's (its symbol rows bind from nothing: input -1), its inputs are
+ * the region's arguments and its outputs what it gives back.
+ *
  * A view: buf, offset (code), ndim, shape[RT_MAXD] (codes), stride[RT_MAXD] (codes).
  * The model (what the object's <name>_run passes to kiln_rt_run) points at
  * the plan, its strings, the kernels' addresses, the weights and a small
@@ -26,7 +34,7 @@
 /* Bumped when the plan's layout changes: a runtime reads only its own.
  * (test_export builds a runtime with another, to see the refusal.) */
 #ifndef RT_PLAN_VERSION
-#define RT_PLAN_VERSION 1
+#define RT_PLAN_VERSION 2
 #endif
 #define RT_MAXD 8 /* dims of a tensor (kiln's MAXD) */
 #define RT_MAX_SYMS 64
@@ -34,6 +42,7 @@
 enum {
   PLAN_MAGIC, PLAN_VERSION, PLAN_NSYMS, PLAN_NIN, PLAN_NOUT, PLAN_NBUF, PLAN_NK, PLAN_NGUARD,
   PLAN_SYMS, PLAN_INS, PLAN_OUTS, PLAN_BUFS, PLAN_KERNELS, PLAN_GUARDS, PLAN_NAME, PLAN_WORDS,
+  PLAN_NUNIT, PLAN_UNITS, PLAN_NCF, /* the top's: units, their table, control-flow kernels */
   PLAN_HEADER
 };
 enum { SYM_WORDS = 4, IN_WORDS = 3 + RT_MAXD, VIEW_WORDS = 3 + 2 * RT_MAXD, OUT_WORDS = 1 + VIEW_WORDS,
@@ -49,8 +58,17 @@ enum { RT_BUF_INPUT, RT_BUF_WEIGHT, RT_BUF_TEMP, RT_BUF_OUTPUT };
  *                n_param, params[n_param] (codes), n_acc, then per access: buf, shift (elements)
  *   RT_K_MATMUL: kind, dtype, alpha and beta (a double's bits), then three views: a, b, out
  *   RT_K_GATHER: kind, dtype, dim, where (string offset: "index_select (file:line)"), then three
- *                views: the source, the i64 indices (1-D), out; out = source's slices at the indices along dim */
-enum { RT_K_LOOP, RT_K_MATMUL, RT_K_GATHER };
+ *                views: the source, the i64 indices (1-D), out; out = source's slices at the indices along dim
+ *   RT_K_CUMSUM: kind, dtype, dim, then two views: the source, out; out = the running sums along dim
+ *                (f32's accumulated in f64, as eager's kernel)
+ *   RT_K_CF:     kind, op (RT_CF_*), id (0 .. PLAN_NCF-1: its state in a call), n_in, n_carry, n_xs,
+ *                unit0, unit1 (-1 for a scan), where (string offset), then per operand: dtype, a view.
+ *                Runs the construct over its operands (a cond's first is the predicate) into
+ *                result slots the call keeps; its node's value is nothing
+ *   RT_K_GET:    kind, id (the RT_K_CF's), k, dtype, then a view: result k of that construct into it */
+enum { RT_K_LOOP, RT_K_MATMUL, RT_K_GATHER, RT_K_CF, RT_K_GET, RT_K_CUMSUM };
+enum { RT_CF_COND, RT_CF_WHILE, RT_CF_SCAN };
+enum { CF_WORDS = 9 }; /* an RT_K_CF record's words before its operands */
 
 /* A loop kernel's code: p its sizes, bufs its accesses' pointers (then a
  * scratch), [begin, end) the outer elements it runs (split: codegen.h). */

@@ -31,7 +31,12 @@ const char *kiln_rt_error(void) { return last_error; }
 void kiln_rt_set_num_threads(int n) { pool_set_num_threads(n); }
 int kiln_rt_plan_version(void) { return RT_PLAN_VERSION; }
 
-/* One call: the model, its plan and what the call has bound so far. */
+struct frame;
+struct cfstate;
+
+/* One call: the model, its plan, what the call has bound so far, and per
+ * unit (the top graph and each region) and per control-flow kernel what
+ * the call keeps between a loop's steps. */
 typedef struct run {
   const kiln_rt_model *m;
   const int64_t *plan;
@@ -39,6 +44,10 @@ typedef struct run {
   const char *name;
   int64_t vals[RT_MAX_SYMS];
   int n_syms;
+  struct frame *units;
+  int n_units;
+  struct cfstate *cfs;
+  int n_cf;
 } run;
 
 __attribute__((format(printf, 2, 3))) static int fail(const run *r, const char *fmt, ...) {
@@ -109,10 +118,22 @@ static int eval_view(const run *r, int64_t at, view *v) {
   return 0;
 }
 
+/* Are v's elements in row-major order, one after another? */
+static bool dense(const view *v) {
+  int64_t s = 1;
+  for (int d = (int)v->ndim - 1; d >= 0; s *= v->shape[d], d--)
+    if (v->shape[d] > 1 && v->stride[d] != s) return false;
+  return true;
+}
+
 /* Copies the strided elements of v (from base) to dst, row-major. */
 static void copy_out(char *dst, const char *base, const view *v, size_t es) {
   int64_t n = 1, idx[RT_MAXD] = {0};
   for (int d = 0; d < v->ndim; d++) n *= v->shape[d];
+  if (n > 0 && dense(v)) {
+    if (dst != base + v->off * (int64_t)es) memmove(dst, base + v->off * (int64_t)es, (size_t)n * es);
+    return;
+  }
   for (int64_t i = 0; i < n; i++) {
     int64_t o = v->off;
     for (int d = 0; d < v->ndim; d++) o += idx[d] * v->stride[d];
@@ -279,6 +300,48 @@ static int gather(const run *r, const int64_t *k, char **bufs) {
   return 0;
 }
 
+/* out's running sums of the source along dim, as eager's k_cumsum (f32 summed in f64). */
+static int cumsum(const run *r, const int64_t *k, char **bufs) {
+  int64_t dt = k[1], dim = k[2], base = k - r->plan + 3;
+  view vs, vo;
+  if (eval_view(r, base, &vs) || eval_view(r, base + VIEW_WORDS, &vo) || vs.ndim != vo.ndim || dim < 0 ||
+      (vs.ndim && dim >= vs.ndim))
+    return fail(r, "a cumsum's sizes do not evaluate");
+  if (vs.ndim == 0) {
+    memcpy(bufs[vo.buf] + vo.off * (int64_t)dtype_size(dt), bufs[vs.buf] + vs.off * (int64_t)dtype_size(dt), dtype_size(dt));
+    return 0;
+  }
+  int64_t len = vs.shape[dim], rows = 1, at[RT_MAXD] = {0};
+  for (int d = 0; d < vs.ndim; d++) rows *= d == dim ? 1 : vs.shape[d];
+  for (int64_t row = 0; row < rows && len > 0; row++) {
+    int64_t so = vs.off, oo = vo.off;
+    for (int d = 0; d < vs.ndim; d++) so += at[d] * vs.stride[d], oo += at[d] * vo.stride[d];
+    int64_t ss = vs.stride[dim], os = vo.stride[dim];
+    if (dt == 2) {
+      const int64_t *p = (const int64_t *)(void *)bufs[vs.buf] + so;
+      int64_t *o = (int64_t *)(void *)bufs[vo.buf] + oo;
+      uint64_t acc = 0;
+      for (int64_t i = 0; i < len; i++) o[i * os] = (int64_t)(acc += (uint64_t)p[i * ss]);
+    } else if (dt == 0) {
+      const float *p = (const float *)(void *)bufs[vs.buf] + so;
+      float *o = (float *)(void *)bufs[vo.buf] + oo;
+      double acc = 0;
+      for (int64_t i = 0; i < len; i++) o[i * os] = (float)(acc += p[i * ss]);
+    } else {
+      const double *p = (const double *)(void *)bufs[vs.buf] + so;
+      double *o = (double *)(void *)bufs[vo.buf] + oo;
+      double acc = 0;
+      for (int64_t i = 0; i < len; i++) o[i * os] = acc += p[i * ss];
+    }
+    for (int d = (int)vs.ndim - 1; d >= 0; d--) {
+      if (d == dim) continue;
+      if (++at[d] < vs.shape[d]) break;
+      at[d] = 0;
+    }
+  }
+  return 0;
+}
+
 /* Binds every symbol from the input dim it is named by, then checks each
  * input's dtype-free facts (rank, sizes) and the guards. */
 static int bind(run *r, const kiln_rt_buffer *in) {
@@ -365,6 +428,303 @@ static void arena_give(const kiln_rt_model *m, char *arena, bool shared) {
   atomic_store((_Atomic int64_t *)&m->state[0], 0);
 }
 
+/* One unit (the top graph or a region) in a call: its buffers, sized and
+ * placed once per call. A region's arena and buffers then serve every step
+ * of its loop: a step sets its arguments' pointers and runs the kernels. */
+typedef struct frame {
+  int64_t h; /* the unit's header */
+  int nb, nk;
+  char **bufs;
+  size_t *bytes, *off;
+  unsigned char *temp, *owned;
+  int *first, *last;
+  char *arena;
+  bool shared, ready, top;
+} frame;
+
+/* What a control-flow kernel keeps between its runs in one call, grown to
+ * the call's sizes on its first run: its operands (copied when strided),
+ * its result slots, and two sets of carry buffers a loop swaps per step. */
+typedef struct cfstate {
+  int n_in, n_res;
+  char **arg, **scratch, **call, **dst, **slot, **carry[2];
+  size_t *scratch_cap, *slot_cap, *carry_cap[2], *arg_bytes, *slice, *res_bytes;
+  int64_t *xs_len;
+} cfstate;
+
+static void frame_free(run *r, frame *f) {
+  if (f->arena || f->shared) {
+    if (f->top) arena_give(r->m, f->arena, f->shared);
+    else free(f->arena);
+  }
+  for (int b = 0; f->bufs && f->owned && b < f->nb; b++)
+    if (f->owned[b]) free(f->bufs[b]);
+  free(f->bufs), free(f->bytes), free(f->off), free(f->temp), free(f->owned), free(f->first), free(f->last);
+  memset(f, 0, sizeof *f);
+}
+
+static void cfstate_free(cfstate *c) {
+  for (int j = 0; c->scratch && j < c->n_in; j++) free(c->scratch[j]);
+  for (int k = 0; c->slot && k < c->n_res; k++) free(c->slot[k]);
+  for (int s = 0; s < 2; s++)
+    for (int k = 0; c->carry[s] && k < c->n_in; k++) free(c->carry[s][k]);
+  free(c->arg), free(c->scratch), free(c->call), free(c->dst), free(c->slot), free(c->carry[0]), free(c->carry[1]);
+  free(c->scratch_cap), free(c->slot_cap), free(c->carry_cap[0]), free(c->carry_cap[1]), free(c->arg_bytes);
+  free(c->slice), free(c->res_bytes), free(c->xs_len);
+  memset(c, 0, sizeof *c);
+}
+
+/* Sizes unit f's buffers at this call's symbols and places its temporaries.
+ * The top's arguments are in[], its outputs malloc'ed; a region's arguments
+ * are set per run and its outputs are temporaries alive to its end (the run
+ * copies them out). 0, or -1 with the error. */
+static int frame_prepare(run *r, frame *f, const kiln_rt_buffer *in) {
+  const int64_t *P = r->plan, *H = P + f->h;
+  int nb = f->nb = (int)H[PLAN_NBUF];
+  f->nk = (int)H[PLAN_NK];
+  f->bufs = calloc((size_t)nb + 1, sizeof *f->bufs);
+  f->bytes = calloc((size_t)nb + 1, sizeof *f->bytes), f->off = calloc((size_t)nb + 1, sizeof *f->off);
+  f->temp = calloc((size_t)nb + 1, 1), f->owned = calloc((size_t)nb + 1, 1);
+  f->first = calloc((size_t)nb + 1, sizeof *f->first), f->last = calloc((size_t)nb + 1, sizeof *f->last);
+  if (!f->bufs || !f->bytes || !f->off || !f->temp || !f->owned || !f->first || !f->last) return fail(r, "out of memory");
+  for (int b = 0; b < nb; b++) {
+    const int64_t *w = P + H[PLAN_BUFS] + b * BUF_WORDS;
+    int64_t numel;
+    if (eval(r, w[2], &numel) || numel < 0) return fail(r, "a size does not evaluate at these input sizes");
+    f->bytes[b] = (size_t)numel * dtype_size(w[1]);
+    f->first[b] = (int)w[5], f->last[b] = (int)w[6];
+    switch (w[0]) {
+    case RT_BUF_INPUT: f->bufs[b] = f->top ? in[w[3]].data : NULL; break;
+    case RT_BUF_WEIGHT: f->bufs[b] = (char *)r->m->weights + w[3]; break;
+    case RT_BUF_TEMP: f->temp[b] = w[4] < 0 && f->first[b] >= 0; break;
+    case RT_BUF_OUTPUT:
+      if (!f->top) {
+        f->temp[b] = 1;
+        if (f->first[b] < 0) f->first[b] = 0;
+        f->last[b] = f->nk;
+        break;
+      }
+      if (!(f->bufs[b] = malloc(f->bytes[b] ? f->bytes[b] : 1))) return fail(r, "out of memory");
+      f->owned[b] = 1;
+      break;
+    }
+  }
+  size_t total = rt_plan_arena(nb, f->temp, f->first, f->last, f->bytes, f->off);
+  if (f->top) f->arena = arena_take(r->m, total, &f->shared);
+  else f->arena = total ? aligned_alloc(64, (total + 63) / 64 * 64) : NULL;
+  if (total && !f->arena) return fail(r, "out of memory");
+  for (int b = 0; b < nb; b++)
+    if (f->temp[b]) f->bufs[b] = f->arena + f->off[b];
+  for (int b = 0; b < nb; b++) {
+    const int64_t *w = P + H[PLAN_BUFS] + b * BUF_WORDS;
+    if (w[0] == RT_BUF_TEMP && w[4] >= 0) f->bufs[b] = f->bufs[w[4]]; /* in place in a dying buffer */
+  }
+  f->ready = true;
+  return 0;
+}
+
+static int run_kernels(run *r, frame *f);
+
+/* Runs unit u on args (its inputs' data, contiguous) and copies its outputs
+ * to dst[i] (contiguous). 0, or -1 with the error. */
+static int run_unit(run *r, int64_t u, char *const *args, char *const *dst) {
+  if (u < 0 || u >= r->n_units) return fail(r, "region %" PRId64 " is not in the plan", u);
+  frame *f = &r->units[u];
+  const int64_t *P = r->plan;
+  if (!f->ready) {
+    f->h = P[P[PLAN_UNITS] + u];
+    if (frame_prepare(r, f, NULL)) return -1;
+  }
+  const int64_t *H = P + f->h;
+  for (int b = 0; b < f->nb; b++) {
+    const int64_t *w = P + H[PLAN_BUFS] + b * BUF_WORDS;
+    if (w[0] == RT_BUF_INPUT) f->bufs[b] = args[w[3]];
+  }
+  if (run_kernels(r, f)) return -1;
+  for (int64_t i = 0; i < H[PLAN_NOUT]; i++) {
+    view v;
+    int64_t at = H[PLAN_OUTS] + i * OUT_WORDS;
+    if (eval_view(r, at + 1, &v)) return fail(r, "a size does not evaluate at these input sizes");
+    copy_out(dst[i], f->bufs[v.buf], &v, dtype_size(P[at]));
+  }
+  return 0;
+}
+
+/* *p grown to n bytes (kept when it has them): 0, or -1. */
+static int grow(char **p, size_t *cap, size_t n) {
+  if (n <= *cap && *p) return 0;
+  free(*p);
+  *cap = 0;
+  if (!(*p = aligned_alloc(64, (n + 63) / 64 * 64 + 64))) return -1;
+  *cap = n;
+  return 0;
+}
+
+/* The bytes of output i of unit u at this call's sizes. */
+static int out_bytes(const run *r, int64_t u, int64_t i, size_t *n) {
+  const int64_t *P = r->plan, *H = P + P[P[PLAN_UNITS] + u];
+  int64_t at = H[PLAN_OUTS] + i * OUT_WORDS, numel = 1;
+  view v;
+  if (eval_view(r, at + 1, &v)) return -1;
+  for (int d = 0; d < v.ndim; d++) numel *= v.shape[d];
+  *n = (size_t)numel * dtype_size(P[at]);
+  return 0;
+}
+
+/* A cond, while or scan (rt/plan.h: RT_K_CF) over frame f's buffers. */
+static int run_cf(run *r, frame *f, const int64_t *k) {
+  const int64_t *P = r->plan;
+  int64_t op = k[1], id = k[2], n_in = k[3], nc = k[4], nx = k[5], u0 = k[6], u1 = k[7];
+  const char *where = r->m->strings + k[8];
+  if (id < 0 || id >= r->n_cf || n_in < 0 || u0 < 0 || u0 >= r->n_units)
+    return fail(r, "%s: a control-flow record that is not one", where);
+  int64_t ub = op == RT_CF_WHILE ? u1 : u0; /* the unit whose outputs are the results */
+  if (ub < 0 || ub >= r->n_units) return fail(r, "%s: a control-flow record that is not one", where);
+  int n_res = (int)P[P[P[PLAN_UNITS] + ub] + PLAN_NOUT];
+  cfstate *c = &r->cfs[id];
+  if (!c->arg) {
+    size_t ni = (size_t)n_in + 1, nr = (size_t)n_res + 1;
+    c->n_in = (int)n_in, c->n_res = n_res;
+    c->arg = calloc(ni, sizeof(char *)), c->scratch = calloc(ni, sizeof(char *)), c->call = calloc(ni, sizeof(char *));
+    c->carry[0] = calloc(ni, sizeof(char *)), c->carry[1] = calloc(ni, sizeof(char *));
+    c->dst = calloc(nr, sizeof(char *)), c->slot = calloc(nr, sizeof(char *));
+    c->scratch_cap = calloc(ni, sizeof(size_t)), c->carry_cap[0] = calloc(ni, sizeof(size_t));
+    c->carry_cap[1] = calloc(ni, sizeof(size_t)), c->arg_bytes = calloc(ni, sizeof(size_t));
+    c->slice = calloc(ni, sizeof(size_t)), c->slot_cap = calloc(nr, sizeof(size_t)), c->res_bytes = calloc(nr, sizeof(size_t));
+    c->xs_len = calloc(ni, sizeof(int64_t));
+    if (!c->arg || !c->scratch || !c->call || !c->carry[0] || !c->carry[1] || !c->dst || !c->slot || !c->scratch_cap ||
+        !c->carry_cap[0] || !c->carry_cap[1] || !c->arg_bytes || !c->slice || !c->slot_cap || !c->res_bytes || !c->xs_len)
+      return fail(r, "%s: out of memory", where);
+  }
+  /* the operands, contiguous: a strided one is copied into the kernel's scratch */
+  for (int64_t j = 0; j < n_in; j++) {
+    const int64_t *o = k + CF_WORDS + j * (1 + VIEW_WORDS);
+    size_t es = dtype_size(o[0]);
+    view v;
+    if (eval_view(r, o + 1 - P, &v)) return fail(r, "%s: its sizes do not evaluate", where);
+    int64_t numel = 1;
+    for (int d = 0; d < v.ndim; d++) numel *= v.shape[d];
+    c->arg_bytes[j] = (size_t)numel * es;
+    c->xs_len[j] = v.ndim ? v.shape[0] : 1;
+    c->slice[j] = c->xs_len[j] ? c->arg_bytes[j] / (size_t)c->xs_len[j] : 0;
+    if (c->xs_len[j] == 0) { /* xs of length 0: its slices' bytes from the other dims */
+      c->slice[j] = es;
+      for (int d = 1; d < v.ndim; d++) c->slice[j] *= (size_t)v.shape[d];
+    }
+    char *base = f->bufs[v.buf];
+    if (!numel || dense(&v)) {
+      c->arg[j] = base ? base + v.off * (int64_t)es : NULL;
+      continue;
+    }
+    if (grow(&c->scratch[j], &c->scratch_cap[j], c->arg_bytes[j])) return fail(r, "%s: out of memory", where);
+    copy_out(c->scratch[j], base, &v, es);
+    c->arg[j] = c->scratch[j];
+  }
+  /* the result slots, at this call's sizes */
+  int64_t T = op == RT_CF_SCAN && nx > 0 ? c->xs_len[nc] : 0;
+  for (int i = 0; i < n_res; i++) {
+    if (out_bytes(r, ub, i, &c->res_bytes[i])) return fail(r, "%s: its sizes do not evaluate", where);
+    size_t all = c->res_bytes[i] * (size_t)(op == RT_CF_SCAN && i >= nc ? T : 1);
+    if (grow(&c->slot[i], &c->slot_cap[i], all)) return fail(r, "%s: out of memory", where);
+  }
+  if (op == RT_CF_COND) {
+    bool p = c->arg[0] && *(const unsigned char *)c->arg[0];
+    return run_unit(r, p ? u0 : u1, c->arg + 1, c->slot);
+  }
+  if (op != RT_CF_WHILE && op != RT_CF_SCAN) return fail(r, "%s: a control-flow record that is not one", where);
+  /* the carry: in buffers of set s, the step's out into set 1 - s, swapped */
+  int s = 0;
+  for (int64_t j = 0; j < nc; j++) {
+    for (int q = 0; q < 2; q++)
+      if (grow(&c->carry[q][j], &c->carry_cap[q][j], c->arg_bytes[j])) return fail(r, "%s: out of memory", where);
+    if (c->arg_bytes[j]) memcpy(c->carry[0][j], c->arg[j], c->arg_bytes[j]);
+  }
+  for (int64_t j = nc; j < n_in; j++) c->call[j] = c->arg[j];
+  if (op == RT_CF_WHILE) {
+    for (;;) {
+      unsigned char go[64] = {0};
+      char *gp = (char *)go;
+      for (int64_t j = 0; j < nc; j++) c->call[j] = c->carry[s][j];
+      if (run_unit(r, u0, c->call, &gp)) return -1;
+      if (!go[0]) break;
+      for (int64_t j = 0; j < nc; j++) c->dst[j] = c->carry[1 - s][j];
+      if (run_unit(r, u1, c->call, c->dst)) return -1;
+      s = 1 - s;
+    }
+  } else {
+    for (int64_t t = 0; t < T; t++) {
+      for (int64_t j = 0; j < nc; j++) c->call[j] = c->carry[s][j], c->dst[j] = c->carry[1 - s][j];
+      for (int64_t j = nc; j < nc + nx; j++) c->call[j] = c->arg[j] + (size_t)t * c->slice[j];
+      for (int i = (int)nc; i < n_res; i++) c->dst[i] = c->slot[i] + (size_t)t * c->res_bytes[i];
+      if (run_unit(r, u0, c->call, c->dst)) return -1;
+      s = 1 - s;
+    }
+  }
+  for (int64_t j = 0; j < nc; j++)
+    if (c->res_bytes[j]) memcpy(c->slot[j], c->carry[s][j], c->res_bytes[j]);
+  return 0;
+}
+
+/* Result k of a control-flow kernel into its node's buffer (RT_K_GET). */
+static int run_get(run *r, frame *f, const int64_t *k) {
+  int64_t id = k[1], i = k[2];
+  size_t es = dtype_size(k[3]);
+  view v;
+  if (eval_view(r, k + 4 - r->plan, &v)) return fail(r, "a size does not evaluate at these input sizes");
+  cfstate *c = id >= 0 && id < r->n_cf ? &r->cfs[id] : NULL;
+  if (!c || !c->slot || i < 0 || i >= c->n_res) return fail(r, "a result read before its construct ran");
+  int64_t n = 1, idx[RT_MAXD] = {0};
+  for (int d = 0; d < v.ndim; d++) n *= v.shape[d];
+  char *base = f->bufs[v.buf];
+  for (int64_t e = 0; e < n; e++) {
+    int64_t o = v.off;
+    for (int d = 0; d < v.ndim; d++) o += idx[d] * v.stride[d];
+    memcpy(base + o * (int64_t)es, c->slot[i] + e * (int64_t)es, es);
+    for (int d = (int)v.ndim - 1; d >= 0 && ++idx[d] == v.shape[d]; d--) idx[d] = 0;
+  }
+  return 0;
+}
+
+/* Runs the kernels of unit f in order. 0, or -1 with the error. */
+static int run_kernels(run *r, frame *f) {
+  const int64_t *P = r->plan, *H = P + f->h;
+  char **bufs = f->bufs;
+  for (int ki = 0; ki < f->nk; ki++) {
+    const int64_t *k = P + P[H[PLAN_KERNELS] + ki];
+    if (k[0] == RT_K_MATMUL || k[0] == RT_K_GATHER || k[0] == RT_K_CUMSUM) {
+      if (k[0] == RT_K_MATMUL ? matmul(r, k, bufs) : k[0] == RT_K_GATHER ? gather(r, k, bufs) : cumsum(r, k, bufs)) return -1;
+      continue;
+    }
+    if (k[0] == RT_K_CF || k[0] == RT_K_GET) {
+      if (k[0] == RT_K_CF ? run_cf(r, f, k) : run_get(r, f, k)) return -1;
+      continue;
+    }
+    /* kind, fn, split, staged, n_outer, ndim, dims, n_param, params, n_acc, accesses */
+    int64_t fn = k[1], split = k[2], staged = k[3], n_outer = k[4], ndim = k[5], range = 1, inner = 1;
+    for (int d = 0; d < ndim; d++) {
+      int64_t v;
+      if (eval(r, k[6 + d], &v) || v < 0) return fail(r, "a size does not evaluate at these input sizes");
+      if (!staged || d < n_outer) range *= v;
+      else inner *= v;
+    }
+    const int64_t *q = k + 6 + ndim;
+    int64_t n_param = q[0], prm[256];
+    for (int i = 0; i < n_param && i < 256; i++)
+      if (eval(r, q[1 + i], &prm[i])) return fail(r, "a size does not evaluate at these input sizes");
+    q += 1 + n_param;
+    int64_t n_acc = q[0];
+    char *acc[65];
+    for (int a = 0; a < n_acc && a < 64; a++) {
+      int64_t b = q[1 + 2 * a], shift = q[2 + 2 * a];
+      const int64_t *bw = P + H[PLAN_BUFS] + b * BUF_WORDS;
+      acc[a] = bufs[b] && shift ? bufs[b] + shift * (int64_t)dtype_size(bw[1]) : bufs[b];
+    }
+    acc[n_acc] = NULL;
+    rt_run_loop(r->m->kernels[fn], prm, acc, (int)n_acc, range, inner, (int)staged, (int)split);
+  }
+  return 0;
+}
+
 int kiln_rt_run(const kiln_rt_model *m, const kiln_rt_buffer *in, kiln_rt_buffer *out) {
   run r = {.m = m, .name = "kiln_rt"};
   if (!m || !m->plan) return fail(&r, "the model is NULL");
@@ -377,71 +737,21 @@ int kiln_rt_run(const kiln_rt_model *m, const kiln_rt_buffer *in, kiln_rt_buffer
   r.words = P[PLAN_WORDS];
   r.name = m->strings + P[PLAN_NAME];
   r.n_syms = (int)P[PLAN_NSYMS];
-  int nin = (int)P[PLAN_NIN], nout = (int)P[PLAN_NOUT], nb = (int)P[PLAN_NBUF], nk = (int)P[PLAN_NK];
-  if ((nin && !in) || !out) return fail(&r, "%s is NULL", !out ? "out" : "in");
+  int nout = (int)P[PLAN_NOUT];
+  if ((P[PLAN_NIN] && !in) || !out) return fail(&r, "%s is NULL", !out ? "out" : "in");
   if (bind(&r, in)) return -1;
   int rc = -1;
-  char **bufs = calloc((size_t)nb + 1, sizeof *bufs);
-  size_t *bytes = calloc((size_t)nb + 1, sizeof *bytes), *off = calloc((size_t)nb + 1, sizeof *off);
-  unsigned char *temp = calloc((size_t)nb + 1, 1), *owned = calloc((size_t)nb + 1, 1), *mine = calloc((size_t)nout + 1, 1);
-  int *first = calloc((size_t)nb + 1, sizeof *first), *last = calloc((size_t)nb + 1, sizeof *last);
-  char *arena = NULL;
-  bool shared = false;
-  if (!bufs || !bytes || !off || !temp || !owned || !mine || !first || !last) goto oom;
-  for (int b = 0; b < nb; b++) {
-    const int64_t *w = P + P[PLAN_BUFS] + b * BUF_WORDS;
-    int64_t numel;
-    if (eval(&r, w[2], &numel) || numel < 0) goto bad_size;
-    bytes[b] = (size_t)numel * dtype_size(w[1]);
-    first[b] = (int)w[5], last[b] = (int)w[6];
-    switch (w[0]) {
-    case RT_BUF_INPUT: bufs[b] = in[w[3]].data; break;
-    case RT_BUF_WEIGHT: bufs[b] = (char *)m->weights + w[3]; break;
-    case RT_BUF_TEMP: temp[b] = w[4] < 0 && first[b] >= 0; break;
-    case RT_BUF_OUTPUT:
-      if (!(bufs[b] = malloc(bytes[b] ? bytes[b] : 1))) goto oom;
-      owned[b] = 1;
-      break;
-    }
+  r.n_units = (int)P[PLAN_NUNIT], r.n_cf = (int)P[PLAN_NCF];
+  r.units = calloc((size_t)r.n_units + 1, sizeof *r.units);
+  r.cfs = calloc((size_t)r.n_cf + 1, sizeof *r.cfs);
+  unsigned char *mine = calloc((size_t)nout + 1, 1);
+  frame *f = r.units;
+  if (!r.units || !r.cfs || !mine) {
+    fail(&r, "out of memory");
+    goto done;
   }
-  size_t total = rt_plan_arena(nb, temp, first, last, bytes, off);
-  arena = arena_take(m, total, &shared);
-  if (total && !arena) goto oom;
-  for (int b = 0; b < nb; b++)
-    if (temp[b]) bufs[b] = arena + off[b];
-  for (int b = 0; b < nb; b++) {
-    const int64_t *w = P + P[PLAN_BUFS] + b * BUF_WORDS;
-    if (w[0] == RT_BUF_TEMP && w[4] >= 0) bufs[b] = bufs[w[4]]; /* in place in a dying buffer */
-  }
-  for (int ki = 0; ki < nk; ki++) {
-    const int64_t *k = P + P[P[PLAN_KERNELS] + ki];
-    if (k[0] == RT_K_MATMUL || k[0] == RT_K_GATHER) {
-      if (k[0] == RT_K_MATMUL ? matmul(&r, k, bufs) : gather(&r, k, bufs)) goto done;
-      continue;
-    }
-    /* kind, fn, split, staged, n_outer, ndim, dims, n_param, params, n_acc, accesses */
-    int64_t fn = k[1], split = k[2], staged = k[3], n_outer = k[4], ndim = k[5], range = 1, inner = 1;
-    for (int d = 0; d < ndim; d++) {
-      int64_t v;
-      if (eval(&r, k[6 + d], &v) || v < 0) goto bad_size;
-      if (!staged || d < n_outer) range *= v;
-      else inner *= v;
-    }
-    const int64_t *q = k + 6 + ndim;
-    int64_t n_param = q[0], prm[256];
-    for (int i = 0; i < n_param && i < 256; i++)
-      if (eval(&r, q[1 + i], &prm[i])) goto bad_size;
-    q += 1 + n_param;
-    int64_t n_acc = q[0];
-    char *acc[65];
-    for (int a = 0; a < n_acc && a < 64; a++) {
-      int64_t b = q[1 + 2 * a], shift = q[2 + 2 * a];
-      const int64_t *bw = P + P[PLAN_BUFS] + b * BUF_WORDS;
-      acc[a] = bufs[b] && shift ? bufs[b] + shift * (int64_t)dtype_size(bw[1]) : bufs[b];
-    }
-    acc[n_acc] = NULL;
-    rt_run_loop(m->kernels[fn], prm, acc, (int)n_acc, range, inner, (int)staged, (int)split);
-  }
+  f->top = true;
+  if (frame_prepare(&r, f, in) || run_kernels(&r, f)) goto done;
   for (int i = 0; i < nout; i++) {
     const int64_t *w = P + P[PLAN_OUTS] + i * OUT_WORDS;
     view v;
@@ -457,18 +767,17 @@ int kiln_rt_run(const kiln_rt_model *m, const kiln_rt_buffer *in, kiln_rt_buffer
              i, out[i].ndim, v.ndim);
         goto done;
       }
-      copy_out(out[i].data, bufs[v.buf], &v, es);
+      copy_out(out[i].data, f->bufs[v.buf], &v, es);
       continue;
     }
     /* the whole of an output buffer of this call's is handed over as it is */
-    bool whole = owned[v.buf] && v.off == 0 && (size_t)numel * es == bytes[v.buf];
-    for (int64_t d = v.ndim - 1, s = 1; whole && d >= 0; s *= v.shape[d], d--) whole = v.shape[d] < 2 || v.stride[d] == s;
+    bool whole = f->owned[v.buf] && v.off == 0 && (size_t)numel * es == f->bytes[v.buf] && dense(&v);
     if (whole) {
-      out[i].data = bufs[v.buf];
-      owned[v.buf] = 0;
+      out[i].data = f->bufs[v.buf];
+      f->owned[v.buf] = 0;
     } else {
       if (!(out[i].data = malloc(numel ? (size_t)numel * es : 1))) goto oom;
-      copy_out(out[i].data, bufs[v.buf], &v, es);
+      copy_out(out[i].data, f->bufs[v.buf], &v, es);
     }
     mine[i] = 1;
     out[i].ndim = (int)v.ndim;
@@ -484,9 +793,8 @@ oom:
 done:
   for (int i = 0; rc && mine && i < nout; i++) /* what this call allocated goes; a caller's buffers stay */
     if (mine[i]) free(out[i].data), out[i].data = NULL;
-  if (arena || shared) arena_give(m, arena, shared);
-  for (int b = 0; bufs && owned && b < nb; b++)
-    if (owned[b]) free(bufs[b]);
-  free(bufs), free(bytes), free(off), free(temp), free(owned), free(mine), free(first), free(last);
+  for (int u = 0; r.units && u < r.n_units; u++) frame_free(&r, &r.units[u]);
+  for (int c = 0; r.cfs && c < r.n_cf; c++) cfstate_free(&r.cfs[c]);
+  free(r.units), free(r.cfs), free(mine);
   return rc;
 }

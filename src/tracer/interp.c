@@ -155,6 +155,43 @@ static int dense_captures(const ir_node *n, int first, bool compiled, kiln_tenso
   return 0;
 }
 
+/* Outputs (n of them) copied into into[], then released. */
+static int copy_into(kiln_tensor **out, int n, kiln_tensor *const *into) {
+  for (int i = 0; i < n; i++) {
+    pw_copy(into[i], out[i]);
+    kiln_release(out[i]);
+    out[i] = NULL;
+  }
+  return 0;
+}
+
+/* run_region writing output i into into[i] (contiguous, aliasing no
+ * argument): a compiled exec stores there itself (backend.run_into), so a
+ * loop's step allocates no result; else the results are copied there. */
+static int run_region_into(const ir_graph *g, int id, int k, const int64_t *vals, const region_execs *rx,
+                           kiln_tensor *const *args, kiln_tensor *const *into) {
+  backend_exec *x = rx && id < rx->n ? rx->sub[id][k] : NULL;
+  if (x && rx->be->run_into) return rx->be->run_into(x, args, vals, into);
+  const ir_graph *r = g->nodes[id].sub[k];
+  kiln_tensor *out[2 * 64 + 1] = {0}, **o = r->n_outputs <= 2 * 64 ? out : alloc_calloc((size_t)r->n_outputs, sizeof *o);
+  if (!o) return cf_oom(&g->nodes[id]);
+  int rc = run_region(g, id, k, vals, rx, args, o);
+  if (!rc) copy_into(o, r->n_outputs, into);
+  if (o != out) alloc_free(o);
+  return rc;
+}
+
+/* Two sets of n carry tensors shaped like like[j], which a loop's steps
+ * write in turn (one is the step's arguments, the other its results). */
+static int carry_buffers(kiln_tensor *const *like, int n, kiln_tensor **set0, kiln_tensor **set1) {
+  for (int j = 0; j < n; j++) {
+    set0[j] = tensor_new(like[j]->dtype, like[j]->ndim, like[j]->shape);
+    set1[j] = tensor_new(like[j]->dtype, like[j]->ndim, like[j]->shape);
+    if (!set0[j] || !set1[j]) return -1;
+  }
+  return 0;
+}
+
 /* Runs control-flow node id over its inputs' values v; res (ir_cf_n_results
  * of them, allocated here) gets its results. 0 or -1 with the error set. */
 static int run_cf(const ir_graph *g, int id, kiln_tensor *const *v, const int64_t *vals, const region_execs *rx,
@@ -172,58 +209,56 @@ static int run_cf(const ir_graph *g, int id, kiln_tensor *const *v, const int64_
   if (n->op == IR_COND) {
     for (int j = 0; j < n_args; j++) args[j] = v[n->in[j + 1]];
     rc = run_region(g, id, pred_value(v[n->in[0]]) ? 0 : 1, vals, rx, args, r);
-  } else if (n->op == IR_WHILE) {
-    for (int j = 0; j < n_args; j++) args[j] = j < n->n_carry ? kiln_retain(v[n->in[j]]) : v[n->in[j]];
-    if (dense_captures(n, 0, rx && id < rx->n, args, n_args, own)) {
-      rc = cf_oom(n);
-      goto done;
-    }
-    for (;;) {
-      kiln_tensor *p = NULL;
-      if ((rc = run_region(g, id, 0, vals, rx, args, &p))) break;
-      bool go = pred_value(p);
-      kiln_release(p);
-      if (!go) break;
-      if ((rc = run_region(g, id, 1, vals, rx, args, step))) break;
-      release_n(args, n->n_carry);
-      memcpy(args, step, sizeof *args * (size_t)n->n_carry);
-    }
-    memcpy(r, args, sizeof *r * (size_t)n->n_carry);
-    if (rc) release_n(r, n->n_carry);
   } else {
-    const ir_graph *body = n->sub[0];
-    int nc = n->n_carry, nx = n->n_xs;
-    int64_t T = v[n->in[nc]]->shape[0];
-    for (int j = 0; j < n_args; j++) args[j] = j < nc ? kiln_retain(v[n->in[j]]) : j < nc + nx ? NULL : v[n->in[j]];
+    /* a loop: the carry's two sets of buffers are made once, and each step
+     * writes the next carry into the set its arguments are not in (and a
+     * scan's ys into their rows of the stacked results): steps allocate
+     * nothing when the region is compiled (backend.run_into) */
+    int nc = n->n_carry, nx = n->op == IR_SCAN ? n->n_xs : 0;
+    kiln_tensor *set[2][64] = {{0}}, *init[64], *pred = NULL, **rows = step;
+    int64_t T = n->op == IR_SCAN ? v[n->in[nc]]->shape[0] : -1;
+    for (int j = 0; j < n_args; j++) args[j] = j < nc || j >= nc + nx ? v[n->in[j]] : NULL;
     if (dense_captures(n, nc + nx, rx && id < rx->n, args, n_args, own)) rc = cf_oom(n);
-    /* each y stacks into a tensor of its own, written a step at a time */
+    for (int j = 0; j < nc && j < 64; j++) init[j] = v[n->in[j]];
+    if (nc > 64 || carry_buffers(init, nc, set[0], set[1])) rc = cf_oom(n);
+    if (!rc && n->op == IR_WHILE) {
+      const ir_node *pn = &n->sub[0]->nodes[n->sub[0]->outputs[0]];
+      int64_t shape[MAXD];
+      if (ir_node_shape(pn, vals, g->n_syms, shape) || !(pred = tensor_new(pn->dtype, pn->ndim, shape))) rc = cf_oom(n);
+    }
+    /* a scan's ys stack into tensors of their own; xs[t] and y[t] are views moved along dim 0 */
+    const ir_graph *body = n->sub[n->op == IR_SCAN ? 0 : 1];
     for (int k = nc; k < n_res && !rc; k++) {
       const ir_node *y = &body->nodes[body->outputs[k]];
       int64_t shape[MAXD];
       shape[0] = T;
-      if (ir_node_shape(y, vals, g->n_syms, shape + 1) || !(r[k] = tensor_new(y->dtype, y->ndim + 1, shape)))
+      if (ir_node_shape(y, vals, g->n_syms, shape + 1) || !(r[k] = tensor_new(y->dtype, y->ndim + 1, shape)) ||
+          !(rows[k] = tensor_view(r[k], r[k]->ndim - 1, r[k]->shape + 1, r[k]->stride + 1, r[k]->offset)))
         rc = cf_oom(n);
     }
-    for (int64_t t = 0; t < T && !rc; t++) {
-      for (int j = 0; j < nx && !rc; j++) {
-        kiln_tensor *x = v[n->in[nc + j]];
-        if (!(args[nc + j] = tensor_view(x, x->ndim - 1, x->shape + 1, x->stride + 1, x->offset + t * x->stride[0])))
-          rc = cf_oom(n);
-      }
-      if (!rc) rc = run_region(g, id, 0, vals, rx, args, step);
-      for (int j = 0; j < nx; j++) kiln_release(args[nc + j]), args[nc + j] = NULL;
-      if (rc) break;
-      for (int k = nc; k < n_res && !rc; k++) {
-        kiln_tensor *dst = r[k], *row = tensor_view(dst, dst->ndim - 1, dst->shape + 1, dst->stride + 1, dst->offset + t * dst->stride[0]);
-        if (!row) rc = cf_oom(n);
-        else pw_copy(row, step[k]);
-        kiln_release(row);
-      }
-      release_n(args, nc);
-      memcpy(args, step, sizeof *args * (size_t)nc);
-      release_n(step + nc, n_res - nc);
+    for (int j = nc; j < nc + nx && !rc; j++) {
+      kiln_tensor *x = v[n->in[j]];
+      if (!(args[j] = tensor_view(x, x->ndim - 1, x->shape + 1, x->stride + 1, x->offset))) rc = cf_oom(n);
     }
-    memcpy(r, args, sizeof *r * (size_t)nc);
+    int s = 0;
+    for (int64_t t = 0; !rc && (n->op == IR_WHILE || t < T); t++) {
+      if (n->op == IR_WHILE) {
+        if ((rc = run_region_into(g, id, 0, vals, rx, args, &pred)) || !pred_value(pred)) break;
+      } else {
+        for (int j = nc; j < nc + nx; j++) args[j]->offset = v[n->in[j]]->offset + t * v[n->in[j]]->stride[0];
+        for (int k = nc; k < n_res; k++) rows[k]->offset = r[k]->offset + t * r[k]->stride[0];
+      }
+      memcpy(rows, set[s], sizeof *rows * (size_t)nc);
+      if ((rc = run_region_into(g, id, n->op == IR_SCAN ? 0 : 1, vals, rx, args, rows))) break;
+      memcpy(args, set[s], sizeof *args * (size_t)nc);
+      s ^= 1;
+    }
+    /* the last carry: the set last written, or init when no step ran */
+    for (int j = 0; j < nc; j++) r[j] = kiln_retain(args[j]);
+    for (int j = nc; j < nc + nx; j++) kiln_release(args[j]);
+    for (int k = nc; k < n_res; k++) kiln_release(rows[k]), rows[k] = NULL;
+    for (int j = 0; j < nc; j++) kiln_release(set[0][j]), kiln_release(set[1][j]);
+    kiln_release(pred);
     if (rc) release_n(r, n_res);
   }
 done:
@@ -420,6 +455,16 @@ int interp_run_with(const ir_graph *g, kiln_tensor *const *in, kiln_tensor *cons
   return run(g, NULL, in, params, out, NULL, bound, rx);
 }
 
+int interp_run_into(const ir_graph *g, kiln_tensor *const *in, const int64_t *bound, const region_execs *rx,
+                    kiln_tensor *const *into) {
+  kiln_tensor *out[2 * 64 + 1] = {0}, **o = g->n_outputs <= 2 * 64 ? out : alloc_calloc((size_t)g->n_outputs, sizeof *o);
+  if (!o) return err_set("", 0, "call", "%s: out of memory", g->name), -1;
+  int rc = run(g, NULL, in, NULL, o, NULL, bound, rx);
+  if (!rc) copy_into(o, g->n_outputs, into);
+  if (o != out) alloc_free(o);
+  return rc;
+}
+
 /* ---- check mode through compiled regions ---- */
 
 int region_execs_check(const ir_graph *g, kiln_tensor *const *in, kiln_tensor *const *params, const int64_t *bound,
@@ -475,4 +520,4 @@ static void interp_free(backend_exec *e) {
   alloc_free(e);
 }
 
-const backend backend_interp = {"interp", interp_compile, interp_exec, interp_free, NULL, NULL, interp_exec_bound, NULL};
+const backend backend_interp = {"interp", interp_compile, interp_exec, interp_free, NULL, NULL, interp_exec_bound, NULL, NULL};

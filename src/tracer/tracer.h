@@ -562,6 +562,10 @@ typedef struct backend {
   int (*run_bound)(backend_exec *e, kiln_tensor *const *in, const int64_t *vals, kiln_tensor **out);
   /* Check mode of a region's exec at vals (as check). */
   int (*check_bound)(backend_exec *e, kiln_tensor *const *in, const int64_t *vals, char *report, size_t n);
+  /* Optional: run_bound writing output i into into[i] (contiguous, of its
+   * dtype and shape, aliasing no input), allocating no output: a loop's
+   * step writes the next carry and its ys' rows in place. 0 or -1. */
+  int (*run_into)(backend_exec *e, kiln_tensor *const *in, const int64_t *vals, kiln_tensor *const *into);
 } backend;
 
 /* The compiled regions of a graph: sub[i][k] runs node i's region k on be. */
@@ -580,6 +584,9 @@ void region_execs_free(region_execs *rx);
  * bound is NULL, bound from the inputs. */
 int interp_run_with(const ir_graph *g, kiln_tensor *const *in, kiln_tensor *const *params, const int64_t *bound,
                     const region_execs *rx, kiln_tensor **out);
+/* interp_run_with at bound, its outputs copied into into[i] (backend.run_into's contract). */
+int interp_run_into(const ir_graph *g, kiln_tensor *const *in, const int64_t *bound, const region_execs *rx,
+                    kiln_tensor *const *into);
 /* Check mode through rx: each construct's first step (the branch taken,
  * a while's cond and first body, a scan's step 0) checked by its region's
  * exec; 0 all agree, 1 one differs (report names the region), -1 error. */
