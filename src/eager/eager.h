@@ -38,6 +38,12 @@
  * kernels and the attention kernel's loops both follow it (dispatch.c). */
 bool cpu_avx512_turned_off(void);
 
+/* Thread-locals read on every op or call: the initial-exec model reaches
+ * them with one load off the thread pointer, where a shared library's
+ * default model calls __tls_get_addr for each. glibc keeps a little static
+ * TLS for libraries loaded with dlopen, so only small ones take it. */
+#define KILN_TLS_HOT _Thread_local __attribute__((tls_model("initial-exec")))
+
 #ifdef KILN_CPU_DISPATCH
 #define KILN_HOT __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else

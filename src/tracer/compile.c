@@ -113,6 +113,7 @@ struct kiln_fn {
   bool have_last;
   bool loaded;                      /* from kiln_load: one graph, no body */
   bool warned_cap;
+  struct rec_state *spare;          /* a finished call's recording buffers, for the next call (rec_keep) */
   kiln_fn_stats st;
   double guard_ns_total;
   int64_t guard_samples;
@@ -488,6 +489,7 @@ void kiln_fn_free_at(kiln_fn *fn, const char *file, int line) {
   }
   for (int i = 0; i < fn->n_variants; i++) variant_free(fn->variants[i]);
   alloc_free(fn->variants);
+  rec_spare_free(fn->spare);
   pthread_mutex_destroy(&fn->mu);
   atomic_store(&fn->magic, FN_FREED);
   alloc_handle_park(&fn_pool, fn);
@@ -1122,7 +1124,9 @@ static void call_free(call_state *cs) {
   for (int i = 0; i < cs->n_segs; i++) segment_free(cs->segs[i]);
   alloc_free(cs->segs);
   if (cs->building) build_free(&cs->b);
+  struct rec_state *spare = rec_keep(&cs->rec);
   pthread_mutex_lock(&fn->mu);
+  if (!fn->spare) fn->spare = spare, spare = NULL;
   variant *gone[2 * 64 + 1];
   int n_gone = 0;
   for (int c = 0; c <= cs->n_cand; c++) {
@@ -1135,7 +1139,7 @@ static void call_free(call_state *cs) {
   alloc_free(cs->alive);
   alloc_free(cs->cand_vals);
   alloc_free(cs->outs);
-  rec_free(&cs->rec);
+  rec_spare_free(spare);
 }
 
 /* The new variant, from this call's log and segments; NULL on out of memory. */
@@ -1244,12 +1248,17 @@ static int record_call(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out) {
     cs.prev_var = fn->variants[fn->n_variants - 1];
     cs.prev_var->users++;
   }
+  struct rec_state *spare = fn->spare;
+  fn->spare = NULL;
   pthread_mutex_unlock(&fn->mu);
-  if (!cs.outs || !cs.cand || !cs.alive || !cs.cand_vals || rec_begin(&cs.rec, in, fn->opts.n_in, seg_run, &cs)) {
+  bool lists = cs.outs && cs.cand && cs.alive && cs.cand_vals;
+  if (!lists) rec_spare_free(spare);
+  if (!lists || rec_begin(&cs.rec, in, fn->opts.n_in, seg_run, &cs, lists ? spare : NULL)) {
     call_free(&cs);
     return err_set("", 0, "call", "%s: out of memory", fn->name), -1;
   }
-  snprintf(cs.why, sizeof cs.why, "%s", why0);
+  _Static_assert(sizeof why0 == sizeof cs.why, "why0 is copied whole into cs.why");
+  memcpy(cs.why, why0, strlen(why0) + 1);
   kiln_scope_begin();
   for (int i = 0; i < n_out; i++) out[i] = NULL;
   unsigned long errors = err_count();
@@ -1572,7 +1581,12 @@ static int guard_call(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out, ch
   }
   pthread_mutex_unlock(&fn->mu);
   if (!hit) {
-    if (why) snprintf(why, whyn, "%s", first_why);
+    /* a plain copy: snprintf costs a recorded call ~900 instructions */
+    if (why && whyn) {
+      size_t k = strnlen(first_why, whyn - 1);
+      memcpy(why, first_why, k);
+      why[k] = 0;
+    }
     return 0;
   }
   kiln_tensor *all[MAX_IN];
