@@ -547,6 +547,8 @@ typedef struct seg_info {
   int n_writes;
 } seg_info;
 
+enum { CALL_INLINE = 8 };
+
 /* One recorded call: what it matched, what it built. */
 typedef struct call_state {
   kiln_fn *fn;
@@ -578,6 +580,12 @@ typedef struct call_state {
   double argf[IR_MAX_SYMS];
   build_state b;              /* building */
   build_prev prev;
+  /* cand, alive, cand_vals and outs in place for a function of few variants
+   * and outputs: no allocation for them on a call */
+  variant *cand_in[CALL_INLINE];
+  bool alive_in[CALL_INLINE];
+  int64_t cand_vals_in[CALL_INLINE][IR_MAX_SYMS];
+  int outs_in[CALL_INLINE];
   uint8_t dyn[MAX_IN][MAXD];
   char why[2048];             /* why each variant did not match, one after another */
 } call_state;
@@ -1135,10 +1143,10 @@ static void call_free(call_state *cs) {
   }
   pthread_mutex_unlock(&fn->mu);
   for (int i = 0; i < n_gone; i++) variant_free(gone[i]);
-  alloc_free(cs->cand);
-  alloc_free(cs->alive);
-  alloc_free(cs->cand_vals);
-  alloc_free(cs->outs);
+  if (cs->cand != cs->cand_in) alloc_free(cs->cand);
+  if (cs->alive != cs->alive_in) alloc_free(cs->alive);
+  if (cs->cand_vals != cs->cand_vals_in) alloc_free(cs->cand_vals);
+  if (cs->outs != cs->outs_in) alloc_free(cs->outs);
   rec_spare_free(spare);
 }
 
@@ -1223,13 +1231,18 @@ static int record_call(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out) {
   call_start(&cs, fn, in);
   double t0 = now_ms();
   int n_out = fn->opts.n_out;
-  cs.outs = alloc_calloc((size_t)n_out + 1, sizeof *cs.outs);
+  if (n_out <= CALL_INLINE) cs.outs = memset(cs.outs_in, 0, sizeof cs.outs_in);
+  else cs.outs = alloc_calloc((size_t)n_out + 1, sizeof *cs.outs);
   cs.out_t = out;
   /* the candidates: every variant whose inputs fit, newest first */
   pthread_mutex_lock(&fn->mu);
-  cs.cand = alloc_malloc(sizeof *cs.cand * (size_t)(fn->n_variants + 1));
-  cs.alive = alloc_malloc(sizeof *cs.alive * (size_t)(fn->n_variants + 1));
-  cs.cand_vals = alloc_malloc(sizeof *cs.cand_vals * (size_t)(fn->n_variants + 1));
+  if (fn->n_variants <= CALL_INLINE) {
+    cs.cand = cs.cand_in, cs.alive = cs.alive_in, cs.cand_vals = cs.cand_vals_in;
+  } else {
+    cs.cand = alloc_malloc(sizeof *cs.cand * (size_t)(fn->n_variants + 1));
+    cs.alive = alloc_malloc(sizeof *cs.alive * (size_t)(fn->n_variants + 1));
+    cs.cand_vals = alloc_malloc(sizeof *cs.cand_vals * (size_t)(fn->n_variants + 1));
+  }
   char why0[2048];
   why0[0] = 0;
   if (cs.cand && cs.alive && cs.cand_vals)

@@ -354,7 +354,7 @@ static void on_op(void *ctx, op_id op, kiln_tensor *const *in, int n, const op_a
                   const char *file, int line) {
   recording *r = ctx;
   if (r->failed) return;
-  int small[16] = {0}, *ids = n <= 16 ? small : alloc_malloc(sizeof(int) * (size_t)n);
+  int small[16], *ids = n <= 16 ? small : alloc_malloc(sizeof(int) * (size_t)n);
   if (!ids) return fail(r, "out of memory while recording");
   if (values_of(r, in, n, ids) == 0) {
     int e = new_event(r, EV_OP, (int)op, ids, n, file, line);
