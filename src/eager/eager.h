@@ -63,8 +63,12 @@ void alloc_free(void *p);
 int64_t alloc_fail_after(int64_t n);
 /* Storage bytes accounting (tensor data only). */
 void alloc_track(int64_t delta);
-/* Grows the array *p (of *cap elements of size bytes) to hold need; 0 or -1. */
-int alloc_grow(void **p, int *cap, int need, size_t size);
+/* Grows the array *p (of *cap elements of size bytes) to hold need; 0 or -1.
+ * Inline when there is room: a recording calls it a few times an op. */
+int alloc_grow_slow(void **p, int *cap, int need, size_t size);
+static inline int alloc_grow(void **p, int *cap, int need, size_t size) {
+  return need <= *cap ? 0 : alloc_grow_slow(p, cap, need, size);
+}
 /* A 64-bit mix for hash tables keyed by serials and values. */
 static inline uint64_t hash64(uint64_t x) {
   x ^= x >> 33;
