@@ -66,6 +66,9 @@ void lstm_list(FILE *f);
 int bench_serve(void);                      /* serve.c */
 int bench_overhead(void);                   /* overhead.c */
 int bench_gemm(int threads);                /* gemm.c: kiln's GEMM against OpenBLAS, --gemm */
+int bench_overhead_count(const char *what, long calls); /* overhead.c: --count, one path under callgrind */
+void bench_toggle_collect(void);            /* overhead.c: callgrind's collection on or off */
+int bench_gpt_count(const char *path, long steps, void (*toggle)(void)); /* gpt.c: W8 steps on one path, for --count */
 int bench_gpt_paths(void);                  /* gpt.c: W8 on both capture paths, for --overhead */
 int bench_gpt_first_call(void);             /* gpt.c: GPT-2 small first call against later ones, --first-call */
 int bench_gpt(const char *only);            /* gpt.c: rows it printed */

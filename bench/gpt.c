@@ -377,6 +377,41 @@ int bench_gpt_paths(void) {
   return rc;
 }
 
+/* W8 steps on one capture path ("guard" or "record"), toggle called around
+ * all but the first two (for kiln_bench --count under callgrind). */
+int bench_gpt_count(const char *path, long steps, void (*toggle)(void)) {
+  bool guard = strcmp(path, "guard") == 0;
+  if (!guard && strcmp(path, "record") != 0) return fprintf(stderr, "--count: w8-guard or w8-record\n"), 2;
+  const gpt_config cfg = GPT_BENCH_CONFIG;
+  gpt g;
+  if (gpt_init(&g, &cfg, 1) != 0) return fprintf(stderr, "gpt: %s\n", kiln_last_error()), 1;
+  uint64_t rng = 7;
+  int64_t B = GPT_BENCH_BATCH, T = cfg.block_size, *x = malloc(sizeof(int64_t) * (size_t)(2 * B * T));
+  if (!x) return 1;
+  for (int64_t i = 0; i < 2 * B * T; i++) x[i] = (int64_t)(gpt_rand(&rng) % (uint64_t)cfg.vocab_size);
+  train_ctx c = {&g, kiln_tensor_from(KILN_I64, 2, ((int64_t[]){B, T}), x),
+                 kiln_tensor_from(KILN_I64, 2, ((int64_t[]){B, T}), x + B * T)};
+  free(x);
+  kiln_options o = {.name = "W8", .n_in = 2, .n_out = 1, .capture = guard ? KILN_CAPTURE_GUARDS : KILN_CAPTURE_RECORD};
+  kiln_fn *fn = kiln_compile(gpt_train_body, &g, &o);
+  int rc = 0;
+  for (long i = 0; i < steps + 2 && !rc; i++) {
+    if (i == 2) toggle();
+    rc = train_run(&c, fn);
+  }
+  if (steps > 0) toggle();
+  if (rc) fprintf(stderr, "W8: %s\n", kiln_last_error());
+  kiln_fn_stats st;
+  kiln_fn_get_stats(fn, &st);
+  printf("W8 %s: %ld steps counted, %lld hits, %lld traces, %.3f ms a step recording\n", path, steps, (long long)st.hits,
+         (long long)st.traces, st.calls ? st.trace_ms / (double)st.calls : 0);
+  kiln_fn_free(fn);
+  kiln_release(c.idx);
+  kiln_release(c.tgt);
+  gpt_free(&g);
+  return rc;
+}
+
 /* Peak RSS since the last reset (VmHWM after writing 5 to clear_refs), bytes; 0 if unknown. */
 static size_t rss_peak(void) {
   FILE *f = fopen("/proc/self/status", "r");

@@ -5,6 +5,15 @@
  * measures it and the recording's cost per op.
  *
  *   kiln_bench --overhead
+ *
+ * And, for instruction counts under callgrind (wall time on a shared machine
+ * is too noisy to see a few hundred instructions a call), one path alone:
+ *
+ *   valgrind --tool=callgrind --collect-atstart=no kiln_bench --count record 2000
+ *
+ * counts `calls` calls of W6 eager, guard or record (w8-guard, w8-record:
+ * steps of W8), collected only from after the first calls, which compile,
+ * when valgrind's header was there at build time. Divide by the calls.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
@@ -15,6 +24,15 @@
 #include "bench.h"
 #include "kiln.h"
 #include "stats.h"
+
+#if defined(__has_include)
+#if __has_include(<valgrind/callgrind.h>)
+#include <valgrind/callgrind.h>
+#endif
+#endif
+#ifndef CALLGRIND_TOGGLE_COLLECT
+#define CALLGRIND_TOGGLE_COLLECT
+#endif
 
 typedef struct w6 {
   kiln_tensor *w[3], *b[3];
@@ -34,17 +52,57 @@ static int w6_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
   return out[0] ? 0 : -1;
 }
 
+static void w6_init(w6 *m, kiln_tensor **x) {
+  int64_t ws[2] = {256, 256}, bs[1] = {256}, xs[2] = {1, 256};
+  for (int i = 0; i < 3; i++) {
+    m->w[i] = kiln_randn(KILN_F32, 2, ws, 62 + 2 * (uint64_t)i);
+    m->b[i] = kiln_randn(KILN_F32, 1, bs, 63 + 2 * (uint64_t)i);
+  }
+  *x = kiln_randn(KILN_F32, 2, xs, 61);
+}
+
+static void w6_free(w6 *m, kiln_tensor *x) {
+  for (int i = 0; i < 3; i++) kiln_release(m->w[i]), kiln_release(m->b[i]);
+  kiln_release(x);
+}
+
+int bench_overhead_count(const char *what, long calls) {
+  if (strncmp(what, "w8-", 3) == 0) return bench_gpt_count(what + 3, calls, bench_toggle_collect);
+  bool eager = strcmp(what, "eager") == 0, guard = strcmp(what, "guard") == 0;
+  if (!eager && !guard && strcmp(what, "record") != 0)
+    return fprintf(stderr, "--count: eager, guard, record, w8-guard or w8-record, not %s\n", what), 2;
+  w6 m;
+  kiln_tensor *x;
+  w6_init(&m, &x);
+  kiln_options o = {.name = "w6", .n_in = 1, .n_out = 1, .capture = guard ? KILN_CAPTURE_GUARDS : KILN_CAPTURE_RECORD};
+  kiln_fn *f = kiln_compile(w6_body, &m, &o);
+  int rc = 0;
+  for (long i = 0; i < calls + 3 && !rc; i++) {
+    if (i == 3) bench_toggle_collect();
+    kiln_scope_begin();
+    kiln_tensor *y;
+    rc = eager ? (w6_forward(&m, x) ? 0 : -1) : kiln_call(f, &x, &y);
+    kiln_scope_end();
+  }
+  if (calls > 0) bench_toggle_collect();
+  if (rc) fprintf(stderr, "%s\n", kiln_last_error());
+  kiln_fn_stats st;
+  kiln_fn_get_stats(f, &st);
+  printf("W6 %s: %ld calls counted, %lld hits, %lld traces\n", what, calls, (long long)st.hits, (long long)st.traces);
+  kiln_fn_free(f);
+  w6_free(&m, x);
+  return rc ? 1 : 0;
+}
+
+void bench_toggle_collect(void) { CALLGRIND_TOGGLE_COLLECT; }
+
 int bench_overhead(void) {
   /* many short rounds, eager and compiled alternating: the best round shows
    * the code's own speed on a shared machine, the median what a caller saw */
   enum { ROUNDS = 400, CALLS = 100 };
   w6 m;
-  int64_t ws[2] = {256, 256}, bs[1] = {256}, xs[2] = {1, 256};
-  for (int i = 0; i < 3; i++) {
-    m.w[i] = kiln_randn(KILN_F32, 2, ws, 62 + 2 * (uint64_t)i);
-    m.b[i] = kiln_randn(KILN_F32, 1, bs, 63 + 2 * (uint64_t)i);
-  }
-  kiln_tensor *x = kiln_randn(KILN_F32, 2, xs, 61);
+  kiln_tensor *x;
+  w6_init(&m, &x);
   kiln_options og = {.name = "w6", .n_in = 1, .n_out = 1, .capture = KILN_CAPTURE_GUARDS};
   kiln_options orec = og;
   orec.capture = KILN_CAPTURE_RECORD;
@@ -92,7 +150,6 @@ int bench_overhead(void) {
          per_call, (long long)sr.hits);
   kiln_fn_free(fr);
   kiln_fn_free(fg);
-  for (int i = 0; i < 3; i++) kiln_release(m.w[i]), kiln_release(m.b[i]);
-  kiln_release(x);
+  w6_free(&m, x);
   return bench_gpt_paths() ? 1 : 0;
 }

@@ -637,8 +637,8 @@ void workloads_list(FILE *f) {
 
 static void usage(const char *argv0) {
   fprintf(stderr,
-          "usage: %s [--threads N] [--only W1,W3] [--json PATH] [--compiled] | --overhead | --first-call | --serve | "
-          "--gemm [--threads N]\n"
+          "usage: %s [--threads N] [--only W1,W3] [--json PATH] [--compiled] | --overhead | --count WHAT N | "
+          "--first-call | --serve | --gemm [--threads N]\n"
           "  --cpu-time (with --threads 1): time CPU seconds, not wall seconds (for a shared machine)\n",
           argv0);
 }
@@ -663,6 +663,8 @@ int main(int argc, char **argv) {
       json = argv[++i];
     } else if (strcmp(argv[i], "--overhead") == 0) {
       return bench_overhead();
+    } else if (strcmp(argv[i], "--count") == 0 && i + 2 < argc) {
+      return bench_overhead_count(argv[i + 1], atol(argv[i + 2]));
     } else if (strcmp(argv[i], "--first-call") == 0) {
       return bench_gpt_first_call();
     } else if (strcmp(argv[i], "--serve") == 0) {

@@ -178,6 +178,15 @@ START_TEST(test_stress_cap) {
 }
 END_TEST
 
+/* Every call on the recording path: the threads record at once, and hand
+ * the function's one set of spare recording buffers (rec_keep) between
+ * them; a call that finds it taken records into buffers of its own. */
+START_TEST(test_stress_record) {
+  run_stress("record", (kiln_options){.name = "record", .n_in = 1, .n_out = 2, .capture = KILN_CAPTURE_RECORD,
+                                      .backend = KILN_BACKEND_LLVM}, 0);
+}
+END_TEST
+
 /* The interpreter backend under the same load. */
 START_TEST(test_stress_interp) {
   run_stress("interp", (kiln_options){.name = "interp", .n_in = 1, .n_out = 2, .dynamic = KILN_DYNAMIC_STATIC, .max_variants = 4,
@@ -192,6 +201,7 @@ int main(void) {
   tcase_set_timeout(tc, 600);
   tcase_add_test(tc, test_stress_auto);
   tcase_add_test(tc, test_stress_cap);
+  tcase_add_test(tc, test_stress_record);
   tcase_add_test(tc, test_stress_interp);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);

@@ -180,7 +180,7 @@ size_t kiln_mem_in_use(void) { return (size_t)atomic_load(&mem_in_use); }
 size_t kiln_mem_peak(void) { return (size_t)atomic_load(&mem_peak); }
 void kiln_mem_reset_peak(void) { atomic_store(&mem_peak, atomic_load(&mem_in_use)); }
 
-int alloc_grow(void **p, int *cap, int need, size_t size) {
+int alloc_grow_slow(void **p, int *cap, int need, size_t size) {
   if (need <= *cap) return 0;
   int c = *cap ? *cap : 64;
   while (c < need) c *= 2;

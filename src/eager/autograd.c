@@ -9,7 +9,7 @@
 
 #include "eager/eager.h"
 
-static _Thread_local int no_grad_depth;
+static KILN_TLS_HOT int no_grad_depth;
 
 bool grad_mode(void) { return no_grad_depth == 0; }
 void kiln_no_grad_begin(void) { no_grad_depth++; }

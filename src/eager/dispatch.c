@@ -9,7 +9,7 @@
 
 _Static_assert(OP_COUNT == 76, "ops.def changed: update the op count here");
 
-static _Thread_local const trace_hooks *hooks;
+static KILN_TLS_HOT const trace_hooks *hooks;
 
 void dispatch_set_hooks(const trace_hooks *h) { hooks = h; }
 const trace_hooks *dispatch_hooks(void) { return hooks; }
@@ -18,7 +18,7 @@ void hook_read(const char *what, const kiln_tensor *t, const char *file, int lin
   if (hooks && hooks->read) hooks->read(hooks->ctx, what, t, file, line);
 }
 
-static _Thread_local int internal_depth, user_depth;
+static KILN_TLS_HOT int internal_depth, user_depth;
 void internal_begin(void) { internal_depth++; }
 void internal_end(void) { internal_depth--; }
 void user_numbers_begin(void) { user_depth += internal_depth == 0; }

@@ -38,6 +38,12 @@
  * kernels and the attention kernel's loops both follow it (dispatch.c). */
 bool cpu_avx512_turned_off(void);
 
+/* Thread-locals read on every op or call: the initial-exec model reaches
+ * them with one load off the thread pointer, where a shared library's
+ * default model calls __tls_get_addr for each. glibc keeps a little static
+ * TLS for libraries loaded with dlopen, so only small ones take it. */
+#define KILN_TLS_HOT _Thread_local __attribute__((tls_model("initial-exec")))
+
 #ifdef KILN_CPU_DISPATCH
 #define KILN_HOT __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
@@ -57,8 +63,12 @@ void alloc_free(void *p);
 int64_t alloc_fail_after(int64_t n);
 /* Storage bytes accounting (tensor data only). */
 void alloc_track(int64_t delta);
-/* Grows the array *p (of *cap elements of size bytes) to hold need; 0 or -1. */
-int alloc_grow(void **p, int *cap, int need, size_t size);
+/* Grows the array *p (of *cap elements of size bytes) to hold need; 0 or -1.
+ * Inline when there is room: a recording calls it a few times an op. */
+int alloc_grow_slow(void **p, int *cap, int need, size_t size);
+static inline int alloc_grow(void **p, int *cap, int need, size_t size) {
+  return need <= *cap ? 0 : alloc_grow_slow(p, cap, need, size);
+}
 /* A 64-bit mix for hash tables keyed by serials and values. */
 static inline uint64_t hash64(uint64_t x) {
   x ^= x >> 33;

@@ -6,7 +6,7 @@
 #include "eager/eager.h"
 
 static _Thread_local char msg[1024];
-static _Thread_local unsigned long n_set; /* errors set on this thread */
+static KILN_TLS_HOT unsigned long n_set; /* errors set on this thread */
 
 unsigned long err_count(void) { return n_set; }
 

@@ -56,7 +56,7 @@ static _Atomic bool stopping;
 static bool closed;                                         /* after shutdown (under run_mu) */
 static pool_fn job_fn;                                      /* written only while no ticket is running */
 static void *job_ctx;
-static _Thread_local bool in_pool;                          /* this thread is running a pool task */
+static _Thread_local __attribute__((tls_model("initial-exec"))) bool in_pool;                         /* this thread is running a pool task */
 static _Atomic unsigned forks;                              /* bumped in a forked child */
 
 /* Spin step i of a wait: mostly a pause, with a yield now and then so that an

@@ -269,12 +269,13 @@ typedef struct scope {
  * on the heap. */
 #define SCOPES_INLINE 16
 static _Thread_local scope scopes_inline[SCOPES_INLINE];
-static _Thread_local scope *scopes;
-static _Thread_local int nscopes, capscopes;
+static KILN_TLS_HOT scope *scopes;
+static KILN_TLS_HOT int nscopes, capscopes;
 /* Scopes that could not be opened (out of memory), by the depth they stood
  * at: their scope_end must close nothing, so begin/end stay paired; their
  * tensors go to the scope below. */
-static _Thread_local int phantom_at[64], nphantom;
+static _Thread_local int phantom_at[64];
+static KILN_TLS_HOT int nphantom;
 
 static int scope_push(scope *s, kiln_tensor *t) {
   if (s->n == s->cap) {

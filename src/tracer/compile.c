@@ -113,6 +113,7 @@ struct kiln_fn {
   bool have_last;
   bool loaded;                      /* from kiln_load: one graph, no body */
   bool warned_cap;
+  struct rec_state *spare;          /* a finished call's recording buffers, for the next call (rec_keep) */
   kiln_fn_stats st;
   double guard_ns_total;
   int64_t guard_samples;
@@ -493,6 +494,7 @@ void kiln_fn_free_at(kiln_fn *fn, const char *file, int line) {
   }
   for (int i = 0; i < fn->n_variants; i++) variant_free(fn->variants[i]);
   alloc_free(fn->variants);
+  rec_spare_free(fn->spare);
   pthread_mutex_destroy(&fn->mu);
   atomic_store(&fn->magic, FN_FREED);
   alloc_handle_park(&fn_pool, fn);
@@ -550,6 +552,8 @@ typedef struct seg_info {
   int n_writes;
 } seg_info;
 
+enum { CALL_INLINE = 8 };
+
 /* One recorded call: what it matched, what it built. */
 typedef struct call_state {
   kiln_fn *fn;
@@ -581,6 +585,12 @@ typedef struct call_state {
   double argf[IR_MAX_SYMS];
   build_state b;              /* building */
   build_prev prev;
+  /* cand, alive, cand_vals and outs in place for a function of few variants
+   * and outputs: no allocation for them on a call */
+  variant *cand_in[CALL_INLINE];
+  bool alive_in[CALL_INLINE];
+  int64_t cand_vals_in[CALL_INLINE][IR_MAX_SYMS];
+  int outs_in[CALL_INLINE];
   uint8_t dyn[MAX_IN][MAXD];
   char why[2048];             /* why each variant did not match, one after another */
 } call_state;
@@ -1127,7 +1137,9 @@ static void call_free(call_state *cs) {
   for (int i = 0; i < cs->n_segs; i++) segment_free(cs->segs[i]);
   alloc_free(cs->segs);
   if (cs->building) build_free(&cs->b);
+  struct rec_state *spare = rec_keep(&cs->rec);
   pthread_mutex_lock(&fn->mu);
+  if (!fn->spare) fn->spare = spare, spare = NULL;
   variant *gone[2 * 64 + 1];
   int n_gone = 0;
   for (int c = 0; c <= cs->n_cand; c++) {
@@ -1136,11 +1148,11 @@ static void call_free(call_state *cs) {
   }
   pthread_mutex_unlock(&fn->mu);
   for (int i = 0; i < n_gone; i++) variant_free(gone[i]);
-  alloc_free(cs->cand);
-  alloc_free(cs->alive);
-  alloc_free(cs->cand_vals);
-  alloc_free(cs->outs);
-  rec_free(&cs->rec);
+  if (cs->cand != cs->cand_in) alloc_free(cs->cand);
+  if (cs->alive != cs->alive_in) alloc_free(cs->alive);
+  if (cs->cand_vals != cs->cand_vals_in) alloc_free(cs->cand_vals);
+  if (cs->outs != cs->outs_in) alloc_free(cs->outs);
+  rec_spare_free(spare);
 }
 
 /* The new variant, from this call's log and segments; NULL on out of memory. */
@@ -1224,13 +1236,18 @@ static int record_call(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out) {
   call_start(&cs, fn, in);
   double t0 = now_ms();
   int n_out = fn->opts.n_out;
-  cs.outs = alloc_calloc((size_t)n_out + 1, sizeof *cs.outs);
+  if (n_out <= CALL_INLINE) cs.outs = memset(cs.outs_in, 0, sizeof cs.outs_in);
+  else cs.outs = alloc_calloc((size_t)n_out + 1, sizeof *cs.outs);
   cs.out_t = out;
   /* the candidates: every variant whose inputs fit, newest first */
   pthread_mutex_lock(&fn->mu);
-  cs.cand = alloc_malloc(sizeof *cs.cand * (size_t)(fn->n_variants + 1));
-  cs.alive = alloc_malloc(sizeof *cs.alive * (size_t)(fn->n_variants + 1));
-  cs.cand_vals = alloc_malloc(sizeof *cs.cand_vals * (size_t)(fn->n_variants + 1));
+  if (fn->n_variants <= CALL_INLINE) {
+    cs.cand = cs.cand_in, cs.alive = cs.alive_in, cs.cand_vals = cs.cand_vals_in;
+  } else {
+    cs.cand = alloc_malloc(sizeof *cs.cand * (size_t)(fn->n_variants + 1));
+    cs.alive = alloc_malloc(sizeof *cs.alive * (size_t)(fn->n_variants + 1));
+    cs.cand_vals = alloc_malloc(sizeof *cs.cand_vals * (size_t)(fn->n_variants + 1));
+  }
   char why0[2048];
   why0[0] = 0;
   if (cs.cand && cs.alive && cs.cand_vals)
@@ -1249,12 +1266,17 @@ static int record_call(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out) {
     cs.prev_var = fn->variants[fn->n_variants - 1];
     cs.prev_var->users++;
   }
+  struct rec_state *spare = fn->spare;
+  fn->spare = NULL;
   pthread_mutex_unlock(&fn->mu);
-  if (!cs.outs || !cs.cand || !cs.alive || !cs.cand_vals || rec_begin(&cs.rec, in, fn->opts.n_in, seg_run, &cs)) {
+  bool lists = cs.outs && cs.cand && cs.alive && cs.cand_vals;
+  if (!lists) rec_spare_free(spare);
+  if (!lists || rec_begin(&cs.rec, in, fn->opts.n_in, seg_run, &cs, lists ? spare : NULL)) {
     call_free(&cs);
     return err_set("", 0, "call", "%s: out of memory", fn->name), -1;
   }
-  snprintf(cs.why, sizeof cs.why, "%s", why0);
+  _Static_assert(sizeof why0 == sizeof cs.why, "why0 is copied whole into cs.why");
+  memcpy(cs.why, why0, strlen(why0) + 1);
   cs.rec.scan_save = fn->opts.scan_save;
   kiln_scope_begin();
   for (int i = 0; i < n_out; i++) out[i] = NULL;
@@ -1578,7 +1600,12 @@ static int guard_call(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out, ch
   }
   pthread_mutex_unlock(&fn->mu);
   if (!hit) {
-    if (why) snprintf(why, whyn, "%s", first_why);
+    /* a plain copy: snprintf costs a recorded call ~900 instructions */
+    if (why && whyn) {
+      size_t k = strnlen(first_why, whyn - 1);
+      memcpy(why, first_why, k);
+      why[k] = 0;
+    }
     return 0;
   }
   kiln_tensor *all[MAX_IN];

@@ -47,6 +47,16 @@ struct rec_state {
   int n_blocks, cap_blocks;
   trace_hooks hooks;
   const trace_hooks *saved;
+  /* the recording's own lists, parked here between calls (rec_keep) */
+  struct {
+    rec_event *ev;
+    int *ids;
+    rec_value *val;
+    kiln_tensor **params;
+    bool *had;
+    void *reads;
+    int cap_ev, cap_ids, cap_val, cap_params, cap_had, cap_reads;
+  } park;
 };
 
 static atomic_ullong next_id = 1;
@@ -344,7 +354,7 @@ static void on_op(void *ctx, op_id op, kiln_tensor *const *in, int n, const op_a
                   const char *file, int line) {
   recording *r = ctx;
   if (r->failed) return;
-  int small[16] = {0}, *ids = n <= 16 ? small : alloc_malloc(sizeof(int) * (size_t)n);
+  int small[16], *ids = n <= 16 ? small : alloc_malloc(sizeof(int) * (size_t)n);
   if (!ids) return fail(r, "out of memory while recording");
   if (values_of(r, in, n, ids) == 0) {
     int e = new_event(r, EV_OP, (int)op, ids, n, file, line);
@@ -984,16 +994,25 @@ int rec_slots(const rec_event *e, rec_slot *out, int max) {
  * that size instead of growing again from nothing. */
 static _Thread_local struct { int ev, ids, val, made; } last_size;
 
-int rec_begin(recording *r, kiln_tensor *const *in, int n_in, rec_run_fn run, void *run_ctx) {
+int rec_begin(recording *r, kiln_tensor *const *in, int n_in, rec_run_fn run, void *run_ctx, struct rec_state *spare) {
   memset(r, 0, sizeof *r);
   r->id = atomic_fetch_add(&next_id, 1);
   r->in = in;
   r->n_in = n_in;
   r->run = run;
   r->run_ctx = run_ctx;
-  r->st = alloc_calloc(1, sizeof *r->st);
+  r->st = spare ? spare : alloc_calloc(1, sizeof *r->st);
   if (!r->st) return -1;
   struct rec_state *s = r->st;
+  if (spare) {
+    r->ev = s->park.ev, r->cap_ev = s->park.cap_ev;
+    r->ids = s->park.ids, r->cap_ids = s->park.cap_ids;
+    r->val = s->park.val, r->cap_val = s->park.cap_val;
+    r->params = s->park.params, r->cap_params = s->park.cap_params;
+    r->param_had_grad = s->park.had, r->cap_had = s->park.cap_had;
+    r->reads = s->park.reads, r->cap_reads = s->park.cap_reads;
+    memset(&s->park, 0, sizeof s->park);
+  }
   if (alloc_grow((void **)&r->ev, &r->cap_ev, last_size.ev, sizeof *r->ev) ||
       alloc_grow((void **)&r->ids, &r->cap_ids, last_size.ids, sizeof *r->ids) ||
       alloc_grow((void **)&r->val, &r->cap_val, last_size.val, sizeof *r->val) ||
@@ -1026,34 +1045,61 @@ void rec_end(recording *r) {
   if (r->st && dispatch_hooks() == &r->st->hooks) dispatch_set_hooks(r->st->saved);
 }
 
-void rec_free(recording *r) {
+struct rec_state *rec_keep(recording *r) {
   struct rec_state *s = r->st;
   if (r->n_ev) {
     last_size.ev = r->n_ev, last_size.ids = r->n_ids, last_size.val = r->n_val;
     last_size.made = s && s->n_made > last_size.made ? s->n_made : last_size.made;
   }
-  if (s) {
-    rec_end(r);
-    for (int i = 0; i < s->n_made; i++) kiln_release(s->made[i]);
-    for (int i = 0; i < s->n_leaf; i++) {
-      kiln_release(s->leaf[i].grad0);
-      if (s->leaf[i].held) kiln_release(s->leaf[i].t);
-    }
-    for (int i = 0; i < s->n_blocks; i++) alloc_free(s->blocks[i]);
-    alloc_free(s->blocks);
-    alloc_free(s->made);
-    alloc_free(s->leaf);
-    map_free(&s->leaves);
-    map_free(&s->layouts);
-    map_free(&s->carried);
-    alloc_free(s);
-  }
   for (int i = 0; i < r->n_params; i++) kiln_release(r->params[i]);
-  alloc_free(r->params);
-  alloc_free(r->param_had_grad);
-  alloc_free(r->reads);
-  alloc_free(r->ev);
-  alloc_free(r->ids);
-  alloc_free(r->val);
+  if (!s) {
+    alloc_free(r->params);
+    alloc_free(r->param_had_grad);
+    alloc_free(r->reads);
+    alloc_free(r->ev);
+    alloc_free(r->ids);
+    alloc_free(r->val);
+    memset(r, 0, sizeof *r);
+    return NULL;
+  }
+  rec_end(r);
+  for (int i = 0; i < s->n_made; i++) kiln_release(s->made[i]);
+  for (int i = 0; i < s->n_leaf; i++) {
+    kiln_release(s->leaf[i].grad0);
+    if (s->leaf[i].held) kiln_release(s->leaf[i].t);
+  }
+  for (int i = 0; i < s->n_blocks; i++) alloc_free(s->blocks[i]);
+  s->n_made = s->n_laid = s->n_leaf = s->n_blocks = 0;
+  map_clear(&s->leaves);
+  map_clear(&s->layouts);
+  map_clear(&s->carried);
+  s->saved = NULL;
+  memset(&s->hooks, 0, sizeof s->hooks);
+  s->park.ev = r->ev, s->park.cap_ev = r->cap_ev;
+  s->park.ids = r->ids, s->park.cap_ids = r->cap_ids;
+  s->park.val = r->val, s->park.cap_val = r->cap_val;
+  s->park.params = r->params, s->park.cap_params = r->cap_params;
+  s->park.had = r->param_had_grad, s->park.cap_had = r->cap_had;
+  s->park.reads = r->reads, s->park.cap_reads = r->cap_reads;
   memset(r, 0, sizeof *r);
+  return s;
 }
+
+void rec_spare_free(struct rec_state *s) {
+  if (!s) return;
+  alloc_free(s->park.params);
+  alloc_free(s->park.had);
+  alloc_free(s->park.reads);
+  alloc_free(s->park.ev);
+  alloc_free(s->park.ids);
+  alloc_free(s->park.val);
+  alloc_free(s->blocks);
+  alloc_free(s->made);
+  alloc_free(s->leaf);
+  map_free(&s->leaves);
+  map_free(&s->layouts);
+  map_free(&s->carried);
+  alloc_free(s);
+}
+
+void rec_free(recording *r) { rec_spare_free(rec_keep(r)); }

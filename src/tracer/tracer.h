@@ -284,11 +284,18 @@ struct recording {
 };
 
 /* Starts recording on this thread: in[0..n_in) are the call's inputs.
- * run is called at breaks. 0 or -1 (out of memory). */
-int rec_begin(recording *r, kiln_tensor *const *in, int n_in, rec_run_fn run, void *run_ctx);
+ * run is called at breaks. spare: an earlier recording's buffers (rec_keep)
+ * or NULL; the recording owns it from here, even when it fails. 0 or -1
+ * (out of memory). */
+int rec_begin(recording *r, kiln_tensor *const *in, int n_in, rec_run_fn run, void *run_ctx, struct rec_state *spare);
 /* Stops the hooks (the log stays readable until rec_free). */
 void rec_end(recording *r);
 void rec_free(recording *r);
+/* Like rec_free, but hands back the recording's buffers, emptied, for the
+ * next rec_begin (a function's calls reuse them instead of allocating and
+ * freeing a dozen lists each); NULL when it had none. */
+struct rec_state *rec_keep(recording *r);
+void rec_spare_free(struct rec_state *s);
 /* The value id tensor t has in the recording, adding it as a leaf when new; -1 on failure. */
 int rec_value_of(recording *r, kiln_tensor *t);
 /* cfgrad.c: reverse mode through a construct recorded as one region. From
