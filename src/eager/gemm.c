@@ -16,7 +16,8 @@
  * holds one MR x NR tile of C in registers across the slice. Threads split
  * the tiles of a slice, never K, so every element of C sums its products in
  * one order whatever the thread count: results do not depend on threads,
- * and eager and compiled code agree to the bit. */
+ * and eager and compiled code agree to the bit. libkiln_rt builds this file
+ * too: an exported model's products run the JIT's kernel. */
 #include "eager/gemm.h"
 
 #include <stdatomic.h>
@@ -24,8 +25,14 @@
 #include <string.h>
 #include <strings.h>
 
-#include "eager/eager.h"
 #include "eager/pool.h"
+#ifdef KILN_RT_BUILD
+/* libkiln_rt (exported models) has no eager allocator: plain aligned memory */
+static void *alloc_aligned(size_t n) { return aligned_alloc(64, n); }
+static void alloc_aligned_free(void *p, size_t n) { (void)n, free(p); }
+#else
+#include "eager/eager.h"
+#endif
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>

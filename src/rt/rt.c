@@ -22,6 +22,9 @@ typedef enum { CblasNoTrans = 111, CblasTrans = 112 } CBLAS_TRANSPOSE;
 #include <string.h>
 
 #include "eager/pool.h"
+#ifndef KILN_RT_NO_BLAS
+#include "eager/gemm.h"
+#endif
 #include "kiln_rt.h"
 #include "rt/plan.h"
 
@@ -257,8 +260,11 @@ static int matmul(const run *r, const int64_t *k, char **bufs) {
     }
 #else
     } else if (dt == 0) {
-      cblas_sgemm(CblasRowMajor, ta, tb, (int)m, (int)n, (int)kk, (float)alpha, (const float *)pa, (int)lda,
-                  (const float *)pb, (int)ldb, (float)beta, (float *)pc, (int)os_m);
+      /* kiln's GEMM where the JIT's runs it, so the bits are the JIT's */
+      if (!kgemm_f32(ta == CblasTrans, tb == CblasTrans, m, n, kk, (float)alpha, (const float *)pa, lda,
+                     (const float *)pb, ldb, (float)beta, (float *)pc, os_m))
+        cblas_sgemm(CblasRowMajor, ta, tb, (int)m, (int)n, (int)kk, (float)alpha, (const float *)pa, (int)lda,
+                    (const float *)pb, (int)ldb, (float)beta, (float *)pc, (int)os_m);
     } else {
       cblas_dgemm(CblasRowMajor, ta, tb, (int)m, (int)n, (int)kk, alpha, (const double *)pa, (int)lda,
                   (const double *)pb, (int)ldb, beta, (double *)pc, (int)os_m);
