@@ -712,12 +712,9 @@ static int gemm_into(kiln_tensor *a, kiln_tensor *b, double alpha, double beta, 
     cblas_layout(k, n, b->stride[0], b->stride[1], &tb, &ldb);
   }
   if (m > 0 && n > 0 && k > 0) {
-    if (c->dtype == KILN_F32) {
-      if (!kgemm_f32(ta == CblasTrans, tb == CblasTrans, m, n, k, (float)alpha, tensor_data(a), lda, tensor_data(b), ldb,
-                    (float)beta, tensor_data(c), n))
-        cblas_sgemm(CblasRowMajor, ta, tb, (int)m, (int)n, (int)k, (float)alpha, tensor_data(a), (int)lda,
-                    tensor_data(b), (int)ldb, (float)beta, tensor_data(c), (int)n);
-    } else
+    if (c->dtype == KILN_F32)
+      gemm_sgemm(ta, tb, m, n, k, (float)alpha, tensor_data(a), lda, tensor_data(b), ldb, (float)beta, tensor_data(c), n);
+    else
       cblas_dgemm(CblasRowMajor, ta, tb, (int)m, (int)n, (int)k, alpha, tensor_data(a), (int)lda, tensor_data(b), (int)ldb,
                   beta, tensor_data(c), (int)n);
   }

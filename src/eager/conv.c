@@ -102,11 +102,11 @@ static void rows_in(const conv_geom *q, const void *gy, void *tmp, int64_t n0, i
              (const char *)gy + (((n0 + b) * q->o + g * q->og + o) * q->p) * (int64_t)es, es * (size_t)q->p);
 }
 
-/* cblas_sgemm's signature over kiln's own GEMM (gemm.c), OpenBLAS where it declines */
+/* cblas_sgemm's signature (conv_impl.h's GEMM) over gemm_sgemm; the order is always row-major */
 static void conv_sgemm(CBLAS_ORDER order, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha,
                        const float *a, int lda, const float *b, int ldb, float beta, float *c, int ldc) {
-  if (!kgemm_f32(ta == CblasTrans, tb == CblasTrans, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc))
-    cblas_sgemm(order, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  (void)order;
+  gemm_sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 #define T float

@@ -2,6 +2,7 @@
 #ifndef KILN_EAGER_GEMM_H
 #define KILN_EAGER_GEMM_H
 
+#include <cblas.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -14,6 +15,11 @@
  * n <= 16, out of memory): the caller then calls BLAS. */
 bool kgemm_f32(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
               const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
+
+/* A row-major f32 GEMM as cblas_sgemm: kgemm_f32 where it runs, else
+ * cblas_sgemm. What every f32 GEMM of kiln calls. */
+void gemm_sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
 
 /* Whether OpenBLAS runs its AVX-512 kernels here (by CPU model or
  * OPENBLAS_CORETYPE): kgemm_f32 then leaves it the products of more than

@@ -96,8 +96,8 @@ static void gemm(kiln_dtype dt, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t 
     else if (m == 1)
       cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)n, (int)k, 1.0f, b, (int)ldb, a, ta == CblasNoTrans ? 1 : (int)lda,
                   0.0f, c, 1);
-    else if (!kgemm_f32(ta == CblasTrans, tb == CblasTrans, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc))
-      cblas_sgemm(CblasRowMajor, ta, tb, (int)m, (int)n, (int)k, 1.0f, a, (int)lda, b, (int)ldb, 0.0f, c, (int)ldc);
+    else
+      gemm_sgemm(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
   } else {
     if (m == 1 && tb == CblasNoTrans)
       cblas_dgemv(CblasRowMajor, CblasTrans, (int)k, (int)n, 1.0, b, (int)ldb, a, ta == CblasNoTrans ? 1 : (int)lda,

@@ -260,11 +260,9 @@ static int matmul(const run *r, const int64_t *k, char **bufs) {
     }
 #else
     } else if (dt == 0) {
-      /* kiln's GEMM where the JIT's runs it, so the bits are the JIT's */
-      if (!kgemm_f32(ta == CblasTrans, tb == CblasTrans, m, n, kk, (float)alpha, (const float *)pa, lda,
-                     (const float *)pb, ldb, (float)beta, (float *)pc, os_m))
-        cblas_sgemm(CblasRowMajor, ta, tb, (int)m, (int)n, (int)kk, (float)alpha, (const float *)pa, (int)lda,
-                    (const float *)pb, (int)ldb, (float)beta, (float *)pc, (int)os_m);
+      /* the JIT's GEMM (kiln's where it runs, OpenBLAS else), so the kernels are the JIT's */
+      gemm_sgemm(ta, tb, m, n, kk, (float)alpha, (const float *)pa, lda, (const float *)pb, ldb, (float)beta,
+                 (float *)pc, os_m);
     } else {
       cblas_dgemm(CblasRowMajor, ta, tb, (int)m, (int)n, (int)kk, alpha, (const double *)pa, (int)lda,
                   (const double *)pb, (int)ldb, beta, (double *)pc, (int)os_m);
