@@ -141,6 +141,108 @@ static kiln_fn *compile_once(body_fn body, int n_in, kiln_tensor *const *in) {
   return fn;
 }
 
+/* Bytes of the arena p's plan takes (every shape constant). */
+static size_t arena_of(const cg_program *p) {
+  size_t bytes[64] = {0}, off[64];
+  ck_assert_int_le(p->n_buf, 64);
+  for (int b = 0; b < p->n_buf; b++) {
+    if (p->buf[b].kind != CG_BUF_TEMP) continue;
+    bytes[b] = kiln_dtype_size(p->buf[b].dtype);
+    for (int d = 0; d < p->buf[b].ndim; d++) bytes[b] *= (size_t)p->buf[b].shape[d].c;
+  }
+  return plan_arena(p, bytes, off);
+}
+
+/* A large product of small operands, made first and read last: u @ v is
+ * (256,256), 256 KB, from a (256,4) and a (4,256); three GEMM layers over
+ * x run before its one reader. */
+static int late_product_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  kiln_tensor *big = kiln_matmul(in[0], in[1]);
+  kiln_tensor *t = in[2];
+  for (int i = 0; i < 3; i++) t = kiln_tanh(kiln_matmul(t, in[3]));
+  out[0] = kiln_matmul(big, t);
+  return 0;
+}
+
+/* The product runs just before its reader rather than first (sink_results):
+ * it no longer shares the arena with the layers' temps. By hand, the
+ * layers need two (256,128) temps at once (128 KB each) and the last GEMM
+ * the product and one temp, so 384 KB; made first, the product would sit
+ * beside the layers' two temps, 512 KB. The results are eager's to the bit:
+ * every kernel computes what it did. */
+START_TEST(test_large_result_made_late) {
+  kiln_scope_begin();
+  kiln_tensor *in[4] = {kiln_randn(KILN_F32, 2, ((int64_t[]){256, 4}), 1), kiln_randn(KILN_F32, 2, ((int64_t[]){4, 256}), 2),
+                        kiln_randn(KILN_F32, 2, ((int64_t[]){256, 128}), 3),
+                        kiln_mul(kiln_randn(KILN_F32, 2, ((int64_t[]){128, 128}), 4), kiln_scalar(KILN_F32, 0.1))};
+  kiln_fn *fn = compile_once(late_product_body, 4, in);
+  cg_program *p = plan_of(fn);
+  size_t arena = arena_of(p);
+  ck_assert_msg(arena <= 384 * 1024, "arena %zu bytes, by hand 384 KB", arena);
+  ck_assert_int_eq(5, count_kind(p, CG_K_MATMUL));
+  const cg_kernel *prod = NULL;
+  int at = -1;
+  for (int ki = 0; ki < p->n_k; ki++)
+    if (p->k[ki].kind == CG_K_MATMUL && p->k[ki].in_buf[0] >= 0 && p->buf[p->k[ki].in_buf[0]].kind == CG_BUF_INPUT &&
+        p->buf[p->k[ki].in_buf[0]].shape[1].c == 4)
+      prod = &p->k[ki], at = ki;
+  ck_assert_ptr_nonnull(prod);
+  ck_assert_int_eq(p->n_k - 2, at); /* right before the last GEMM, its reader */
+  free_plan(p);
+  kiln_tensor *y = NULL, *ref = NULL;
+  ck_assert_int_eq(0, kiln_call(fn, in, &y));
+  ck_assert_int_eq(0, late_product_body(NULL, in, &ref));
+  static float got[256 * 128], want[256 * 128];
+  ck_assert_int_eq(0, kiln_read(y, got, sizeof got));
+  ck_assert_int_eq(0, kiln_read(ref, want, sizeof want));
+  ck_assert_mem_eq(got, want, sizeof got);
+  kiln_fn_free(fn);
+  kiln_scope_end();
+}
+END_TEST
+
+/* The same, with a temp operand (tanh(u), 64 KB, which dies in the
+ * product) and a second large result from small operands, e @ f, made
+ * just before the one kernel that reads both. */
+static int late_pair_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  kiln_tensor *big = kiln_matmul(kiln_tanh(in[0]), in[1]);
+  kiln_tensor *t = in[2];
+  for (int i = 0; i < 3; i++) t = kiln_tanh(kiln_matmul(t, in[3]));
+  kiln_tensor *j = kiln_matmul(in[4], in[5]);
+  out[0] = kiln_add(kiln_sum_all(kiln_mul(big, j)), kiln_sum_all(t));
+  return 0;
+}
+
+/* The product also goes ahead of e @ f. The layers' sum is taken as the
+ * last layer runs, so only the two results and tanh(u) matter: made after
+ * e @ f, the product would have tanh(u) beside both 256 KB results, 576
+ * KB; made before it, the peak is the two results, 512 KB (and the sum's
+ * 64-byte slot). */
+START_TEST(test_large_result_before_its_peer) {
+  kiln_scope_begin();
+  kiln_tensor *in[6] = {kiln_randn(KILN_F32, 2, ((int64_t[]){256, 64}), 1), kiln_randn(KILN_F32, 2, ((int64_t[]){64, 256}), 2),
+                        kiln_randn(KILN_F32, 2, ((int64_t[]){256, 128}), 3),
+                        kiln_mul(kiln_randn(KILN_F32, 2, ((int64_t[]){128, 128}), 4), kiln_scalar(KILN_F32, 0.1)),
+                        kiln_randn(KILN_F32, 2, ((int64_t[]){256, 4}), 5), kiln_randn(KILN_F32, 2, ((int64_t[]){4, 256}), 6)};
+  kiln_fn *fn = compile_once(late_pair_body, 6, in);
+  cg_program *p = plan_of(fn);
+  size_t arena = arena_of(p);
+  ck_assert_msg(arena <= 512 * 1024 + 64, "arena %zu bytes, by hand 512 KB and a scalar", arena);
+  free_plan(p);
+  kiln_tensor *y = NULL, *ref = NULL;
+  ck_assert_int_eq(0, kiln_call(fn, in, &y));
+  ck_assert_int_eq(0, late_pair_body(NULL, in, &ref));
+  float got, want;
+  ck_assert_int_eq(0, kiln_read(y, &got, sizeof got));
+  ck_assert_int_eq(0, kiln_read(ref, &want, sizeof want));
+  ck_assert_mem_eq(&got, &want, sizeof got);
+  kiln_fn_free(fn);
+  kiln_scope_end();
+}
+END_TEST
+
 START_TEST(test_fusion_plans) {
   kiln_scope_begin();
   kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){33, 70}), 1);
@@ -2359,6 +2461,8 @@ static Suite *suite(void) {
   TCase *tc = tcase_create("core");
   tcase_set_timeout(tc, 900);
   tcase_add_test(tc, test_fusion_plans);
+  tcase_add_test(tc, test_large_result_made_late);
+  tcase_add_test(tc, test_large_result_before_its_peer);
   tcase_add_test(tc, test_threads_bitwise);
   tcase_add_test(tc, test_random_programs);
   tcase_add_test(tc, test_random_programs_quick);

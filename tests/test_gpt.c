@@ -408,8 +408,9 @@ START_TEST(test_train_arena_bound) {
   int64_t acts = L * BT * (24 * C + 3 * H * T) + BT * (3 * V + 4 * C);
   /* the working set of one layer's backward: its weights' gradients */
   int64_t layer = 12 * C * C + 13 * C;
-  /* the tied embedding: the head's gradient of wte lives from the first
-   * step of the backward to the last, where the embedding's joins it */
+  /* the tied embedding: the head's gradient of wte and the embedding's,
+   * both (V, C), meet at the end of the backward (the head's is made
+   * there, sink_results) */
   int64_t tied = 2 * V * C;
   size_t bound = (size_t)(acts + layer + tied) * sizeof(float) + 64 * 64 * (size_t)(L + 1); /* 64-byte slots */
   fprintf(stderr, "gpt arena: %zu bytes kept, bound %zu, parameters %zu bytes\n", kept[1], bound,

@@ -1597,6 +1597,128 @@ out:
   return rc;
 }
 
+/* ---- large results as late as they can be made ---- */
+
+/* Bytes of buffer b when its shape is constant, else -1. */
+static int64_t const_bytes(const cg_buf *b) {
+  int64_t n = (int64_t)kiln_dtype_size(b->dtype);
+  for (int d = 0; d < b->ndim; d++) {
+    if (!sym_is_const(b->shape[d])) return -1;
+    n *= b->shape[d].c;
+  }
+  return n;
+}
+
+/* A kernel whose result is larger than the operands it would keep alive
+ * runs just before the first kernel that reads it, instead of where the
+ * graph's order put it. The case it is for: a tied LM head's weight
+ * gradient, dlogits^T @ x, (vocab, C) and made at the start of the
+ * backward, is read only at its end, where the embedding's gradient joins
+ * it; made there instead, the arena holds dlogits (B*T rows) across the
+ * backward rather than the (vocab, C) product, and the product takes the
+ * memory the activations have left by then. Only pure kernels (loops and
+ * matmuls that do not add into their output) move, past kernels that
+ * neither write what they read nor touch what they write, so each computes
+ * what it did: results do not change by a bit. Sizes must be constant (a
+ * variant's first shapes): a symbolic comparison could go either way at
+ * other sizes. A kernel that reads an argument a write-back updates stays,
+ * so that the update can still be stored in place. 0, or -1 when out of
+ * memory (the order is then unchanged). */
+static int sink_results(cg_program *p, const cg_view *views) {
+  const ir_graph *g = p->g;
+  int n = p->n_k, nb = p->n_buf, rc = -1;
+  if (n < 3) return 0;
+  int **r = alloc_calloc((size_t)n, sizeof *r), **w = alloc_calloc((size_t)n, sizeof *w);
+  int *nr = alloc_calloc((size_t)n, sizeof(int)), *nw = alloc_calloc((size_t)n, sizeof(int));
+  int *ord = alloc_calloc((size_t)n, sizeof(int));
+  uint8_t *pinned = alloc_calloc((size_t)nb, 1); /* outputs, write values and targets, aliased buffers */
+  cg_kernel *nk = alloc_calloc((size_t)n, sizeof *nk);
+  if (!r || !w || !nr || !nw || !ord || !pinned || !nk) goto out;
+  for (int ki = 0; ki < n; ki++) {
+    if (kernel_rw(p, ki, &r[ki], &nr[ki], &w[ki], &nw[ki])) goto out;
+    ord[ki] = ki;
+  }
+  for (int i = 0; i < g->n_outputs; i++)
+    if (views[g->outputs[i]].buf >= 0) pinned[views[g->outputs[i]].buf] = 1;
+  for (int i = 0; i < g->n_writes; i++) {
+    if (g->writes[i].value >= 0 && views[g->writes[i].value].buf >= 0) pinned[views[g->writes[i].value].buf] = 1;
+    if (p->node_buf[g->writes[i].target] >= 0) pinned[p->node_buf[g->writes[i].target]] = 1;
+  }
+  for (int b = 0; b < nb; b++)
+    if (p->buf[b].alias_of >= 0) pinned[b] = pinned[p->buf[b].alias_of] = 1;
+  bool moved = false;
+  /* from the last position back: a kernel moves only past later ones */
+  for (int pos = n - 2; pos >= 0; pos--) {
+    int ki = ord[pos];
+    const cg_kernel *k = &p->k[ki];
+    if ((k->kind != CG_K_LOOP && k->kind != CG_K_MATMUL) || (k->kind == CG_K_MATMUL && k->beta != 0) || nw[ki] != 1)
+      continue;
+    int b = w[ki][0];
+    const cg_buf *ob = &p->buf[b];
+    int64_t out_bytes = const_bytes(ob);
+    if (ob->kind != CG_BUF_TEMP || pinned[b] || ob->scratch_of >= 0 || out_bytes < 0) continue;
+    bool ok = true;
+    for (int i = 0; i < nr[ki] && ok; i++) ok = !pinned[r[ki][i]] || p->buf[r[ki][i]].kind != CG_BUF_INPUT;
+    /* the first later kernel that touches b, and whether the ones before it conflict */
+    int c = pos + 1;
+    for (; c < n && ok; c++) {
+      int kj = ord[c];
+      if (in_list(r[kj], nr[kj], b) || in_list(w[kj], nw[kj], b)) break;
+      for (int i = 0; i < nw[kj] && ok; i++) ok = !in_list(r[ki], nr[ki], w[kj][i]);
+    }
+    if (!ok || c >= n || c == pos + 1 || !in_list(r[ord[c]], nr[ord[c]], b)) continue;
+    /* the operands it would keep alive from their last other use to c */
+    int64_t kept = 0;
+    for (int i = 0; i < nr[ki] && ok; i++) {
+      int x = r[ki][i];
+      if (p->buf[x].kind != CG_BUF_TEMP) continue;
+      bool later = false;
+      for (int q = c; q < n && !later; q++) later = in_list(r[ord[q]], nr[ord[q]], x);
+      if (later) continue;
+      int64_t xb = const_bytes(&p->buf[x]);
+      if (xb < 0) ok = false;
+      kept += xb;
+    }
+    if (!ok || out_bytes <= 2 * kept) continue;
+    /* and before each kernel J just ahead of the reader that only makes a
+     * result for it or later (the embedding's gradient, for the tied head),
+     * so that the operands K frees do not sit beside that result */
+    int at = c;
+    while (kept > 0 && at - 1 > pos) {
+      int kj = ord[at - 1];
+      int64_t jb = nw[kj] == 1 && p->buf[w[kj][0]].kind == CG_BUF_TEMP ? const_bytes(&p->buf[w[kj][0]]) : -1;
+      if (jb <= 0 || in_list(r[kj], nr[kj], b)) break;
+      bool early = false; /* is its result read before the reader? */
+      for (int q = at; q < c && !early; q++) early = in_list(r[ord[q]], nr[ord[q]], w[kj][0]);
+      int64_t freed = 0; /* the operands J frees, which would now sit beside K's result */
+      for (int i = 0; i < nr[kj]; i++) {
+        int x = r[kj][i];
+        bool later = p->buf[x].kind != CG_BUF_TEMP;
+        for (int q = at; q < n && !later; q++) later = in_list(r[ord[q]], nr[ord[q]], x);
+        int64_t xb = later ? 0 : const_bytes(&p->buf[x]);
+        freed += xb < 0 ? jb : xb;
+      }
+      /* J then K holds, at its peak, K's operands, J's result and K's
+       * result at once; K then J holds J's operands beside K's result and
+       * the larger of the other two: better when J frees less than both */
+      if (early || freed >= jb || freed >= kept) break;
+      at--;
+    }
+    memmove(&ord[pos], &ord[pos + 1], sizeof(int) * (size_t)(at - 1 - pos));
+    ord[at - 1] = ki;
+    moved = true;
+  }
+  if (moved) {
+    for (int i = 0; i < n; i++) nk[i] = p->k[ord[i]];
+    memcpy(p->k, nk, sizeof *nk * (size_t)n);
+  }
+  rc = 0;
+out:
+  for (int ki = 0; ki < n && r; ki++) alloc_free(r[ki]), alloc_free(w ? w[ki] : NULL);
+  alloc_free(r), alloc_free(w), alloc_free(nr), alloc_free(nw), alloc_free(ord), alloc_free(pinned), alloc_free(nk);
+  return rc;
+}
+
 /* In place: a pointwise kernel whose input buffer dies in it, with the same
  * dtype, shape and element order as its result, stores into that buffer
  * (a matmul's output under its epilogue, a chain of materialized nodes).
@@ -1714,7 +1836,7 @@ cg_program *fuse_graph(const ir_graph *g, char *err, size_t errn) {
     snprintf(err, errn, "out of memory");
     goto fail;
   }
-  if (hoist_updates(p, f.map)) {
+  if (hoist_updates(p, f.map) || sink_results(p, f.map)) {
     snprintf(err, errn, "out of memory");
     goto fail;
   }
