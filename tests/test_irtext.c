@@ -106,7 +106,7 @@ static int konst(kiln_dtype dt, const char *shape, const void *data)
 static void output(int id) { ck_assert_int_eq(0, ir_add_output(g, id)); }
 static void write_(ir_write_kind k, int target, int value, const char *file, int line)
 {
-  ck_assert_int_eq(0, ir_add_write(g, (ir_write){k, target, value, file, line}));
+  ck_assert_int_eq(0, ir_add_write(g, (ir_write){.kind = k, .target = target, .value = value, .file = file, .line = line}));
 }
 static void guard(const char *text)
 {

@@ -1095,6 +1095,89 @@ END_TEST
 START_TEST(test_scan_in_scan_grad_region) { grad_regions_case(2); }
 END_TEST
 
+/* ---- kiln_grad of captured weights at T = 0 ---- */
+
+/* w, u captured by the step h' = tanh(h @ U + x_t @ W); v read by the step
+ * and outside the scan too: loss = sum(h_T) + sum(v) + sum(ys * v). */
+typedef struct tcell {
+  kiln_tensor *w, *u, *v;
+} tcell;
+static int t_step(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  tcell *c = ctx;
+  out[0] = kiln_tanh(kiln_add(kiln_matmul(in[0], c->u), kiln_matmul(in[1], c->w)));
+  out[1] = kiln_mul(out[0], c->v);
+  return !out[0] || !out[1];
+}
+static int t_loss(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  tcell *c = ctx;
+  kiln_tensor *h, *y;
+  if (kiln_scan(t_step, c, 1, &in[0], 1, &in[1], &h, 1, &y)) return -1;
+  out[0] = kiln_add(kiln_add(kiln_sum_all(h), kiln_sum_all(c->v)), kiln_sum_all(y));
+  return !out[0] || kiln_backward(out[0]);
+}
+
+/* kiln_grad of w, u, v and h0 after t_loss, into g (n each), NULL or not into had */
+static void t_grads(tcell *c, kiln_tensor *h0, double g[4][NH * NH], bool had[4]) {
+  kiln_tensor *ts[4] = {c->w, c->u, c->v, h0};
+  for (int k = 0; k < 4; k++) {
+    kiln_tensor *gr = kiln_grad(ts[k]);
+    if ((had[k] = gr != NULL)) read_d(gr, g[k], kiln_numel(ts[k]));
+    kiln_zero_grad(ts[k]);
+  }
+}
+
+/* A scan over no step (T = 0) runs no body eagerly, so the weights only it
+ * reads get no gradient (kiln_grad NULL); the compiled function must leave
+ * them NULL too, not write zeros, at T = 0 and give eager's values at 1 and
+ * 5, from one trace, on the interpreter and on LLVM. */
+START_TEST(test_scan_grad_empty) {
+  static const int lengths[] = {5, 0, 1, 0, 5}; /* a first trace at T = 0 bakes 0s in: a second */
+  static const char *names[4] = {"W", "U", "v", "h0"};
+  double w[NI * NH], u[NH * NH], v[NH], h0[NB * NH], x[5 * NB * NI];
+  dfill(w, NI * NH, 90), dfill(u, NH * NH, 91), dfill(v, NH, 92), dfill(h0, NB * NH, 93), dfill(x, 5 * NB * NI, 94);
+  for (int be = KILN_BACKEND_INTERP; be <= KILN_BACKEND_LLVM; be++) {
+    kiln_scope_begin();
+    tcell c = {f64_of(2, (int64_t[]){NI, NH}, w), f64_of(2, (int64_t[]){NH, NH}, u), f64_of(1, (int64_t[]){NH}, v)};
+    kiln_requires_grad(c.w, true), kiln_requires_grad(c.u, true), kiln_requires_grad(c.v, true);
+    kiln_fn *fn = kiln_compile(t_loss, &c, &(kiln_options){.name = "tloss", .n_in = 2, .n_out = 1, .backend = be});
+    for (int li = 0; li < 5; li++) {
+      int T = lengths[li];
+      kiln_scope_begin();
+      kiln_tensor *in[2] = {f64_of(2, (int64_t[]){NB, NH}, h0), f64_of(3, (int64_t[]){T, NB, NI}, x)}, *out[1];
+      kiln_requires_grad(in[0], true);
+      double ge[4][NH * NH], gc[4][NH * NH];
+      bool he[4], hc[4];
+      ck_assert_msg(t_loss(&c, in, out) == 0, "%s", kiln_last_error());
+      t_grads(&c, in[0], ge, he);
+      ck_assert_msg(kiln_call(fn, in, out) == 0, "T=%d: %s", T, kiln_last_error());
+      t_grads(&c, in[0], gc, hc);
+      for (int k = 0; k < 4; k++) {
+        /* eager: W and U only through a step; v and h0 whatever T is */
+        ck_assert_msg(he[k] == (T > 0 || k >= 2), "eager T=%d: kiln_grad(%s) %s", T, names[k], he[k] ? "set" : "NULL");
+        ck_assert_msg(hc[k] == he[k], "backend %d, T=%d: kiln_grad(%s) is %s compiled, %s eagerly", be, T, names[k],
+                      hc[k] ? "set" : "NULL", he[k] ? "set" : "NULL");
+        if (he[k]) expect_near(gc[k], ge[k], k == 0 ? NI * NH : k == 1 ? NH * NH : k == 2 ? NH : NB * NH, 1e-12, names[k], T);
+      }
+      kiln_scope_end();
+    }
+    expect_one_trace(fn);
+    char *text = kiln_fn_graph(fn, 0);
+    ck_assert_ptr_nonnull(text);
+    if (count_of(text, " when ") != 2) fprintf(stderr, "%s\n", text);
+    ck_assert_msg(count_of(text, " when ") == 2, "%d grad writes depend on the trip count (the graph is above)", count_of(text, " when "));
+    /* the text form keeps the condition (the loaded graph's params are inputs) */
+    kiln_fn *ld = kiln_load_string(text);
+    ck_assert_msg(ld != NULL, "%s", kiln_last_error());
+    char *again = kiln_fn_graph(ld, 0);
+    ck_assert_int_eq(2, count_of(again, " when "));
+    free(again), free(text);
+    kiln_fn_free(ld);
+    kiln_fn_free(fn);
+    kiln_scope_end();
+  }
+}
+END_TEST
+
 /* while_loop is forward only in a compiled body too: a backward reaching it
  * fails the call, naming the loop's line; the loop itself stays one region */
 static int w_below(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
@@ -1413,6 +1496,7 @@ int main(void) {
 #endif
   tcase_add_test(cap, test_backward_after_escape);
   tcase_add_test(cap, test_loop_buffers_per_call);
+  tcase_add_test(cap, test_scan_grad_empty);
   suite_add_tcase(s, cap);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

@@ -149,6 +149,8 @@ struct kiln_tensor {
   bool requires_grad;
   kiln_tensor *grad; /* leaves: accumulated gradient, owned */
   ag_node *grad_fn;  /* non-leaves: the node that made it */
+  kiln_tensor *grad_if; /* a gradient that exists only where dim 0 of this tensor is not 0 (a scan's
+                           trip count, cfgrad.c): eagerly such a scan ran no step and reached nothing */
   uint64_t serial;   /* unique for the process's life, unlike the address */
   uint64_t rec_call; /* the recording that made it (0: none), and its value there */
   int rec_id;

@@ -376,6 +376,7 @@ static int run(const ir_graph *g, kiln_tensor *const *consts, kiln_tensor *const
       write_data(dst, v[w->value]);
       continue;
     }
+    if (ir_write_skipped(g, w, vals)) continue;
     kiln_tensor *gv = NULL;
     if (w->value >= 0) {
       /* .grad is a tensor of its own, as in eager */
