@@ -671,6 +671,8 @@ static uint64_t storages_of_call(kiln_fn *fn, kiln_tensor *const *in, int n_out)
   return storage_count() - before;
 }
 
+static void nested_buffers_case(int mode);
+
 /* The planner per region: a compiled scan or while writes each step's carry
  * into one of two sets of buffers made once per call, and a scan's ys
  * straight into their rows of the stacked results (backend.run_into), so a
@@ -719,6 +721,8 @@ START_TEST(test_loop_buffers_per_call) {
                 (unsigned long long)made[1]);
   kiln_fn_free(fn);
   kiln_scope_end();
+  nested_buffers_case(1); /* a cond in the step */
+  nested_buffers_case(2); /* a scan in the step */
 }
 END_TEST
 
@@ -1094,6 +1098,44 @@ END_TEST
 
 START_TEST(test_scan_in_scan_grad_region) { grad_regions_case(2); }
 END_TEST
+
+/* A step with a construct inside (mode 1: g_step, a cond; mode 2: g_step2,
+ * a scan) compiled by LLVM: the code around the inner construct reuses its
+ * values' buffers from step to step, and the inner loop its carry and ys,
+ * so a call makes as many storages at T = 1, 7 and 19; the results are
+ * eager's. */
+static int nested_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  return kiln_scan(g_mode == 1 ? g_step : g_step2, ctx, 1, &in[0], 1, &in[1], &out[0], 1, &out[1]);
+}
+static void nested_buffers_case(int mode) {
+  static const int Ts[3] = {1, 7, 19};
+  double w[NI * NH], u[NH * NH], h0[NB * NH], x[TMAX * NB * NI];
+  dfill(w, NI * NH, 70), dfill(u, NH * NH, 71), dfill(h0, NB * NH, 72), dfill(x, 80, 73), dfill(x + 80, TMAX * NB * NI - 80, 74);
+  g_mode = mode;
+  kiln_scope_begin();
+  gcell c = {f64_of(2, (int64_t[]){NI, NH}, w), f64_of(2, (int64_t[]){NH, NH}, u)};
+  kiln_fn *fn = kiln_compile(nested_body, &c, &(kiln_options){.name = "nested", .n_in = 2, .n_out = 2, .backend = KILN_BACKEND_LLVM});
+  uint64_t made[3];
+  for (int k = 0; k < 3; k++) {
+    kiln_tensor *in[2] = {f64_of(2, (int64_t[]){NB, NH}, h0), f64_of(3, (int64_t[]){Ts[k], NB, NI}, x)}, *got[2], *want[2];
+    storages_of_call(fn, in, 2); /* the trace, then the compiled variant's first call */
+    made[k] = storages_of_call(fn, in, 2);
+    ck_assert_msg(kiln_call(fn, in, got) == 0, "%s", kiln_last_error());
+    ck_assert_msg(nested_body(&c, in, want) == 0, "%s", kiln_last_error());
+    for (int i = 0; i < 2; i++) {
+      double g[TMAX * NB * NH], e[TMAX * NB * NH];
+      int64_t n = kiln_numel(want[i]);
+      read_d(got[i], g, n);
+      read_d(want[i], e, n);
+      expect_near(g, e, n, 1e-12, i ? "ys" : "last carry", Ts[k]);
+    }
+  }
+  expect_one_trace(fn);
+  ck_assert_msg(made[0] == made[1] && made[1] == made[2], "mode %d: storages per call at T = 1, 7, 19: %llu, %llu, %llu",
+                mode, (unsigned long long)made[0], (unsigned long long)made[1], (unsigned long long)made[2]);
+  kiln_fn_free(fn);
+  kiln_scope_end();
+}
 
 /* ---- kiln_grad of captured weights at T = 0 ---- */
 

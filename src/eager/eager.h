@@ -355,6 +355,10 @@ kiln_tensor *op_dispatch(op_id op, kiln_tensor *const *in, int n, const op_attrs
 int op_kernel(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out);
 /* Same, but the result belongs to the caller (no scope): the interpreter frees at last use. */
 kiln_tensor *op_run(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, const char *file, int line);
+/* op_run into out, a tensor of a run before (contiguous, of its own storage):
+ * 0; 1 where op_run must make a new one (a view, inputs to promote, another
+ * result shape or dtype); -1 with the error set. */
+int op_run_into(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out, const char *file, int line);
 
 /* A control-flow construct as control.c offers it to a recording. */
 typedef enum cf_kind { CF_COND, CF_WHILE, CF_SCAN } cf_kind;

@@ -585,7 +585,12 @@ typedef struct region_execs {
   const backend *be;
   backend_exec *(*sub)[2];
   int n;
+  struct interp_cache *cache; /* the graph's values kept between its runs as a region (interp.c) */
 } region_execs;
+/* The values a graph run as a region (once per step of a loop around it)
+ * keeps for its next run, so that a step makes no storage; NULL when out of memory. */
+struct interp_cache *interp_cache_new(const ir_graph *g);
+void interp_cache_free(struct interp_cache *c);
 /* Compiles every region of g with be (a region with regions of its own is
  * be's business); 0, or -1 with err naming the region. */
 int region_execs_compile(const ir_graph *g, const backend *be, unsigned dump, FILE *dump_to, region_execs *rx,
