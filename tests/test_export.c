@@ -866,12 +866,24 @@ static long heap_allocs(const char *name, const call *calls, int n, int n_out) {
   return allocs;
 }
 
-/* libkiln_rt runs a scan's steps without allocating: a call of the LSTM at
- * T = 1 and at T = 11 make as many heap blocks (the units and the carry
- * buffers are made once per call), and so does the while loop at 1 and 7
- * trips. Built without sanitizers or BLAS, run under valgrind. */
-START_TEST(test_control_flow_allocs) {
-  if (system("valgrind --version > /dev/null 2>&1")) return; /* no valgrind: nothing to count with */
+/* The region outputs the runs of dir/app_<name> (built with
+ * KILN_RT_TEST_COUNTS) copied out on calls. */
+static long rt_copies(const char *name, const call *calls, int n, int n_out) {
+  run_app(name, calls, n, n_out, NULL);
+  char path[128];
+  snprintf(path, sizeof path, "%s/copies", dir);
+  FILE *f = fopen(path, "r");
+  ck_assert_ptr_nonnull(f);
+  long copies = -1;
+  ck_assert_int_eq(1, fscanf(f, "%ld", &copies));
+  fclose(f);
+  return copies;
+}
+
+/* The LSTM and the while loop exported (the app built with flags, without
+ * BLAS), outputs against eager, and what count says of one call: the LSTM
+ * at T = 1 and CMAXT in lstm[], the while at 1 and 7 trips in grow[]. */
+static void loop_counts(const char *flags, long (*count)(const char *, const call *, int, int), long lstm[2], long grow[2]) {
   cfm m;
   cfm_init(&m);
   make_dir();
@@ -879,18 +891,42 @@ START_TEST(test_control_flow_allocs) {
   call sc[2];
   for (int c = 0; c < 2; c++)
     sc[c] = (call){3, {xs, h0, c0}, {3, 2, 2}, {{c ? CMAXT : 1, CB, CI}, {CB, CH}, {CB, CH}}, {0}};
-  cf_export_case(&(cf_case){"lstm", lstm_body, 3, 3, 0}, &m, sc, 2, KILN_TEST_CC, "", NULL);
-  long a1 = heap_allocs("lstm", &sc[0], 1, 3), a11 = heap_allocs("lstm", &sc[1], 1, 3);
-  ck_assert_msg(a1 == a11, "heap blocks of a call at T = 1: %ld, at T = 11: %ld", a1, a11);
-  /* (at 0 trips the body's unit is never prepared: a call makes fewer blocks) */
+  cf_export_case(&(cf_case){"lstm", lstm_body, 3, 3, 0}, &m, sc, 2, KILN_TEST_CC, flags, NULL);
+  lstm[0] = count("lstm", &sc[0], 1, 3), lstm[1] = count("lstm", &sc[1], 1, 3);
   float w1[CH] = {20, 10, 10, 10, 10}, w7[CH] = {0.2f, 0.2f, 0.2f, 0.2f, 0.2f}, zero = 0;
   call wc[2] = {{2, {w1, &zero}, {1, 0}, {{CH}, {0}}, {0}}, {2, {w7, &zero}, {1, 0}, {{CH}, {0}}, {0}}};
-  cf_export_case(&(cf_case){"grow", while_body, 2, 2, 0}, &m, wc, 2, KILN_TEST_CC, "", NULL);
-  long w1a = heap_allocs("grow", &wc[0], 1, 2), w7a = heap_allocs("grow", &wc[1], 1, 2);
-  ck_assert_msg(w1a == w7a, "heap blocks of a while at 1 trip: %ld, at 7: %ld", w1a, w7a);
+  cf_export_case(&(cf_case){"grow", while_body, 2, 2, 0}, &m, wc, 2, KILN_TEST_CC, flags, NULL);
+  grow[0] = count("grow", &wc[0], 1, 2), grow[1] = count("grow", &wc[1], 1, 2);
   free(xs), free(h0), free(c0);
   remove_dir();
   cfm_free(&m);
+}
+
+/* libkiln_rt runs a scan's steps without allocating: a call of the LSTM at
+ * T = 1 and at T = 11 make as many heap blocks (the units and the carry
+ * buffers are made once per call), and so does the while loop at 1 and 7
+ * trips. Built without sanitizers or BLAS, run under valgrind. */
+START_TEST(test_control_flow_allocs) {
+  if (system("valgrind --version > /dev/null 2>&1")) return; /* no valgrind: nothing to count with */
+  long a[2], w[2];
+  loop_counts("", heap_allocs, a, w);
+  ck_assert_msg(a[0] == a[1], "heap blocks of a call at T = 1: %ld, at T = 11: %ld", a[0], a[1]);
+  /* (at 0 trips the body's unit is never prepared: a call makes fewer blocks) */
+  ck_assert_msg(w[0] == w[1], "heap blocks of a while at 1 trip: %ld, at 7: %ld", w[0], w[1]);
+}
+END_TEST
+
+/* A loop's step stores its next carry and its y[t] straight into the
+ * buffers the loop swaps and the stacked ys' rows: libkiln_rt copies no
+ * output per step but one that is no whole buffer of its own. The LSTM's
+ * step yields h' twice (the carry and y[t]): one copy per step, where each
+ * of its three outputs was copied before; the while loop's cond and body
+ * copy none at 1 and at 7 trips. */
+START_TEST(test_control_flow_step_copies) {
+  long a[2], w[2];
+  loop_counts("-DKILN_RT_TEST_COUNTS", rt_copies, a, w);
+  ck_assert_msg(a[1] - a[0] == CMAXT - 1, "outputs copied by a call at T = 1: %ld, at T = %d: %ld", a[0], CMAXT, a[1]);
+  ck_assert_msg(w[0] == 0 && w[1] == 0, "outputs copied by a while at 1 trip: %ld, at 7: %ld", w[0], w[1]);
 }
 END_TEST
 
@@ -1137,6 +1173,7 @@ int main(void) {
       {"control_flow", test_control_flow},
       {"control_flow_no_blas", test_control_flow_no_blas},
       {"control_flow_allocs", test_control_flow_allocs},
+      {"control_flow_step_copies", test_control_flow_step_copies},
   };
   for (int k = 0; k < NELEM(cases); k++) {
     TCase *tc = tcase_create(cases[k].name);

@@ -106,7 +106,7 @@ static int konst(kiln_dtype dt, const char *shape, const void *data)
 static void output(int id) { ck_assert_int_eq(0, ir_add_output(g, id)); }
 static void write_(ir_write_kind k, int target, int value, const char *file, int line)
 {
-  ck_assert_int_eq(0, ir_add_write(g, (ir_write){k, target, value, file, line}));
+  ck_assert_int_eq(0, ir_add_write(g, (ir_write){.kind = k, .target = target, .value = value, .file = file, .line = line}));
 }
 static void guard(const char *text)
 {
@@ -700,6 +700,30 @@ START_TEST(test_writes_and_where)
 }
 END_TEST
 
+/* `grad %T = %V when D` reads and writes back, and is skipped where D is 0
+ * (a scan's length: a weight only its body reads keeps its .grad) */
+START_TEST(test_grad_when)
+{
+  const char *text = "graph f(%0: f32[s0,4], %1: f32[4] @param) -> (%2)\n"
+                     "  sym s0 in [0, 100]\n"
+                     "  %2: f32[4] = neg(%1)\n"
+                     "  grad %1 = %2 when s0 - 1  # w.c:2\n";
+  ir_graph *y = ir_parse(text, err, sizeof err);
+  ck_assert_msg(y != NULL, "%s", err);
+  char *t = text_of(y);
+  ck_assert_str_eq(text, t);
+  int64_t at[3] = {1, 0, 5};
+  for (int i = 0; i < 3; i++) ck_assert_int_eq(at[i] == 1, ir_write_skipped(y, &y->writes[0], &at[i]));
+  alloc_free(t);
+  ir_free(y);
+  /* a condition follows a value only */
+  ck_assert_ptr_null(ir_parse("graph f(%0: f32[s0,4], %1: f32[4] @param) -> ()\n  sym s0 in [0, 100]\n"
+                              "  grad %1 = none when s0\n",
+                              err, sizeof err));
+  ck_assert_msg(strstr(err, "line 3") != NULL, "%s", err);
+}
+END_TEST
+
 /* ir_print writes what ir_to_string returns. */
 START_TEST(test_print_file)
 {
@@ -1165,6 +1189,7 @@ static Suite *irtext_suite(void)
   tcase_add_test(tc, test_attrs_of_newer_ops);
   tcase_add_test(tc, test_symbolic);
   tcase_add_test(tc, test_writes_and_where);
+  tcase_add_test(tc, test_grad_when);
   tcase_add_test(tc, test_print_file);
   tcase_add_test(tc, test_leaf_out_of_place);
   tcase_add_test(tc, test_errors);

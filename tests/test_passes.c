@@ -100,10 +100,10 @@ static int raw(int op, kiln_dtype dt, const sym_dim *shape, int nd, int n_in, co
 
 static void output(int id) { ck_assert_int_eq(0, ir_add_output(g, id)); }
 static void write_data(int target, int value) {
-  ck_assert_int_eq(0, ir_add_write(g, (ir_write){IR_WRITE_DATA, target, value, "t.c", 9}));
+  ck_assert_int_eq(0, ir_add_write(g, (ir_write){.kind = IR_WRITE_DATA, .target = target, .value = value, .file = "t.c", .line = 9}));
 }
 static void write_grad(int target, int value) {
-  ck_assert_int_eq(0, ir_add_write(g, (ir_write){IR_WRITE_GRAD, target, value, "t.c", 9}));
+  ck_assert_int_eq(0, ir_add_write(g, (ir_write){.kind = IR_WRITE_GRAD, .target = target, .value = value, .file = "t.c", .line = 9}));
 }
 
 /* ---- running passes and looking at the result ---- */

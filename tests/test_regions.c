@@ -671,6 +671,8 @@ static uint64_t storages_of_call(kiln_fn *fn, kiln_tensor *const *in, int n_out)
   return storage_count() - before;
 }
 
+static void nested_buffers_case(int mode);
+
 /* The planner per region: a compiled scan or while writes each step's carry
  * into one of two sets of buffers made once per call, and a scan's ys
  * straight into their rows of the stacked results (backend.run_into), so a
@@ -719,6 +721,8 @@ START_TEST(test_loop_buffers_per_call) {
                 (unsigned long long)made[1]);
   kiln_fn_free(fn);
   kiln_scope_end();
+  nested_buffers_case(1); /* a cond in the step */
+  nested_buffers_case(2); /* a scan in the step */
 }
 END_TEST
 
@@ -1095,6 +1099,127 @@ END_TEST
 START_TEST(test_scan_in_scan_grad_region) { grad_regions_case(2); }
 END_TEST
 
+/* A step with a construct inside (mode 1: g_step, a cond; mode 2: g_step2,
+ * a scan) compiled by LLVM: the code around the inner construct reuses its
+ * values' buffers from step to step, and the inner loop its carry and ys,
+ * so a call makes as many storages at T = 1, 7 and 19; the results are
+ * eager's. */
+static int nested_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  return kiln_scan(g_mode == 1 ? g_step : g_step2, ctx, 1, &in[0], 1, &in[1], &out[0], 1, &out[1]);
+}
+static void nested_buffers_case(int mode) {
+  static const int Ts[3] = {1, 7, 19};
+  double w[NI * NH], u[NH * NH], h0[NB * NH], x[TMAX * NB * NI];
+  dfill(w, NI * NH, 70), dfill(u, NH * NH, 71), dfill(h0, NB * NH, 72), dfill(x, 80, 73), dfill(x + 80, TMAX * NB * NI - 80, 74);
+  g_mode = mode;
+  kiln_scope_begin();
+  gcell c = {f64_of(2, (int64_t[]){NI, NH}, w), f64_of(2, (int64_t[]){NH, NH}, u)};
+  kiln_fn *fn = kiln_compile(nested_body, &c, &(kiln_options){.name = "nested", .n_in = 2, .n_out = 2, .backend = KILN_BACKEND_LLVM});
+  uint64_t made[3];
+  for (int k = 0; k < 3; k++) {
+    kiln_tensor *in[2] = {f64_of(2, (int64_t[]){NB, NH}, h0), f64_of(3, (int64_t[]){Ts[k], NB, NI}, x)}, *got[2], *want[2];
+    storages_of_call(fn, in, 2); /* the trace, then the compiled variant's first call */
+    made[k] = storages_of_call(fn, in, 2);
+    ck_assert_msg(kiln_call(fn, in, got) == 0, "%s", kiln_last_error());
+    ck_assert_msg(nested_body(&c, in, want) == 0, "%s", kiln_last_error());
+    for (int i = 0; i < 2; i++) {
+      double g[TMAX * NB * NH], e[TMAX * NB * NH];
+      int64_t n = kiln_numel(want[i]);
+      read_d(got[i], g, n);
+      read_d(want[i], e, n);
+      expect_near(g, e, n, 1e-12, i ? "ys" : "last carry", Ts[k]);
+    }
+  }
+  expect_one_trace(fn);
+  ck_assert_msg(made[0] == made[1] && made[1] == made[2], "mode %d: storages per call at T = 1, 7, 19: %llu, %llu, %llu",
+                mode, (unsigned long long)made[0], (unsigned long long)made[1], (unsigned long long)made[2]);
+  kiln_fn_free(fn);
+  kiln_scope_end();
+}
+
+/* ---- kiln_grad of captured weights at T = 0 ---- */
+
+/* w, u captured by the step h' = tanh(h @ U + x_t @ W); v read by the step
+ * and outside the scan too: loss = sum(h_T) + sum(v) + sum(ys * v). */
+typedef struct tcell {
+  kiln_tensor *w, *u, *v;
+} tcell;
+static int t_step(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  tcell *c = ctx;
+  out[0] = kiln_tanh(kiln_add(kiln_matmul(in[0], c->u), kiln_matmul(in[1], c->w)));
+  out[1] = kiln_mul(out[0], c->v);
+  return !out[0] || !out[1];
+}
+static int t_loss(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  tcell *c = ctx;
+  kiln_tensor *h, *y;
+  if (kiln_scan(t_step, c, 1, &in[0], 1, &in[1], &h, 1, &y)) return -1;
+  out[0] = kiln_add(kiln_add(kiln_sum_all(h), kiln_sum_all(c->v)), kiln_sum_all(y));
+  return !out[0] || kiln_backward(out[0]);
+}
+
+/* kiln_grad of w, u, v and h0 after t_loss, into g (n each), NULL or not into had */
+static void t_grads(tcell *c, kiln_tensor *h0, double g[4][NH * NH], bool had[4]) {
+  kiln_tensor *ts[4] = {c->w, c->u, c->v, h0};
+  for (int k = 0; k < 4; k++) {
+    kiln_tensor *gr = kiln_grad(ts[k]);
+    if ((had[k] = gr != NULL)) read_d(gr, g[k], kiln_numel(ts[k]));
+    kiln_zero_grad(ts[k]);
+  }
+}
+
+/* A scan over no step (T = 0) runs no body eagerly, so the weights only it
+ * reads get no gradient (kiln_grad NULL); the compiled function must leave
+ * them NULL too, not write zeros, at T = 0 and give eager's values at 1 and
+ * 5, from one trace, on the interpreter and on LLVM. */
+START_TEST(test_scan_grad_empty) {
+  static const int lengths[] = {5, 0, 1, 0, 5}; /* a first trace at T = 0 bakes 0s in: a second */
+  static const char *names[4] = {"W", "U", "v", "h0"};
+  double w[NI * NH], u[NH * NH], v[NH], h0[NB * NH], x[5 * NB * NI];
+  dfill(w, NI * NH, 90), dfill(u, NH * NH, 91), dfill(v, NH, 92), dfill(h0, NB * NH, 93), dfill(x, 5 * NB * NI, 94);
+  for (int be = KILN_BACKEND_INTERP; be <= KILN_BACKEND_LLVM; be++) {
+    kiln_scope_begin();
+    tcell c = {f64_of(2, (int64_t[]){NI, NH}, w), f64_of(2, (int64_t[]){NH, NH}, u), f64_of(1, (int64_t[]){NH}, v)};
+    kiln_requires_grad(c.w, true), kiln_requires_grad(c.u, true), kiln_requires_grad(c.v, true);
+    kiln_fn *fn = kiln_compile(t_loss, &c, &(kiln_options){.name = "tloss", .n_in = 2, .n_out = 1, .backend = be});
+    for (int li = 0; li < 5; li++) {
+      int T = lengths[li];
+      kiln_scope_begin();
+      kiln_tensor *in[2] = {f64_of(2, (int64_t[]){NB, NH}, h0), f64_of(3, (int64_t[]){T, NB, NI}, x)}, *out[1];
+      kiln_requires_grad(in[0], true);
+      double ge[4][NH * NH], gc[4][NH * NH];
+      bool he[4], hc[4];
+      ck_assert_msg(t_loss(&c, in, out) == 0, "%s", kiln_last_error());
+      t_grads(&c, in[0], ge, he);
+      ck_assert_msg(kiln_call(fn, in, out) == 0, "T=%d: %s", T, kiln_last_error());
+      t_grads(&c, in[0], gc, hc);
+      for (int k = 0; k < 4; k++) {
+        /* eager: W and U only through a step; v and h0 whatever T is */
+        ck_assert_msg(he[k] == (T > 0 || k >= 2), "eager T=%d: kiln_grad(%s) %s", T, names[k], he[k] ? "set" : "NULL");
+        ck_assert_msg(hc[k] == he[k], "backend %d, T=%d: kiln_grad(%s) is %s compiled, %s eagerly", be, T, names[k],
+                      hc[k] ? "set" : "NULL", he[k] ? "set" : "NULL");
+        if (he[k]) expect_near(gc[k], ge[k], k == 0 ? NI * NH : k == 1 ? NH * NH : k == 2 ? NH : NB * NH, 1e-12, names[k], T);
+      }
+      kiln_scope_end();
+    }
+    expect_one_trace(fn);
+    char *text = kiln_fn_graph(fn, 0);
+    ck_assert_ptr_nonnull(text);
+    if (count_of(text, " when ") != 2) fprintf(stderr, "%s\n", text);
+    ck_assert_msg(count_of(text, " when ") == 2, "%d grad writes depend on the trip count (the graph is above)", count_of(text, " when "));
+    /* the text form keeps the condition (the loaded graph's params are inputs) */
+    kiln_fn *ld = kiln_load_string(text);
+    ck_assert_msg(ld != NULL, "%s", kiln_last_error());
+    char *again = kiln_fn_graph(ld, 0);
+    ck_assert_int_eq(2, count_of(again, " when "));
+    free(again), free(text);
+    kiln_fn_free(ld);
+    kiln_fn_free(fn);
+    kiln_scope_end();
+  }
+}
+END_TEST
+
 /* while_loop is forward only in a compiled body too: a backward reaching it
  * fails the call, naming the loop's line; the loop itself stays one region */
 static int w_below(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
@@ -1413,6 +1538,7 @@ int main(void) {
 #endif
   tcase_add_test(cap, test_backward_after_escape);
   tcase_add_test(cap, test_loop_buffers_per_call);
+  tcase_add_test(cap, test_scan_grad_empty);
   suite_add_tcase(s, cap);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

@@ -1140,6 +1140,7 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
     const ir_node *tn = &g->nodes[w->target];
     kiln_tensor *dst = ir_leaf_tensor(g, tn, in, params);
     kiln_tensor *gv = NULL;
+    if (ir_write_skipped(g, w, vals)) continue;
     if (w->value >= 0) {
       const cg_view *m = &p->views[w->value];
       tview v;

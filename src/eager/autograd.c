@@ -681,11 +681,22 @@ static bool stopped(const bw_req *rq, const ag_node *nd) {
   return false;
 }
 
+/* t made from a and b (b NULL: from a alone) keeps their grad_if when they
+ * share one (a gradient of a scan that may run no step stays one through
+ * sums of such and through formulas); any other term makes it plain. */
+static void grad_if_of(kiln_tensor *t, const kiln_tensor *a, const kiln_tensor *b) {
+  kiln_tensor *c = a->grad_if && (!b || b->grad_if == a->grad_if) ? a->grad_if : NULL;
+  if (!t || t == a || t->grad_if == c) return;
+  kiln_release(t->grad_if);
+  t->grad_if = kiln_retain(c);
+}
+
 /* acc += g (the first one is kept as is: it may be a view, it is never written) */
 static kiln_tensor *acc_add(kiln_tensor *acc, kiln_tensor *g, const char *file, int line) {
   if (!acc) return kiln_retain(g);
   kiln_tensor *in[2] = {acc, g};
   kiln_tensor *s = op_dispatch(OP_ADD, in, 2, NULL, file, line);
+  grad_if_of(s, acc, g);
   kiln_release(acc);
   return kiln_retain(s);
 }
@@ -697,10 +708,14 @@ static int leaf_grad(kiln_tensor *leaf, kiln_tensor *g, const bw_req *rq, const 
       if (!rq->res[j]) return -1;
     }
   if (!rq->accumulate) return 0;
+  /* a gradient through a scan that ran no step: eager reached nothing (kiln_grad
+   * stays as it was); under a recording the write depends on the trip count */
+  if (g->grad_if && !g->st->meta && g->grad_if->shape[0] == 0) return 0;
   /* .grad is always a tensor of its own (a fresh copy, then out-of-place sums) */
   kiln_tensor *in[2] = {leaf->grad, g};
   kiln_tensor *ng = leaf->grad ? op_dispatch(OP_ADD, in, 2, NULL, file, line) : op_dispatch(OP_COPY, &g, 1, NULL, file, line);
   if (!ng) return -1;
+  if (g->grad_if && g->st->meta) grad_if_of(ng, leaf->grad ? leaf->grad : g, leaf->grad ? g : NULL);
   kiln_release(leaf->grad);
   leaf->grad = kiln_retain(ng);
   return 0;
@@ -836,6 +851,7 @@ static int run_backward_at(kiln_tensor *root, kiln_tensor *seed, const bw_req *r
       else if (x->multi) bad = bad || x->multi->backward(x->multi_data, x->accs, gp, nd->file, nd->line);
       else bad = bad || check_versions(nd) || backwards[nd->op](nd, g, gp);
       internal_end();
+      for (int i = 0; !bad && g->grad_if && i < nd->n_in; i++) grad_if_of(gp[i], g, NULL);
       if (bad) {
         kiln_release(g);
         if (gp != gin) alloc_free(gp);

@@ -185,6 +185,25 @@ kiln_tensor *op_run(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, 
   return dispatch_owned(op, in, n, a, file, line);
 }
 
+int op_run_into(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out, const char *file, int line) {
+  static const op_attrs none;
+  if (!a) a = &none;
+  const op_info *oi = &op_table[op];
+  if (oi->kind == KIND_VIEW || !oi->kernel || (oi->arity >= 0 && n != oi->arity) || n < 1) return 1;
+  for (int i = oi->dt.first + 1; oi->dt.promote && i < n; i++)
+    if (in[i]->dtype != in[oi->dt.first]->dtype) return 1;
+  kiln_dtype dt;
+  int ndim;
+  int64_t shape[MAXD];
+  if (shape_rule(op, in, n, a, &dt, &ndim, shape, file, line)) return -1;
+  if (dt != out->dtype || ndim != out->ndim || memcmp(shape, out->shape, sizeof *shape * (size_t)ndim) ||
+      !tensor_contiguous(out) || out->offset)
+    return 1;
+  if (oi->check && oi->check(op, in, n, a, file, line)) return -1;
+  if (op_kernel(op, in, n, a, out)) return err_set(file, line, oi->name, "%s", err_kernel_failed()), -1;
+  return 0;
+}
+
 kiln_tensor *op_dispatch(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, const char *file, int line) {
   kiln_tensor *t = dispatch_owned(op, in, n, a, file, line);
   if (t && !(t = scope_adopt(t))) err_set(file, line, op_table[op].name, "out of memory");

@@ -149,6 +149,8 @@ struct kiln_tensor {
   bool requires_grad;
   kiln_tensor *grad; /* leaves: accumulated gradient, owned */
   ag_node *grad_fn;  /* non-leaves: the node that made it */
+  kiln_tensor *grad_if; /* a gradient that exists only where dim 0 of this tensor is not 0 (a scan's
+                           trip count, cfgrad.c): eagerly such a scan ran no step and reached nothing */
   uint64_t serial;   /* unique for the process's life, unlike the address */
   uint64_t rec_call; /* the recording that made it (0: none), and its value there */
   int rec_id;
@@ -353,6 +355,10 @@ kiln_tensor *op_dispatch(op_id op, kiln_tensor *const *in, int n, const op_attrs
 int op_kernel(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out);
 /* Same, but the result belongs to the caller (no scope): the interpreter frees at last use. */
 kiln_tensor *op_run(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, const char *file, int line);
+/* op_run into out, a tensor of a run before (contiguous, of its own storage):
+ * 0; 1 where op_run must make a new one (a view, inputs to promote, another
+ * result shape or dtype); -1 with the error set. */
+int op_run_into(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out, const char *file, int line);
 
 /* A control-flow construct as control.c offers it to a recording. */
 typedef enum cf_kind { CF_COND, CF_WHILE, CF_SCAN } cf_kind;

@@ -201,8 +201,23 @@ int k_reduce(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_te
     /* every dim reduced: fixed-size blocks (independent of thread count), combined in order */
     j.block = 1 << 16;
     int64_t nblk = (it.numel + j.block - 1) / j.block;
-    kiln_tensor *part = tensor_new(out->dtype, 1, &nblk);
-    if (!part) return -1;
+    /* up to 16 blocks (a million elements) the partials lie on the stack: a
+     * sum in a loop's step makes no storage (interp.c's region runs) */
+    struct {
+      kiln_tensor t;
+      storage st;
+    } sp;
+    double few[16];
+    kiln_tensor *part = &sp.t;
+    if (nblk <= 16) {
+      memset(&sp, 0, sizeof sp);
+      sp.st.data = few;
+      atomic_init(&sp.st.refcount, 1 << 30);
+      atomic_init(&sp.t.refs, 1u << 30);
+      sp.t.st = &sp.st, sp.t.dtype = out->dtype, sp.t.ndim = 1, sp.t.shape[0] = nblk, sp.t.stride[0] = 1;
+    } else if (!(part = tensor_new(out->dtype, 1, &nblk))) {
+      return -1;
+    }
     fill_init(part, op);
     j.partials = tensor_data(part);
     pool_parallel_for(nblk, 1, red_block_chunk, &j);
@@ -211,7 +226,7 @@ int k_reduce(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_te
     iter_build(&pit, out, (const kiln_tensor *const *)&pp, 1);
     /* out has one element, so it gets stride 0 over the partials */
     iter_run_range(&pit, j.fn, NULL, 0, nblk);
-    kiln_release(part);
+    if (part != &sp.t) kiln_release(part);
   }
 finish:
   if (op == OP_MEAN) {

@@ -223,10 +223,12 @@ kiln_tensor *kiln_retain_at(kiln_tensor *t, const char *file, int line) {
 static void tensor_free(kiln_tensor *t) {
   if (t->grad) kiln_release(t->grad);
   if (t->grad_fn) ag_node_release(t->grad_fn);
+  if (t->grad_if) kiln_release(t->grad_if);
   storage_release(t->st);
   t->st = NULL;
   t->grad = NULL;
   t->grad_fn = NULL;
+  t->grad_if = NULL;
   alloc_handle_park(&tensor_pool, t);
 }
 

@@ -30,6 +30,14 @@ typedef enum { CblasNoTrans = 111, CblasTrans = 112 } CBLAS_TRANSPOSE;
 
 static _Thread_local char last_error[512];
 
+#ifdef KILN_RT_TEST_COUNTS
+/* Built so by tests/test_export.c only: region outputs copied out of a run. */
+atomic_long kiln_rt_test_copies;
+#define COUNT_COPY() atomic_fetch_add(&kiln_rt_test_copies, 1)
+#else
+#define COUNT_COPY() ((void)0)
+#endif
+
 const char *kiln_rt_error(void) { return last_error; }
 void kiln_rt_set_num_threads(int n) { pool_set_num_threads(n); }
 int kiln_rt_plan_version(void) { return RT_PLAN_VERSION; }
@@ -529,8 +537,14 @@ static int frame_prepare(run *r, frame *f, const kiln_rt_buffer *in) {
 
 static int run_kernels(run *r, frame *f);
 
-/* Runs unit u on args (its inputs' data, contiguous) and copies its outputs
- * to dst[i] (contiguous). 0, or -1 with the error. */
+/* Where a region's buffer b lies in its arena. */
+static char *home(const frame *f, int64_t b) { return f->arena ? f->arena + f->off[b] : NULL; }
+
+/* Runs unit u on args (its inputs' data, contiguous) and writes its outputs
+ * to dst[i] (contiguous, aliasing no argument). An output that is a whole
+ * output buffer of the unit is that dst itself for this run, so its kernel
+ * stores there (a loop's next carry, a scan's y[t] row: no copy per step);
+ * any other is copied there after the kernels. 0, or -1 with the error. */
 static int run_unit(run *r, int64_t u, char *const *args, char *const *dst) {
   if (u < 0 || u >= r->n_units) return fail(r, "region %" PRId64 " is not in the plan", u);
   frame *f = &r->units[u];
@@ -540,16 +554,34 @@ static int run_unit(run *r, int64_t u, char *const *args, char *const *dst) {
     if (frame_prepare(r, f, NULL)) return -1;
   }
   const int64_t *H = P + f->h;
+  int64_t n_out = H[PLAN_NOUT];
+  enum { MAX_DIRECT = 64 };
+  unsigned char direct[MAX_DIRECT] = {0}; /* output i is stored in place */
   for (int b = 0; b < f->nb; b++) {
     const int64_t *w = P + H[PLAN_BUFS] + b * BUF_WORDS;
     if (w[0] == RT_BUF_INPUT) f->bufs[b] = args[w[3]];
+    if (w[0] == RT_BUF_OUTPUT) f->bufs[b] = home(f, b); /* a run before may have pointed it at its dst */
+  }
+  for (int64_t i = 0; i < n_out && i < MAX_DIRECT; i++) {
+    view v;
+    int64_t at = H[PLAN_OUTS] + i * OUT_WORDS, numel = 1;
+    if (eval_view(r, at + 1, &v)) return fail(r, "a size does not evaluate at these input sizes");
+    const int64_t *w = P + H[PLAN_BUFS] + v.buf * BUF_WORDS;
+    for (int d = 0; d < v.ndim; d++) numel *= v.shape[d];
+    if (w[0] != RT_BUF_OUTPUT || v.off != 0 || !dense(&v) || (size_t)numel * dtype_size(P[at]) != f->bytes[v.buf] ||
+        f->bufs[v.buf] != home(f, v.buf) || !numel)
+      continue; /* a view, or a buffer another output took already */
+    f->bufs[v.buf] = dst[i];
+    direct[i] = 1;
   }
   if (run_kernels(r, f)) return -1;
-  for (int64_t i = 0; i < H[PLAN_NOUT]; i++) {
+  for (int64_t i = 0; i < n_out; i++) {
     view v;
     int64_t at = H[PLAN_OUTS] + i * OUT_WORDS;
+    if (i < MAX_DIRECT && direct[i]) continue;
     if (eval_view(r, at + 1, &v)) return fail(r, "a size does not evaluate at these input sizes");
     copy_out(dst[i], f->bufs[v.buf], &v, dtype_size(P[at]));
+    COUNT_COPY();
   }
   return 0;
 }

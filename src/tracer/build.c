@@ -1146,12 +1146,15 @@ int build_segment(build_state *b, int from, int to, const int *out, int n_out, c
         break;
       }
       const rec_event *e = &r->ev[r->val[w->now].event];
-      if (ir_add_write(b->g, (ir_write){IR_WRITE_DATA, target, value, e->file, e->line})) bfail(b, "out of memory");
+      if (ir_add_write(b->g, (ir_write){.kind = IR_WRITE_DATA, .target = target, .value = value, .file = e->file, .line = e->line})) bfail(b, "out of memory");
     }
     if (!w->grad_set || (b->g->nodes[target].op != IR_INPUT && b->g->nodes[target].op != IR_PARAM)) continue;
     int gv = w->grad >= 0 ? node_of(b, w->grad) : -1;
     if (w->grad >= 0 && gv < 0) break;
-    if (ir_add_write(b->g, (ir_write){IR_WRITE_GRAD, target, gv, "", 0})) bfail(b, "out of memory");
+    ir_write gw = {.kind = IR_WRITE_GRAD, .target = target, .value = gv, .file = ""};
+    int wn = w->when >= 0 && gv >= 0 ? node_of(b, w->when) : -1;
+    if (wn >= 0 && b->g->nodes[wn].ndim > 0) gw.has_when = true, gw.when = b->g->nodes[wn].shape[0];
+    if (ir_add_write(b->g, gw)) bfail(b, "out of memory");
   }
   bind_args(b);
   if (b->n_cf && !b->failed) bfail(b, "%s:%d: control flow whose regions did not end", b->cf[b->n_cf - 1].file, b->cf[b->n_cf - 1].line);

@@ -79,6 +79,7 @@ struct cfg_grad {
   cfg_prog prog;
   kiln_tensor **saved; /* scan: the stacked carries (n_carry), then the kept values (n_kept) */
   int n_kept, kept_ids[64]; /* scan_save: the instructions whose per-step values are saved, as value ids */
+  bool top;                 /* recorded outside any region: its weights' .grad may depend on its trip count */
   const char *file;
   int line;
 };
@@ -518,6 +519,10 @@ static int scan_backward(void *data, kiln_tensor *const *gout, kiln_tensor **gin
     if (rc.x_need[j] && !(gin[nc + j] = FLIP(dx[m++]))) return -1;
 #undef FLIP
   for (int c = 0; c < rc.n_capg; c++) gin[g->n_in + rc.capg[c]] = cout[nc + c];
+  /* the captures' and xs' gradients exist only where a step ran: eagerly a
+   * scan over no step reaches neither, and kiln_grad stays NULL (grad_if) */
+  for (int i = nc; g->top && i < g->n_in + g->n_caps; i++)
+    if (gin[i] && !gin[i]->grad_if) gin[i]->grad_if = kiln_retain(g->in[nc]);
   return 0;
 }
 
@@ -590,7 +595,7 @@ cfg_grad *cfg_new(recording *r, const cf_call *c, int first) {
   cfg_grad *g = alloc_calloc(1, sizeof *g);
   if (!g) return NULL;
   *g = (cfg_grad){.kind = c->kind, .n_carry = c->n_carry, .n_xs = c->n_xs, .n_res = c->n_results, .n_in = c->n_in,
-                  .file = c->file, .line = c->line};
+                  .file = c->file, .line = c->line, .top = r->cf_depth == 0};
   g->in = alloc_calloc((size_t)c->n_in + 1, sizeof *g->in);
   if (!g->in) return cfg_free(g), NULL;
   for (int i = 0; i < c->n_in; i++) g->in[i] = kiln_retain(c->in[i]);

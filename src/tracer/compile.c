@@ -1023,7 +1023,8 @@ static int leaf_writes(recording *r, build_write **out, int *n) {
       alloc_free(w);
       return -1;
     }
-    w[k++] = (build_write){l->base, data ? l->now : l->base, grad, gv};
+    int when = grad && l->grad && l->grad->grad_if ? rec_value_of(r, l->grad->grad_if) : -1;
+    w[k++] = (build_write){l->base, data ? l->now : l->base, grad, gv, when};
   }
   alloc_free(leaves);
   *out = w;

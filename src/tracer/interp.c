@@ -5,6 +5,7 @@
  * its last use; every result's shape is checked against the node's symbolic
  * shape, so a graph loaded from a file can never run with sizes it did not
  * declare. */
+#include <stdatomic.h>
 #include <string.h>
 
 #include "tracer/tracer.h"
@@ -117,6 +118,90 @@ static void write_data(kiln_tensor *dst, const kiln_tensor *value) {
 static int run(const ir_graph *g, kiln_tensor *const *consts, kiln_tensor *const *in, kiln_tensor *const *params,
                kiln_tensor **out, kiln_tensor **all, const int64_t *bound, const region_execs *rx);
 
+/* ---- a region's values kept between its runs ---- */
+
+/* A graph with constructs of its own, run as a region (a loop's step with a
+ * cond or a scan inside) runs here once per step. Each run leaves every
+ * value it made in its node's slot, and each loop its carry buffers, its
+ * stacked ys, its predicate and its captures made contiguous; the next run
+ * writes into those that nothing else holds any longer and have its sizes,
+ * so a step makes no storage. One run at a time uses it (busy). */
+struct interp_cache {
+  atomic_bool busy;
+  int n;
+  kiln_tensor **val;  /* by node */
+  kiln_tensor ***cf;  /* by node: a loop's slots (cf_slots) */
+  int *n_cf;
+};
+
+struct interp_cache *interp_cache_new(const ir_graph *g) {
+  struct interp_cache *c = alloc_calloc(1, sizeof *c);
+  if (!c) return NULL;
+  c->n = g->n_nodes;
+  c->val = alloc_calloc((size_t)c->n + 1, sizeof *c->val);
+  c->cf = alloc_calloc((size_t)c->n + 1, sizeof *c->cf);
+  c->n_cf = alloc_calloc((size_t)c->n + 1, sizeof *c->n_cf);
+  if (!c->val || !c->cf || !c->n_cf) return interp_cache_free(c), NULL;
+  return c;
+}
+
+void interp_cache_free(struct interp_cache *c) {
+  if (!c) return;
+  for (int i = 0; i < c->n && c->val; i++) kiln_release(c->val[i]);
+  for (int i = 0; i < c->n && c->cf; i++) {
+    for (int k = 0; c->cf[i] && k < c->n_cf[i]; k++) kiln_release(c->cf[i][k]);
+    alloc_free(c->cf[i]);
+  }
+  alloc_free(c->val), alloc_free(c->cf), alloc_free(c->n_cf);
+  alloc_free(c);
+}
+
+/* Whether t, a slot's tensor, may take a value of this type now: nothing but the slot holds it or its storage. */
+static bool reusable(const kiln_tensor *t, kiln_dtype dt, int ndim, const int64_t *shape) {
+  return t && tensor_refs(t) == 1 && atomic_load(&t->st->refcount) == 1 && t->dtype == dt && t->ndim == ndim &&
+         (!ndim || !memcmp(t->shape, shape, sizeof *shape * (size_t)ndim));
+}
+
+/* A new tensor of this type (a reference of the caller's): *slot's when it
+ * is reusable, else a new one that *slot keeps. slot NULL: a new one. */
+static kiln_tensor *slot_tensor(kiln_tensor **slot, kiln_dtype dt, int ndim, const int64_t *shape) {
+  if (slot && reusable(*slot, dt, ndim, shape)) return kiln_retain(*slot);
+  kiln_tensor *t = tensor_new(dt, ndim, shape);
+  if (slot && t) {
+    kiln_release(*slot);
+    *slot = kiln_retain(t);
+  }
+  return t;
+}
+
+/* op_run, its result in *slot's tensor where that is reusable (shape: the
+ * result's), else a new one that *slot keeps when it owns its storage. */
+static kiln_tensor *slot_run(kiln_tensor **slot, op_id op, kiln_tensor *const *in, int n, const op_attrs *a,
+                             const int64_t *shape, int ndim, kiln_dtype dt, const char *file, int line) {
+  if (slot && reusable(*slot, dt, ndim, shape)) {
+    int rc = op_run_into(op, in, n, a, *slot, file, line);
+    if (rc < 0) return NULL;
+    if (rc == 0) return kiln_retain(*slot);
+  }
+  kiln_tensor *t = op_run(op, in, n, a, file, line);
+  if (slot && t && !t->offset && tensor_contiguous(t) && atomic_load(&t->st->refcount) == 1) {
+    kiln_release(*slot);
+    *slot = kiln_retain(t);
+  }
+  return t;
+}
+
+/* Loop node id's slots in c (NULL: none kept): carry sets 0 and 1 (nc
+ * each), the results (n_res: a scan's ys from nc on), the predicate, the
+ * arguments made contiguous (n_args). */
+static kiln_tensor **cf_slots(struct interp_cache *c, int id, int nc, int n_res, int n_args) {
+  int n = 2 * nc + n_res + 1 + n_args;
+  if (!c || id >= c->n) return NULL;
+  if (c->cf[id] && c->n_cf[id] != n) return NULL; /* never: a node's counts do not change */
+  if (!c->cf[id] && (c->cf[id] = alloc_calloc((size_t)n + 1, sizeof **c->cf))) c->n_cf[id] = n;
+  return c->cf[id];
+}
+
 /* ---- control flow: regions run with the parent's sizes ---- */
 
 /* Region k of node id: on its compiled exec when rx has one, else here. */
@@ -146,10 +231,13 @@ static bool pred_value(const kiln_tensor *p) { return *(const unsigned char *)te
  * weight, an expanded scalar) copied once into own[] and args[], when the
  * region runs compiled: its exec reads arguments as contiguous and would
  * copy them on every step. 0, or -1 out of memory. */
-static int dense_captures(const ir_node *n, int first, bool compiled, kiln_tensor **args, int n_args, kiln_tensor **own) {
+static int dense_captures(const ir_node *n, int first, bool compiled, kiln_tensor **args, int n_args, kiln_tensor **own,
+                          kiln_tensor **slots) {
   for (int j = first; j < n_args && compiled; j++) {
     if (tensor_contiguous(args[j])) continue;
-    if (!(own[j] = op_run(OP_COPY, &args[j], 1, NULL, n->file, n->line))) return -1;
+    if (!(own[j] = slot_run(slots ? &slots[j] : NULL, OP_COPY, &args[j], 1, NULL, args[j]->shape, args[j]->ndim,
+                            args[j]->dtype, n->file, n->line)))
+      return -1;
     args[j] = own[j];
   }
   return 0;
@@ -183,10 +271,10 @@ static int run_region_into(const ir_graph *g, int id, int k, const int64_t *vals
 
 /* Two sets of n carry tensors shaped like like[j], which a loop's steps
  * write in turn (one is the step's arguments, the other its results). */
-static int carry_buffers(kiln_tensor *const *like, int n, kiln_tensor **set0, kiln_tensor **set1) {
+static int carry_buffers(kiln_tensor *const *like, int n, kiln_tensor **set0, kiln_tensor **set1, kiln_tensor **slots) {
   for (int j = 0; j < n; j++) {
-    set0[j] = tensor_new(like[j]->dtype, like[j]->ndim, like[j]->shape);
-    set1[j] = tensor_new(like[j]->dtype, like[j]->ndim, like[j]->shape);
+    set0[j] = slot_tensor(slots ? &slots[j] : NULL, like[j]->dtype, like[j]->ndim, like[j]->shape);
+    set1[j] = slot_tensor(slots ? &slots[n + j] : NULL, like[j]->dtype, like[j]->ndim, like[j]->shape);
     if (!set0[j] || !set1[j]) return -1;
   }
   return 0;
@@ -195,7 +283,7 @@ static int carry_buffers(kiln_tensor *const *like, int n, kiln_tensor **set0, ki
 /* Runs control-flow node id over its inputs' values v; res (ir_cf_n_results
  * of them, allocated here) gets its results. 0 or -1 with the error set. */
 static int run_cf(const ir_graph *g, int id, kiln_tensor *const *v, const int64_t *vals, const region_execs *rx,
-                  kiln_tensor ***res) {
+                  struct interp_cache *cache, kiln_tensor ***res) {
   const ir_node *n = &g->nodes[id];
   int n_res = ir_cf_n_results(n), n_args = ir_cf_n_args(g, id, 0), rc = 0;
   kiln_tensor **r = alloc_calloc((size_t)n_res + 1, sizeof *r);
@@ -206,7 +294,21 @@ static int run_cf(const ir_graph *g, int id, kiln_tensor *const *v, const int64_
     rc = cf_oom(n);
     goto done;
   }
-  if (n->op == IR_COND) {
+  if (n->op == IR_COND && cache) {
+    /* kept between runs: the results go into the tensors of the run before */
+    kiln_tensor **slots = cf_slots(cache, id, 0, n_res, 0);
+    const ir_graph *br = n->sub[0];
+    for (int j = 0; j < n_args; j++) args[j] = v[n->in[j + 1]];
+    for (int k = 0; k < n_res && !rc; k++) {
+      const ir_node *y = &br->nodes[br->outputs[k]];
+      int64_t shape[MAXD];
+      if (ir_node_shape(y, vals, g->n_syms, shape) ||
+          !(r[k] = slot_tensor(slots ? &slots[k] : NULL, y->dtype, y->ndim, shape)))
+        rc = cf_oom(n);
+    }
+    if (!rc) rc = run_region_into(g, id, pred_value(v[n->in[0]]) ? 0 : 1, vals, rx, args, r);
+    if (rc) release_n(r, n_res);
+  } else if (n->op == IR_COND) {
     for (int j = 0; j < n_args; j++) args[j] = v[n->in[j + 1]];
     rc = run_region(g, id, pred_value(v[n->in[0]]) ? 0 : 1, vals, rx, args, r);
   } else {
@@ -216,15 +318,17 @@ static int run_cf(const ir_graph *g, int id, kiln_tensor *const *v, const int64_
      * nothing when the region is compiled (backend.run_into) */
     int nc = n->n_carry, nx = n->op == IR_SCAN ? n->n_xs : 0;
     kiln_tensor *set[2][64] = {{0}}, *init[64], *pred = NULL, **rows = step;
+    kiln_tensor **slots = cf_slots(cache, id, nc, n_res, n_args), **pslot = slots ? &slots[2 * nc + n_res] : NULL;
     int64_t T = n->op == IR_SCAN ? v[n->in[nc]]->shape[0] : -1;
     for (int j = 0; j < n_args; j++) args[j] = j < nc || j >= nc + nx ? v[n->in[j]] : NULL;
-    if (dense_captures(n, nc + nx, rx && id < rx->n, args, n_args, own)) rc = cf_oom(n);
+    if (dense_captures(n, nc + nx, rx && id < rx->n, args, n_args, own, slots ? slots + 2 * nc + n_res + 1 : NULL))
+      rc = cf_oom(n);
     for (int j = 0; j < nc && j < 64; j++) init[j] = v[n->in[j]];
-    if (nc > 64 || carry_buffers(init, nc, set[0], set[1])) rc = cf_oom(n);
+    if (nc > 64 || carry_buffers(init, nc, set[0], set[1], slots)) rc = cf_oom(n);
     if (!rc && n->op == IR_WHILE) {
       const ir_node *pn = &n->sub[0]->nodes[n->sub[0]->outputs[0]];
       int64_t shape[MAXD];
-      if (ir_node_shape(pn, vals, g->n_syms, shape) || !(pred = tensor_new(pn->dtype, pn->ndim, shape))) rc = cf_oom(n);
+      if (ir_node_shape(pn, vals, g->n_syms, shape) || !(pred = slot_tensor(pslot, pn->dtype, pn->ndim, shape))) rc = cf_oom(n);
     }
     /* a scan's ys stack into tensors of their own; xs[t] and y[t] are views moved along dim 0 */
     const ir_graph *body = n->sub[n->op == IR_SCAN ? 0 : 1];
@@ -232,7 +336,8 @@ static int run_cf(const ir_graph *g, int id, kiln_tensor *const *v, const int64_
       const ir_node *y = &body->nodes[body->outputs[k]];
       int64_t shape[MAXD];
       shape[0] = T;
-      if (ir_node_shape(y, vals, g->n_syms, shape + 1) || !(r[k] = tensor_new(y->dtype, y->ndim + 1, shape)) ||
+      if (ir_node_shape(y, vals, g->n_syms, shape + 1) ||
+          !(r[k] = slot_tensor(slots ? &slots[2 * nc + k] : NULL, y->dtype, y->ndim + 1, shape)) ||
           !(rows[k] = tensor_view(r[k], r[k]->ndim - 1, r[k]->shape + 1, r[k]->stride + 1, r[k]->offset)))
         rc = cf_oom(n);
     }
@@ -282,6 +387,11 @@ static int run(const ir_graph *g, kiln_tensor *const *consts, kiln_tensor *const
                kiln_tensor **out, kiln_tensor **all, const int64_t *bound, const region_execs *rx) {
   int64_t vals[IR_MAX_SYMS];
   if (ir_bind_or(g, NULL, 0, in, params, bound, vals)) return -1;
+  /* a region's run keeps its values for the next (interp_cache) */
+  struct interp_cache *cache = bound && !all && rx && rx->cache && rx->cache->n == g->n_nodes &&
+                                       !atomic_exchange(&rx->cache->busy, true)
+                                   ? rx->cache
+                                   : NULL;
   int *uses = ir_use_counts(g);
   kiln_tensor **v = alloc_calloc((size_t)g->n_nodes + 1, sizeof *v);
   bool *owned = alloc_calloc((size_t)g->n_nodes + 1, sizeof *owned);
@@ -295,7 +405,7 @@ static int run(const ir_graph *g, kiln_tensor *const *consts, kiln_tensor *const
   for (int i = 0; i < g->n_nodes; i++) {
     const ir_node *n = &g->nodes[i];
     if (ir_is_cf(n->op)) {
-      if (run_cf(g, i, v, vals, rx, &tup[i])) goto fail;
+      if (run_cf(g, i, v, vals, rx, cache, &tup[i])) goto fail;
       continue;
     }
     if (n->op == IR_GET) {
@@ -305,7 +415,7 @@ static int run(const ir_graph *g, kiln_tensor *const *consts, kiln_tensor *const
     }
     if (n->op == IR_NUMEL) {
       int64_t c;
-      v[i] = tensor_new(n->dtype, 0, NULL);
+      v[i] = slot_tensor(cache ? &cache->val[i] : NULL, n->dtype, 0, NULL);
       owned[i] = true;
       if (!v[i] || sym_eval(ir_numel_value(g, n), vals, g->n_syms, &c)) {
         err_set(n->file, n->line, "numel", "%s: %%%d: cannot evaluate", g->name, i);
@@ -316,7 +426,9 @@ static int run(const ir_graph *g, kiln_tensor *const *consts, kiln_tensor *const
     }
     if (n->op >= IR_INPUT) {
       if (n->op == IR_CONST) {
-        v[i] = consts ? consts[i] : ir_const_tensor(n);
+        /* a region's constants made once, as a backend's are */
+        if (!consts && cache && !cache->val[i]) cache->val[i] = ir_const_tensor(n);
+        v[i] = consts ? consts[i] : cache ? kiln_retain(cache->val[i]) : ir_const_tensor(n);
         owned[i] = !consts;
         if (!v[i]) {
           err_set(n->file, n->line, "const", "out of memory");
@@ -343,12 +455,14 @@ static int run(const ir_graph *g, kiln_tensor *const *consts, kiln_tensor *const
       err_set(n->file, n->line, ir_op_name(n->op), "%s: %%%d: attributes do not evaluate", g->name, i);
       goto fail;
     }
-    v[i] = op_run((op_id)n->op, a, n->n_in, &at, n->file, n->line);
+    int64_t shape[MAXD];
+    bool shaped = !ir_node_shape(n, vals, g->n_syms, shape);
+    v[i] = cache && shaped ? slot_run(&cache->val[i], (op_id)n->op, a, n->n_in, &at, shape, n->ndim, n->dtype, n->file, n->line)
+                           : op_run((op_id)n->op, a, n->n_in, &at, n->file, n->line);
     owned[i] = true;
     if (a != args) alloc_free(a);
     if (!v[i]) goto fail;
-    int64_t shape[MAXD];
-    if (v[i]->dtype != n->dtype || v[i]->ndim != n->ndim || ir_node_shape(n, vals, g->n_syms, shape) ||
+    if (v[i]->dtype != n->dtype || v[i]->ndim != n->ndim || !shaped ||
         memcmp(shape, v[i]->shape, sizeof(int64_t) * (size_t)n->ndim)) {
       err_set(n->file, n->line, ir_op_name(n->op), "%s: %%%d: the result's shape differs from the graph's", g->name, i);
       goto fail;
@@ -376,6 +490,7 @@ static int run(const ir_graph *g, kiln_tensor *const *consts, kiln_tensor *const
       write_data(dst, v[w->value]);
       continue;
     }
+    if (ir_write_skipped(g, w, vals)) continue;
     kiln_tensor *gv = NULL;
     if (w->value >= 0) {
       /* .grad is a tensor of its own, as in eager */
@@ -398,6 +513,7 @@ fail:
     alloc_free(tup[i]);
   }
 done:
+  if (cache) atomic_store(&cache->busy, false);
   alloc_free(uses);
   alloc_free(v);
   alloc_free(owned);

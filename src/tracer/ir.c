@@ -254,6 +254,11 @@ int ir_add_output(ir_graph *g, int node) {
   return 0;
 }
 
+bool ir_write_skipped(const ir_graph *g, const ir_write *w, const int64_t *vals) {
+  int64_t c;
+  return w->has_when && !sym_eval(w->when, vals, g->n_syms, &c) && c == 0;
+}
+
 int ir_add_write(ir_graph *g, ir_write w) {
   ir_write *o = alloc_realloc(g->writes, sizeof *o * (size_t)(g->n_writes + 1));
   if (!o) return -1;

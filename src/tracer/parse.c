@@ -918,7 +918,7 @@ static int parse_node(parser *ps) {
   return rc;
 }
 
-/* `write %T = %V` or `grad %T = %V|none`, the keyword already read. */
+/* `write %T = %V` or `grad %T = %V|none [when D]`, the keyword already read. */
 static int parse_write(parser *ps, ir_write_kind kind) {
   ir_graph *g = ps->g;
   ir_write w = {.kind = kind, .value = -1};
@@ -929,6 +929,10 @@ static int parse_write(parser *ps, ir_write_kind kind) {
   if (expect(ps, "=")) return -1;
   if (kind == IR_WRITE_DATA || !accept_word(ps, "none"))
     if (read_use(ps, &w.value)) return -1;
+  if (kind == IR_WRITE_GRAD && w.value >= 0 && accept_word(ps, "when")) {
+    if (read_dim(ps, &w.when)) return -1;
+    w.has_when = true;
+  }
   if (read_where(ps, &w.file, &w.line) || expect_eol(ps)) return -1;
   return ir_add_write(g, w) ? fail_oom(ps) : 0;
 }

@@ -379,6 +379,10 @@ static void print_graph(out *o, const ir_graph *g) {
       putf(o, "  grad %%%d = none", w->target);
     else
       putf(o, "  grad %%%d = %%%d", w->target, w->value);
+    if (w->has_when) {
+      put_str(o, " when ");
+      put_dim(o, w->when);
+    }
     put_where(o, w->file, w->line);
     put_str(o, "\n");
   }

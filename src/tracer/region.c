@@ -102,6 +102,7 @@ int region_execs_compile(const ir_graph *g, const backend *be, unsigned dump, FI
   rx->sub = alloc_calloc((size_t)g->n_nodes + 1, sizeof *rx->sub);
   if (!rx->sub) return snprintf(err, errn, "out of memory"), -1;
   rx->n = g->n_nodes;
+  if (!(rx->cache = interp_cache_new(g))) return region_execs_free(rx), snprintf(err, errn, "out of memory"), -1;
   for (int i = 0; i < g->n_nodes; i++)
     for (int k = 0; k < ir_n_sub(g->nodes[i].op); k++) {
       char why[512];
@@ -118,5 +119,6 @@ void region_execs_free(region_execs *rx) {
     for (int k = 0; k < 2; k++)
       if (rx->sub[i][k]) rx->be->free(rx->sub[i][k]);
   alloc_free(rx->sub);
+  interp_cache_free(rx->cache);
   memset(rx, 0, sizeof *rx);
 }

@@ -54,6 +54,8 @@ typedef struct ir_write {
   int value;             /* node id, or -1 for IR_WRITE_GRAD to NULL */
   const char *file;
   int line;
+  bool has_when;         /* IR_WRITE_GRAD: made only where `when` is not 0 (a scan's trip count) */
+  sym_dim when;
 } ir_write;
 
 typedef struct ir_graph {
@@ -108,6 +110,8 @@ int ir_add(ir_graph *g, const ir_node *n);
 int ir_append(ir_graph *g, const ir_node *n);
 int ir_add_output(ir_graph *g, int node);
 int ir_add_write(ir_graph *g, ir_write w);
+/* A grad write whose `when` is 0 at these sizes: it is not made (.grad stays as it was). */
+bool ir_write_skipped(const ir_graph *g, const ir_write *w, const int64_t *vals);
 int ir_add_guard(ir_graph *g, sym_guard gd); /* drops duplicates */
 
 const char *ir_op_name(int op);             /* "add", "input", "const" ... */
@@ -475,6 +479,7 @@ typedef struct build_write {
   int base, now;
   bool grad_set;
   int grad;
+  int when; /* a value whose dim 0 must not be 0 for the grad to be set (grad_if), or -1 */
 } build_write;
 
 int build_begin(build_state *b, recording *r, const uint8_t (*dynamic)[MAXD], bool freeze, const build_prev *prev);
@@ -580,7 +585,12 @@ typedef struct region_execs {
   const backend *be;
   backend_exec *(*sub)[2];
   int n;
+  struct interp_cache *cache; /* the graph's values kept between its runs as a region (interp.c) */
 } region_execs;
+/* The values a graph run as a region (once per step of a loop around it)
+ * keeps for its next run, so that a step makes no storage; NULL when out of memory. */
+struct interp_cache *interp_cache_new(const ir_graph *g);
+void interp_cache_free(struct interp_cache *c);
 /* Compiles every region of g with be (a region with regions of its own is
  * be's business); 0, or -1 with err naming the region. */
 int region_execs_compile(const ir_graph *g, const backend *be, unsigned dump, FILE *dump_to, region_execs *rx,
