@@ -84,7 +84,7 @@ static LLVMValueRef copysign_bits(const vm *v, LLVMValueRef x, LLVMValueRef s) {
 #define ROUND 12582912.0f /* VM__ROUND, 1.5 * 2^23 */
 #define ROUND_BITS 0x4b400000u
 
-static LLVMValueRef exp2_core(const vm *v, LLVMValueRef h, LLVMValueRef lo, bool small);
+static LLVMValueRef exp2_core(const vm *v, LLVMValueRef h, LLVMValueRef lo);
 
 /* vm__exp_poly: P with e^r = 1 + r + r^2 P(r) */
 static LLVMValueRef exp_poly(const vm *v, LLVMValueRef r) {
@@ -103,19 +103,16 @@ static LLVMValueRef exp2_hl(const vm *v, LLVMValueRef hi, LLVMValueRef lo) {
   LLVMValueRef h = sel(v, lt(v, hi, kf(v, 88.8f)), hi, kf(v, 88.8f));
   h = sel(v, gt(v, h, kf(v, -104.0f)), h, kf(v, -104.0f));
   h = sel(v, dead, kf(v, 0.0f), h);
-  return sel(v, dead, kf(v, 0.0f), exp2_core(v, h, lo, false));
+  return sel(v, dead, kf(v, 0.0f), exp2_core(v, h, lo));
 }
 
-/* The same steps on an h already within the clamps. With small, h is in
- * [0, 20] (tanh's 2|x| capped at 10): n is at most 29, so 2^n is one normal
- * factor, and p * 2^n is exact either way: the same bits with fewer ops. */
-static LLVMValueRef exp2_core(const vm *v, LLVMValueRef h, LLVMValueRef lo, bool small) {
+/* The same steps on an h already within the clamps. */
+static LLVMValueRef exp2_core(const vm *v, LLVMValueRef h, LLVMValueRef lo) {
   LLVMValueRef t = add(v, mul(v, add(v, h, lo), kf(v, 1.44269504f)), kf(v, ROUND));
   LLVMValueRef n = sub(v, t, kf(v, ROUND));
   LLVMValueRef ni = LLVMBuildSub(v->b, bits(v, t), ki(v, ROUND_BITS), "");
   LLVMValueRef r = sub(v, add(v, sub(v, h, mul(v, n, kf(v, 0.693359375f))), lo), mul(v, n, kf(v, -2.12194440e-4f)));
   LLVMValueRef p = add(v, add(v, mul(v, exp_poly(v, r), mul(v, r, r)), r), kf(v, 1.0f));
-  if (small) return mul(v, p, flt(v, LLVMBuildShl(v->b, LLVMBuildAdd(v->b, ni, ki(v, 127), ""), ki(v, 23), "")));
   /* 2^n as two normal factors */
   LLVMValueRef n1 = LLVMBuildSDiv(v->b, ni, ki(v, 2), "");
   LLVMValueRef n2 = LLVMBuildSub(v->b, ni, n1, "");
@@ -161,21 +158,25 @@ static LLVMValueRef sigmoid_f32(const vm *v, LLVMValueRef x) {
   return fdiv(v, sel(v, ge(v, x, kf(v, 0.0f)), kf(v, 1.0f), e), add(v, kf(v, 1.0f), e));
 }
 
+/* vm__expm1_2x: e^2a - 1 for a in [0, 10], P in Estrin's order; t's bits
+ * shifted are 2^n */
+static LLVMValueRef expm1_2x(const vm *v, LLVMValueRef a) {
+  LLVMValueRef t = add(v, mul(v, a, kf(v, 2.88539008f)), kf(v, ROUND + 127.0f));
+  LLVMValueRef n = sub(v, t, kf(v, ROUND + 127.0f));
+  LLVMValueRef r = sub(v, sub(v, add(v, a, a), mul(v, n, kf(v, 0.693359375f))), mul(v, n, kf(v, -2.12194440e-4f)));
+  LLVMValueRef r2 = mul(v, r, r);
+  LLVMValueRef p01 = add(v, kf(v, 4.9999997020e-1f), mul(v, kf(v, 1.6666543484e-1f), r));
+  LLVMValueRef p23 = add(v, kf(v, 4.1667200625e-2f), mul(v, kf(v, 8.3665214479e-3f), r));
+  LLVMValueRef p = add(v, add(v, p01, mul(v, r2, p23)), mul(v, mul(v, r2, r2), kf(v, 1.3882510830e-3f)));
+  LLVMValueRef s = flt(v, LLVMBuildShl(v->b, bits(v, t), ki(v, 23), ""));
+  return add(v, mul(v, s, add(v, mul(v, p, r2), r)), sub(v, s, kf(v, 1.0f)));
+}
+
+/* vm_tanhf: m / (m + 2), m = e^2|x| - 1, |x| capped at 10 (nan passes) */
 static LLVMValueRef tanh_f32(const vm *v, LLVMValueRef x) {
-  LLVMValueRef z = mul(v, x, x);
-  LLVMValueRef p = kf(v, -5.70498872745e-3f);
-  p = horner(v, p, z, kf(v, 2.06390887954e-2f));
-  p = horner(v, p, z, kf(v, -5.37397155531e-2f));
-  p = horner(v, p, z, kf(v, 1.33314422036e-1f));
-  p = horner(v, p, z, kf(v, -3.33332819422e-1f));
-  LLVMValueRef small = add(v, x, mul(v, mul(v, x, z), p));
   LLVMValueRef a = abs_bits(v, x);
-  LLVMValueRef ac = sel(v, lt(v, a, kf(v, 10.0f)), a, kf(v, 10.0f));
-  LLVMValueRef e = exp2_core(v, add(v, ac, ac), kf(v, -0.0f), true);
-  LLVMValueRef big = copysign_bits(v, sub(v, kf(v, 1.0f), fdiv(v, kf(v, 2.0f), add(v, e, kf(v, 1.0f)))), x);
-  LLVMValueRef r = sel(v, lt(v, a, kf(v, 0.625f)), small, big);
-  r = sel(v, eq(v, x, kf(v, 0.0f)), x, r);
-  return sel(v, is_nan(v, x), x, r);
+  LLVMValueRef m = expm1_2x(v, sel(v, gt(v, a, kf(v, 10.0f)), kf(v, 10.0f), a));
+  return copysign_bits(v, fdiv(v, m, add(v, m, kf(v, 2.0f))), x);
 }
 
 /* vm__erf_small: erf(x)/x - 1 for z = x*x <= 0.25 */
