@@ -1,0 +1,241 @@
+/* winograd.c - 3x3 stride-1 f32 convolutions as Winograd F(2x2, 3x3)
+ * (Lavin and Gray, "Fast Algorithms for Convolutional Neural Networks", 2015),
+ * which conv.c runs where they beat its im2col GEMM.
+ *
+ * Each 2x2 block of output (a tile) is computed from the 4x4 block of input
+ * under it: with the weight of (o, c) transformed once into U = G g G^T and
+ * the input block of c into V = B^T d B (both 4x4), the tile is
+ * A^T (sum over c of U * V) A, products taken elementwise. For each of the
+ * 16 elements xi of the 4x4 the sum over c is a GEMM, M[xi] (O, tiles) =
+ * U[xi] (O, C) @ V[xi] (C, tiles): 16 multiplies where a direct tile takes
+ * 36, the 2.25x fewer of the title, paid for with the transforms, which are
+ * adds only, and with a larger rounding error (see docs/guide.md).
+ *
+ * The tiles are cut into blocks small enough that a block's V and M stay in
+ * L2 from the input transform through the GEMMs to the output transform;
+ * the blocks are split across the pool in contiguous runs, each with its own
+ * V and M, and each GEMM runs on its thread. Every tile sums in one order
+ * whatever the thread count, so results do not depend on threads. */
+#include <string.h>
+
+#include "eager/eager.h"
+#include "eager/gemm.h"
+#include "eager/pool.h"
+
+enum {
+  BLOCK_BYTES = 1 << 20, /* a block's V and M: half the L2 of a current core */
+  MIN_TILES = 64,        /* narrower GEMMs stream U from L3 too often for their work */
+  MAX_TILES = 512
+};
+
+static int64_t tiles_of(const wino_geom *q) { return q->n * ((q->ho + 1) / 2) * ((q->wo + 1) / 2); }
+
+/* Tiles per block: as many as fit BLOCK_BYTES, a multiple of 16, no more
+ * than each thread's share of them, but at least MIN_TILES (wide layers'
+ * V and M then spill to L3, which costs less than rereading U). */
+static int64_t block_tiles(const wino_geom *q) {
+  int64_t t = BLOCK_BYTES / (16 * (int64_t)sizeof(float) * (q->c + q->o));
+  int64_t share = (tiles_of(q) + pool_num_threads() - 1) / pool_num_threads();
+  if (t > share) t = share;
+  t = (t + 15) / 16 * 16;
+  return t < MIN_TILES ? MIN_TILES : t > MAX_TILES ? MAX_TILES : t;
+}
+
+/* The 16 matrices of U, V and M lie this many floats apart: a line more
+ * than their size, so that the 16 streams a transform writes do not land
+ * in the same L1 sets (their sizes are often multiples of 4 KiB). */
+static int64_t stride16(int64_t floats) { return (floats + 15) / 16 * 16 + 16; }
+static size_t u_bytes(const wino_geom *q) { return (size_t)(16 * stride16(q->o * q->c)) * sizeof(float); }
+static size_t slot_bytes(const wino_geom *q, int64_t tb) {
+  return (size_t)(16 * (stride16(q->c * tb) + stride16(q->o * tb))) * sizeof(float);
+}
+
+/* Blocks of V and M that run at once: one a thread, no more than there are blocks. */
+static int64_t slots_for(const wino_geom *q, int64_t tb) {
+  int64_t blocks = (tiles_of(q) + tb - 1) / tb, s = pool_num_threads();
+  return s < blocks ? s : blocks < 1 ? 1 : blocks;
+}
+
+size_t wino_scratch_bytes(const wino_geom *q) {
+  int64_t tb = block_tiles(q);
+  return u_bytes(q) + (size_t)slots_for(q, tb) * slot_bytes(q, tb);
+}
+
+typedef struct wino_job {
+  const wino_geom *q;
+  const float *x, *w;
+  float *y, *u;
+  char *slots;
+  int64_t tb, blocks, nslots, tw, th;
+  int64_t ldu, ldv, ldm; /* floats between U[xi] and U[xi + 1], likewise V and M */
+} wino_job;
+
+/* ---- the three transforms ---- */
+
+/* U[xi][o][c] = (G g G^T)[xi] for output channels [o0, o1), g the 3x3 of (o, c). */
+static void weight_chunk(void *ctx, int64_t o0, int64_t o1) {
+  const wino_job *j = ctx;
+  const wino_geom *q = j->q;
+  int64_t ld = j->ldu;
+  for (int64_t o = o0; o < o1; o++)
+    for (int64_t c = 0; c < q->c; c++) {
+      float g[3][3], t[4][3];
+      for (int a = 0; a < 3; a++)
+        for (int b = 0; b < 3; b++)
+          g[a][b] = q->flip ? j->w[(c * q->o + o) * 9 + (2 - a) * 3 + (2 - b)] : j->w[(o * q->c + c) * 9 + a * 3 + b];
+      for (int b = 0; b < 3; b++) {
+        t[0][b] = g[0][b];
+        t[1][b] = 0.5f * (g[0][b] + g[1][b] + g[2][b]);
+        t[2][b] = 0.5f * (g[0][b] - g[1][b] + g[2][b]);
+        t[3][b] = g[2][b];
+      }
+      float *u = j->u + o * q->c + c;
+      for (int a = 0; a < 4; a++) {
+        u[(a * 4 + 0) * ld] = t[a][0];
+        u[(a * 4 + 1) * ld] = 0.5f * (t[a][0] + t[a][1] + t[a][2]);
+        u[(a * 4 + 2) * ld] = 0.5f * (t[a][0] - t[a][1] + t[a][2]);
+        u[(a * 4 + 3) * ld] = t[a][2];
+      }
+    }
+}
+
+/* V[xi][c][k] = (B^T d B)[xi] for the tiles k of a run of nt in one row of
+ * tiles, whose input rows start at iy0 and columns at ix0 (maybe in the
+ * padding); V[xi] are ld apart, their rows tb. r: 8 * (nt + 1) floats.
+ * The columns are taken apart into even and odd ones, so that every loop
+ * over the tiles reads and writes with stride 1 and vectorizes. */
+static KILN_HOT void input_run(const wino_geom *q, const float *planes, int64_t iy0, int64_t ix0, int64_t nt,
+                               float *v, int64_t ld, int64_t tb, float *r) {
+  int64_t n1 = nt + 1;
+  for (int64_t c = 0; c < q->c; c++) {
+    const float *plane = planes + c * q->h * q->w;
+    /* row a of the 4 under the tiles: even columns at r[2a], odd at r[2a+1], 0 in the padding */
+    for (int a = 0; a < 4; a++) {
+      float *restrict ev = r + 2 * a * n1, *restrict od = ev + n1;
+      int64_t iy = iy0 + a;
+      if (iy < 0 || iy >= q->h) {
+        memset(ev, 0, sizeof(float) * (size_t)(2 * n1));
+        continue;
+      }
+      const float *src = plane + iy * q->w;
+      if (ix0 >= 0 && ix0 + 2 * n1 <= q->w) {
+        for (int64_t e = 0; e < n1; e++) ev[e] = src[ix0 + 2 * e], od[e] = src[ix0 + 2 * e + 1];
+      } else {
+        for (int64_t e = 0; e < n1; e++) {
+          int64_t i0 = ix0 + 2 * e, i1 = i0 + 1;
+          ev[e] = i0 >= 0 && i0 < q->w ? src[i0] : 0;
+          od[e] = i1 >= 0 && i1 < q->w ? src[i1] : 0;
+        }
+      }
+    }
+    /* B^T d: the rows combined, in place (each column on its own) */
+    for (int64_t e = 0; e < 2 * n1; e++) {
+      float d0 = r[e], d1 = r[2 * n1 + e], d2 = r[4 * n1 + e], d3 = r[6 * n1 + e];
+      r[e] = d0 - d2;
+      r[2 * n1 + e] = d1 + d2;
+      r[4 * n1 + e] = d2 - d1;
+      r[6 * n1 + e] = d1 - d3;
+    }
+    /* (B^T d) B: tile k's columns are even k, odd k, even k+1, odd k+1 */
+    for (int a = 0; a < 4; a++) {
+      const float *restrict ev = r + 2 * a * n1, *restrict od = ev + n1;
+      float *restrict v0 = v + (4 * a) * ld + c * tb, *restrict v1 = v0 + ld, *restrict v2 = v1 + ld,
+                      *restrict v3 = v2 + ld;
+      for (int64_t k = 0; k < nt; k++) {
+        v0[k] = ev[k] - ev[k + 1];
+        v1[k] = od[k] + ev[k + 1];
+        v2[k] = ev[k + 1] - od[k];
+        v3[k] = od[k] - od[k + 1];
+      }
+    }
+  }
+}
+
+/* The output of a run of nt tiles in one row of tiles, from M[xi][o][k]
+ * (M[xi] ld apart, rows tb): A^T m A into y at row oy, column ox of every
+ * output plane, clipped at the edge. r: 4 * nt floats. */
+static KILN_HOT void output_run(const wino_geom *q, const float *m, int64_t oy, int64_t ox, int64_t nt, float *planes,
+                                int64_t ld, int64_t tb, float *r) {
+  int64_t cols = 2 * nt < q->wo - ox ? 2 * nt : q->wo - ox, rows = q->ho - oy < 2 ? q->ho - oy : 2;
+  for (int64_t o = 0; o < q->o; o++) {
+    const float *s = m + o * tb;
+    float *restrict e0 = r, *restrict o0 = r + nt, *restrict e1 = r + 2 * nt, *restrict o1 = r + 3 * nt;
+    for (int64_t k = 0; k < nt; k++) {
+      float t0[4], t1[4];
+      for (int b = 0; b < 4; b++) {
+        float s0 = s[b * ld + k], s1 = s[(4 + b) * ld + k], s2 = s[(8 + b) * ld + k], s3 = s[(12 + b) * ld + k];
+        t0[b] = s0 + s1 + s2;
+        t1[b] = s1 - s2 - s3;
+      }
+      e0[k] = t0[0] + t0[1] + t0[2];
+      o0[k] = t0[1] - t0[2] - t0[3];
+      e1[k] = t1[0] + t1[1] + t1[2];
+      o1[k] = t1[1] - t1[2] - t1[3];
+    }
+    float *yp = planes + (o * q->ho + oy) * q->wo + ox;
+    for (int row = 0; row < rows; row++, yp += q->wo) {
+      const float *ev = row ? e1 : e0, *od = row ? o1 : o0;
+      for (int64_t e = 0; e + 1 < cols; e += 2) yp[e] = ev[e / 2], yp[e + 1] = od[e / 2];
+      if (cols % 2) yp[cols - 1] = ev[cols / 2];
+    }
+  }
+}
+
+/* BODY for each run of tiles in [t0, t1) that lies in one row of tiles:
+ * image ni, row ty, columns [tx0, tx1), the run's first tile off from t0. */
+#define FOR_ROWS(j, t0, t1, BODY)                                                            \
+  for (int64_t t_ = (t0); t_ < (t1);) {                                                      \
+    int64_t ni = t_ / ((j)->th * (j)->tw), ty = t_ / (j)->tw % (j)->th, tx0 = t_ % (j)->tw; \
+    int64_t nt = (j)->tw - tx0 < (t1) - t_ ? (j)->tw - tx0 : (t1) - t_, off = t_ - (t0);     \
+    BODY;                                                                                    \
+    t_ += nt;                                                                                \
+  }
+
+/* Blocks of slots [s0, s1): slot s runs its share of the blocks in order on its own V and M. */
+static void block_chunk(void *ctx, int64_t s0, int64_t s1) {
+  const wino_job *j = ctx;
+  const wino_geom *q = j->q;
+  int64_t tiles = tiles_of(q), tb = j->tb;
+  float r[8 * (MAX_TILES + 1)];
+  for (int64_t s = s0; s < s1; s++) {
+    float *v = (float *)(j->slots + (size_t)s * slot_bytes(q, tb)), *m = v + 16 * j->ldv;
+    int64_t b0 = s * j->blocks / j->nslots, b1 = (s + 1) * j->blocks / j->nslots;
+    for (int64_t b = b0; b < b1; b++) {
+      int64_t t0 = b * tb, t1 = t0 + tb < tiles ? t0 + tb : tiles;
+      FOR_ROWS(j, t0, t1,
+               input_run(q, j->x + ni * q->c * q->h * q->w, 2 * ty - q->ph, 2 * tx0 - q->pw, nt, v + off, j->ldv, tb, r));
+      for (int xi = 0; xi < 16; xi++)
+        gemm_sgemm_task(q->o, t1 - t0, q->c, j->u + xi * j->ldu, q->c, v + xi * j->ldv, tb, m + xi * j->ldm, tb);
+      FOR_ROWS(j, t0, t1,
+               output_run(q, m + off, 2 * ty, 2 * tx0, nt, j->y + ni * q->o * q->ho * q->wo, j->ldm, tb, r));
+    }
+  }
+}
+
+int wino_conv_f32(const wino_geom *q, const float *x, const float *w, float *y, void *scratch, size_t bytes) {
+  int64_t tb = block_tiles(q), tiles = tiles_of(q);
+  if (tiles == 0 || q->o == 0) return 0;
+  if (q->c == 0) {
+    memset(y, 0, sizeof(float) * (size_t)(q->n * q->o * q->ho * q->wo));
+    return 0;
+  }
+  wino_job j = {.q = q, .x = x, .w = w, .y = y, .tb = tb, .blocks = (tiles + tb - 1) / tb,
+                .tw = (q->wo + 1) / 2, .th = (q->ho + 1) / 2, .ldu = stride16(q->o * q->c),
+                .ldv = stride16(q->c * tb), .ldm = stride16(q->o * tb)};
+  void *own = NULL;
+  /* as many slots as the working memory holds, up to one a thread */
+  int64_t fit = scratch && bytes > u_bytes(q) ? (int64_t)((bytes - u_bytes(q)) / slot_bytes(q, tb)) : 0;
+  j.nslots = slots_for(q, tb);
+  if (fit < 1) {
+    bytes = u_bytes(q) + (size_t)j.nslots * slot_bytes(q, tb);
+    if (!(scratch = own = alloc_aligned(bytes))) return -1;
+  } else if (fit < j.nslots) {
+    j.nslots = fit;
+  }
+  j.u = scratch;
+  j.slots = (char *)scratch + u_bytes(q);
+  pool_parallel_for(q->o, 1 + 4096 / q->c, weight_chunk, &j); /* ~64K flops a chunk */
+  pool_parallel_for(j.nslots, 1, block_chunk, &j);
+  if (own) alloc_aligned_free(own, bytes);
+  return 0;
+}
