@@ -24,21 +24,23 @@
 
 enum {
   BLOCK_BYTES = 1 << 20, /* a block's V and M: half the L2 of a current core */
-  MIN_TILES = 64,        /* narrower GEMMs stream U from L3 too often for their work */
+  MIN_TILES = 64,        /* narrower GEMMs reread U from L3 too often for their work */
   MAX_TILES = 512
 };
 
 static int64_t tiles_of(const wino_geom *q) { return q->n * ((q->ho + 1) / 2) * ((q->wo + 1) / 2); }
 
 /* Tiles per block: as many as fit BLOCK_BYTES, a multiple of 16, no more
- * than each thread's share of them, but at least MIN_TILES (wide layers'
- * V and M then spill to L3, which costs less than rereading U). */
+ * than each thread's share of them, but at least MIN_TILES where the share
+ * allows (wide layers' V and M then spill to L3, which costs less than
+ * rereading U for narrow GEMMs). */
 static int64_t block_tiles(const wino_geom *q) {
   int64_t t = BLOCK_BYTES / (16 * (int64_t)sizeof(float) * (q->c + q->o));
   int64_t share = (tiles_of(q) + pool_num_threads() - 1) / pool_num_threads();
   if (t > share) t = share;
+  if (t < MIN_TILES) t = MIN_TILES < share ? MIN_TILES : share;
   t = (t + 15) / 16 * 16;
-  return t < MIN_TILES ? MIN_TILES : t > MAX_TILES ? MAX_TILES : t;
+  return t < 16 ? 16 : t > MAX_TILES ? MAX_TILES : t;
 }
 
 /* The 16 matrices of U, V and M lie this many floats apart: a line more
