@@ -25,7 +25,8 @@
 enum {
   BLOCK_BYTES = 1 << 20, /* a block's V and M: half the L2 of a current core */
   MIN_TILES = 64,        /* narrower GEMMs reread U from L3 too often for their work */
-  MAX_TILES = 512
+  MAX_TILES = 512,
+  RUN_FLOATS = 8 * (MAX_TILES + 16) /* input_run's rows of a run, in whole vectors */
 };
 
 static int64_t tiles_of(const wino_geom *q) { return q->n * ((q->ho + 1) / 2) * ((q->wo + 1) / 2); }
@@ -101,55 +102,88 @@ static void weight_chunk(void *ctx, int64_t o0, int64_t o1) {
     }
 }
 
-/* V[xi][c][k] = (B^T d B)[xi] for the tiles k of a run of nt in one row of
- * tiles, whose input rows start at iy0 and columns at ix0 (maybe in the
- * padding); V[xi] are ld apart, their rows tb. r: 8 * (nt + 1) floats.
- * The columns are taken apart into even and odd ones, so that every loop
- * over the tiles reads and writes with stride 1 and vectorizes. */
-static KILN_HOT void input_run(const wino_geom *q, const float *planes, int64_t iy0, int64_t ix0, int64_t nt,
-                               float *v, int64_t ld, int64_t tb, float *r) {
-  int64_t n1 = nt + 1;
-  for (int64_t c = 0; c < q->c; c++) {
-    const float *plane = planes + c * q->h * q->w;
-    /* row a of the 4 under the tiles: even columns at r[2a], odd at r[2a+1], 0 in the padding */
-    for (int a = 0; a < 4; a++) {
-      float *restrict ev = r + 2 * a * n1, *restrict od = ev + n1;
-      int64_t iy = iy0 + a;
-      if (iy < 0 || iy >= q->h) {
-        memset(ev, 0, sizeof(float) * (size_t)(2 * n1));
-        continue;
-      }
-      const float *src = plane + iy * q->w;
-      if (ix0 >= 0 && ix0 + 2 * n1 <= q->w) {
-        for (int64_t e = 0; e < n1; e++) ev[e] = src[ix0 + 2 * e], od[e] = src[ix0 + 2 * e + 1];
-      } else {
-        for (int64_t e = 0; e < n1; e++) {
-          int64_t i0 = ix0 + 2 * e, i1 = i0 + 1;
-          ev[e] = i0 >= 0 && i0 < q->w ? src[i0] : 0;
-          od[e] = i1 >= 0 && i1 < q->w ? src[i1] : 0;
-        }
-      }
+/* Row a of (B^T d) B for the tiles [0, nt) rounded up to whole vectors:
+ * tile k's columns are even k, odd k, even k+1, odd k+1. A function of its
+ * own, so that restrict tells the compiler nothing aliases. */
+static inline void input_columns(const float *restrict ev, const float *restrict od, float *restrict v0,
+                                 float *restrict v1, float *restrict v2, float *restrict v3, int64_t nt) {
+  for (int64_t k0 = 0; k0 < nt; k0 += 16)
+    for (int64_t k = k0; k < k0 + 16; k++) {
+      v0[k] = ev[k] - ev[k + 1];
+      v1[k] = od[k] + ev[k + 1];
+      v2[k] = ev[k + 1] - od[k];
+      v3[k] = od[k] - od[k + 1];
     }
-    /* B^T d: the rows combined, in place (each column on its own) */
-    for (int64_t e = 0; e < 2 * n1; e++) {
-      float d0 = r[e], d1 = r[2 * n1 + e], d2 = r[4 * n1 + e], d3 = r[6 * n1 + e];
-      r[e] = d0 - d2;
-      r[2 * n1 + e] = d1 + d2;
-      r[4 * n1 + e] = d2 - d1;
-      r[6 * n1 + e] = d1 - d3;
+}
+
+/* V[xi][k] = (B^T d B)[xi] for the tiles k of a run of nt in one row of
+ * tiles of one input plane, whose rows start at iy0 and columns at ix0
+ * (maybe in the padding); V[xi] are ld apart. r: RUN_FLOATS. The columns
+ * are taken apart into even and odd ones, so that every loop over the
+ * tiles reads and writes with stride 1; the last loop runs in whole
+ * vectors of 16 tiles, writing up to 15 floats past the run: what the
+ * caller writes next (the next run, the next channel's row), or the spare
+ * line after V[xi] (stride16). */
+static KILN_HOT void input_run(const wino_geom *q, const float *plane, int64_t iy0, int64_t ix0, int64_t nt,
+                               float *v, int64_t ld, float *r) {
+  int64_t n1 = (nt + 15) / 16 * 16 + 16; /* floats per array: whole vectors, and the column after */
+  /* row a of the 4 under the tiles: even columns at r[2a], odd at r[2a+1], 0 in the padding */
+  for (int a = 0; a < 4; a++) {
+    float *restrict ev = r + 2 * a * n1, *restrict od = ev + n1;
+    int64_t iy = iy0 + a, n = nt + 1;
+    if (iy < 0 || iy >= q->h) {
+      memset(ev, 0, sizeof(float) * (size_t)(2 * n1));
+      continue;
     }
-    /* (B^T d) B: tile k's columns are even k, odd k, even k+1, odd k+1 */
-    for (int a = 0; a < 4; a++) {
-      const float *restrict ev = r + 2 * a * n1, *restrict od = ev + n1;
-      float *restrict v0 = v + (4 * a) * ld + c * tb, *restrict v1 = v0 + ld, *restrict v2 = v1 + ld,
-                      *restrict v3 = v2 + ld;
-      for (int64_t k = 0; k < nt; k++) {
-        v0[k] = ev[k] - ev[k + 1];
-        v1[k] = od[k] + ev[k + 1];
-        v2[k] = ev[k + 1] - od[k];
-        v3[k] = od[k] - od[k + 1];
-      }
+    /* pairs [lo, hi) lie inside the row; those before and after touch the padding */
+    const float *src = plane + iy * q->w;
+    int64_t lo = ix0 < 0 ? (-ix0 + 1) / 2 : 0, hi = (q->w - ix0) / 2;
+    if (hi > n) hi = n;
+    if (hi < lo) hi = lo;
+    for (int64_t e = 0; e < lo; e++) {
+      int64_t i = ix0 + 2 * e;
+      ev[e] = i >= 0 && i < q->w ? src[i] : 0;
+      od[e] = i + 1 >= 0 && i + 1 < q->w ? src[i + 1] : 0;
     }
+    for (int64_t e = lo; e < hi; e++) ev[e] = src[ix0 + 2 * e], od[e] = src[ix0 + 2 * e + 1];
+    for (int64_t e = hi; e < n; e++) {
+      int64_t i = ix0 + 2 * e;
+      ev[e] = i >= 0 && i < q->w ? src[i] : 0;
+      od[e] = i + 1 >= 0 && i + 1 < q->w ? src[i + 1] : 0;
+    }
+    for (int64_t e = n; e < n1; e++) ev[e] = od[e] = 0;
+  }
+  /* B^T d: the rows combined, in place (each column on its own) */
+  for (int64_t e = 0; e < 2 * n1; e++) {
+    float d0 = r[e], d1 = r[2 * n1 + e], d2 = r[4 * n1 + e], d3 = r[6 * n1 + e];
+    r[e] = d0 - d2;
+    r[2 * n1 + e] = d1 + d2;
+    r[4 * n1 + e] = d2 - d1;
+    r[6 * n1 + e] = d1 - d3;
+  }
+  /* (B^T d) B */
+  for (int a = 0; a < 4; a++) {
+    const float *ev = r + 2 * a * n1, *od = ev + n1;
+    float *v0 = v + (4 * a) * ld, *v1 = v0 + ld, *v2 = v1 + ld, *v3 = v2 + ld;
+    input_columns(ev, od, v0, v1, v2, v3, nt);
+  }
+}
+
+/* A^T m A for the tiles [0, nt): m[xi][k] at s + xi * ld + k; the even and
+ * odd columns of the tiles' two output rows into e0, o0, e1, o1. */
+static inline void output_columns(const float *restrict s, int64_t ld, float *restrict e0, float *restrict o0,
+                                  float *restrict e1, float *restrict o1, int64_t nt) {
+  for (int64_t k = 0; k < nt; k++) {
+    float t0[4], t1[4];
+    for (int b = 0; b < 4; b++) {
+      float s0 = s[b * ld + k], s1 = s[(4 + b) * ld + k], s2 = s[(8 + b) * ld + k], s3 = s[(12 + b) * ld + k];
+      t0[b] = s0 + s1 + s2;
+      t1[b] = s1 - s2 - s3;
+    }
+    e0[k] = t0[0] + t0[1] + t0[2];
+    o0[k] = t0[1] - t0[2] - t0[3];
+    e1[k] = t1[0] + t1[1] + t1[2];
+    o1[k] = t1[1] - t1[2] - t1[3];
   }
 }
 
@@ -160,24 +194,12 @@ static KILN_HOT void output_run(const wino_geom *q, const float *m, int64_t oy, 
                                 int64_t ld, int64_t tb, float *r) {
   int64_t cols = 2 * nt < q->wo - ox ? 2 * nt : q->wo - ox, rows = q->ho - oy < 2 ? q->ho - oy : 2;
   for (int64_t o = 0; o < q->o; o++) {
-    const float *s = m + o * tb;
-    float *restrict e0 = r, *restrict o0 = r + nt, *restrict e1 = r + 2 * nt, *restrict o1 = r + 3 * nt;
-    for (int64_t k = 0; k < nt; k++) {
-      float t0[4], t1[4];
-      for (int b = 0; b < 4; b++) {
-        float s0 = s[b * ld + k], s1 = s[(4 + b) * ld + k], s2 = s[(8 + b) * ld + k], s3 = s[(12 + b) * ld + k];
-        t0[b] = s0 + s1 + s2;
-        t1[b] = s1 - s2 - s3;
-      }
-      e0[k] = t0[0] + t0[1] + t0[2];
-      o0[k] = t0[1] - t0[2] - t0[3];
-      e1[k] = t1[0] + t1[1] + t1[2];
-      o1[k] = t1[1] - t1[2] - t1[3];
-    }
+    float *e0 = r, *o0 = r + nt, *e1 = r + 2 * nt, *o1 = r + 3 * nt;
+    output_columns(m + o * tb, ld, e0, o0, e1, o1, nt);
     float *yp = planes + (o * q->ho + oy) * q->wo + ox;
     for (int row = 0; row < rows; row++, yp += q->wo) {
       const float *ev = row ? e1 : e0, *od = row ? o1 : o0;
-      for (int64_t e = 0; e + 1 < cols; e += 2) yp[e] = ev[e / 2], yp[e + 1] = od[e / 2];
+      for (int64_t k = 0; k < cols / 2; k++) yp[2 * k] = ev[k], yp[2 * k + 1] = od[k];
       if (cols % 2) yp[cols - 1] = ev[cols / 2];
     }
   }
@@ -198,14 +220,17 @@ static void block_chunk(void *ctx, int64_t s0, int64_t s1) {
   const wino_job *j = ctx;
   const wino_geom *q = j->q;
   int64_t tiles = tiles_of(q), tb = j->tb;
-  float r[8 * (MAX_TILES + 1)];
+  float r[RUN_FLOATS];
   for (int64_t s = s0; s < s1; s++) {
     float *v = (float *)(j->slots + (size_t)s * slot_bytes(q, tb)), *m = v + 16 * j->ldv;
     int64_t b0 = s * j->blocks / j->nslots, b1 = (s + 1) * j->blocks / j->nslots;
     for (int64_t b = b0; b < b1; b++) {
       int64_t t0 = b * tb, t1 = t0 + tb < tiles ? t0 + tb : tiles;
-      FOR_ROWS(j, t0, t1,
-               input_run(q, j->x + ni * q->c * q->h * q->w, 2 * ty - q->ph, 2 * tx0 - q->pw, nt, v + off, j->ldv, tb, r));
+      /* channel by channel, so that what a run writes past its end is written again after */
+      for (int64_t c = 0; c < q->c; c++)
+        FOR_ROWS(j, t0, t1,
+                 input_run(q, j->x + (ni * q->c + c) * q->h * q->w, 2 * ty - q->ph, 2 * tx0 - q->pw, nt,
+                           v + c * tb + off, j->ldv, r));
       for (int xi = 0; xi < 16; xi++)
         gemm_sgemm_task(q->o, t1 - t0, q->c, j->u + xi * j->ldu, q->c, v + xi * j->ldv, tb, m + xi * j->ldm, tb);
       FOR_ROWS(j, t0, t1,
