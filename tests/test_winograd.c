@@ -4,7 +4,7 @@
  * unequal, channel counts that are multiples of nothing, one image and
  * several, blocks and slots enough that the pool splits them, the rotated
  * weight of an input gradient. Also: the bits do not depend on the thread
- * count nor on the working memory given, too little working memory is not
+ * count (on kiln's GEMM) nor on the working memory given, too little working memory is not
  * used, and out of memory is an error. conv2d's choice of it (KILN_CONV)
  * is covered by test_ops_ref, run by ctest with either algorithm forced. */
 #include <check.h>
@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "eager/eager.h"
+#include "eager/gemm.h"
 #include "eager/pool.h"
 
 static uint64_t rng = 88172645463325252ull;
@@ -153,7 +154,9 @@ START_TEST(test_threads_same_bits) {
     ck_assert_int_eq(0, wino_conv_f32(&q, x, w, y[t], t == 3 ? scratch : NULL, t == 3 ? bytes : 0));
   }
   pool_set_num_threads(0);
-  for (int t = 1; t < 4; t++) ck_assert_msg(!memcmp(y[0], y[t], sizeof(float) * (size_t)ny), "run %d differs", t);
+  /* OpenBLAS's bits vary with the GEMMs' widths: conv.c takes Winograd by itself only on kiln's GEMM */
+  if (strcmp(gemm_kernel_name(), "blas") != 0)
+    for (int t = 1; t < 4; t++) ck_assert_msg(!memcmp(y[0], y[t], sizeof(float) * (size_t)ny), "run %d differs", t);
   alloc_aligned_free(scratch, (bytes + 63) / 64 * 64);
   for (int t = 0; t < 4; t++) free(y[t]);
   free(x), free(w);

@@ -154,7 +154,8 @@ static bool winograd_pays(const wino_geom *wg) {
 /* Whether op `which` on q (elements es bytes) runs as Winograd, and if so
  * its geometry in *wg: the forward and the input gradient of f32 3x3
  * convolutions of stride 1, dilation 1 and one group (the input gradient's
- * padding 2 - p must not be negative), where they pay (see docs/perf.md). */
+ * padding 2 - p must not be negative), where they pay (see docs/perf.md)
+ * and kiln's GEMM runs. */
 static bool winograd_of(int which, const conv_geom *q, size_t es, wino_geom *wg) {
   if (es != sizeof(float) || q->kh != 3 || q->kw != 3 || q->sh != 1 || q->sw != 1 || q->dh != 1 || q->dw != 1 ||
       q->groups != 1 || which == GRAD_WEIGHT)
@@ -169,7 +170,9 @@ static bool winograd_of(int which, const conv_geom *q, size_t es, wino_geom *wg)
     return false;
   int algo = conv_algo();
   if (algo != ALGO_AUTO) return algo == ALGO_WINOGRAD;
-  return winograd_pays(wg);
+  /* its bits depend on no thread count only on kiln's GEMM (OpenBLAS's
+   * results vary with the blocks' widths, which follow the thread count) */
+  return strcmp(gemm_kernel_name(), "blas") != 0 && winograd_pays(wg);
 }
 
 /* The geometry of conv2d(x, w) with attrs.ints (the shape rule checked them). */
