@@ -46,7 +46,8 @@ static int64_t block_tiles(const wino_geom *q) {
 
 /* The 16 matrices of U, V and M lie this many floats apart: a line more
  * than their size, so that the 16 streams a transform writes do not land
- * in the same L1 sets (their sizes are often multiples of 4 KiB). */
+ * in the same L1 sets (their sizes are often multiples of 4 KiB); that
+ * line also takes what input_run writes past V[xi]'s end. */
 static int64_t stride16(int64_t floats) { return (floats + 15) / 16 * 16 + 16; }
 static size_t u_bytes(const wino_geom *q) { return (size_t)(16 * stride16(q->o * q->c)) * sizeof(float); }
 static size_t slot_bytes(const wino_geom *q, int64_t tb) {
@@ -206,7 +207,7 @@ static KILN_HOT void output_run(const wino_geom *q, const float *m, int64_t oy, 
 }
 
 /* BODY for each run of tiles in [t0, t1) that lies in one row of tiles:
- * image ni, row ty, columns [tx0, tx1), the run's first tile off from t0. */
+ * image ni, row ty, nt tiles from column tx0, the first of them off from t0. */
 #define FOR_ROWS(j, t0, t1, BODY)                                                            \
   for (int64_t t_ = (t0); t_ < (t1);) {                                                      \
     int64_t ni = t_ / ((j)->th * (j)->tw), ty = t_ / (j)->tw % (j)->th, tx0 = t_ % (j)->tw; \
@@ -261,7 +262,7 @@ int wino_conv_f32(const wino_geom *q, const float *x, const float *w, float *y, 
   }
   j.u = scratch;
   j.slots = (char *)scratch + u_bytes(q);
-  pool_parallel_for(q->o, 1 + 4096 / q->c, weight_chunk, &j); /* ~64K flops a chunk */
+  pool_parallel_for(q->o, 1 + 4096 / q->c, weight_chunk, &j); /* 4K weights or more a chunk */
   pool_parallel_for(j.nslots, 1, block_chunk, &j);
   if (own) alloc_aligned_free(own, bytes);
   return 0;
