@@ -625,8 +625,8 @@ int k_conv2d(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
 int k_conv2d_grad_input(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
 int k_conv2d_grad_weight(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
 int k_pool2d(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
-/* Bytes of working memory (im2col columns, and the product of the images that
- * share a GEMM) the kernel of op (conv2d or one of its gradients) takes with
+/* Bytes of working memory (im2col columns and the product of the images that
+ * share a GEMM, or Winograd's U and blocks) the kernel of op (conv2d or one of its gradients) takes with
  * these operands: compiled code plans it like any intermediate. 0 for other ops. */
 size_t conv_scratch_bytes(op_id op, kiln_tensor *const *in, const op_attrs *a);
 /* That kernel on the caller's working memory (bytes of it, conv_scratch_bytes
