@@ -1144,6 +1144,12 @@ def conv_family(w, rng):
         ([0, 3, 5, 5], [4, 3, 3, 3], (1, 1), (0, 0), (1, 1), 1),      # no images
         ([5, 8, 4, 4], [16, 8, 3, 3], (1, 1), (1, 1), (1, 1), 1),     # several images per GEMM
         ([3, 16, 6, 6], [8, 4, 3, 3], (2, 2), (1, 1), (1, 1), 4),     # several images, groups
+        # 3x3 stride 1 with channels and tiles enough for Winograd F(2x2, 3x3) (conv.c
+        # chooses it; ctest runs these once more with KILN_CONV=gemm and =winograd):
+        # odd sizes (partial tiles), channel counts that are multiples of nothing
+        ([2, 17, 15, 13], [19, 17, 3, 3], (1, 1), (1, 1), (1, 1), 1),
+        ([1, 16, 17, 19], [21, 16, 3, 3], (1, 1), (1, 1), (1, 1), 1),  # one image
+        ([3, 16, 9, 11], [16, 16, 3, 3], (1, 1), (0, 2), (1, 1), 1),   # unequal padding
     ]
     for dt in FLOATS:
         for idx, (xs, ws, st, pd, dl, gr) in enumerate(convs):

@@ -1082,7 +1082,7 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
     int r = !ok ? -1
             : start ? dist_start(dq, &ov.t, at.flag, ki == e->last_allreduce)
             : k->kind == CG_K_MATMUL && k->beta != 0 ? gemm_into(ins[0], ins[1], k->alpha, k->beta, &ov.t)
-            : k->scratch_buf >= 0 && !dtype_is_narrow(n->dtype) ? conv_kernel((op_id)n->op, ins, &at, &ov.t, bufs[k->scratch_buf])
+            : k->scratch_buf >= 0 && !dtype_is_narrow(n->dtype) ? conv_kernel((op_id)n->op, ins, &at, &ov.t, bufs[k->scratch_buf], bytes[k->scratch_buf])
                                                      : op_kernel((op_id)n->op, many ? many : ins, many ? n->n_in : nin, &at, &ov.t);
     alloc_free(many), alloc_free(mv);
     if (r) {

@@ -14,6 +14,7 @@
  * gy @ columns^T summed over the images, the input's is w^T @ gy, added back
  * through the windows (col2im). im2col and col2im run over the thread pool;
  * OpenBLAS threads each GEMM with the pool's thread count. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "eager/eager.h"
@@ -124,6 +125,56 @@ static void conv_sgemm(CBLAS_ORDER order, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb
 #undef F
 #undef GEMM
 
+enum { FWD, GRAD_INPUT, GRAD_WEIGHT };
+
+/* ---- which algorithm ---- */
+
+enum { ALGO_AUTO, ALGO_GEMM, ALGO_WINOGRAD };
+
+/* KILN_CONV=gemm or winograd forces one algorithm wherever it applies;
+ * anything else (or unset) chooses by shape. Read once. */
+static int conv_algo(void) {
+  static _Atomic int algo = -1;
+  int a = atomic_load_explicit(&algo, memory_order_relaxed);
+  if (a < 0) {
+    const char *env = getenv("KILN_CONV");
+    a = env && !strcmp(env, "gemm") ? ALGO_GEMM : env && !strcmp(env, "winograd") ? ALGO_WINOGRAD : ALGO_AUTO;
+    atomic_store_explicit(&algo, a, memory_order_relaxed);
+  }
+  return a;
+}
+
+/* Winograd's GEMMs are 2.25x smaller than im2col's, and its transforms
+ * cost per input and output element: it pays with channels enough that
+ * the GEMMs dominate and tiles enough to fill them. Measured: docs/perf.md. */
+static bool winograd_pays(const wino_geom *wg) {
+  return wg->c >= 16 && wg->o >= 16 && wg->n * ((wg->ho + 1) / 2) * ((wg->wo + 1) / 2) >= 64;
+}
+
+/* Whether op `which` on q (elements es bytes) runs as Winograd, and if so
+ * its geometry in *wg: the forward and the input gradient of f32 3x3
+ * convolutions of stride 1, dilation 1 and one group (the input gradient's
+ * padding 2 - p must not be negative), where they pay (see docs/perf.md)
+ * and kiln's GEMM runs. */
+static bool winograd_of(int which, const conv_geom *q, size_t es, wino_geom *wg) {
+  if (es != sizeof(float) || q->kh != 3 || q->kw != 3 || q->sh != 1 || q->sw != 1 || q->dh != 1 || q->dw != 1 ||
+      q->groups != 1 || which == GRAD_WEIGHT)
+    return false;
+  if (which == FWD)
+    *wg = (wino_geom){.n = q->n, .c = q->c, .h = q->h, .w = q->w, .o = q->o, .ph = q->ph, .pw = q->pw,
+                      .ho = q->ho, .wo = q->wo};
+  else if (q->ph <= 2 && q->pw <= 2)
+    *wg = (wino_geom){.n = q->n, .c = q->o, .h = q->ho, .w = q->wo, .o = q->c, .ph = 2 - q->ph, .pw = 2 - q->pw,
+                      .ho = q->h, .wo = q->w, .flip = true};
+  else
+    return false;
+  int algo = conv_algo();
+  if (algo != ALGO_AUTO) return algo == ALGO_WINOGRAD;
+  /* its bits depend on no thread count only on kiln's GEMM (OpenBLAS's
+   * results vary with the blocks' widths, which follow the thread count) */
+  return strcmp(gemm_kernel_name(), "blas") != 0 && winograd_pays(wg);
+}
+
 /* The geometry of conv2d(x, w) with attrs.ints (the shape rule checked them). */
 static conv_geom geom_of(const kiln_tensor *x, const kiln_tensor *w, const op_attrs *a) {
   conv_geom q = {.n = x->shape[0], .c = x->shape[1], .h = x->shape[2], .w = x->shape[3],
@@ -147,14 +198,14 @@ static const kiln_tensor *dense(const kiln_tensor *t, kiln_tensor **own) {
   return *own;
 }
 
-enum { FWD, GRAD_INPUT, GRAD_WEIGHT };
-
 /* One of the three ops: a and b are (x, w), (gy, w) or (gy, x), and x and w
  * give the geometry. Writes out through a contiguous temporary when out
  * itself is not. scratch: conv_scratch_bytes of working memory, or NULL. */
 static int conv_run(int which, const kiln_tensor *a, const kiln_tensor *b, const kiln_tensor *x, const kiln_tensor *w,
-                    const op_attrs *at, kiln_tensor *out, void *scratch) {
+                    const op_attrs *at, kiln_tensor *out, void *scratch, size_t bytes) {
   conv_geom q = geom_of(x, w, at);
+  wino_geom wg;
+  bool wino = winograd_of(which, &q, kiln_dtype_size(out->dtype), &wg);
   if (q.k > INT32_MAX || q.og > INT32_MAX || q.n * q.p > INT32_MAX || q.c * q.h * q.w > INT32_MAX) return -1;
   kiln_tensor *oa, *ob, *oo = NULL;
   const kiln_tensor *da = dense(a, &oa), *db = dense(b, &ob);
@@ -164,7 +215,9 @@ static int conv_run(int which, const kiln_tensor *a, const kiln_tensor *b, const
   if (da && db && dst) {
     const void *pa = tensor_data(da), *pb = tensor_data(db);
     void *po = tensor_data(dst);
-    if (out->dtype == KILN_F32)
+    if (wino)
+      rc = wino_conv_f32(&wg, pa, pb, po, scratch, bytes);
+    else if (out->dtype == KILN_F32)
       rc = which == FWD ? conv_forward_f32(&q, pa, pb, po, scratch)
            : which == GRAD_INPUT ? conv_grad_input_f32(&q, pa, pb, po, scratch)
                                  : conv_grad_weight_f32(&q, pa, pb, po, scratch);
@@ -186,34 +239,38 @@ static void geometry_operands(op_id op, kiln_tensor *const *in, const kiln_tenso
   *w = op == OP_CONV2D_GRAD_WEIGHT ? in[2] : in[1];
 }
 
+static int op_which(op_id op) { return op == OP_CONV2D ? FWD : op == OP_CONV2D_GRAD_INPUT ? GRAD_INPUT : GRAD_WEIGHT; }
+
 size_t conv_scratch_bytes(op_id op, kiln_tensor *const *in, const op_attrs *a) {
   if (op != OP_CONV2D && op != OP_CONV2D_GRAD_INPUT && op != OP_CONV2D_GRAD_WEIGHT) return 0;
   const kiln_tensor *x, *w;
   geometry_operands(op, in, &x, &w);
   conv_geom q = geom_of(x, w, a);
-  return scratch_bytes(&q, kiln_dtype_size(in[0]->dtype));
+  size_t es = kiln_dtype_size(in[0]->dtype);
+  wino_geom wg;
+  if (winograd_of(op_which(op), &q, es, &wg)) return wino_scratch_bytes(&wg);
+  return scratch_bytes(&q, es);
 }
 
-int conv_kernel(op_id op, kiln_tensor *const *in, const op_attrs *a, kiln_tensor *out, void *scratch) {
+int conv_kernel(op_id op, kiln_tensor *const *in, const op_attrs *a, kiln_tensor *out, void *scratch, size_t bytes) {
   const kiln_tensor *x, *w;
   geometry_operands(op, in, &x, &w);
-  int which = op == OP_CONV2D ? FWD : op == OP_CONV2D_GRAD_INPUT ? GRAD_INPUT : GRAD_WEIGHT;
-  return conv_run(which, in[0], in[1], x, w, a, out, scratch);
+  return conv_run(op_which(op), in[0], in[1], x, w, a, out, scratch, bytes);
 }
 
 int k_conv2d(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out) {
   (void)n;
-  return conv_kernel(op, in, a, out, NULL);
+  return conv_kernel(op, in, a, out, NULL, 0);
 }
 
 /* in: gy, w, x (x for its shape) */
 int k_conv2d_grad_input(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out) {
   (void)n;
-  return conv_kernel(op, in, a, out, NULL);
+  return conv_kernel(op, in, a, out, NULL, 0);
 }
 
 /* in: gy, x, w (w for its shape) */
 int k_conv2d_grad_weight(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out) {
   (void)n;
-  return conv_kernel(op, in, a, out, NULL);
+  return conv_kernel(op, in, a, out, NULL, 0);
 }

@@ -631,14 +631,32 @@ int k_conv2d(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
 int k_conv2d_grad_input(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
 int k_conv2d_grad_weight(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
 int k_pool2d(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
-/* Bytes of working memory (im2col columns, and the product of the images that
- * share a GEMM) the kernel of op (conv2d or one of its gradients) takes with
+/* Bytes of working memory (im2col columns and the product of the images that
+ * share a GEMM, or Winograd's U and blocks) the kernel of op (conv2d or one of its gradients) takes with
  * these operands: compiled code plans it like any intermediate. 0 for other ops. */
 size_t conv_scratch_bytes(op_id op, kiln_tensor *const *in, const op_attrs *a);
-/* That kernel on the caller's working memory (conv_scratch_bytes of it; NULL:
- * its own). 0, or -1 when out of memory. */
-int conv_kernel(op_id op, kiln_tensor *const *in, const op_attrs *a, kiln_tensor *out, void *scratch);
+/* That kernel on the caller's working memory (bytes of it, conv_scratch_bytes
+ * at most; NULL: its own). 0, or -1 when out of memory. */
+int conv_kernel(op_id op, kiln_tensor *const *in, const op_attrs *a, kiln_tensor *out, void *scratch, size_t bytes);
 int k_pool2d_grad(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
+
+/* ---- winograd.c: 3x3 stride-1 f32 convolutions as Winograd F(2x2, 3x3) -- */
+
+/* A 3x3 convolution of stride 1, dilation 1, one group (conv.c decides
+ * which run here). flip: the weight is (C, O, 3, 3) and taken rotated by 180
+ * degrees, as the input gradient of a convolution takes its weight. */
+typedef struct wino_geom {
+  int64_t n, c, h, w; /* input (N, C, H, W) */
+  int64_t o, ph, pw;  /* output channels, padding */
+  int64_t ho, wo;     /* output size: h + 2 ph - 2, w + 2 pw - 2 */
+  bool flip;
+} wino_geom;
+
+/* Working memory wino_conv_f32 takes at the pool's thread count now. */
+size_t wino_scratch_bytes(const wino_geom *q);
+/* y (N, O, ho, wo) = conv(x, w), on scratch (bytes of it; NULL or too
+ * little: its own). 0, or -1 when out of memory. */
+int wino_conv_f32(const wino_geom *q, const float *x, const float *w, float *y, void *scratch, size_t bytes);
 
 /* ---- pool.h is separate (thread pool) ----------------------------------- */
 

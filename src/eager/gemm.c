@@ -396,12 +396,14 @@ static int isa(void) {
 
 const char *gemm_kernel_name(void) { return isa() == 3 ? "avx512" : isa() == 2 ? "avx2" : "blas"; }
 
-bool kgemm_f32(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
-              const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+/* kgemm_f32; alone: the caller is a pool task, which OpenBLAS's threads
+ * would oversubscribe, so kiln's kernel runs wherever it can. */
+static bool kgemm(bool alone, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                  int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
   int level = isa();
   if (level < 2 || m < MIN_ROWS || n < 1 || k < 1 || (double)m * (double)n * (double)k < MIN_WORK) return false;
   bool head = tb && !ta && n >= 4 * m && m >= MR512; /* x @ W^T, W the wider: see below */
-  if (level == 3 && m > MC && n > 16 && !head && !atomic_load_explicit(&force_own, memory_order_relaxed) &&
+  if (level == 3 && m > MC && n > 16 && !head && !alone && !atomic_load_explicit(&force_own, memory_order_relaxed) &&
       gemm_blas_avx512())
     return false;
   gemm_job g = {.ta = ta, .tb = tb, .m = m, .n = n, .k = k, .lda = lda, .ldb = ldb, .ldc = ldc,
@@ -430,7 +432,7 @@ bool kgemm_f32(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, c
     alloc_aligned_free(g.ap, abytes);
     return false;
   }
-  bool parallel = (double)m * (double)n * (double)k >= PAR_WORK;
+  bool parallel = !alone && (double)m * (double)n * (double)k >= PAR_WORK;
   int threads = parallel ? pool_num_threads() : 1;
   /* Each pool job wakes threads: with one row block, the tasks pack their
    * own B panels, and a row-major A needs at most its last panel packed. */
@@ -461,6 +463,16 @@ bool kgemm_f32(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, c
   return true;
 }
 
+bool kgemm_f32(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+               const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+  return kgemm(false, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+static bool kgemm_task(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b, int64_t ldb,
+                       float *c, int64_t ldc) {
+  return kgemm(true, false, false, m, n, k, 1, a, lda, b, ldb, 0, c, ldc);
+}
+
 #else /* not x86-64: OpenBLAS does it all */
 
 const char *gemm_kernel_name(void) { return "blas"; }
@@ -473,10 +485,23 @@ bool kgemm_f32(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, c
   (void)c, (void)ldc;
   return false;
 }
+
+static bool kgemm_task(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b, int64_t ldb,
+                       float *c, int64_t ldc) {
+  (void)m, (void)n, (void)k, (void)a, (void)lda, (void)b, (void)ldb, (void)c, (void)ldc;
+  return false;
+}
 #endif
 
 void gemm_sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
                 int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
   if (!kgemm_f32(ta == CblasTrans, tb == CblasTrans, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc))
     cblas_sgemm(CblasRowMajor, ta, tb, (int)m, (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
+}
+
+void gemm_sgemm_task(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b, int64_t ldb,
+                     float *c, int64_t ldc) {
+  if (!kgemm_task(m, n, k, a, lda, b, ldb, c, ldc))
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)n, (int)k, 1, a, (int)lda, b, (int)ldb, 0, c,
+                (int)ldc);
 }

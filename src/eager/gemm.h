@@ -21,6 +21,13 @@ bool kgemm_f32(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, c
 void gemm_sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
                 int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
 
+/* c (m x n) = a (m x k) @ b (k x n), row-major, on the calling thread, for
+ * a caller that is itself one of the pool's tasks: kiln's kernel wherever
+ * it runs (also where gemm_sgemm would leave it to OpenBLAS, whose own
+ * threads would fight the pool's), cblas_sgemm else. */
+void gemm_sgemm_task(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b, int64_t ldb,
+                     float *c, int64_t ldc);
+
 /* Whether OpenBLAS runs its AVX-512 kernels here (by CPU model or
  * OPENBLAS_CORETYPE): kgemm_f32 then leaves it the products of more than
  * one row block (m > 96), where they are faster. */

@@ -1,0 +1,269 @@
+/* winograd.c - 3x3 stride-1 f32 convolutions as Winograd F(2x2, 3x3)
+ * (Lavin and Gray, "Fast Algorithms for Convolutional Neural Networks", 2015),
+ * which conv.c runs where they beat its im2col GEMM.
+ *
+ * Each 2x2 block of output (a tile) is computed from the 4x4 block of input
+ * under it: with the weight of (o, c) transformed once into U = G g G^T and
+ * the input block of c into V = B^T d B (both 4x4), the tile is
+ * A^T (sum over c of U * V) A, products taken elementwise. For each of the
+ * 16 elements xi of the 4x4 the sum over c is a GEMM, M[xi] (O, tiles) =
+ * U[xi] (O, C) @ V[xi] (C, tiles): 16 multiplies where a direct tile takes
+ * 36, the 2.25x fewer of the title, paid for with the transforms, which are
+ * adds only, and with a larger rounding error (see docs/guide.md).
+ *
+ * The tiles are cut into blocks small enough that a block's V and M stay in
+ * L2 from the input transform through the GEMMs to the output transform;
+ * the blocks are split across the pool in contiguous runs, each with its own
+ * V and M, and each GEMM runs on its thread. Every tile sums in one order
+ * whatever the thread count, so results do not depend on threads. */
+#include <string.h>
+
+#include "eager/eager.h"
+#include "eager/gemm.h"
+#include "eager/pool.h"
+
+enum {
+  BLOCK_BYTES = 1 << 20, /* a block's V and M: half the L2 of a current core */
+  MIN_TILES = 64,        /* narrower GEMMs reread U from L3 too often for their work */
+  MAX_TILES = 512,
+  RUN_FLOATS = 8 * (MAX_TILES + 16) /* input_run's rows of a run, in whole vectors */
+};
+
+static int64_t tiles_of(const wino_geom *q) { return q->n * ((q->ho + 1) / 2) * ((q->wo + 1) / 2); }
+
+/* Tiles per block: as many as fit BLOCK_BYTES, a multiple of 16, no more
+ * than each thread's share of them, but at least MIN_TILES where the share
+ * allows (wide layers' V and M then spill to L3, which costs less than
+ * rereading U for narrow GEMMs). */
+static int64_t block_tiles(const wino_geom *q) {
+  int64_t t = BLOCK_BYTES / (16 * (int64_t)sizeof(float) * (q->c + q->o));
+  int64_t share = (tiles_of(q) + pool_num_threads() - 1) / pool_num_threads();
+  if (t > share) t = share;
+  if (t < MIN_TILES) t = MIN_TILES < share ? MIN_TILES : share;
+  t = (t + 15) / 16 * 16;
+  return t < 16 ? 16 : t > MAX_TILES ? MAX_TILES : t;
+}
+
+/* The 16 matrices of U, V and M lie this many floats apart: a line more
+ * than their size, so that the 16 streams a transform writes do not land
+ * in the same L1 sets (their sizes are often multiples of 4 KiB); that
+ * line also takes what input_run writes past V[xi]'s end. */
+static int64_t stride16(int64_t floats) { return (floats + 15) / 16 * 16 + 16; }
+static size_t u_bytes(const wino_geom *q) { return (size_t)(16 * stride16(q->o * q->c)) * sizeof(float); }
+static size_t slot_bytes(const wino_geom *q, int64_t tb) {
+  return (size_t)(16 * (stride16(q->c * tb) + stride16(q->o * tb))) * sizeof(float);
+}
+
+/* Blocks of V and M that run at once: one a thread, no more than there are blocks. */
+static int64_t slots_for(const wino_geom *q, int64_t tb) {
+  int64_t blocks = (tiles_of(q) + tb - 1) / tb, s = pool_num_threads();
+  return s < blocks ? s : blocks < 1 ? 1 : blocks;
+}
+
+size_t wino_scratch_bytes(const wino_geom *q) {
+  int64_t tb = block_tiles(q);
+  return u_bytes(q) + (size_t)slots_for(q, tb) * slot_bytes(q, tb);
+}
+
+typedef struct wino_job {
+  const wino_geom *q;
+  const float *x, *w;
+  float *y, *u;
+  char *slots;
+  int64_t tb, blocks, nslots, tw, th;
+  int64_t ldu, ldv, ldm; /* floats between U[xi] and U[xi + 1], likewise V and M */
+} wino_job;
+
+/* ---- the three transforms ---- */
+
+/* U[xi][o][c] = (G g G^T)[xi] for output channels [o0, o1), g the 3x3 of (o, c). */
+static void weight_chunk(void *ctx, int64_t o0, int64_t o1) {
+  const wino_job *j = ctx;
+  const wino_geom *q = j->q;
+  int64_t ld = j->ldu;
+  for (int64_t o = o0; o < o1; o++)
+    for (int64_t c = 0; c < q->c; c++) {
+      float g[3][3], t[4][3];
+      for (int a = 0; a < 3; a++)
+        for (int b = 0; b < 3; b++)
+          g[a][b] = q->flip ? j->w[(c * q->o + o) * 9 + (2 - a) * 3 + (2 - b)] : j->w[(o * q->c + c) * 9 + a * 3 + b];
+      for (int b = 0; b < 3; b++) {
+        t[0][b] = g[0][b];
+        t[1][b] = 0.5f * (g[0][b] + g[1][b] + g[2][b]);
+        t[2][b] = 0.5f * (g[0][b] - g[1][b] + g[2][b]);
+        t[3][b] = g[2][b];
+      }
+      float *u = j->u + o * q->c + c;
+      for (int a = 0; a < 4; a++) {
+        u[(a * 4 + 0) * ld] = t[a][0];
+        u[(a * 4 + 1) * ld] = 0.5f * (t[a][0] + t[a][1] + t[a][2]);
+        u[(a * 4 + 2) * ld] = 0.5f * (t[a][0] - t[a][1] + t[a][2]);
+        u[(a * 4 + 3) * ld] = t[a][2];
+      }
+    }
+}
+
+/* Row a of (B^T d) B for the tiles [0, nt) rounded up to whole vectors:
+ * tile k's columns are even k, odd k, even k+1, odd k+1. A function of its
+ * own, so that restrict tells the compiler nothing aliases. */
+static inline void input_columns(const float *restrict ev, const float *restrict od, float *restrict v0,
+                                 float *restrict v1, float *restrict v2, float *restrict v3, int64_t nt) {
+  for (int64_t k0 = 0; k0 < nt; k0 += 16)
+    for (int64_t k = k0; k < k0 + 16; k++) {
+      v0[k] = ev[k] - ev[k + 1];
+      v1[k] = od[k] + ev[k + 1];
+      v2[k] = ev[k + 1] - od[k];
+      v3[k] = od[k] - od[k + 1];
+    }
+}
+
+/* V[xi][k] = (B^T d B)[xi] for the tiles k of a run of nt in one row of
+ * tiles of one input plane, whose rows start at iy0 and columns at ix0
+ * (maybe in the padding); V[xi] are ld apart. r: RUN_FLOATS. The columns
+ * are taken apart into even and odd ones, so that every loop over the
+ * tiles reads and writes with stride 1; the last loop runs in whole
+ * vectors of 16 tiles, writing up to 15 floats past the run: what the
+ * caller writes next (the next run, the next channel's row), or the spare
+ * line after V[xi] (stride16). */
+static KILN_HOT void input_run(const wino_geom *q, const float *plane, int64_t iy0, int64_t ix0, int64_t nt,
+                               float *v, int64_t ld, float *r) {
+  int64_t n1 = (nt + 15) / 16 * 16 + 16; /* floats per array: whole vectors, and the column after */
+  /* row a of the 4 under the tiles: even columns at r[2a], odd at r[2a+1], 0 in the padding */
+  for (int a = 0; a < 4; a++) {
+    float *restrict ev = r + 2 * a * n1, *restrict od = ev + n1;
+    int64_t iy = iy0 + a, n = nt + 1;
+    if (iy < 0 || iy >= q->h) {
+      memset(ev, 0, sizeof(float) * (size_t)(2 * n1));
+      continue;
+    }
+    /* pairs [lo, hi) lie inside the row; those before and after touch the padding */
+    const float *src = plane + iy * q->w;
+    int64_t lo = ix0 < 0 ? (-ix0 + 1) / 2 : 0, hi = (q->w - ix0) / 2;
+    if (hi > n) hi = n;
+    if (hi < lo) hi = lo;
+    for (int64_t e = 0; e < lo; e++) {
+      int64_t i = ix0 + 2 * e;
+      ev[e] = i >= 0 && i < q->w ? src[i] : 0;
+      od[e] = i + 1 >= 0 && i + 1 < q->w ? src[i + 1] : 0;
+    }
+    for (int64_t e = lo; e < hi; e++) ev[e] = src[ix0 + 2 * e], od[e] = src[ix0 + 2 * e + 1];
+    for (int64_t e = hi; e < n; e++) {
+      int64_t i = ix0 + 2 * e;
+      ev[e] = i >= 0 && i < q->w ? src[i] : 0;
+      od[e] = i + 1 >= 0 && i + 1 < q->w ? src[i + 1] : 0;
+    }
+    for (int64_t e = n; e < n1; e++) ev[e] = od[e] = 0;
+  }
+  /* B^T d: the rows combined, in place (each column on its own) */
+  for (int64_t e = 0; e < 2 * n1; e++) {
+    float d0 = r[e], d1 = r[2 * n1 + e], d2 = r[4 * n1 + e], d3 = r[6 * n1 + e];
+    r[e] = d0 - d2;
+    r[2 * n1 + e] = d1 + d2;
+    r[4 * n1 + e] = d2 - d1;
+    r[6 * n1 + e] = d1 - d3;
+  }
+  /* (B^T d) B */
+  for (int a = 0; a < 4; a++) {
+    const float *ev = r + 2 * a * n1, *od = ev + n1;
+    float *v0 = v + (4 * a) * ld, *v1 = v0 + ld, *v2 = v1 + ld, *v3 = v2 + ld;
+    input_columns(ev, od, v0, v1, v2, v3, nt);
+  }
+}
+
+/* A^T m A for the tiles [0, nt): m[xi][k] at s + xi * ld + k; the even and
+ * odd columns of the tiles' two output rows into e0, o0, e1, o1. */
+static inline void output_columns(const float *restrict s, int64_t ld, float *restrict e0, float *restrict o0,
+                                  float *restrict e1, float *restrict o1, int64_t nt) {
+  for (int64_t k = 0; k < nt; k++) {
+    float t0[4], t1[4];
+    for (int b = 0; b < 4; b++) {
+      float s0 = s[b * ld + k], s1 = s[(4 + b) * ld + k], s2 = s[(8 + b) * ld + k], s3 = s[(12 + b) * ld + k];
+      t0[b] = s0 + s1 + s2;
+      t1[b] = s1 - s2 - s3;
+    }
+    e0[k] = t0[0] + t0[1] + t0[2];
+    o0[k] = t0[1] - t0[2] - t0[3];
+    e1[k] = t1[0] + t1[1] + t1[2];
+    o1[k] = t1[1] - t1[2] - t1[3];
+  }
+}
+
+/* The output of a run of nt tiles in one row of tiles, from M[xi][o][k]
+ * (M[xi] ld apart, rows tb): A^T m A into y at row oy, column ox of every
+ * output plane, clipped at the edge. r: 4 * nt floats. */
+static KILN_HOT void output_run(const wino_geom *q, const float *m, int64_t oy, int64_t ox, int64_t nt, float *planes,
+                                int64_t ld, int64_t tb, float *r) {
+  int64_t cols = 2 * nt < q->wo - ox ? 2 * nt : q->wo - ox, rows = q->ho - oy < 2 ? q->ho - oy : 2;
+  for (int64_t o = 0; o < q->o; o++) {
+    float *e0 = r, *o0 = r + nt, *e1 = r + 2 * nt, *o1 = r + 3 * nt;
+    output_columns(m + o * tb, ld, e0, o0, e1, o1, nt);
+    float *yp = planes + (o * q->ho + oy) * q->wo + ox;
+    for (int row = 0; row < rows; row++, yp += q->wo) {
+      const float *ev = row ? e1 : e0, *od = row ? o1 : o0;
+      for (int64_t k = 0; k < cols / 2; k++) yp[2 * k] = ev[k], yp[2 * k + 1] = od[k];
+      if (cols % 2) yp[cols - 1] = ev[cols / 2];
+    }
+  }
+}
+
+/* BODY for each run of tiles in [t0, t1) that lies in one row of tiles:
+ * image ni, row ty, nt tiles from column tx0, the first of them off from t0. */
+#define FOR_ROWS(j, t0, t1, BODY)                                                            \
+  for (int64_t t_ = (t0); t_ < (t1);) {                                                      \
+    int64_t ni = t_ / ((j)->th * (j)->tw), ty = t_ / (j)->tw % (j)->th, tx0 = t_ % (j)->tw; \
+    int64_t nt = (j)->tw - tx0 < (t1) - t_ ? (j)->tw - tx0 : (t1) - t_, off = t_ - (t0);     \
+    BODY;                                                                                    \
+    t_ += nt;                                                                                \
+  }
+
+/* Blocks of slots [s0, s1): slot s runs its share of the blocks in order on its own V and M. */
+static void block_chunk(void *ctx, int64_t s0, int64_t s1) {
+  const wino_job *j = ctx;
+  const wino_geom *q = j->q;
+  int64_t tiles = tiles_of(q), tb = j->tb;
+  float r[RUN_FLOATS];
+  for (int64_t s = s0; s < s1; s++) {
+    float *v = (float *)(j->slots + (size_t)s * slot_bytes(q, tb)), *m = v + 16 * j->ldv;
+    int64_t b0 = s * j->blocks / j->nslots, b1 = (s + 1) * j->blocks / j->nslots;
+    for (int64_t b = b0; b < b1; b++) {
+      int64_t t0 = b * tb, t1 = t0 + tb < tiles ? t0 + tb : tiles;
+      /* channel by channel, so that what a run writes past its end is written again after */
+      for (int64_t c = 0; c < q->c; c++)
+        FOR_ROWS(j, t0, t1,
+                 input_run(q, j->x + (ni * q->c + c) * q->h * q->w, 2 * ty - q->ph, 2 * tx0 - q->pw, nt,
+                           v + c * tb + off, j->ldv, r));
+      for (int xi = 0; xi < 16; xi++)
+        gemm_sgemm_task(q->o, t1 - t0, q->c, j->u + xi * j->ldu, q->c, v + xi * j->ldv, tb, m + xi * j->ldm, tb);
+      FOR_ROWS(j, t0, t1,
+               output_run(q, m + off, 2 * ty, 2 * tx0, nt, j->y + ni * q->o * q->ho * q->wo, j->ldm, tb, r));
+    }
+  }
+}
+
+int wino_conv_f32(const wino_geom *q, const float *x, const float *w, float *y, void *scratch, size_t bytes) {
+  int64_t tb = block_tiles(q), tiles = tiles_of(q);
+  if (tiles == 0 || q->o == 0) return 0;
+  if (q->c == 0) {
+    memset(y, 0, sizeof(float) * (size_t)(q->n * q->o * q->ho * q->wo));
+    return 0;
+  }
+  wino_job j = {.q = q, .x = x, .w = w, .y = y, .tb = tb, .blocks = (tiles + tb - 1) / tb,
+                .tw = (q->wo + 1) / 2, .th = (q->ho + 1) / 2, .ldu = stride16(q->o * q->c),
+                .ldv = stride16(q->c * tb), .ldm = stride16(q->o * tb)};
+  void *own = NULL;
+  /* as many slots as the working memory holds, up to one a thread */
+  int64_t fit = scratch && bytes > u_bytes(q) ? (int64_t)((bytes - u_bytes(q)) / slot_bytes(q, tb)) : 0;
+  j.nslots = slots_for(q, tb);
+  if (fit < 1) {
+    bytes = u_bytes(q) + (size_t)j.nslots * slot_bytes(q, tb);
+    if (!(scratch = own = alloc_aligned(bytes))) return -1;
+  } else if (fit < j.nslots) {
+    j.nslots = fit;
+  }
+  j.u = scratch;
+  j.slots = (char *)scratch + u_bytes(q);
+  pool_parallel_for(q->o, 1 + 4096 / q->c, weight_chunk, &j); /* 4K weights or more a chunk */
+  pool_parallel_for(j.nslots, 1, block_chunk, &j);
+  if (own) alloc_aligned_free(own, bytes);
+  return 0;
+}
