@@ -234,10 +234,12 @@ START_TEST(test_large_result_before_its_peer) {
   kiln_tensor *y = NULL, *ref = NULL;
   ck_assert_int_eq(0, kiln_call(fn, in, &y));
   ck_assert_int_eq(0, late_pair_body(NULL, in, &ref));
+  /* a whole-tensor sum adds in fixed blocks compiled and in one eagerly,
+   * so the last bit may differ (the previous test checks bits) */
   float got, want;
   ck_assert_int_eq(0, kiln_read(y, &got, sizeof got));
   ck_assert_int_eq(0, kiln_read(ref, &want, sizeof want));
-  ck_assert_mem_eq(&got, &want, sizeof got);
+  ck_assert_msg(fabsf(got - want) <= 1e-5f * fabsf(want), "%.9g compiled, %.9g eagerly", got, want);
   kiln_fn_free(fn);
   kiln_scope_end();
 }
