@@ -1071,6 +1071,8 @@ struct rec_state *rec_keep(recording *r) {
   for (int i = 0; i < s->n_blocks; i++) alloc_free(s->blocks[i]);
   s->n_made = s->n_laid = s->n_leaf = s->n_blocks = 0;
   map_clear(&s->leaves);
+  /* an entry of a param written in place would give a view of it made outside
+   * dispatch, next call, this call's value id (test_outside_view_on_reused_recording) */
   map_clear(&s->layouts);
   map_clear(&s->carried);
   s->saved = NULL;
