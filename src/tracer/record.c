@@ -351,10 +351,7 @@ static int values_of(recording *r, kiln_tensor *const *in, int n, int *ids) {
 static bool has_user_numbers(const recording *r, const rec_event *e) {
   rec_slot tmp[2 * MAXD + 8];
   (void)r;
-  if (!e->user) return false;
-  /* most ops (add, matmul, relu) carry no numbers: no slots to list */
-  if (e->kind == EV_OP && !(op_table[e->op].attrs & (AF_SHAPE | AF_START | AF_END | AF_VALUE | AF_VALUE2 | AF_K | AF_INTS | AF_RNG)))
-    return false;
+  if (!e->user || !rec_has_slots(e)) return false;
   return rec_slots(e, tmp, (int)(sizeof tmp / sizeof tmp[0])) > 0;
 }
 

@@ -358,6 +358,11 @@ typedef struct rec_slot {
   double f;
 } rec_slot;
 int rec_slots(const rec_event *e, rec_slot *out, int max);
+/* Whether e may have slots: most ops (add, matmul, relu) carry no numbers. */
+static inline bool rec_has_slots(const rec_event *e) {
+  return e->kind != EV_OP ||
+         (op_table[e->op].attrs & (AF_SHAPE | AF_START | AF_END | AF_VALUE | AF_VALUE2 | AF_K | AF_INTS | AF_RNG));
+}
 /* The attributes of every event that has none of its own (an add, a matmul,
  * a break): all zero, never written. Events keep a pointer, so that a log of
  * thousands of ops is not megabytes of mostly empty op_attrs. */
