@@ -65,6 +65,9 @@ struct rec_state {
 static atomic_ullong next_id = 1;
 
 op_attrs rec_no_attrs;
+/* an in-place write through a view, of no number (add_, copy_ into a slice):
+ * shared like rec_no_attrs, never written (a variant copies it as any) */
+static op_attrs view_write_attrs = {.flag = true};
 enum { ATTR_CHUNK = 256 };
 
 static void fail(recording *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -195,7 +198,7 @@ static int new_event(recording *r, rec_ekind kind, int op, const int *ids, int n
   rec_event *e = &r->ev[r->n_ev];
   /* an op's attributes are copied by on_op, right after, when it has any */
   e->a = &rec_no_attrs;
-  if (kind != EV_OP && kind != EV_BREAK && kind != EV_ESCAPE) {
+  if (kind != EV_OP && kind != EV_INPLACE && kind != EV_BREAK && kind != EV_ESCAPE) {
     if (!(e->a = attrs_new(r))) return fail(r, "out of memory while recording"), -1;
     memset(e->a, 0, sizeof *e->a);
   }
@@ -459,8 +462,18 @@ static void on_inplace(void *ctx, op_id op, kiln_tensor *dst, kiln_tensor *src, 
   }
   int e = new_event(r, EV_INPLACE, (int)op, ids, n, file, line);
   if (e < 0) return;
-  r->ev[e].a->value = value;
-  r->ev[e].a->flag = base != dst;
+  /* a fill's value is a number of the event; any other write's is 0 and
+   * shares its attributes (a step's optimizer makes hundreds of writes) */
+  if (memcmp(&value, &(double){0}, sizeof value)) {
+    op_attrs *c = attrs_new(r);
+    if (!c) return fail(r, "out of memory while recording");
+    memset(c, 0, sizeof *c);
+    c->value = value;
+    c->flag = base != dst;
+    r->ev[e].a = c;
+  } else if (base != dst) {
+    r->ev[e].a = &view_write_attrs;
+  }
   if (!src && r->ev[e].user) r->c_numbers = true;
   int v = new_value(r, RV_MADE, base, -1, e);
   if (v < 0) return;
