@@ -544,6 +544,71 @@ START_TEST(test_paths) {
 }
 END_TEST
 
+/* ---- a view made outside dispatch, on a reused recording ---- */
+
+/* The recording finds a view autograd or a construct made outside dispatch
+ * by its layout (storage, shape, strides), in a map a function's calls reuse.
+ * Call 1 writes the param in place, which puts the param's layout in that
+ * map with call 1's value id; call 2 first meets the param through such a
+ * view (a while_loop that runs as plain C, zero steps, hands back a view of
+ * its carry because the carry requires grad). An entry left from call 1
+ * would give the view a value id of call 2's own numbering: another value. */
+typedef struct stale_ctx {
+  kiln_tensor *p;  /* requires grad */
+  kiln_tensor *no; /* a false bool made before the calls: the loop's test reads no value of the call */
+  int call;
+} stale_ctx;
+
+static int stale_cond(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  stale_ctx *c = ctx;
+  /* a draw: the loop cannot be a region, so it runs as plain C */
+  if (!kiln_rand_like(in[0])) return -1;
+  out[0] = c->no;
+  return 0;
+}
+
+static int stale_step(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  out[0] = kiln_add(in[0], in[0]);
+  return out[0] ? 0 : -1;
+}
+
+static int stale_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  stale_ctx *c = ctx;
+  if (c->call++ == 0) {
+    kiln_no_grad_begin();
+    kiln_add_(c->p, in[0]);
+    kiln_no_grad_end();
+    out[0] = kiln_mul(c->p, in[0]);
+  } else {
+    kiln_tensor *v = NULL;
+    if (kiln_while_loop(stale_cond, stale_step, c, 1, &c->p, &v)) return -1;
+    out[0] = kiln_mul(v, in[0]);
+  }
+  return out[0] ? 0 : -1;
+}
+
+START_TEST(test_outside_view_on_reused_recording) {
+  float p0[4] = {1, 2, 3, 4}, x0[4] = {0.5f, -1, 2, 3};
+  stale_ctx c = {kiln_tensor_from(KILN_F32, 1, ((int64_t[]){4}), p0), kiln_scalar(KILN_BOOL, 0), 0};
+  kiln_requires_grad(c.p, true);
+  kiln_options o = {.name = "stale", .n_in = 1, .capture = KILN_CAPTURE_RECORD};
+  kiln_fn *fn = kiln_compile(stale_body, &c, &o);
+  for (int call = 0; call < 2; call++) {
+    kiln_scope_begin();
+    kiln_tensor *x = kiln_tensor_from(KILN_F32, 1, ((int64_t[]){4}), x0), *y = NULL;
+    ck_assert_msg(kiln_call(fn, &x, &y) == 0, "call %d: %s", call, kiln_last_error());
+    float got[4];
+    ck_assert_int_eq(0, kiln_read(y, got, sizeof got));
+    for (int i = 0; i < 4; i++) ck_assert_float_eq((p0[i] + x0[i]) * x0[i], got[i]); /* p += x once, in call 1 */
+    kiln_scope_end();
+  }
+  kiln_fn_free(fn);
+  kiln_release(c.p);
+  kiln_release(c.no);
+}
+END_TEST
+
 /* ---- warnings about the variables ---- */
 
 static void compile_with_bad_env(void *arg) {
@@ -583,6 +648,7 @@ Suite *capture_suite(void) {
   tcase_add_test(tc, test_many_breaks);
   tcase_add_test(tc, test_fullgraph);
   tcase_add_test(tc, test_paths);
+  tcase_add_test(tc, test_outside_view_on_reused_recording);
   tcase_add_test(tc, test_unknown_variables_warn);
   suite_add_tcase(s, tc);
   return s;

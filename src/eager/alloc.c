@@ -137,16 +137,101 @@ static void poison(handle_pool *p, void *h, bool on) {
 static void poison(handle_pool *p, void *h, bool on) { (void)p, (void)h, (void)on; }
 #endif
 
+/* Each thread takes handles from a pool's head and gives released ones to
+ * its tail in batches, one lock round trip a batch instead of two a tensor
+ * (a recorded op makes a tensor or two). A handle in a thread's batch is
+ * parked as in the queue: marked released until handed out, and handed out
+ * only after `keep` others were parked behind it. A thread's batches go back
+ * to the queue when it exits. */
+enum { HANDLE_BATCH = 32 };
+typedef struct handle_cache {
+  handle_pool *pool;
+  parked *take;           /* taken from the pool's head, not handed out yet */
+  int n_take;
+  parked *rel, *rel_tail; /* released here, not yet at the pool's tail */
+  int n_rel;
+} handle_cache;
+static KILN_TLS_HOT handle_cache tcache[2];
+static KILN_TLS_HOT bool tcache_on;
+static pthread_key_t tcache_key;
+static pthread_once_t tcache_once = PTHREAD_ONCE_INIT;
+static bool tcache_ok;
+
+static void park_list(handle_pool *p, parked *head, parked *tail, int n) {
+  if (!n) return;
+  tail->next = NULL;
+  pthread_mutex_lock(&p->lock);
+  if (p->tail) p->tail->next = head;
+  else p->head = head;
+  p->tail = tail;
+  p->n_parked += (size_t)n;
+  pthread_mutex_unlock(&p->lock);
+}
+
+static void tcache_flush(void *arg) {
+  (void)arg;
+  for (int i = 0; i < 2; i++) {
+    handle_cache *c = &tcache[i];
+    if (!c->pool) continue;
+    park_list(c->pool, c->rel, c->rel_tail, c->n_rel);
+    parked *t = c->take;
+    while (t && t->next) t = t->next;
+    park_list(c->pool, c->take, t, c->n_take);
+    memset(c, 0, sizeof *c);
+  }
+  tcache_on = false;
+}
+
+static void tcache_init(void) { tcache_ok = pthread_key_create(&tcache_key, tcache_flush) == 0; }
+
+/* This thread's cache for pool p, or NULL (the pools go one at a time). */
+static handle_cache *cache_of(handle_pool *p) {
+  if (!tcache_on) {
+    pthread_once(&tcache_once, tcache_init);
+    /* the key's value only makes the flush run at the thread's exit */
+    if (!tcache_ok || pthread_setspecific(tcache_key, tcache)) return NULL;
+    tcache_on = true;
+  }
+  for (int i = 0; i < 2; i++) {
+    if (tcache[i].pool == p) return &tcache[i];
+    if (!tcache[i].pool) return tcache[i].pool = p, &tcache[i];
+  }
+  return NULL;
+}
+
 void *alloc_handle(handle_pool *p) {
   if (should_fail()) return NULL;
-  pthread_mutex_lock(&p->lock);
-  parked *h = p->n_parked > p->keep ? p->head : NULL;
-  if (h) {
-    p->head = h->next;
-    if (!p->head) p->tail = NULL;
-    p->n_parked--;
+  handle_cache *c = cache_of(p);
+  parked *h = NULL;
+  if (c) {
+    if (!c->n_take) {
+      pthread_mutex_lock(&p->lock);
+      while (p->n_parked > p->keep && c->n_take < HANDLE_BATCH) {
+        parked *x = p->head;
+        p->head = x->next;
+        if (!p->head) p->tail = NULL;
+        p->n_parked--;
+        x->next = c->take;
+        c->take = x;
+        c->n_take++;
+      }
+      pthread_mutex_unlock(&p->lock);
+    }
+    if (c->n_take) {
+      h = c->take;
+      c->take = h->next;
+      c->n_take--;
+    }
+  } else {
+    pthread_mutex_lock(&p->lock);
+    h = p->n_parked > p->keep ? p->head : NULL;
+    if (h) {
+      p->head = h->next;
+      if (!p->head) p->tail = NULL;
+      p->n_parked--;
+    }
+    pthread_mutex_unlock(&p->lock);
   }
-  pthread_mutex_unlock(&p->lock);
   if (!h) {
     h = calloc(1, sizeof *h + p->size);
     return h ? h + 1 : NULL;
@@ -161,12 +246,16 @@ void alloc_handle_park(handle_pool *p, void *handle) {
   parked *h = (parked *)handle - 1;
   poison(p, handle, true);
   h->next = NULL;
-  pthread_mutex_lock(&p->lock);
-  if (p->tail) p->tail->next = h;
-  else p->head = h;
-  p->tail = h;
-  p->n_parked++;
-  pthread_mutex_unlock(&p->lock);
+  handle_cache *c = cache_of(p);
+  if (!c) return park_list(p, h, h, 1);
+  if (c->rel_tail) c->rel_tail->next = h;
+  else c->rel = h;
+  c->rel_tail = h;
+  if (++c->n_rel == HANDLE_BATCH) {
+    park_list(p, c->rel, c->rel_tail, c->n_rel);
+    c->rel = c->rel_tail = NULL;
+    c->n_rel = 0;
+  }
 }
 
 void alloc_track(int64_t delta) {

@@ -485,34 +485,46 @@ int sh_topk(dim_env *env, op_id op, const shape_arg *in, int n, const op_attrs *
 
 static const char *const in_text[] = {"any dtype", "numbers only; cast bool first", "floats only; cast first"};
 
-int shape_infer(dim_env *env, op_id op, const shape_arg *in, int n, const op_attrs *a, shape_arg *out, char *err,
-                size_t errn) {
+/* The arity and dtype rule: the result's dtype, or -1 with the message. The
+ * input dtypes are read through get (shape args or tensors). */
+typedef kiln_dtype (*dtype_of)(const void *in, int i);
+static int dtype_infer(op_id op, const void *in, dtype_of get, int n, const op_attrs *a, kiln_dtype *out, char *err,
+                       size_t errn) {
   const op_info *oi = &op_table[op];
   if (oi->arity >= 0 ? n != oi->arity : n < 1)
     return fail(err, errn, "takes %s%d input%s, got %d", oi->arity < 0 ? "at least " : "", oi->arity < 0 ? 1 : oi->arity,
                 oi->arity == 1 || oi->arity < 0 ? "" : "s", n);
   const dtype_rule *r = &oi->dt;
   int f = r->first < n ? r->first : 0;
-  kiln_dtype dt = in[f].dtype;
+  kiln_dtype dt = get(in, f);
   if (!dtype_valid(dt)) return fail(err, errn, "unknown dtype %d", (int)dt);
   bool ok = r->in == DT_IN_ANY || (r->in == DT_IN_NUM && dt != KILN_BOOL) || (r->in == DT_IN_FLOAT && dtype_is_float(dt));
   if (!ok) return fail(err, errn, "dtype %s is not supported (%s)", kiln_dtype_name(dt), in_text[r->in]);
   for (int i = f + 1; r->promote && i < n; i++)
-    if (in[i].dtype != dt)
+    if (get(in, i) != dt)
       return fail(err, errn, "dtypes %s and %s differ (inputs are cast to one dtype first)", kiln_dtype_name(dt),
-                  kiln_dtype_name(in[i].dtype));
+                  kiln_dtype_name(get(in, i)));
   switch (r->out) {
-  case DT_OUT_SAME: out->dtype = dt; break;
-  case DT_OUT_BOOL: out->dtype = KILN_BOOL; break;
-  case DT_OUT_I64: out->dtype = KILN_I64; break;
+  case DT_OUT_SAME: *out = dt; break;
+  case DT_OUT_BOOL: *out = KILN_BOOL; break;
+  case DT_OUT_I64: *out = KILN_I64; break;
   case DT_OUT_ATTR:
     if (!dtype_valid(a->dtype)) return fail(err, errn, "unknown dtype %d", (int)a->dtype);
-    out->dtype = a->dtype;
+    *out = a->dtype;
     break;
   }
+  return 0;
+}
+
+static kiln_dtype arg_dtype(const void *in, int i) { return ((const shape_arg *)in)[i].dtype; }
+static kiln_dtype tensor_dtype(const void *in, int i) { return ((kiln_tensor *const *)in)[i]->dtype; }
+
+int shape_infer(dim_env *env, op_id op, const shape_arg *in, int n, const op_attrs *a, shape_arg *out, char *err,
+                size_t errn) {
+  if (dtype_infer(op, in, arg_dtype, n, a, &out->dtype, err, errn)) return -1;
   for (int i = 0; i < n; i++)
     if (in[i].ndim < 0 || in[i].ndim > MAXD) return fail(err, errn, "input %d has rank %d", i, in[i].ndim);
-  return oi->shape(env, op, in, n, a, out, err, errn);
+  return op_table[op].shape(env, op, in, n, a, out, err, errn);
 }
 
 /* Eager's environment: every dim is a constant, which decide() settles itself. */
@@ -525,6 +537,15 @@ int shape_rule(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_
 
 int shape_rule_as(op_id op, const char *name, kiln_tensor *const *in, int n, const op_attrs *a, kiln_dtype *dt, int *ndim,
                   int64_t *shape, const char *file, int line) {
+  /* a pointwise op over constant dims (every eager op and every recorded
+   * one) needs no symbolic dims: its dtype, then plain broadcasting; a
+   * failure takes the general rule below for its message */
+  if (op_table[op].shape == sh_pointwise && n <= 2 && n >= 1 && in[0]->ndim <= MAXD && in[n - 1]->ndim <= MAXD) {
+    char e[8];
+    if (!dtype_infer(op, in, tensor_dtype, n, a, dt, e, sizeof e) &&
+        !shape_broadcast(in[0]->ndim, in[0]->shape, in[n - 1]->ndim, in[n - 1]->shape, ndim, shape))
+      return 0;
+  }
   shape_arg small[4] = {0}, *args = n <= 4 ? small : alloc_malloc(sizeof *args * (size_t)n), out = {0};
   if (!args) return err_set(file, line, name, "out of memory"), -1;
   for (int i = 0; i < n; i++) {

@@ -554,7 +554,7 @@ static sym_dim slice_bound(build_state *b, sym_dim size, sym_dim g) {
  * in rec_slots' order. */
 static void convert_attrs(build_state *b, int ev, const ir_node *x, op_attrs *o) {
   const rec_event *e = &b->r->ev[ev];
-  const op_attrs *a = &e->a;
+  const op_attrs *a = e->a;
   unsigned f = op_table[e->op].attrs;
   int si = 0;
   *o = *a;
@@ -654,7 +654,7 @@ done:
 /* A tensor made by a factory: sizes from slots; a uniform fill is a scalar (a constant or an argument) expanded. */
 static int ev_factory(build_state *b, int ev) {
   const rec_event *e = &b->r->ev[ev];
-  const op_attrs *a = &e->a;
+  const op_attrs *a = e->a;
   sym_dim dims[MAXD];
   int si = 0;
   if (e->kind != EV_FULL) {
@@ -703,8 +703,8 @@ static int written_value(build_state *b, int ev) {
   if (d < 0) return -1;
   if (e->op == OP_COUNT) {
     const ir_node *dn = &b->g->nodes[d];
-    int arg = slot_value(b, ev, 0, e->a.value, dn->dtype);
-    int c = arg >= 0 ? arg_node(b, arg) : scalar_const(b, dn->dtype, e->a.value, e->file, e->line);
+    int arg = slot_value(b, ev, 0, e->a->value, dn->dtype);
+    int c = arg >= 0 ? arg_node(b, arg) : scalar_const(b, dn->dtype, e->a->value, e->file, e->line);
     return c < 0 ? -1 : expand_to(b, c, d, e->file, e->line);
   }
   int s = node_of(b, b->r->ids[e->in + 1]);
@@ -760,7 +760,7 @@ static int scatter_to_base(build_state *b, int d, int x, int base, const char *f
 static int ev_inplace(build_state *b, int ev) {
   const rec_event *e = &b->r->ev[ev];
   int x = written_value(b, ev);
-  if (x < 0 || !e->a.flag) return x;
+  if (x < 0 || !e->a->flag) return x;
   int d = node_of(b, b->r->ids[e->in]), base = node_of(b, b->r->ids[e->in + e->n_in - 1]);
   if (d < 0 || base < 0) return -1;
   return scatter_to_base(b, d, x, base, e->file, e->line);
@@ -771,10 +771,10 @@ static int ev_numel(build_state *b, int ev) {
   b->at_file = e->file, b->at_line = e->line;
   int x = node_of(b, b->r->ids[e->in]);
   if (x < 0) return -1;
-  ir_node n = {.op = IR_NUMEL, .dtype = e->a.dtype, .n_in = 1, .in = &x, .file = e->file, .line = e->line};
-  n.attrs.naxes = e->a.naxes;
-  memcpy(n.attrs.axes, e->a.axes, sizeof n.attrs.axes);
-  n.attrs.start = e->a.start;
+  ir_node n = {.op = IR_NUMEL, .dtype = e->a->dtype, .n_in = 1, .in = &x, .file = e->file, .line = e->line};
+  n.attrs.naxes = e->a->naxes;
+  memcpy(n.attrs.axes, e->a->axes, sizeof n.attrs.axes);
+  n.attrs.start = e->a->start;
   n.attrs.end = sym_const(0);
   int id = ir_add(b->g, &n);
   if (id < 0) bfail(b, "out of memory while building");
@@ -804,8 +804,8 @@ static int ev_cf(build_state *b, int ev) {
   build_cf *f = &b->cf[b->n_cf++];
   memset(f, 0, sizeof *f);
   f->op = e->op;
-  f->n_carry = (int)e->a.k;
-  f->n_xs = e->a.dim;
+  f->n_carry = (int)e->a->k;
+  f->n_xs = e->a->dim;
   f->n_in = e->n_in;
   f->n_args = e->op == IR_COND ? e->n_in - 1 : e->n_in;
   f->file = e->file, f->line = e->line;
@@ -824,7 +824,7 @@ static int ev_arg(build_state *b, int ev) {
   const rec_event *e = &b->r->ev[ev];
   if (!b->n_cf) return bfail(b, "a region argument outside control flow"), -1;
   build_cf *f = &b->cf[b->n_cf - 1];
-  int j = (int)e->a.k, i = e->a.dim;
+  int j = (int)e->a->k, i = e->a->dim;
   if (i < 0 || i >= ir_n_sub(f->op) || j < 0 || j >= f->n_args) return bfail(b, "a region argument out of range"), -1;
   const ir_node *src = &b->g->nodes[f->in[f->op == IR_COND ? j + 1 : j]];
   bool x = f->op == IR_SCAN && j >= f->n_carry;
@@ -843,7 +843,7 @@ static int ev_yield(build_state *b, int ev) {
   const rec_event *e = &b->r->ev[ev];
   if (!b->n_cf) return bfail(b, "a region's end outside control flow"), -1;
   build_cf *f = &b->cf[b->n_cf - 1];
-  int i = (int)e->a.k;
+  int i = (int)e->a->k;
   if (i < 0 || i >= ir_n_sub(f->op) || f->res[i]) return bfail(b, "a region's end out of order"), -1;
   if (!(f->res[i] = alloc_malloc(sizeof(int) * (size_t)(e->n_in + 1)))) return bfail(b, "out of memory while building"), -1;
   f->n_res[i] = e->n_in;
@@ -859,8 +859,8 @@ static int ev_yield(build_state *b, int ev) {
 static int ev_get(build_state *b, int ev) {
   const rec_event *e = &b->r->ev[ev];
   ir_node n = {.op = IR_GET, .n_in = 1, .in = &b->cf_node, .file = e->file, .line = e->line};
-  n.attrs.k = e->a.k;
-  if (b->cf_node < 0 || ir_cf_result_type(b->g, b->cf_node, (int)e->a.k, &n)) return bfail(b, "%s:%d: a result of control flow without its construct", e->file, e->line), -1;
+  n.attrs.k = e->a->k;
+  if (b->cf_node < 0 || ir_cf_result_type(b->g, b->cf_node, (int)e->a->k, &n)) return bfail(b, "%s:%d: a result of control flow without its construct", e->file, e->line), -1;
   int id = ir_add(b->g, &n);
   if (id < 0) return bfail(b, "out of memory while building"), -1;
   check_value(b, id, e->out, e);

@@ -112,7 +112,7 @@ static cfg_ins *ins_new(builder *b, const rec_event *e) {
   cfg_prog *p = &b->g->prog;
   if (alloc_grow((void **)&p->ins, &p->cap_ins, p->n_ins + 1, sizeof *p->ins)) return NULL;
   cfg_ins *in = &p->ins[p->n_ins++];
-  *in = (cfg_ins){.kind = e->kind, .op = e->op, .a = e->a, .n_in = e->n_in, .out = -1, .file = e->file, .line = e->line,
+  *in = (cfg_ins){.kind = e->kind, .op = e->op, .a = *e->a, .n_in = e->n_in, .out = -1, .file = e->file, .line = e->line,
                   .vid = e->out, .keep = -1};
   if (!(in->in = alloc_malloc(sizeof(int) * (size_t)(e->n_in + 1)))) return NULL;
   for (int j = 0; j < e->n_in; j++)
@@ -133,13 +133,13 @@ static int parse_region(builder *b, int i, cfg_region *reg, int n_keep) {
     const rec_event *e = &r->ev[b->k];
     if (e->kind == EV_DEAD) continue; /* a nested construct run step by step: its steps follow */
     if (e->kind == EV_ARG) {
-      if (e->a.dim != i || e->a.k < 0 || e->a.k >= 64) return -1;
-      reg->args[e->a.k] = b->slot_of[e->out] = p->n_slots++;
-      if (e->a.k + 1 > reg->n_args) reg->n_args = (int)e->a.k + 1;
+      if (e->a->dim != i || e->a->k < 0 || e->a->k >= 64) return -1;
+      reg->args[e->a->k] = b->slot_of[e->out] = p->n_slots++;
+      if (e->a->k + 1 > reg->n_args) reg->n_args = (int)e->a->k + 1;
       continue;
     }
     if (e->kind == EV_YIELD) {
-      if (e->a.k != i) return -1;
+      if (e->a->k != i) return -1;
       reg->end = p->n_ins;
       reg->n_out = n_keep >= 0 && n_keep < e->n_in ? n_keep : e->n_in;
       if (!(reg->out = alloc_malloc(sizeof(int) * (size_t)(e->n_in + 1)))) return -1;
@@ -160,8 +160,8 @@ static int parse_region(builder *b, int i, cfg_region *reg, int n_keep) {
     if (!in) return -1;
     if (e->kind == EV_DATA) {
       int64_t shape[MAXD];
-      for (int d = 0; d < e->a.ndim; d++) shape[d] = e->a.shape[d].c;
-      size_t bytes = (size_t)shape_numel(e->a.ndim, shape) * kiln_dtype_size(e->a.dtype);
+      for (int d = 0; d < e->a->ndim; d++) shape[d] = e->a->shape[d].c;
+      size_t bytes = (size_t)shape_numel(e->a->ndim, shape) * kiln_dtype_size(e->a->dtype);
       if (!(in->data = alloc_malloc(bytes + 1))) return -1;
       if (bytes) memcpy(in->data, e->data, bytes);
     }
@@ -181,11 +181,11 @@ static int parse_cf(builder *b) {
   if (!in) return alloc_free(cf), -1;
   in->cf = cf;
   cf->kind = e->op == IR_COND ? CF_COND : e->op == IR_WHILE ? CF_WHILE : CF_SCAN;
-  cf->n_carry = (int)e->a.k;
-  cf->n_xs = e->a.dim;
+  cf->n_carry = (int)e->a->k;
+  cf->n_xs = e->a->dim;
   cf->n_regions = ir_n_sub(e->op);
   /* a scan recorded for autograd stacked its carries as extra ys (a.flag): not the body's */
-  int n_keep = cf->kind == CF_SCAN && e->a.flag ? -2 : -1;
+  int n_keep = cf->kind == CF_SCAN && e->a->flag ? -2 : -1;
   b->k++;
   for (int i = 0; i < cf->n_regions; i++) {
     if (n_keep == -2) {
@@ -209,7 +209,7 @@ static int parse_cf(builder *b) {
   cf->next = b->g->prog.n_ins;
   for (; b->k < r->n_ev && r->ev[b->k].kind == EV_GET; b->k++) {
     const rec_event *ge = &r->ev[b->k];
-    if (ge->a.k >= mine->n_results) {
+    if (ge->a->k >= mine->n_results) {
       b->slot_of[ge->out] = POISON; /* a saved carry: autograd's, not the body's */
       continue;
     }

@@ -67,6 +67,7 @@ typedef struct variant {
   int n_val;
   char **data;             /* EV_DATA bytes (ev[i].data points into them) */
   int n_data;
+  op_attrs *attrs;         /* the events' own attributes (ev[i].a points into them, or is rec_no_attrs) */
   slot_rule *rules;
   int *rule_at;            /* per event, its first rule; n_ev + 1 of them */
   sym_ctx *rsym;
@@ -369,6 +370,7 @@ static void variant_free(variant *v) {
   alloc_free(v->params);
   for (int i = 0; i < v->n_data; i++) alloc_free(v->data[i]);
   alloc_free(v->data);
+  alloc_free(v->attrs);
   alloc_free(v->ev);
   alloc_free(v->ids);
   alloc_free(v->val);
@@ -613,38 +615,38 @@ static void add_why(char *list, size_t n, const char *why) {
 
 static size_t ev_bytes(const rec_event *e) {
   int64_t n = 1;
-  for (int i = 0; i < e->a.ndim; i++) n *= e->a.shape[i].c;
-  return (size_t)n * kiln_dtype_size(e->a.dtype);
+  for (int i = 0; i < e->a->ndim; i++) n *= e->a->shape[i].c;
+  return (size_t)n * kiln_dtype_size(e->a->dtype);
 }
 
 /* Whether events a (of the call) and b (of a script) are the same but for their numbers. */
 static bool same_structure(const int *ids_a, const rec_event *a, const int *ids_b, const rec_event *b) {
-  if (a->kind != b->kind || a->op != b->op || a->n_in != b->n_in || a->out != b->out ||
-      memcmp(ids_a + a->in, ids_b + b->in, sizeof(int) * (size_t)a->n_in))
-    return false;
+  if (a->kind != b->kind || a->op != b->op || a->n_in != b->n_in || a->out != b->out) return false;
+  for (int i = 0; i < a->n_in; i++) /* one to three inputs: no memcmp call */
+    if (ids_a[a->in + i] != ids_b[b->in + i]) return false;
   switch (a->kind) {
   case EV_OP: {
     unsigned all = op_table[a->op].attrs;
     unsigned f = all & ~(unsigned)(AF_SHAPE | AF_START | AF_END | AF_VALUE | AF_VALUE2 | AF_K | AF_INTS | AF_RNG);
-    return attrs_equal(f, &a->a, &b->a) && a->a.infer == b->a.infer && a->a.raw == b->a.raw &&
-           (!(all & AF_SHAPE) || a->a.ndim == b->a.ndim) && (!(all & AF_INTS) || a->a.nints == b->a.nints);
+    return (a->a == b->a || attrs_equal(f, a->a, b->a)) && a->a->infer == b->a->infer && a->a->raw == b->a->raw &&
+           (!(all & AF_SHAPE) || a->a->ndim == b->a->ndim) && (!(all & AF_INTS) || a->a->nints == b->a->nints);
   }
   case EV_FULL:
   case EV_RAND:
-    return a->a.dtype == b->a.dtype && a->a.ndim == b->a.ndim && a->a.flag == b->a.flag;
+    return a->a->dtype == b->a->dtype && a->a->ndim == b->a->ndim && a->a->flag == b->a->flag;
   case EV_DATA:
-    if (a->a.dtype != b->a.dtype || a->a.ndim != b->a.ndim) return false;
-    for (int i = 0; i < a->a.ndim; i++)
-      if (a->a.shape[i].c != b->a.shape[i].c) return false;
+    if (a->a->dtype != b->a->dtype || a->a->ndim != b->a->ndim) return false;
+    for (int i = 0; i < a->a->ndim; i++)
+      if (a->a->shape[i].c != b->a->shape[i].c) return false;
     return !memcmp(a->data, b->data, ev_bytes(a));
   case EV_NUMEL:
-    return a->a.naxes == b->a.naxes && !memcmp(a->a.axes, b->a.axes, sizeof a->a.axes) && a->a.start.c == b->a.start.c &&
-           a->a.dtype == b->a.dtype;
+    return a->a->naxes == b->a->naxes && !memcmp(a->a->axes, b->a->axes, sizeof a->a->axes) && a->a->start.c == b->a->start.c &&
+           a->a->dtype == b->a->dtype;
   case EV_CF:
   case EV_ARG:
   case EV_YIELD:
   case EV_GET:
-    return a->a.k == b->a.k && a->a.dim == b->a.dim;
+    return a->a->k == b->a->k && a->a->dim == b->a->dim;
   case EV_INPLACE:
   case EV_BREAK:
   case EV_ESCAPE:
@@ -666,7 +668,7 @@ static bool match_events(call_state *cs, const variant *v, int from, int to, int
     if (!same_structure(r->ids, a, v->ids, &v->ev[i]))
       return snprintf(why, whyn, "%s:%d: the body did something else than when variant %d was made", a->file, a->line, v->no), false;
     rec_slot sa[2 * MAXD + 8];
-    int n = rec_slots(a, sa, (int)(sizeof sa / sizeof sa[0]));
+    int n = rec_has_slots(a) ? rec_slots(a, sa, (int)(sizeof sa / sizeof sa[0])) : 0;
     if (n != v->rule_at[i + 1] - v->rule_at[i]) return snprintf(why, whyn, "%s:%d: other numbers (variant %d)", a->file, a->line, v->no), false;
     for (int k = 0; k < n; k++) {
       const slot_rule *rule = &v->rules[v->rule_at[i] + k];
@@ -1191,6 +1193,14 @@ static variant *make_variant(call_state *cs) {
     if (!(v->data[v->n_data] = alloc_malloc(n ? n : 1))) goto fail;
     memcpy(v->data[v->n_data], r->ev[i].data, n);
     v->ev[i].data = v->data[v->n_data++];
+  }
+  int n_attrs = 0;
+  for (int i = 0; i < r->n_ev; i++) n_attrs += v->ev[i].a != &rec_no_attrs;
+  if (!(v->attrs = alloc_malloc(sizeof *v->attrs * (size_t)(n_attrs + 1)))) goto fail;
+  for (int i = 0, k = 0; i < r->n_ev; i++) {
+    if (v->ev[i].a == &rec_no_attrs) continue;
+    v->attrs[k] = *v->ev[i].a;
+    v->ev[i].a = &v->attrs[k++];
   }
   /* the rules: their expressions move to the variant's own context */
   v->rsym = b->rsym;

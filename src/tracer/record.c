@@ -42,6 +42,9 @@ struct rec_state {
   int n_made, cap_made;
   int n_laid;            /* made[0..n_laid) are in layouts (filled when a lookup needs them) */
   uint64_t serial0;      /* tensors with a serial below this were made before the call */
+  op_attrs **chunk;      /* the events' own attributes, ATTR_CHUNK to a chunk (kept between calls) */
+  int n_chunk, cap_chunk;
+  int chunk_at, chunk_used; /* the chunk being filled, and how much of it is */
   char *bytes;           /* EV_DATA payloads, one block each */
   char **blocks;
   int n_blocks, cap_blocks;
@@ -60,6 +63,12 @@ struct rec_state {
 };
 
 static atomic_ullong next_id = 1;
+
+op_attrs rec_no_attrs;
+/* an in-place write through a view, of no number (add_, copy_ into a slice):
+ * shared like rec_no_attrs, never written (a variant copies it as any) */
+static op_attrs view_write_attrs = {.flag = true};
+enum { ATTR_CHUNK = 256 };
 
 static void fail(recording *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void fail(recording *r, const char *fmt, ...) {
@@ -168,14 +177,31 @@ static int new_value(recording *r, rec_vkind kind, const kiln_tensor *t, int ind
   return r->n_val++;
 }
 
+/* Room for one event's attributes, or NULL (out of memory). Chunks stay
+ * where they are, so events can point into them. */
+static op_attrs *attrs_new(recording *r) {
+  struct rec_state *s = r->st;
+  if (s->chunk_used == ATTR_CHUNK) s->chunk_at++, s->chunk_used = 0;
+  if (s->chunk_at == s->n_chunk) {
+    if (alloc_grow((void **)&s->chunk, &s->cap_chunk, s->n_chunk + 1, sizeof *s->chunk)) return NULL;
+    if (!(s->chunk[s->n_chunk] = alloc_malloc(sizeof(op_attrs) * ATTR_CHUNK))) return NULL;
+    s->n_chunk++;
+  }
+  return &s->chunk[s->chunk_at][s->chunk_used++];
+}
+
 /* A new event with inputs ids[0..n); its index, or -1. */
 static int new_event(recording *r, rec_ekind kind, int op, const int *ids, int n, const char *file, int line) {
   if (alloc_grow((void **)&r->ev, &r->cap_ev, r->n_ev + 1, sizeof *r->ev) ||
       alloc_grow((void **)&r->ids, &r->cap_ids, r->n_ids + n, sizeof *r->ids))
     return fail(r, "out of memory while recording"), -1;
   rec_event *e = &r->ev[r->n_ev];
-  /* an op's attributes are copied whole by on_op, right after */
-  if (kind != EV_OP) memset(&e->a, 0, sizeof e->a);
+  /* an op's attributes are copied by on_op, right after, when it has any */
+  e->a = &rec_no_attrs;
+  if (kind != EV_OP && kind != EV_INPLACE && kind != EV_BREAK && kind != EV_ESCAPE) {
+    if (!(e->a = attrs_new(r))) return fail(r, "out of memory while recording"), -1;
+    memset(e->a, 0, sizeof *e->a);
+  }
   e->data = NULL;
   e->kind = kind;
   e->op = op;
@@ -328,7 +354,8 @@ static int values_of(recording *r, kiln_tensor *const *in, int n, int *ids) {
 static bool has_user_numbers(const recording *r, const rec_event *e) {
   rec_slot tmp[2 * MAXD + 8];
   (void)r;
-  return e->user && rec_slots(e, tmp, (int)(sizeof tmp / sizeof tmp[0])) > 0;
+  if (!e->user || !rec_has_slots(e)) return false;
+  return rec_slots(e, tmp, (int)(sizeof tmp / sizeof tmp[0])) > 0;
 }
 
 /* After an escape: out, a meta tensor of an op recorded no longer, computed from its (now real) inputs. */
@@ -359,8 +386,16 @@ static void on_op(void *ctx, op_id op, kiln_tensor *const *in, int n, const op_a
   if (values_of(r, in, n, ids) == 0) {
     int e = new_event(r, EV_OP, (int)op, ids, n, file, line);
     if (e >= 0) {
-      static const op_attrs none;
-      r->ev[e].a = a ? *a : none;
+      if (a && op_table[op].attrs) {
+        /* an op without attributes keeps rec_no_attrs: none of a's fields is part of it */
+        op_attrs *c = attrs_new(r);
+        if (!c) {
+          fail(r, "out of memory while recording");
+          goto done;
+        }
+        *c = *a;
+        r->ev[e].a = c;
+      }
       r->ev[e].user = user_numbers() || !in_internal();
       if (has_user_numbers(r, &r->ev[e])) r->c_numbers = true;
       int v = new_value(r, RV_MADE, out, -1, e);
@@ -370,6 +405,7 @@ static void on_op(void *ctx, op_id op, kiln_tensor *const *in, int n, const op_a
       }
     }
   }
+done:
   if (r->escaped) compute_now(r, op, in, n, a, out);
   if (ids != small) alloc_free(ids);
 }
@@ -426,8 +462,18 @@ static void on_inplace(void *ctx, op_id op, kiln_tensor *dst, kiln_tensor *src, 
   }
   int e = new_event(r, EV_INPLACE, (int)op, ids, n, file, line);
   if (e < 0) return;
-  r->ev[e].a.value = value;
-  r->ev[e].a.flag = base != dst;
+  /* a fill's value is a number of the event; any other write's is 0 and
+   * shares its attributes (a step's optimizer makes hundreds of writes) */
+  if (memcmp(&value, &(double){0}, sizeof value)) {
+    op_attrs *c = attrs_new(r);
+    if (!c) return fail(r, "out of memory while recording");
+    memset(c, 0, sizeof *c);
+    c->value = value;
+    c->flag = base != dst;
+    r->ev[e].a = c;
+  } else if (base != dst) {
+    r->ev[e].a = &view_write_attrs;
+  }
   if (!src && r->ev[e].user) r->c_numbers = true;
   int v = new_value(r, RV_MADE, base, -1, e);
   if (v < 0) return;
@@ -480,10 +526,10 @@ static void on_numel(void *ctx, kiln_tensor *out, const kiln_tensor *x, const in
   if (id < 0) return;
   int e = new_event(r, EV_NUMEL, 0, &id, 1, file, line);
   if (e < 0) return;
-  r->ev[e].a.naxes = naxes;
-  for (int i = 0; i < naxes && i < MAXD; i++) r->ev[e].a.axes[i] = axes[i];
-  r->ev[e].a.start = sym_const(offset);
-  r->ev[e].a.dtype = out->dtype;
+  r->ev[e].a->naxes = naxes;
+  for (int i = 0; i < naxes && i < MAXD; i++) r->ev[e].a->axes[i] = axes[i];
+  r->ev[e].a->start = sym_const(offset);
+  r->ev[e].a->dtype = out->dtype;
   int v = new_value(r, RV_MADE, out, -1, e);
   if (v >= 0) {
     r->ev[e].out = v;
@@ -514,12 +560,12 @@ static kiln_tensor *on_factory(void *ctx, int kind, kiln_dtype dt, int ndim, con
   int e = new_event(r, k, 0, NULL, 0, file, line);
   if (e < 0) return t;
   rec_event *ev = &r->ev[e];
-  ev->a.dtype = dt;
-  ev->a.ndim = ndim;
-  for (int i = 0; i < ndim; i++) ev->a.shape[i] = sym_const(shape[i]);
-  ev->a.value = value;
-  ev->a.k = (int64_t)seed;
-  ev->a.flag = flag;
+  ev->a->dtype = dt;
+  ev->a->ndim = ndim;
+  for (int i = 0; i < ndim; i++) ev->a->shape[i] = sym_const(shape[i]);
+  ev->a->value = value;
+  ev->a->k = (int64_t)seed;
+  ev->a->flag = flag;
   if (ev->user) r->c_numbers = true;
   if (k == EV_DATA) {
     size_t bytes = (size_t)shape_numel(ndim, shape) * kiln_dtype_size(dt);
@@ -628,8 +674,8 @@ static int on_cf(void *ctx, const cf_call *c, kiln_tensor **results) {
   if (c->n_in > (int)(sizeof ids / sizeof ids[0]) || values_of(r, c->in, c->n_in, ids)) return r->failed ? -1 : 0;
   int e = new_event(r, EV_CF, ir_op[c->kind], ids, c->n_in, c->file, c->line);
   if (e < 0) return err_set(c->file, c->line, cf_name[c->kind], "%s", r->why), -1;
-  r->ev[e].a.k = c->n_carry;
-  r->ev[e].a.dim = c->n_xs;
+  r->ev[e].a->k = c->n_carry;
+  r->ev[e].a->dim = c->n_xs;
   /* stepwise: the construct runs step by step (a body draws, reads data or
    * writes in place, or autograd cannot replay it), not as a region.
    * want_grad: gradients flow through it (cfgrad.c) */
@@ -643,8 +689,8 @@ static int on_cf(void *ctx, const cf_call *c, kiln_tensor **results) {
       bool x = c->kind == CF_SCAN && j >= c->n_carry; /* xs[t]: dim 0 dropped */
       int a = new_event(r, EV_ARG, 0, NULL, 0, c->file, c->line);
       if (a >= 0) {
-        r->ev[a].a.k = j;
-        r->ev[a].a.dim = i;
+        r->ev[a].a->k = j;
+        r->ev[a].a->dim = i;
       }
       args[j] = a < 0 ? NULL : cf_value(r, a, src->dtype, src->ndim - x, src->shape + x);
       if (!args[j]) rc = -1;
@@ -664,7 +710,7 @@ static int on_cf(void *ctx, const cf_call *c, kiln_tensor **results) {
     if (!rc && values_of(r, out[i], c->n_out[i], oid)) rc = -1, err_set(c->file, c->line, cf_name[c->kind], "%s", r->why);
     int y = rc ? -1 : new_event(r, EV_YIELD, 0, oid, c->n_out[i], c->file, c->line);
     if (!rc && y < 0) rc = -1, err_set(c->file, c->line, cf_name[c->kind], "%s", r->why);
-    if (!rc) r->ev[y].a.k = i;
+    if (!rc) r->ev[y].a->k = i;
     for (int k = 0; !rc && k < c->n_out[i]; k++) want_grad |= out[i][k]->requires_grad;
   }
   /* a body read data or wrote in place: whatever it did after (its error
@@ -691,7 +737,7 @@ static int on_cf(void *ctx, const cf_call *c, kiln_tensor **results) {
       kept_ids = kept;
       /* the body's arguments open its events (a nested construct's come later) */
       for (int j = 0; j < c->n_carry; j++) {
-        KILN_ASSERT(r->ev[first + 1 + j].kind == EV_ARG && r->ev[first + 1 + j].a.k == j);
+        KILN_ASSERT(r->ev[first + 1 + j].kind == EV_ARG && r->ev[first + 1 + j].a->k == j);
         cid[j] = r->ev[first + 1 + j].out;
       }
       memcpy(cid + c->n_carry, kept, sizeof(int) * (size_t)n_kept); /* cfg_new keeps n_carry + n_kept <= 64 */
@@ -705,7 +751,7 @@ static int on_cf(void *ctx, const cf_call *c, kiln_tensor **results) {
         r->n_ids += c->n_carry + n_kept;
         r->ev[y].n_in += c->n_carry + n_kept;
         n_saved = c->n_carry + n_kept;
-        r->ev[first].a.flag = true; /* its yield holds the saved carries too (cfgrad.c) */
+        r->ev[first].a->flag = true; /* its yield holds the saved carries too (cfgrad.c) */
       }
     }
   }
@@ -741,7 +787,7 @@ static int on_cf(void *ctx, const cf_call *c, kiln_tensor **results) {
         rc = -1;
         break;
       }
-      r->ev[g].a.k = k;
+      r->ev[g].a->k = k;
       const kiln_tensor *like = c->kind == CF_COND                ? out[0][k]
                                 : k >= c->n_results + c->n_carry ? c->in[0] /* kept: typed below */
                                 : k >= c->n_results              ? c->in[k - c->n_results]
@@ -947,7 +993,7 @@ static int put_f(rec_slot *out, int k, int max, double v) {
 }
 
 int rec_slots(const rec_event *e, rec_slot *out, int max) {
-  const op_attrs *a = &e->a;
+  const op_attrs *a = e->a;
   int k = 0;
   switch (e->kind) {
   case EV_OP: {
@@ -1070,7 +1116,10 @@ struct rec_state *rec_keep(recording *r) {
   }
   for (int i = 0; i < s->n_blocks; i++) alloc_free(s->blocks[i]);
   s->n_made = s->n_laid = s->n_leaf = s->n_blocks = 0;
+  s->chunk_at = s->chunk_used = 0;
   map_clear(&s->leaves);
+  /* an entry of a param written in place would give a view of it made outside
+   * dispatch, next call, this call's value id (test_outside_view_on_reused_recording) */
   map_clear(&s->layouts);
   map_clear(&s->carried);
   s->saved = NULL;
@@ -1094,6 +1143,8 @@ void rec_spare_free(struct rec_state *s) {
   alloc_free(s->park.ids);
   alloc_free(s->park.val);
   alloc_free(s->blocks);
+  for (int i = 0; i < s->n_chunk; i++) alloc_free(s->chunk[i]);
+  alloc_free(s->chunk);
   alloc_free(s->made);
   alloc_free(s->leaf);
   map_free(&s->leaves);

@@ -229,7 +229,7 @@ typedef struct rec_event {
   int op;
   int n_in, in;      /* input value ids: ids[in .. in + n_in) */
   int out;           /* the value it makes (EV_INPLACE: the written tensor's new value); -1 for a break */
-  op_attrs a;
+  op_attrs *a;       /* its attributes: the recording's (compile.c: the variant's), or rec_no_attrs */
   bool user;         /* the numbers in a came from user code, not from kiln's formulas */
   const void *data;  /* EV_DATA: the bytes, owned by the recording */
   const char *file;
@@ -362,6 +362,15 @@ typedef struct rec_slot {
   double f;
 } rec_slot;
 int rec_slots(const rec_event *e, rec_slot *out, int max);
+/* Whether e may have slots: most ops (add, matmul, relu) carry no numbers. */
+static inline bool rec_has_slots(const rec_event *e) {
+  return e->kind != EV_OP ||
+         (op_table[e->op].attrs & (AF_SHAPE | AF_START | AF_END | AF_VALUE | AF_VALUE2 | AF_K | AF_INTS | AF_RNG));
+}
+/* The attributes of every event that has none of its own (an add, a matmul,
+ * a break): all zero, never written. Events keep a pointer, so that a log of
+ * thousands of ops is not megabytes of mostly empty op_attrs. */
+extern op_attrs rec_no_attrs;
 
 /* ---- build.c: a graph from a recording's events ----------------------------- */
 
