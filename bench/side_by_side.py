@@ -5,7 +5,7 @@
         [--compile-budget 600] [--env-note TEXT]
 
 The contenders (MODES): kiln eager and kiln compiled (through `kiln_bench
---serve`, a child process that times each call in C), PyTorch eager (op by
+--serve`, one child process each, which times each call in C), PyTorch eager (op by
 op), PyTorch's fused ops, torch.compile in its default mode and in
 mode="max-autotune-no-cudagraphs", and JAX's jax.jit. They are defined in
 bench/workloads.c, bench/gpt.c, bench/lstm.c and bench/resnet.c (kiln),
@@ -216,23 +216,23 @@ class Run:
         self.calls[mode] = call
 
 
-def build_kiln(run, kiln, modes):
-    if not kiln:
-        return
-    try:
-        kiln.ask(f"threads {run.threads}")
-        kiln.ask(f"open {run.name}")  # by name: one id may have several rows (W13)
-        if "kiln_compiled" in modes:
-            _, compile_ms, _ = kiln.ask("prepare").split()
-            run.compile["kiln_compiled"] = float(compile_ms)
-    except KilnError as e:
-        for m in modes:
-            if m.startswith("kiln"):
-                run.errors[m] = str(e)
-        return
-    for m in ("kiln_eager", "kiln_compiled"):
-        if m in modes:
-            run.calls[m] = (lambda k: lambda: kiln.run(k))(m.split("_")[1])
+def build_kiln(run, kilns, modes):
+    """kilns: {"kiln_eager": Kiln, "kiln_compiled": Kiln}, one child each, so
+    that eager's allocations (a ResNet step frees and maps back 1.3 GB) do
+    not share a heap and its page faults with the compiled side."""
+    for m, kiln in kilns.items():
+        if m not in modes:
+            continue
+        try:
+            kiln.ask(f"threads {run.threads}")
+            kiln.ask(f"open {run.name}")  # by name: one id may have several rows (W13)
+            if m == "kiln_compiled":
+                _, compile_ms, _ = kiln.ask("prepare").split()
+                run.compile["kiln_compiled"] = float(compile_ms)
+        except KilnError as e:
+            run.errors[m] = str(e)
+            continue
+        run.calls[m] = (lambda k, what: lambda: k.run(what))(kiln, m.split("_")[1])
 
 
 def build_torch(run, torch, maker, modes, budget):
@@ -379,13 +379,15 @@ def main():
         jax, jax_w, why = load_jax(top, cores)
         if why:
             unavailable["jax_jit"] = why
-    kiln = None
-    try:
-        kiln = Kiln(args.kiln)
-        kiln_ids = kiln.workloads()
-    except (OSError, KilnError) as e:
-        kiln, kiln_ids = None, []
-        for m in ("kiln_eager", "kiln_compiled"):
+    kilns, kiln_ids = {}, []
+    for m in ("kiln_eager", "kiln_compiled"):
+        if m not in modes:
+            continue
+        try:
+            kilns[m] = Kiln(args.kiln)
+            kiln_ids = kilns[m].workloads()
+        except (OSError, KilnError) as e:
+            kilns.pop(m, None)
             unavailable[m] = f"kiln_bench --serve failed ({e})"
 
     # every workload any side has, in order: W1..W9, then the others' additions (W13, W14)
@@ -433,8 +435,8 @@ def main():
                 torch.set_num_threads(n)
                 torch.manual_seed(0)
             if any(m.startswith("kiln") for m in want):
-                if kiln and any(w[1] == name for w in kiln_ids):
-                    build_kiln(run, kiln, want)
+                if kilns and any(w[1] == name for w in kiln_ids):
+                    build_kiln(run, kilns, want)
                 else:
                     for m in want:
                         if m.startswith("kiln"):
@@ -464,7 +466,7 @@ def main():
             rows.append(row)
             print(f"{name:<18} {n:>7} {row['samples']:>6} "
                   + " ".join(f"{fmt(row.get(m + '_ms')):>17}" for m in modes), flush=True)
-            if kiln:
+            for kiln in kilns.values():
                 try:
                     kiln.ask("close")
                 except KilnError:
@@ -473,7 +475,7 @@ def main():
             if torch:
                 torch._dynamo.reset()
             gc.collect()
-    if kiln:
+    for kiln in kilns.values():
         kiln.quit()
     if args.json:
         with open(args.json, "w") as f:
