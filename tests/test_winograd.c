@@ -128,6 +128,8 @@ START_TEST(test_against_direct) {
       geom(1, 2, 3, 3, 2, 0, 0, false),     /* one output element */
       geom(3, 16, 33, 31, 16, 1, 1, false), /* 816 tiles: several blocks and slots */
       geom(1, 33, 6, 6, 40, 1, 1, false),
+      geom(1, 1, 4, 4, 1, 0, 1100, false), /* a run of 512 tiles wholly in the left padding */
+      geom(1, 0, 4, 4, 0, 1, 1, false),    /* no channels either way */
   };
   pool_set_num_threads(2);
   for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) free(check_geom(cases[k]));
@@ -160,6 +162,21 @@ START_TEST(test_threads_same_bits) {
   alloc_aligned_free(scratch, (bytes + 63) / 64 * 64);
   for (int t = 0; t < 4; t++) free(y[t]);
   free(x), free(w);
+  /* 16 channels each way, 256 tiles: at 4 threads a block's GEMMs (16 x 64 x 16) are below the size
+   * kiln's GEMM takes from a caller outside the pool; a block's are always its own */
+  q = geom(1, 16, 32, 32, 16, 1, 1, false);
+  nx = q.n * q.c * q.h * q.w, nw = q.o * q.c * 9, ny = out_count(&q);
+  x = malloc(sizeof(float) * (size_t)nx), w = malloc(sizeof(float) * (size_t)nw);
+  fill(x, nx), fill(w, nw);
+  for (int t = 0; t < 2; t++) {
+    y[t] = malloc(sizeof(float) * (size_t)ny);
+    pool_set_num_threads(t ? 4 : 1);
+    ck_assert_int_eq(0, wino_conv_f32(&q, x, w, y[t], NULL, 0));
+  }
+  pool_set_num_threads(0);
+  if (strcmp(gemm_kernel_name(), "blas") != 0)
+    ck_assert_msg(!memcmp(y[0], y[1], sizeof(float) * (size_t)ny), "4 threads differ from 1 on narrow blocks");
+  free(y[0]), free(y[1]), free(x), free(w);
 }
 END_TEST
 

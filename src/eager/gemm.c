@@ -401,7 +401,10 @@ const char *gemm_kernel_name(void) { return isa() == 3 ? "avx512" : isa() == 2 ?
 static bool kgemm(bool alone, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
                   int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
   int level = isa();
-  if (level < 2 || m < MIN_ROWS || n < 1 || k < 1 || (double)m * (double)n * (double)k < MIN_WORK) return false;
+  /* alone: a Winograd block's GEMMs, whose widths follow the thread count,
+   * all run here even when small, so that their bits do not */
+  if (level < 2 || m < MIN_ROWS || n < 1 || k < 1 || (!alone && (double)m * (double)n * (double)k < MIN_WORK))
+    return false;
   bool head = tb && !ta && n >= 4 * m && m >= MR512; /* x @ W^T, W the wider: see below */
   if (level == 3 && m > MC && n > 16 && !head && !alone && !atomic_load_explicit(&force_own, memory_order_relaxed) &&
       gemm_blas_avx512())

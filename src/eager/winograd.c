@@ -36,7 +36,8 @@ static int64_t tiles_of(const wino_geom *q) { return q->n * ((q->ho + 1) / 2) * 
  * allows (wide layers' V and M then spill to L3, which costs less than
  * rereading U for narrow GEMMs). */
 static int64_t block_tiles(const wino_geom *q) {
-  int64_t t = BLOCK_BYTES / (16 * (int64_t)sizeof(float) * (q->c + q->o));
+  int64_t co = q->c + q->o;
+  int64_t t = co > 0 ? BLOCK_BYTES / (16 * (int64_t)sizeof(float) * co) : MAX_TILES;
   int64_t share = (tiles_of(q) + pool_num_threads() - 1) / pool_num_threads();
   if (t > share) t = share;
   if (t < MIN_TILES) t = MIN_TILES < share ? MIN_TILES : share;
@@ -139,6 +140,7 @@ static KILN_HOT void input_run(const wino_geom *q, const float *plane, int64_t i
     /* pairs [lo, hi) lie inside the row; those before and after touch the padding */
     const float *src = plane + iy * q->w;
     int64_t lo = ix0 < 0 ? (-ix0 + 1) / 2 : 0, hi = (q->w - ix0) / 2;
+    if (lo > n) lo = n; /* a run wholly in a wide left padding */
     if (hi > n) hi = n;
     if (hi < lo) hi = lo;
     for (int64_t e = 0; e < lo; e++) {
