@@ -1766,6 +1766,108 @@ START_TEST(test_dot_products_fused) {
 }
 END_TEST
 
+/* Two sums of one row in one kernel run grouped too (lower.c, jammable):
+ * SwiGLU's silu(x @ W1^T) * (x @ W3^T) at batch 1, and a row's variance,
+ * whose second sum reads the first (the mean) of its own row. Each output
+ * against the exact value in double within the bound of its sums; row
+ * counts with a remainder of the groups, and enough rows for the runtime
+ * to split them between threads, which must not change a bit. */
+static int swiglu_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  kiln_tensor *a = kiln_matmul(in[0], kiln_transpose(in[1], 0, 1)), *b = kiln_matmul(in[0], kiln_transpose(in[2], 0, 1));
+  out[0] = kiln_mul(kiln_mul(a, kiln_sigmoid(a)), b);
+  return out[0] ? 0 : -1;
+}
+
+static int row_var_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  kiln_tensor *d = kiln_sub(in[0], kiln_mean(in[0], 1, true));
+  out[0] = kiln_mean(kiln_mul(d, d), 1, false);
+  return out[0] ? 0 : -1;
+}
+
+/* Compiled for the LLVM backend, without compile_once's comparison with
+ * eager: the test holds each output to the exact value instead. */
+static kiln_fn *compile_llvm(body_fn body, int n_in) {
+  kiln_options o = {.name = "plan", .n_in = n_in, .n_out = 1, .backend = KILN_BACKEND_LLVM};
+  kcache_forget();
+  return kiln_compile(body, NULL, &o);
+}
+
+static int reduce_stages_of(kiln_fn *fn) {
+  cg_program *p = plan_of(fn);
+  ck_assert_int_eq(1, p->n_k);
+  ck_assert_int_eq(CG_K_LOOP, p->k[0].kind);
+  int nr = 0;
+  for (int s = 0; s < p->k[0].n_stage; s++) nr += p->k[0].stage[s].kind == CG_REDUCE;
+  free_plan(p);
+  return nr;
+}
+
+START_TEST(test_two_sums_grouped) {
+  kiln_scope_begin();
+  enum { K = 70 };
+  const int64_t row_counts[] = {37, 2003};
+  for (int c = 0; c < 2; c++) {
+    int64_t rows = row_counts[c];
+    kiln_tensor *in[3] = {kiln_randn(KILN_F32, 2, ((int64_t[]){1, K}), 31), kiln_randn(KILN_F32, 2, ((int64_t[]){rows, K}), 32),
+                          kiln_randn(KILN_F32, 2, ((int64_t[]){rows, K}), 33)};
+    kiln_fn *fn = compile_llvm(swiglu_body, 3);
+    kiln_tensor *y = NULL;
+    ck_assert_int_eq(0, kiln_call(fn, in, &y));
+    ck_assert_int_eq(2, reduce_stages_of(fn));
+    same_at_1_and_2_threads(fn, in);
+    ck_assert_int_eq(0, kiln_call(fn, in, &y));
+    float *x = malloc(sizeof(float) * K), *w1 = malloc(sizeof(float) * (size_t)(rows * K)),
+          *w3 = malloc(sizeof(float) * (size_t)(rows * K)), *got = malloc(sizeof(float) * (size_t)rows);
+    ck_assert_int_eq(0, kiln_read(in[0], x, sizeof(float) * K));
+    ck_assert_int_eq(0, kiln_read(in[1], w1, sizeof(float) * (size_t)(rows * K)));
+    ck_assert_int_eq(0, kiln_read(in[2], w3, sizeof(float) * (size_t)(rows * K)));
+    ck_assert_int_eq(0, kiln_read(y, got, sizeof(float) * (size_t)rows));
+    for (int64_t j = 0; j < rows; j++) {
+      double a = 0, b = 0, ma = 0, mb = 0;
+      for (int i = 0; i < K; i++) {
+        a += (double)w1[j * K + i] * x[i], ma += fabs((double)w1[j * K + i] * x[i]);
+        b += (double)w3[j * K + i] * x[i], mb += fabs((double)w3[j * K + i] * x[i]);
+      }
+      double ea = K * 0x1p-24 * ma, eb = K * 0x1p-24 * mb, silu = a / (1 + exp(-a)), want = silu * b;
+      /* |silu'| < 1.1; then the sigmoid's few ulp and the two products' roundings */
+      double bound = 1.1 * ea * (fabs(b) + eb) + (fabs(silu) + 1.1 * ea) * eb + 1e-6 * fabs(want) + 1e-30;
+      ck_assert_msg(fabs(got[j] - want) <= bound, "rows %lld, row %lld: %.9g, exact %.9g (bound %g)", (long long)rows,
+                    (long long)j, got[j], want, bound);
+    }
+    free(x), free(w1), free(w3), free(got);
+    kiln_fn_free(fn);
+
+    kiln_tensor *xs = kiln_add(kiln_randn(KILN_F32, 2, ((int64_t[]){rows, K}), 34), kiln_scalar(KILN_F32, 3.0));
+    fn = compile_llvm(row_var_body, 1);
+    ck_assert_int_eq(0, kiln_call(fn, &xs, &y));
+    ck_assert_int_eq(2, reduce_stages_of(fn));
+    same_at_1_and_2_threads(fn, &xs);
+    ck_assert_int_eq(0, kiln_call(fn, &xs, &y));
+    float *xv = malloc(sizeof(float) * (size_t)(rows * K)), *v = malloc(sizeof(float) * (size_t)rows);
+    ck_assert_int_eq(0, kiln_read(xs, xv, sizeof(float) * (size_t)(rows * K)));
+    ck_assert_int_eq(0, kiln_read(y, v, sizeof(float) * (size_t)rows));
+    for (int64_t j = 0; j < rows; j++) {
+      double m = 0, var = 0, mag = 0;
+      for (int i = 0; i < K; i++) m += xv[j * K + i], mag += fabs(xv[j * K + i]);
+      m /= K;
+      for (int i = 0; i < K; i++) var += (xv[j * K + i] - m) * (xv[j * K + i] - m);
+      var /= K;
+      /* the mean's error (K terms) moves every deviation by it; then K squares summed */
+      double em = K * 0x1p-24 * mag / K + 0x1p-24 * fabs(m);
+      double bound = 2 * em * sqrt(var) * 2 + em * em + (K + 4) * 0x1p-24 * var * 2;
+      ck_assert_msg(fabs(v[j] - var) <= bound, "rows %lld, row %lld: variance %.9g, exact %.9g (bound %g)", (long long)rows,
+                    (long long)j, v[j], var, bound);
+    }
+    free(xv), free(v);
+    kiln_fn_free(fn);
+  }
+  kiln_scope_end();
+}
+END_TEST
+
+
 START_TEST(test_full_reduce_blocks) {
   double got[2][3];
   for (int t = 1; t <= 2; t++) {
@@ -2482,6 +2584,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, test_full_reduce_blocks);
   tcase_add_test(tc, test_masked_tails);
   tcase_add_test(tc, test_dot_products_fused);
+  tcase_add_test(tc, test_two_sums_grouped);
   tcase_add_test(tc, test_reduce_epilogues);
   tcase_add_test(tc, test_column_reductions);
   tcase_add_test(tc, test_matvec_in_out_panels);

@@ -717,49 +717,81 @@ static LLVMValueRef reduced_value(lctx *L, const cg_stage *st, LLVMTypeRef acc_t
  * so the bits, do not depend on the thread count. A sum of a costly term
  * (a log, an exp) is not grouped: its polynomial has work enough to
  * overlap within one row, and four copies of it are only more to compile. */
+enum { CG_JAM_STAGES = 8 }; /* stages a jammed kernel may have */
+
 static bool jammable(const cg_kernel *k) {
-  return k->n_stage == 2 && k->stage[0].kind == CG_REDUCE && (k->stage[0].op == OP_SUM || k->stage[0].op == OP_MEAN) &&
-         k->stage[1].kind == CG_MAP && !k->stage[1].inner && k->n_outer >= 1 && k->ndim == k->n_outer + 1 &&
-         !costly(k, k->stage[0].expr);
+  if (k->n_stage < 2 || k->n_stage > CG_JAM_STAGES || k->n_outer < 1 || k->ndim != k->n_outer + 1) return false;
+  int sums = 0;
+  for (int s = 0; s < k->n_stage; s++) {
+    const cg_stage *st = &k->stage[s];
+    if (st->kind == CG_REDUCE) {
+      if ((st->op != OP_SUM && st->op != OP_MEAN) || costly(k, st->expr)) return false;
+      sums++;
+      continue;
+    }
+    if (st->inner) return false;
+    if (s + 1 == k->n_stage || st->store < 0) continue;
+    /* a value stored before a later sum: the group runs that sum for all
+     * its elements first, so nothing in the kernel may read it back */
+    for (int e = 0; e < k->n_expr; e++)
+      if (k->expr[e].kind == CG_LOAD && k->acc[k->expr[e].a].buf == k->acc[st->store].buf) return false;
+  }
+  return sums > 0 && k->stage[k->n_stage - 1].kind == CG_MAP;
 }
 
-/* Outer elements [begin, begin + n*CG_JAM) of a jammable kernel. */
-static void lower_jammed(lctx *L, LLVMValueRef begin, LLVMValueRef groups, LLVMValueRef *acc_ptr, LLVMTypeRef acc_t) {
+/* Outer elements [begin, begin + n*CG_JAM) of a jammable kernel, stage by
+ * stage: a sum for the CG_JAM elements of the group at once (one pass of
+ * the inner loop), a once-per-element MAP for each of them in turn. Two
+ * matvecs of one vector (SwiGLU's w1 and w3) are two such sums; a later
+ * sum may read an earlier one, as a variance reads its mean. */
+static void lower_jammed(lctx *L, LLVMValueRef begin, LLVMValueRef groups, LLVMValueRef (*acc_ptr)[CG_JAM],
+                         const LLVMTypeRef *acc_t) {
   cg_kernel *k = L->k;
-  const cg_stage *st = &k->stage[0];
-  kiln_dtype dt = k->expr[st->expr].dtype;
-  LLVMValueRef base[CG_JAM][64];
+  LLVMValueRef base[CG_JAM][64], val[CG_JAM_STAGES][CG_JAM];
   loop lg;
   loop_open(L, &lg, ci64(L, 0), groups, "groups");
   LLVMValueRef o = LLVMBuildAdd(L->b, begin, LLVMBuildMul(L->b, lg.i, ci64(L, CG_JAM), ""), "");
   for (int r = 0; r < CG_JAM; r++) {
     outer_bases(L, LLVMBuildAdd(L->b, o, ci64(L, r), ""), k->n_outer);
     memcpy(base[r], L->base, sizeof(LLVMValueRef) * (size_t)k->n_acc);
-    LLVMBuildStore(L->b, acc_t == L->f64 ? LLVMConstReal(L->f64, 0) : const_of(L, dt, 0), acc_ptr[r]);
   }
-  loop in;
-  loop_open(L, &in, ci64(L, 0), sym_val(L, k->dim[k->n_outer]), "inner");
-  in.masked = want_masked_tail(k->dim[k->n_outer]);
-  /* the CG_JAM sums are the independent chains that interleaving would
-   * add: one vector per output keeps the loads of a matvec's rows, which
-   * bound it, in order (W6: 9.1 to 8.3 us a call) */
-  in.interleave = 1;
-  LLVMValueRef idx[MAXD];
-  idx[k->n_outer] = in.i;
-  for (int r = 0; r < CG_JAM; r++) {
-    memcpy(L->base, base[r], sizeof(LLVMValueRef) * (size_t)k->n_acc);
-    LLVMValueRef off[64];
-    inner_offsets(L, idx, off);
-    reduce_ctx rc = {st, -1, acc_ptr[r], acc_t, dt, false, {0}, false};
-    reduce_body(L, off, &rc);
-  }
-  loop_close(L, &in);
-  for (int r = 0; r < CG_JAM; r++) {
-    L->accv[0] = reduced_value(L, st, acc_t, LLVMBuildLoad2(L->b, acc_t, acc_ptr[r], ""));
-    memcpy(L->base, base[r], sizeof(LLVMValueRef) * (size_t)k->n_acc);
-    LLVMValueRef off[64];
-    memcpy(off, base[r], sizeof(LLVMValueRef) * (size_t)k->n_acc);
-    map_body(L, off, (void *)&k->stage[1]);
+  for (int s = 0; s < k->n_stage; s++) {
+    const cg_stage *st = &k->stage[s];
+    if (st->kind == CG_MAP) {
+      for (int r = 0; r < CG_JAM; r++) {
+        for (int q = 0; q < s; q++)
+          if (k->stage[q].kind == CG_REDUCE) L->accv[q] = val[q][r];
+        memcpy(L->base, base[r], sizeof(LLVMValueRef) * (size_t)k->n_acc);
+        LLVMValueRef off[64];
+        memcpy(off, base[r], sizeof(LLVMValueRef) * (size_t)k->n_acc);
+        map_body(L, off, (void *)st);
+      }
+      continue;
+    }
+    kiln_dtype dt = k->expr[st->expr].dtype;
+    for (int r = 0; r < CG_JAM; r++)
+      LLVMBuildStore(L->b, acc_t[s] == L->f64 ? LLVMConstReal(L->f64, 0) : const_of(L, dt, 0), acc_ptr[s][r]);
+    loop in;
+    loop_open(L, &in, ci64(L, 0), sym_val(L, k->dim[k->n_outer]), "inner");
+    in.masked = want_masked_tail(k->dim[k->n_outer]);
+    /* the CG_JAM sums are the independent chains that interleaving would
+     * add: one vector per output keeps the loads of a matvec's rows, which
+     * bound it, in order (W6: 9.1 to 8.3 us a call) */
+    in.interleave = 1;
+    LLVMValueRef idx[MAXD];
+    idx[k->n_outer] = in.i;
+    for (int r = 0; r < CG_JAM; r++) {
+      memcpy(L->base, base[r], sizeof(LLVMValueRef) * (size_t)k->n_acc);
+      for (int q = 0; q < s; q++)
+        if (k->stage[q].kind == CG_REDUCE) L->accv[q] = val[q][r];
+      LLVMValueRef off[64];
+      inner_offsets(L, idx, off);
+      reduce_ctx rc = {st, -1, acc_ptr[s][r], acc_t[s], dt, false, {0}, false};
+      reduce_body(L, off, &rc);
+    }
+    loop_close(L, &in);
+    for (int r = 0; r < CG_JAM; r++)
+      val[s][r] = reduced_value(L, st, acc_t[s], LLVMBuildLoad2(L->b, acc_t[s], acc_ptr[s][r], ""));
   }
   loop_close(L, &lg);
 }
@@ -1182,10 +1214,11 @@ static void lower_staged(lctx *L, LLVMValueRef begin, LLVMValueRef end) {
   }
   plan_reuse(L);
   if (jammable(k) && is_float(k->expr[k->stage[0].expr].dtype)) {
-    LLVMValueRef jam_ptr[CG_JAM];
-    for (int r = 0; r < CG_JAM; r++) jam_ptr[r] = LLVMBuildAlloca(L->eb, L->f64, "jam");
+    LLVMValueRef jam_ptr[CG_JAM_STAGES][CG_JAM];
+    for (int s = 0; s < k->n_stage; s++)
+      for (int r = 0; r < CG_JAM && k->stage[s].kind == CG_REDUCE; r++) jam_ptr[s][r] = LLVMBuildAlloca(L->eb, L->f64, "jam");
     LLVMValueRef groups = LLVMBuildSDiv(L->b, LLVMBuildSub(L->b, end, begin, ""), ci64(L, CG_JAM), "");
-    lower_jammed(L, begin, groups, jam_ptr, acc_t[0]);
+    lower_jammed(L, begin, groups, jam_ptr, acc_t);
     /* the runtime runs a staged kernel in blocks of a multiple of CG_JAM
      * outer elements, the last one cut at the end: with a constant count of
      * them that is a multiple too, no call has a rest to run */
