@@ -158,9 +158,9 @@ static bool winograd_pays(const wino_geom *wg) {
  * and kiln's GEMM runs. */
 static bool winograd_of(int which, const conv_geom *q, size_t es, wino_geom *wg) {
   if (es != sizeof(float) || q->kh != 3 || q->kw != 3 || q->sh != 1 || q->sw != 1 || q->dh != 1 || q->dw != 1 ||
-      q->groups != 1 || which == GRAD_WEIGHT)
+      q->groups != 1)
     return false;
-  if (which == FWD)
+  if (which == FWD || which == GRAD_WEIGHT)
     *wg = (wino_geom){.n = q->n, .c = q->c, .h = q->h, .w = q->w, .o = q->o, .ph = q->ph, .pw = q->pw,
                       .ho = q->ho, .wo = q->wo};
   else if (q->ph <= 2 && q->pw <= 2)
@@ -215,7 +215,9 @@ static int conv_run(int which, const kiln_tensor *a, const kiln_tensor *b, const
   if (da && db && dst) {
     const void *pa = tensor_data(da), *pb = tensor_data(db);
     void *po = tensor_data(dst);
-    if (wino)
+    if (wino && which == GRAD_WEIGHT)
+      rc = wino_grad_weight_f32(&wg, pb, pa, po, scratch, bytes);
+    else if (wino)
       rc = wino_conv_f32(&wg, pa, pb, po, scratch, bytes);
     else if (out->dtype == KILN_F32)
       rc = which == FWD ? conv_forward_f32(&q, pa, pb, po, scratch)
@@ -248,7 +250,8 @@ size_t conv_scratch_bytes(op_id op, kiln_tensor *const *in, const op_attrs *a) {
   conv_geom q = geom_of(x, w, a);
   size_t es = kiln_dtype_size(in[0]->dtype);
   wino_geom wg;
-  if (winograd_of(op_which(op), &q, es, &wg)) return wino_scratch_bytes(&wg);
+  if (winograd_of(op_which(op), &q, es, &wg))
+    return op == OP_CONV2D_GRAD_WEIGHT ? wino_grad_weight_scratch_bytes(&wg) : wino_scratch_bytes(&wg);
   return scratch_bytes(&q, es);
 }
 

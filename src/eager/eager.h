@@ -657,6 +657,12 @@ size_t wino_scratch_bytes(const wino_geom *q);
 /* y (N, O, ho, wo) = conv(x, w), on scratch (bytes of it; NULL or too
  * little: its own). 0, or -1 when out of memory. */
 int wino_conv_f32(const wino_geom *q, const float *x, const float *w, float *y, void *scratch, size_t bytes);
+/* Working memory wino_grad_weight_f32 takes. */
+size_t wino_grad_weight_scratch_bytes(const wino_geom *q);
+/* gw (O, C, 3, 3), the gradient of conv(x, w) (flip false) for the output's
+ * gradient gy (N, O, ho, wo), on scratch as wino_conv_f32's. 0, or -1 when
+ * out of memory. */
+int wino_grad_weight_f32(const wino_geom *q, const float *x, const float *gy, float *gw, void *scratch, size_t bytes);
 
 /* ---- pool.h is separate (thread pool) ----------------------------------- */
 

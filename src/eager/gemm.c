@@ -471,9 +471,9 @@ bool kgemm_f32(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, c
   return kgemm(false, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
-static bool kgemm_task(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b, int64_t ldb,
-                       float *c, int64_t ldc) {
-  return kgemm(true, false, false, m, n, k, 1, a, lda, b, ldb, 0, c, ldc);
+static bool kgemm_task(bool tb, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b,
+                       int64_t ldb, float beta, float *c, int64_t ldc) {
+  return kgemm(true, false, tb, m, n, k, 1, a, lda, b, ldb, beta, c, ldc);
 }
 
 #else /* not x86-64: OpenBLAS does it all */
@@ -489,9 +489,9 @@ bool kgemm_f32(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, c
   return false;
 }
 
-static bool kgemm_task(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b, int64_t ldb,
-                       float *c, int64_t ldc) {
-  (void)m, (void)n, (void)k, (void)a, (void)lda, (void)b, (void)ldb, (void)c, (void)ldc;
+static bool kgemm_task(bool tb, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b,
+                       int64_t ldb, float beta, float *c, int64_t ldc) {
+  (void)tb, (void)m, (void)n, (void)k, (void)a, (void)lda, (void)b, (void)ldb, (void)beta, (void)c, (void)ldc;
   return false;
 }
 #endif
@@ -504,7 +504,14 @@ void gemm_sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n, in
 
 void gemm_sgemm_task(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b, int64_t ldb,
                      float *c, int64_t ldc) {
-  if (!kgemm_task(m, n, k, a, lda, b, ldb, c, ldc))
+  if (!kgemm_task(false, m, n, k, a, lda, b, ldb, 0, c, ldc))
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)n, (int)k, 1, a, (int)lda, b, (int)ldb, 0, c,
+                (int)ldc);
+}
+
+void gemm_sgemm_task_bt(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b, int64_t ldb,
+                        float beta, float *c, int64_t ldc) {
+  if (!kgemm_task(true, m, n, k, a, lda, b, ldb, beta, c, ldc))
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)n, (int)k, 1, a, (int)lda, b, (int)ldb, beta, c,
                 (int)ldc);
 }

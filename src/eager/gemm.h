@@ -28,6 +28,12 @@ void gemm_sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n, in
 void gemm_sgemm_task(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b, int64_t ldb,
                      float *c, int64_t ldc);
 
+/* c (m x n) = a (m x k) @ b^T + beta * c, b (n x k): gemm_sgemm_task's
+ * other form, for sums over a long k run in pieces (Winograd's weight
+ * gradient). */
+void gemm_sgemm_task_bt(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b, int64_t ldb,
+                        float beta, float *c, int64_t ldc);
+
 /* Whether OpenBLAS runs its AVX-512 kernels here (by CPU model or
  * OPENBLAS_CORETYPE): kgemm_f32 then leaves it the products of more than
  * one row block (m > 96), where they are faster. */

@@ -269,3 +269,189 @@ int wino_conv_f32(const wino_geom *q, const float *x, const float *w, float *y, 
   if (own) alloc_aligned_free(own, bytes);
   return 0;
 }
+
+/* ---- the weight gradient ----
+ *
+ * With y = A^T (U * V) A per tile and U = G g G^T, the gradient of U is the
+ * sum over tiles of (A dy A^T) * V, dy the tile's 2x2 of the output's
+ * gradient (0 past the output's edge), and that of g is G^T dU G. For each
+ * of the 16 elements xi the sum over tiles is a GEMM: dU[xi] (O, C) =
+ * M[xi] (O, tiles) @ V[xi]^T, M[xi] = (A dy A^T)[xi]. The tiles run in
+ * chunks small enough that a chunk's V and M stay in cache from their
+ * transforms to the GEMMs (but of 256 tiles at least, so that reading and
+ * writing dU costs little beside a GEMM's work); each chunk's 16 GEMMs are
+ * spread over the pool (one a task, on kiln's kernel) and add to the sums
+ * of the chunks before, in chunk order: the order of every sum follows the
+ * geometry, never the thread count nor the working memory given. */
+
+enum { GW_CHUNK_BYTES = 2 << 20, GW_MIN_TILES = 256 };
+
+typedef struct wgw_geom {
+  int64_t tw, th, per_image, tiles; /* tiles a row, rows, an image, in all */
+  int64_t tb;                       /* tiles a chunk */
+  int64_t ldr;                      /* floats between the rows of V[xi] and M[xi] (a chunk, and a line for input_run's spill) */
+  int64_t ldv, ldm, ldu;            /* floats between V[xi], M[xi], dU[xi] */
+} wgw_geom;
+
+static wgw_geom wgw_of(const wino_geom *q) {
+  wgw_geom g = {.tw = (q->wo + 1) / 2, .th = (q->ho + 1) / 2};
+  g.per_image = g.tw * g.th;
+  g.tiles = q->n * g.per_image;
+  int64_t co = q->c + q->o;
+  g.tb = co > 0 ? GW_CHUNK_BYTES / (16 * (int64_t)sizeof(float) * co) : GW_MIN_TILES;
+  if (g.tb < GW_MIN_TILES) g.tb = GW_MIN_TILES;
+  if (g.tb > g.tiles) g.tb = g.tiles;
+  g.tb = (g.tb + 15) / 16 * 16;
+  g.ldr = g.tb + 16;
+  g.ldv = stride16(q->c * g.ldr);
+  g.ldm = stride16(q->o * g.ldr);
+  g.ldu = stride16(q->c * q->o);
+  return g;
+}
+
+/* V, M and dU. */
+static size_t wgw_bytes(const wgw_geom *g) { return (size_t)(16 * (g->ldv + g->ldm + g->ldu)) * sizeof(float); }
+
+size_t wino_grad_weight_scratch_bytes(const wino_geom *q) {
+  wgw_geom g = wgw_of(q);
+  return wgw_bytes(&g);
+}
+
+typedef struct wgw_job {
+  const wino_geom *q;
+  const wgw_geom *g;
+  const float *x, *gy;
+  float *gw, *v, *m, *du;
+  int64_t t0, t1; /* the chunk's tiles */
+} wgw_job;
+
+/* BODY for each run of the chunk's tiles that lies in one row of tiles, of
+ * at most MAX_TILES: image ni, row ty, nt tiles from column tx0, off from
+ * the chunk's first. */
+#define FOR_RUNS(j, BODY)                                                                        \
+  for (int64_t t_ = (j)->t0; t_ < (j)->t1;) {                                                    \
+    const wgw_geom *g_ = (j)->g;                                                                 \
+    int64_t ni = t_ / g_->per_image, ty = t_ / g_->tw % g_->th, tx0 = t_ % g_->tw, off = t_ - (j)->t0; \
+    int64_t nt = g_->tw - tx0 < (j)->t1 - t_ ? g_->tw - tx0 : (j)->t1 - t_;                      \
+    if (nt > MAX_TILES) nt = MAX_TILES;                                                          \
+    BODY;                                                                                        \
+    t_ += nt;                                                                                    \
+  }
+
+/* V[xi][c] for channels [c0, c1), the chunk's runs in order (a run writes up
+ * to 15 floats past its end, which the next run writes again; the last
+ * one's land in the row's spare line). */
+static void wgw_input_chunk(void *ctx, int64_t c0, int64_t c1) {
+  const wgw_job *j = ctx;
+  const wino_geom *q = j->q;
+  float r[RUN_FLOATS];
+  for (int64_t c = c0; c < c1; c++)
+    FOR_RUNS(j, input_run(q, j->x + (ni * q->c + c) * q->h * q->w, 2 * ty - q->ph, 2 * tx0 - q->pw, nt,
+                          j->v + c * j->g->ldr + off, j->g->ldv, r));
+}
+
+/* M[xi][o] = (A dy A^T)[xi] of a run of nt tiles of one plane of dy, whose
+ * rows start at oy and columns at ox: the even and odd columns of its two
+ * rows taken apart first, so that the loop over the tiles reads and writes
+ * with stride 1. r: 4 * MAX_TILES floats. */
+static KILN_HOT void grad_run(const wino_geom *q, const float *plane, int64_t oy, int64_t ox, int64_t nt, float *m,
+                              int64_t ld, float *r) {
+  float *restrict e0 = r, *restrict o0 = r + MAX_TILES, *restrict e1 = r + 2 * MAX_TILES, *restrict o1 = r + 3 * MAX_TILES;
+  int64_t cols = q->wo - ox; /* the run's columns inside the output */
+  for (int row = 0; row < 2; row++) {
+    float *ev = row ? e1 : e0, *od = row ? o1 : o0;
+    if (oy + row >= q->ho) {
+      memset(ev, 0, sizeof(float) * (size_t)nt), memset(od, 0, sizeof(float) * (size_t)nt);
+      continue;
+    }
+    const float *src = plane + (oy + row) * q->wo + ox;
+    for (int64_t k = 0; k < nt; k++) {
+      ev[k] = 2 * k < cols ? src[2 * k] : 0;
+      od[k] = 2 * k + 1 < cols ? src[2 * k + 1] : 0;
+    }
+  }
+  for (int64_t k = 0; k < nt; k++) {
+    /* A d down the rows: d0, d0 + d1, d0 - d1, -d1; then the same along the columns */
+    float t[4][2] = {{e0[k], o0[k]}, {e0[k] + e1[k], o0[k] + o1[k]}, {e0[k] - e1[k], o0[k] - o1[k]}, {-e1[k], -o1[k]}};
+    for (int a = 0; a < 4; a++) {
+      m[(a * 4 + 0) * ld + k] = t[a][0];
+      m[(a * 4 + 1) * ld + k] = t[a][0] + t[a][1];
+      m[(a * 4 + 2) * ld + k] = t[a][0] - t[a][1];
+      m[(a * 4 + 3) * ld + k] = -t[a][1];
+    }
+  }
+}
+
+/* M[xi][o] for output channels [o0, o1), the chunk's runs. */
+static void wgw_grad_chunk(void *ctx, int64_t o0, int64_t o1) {
+  const wgw_job *j = ctx;
+  const wino_geom *q = j->q;
+  float r[4 * MAX_TILES];
+  for (int64_t o = o0; o < o1; o++)
+    FOR_RUNS(j, grad_run(q, j->gy + (ni * q->o + o) * q->ho * q->wo, 2 * ty, 2 * tx0, nt,
+                         j->m + o * j->g->ldr + off, j->g->ldm, r));
+}
+
+/* dU[xi] (O, C) for xi in [x0, x1): M[xi] @ V[xi]^T, one GEMM each, written
+ * by the first chunk and added to by the later ones. */
+static void wgw_gemm_chunk(void *ctx, int64_t x0, int64_t x1) {
+  const wgw_job *j = ctx;
+  const wino_geom *q = j->q;
+  const wgw_geom *g = j->g;
+  for (int64_t xi = x0; xi < x1; xi++)
+    gemm_sgemm_task_bt(q->o, q->c, j->t1 - j->t0, j->m + xi * g->ldm, g->ldr, j->v + xi * g->ldv, g->ldr,
+                       j->t0 == 0 ? 0 : 1, j->du + xi * g->ldu, q->c);
+}
+
+/* gw (O, C, 3, 3) = G^T dU G for output channels [o0, o1). */
+static void wgw_weight_chunk(void *ctx, int64_t o0, int64_t o1) {
+  const wgw_job *j = ctx;
+  const wino_geom *q = j->q;
+  const wgw_geom *g = j->g;
+  for (int64_t o = o0; o < o1; o++)
+    for (int64_t c = 0; c < q->c; c++) {
+      float s[4][4], t[4][3];
+      for (int xi = 0; xi < 16; xi++) s[xi / 4][xi % 4] = j->du[xi * g->ldu + o * q->c + c];
+      /* dU G: columns s0 + (s1 + s2)/2, (s1 - s2)/2, (s1 + s2)/2 + s3; then G^T the same down the rows */
+      for (int a = 0; a < 4; a++) {
+        float h = 0.5f * (s[a][1] + s[a][2]);
+        t[a][0] = s[a][0] + h;
+        t[a][1] = 0.5f * (s[a][1] - s[a][2]);
+        t[a][2] = h + s[a][3];
+      }
+      float *w = j->gw + (o * q->c + c) * 9;
+      for (int b = 0; b < 3; b++) {
+        float h = 0.5f * (t[1][b] + t[2][b]);
+        w[0 * 3 + b] = t[0][b] + h;
+        w[1 * 3 + b] = 0.5f * (t[1][b] - t[2][b]);
+        w[2 * 3 + b] = h + t[3][b];
+      }
+    }
+}
+
+int wino_grad_weight_f32(const wino_geom *q, const float *x, const float *gy, float *gw, void *scratch, size_t bytes) {
+  int64_t nw = q->o * q->c * 9;
+  if (nw == 0) return 0;
+  wgw_geom g = wgw_of(q);
+  if (g.tiles == 0) {
+    memset(gw, 0, sizeof(float) * (size_t)nw);
+    return 0;
+  }
+  size_t need = wgw_bytes(&g);
+  void *own = NULL;
+  if (!scratch || bytes < need) {
+    if (!(scratch = own = alloc_aligned(need))) return -1;
+  }
+  wgw_job j = {.q = q, .g = &g, .x = x, .gy = gy, .gw = gw, .v = scratch};
+  j.m = j.v + 16 * g.ldv, j.du = j.m + 16 * g.ldm;
+  for (j.t0 = 0; j.t0 < g.tiles; j.t0 += g.tb) {
+    j.t1 = j.t0 + g.tb < g.tiles ? j.t0 + g.tb : g.tiles;
+    int64_t per = (j.t1 - j.t0) * 16; /* floats a channel writes */
+    pool_parallel_for(q->c, 1 + 4096 / per, wgw_input_chunk, &j);
+    pool_parallel_for(q->o, 1 + 4096 / per, wgw_grad_chunk, &j);
+    pool_parallel_for(16, 1, wgw_gemm_chunk, &j);
+  }
+  pool_parallel_for(q->o, 1 + 4096 / (q->c * 16 + 1), wgw_weight_chunk, &j);
+  if (own) alloc_aligned_free(own, need);
+  return 0;
+}
