@@ -5,7 +5,8 @@
  * several, blocks and slots enough that the pool splits them, the rotated
  * weight of an input gradient. Also: the bits do not depend on the thread
  * count (on kiln's GEMM) nor on the working memory given, too little working memory is not
- * used, and out of memory is an error. conv2d's choice of it (KILN_CONV)
+ * used, and out of memory is an error. The weight gradient likewise, with
+ * a bound of its own. conv2d's choice of it (KILN_CONV)
  * is covered by test_ops_ref, run by ctest with either algorithm forced. */
 #include <check.h>
 #include <float.h>
@@ -201,6 +202,124 @@ START_TEST(test_scratch_and_oom) {
 }
 END_TEST
 
+/* ---- the weight gradient (wino_grad_weight_f32) ----
+ *
+ * gw[o][c][a][b] = sum over images and output positions of gy * x under it.
+ * Computed as G^T (sum over tiles of M * V) G with M = A dy A^T (at most 2
+ * rounded adds an element), V = B^T d B (2), the sum over T tiles (T
+ * products and adds, in any order) and G^T . G (4): Higham's gamma_{T+9}
+ * bounds the error by the same expression in absolute values, which the
+ * reference computes beside the exact result (T + 12 for its own rounding). */
+static void reference_gw(const wino_geom *q, const float *x, const float *gy, double *gw, double *bound) {
+  static const double G[4][3] = {{1, 0, 0}, {.5, .5, .5}, {.5, -.5, .5}, {0, 0, 1}};
+  static const double BT[4][4] = {{1, 0, -1, 0}, {0, 1, 1, 0}, {0, -1, 1, 0}, {0, 1, 0, -1}};
+  static const double A[4][2] = {{1, 0}, {1, 1}, {1, -1}, {0, -1}};
+  int64_t th = (q->ho + 1) / 2, tw = (q->wo + 1) / 2, tiles = q->n * th * tw;
+  double u = FLT_EPSILON / 2, nu = (double)(tiles + 12) * u, gamma = nu / (1 - nu);
+  for (int64_t o = 0; o < q->o; o++)
+    for (int64_t c = 0; c < q->c; c++) {
+      double s[4][4] = {{0}};
+      for (int a = 0; a < 3; a++)
+        for (int b = 0; b < 3; b++) {
+          double acc = 0;
+          for (int64_t ni = 0; ni < q->n; ni++)
+            for (int64_t oy = 0; oy < q->ho; oy++)
+              for (int64_t ox = 0; ox < q->wo; ox++)
+                acc += (double)gy[((ni * q->o + o) * q->ho + oy) * q->wo + ox] * xat(q, x, ni, c, oy - q->ph + a, ox - q->pw + b);
+          gw[(o * q->c + c) * 9 + a * 3 + b] = acc;
+        }
+      for (int64_t ni = 0; ni < q->n; ni++)
+        for (int64_t ty = 0; ty < th; ty++)
+          for (int64_t tx = 0; tx < tw; tx++) {
+            double dy[2][2];
+            for (int a = 0; a < 2; a++)
+              for (int b = 0; b < 2; b++) {
+                int64_t oy = 2 * ty + a, ox = 2 * tx + b;
+                dy[a][b] = oy < q->ho && ox < q->wo ? fabs(gy[((ni * q->o + o) * q->ho + oy) * q->wo + ox]) : 0;
+              }
+            for (int i = 0; i < 4; i++)
+              for (int k = 0; k < 4; k++) {
+                double sm = 0, sv = 0;
+                for (int a = 0; a < 2; a++)
+                  for (int b = 0; b < 2; b++) sm += fabs(A[i][a]) * dy[a][b] * fabs(A[k][b]);
+                for (int a = 0; a < 4; a++)
+                  for (int b = 0; b < 4; b++)
+                    sv += fabs(BT[i][a]) * fabs(xat(q, x, ni, c, 2 * ty - q->ph + a, 2 * tx - q->pw + b)) * fabs(BT[k][b]);
+                s[i][k] += sm * sv;
+              }
+          }
+      for (int a = 0; a < 3; a++)
+        for (int b = 0; b < 3; b++) {
+          double t = 0;
+          for (int i = 0; i < 4; i++)
+            for (int k = 0; k < 4; k++) t += fabs(G[i][a]) * s[i][k] * fabs(G[k][b]);
+          bound[(o * q->c + c) * 9 + a * 3 + b] = gamma * t;
+        }
+    }
+}
+
+/* Runs the weight gradient of q at 2 threads, checks every element against
+ * the reference and its bound, then 1 and 3 threads and working memory sized
+ * at 1 for the same bits (on kiln's GEMM). */
+static void check_gw(wino_geom q) {
+  int64_t nx = q.n * q.c * q.h * q.w, nw = q.o * q.c * 9, ny = out_count(&q);
+  float *x = malloc(sizeof(float) * (size_t)(nx + 1)), *gy = malloc(sizeof(float) * (size_t)(ny + 1));
+  float *gw[3];
+  double *ref = malloc(sizeof(double) * (size_t)(nw + 1)), *bound = malloc(sizeof(double) * (size_t)(nw + 1));
+  fill(x, nx), fill(gy, ny);
+  reference_gw(&q, x, gy, ref, bound);
+  pool_set_num_threads(1);
+  size_t bytes = wino_grad_weight_scratch_bytes(&q);
+  void *scratch = alloc_aligned((bytes + 63) / 64 * 64);
+  ck_assert_ptr_nonnull(scratch);
+  for (int t = 0; t < 3; t++) {
+    gw[t] = malloc(sizeof(float) * (size_t)(nw + 1));
+    for (int64_t i = 0; i < nw; i++) gw[t][i] = NAN; /* every element must be written */
+    pool_set_num_threads(t == 0 ? 2 : t == 1 ? 1 : 3);
+    ck_assert_int_eq(0, wino_grad_weight_f32(&q, x, gy, gw[t], t == 2 ? scratch : NULL, t == 2 ? bytes : 0));
+  }
+  pool_set_num_threads(0);
+  for (int64_t i = 0; i < nw; i++) {
+    double err = fabs((double)gw[0][i] - ref[i]);
+    ck_assert_msg(err <= bound[i], "n%lld c%lld %lldx%lld o%lld pad %lld,%lld: weight gradient element %lld: expected %.9g, "
+                  "got %.9g (error %.3g, bound %.3g)", (long long)q.n, (long long)q.c, (long long)q.h, (long long)q.w,
+                  (long long)q.o, (long long)q.ph, (long long)q.pw, (long long)i, ref[i], (double)gw[0][i], err, bound[i]);
+  }
+  if (strcmp(gemm_kernel_name(), "blas") != 0)
+    for (int t = 1; t < 3; t++) ck_assert_msg(!memcmp(gw[0], gw[t], sizeof(float) * (size_t)nw), "run %d differs", t);
+  alloc_aligned_free(scratch, (bytes + 63) / 64 * 64);
+  for (int t = 0; t < 3; t++) free(gw[t]);
+  free(x), free(gy), free(ref), free(bound);
+}
+
+START_TEST(test_grad_weight_against_direct) {
+  wino_geom cases[] = {
+      geom(2, 5, 15, 13, 7, 1, 1, false),   /* odd: partial tiles, their gradient 0 past the edge */
+      geom(4, 4, 61, 59, 6, 1, 1, false),   /* 3720 tiles: two chunks, the second added to the first */
+      geom(1, 3, 9, 11, 2, 0, 2, false),    /* unequal padding */
+      geom(2, 3, 1, 1, 4, 1, 1, false),     /* a 1x1 image */
+      geom(1, 2, 6, 1100, 2, 1, 1, false),  /* rows of 550 tiles: runs cut at 512 */
+      geom(1, 17, 6, 6, 19, 1, 1, false),
+  };
+  for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) check_gw(cases[k]);
+  /* no images, or no output: zeros; no channels: nothing to write */
+  wino_geom q = geom(0, 3, 5, 5, 2, 1, 1, false);
+  float gw[54];
+  for (int i = 0; i < 54; i++) gw[i] = NAN;
+  ck_assert_int_eq(0, wino_grad_weight_f32(&q, NULL, NULL, gw, NULL, 0));
+  for (int i = 0; i < 54; i++) ck_assert_float_eq(0, gw[i]);
+  q = geom(1, 0, 5, 5, 0, 1, 1, false);
+  ck_assert_int_eq(0, wino_grad_weight_f32(&q, NULL, NULL, gw, NULL, 0));
+#ifdef KILN_TEST_BUILD
+  q = geom(1, 4, 6, 6, 4, 1, 1, false);
+  float x[144] = {0}, gy[144] = {0};
+  alloc_fail_after(1);
+  ck_assert_int_eq(-1, wino_grad_weight_f32(&q, x, gy, gw, NULL, 0));
+  alloc_fail_after(0);
+#endif
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("winograd");
   TCase *tc = tcase_create("core");
@@ -208,6 +327,7 @@ int main(void) {
   tcase_add_test(tc, test_against_direct);
   tcase_add_test(tc, test_threads_same_bits);
   tcase_add_test(tc, test_scratch_and_oom);
+  tcase_add_test(tc, test_grad_weight_against_direct);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

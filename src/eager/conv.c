@@ -152,10 +152,10 @@ static bool winograd_pays(const wino_geom *wg) {
 }
 
 /* Whether op `which` on q (elements es bytes) runs as Winograd, and if so
- * its geometry in *wg: the forward and the input gradient of f32 3x3
+ * its geometry in *wg: the forward and both gradients of f32 3x3
  * convolutions of stride 1, dilation 1 and one group (the input gradient's
  * padding 2 - p must not be negative), where they pay (see docs/perf.md)
- * and kiln's GEMM runs. */
+ * and kiln's GEMM runs. The weight gradient's geometry is the forward's. */
 static bool winograd_of(int which, const conv_geom *q, size_t es, wino_geom *wg) {
   if (es != sizeof(float) || q->kh != 3 || q->kw != 3 || q->sh != 1 || q->sw != 1 || q->dh != 1 || q->dw != 1 ||
       q->groups != 1)
