@@ -7,6 +7,7 @@
 
 #include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "kiln.h"
 #include "stats.h"
@@ -47,6 +48,50 @@ static inline int bench_interleaved(int (*run)(void *ctx, kiln_fn *fn), void *ct
   if (!rc) *eager_ms = bench_median(e, n), *compiled_ms = bench_median(c, n);
   free(e), free(c);
   return rc;
+}
+
+/* A GEMM-bound workload's floor: its matmuls alone, eagerly through
+ * kiln_matmul on operands of their own (x (m,k) @ w, w (k,n), or w^T with w
+ * (n,k) when wt), count times each (distinct weights when distinct, else
+ * one reused, as a recurrence reuses it), one after another with nothing
+ * between them: the median over rounds of their summed time, ms; 0 on
+ * failure. The same kernels the workload's eager and compiled code run. */
+typedef struct bench_mm {
+  int64_t m, k, n;
+  bool wt, distinct;
+  int count;
+} bench_mm;
+
+static inline double bench_matmuls_ms(const bench_mm *mm, int n_mm, int rounds) {
+  int total = 0;
+  for (int i = 0; i < n_mm; i++) total += mm[i].distinct ? mm[i].count : 1;
+  kiln_tensor **x = calloc((size_t)n_mm, sizeof *x), **w = calloc((size_t)total, sizeof *w);
+  double *t = malloc(sizeof(double) * (size_t)(rounds > 0 ? rounds : 1)), ms = 0;
+  bool ok = x && w && t && rounds > 0;
+  for (int i = 0, at = 0; ok && i < n_mm; i++) {
+    ok = (x[i] = kiln_randn(KILN_F32, 2, ((int64_t[]){mm[i].m, mm[i].k}), 7 + (uint64_t)i)) != NULL;
+    for (int c = 0; ok && c < (mm[i].distinct ? mm[i].count : 1); c++, at++) {
+      int64_t ws[2] = {mm[i].wt ? mm[i].n : mm[i].k, mm[i].wt ? mm[i].k : mm[i].n};
+      ok = (w[at] = kiln_randn(KILN_F32, 2, ws, 100 + (uint64_t)at)) != NULL;
+    }
+  }
+  for (int r = 0; ok && r <= rounds; r++) { /* round 0 warms up */
+    double a = bench_now_s();
+    for (int i = 0, at = 0; ok && i < n_mm; i++)
+      for (int c = 0; ok && c < mm[i].count; c++) {
+        kiln_tensor *wi = w[at + (mm[i].distinct ? c : 0)];
+        kiln_scope_begin();
+        ok = kiln_matmul(x[i], mm[i].wt ? kiln_transpose(wi, 0, 1) : wi) != NULL;
+        kiln_scope_end();
+        if (c + 1 == mm[i].count) at += mm[i].distinct ? mm[i].count : 1;
+      }
+    if (r) t[r - 1] = 1e3 * (bench_now_s() - a);
+  }
+  if (ok) ms = bench_median(t, rounds);
+  for (int i = 0; x && i < n_mm; i++) kiln_release(x[i]);
+  for (int i = 0; w && i < total; i++) kiln_release(w[i]);
+  free(x), free(w), free(t);
+  return ms;
 }
 
 /* Open workload id ("W1" or "W1_gelu") into c: 0, -1 on failure (message in

@@ -16,6 +16,11 @@
  *   M1_matvec_in_out    (1,288) @ (288,288), weights (in,out): ms per call
  *   M1_matvec_out_in    (1,288) @ (288,288)^T, weights (out,in): ms per call
  *
+ * Beside W11 and W12, what bounds them, timed in the same run: W11 every
+ * weight read once a token (a threaded sum over as many bytes), W12 its
+ * weight matmuls alone (bench_matmuls_ms), eager and compiled as multiples
+ * of it.
+ *
  * The eager and compiled sides run interleaved, sample by sample, as the
  * other workloads do.
  */
@@ -38,7 +43,9 @@ typedef struct ll_result {
   bool ok;
   double eager_ms, compiled_ms, compile_ms, trace_ms;
   long long variants, traces;
-  double per; /* the sample divided by this: tokens for W11 */
+  double per;      /* the sample divided by this: tokens for W11 */
+  double floor_ms; /* W11: its weights' bytes read once; W12: its weight matmuls alone; 0 else */
+  const char *floor_what;
 } ll_result;
 
 static ll_result results[6];
@@ -113,8 +120,44 @@ static void print_row(const ll_result *r) {
   printf(tiny ? "%-14s %10.5f %12.5f %7.2fx %11.1f   variants %lld, traces %lld" : "%-14s %10.3f %12.3f %7.2fx %11.1f   variants %lld, traces %lld",
          r->name, r->eager_ms, r->compiled_ms, r->eager_ms / r->compiled_ms, r->compile_ms, r->variants, r->traces);
   if (r->per > 1) printf("   tokens/s: eager %.0f, compiled %.0f", 1e3 / r->eager_ms, 1e3 / r->compiled_ms);
+  if (r->floor_ms > 0)
+    printf("   %s %.3f ms: eager %.2fx, compiled %.2fx of it", r->floor_what, r->floor_ms, r->eager_ms / r->floor_ms,
+           r->compiled_ms / r->floor_ms);
   printf("\n");
   fflush(stdout);
+}
+
+/* A read of `floats` f32 once, through kiln's threaded sum: the median of 9, ms
+ * (a decode step's floor: every weight read once a token). 0 on failure. */
+static double read_ms(int64_t floats) {
+  kiln_tensor *t = kiln_randn(KILN_F32, 1, &floats, 3);
+  double v[9], ms = 0;
+  bool ok = t != NULL;
+  for (int r = 0; ok && r <= 9; r++) { /* round 0 warms up */
+    double a = bench_now_s();
+    kiln_scope_begin();
+    ok = kiln_sum_all(t) != NULL;
+    kiln_scope_end();
+    if (r) v[r - 1] = 1e3 * (bench_now_s() - a);
+  }
+  if (ok) ms = bench_median(v, 9);
+  kiln_release(t);
+  return ms;
+}
+
+/* Floors of stories15M (cfg): W11 a step's weight bytes read once (bf16
+ * layers: half theirs), W12 the weight matmuls of 64 tokens alone. */
+static double floor_of(const char *fn_name, const llama_config *cfg) {
+  int64_t D = cfg->dim, H = cfg->hidden_dim, L = cfg->n_layers, V = cfg->vocab_size;
+  int64_t layer = 4 * D * D + 3 * D * H, head = V * D;
+  if (!strcmp(fn_name, "W11")) return read_ms(L * layer + head);
+  if (!strcmp(fn_name, "W11_bf16")) return read_ms(L * layer / 2 + head);
+  if (strcmp(fn_name, "W12")) return 0;
+  const bench_mm mm[4] = {{FWD_T, D, D, true, true, (int)(4 * L)},
+                          {FWD_T, D, H, true, true, (int)(2 * L)},
+                          {FWD_T, H, D, true, true, (int)L},
+                          {FWD_T, D, V, true, true, 1}};
+  return bench_matmuls_ms(mm, 4, 9);
 }
 
 /* Compiles body (over body_ctx) as fn_name with n_in inputs (two: a decode
@@ -125,6 +168,10 @@ static void add_row(const char *name, const char *fn_name, kiln_body body, void 
   kiln_options o = {.name = fn_name, .n_in = n_in, .n_out = 1, .capture = n_in == 2 ? KILN_CAPTURE_GUARDS : 0};
   kiln_fn *fn = kiln_compile(body, body_ctx, &o);
   ll_result r = measure(name, run, c, fn, per);
+  if (r.ok && c->m) {
+    r.floor_ms = floor_of(fn_name, &c->m->cfg);
+    r.floor_what = strcmp(fn_name, "W12") ? "weights read once" : "weight matmuls alone";
+  }
   results[n_results++] = r;
   print_row(&r);
   kiln_fn_free(fn);
@@ -189,8 +236,9 @@ void bench_llama_json(FILE *f, int threads) {
   for (int i = 0; i < n_results; i++) {
     const ll_result *r = &results[i];
     fprintf(f, "  {\"name\": \"%s\", \"threads\": %d, \"ok\": %s, \"eager_ms\": %.6f, \"compiled_ms\": %.6f, "
-            "\"compile_ms\": %.3f, \"trace_ms\": %.3f, \"variants\": %lld, \"floor_ms\": 0",
-            r->name, threads, r->ok ? "true" : "false", r->eager_ms, r->compiled_ms, r->compile_ms, r->trace_ms, r->variants);
+            "\"compile_ms\": %.3f, \"trace_ms\": %.3f, \"variants\": %lld, \"floor_ms\": %.6f",
+            r->name, threads, r->ok ? "true" : "false", r->eager_ms, r->compiled_ms, r->compile_ms, r->trace_ms, r->variants,
+            r->floor_ms);
     if (r->per > 1)
       fprintf(f, ", \"tokens_per_s_eager\": %.3f, \"tokens_per_s_compiled\": %.3f", r->ok ? 1e3 / r->eager_ms : 0,
               r->ok ? 1e3 / r->compiled_ms : 0);

@@ -6,7 +6,9 @@
  *                       output h_t; backward; SGD p -= LR * grad_p on wx, wh,
  *                       bias; the gradients dropped: ms per step
  *   W10_lstm_fwd_T16    the forward, hs (T,32,128) of x (T,32,128), at
- *   ... _T128           T = 16, 32, 64, 128: ms per call
+ *   ... _T128           T = 16, 32, 64, 128: ms per call; beside it, its
+ *                       GEMMs alone (x @ wx for every step at once, one
+ *                       h @ wh a step): what bounds it, eager and compiled
  *
  * kiln_bench --compiled runs the four forward rows through one compiled
  * function, x's dim 0 marked dynamic, and prints how many variants it made
@@ -119,6 +121,7 @@ typedef struct lstm_result {
   bool ok;
   double eager_ms, compiled_ms, compile_ms, trace_ms;
   long long variants, traces; /* of the function after this row (the forward rows share one) */
+  double floor_ms;            /* the forward rows: their GEMMs alone (bench_matmuls_ms), 0 else */
 } lstm_result;
 
 static lstm_result results[1 + N_FWD];
@@ -157,8 +160,12 @@ static void print_row(const lstm_result *r) {
     printf("%-18s FAILED (%s)\n", r->name, kiln_last_error());
     return;
   }
-  printf("%-18s %10.3f %12.3f %7.2fx %11.1f   variants %lld, traces %lld\n", r->name, r->eager_ms, r->compiled_ms,
+  printf("%-18s %10.3f %12.3f %7.2fx %11.1f   variants %lld, traces %lld", r->name, r->eager_ms, r->compiled_ms,
          r->eager_ms / r->compiled_ms, r->compile_ms, r->variants, r->traces);
+  if (r->floor_ms > 0)
+    printf("   GEMMs alone %.3f ms: eager %.2fx, compiled %.2fx of it", r->floor_ms, r->eager_ms / r->floor_ms,
+           r->compiled_ms / r->floor_ms);
+  printf("\n");
   fflush(stdout);
 }
 
@@ -202,6 +209,10 @@ int bench_lstm(const char *only) {
       c.x = make_x(FWD_T[k]);
     }
     results[n_results] = measure(FWD_NAMES[k], &c, fn);
+    /* the floor: x @ wx over every step at once (compiled code's; eager's per step is no cheaper), and
+     * one h @ wh a step */
+    const bench_mm mm[2] = {{(int64_t)FWD_T[k] * LB, LI, 4 * LH, false, false, 1}, {LB, LH, 4 * LH, false, false, FWD_T[k]}};
+    results[n_results].floor_ms = bench_matmuls_ms(mm, 2, 9);
     print_row(&results[n_results++]);
   }
   if (n_results > first + 1) {
@@ -219,9 +230,9 @@ void bench_lstm_json(FILE *f, int threads) {
   for (int i = 0; i < n_results; i++) {
     const lstm_result *r = &results[i];
     fprintf(f, "  {\"name\": \"%s\", \"threads\": %d, \"ok\": %s, \"eager_ms\": %.6f, \"compiled_ms\": %.6f, "
-            "\"compile_ms\": %.3f, \"trace_ms\": %.3f, \"variants\": %lld, \"traces\": %lld, \"floor_ms\": 0}%s\n",
+            "\"compile_ms\": %.3f, \"trace_ms\": %.3f, \"variants\": %lld, \"traces\": %lld, \"floor_ms\": %.6f}%s\n",
             r->name, threads, r->ok ? "true" : "false", r->eager_ms, r->compiled_ms, r->compile_ms, r->trace_ms,
-            r->variants, r->traces, i + 1 < n_results ? "," : "");
+            r->variants, r->traces, r->floor_ms, i + 1 < n_results ? "," : "");
   }
 }
 
