@@ -1286,6 +1286,7 @@ START_TEST(test_cond_grad_untaken) {
       for (int k = 0; k < BW; k++) {
         c.w[k] = k ? f64_of(1, (int64_t[]){NH}, w[k]) : f64_of(2, (int64_t[]){NH, NH}, w[k]);
         kiln_requires_grad(c.w[k], true);
+        ck_assert_int_eq(0, kiln_param_name(c.w[k], bnames[k]));
       }
       kiln_fn *fn = kiln_compile(b_loss, &c, &(kiln_options){.name = "bloss", .n_in = 2, .n_out = 1, .backend = be});
       for (int ci = 0; ci < 5; ci++) {
@@ -1319,11 +1320,44 @@ START_TEST(test_cond_grad_untaken) {
       if (count_of(text, " when %") != 4 || count_of(text, " else none") != 1) fprintf(stderr, "%s\n", text);
       ck_assert_int_eq(4, count_of(text, " when %"));
       ck_assert_int_eq(1, count_of(text, " else none"));
-      kiln_fn *ld = kiln_load_string(text);
+      /* saved and loaded (no C body): the loaded function answers as eager does, both branches */
+      char path[] = "/tmp/kiln_condgrad_XXXXXX";
+      int fd = mkstemp(path);
+      ck_assert_int_ge(fd, 0);
+      close(fd);
+      ck_assert_msg(kiln_save(fn, path) == 0, "%s", kiln_last_error());
+      kiln_fn *ld = kiln_load(path);
+      unlink(path);
       ck_assert_msg(ld != NULL, "%s", kiln_last_error());
       char *again = kiln_fn_graph(ld, 0);
       ck_assert_int_eq(4, count_of(again, " when %"));
       ck_assert_int_eq(1, count_of(again, " else none"));
+      /* the params after the inputs, in the graph's order */
+      kiln_tensor *in[2 + BW], *out[1];
+      int n_in = 2;
+      for (const char *at = strstr(text, "@param("); at && n_in < 2 + BW; at = strstr(at + 1, "@param("))
+        for (int k = 0; k < BW; k++)
+          if (!strncmp(at + 7, bnames[k], 1) && at[8] == ')') in[n_in++] = c.w[k];
+      ck_assert_int_eq(2 + BW, n_in);
+      for (int pv = 1; pv >= 0; pv--) {
+        kiln_scope_begin();
+        bool pb = pv;
+        in[0] = kiln_tensor_from(KILN_BOOL, 1, (int64_t[]){1}, &pb), in[1] = f64_of(2, (int64_t[]){NB, NH}, x);
+        double ge[BW][NH * NH], gc[BW][NH * NH];
+        bool he[BW], hc[BW];
+        seed_grads(&c);
+        ck_assert_msg(b_loss(&c, in, out) == 0, "%s", kiln_last_error());
+        b_grads(&c, ge, he);
+        seed_grads(&c);
+        ck_assert_msg(kiln_call(ld, in, out) == 0, "loaded, pred %d: %s", pv, kiln_last_error());
+        b_grads(&c, gc, hc);
+        for (int k = 0; k < BW; k++) {
+          ck_assert_msg(hc[k] == he[k], "loaded, pred %d: kiln_grad(%s) is %s, %s eagerly", pv, bnames[k],
+                        hc[k] ? "set" : "NULL", he[k] ? "set" : "NULL");
+          if (he[k]) expect_near(gc[k], ge[k], bsize[k], 1e-12, bnames[k], pv);
+        }
+        kiln_scope_end();
+      }
       free(again), free(text);
       kiln_fn_free(ld);
       kiln_fn_free(fn);
@@ -1375,10 +1409,12 @@ END_TEST
 
 /* ---- a cond inside a scan's step ---- */
 
-/* step: h' = cond(f_t, tanh(h @ U + x_t @ W), tanh(h @ U) * v); y = h'.
- * W only in then, v only in else, U in both; the scan reads them only
- * through its cond. mode 1: the then-branch runs a scan of its own over
- * x_t's rows (length L) reading W alone: h' = tanh(h @ U) + sum of rows @ W. */
+/* step: h' = cond(f_t, tanh(h @ U + x_t @ W), tanh(h @ U) * v); y = h';
+ * f_t: x_t's first element is positive. W only in then, v only in else, U
+ * in both; the scan reads them only through its cond. mode 1: x_t is
+ * (L + 2, NB, NI), f_t from its row 0, and the then-branch runs a scan of
+ * its own over rows 2..L+1 reading W alone: h' = tanh(h @ U) + sum of rows @ W
+ * (two rows more than the inner scan takes: a dim of 1 would stay static). */
 typedef struct scell {
   kiln_tensor *w, *u, *v; /* (NI,NH), (NH,NH), (NH) */
 } scell;
@@ -1394,9 +1430,9 @@ static int s_then(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
     out[0] = kiln_tanh(kiln_add(kiln_matmul(in[0], c->u), kiln_matmul(in[1], c->w)));
     return !out[0];
   }
-  kiln_tensor *acc;
+  kiln_tensor *acc, *rows = kiln_slice(in[1], 0, 2, kiln_size(in[1], 0), 1);
   kiln_tensor *init = kiln_tanh(kiln_matmul(in[0], c->u));
-  if (kiln_scan(s_rows, c, 1, &init, 1, &in[1], &acc, 0, NULL)) return -1;
+  if (kiln_scan(s_rows, c, 1, &init, 1, &rows, &acc, 0, NULL)) return -1;
   out[0] = acc;
   return !out[0];
 }
@@ -1406,14 +1442,16 @@ static int s_else(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
   return !out[0];
 }
 static int s_step(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
-  kiln_tensor *ops[2] = {in[0], in[1]};
-  if (kiln_cond(in[2], s_then, s_else, ctx, 2, ops, 1, &out[0])) return -1;
+  kiln_tensor *first = in[1];
+  for (int d = kiln_ndim(in[1]) - 1; d >= 0; d--) first = kiln_slice(first, d, 0, 1, 1);
+  kiln_tensor *f = kiln_gt(kiln_sum_all(first), kiln_scalar(KILN_F64, 0));
+  if (!f || kiln_cond(f, s_then, s_else, ctx, 2, in, 1, &out[0])) return -1;
   out[1] = out[0];
   return 0;
 }
 static int s_loss(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
-  kiln_tensor *h, *y, *xs[2] = {in[1], in[2]};
-  if (kiln_scan(s_step, ctx, 1, &in[0], 2, xs, &h, 1, &y)) return -1;
+  kiln_tensor *h, *y;
+  if (kiln_scan(s_step, ctx, 1, &in[0], 1, &in[1], &h, 1, &y)) return -1;
   out[0] = kiln_add(kiln_sum_all(h), kiln_sum_all(kiln_mul(y, y)));
   return !out[0] || kiln_backward(out[0]);
 }
@@ -1432,22 +1470,24 @@ static void cond_in_scan_case(int mode) {
                {5, 2, {1, 1, 1, 1, 1}}, {5, 0, {1, 0, 1, 1, 0}}, {5, 3, {0, 0, 0, 0, 1}}};
   static const char *names[4] = {"W", "U", "v", "h0"};
   static const int64_t sizes[4] = {NI * NH, NH * NH, NH, NB * NH};
-  double w[NI * NH], u[NH * NH], v[NH], h0[NB * NH], x[5 * 3 * NB * NI];
+  double w[NI * NH], u[NH * NH], v[NH], h0[NB * NH], x0[5 * 5 * NB * NI], x[5 * 5 * NB * NI];
   dfill(w, NI * NH, 110), dfill(u, NH * NH, 111), dfill(v, NH, 112), dfill(h0, NB * NH, 113);
-  dfill(x, 120, 114), dfill(x + 120, 5 * 3 * NB * NI - 120, 115);
+  dfill(x0, 5 * 5 * NB * NI, 114);
   s_mode = mode;
   for (int be = KILN_BACKEND_INTERP; be <= KILN_BACKEND_LLVM; be++) {
     kiln_scope_begin();
     scell c = {f64_of(2, (int64_t[]){NI, NH}, w), f64_of(2, (int64_t[]){NH, NH}, u), f64_of(1, (int64_t[]){NH}, v)};
     kiln_requires_grad(c.w, true), kiln_requires_grad(c.u, true), kiln_requires_grad(c.v, true);
-    kiln_fn *fn = kiln_compile(s_loss, &c, &(kiln_options){.name = "sloss", .n_in = 3, .n_out = 1, .backend = be});
+    kiln_fn *fn = kiln_compile(s_loss, &c, &(kiln_options){.name = "sloss", .n_in = 2, .n_out = 1, .backend = be});
     for (size_t ci = 0; ci < sizeof calls / sizeof *calls; ci++) {
       int T = calls[ci].T, L = calls[ci].L;
       if (mode == 0 && L != 2) continue;
       kiln_scope_begin();
-      kiln_tensor *xs = mode ? f64_of(4, (int64_t[]){T, L, NB, NI}, x) : f64_of(3, (int64_t[]){T, NB, NI}, x);
-      kiln_tensor *in[3] = {f64_of(2, (int64_t[]){NB, NH}, h0), xs, kiln_tensor_from(KILN_BOOL, 2, (int64_t[]){T, 1}, calls[ci].f)},
-                  *out[1];
+      int64_t step = (mode ? L + 2 : 1) * NB * NI;
+      memcpy(x, x0, sizeof x);
+      for (int t = 0; t < T; t++) x[t * step] = calls[ci].f[t] ? 1 : -1; /* the step's flag */
+      kiln_tensor *xs = mode ? f64_of(4, (int64_t[]){T, L + 2, NB, NI}, x) : f64_of(3, (int64_t[]){T, NB, NI}, x);
+      kiln_tensor *in[2] = {f64_of(2, (int64_t[]){NB, NH}, h0), xs}, *out[1];
       kiln_requires_grad(in[0], true);
       kiln_tensor *ts[4] = {c.w, c.u, c.v, in[0]};
       double ge[4][NH * NH], gc[4][NH * NH];
