@@ -1269,6 +1269,27 @@ static void b_grads(bcell *c, double g[BW][NH * NH], bool had[BW]) {
   }
 }
 
+/* b_loss run eagerly, then fn, on in (p's and q's .grad seeded before each):
+ * kiln_grad of each weight NULL in both, or the same values; fn's into gc,
+ * which are set eagerly into he */
+static void b_against_eager(bcell *c, kiln_fn *fn, kiln_tensor *const *in, int pv, const char *what,
+                            double gc[BW][NH * NH], bool he[BW]) {
+  kiln_tensor *out[1];
+  double ge[BW][NH * NH];
+  bool hc[BW];
+  seed_grads(c);
+  ck_assert_msg(b_loss(c, in, out) == 0, "%s", kiln_last_error());
+  b_grads(c, ge, he);
+  seed_grads(c);
+  ck_assert_msg(kiln_call(fn, in, out) == 0, "%s, pred %d: %s", what, pv, kiln_last_error());
+  b_grads(c, gc, hc);
+  for (int k = 0; k < BW; k++) {
+    ck_assert_msg(hc[k] == he[k], "%s, pred %d: kiln_grad(%s) is %s compiled, %s eagerly", what, pv, bnames[k],
+                  hc[k] ? "set" : "NULL", he[k] ? "set" : "NULL");
+    if (he[k]) expect_near(gc[k], ge[k], bsize[k], 1e-12, bnames[k], pv);
+  }
+}
+
 /* Eagerly the branch that did not run reaches nothing: kiln_grad of a weight
  * only it reads stays as it was (NULL, or a .grad from before the call, or
  * NULL where the body dropped it). Compiled gives the same, from one trace
@@ -1293,22 +1314,15 @@ START_TEST(test_cond_grad_untaken) {
         int pv = seqs[sq][ci];
         kiln_scope_begin();
         bool pb = pv;
-        kiln_tensor *in[2] = {kiln_tensor_from(KILN_BOOL, 1, (int64_t[]){1}, &pb), f64_of(2, (int64_t[]){NB, NH}, x)}, *out[1];
-        double ge[BW][NH * NH], gc[BW][NH * NH];
-        bool he[BW], hc[BW];
-        seed_grads(&c);
-        ck_assert_msg(b_loss(&c, in, out) == 0, "%s", kiln_last_error());
-        b_grads(&c, ge, he);
-        seed_grads(&c);
-        ck_assert_msg(kiln_call(fn, in, out) == 0, "pred %d: %s", pv, kiln_last_error());
-        b_grads(&c, gc, hc);
+        kiln_tensor *in[2] = {kiln_tensor_from(KILN_BOOL, 1, (int64_t[]){1}, &pb), f64_of(2, (int64_t[]){NB, NH}, x)};
+        double gc[BW][NH * NH];
+        bool he[BW];
+        char what[64];
+        snprintf(what, sizeof what, "backend %d, call %d", be, ci);
+        b_against_eager(&c, fn, in, pv, what, gc, he);
         const bool want[BW] = {pv, !pv, true, true, pv};
-        for (int k = 0; k < BW; k++) {
+        for (int k = 0; k < BW; k++)
           ck_assert_msg(he[k] == want[k], "eager, pred %d: kiln_grad(%s) %s", pv, bnames[k], he[k] ? "set" : "NULL");
-          ck_assert_msg(hc[k] == he[k], "backend %d, call %d, pred %d: kiln_grad(%s) is %s compiled, %s eagerly", be, ci, pv,
-                        bnames[k], hc[k] ? "set" : "NULL", he[k] ? "set" : "NULL");
-          if (he[k]) expect_near(gc[k], ge[k], bsize[k], 1e-12, bnames[k], ci);
-        }
         /* p untouched where its branch did not run: exactly the 3s from before the call */
         for (int i = 0; !pv && i < NH; i++) ck_assert(gc[3][i] == 3.0);
         kiln_scope_end();
@@ -1333,7 +1347,7 @@ START_TEST(test_cond_grad_untaken) {
       ck_assert_int_eq(4, count_of(again, " when %"));
       ck_assert_int_eq(1, count_of(again, " else none"));
       /* the params after the inputs, in the graph's order */
-      kiln_tensor *in[2 + BW], *out[1];
+      kiln_tensor *in[2 + BW];
       int n_in = 2;
       for (const char *at = strstr(text, "@param("); at && n_in < 2 + BW; at = strstr(at + 1, "@param("))
         for (int k = 0; k < BW; k++)
@@ -1343,19 +1357,9 @@ START_TEST(test_cond_grad_untaken) {
         kiln_scope_begin();
         bool pb = pv;
         in[0] = kiln_tensor_from(KILN_BOOL, 1, (int64_t[]){1}, &pb), in[1] = f64_of(2, (int64_t[]){NB, NH}, x);
-        double ge[BW][NH * NH], gc[BW][NH * NH];
-        bool he[BW], hc[BW];
-        seed_grads(&c);
-        ck_assert_msg(b_loss(&c, in, out) == 0, "%s", kiln_last_error());
-        b_grads(&c, ge, he);
-        seed_grads(&c);
-        ck_assert_msg(kiln_call(ld, in, out) == 0, "loaded, pred %d: %s", pv, kiln_last_error());
-        b_grads(&c, gc, hc);
-        for (int k = 0; k < BW; k++) {
-          ck_assert_msg(hc[k] == he[k], "loaded, pred %d: kiln_grad(%s) is %s, %s eagerly", pv, bnames[k],
-                        hc[k] ? "set" : "NULL", he[k] ? "set" : "NULL");
-          if (he[k]) expect_near(gc[k], ge[k], bsize[k], 1e-12, bnames[k], pv);
-        }
+        double gc[BW][NH * NH];
+        bool he[BW];
+        b_against_eager(&c, ld, in, pv, "loaded", gc, he);
         kiln_scope_end();
       }
       free(again), free(text);
