@@ -700,6 +700,16 @@ START_TEST(test_writes_and_where)
 }
 END_TEST
 
+/* text parsed, and printed back the same */
+static ir_graph *parsed_same(const char *text) {
+  ir_graph *y = ir_parse(text, err, sizeof err);
+  ck_assert_msg(y != NULL, "%s", err);
+  char *t = text_of(y);
+  ck_assert_str_eq(text, t);
+  alloc_free(t);
+  return y;
+}
+
 /* `grad %T = %V when D` reads and writes back, and is skipped where D is 0
  * (a scan's length: a weight only its body reads keeps its .grad) */
 START_TEST(test_grad_when)
@@ -708,19 +718,66 @@ START_TEST(test_grad_when)
                      "  sym s0 in [0, 100]\n"
                      "  %2: f32[4] = neg(%1)\n"
                      "  grad %1 = %2 when s0 - 1  # w.c:2\n";
-  ir_graph *y = ir_parse(text, err, sizeof err);
-  ck_assert_msg(y != NULL, "%s", err);
-  char *t = text_of(y);
-  ck_assert_str_eq(text, t);
+  ir_graph *y = parsed_same(text);
   int64_t at[3] = {1, 0, 5};
-  for (int i = 0; i < 3; i++) ck_assert_int_eq(at[i] == 1, ir_write_skipped(y, &y->writes[0], &at[i]));
-  alloc_free(t);
+  for (int i = 0; i < 3; i++) ck_assert_int_eq(at[i] == 1, ir_write_skipped(y, &y->writes[0], &at[i], NULL));
   ir_free(y);
   /* a condition follows a value only */
   ck_assert_ptr_null(ir_parse("graph f(%0: f32[s0,4], %1: f32[4] @param) -> ()\n  sym s0 in [0, 100]\n"
                               "  grad %1 = none when s0\n",
                               err, sizeof err));
   ck_assert_msg(strstr(err, "line 3") != NULL, "%s", err);
+}
+END_TEST
+
+/* `grad %T = %V when %C [else none]`: a one-element bool node as the
+ * condition (a cond's predicate) reads and writes back; the interpreter
+ * skips the write where it is false, leaving .grad as it was, or NULL with
+ * `else none` */
+START_TEST(test_grad_when_cond)
+{
+  const char *text = "graph f(%0: bool[1], %1: f32[4] @param, %2: f32[4] @param) -> (%3)\n"
+                     "  %3: f32[4] = neg(%1)\n"
+                     "  grad %1 = %3 when %0  # w.c:2\n"
+                     "  grad %2 = %3 when %0 else none  # w.c:3\n";
+  ir_graph *y = parsed_same(text);
+  char verr[256];
+  ck_assert_msg(0 == ir_verify(y, verr, sizeof verr), "%s", verr);
+  const float w[4] = {1, 2, 3, 4}, old[4] = {7, 7, 7, 7};
+  for (int pv = 0; pv < 2; pv++) {
+    kiln_scope_begin();
+    bool pb = pv;
+    kiln_tensor *pred = kiln_tensor_from(KILN_BOOL, 1, (int64_t[]){1}, &pb), *out[1];
+    kiln_tensor *p[2] = {kiln_tensor_from(KILN_F32, 1, (int64_t[]){4}, w), kiln_tensor_from(KILN_F32, 1, (int64_t[]){4}, w)};
+    kiln_tensor *g0[2];
+    for (int k = 0; k < 2; k++) p[k]->grad = g0[k] = kiln_retain(kiln_tensor_from(KILN_F32, 1, (int64_t[]){4}, old));
+    ck_assert_msg(0 == interp_run(y, &pred, p, out), "%s", kiln_last_error());
+    kiln_release(out[0]);
+    if (!pv) {
+      ck_assert_ptr_eq(g0[0], p[0]->grad); /* as it was */
+      ck_assert_ptr_null(p[1]->grad);      /* else none */
+    }
+    for (int k = 0; pv && k < 2; k++) {
+      float got[4];
+      ck_assert_ptr_nonnull(p[k]->grad);
+      ck_assert_int_eq(0, kiln_read(p[k]->grad, got, sizeof got));
+      for (int i = 0; i < 4; i++) ck_assert_float_eq(-w[i], got[i]);
+    }
+    for (int k = 0; k < 2; k++) kiln_release(p[k]->grad), p[k]->grad = NULL;
+    kiln_scope_end();
+  }
+  /* the verifier refuses a condition that is not a one-element bool */
+  y->writes[0].cond = 3;
+  ck_assert_int_eq(-1, ir_verify(y, verr, sizeof verr));
+  ck_assert_msg(strstr(verr, "not a one-element bool") != NULL, "%s", verr);
+  ir_free(y);
+  /* nor does the parser take one, or an `else` other than none */
+  ck_assert_ptr_null(ir_parse("graph f(%0: f32[1], %1: f32[4] @param) -> ()\n  %2: f32[4] = neg(%1)\n"
+                              "  grad %1 = %2 when %0\n", err, sizeof err));
+  ck_assert_msg(strstr(err, "one-element bool") != NULL, "%s", err);
+  ck_assert_ptr_null(ir_parse("graph f(%0: bool[1], %1: f32[4] @param) -> ()\n  %2: f32[4] = neg(%1)\n"
+                              "  grad %1 = %2 when %0 else %2\n", err, sizeof err));
+  ck_assert_msg(strstr(err, "none") != NULL, "%s", err);
 }
 END_TEST
 
@@ -1190,6 +1247,7 @@ static Suite *irtext_suite(void)
   tcase_add_test(tc, test_symbolic);
   tcase_add_test(tc, test_writes_and_where);
   tcase_add_test(tc, test_grad_when);
+  tcase_add_test(tc, test_grad_when_cond);
   tcase_add_test(tc, test_print_file);
   tcase_add_test(tc, test_leaf_out_of_place);
   tcase_add_test(tc, test_errors);

@@ -1220,6 +1220,328 @@ START_TEST(test_scan_grad_empty) {
 }
 END_TEST
 
+/* ---- kiln_grad of weights only one branch reads (issue 19) ---- */
+
+/* then: tanh(x @ A) + c + x * p + x * q; else: x * b - c. A, p, q only in
+ * then, b only in else, c in both; p comes with a .grad from before the call,
+ * q too, but the body drops it (kiln_zero_grad) before its backward. */
+typedef struct bcell {
+  kiln_tensor *w[5]; /* A (NH,NH), b (NH), c (NH), p (NH), q (NH) */
+} bcell;
+enum { BW = 5 };
+static const char *const bnames[BW] = {"A", "b", "c", "p", "q"};
+static const int64_t bsize[BW] = {NH * NH, NH, NH, NH, NH};
+static int b_then(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  bcell *c = ctx;
+  kiln_tensor *x = in[0];
+  out[0] = kiln_add(kiln_add(kiln_add(kiln_tanh(kiln_matmul(x, c->w[0])), c->w[2]), kiln_mul(x, c->w[3])),
+                    kiln_mul(x, c->w[4]));
+  return !out[0];
+}
+static int b_else(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  bcell *c = ctx;
+  out[0] = kiln_sub(kiln_mul(in[0], c->w[1]), c->w[2]);
+  return !out[0];
+}
+static int b_loss(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  bcell *c = ctx;
+  kiln_tensor *y;
+  kiln_zero_grad(c->w[4]);
+  if (kiln_cond(in[0], b_then, b_else, c, 1, &in[1], 1, &y)) return -1;
+  out[0] = kiln_sum_all(kiln_mul(y, y));
+  return !out[0] || kiln_backward(out[0]);
+}
+
+/* p's and q's .grad before a call: 3 everywhere (an eager backward of sum(3 w)) */
+static void seed_grads(bcell *c) {
+  for (int k = 3; k < BW; k++) {
+    kiln_zero_grad(c->w[k]);
+    ck_assert_int_eq(0, kiln_backward(kiln_sum_all(kiln_mul(c->w[k], kiln_scalar(KILN_F64, 3)))));
+  }
+}
+
+/* kiln_grad of each weight into g, NULL or not into had; then drops them */
+static void b_grads(bcell *c, double g[BW][NH * NH], bool had[BW]) {
+  for (int k = 0; k < BW; k++) {
+    kiln_tensor *gr = kiln_grad(c->w[k]);
+    if ((had[k] = gr != NULL)) read_d(gr, g[k], bsize[k]);
+    kiln_zero_grad(c->w[k]);
+  }
+}
+
+/* b_loss run eagerly, then fn, on in (p's and q's .grad seeded before each):
+ * kiln_grad of each weight NULL in both, or the same values; fn's into gc,
+ * which are set eagerly into he */
+static void b_against_eager(bcell *c, kiln_fn *fn, kiln_tensor *const *in, int pv, const char *what,
+                            double gc[BW][NH * NH], bool he[BW]) {
+  kiln_tensor *out[1];
+  double ge[BW][NH * NH];
+  bool hc[BW];
+  seed_grads(c);
+  ck_assert_msg(b_loss(c, in, out) == 0, "%s", kiln_last_error());
+  b_grads(c, ge, he);
+  seed_grads(c);
+  ck_assert_msg(kiln_call(fn, in, out) == 0, "%s, pred %d: %s", what, pv, kiln_last_error());
+  b_grads(c, gc, hc);
+  for (int k = 0; k < BW; k++) {
+    ck_assert_msg(hc[k] == he[k], "%s, pred %d: kiln_grad(%s) is %s compiled, %s eagerly", what, pv, bnames[k],
+                  hc[k] ? "set" : "NULL", he[k] ? "set" : "NULL");
+    if (he[k]) expect_near(gc[k], ge[k], bsize[k], 1e-12, bnames[k], pv);
+  }
+}
+
+/* Eagerly the branch that did not run reaches nothing: kiln_grad of a weight
+ * only it reads stays as it was (NULL, or a .grad from before the call, or
+ * NULL where the body dropped it). Compiled gives the same, from one trace
+ * whichever branch the trace took, the predicate changing every call, on
+ * the interpreter and on LLVM, and the text form keeps the conditions. */
+START_TEST(test_cond_grad_untaken) {
+  static const int seqs[2][5] = {{1, 0, 0, 1, 0}, {0, 1, 1, 0, 1}};
+  double w[BW][NH * NH], x[NB * NH];
+  for (int k = 0; k < BW; k++) dfill(w[k], bsize[k], 100 + (unsigned)k);
+  dfill(x, NB * NH, 99);
+  for (int be = KILN_BACKEND_INTERP; be <= KILN_BACKEND_LLVM; be++)
+    for (int sq = 0; sq < 2; sq++) {
+      kiln_scope_begin();
+      bcell c;
+      for (int k = 0; k < BW; k++) {
+        c.w[k] = k ? f64_of(1, (int64_t[]){NH}, w[k]) : f64_of(2, (int64_t[]){NH, NH}, w[k]);
+        kiln_requires_grad(c.w[k], true);
+        ck_assert_int_eq(0, kiln_param_name(c.w[k], bnames[k]));
+      }
+      kiln_fn *fn = kiln_compile(b_loss, &c, &(kiln_options){.name = "bloss", .n_in = 2, .n_out = 1, .backend = be});
+      for (int ci = 0; ci < 5; ci++) {
+        int pv = seqs[sq][ci];
+        kiln_scope_begin();
+        bool pb = pv;
+        kiln_tensor *in[2] = {kiln_tensor_from(KILN_BOOL, 1, (int64_t[]){1}, &pb), f64_of(2, (int64_t[]){NB, NH}, x)};
+        double gc[BW][NH * NH];
+        bool he[BW];
+        char what[64];
+        snprintf(what, sizeof what, "backend %d, call %d", be, ci);
+        b_against_eager(&c, fn, in, pv, what, gc, he);
+        const bool want[BW] = {pv, !pv, true, true, pv};
+        for (int k = 0; k < BW; k++)
+          ck_assert_msg(he[k] == want[k], "eager, pred %d: kiln_grad(%s) %s", pv, bnames[k], he[k] ? "set" : "NULL");
+        /* p untouched where its branch did not run: exactly the 3s from before the call */
+        for (int i = 0; !pv && i < NH; i++) ck_assert(gc[3][i] == 3.0);
+        kiln_scope_end();
+      }
+      expect_one_trace(fn);
+      char *text = kiln_fn_graph(fn, 0);
+      ck_assert_ptr_nonnull(text);
+      /* A, b, p and q hang on the predicate (b on its negation); c does not; q's falls back to none */
+      if (count_of(text, " when %") != 4 || count_of(text, " else none") != 1) fprintf(stderr, "%s\n", text);
+      ck_assert_int_eq(4, count_of(text, " when %"));
+      ck_assert_int_eq(1, count_of(text, " else none"));
+      /* saved and loaded (no C body): the loaded function answers as eager does, both branches */
+      char path[] = "/tmp/kiln_condgrad_XXXXXX";
+      int fd = mkstemp(path);
+      ck_assert_int_ge(fd, 0);
+      close(fd);
+      ck_assert_msg(kiln_save(fn, path) == 0, "%s", kiln_last_error());
+      kiln_fn *ld = kiln_load(path);
+      unlink(path);
+      ck_assert_msg(ld != NULL, "%s", kiln_last_error());
+      char *again = kiln_fn_graph(ld, 0);
+      ck_assert_int_eq(4, count_of(again, " when %"));
+      ck_assert_int_eq(1, count_of(again, " else none"));
+      /* the params after the inputs, in the graph's order */
+      kiln_tensor *in[2 + BW];
+      int n_in = 2;
+      for (const char *at = strstr(text, "@param("); at && n_in < 2 + BW; at = strstr(at + 1, "@param("))
+        for (int k = 0; k < BW; k++)
+          if (!strncmp(at + 7, bnames[k], 1) && at[8] == ')') in[n_in++] = c.w[k];
+      ck_assert_int_eq(2 + BW, n_in);
+      for (int pv = 1; pv >= 0; pv--) {
+        kiln_scope_begin();
+        bool pb = pv;
+        in[0] = kiln_tensor_from(KILN_BOOL, 1, (int64_t[]){1}, &pb), in[1] = f64_of(2, (int64_t[]){NB, NH}, x);
+        double gc[BW][NH * NH];
+        bool he[BW];
+        b_against_eager(&c, ld, in, pv, "loaded", gc, he);
+        kiln_scope_end();
+      }
+      free(again), free(text);
+      kiln_fn_free(ld);
+      kiln_fn_free(fn);
+      kiln_scope_end();
+    }
+}
+END_TEST
+
+/* A loaded graph's conditional grad writes, with no region around them:
+ * the LLVM backend applies the writes itself (a graph with regions runs
+ * its top level on the interpreter), and skips them as the interpreter
+ * does: `.grad` as it was where the condition fails, NULL with else none. */
+START_TEST(test_grad_when_cond_loaded) {
+  static const char *text = "graph f(%0: bool[1], %1: f64[4] @param, %2: f64[4] @param) -> (%3)\n"
+                            "  %3: f64[4] = neg(%1)\n"
+                            "  grad %1 = %3 when %0\n"
+                            "  grad %2 = %3 when %0 else none\n";
+  const double w[4] = {1, 2, 3, 4}, old[4] = {7, 7, 7, 7};
+  for (int be = 0; be < 2; be++) {
+    setenv("KILN_BACKEND", be ? "llvm" : "interp", 1);
+    kiln_fn *fn = kiln_load_string(text);
+    unsetenv("KILN_BACKEND");
+    ck_assert_msg(fn != NULL, "%s", kiln_last_error());
+    for (int pv = 0; pv < 2; pv++) {
+      kiln_scope_begin();
+      bool pb = pv;
+      kiln_tensor *p1 = f64_of(1, (int64_t[]){4}, w), *p2 = f64_of(1, (int64_t[]){4}, w), *out[1];
+      kiln_requires_grad(p1, true), kiln_requires_grad(p2, true);
+      for (int k = 0; k < 2; k++) /* .grad = 7s before the call */
+        ck_assert_int_eq(0, kiln_backward(kiln_sum_all(kiln_mul(k ? p2 : p1, kiln_scalar(KILN_F64, 7)))));
+      kiln_tensor *in[3] = {kiln_tensor_from(KILN_BOOL, 1, (int64_t[]){1}, &pb), p1, p2};
+      ck_assert_msg(kiln_call(fn, in, out) == 0, "%s", kiln_last_error());
+      double g[2][4];
+      for (int k = 0; k < 2; k++) {
+        kiln_tensor *gr = kiln_grad(k ? p2 : p1);
+        if (!pv && k == 1) {
+          ck_assert_msg(gr == NULL, "backend %d: the dropped .grad is set", be);
+          continue;
+        }
+        read_d(gr, g[k], 4);
+        for (int i = 0; i < 4; i++) ck_assert_double_eq(pv ? -w[i] : old[i], g[k][i]);
+      }
+      kiln_scope_end();
+    }
+    kiln_fn_free(fn);
+  }
+}
+END_TEST
+
+/* ---- a cond inside a scan's step ---- */
+
+/* step: h' = cond(f_t, tanh(h @ U + x_t @ W), tanh(h @ U) * v); y = h';
+ * f_t: x_t's first element is positive. W only in then, v only in else, U
+ * in both; the scan reads them only through its cond. mode 1: x_t is
+ * (L + 2, NB, NI), f_t from its row 0, and the then-branch runs a scan of
+ * its own over rows 2..L+1 reading W alone: h' = tanh(h @ U) + sum of rows @ W
+ * (two rows more than the inner scan takes: a dim of 1 would stay static). */
+typedef struct scell {
+  kiln_tensor *w, *u, *v; /* (NI,NH), (NH,NH), (NH) */
+} scell;
+static int s_mode;
+static int s_rows(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  scell *c = ctx;
+  out[0] = kiln_add(in[0], kiln_sum(kiln_matmul(in[1], c->w), 0, false));
+  return !out[0];
+}
+static int s_then(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  scell *c = ctx;
+  if (s_mode == 0) {
+    out[0] = kiln_tanh(kiln_add(kiln_matmul(in[0], c->u), kiln_matmul(in[1], c->w)));
+    return !out[0];
+  }
+  kiln_tensor *acc, *rows = kiln_slice(in[1], 0, 2, kiln_size(in[1], 0), 1);
+  kiln_tensor *init = kiln_tanh(kiln_matmul(in[0], c->u));
+  if (kiln_scan(s_rows, c, 1, &init, 1, &rows, &acc, 0, NULL)) return -1;
+  out[0] = acc;
+  return !out[0];
+}
+static int s_else(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  scell *c = ctx;
+  out[0] = kiln_mul(kiln_tanh(kiln_matmul(in[0], c->u)), c->v);
+  return !out[0];
+}
+static int s_step(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  kiln_tensor *first = in[1];
+  for (int d = kiln_ndim(in[1]) - 1; d >= 0; d--) first = kiln_slice(first, d, 0, 1, 1);
+  kiln_tensor *f = kiln_gt(kiln_sum_all(first), kiln_scalar(KILN_F64, 0));
+  if (!f || kiln_cond(f, s_then, s_else, ctx, 2, in, 1, &out[0])) return -1;
+  out[1] = out[0];
+  return 0;
+}
+static int s_loss(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  kiln_tensor *h, *y;
+  if (kiln_scan(s_step, ctx, 1, &in[0], 1, &in[1], &h, 1, &y)) return -1;
+  out[0] = kiln_add(kiln_sum_all(h), kiln_sum_all(kiln_mul(y, y)));
+  return !out[0] || kiln_backward(out[0]);
+}
+
+/* Eagerly a weight read only in one branch of a cond in the step gets a
+ * gradient iff some step took that branch (and one read in both iff some
+ * step ran); mode 1: W, read only by a scan inside the then-branch, iff
+ * some step took it with rows to scan. Compiled: the same, at T = 0, 1
+ * and 5, with the branch taken at no step, some or all. */
+static void cond_in_scan_case(int mode) {
+  /* T, then the flags of its steps; L: the inner scan's length (mode 1) */
+  static const struct {
+    int T, L;
+    bool f[5];
+  } calls[] = {{5, 2, {1, 0, 1, 0, 0}}, {5, 2, {0, 0, 0, 0, 0}}, {0, 2, {0}}, {1, 2, {1}}, {1, 2, {0}},
+               {5, 2, {1, 1, 1, 1, 1}}, {5, 0, {1, 0, 1, 1, 0}}, {5, 3, {0, 0, 0, 0, 1}}};
+  static const char *names[4] = {"W", "U", "v", "h0"};
+  static const int64_t sizes[4] = {NI * NH, NH * NH, NH, NB * NH};
+  double w[NI * NH], u[NH * NH], v[NH], h0[NB * NH], x0[5 * 5 * NB * NI], x[5 * 5 * NB * NI];
+  dfill(w, NI * NH, 110), dfill(u, NH * NH, 111), dfill(v, NH, 112), dfill(h0, NB * NH, 113);
+  dfill(x0, 5 * 5 * NB * NI, 114);
+  s_mode = mode;
+  for (int be = KILN_BACKEND_INTERP; be <= KILN_BACKEND_LLVM; be++) {
+    kiln_scope_begin();
+    scell c = {f64_of(2, (int64_t[]){NI, NH}, w), f64_of(2, (int64_t[]){NH, NH}, u), f64_of(1, (int64_t[]){NH}, v)};
+    kiln_requires_grad(c.w, true), kiln_requires_grad(c.u, true), kiln_requires_grad(c.v, true);
+    kiln_fn *fn = kiln_compile(s_loss, &c, &(kiln_options){.name = "sloss", .n_in = 2, .n_out = 1, .backend = be});
+    for (size_t ci = 0; ci < sizeof calls / sizeof *calls; ci++) {
+      int T = calls[ci].T, L = calls[ci].L;
+      if (mode == 0 && L != 2) continue;
+      kiln_scope_begin();
+      int64_t step = (mode ? L + 2 : 1) * NB * NI;
+      memcpy(x, x0, sizeof x);
+      for (int t = 0; t < T; t++) x[t * step] = calls[ci].f[t] ? 1 : -1; /* the step's flag */
+      kiln_tensor *xs = mode ? f64_of(4, (int64_t[]){T, L + 2, NB, NI}, x) : f64_of(3, (int64_t[]){T, NB, NI}, x);
+      kiln_tensor *in[2] = {f64_of(2, (int64_t[]){NB, NH}, h0), xs}, *out[1];
+      kiln_requires_grad(in[0], true);
+      kiln_tensor *ts[4] = {c.w, c.u, c.v, in[0]};
+      double ge[4][NH * NH], gc[4][NH * NH];
+      bool he[4], hc[4], any_then = false, any_else = false;
+      for (int t = 0; t < T; t++) any_then |= calls[ci].f[t], any_else |= !calls[ci].f[t];
+      for (int pass = 0; pass < 2; pass++) {
+        if (pass == 0) ck_assert_msg(s_loss(&c, in, out) == 0, "%s", kiln_last_error());
+        else ck_assert_msg(kiln_call(fn, in, out) == 0, "call %zu: %s", ci, kiln_last_error());
+        for (int k = 0; k < 4; k++) {
+          kiln_tensor *gr = kiln_grad(ts[k]);
+          bool *had = pass ? hc : he;
+          if ((had[k] = gr != NULL)) read_d(gr, pass ? gc[k] : ge[k], sizes[k]);
+          kiln_zero_grad(ts[k]);
+        }
+      }
+      const bool want[4] = {any_then && (mode == 0 || L > 0), T > 0, any_else, true};
+      for (int k = 0; k < 4; k++)
+        if (hc[k] != he[k]) {
+          char *text = kiln_fn_graph(fn, 0);
+          fprintf(stderr, "%s\n", text ? text : "");
+          free(text);
+          break;
+        }
+      for (int k = 0; k < 4; k++) {
+        ck_assert_msg(he[k] == want[k], "mode %d, eager call %zu: kiln_grad(%s) %s", mode, ci, names[k], he[k] ? "set" : "NULL");
+        ck_assert_msg(hc[k] == he[k], "mode %d, backend %d, call %zu (T=%d, L=%d): kiln_grad(%s) is %s compiled, %s eagerly",
+                      mode, be, ci, T, L, names[k], hc[k] ? "set" : "NULL", he[k] ? "set" : "NULL");
+        if (he[k]) expect_near(gc[k], ge[k], sizes[k], 1e-12, names[k], T);
+      }
+      kiln_scope_end();
+    }
+    /* each weight's write hangs on a flag the reverse scan carries; the flags are no outputs of the graph */
+    char *text = kiln_fn_graph(fn, 0);
+    ck_assert_ptr_nonnull(text);
+    const char *arrow = strstr(text, ") -> (");
+    ck_assert_ptr_nonnull(arrow);
+    size_t outs = strcspn(arrow + 6, ")"), one = strcspn(arrow + 6, ",");
+    if (count_of(text, " when %") != 3 || one < outs) fprintf(stderr, "%s\n", text);
+    ck_assert_int_eq(3, count_of(text, " when %"));
+    ck_assert_msg(one >= outs, "more outputs than the loss (the graph is above)");
+    free(text);
+    kiln_fn_free(fn);
+    kiln_scope_end();
+  }
+}
+START_TEST(test_cond_in_scan_grad_untaken) { cond_in_scan_case(0); }
+END_TEST
+START_TEST(test_scan_in_cond_in_scan_grad_empty) { cond_in_scan_case(1); }
+END_TEST
+
 /* while_loop is forward only in a compiled body too: a backward reaching it
  * fails the call, naming the loop's line; the loop itself stays one region */
 static int w_below(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
@@ -1406,6 +1728,7 @@ START_TEST(test_backward_after_escape) {
   for (int k = 0; k < 4; k++) {
     int T = lens[k];
     double got[2][NI * NH + NH * NH + NB * NH], *want = NULL;
+    bool had[2][3];
     if (k == 3)
       for (int i = 0; i < T * NB * NI; i++) x[i] = -x[i]; /* the other branch */
     for (int compiled = 0; compiled < 2; compiled++) {
@@ -1420,14 +1743,18 @@ START_TEST(test_backward_after_escape) {
       kiln_tensor *grads[3] = {kiln_grad(c.w), kiln_grad(c.u), kiln_grad(ht)};
       int64_t n[3] = {NI * NH, NH * NH, NB * NH};
       for (int i = 0, at = 0; i < 3; at += (int)n[i], i++) {
-        /* eagerly a scan of no steps leaves the weights without a gradient; compiled, zeros */
-        if (grads[i]) read_d(grads[i], g + at, n[i]);
+        /* a scan of no steps, or a branch that did not run, leaves a weight without a gradient */
+        if ((had[compiled][i] = grads[i] != NULL)) read_d(grads[i], g + at, n[i]);
         else memset(g + at, 0, sizeof(double) * (size_t)n[i]);
       }
       kiln_zero_grad(c.w), kiln_zero_grad(c.u);
       kiln_scope_end();
       want = got[0];
     }
+    for (int i = 0; i < 3; i++)
+      ck_assert_msg(had[1][i] == had[0][i], "T=%d: kiln_grad of %s is %s after the compiled call, %s eagerly", T,
+                    (const char *[]){"W", "U", "h0"}[i], had[1][i] ? "set" : "NULL", had[0][i] ? "set" : "NULL");
+    ck_assert_msg(T > 0 || !had[0][1], "T=0: U reached eagerly: the case shows nothing");
     expect_near(got[1], want, NI * NH, 1e-12, "dW", T);
     expect_near(got[1] + NI * NH, want + NI * NH, NH * NH, 1e-12, "dU", T);
     expect_near(got[1] + NI * NH + NH * NH, want + NI * NH + NH * NH, NB * NH, 1e-12, "dh0", T);
@@ -1539,6 +1866,10 @@ int main(void) {
   tcase_add_test(cap, test_backward_after_escape);
   tcase_add_test(cap, test_loop_buffers_per_call);
   tcase_add_test(cap, test_scan_grad_empty);
+  tcase_add_test(cap, test_cond_grad_untaken);
+  tcase_add_test(cap, test_grad_when_cond_loaded);
+  tcase_add_test(cap, test_cond_in_scan_grad_untaken);
+  tcase_add_test(cap, test_scan_in_cond_in_scan_grad_empty);
   suite_add_tcase(s, cap);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

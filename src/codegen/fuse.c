@@ -742,7 +742,8 @@ static int build(fuser *f, int *memo, uint8_t *seen) {
   for (int i = 0; i < g->n_outputs; i++)
     if (f->map[g->outputs[i]].buf < 0) materialize(f, g->outputs[i]);
   for (int i = 0; i < g->n_writes; i++)
-    if (g->writes[i].value >= 0 && f->map[g->writes[i].value].buf < 0) materialize(f, g->writes[i].value);
+    for (int rd[2], k = 0, nrd = ir_write_reads(&g->writes[i], rd); k < nrd; k++)
+      if (f->map[rd[k]].buf < 0) materialize(f, rd[k]);
   return f->restart ? -2 : 0;
 }
 
@@ -780,7 +781,8 @@ static bool handed_out(const cg_program *p, const cg_view *views, int b) {
   for (int i = 0; i < g->n_outputs; i++)
     if (views[g->outputs[i]].buf == b) return true;
   for (int i = 0; i < g->n_writes; i++)
-    if (g->writes[i].value >= 0 && views[g->writes[i].value].buf == b) return true;
+    for (int rd[2], k = 0, nrd = ir_write_reads(&g->writes[i], rd); k < nrd; k++)
+      if (views[rd[k]].buf == b) return true;
   return false;
 }
 
@@ -885,7 +887,8 @@ static void fold_epilogues(cg_program *p, cg_view *views) {
       bool ok = true;
       for (int i = 0; i < g->n_outputs && ok; i++) ok = views[g->outputs[i]].buf != o && views[g->outputs[i]].buf != pb;
       for (int i = 0; i < g->n_writes && ok; i++)
-        ok = i == w || g->writes[i].value < 0 || (views[g->writes[i].value].buf != o && views[g->writes[i].value].buf != pb);
+        ok = i == w || ((g->writes[i].value < 0 || (views[g->writes[i].value].buf != o && views[g->writes[i].value].buf != pb)) &&
+                        (!g->writes[i].has_cond || (views[g->writes[i].cond].buf != o && views[g->writes[i].cond].buf != pb)));
       for (int j = 0; j < 3 && ok; j++) ok = m->in_buf[j] != pb;
       /* nothing after the GEMM but the update reads P, and nothing after the update its new value */
       for (int kj = mi + 1; kj < p->n_k && ok; kj++) ok = kj == ki || (!kernel_reads(p, kj, pb) && !kernel_reads(p, kj, o));
@@ -1347,7 +1350,8 @@ static int in_place_target(const cg_program *p, const cg_view *views, int i) {
   bool ok = !handed_out(p, views, b);
   for (int j = 0; j < g->n_outputs && ok; j++) ok = views[g->outputs[j]].buf != o;
   for (int j = 0; j < g->n_writes && ok; j++)
-    ok = j == i || ((g->writes[j].value < 0 || views[g->writes[j].value].buf != o) && p->node_buf[g->writes[j].target] != b);
+    ok = j == i || ((g->writes[j].value < 0 || views[g->writes[j].value].buf != o) &&
+                    (!g->writes[j].has_cond || views[g->writes[j].cond].buf != o) && p->node_buf[g->writes[j].target] != b);
   return ok ? b : -1;
 }
 
@@ -1463,6 +1467,7 @@ static int hoist_updates(cg_program *p, const cg_view *views) {
   for (int i = 0; i < g->n_writes; i++) {
     int v = g->writes[i].value >= 0 ? views[g->writes[i].value].buf : -1, b = in_place_target(p, views, i);
     if (v >= 0) target[v] = target[v] == -1 && b >= 0 ? b : -2;
+    if (g->writes[i].has_cond && views[g->writes[i].cond].buf >= 0) target[views[g->writes[i].cond].buf] = -2;
   }
   for (int ki = 0; ki < n; ki++)
     if (p->k[ki].kind == CG_K_EAGER && g->nodes[p->k[ki].node].op == OP_ALLREDUCE)
@@ -1641,7 +1646,8 @@ static int sink_results(cg_program *p, const cg_view *views) {
   for (int i = 0; i < g->n_outputs; i++)
     if (views[g->outputs[i]].buf >= 0) pinned[views[g->outputs[i]].buf] = 1;
   for (int i = 0; i < g->n_writes; i++) {
-    if (g->writes[i].value >= 0 && views[g->writes[i].value].buf >= 0) pinned[views[g->writes[i].value].buf] = 1;
+    for (int rd[2], k = 0, nrd = ir_write_reads(&g->writes[i], rd); k < nrd; k++)
+      if (views[rd[k]].buf >= 0) pinned[views[rd[k]].buf] = 1;
     if (p->node_buf[g->writes[i].target] >= 0) pinned[p->node_buf[g->writes[i].target]] = 1;
   }
   for (int b = 0; b < nb; b++)
@@ -1786,7 +1792,8 @@ cg_program *fuse_graph(const ir_graph *g, char *err, size_t errn) {
     if (is_compute(g->nodes[o].op)) f.mat[o] = 1;
   }
   for (int i = 0; i < g->n_writes; i++)
-    if (g->writes[i].value >= 0 && is_compute(g->nodes[g->writes[i].value].op)) f.mat[g->writes[i].value] = 1;
+    for (int rd[2], k = 0, nrd = ir_write_reads(&g->writes[i], rd); k < nrd; k++)
+      if (is_compute(g->nodes[rd[k]].op)) f.mat[rd[k]] = 1;
   for (int i = 0; i < g->n_nodes; i++) {
     const ir_node *nd = &g->nodes[i];
     /* what a view, a matmul or an eager op reads must exist in memory */
@@ -1863,7 +1870,8 @@ cg_program *fuse_graph(const ir_graph *g, char *err, size_t errn) {
   }
   /* write-backs and outputs read their buffers after the last kernel */
   for (int i = 0; i < g->n_writes; i++)
-    if (g->writes[i].value >= 0 && f.map[g->writes[i].value].buf >= 0) p->buf[f.map[g->writes[i].value].buf].last = p->n_k;
+    for (int rd[2], k = 0, nrd = ir_write_reads(&g->writes[i], rd); k < nrd; k++)
+      if (f.map[rd[k]].buf >= 0) p->buf[f.map[rd[k]].buf].last = p->n_k;
   for (int i = 0; i < g->n_outputs; i++)
     if (f.map[g->outputs[i]].buf >= 0) p->buf[f.map[g->outputs[i]].buf].last = p->n_k;
   scatter_in_place(p, f.map, g->n_nodes);

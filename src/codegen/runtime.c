@@ -852,6 +852,52 @@ static int into_output(const backend_exec *e, int b, kiln_tensor *const *into) {
   return -1;
 }
 
+/* The graph's writes, after every read: a grad write's condition is read
+ * before any data write can change it. 0, -1 out of memory, -2 a size that
+ * does not evaluate. */
+static int apply_writes(const ir_graph *g, const cg_program *p, char *const *bufs, const int64_t *vals,
+                        kiln_tensor *const *in, kiln_tensor *const *params) {
+  int ns = g->n_syms, rc = 0;
+  bool skip_small[64], *skip = g->n_writes <= 64 ? skip_small : alloc_calloc((size_t)g->n_writes, sizeof *skip);
+  if (!skip) return -1;
+  for (int i = 0; i < g->n_writes && !rc; i++) {
+    const ir_write *w = &g->writes[i];
+    tview c;
+    if (w->has_cond && make_view(&c, bufs[p->views[w->cond].buf], g->nodes[w->cond].dtype, &g->nodes[w->cond],
+                                 &p->views[w->cond], vals, ns))
+      rc = -2;
+    else skip[i] = ir_write_skipped(g, w, vals, w->has_cond ? &c.t : NULL);
+  }
+  for (int i = 0; i < g->n_writes && !rc; i++) {
+    const ir_write *w = &g->writes[i];
+    kiln_tensor *dst = ir_leaf_tensor(g, &g->nodes[w->target], in, params), *gv = NULL;
+    if (skip[i] && !w->else_none) continue;
+    if (!skip[i] && w->value >= 0) {
+      const cg_view *m = &p->views[w->value];
+      tview v;
+      if (make_view(&v, bufs[m->buf], g->nodes[w->value].dtype, &g->nodes[w->value], m, vals, ns)) {
+        rc = -2;
+        break;
+      }
+      if (w->kind == IR_WRITE_DATA) {
+        /* a GEMM that updated the argument in place left nothing to copy */
+        if (tensor_data(dst) != tensor_data(&v.t) || !tensor_contiguous(dst)) pw_copy(dst, &v.t);
+        atomic_fetch_add(&dst->st->version, 1);
+        continue;
+      }
+      kiln_tensor *src = &v.t;
+      if (!(gv = op_run(OP_COPY, &src, 1, NULL, w->file, w->line))) {
+        rc = -1;
+        break;
+      }
+    }
+    kiln_release(dst->grad);
+    dst->grad = gv; /* skipped with else_none: NULL */
+  }
+  if (skip != skip_small) alloc_free(skip);
+  return rc;
+}
+
 /* bound: a region's symbol values (its parent's), else they bind from the
  * inputs. into: when not NULL, out[i] are written into into[i] (a region's
  * loop passes the carry's other buffers and the stacked ys' rows, so a step
@@ -1135,28 +1181,9 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
     out[n_out_done++] = r;
   }
   /* writes after every read */
-  for (int i = 0; i < g->n_writes; i++) {
-    const ir_write *w = &g->writes[i];
-    const ir_node *tn = &g->nodes[w->target];
-    kiln_tensor *dst = ir_leaf_tensor(g, tn, in, params);
-    kiln_tensor *gv = NULL;
-    if (ir_write_skipped(g, w, vals)) continue;
-    if (w->value >= 0) {
-      const cg_view *m = &p->views[w->value];
-      tview v;
-      if (make_view(&v, bufs[m->buf], g->nodes[w->value].dtype, &g->nodes[w->value], m, vals, ns)) goto bad_shape;
-      if (w->kind == IR_WRITE_DATA) {
-        /* a GEMM that updated the argument in place left nothing to copy */
-        if (tensor_data(dst) != tensor_data(&v.t) || !tensor_contiguous(dst)) pw_copy(dst, &v.t);
-        atomic_fetch_add(&dst->st->version, 1);
-        continue;
-      }
-      kiln_tensor *src = &v.t;
-      if (!(gv = op_run(OP_COPY, &src, 1, NULL, w->file, w->line))) goto oom;
-    }
-    kiln_release(dst->grad);
-    dst->grad = gv;
-  }
+  int wr = apply_writes(g, p, bufs, vals, in, params);
+  if (wr == -2) goto bad_shape;
+  if (wr) goto oom;
   rc = 0;
   goto done;
 bad_shape:

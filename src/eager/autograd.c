@@ -681,14 +681,65 @@ static bool stopped(const bw_req *rq, const ag_node *nd) {
   return false;
 }
 
-/* t made from a and b (b NULL: from a alone) keeps their grad_if when they
- * share one (a gradient of a scan that may run no step stays one through
- * sums of such and through formulas); any other term makes it plain. */
-static void grad_if_of(kiln_tensor *t, const kiln_tensor *a, const kiln_tensor *b) {
-  kiln_tensor *c = a->grad_if && (!b || b->grad_if == a->grad_if) ? a->grad_if : NULL;
-  if (!t || t == a || t->grad_if == c) return;
-  kiln_release(t->grad_if);
-  t->grad_if = kiln_retain(c);
+void ag_set_grad_if(kiln_tensor *g, kiln_tensor *m, int kind) {
+  kiln_retain(m);
+  kiln_release(g->grad_if);
+  g->grad_if = m;
+  g->grad_if_kind = m ? (uint8_t)kind : 0;
+}
+
+kiln_tensor *ag_grad_if_bool(const kiln_tensor *g, const char *file, int line) {
+  kiln_tensor *m = g->grad_if, *b;
+  internal_begin(); /* kiln's numbers (the 0 below), not the user's */
+  if (g->grad_if_kind & GRAD_IF_TRUE)
+    b = m->ndim == 0 ? m : kiln_reshape_at(m, 0, NULL, file, line);
+  else
+    b = kiln_gt_at(numel_scalar(m, (int[]){0}, 1, 0, KILN_I64, file, line), kiln_scalar_at(KILN_I64, 0, file, line),
+                   file, line);
+  internal_end();
+  return b;
+}
+
+/* Whether g, a tensor with data, exists (its grad_if holds); a condition
+ * without data (a recording's) cannot say, and the recording decides. */
+static bool grad_if_holds(const kiln_tensor *g) {
+  const kiln_tensor *m = g->grad_if;
+  if (!m) return true;
+  if (!(g->grad_if_kind & GRAD_IF_TRUE)) return m->shape[0] != 0;
+  return m->st->meta || *(const unsigned char *)tensor_data(m) != 0;
+}
+
+/* t = a + b keeps their grad_if: a gradient of a construct that may not
+ * run stays one through sums of such; a sum of two with different
+ * conditions exists where either holds (their `or`, a where of the two);
+ * any plain term makes it plain. */
+static void grad_if_of(kiln_tensor *t, const kiln_tensor *a, const kiln_tensor *b, const char *file, int line) {
+  if (!t || t == a) return;
+  kiln_tensor *m = NULL;
+  int kind = 0;
+  if (a->grad_if && b->grad_if == a->grad_if && ((a->grad_if_kind ^ b->grad_if_kind) & GRAD_IF_TRUE) == 0) {
+    m = a->grad_if, kind = a->grad_if_kind;
+  } else if (a->grad_if && b->grad_if) {
+    kiln_tensor *x = ag_grad_if_bool(a, file, line), *y = ag_grad_if_bool(b, file, line);
+    /* out of memory: plain, a write always made (zeros where eager has none), never a gradient lost */
+    m = x && y ? kiln_where_at(x, x, y, file, line) : NULL;
+    kind = GRAD_IF_TRUE | (a->grad_if_kind & GRAD_IF_FROM_NULL);
+  }
+  if (t->grad_if != m || t->grad_if_kind != kind) ag_set_grad_if(t, m, kind);
+}
+
+/* t, a gradient a formula made from g, exists only where g does too: it
+ * takes g's grad_if, or where it has one of its own (a construct's
+ * backward marked it), both (their `and`). */
+static void grad_if_within(kiln_tensor *t, const kiln_tensor *g, const char *file, int line) {
+  if (!t || t == g || !g->grad_if || (t->grad_if == g->grad_if && t->grad_if_kind == g->grad_if_kind)) return;
+  if (!t->grad_if) {
+    ag_set_grad_if(t, g->grad_if, g->grad_if_kind);
+    return;
+  }
+  kiln_tensor *x = ag_grad_if_bool(t, file, line), *y = ag_grad_if_bool(g, file, line);
+  kiln_tensor *both = x && y ? kiln_where_at(x, y, x, file, line) : NULL;
+  ag_set_grad_if(t, both ? both : g->grad_if, both ? GRAD_IF_TRUE : g->grad_if_kind); /* out of memory: g's alone */
 }
 
 /* acc += g (the first one is kept as is: it may be a view, it is never written) */
@@ -696,7 +747,7 @@ static kiln_tensor *acc_add(kiln_tensor *acc, kiln_tensor *g, const char *file, 
   if (!acc) return kiln_retain(g);
   kiln_tensor *in[2] = {acc, g};
   kiln_tensor *s = op_dispatch(OP_ADD, in, 2, NULL, file, line);
-  grad_if_of(s, acc, g);
+  grad_if_of(s, acc, g, file, line);
   kiln_release(acc);
   return kiln_retain(s);
 }
@@ -708,14 +759,24 @@ static int leaf_grad(kiln_tensor *leaf, kiln_tensor *g, const bw_req *rq, const 
       if (!rq->res[j]) return -1;
     }
   if (!rq->accumulate) return 0;
-  /* a gradient through a scan that ran no step: eager reached nothing (kiln_grad
-   * stays as it was); under a recording the write depends on the trip count */
-  if (g->grad_if && !g->st->meta && g->grad_if->shape[0] == 0) return 0;
+  /* a gradient through a scan that ran no step, or a branch that did not run:
+   * eager reached nothing (kiln_grad stays as it was); under a recording the
+   * write depends on the condition (the trip count, the predicate) */
+  if (g->grad_if && !g->st->meta && !grad_if_holds(g)) return 0;
   /* .grad is always a tensor of its own (a fresh copy, then out-of-place sums) */
   kiln_tensor *in[2] = {leaf->grad, g};
   kiln_tensor *ng = leaf->grad ? op_dispatch(OP_ADD, in, 2, NULL, file, line) : op_dispatch(OP_COPY, &g, 1, NULL, file, line);
   if (!ng) return -1;
-  if (g->grad_if && g->st->meta) grad_if_of(ng, leaf->grad ? leaf->grad : g, leaf->grad ? g : NULL);
+  /* under a recording: the .grad write is made where g's condition holds;
+   * else .grad is as the segment found it (a .grad with data), or NULL (none
+   * then, or dropped in the call: FROM_NULL), or, for a .grad this segment
+   * made, as that one's condition says (the two conditions' `or`) */
+  if (g->grad_if && g->st->meta) {
+    if (!leaf->grad || !leaf->grad->st->meta)
+      ag_set_grad_if(ng, g->grad_if, (g->grad_if_kind & GRAD_IF_TRUE) | (leaf->grad ? 0 : GRAD_IF_FROM_NULL));
+    else
+      grad_if_of(ng, leaf->grad, g, file, line);
+  }
   kiln_release(leaf->grad);
   leaf->grad = kiln_retain(ng);
   return 0;
@@ -851,7 +912,7 @@ static int run_backward_at(kiln_tensor *root, kiln_tensor *seed, const bw_req *r
       else if (x->multi) bad = bad || x->multi->backward(x->multi_data, x->accs, gp, nd->file, nd->line);
       else bad = bad || check_versions(nd) || backwards[nd->op](nd, g, gp);
       internal_end();
-      for (int i = 0; !bad && g->grad_if && i < nd->n_in; i++) grad_if_of(gp[i], g, NULL);
+      for (int i = 0; !bad && g->grad_if && i < nd->n_in; i++) grad_if_within(gp[i], g, file, line);
       if (bad) {
         kiln_release(g);
         if (gp != gin) alloc_free(gp);
@@ -984,7 +1045,9 @@ static int grad_of(kiln_tensor *out, kiln_tensor *const *wrt, int n, kiln_tensor
   int rc = backward_entry(out, NULL, &rq, file, line);
   for (int j = 0; j < n; j++) {
     kiln_tensor *g = grads[j];
-    if (rc == 0) {
+    if (rc == 0 && stop && !g) {
+      grads[j] = NULL; /* a replayed body's VJP: none reached it (cfgrad.c tells it from zeros) */
+    } else if (rc == 0) {
       /* a tensor of its own, with wrt's shape and dtype (zeros where out does not depend on it) */
       kiln_no_grad_begin();
       kiln_tensor *r = g ? op_dispatch(OP_COPY, &g, 1, NULL, file, line)
@@ -992,6 +1055,7 @@ static int grad_of(kiln_tensor *out, kiln_tensor *const *wrt, int n, kiln_tensor
       kiln_no_grad_end();
       grads[j] = r;
       if (!r) rc = -1;
+      else if (stop && g->grad_if) ag_set_grad_if(r, g->grad_if, g->grad_if_kind); /* it may exist only where a nested construct ran */
     } else {
       grads[j] = NULL;
     }

@@ -149,12 +149,23 @@ struct kiln_tensor {
   bool requires_grad;
   kiln_tensor *grad; /* leaves: accumulated gradient, owned */
   ag_node *grad_fn;  /* non-leaves: the node that made it */
-  kiln_tensor *grad_if; /* a gradient that exists only where dim 0 of this tensor is not 0 (a scan's
-                           trip count, cfgrad.c): eagerly such a scan ran no step and reached nothing */
+  kiln_tensor *grad_if; /* a gradient that exists only where this holds (grad_if_kind): eagerly the
+                           construct that reaches it ran no step, or not the branch (cfgrad.c) */
+  uint8_t grad_if_kind; /* GRAD_IF_* bits */
   uint64_t serial;   /* unique for the process's life, unlike the address */
   uint64_t rec_call; /* the recording that made it (0: none), and its value there */
   int rec_id;
 };
+
+/* What grad_if says: dim 0 of it is not 0 (a scan's trip count), or it is a
+ * one-element bool that is true (a cond's predicate, a flag that some step
+ * took a branch); FROM_NULL (a .grad): the leaf had none before the term
+ * the condition guards, so where it fails .grad is NULL. */
+enum { GRAD_IF_DIM = 0, GRAD_IF_TRUE = 1, GRAD_IF_FROM_NULL = 2 };
+/* g's grad_if as a 0-d bool tensor, true where g exists (NULL: out of memory). */
+kiln_tensor *ag_grad_if_bool(const kiln_tensor *g, const char *file, int line);
+/* Marks g as existing only where m holds (kind GRAD_IF_DIM or _TRUE); m NULL clears. */
+void ag_set_grad_if(kiln_tensor *g, kiln_tensor *m, int kind);
 
 #define REF_ONE 1ull                    /* a reference */
 #define REF_SCOPED ((1ull << 32) | 1ull) /* a reference a scope holds */
@@ -616,7 +627,8 @@ int ag_record_multi(const ag_multi_ops *ops, void *data, kiln_tensor *const *in,
  * naming file:line: kiln_while_loop is forward only. 0 or -1. */
 int ag_forward_only(kiln_tensor *const *out, int n_out, const char *file, int line);
 /* Gradients of out w.r.t. wrt[0..n), as kiln_grad_of, but a wrt tensor with
- * history is a leaf here: the walk stops at it. */
+ * history is a leaf here: the walk stops at it; NULL for one out does not
+ * reach, and a gradient keeps its grad_if. */
 int ag_grad_of_stop(kiln_tensor *out, kiln_tensor *const *wrt, int n, kiln_tensor **grads, const char *file, int line);
 /* Grad mode on whatever kiln_no_grad_begin said; the old depth, for grad_mode_restore. */
 int grad_mode_force_on(void);

@@ -229,6 +229,7 @@ static void tensor_free(kiln_tensor *t) {
   t->grad = NULL;
   t->grad_fn = NULL;
   t->grad_if = NULL;
+  t->grad_if_kind = 0;
   alloc_handle_park(&tensor_pool, t);
 }
 

@@ -1153,7 +1153,12 @@ int build_segment(build_state *b, int from, int to, const int *out, int n_out, c
     if (w->grad >= 0 && gv < 0) break;
     ir_write gw = {.kind = IR_WRITE_GRAD, .target = target, .value = gv, .file = ""};
     int wn = w->when >= 0 && gv >= 0 ? node_of(b, w->when) : -1;
-    if (wn >= 0 && b->g->nodes[wn].ndim > 0) gw.has_when = true, gw.when = b->g->nodes[wn].shape[0];
+    const ir_node *cn = wn >= 0 ? &b->g->nodes[wn] : NULL;
+    bool one = cn && cn->dtype == KILN_BOOL;
+    for (int d = 0; one && d < cn->ndim; d++) one = sym_same(cn->shape[d], sym_const(1));
+    if (cn && !w->when_bool && cn->ndim > 0) gw.has_when = true, gw.when = cn->shape[0];
+    if (cn && w->when_bool && one) gw.has_cond = true, gw.cond = wn; /* else made always: zeros where eager has none */
+    gw.else_none = (gw.has_when || gw.has_cond) && w->else_none;
     if (ir_add_write(b->g, gw)) bfail(b, "out of memory");
   }
   bind_args(b);

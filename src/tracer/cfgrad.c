@@ -79,7 +79,6 @@ struct cfg_grad {
   cfg_prog prog;
   kiln_tensor **saved; /* scan: the stacked carries (n_carry), then the kept values (n_kept) */
   int n_kept, kept_ids[64]; /* scan_save: the instructions whose per-step values are saved, as value ids */
-  bool top;                 /* recorded outside any region: its weights' .grad may depend on its trip count */
   const char *file;
   int line;
 };
@@ -248,6 +247,45 @@ static void prog_free(cfg_prog *p) {
   for (int k = 0; k < 2; k++) alloc_free(p->top[k].out);
 }
 
+/* How region reg reads capture c: READ_NONE, READ_NESTED (only inside a
+ * nested construct, or as a scan's xs: eagerly its gradient exists only
+ * where that construct ran the part that reads it) or READ_OWN (at its own
+ * level: its gradient exists whenever the region runs). */
+enum { READ_NONE, READ_NESTED, READ_OWN };
+static int cap_read(const cfg_prog *p, const cfg_region *reg, int c) {
+  int ref = -1 - c, how = READ_NONE;
+  for (int k = 0; k < reg->n_out; k++)
+    if (reg->out[k] == ref) return READ_OWN;
+  for (int i = reg->begin; i < reg->end; i++) {
+    const cfg_ins *in = &p->ins[i];
+    if (in->kind != EV_CF) {
+      for (int j = 0; j < in->n_in; j++)
+        if (in->in[j] == ref) return READ_OWN;
+      continue;
+    }
+    const cfg_cf *cf = in->cf;
+    for (int j = 0; j < in->n_in; j++) {
+      /* a cond's operands and a scan's initial carry get gradients whatever runs */
+      bool own = cf->kind == CF_COND || (cf->kind == CF_SCAN && j < cf->n_carry);
+      if (in->in[j] == ref) {
+        if (own) return READ_OWN;
+        how = READ_NESTED;
+      }
+    }
+    for (int k = 0; k < cf->n_regions; k++)
+      if (cap_read(p, &cf->reg[k], c) != READ_NONE) how = READ_NESTED;
+    i = cf->next - 1;
+  }
+  return how;
+}
+
+/* Whether the gradient d exists, as a 0-d bool: false where none was
+ * reached, its grad_if where it has one (a nested construct's), else true. */
+static kiln_tensor *exists_flag(const kiln_tensor *d, bool reached, const char *file, int line) {
+  if (reached && d->grad_if) return ag_grad_if_bool(d, file, line);
+  return kiln_scalar_at(KILN_BOOL, reached, file, line);
+}
+
 /* ---- replay ---- */
 
 typedef struct replay {
@@ -373,9 +411,10 @@ static kiln_tensor *shaped_like(kiln_tensor *x, kiln_tensor *d, const char *file
 /* Region i replayed over args (gradients on, the args that need[] theirs
  * as new leaves); then the gradients of sum_k sum(out_k * cot_k) (cot_k
  * NULL: none) into d: d[j] of args[j] (NULL unless need[j]), d[n_args + c]
- * of each capture that requires grad (zeros where none flows). 0 or -1. */
+ * of each capture that requires grad (zeros where none flows, and
+ * reached[] false). 0 or -1. */
 static int vjp(const cfg_grad *g, int region, kiln_tensor *const *args, kiln_tensor *const *kept, const bool *need,
-               kiln_tensor *const *cot, kiln_tensor **d) {
+               kiln_tensor *const *cot, kiln_tensor **d, bool *reached) {
   const cfg_region *p = &g->prog.top[region];
   int n_args = p->n_args, n = 0, rc = 0;
   kiln_tensor *out[128], *wrt[192], *res[192], *own[128];
@@ -421,6 +460,7 @@ static int vjp(const cfg_grad *g, int region, kiln_tensor *const *args, kiln_ten
   for (int j = 0; j < n && !rc; j++) {
     kiln_tensor *x = where[j] < n_args ? args[where[j]] : g->caps[where[j] - n_args];
     d[where[j]] = res[j] ? res[j] : zeros_like(x, g->file, g->line);
+    reached[where[j]] = res[j] != NULL;
     if (!d[where[j]]) rc = -1;
   }
   for (int j = 0; j < n_args; j++) args[j]->requires_grad = had[j];
@@ -456,29 +496,37 @@ typedef struct rev_ctx {
   const cfg_grad *g;
   int n_dy, dy_of[64]; /* the ys whose cotangents the reverse scan steps over */
   int n_capg, capg[64];
+  int n_flag, flag_of[64]; /* the captures' gradients (indices into capg) whose step may reach none: a bool
+                              carry each, whether some step did (READ_NESTED) */
   bool x_need[64];
   int n_dx;
 } rev_ctx;
 
-/* The reverse scan's step: in = dcarry, dcaps, carry_t, xs_t, dy_t, kept_t; out =
- * dcarry', dcaps', dx_t (of the xs that need theirs). */
+/* The reverse scan's step: in = dcarry, dcaps, flags, carry_t, xs_t, dy_t, kept_t;
+ * out = dcarry', dcaps', flags', dx_t (of the xs that need theirs). */
 static int rev_step(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
   const rev_ctx *rc = ctx;
   const cfg_grad *g = rc->g;
-  int nc = g->n_carry, nx = g->n_xs, n_args = nc + nx;
-  kiln_tensor *const *dcarry = in, *const *dcaps = in + nc, *const *cx = in + nc + rc->n_capg;
+  int nc = g->n_carry, nx = g->n_xs, n_args = nc + nx, nf = rc->n_flag;
+  kiln_tensor *const *dcarry = in, *const *dcaps = in + nc, *const *flags = in + nc + rc->n_capg,
+                     *const *cx = in + nc + rc->n_capg + nf;
   kiln_tensor *cot[128] = {0}, *d[192];
-  bool need[128];
+  bool need[128], reached[192] = {0};
   for (int k = 0; k < nc; k++) cot[k] = dcarry[k], need[k] = dtype_is_float(cx[k]->dtype);
   for (int j = 0; j < nx; j++) need[nc + j] = rc->x_need[j];
   for (int k = 0; k < rc->n_dy; k++) cot[nc + rc->dy_of[k]] = cx[n_args + k];
-  if (vjp(g, 0, cx, g->n_kept ? cx + n_args + rc->n_dy : NULL, need, cot, d)) return -1;
+  if (vjp(g, 0, cx, g->n_kept ? cx + n_args + rc->n_dy : NULL, need, cot, d, reached)) return -1;
   for (int k = 0; k < nc; k++)
     if (!(out[k] = shaped_like(cx[k], d[k], g->file, g->line))) return -1;
   for (int c = 0; c < rc->n_capg; c++)
     if (!(out[nc + c] = kiln_add_at(dcaps[c], d[n_args + rc->capg[c]], g->file, g->line))) return -1;
+  for (int f = 0; f < nf; f++) {
+    int i = n_args + rc->capg[rc->flag_of[f]];
+    kiln_tensor *now = exists_flag(d[i], reached[i], g->file, g->line);
+    if (!(out[nc + rc->n_capg + f] = kiln_where_at(flags[f], flags[f], now, g->file, g->line))) return -1; /* or */
+  }
   for (int j = 0, m = 0; j < nx; j++)
-    if (rc->x_need[j]) out[nc + rc->n_capg + m++] = d[nc + j];
+    if (rc->x_need[j]) out[nc + rc->n_capg + nf + m++] = d[nc + j];
   return 0;
 }
 
@@ -492,9 +540,12 @@ static int scan_backward(void *data, kiln_tensor *const *gout, kiln_tensor **gin
     if (!(init[k] = shaped_like(g->in[k], gout[k], g->file, g->line))) return -1; /* typed as the carry the step gives */
   for (int c = 0; c < g->n_caps; c++)
     if (g->caps[c]->requires_grad && dtype_is_float(g->caps[c]->dtype)) {
+      if (cap_read(&g->prog, &g->prog.top[0], c) != READ_OWN) rc.flag_of[rc.n_flag++] = rc.n_capg;
       rc.capg[rc.n_capg] = c;
       if (!(init[nc + rc.n_capg++] = zeros_like(g->caps[c], g->file, g->line))) return -1;
     }
+  for (int f = 0; f < rc.n_flag; f++) /* no step has reached it yet */
+    if (!(init[nc + rc.n_capg + f] = kiln_scalar_at(KILN_BOOL, 0, g->file, g->line))) return -1;
   int n_xs = 0;
   kiln_tensor *rev = rev_index(g->in[nc], g->file, g->line);
   if (!rev) return -1;
@@ -513,16 +564,20 @@ static int scan_backward(void *data, kiln_tensor *const *gout, kiln_tensor **gin
     }
   for (int j = 0; j < g->n_kept; j++)
     if (!(xs[n_xs++] = FLIP(g->saved[nc + j]))) return -1;
-  if (kiln_scan_at(rev_step, &rc, nc + rc.n_capg, init, n_xs, xs, cout, rc.n_dx, dx, g->file, g->line)) return -1;
+  if (kiln_scan_at(rev_step, &rc, nc + rc.n_capg + rc.n_flag, init, n_xs, xs, cout, rc.n_dx, dx, g->file, g->line))
+    return -1;
   for (int k = 0; k < nc; k++) gin[k] = cout[k];
   for (int j = 0, m = 0; j < nx; j++)
     if (rc.x_need[j] && !(gin[nc + j] = FLIP(dx[m++]))) return -1;
 #undef FLIP
   for (int c = 0; c < rc.n_capg; c++) gin[g->n_in + rc.capg[c]] = cout[nc + c];
   /* the captures' and xs' gradients exist only where a step ran: eagerly a
-   * scan over no step reaches neither, and kiln_grad stays NULL (grad_if) */
-  for (int i = nc; g->top && i < g->n_in + g->n_caps; i++)
-    if (gin[i] && !gin[i]->grad_if) gin[i]->grad_if = kiln_retain(g->in[nc]);
+   * scan over no step reaches neither, and kiln_grad stays NULL (grad_if);
+   * one a step reaches only through a nested construct, where some step did */
+  for (int i = nc; i < g->n_in + g->n_caps; i++)
+    if (gin[i] && !gin[i]->grad_if) ag_set_grad_if(gin[i], g->in[nc], GRAD_IF_DIM);
+  for (int f = 0; f < rc.n_flag; f++)
+    ag_set_grad_if(gin[g->n_in + rc.capg[rc.flag_of[f]]], cout[nc + rc.n_capg + f], GRAD_IF_TRUE);
   return 0;
 }
 
@@ -530,19 +585,25 @@ static int scan_backward(void *data, kiln_tensor *const *gout, kiln_tensor **gin
 
 typedef struct cond_ctx {
   const cfg_grad *g;
-  bool has[64]; /* the results whose cotangent flowed (the others are not passed) */
+  bool has[64];        /* the results whose cotangent flowed (the others are not passed) */
+  int n_flag, flag_of[64]; /* the captures whose gradient's existence is a result too */
+  bool ran[2];             /* the branches whose VJP ran (both under a recording, one eagerly) */
+  bool reached[2][64];     /* whether it reached each capture */
 } cond_ctx;
 
 /* A branch's VJP: in = operands, the cotangents that flowed; out = the
- * operands' gradients (zeros for those that need none), the captures'. */
-static int cond_branch_vjp(const cond_ctx *cc, int region, kiln_tensor *const *in, kiln_tensor **out) {
+ * operands' gradients (zeros for those that need none), the captures',
+ * then for each flag_of capture whether its gradient exists. */
+static int cond_branch_vjp(cond_ctx *cc, int region, kiln_tensor *const *in, kiln_tensor **out) {
   const cfg_grad *g = cc->g;
   int n_ops = g->n_in - 1;
   kiln_tensor *d[192], *cot[128];
-  bool need[128] = {0};
+  bool need[128] = {0}, reached[192] = {0};
   for (int j = 0; j < n_ops; j++) need[j] = dtype_is_float(in[j]->dtype);
   for (int k = 0, m = n_ops; k < g->n_res; k++) cot[k] = cc->has[k] ? in[m++] : NULL;
-  if (vjp(g, region, in, NULL, need, cot, d)) return -1;
+  if (vjp(g, region, in, NULL, need, cot, d, reached)) return -1;
+  cc->ran[region] = true;
+  for (int c = 0; c < g->n_caps; c++) cc->reached[region][c] = reached[n_ops + c];
   int m = 0;
   for (int j = 0; j < n_ops; j++)
     if (!(out[m++] = shaped_like(in[j], d[j], g->file, g->line))) return -1;
@@ -550,6 +611,10 @@ static int cond_branch_vjp(const cond_ctx *cc, int region, kiln_tensor *const *i
     if (g->caps[c]->requires_grad && dtype_is_float(g->caps[c]->dtype) &&
         !(out[m++] = shaped_like(g->caps[c], d[n_ops + c], g->file, g->line)))
       return -1;
+  for (int f = 0; f < cc->n_flag; f++) {
+    int c = cc->flag_of[f];
+    if (!(out[m++] = exists_flag(d[n_ops + c], reached[n_ops + c], g->file, g->line))) return -1;
+  }
   return 0;
 }
 static int then_vjp(void *ctx, kiln_tensor *const *in, kiln_tensor **out) { return cond_branch_vjp(ctx, 0, in, out); }
@@ -565,11 +630,45 @@ static int cond_backward(void *data, kiln_tensor *const *gout, kiln_tensor **gin
   for (int k = 0; k < g->n_res; k++)
     if ((cc.has[k] = gout[k] != NULL)) in[n++] = gout[k];
   n_out = n_ops;
-  for (int c = 0; c < g->n_caps; c++) n_out += g->caps[c]->requires_grad && dtype_is_float(g->caps[c]->dtype);
-  if (kiln_cond_at(g->in[0], then_vjp, else_vjp, &cc, n, in, n_out, out, g->file, g->line)) return -1;
+  /* A capture read inside a construct nested in a branch: whether its
+   * gradient exists is an extra result of the cond (the branch's own
+   * knowledge: the nested construct's condition) */
+  for (int c = 0; c < g->n_caps; c++) {
+    if (!g->caps[c]->requires_grad || !dtype_is_float(g->caps[c]->dtype)) continue;
+    n_out++;
+    if (cap_read(&g->prog, &g->prog.top[0], c) == READ_NESTED || cap_read(&g->prog, &g->prog.top[1], c) == READ_NESTED)
+      cc.flag_of[cc.n_flag++] = c;
+  }
+  kiln_tensor *pred = g->in[0];
+  if (kiln_cond_at(pred, then_vjp, else_vjp, &cc, n, in, n_out + cc.n_flag, out, g->file, g->line)) return -1;
   for (int j = 0; j < n_ops; j++) gin[1 + j] = out[j];
-  for (int c = 0, m = n_ops; c < g->n_caps; c++)
-    if (g->caps[c]->requires_grad && dtype_is_float(g->caps[c]->dtype)) gin[g->n_in + c] = out[m++];
+  /* The others' gradient exists where the branch that ran reaches it (eagerly
+   * the other never ran): under a recording both branches ran, so reached by
+   * the then branch alone, where pred holds; by the else branch alone, where
+   * it does not; by both, always; by neither, never. Eagerly one ran: its
+   * answer is the one. */
+  kiln_tensor *no = NULL;
+  bool both = cc.ran[0] && cc.ran[1];
+  for (int c = 0, m = n_ops, f = 0; c < g->n_caps; c++) {
+    if (!g->caps[c]->requires_grad || !dtype_is_float(g->caps[c]->dtype)) continue;
+    kiln_tensor *gc = gin[g->n_in + c] = out[m++], *mark = NULL;
+    if (f < cc.n_flag && cc.flag_of[f] == c) {
+      ag_set_grad_if(gc, out[n_out + f++], GRAD_IF_TRUE);
+      continue;
+    }
+    bool r0 = cc.ran[0] && cc.reached[0][c], r1 = cc.ran[1] && cc.reached[1][c];
+    if ((r0 && r1) || (!both && (r0 || r1))) continue; /* both, or the one that ran: always */
+    if (!r0 && !r1) {
+      mark = no = no ? no : kiln_scalar_at(KILN_BOOL, 0, g->file, g->line);
+    } else if (r0) {
+      mark = pred;
+    } else {
+      kiln_tensor *f0 = kiln_scalar_at(KILN_BOOL, 0, g->file, g->line), *t1 = kiln_scalar_at(KILN_BOOL, 1, g->file, g->line);
+      mark = kiln_where_at(pred, f0, t1, g->file, g->line); /* not pred */
+    }
+    if (!mark) return -1;
+    ag_set_grad_if(gc, mark, GRAD_IF_TRUE);
+  }
   return 0;
 }
 
@@ -595,14 +694,19 @@ cfg_grad *cfg_new(recording *r, const cf_call *c, int first) {
   cfg_grad *g = alloc_calloc(1, sizeof *g);
   if (!g) return NULL;
   *g = (cfg_grad){.kind = c->kind, .n_carry = c->n_carry, .n_xs = c->n_xs, .n_res = c->n_results, .n_in = c->n_in,
-                  .file = c->file, .line = c->line, .top = r->cf_depth == 0};
+                  .file = c->file, .line = c->line};
   g->in = alloc_calloc((size_t)c->n_in + 1, sizeof *g->in);
   if (!g->in) return cfg_free(g), NULL;
   for (int i = 0; i < c->n_in; i++) g->in[i] = kiln_retain(c->in[i]);
   if (prog_build(r, first, g, c->n_regions)) return cfg_free(g), NULL;
   /* the backward's construct must fit kiln_scan's and kiln_cond's lists (64 each); else step by step */
-  int n_capg = 0;
-  for (int k = 0; k < g->n_caps; k++) n_capg += g->caps[k]->requires_grad && dtype_is_float(g->caps[k]->dtype);
+  int n_capg = 0, n_flag = 0; /* n_flag: the captures' gradients whose existence the backward carries or yields */
+  for (int k = 0; k < g->n_caps; k++)
+    if (g->caps[k]->requires_grad && dtype_is_float(g->caps[k]->dtype)) {
+      n_capg++;
+      n_flag += cap_read(&g->prog, &g->prog.top[0], k) != READ_OWN ||
+                (g->kind == CF_COND && cap_read(&g->prog, &g->prog.top[1], k) != READ_OWN);
+    }
   int n_rev_xs = 2 * g->n_carry + g->n_xs + (g->n_res - g->n_carry);
   /* scan_save: the matmuls of the body's own level (a nested construct's stay
    * recomputed: its replay runs a program of its own) */
@@ -618,8 +722,8 @@ cfg_grad *cfg_new(recording *r, const cf_call *c, int first) {
     in->keep = g->n_kept;
     g->kept_ids[g->n_kept++] = in->vid;
   }
-  bool fits = g->kind == CF_SCAN ? g->n_carry + n_capg <= 64 && n_rev_xs + g->n_kept <= 64
-                                 : g->n_in - 1 + g->n_res <= 64 && g->n_in - 1 + n_capg <= 64;
+  bool fits = g->kind == CF_SCAN ? g->n_carry + n_capg + n_flag <= 64 && n_rev_xs + g->n_kept <= 64
+                                 : g->n_in - 1 + g->n_res <= 64 && g->n_in - 1 + n_capg + n_flag <= 64;
   if (!fits || g->n_caps > 64) return cfg_free(g), NULL;
   return g;
 }

@@ -1025,8 +1025,12 @@ static int leaf_writes(recording *r, build_write **out, int *n) {
       alloc_free(w);
       return -1;
     }
-    int when = grad && l->grad && l->grad->grad_if ? rec_value_of(r, l->grad->grad_if) : -1;
-    w[k++] = (build_write){l->base, data ? l->now : l->base, grad, gv, when};
+    const kiln_tensor *lg = grad ? l->grad : NULL;
+    int when = lg && lg->grad_if ? rec_value_of(r, lg->grad_if) : -1;
+    /* a .grad the call dropped (or found NULL) stays NULL where the condition fails; one it
+     * found set stays as it was (a skipped write): none is written only where they differ */
+    w[k++] = (build_write){l->base, data ? l->now : l->base, grad, gv, when, when >= 0 && (lg->grad_if_kind & GRAD_IF_TRUE),
+                           when >= 0 && (lg->grad_if_kind & GRAD_IF_FROM_NULL) && l->grad0};
   }
   alloc_free(leaves);
   *out = w;

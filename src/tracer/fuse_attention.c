@@ -209,8 +209,9 @@ int pass_attention(const ir_graph *g, ir_graph **out) {
    * the nodes only a match read are left out (dce, as pass_dce does it) */
   for (int i = 0; i < g->n_outputs; i++) keep[g->outputs[i]] = true;
   for (int i = 0; i < g->n_writes; i++) {
+    int r[2], n = ir_write_reads(&g->writes[i], r);
     keep[g->writes[i].target] = true;
-    if (g->writes[i].value >= 0) keep[g->writes[i].value] = true;
+    for (int k = 0; k < n; k++) keep[r[k]] = true;
   }
   for (int i = g->n_nodes - 1; i >= 0; i--) {
     int op = g->nodes[i].op;
@@ -252,6 +253,7 @@ int pass_attention(const ir_graph *g, ir_graph **out) {
     ir_write w = g->writes[i];
     w.target = map[w.target];
     if (w.value >= 0) w.value = map[w.value];
+    if (w.has_cond) w.cond = map[w.cond];
     if (ir_add_write(c, w)) goto oom;
   }
   for (int i = 0; i < g->n_guards; i++)

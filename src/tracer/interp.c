@@ -396,8 +396,10 @@ static int run(const ir_graph *g, kiln_tensor *const *consts, kiln_tensor *const
   kiln_tensor **v = alloc_calloc((size_t)g->n_nodes + 1, sizeof *v);
   bool *owned = alloc_calloc((size_t)g->n_nodes + 1, sizeof *owned);
   kiln_tensor ***tup = alloc_calloc((size_t)g->n_nodes + 1, sizeof *tup); /* control-flow results */
+  /* grad writes whose condition fails (a region writes nothing: no allocation per step) */
+  bool *skipped = g->n_writes ? alloc_calloc((size_t)g->n_writes, sizeof *skipped) : NULL;
   int rc = -1;
-  if (!uses || !v || !owned || !tup) {
+  if (!uses || !v || !owned || !tup || (g->n_writes && !skipped)) {
     err_set("", 0, "call", "%s: out of memory", g->name);
     goto done;
   }
@@ -484,15 +486,20 @@ static int run(const ir_graph *g, kiln_tensor *const *consts, kiln_tensor *const
   for (int i = 0; i < g->n_outputs; i++) out[i] = kiln_retain(v[g->outputs[i]]);
   /* writes after every read: in-place updates take effect at the end of the call */
   for (int i = 0; i < g->n_writes; i++) {
+    /* a grad write's condition, read before a data write can change it */
+    const ir_write *w = &g->writes[i];
+    if (w->kind == IR_WRITE_GRAD && ir_write_skipped(g, w, vals, w->has_cond ? v[w->cond] : NULL)) skipped[i] = true;
+  }
+  for (int i = 0; i < g->n_writes; i++) {
     const ir_write *w = &g->writes[i];
     kiln_tensor *dst = ir_leaf_tensor(g, &g->nodes[w->target], in, params);
     if (w->kind == IR_WRITE_DATA) {
       write_data(dst, v[w->value]);
       continue;
     }
-    if (ir_write_skipped(g, w, vals)) continue;
+    if (skipped[i] && !w->else_none) continue;
     kiln_tensor *gv = NULL;
-    if (w->value >= 0) {
+    if (!skipped[i] && w->value >= 0) {
       /* .grad is a tensor of its own, as in eager */
       kiln_tensor *src = v[w->value];
       gv = owned[w->value] && tensor_refs(src) == 1 ? kiln_retain(src) : op_run(OP_COPY, &src, 1, NULL, w->file, w->line);
@@ -518,6 +525,7 @@ done:
   alloc_free(v);
   alloc_free(owned);
   alloc_free(tup);
+  alloc_free(skipped);
   return rc;
 }
 

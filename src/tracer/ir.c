@@ -254,9 +254,17 @@ int ir_add_output(ir_graph *g, int node) {
   return 0;
 }
 
-bool ir_write_skipped(const ir_graph *g, const ir_write *w, const int64_t *vals) {
+bool ir_write_skipped(const ir_graph *g, const ir_write *w, const int64_t *vals, const kiln_tensor *cond) {
   int64_t c;
+  if (w->has_cond) return cond && !*(const unsigned char *)tensor_data(cond);
   return w->has_when && !sym_eval(w->when, vals, g->n_syms, &c) && c == 0;
+}
+
+int ir_write_reads(const ir_write *w, int ids[2]) {
+  int n = 0;
+  if (w->value >= 0) ids[n++] = w->value;
+  if (w->has_cond) ids[n++] = w->cond;
+  return n;
 }
 
 int ir_add_write(ir_graph *g, ir_write w) {
@@ -332,8 +340,9 @@ int *ir_use_counts(const ir_graph *g) {
     for (int j = 0; j < g->nodes[i].n_in; j++) uses[g->nodes[i].in[j]]++;
   for (int i = 0; i < g->n_outputs; i++) uses[g->outputs[i]]++;
   for (int i = 0; i < g->n_writes; i++) {
+    int r[2], n = ir_write_reads(&g->writes[i], r);
     uses[g->writes[i].target]++;
-    if (g->writes[i].value >= 0) uses[g->writes[i].value]++;
+    for (int k = 0; k < n; k++) uses[r[k]]++;
   }
   return uses;
 }
@@ -345,6 +354,7 @@ int ir_copy_tail(ir_graph *dst, const ir_graph *src, const int *map) {
     ir_write w = src->writes[i];
     w.target = map[w.target];
     if (w.value >= 0) w.value = map[w.value];
+    if (w.has_cond) w.cond = map[w.cond];
     if (ir_add_write(dst, w)) return -1;
   }
   for (int i = 0; i < src->n_guards; i++)

@@ -918,7 +918,7 @@ static int parse_node(parser *ps) {
   return rc;
 }
 
-/* `write %T = %V` or `grad %T = %V|none [when D]`, the keyword already read. */
+/* `write %T = %V` or `grad %T = %V|none [when D|%C [else none]]`, the keyword already read. */
 static int parse_write(parser *ps, ir_write_kind kind) {
   ir_graph *g = ps->g;
   ir_write w = {.kind = kind, .value = -1};
@@ -930,8 +930,23 @@ static int parse_write(parser *ps, ir_write_kind kind) {
   if (kind == IR_WRITE_DATA || !accept_word(ps, "none"))
     if (read_use(ps, &w.value)) return -1;
   if (kind == IR_WRITE_GRAD && w.value >= 0 && accept_word(ps, "when")) {
-    if (read_dim(ps, &w.when)) return -1;
-    w.has_when = true;
+    if ((skip_blank(ps), *ps->p == '%')) {
+      const char *c = ps->p;
+      if (read_use(ps, &w.cond)) return -1;
+      const ir_node *cn = &g->nodes[w.cond];
+      bool one = cn->dtype == KILN_BOOL;
+      for (int d = 0; d < cn->ndim; d++) one = one && sym_same(cn->shape[d], sym_const(1));
+      if (!one) return fail(ps, c, "%%%d: a grad's condition must be a one-element bool", w.cond);
+      w.has_cond = true;
+    } else if (read_dim(ps, &w.when)) {
+      return -1;
+    } else {
+      w.has_when = true;
+    }
+    if (accept_word(ps, "else")) {
+      if (!accept_word(ps, "none")) return fail(ps, ps->p, "expected `none` after `else`");
+      w.else_none = true;
+    }
   }
   if (read_where(ps, &w.file, &w.line) || expect_eol(ps)) return -1;
   return ir_add_write(g, w) ? fail_oom(ps) : 0;

@@ -83,8 +83,9 @@ ir_graph *pass_dce(ir_graph *g) {
   }
   for (int i = 0; i < g->n_outputs; i++) keep[g->outputs[i]] = true;
   for (int i = 0; i < g->n_writes; i++) {
+    int r[2], n = ir_write_reads(&g->writes[i], r);
     keep[g->writes[i].target] = true;
-    if (g->writes[i].value >= 0) keep[g->writes[i].value] = true;
+    for (int k = 0; k < n; k++) keep[r[k]] = true;
   }
   int kept = 0;
   for (int i = g->n_nodes - 1; i >= 0; i--) {

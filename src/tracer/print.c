@@ -382,7 +382,10 @@ static void print_graph(out *o, const ir_graph *g) {
     if (w->has_when) {
       put_str(o, " when ");
       put_dim(o, w->when);
+    } else if (w->has_cond) {
+      putf(o, " when %%%d", w->cond);
     }
+    if ((w->has_when || w->has_cond) && w->else_none) put_str(o, " else none");
     put_where(o, w->file, w->line);
     put_str(o, "\n");
   }

@@ -773,13 +773,15 @@ static int on_cf(void *ctx, const cf_call *c, kiln_tensor **results) {
     if (s->n_laid > made0) s->n_laid = made0;
   } else if (!rc) {
     /* the bodies' tensors stay inside their regions: no autograd history
-     * (a replay's, or one through a capture) may reach them from outside */
+     * (a replay's, or one through a capture) may reach them from outside,
+     * nor a gradient's condition (grad_if) keep a body's value alive */
     struct rec_state *s = r->st;
     for (int i = made0; i < s->n_made; i++) {
       kiln_tensor *t = s->made[i];
       if (t->grad_fn) ag_node_release(t->grad_fn);
       t->grad_fn = NULL;
       t->requires_grad = false;
+      ag_set_grad_if(t, NULL, 0);
     }
     for (int k = 0; k < c->n_results + n_saved && !rc; k++) {
       int g = new_event(r, EV_GET, 0, NULL, 0, c->file, c->line);
@@ -918,6 +920,7 @@ void rec_strip_history(recording *r) {
       t->grad_fn = NULL;
     }
     t->requires_grad = false;
+    ag_set_grad_if(t, NULL, 0); /* the writes have their conditions: none is a live value to hand out */
   }
 }
 

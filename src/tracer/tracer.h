@@ -54,8 +54,14 @@ typedef struct ir_write {
   int value;             /* node id, or -1 for IR_WRITE_GRAD to NULL */
   const char *file;
   int line;
-  bool has_when;         /* IR_WRITE_GRAD: made only where `when` is not 0 (a scan's trip count) */
+  /* IR_WRITE_GRAD made only where its gradient exists (eagerly: where the
+   * construct that reaches the leaf ran): where the dim `when` is not 0 (a
+   * scan's trip count), or where the one-element bool node `cond` is true (a
+   * cond's predicate, a flag that some step took a branch). Skipped, the
+   * .grad stays as it was, or becomes NULL with else_none. */
+  bool has_when, has_cond, else_none;
   sym_dim when;
+  int cond;
 } ir_write;
 
 typedef struct ir_graph {
@@ -110,8 +116,11 @@ int ir_add(ir_graph *g, const ir_node *n);
 int ir_append(ir_graph *g, const ir_node *n);
 int ir_add_output(ir_graph *g, int node);
 int ir_add_write(ir_graph *g, ir_write w);
-/* A grad write whose `when` is 0 at these sizes: it is not made (.grad stays as it was). */
-bool ir_write_skipped(const ir_graph *g, const ir_write *w, const int64_t *vals);
+/* A grad write whose `when` is 0 at these sizes, or whose `cond` (its value:
+ * cond, NULL when it has none) is false: it is not made (see ir_write). */
+bool ir_write_skipped(const ir_graph *g, const ir_write *w, const int64_t *vals, const kiln_tensor *cond);
+/* The node ids a write reads (its value, its cond) into ids[0..2): how many. */
+int ir_write_reads(const ir_write *w, int ids[2]);
 int ir_add_guard(ir_graph *g, sym_guard gd); /* drops duplicates */
 
 const char *ir_op_name(int op);             /* "add", "input", "const" ... */
@@ -488,7 +497,9 @@ typedef struct build_write {
   int base, now;
   bool grad_set;
   int grad;
-  int when; /* a value whose dim 0 must not be 0 for the grad to be set (grad_if), or -1 */
+  int when;       /* the value the grad's existence hangs on (grad_if), or -1 */
+  bool when_bool; /* when is a one-element bool that must be true, not a dim 0 that must not be 0 */
+  bool else_none; /* where it does not hold, .grad becomes NULL (it was dropped in the call) */
 } build_write;
 
 int build_begin(build_state *b, recording *r, const uint8_t (*dynamic)[MAXD], bool freeze, const build_prev *prev);

@@ -225,6 +225,15 @@ static int check_outputs_writes(verifier *v) {
     if (t->op != IR_INPUT && t->op != IR_PARAM)
       return fail(v, "write %d: target %%%d is a %s, not an input or param", i, w->target, ir_op_name(t->op));
     if (w->kind != IR_WRITE_DATA && w->kind != IR_WRITE_GRAD) return fail(v, "write %d: unknown kind %d", i, (int)w->kind);
+    if ((w->has_cond || w->has_when || w->else_none) && (w->kind != IR_WRITE_GRAD || w->value < 0))
+      return fail(v, "write %d: only a grad write of a value has a condition", i);
+    if (w->has_cond) {
+      if (w->has_when || w->cond < 0 || w->cond >= g->n_nodes) return fail(v, "write %d: condition %%%d is not a node", i, w->cond);
+      const ir_node *c = &g->nodes[w->cond];
+      bool one = c->dtype == KILN_BOOL;
+      for (int d = 0; d < c->ndim; d++) one = one && sym_same(c->shape[d], sym_const(1));
+      if (!one) return fail(v, "write %d: condition %%%d is not a one-element bool", i, w->cond);
+    }
     if (w->value == -1 && w->kind == IR_WRITE_GRAD) continue;
     if (w->value < 0 || w->value >= g->n_nodes) return fail(v, "write %d: value %%%d is not a node", i, w->value);
     if (!same_type(v, t, &g->nodes[w->value]))
