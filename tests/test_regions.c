@@ -662,6 +662,58 @@ START_TEST(test_while_one_trace) {
 }
 END_TEST
 
+/* A scan over two xs: their lengths are one symbol's by a guard, so one
+ * variant serves every length (0 and 1 too), and a call whose xs differ in
+ * length retraces into kiln_scan's error instead of running. The debug
+ * build's verifier checks the graph on the way (no guard: it refused it). */
+static int prod_step(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  out[0] = kiln_add(in[0], kiln_mul(in[1], in[2]));
+  out[1] = out[0];
+  return out[0] ? 0 : -1;
+}
+
+static int two_xs_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  kiln_tensor *init = kiln_zeros(KILN_F32, 1, (int64_t[]){3}), *last;
+  return kiln_scan(prod_step, NULL, 1, &init, 2, in, &last, 1, &out[0]);
+}
+
+START_TEST(test_scan_two_xs) {
+  kiln_scope_begin();
+  for (int be = KILN_BACKEND_INTERP; be <= KILN_BACKEND_LLVM; be++) {
+    kiln_fn *fn = kiln_compile(two_xs_body, NULL, &(kiln_options){.name = "twoxs", .n_in = 2, .n_out = 1, .backend = be});
+    ck_assert_int_eq(0, kiln_mark_dynamic(fn, 0, 0));
+    ck_assert_int_eq(0, kiln_mark_dynamic(fn, 1, 0));
+    static const int64_t lens[] = {5, 7, 0, 1, 5};
+    for (int k = 0; k < 5; k++) {
+      int64_t T = lens[k];
+      float a[21], b[21], got[21];
+      fill(a, 3 * T, 11 + (unsigned)k), fill(b, 3 * T, 23 + (unsigned)k);
+      double want[21], acc[3] = {0};
+      for (int64_t t = 0; t < T; t++)
+        for (int i = 0; i < 3; i++) acc[i] += (double)a[3 * t + i] * b[3 * t + i], want[3 * t + i] = acc[i];
+      kiln_scope_begin();
+      kiln_tensor *in[2] = {kiln_tensor_from(KILN_F32, 2, ((int64_t[]){T, 3}), a),
+                            kiln_tensor_from(KILN_F32, 2, ((int64_t[]){T, 3}), b)}, *out[1];
+      ck_assert_msg(kiln_call(fn, in, out) == 0, "T %lld: %s", (long long)T, kiln_last_error());
+      ck_assert_int_eq(3 * T, kiln_numel(out[0]));
+      if (T) ck_assert_int_eq(0, kiln_read(out[0], got, sizeof(float) * (size_t)(3 * T)));
+      expect_close(got, want, 3 * T, "two xs");
+      kiln_scope_end();
+    }
+    expect_one_trace(fn);
+    kiln_scope_begin();
+    kiln_tensor *in[2] = {kiln_zeros(KILN_F32, 2, ((int64_t[]){4, 3})), kiln_zeros(KILN_F32, 2, ((int64_t[]){6, 3}))}, *out[1];
+    ck_assert_int_ne(0, kiln_call(fn, in, out));
+    ck_assert_msg(strstr(kiln_last_error(), "kiln_scan") != NULL, "%s", kiln_last_error());
+    kiln_scope_end();
+    kiln_fn_free(fn);
+  }
+  kiln_scope_end();
+}
+END_TEST
+
 /* Storages a compiled call makes. */
 static uint64_t storages_of_call(kiln_fn *fn, kiln_tensor *const *in, int n_out) {
   kiln_tensor *out[2] = {0};
@@ -1848,6 +1900,7 @@ int main(void) {
   tcase_set_timeout(cap, 120);
   tcase_add_test(cap, test_scan_one_trace);
   tcase_add_test(cap, test_while_one_trace);
+  tcase_add_test(cap, test_scan_two_xs);
   tcase_add_test(cap, test_save_load_captured);
   tcase_add_test(cap, test_capture_errors);
   tcase_add_test(cap, test_unfit_bodies_step_by_step);

@@ -814,6 +814,18 @@ static int ev_cf(build_state *b, int ev) {
   if (!f->in || !f->ph[0] || (ir_n_sub(e->op) > 1 && !f->ph[1])) return bfail(b, "out of memory while building"), -1;
   for (int i = 0; i < e->n_in; i++)
     if ((f->in[i] = node_of(b, b->r->ids[e->in + i])) < 0) return -1;
+  if (e->op == IR_SCAN) {
+    /* a scan's xs share their length (kiln_scan checked it): a guard says so
+     * where their dims are symbols of their own, so that another call with
+     * unequal lengths retraces into kiln_scan's error */
+    shape_env env = {.g = b->g, .vals = b->vals, .nvals = b->n_syms, .record = true};
+    const ir_node *x0 = &b->g->nodes[f->in[f->n_carry]];
+    for (int j = 1; j < f->n_xs; j++) {
+      const ir_node *x = &b->g->nodes[f->in[f->n_carry + j]];
+      if (x->ndim < 1 || x0->ndim < 1 || shape_decide(&env, x->shape[0], SYM_EQ, x0->shape[0]) != 1)
+        return bfail(b, "%s:%d: kiln_scan: xs %d and xs 0 differ in dim 0", e->file, e->line, j), -1;
+    }
+  }
   f->first = b->g->n_nodes;
   b->has_cf = true;
   return -1; /* no node of its own yet */

@@ -369,7 +369,9 @@ static int check_cf(verifier *v, int id) {
     const ir_node *x0 = &g->nodes[n->in[n->n_carry]];
     for (int j = 1; j < n->n_xs; j++) {
       const ir_node *x = &g->nodes[n->in[n->n_carry + j]];
-      if (x->ndim < 1 || x0->ndim < 1 || !sym_same(x->shape[0], x0->shape[0]))
+      shape_env env = {.g = g, .vals = NULL, .nvals = 0, .record = false}; /* equal by a guard will do */
+      if (x->ndim < 1 || x0->ndim < 1 ||
+          (!sym_same(x->shape[0], x0->shape[0]) && shape_decide(&env, x->shape[0], SYM_EQ, x0->shape[0]) != 1))
         return fail(v, "%%%d: scan: xs %d (%%%d) and xs 0 (%%%d) differ in dim 0", id, j, n->in[n->n_carry + j], n->in[n->n_carry]);
     }
     for (int k = n->n_carry; k < r0->n_outputs; k++)
