@@ -1794,6 +1794,7 @@ static kiln_fn *compile_llvm(body_fn body, int n_in) {
   return kiln_compile(body, NULL, &o);
 }
 
+/* Sum stages of fn's one loop kernel. */
 static int reduce_stages_of(kiln_fn *fn) {
   cg_program *p = plan_of(fn);
   ck_assert_int_eq(1, p->n_k);

@@ -292,6 +292,28 @@ static void check_gw(wino_geom q) {
   free(x), free(gy), free(ref), free(bound);
 }
 
+/* Small integers in, every intermediate an integer or a quarter well below
+ * 2^24: each element must come out exact, so that a tile lost or counted
+ * twice (at a chunk's edge, say), which the rounding bound above can miss
+ * over thousands of tiles, shows. */
+static void check_gw_exact(wino_geom q) {
+  int64_t nx = q.n * q.c * q.h * q.w, nw = q.o * q.c * 9, ny = out_count(&q);
+  float *x = malloc(sizeof(float) * (size_t)(nx + 1)), *gy = malloc(sizeof(float) * (size_t)(ny + 1));
+  float *gw = malloc(sizeof(float) * (size_t)(nw + 1));
+  double *ref = malloc(sizeof(double) * (size_t)(nw + 1)), *bound = malloc(sizeof(double) * (size_t)(nw + 1));
+  for (int64_t i = 0; i < nx; i++) x[i] = floorf(unif() * 2.5f);
+  for (int64_t i = 0; i < ny; i++) gy[i] = floorf(unif() * 2.5f);
+  reference_gw(&q, x, gy, ref, bound);
+  pool_set_num_threads(2);
+  ck_assert_int_eq(0, wino_grad_weight_f32(&q, x, gy, gw, NULL, 0));
+  pool_set_num_threads(0);
+  for (int64_t i = 0; i < nw; i++)
+    ck_assert_msg((double)gw[i] == ref[i], "n%lld c%lld %lldx%lld o%lld: weight gradient element %lld: expected %.1f exactly, got %.9g",
+                  (long long)q.n, (long long)q.c, (long long)q.h, (long long)q.w, (long long)q.o, (long long)i, ref[i],
+                  (double)gw[i]);
+  free(x), free(gy), free(gw), free(ref), free(bound);
+}
+
 START_TEST(test_grad_weight_against_direct) {
   wino_geom cases[] = {
       geom(2, 5, 15, 13, 7, 1, 1, false),   /* odd: partial tiles, their gradient 0 past the edge */
@@ -302,6 +324,8 @@ START_TEST(test_grad_weight_against_direct) {
       geom(1, 17, 6, 6, 19, 1, 1, false),
   };
   for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) check_gw(cases[k]);
+  check_gw_exact(geom(4, 4, 61, 59, 6, 1, 1, false)); /* two chunks */
+  check_gw_exact(geom(1, 40, 33, 33, 8, 1, 1, false)); /* chunks of other sizes, a last one short */
   /* no images, or no output: zeros; no channels: nothing to write */
   wino_geom q = geom(0, 3, 5, 5, 2, 1, 1, false);
   float gw[54];

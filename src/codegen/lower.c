@@ -725,7 +725,7 @@ static bool jammable(const cg_kernel *k) {
   for (int s = 0; s < k->n_stage; s++) {
     const cg_stage *st = &k->stage[s];
     if (st->kind == CG_REDUCE) {
-      if ((st->op != OP_SUM && st->op != OP_MEAN) || costly(k, st->expr)) return false;
+      if ((st->op != OP_SUM && st->op != OP_MEAN) || !is_float(k->expr[st->expr].dtype) || costly(k, st->expr)) return false;
       sums++;
       continue;
     }
