@@ -340,6 +340,191 @@ START_TEST(test_gpt_forward_fuses) {
 }
 END_TEST
 
+/* ---- the fused op's backward (attention_grad) ---- */
+
+/* The fused op itself, as the attention pass makes it: through dispatch, with autograd. */
+static kiln_tensor *fused_op(kiln_tensor *q, kiln_tensor *k, kiln_tensor *v, kiln_tensor *mask, double scale, bool drop) {
+  kiln_tensor *in[4] = {q, k, v, mask};
+  op_attrs a = {.value = scale, .flag = drop};
+  return op_dispatch(OP_ATTENTION, in, mask ? 4 : 3, &a, __FILE__, __LINE__);
+}
+
+/* The same spelled out in primitives (the GPT's way: a multiply, where with a kept bool mask). */
+static kiln_tensor *unfused_op(kiln_tensor *q, kiln_tensor *k, kiln_tensor *v, kiln_tensor *keep, double scale) {
+  int nd = kiln_ndim(q);
+  kiln_tensor *s = kiln_mul(kiln_matmul(q, kiln_transpose(k, nd - 2, nd - 1)), kiln_scalar(kiln_type(q), scale));
+  if (keep) s = kiln_where(keep, s, kiln_scalar(kiln_type(q), -INFINITY));
+  return kiln_matmul(kiln_softmax(s, -1), v);
+}
+
+/* dq, dk, dv of sum(attention(q, k, v) * w), fused or not, into g[0..3) (kept). */
+static void grads_of(bool fused, kiln_tensor *const *qkv, kiln_tensor *w, kiln_tensor *keep, double scale,
+                     kiln_tensor **g) {
+  kiln_scope_begin();
+  kiln_tensor *x[3];
+  for (int i = 0; i < 3; i++) {
+    x[i] = kiln_contiguous(qkv[i]);
+    x[i] = kiln_mul(x[i], kiln_scalar(kiln_type(x[i]), 1)); /* a fresh leaf */
+    kiln_requires_grad(x[i], true);
+  }
+  kiln_tensor *o = fused ? fused_op(x[0], x[1], x[2], keep, scale, false) : unfused_op(x[0], x[1], x[2], keep, scale);
+  ck_assert_ptr_nonnull(o);
+  ck_assert_int_eq(0, kiln_backward(kiln_sum_all(kiln_mul(o, w))));
+  for (int i = 0; i < 3; i++) {
+    ck_assert_ptr_nonnull(kiln_grad(x[i]));
+    g[i] = kiln_keep(kiln_contiguous(kiln_grad(x[i])));
+  }
+  kiln_scope_end();
+}
+
+/* max |a - b| over max |b| (NaN anywhere: infinity). */
+static double maxdiff_scaled(kiln_tensor *a, kiln_tensor *b) {
+  int64_t n = kiln_numel(a);
+  ck_assert_int_eq(n, kiln_numel(b));
+  double *x = malloc(sizeof(double) * (size_t)(n + 1)), *y = malloc(sizeof(double) * (size_t)(n + 1)), m = 0, big = 0;
+  kiln_scope_begin();
+  ck_assert(x && y && !kiln_read(kiln_cast(a, KILN_F64), x, sizeof(double) * (size_t)n) &&
+            !kiln_read(kiln_cast(b, KILN_F64), y, sizeof(double) * (size_t)n));
+  kiln_scope_end();
+  for (int64_t i = 0; i < n; i++) {
+    double e = fabs(x[i] - y[i]);
+    if (!(e <= m)) m = isnan(e) ? INFINITY : e;
+    if (fabs(y[i]) > big) big = fabs(y[i]);
+  }
+  free(x), free(y);
+  return m / (big > 0 ? big : 1);
+}
+
+/* Bitwise equality of two tensors' values. */
+static bool same_bits(kiln_tensor *a, kiln_tensor *b) {
+  int64_t n = kiln_numel(a);
+  if (n != kiln_numel(b) || kiln_type(a) != kiln_type(b)) return false;
+  size_t bytes = (size_t)n * (kiln_type(a) == KILN_F64 ? 8 : 4);
+  char *x = malloc(bytes + 1), *y = malloc(bytes + 1);
+  kiln_scope_begin();
+  bool ok = x && y && !kiln_read(kiln_contiguous(a), x, bytes) && !kiln_read(kiln_contiguous(b), y, bytes) &&
+            memcmp(x, y, bytes) == 0;
+  kiln_scope_end();
+  free(x), free(y);
+  return ok;
+}
+
+/* The tolerance of the fused gradients against the unfused ones, relative to
+ * the largest gradient: both sum the same terms in other orders, the longest
+ * sums of n = S + D + E terms (dq: S terms of ds k, each ds from a dot of E
+ * and a softmax over S; dk and dv: T terms), so each is within about n u of
+ * the sum of |terms|, which a softmax keeps within a small factor of the
+ * largest gradient on these random inputs: 4 n u, u = 2^-24 or 2^-53. */
+static double grad_tol(kiln_dtype dt, int64_t T, int64_t S, int64_t D, int64_t E) {
+  int64_t n = (S > T ? S : T) + D + E;
+  return 4.0 * (double)n * (dt == KILN_F32 ? 0x1p-24 : 0x1p-53);
+}
+
+START_TEST(test_grad_vs_unfused) {
+  static const int64_t ts[] = {1, 7, 33, 130}, ds[] = {8, 24, 64};
+  for (int dti = 0; dti < 2; dti++) {
+    kiln_dtype dt = dti ? KILN_F64 : KILN_F32;
+    att_ctx c;
+    ctx_init(&c, dt, M_KEEP);
+    for (size_t ti = 0; ti < 4; ti++)
+      for (size_t di = 0; di < 3; di++)
+        for (int causal = 0; causal < 2; causal++)
+          for (int cross = 0; cross < 2; cross++) {
+            kiln_scope_begin();
+            int64_t T = ts[ti], D = ds[di], S = cross ? (causal ? (T + 1) / 2 : T + 5) : T, E = cross ? D + 3 : D;
+            int64_t qs[4] = {2, 3, T, D}, ks[4] = {2, 3, S, D}, vs[4] = {2, 3, S, E}, os[4] = {2, 3, T, E};
+            uint64_t seed = 100 * ti + 10 * di + 2 * causal + cross;
+            kiln_tensor *qkv[3] = {randn(dt, 4, qs, seed), randn(dt, 4, ks, seed + 1000), randn(dt, 4, vs, seed + 2000)};
+            kiln_tensor *w = randn(dt, 4, os, seed + 3000);
+            kiln_tensor *keep = causal ? kiln_slice(kiln_slice(c.keep, 0, 0, T, 1), 1, 0, S, 1) : NULL;
+            kiln_tensor *gf[3], *gu[3];
+            grads_of(true, qkv, w, keep, 1 / sqrt((double)D), gf);
+            grads_of(false, qkv, w, keep, 1 / sqrt((double)D), gu);
+            for (int i = 0; i < 3; i++) {
+              double d = maxdiff_scaled(gf[i], gu[i]), tol = grad_tol(dt, T, S, D, E);
+              if (getenv("ATT_SHOW")) printf("%s T %lld D %lld causal %d cross %d d%c %.3g tol %.3g\n", dti ? "f64" : "f32", (long long)T, (long long)D, causal, cross, "qkv"[i], d, tol);
+              ck_assert_msg(d <= tol, "%s T %lld S %lld D %lld E %lld causal %d: d%c off by %g of the largest (tol %g)",
+                            dti ? "f64" : "f32", (long long)T, (long long)S, (long long)D, (long long)E, causal,
+                            "qkv"[i], d, tol);
+            }
+            kiln_scope_end();
+          }
+    ctx_free(&c);
+  }
+}
+END_TEST
+
+/* f64 gradients of the fused op against central differences of its forward. */
+START_TEST(test_grad_finite_differences) {
+  static const int64_t cases[][5] = {{7, 7, 8, 8, 1}, {5, 9, 3, 4, 0}, {1, 1, 2, 2, 1}, {66, 66, 2, 3, 1}};
+  att_ctx c;
+  ctx_init(&c, KILN_F64, M_KEEP);
+  for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+    kiln_scope_begin();
+    int64_t T = cases[ci][0], S = cases[ci][1], D = cases[ci][2], E = cases[ci][3];
+    int64_t qs[3] = {2, T, D}, ks[3] = {2, S, D}, vs[3] = {2, S, E}, os[3] = {2, T, E};
+    kiln_tensor *qkv[3] = {randn(KILN_F64, 3, qs, 1 + ci), randn(KILN_F64, 3, ks, 2 + ci), randn(KILN_F64, 3, vs, 3 + ci)};
+    kiln_tensor *w = randn(KILN_F64, 3, os, 4 + ci), *g[3];
+    kiln_tensor *keep = cases[ci][4] ? kiln_slice(kiln_slice(c.keep, 0, 0, T, 1), 1, 0, S, 1) : NULL;
+    double scale = 0.7;
+    grads_of(true, qkv, w, keep, scale, g);
+    for (int i = 0; i < 3; i++) {
+      int64_t n = kiln_numel(qkv[i]);
+      double *x = malloc(sizeof(double) * (size_t)n), *gr = malloc(sizeof(double) * (size_t)n), worst = 0;
+      ck_assert(x && gr && !kiln_read(qkv[i], x, sizeof(double) * (size_t)n) &&
+                !kiln_read(g[i], gr, sizeof(double) * (size_t)n));
+      /* a few elements of big tensors: every one of small ones */
+      for (int64_t e = 0; e < n; e += n > 64 ? n / 29 : 1) {
+        double f[2], h = 1e-6, keepx = x[e];
+        for (int side = 0; side < 2; side++) {
+          x[e] = keepx + (side ? -h : h);
+          kiln_scope_begin();
+          kiln_tensor *in[3] = {qkv[0], qkv[1], qkv[2]};
+          in[i] = kiln_tensor_from(KILN_F64, 3, i == 0 ? qs : i == 1 ? ks : vs, x);
+          kiln_tensor *o = fused_op(in[0], in[1], in[2], keep, scale, false);
+          ck_assert(!kiln_read(kiln_sum_all(kiln_mul(o, w)), &f[side], sizeof(double)));
+          kiln_scope_end();
+        }
+        x[e] = keepx;
+        double fd = (f[0] - f[1]) / (2 * h), err = fabs(fd - gr[e]) / (1 + fabs(gr[e]));
+        if (err > worst) worst = err;
+      }
+      ck_assert_msg(worst <= 1e-7, "case %zu d%c: %g from finite differences", ci, "qkv"[i], worst);
+      free(x), free(gr);
+    }
+    kiln_scope_end();
+  }
+  ctx_free(&c);
+}
+END_TEST
+
+/* 1, 2 and 3 threads give the same bits (a task is a whole batch entry). */
+START_TEST(test_grad_threads) {
+  int before = kiln_get_num_threads();
+  for (int dti = 0; dti < 2; dti++) {
+    kiln_dtype dt = dti ? KILN_F64 : KILN_F32;
+    att_ctx c;
+    ctx_init(&c, dt, M_KEEP);
+    kiln_scope_begin();
+    int64_t sh[4] = {3, 5, 130, 24};
+    kiln_tensor *qkv[3] = {randn(dt, 4, sh, 1), randn(dt, 4, sh, 2), randn(dt, 4, sh, 3)}, *w = randn(dt, 4, sh, 4);
+    kiln_tensor *keep = kiln_slice(kiln_slice(c.keep, 0, 0, 130, 1), 1, 0, 130, 1), *g1[3], *g[3];
+    kiln_set_num_threads(1);
+    grads_of(true, qkv, w, keep, 0.2, g1);
+    for (int th = 2; th <= 3; th++) {
+      kiln_set_num_threads(th);
+      grads_of(true, qkv, w, keep, 0.2, g);
+      for (int i = 0; i < 3; i++) {
+        ck_assert_msg(same_bits(g[i], g1[i]), "%d threads: d%c differs", th, "qkv"[i]);
+      }
+    }
+    kiln_scope_end();
+    ctx_free(&c);
+  }
+  kiln_set_num_threads(before);
+}
+END_TEST
+
 static Suite *attention_suite(void) {
   Suite *s = suite_create("codegen_attention");
   TCase *tc = tcase_create("attention");
@@ -350,6 +535,9 @@ static Suite *attention_suite(void) {
   tcase_add_test(tc, test_check_mode);
   tcase_add_test(tc, test_symbolic_sizes);
   tcase_add_test(tc, test_gpt_forward_fuses);
+  tcase_add_test(tc, test_grad_vs_unfused);
+  tcase_add_test(tc, test_grad_finite_differences);
+  tcase_add_test(tc, test_grad_threads);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -88,7 +88,7 @@ AI AT FN(row_exp)(AT *s, int64_t nv, AT mx) {
 AT_TARGET static void FN(attn_pack)(const attn_job *j, int64_t b, int64_t e) {
   const int64_t D = j->D, E = j->E, Ep = j->Ep, S = j->S, Sp = j->ntiles * BC;
   for (int64_t bh = b; bh < e; bh++) {
-    int64_t off[5];
+    int64_t off[J_N];
     attn_offsets(j, bh, off);
     const AT *k = (const AT *)j->k + off[1], *v = (const AT *)j->v + off[2];
     AT *kp = (AT *)j->kp + bh * Sp * D, *vp = (AT *)j->vp + bh * Sp * Ep;
@@ -110,7 +110,7 @@ AT_TARGET static void FN(attn_tasks)(const attn_job *j, int64_t b, int64_t e, AT
     int64_t bh = t / j->nrb, i = t % j->nrb;
     /* zigzag: a chunk of consecutive tasks gets early and late (costly, when causal) blocks alike */
     int64_t rb = i % 2 == 0 ? i / 2 : j->nrb - 1 - i / 2;
-    int64_t off[5];
+    int64_t off[J_N];
     attn_offsets(j, bh, off);
     const AT *q = (const AT *)j->q + off[0];
     const AT *kp = (const AT *)j->kp + bh * Sp * D, *vp = (const AT *)j->vp + bh * Sp * Ep;
@@ -172,6 +172,128 @@ AT_TARGET static void FN(attn_tasks)(const attn_job *j, int64_t b, int64_t e, AT
         for (int64_t x = 0; x < E; x++) o[x] = ob[r * Ep + x] * inv;
       else
         for (int64_t x = 0; x < E; x++) o[x * j->ocs] = ob[r * Ep + x] * inv;
+    }
+  }
+}
+
+/* ---- the backward (k_attention_grad) ---- */
+
+/* o[0..NV vectors) += sum over i < n of a[i*as] * b[i*ld ...]: NV <= 4, a constant once inlined. */
+AI void FN(axpy_nv)(AT *o, const AT *a, int64_t as, int64_t n, const AT *b, int64_t ld, const int NV) {
+  FN(vec) acc[4];
+  for (int x = 0; x < NV; x++) acc[x] = ((const FN(vec) *)o)[x];
+  for (int64_t i = 0; i < n; i++) {
+    const FN(vec) *bv = (const FN(vec) *)(b + i * ld);
+    AT c = a[i * as];
+    for (int x = 0; x < NV; x++) acc[x] += c * bv[x];
+  }
+  for (int x = 0; x < NV; x++) ((FN(vec) *)o)[x] = acc[x];
+}
+
+/* The same over nv vectors, four at a time: every product of the backward
+ * is rows of b weighted by a's entries, summed into a row of o. */
+AI void FN(axpy)(AT *o, const AT *a, int64_t as, int64_t n, const AT *b, int64_t ld, int64_t nv) {
+  int64_t x = 0;
+  for (; x + 4 <= nv; x += 4) FN(axpy_nv)(o + x * LN, a, as, n, b + x * LN, ld, 4);
+  if (nv - x == 3) FN(axpy_nv)(o + x * LN, a, as, n, b + x * LN, ld, 3);
+  else if (nv - x == 2) FN(axpy_nv)(o + x * LN, a, as, n, b + x * LN, ld, 2);
+  else if (nv - x == 1) FN(axpy_nv)(o + x * LN, a, as, n, b + x * LN, ld, 1);
+}
+
+/* s[0..nv LN) = the scaled scores of row r (the block's row rr) against the
+ * tile at c0, masked as the forward masks them, -inf past its nc columns. */
+AI void FN(bwd_scores)(const attn_job *j, int64_t mo, int mode, const AT *qr, const AT *kt, int64_t rr, int64_t c0,
+                       int64_t nc, int64_t nv, AT *s) {
+  memset(s, 0, sizeof(AT) * (size_t)(nv * LN));
+  FN(axpy)(s, qr, 1, j->D, kt, BC, nv);
+  if (mode == TILE_MASK) {
+    const bool *mk = (const bool *)j->mask + mo + rr * j->mrs + c0 * j->mcs;
+    for (int64_t c = 0; c < nc; c++)
+      if (mk[c * j->mcs] == j->drop) s[c] = -INFINITY;
+  } else if (mode == TILE_ADD) {
+    const AT *mk = (const AT *)j->mask + mo + rr * j->mrs + c0 * j->mcs;
+    for (int64_t c = 0; c < nc; c++) s[c] += mk[c * j->mcs];
+  }
+  for (int64_t c = nc; c < nv * LN; c++) s[c] = -INFINITY;
+}
+
+/* Batch entries [b, e) of j's backward, ws the chunk's working memory
+ * (attn_bwd_ws_elems). Per entry: k and v packed as the forward packs k,
+ * then per block of query rows two walks over the key tiles (masked-out
+ * tiles skipped): the first recomputes each row's max and sum of exps (its
+ * logsumexp), the second the probabilities p, dp = do v^T, ds = p (dp -
+ * rowsum(do o)), and sums dv += p^T do, dk += ds^T q, dq += ds k. Only a
+ * tile of p and ds is ever held. */
+AT_TARGET static void FN(attn_bwd_tasks)(const attn_job *j, int64_t b, int64_t e, AT *ws) {
+  const int64_t D = j->D, E = j->E, Dp = j->Dp, Ep = j->Ep, T = j->T, S = j->S, Sp = j->ntiles * BC;
+  const int64_t nvd = Dp / LN, nve = Ep / LN;
+  AT *kT = ws, *vT = kT + Sp * D, *kr = vT + Sp * E, *dk = kr + Sp * Dp, *dv = dk + Sp * Dp, *qs = dv + Sp * Ep;
+  AT *dO = qs + ATTN_BR * Dp, *dq = dO + ATTN_BR * Ep, *pb = dq + ATTN_BR * Dp, *sb = pb + ATTN_BR * BC;
+  AT *m = sb + ATTN_BR * BC, *l = m + ATTN_BR, *dl = l + ATTN_BR;
+  const AT scale = (AT)j->scale;
+  for (int64_t bh = b; bh < e; bh++) {
+    int64_t off[J_N];
+    attn_offsets(j, bh, off);
+    const AT *q = (const AT *)j->q + off[J_Q], *k = (const AT *)j->k + off[J_K], *v = (const AT *)j->v + off[J_V];
+    const AT *o = (const AT *)j->o + off[J_O], *g = (const AT *)j->dout + off[J_DO];
+    AT *gq = (AT *)j->out + bh * T * D, *gk = (AT *)j->out + j->nb * T * D + bh * S * D;
+    AT *gv = (AT *)j->out + j->nb * (T * D + S * D) + bh * S * E;
+    for (int64_t c = 0; c < Sp; c++) {
+      AT *kt = kT + (c / BC) * D * BC + c % BC, *vt = vT + (c / BC) * E * BC + c % BC;
+      for (int64_t d = 0; d < D; d++) kt[d * BC] = c < S ? k[c * j->krs + d] : 0;
+      for (int64_t x = 0; x < E; x++) vt[x * BC] = c < S ? v[c * j->vrs + x] : 0;
+      for (int64_t d = 0; d < Dp; d++) kr[c * Dp + d] = c < S && d < D ? k[c * j->krs + d] : 0;
+    }
+    memset(dk, 0, sizeof(AT) * (size_t)(Sp * Dp));
+    memset(dv, 0, sizeof(AT) * (size_t)(Sp * Ep));
+    for (int64_t r0 = 0; r0 < T; r0 += ATTN_BR) {
+      int64_t nr = T - r0 < ATTN_BR ? T - r0 : ATTN_BR;
+      for (int64_t r = 0; r < nr; r++) {
+        const AT *qr = q + (r0 + r) * j->qrs, *gr = g + (r0 + r) * j->do_rs, *orow = o + (r0 + r) * j->o_rs;
+        AT delta = 0;
+        for (int64_t d = 0; d < Dp; d++) qs[r * Dp + d] = d < D ? qr[d] * scale : 0;
+        for (int64_t x = 0; x < Ep; x++) dO[r * Ep + x] = x < E ? gr[x] : 0;
+        for (int64_t x = 0; x < E; x++) delta += gr[x] * orow[x];
+        dl[r] = delta, m[r] = -INFINITY, l[r] = 0;
+      }
+      memset(dq, 0, sizeof(AT) * (size_t)(nr * Dp));
+      for (int64_t c0 = 0; c0 < S; c0 += BC) { /* each row's logsumexp, as the forward's online softmax */
+        int64_t nc = S - c0 < BC ? S - c0 : BC, nv = (nc + LN - 1) / LN;
+        int mode = attn_tile_mode(j, off[J_MASK], r0, nr, c0, nc);
+        if (mode == TILE_SKIP) continue;
+        for (int64_t r = 0; r < nr; r++) {
+          FN(bwd_scores)(j, off[J_MASK], mode, qs + r * Dp, kT + (c0 / BC) * D * BC, r0 + r, c0, nc, nv, sb);
+          AT mx = FN(row_max)(sb, nv), mn = mx > m[r] ? mx : m[r];
+          if (mn == -INFINITY) continue;
+          l[r] = l[r] * AT_EXP(m[r] - mn) + FN(row_exp)(sb, nv, mn);
+          m[r] = mn;
+        }
+      }
+      for (int64_t r = 0; r < nr; r++) m[r] += AT_LOG(l[r]);
+      for (int64_t c0 = 0; c0 < S; c0 += BC) {
+        int64_t nc = S - c0 < BC ? S - c0 : BC, nv = (nc + LN - 1) / LN;
+        int mode = attn_tile_mode(j, off[J_MASK], r0, nr, c0, nc);
+        if (mode == TILE_SKIP) continue;
+        for (int64_t r = 0; r < nr; r++) {
+          AT *p = pb + r * BC, *ds = sb + r * BC;
+          FN(bwd_scores)(j, off[J_MASK], mode, qs + r * Dp, kT + (c0 / BC) * D * BC, r0 + r, c0, nc, nv, p);
+          for (int64_t c = 0; c < nv * LN; c++) p[c] = c < nc ? AT_EXP(p[c] - m[r]) : 0;
+          memset(ds, 0, sizeof(AT) * (size_t)(nv * LN));
+          FN(axpy)(ds, dO + r * Ep, 1, E, vT + (c0 / BC) * E * BC, BC, nv);
+          for (int64_t c = 0; c < nv * LN; c++) ds[c] = p[c] * (ds[c] - dl[r]);
+        }
+        for (int64_t c = 0; c < nc; c++) {
+          FN(axpy)(dv + (c0 + c) * Ep, pb + c, BC, nr, dO, Ep, nve);
+          FN(axpy)(dk + (c0 + c) * Dp, sb + c, BC, nr, qs, Dp, nvd);
+        }
+        for (int64_t r = 0; r < nr; r++) FN(axpy)(dq + r * Dp, sb + r * BC, 1, nc, kr + c0 * Dp, Dp, nvd);
+      }
+      for (int64_t r = 0; r < nr; r++)
+        for (int64_t d = 0; d < D; d++) gq[(r0 + r) * D + d] = dq[r * Dp + d] * scale;
+    }
+    for (int64_t c = 0; c < S; c++) {
+      for (int64_t d = 0; d < D; d++) gk[c * D + d] = dk[c * Dp + d];
+      for (int64_t x = 0; x < E; x++) gv[c * E + x] = dv[c * Ep + x];
     }
   }
 }
