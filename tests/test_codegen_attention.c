@@ -5,9 +5,14 @@
  * run eagerly, with the interpreter (which runs the unfused ops) and with
  * the LLVM backend unfused (KILN_FUSE_ATTENTION=0), at sizes around the
  * kernel's blocks, f32 and f64; the pass keeps off graphs that read the
- * probabilities elsewhere (a second output, a training step); check mode
- * passes; one variant serves symbolic sizes; the GPT's forward fuses. The
- * kernel's values against numpy are test_ops_ref's "attention" family. */
+ * probabilities elsewhere (a second output); check mode passes; one variant
+ * serves symbolic sizes; the GPT's forward fuses. The backward: the fused
+ * op's gradients (attention_grad) against the unfused ops' and finite
+ * differences, the same bits at 1 to 3 threads; training steps fuse forward
+ * and backward and agree with eager, the interpreter and LLVM unfused; a
+ * graph holding the fused op runs bit for bit the same three ways; the
+ * GPT's training step fuses. The kernels' values against numpy are
+ * test_ops_ref's "attention" family. */
 #include <check.h>
 #include <math.h>
 #include <stdio.h>
@@ -545,6 +550,7 @@ START_TEST(test_grad_vs_unfused) {
   static const int64_t ts[] = {1, 7, 33, 130}, ds[] = {8, 24, 64};
   for (int dti = 0; dti < 2; dti++) {
     kiln_dtype dt = dti ? KILN_F64 : KILN_F32;
+    kiln_scope_begin();
     att_ctx c;
     ctx_init(&c, dt, M_KEEP);
     for (size_t ti = 0; ti < 4; ti++)
@@ -571,6 +577,7 @@ START_TEST(test_grad_vs_unfused) {
             kiln_scope_end();
           }
     ctx_free(&c);
+    kiln_scope_end();
   }
 }
 END_TEST
@@ -578,6 +585,7 @@ END_TEST
 /* f64 gradients of the fused op against central differences of its forward. */
 START_TEST(test_grad_finite_differences) {
   static const int64_t cases[][5] = {{7, 7, 8, 8, 1}, {5, 9, 3, 4, 0}, {1, 1, 2, 2, 1}, {66, 66, 2, 3, 1}};
+  kiln_scope_begin();
   att_ctx c;
   ctx_init(&c, KILN_F64, M_KEEP);
   for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
@@ -616,6 +624,7 @@ START_TEST(test_grad_finite_differences) {
     kiln_scope_end();
   }
   ctx_free(&c);
+  kiln_scope_end();
 }
 END_TEST
 
@@ -624,9 +633,9 @@ START_TEST(test_grad_threads) {
   int before = kiln_get_num_threads();
   for (int dti = 0; dti < 2; dti++) {
     kiln_dtype dt = dti ? KILN_F64 : KILN_F32;
+    kiln_scope_begin();
     att_ctx c;
     ctx_init(&c, dt, M_KEEP);
-    kiln_scope_begin();
     int64_t sh[4] = {3, 5, 130, 24};
     kiln_tensor *qkv[3] = {randn(dt, 4, sh, 1), randn(dt, 4, sh, 2), randn(dt, 4, sh, 3)}, *w = randn(dt, 4, sh, 4);
     kiln_tensor *keep = kiln_slice(kiln_slice(c.keep, 0, 0, 130, 1), 1, 0, 130, 1), *g1[3], *g[3];
@@ -639,8 +648,8 @@ START_TEST(test_grad_threads) {
         ck_assert_msg(same_bits(g[i], g1[i]), "%d threads: d%c differs", th, "qkv"[i]);
       }
     }
-    kiln_scope_end();
     ctx_free(&c);
+    kiln_scope_end();
   }
   kiln_set_num_threads(before);
 }

@@ -200,15 +200,25 @@ AI void FN(axpy)(AT *o, const AT *a, int64_t as, int64_t n, const AT *b, int64_t
   else if (nv - x == 1) FN(axpy_nv)(o + x * LN, a, as, n, b + x * LN, ld, 1);
 }
 
-/* s[0..nv LN) = the scaled scores of row r (the block's row rr) against the
- * tile at c0, masked as the forward masks them, -inf past its nc columns. */
+/* The vectors of row rr of the tile at c0 (nc columns, nv vectors) up to
+ * its last kept column: a causal row needs no more (0: it keeps none). */
+AI int64_t FN(row_vectors)(const attn_job *j, int64_t mo, int mode, int64_t rr, int64_t c0, int64_t nc, int64_t nv) {
+  if (mode != TILE_MASK) return nv;
+  const bool *mk = (const bool *)j->mask + mo + rr * j->mrs + c0 * j->mcs;
+  int64_t c = nc - 1;
+  while (c >= 0 && mk[c * j->mcs] == j->drop) c--;
+  return (c + LN) / LN;
+}
+
+/* s[0..nv LN) = the scaled scores of row rr against the tile at c0 (kt its
+ * pack), masked as the forward masks them, -inf past its nc columns. */
 AI void FN(bwd_scores)(const attn_job *j, int64_t mo, int mode, const AT *qr, const AT *kt, int64_t rr, int64_t c0,
                        int64_t nc, int64_t nv, AT *s) {
   memset(s, 0, sizeof(AT) * (size_t)(nv * LN));
   FN(axpy)(s, qr, 1, j->D, kt, BC, nv);
   if (mode == TILE_MASK) {
     const bool *mk = (const bool *)j->mask + mo + rr * j->mrs + c0 * j->mcs;
-    for (int64_t c = 0; c < nc; c++)
+    for (int64_t c = 0; c < nc && c < nv * LN; c++)
       if (mk[c * j->mcs] == j->drop) s[c] = -INFINITY;
   } else if (mode == TILE_ADD) {
     const AT *mk = (const AT *)j->mask + mo + rr * j->mrs + c0 * j->mcs;
@@ -220,7 +230,8 @@ AI void FN(bwd_scores)(const attn_job *j, int64_t mo, int mode, const AT *qr, co
 /* Batch entries [b, e) of j's backward, ws the chunk's working memory
  * (attn_bwd_ws_elems). Per entry: k and v packed as the forward packs k,
  * then per block of query rows two walks over the key tiles (masked-out
- * tiles skipped): the first recomputes each row's max and sum of exps (its
+ * tiles skipped, and in a masked tile each row cut after its last kept
+ * column): the first recomputes each row's max and sum of exps (its
  * logsumexp), the second the probabilities p, dp = do v^T, ds = p (dp -
  * rowsum(do o)), and sums dv += p^T do, dk += ds^T q, dq += ds k. Only a
  * tile of p and ds is ever held. */
@@ -230,6 +241,7 @@ AT_TARGET static void FN(attn_bwd_tasks)(const attn_job *j, int64_t b, int64_t e
   AT *kT = ws, *vT = kT + Sp * D, *kr = vT + Sp * E, *dk = kr + Sp * Dp, *dv = dk + Sp * Dp, *qs = dv + Sp * Ep;
   AT *dO = qs + ATTN_BR * Dp, *dq = dO + ATTN_BR * Ep, *pb = dq + ATTN_BR * Dp, *sb = pb + ATTN_BR * BC;
   AT *m = sb + ATTN_BR * BC, *l = m + ATTN_BR, *dl = l + ATTN_BR;
+  int64_t nvr[ATTN_BR], first[ATTN_TILE_VECS]; /* a row's vectors in the tile; a vector's first row that has it */
   const AT scale = (AT)j->scale;
   for (int64_t bh = b; bh < e; bh++) {
     int64_t off[J_N];
@@ -262,10 +274,12 @@ AT_TARGET static void FN(attn_bwd_tasks)(const attn_job *j, int64_t b, int64_t e
         int mode = attn_tile_mode(j, off[J_MASK], r0, nr, c0, nc);
         if (mode == TILE_SKIP) continue;
         for (int64_t r = 0; r < nr; r++) {
-          FN(bwd_scores)(j, off[J_MASK], mode, qs + r * Dp, kT + (c0 / BC) * D * BC, r0 + r, c0, nc, nv, sb);
-          AT mx = FN(row_max)(sb, nv), mn = mx > m[r] ? mx : m[r];
+          int64_t n = FN(row_vectors)(j, off[J_MASK], mode, r0 + r, c0, nc, nv);
+          if (!n) continue;
+          FN(bwd_scores)(j, off[J_MASK], mode, qs + r * Dp, kT + (c0 / BC) * D * BC, r0 + r, c0, nc, n, sb);
+          AT mx = FN(row_max)(sb, n), mn = mx > m[r] ? mx : m[r];
           if (mn == -INFINITY) continue;
-          l[r] = l[r] * AT_EXP(m[r] - mn) + FN(row_exp)(sb, nv, mn);
+          l[r] = l[r] * AT_EXP(m[r] - mn) + FN(row_exp)(sb, n, mn);
           m[r] = mn;
         }
       }
@@ -274,19 +288,31 @@ AT_TARGET static void FN(attn_bwd_tasks)(const attn_job *j, int64_t b, int64_t e
         int64_t nc = S - c0 < BC ? S - c0 : BC, nv = (nc + LN - 1) / LN;
         int mode = attn_tile_mode(j, off[J_MASK], r0, nr, c0, nc);
         if (mode == TILE_SKIP) continue;
-        for (int64_t r = 0; r < nr; r++) {
+        for (int64_t x = 0; x < nv; x++) first[x] = nr;
+        for (int64_t r = nr - 1; r >= 0; r--) {
           AT *p = pb + r * BC, *ds = sb + r * BC;
-          FN(bwd_scores)(j, off[J_MASK], mode, qs + r * Dp, kT + (c0 / BC) * D * BC, r0 + r, c0, nc, nv, p);
-          for (int64_t c = 0; c < nv * LN; c++) p[c] = c < nc ? AT_EXP(p[c] - m[r]) : 0;
+          int64_t n = nvr[r] = FN(row_vectors)(j, off[J_MASK], mode, r0 + r, c0, nc, nv);
+          for (int64_t x = 0; x < n; x++) first[x] = r;
+          memset(p + n * LN, 0, sizeof(AT) * (size_t)((nv - n) * LN));
           memset(ds, 0, sizeof(AT) * (size_t)(nv * LN));
-          FN(axpy)(ds, dO + r * Ep, 1, E, vT + (c0 / BC) * E * BC, BC, nv);
-          for (int64_t c = 0; c < nv * LN; c++) ds[c] = p[c] * (ds[c] - dl[r]);
+          if (!n) continue;
+          FN(bwd_scores)(j, off[J_MASK], mode, qs + r * Dp, kT + (c0 / BC) * D * BC, r0 + r, c0, nc, n, p);
+          AT lse = m[r];
+          for (int64_t c = 0; c < n * LN; c++) p[c] = AT_EXP(p[c] - lse); /* -inf past nc: 0 */
+          FN(axpy)(ds, dO + r * Ep, 1, E, vT + (c0 / BC) * E * BC, BC, n);
+          AT dlr = dl[r];
+          for (int64_t c = 0; c < n * LN; c++) ds[c] = p[c] * (ds[c] - dlr);
         }
+        /* the rows before a column's first are 0 there: left out */
         for (int64_t c = 0; c < nc; c++) {
-          FN(axpy)(dv + (c0 + c) * Ep, pb + c, BC, nr, dO, Ep, nve);
-          FN(axpy)(dk + (c0 + c) * Dp, sb + c, BC, nr, qs, Dp, nvd);
+          int64_t f = first[c / LN];
+          FN(axpy)(dv + (c0 + c) * Ep, pb + f * BC + c, BC, nr - f, dO + f * Ep, Ep, nve);
+          FN(axpy)(dk + (c0 + c) * Dp, sb + f * BC + c, BC, nr - f, qs + f * Dp, Dp, nvd);
         }
-        for (int64_t r = 0; r < nr; r++) FN(axpy)(dq + r * Dp, sb + r * BC, 1, nc, kr + c0 * Dp, Dp, nvd);
+        for (int64_t r = 0; r < nr; r++) {
+          int64_t n = nvr[r] * LN < nc ? nvr[r] * LN : nc;
+          FN(axpy)(dq + r * Dp, sb + r * BC, 1, n, kr + c0 * Dp, Dp, nvd);
+        }
       }
       for (int64_t r = 0; r < nr; r++)
         for (int64_t d = 0; d < D; d++) gq[(r0 + r) * D + d] = dq[r * Dp + d] * scale;
