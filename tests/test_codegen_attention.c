@@ -435,6 +435,29 @@ START_TEST(test_fused_op_three_ways_bitwise) {
 }
 END_TEST
 
+/* Bad input: attention_grad's shapes checked (the error names the op and the
+ * shapes); an additive mask that needs a gradient is refused by the backward. */
+START_TEST(test_grad_errors) {
+  kiln_scope_begin();
+  int64_t sh[3] = {2, 5, 4}, bad[3] = {2, 5, 3}, ms[2] = {5, 5};
+  kiln_tensor *q = randn(KILN_F32, 3, sh, 1), *o = randn(KILN_F32, 3, sh, 2), *d = randn(KILN_F32, 3, bad, 3);
+  kiln_tensor *in[5] = {q, q, q, o, d};
+  op_attrs a = {.value = 0.5};
+  ck_assert_ptr_null(op_dispatch(OP_ATTENTION_GRAD, in, 5, &a, __FILE__, __LINE__));
+  ck_assert_msg(strstr(kiln_last_error(), "attention_grad") && strstr(kiln_last_error(), "do [2,5,3]"), "%s",
+                kiln_last_error());
+  ck_assert_ptr_null(op_dispatch(OP_ATTENTION_GRAD, in, 3, &a, __FILE__, __LINE__));
+  kiln_tensor *add = randn(KILN_F32, 2, ms, 4), *x = kiln_mul(q, kiln_scalar(KILN_F32, 1));
+  kiln_requires_grad(add, true);
+  kiln_requires_grad(x, true);
+  kiln_tensor *y = fused_op(x, x, x, add, 0.5, false);
+  ck_assert_ptr_nonnull(y);
+  ck_assert_int_eq(-1, kiln_backward(kiln_sum_all(y)));
+  ck_assert_msg(strstr(kiln_last_error(), "no gradient for the mask"), "%s", kiln_last_error());
+  kiln_scope_end();
+}
+END_TEST
+
 /* The GPT's training step (W8's, examples/gpt.h) compiled: forward and
  * backward attention fuse, and the losses of three steps follow eager's. */
 START_TEST(test_gpt_training_fuses) {
@@ -670,6 +693,7 @@ static Suite *attention_suite(void) {
   tcase_add_test(tc, test_grad_vs_unfused);
   tcase_add_test(tc, test_grad_finite_differences);
   tcase_add_test(tc, test_grad_threads);
+  tcase_add_test(tc, test_grad_errors);
   suite_add_tcase(s, tc);
   return s;
 }
