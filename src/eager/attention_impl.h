@@ -200,6 +200,37 @@ AI void FN(axpy)(AT *o, const AT *a, int64_t as, int64_t n, const AT *b, int64_t
   else if (nv - x == 1) FN(axpy_nv)(o + x * LN, a, as, n, b + x * LN, ld, 1);
 }
 
+/* Four rows at once: o[k*ol ..][0..NV vectors) += sum over i < n of
+ * a[k*ak + i*as] * b[i*ld ...] for k < 4, NV <= CV: each load of b feeds
+ * four multiply-adds. */
+AI void FN(axpy4_nv)(AT *o, int64_t ol, const AT *a, int64_t ak, int64_t as, int64_t n, const AT *b, int64_t ld,
+                     const int NV) {
+  FN(vec) acc[4][CV];
+  for (int k = 0; k < 4; k++)
+    for (int x = 0; x < NV; x++) acc[k][x] = ((const FN(vec) *)(o + k * ol))[x];
+  for (int64_t i = 0; i < n; i++) {
+    const FN(vec) *bv = (const FN(vec) *)(b + i * ld);
+    FN(vec) w[CV];
+    for (int x = 0; x < NV; x++) w[x] = bv[x];
+    for (int k = 0; k < 4; k++) {
+      AT c = a[k * ak + i * as];
+      for (int x = 0; x < NV; x++) acc[k][x] += c * w[x];
+    }
+  }
+  for (int k = 0; k < 4; k++)
+    for (int x = 0; x < NV; x++) ((FN(vec) *)(o + k * ol))[x] = acc[k][x];
+}
+
+/* The same over nv vectors, CV at a time. */
+AI void FN(axpy4)(AT *o, int64_t ol, const AT *a, int64_t ak, int64_t as, int64_t n, const AT *b, int64_t ld,
+                  int64_t nv) {
+  int64_t x = 0;
+  for (; x + CV <= nv; x += CV) FN(axpy4_nv)(o + x * LN, ol, a, ak, as, n, b + x * LN, ld, CV);
+  if (CV == 4 && nv - x == 3) FN(axpy4_nv)(o + x * LN, ol, a, ak, as, n, b + x * LN, ld, 3);
+  else if (nv - x >= 2) FN(axpy4_nv)(o + x * LN, ol, a, ak, as, n, b + x * LN, ld, 2), x += 2;
+  if (nv - x == 1) FN(axpy4_nv)(o + x * LN, ol, a, ak, as, n, b + x * LN, ld, 1);
+}
+
 /* The vectors of row rr of the tile at c0 (nc columns, nv vectors) up to
  * its last kept column: a causal row needs no more (0: it keeps none). */
 AI int64_t FN(row_vectors)(const attn_job *j, int64_t mo, int mode, int64_t rr, int64_t c0, int64_t nc, int64_t nv) {
@@ -303,13 +334,26 @@ AT_TARGET static void FN(attn_bwd_tasks)(const attn_job *j, int64_t b, int64_t e
           AT dlr = dl[r];
           for (int64_t c = 0; c < n * LN; c++) ds[c] = p[c] * (ds[c] - dlr);
         }
-        /* the rows before a column's first are 0 there: left out */
-        for (int64_t c = 0; c < nc; c++) {
+        /* the rows before a column's first are 0 there: left out; four
+         * columns (rows of dq) at a time, in the same order of terms */
+        int64_t c = 0;
+        for (; c + 4 <= nc; c += 4) { /* LN is a multiple of 4: one vector's first */
+          int64_t f = first[c / LN];
+          FN(axpy4)(dv + (c0 + c) * Ep, Ep, pb + f * BC + c, 1, BC, nr - f, dO + f * Ep, Ep, nve);
+          FN(axpy4)(dk + (c0 + c) * Dp, Dp, sb + f * BC + c, 1, BC, nr - f, qs + f * Dp, Dp, nvd);
+        }
+        for (; c < nc; c++) {
           int64_t f = first[c / LN];
           FN(axpy)(dv + (c0 + c) * Ep, pb + f * BC + c, BC, nr - f, dO + f * Ep, Ep, nve);
           FN(axpy)(dk + (c0 + c) * Dp, sb + f * BC + c, BC, nr - f, qs + f * Dp, Dp, nvd);
         }
-        for (int64_t r = 0; r < nr; r++) {
+        int64_t r = 0;
+        for (; r + 4 <= nr; r += 4) { /* ds is 0 past a row's vectors: the longest of the four */
+          int64_t n = 0;
+          for (int64_t y = r; y < r + 4; y++) n = nvr[y] * LN > n ? nvr[y] * LN : n;
+          FN(axpy4)(dq + r * Dp, Dp, sb + r * BC, BC, 1, n < nc ? n : nc, kr + c0 * Dp, Dp, nvd);
+        }
+        for (; r < nr; r++) {
           int64_t n = nvr[r] * LN < nc ? nvr[r] * LN : nc;
           FN(axpy)(dq + r * Dp, sb + r * BC, 1, n, kr + c0 * Dp, Dp, nvd);
         }
