@@ -41,23 +41,26 @@ AI void FN(scores4)(const AT *q, int64_t D, const AT *kt, AT *s) {
     for (int c = 0; c < CV; c++) ((FN(vec) *)(s + r * BC))[c] = acc[r][c];
 }
 
-/* o[r][0..NV*LN) += p[r][0..nc) @ vb[0..nc)[0..NV*LN) for 4 rows (p rows BC
- * apart, vb and o rows ld apart), NV <= CV. NV is a constant once inlined. */
-AI void FN(pv4)(const AT *p, int64_t nc, const AT *vb, int64_t ld, AT *o, const int NV) {
+/* Four rows at once: o[k*ol ..][0..NV vectors) += sum over i < n of
+ * a[k*ak + i*as] * b[i*ld ...] for k < 4, NV <= CV (a constant once
+ * inlined): each load of b feeds four multiply-adds. The forward's p @ v
+ * (a and o rows BC and ld apart) and the backward's sums. */
+AI void FN(axpy4_nv)(AT *o, int64_t ol, const AT *a, int64_t ak, int64_t as, int64_t n, const AT *b, int64_t ld,
+                     const int NV) {
   FN(vec) acc[4][CV];
-  for (int r = 0; r < 4; r++)
-    for (int c = 0; c < NV; c++) acc[r][c] = ((const FN(vec) *)(o + r * ld))[c];
-  for (int64_t c = 0; c < nc; c++) {
-    const FN(vec) *vv = (const FN(vec) *)(vb + c * ld);
+  for (int k = 0; k < 4; k++)
+    for (int x = 0; x < NV; x++) acc[k][x] = ((const FN(vec) *)(o + k * ol))[x];
+  for (int64_t i = 0; i < n; i++) {
+    const FN(vec) *bv = (const FN(vec) *)(b + i * ld);
     FN(vec) w[CV];
-    for (int j = 0; j < NV; j++) w[j] = vv[j];
-    for (int r = 0; r < 4; r++) {
-      AT a = p[r * BC + c];
-      for (int j = 0; j < NV; j++) acc[r][j] += a * w[j];
+    for (int x = 0; x < NV; x++) w[x] = bv[x];
+    for (int k = 0; k < 4; k++) {
+      AT c = a[k * ak + i * as];
+      for (int x = 0; x < NV; x++) acc[k][x] += c * w[x];
     }
   }
-  for (int r = 0; r < 4; r++)
-    for (int c = 0; c < NV; c++) ((FN(vec) *)(o + r * ld))[c] = acc[r][c];
+  for (int k = 0; k < 4; k++)
+    for (int x = 0; x < NV; x++) ((FN(vec) *)(o + k * ol))[x] = acc[k][x];
 }
 
 /* The largest of s[0..nv*LN); -inf when all are. */
@@ -159,10 +162,10 @@ AT_TARGET static void FN(attn_tasks)(const attn_job *j, int64_t b, int64_t e, AT
           const AT *p = sb + rg * BC, *vx = vb + x0;
           AT *o = ob + rg * Ep + x0;
           int64_t left = (Ep - x0) / LN;
-          if (CV == 4 && left >= 4) FN(pv4)(p, nc, vx, Ep, o, 4);
-          else if (CV == 4 && left == 3) FN(pv4)(p, nc, vx, Ep, o, 3);
-          else if (left >= 2) FN(pv4)(p, nc, vx, Ep, o, 2);
-          else FN(pv4)(p, nc, vx, Ep, o, 1);
+          if (CV == 4 && left >= 4) FN(axpy4_nv)(o, Ep, p, BC, 1, nc, vx, Ep, 4);
+          else if (CV == 4 && left == 3) FN(axpy4_nv)(o, Ep, p, BC, 1, nc, vx, Ep, 3);
+          else if (left >= 2) FN(axpy4_nv)(o, Ep, p, BC, 1, nc, vx, Ep, 2);
+          else FN(axpy4_nv)(o, Ep, p, BC, 1, nc, vx, Ep, 1);
         }
     }
     /* a row that kept nothing is 0/0: NaN, as the unfused softmax gives */
@@ -198,27 +201,6 @@ AI void FN(axpy)(AT *o, const AT *a, int64_t as, int64_t n, const AT *b, int64_t
   if (nv - x == 3) FN(axpy_nv)(o + x * LN, a, as, n, b + x * LN, ld, 3);
   else if (nv - x == 2) FN(axpy_nv)(o + x * LN, a, as, n, b + x * LN, ld, 2);
   else if (nv - x == 1) FN(axpy_nv)(o + x * LN, a, as, n, b + x * LN, ld, 1);
-}
-
-/* Four rows at once: o[k*ol ..][0..NV vectors) += sum over i < n of
- * a[k*ak + i*as] * b[i*ld ...] for k < 4, NV <= CV: each load of b feeds
- * four multiply-adds. */
-AI void FN(axpy4_nv)(AT *o, int64_t ol, const AT *a, int64_t ak, int64_t as, int64_t n, const AT *b, int64_t ld,
-                     const int NV) {
-  FN(vec) acc[4][CV];
-  for (int k = 0; k < 4; k++)
-    for (int x = 0; x < NV; x++) acc[k][x] = ((const FN(vec) *)(o + k * ol))[x];
-  for (int64_t i = 0; i < n; i++) {
-    const FN(vec) *bv = (const FN(vec) *)(b + i * ld);
-    FN(vec) w[CV];
-    for (int x = 0; x < NV; x++) w[x] = bv[x];
-    for (int k = 0; k < 4; k++) {
-      AT c = a[k * ak + i * as];
-      for (int x = 0; x < NV; x++) acc[k][x] += c * w[x];
-    }
-  }
-  for (int k = 0; k < 4; k++)
-    for (int x = 0; x < NV; x++) ((FN(vec) *)(o + k * ol))[x] = acc[k][x];
 }
 
 /* The same over nv vectors, CV at a time. */
