@@ -1626,13 +1626,30 @@ def attention_np(q, k, v, mask, scale, drop):
     return np.matmul(e / e.sum(axis=-1, keepdims=True), f64(v))
 
 
+def attention_grad_np(q, k, v, mask, scale, drop, o, do):
+    """dq, dk and dv of attention for the gradient do of its result o,
+    flattened one after the other, in float64: p recomputed, ds = p (do v^T -
+    rowsum(do o))."""
+    s = scale * np.matmul(f64(q), np.swapaxes(f64(k), -1, -2))
+    if mask is not None:
+        s = np.where(mask == drop, -np.inf, s) if mask.dtype == np.bool_ else s + f64(mask)
+    e = np.exp(s - s.max(axis=-1, keepdims=True))
+    p = e / e.sum(axis=-1, keepdims=True)
+    dp = np.matmul(f64(do), np.swapaxes(f64(v), -1, -2))
+    ds = p * (dp - (f64(do) * f64(o)).sum(axis=-1, keepdims=True))
+    dq = scale * np.matmul(ds, f64(k))
+    dk = scale * np.matmul(np.swapaxes(ds, -1, -2), f64(q))
+    dv = np.matmul(np.swapaxes(p, -1, -2), f64(do))
+    return np.concatenate([dq.ravel(), dk.ravel(), dv.ravel()])
+
+
 def attention_family(w, rng):
     """attention, the fused op the compiler's attention pass makes: odd sizes
     around the kernel's 64-row blocks and 128- (f32) or 64-column (f64) tiles,
     head dims 1 to 128, no mask, causal and random bool masks of either
     polarity (broadcast over the batch), an additive float mask, strided
-    operands; family "attention". Every row keeps its first column, so no row
-    is all -inf."""
+    operands; family "attention", with attention_grad, the backward, for each.
+    Every row keeps its first column, so no row is all -inf."""
     for dt in FLOATS:
         for batch, t, s, d, e in (((), 1, 1, 1, 1), ((2,), 5, 5, 3, 4), ((2,), 65, 65, 17, 16),
                                   ((1, 3), 7, 70, 64, 64), ((2,), 130, 33, 128, 5), ((3,), 64, 64, 2, 33),
@@ -1657,6 +1674,16 @@ def attention_family(w, rng):
                 exp = attention_np(q.value(), k.value(), v.value(), mask, scale, drop)
                 w.case("attention", "attention", ins, [ref(exp, dt)], {"scale": scale, "drop": int(drop)},
                        (2e-5, 2e-6) if dt == "f32" else (1e-11, 1e-12))
+                # its backward, given o (the reference rounded to dt) and a random do
+                o = Input(ref(exp, dt))
+                do = make_input(rng, batch + (t, e), g_normal(rng, dt))
+                grads = attention_grad_np(q.value(), k.value(), v.value(), mask, scale, drop, o.value(), do.value())
+                gins = [q, k, v, o, do] + ([Input(mask)] if mask is not None else [])
+                # gradients are sums of up to s + d + e terms of size about 1 that cancel: an absolute
+                # part of 4 (s + d + e) u, and the relative part of the forward's
+                n = s + d + e
+                w.case("attention", "attention_grad", gins, [ref(grads, dt)], {"scale": scale, "drop": int(drop)},
+                       (2e-5, 4 * n * 2.0**-24) if dt == "f32" else (1e-11, 4 * n * 2.0**-53))
 
 
 def main():

@@ -372,6 +372,9 @@ static bool dispatch(const refcase *c, kiln_tensor **in, kiln_tensor *base0, kil
     /* made by the compiler's attention pass, never called: straight to dispatch */
     op_attrs a = {.value = attr1(c, "scale", &ok), .flag = attr1(c, "drop", &ok) != 0};
     out[0] = op_dispatch(OP_ATTENTION, in, c->nin, &a, __FILE__, __LINE__);
+  } else if (strcmp(op, "attention_grad") == 0) {
+    op_attrs a = {.value = attr1(c, "scale", &ok), .flag = attr1(c, "drop", &ok) != 0};
+    out[0] = op_dispatch(OP_ATTENTION_GRAD, in, c->nin, &a, __FILE__, __LINE__);
   } else if (strcmp(op, "fill_") == 0 || strcmp(op, "zero_") == 0) {
     kiln_tensor *r = op[0] == 'f' ? kiln_fill_(in[0], attr1(c, "value", &ok)) : kiln_zero_(in[0]);
     inplace_results(c, r, in[0], base0, out);

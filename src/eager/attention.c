@@ -26,15 +26,20 @@ enum { ATTN_TASK_GRAIN = 1 << 20 }; /* multiply-adds a pool chunk should have at
 enum { ATTN_TILE_VECS = 8 };        /* vectors across a key tile (a multiple of 4) */
 enum { TILE_SKIP, TILE_PLAIN, TILE_MASK, TILE_ADD };
 
+enum { J_Q, J_K, J_V, J_MASK, J_OUT, J_O, J_DO, J_N }; /* the tensors of a job, in bstride */
+
 typedef struct attn_job {
   const void *q, *k, *v, *mask;
+  const void *o, *dout;        /* the backward's: attention's result and its gradient */
   void *out;
-  int64_t T, S, D, E, Ep;      /* Ep: E rounded up to whole vectors */
+  int64_t T, S, D, E, Dp, Ep;  /* Dp, Ep: D and E rounded up to whole vectors */
   int64_t qrs, krs, vrs;       /* row strides (the last dims are unit-stride) */
   int64_t mrs, mcs, ors, ocs;  /* the mask's row and column strides (0: broadcast), out's */
+  int64_t o_rs, do_rs;         /* the backward's o and do row strides */
   int nbd;                     /* batch dims */
+  int64_t nb;                  /* batch entries */
   int64_t bshape[MAXD];
-  int64_t bstride[5][MAXD];    /* per batch dim: q, k, v, mask, out */
+  int64_t bstride[J_N][MAXD];  /* per batch dim, per J_* tensor */
   int64_t nrb;                 /* row blocks per batch entry */
   int64_t ntiles;              /* key tiles per batch entry */
   void *kp, *vp;               /* k and v packed for the tiles (attn_pack) */
@@ -46,12 +51,12 @@ typedef struct attn_job {
 } attn_job;
 
 /* Element offsets of batch entry bh in q, k, v, mask and out. */
-static void attn_offsets(const attn_job *j, int64_t bh, int64_t off[5]) {
-  for (int x = 0; x < 5; x++) off[x] = 0;
+static void attn_offsets(const attn_job *j, int64_t bh, int64_t off[J_N]) {
+  for (int x = 0; x < J_N; x++) off[x] = 0;
   for (int d = j->nbd - 1; d >= 0; d--) {
     int64_t i = bh % j->bshape[d];
     bh /= j->bshape[d];
-    for (int x = 0; x < 5; x++) off[x] += i * j->bstride[x][d];
+    for (int x = 0; x < J_N; x++) off[x] += i * j->bstride[x][d];
   }
 }
 
@@ -165,6 +170,46 @@ static const kiln_tensor *unit_rows(const kiln_tensor *t, kiln_tensor **own) {
   return *own;
 }
 
+/* The job's fields for q, k, v (unit-stride rows) and the optional mask:
+ * sizes, strides, the batch dims (q's, which k and v share) and the tiles. */
+static void attn_setup(attn_job *j, const kiln_tensor *q, const kiln_tensor *k, const kiln_tensor *v,
+                       const kiln_tensor *mask, const op_attrs *a) {
+  int nd = q->ndim;
+  *j = (attn_job){.q = tensor_data(q), .k = tensor_data(k), .v = tensor_data(v), .T = q->shape[nd - 2],
+                  .S = k->shape[nd - 2], .D = q->shape[nd - 1], .E = v->shape[nd - 1], .qrs = q->stride[nd - 2],
+                  .krs = k->stride[nd - 2], .vrs = v->stride[nd - 2], .nbd = nd - 2, .scale = a->value,
+                  .f64 = q->dtype == KILN_F64, .drop = a->flag, .nb = 1};
+  j->vb = attn_vb();
+  int64_t lanes = j->vb / (j->f64 ? 8 : 4);
+  j->Dp = (j->D + lanes - 1) / lanes * lanes;
+  j->Ep = (j->E + lanes - 1) / lanes * lanes;
+  const kiln_tensor *ts[J_MASK + 1] = {q, k, v, mask};
+  for (int d = 0; d < j->nbd; d++) {
+    j->bshape[d] = q->shape[d];
+    j->nb *= q->shape[d];
+    for (int x = 0; x <= J_MASK; x++) {
+      const kiln_tensor *t = ts[x];
+      int td = t ? d - (nd - t->ndim) : -1; /* the mask lines up on the right */
+      j->bstride[x][d] = td >= 0 && t->shape[td] > 1 ? t->stride[td] : 0;
+    }
+  }
+  if (mask) {
+    j->mask = tensor_data(mask);
+    j->has_mask = true;
+    j->mask_bool = mask->dtype == KILN_BOOL;
+    int md = mask->ndim;
+    j->mrs = md >= 2 && mask->shape[md - 2] > 1 ? mask->stride[md - 2] : 0;
+    j->mcs = md >= 1 && mask->shape[md - 1] > 1 ? mask->stride[md - 1] : 0;
+  }
+  j->nrb = (j->T + ATTN_BR - 1) / ATTN_BR;
+  j->ntiles = (j->S + ATTN_TILE_VECS * lanes - 1) / (ATTN_TILE_VECS * lanes);
+}
+
+/* The batch strides of t (of q's rank) in j->bstride[x]. */
+static void attn_batch_strides(attn_job *j, int x, const kiln_tensor *t) {
+  for (int d = 0; d < j->nbd; d++) j->bstride[x][d] = t->shape[d] > 1 ? t->stride[d] : 0;
+}
+
 int k_attention(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out) {
   (void)op;
   kiln_tensor *own[3] = {0};
@@ -174,34 +219,12 @@ int k_attention(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln
   size_t kbytes, vbytes, pack_bytes = 0;
   attn_job j = {0};
   if (!q || !k || !v) goto done;
-  j = (attn_job){.q = tensor_data(q), .k = tensor_data(k), .v = tensor_data(v), .out = tensor_data(out),
-                .T = q->shape[nd - 2], .S = k->shape[nd - 2], .D = q->shape[nd - 1], .E = v->shape[nd - 1],
-                .qrs = q->stride[nd - 2], .krs = k->stride[nd - 2], .vrs = v->stride[nd - 2],
-                .ors = out->stride[nd - 2], .ocs = out->stride[nd - 1], .nbd = nd - 2, .scale = a->value,
-                .f64 = out->dtype == KILN_F64, .drop = a->flag};
-  j.vb = attn_vb();
-  int64_t lanes = j.vb / (j.f64 ? 8 : 4), nb = 1;
-  j.Ep = (j.E + lanes - 1) / lanes * lanes;
-  const kiln_tensor *ts[5] = {q, k, v, mask, out};
-  for (int d = 0; d < j.nbd; d++) {
-    j.bshape[d] = out->shape[d];
-    nb *= out->shape[d];
-    for (int x = 0; x < 5; x++) {
-      const kiln_tensor *t = ts[x];
-      int td = t ? d - (nd - t->ndim) : -1; /* the mask lines up on the right */
-      j.bstride[x][d] = td >= 0 && t->shape[td] > 1 ? t->stride[td] : 0;
-    }
-  }
-  if (mask) {
-    j.mask = tensor_data(mask);
-    j.has_mask = true;
-    j.mask_bool = mask->dtype == KILN_BOOL;
-    int md = mask->ndim;
-    j.mrs = md >= 2 && mask->shape[md - 2] > 1 ? mask->stride[md - 2] : 0;
-    j.mcs = md >= 1 && mask->shape[md - 1] > 1 ? mask->stride[md - 1] : 0;
-  }
-  j.nrb = (j.T + ATTN_BR - 1) / ATTN_BR;
-  j.ntiles = (j.S + ATTN_TILE_VECS * lanes - 1) / (ATTN_TILE_VECS * lanes);
+  attn_setup(&j, q, k, v, mask, a);
+  j.out = tensor_data(out);
+  j.ors = out->stride[nd - 2];
+  j.ocs = out->stride[nd - 1];
+  attn_batch_strides(&j, J_OUT, out);
+  int64_t lanes = j.vb / (j.f64 ? 8 : 4), nb = j.nb;
   /* k and v once in the tiles' layout: every row block of an entry reads them */
   size_t esz = j.f64 ? sizeof(double) : sizeof(float), per = (size_t)(j.ntiles * ATTN_TILE_VECS * lanes);
   kbytes = (size_t)nb * per * (size_t)j.D * esz;
@@ -225,5 +248,62 @@ int k_attention(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln
 done:
   alloc_aligned_free(j.kp, pack_bytes ? pack_bytes : 64);
   for (int x = 0; x < 3; x++) kiln_release(own[x]);
+  return rc;
+}
+
+/* Elements of a backward task's working memory (attn_bwd_tasks): k and v
+ * packed, k's rows, dk and dv of the entry; a row block's q, do, dq, its
+ * probabilities and their gradients for a tile, and three numbers a row. */
+static int64_t attn_bwd_ws_elems(const attn_job *j, int64_t lanes) {
+  int64_t Sp = j->ntiles * ATTN_TILE_VECS * lanes;
+  return Sp * (j->D + j->E + 2 * j->Dp + j->Ep) + ATTN_BR * (2 * j->Dp + j->Ep) +
+         2 * ATTN_BR * ATTN_TILE_VECS * lanes + 3 * ATTN_BR;
+}
+
+static void attn_bwd_chunk(void *c, int64_t b, int64_t e) {
+  attn_job *j = c;
+  size_t esz = j->f64 ? sizeof(double) : sizeof(float);
+  int64_t n = attn_bwd_ws_elems(j, j->vb / (int64_t)esz);
+  void *ws = alloc_malloc((size_t)n * esz);
+  if (!ws) {
+    __atomic_store_n(&j->failed, true, __ATOMIC_RELAXED);
+    return;
+  }
+  if (j->f64) ATTN_CALL(j->vb, attn_bwd_tasks, f64, j, b, e, ws);
+  else ATTN_CALL(j->vb, attn_bwd_tasks, f32, j, b, e, ws);
+  alloc_free(ws);
+}
+
+/* The backward is threaded over batch entries: one task walks all of an
+ * entry's row blocks in order and sums its dk and dv in that order, so the
+ * bits do not depend on how many threads share the entries. */
+int k_attention_grad(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out) {
+  (void)op;
+  kiln_tensor *own[5] = {0};
+  const kiln_tensor *t[5];
+  for (int x = 0; x < 5; x++) t[x] = unit_rows(in[x], &own[x]);
+  int rc = -1;
+  attn_job j = {0};
+  for (int x = 0; x < 5; x++)
+    if (!t[x]) goto done;
+  attn_setup(&j, t[0], t[1], t[2], n > 5 ? in[5] : NULL, a);
+  int nd = t[0]->ndim;
+  j.o = tensor_data(t[3]);
+  j.dout = tensor_data(t[4]);
+  j.o_rs = t[3]->stride[nd - 2];
+  j.do_rs = t[4]->stride[nd - 2];
+  attn_batch_strides(&j, J_O, t[3]);
+  attn_batch_strides(&j, J_DO, t[4]);
+  j.out = tensor_data(out);
+  if (j.nb * j.T * j.S == 0) { /* no scores: dq, dk and dv are 0 */
+    memset(j.out, 0, (size_t)shape_numel(out->ndim, out->shape) * (j.f64 ? sizeof(double) : sizeof(float)));
+    rc = 0;
+    goto done;
+  }
+  int64_t task_fma = j.T * j.S * (3 * j.D + 2 * j.E) + 1;
+  pool_parallel_for(j.nb, task_fma >= ATTN_TASK_GRAIN ? 1 : ATTN_TASK_GRAIN / task_fma, attn_bwd_chunk, &j);
+  rc = j.failed ? -1 : 0;
+done:
+  for (int x = 0; x < 5; x++) kiln_release(own[x]);
   return rc;
 }

@@ -41,23 +41,26 @@ AI void FN(scores4)(const AT *q, int64_t D, const AT *kt, AT *s) {
     for (int c = 0; c < CV; c++) ((FN(vec) *)(s + r * BC))[c] = acc[r][c];
 }
 
-/* o[r][0..NV*LN) += p[r][0..nc) @ vb[0..nc)[0..NV*LN) for 4 rows (p rows BC
- * apart, vb and o rows ld apart), NV <= CV. NV is a constant once inlined. */
-AI void FN(pv4)(const AT *p, int64_t nc, const AT *vb, int64_t ld, AT *o, const int NV) {
+/* Four rows at once: o[k*ol ..][0..NV vectors) += sum over i < n of
+ * a[k*ak + i*as] * b[i*ld ...] for k < 4, NV <= CV (a constant once
+ * inlined): each load of b feeds four multiply-adds. The forward's p @ v
+ * (a and o rows BC and ld apart) and the backward's sums. */
+AI void FN(axpy4_nv)(AT *o, int64_t ol, const AT *a, int64_t ak, int64_t as, int64_t n, const AT *b, int64_t ld,
+                     const int NV) {
   FN(vec) acc[4][CV];
-  for (int r = 0; r < 4; r++)
-    for (int c = 0; c < NV; c++) acc[r][c] = ((const FN(vec) *)(o + r * ld))[c];
-  for (int64_t c = 0; c < nc; c++) {
-    const FN(vec) *vv = (const FN(vec) *)(vb + c * ld);
+  for (int k = 0; k < 4; k++)
+    for (int x = 0; x < NV; x++) acc[k][x] = ((const FN(vec) *)(o + k * ol))[x];
+  for (int64_t i = 0; i < n; i++) {
+    const FN(vec) *bv = (const FN(vec) *)(b + i * ld);
     FN(vec) w[CV];
-    for (int j = 0; j < NV; j++) w[j] = vv[j];
-    for (int r = 0; r < 4; r++) {
-      AT a = p[r * BC + c];
-      for (int j = 0; j < NV; j++) acc[r][j] += a * w[j];
+    for (int x = 0; x < NV; x++) w[x] = bv[x];
+    for (int k = 0; k < 4; k++) {
+      AT c = a[k * ak + i * as];
+      for (int x = 0; x < NV; x++) acc[k][x] += c * w[x];
     }
   }
-  for (int r = 0; r < 4; r++)
-    for (int c = 0; c < NV; c++) ((FN(vec) *)(o + r * ld))[c] = acc[r][c];
+  for (int k = 0; k < 4; k++)
+    for (int x = 0; x < NV; x++) ((FN(vec) *)(o + k * ol))[x] = acc[k][x];
 }
 
 /* The largest of s[0..nv*LN); -inf when all are. */
@@ -88,7 +91,7 @@ AI AT FN(row_exp)(AT *s, int64_t nv, AT mx) {
 AT_TARGET static void FN(attn_pack)(const attn_job *j, int64_t b, int64_t e) {
   const int64_t D = j->D, E = j->E, Ep = j->Ep, S = j->S, Sp = j->ntiles * BC;
   for (int64_t bh = b; bh < e; bh++) {
-    int64_t off[5];
+    int64_t off[J_N];
     attn_offsets(j, bh, off);
     const AT *k = (const AT *)j->k + off[1], *v = (const AT *)j->v + off[2];
     AT *kp = (AT *)j->kp + bh * Sp * D, *vp = (AT *)j->vp + bh * Sp * Ep;
@@ -110,7 +113,7 @@ AT_TARGET static void FN(attn_tasks)(const attn_job *j, int64_t b, int64_t e, AT
     int64_t bh = t / j->nrb, i = t % j->nrb;
     /* zigzag: a chunk of consecutive tasks gets early and late (costly, when causal) blocks alike */
     int64_t rb = i % 2 == 0 ? i / 2 : j->nrb - 1 - i / 2;
-    int64_t off[5];
+    int64_t off[J_N];
     attn_offsets(j, bh, off);
     const AT *q = (const AT *)j->q + off[0];
     const AT *kp = (const AT *)j->kp + bh * Sp * D, *vp = (const AT *)j->vp + bh * Sp * Ep;
@@ -159,10 +162,10 @@ AT_TARGET static void FN(attn_tasks)(const attn_job *j, int64_t b, int64_t e, AT
           const AT *p = sb + rg * BC, *vx = vb + x0;
           AT *o = ob + rg * Ep + x0;
           int64_t left = (Ep - x0) / LN;
-          if (CV == 4 && left >= 4) FN(pv4)(p, nc, vx, Ep, o, 4);
-          else if (CV == 4 && left == 3) FN(pv4)(p, nc, vx, Ep, o, 3);
-          else if (left >= 2) FN(pv4)(p, nc, vx, Ep, o, 2);
-          else FN(pv4)(p, nc, vx, Ep, o, 1);
+          if (CV == 4 && left >= 4) FN(axpy4_nv)(o, Ep, p, BC, 1, nc, vx, Ep, 4);
+          else if (CV == 4 && left == 3) FN(axpy4_nv)(o, Ep, p, BC, 1, nc, vx, Ep, 3);
+          else if (left >= 2) FN(axpy4_nv)(o, Ep, p, BC, 1, nc, vx, Ep, 2);
+          else FN(axpy4_nv)(o, Ep, p, BC, 1, nc, vx, Ep, 1);
         }
     }
     /* a row that kept nothing is 0/0: NaN, as the unfused softmax gives */
@@ -172,6 +175,177 @@ AT_TARGET static void FN(attn_tasks)(const attn_job *j, int64_t b, int64_t e, AT
         for (int64_t x = 0; x < E; x++) o[x] = ob[r * Ep + x] * inv;
       else
         for (int64_t x = 0; x < E; x++) o[x * j->ocs] = ob[r * Ep + x] * inv;
+    }
+  }
+}
+
+/* ---- the backward (k_attention_grad) ---- */
+
+/* o[0..NV vectors) += sum over i < n of a[i*as] * b[i*ld ...]: NV <= 4, a constant once inlined. */
+AI void FN(axpy_nv)(AT *o, const AT *a, int64_t as, int64_t n, const AT *b, int64_t ld, const int NV) {
+  FN(vec) acc[4];
+  for (int x = 0; x < NV; x++) acc[x] = ((const FN(vec) *)o)[x];
+  for (int64_t i = 0; i < n; i++) {
+    const FN(vec) *bv = (const FN(vec) *)(b + i * ld);
+    AT c = a[i * as];
+    for (int x = 0; x < NV; x++) acc[x] += c * bv[x];
+  }
+  for (int x = 0; x < NV; x++) ((FN(vec) *)o)[x] = acc[x];
+}
+
+/* The same over nv vectors, four at a time: every product of the backward
+ * is rows of b weighted by a's entries, summed into a row of o. */
+AI void FN(axpy)(AT *o, const AT *a, int64_t as, int64_t n, const AT *b, int64_t ld, int64_t nv) {
+  int64_t x = 0;
+  for (; x + 4 <= nv; x += 4) FN(axpy_nv)(o + x * LN, a, as, n, b + x * LN, ld, 4);
+  if (nv - x == 3) FN(axpy_nv)(o + x * LN, a, as, n, b + x * LN, ld, 3);
+  else if (nv - x == 2) FN(axpy_nv)(o + x * LN, a, as, n, b + x * LN, ld, 2);
+  else if (nv - x == 1) FN(axpy_nv)(o + x * LN, a, as, n, b + x * LN, ld, 1);
+}
+
+/* The same over nv vectors, CV at a time. */
+AI void FN(axpy4)(AT *o, int64_t ol, const AT *a, int64_t ak, int64_t as, int64_t n, const AT *b, int64_t ld,
+                  int64_t nv) {
+  int64_t x = 0;
+  for (; x + CV <= nv; x += CV) FN(axpy4_nv)(o + x * LN, ol, a, ak, as, n, b + x * LN, ld, CV);
+  if (CV == 4 && nv - x == 3) FN(axpy4_nv)(o + x * LN, ol, a, ak, as, n, b + x * LN, ld, 3);
+  else if (nv - x >= 2) FN(axpy4_nv)(o + x * LN, ol, a, ak, as, n, b + x * LN, ld, 2), x += 2;
+  if (nv - x == 1) FN(axpy4_nv)(o + x * LN, ol, a, ak, as, n, b + x * LN, ld, 1);
+}
+
+/* The vectors of row rr of the tile at c0 (nc columns, nv vectors) up to
+ * its last kept column: a causal row needs no more (0: it keeps none). */
+AI int64_t FN(row_vectors)(const attn_job *j, int64_t mo, int mode, int64_t rr, int64_t c0, int64_t nc, int64_t nv) {
+  if (mode != TILE_MASK) return nv;
+  const bool *mk = (const bool *)j->mask + mo + rr * j->mrs + c0 * j->mcs;
+  int64_t c = nc - 1;
+  while (c >= 0 && mk[c * j->mcs] == j->drop) c--;
+  return (c + LN) / LN;
+}
+
+/* s[0..nv LN) = the scaled scores of row rr against the tile at c0 (kt its
+ * pack), masked as the forward masks them, -inf past its nc columns. */
+AI void FN(bwd_scores)(const attn_job *j, int64_t mo, int mode, const AT *qr, const AT *kt, int64_t rr, int64_t c0,
+                       int64_t nc, int64_t nv, AT *s) {
+  memset(s, 0, sizeof(AT) * (size_t)(nv * LN));
+  FN(axpy)(s, qr, 1, j->D, kt, BC, nv);
+  if (mode == TILE_MASK) {
+    const bool *mk = (const bool *)j->mask + mo + rr * j->mrs + c0 * j->mcs;
+    for (int64_t c = 0; c < nc && c < nv * LN; c++)
+      if (mk[c * j->mcs] == j->drop) s[c] = -INFINITY;
+  } else if (mode == TILE_ADD) {
+    const AT *mk = (const AT *)j->mask + mo + rr * j->mrs + c0 * j->mcs;
+    for (int64_t c = 0; c < nc; c++) s[c] += mk[c * j->mcs];
+  }
+  for (int64_t c = nc; c < nv * LN; c++) s[c] = -INFINITY;
+}
+
+/* Batch entries [b, e) of j's backward, ws the chunk's working memory
+ * (attn_bwd_ws_elems). Per entry: k and v packed as the forward packs k,
+ * then per block of query rows two walks over the key tiles (masked-out
+ * tiles skipped, and in a masked tile each row cut after its last kept
+ * column): the first recomputes each row's max and sum of exps (its
+ * logsumexp), the second the probabilities p, dp = do v^T, ds = p (dp -
+ * rowsum(do o)), and sums dv += p^T do, dk += ds^T q, dq += ds k. Only a
+ * tile of p and ds is ever held. */
+AT_TARGET static void FN(attn_bwd_tasks)(const attn_job *j, int64_t b, int64_t e, AT *ws) {
+  const int64_t D = j->D, E = j->E, Dp = j->Dp, Ep = j->Ep, T = j->T, S = j->S, Sp = j->ntiles * BC;
+  const int64_t nvd = Dp / LN, nve = Ep / LN;
+  AT *kT = ws, *vT = kT + Sp * D, *kr = vT + Sp * E, *dk = kr + Sp * Dp, *dv = dk + Sp * Dp, *qs = dv + Sp * Ep;
+  AT *dO = qs + ATTN_BR * Dp, *dq = dO + ATTN_BR * Ep, *pb = dq + ATTN_BR * Dp, *sb = pb + ATTN_BR * BC;
+  AT *m = sb + ATTN_BR * BC, *l = m + ATTN_BR, *dl = l + ATTN_BR;
+  int64_t nvr[ATTN_BR], first[ATTN_TILE_VECS]; /* a row's vectors in the tile; a vector's first row that has it */
+  const AT scale = (AT)j->scale;
+  for (int64_t bh = b; bh < e; bh++) {
+    int64_t off[J_N];
+    attn_offsets(j, bh, off);
+    const AT *q = (const AT *)j->q + off[J_Q], *k = (const AT *)j->k + off[J_K], *v = (const AT *)j->v + off[J_V];
+    const AT *o = (const AT *)j->o + off[J_O], *g = (const AT *)j->dout + off[J_DO];
+    AT *gq = (AT *)j->out + bh * T * D, *gk = (AT *)j->out + j->nb * T * D + bh * S * D;
+    AT *gv = (AT *)j->out + j->nb * (T * D + S * D) + bh * S * E;
+    for (int64_t c = 0; c < Sp; c++) {
+      AT *kt = kT + (c / BC) * D * BC + c % BC, *vt = vT + (c / BC) * E * BC + c % BC;
+      for (int64_t d = 0; d < D; d++) kt[d * BC] = c < S ? k[c * j->krs + d] : 0;
+      for (int64_t x = 0; x < E; x++) vt[x * BC] = c < S ? v[c * j->vrs + x] : 0;
+      for (int64_t d = 0; d < Dp; d++) kr[c * Dp + d] = c < S && d < D ? k[c * j->krs + d] : 0;
+    }
+    memset(dk, 0, sizeof(AT) * (size_t)(Sp * Dp));
+    memset(dv, 0, sizeof(AT) * (size_t)(Sp * Ep));
+    for (int64_t r0 = 0; r0 < T; r0 += ATTN_BR) {
+      int64_t nr = T - r0 < ATTN_BR ? T - r0 : ATTN_BR;
+      for (int64_t r = 0; r < nr; r++) {
+        const AT *qr = q + (r0 + r) * j->qrs, *gr = g + (r0 + r) * j->do_rs, *orow = o + (r0 + r) * j->o_rs;
+        AT delta = 0;
+        for (int64_t d = 0; d < Dp; d++) qs[r * Dp + d] = d < D ? qr[d] * scale : 0;
+        for (int64_t x = 0; x < Ep; x++) dO[r * Ep + x] = x < E ? gr[x] : 0;
+        for (int64_t x = 0; x < E; x++) delta += gr[x] * orow[x];
+        dl[r] = delta, m[r] = -INFINITY, l[r] = 0;
+      }
+      memset(dq, 0, sizeof(AT) * (size_t)(nr * Dp));
+      for (int64_t c0 = 0; c0 < S; c0 += BC) { /* each row's logsumexp, as the forward's online softmax */
+        int64_t nc = S - c0 < BC ? S - c0 : BC, nv = (nc + LN - 1) / LN;
+        int mode = attn_tile_mode(j, off[J_MASK], r0, nr, c0, nc);
+        if (mode == TILE_SKIP) continue;
+        for (int64_t r = 0; r < nr; r++) {
+          int64_t n = FN(row_vectors)(j, off[J_MASK], mode, r0 + r, c0, nc, nv);
+          if (!n) continue;
+          FN(bwd_scores)(j, off[J_MASK], mode, qs + r * Dp, kT + (c0 / BC) * D * BC, r0 + r, c0, nc, n, sb);
+          AT mx = FN(row_max)(sb, n), mn = mx > m[r] ? mx : m[r];
+          if (mn == -INFINITY) continue;
+          l[r] = l[r] * AT_EXP(m[r] - mn) + FN(row_exp)(sb, n, mn);
+          m[r] = mn;
+        }
+      }
+      for (int64_t r = 0; r < nr; r++) m[r] += AT_LOG(l[r]);
+      for (int64_t c0 = 0; c0 < S; c0 += BC) {
+        int64_t nc = S - c0 < BC ? S - c0 : BC, nv = (nc + LN - 1) / LN;
+        int mode = attn_tile_mode(j, off[J_MASK], r0, nr, c0, nc);
+        if (mode == TILE_SKIP) continue;
+        for (int64_t x = 0; x < nv; x++) first[x] = nr;
+        for (int64_t r = nr - 1; r >= 0; r--) {
+          AT *p = pb + r * BC, *ds = sb + r * BC;
+          int64_t n = nvr[r] = FN(row_vectors)(j, off[J_MASK], mode, r0 + r, c0, nc, nv);
+          for (int64_t x = 0; x < n; x++) first[x] = r;
+          memset(p + n * LN, 0, sizeof(AT) * (size_t)((nv - n) * LN));
+          memset(ds, 0, sizeof(AT) * (size_t)(nv * LN));
+          if (!n) continue;
+          FN(bwd_scores)(j, off[J_MASK], mode, qs + r * Dp, kT + (c0 / BC) * D * BC, r0 + r, c0, nc, n, p);
+          AT lse = m[r];
+          for (int64_t c = 0; c < n * LN; c++) p[c] = AT_EXP(p[c] - lse); /* -inf past nc: 0 */
+          FN(axpy)(ds, dO + r * Ep, 1, E, vT + (c0 / BC) * E * BC, BC, n);
+          AT dlr = dl[r];
+          for (int64_t c = 0; c < n * LN; c++) ds[c] = p[c] * (ds[c] - dlr);
+        }
+        /* the rows before a column's first are 0 there: left out; four
+         * columns (rows of dq) at a time, in the same order of terms */
+        int64_t c = 0;
+        for (; c + 4 <= nc; c += 4) { /* LN is a multiple of 4: one vector's first */
+          int64_t f = first[c / LN];
+          FN(axpy4)(dv + (c0 + c) * Ep, Ep, pb + f * BC + c, 1, BC, nr - f, dO + f * Ep, Ep, nve);
+          FN(axpy4)(dk + (c0 + c) * Dp, Dp, sb + f * BC + c, 1, BC, nr - f, qs + f * Dp, Dp, nvd);
+        }
+        for (; c < nc; c++) {
+          int64_t f = first[c / LN];
+          FN(axpy)(dv + (c0 + c) * Ep, pb + f * BC + c, BC, nr - f, dO + f * Ep, Ep, nve);
+          FN(axpy)(dk + (c0 + c) * Dp, sb + f * BC + c, BC, nr - f, qs + f * Dp, Dp, nvd);
+        }
+        int64_t r = 0;
+        for (; r + 4 <= nr; r += 4) { /* ds is 0 past a row's vectors: the longest of the four */
+          int64_t n = 0;
+          for (int64_t y = r; y < r + 4; y++) n = nvr[y] * LN > n ? nvr[y] * LN : n;
+          FN(axpy4)(dq + r * Dp, Dp, sb + r * BC, BC, 1, n < nc ? n : nc, kr + c0 * Dp, Dp, nvd);
+        }
+        for (; r < nr; r++) {
+          int64_t n = nvr[r] * LN < nc ? nvr[r] * LN : nc;
+          FN(axpy)(dq + r * Dp, sb + r * BC, 1, n, kr + c0 * Dp, Dp, nvd);
+        }
+      }
+      for (int64_t r = 0; r < nr; r++)
+        for (int64_t d = 0; d < D; d++) gq[(r0 + r) * D + d] = dq[r * Dp + d] * scale;
+    }
+    for (int64_t c = 0; c < S; c++) {
+      for (int64_t d = 0; d < D; d++) gk[c * D + d] = dk[c * Dp + d];
+      for (int64_t x = 0; x < E; x++) gv[c * E + x] = dv[c * Ep + x];
     }
   }
 }

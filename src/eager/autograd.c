@@ -637,6 +637,22 @@ static int bw_avg_pool2d(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
   return 0;
 }
 
+/* attention: one attention_grad (attention.c) makes dq, dk and dv, flattened;
+ * each is a slice of it. An additive mask gets no gradient: refused. */
+static int bw_attention(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
+  if (nd->n_in > 3 && IN(3).need)
+    return err_set(AT, "attention", "no gradient for the mask: compute it outside the fused op"), -1;
+  kiln_tensor *in[6] = {nd->in[0], nd->in[1], nd->in[2], OUT, g, nd->n_in > 3 ? nd->in[3] : NULL};
+  kiln_tensor *all = op_dispatch(OP_ATTENTION_GRAD, in, nd->n_in > 3 ? 6 : 5, &nd->attrs, AT);
+  int64_t at = 0;
+  for (int i = 0; i < 3; i++) {
+    int64_t n = shape_numel(IN(i).ndim, IN(i).shape);
+    if (IN(i).need) gin[i] = kiln_reshape_at(kiln_slice_at(all, 0, at, at + n, 1, AT), IN(i).ndim, IN(i).shape, AT);
+    at += n;
+  }
+  return 0;
+}
+
 static const backward_fn backwards[OP_COUNT] = {
 #define NONE NULL
 #define X(id, name, arity, kind, attrs, dtype, shape, kernel, check, backward, saves, cg, cost, emit) [OP_##id] = backward,

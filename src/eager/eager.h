@@ -316,7 +316,7 @@ typedef int (*shape_fn)(dim_env *env, op_id op, const shape_arg *in, int n, cons
 typedef int (*kernel_fn)(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out);
 
 /* What the backward formula reads. */
-enum { S_NONE = 0, S_IN0 = 1, S_IN1 = 2, S_IN2 = 4, S_OUT = 0x80 };
+enum { S_NONE = 0, S_IN0 = 1, S_IN1 = 2, S_IN2 = 4, S_IN3 = 8, S_OUT = 0x80 };
 
 /* How codegen runs an op. */
 typedef enum cg_class { CGC_FUSE, CGC_REDUCE, CGC_MATMUL, CGC_VIEW, CGC_EAGER } cg_class;
@@ -474,7 +474,7 @@ static inline kiln_dtype dtype_wide(kiln_dtype dt) { return dt == KILN_I32 ? KIL
 SHAPE_RULE(sh_pointwise) SHAPE_RULE(sh_where) SHAPE_RULE(sh_reduce) SHAPE_RULE(sh_matmul) SHAPE_RULE(sh_reshape)
 SHAPE_RULE(sh_permute) SHAPE_RULE(sh_expand) SHAPE_RULE(sh_slice) SHAPE_RULE(sh_cat) SHAPE_RULE(sh_index_select)
 SHAPE_RULE(sh_index_add) SHAPE_RULE(sh_slice_scatter) SHAPE_RULE(sh_gather) SHAPE_RULE(sh_scatter_add) SHAPE_RULE(sh_tri)
-SHAPE_RULE(sh_pad) SHAPE_RULE(sh_along) SHAPE_RULE(sh_topk) SHAPE_RULE(sh_attention)
+SHAPE_RULE(sh_pad) SHAPE_RULE(sh_along) SHAPE_RULE(sh_topk) SHAPE_RULE(sh_attention) SHAPE_RULE(sh_attention_grad)
 #undef SHAPE_RULE
 /* Indices (input 1, 1-D i64) within dim a->dim of input 0. */
 int chk_indices(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, const char *file, int line);
@@ -516,6 +516,8 @@ int k_cumsum(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
 int k_topk(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
 /* attention.c: softmax(scale * q @ k^T, masked) @ v, fused (flash attention) */
 int k_attention(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
+/* attention.c: its gradients dq, dk, dv, flattened into one (flash attention backward) */
+int k_attention_grad(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
 /* dist.c: the sum (or mean, attrs flag) of in[0] over the processes of MPI_COMM_WORLD */
 int k_allreduce(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
 

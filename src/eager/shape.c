@@ -438,6 +438,27 @@ int sh_attention(dim_env *env, op_id op, const shape_arg *in, int n, const op_at
   return 0;
 }
 
+/* attention_grad(q, k, v, o, do[, mask]) -> (numel(q) + numel(k) + numel(v)): q, k, v and the
+ * mask as attention takes them, o and do attention's result shape and q's dtype. */
+int sh_attention_grad(dim_env *env, op_id op, const shape_arg *in, int n, const op_attrs *a, shape_arg *out,
+                      char *err, size_t errn) {
+  char b0[160], b1[160];
+  if (n != 5 && n != 6) return fail(err, errn, "takes q, k, v, o, do and an optional mask, got %d inputs", n);
+  shape_arg qkvm[4] = {in[0], in[1], in[2], n == 6 ? in[5] : in[0]}, y;
+  if (sh_attention(env, op, qkvm, n == 6 ? 4 : 3, a, &y, err, errn)) return -1;
+  for (int i = 3; i < 5; i++) {
+    bool ok = in[i].dtype == in[0].dtype && in[i].ndim == y.ndim;
+    for (int d = 0; ok && d < y.ndim; d++) ok = is_true(env, in[i].shape[d], SYM_EQ, y.shape[d]);
+    if (!ok)
+      return fail(err, errn, "%s %s must be attention's result %s of %s", i == 3 ? "o" : "do", TXT(&in[i], b0),
+                  TXT(&y, b1), kiln_dtype_name(in[0].dtype));
+  }
+  out->ndim = 1;
+  out->shape[0] = sym_const(0);
+  for (int i = 0; i < 3; i++) out->shape[0] = sym_add(env->sym, out->shape[0], numel_of(env, in[i].ndim, in[i].shape));
+  return 0;
+}
+
 int sh_pad(dim_env *env, op_id op, const shape_arg *in, int n, const op_attrs *a, shape_arg *out, char *err, size_t errn) {
   (void)op, (void)n;
   char b0[160];

@@ -10,9 +10,15 @@
  *        e = exp(sub(x, max(x, last dim, keepdim)))           nn.c's softmax
  *   o  = matmul(p, v)                                         -> attention(q, k, v[, mask])
  *
- * It fires only when nothing else reads s, y, x, the max, e, the sum or p
- * (a training graph's backward reads p: the pattern stays unfused there),
+ * It fires only when nothing else reads s, y, x, the max, e, the sum or p,
  * only for f32 and f64, and only when q, k and v share their batch dims.
+ *
+ * Under autograd the backward that kiln_backward recorded reads p, e and the
+ * sum; it is matched too (match_backward: the dozen primitives that the
+ * matmul, div, sum, exp, where and scale formulas of autograd.c make), and
+ * its results dq, dk and dv (those present) become slices of one
+ * attention_grad(q, k, v, o, do[, mask]) node, the flash attention backward.
+ * Anything else reading an intermediate keeps the whole pattern unfused.
  * The LLVM backend runs it on its own copy of a variant's graph (runtime.c),
  * so the interpreter, check mode's reference and kiln_export keep the
  * unfused ops. KILN_FUSE_ATTENTION=0 turns it off. */
@@ -26,6 +32,11 @@ typedef struct attn_match {
   int q, k, v, mask; /* node ids; mask -1 when there is none */
   double scale;
   bool drop;         /* a bool mask's value that drops an entry */
+  int scale_node;    /* the scale's constant (-1: none), by_div its divide */
+  bool by_div;
+  int p, e, sum;     /* the forward's probabilities, exps and their sum */
+  int grad[3];       /* the backward's dq, dk, dv (-1: not made); all -1: no backward */
+  int dout;          /* o's gradient (with a backward) */
 } attn_match;
 
 static const ir_node *node(const ir_graph *g, int id) { return &g->nodes[id]; }
@@ -109,9 +120,12 @@ static bool match_scaled(const ir_graph *g, const int *uses, int y, attn_match *
     if (const_value(node(g, other), &c) && ir_node_numel_const(node(g, other)) == 1 && same_shape(g, node(g, s), n) &&
         used(uses, s, 1) && match_scores(g, s, m)) {
       m->scale = n->op == OP_MUL ? c : 1 / c;
+      m->scale_node = other;
+      m->by_div = n->op == OP_DIV;
       return true;
     }
   }
+  m->scale_node = -1;
   return match_scores(g, y, m);
 }
 
@@ -147,18 +161,18 @@ static bool match_masked(const ir_graph *g, const int *uses, int x, attn_match *
   return match_scaled(g, uses, x, m);
 }
 
-/* o = matmul(softmax(x), v) as nn.c spells softmax. */
-static bool match_attention(const ir_graph *g, const int *uses, int o, attn_match *m) {
+/* o = matmul(softmax(x), v) as nn.c spells softmax. The uses of p, e and
+ * the sum are left to the caller (a backward reads them). */
+static bool match_forward(const ir_graph *g, const int *uses, int o, attn_match *m) {
   const ir_node *no = node(g, o);
   if (no->op != OP_MATMUL || (no->dtype != KILN_F32 && no->dtype != KILN_F64) || no->ndim < 2) return false;
   int p = no->in[0], v = no->in[1];
   const ir_node *np = node(g, p);
-  if (np->op != OP_DIV || !used(uses, p, 1)) return false;
+  if (np->op != OP_DIV) return false;
   int e = np->in[0], sum = np->in[1];
   const ir_node *ne = node(g, e), *nsum = node(g, sum);
-  if (ne->op != OP_EXP || !same_shape(g, ne, np) || !used(uses, e, 2) || !last_dim_reduce(nsum, OP_SUM) ||
-      nsum->in[0] != e || !used(uses, sum, 1))
-    return false;
+  if (ne->op != OP_EXP || !same_shape(g, ne, np) || !last_dim_reduce(nsum, OP_SUM) || nsum->in[0] != e) return false;
+  m->p = p, m->e = e, m->sum = sum;
   const ir_node *nd = node(g, ne->in[0]);
   if (nd->op != OP_SUB || !used(uses, ne->in[0], 1)) return false;
   int x = nd->in[0], mx = nd->in[1];
@@ -178,32 +192,201 @@ static bool match_attention(const ir_graph *g, const int *uses, int o, attn_matc
          node(g, x)->ndim == r;
 }
 
+/* The one node that reads id (its only use), or -1. */
+static int sole_user(const ir_graph *g, const int *uses, int id) {
+  if (!used(uses, id, 1)) return -1;
+  for (int i = id + 1; i < g->n_nodes; i++)
+    for (int j = 0; j < g->nodes[i].n_in; j++)
+      if (g->nodes[i].in[j] == id) return i;
+  return -1; /* an output or a write */
+}
+
+/* Whether n is a permute of a swapping its last two dims. */
+static bool swap_last2(const ir_node *n, int a) {
+  int nd = n->ndim;
+  if (n->op != OP_PERMUTE || n->in[0] != a || nd < 2) return false;
+  for (int i = 0; i < nd; i++)
+    if (n->attrs.perm[i] != (i < nd - 2 ? i : i == nd - 2 ? nd - 1 : nd - 2)) return false;
+  return true;
+}
+
+/* A two-input op on a and b, in either order when commutes. */
+static bool binary_of(const ir_node *n, int op, int a, int b, bool commutes) {
+  return n->op == op && n->n_in == 2 &&
+         ((n->in[0] == a && n->in[1] == b) || (commutes && n->in[0] == b && n->in[1] == a));
+}
+
+/* The scalar 0 of where's backward. */
+static bool is_zero(const ir_graph *g, int id) {
+  double c;
+  return const_value(node(g, id), &c) && c == 0 && ir_node_numel_const(node(g, id)) == 1;
+}
+
+/* ds, the gradient of the scores s, from dx, the gradient of the masked
+ * scores x: where's backward for a bool mask, the scale's; -1 if not so. */
+static int match_ds(const ir_graph *g, const int *uses, const attn_match *m, int dx) {
+  int dy = dx;
+  if (m->mask >= 0 && node(g, m->mask)->dtype == KILN_BOOL) {
+    if ((dy = sole_user(g, uses, dx)) < 0) return -1;
+    const ir_node *w = node(g, dy);
+    int side = m->drop ? 2 : 1; /* where(mask, g, 0) for where(mask, y, -inf); where(mask, 0, g) for masked_fill */
+    if (w->op != OP_WHERE || w->in[0] != m->mask || w->in[side] != dx || !is_zero(g, w->in[3 - side])) return -1;
+  }
+  if (m->scale_node < 0) return dy;
+  int ds = sole_user(g, uses, dy);
+  if (ds < 0 || !binary_of(node(g, ds), m->by_div ? OP_DIV : OP_MUL, dy, m->scale_node, false)) return -1;
+  return ds;
+}
+
+/* The backward of a forward match o, as autograd.c's formulas record it:
+ *   dv = matmul(permute(p), do)                     matmul's, for v
+ *   dp = matmul(do, permute(v));  a = dp / sum      matmul's for p; div's for e
+ *   de = a + expand(sum(-(a * e / sum)))            div's for the sum, sum's
+ *   dx = de * e                                     exp's (sub passes it on)
+ *   ds = dx, masked by where, scaled                where's, the scale's
+ *   dq = matmul(ds, k); dk = permute(matmul(permute(q), ds))
+ * Fills m->grad and m->dout and says whether p, e and the sum have no
+ * other readers; a forward without a backward is the case of no grads. */
+static bool match_backward(const ir_graph *g, const int *uses, int o, attn_match *m) {
+  m->grad[0] = m->grad[1] = m->grad[2] = m->dout = -1;
+  int dsum = 0; /* the uses of e and the sum the backward adds */
+  /* dv: p's second reader */
+  if (uses[m->p] == 2) {
+    int pt = -1, dv;
+    for (int i = m->p + 1; i < g->n_nodes && pt < 0; i++)
+      if (i != o && swap_last2(node(g, i), m->p)) pt = i;
+    if (pt < 0 || (dv = sole_user(g, uses, pt)) < 0 || node(g, dv)->op != OP_MATMUL || node(g, dv)->in[0] != pt) return false;
+    m->grad[2] = dv;
+    m->dout = node(g, dv)->in[1];
+  } else if (uses[m->p] != 1) {
+    return false;
+  }
+  /* dp = matmul(do, permute(v)), then the softmax's backward */
+  if (uses[m->e] == 4 && uses[m->sum] == 3) {
+    int dp = -1;
+    for (int i = m->v + 1; i < g->n_nodes && dp < 0; i++) {
+      const ir_node *n = node(g, i);
+      if (n->op == OP_MATMUL && n->n_in == 2 && (m->dout < 0 || n->in[0] == m->dout) && i != o &&
+          swap_last2(node(g, n->in[1]), m->v) && used(uses, n->in[1], 1))
+        dp = i;
+    }
+    if (dp < 0) return false;
+    m->dout = node(g, dp)->in[0];
+    int a = sole_user(g, uses, dp), b = -1, c, d, r, xe, de = -1, dx, ds;
+    if (a < 0 || !binary_of(node(g, a), OP_DIV, dp, m->sum, false) || !used(uses, a, 2)) return false;
+    for (int i = a + 1; i < g->n_nodes; i++) {
+      if (binary_of(node(g, i), OP_MUL, a, m->e, true)) b = i;
+      if (node(g, i)->op == OP_ADD && node(g, i)->n_in == 2 && (node(g, i)->in[0] == a || node(g, i)->in[1] == a)) de = i;
+    }
+    if (b < 0 || de < 0 || (c = sole_user(g, uses, b)) < 0 || !binary_of(node(g, c), OP_DIV, b, m->sum, false) ||
+        (d = sole_user(g, uses, c)) < 0 || node(g, d)->op != OP_NEG || (r = sole_user(g, uses, d)) < 0)
+      return false;
+    if (last_dim_reduce(node(g, r), OP_SUM)) { /* a sum over one key and its expand are not recorded */
+      if ((xe = sole_user(g, uses, r)) < 0 || node(g, xe)->op != OP_EXPAND) return false;
+    } else {
+      xe = d;
+    }
+    if (!binary_of(node(g, de), OP_ADD, a, xe, true) || !same_shape(g, node(g, xe), node(g, a)) || !used(uses, xe, 1) ||
+        !used(uses, de, 1) ||
+        (dx = sole_user(g, uses, de)) < 0 || !binary_of(node(g, dx), OP_MUL, de, m->e, true) ||
+        (ds = match_ds(g, uses, m, dx)) < 0)
+      return false;
+    /* ds's readers: dq = matmul(ds, k), dk = permute(matmul(permute(q), ds)) */
+    int n_ds = 0;
+    for (int i = ds + 1; i < g->n_nodes; i++) {
+      const ir_node *n = node(g, i);
+      if (n->op == OP_MATMUL && n->n_in == 2 && n->in[0] == ds && n->in[1] == m->k) {
+        m->grad[0] = i, n_ds++;
+      } else if (n->op == OP_MATMUL && n->n_in == 2 && n->in[1] == ds && swap_last2(node(g, n->in[0]), m->q) &&
+                 used(uses, n->in[0], 1)) {
+        int dk = sole_user(g, uses, i);
+        if (dk < 0 || !swap_last2(node(g, dk), i)) return false;
+        m->grad[1] = dk, n_ds++;
+      }
+    }
+    if (n_ds == 0 || !used(uses, ds, n_ds)) return false;
+    dsum = 2;
+  }
+  if (!used(uses, m->e, 2 + dsum) || !used(uses, m->sum, 1 + dsum)) return false;
+  /* each gradient has its input's shape (the slices of attention_grad are) */
+  const int ins[3] = {m->q, m->k, m->v};
+  for (int i = 0; i < 3; i++)
+    if (m->grad[i] >= 0 && !same_shape(g, node(g, m->grad[i]), node(g, ins[i]))) return false;
+  return m->dout < 0 || same_shape(g, node(g, m->dout), node(g, o));
+}
+
+/* The forward of o, and its backward when there is one. */
+static bool match_attention(const ir_graph *g, const int *uses, int o, attn_match *m) {
+  return match_forward(g, uses, o, m) && match_backward(g, uses, o, m);
+}
+
 static bool enabled(void) {
   const char *e = getenv("KILN_FUSE_ATTENTION");
   return !e || strcmp(e, "0") != 0;
 }
 
-/* The inputs node i has once the matches are made attention nodes. */
-static int inputs_after(const ir_graph *g, const bool *hit, const attn_match *found, int i, int ins[4],
-                        const int **in) {
-  if (!hit[i]) return *in = g->nodes[i].in, g->nodes[i].n_in;
-  const attn_match *m = &found[i];
-  ins[0] = m->q, ins[1] = m->k, ins[2] = m->v, ins[3] = m->mask;
+/* The inputs node i has once the matches are made attention nodes: a
+ * forward's q, k, v[, mask]; a gradient's those of its attention_grad, q, k,
+ * v, o, do[, mask]. owner[i]: the match whose gradient node i is, or -1. */
+static int inputs_after(const ir_graph *g, const bool *hit, const int *owner, const attn_match *found, int i,
+                        int ins[6], const int **in) {
+  if (!hit[i] && owner[i] < 0) return *in = g->nodes[i].in, g->nodes[i].n_in;
+  const attn_match *m = &found[hit[i] ? i : owner[i]];
+  ins[0] = m->q, ins[1] = m->k, ins[2] = m->v;
   *in = ins;
-  return m->mask >= 0 ? 4 : 3;
+  if (hit[i]) return ins[3] = m->mask, m->mask >= 0 ? 4 : 3;
+  ins[3] = owner[i], ins[4] = m->dout, ins[5] = m->mask;
+  return m->mask >= 0 ? 6 : 5;
+}
+
+/* Appends n (op, in, attrs set) to c with the dtype and shape its rule gives; its id or -1. */
+static int append_inferred(ir_graph *c, ir_node *n) {
+  char err[256];
+  shape_env env = {.g = c};
+  if (symshape_infer(&env, n, err, sizeof err)) return -1;
+  return ir_append(c, n);
+}
+
+/* Gradient `which` (0 dq, 1 dk, 2 dv) of the match whose attention_grad
+ * node is ag in c: reshape(slice(ag)) to the shape of g's node i. */
+static int grad_slice(ir_graph *c, const ir_graph *g, const attn_match *m, int ag, int which, int i) {
+  const int src[3] = {m->q, m->k, m->v};
+  sym_dim at = sym_const(0), len = sym_const(0);
+  for (int x = 0; x <= which; x++) {
+    const ir_node *t = node(g, src[x]);
+    sym_dim nx = sym_const(1);
+    for (int d = 0; d < t->ndim; d++) nx = sym_mul(c->sym, nx, t->shape[d]);
+    if (x < which) at = sym_add(c->sym, at, nx);
+    else len = nx;
+  }
+  ir_node sl = {.op = OP_SLICE, .n_in = 1, .in = &ag, .file = g->nodes[i].file, .line = g->nodes[i].line};
+  sl.attrs.dim = 0, sl.attrs.start = at, sl.attrs.end = sym_add(c->sym, at, len), sl.attrs.step = 1;
+  int id = append_inferred(c, &sl);
+  if (id < 0) return -1;
+  ir_node rs = {.op = OP_RESHAPE, .n_in = 1, .in = &id, .file = sl.file, .line = sl.line};
+  rs.attrs.ndim = g->nodes[i].ndim;
+  memcpy(rs.attrs.shape, g->nodes[i].shape, sizeof rs.attrs.shape);
+  return append_inferred(c, &rs);
 }
 
 int pass_attention(const ir_graph *g, ir_graph **out) {
   *out = NULL;
   if (!enabled()) return 0;
-  int *uses = ir_use_counts(g), *map = alloc_malloc(sizeof(int) * ((size_t)g->n_nodes + 1));
-  attn_match *found = alloc_calloc((size_t)g->n_nodes + 1, sizeof *found);
-  bool *hit = alloc_calloc((size_t)g->n_nodes + 1, sizeof *hit), *keep = alloc_calloc((size_t)g->n_nodes + 1, 1);
+  size_t nn = (size_t)g->n_nodes + 1;
+  int *uses = ir_use_counts(g), *map = alloc_malloc(sizeof(int) * nn), *owner = alloc_malloc(sizeof(int) * nn);
+  int *which = alloc_malloc(sizeof(int) * nn), *ag = alloc_malloc(sizeof(int) * nn);
+  attn_match *found = alloc_calloc(nn, sizeof *found);
+  bool *hit = alloc_calloc(nn, sizeof *hit), *keep = alloc_calloc(nn, 1);
   ir_graph *c = NULL;
-  int n_hit = 0, ins[4], mapped[4];
+  int n_hit = 0, ins[6], mapped[6];
   const int *in;
-  if (!uses || !map || !found || !hit || !keep) goto oom;
-  for (int i = 0; i < g->n_nodes; i++) n_hit += hit[i] = match_attention(g, uses, i, &found[i]);
+  if (!uses || !map || !owner || !which || !ag || !found || !hit || !keep) goto oom;
+  for (int i = 0; i < g->n_nodes; i++) owner[i] = ag[i] = -1;
+  for (int i = 0; i < g->n_nodes; i++) {
+    n_hit += hit[i] = match_attention(g, uses, i, &found[i]);
+    for (int x = 0; hit[i] && x < 3; x++)
+      if (found[i].grad[x] >= 0) owner[found[i].grad[x]] = i, which[found[i].grad[x]] = x;
+  }
   if (!n_hit) goto done;
   /* what the outputs and writes still reach once the matches are replaced:
    * the nodes only a match read are left out (dce, as pass_dce does it) */
@@ -217,7 +400,7 @@ int pass_attention(const ir_graph *g, ir_graph **out) {
     int op = g->nodes[i].op;
     if (op == IR_INPUT || op == IR_PARAM || op == IR_GRAD) keep[i] = true;
     if (!keep[i]) continue;
-    int n = inputs_after(g, hit, found, i, ins, &in);
+    int n = inputs_after(g, hit, owner, found, i, ins, &in);
     for (int j = 0; j < n; j++) keep[in[j]] = true;
   }
   /* the new graph borrows g's symbols: pass_attention_free gives them back */
@@ -230,20 +413,31 @@ int pass_attention(const ir_graph *g, ir_graph **out) {
   for (int i = 0; i < g->n_nodes; i++) {
     if (!keep[i]) continue;
     ir_node n = g->nodes[i];
-    int k = inputs_after(g, hit, found, i, ins, &in);
-    int *big = k > 4 ? alloc_malloc(sizeof(int) * (size_t)k) : NULL;
-    if (k > 4 && !big) goto oom;
+    int k = inputs_after(g, hit, owner, found, i, ins, &in);
+    int *big = k > 6 ? alloc_malloc(sizeof(int) * (size_t)k) : NULL;
+    if (k > 6 && !big) goto oom;
     int *to = big ? big : mapped;
     for (int j = 0; j < k; j++) to[j] = map[in[j]];
     n.in = to;
     n.n_in = k;
-    if (hit[i]) {
-      n.op = OP_ATTENTION;
+    if (hit[i] || owner[i] >= 0) {
       memset(&n.attrs, 0, sizeof n.attrs);
-      n.attrs.value = found[i].scale;
-      n.attrs.flag = found[i].mask >= 0 && found[i].drop;
+      const attn_match *m = &found[hit[i] ? i : owner[i]];
+      n.attrs.value = m->scale;
+      n.attrs.flag = m->mask >= 0 && m->drop;
     }
-    map[i] = ir_append(c, &n);
+    if (hit[i]) n.op = OP_ATTENTION;
+    if (owner[i] >= 0) { /* the match's attention_grad, made at its first gradient, then a slice of it */
+      int o = owner[i];
+      if (ag[o] < 0) {
+        const ir_node *no = node(g, o);
+        n.op = OP_ATTENTION_GRAD, n.file = no->file, n.line = no->line;
+        if ((ag[o] = append_inferred(c, &n)) < 0) goto oom;
+      }
+      map[i] = grad_slice(c, g, &found[o], ag[o], which[i], i);
+    } else {
+      map[i] = ir_append(c, &n);
+    }
     alloc_free(big);
     if (map[i] < 0) goto oom;
   }
@@ -260,11 +454,13 @@ int pass_attention(const ir_graph *g, ir_graph **out) {
     if (ir_add_guard(c, g->guards[i])) goto oom;
   *out = c;
 done:
-  alloc_free(uses), alloc_free(map), alloc_free(found), alloc_free(hit), alloc_free(keep);
+  alloc_free(uses), alloc_free(map), alloc_free(owner), alloc_free(which), alloc_free(ag);
+  alloc_free(found), alloc_free(hit), alloc_free(keep);
   return n_hit;
 oom:
   pass_attention_free(c);
-  alloc_free(uses), alloc_free(map), alloc_free(found), alloc_free(hit), alloc_free(keep);
+  alloc_free(uses), alloc_free(map), alloc_free(owner), alloc_free(which), alloc_free(ag);
+  alloc_free(found), alloc_free(hit), alloc_free(keep);
   return -1;
 }
 
