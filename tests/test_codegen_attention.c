@@ -348,17 +348,21 @@ static void case_training(kiln_dtype dt, int mask, bool by_div, int need, int64_
   kiln_tensor *ref[4], *y[3][4];
   ck_assert_int_eq(0, train_body(&t, in, ref));
   kiln_fn *fn[3];
-  for (int b = 0; b < 3; b++) { /* LLVM fused, the interpreter, LLVM unfused */
-    if (b == 2) ck_assert_int_eq(0, setenv("KILN_FUSE_ATTENTION", "0", 1));
+  for (int b = 0; b < 3; b++) { /* LLVM fused (at any length), the interpreter, LLVM unfused */
+    ck_assert_int_eq(0, setenv("KILN_FUSE_ATTENTION", b == 2 ? "0" : "1", 1));
     kiln_options o = {.name = "train", .n_in = 3, .n_out = n_out, .backend = b == 1 ? KILN_BACKEND_INTERP : KILN_BACKEND_LLVM};
     fn[b] = kiln_compile(train_body, &t, &o);
     ck_assert_int_eq(0, kiln_call(fn[b], in, y[b]));
     ck_assert_int_eq(0, kiln_call(fn[b], in, y[b]));
   }
   ck_assert_msg(!has_kernel(fn[2], "attention_grad"), "fused with KILN_FUSE_ATTENTION=0");
-  unsetenv("KILN_FUSE_ATTENTION");
+  ck_assert_int_eq(0, setenv("KILN_FUSE_ATTENTION", "1", 1));
   ck_assert_msg(has_kernel(fn[0], "attention") && has_kernel(fn[0], "attention_grad"),
                 "mask %d need %d: the training step did not fuse", mask, need);
+  /* by default a training graph fuses from 256 x 256 scores on (fuse_attention.c, train_pays) */
+  unsetenv("KILN_FUSE_ATTENTION");
+  ck_assert_msg(has_kernel(fn[0], "attention_grad") == (T * T >= 256 * 256), "T %lld: fused %d by default",
+                (long long)T, (int)has_kernel(fn[0], "attention_grad"));
   /* the weights' gradients sum T rows of dq (dk, dv) times the inputs: D more terms */
   double tol = grad_tol(dt, T, T, 2 * D, D);
   for (int i = 0; i < n_out; i++) {
@@ -382,6 +386,7 @@ START_TEST(test_training_fuses) {
     case_training(dt, M_DROP, true, 6, 130, 24);
     case_training(dt, M_NONE, false, 3, 2, 64);
     case_training(dt, M_NONE, false, 4, 1, 64); /* T 1: dq and dk are 0 but for rounding, nothing to compare */
+    if (dt == KILN_F32) case_training(dt, M_NONE, false, 7, 256, 8); /* long enough to fuse by default */
   }
 }
 END_TEST
@@ -473,6 +478,7 @@ START_TEST(test_gpt_training_fuses) {
   kiln_options o = {.name = "gpt_step", .n_in = 2, .n_out = 1, .backend = KILN_BACKEND_LLVM};
   kiln_fn *fn = kiln_compile(gpt_train_body, &gc, &o);
   ck_assert_ptr_nonnull(fn);
+  ck_assert_int_eq(0, setenv("KILN_FUSE_ATTENTION", "1", 1)); /* T 70: fused only when asked */
   for (int step = 0; step < 3; step++) {
     kiln_tensor *in[2] = {idx, tgt}, *lc, *le = gpt_train_step(&ge, idx, tgt);
     ck_assert_int_eq(0, kiln_call(fn, in, &lc));
@@ -484,6 +490,7 @@ START_TEST(test_gpt_training_fuses) {
     ck_assert_msg(fabs(a - b) <= 1e-5 * fabs(a), "step %d: eager loss %.9g, compiled %.9g", step, a, b);
   }
   ck_assert(has_kernel(fn, "attention") && has_kernel(fn, "attention_grad"));
+  unsetenv("KILN_FUSE_ATTENTION");
   kiln_fn_free(fn);
   kiln_scope_end();
   gpt_free(&ge);

@@ -325,6 +325,25 @@ static bool enabled(void) {
   return !e || strcmp(e, "0") != 0;
 }
 
+/* A training graph's attention (forward and backward) fuses where its score
+ * matrices are big: the fused backward recomputes the scores, which costs
+ * more than it saves at short lengths (W8, T = 64: 13% more CPU a step),
+ * and what it saves is the (T, S) probabilities a layer keeps for the
+ * backward. Constant T * S below TRAIN_MIN_SCORES stays unfused;
+ * KILN_FUSE_ATTENTION=1 fuses every length (tests). */
+enum { TRAIN_MIN_SCORES = 256 * 256 };
+
+static bool train_pays(const ir_graph *g, const attn_match *m) {
+  if (m->grad[0] < 0 && m->grad[1] < 0 && m->grad[2] < 0) return true; /* no backward */
+  const char *e = getenv("KILN_FUSE_ATTENTION");
+  if (e && !strcmp(e, "1")) return true;
+  const ir_node *q = node(g, m->q), *k = node(g, m->k);
+  if (q->ndim < 2 || k->ndim < 2) return true;
+  sym_dim t = q->shape[q->ndim - 2], s = k->shape[k->ndim - 2];
+  if (!sym_is_const(t) || !sym_is_const(s)) return true;
+  return t.c * s.c >= TRAIN_MIN_SCORES;
+}
+
 /* The inputs node i has once the matches are made attention nodes: a
  * forward's q, k, v[, mask]; a gradient's those of its attention_grad, q, k,
  * v, o, do[, mask]. owner[i]: the match whose gradient node i is, or -1. */
@@ -383,7 +402,7 @@ int pass_attention(const ir_graph *g, ir_graph **out) {
   if (!uses || !map || !owner || !which || !ag || !found || !hit || !keep) goto oom;
   for (int i = 0; i < g->n_nodes; i++) owner[i] = ag[i] = -1;
   for (int i = 0; i < g->n_nodes; i++) {
-    n_hit += hit[i] = match_attention(g, uses, i, &found[i]);
+    n_hit += hit[i] = match_attention(g, uses, i, &found[i]) && train_pays(g, &found[i]);
     for (int x = 0; hit[i] && x < 3; x++)
       if (found[i].grad[x] >= 0) owner[found[i].grad[x]] = i, which[found[i].grad[x]] = x;
   }
