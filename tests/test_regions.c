@@ -714,6 +714,72 @@ START_TEST(test_scan_two_xs) {
 }
 END_TEST
 
+/* A weight read at a branch's own level whose product reaches the loss
+ * only as an inner scan's xs: at inner length 0 eager leaves its kiln_grad
+ * NULL, and so must a compiled call (the read at the branch's level gets a
+ * flag, since a nested construct follows it). Lengths 2, 0, 3, both
+ * backends, against eager: NULL where eager's is, values equal otherwise. */
+static kiln_tensor *g_w_inner;
+static int rows_add(void *c, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)c;
+  out[0] = kiln_add(in[0], in[1]);
+  return out[0] ? 0 : -1;
+}
+static int then_inner(void *c, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)c;
+  kiln_tensor *h = kiln_matmul(in[1], g_w_inner);
+  return kiln_scan(rows_add, NULL, 1, &in[0], 1, &h, &out[0], 0, NULL);
+}
+static int else_double(void *c, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)c;
+  out[0] = kiln_mul(in[0], kiln_scalar(KILN_F64, 2));
+  return out[0] ? 0 : -1;
+}
+static int inner_xs_loss(void *c, kiln_tensor *const *in, kiln_tensor **out) {
+  kiln_tensor *y, *ops[2] = {in[0], in[1]};
+  if (kiln_cond(in[2], then_inner, else_double, c, 2, ops, 1, &y)) return -1;
+  out[0] = kiln_sum_all(kiln_mul(y, y));
+  return !out[0] || kiln_backward(out[0]) ? -1 : 0;
+}
+
+START_TEST(test_cond_own_read_into_inner_scan) {
+  for (int be = KILN_BACKEND_INTERP; be <= KILN_BACKEND_LLVM; be++) {
+    kiln_scope_begin();
+    double wv[6] = {1, 2, 3, 4, 5, 6}, h0[6] = {1, 1, 1, 1, 1, 1}, xv[12];
+    for (int i = 0; i < 12; i++) xv[i] = 0.1 * i;
+    g_w_inner = kiln_tensor_from(KILN_F64, 2, (int64_t[]){2, 3}, wv);
+    kiln_requires_grad(g_w_inner, true);
+    kiln_fn *fn = kiln_compile(inner_xs_loss, NULL, &(kiln_options){.name = "inner", .n_in = 3, .n_out = 1, .backend = be});
+    static const int64_t lens[] = {2, 0, 3};
+    for (int li = 0; li < 3; li++) {
+      kiln_scope_begin();
+      bool p = true;
+      kiln_tensor *in[3] = {kiln_tensor_from(KILN_F64, 2, (int64_t[]){2, 3}, h0),
+                            kiln_tensor_from(KILN_F64, 3, (int64_t[]){lens[li], 2, 2}, xv),
+                            kiln_tensor_from(KILN_BOOL, 0, NULL, &p)}, *out[1];
+      kiln_requires_grad(in[0], true); /* a loss to differentiate at length 0 too */
+      double got[2][6];
+      bool set[2];
+      for (int pass = 0; pass < 2; pass++) {
+        ck_assert_msg((pass ? kiln_call(fn, in, out) : inner_xs_loss(NULL, in, out)) == 0, "%s", kiln_last_error());
+        const kiln_tensor *gw = kiln_grad(g_w_inner);
+        set[pass] = gw != NULL;
+        if (gw) ck_assert_int_eq(0, kiln_read(gw, got[pass], sizeof got[pass]));
+        kiln_zero_grad(g_w_inner);
+      }
+      ck_assert_msg(set[0] == set[1], "backend %d, inner length %lld: W.grad %s eagerly, %s compiled", be,
+                    (long long)lens[li], set[0] ? "set" : "NULL", set[1] ? "set" : "NULL");
+      ck_assert(set[0] == (lens[li] > 0));
+      for (int i = 0; set[0] && i < 6; i++) ck_assert_double_eq_tol(got[0][i], got[1][i], 1e-12 * (1 + fabs(got[0][i])));
+      kiln_scope_end();
+    }
+    kiln_fn_free(fn);
+    kiln_release(g_w_inner);
+    kiln_scope_end();
+  }
+}
+END_TEST
+
 /* Storages a compiled call makes. */
 static uint64_t storages_of_call(kiln_fn *fn, kiln_tensor *const *in, int n_out) {
   kiln_tensor *out[2] = {0};
@@ -1901,6 +1967,7 @@ int main(void) {
   tcase_add_test(cap, test_scan_one_trace);
   tcase_add_test(cap, test_while_one_trace);
   tcase_add_test(cap, test_scan_two_xs);
+  tcase_add_test(cap, test_cond_own_read_into_inner_scan);
   tcase_add_test(cap, test_save_load_captured);
   tcase_add_test(cap, test_capture_errors);
   tcase_add_test(cap, test_unfit_bodies_step_by_step);

@@ -254,15 +254,16 @@ static void prog_free(cfg_prog *p) {
 enum { READ_NONE, READ_NESTED, READ_OWN };
 static int cap_read(const cfg_prog *p, const cfg_region *reg, int c) {
   int ref = -1 - c, how = READ_NONE;
+  bool plain = false, nested = false;
   for (int k = 0; k < reg->n_out; k++)
     if (reg->out[k] == ref) return READ_OWN;
   for (int i = reg->begin; i < reg->end; i++) {
     const cfg_ins *in = &p->ins[i];
     if (in->kind != EV_CF) {
-      for (int j = 0; j < in->n_in; j++)
-        if (in->in[j] == ref) return READ_OWN;
+      for (int j = 0; j < in->n_in; j++) plain |= in->in[j] == ref;
       continue;
     }
+    nested = true;
     const cfg_cf *cf = in->cf;
     for (int j = 0; j < in->n_in; j++) {
       /* a cond's operands and a scan's initial carry get gradients whatever runs */
@@ -276,6 +277,12 @@ static int cap_read(const cfg_prog *p, const cfg_region *reg, int c) {
       if (cap_read(p, &cf->reg[k], c) != READ_NONE) how = READ_NESTED;
     i = cf->next - 1;
   }
+  /* read at its own level: its gradient exists whenever the region runs,
+   * unless what it made reaches the loss only through a nested construct
+   * (h = x @ W the xs of an inner scan of length 0), which this does not
+   * follow: with a nested construct in the region it gets a flag too, which
+   * says "reached" for a gradient that has no condition of its own */
+  if (plain) return nested ? READ_NESTED : READ_OWN;
   return how;
 }
 

@@ -284,6 +284,9 @@ static bool match_backward(const ir_graph *g, const int *uses, int o, attn_match
     if (last_dim_reduce(node(g, r), OP_SUM)) { /* a sum over one key and its expand are not recorded */
       if ((xe = sole_user(g, uses, r)) < 0 || node(g, xe)->op != OP_EXPAND) return false;
     } else {
+      /* without the sum the form is the softmax's backward only over one key */
+      const ir_node *kn = node(g, m->k);
+      if (kn->ndim < 2 || !sym_is_const(kn->shape[kn->ndim - 2]) || kn->shape[kn->ndim - 2].c != 1) return false;
       xe = d;
     }
     if (!binary_of(node(g, de), OP_ADD, a, xe, true) || !same_shape(g, node(g, xe), node(g, a)) || !used(uses, xe, 1) ||
@@ -308,10 +311,14 @@ static bool match_backward(const ir_graph *g, const int *uses, int o, attn_match
     dsum = 2;
   }
   if (!used(uses, m->e, 2 + dsum) || !used(uses, m->sum, 1 + dsum)) return false;
-  /* each gradient has its input's shape (the slices of attention_grad are) */
+  /* each gradient has its input's shape (the slices of attention_grad are),
+   * and comes after o and do, which the attention_grad node made at the
+   * first gradient reads */
   const int ins[3] = {m->q, m->k, m->v};
   for (int i = 0; i < 3; i++)
-    if (m->grad[i] >= 0 && !same_shape(g, node(g, m->grad[i]), node(g, ins[i]))) return false;
+    if (m->grad[i] >= 0 && (!same_shape(g, node(g, m->grad[i]), node(g, ins[i])) || m->grad[i] <= o ||
+                            m->grad[i] <= m->dout))
+      return false;
   return m->dout < 0 || same_shape(g, node(g, m->dout), node(g, o));
 }
 
