@@ -77,13 +77,12 @@ static inline double bench_matmuls_ms(const bench_mm *mm, int n_mm, int rounds) 
   }
   for (int r = 0; ok && r <= rounds; r++) { /* round 0 warms up */
     double a = bench_now_s();
-    for (int i = 0, at = 0; ok && i < n_mm; i++)
+    for (int i = 0, at = 0; ok && i < n_mm; at += mm[i].distinct ? mm[i].count : 1, i++)
       for (int c = 0; ok && c < mm[i].count; c++) {
         kiln_tensor *wi = w[at + (mm[i].distinct ? c : 0)];
         kiln_scope_begin();
         ok = kiln_matmul(x[i], mm[i].wt ? kiln_transpose(wi, 0, 1) : wi) != NULL;
         kiln_scope_end();
-        if (c + 1 == mm[i].count) at += mm[i].distinct ? mm[i].count : 1;
       }
     if (r) t[r - 1] = 1e3 * (bench_now_s() - a);
   }

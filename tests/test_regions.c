@@ -480,6 +480,21 @@ START_TEST(test_scan_one_trace) {
 }
 END_TEST
 
+/* fn saved to a file of its own and loaded back (a process without the C
+ * body would do the same); the file is gone after. */
+static kiln_fn *saved_and_loaded(kiln_fn *fn, const char *tag) {
+  char path[64];
+  snprintf(path, sizeof path, "/tmp/kiln_%s_XXXXXX", tag);
+  int fd = mkstemp(path);
+  ck_assert_int_ge(fd, 0);
+  close(fd);
+  ck_assert_msg(kiln_save(fn, path) == 0, "%s", kiln_last_error());
+  kiln_fn *ld = kiln_load(path);
+  unlink(path);
+  ck_assert_msg(ld != NULL, "%s", kiln_last_error());
+  return ld;
+}
+
 /* a captured scan saved (regions, the batched input projection and all)
  * and loaded: the loaded function runs at a length never traced, against C */
 START_TEST(test_save_load_captured) {
@@ -496,16 +511,10 @@ START_TEST(test_save_load_captured) {
                         kiln_tensor_from(KILN_F32, 3, (int64_t[]){5, NB, NI}, x)},
               *out[2];
   ck_assert_msg(kiln_call(fn, in, out) == 0, "%s", kiln_last_error());
-  char path[] = "/tmp/kiln_regions_XXXXXX";
-  int fd = mkstemp(path);
-  ck_assert_int_ge(fd, 0);
-  close(fd);
-  ck_assert_msg(kiln_save(fn, path) == 0, "%s", kiln_last_error());
+  kiln_fn *ld = saved_and_loaded(fn, "regions");
   char *text = kiln_fn_graph(fn, 0);
   kiln_fn_free(fn);
-  fn = kiln_load(path);
-  unlink(path);
-  ck_assert_msg(fn != NULL, "%s", kiln_last_error());
+  fn = ld;
   ck_assert_msg(strstr(text, "region body("), "%s", text);
   /* the loaded function takes the params after the inputs, in the order the graph lists them */
   const char *order[3];
@@ -1172,14 +1181,7 @@ static void grad_regions_case(int mode) {
     if (scans != want_scans || conds != want_conds) fprintf(stderr, "%s\n", text);
     ck_assert_msg(scans == want_scans && conds == want_conds, "%d scans and %d conds (the graph is above)", scans, conds);
     /* saved and loaded (a process without the C body): the same loss and gradients at a new length */
-    char path[] = "/tmp/kiln_gradregions_XXXXXX";
-    int fd = mkstemp(path);
-    ck_assert_int_ge(fd, 0);
-    close(fd);
-    ck_assert_msg(kiln_save(fn, path) == 0, "%s", kiln_last_error());
-    kiln_fn *ld = kiln_load(path);
-    unlink(path);
-    ck_assert_msg(ld != NULL, "%s", kiln_last_error());
+    kiln_fn *ld = saved_and_loaded(fn, "gradregions");
     int T = mode ? 3 : 1;
     for (int i = 0; i < NB * NI; i++) x[i] = fabs(x[i]);
     kiln_tensor *in[5] = {f64_of(2, (int64_t[]){NB, NH}, h0), f64_of(3, (int64_t[]){T, NB, NI}, x),
@@ -1453,14 +1455,7 @@ START_TEST(test_cond_grad_untaken) {
       ck_assert_int_eq(4, count_of(text, " when %"));
       ck_assert_int_eq(1, count_of(text, " else none"));
       /* saved and loaded (no C body): the loaded function answers as eager does, both branches */
-      char path[] = "/tmp/kiln_condgrad_XXXXXX";
-      int fd = mkstemp(path);
-      ck_assert_int_ge(fd, 0);
-      close(fd);
-      ck_assert_msg(kiln_save(fn, path) == 0, "%s", kiln_last_error());
-      kiln_fn *ld = kiln_load(path);
-      unlink(path);
-      ck_assert_msg(ld != NULL, "%s", kiln_last_error());
+      kiln_fn *ld = saved_and_loaded(fn, "condgrad");
       char *again = kiln_fn_graph(ld, 0);
       ck_assert_int_eq(4, count_of(again, " when %"));
       ck_assert_int_eq(1, count_of(again, " else none"));

@@ -142,19 +142,23 @@ static int64_t attn_ws_elems(const attn_job *j, int64_t lanes) {
   return ATTN_BR * j->D + ATTN_BR * ATTN_TILE_VECS * lanes + ATTN_BR * j->Ep + 2 * ATTN_BR;
 }
 
-static void attn_chunk(void *c, int64_t b, int64_t e) {
-  attn_job *j = c;
-  size_t esz = j->f64 ? sizeof(double) : sizeof(float);
-  int64_t n = attn_ws_elems(j, j->vb / (int64_t)esz);
-  void *ws = alloc_malloc((size_t)n * esz);
-  if (!ws) {
-    __atomic_store_n(&j->failed, true, __ATOMIC_RELAXED);
-    return;
+/* A pool chunk of a kernel's tasks (the forward's, the backward's): its
+ * working memory of ELEMS elements, then TASKS at the job's width and dtype. */
+#define ATTN_CHUNK_FN(NAME, ELEMS, TASKS)                                   \
+  static void NAME(void *c, int64_t b, int64_t e) {                         \
+    attn_job *j = c;                                                        \
+    size_t esz = j->f64 ? sizeof(double) : sizeof(float);                   \
+    int64_t n = ELEMS(j, j->vb / (int64_t)esz);                             \
+    void *ws = alloc_malloc((size_t)n * esz);                               \
+    if (!ws) {                                                              \
+      __atomic_store_n(&j->failed, true, __ATOMIC_RELAXED);                 \
+      return;                                                               \
+    }                                                                       \
+    if (j->f64) ATTN_CALL(j->vb, TASKS, f64, j, b, e, ws);                  \
+    else ATTN_CALL(j->vb, TASKS, f32, j, b, e, ws);                         \
+    alloc_free(ws);                                                         \
   }
-  if (j->f64) ATTN_CALL(j->vb, attn_tasks, f64, j, b, e, ws);
-  else ATTN_CALL(j->vb, attn_tasks, f32, j, b, e, ws);
-  alloc_free(ws);
-}
+ATTN_CHUNK_FN(attn_chunk, attn_ws_elems, attn_tasks)
 
 static void pack_chunk(void *c, int64_t b, int64_t e) {
   attn_job *j = c;
@@ -260,19 +264,7 @@ static int64_t attn_bwd_ws_elems(const attn_job *j, int64_t lanes) {
          2 * ATTN_BR * ATTN_TILE_VECS * lanes + 3 * ATTN_BR;
 }
 
-static void attn_bwd_chunk(void *c, int64_t b, int64_t e) {
-  attn_job *j = c;
-  size_t esz = j->f64 ? sizeof(double) : sizeof(float);
-  int64_t n = attn_bwd_ws_elems(j, j->vb / (int64_t)esz);
-  void *ws = alloc_malloc((size_t)n * esz);
-  if (!ws) {
-    __atomic_store_n(&j->failed, true, __ATOMIC_RELAXED);
-    return;
-  }
-  if (j->f64) ATTN_CALL(j->vb, attn_bwd_tasks, f64, j, b, e, ws);
-  else ATTN_CALL(j->vb, attn_bwd_tasks, f32, j, b, e, ws);
-  alloc_free(ws);
-}
+ATTN_CHUNK_FN(attn_bwd_chunk, attn_bwd_ws_elems, attn_bwd_tasks)
 
 /* The backward is threaded over batch entries: one task walks all of an
  * entry's row blocks in order and sums its dk and dv in that order, so the

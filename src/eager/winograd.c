@@ -208,14 +208,16 @@ static KILN_HOT void output_run(const wino_geom *q, const float *m, int64_t oy, 
   }
 }
 
-/* BODY for each run of tiles in [t0, t1) that lies in one row of tiles:
- * image ni, row ty, nt tiles from column tx0, the first of them off from t0. */
-#define FOR_ROWS(j, t0, t1, BODY)                                                            \
-  for (int64_t t_ = (t0); t_ < (t1);) {                                                      \
-    int64_t ni = t_ / ((j)->th * (j)->tw), ty = t_ / (j)->tw % (j)->th, tx0 = t_ % (j)->tw; \
-    int64_t nt = (j)->tw - tx0 < (t1) - t_ ? (j)->tw - tx0 : (t1) - t_, off = t_ - (t0);     \
-    BODY;                                                                                    \
-    t_ += nt;                                                                                \
+/* BODY for each run of tiles in [t0, t1) that lies in one row of tiles
+ * (tw a row, th rows an image), of at most MAX_TILES: image ni, row ty, nt
+ * tiles from column tx0, the first of them off from t0. */
+#define FOR_ROWS(tw, th, t0, t1, BODY)                                        \
+  for (int64_t t_ = (t0); t_ < (t1);) {                                       \
+    int64_t ni = t_ / ((th) * (tw)), ty = t_ / (tw) % (th), tx0 = t_ % (tw);  \
+    int64_t nt = (tw) - tx0 < (t1) - t_ ? (tw) - tx0 : (t1) - t_, off = t_ - (t0); \
+    if (nt > MAX_TILES) nt = MAX_TILES;                                       \
+    BODY;                                                                     \
+    t_ += nt;                                                                 \
   }
 
 /* Blocks of slots [s0, s1): slot s runs its share of the blocks in order on its own V and M. */
@@ -231,12 +233,12 @@ static void block_chunk(void *ctx, int64_t s0, int64_t s1) {
       int64_t t0 = b * tb, t1 = t0 + tb < tiles ? t0 + tb : tiles;
       /* channel by channel, so that what a run writes past its end is written again after */
       for (int64_t c = 0; c < q->c; c++)
-        FOR_ROWS(j, t0, t1,
+        FOR_ROWS(j->tw, j->th, t0, t1,
                  input_run(q, j->x + (ni * q->c + c) * q->h * q->w, 2 * ty - q->ph, 2 * tx0 - q->pw, nt,
                            v + c * tb + off, j->ldv, r));
       for (int xi = 0; xi < 16; xi++)
         gemm_sgemm_task(q->o, t1 - t0, q->c, j->u + xi * j->ldu, q->c, v + xi * j->ldv, tb, m + xi * j->ldm, tb);
-      FOR_ROWS(j, t0, t1,
+      FOR_ROWS(j->tw, j->th, t0, t1,
                output_run(q, m + off, 2 * ty, 2 * tx0, nt, j->y + ni * q->o * q->ho * q->wo, j->ldm, tb, r));
     }
   }
@@ -325,19 +327,6 @@ typedef struct wgw_job {
   int64_t t0, t1; /* the chunk's tiles */
 } wgw_job;
 
-/* BODY for each run of the chunk's tiles that lies in one row of tiles, of
- * at most MAX_TILES: image ni, row ty, nt tiles from column tx0, off from
- * the chunk's first. */
-#define FOR_RUNS(j, BODY)                                                                        \
-  for (int64_t t_ = (j)->t0; t_ < (j)->t1;) {                                                    \
-    const wgw_geom *g_ = (j)->g;                                                                 \
-    int64_t ni = t_ / g_->per_image, ty = t_ / g_->tw % g_->th, tx0 = t_ % g_->tw, off = t_ - (j)->t0; \
-    int64_t nt = g_->tw - tx0 < (j)->t1 - t_ ? g_->tw - tx0 : (j)->t1 - t_;                      \
-    if (nt > MAX_TILES) nt = MAX_TILES;                                                          \
-    BODY;                                                                                        \
-    t_ += nt;                                                                                    \
-  }
-
 /* V[xi][c] for channels [c0, c1), the chunk's runs in order (a run writes up
  * to 15 floats past its end, which the next run writes again; the last
  * one's land in the row's spare line). */
@@ -346,7 +335,7 @@ static void wgw_input_chunk(void *ctx, int64_t c0, int64_t c1) {
   const wino_geom *q = j->q;
   float r[RUN_FLOATS];
   for (int64_t c = c0; c < c1; c++)
-    FOR_RUNS(j, input_run(q, j->x + (ni * q->c + c) * q->h * q->w, 2 * ty - q->ph, 2 * tx0 - q->pw, nt,
+    FOR_ROWS(j->g->tw, j->g->th, j->t0, j->t1, input_run(q, j->x + (ni * q->c + c) * q->h * q->w, 2 * ty - q->ph, 2 * tx0 - q->pw, nt,
                           j->v + c * j->g->ldr + off, j->g->ldv, r));
 }
 
@@ -388,7 +377,7 @@ static void wgw_grad_chunk(void *ctx, int64_t o0, int64_t o1) {
   const wino_geom *q = j->q;
   float r[4 * MAX_TILES];
   for (int64_t o = o0; o < o1; o++)
-    FOR_RUNS(j, grad_run(q, j->gy + (ni * q->o + o) * q->ho * q->wo, 2 * ty, 2 * tx0, nt,
+    FOR_ROWS(j->g->tw, j->g->th, j->t0, j->t1, grad_run(q, j->gy + (ni * q->o + o) * q->ho * q->wo, 2 * ty, 2 * tx0, nt,
                          j->m + o * j->g->ldr + off, j->g->ldm, r));
 }
 
