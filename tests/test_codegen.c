@@ -146,7 +146,7 @@ static size_t arena_of(const cg_program *p) {
   size_t bytes[64] = {0}, off[64];
   ck_assert_int_le(p->n_buf, 64);
   for (int b = 0; b < p->n_buf; b++) {
-    if (p->buf[b].kind != CG_BUF_TEMP) continue;
+    if (p->buf[b].kind != CG_BUF_TEMP || p->buf[b].alias_of >= 0) continue; /* an alias takes its buffer's memory */
     bytes[b] = kiln_dtype_size(p->buf[b].dtype);
     for (int d = 0; d < p->buf[b].ndim; d++) bytes[b] *= (size_t)p->buf[b].shape[d].c;
   }
@@ -714,6 +714,96 @@ START_TEST(test_grad_accumulates_into_gemm) {
   }
   kiln_fn_free(fn);
   kiln_release(wa), kiln_release(wb);
+}
+END_TEST
+
+/* A tied embedding trained by SGD: w's gradient is the head's (a GEMM's
+ * product, read transposed) plus the embedding's rows, an index_add into
+ * zeros. The accumulate pass adds the rows into the product's own buffer
+ * (index_add_to), so the arena holds one (V, C) gradient, not two; the
+ * weights stay eager's to the bit, repeated and absent indices included. */
+enum { TV = 96, TC = 40, TN = 12 };
+static int tied_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  kiln_tensor *w = ctx;
+  kiln_tensor *h = kiln_add(kiln_embedding(w, in[0]), in[1]);                   /* (TN, TC) */
+  kiln_tensor *logits = kiln_matmul(h, kiln_transpose(w, 0, 1));                /* (TN, TV) */
+  out[0] = kiln_mean_all(kiln_mul(logits, logits));
+  if (!out[0] || kiln_backward(out[0])) return -1;
+  kiln_no_grad_begin();
+  bool bad = !kiln_sub_(w, kiln_mul_scalar(kiln_grad(w), 0.5));
+  kiln_no_grad_end();
+  kiln_zero_grad(w);
+  return bad ? -1 : 0;
+}
+
+/* The op itself against index_add into zeros and an add, to the bit:
+ * repeated rows summed before they meet x, -0 in x made +0 where no row
+ * lands (as x + 0 does), along dim 0 and 1, f32 and f64. */
+START_TEST(test_index_add_to_bits) {
+  for (int dt = 0; dt < 2; dt++)
+    for (int dim = 0; dim < 2; dim++) {
+      kiln_scope_begin();
+      kiln_dtype t = dt ? KILN_F64 : KILN_F32;
+      int64_t shape[2] = {9, 7}, sshape[2] = {9, 7};
+      sshape[dim] = 6;
+      kiln_tensor *x = kiln_contiguous(kiln_mul_scalar(kiln_randn(t, 2, shape, 3), 1e3));
+      kiln_tensor *src = kiln_randn(t, 2, sshape, 4);
+      for (int64_t i = 0; i < 9 * 7; i += 4) /* -0 on rows hit and missed */
+        elem_store(t, tensor_data(x), i, -0.0);
+      kiln_tensor *idx = kiln_tensor_from(KILN_I64, 1, ((int64_t[]){6}), ((int64_t[]){2, 5, 2, 0, 2, 5}));
+      op_attrs a = {.dim = dim};
+      kiln_tensor *z = kiln_zeros(t, 2, shape);
+      kiln_tensor *sum = op_dispatch(OP_INDEX_ADD_TO, (kiln_tensor *[]){x, idx, src}, 3, &a, __FILE__, __LINE__);
+      kiln_tensor *rows = op_dispatch(OP_INDEX_ADD, (kiln_tensor *[]){z, idx, src}, 3, &a, __FILE__, __LINE__);
+      kiln_tensor *ref = kiln_contiguous(kiln_add(x, rows));
+      ck_assert_ptr_nonnull(sum);
+      ck_assert_mem_eq(tensor_data(sum), tensor_data(ref), kiln_dtype_size(t) * 63);
+      kiln_scope_end();
+    }
+}
+END_TEST
+
+START_TEST(test_tied_rows_added_in_place) {
+  kiln_tensor *w[2];
+  for (int k = 0; k < 2; k++) {
+    kiln_scope_begin();
+    w[k] = kiln_keep(kiln_mul_scalar(kiln_randn(KILN_F32, 2, ((int64_t[]){TV, TC}), 7), 0.3));
+    kiln_scope_end();
+    kiln_requires_grad(w[k], true);
+  }
+  /* rows 0..TV-1 of w start as -0 in one column: where no index lands, eager's x + 0 makes them +0 */
+  float *wd = tensor_data(w[0]);
+  for (int r = 0; r < TV; r++) wd[r * TC + 3] = -0.0f;
+  memcpy(tensor_data(w[1]), wd, sizeof(float) * TV * TC);
+  kiln_options o = {.name = "tied", .n_in = 2, .n_out = 1, .backend = KILN_BACKEND_LLVM};
+  kiln_fn *fn = kiln_compile(tied_body, w[0], &o);
+  for (int call = 0; call < 3; call++) {
+    kiln_scope_begin();
+    int64_t ix[TN];
+    for (int i = 0; i < TN; i++) ix[i] = (i * 7 + call) % 5 * 11; /* rows 0, 11, .., 44, each several times */
+    kiln_tensor *in[2] = {kiln_tensor_from(KILN_I64, 1, ((int64_t[]){TN}), ix),
+                          kiln_randn(KILN_F32, 2, ((int64_t[]){TN, TC}), 30 + (uint64_t)call)};
+    kiln_tensor *y = NULL, *ye = NULL;
+    ck_assert_int_eq(0, kiln_call(fn, in, &y));
+    ck_assert_int_eq(0, tied_body(w[1], in, &ye));
+    ck_assert_mem_eq(tensor_data(w[0]), tensor_data(w[1]), sizeof(float) * TV * TC);
+    kiln_scope_end();
+  }
+  kiln_fn_stats st;
+  ck_assert_int_eq(0, kiln_fn_get_stats(fn, &st));
+  ck_assert_int_eq(0, st.fallbacks);
+  ck_assert_int_ge(st.hits, 2);
+  char *text = kiln_fn_graph(fn, 0);
+  ck_assert_ptr_nonnull(text);
+  ck_assert_msg(strstr(text, "index_add_to(") && strstr(text, "{dim=1}") && !strstr(text, "index_add("), "%s", text);
+  free(text);
+  /* one (TV, TC) gradient in the arena: the head's product, the rows added into it */
+  cg_program *p = plan_of(fn);
+  size_t arena = arena_of(p), grad = sizeof(float) * TV * TC;
+  ck_assert_msg(arena < 2 * grad, "arena %zu bytes, a gradient %zu", arena, grad);
+  free_plan(p);
+  kiln_fn_free(fn);
+  kiln_release(w[0]), kiln_release(w[1]);
 }
 END_TEST
 
@@ -2596,6 +2686,8 @@ static Suite *suite(void) {
   tcase_add_test(tc, test_data_movement_compiled);
   tcase_add_test(tc, test_attrs_from_sizes);
   tcase_add_test(tc, test_index_copy_inplace_compiled);
+  tcase_add_test(tc, test_tied_rows_added_in_place);
+  tcase_add_test(tc, test_index_add_to_bits);
   tcase_add_test(tc, test_select_compiled);
   tcase_add_test(tc, test_split_dynamic);
   tcase_add_test(tc, test_coalesced_loops);

@@ -1296,11 +1296,12 @@ static bool written_back_from(const cg_program *p, int b, int node) {
 }
 
 /* A write into a view in place: slice_scatter(P, x), or index_copy(P, dim,
- * idx, x), stores into P's buffer when nothing after it reads P's old value
- * (no later kernel, output or write) and, for a param or input, the call
+ * idx, x) (index_add and index_add_to likewise), stores into P's buffer
+ * when nothing after it reads P's old value (no later kernel, output or
+ * write) and, for a param or input, the call
  * writes the scatter's value (or a scatter into it) back to P anyway. The
- * eager kernel then writes the rows alone (k_slice_scatter and
- * k_index_copy skip copying P onto itself) and the write-back finds
+ * eager kernel then writes the rows alone (k_slice_scatter and the row
+ * kernels skip copying P onto itself) and the write-back finds
  * nothing to copy: a KV cache update streams one row, not the cache twice.
  * An index_copy whose rows come from P itself keeps its own buffer. */
 static void scatter_in_place(cg_program *p, cg_view *views, int n_nodes) {
@@ -1308,8 +1309,8 @@ static void scatter_in_place(cg_program *p, cg_view *views, int n_nodes) {
   for (int ki = 0; ki < p->n_k; ki++) {
     cg_kernel *k = &p->k[ki];
     int op = k->kind == CG_K_EAGER ? g->nodes[k->node].op : -1;
-    if (op != OP_SLICE_SCATTER && !(op == OP_INDEX_COPY && k->in_buf[1] != k->in_buf[0] && k->in_buf[2] != k->in_buf[0]))
-      continue;
+    bool rows = op == OP_INDEX_COPY || op == OP_INDEX_ADD || op == OP_INDEX_ADD_TO;
+    if (op != OP_SLICE_SCATTER && !(rows && k->in_buf[1] != k->in_buf[0] && k->in_buf[2] != k->in_buf[0])) continue;
     int base = g->nodes[k->node].in[0], o = k->out_buf, b = k->in_buf[0];
     if (o < 0 || b < 0 || p->buf[o].kind != CG_BUF_TEMP || p->buf[o].alias_of >= 0 || p->node_buf[base] != b) continue;
     /* the base is its buffer, whole and in order (not a view of it) */

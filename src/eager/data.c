@@ -92,6 +92,55 @@ int k_slice_scatter(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, 
   return 0;
 }
 
+/* out = x + index_add(zeros_like(x), dim, idx, src), bit for bit, without
+ * the zeros: each row's sources are summed first, from 0 in index order, and
+ * the sum added to x's row once; every other element gets x + 0 (so -0
+ * becomes +0, as the sum would make it). The compiler makes this op from
+ * that sum (passes.c): a tied embedding's gradient then adds into the
+ * head's instead of needing a second buffer of the table's size. */
+typedef struct row_pos {
+  int64_t row, i;
+} row_pos;
+
+static int row_pos_cmp(const void *a, const void *b) {
+  const row_pos *x = a, *y = b;
+  return x->row != y->row ? (x->row > y->row) - (x->row < y->row) : (x->i > y->i) - (x->i < y->i);
+}
+
+int k_index_add_to(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out) {
+  (void)op, (void)n;
+  const kiln_tensor *idx = in[1], *src = in[2];
+  int64_t m = idx->shape[0], one[MAXD];
+  for (int d = 0; d < out->ndim; d++) one[d] = d == a->dim ? 1 : out->shape[d];
+  kiln_tensor *acc = tensor_new(out->dtype, out->ndim, one);
+  row_pos *ord = m ? malloc(sizeof *ord * (size_t)m) : NULL;
+  if (!acc || (m && !ord)) {
+    kiln_release(acc);
+    free(ord);
+    return -1;
+  }
+  pw_fill(acc, 0);
+  kiln_tensor zero = *acc; /* acc's first element, broadcast: x + 0 everywhere */
+  for (int d = 0; d < zero.ndim; d++) zero.shape[d] = out->shape[d], zero.stride[d] = 0;
+  pw_binary(OP_ADD, out, in[0], &zero);
+  for (int64_t i = 0; i < m; i++) ord[i] = (row_pos){index_at(idx, i), i};
+  qsort(ord, (size_t)m, sizeof *ord, row_pos_cmp);
+  for (int64_t g = 0; g < m;) {
+    pw_fill(acc, 0);
+    int64_t e = g;
+    for (; e < m && ord[e].row == ord[g].row; e++) {
+      kiln_tensor s = narrow(src, a->dim, ord[e].i, 1, 1);
+      pw_binary(OP_ADD, acc, acc, &s);
+    }
+    kiln_tensor d = narrow(out, a->dim, ord[g].row, 1, 1);
+    pw_binary(OP_ADD, &d, &d, acc);
+    g = e;
+  }
+  free(ord);
+  kiln_release(acc);
+  return 0;
+}
+
 /* ---- gather, scatter_add, index_copy ---- */
 
 /* Steps the row-major index pos over shape; false after the last. */

@@ -7,7 +7,7 @@
 
 #include "eager/eager.h"
 
-_Static_assert(OP_COUNT == 77, "ops.def changed: update the op count here");
+_Static_assert(OP_COUNT == 78, "ops.def changed: update the op count here");
 
 static KILN_TLS_HOT const trace_hooks *hooks;
 

@@ -506,6 +506,7 @@ void gen_state_get(uint64_t *seed, uint64_t *offset);
 void gen_state_set(uint64_t seed, uint64_t offset);
 int k_index_select(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
 int k_index_add(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
+int k_index_add_to(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
 int k_slice_scatter(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
 int k_gather(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
 int k_scatter_add(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);

@@ -42,6 +42,9 @@ static ir_graph *rebuild_in(ir_graph *src, const int *order, rewrite_fn rw, int 
 
 static ir_graph *rebuild(ir_graph *src, rewrite_fn rw, int *changed) { return rebuild_in(src, NULL, rw, changed); }
 
+/* The src id of the node a rewrite_fn is given (for a rule that looked at src first). */
+static _Thread_local int rebuild_at;
+
 /* The same, taking src's nodes in order[] (a topological order; NULL: their own). */
 static ir_graph *rebuild_in(ir_graph *src, const int *order, rewrite_fn rw, int *changed) {
   *changed = 0;
@@ -57,6 +60,7 @@ static ir_graph *rebuild_in(ir_graph *src, const int *order, rewrite_fn rw, int 
     ir_node n = src->nodes[i];
     for (int j = 0; j < n.n_in; j++) ins[j] = map[n.in[j]];
     n.in = ins;
+    rebuild_at = i;
     map[i] = rw && n.op < OP_COUNT ? rw(dst, &n, changed) : ir_add(dst, &n);
     if (map[i] < 0) goto oom;
   }
@@ -577,6 +581,111 @@ oom:
   return NULL;
 }
 
+/* ---- accumulate ----------------------------------------------------------- */
+
+/* x + index_add(zeros, dim, idx, src) becomes index_add_to(x, dim, idx, src):
+ * the same bits (k_index_add_to), without the index_add's result, which is
+ * as large as x. A tied embedding's gradient is the case: the head's
+ * gradient of the table plus the embedding's rows, two (V, C) buffers live
+ * at once where one is enough. Where x is a 2-D transpose of M (the head's
+ * gradient is M = h^T @ dlogits, read transposed), the rows go into M's
+ * columns instead: permute(index_add_to(M, 1, idx, permute(src))), so the
+ * sum is M's buffer, never a transposed copy of it. Taken only where the
+ * index_add has no other reader and the sum is no output or write (the
+ * transposed form is a view). */
+
+static _Thread_local const signed char *acc_form; /* per src node: 0 no, 1 x + rows, 2 transposed */
+
+/* Whether n is all zeros: a constant, or a constant broadcast. */
+static bool zeros_node(const ir_graph *g, const ir_node *n) {
+  if (n->op == OP_EXPAND) n = &g->nodes[n->in[0]];
+  return const_uniform(n, 0.0);
+}
+
+/* Which input of add n is the index_add into zeros (1 or 0), or -1. */
+static int rows_input(const ir_graph *g, const ir_node *n) {
+  if (n->op != OP_ADD || n->n_in != 2 || n->dtype == KILN_BOOL) return -1;
+  for (int k = 1; k >= 0; k--) {
+    const ir_node *y = &g->nodes[n->in[k]], *x = &g->nodes[n->in[1 - k]];
+    if (y->op == OP_INDEX_ADD && zeros_node(g, &g->nodes[y->in[0]]) && same_type(n, y) && same_type(n, x)) return k;
+  }
+  return -1;
+}
+
+/* The M of x = permute(M) or contiguous(permute(M)), 2-D, perm [1, 0]; else -1. */
+static int transpose_of(const ir_graph *g, const ir_node *x) {
+  if (x->op == OP_COPY) x = &g->nodes[x->in[0]];
+  return x->op == OP_PERMUTE && x->ndim == 2 && x->attrs.perm[0] == 1 && x->attrs.perm[1] == 0 ? x->in[0] : -1;
+}
+
+static int accumulate_node(ir_graph *dst, ir_node *n, int *changed) {
+  int form = acc_form[rebuild_at], k = form ? rows_input(dst, n) : -1;
+  if (k < 0) return ir_add(dst, n);
+  const ir_node y = dst->nodes[n->in[k]];
+  int x = n->in[1 - k], in3[3];
+  int m = form == 2 ? transpose_of(dst, &dst->nodes[x]) : -1;
+  ++*changed;
+  if (m < 0) {
+    ir_node r = *n;
+    in3[0] = x, in3[1] = y.in[1], in3[2] = y.in[2];
+    r.op = OP_INDEX_ADD_TO, r.n_in = 3, r.in = in3, r.attrs = y.attrs;
+    return ir_add(dst, &r);
+  }
+  /* transposed: the rows (n_idx, C) become columns (C, n_idx) of M (C, V) */
+  const ir_node *src = &dst->nodes[y.in[2]];
+  ir_node pt = *n, q = *n, r = *n;
+  int one[1] = {y.in[2]};
+  pt.op = OP_PERMUTE, pt.n_in = 1, pt.in = one, pt.attrs = (op_attrs){0};
+  pt.attrs.perm[0] = 1, pt.attrs.perm[1] = 0;
+  pt.dtype = src->dtype, pt.shape[0] = src->shape[1], pt.shape[1] = src->shape[0];
+  int ptid = ir_add(dst, &pt);
+  if (ptid < 0) return -1;
+  in3[0] = m, in3[1] = y.in[1], in3[2] = ptid;
+  q.op = OP_INDEX_ADD_TO, q.n_in = 3, q.in = in3, q.attrs = y.attrs, q.attrs.dim = 1;
+  q.shape[0] = n->shape[1], q.shape[1] = n->shape[0];
+  int qid = ir_add(dst, &q);
+  if (qid < 0) return -1;
+  r.op = OP_PERMUTE, r.n_in = 1, r.in = &qid, r.attrs = pt.attrs;
+  return ir_add(dst, &r);
+}
+
+ir_graph *pass_accumulate(ir_graph *g) {
+  int *uses = alloc_calloc((size_t)g->n_nodes + 1, sizeof *uses);
+  signed char *form = alloc_calloc((size_t)g->n_nodes + 1, 1);
+  bool any = false;
+  if (!uses || !form) goto oom;
+  for (int i = 0; i < g->n_nodes; i++)
+    for (int j = 0; j < g->nodes[i].n_in; j++) uses[g->nodes[i].in[j]]++;
+  for (int i = 0; i < g->n_outputs; i++) uses[g->outputs[i]] += 1 << 20;
+  for (int i = 0; i < g->n_writes; i++)
+    for (int r[2], k = 0, nr = ir_write_reads(&g->writes[i], r); k < nr; k++) uses[r[k]] += 1 << 20;
+  for (int i = 0; i < g->n_nodes; i++) {
+    const ir_node *n = &g->nodes[i];
+    int k = rows_input(g, n);
+    if (k < 0 || uses[n->in[k]] != 1) continue;
+    const ir_node *y = &g->nodes[n->in[k]], *x = &g->nodes[n->in[1 - k]];
+    /* transposed where x is read only here (else its copy is made anyway) */
+    form[i] = y->attrs.dim == 0 && uses[i] < 1 << 20 && uses[n->in[1 - k]] == 1 && transpose_of(g, x) >= 0 ? 2 : 1;
+    any = true;
+  }
+  alloc_free(uses);
+  if (!any) {
+    alloc_free(form);
+    return g;
+  }
+  int changed;
+  acc_form = form;
+  g = rebuild(g, accumulate_node, &changed);
+  acc_form = NULL;
+  alloc_free(form);
+  return g;
+oom:
+  alloc_free(uses);
+  alloc_free(form);
+  ir_free(g);
+  return NULL;
+}
+
 /* ---- the pipeline ------------------------------------------------------- */
 
 static const struct {
@@ -588,6 +697,7 @@ static const struct {
     {"simplify", pass_simplify}, /* identities the folded constants made visible */
     {"hoist", pass_hoist},       /* loop-invariant work out of loop regions */
     {"sums", pass_sums},         /* a scan carry that only accumulates: summed after the loop (scansum.c) */
+    {"accumulate", pass_accumulate}, /* x + index_add(zeros, ...): the rows added into x */
     {"cse", pass_cse},
     {"dce", pass_dce},
     {"schedule", pass_schedule}, /* collectives early, to overlap what follows */

@@ -518,6 +518,7 @@ ir_graph *pass_dce(ir_graph *g);      /* drop nodes no output or write reaches *
 ir_graph *pass_cse(ir_graph *g);      /* merge equal nodes (after other rewrites) */
 ir_graph *pass_schedule(ir_graph *g); /* allreduces just after their inputs, to overlap what follows */
 ir_graph *pass_fold(ir_graph *g);     /* evaluate nodes whose inputs are all constants (small results) */
+ir_graph *pass_accumulate(ir_graph *g); /* x + index_add(zeros, dim, idx, src): index_add_to(x, dim, idx, src) */
 ir_graph *pass_sums(ir_graph *g);     /* a scan carry that only accumulates carry + z(step) is summed after the loop */
 ir_graph *pass_hoist(ir_graph *g);    /* work in a scan's or while's regions that reads only captures moves out */
 ir_graph *pass_simplify(ir_graph *g); /* x*1, x+0, x-0, x/1, neg(neg x), transpose of transpose,
