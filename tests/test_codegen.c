@@ -807,6 +807,76 @@ START_TEST(test_tied_rows_added_in_place) {
 }
 END_TEST
 
+/* A loss's exponentials take the logits' memory: cross_entropy's row
+ * kernel reads the logits last where it stores exp(x - max), so the arena
+ * holds one (N, C) buffer (the logits, then the exponentials, then the
+ * logits' gradient). A hand-written log_softmax picked by a mask reads the
+ * logits again after that store: there the logits keep their buffer, and
+ * the result is still eager's (to rounding). */
+enum { CN = 24, CC = 300, CK = 16 };
+typedef struct ce_ctx {
+  kiln_tensor *w;
+  bool hand; /* the hand-written form */
+} ce_ctx;
+static int ce_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  const ce_ctx *c = ctx;
+  kiln_tensor *w = c->w, *logits = kiln_matmul(in[0], w);
+  if (c->hand) {
+    kiln_tensor *hot = kiln_cast(kiln_eq(kiln_unsqueeze(in[1], 1), kiln_arange(KILN_I64, 0, CC, 1)), KILN_F32);
+    out[0] = kiln_neg(kiln_mean_all(kiln_sum(kiln_mul(kiln_log_softmax(logits, 1), hot), 1, false)));
+  } else {
+    out[0] = kiln_cross_entropy(logits, in[1]);
+  }
+  if (!out[0] || kiln_backward(out[0])) return -1;
+  kiln_no_grad_begin();
+  bool bad = !kiln_sub_(w, kiln_mul_scalar(kiln_grad(w), 0.5));
+  kiln_no_grad_end();
+  kiln_zero_grad(w);
+  return bad ? -1 : 0;
+}
+
+START_TEST(test_loss_exps_take_logits) {
+  for (int hand = 0; hand < 2; hand++) {
+    kiln_tensor *w[2];
+    for (int k = 0; k < 2; k++) {
+      kiln_scope_begin();
+      w[k] = kiln_keep(kiln_randn(KILN_F32, 2, ((int64_t[]){CK, CC}), 5));
+      kiln_scope_end();
+      kiln_requires_grad(w[k], true);
+    }
+    ce_ctx c[2] = {{w[0], hand}, {w[1], hand}};
+    kiln_options o = {.name = "ce", .n_in = 2, .n_out = 1, .backend = KILN_BACKEND_LLVM};
+    kiln_fn *fn = kiln_compile(ce_body, &c[0], &o);
+    for (int call = 0; call < 3; call++) {
+      kiln_scope_begin();
+      int64_t t[CN];
+      for (int i = 0; i < CN; i++) t[i] = (i * 37 + call) % CC;
+      kiln_tensor *in[2] = {kiln_randn(KILN_F32, 2, ((int64_t[]){CN, CK}), 60 + (uint64_t)call),
+                            kiln_tensor_from(KILN_I64, 1, ((int64_t[]){CN}), t)};
+      kiln_tensor *y = NULL, *ye = NULL;
+      ck_assert_int_eq(0, kiln_call(fn, in, &y));
+      ck_assert_int_eq(0, ce_body(&c[1], in, &ye));
+      /* a row's sum of exponentials adds in another order compiled: ulps apart */
+      int64_t bad;
+      ck_assert_msg(maxdiff_rel(y, ye, &bad) <= 1e-6, "hand %d call %d: loss", hand, call);
+      ck_assert_msg(maxdiff_rel(w[0], w[1], &bad) <= 1e-5, "hand %d call %d: weights differ at %lld", hand, call,
+                    (long long)bad);
+      kiln_scope_end();
+    }
+    kiln_fn_stats st;
+    ck_assert_int_eq(0, kiln_fn_get_stats(fn, &st));
+    ck_assert_int_eq(0, st.fallbacks);
+    cg_program *p = plan_of(fn);
+    size_t arena = arena_of(p), rows = sizeof(float) * CN * CC;
+    if (hand) ck_assert_msg(arena >= 2 * rows, "arena %zu bytes: the logits must outlive their exponentials", arena);
+    else ck_assert_msg(arena < 2 * rows, "arena %zu bytes, a (N, C) buffer %zu", arena, rows);
+    free_plan(p);
+    kiln_fn_free(fn);
+    kiln_release(w[0]), kiln_release(w[1]);
+  }
+}
+END_TEST
+
 /* A chain of residual adds read by two row reductions is stored once
  * instead of being recomputed (reading every addend) in each. */
 static int residual_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
@@ -2688,6 +2758,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, test_index_copy_inplace_compiled);
   tcase_add_test(tc, test_tied_rows_added_in_place);
   tcase_add_test(tc, test_index_add_to_bits);
+  tcase_add_test(tc, test_loss_exps_take_logits);
   tcase_add_test(tc, test_select_compiled);
   tcase_add_test(tc, test_split_dynamic);
   tcase_add_test(tc, test_coalesced_loops);

@@ -1760,6 +1760,59 @@ static void reuse_in_place(cg_program *p, cg_view *views, int n_nodes) {
   }
 }
 
+/* Whether buffers a and b hold as many elements (their shapes may differ: a
+ * reshape between them). */
+static bool same_numel(const cg_buf *a, const cg_buf *b) {
+  if (a->ndim == b->ndim && same_dims(a->ndim, a->shape, b->shape)) return true;
+  int64_t na = 1, nb = 1;
+  for (int d = 0; d < a->ndim; d++)
+    if (sym_is_const(a->shape[d])) na *= a->shape[d].c;
+    else return false;
+  for (int d = 0; d < b->ndim; d++)
+    if (sym_is_const(b->shape[d])) nb *= b->shape[d].c;
+    else return false;
+  return na == nb;
+}
+
+/* The same in a row kernel: an inner MAP stage stores into a buffer that
+ * dies in the kernel when no later stage reads that buffer and every stage
+ * reads it only at the element the store writes (same offset and strides).
+ * A row's reductions before the store have then read all of its row, and
+ * rows do not read one another: a loss's exponentials take the logits'
+ * memory (the logits are last read where the exponentials are made). */
+static void row_in_place(cg_program *p, cg_view *views, int n_nodes) {
+  for (int ki = 0; ki < p->n_k; ki++) {
+    cg_kernel *k = &p->k[ki];
+    if (k->kind != CG_K_LOOP || k->n_outer == k->ndim || k->split) continue;
+    for (int s = 0; s < k->n_stage; s++) {
+      const cg_stage *sg = &k->stage[s];
+      if (sg->kind != CG_MAP || !sg->inner) continue;
+      const cg_access *st = &k->acc[sg->store];
+      int o = st->buf;
+      if (o < 0 || p->buf[o].kind != CG_BUF_TEMP || p->buf[o].alias_of >= 0 || p->buf[o].first != ki) continue;
+      for (int a = 0; a < k->n_acc; a++) {
+        int b = k->acc[a].buf;
+        const cg_buf *bb = &p->buf[b], *ob = &p->buf[o];
+        if (a == sg->store || b == o || bb->kind != CG_BUF_TEMP || bb->first < 0 || bb->last != ki || bb->alias_of >= 0)
+          continue;
+        if (bb->dtype != ob->dtype || !same_numel(bb, ob)) continue;
+        bool ok = true;
+        for (int c = 0; c < k->n_acc && ok; c++) {
+          if (k->acc[c].buf != b) continue;
+          ok = same_access(k, &k->acc[c], st) && !stores_to(k, c);
+          for (int t = s + 1; t < k->n_stage && ok; t++) ok = !expr_loads(k, k->stage[t].expr, c);
+        }
+        if (!ok) continue;
+        p->buf[b].last = p->buf[o].last;
+        alias_buffer(p, views, n_nodes, ki, o, b);
+        for (int x = 0; x < p->n_buf; x++) /* what reuse_in_place stored in o is in b (one level of aliases) */
+          if (p->buf[x].alias_of == o) p->buf[x].alias_of = b;
+        break;
+      }
+    }
+  }
+}
+
 cg_program *fuse_graph(const ir_graph *g, char *err, size_t errn) {
   fuser f = {.g = g, .sym = g->sym, .err = err, .errn = errn};
   size_t n = (size_t)g->n_nodes + 1;
@@ -1878,6 +1931,7 @@ cg_program *fuse_graph(const ir_graph *g, char *err, size_t errn) {
   scatter_in_place(p, f.map, g->n_nodes);
   write_in_place(p, f.map, g->n_nodes);
   reuse_in_place(p, f.map, g->n_nodes);
+  row_in_place(p, f.map, g->n_nodes);
   coalesce_dims(p);
   alloc_free(f.mat), alloc_free(f.is_out), alloc_free(f.kcount), alloc_free(f.klast);
   alloc_free(memo), alloc_free(seen), alloc_free(f.memo_set), alloc_free(f.seen_set), alloc_free(f.stack);
