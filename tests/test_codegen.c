@@ -722,18 +722,24 @@ END_TEST
  * zeros. The accumulate pass adds the rows into the product's own buffer
  * (index_add_to), so the arena holds one (V, C) gradient, not two; the
  * weights stay eager's to the bit, repeated and absent indices included. */
+/* Backward from loss, then w -= 0.5 * grad(w) and the grad dropped: a
+ * training body's last lines. 0 or -1. */
+static int sgd_step(kiln_tensor *loss, kiln_tensor *w) {
+  if (!loss || kiln_backward(loss)) return -1;
+  kiln_no_grad_begin();
+  bool bad = !kiln_sub_(w, kiln_mul_scalar(kiln_grad(w), 0.5));
+  kiln_no_grad_end();
+  kiln_zero_grad(w);
+  return bad ? -1 : 0;
+}
+
 enum { TV = 96, TC = 40, TN = 12 };
 static int tied_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
   kiln_tensor *w = ctx;
   kiln_tensor *h = kiln_add(kiln_embedding(w, in[0]), in[1]);                   /* (TN, TC) */
   kiln_tensor *logits = kiln_matmul(h, kiln_transpose(w, 0, 1));                /* (TN, TV) */
   out[0] = kiln_mean_all(kiln_mul(logits, logits));
-  if (!out[0] || kiln_backward(out[0])) return -1;
-  kiln_no_grad_begin();
-  bool bad = !kiln_sub_(w, kiln_mul_scalar(kiln_grad(w), 0.5));
-  kiln_no_grad_end();
-  kiln_zero_grad(w);
-  return bad ? -1 : 0;
+  return sgd_step(out[0], w);
 }
 
 /* The op itself against index_add into zeros and an add, to the bit:
@@ -827,12 +833,7 @@ static int ce_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
   } else {
     out[0] = kiln_cross_entropy(logits, in[1]);
   }
-  if (!out[0] || kiln_backward(out[0])) return -1;
-  kiln_no_grad_begin();
-  bool bad = !kiln_sub_(w, kiln_mul_scalar(kiln_grad(w), 0.5));
-  kiln_no_grad_end();
-  kiln_zero_grad(w);
-  return bad ? -1 : 0;
+  return sgd_step(out[0], w);
 }
 
 START_TEST(test_loss_exps_take_logits) {
