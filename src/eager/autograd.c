@@ -938,8 +938,9 @@ static int run_backward_at(kiln_tensor *root, kiln_tensor *seed, const bw_req *r
     for (int i = 0; i < nd->n_in; i++) {
       ag_input *ai = &EXTRA(nd)->inputs[i];
       kiln_tensor *gi = gp[i];
-      if (g && ai->need && !gi) {
-        /* a formula returned NULL: its op failed and set the error */
+      if (g && ai->need && !gi && !x->multi) {
+        /* a formula returned NULL: its op failed and set the error (a multi-output
+         * node's says so by its return; its NULL is an input no gradient reaches) */
         kiln_release(g);
         if (gp != gin) alloc_free(gp);
         goto done;
@@ -1095,7 +1096,29 @@ void (kiln_requires_grad)(kiln_tensor *t, bool on) { kiln_requires_grad_at(t, on
 /* no caller's line: a released tensor gives the NULL answer, and an error without one */
 static bool gone(const kiln_tensor *t, const char *op) { return !t || tensor_check_live(t, "tensor", op, "", 0); }
 bool kiln_get_requires_grad(const kiln_tensor *t) { return !gone(t, "get_requires_grad") && t->requires_grad; }
-kiln_tensor *kiln_grad(const kiln_tensor *t) { return gone(t, "grad") ? NULL : t->grad; }
+/* .grad as eagerly. Under a recording a .grad a construct's backward made
+ * may exist only where its condition holds (grad_if: the branch ran, a
+ * step did); where it fails and the .grad was NULL before, eager has NULL,
+ * and the body may branch on that. So the condition is read: a trip count
+ * from the recording's shape (the body then runs on every call), a
+ * predicate by a graph break (the segment so far runs and .grad is data,
+ * or NULL). Where the .grad was set before, its value is the same either
+ * way (old + zeros), and nothing is read. */
+kiln_tensor *kiln_grad_at(const kiln_tensor *t, const char *file, int line) {
+  if (!t || tensor_check_live(t, "tensor", "grad", file, line)) return NULL;
+  kiln_tensor *g = t->grad;
+  if (!g || !g->grad_if || !g->st->meta || !(g->grad_if_kind & GRAD_IF_FROM_NULL)) return g;
+  const trace_hooks *h = dispatch_hooks();
+  if (g->grad_if_kind & GRAD_IF_TRUE) {
+    hook_read("kiln_grad", g->grad_if, file, line);
+    g = t->grad; /* after a break: the segment's write, or NULL */
+    if (!g || !g->grad_if) return g;
+  } else if (h && h->size_read) {
+    h->size_read(h->ctx, g->grad_if, -1);
+  }
+  return grad_if_holds(g) ? g : NULL;
+}
+kiln_tensor *(kiln_grad)(const kiln_tensor *t) { return kiln_grad_at(t, "", 0); }
 
 void kiln_zero_grad_at(kiln_tensor *t, const char *file, int line) {
   if (!t || tensor_check_live(t, "tensor", "zero_grad", file, line)) return;
