@@ -1893,6 +1893,93 @@ END_TEST
 START_TEST(test_grad_read_after_plain_scan) { grad_read_case(4); }
 END_TEST
 
+/* ---- sizes that two calls cannot tell apart (issue 19) ---- */
+
+/* in = pred, xs (T,2,3), x (n,2,3), n = T every call: h = sum over the
+ * steps of sum(xs_t); r = cond(pred, 3 * x[:, :, 0:3] (a slice), 2 x);
+ * loss = sum(r * r) + h, its backward in the body. mode 1: no cond, r = x;
+ * mode 2: sum(x) + h + sum(ys * ys), y_t = xs_t * h.
+ * A variant made at T = n = 1 after one at 3 sees every autograd number
+ * that was 3 and is 1 follow both the scan's length (a symbol, from 0 up)
+ * and x's dim (now the constant 1): by numbers alone the backward of
+ * sum(r * r) expanded to (s0,2,3), and the cond's branches' gradients (and
+ * x's grad write) disagreed on that dim, which the verifier refused. */
+static int z_mode;
+static int z_then(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  return !(out[0] = kiln_mul(kiln_slice(in[0], 2, 0, 3, 1), kiln_scalar(KILN_F64, 3)));
+}
+static int z_else(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  return !(out[0] = kiln_mul(in[0], kiln_scalar(KILN_F64, 2)));
+}
+static int z_step(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  out[1] = kiln_mul(in[1], in[0]); /* mode 2: y_t = xs_t * h */
+  return !(out[0] = kiln_add(in[0], kiln_sum_all(in[1]))) || !out[1];
+}
+static int z_loss(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  kiln_tensor *r = in[2], *h0 = kiln_zeros(KILN_F64, 0, NULL), *h, *ys = NULL;
+  if (!h0 || kiln_scan(z_step, ctx, 1, &h0, 1, &in[1], &h, z_mode == 2, &ys)) return -1;
+  if (z_mode == 0 && kiln_cond(in[0], z_then, z_else, ctx, 1, &in[2], 1, &r)) return -1;
+  /* mode 2: x's gradient is the expanded seed itself, nothing broadcasts it */
+  out[0] = kiln_add(kiln_sum_all(z_mode == 2 ? r : kiln_mul(r, r)), h);
+  if (z_mode == 2) out[0] = kiln_add(out[0], kiln_sum_all(kiln_mul(ys, ys)));
+  return !out[0] || kiln_backward(out[0]);
+}
+
+/* Compiled against eager and the hand-derived gradients (x: 18 x, 8 x,
+ * 2 x or 1; xs: 1, or eager's in mode 2), every call served (the debug build verifies each graph),
+ * both branches first. */
+static void shared_sizes_case(int mode) {
+  /* mode 2 traces at 1 first: the next variant sees 3s that were 1s */
+  static const int seqs[2][7] = {{3, 1, 1, 3, 2, 1, 3}, {1, 3, 3, 1, 2, 3, 2}};
+  const int *seq = seqs[mode == 2];
+  double x[3 * 2 * 3];
+  dfill(x, 18, 140);
+  z_mode = mode;
+  for (int be = KILN_BACKEND_INTERP; be <= KILN_BACKEND_LLVM; be++)
+    for (int first = 0; first < (mode ? 1 : 2); first++) {
+      kiln_fn *fn = kiln_compile(z_loss, NULL, &(kiln_options){.name = "zloss", .n_in = 3, .n_out = 1, .backend = be});
+      for (int ci = 0; ci < 7; ci++) {
+        int n = seq[ci];
+        bool pb = (ci + first) % 2;
+        kiln_scope_begin();
+        kiln_tensor *in[2][3], *out[2];
+        double loss[2], gx[2][18], gxs[2][18];
+        for (int pass = 0; pass < 2; pass++) {
+          in[pass][0] = kiln_tensor_from(KILN_BOOL, 1, (int64_t[]){1}, &pb);
+          in[pass][1] = f64_of(3, (int64_t[]){n, 2, 3}, x);
+          in[pass][2] = f64_of(3, (int64_t[]){n, 2, 3}, x);
+          kiln_requires_grad(in[pass][1], true), kiln_requires_grad(in[pass][2], true);
+          if (pass) ck_assert_msg(kiln_call(fn, in[1], &out[1]) == 0, "mode %d, backend %d, call %d (n=%d, pred %d): %s",
+                                  mode, be, ci, n, pb, kiln_last_error());
+          else ck_assert_msg(z_loss(NULL, in[0], &out[0]) == 0, "%s", kiln_last_error());
+          read_d(out[pass], &loss[pass], 1);
+          read_d(kiln_grad(in[pass][2]), gx[pass], n * 6);
+          read_d(kiln_grad(in[pass][1]), gxs[pass], n * 6);
+        }
+        double want_x[18], ones[18];
+        for (int i = 0; i < n * 6; i++) want_x[i] = mode == 2 ? 1 : (mode ? 2 : pb ? 18 : 8) * x[i], ones[i] = 1;
+        expect_near(&loss[1], &loss[0], 1, 1e-12, "loss", n);
+        expect_near(gx[0], want_x, n * 6, 1e-12, "eager x.grad", n);
+        expect_near(gx[1], want_x, n * 6, 1e-12, "x.grad", n);
+        expect_near(gxs[1], mode == 2 ? gxs[0] : ones, n * 6, 1e-12, "xs.grad", n);
+        kiln_scope_end();
+      }
+      kiln_fn_stats st;
+      ck_assert_int_eq(0, kiln_fn_get_stats(fn, &st));
+      ck_assert_int_eq(0, st.fallbacks);
+      kiln_fn_free(fn);
+    }
+}
+START_TEST(test_cond_slice_shared_sizes) { shared_sizes_case(0); }
+END_TEST
+START_TEST(test_backward_shared_sizes) { shared_sizes_case(1); }
+END_TEST
+START_TEST(test_backward_shared_sizes_ys) { shared_sizes_case(2); }
+END_TEST
+
 /* while_loop is forward only in a compiled body too: a backward reaching it
  * fails the call, naming the loop's line; the loop itself stays one region */
 static int w_below(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
@@ -2234,6 +2321,9 @@ int main(void) {
   tcase_add_test(ex, test_grad_read_after_cond_had_grad);
   tcase_add_test(ex, test_grad_read_after_computed_cond);
   tcase_add_test(ex, test_grad_read_after_plain_scan);
+  tcase_add_test(ex, test_cond_slice_shared_sizes);
+  tcase_add_test(ex, test_backward_shared_sizes);
+  tcase_add_test(ex, test_backward_shared_sizes_ys);
   suite_add_tcase(s, ex);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

@@ -34,6 +34,8 @@ typedef struct ag_input {
   ag_node *next;    /* the node that made it (retained), or */
   kiln_tensor *leaf; /* the leaf it is (retained) */
   int slot;         /* next is a multi-output node: which of its outputs this is */
+  uint64_t src_serial, src_call; /* the input tensor's serial and recording tag (shape_src) */
+  int src_id;
 } ag_input;
 
 struct ag_extra {
@@ -140,6 +142,7 @@ int ag_record(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_t
     ai->dtype = in[i]->dtype;
     ai->ndim = in[i]->ndim;
     memcpy(ai->shape, in[i]->shape, sizeof ai->shape);
+    ai->src_serial = in[i]->serial, ai->src_call = in[i]->rec_call, ai->src_id = in[i]->rec_id;
     ai->need = in[i]->requires_grad && dtype_is_float(in[i]->dtype);
     if (ai->need) {
       if (in[i]->grad_fn) {
@@ -267,6 +270,25 @@ static kiln_tensor *reduce_to(kiln_tensor *g, int ndim, const int64_t *shape, ag
   return kiln_reshape_at(s, ndim, shape, AT);
 }
 #define REDUCE_IN(g, i) reduce_to((g), IN(i).ndim, IN(i).shape, nd)
+
+/* The node whose formula runs on this thread (NULL: none). */
+static _Thread_local ag_node *formula_of;
+
+void ag_shape_begin(const int64_t *shape) {
+  ag_node *nd = formula_of;
+  if (!nd || !shape) return;
+  const trace_hooks *h = dispatch_hooks();
+  if (!h || !h->shape_src) return;
+  for (int i = 0; i < nd->n_in; i++)
+    if (shape == IN(i).shape) {
+      h->shape_src(h->ctx, IN(i).src_serial, IN(i).src_call, IN(i).src_id);
+      return;
+    }
+}
+void ag_shape_end(void) {
+  const trace_hooks *h = formula_of ? dispatch_hooks() : NULL;
+  if (h && h->shape_src) h->shape_src(h->ctx, 0, 0, -1);
+}
 
 static int bw_add(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
   if (IN(0).need) gin[0] = REDUCE_IN(g, 0);
@@ -926,7 +948,12 @@ static int run_backward_at(kiln_tensor *root, kiln_tensor *seed, const bw_req *r
       internal_begin();
       if (x->get) gp[0] = g;
       else if (x->multi) bad = bad || x->multi->backward(x->multi_data, x->accs, gp, nd->file, nd->line);
-      else bad = bad || check_versions(nd) || backwards[nd->op](nd, g, gp);
+      else if (!(bad = bad || check_versions(nd))) {
+        ag_node *outer = formula_of;
+        formula_of = nd;
+        bad = backwards[nd->op](nd, g, gp);
+        formula_of = outer;
+      }
       internal_end();
       for (int i = 0; !bad && g->grad_if && i < nd->n_in; i++) grad_if_within(gp[i], g, file, line);
       if (bad) {
