@@ -1660,17 +1660,21 @@ END_TEST
 /* step: h' = tanh(h @ U + x_t @ W) * (1 + argmax(a)) + (m > 0); y = h'.
  * a and m reach the loss only through an argmax and a compare: eagerly no
  * gradient reaches them (kiln_grad NULL); x (mode 1: read only through
- * x_t > 0) likewise. */
+ * x_t > 0) likewise, and h0 (mode 2: h read only through argmax(h)), which
+ * only a scan of no step hands to the loss as it is. */
 typedef struct ncell {
   kiln_tensor *w, *u, *a, *m; /* (NI,NH), (NH,NH), (NH), (NH) */
 } ncell;
 static int n_mode;
 static int n_step(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
   ncell *c = ctx;
-  kiln_tensor *xw = n_mode ? kiln_matmul(kiln_cast(kiln_gt(in[1], kiln_scalar(KILN_F64, 0)), KILN_F64), c->w)
-                           : kiln_matmul(in[1], c->w);
+  /* mode 2: h read only through an argmax (U not at all) */
+  kiln_tensor *hu = n_mode == 2 ? kiln_mul(kiln_cast(kiln_argmax(in[0], 1, true), KILN_F64), kiln_scalar(KILN_F64, 0.1))
+                                : kiln_matmul(in[0], c->u);
+  kiln_tensor *xw = n_mode == 1 ? kiln_matmul(kiln_cast(kiln_gt(in[1], kiln_scalar(KILN_F64, 0)), KILN_F64), c->w)
+                                : kiln_matmul(in[1], c->w);
   kiln_tensor *k = kiln_add(kiln_cast(kiln_argmax(c->a, 0, false), KILN_F64), kiln_scalar(KILN_F64, 1));
-  kiln_tensor *h = kiln_mul(kiln_tanh(kiln_add(kiln_matmul(in[0], c->u), xw)), k);
+  kiln_tensor *h = kiln_mul(kiln_tanh(kiln_add(hu, xw)), k);
   out[0] = kiln_add(h, kiln_cast(kiln_gt(c->m, kiln_scalar(KILN_F64, 0)), KILN_F64));
   out[1] = out[0];
   return !out[0];
@@ -1700,8 +1704,8 @@ static double n_loss_at(ncell *c, const double *h0, const double *x, int T) {
  * U's gradients are eager's and finite differences'. */
 static void no_grad_read_case(int mode) {
   static const int lengths[] = {5, 0, 1, 3}; /* not 4: NH, a number of the step */
-  static const char *names[5] = {"W", "U", "a", "m", "x"};
-  static const int64_t sizes[5] = {NI * NH, NH * NH, NH, NH, 5 * NB * NI};
+  static const char *names[6] = {"W", "U", "a", "m", "x", "h0"};
+  static const int64_t sizes[6] = {NI * NH, NH * NH, NH, NH, 5 * NB * NI, NB * NH};
   double w[NI * NH], u[NH * NH], a[NH], m[NH], h0[NB * NH], x[5 * NB * NI];
   dfill(w, NI * NH, 120), dfill(u, NH * NH, 121), dfill(a, NH, 122), dfill(m, NH, 123), dfill(h0, NB * NH, 124);
   dfill(x, 5 * NB * NI, 125);
@@ -1717,21 +1721,22 @@ static void no_grad_read_case(int mode) {
       kiln_scope_begin();
       kiln_tensor *in[2] = {f64_of(2, (int64_t[]){NB, NH}, h0), f64_of(3, (int64_t[]){T, NB, NI}, x)}, *out[1];
       kiln_requires_grad(in[0], true), kiln_requires_grad(in[1], true);
-      kiln_tensor *ts[5] = {c.w, c.u, c.a, c.m, in[1]};
-      double g[2][5][5 * NB * NI];
-      bool had[2][5];
+      kiln_tensor *ts[6] = {c.w, c.u, c.a, c.m, in[1], in[0]};
+      double g[2][6][5 * NB * NI];
+      bool had[2][6];
       for (int pass = 0; pass < 2; pass++) {
         if (pass == 0) ck_assert_msg(n_loss(&c, in, out) == 0, "%s", kiln_last_error());
         else ck_assert_msg(kiln_call(fn, in, out) == 0, "T=%d: %s", T, kiln_last_error());
-        for (int k = 0; k < 5; k++) {
+        for (int k = 0; k < 6; k++) {
           kiln_tensor *gr = kiln_grad(ts[k]);
           if ((had[pass][k] = gr != NULL)) read_d(gr, g[pass][k], k == 4 ? (int64_t)T * NB * NI : sizes[k]);
           kiln_zero_grad(ts[k]);
         }
       }
-      /* eager: W and U where a step ran; a and m never; x where a step ran, unless read through a compare */
-      const bool want[5] = {T > 0, T > 0, false, false, T > 0 && !mode};
-      for (int k = 0; k < 5; k++) {
+      /* eager: W and U where a step ran; a and m never; x where a step ran, unless read through a
+       * compare (mode 1); h0 always, but where read through an argmax (mode 2) only where no step ran */
+      const bool want[6] = {T > 0, T > 0 && mode != 2, false, false, T > 0 && mode != 1, mode != 2 || T == 0};
+      for (int k = 0; k < 6; k++) {
         ck_assert_msg(had[0][k] == want[k], "mode %d, eager T=%d: kiln_grad(%s) %s", mode, T, names[k],
                       had[0][k] ? "set" : "NULL");
         if (had[1][k] != had[0][k]) {
@@ -1765,6 +1770,8 @@ static void no_grad_read_case(int mode) {
 START_TEST(test_scan_grad_no_path) { no_grad_read_case(0); }
 END_TEST
 START_TEST(test_scan_grad_no_path_xs) { no_grad_read_case(1); }
+END_TEST
+START_TEST(test_scan_grad_no_path_init) { no_grad_read_case(2); }
 END_TEST
 
 /* ---- a body that reads kiln_grad after its own backward (issue 19) ---- */
@@ -2316,6 +2323,7 @@ int main(void) {
   tcase_set_timeout(ex, 120);
   tcase_add_test(ex, test_scan_grad_no_path);
   tcase_add_test(ex, test_scan_grad_no_path_xs);
+  tcase_add_test(ex, test_scan_grad_no_path_init);
   tcase_add_test(ex, test_grad_read_after_cond);
   tcase_add_test(ex, test_grad_read_after_scan);
   tcase_add_test(ex, test_grad_read_after_cond_had_grad);
