@@ -569,13 +569,16 @@ KILN_API KILN_READS(2, 3) KILN_WRITES(4, 3) int kiln_grad_of_at(kiln_tensor *out
 #define kiln_backward(...) KILN_CALL(int, kiln_backward_at, __VA_ARGS__)
 #define kiln_backward_with(...) KILN_CALL(int, kiln_backward_with_at, __VA_ARGS__)
 #define kiln_grad_of(...) KILN_CALL(int, kiln_grad_of_at, __VA_ARGS__)
-/* Borrowed; NULL before any backward reached the tensor. */
-KILN_API kiln_tensor *kiln_grad(const kiln_tensor *);
+/* Borrowed; NULL before any backward reached the tensor. In a compiled body,
+ * NULL exactly where it would be eagerly (a branch that did not run). */
+KILN_API kiln_tensor *kiln_grad_at(const kiln_tensor *, const char *file, int line);
+#define kiln_grad(...) KILN_CALL(kiln_tensor *, kiln_grad_at, __VA_ARGS__)
 KILN_API void kiln_zero_grad_at(kiln_tensor *, const char *file, int line); /* drops .grad */
 #define kiln_zero_grad(...) KILN_CALL(void, kiln_zero_grad_at, __VA_ARGS__)
-/* The same two as plain functions (their errors name no line). */
+/* kiln_requires_grad, kiln_zero_grad and kiln_grad as plain functions (their errors name no line). */
 KILN_API void (kiln_requires_grad)(kiln_tensor *, bool);
 KILN_API void (kiln_zero_grad)(kiln_tensor *);
+KILN_API kiln_tensor *(kiln_grad)(const kiln_tensor *);
 /* No-grad scopes nest; ops inside record nothing for autograd. */
 KILN_API void kiln_no_grad_begin(void);
 KILN_API void kiln_no_grad_end(void);

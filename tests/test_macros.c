@@ -282,6 +282,7 @@ START_TEST(test_autograd_and_compile_literals) {
   kiln_tensor *y = kiln_mul(w, kiln_tensor_from(KILN_F64, 1, (int64_t[]){2}, (double[]){5, 7}));
   ck_assert_int_eq(0, kiln_backward_with(y, kiln_tensor_from(KILN_F64, 1, (int64_t[]){2}, (double[]){1, 2})));
   EXPECT(kiln_grad(w), ((int64_t[]){2}), 5, 14);
+  ck_assert_ptr_eq(kiln_grad(w), (kiln_grad)(w)); /* the plain function, for callers without the macro */
 
   kiln_fn *fn = kiln_compile(mul_add_one, NULL, &(kiln_options){.name = "mul_add_one", .n_in = 2, .n_out = 1});
   ck_assert_msg(fn != NULL, "%s", kiln_last_error());

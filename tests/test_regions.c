@@ -1655,6 +1655,338 @@ END_TEST
 START_TEST(test_scan_in_cond_in_scan_grad_empty) { cond_in_scan_case(1); }
 END_TEST
 
+/* ---- a weight a scan's step reads only through ops with no gradient (issue 19) ---- */
+
+/* step: h' = tanh(h @ U + x_t @ W) * (1 + argmax(a)) + (m > 0); y = h'.
+ * a and m reach the loss only through an argmax and a compare: eagerly no
+ * gradient reaches them (kiln_grad NULL); x (mode 1: read only through
+ * x_t > 0) likewise, and h0 (mode 2: h read only through argmax(h)), which
+ * only a scan of no step hands to the loss as it is. */
+typedef struct ncell {
+  kiln_tensor *w, *u, *a, *m; /* (NI,NH), (NH,NH), (NH), (NH) */
+} ncell;
+static int n_mode;
+static int n_step(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  ncell *c = ctx;
+  /* mode 2: h read only through an argmax (U not at all) */
+  kiln_tensor *hu = n_mode == 2 ? kiln_mul(kiln_cast(kiln_argmax(in[0], 1, true), KILN_F64), kiln_scalar(KILN_F64, 0.1))
+                                : kiln_matmul(in[0], c->u);
+  kiln_tensor *xw = n_mode == 1 ? kiln_matmul(kiln_cast(kiln_gt(in[1], kiln_scalar(KILN_F64, 0)), KILN_F64), c->w)
+                                : kiln_matmul(in[1], c->w);
+  kiln_tensor *k = kiln_add(kiln_cast(kiln_argmax(c->a, 0, false), KILN_F64), kiln_scalar(KILN_F64, 1));
+  kiln_tensor *h = kiln_mul(kiln_tanh(kiln_add(hu, xw)), k);
+  out[0] = kiln_add(h, kiln_cast(kiln_gt(c->m, kiln_scalar(KILN_F64, 0)), KILN_F64));
+  out[1] = out[0];
+  return !out[0];
+}
+static int n_loss(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  ncell *c = ctx;
+  kiln_tensor *h, *y;
+  if (kiln_scan(n_step, c, 1, &in[0], 1, &in[1], &h, 1, &y)) return -1;
+  out[0] = kiln_add(kiln_sum_all(kiln_mul(h, h)), kiln_sum_all(kiln_mul(y, y)));
+  return !out[0] || kiln_backward(out[0]);
+}
+static double n_loss_at(ncell *c, const double *h0, const double *x, int T) {
+  kiln_scope_begin();
+  kiln_no_grad_begin();
+  kiln_tensor *in[2] = {f64_of(2, (int64_t[]){NB, NH}, h0), f64_of(3, (int64_t[]){T, NB, NI}, x)}, *h, *y;
+  ck_assert_int_eq(0, kiln_scan(n_step, c, 1, &in[0], 1, &in[1], &h, 1, &y));
+  double l;
+  read_d(kiln_add(kiln_sum_all(kiln_mul(h, h)), kiln_sum_all(kiln_mul(y, y))), &l, 1);
+  kiln_no_grad_end();
+  kiln_scope_end();
+  return l;
+}
+
+/* Eagerly a weight the step reads only through an argmax or a compare gets
+ * no gradient (kiln_grad NULL): compiled leaves it NULL too, not zeros,
+ * at every length, from one trace, on the interpreter and on LLVM; W's and
+ * U's gradients are eager's and finite differences'. */
+static void no_grad_read_case(int mode) {
+  static const int lengths[] = {5, 0, 1, 3}; /* not 4: NH, a number of the step */
+  static const char *names[6] = {"W", "U", "a", "m", "x", "h0"};
+  static const int64_t sizes[6] = {NI * NH, NH * NH, NH, NH, 5 * NB * NI, NB * NH};
+  double w[NI * NH], u[NH * NH], a[NH], m[NH], h0[NB * NH], x[5 * NB * NI];
+  dfill(w, NI * NH, 120), dfill(u, NH * NH, 121), dfill(a, NH, 122), dfill(m, NH, 123), dfill(h0, NB * NH, 124);
+  dfill(x, 5 * NB * NI, 125);
+  n_mode = mode;
+  for (int be = KILN_BACKEND_INTERP; be <= KILN_BACKEND_LLVM; be++) {
+    kiln_scope_begin();
+    ncell c = {f64_of(2, (int64_t[]){NI, NH}, w), f64_of(2, (int64_t[]){NH, NH}, u), f64_of(1, (int64_t[]){NH}, a),
+               f64_of(1, (int64_t[]){NH}, m)};
+    kiln_requires_grad(c.w, true), kiln_requires_grad(c.u, true), kiln_requires_grad(c.a, true), kiln_requires_grad(c.m, true);
+    kiln_fn *fn = kiln_compile(n_loss, &c, &(kiln_options){.name = "nloss", .n_in = 2, .n_out = 1, .backend = be});
+    for (int li = 0; li < 4; li++) {
+      int T = lengths[li];
+      kiln_scope_begin();
+      kiln_tensor *in[2] = {f64_of(2, (int64_t[]){NB, NH}, h0), f64_of(3, (int64_t[]){T, NB, NI}, x)}, *out[1];
+      kiln_requires_grad(in[0], true), kiln_requires_grad(in[1], true);
+      kiln_tensor *ts[6] = {c.w, c.u, c.a, c.m, in[1], in[0]};
+      double g[2][6][5 * NB * NI];
+      bool had[2][6];
+      for (int pass = 0; pass < 2; pass++) {
+        if (pass == 0) ck_assert_msg(n_loss(&c, in, out) == 0, "%s", kiln_last_error());
+        else ck_assert_msg(kiln_call(fn, in, out) == 0, "T=%d: %s", T, kiln_last_error());
+        for (int k = 0; k < 6; k++) {
+          kiln_tensor *gr = kiln_grad(ts[k]);
+          if ((had[pass][k] = gr != NULL)) read_d(gr, g[pass][k], k == 4 ? (int64_t)T * NB * NI : sizes[k]);
+          kiln_zero_grad(ts[k]);
+        }
+      }
+      /* eager: W and U where a step ran; a and m never; x where a step ran, unless read through a
+       * compare (mode 1); h0 always, but where read through an argmax (mode 2) only where no step ran */
+      const bool want[6] = {T > 0, T > 0 && mode != 2, false, false, T > 0 && mode != 1, mode != 2 || T == 0};
+      for (int k = 0; k < 6; k++) {
+        ck_assert_msg(had[0][k] == want[k], "mode %d, eager T=%d: kiln_grad(%s) %s", mode, T, names[k],
+                      had[0][k] ? "set" : "NULL");
+        if (had[1][k] != had[0][k]) {
+          char *text = kiln_fn_graph(fn, 0);
+          fprintf(stderr, "%s\n", text ? text : "");
+          free(text);
+        }
+        ck_assert_msg(had[1][k] == had[0][k], "mode %d, backend %d, T=%d: kiln_grad(%s) is %s compiled, %s eagerly", mode,
+                      be, T, names[k], had[1][k] ? "set" : "NULL", had[0][k] ? "set" : "NULL");
+        if (had[0][k]) expect_near(g[1][k], g[0][k], k == 4 ? (int64_t)T * NB * NI : sizes[k], 1e-12, names[k], T);
+      }
+      /* W against finite differences of the loss */
+      for (int i = 0; T > 0 && be == KILN_BACKEND_LLVM && i < NI * NH; i++) {
+        double keep = w[i], fd;
+        kiln_tensor *wp, *wm;
+        w[i] = keep + 1e-6, wp = f64_of(2, (int64_t[]){NI, NH}, w);
+        w[i] = keep - 1e-6, wm = f64_of(2, (int64_t[]){NI, NH}, w);
+        w[i] = keep;
+        ncell cp = c, cm = c;
+        cp.w = wp, cm.w = wm;
+        fd = (n_loss_at(&cp, h0, x, T) - n_loss_at(&cm, h0, x, T)) / 2e-6;
+        expect_near(&g[1][0][i], &fd, 1, 1e-6, "W (finite differences)", T);
+      }
+      kiln_scope_end();
+    }
+    expect_one_trace(fn);
+    kiln_fn_free(fn);
+    kiln_scope_end();
+  }
+}
+START_TEST(test_scan_grad_no_path) { no_grad_read_case(0); }
+END_TEST
+START_TEST(test_scan_grad_no_path_xs) { no_grad_read_case(1); }
+END_TEST
+START_TEST(test_scan_grad_no_path_init) { no_grad_read_case(2); }
+END_TEST
+
+/* ---- a body that reads kiln_grad after its own backward (issue 19) ---- */
+
+/* mode 0: a cond, then y = x * w, else y = 2 x; mode 1: a scan over x's
+ * rows, h' = h * w + x_t, y = h_T. loss = sum(y * y); after the backward
+ * the body reads kiln_grad(w): out[1] = 2 * it, or -1s where it is NULL,
+ * and it takes an SGD step with weight decay only where it is set, as an
+ * optimizer skips a NULL gradient. w's gradient exists only where the
+ * branch ran (mode 0) or a step did (mode 1). mode 2: mode 0 with a .grad
+ * from before the call (3s), which stays where the branch did not run.
+ * mode 3: mode 0 on a predicate the body computes; mode 4: mode 1 with
+ * no SGD step and no number from C (2 kiln_grad(w) is g + g). */
+typedef struct rcell {
+  kiln_tensor *w; /* (NH) */
+} rcell;
+static int r_mode;
+static int r_then(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  rcell *c = ctx;
+  return !(out[0] = kiln_mul(in[0], c->w));
+}
+static int r_else(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  return !(out[0] = kiln_mul(in[0], kiln_scalar(KILN_F64, 2)));
+}
+static int r_step(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  rcell *c = ctx;
+  return !(out[0] = kiln_add(kiln_mul(in[0], c->w), in[1]));
+}
+static int r_loss(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  rcell *c = ctx;
+  kiln_tensor *y;
+  /* mode 3: a predicate the body computes (no data while it records) */
+  kiln_tensor *p = r_mode == 3 ? kiln_gt(kiln_cast(in[0], KILN_F64), kiln_scalar(KILN_F64, 0.5)) : in[0];
+  int rc = r_mode == 1 || r_mode == 4 ? kiln_scan(r_step, c, 1, &in[1], 1, &in[2], &y, 0, NULL)
+                       : kiln_cond(p, r_then, r_else, c, 1, &in[1], 1, &y);
+  if (rc) return -1;
+  kiln_tensor *loss = kiln_sum_all(kiln_mul(y, y));
+  if (!loss || kiln_backward(loss)) return -1;
+  kiln_tensor *g = kiln_grad(c->w);
+  out[0] = loss;
+  if (r_mode == 4) /* no number from C: a body the guard-only path could serve, but for the read */
+    return !(out[1] = g ? kiln_add(g, g) : kiln_full(KILN_F64, 1, (int64_t[]){NH}, -1));
+  out[1] = g ? kiln_mul(g, kiln_scalar(KILN_F64, 2)) : kiln_full(KILN_F64, 1, (int64_t[]){NH}, -1);
+  if (g) kiln_sub_(c->w, kiln_mul(kiln_scalar(KILN_F64, 0.1), kiln_add(g, kiln_mul(c->w, kiln_scalar(KILN_F64, 0.01)))));
+  return !out[1];
+}
+
+/* Eagerly kiln_grad(w) is NULL where the branch that reads w did not run
+ * (or no step did) and the .grad was NULL: the compiled body must see NULL
+ * there too, not zeros (out[1] -1s, no step taken), and the gradient where
+ * it exists, whichever branch the first trace took; against eager and the
+ * hand-derived gradient (mode 0: 2 * sum_b x_b^2 * w). */
+static void grad_read_case(int mode) {
+  static const int seqs[2][6] = {{1, 0, 0, 1, 0, 1}, {3, 0, 2, 0, 1, 3}}; /* a scan: the lengths */
+  double w0[NH], x[3 * NB * NH];
+  dfill(w0, NH, 130), dfill(x, 3 * NB * NH, 131);
+  r_mode = mode;
+  bool scan = mode == 1 || mode == 4;
+  for (int be = KILN_BACKEND_INTERP; be <= KILN_BACKEND_LLVM; be++)
+    for (int first = 0; first < (scan ? 1 : 2); first++) {
+      kiln_scope_begin();
+      rcell ce = {f64_of(1, (int64_t[]){NH}, w0)}, cc = {f64_of(1, (int64_t[]){NH}, w0)};
+      kiln_requires_grad(ce.w, true), kiln_requires_grad(cc.w, true);
+      kiln_fn *fn = kiln_compile(r_loss, &cc, &(kiln_options){.name = "rloss", .n_in = 3, .n_out = 2, .backend = be});
+      for (int ci = 0; ci < 6; ci++) {
+        int v = seqs[scan][ci];
+        if (!scan && first) v = !v; /* the first trace takes the other branch */
+        int T = scan ? v : 1;
+        bool pb = scan || v;
+        kiln_scope_begin();
+        kiln_tensor *in[3] = {kiln_tensor_from(KILN_BOOL, 1, (int64_t[]){1}, &pb), f64_of(2, (int64_t[]){NB, NH}, x),
+                              f64_of(3, (int64_t[]){T, NB, NH}, x)},
+                    *oe[2], *oc[2];
+        kiln_requires_grad(in[1], true), kiln_requires_grad(in[2], true); /* a loss that needs grad either way */
+        for (int k = 0; mode == 2 && k < 2; k++) { /* .grad = 3s before the call */
+          kiln_tensor *w = k ? cc.w : ce.w;
+          kiln_zero_grad(w);
+          ck_assert_int_eq(0, kiln_backward(kiln_sum_all(kiln_mul(w, kiln_scalar(KILN_F64, 3)))));
+        }
+        double wb[NH], ge[NH], gc[NH], we[NH], wc[NH];
+        read_d(ce.w, wb, NH);
+        /* compiled first: the inputs' .grad NULL, as when the variant was made */
+        ck_assert_msg(kiln_call(fn, in, oc) == 0, "mode %d, call %d: %s", mode, ci, kiln_last_error());
+        ck_assert_msg(r_loss(&ce, in, oe) == 0, "%s", kiln_last_error());
+        read_d(oe[1], ge, NH), read_d(oc[1], gc, NH), read_d(ce.w, we, NH), read_d(cc.w, wc, NH);
+        bool reached = scan ? T > 0 : v;
+        for (int i = 0; i < NH; i++) {
+          double want = -1; /* NULL */
+          if (mode == 2 && !reached) want = 6; /* the .grad from before the call */
+          if (!scan && reached) {
+            double s = 0;
+            for (int b = 0; b < NB; b++) s += x[b * NH + i] * x[b * NH + i];
+            want = 2 * (2 * s * wb[i] + (mode == 2 ? 3 : 0));
+          }
+          if (!scan || !reached)
+            ck_assert_msg(fabs(ge[i] - want) <= 1e-12 * (1 + fabs(want)), "mode %d, eager call %d at %d: %.17g, want %.17g",
+                          mode, ci, i, ge[i], want);
+        }
+        char what[64];
+        snprintf(what, sizeof what, "mode %d, backend %d, first %d: 2 kiln_grad(w)", mode, be, first);
+        expect_near(gc, ge, NH, 1e-12, what, v);
+        expect_near(wc, we, NH, 1e-12, "w after the step", v);
+        kiln_zero_grad(ce.w), kiln_zero_grad(cc.w);
+        kiln_scope_end();
+      }
+      kiln_fn_stats st;
+      ck_assert_int_eq(0, kiln_fn_get_stats(fn, &st));
+      ck_assert_int_eq(0, st.fallbacks);
+      /* the predicate read where it has data; a computed one is a graph break (mode 3); with a
+       * .grad set before the call nothing is read: one variant for both branches (mode 2) */
+      ck_assert_msg(mode == 3 ? st.breaks > 0 : st.breaks == 0, "mode %d: %d breaks", mode, (int)st.breaks);
+      if (mode == 2) ck_assert_int_eq(1, st.traces);
+      kiln_fn_free(fn);
+      kiln_scope_end();
+    }
+}
+START_TEST(test_grad_read_after_cond) { grad_read_case(0); }
+END_TEST
+START_TEST(test_grad_read_after_scan) { grad_read_case(1); }
+END_TEST
+START_TEST(test_grad_read_after_cond_had_grad) { grad_read_case(2); }
+END_TEST
+START_TEST(test_grad_read_after_computed_cond) { grad_read_case(3); }
+END_TEST
+START_TEST(test_grad_read_after_plain_scan) { grad_read_case(4); }
+END_TEST
+
+/* ---- sizes that two calls cannot tell apart (issue 19) ---- */
+
+/* in = pred, xs (T,2,3), x (n,2,3), n = T every call: h = sum over the
+ * steps of sum(xs_t); r = cond(pred, 3 * x[:, :, 0:3] (a slice), 2 x);
+ * loss = sum(r * r) + h, its backward in the body. mode 1: no cond, r = x;
+ * mode 2: sum(x) + h + sum(ys * ys), y_t = xs_t * h.
+ * A variant made at T = n = 1 after one at 3 sees every autograd number
+ * that was 3 and is 1 follow both the scan's length (a symbol, from 0 up)
+ * and x's dim (now the constant 1): by numbers alone the backward of
+ * sum(r * r) expanded to (s0,2,3), and the cond's branches' gradients (and
+ * x's grad write) disagreed on that dim, which the verifier refused. */
+static int z_mode;
+static int z_then(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  return !(out[0] = kiln_mul(kiln_slice(in[0], 2, 0, 3, 1), kiln_scalar(KILN_F64, 3)));
+}
+static int z_else(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  return !(out[0] = kiln_mul(in[0], kiln_scalar(KILN_F64, 2)));
+}
+static int z_step(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  out[1] = kiln_mul(in[1], in[0]); /* mode 2: y_t = xs_t * h */
+  return !(out[0] = kiln_add(in[0], kiln_sum_all(in[1]))) || !out[1];
+}
+static int z_loss(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  kiln_tensor *r = in[2], *h0 = kiln_zeros(KILN_F64, 0, NULL), *h, *ys = NULL;
+  if (!h0 || kiln_scan(z_step, ctx, 1, &h0, 1, &in[1], &h, z_mode == 2, &ys)) return -1;
+  if (z_mode == 0 && kiln_cond(in[0], z_then, z_else, ctx, 1, &in[2], 1, &r)) return -1;
+  /* mode 2: x's gradient is the expanded seed itself, nothing broadcasts it */
+  out[0] = kiln_add(kiln_sum_all(z_mode == 2 ? r : kiln_mul(r, r)), h);
+  if (z_mode == 2) out[0] = kiln_add(out[0], kiln_sum_all(kiln_mul(ys, ys)));
+  return !out[0] || kiln_backward(out[0]);
+}
+
+/* Compiled against eager and the hand-derived gradients (x: 18 x, 8 x,
+ * 2 x or 1; xs: 1, or eager's in mode 2), every call served (the debug build verifies each graph),
+ * both branches first. */
+static void shared_sizes_case(int mode) {
+  /* mode 2 traces at 1 first: the next variant sees 3s that were 1s */
+  static const int seqs[2][7] = {{3, 1, 1, 3, 2, 1, 3}, {1, 3, 3, 1, 2, 3, 2}};
+  const int *seq = seqs[mode == 2];
+  double x[3 * 2 * 3];
+  dfill(x, 18, 140);
+  z_mode = mode;
+  for (int be = KILN_BACKEND_INTERP; be <= KILN_BACKEND_LLVM; be++)
+    for (int first = 0; first < (mode ? 1 : 2); first++) {
+      kiln_fn *fn = kiln_compile(z_loss, NULL, &(kiln_options){.name = "zloss", .n_in = 3, .n_out = 1, .backend = be});
+      for (int ci = 0; ci < 7; ci++) {
+        int n = seq[ci];
+        bool pb = (ci + first) % 2;
+        kiln_scope_begin();
+        kiln_tensor *in[2][3], *out[2];
+        double loss[2], gx[2][18], gxs[2][18];
+        for (int pass = 0; pass < 2; pass++) {
+          in[pass][0] = kiln_tensor_from(KILN_BOOL, 1, (int64_t[]){1}, &pb);
+          in[pass][1] = f64_of(3, (int64_t[]){n, 2, 3}, x);
+          in[pass][2] = f64_of(3, (int64_t[]){n, 2, 3}, x);
+          kiln_requires_grad(in[pass][1], true), kiln_requires_grad(in[pass][2], true);
+          if (pass) ck_assert_msg(kiln_call(fn, in[1], &out[1]) == 0, "mode %d, backend %d, call %d (n=%d, pred %d): %s",
+                                  mode, be, ci, n, pb, kiln_last_error());
+          else ck_assert_msg(z_loss(NULL, in[0], &out[0]) == 0, "%s", kiln_last_error());
+          read_d(out[pass], &loss[pass], 1);
+          read_d(kiln_grad(in[pass][2]), gx[pass], n * 6);
+          read_d(kiln_grad(in[pass][1]), gxs[pass], n * 6);
+        }
+        double want_x[18], ones[18];
+        for (int i = 0; i < n * 6; i++) want_x[i] = mode == 2 ? 1 : (mode ? 2 : pb ? 18 : 8) * x[i], ones[i] = 1;
+        expect_near(&loss[1], &loss[0], 1, 1e-12, "loss", n);
+        expect_near(gx[0], want_x, n * 6, 1e-12, "eager x.grad", n);
+        expect_near(gx[1], want_x, n * 6, 1e-12, "x.grad", n);
+        expect_near(gxs[1], mode == 2 ? gxs[0] : ones, n * 6, 1e-12, "xs.grad", n);
+        kiln_scope_end();
+      }
+      kiln_fn_stats st;
+      ck_assert_int_eq(0, kiln_fn_get_stats(fn, &st));
+      ck_assert_int_eq(0, st.fallbacks);
+      kiln_fn_free(fn);
+    }
+}
+START_TEST(test_cond_slice_shared_sizes) { shared_sizes_case(0); }
+END_TEST
+START_TEST(test_backward_shared_sizes) { shared_sizes_case(1); }
+END_TEST
+START_TEST(test_backward_shared_sizes_ys) { shared_sizes_case(2); }
+END_TEST
+
 /* while_loop is forward only in a compiled body too: a backward reaching it
  * fails the call, naming the loop's line; the loop itself stays one region */
 static int w_below(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
@@ -1986,6 +2318,21 @@ int main(void) {
   tcase_add_test(cap, test_cond_in_scan_grad_untaken);
   tcase_add_test(cap, test_scan_in_cond_in_scan_grad_empty);
   suite_add_tcase(s, cap);
+  /* compiled answers that once differed from eager's (issue 19) */
+  TCase *ex = tcase_create("exact");
+  tcase_set_timeout(ex, 120);
+  tcase_add_test(ex, test_scan_grad_no_path);
+  tcase_add_test(ex, test_scan_grad_no_path_xs);
+  tcase_add_test(ex, test_scan_grad_no_path_init);
+  tcase_add_test(ex, test_grad_read_after_cond);
+  tcase_add_test(ex, test_grad_read_after_scan);
+  tcase_add_test(ex, test_grad_read_after_cond_had_grad);
+  tcase_add_test(ex, test_grad_read_after_computed_cond);
+  tcase_add_test(ex, test_grad_read_after_plain_scan);
+  tcase_add_test(ex, test_cond_slice_shared_sizes);
+  tcase_add_test(ex, test_backward_shared_sizes);
+  tcase_add_test(ex, test_backward_shared_sizes_ys);
+  suite_add_tcase(s, ex);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);
   int failed = srunner_ntests_failed(sr);

@@ -172,7 +172,14 @@ static kiln_tensor *view(op_id op, kiln_tensor *t, const op_attrs *a, const char
   return op_dispatch(op, &t, 1, a, file, line);
 }
 
+static kiln_tensor *reshape(kiln_tensor *t, int ndim, const int64_t *shape, const char *file, int line);
 kiln_tensor *kiln_reshape_at(kiln_tensor *t, int ndim, const int64_t *shape, const char *file, int line) {
+  ag_shape_begin(shape);
+  kiln_tensor *r = reshape(t, ndim, shape, file, line);
+  ag_shape_end();
+  return r;
+}
+static kiln_tensor *reshape(kiln_tensor *t, int ndim, const int64_t *shape, const char *file, int line) {
   if (tensor_bad_arg(t, file, line, "reshape", "input 0")) return NULL;
   char b0[SHAPE_BUF], b1[SHAPE_BUF];
   if (ndim < 0 || ndim > MAXD || (ndim > 0 && !shape)) return err_set(file, line, "reshape", "rank %d is outside 0..%d", ndim, MAXD);
@@ -240,7 +247,14 @@ kiln_tensor *kiln_transpose_at(kiln_tensor *t, int d0, int d1, const char *file,
   return kiln_permute_at(t, perm, file, line);
 }
 
+static kiln_tensor *expand(kiln_tensor *t, int ndim, const int64_t *shape, const char *file, int line);
 kiln_tensor *kiln_expand_at(kiln_tensor *t, int ndim, const int64_t *shape, const char *file, int line) {
+  ag_shape_begin(shape);
+  kiln_tensor *r = expand(t, ndim, shape, file, line);
+  ag_shape_end();
+  return r;
+}
+static kiln_tensor *expand(kiln_tensor *t, int ndim, const int64_t *shape, const char *file, int line) {
   if (tensor_bad_arg(t, file, line, "expand", "input 0")) return NULL;
   char b0[SHAPE_BUF], b1[SHAPE_BUF];
   if (ndim < t->ndim || ndim > MAXD || (ndim && !shape))

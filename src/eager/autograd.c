@@ -34,6 +34,8 @@ typedef struct ag_input {
   ag_node *next;    /* the node that made it (retained), or */
   kiln_tensor *leaf; /* the leaf it is (retained) */
   int slot;         /* next is a multi-output node: which of its outputs this is */
+  uint64_t src_serial, src_call; /* the input tensor's serial and recording tag (shape_src) */
+  int src_id;
 } ag_input;
 
 struct ag_extra {
@@ -140,6 +142,7 @@ int ag_record(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_t
     ai->dtype = in[i]->dtype;
     ai->ndim = in[i]->ndim;
     memcpy(ai->shape, in[i]->shape, sizeof ai->shape);
+    ai->src_serial = in[i]->serial, ai->src_call = in[i]->rec_call, ai->src_id = in[i]->rec_id;
     ai->need = in[i]->requires_grad && dtype_is_float(in[i]->dtype);
     if (ai->need) {
       if (in[i]->grad_fn) {
@@ -267,6 +270,25 @@ static kiln_tensor *reduce_to(kiln_tensor *g, int ndim, const int64_t *shape, ag
   return kiln_reshape_at(s, ndim, shape, AT);
 }
 #define REDUCE_IN(g, i) reduce_to((g), IN(i).ndim, IN(i).shape, nd)
+
+/* The node whose formula runs on this thread (NULL: none). */
+static _Thread_local ag_node *formula_of;
+
+void ag_shape_begin(const int64_t *shape) {
+  ag_node *nd = formula_of;
+  if (!nd || !shape) return;
+  const trace_hooks *h = dispatch_hooks();
+  if (!h || !h->shape_src) return;
+  for (int i = 0; i < nd->n_in; i++)
+    if (shape == IN(i).shape) {
+      h->shape_src(h->ctx, IN(i).src_serial, IN(i).src_call, IN(i).src_id);
+      return;
+    }
+}
+void ag_shape_end(void) {
+  const trace_hooks *h = formula_of ? dispatch_hooks() : NULL;
+  if (h && h->shape_src) h->shape_src(h->ctx, 0, 0, -1);
+}
 
 static int bw_add(ag_node *nd, kiln_tensor *g, kiln_tensor **gin) {
   if (IN(0).need) gin[0] = REDUCE_IN(g, 0);
@@ -926,7 +948,12 @@ static int run_backward_at(kiln_tensor *root, kiln_tensor *seed, const bw_req *r
       internal_begin();
       if (x->get) gp[0] = g;
       else if (x->multi) bad = bad || x->multi->backward(x->multi_data, x->accs, gp, nd->file, nd->line);
-      else bad = bad || check_versions(nd) || backwards[nd->op](nd, g, gp);
+      else if (!(bad = bad || check_versions(nd))) {
+        ag_node *outer = formula_of;
+        formula_of = nd;
+        bad = backwards[nd->op](nd, g, gp);
+        formula_of = outer;
+      }
       internal_end();
       for (int i = 0; !bad && g->grad_if && i < nd->n_in; i++) grad_if_within(gp[i], g, file, line);
       if (bad) {
@@ -938,8 +965,9 @@ static int run_backward_at(kiln_tensor *root, kiln_tensor *seed, const bw_req *r
     for (int i = 0; i < nd->n_in; i++) {
       ag_input *ai = &EXTRA(nd)->inputs[i];
       kiln_tensor *gi = gp[i];
-      if (g && ai->need && !gi) {
-        /* a formula returned NULL: its op failed and set the error */
+      if (g && ai->need && !gi && !x->multi) {
+        /* a formula returned NULL: its op failed and set the error (a multi-output
+         * node's says so by its return; its NULL is an input no gradient reaches) */
         kiln_release(g);
         if (gp != gin) alloc_free(gp);
         goto done;
@@ -1095,7 +1123,29 @@ void (kiln_requires_grad)(kiln_tensor *t, bool on) { kiln_requires_grad_at(t, on
 /* no caller's line: a released tensor gives the NULL answer, and an error without one */
 static bool gone(const kiln_tensor *t, const char *op) { return !t || tensor_check_live(t, "tensor", op, "", 0); }
 bool kiln_get_requires_grad(const kiln_tensor *t) { return !gone(t, "get_requires_grad") && t->requires_grad; }
-kiln_tensor *kiln_grad(const kiln_tensor *t) { return gone(t, "grad") ? NULL : t->grad; }
+/* .grad as eagerly. Under a recording a .grad a construct's backward made
+ * may exist only where its condition holds (grad_if: the branch ran, a
+ * step did); where it fails and the .grad was NULL before, eager has NULL,
+ * and the body may branch on that. So the condition is read: a trip count
+ * from the recording's shape (the body then runs on every call), a
+ * predicate by a graph break (the segment so far runs and .grad is data,
+ * or NULL). Where the .grad was set before, its value is the same either
+ * way (old + zeros), and nothing is read. */
+kiln_tensor *kiln_grad_at(const kiln_tensor *t, const char *file, int line) {
+  if (!t || tensor_check_live(t, "tensor", "grad", file, line)) return NULL;
+  kiln_tensor *g = t->grad;
+  if (!g || !g->grad_if || !g->st->meta || !(g->grad_if_kind & GRAD_IF_FROM_NULL)) return g;
+  const trace_hooks *h = dispatch_hooks();
+  if (g->grad_if_kind & GRAD_IF_TRUE) {
+    hook_read("kiln_grad", g->grad_if, file, line);
+    g = t->grad; /* after a break: the segment's write, or NULL */
+    if (!g || !g->grad_if) return g;
+  } else if (h && h->size_read) {
+    h->size_read(h->ctx, g->grad_if, -1);
+  }
+  return grad_if_holds(g) ? g : NULL;
+}
+kiln_tensor *(kiln_grad)(const kiln_tensor *t) { return kiln_grad_at(t, "", 0); }
 
 void kiln_zero_grad_at(kiln_tensor *t, const char *file, int line) {
   if (!t || tensor_check_live(t, "tensor", "zero_grad", file, line)) return;

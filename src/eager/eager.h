@@ -416,6 +416,10 @@ typedef struct trace_hooks {
                 const char *file, int line);
   /* the caller read a size (kiln_size) or other metadata C can branch on */
   void (*size_read)(void *ctx, const kiln_tensor *t, int dim);
+  /* The shape the next reshape, expand or factory is given is that of the
+   * tensor (serial, rec_call, rec_id): an autograd formula's input, whose
+   * sizes the formula passes as numbers. serial 0: that op is over. */
+  void (*shape_src)(void *ctx, uint64_t serial, uint64_t rec_call, int rec_id);
   /* kiln_cond, kiln_while_loop or kiln_scan (control.c): record its bodies
    * once, as regions. 1: recorded, results[0..c->n_results) set (new
    * references); 0: not recorded (run it as eager code); -1: error set. */
@@ -622,6 +626,12 @@ typedef struct ag_multi_ops {
   int (*backward)(void *data, kiln_tensor *const *gout, kiln_tensor **gin, const char *file, int line);
   void (*free)(void *data);
 } ag_multi_ops;
+/* Around a reshape, expand or factory given shape: when an autograd formula
+ * running now passes one of its inputs' shapes, tells the recording whose
+ * (shape_src). Numbers alone cannot say which of two sizes of the same
+ * value they are. */
+void ag_shape_begin(const int64_t *shape);
+void ag_shape_end(void);
 /* Gives out[0..n_out) (their float ones) one node of ops over in[0..n_in),
  * which owns data from now on (freed by ops->free, on error too). 0 or -1. */
 int ag_record_multi(const ag_multi_ops *ops, void *data, kiln_tensor *const *in, int n_in, kiln_tensor *const *out,

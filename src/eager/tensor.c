@@ -386,7 +386,12 @@ static kiln_tensor *full(const char *op, kiln_dtype dt, int ndim, const int64_t 
                          int line) {
   if (check_shape(op, ndim, shape, dt, file, line)) return NULL;
   const trace_hooks *h = recording();
-  if (h) return scope_adopt(h->factory(h->ctx, FAC_FULL, dt, ndim, shape, v, 0, false, NULL, file, line));
+  if (h) {
+    ag_shape_begin(shape);
+    kiln_tensor *t = h->factory(h->ctx, FAC_FULL, dt, ndim, shape, v, 0, false, NULL, file, line);
+    ag_shape_end();
+    return scope_adopt(t);
+  }
   kiln_tensor *t = tensor_new(dt, ndim, shape);
   if (!t) return err_set(file, line, op, "out of memory");
   pw_fill(t, v);

@@ -156,6 +156,14 @@ static sym_dim read_size(build_state *b, int64_t v) {
 
 /* ---- slots ---- */
 
+/* Dim i of the value whose shape event e was given (rec_event.src), or the
+ * error dim: none, or a value of another rank. */
+static sym_dim src_dim(build_state *b, const rec_event *e, int i) {
+  int n = e->src >= 0 ? known_node(b, e->src) : -1;
+  if (n < 0 || b->g->nodes[n].ndim != e->a->ndim) return sym_error();
+  return b->g->nodes[n].shape[i];
+}
+
 static int add_rule(build_state *b, slot_rule rule) {
   if (alloc_grow((void **)&b->rules, &b->cap_rules, b->n_rules + 1, sizeof *b->rules)) {
     bfail(b, "out of memory while building");
@@ -211,13 +219,19 @@ static sym_dim explain_by(build_state *b, int64_t v, int64_t pv, bool products) 
 }
 
 /* A size slot: the dim it is in the graph, and its rule. hint: a dim the
- * number may stand for by its place (an expand keeping a dim), or the error dim. */
-static sym_dim slot_size(build_state *b, int ev, int si, int64_t v, sym_dim hint, bool user) {
+ * number may stand for by its place (an expand keeping a dim), or the error
+ * dim; src: the dim it is (an autograd formula passed that tensor's shape,
+ * ev's src), or the error dim, which decides whatever the earlier call saw:
+ * two sizes with the same values in both calls (a scan's length and a batch
+ * dim, or a dim now static at 1) cannot be told apart by numbers. */
+static sym_dim slot_size(build_state *b, int ev, int si, int64_t v, sym_dim hint, sym_dim src, bool user) {
   rec_slot ps = {0};
   sym_dim d;
   int arg = -1;
   bool had_prev = prev_slot(b, ev, si, &ps) && !ps.is_float;
-  if (had_prev) {
+  if (!sym_is_err(src) && dim_value(b, src) == v) {
+    d = src;
+  } else if (had_prev) {
     if (ps.i == v) {
       d = sym_const(v); /* a literal: it stayed put while other things changed */
     } else {
@@ -578,7 +592,7 @@ static void convert_attrs(build_state *b, int ev, const ir_node *x, op_attrs *o)
         slot_fixed(b, (rec_slot){false, -1, 0});
         continue;
       }
-      o->shape[i] = slot_size(b, ev, si, t[i], hint[i], e->user);
+      o->shape[i] = slot_size(b, ev, si, t[i], hint[i], src_dim(b, e, i), e->user);
     }
     if (e->op == OP_RESHAPE && a->infer > 0 && a->infer <= a->ndim) {
       /* the dim given as -1 is what the others leave */
@@ -598,7 +612,7 @@ static void convert_attrs(build_state *b, int ev, const ir_node *x, op_attrs *o)
     for (int k = 0; k < 2; k++, si++) {
       /* a bound at the end of the dim stands for the size, as a hint */
       sym_dim hint = given[k] == dim_value(b, size) ? size : sym_error();
-      sym_dim gd = slot_size(b, ev, si, given[k], hint, e->user);
+      sym_dim gd = slot_size(b, ev, si, given[k], hint, sym_error(), e->user);
       if (sym_is_err(gd)) return;
       *dst[k] = a->raw ? slice_bound(b, size, gd) : (sym_is_const(gd) && gd.c == norm[k].c ? norm[k] : gd);
     }
@@ -681,7 +695,7 @@ static int ev_factory(build_state *b, int ev) {
     note_shape(b, &b->g->nodes[id]);
     return id;
   }
-  for (int i = 0; i < a->ndim; i++, si++) dims[i] = slot_size(b, ev, si, a->shape[i].c, sym_error(), e->user);
+  for (int i = 0; i < a->ndim; i++, si++) dims[i] = slot_size(b, ev, si, a->shape[i].c, sym_error(), src_dim(b, e, i), e->user);
   if (b->failed) return -1;
   int arg = slot_value(b, ev, si, a->value, a->dtype);
   int src = arg >= 0 ? arg_node(b, arg) : scalar_const(b, a->dtype, a->value, e->file, e->line);

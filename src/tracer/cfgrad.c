@@ -507,12 +507,17 @@ typedef struct rev_ctx {
                               carry each, whether some step did (READ_NESTED) */
   bool x_need[64];
   int n_dx;
+  /* whether some step's VJP reached each capture's gradient (capg) and each
+   * xs' (a read through an argmax or a compare reaches none): one no step
+   * reaches gets no gradient, as eagerly, not zeros; and each incoming
+   * carry's: one no step reaches has a gradient only where no step ran */
+  bool cap_hit[64], x_hit[64], carry_hit[64];
 } rev_ctx;
 
 /* The reverse scan's step: in = dcarry, dcaps, flags, carry_t, xs_t, dy_t, kept_t;
  * out = dcarry', dcaps', flags', dx_t (of the xs that need theirs). */
 static int rev_step(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
-  const rev_ctx *rc = ctx;
+  rev_ctx *rc = ctx;
   const cfg_grad *g = rc->g;
   int nc = g->n_carry, nx = g->n_xs, n_args = nc + nx, nf = rc->n_flag;
   kiln_tensor *const *dcarry = in, *const *dcaps = in + nc, *const *flags = in + nc + rc->n_capg,
@@ -525,6 +530,9 @@ static int rev_step(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
   if (vjp(g, 0, cx, g->n_kept ? cx + n_args + rc->n_dy : NULL, need, cot, d, reached)) return -1;
   for (int k = 0; k < nc; k++)
     if (!(out[k] = shaped_like(cx[k], d[k], g->file, g->line))) return -1;
+  for (int c = 0; c < rc->n_capg; c++) rc->cap_hit[c] |= reached[n_args + rc->capg[c]];
+  for (int j = 0; j < nx; j++) rc->x_hit[j] |= reached[nc + j];
+  for (int k = 0; k < nc; k++) rc->carry_hit[k] |= reached[k];
   for (int c = 0; c < rc->n_capg; c++)
     if (!(out[nc + c] = kiln_add_at(dcaps[c], d[n_args + rc->capg[c]], g->file, g->line))) return -1;
   for (int f = 0; f < nf; f++) {
@@ -574,17 +582,37 @@ static int scan_backward(void *data, kiln_tensor *const *gout, kiln_tensor **gin
   if (kiln_scan_at(rev_step, &rc, nc + rc.n_capg + rc.n_flag, init, n_xs, xs, cout, rc.n_dx, dx, g->file, g->line))
     return -1;
   for (int k = 0; k < nc; k++) gin[k] = cout[k];
-  for (int j = 0, m = 0; j < nx; j++)
-    if (rc.x_need[j] && !(gin[nc + j] = FLIP(dx[m++]))) return -1;
+  /* an init no step's VJP reached (read through an argmax, say): eagerly it
+   * gets a gradient only from a scan of no step (the last carry is init) */
+  kiln_tensor *no_step = NULL;
+  for (int k = 0; k < nc; k++) {
+    if (rc.carry_hit[k] || !dtype_is_float(g->in[k]->dtype)) continue;
+    if (!gout[k]) {
+      gin[k] = NULL;
+      continue;
+    }
+    if (!no_step) {
+      kiln_tensor *T = numel_scalar(g->in[nc], (int[]){0}, 1, 0, KILN_I64, g->file, g->line);
+      if (!(no_step = kiln_eq_at(T, kiln_scalar_at(KILN_I64, 0, g->file, g->line), g->file, g->line))) return -1;
+    }
+    ag_set_grad_if(gin[k], no_step, GRAD_IF_TRUE);
+  }
+  for (int j = 0, m = 0; j < nx; j++) {
+    if (!rc.x_need[j]) continue;
+    kiln_tensor *dxj = dx[m++];
+    if (rc.x_hit[j] && !(gin[nc + j] = FLIP(dxj))) return -1;
+  }
 #undef FLIP
-  for (int c = 0; c < rc.n_capg; c++) gin[g->n_in + rc.capg[c]] = cout[nc + c];
+  for (int c = 0; c < rc.n_capg; c++)
+    if (rc.cap_hit[c]) gin[g->n_in + rc.capg[c]] = cout[nc + c];
   /* the captures' and xs' gradients exist only where a step ran: eagerly a
    * scan over no step reaches neither, and kiln_grad stays NULL (grad_if);
    * one a step reaches only through a nested construct, where some step did */
   for (int i = nc; i < g->n_in + g->n_caps; i++)
     if (gin[i] && !gin[i]->grad_if) ag_set_grad_if(gin[i], g->in[nc], GRAD_IF_DIM);
   for (int f = 0; f < rc.n_flag; f++)
-    ag_set_grad_if(gin[g->n_in + rc.capg[rc.flag_of[f]]], cout[nc + rc.n_capg + f], GRAD_IF_TRUE);
+    if (rc.cap_hit[rc.flag_of[f]])
+      ag_set_grad_if(gin[g->n_in + rc.capg[rc.flag_of[f]]], cout[nc + rc.n_capg + f], GRAD_IF_TRUE);
   return 0;
 }
 

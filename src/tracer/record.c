@@ -211,6 +211,7 @@ static int new_event(recording *r, rec_ekind kind, int op, const int *ids, int n
   e->file = file ? file : "";
   e->line = line;
   e->user = !in_internal();
+  e->src = -1;
   if (n) memcpy(r->ids + r->n_ids, ids, sizeof(int) * (size_t)n);
   r->n_ids += n;
   return r->n_ev++;
@@ -397,6 +398,7 @@ static void on_op(void *ctx, op_id op, kiln_tensor *const *in, int n, const op_a
         r->ev[e].a = c;
       }
       r->ev[e].user = user_numbers() || !in_internal();
+      if (op_table[op].attrs & AF_SHAPE) r->ev[e].src = r->shape_src;
       if (has_user_numbers(r, &r->ev[e])) r->c_numbers = true;
       int v = new_value(r, RV_MADE, out, -1, e);
       if (v >= 0) {
@@ -513,6 +515,17 @@ static void on_read(void *ctx, const char *what, const kiln_tensor *t, const cha
   }
 }
 
+/* The value of the tensor (serial, call, id) whose shape the next shape given
+ * is; -1 when it is none of this segment's (a value an earlier segment
+ * made, or none). Looks only: a shape's source makes no value. */
+static void on_shape_src(void *ctx, uint64_t serial, uint64_t call, int id) {
+  recording *r = ctx;
+  r->shape_src = -1;
+  if (!serial || r->failed) return;
+  if (call == r->id && id >= 0 && id < r->n_val && r->val[id].seg == r->seg) r->shape_src = id;
+  else r->shape_src = map_get(&r->st->leaves, serial);
+}
+
 static void on_zero_grad(void *ctx, kiln_tensor *t) {
   recording *r = ctx;
   if (!r->failed) rec_value_of(r, t); /* a leaf now, so its .grad at the start is known */
@@ -560,6 +573,7 @@ static kiln_tensor *on_factory(void *ctx, int kind, kiln_dtype dt, int ndim, con
   int e = new_event(r, k, 0, NULL, 0, file, line);
   if (e < 0) return t;
   rec_event *ev = &r->ev[e];
+  if (k == EV_FULL) ev->src = r->shape_src;
   ev->a->dtype = dt;
   ev->a->ndim = ndim;
   for (int i = 0; i < ndim; i++) ev->a->shape[i] = sym_const(shape[i]);
@@ -1046,6 +1060,7 @@ static _Thread_local struct { int ev, ids, val, made; } last_size;
 int rec_begin(recording *r, kiln_tensor *const *in, int n_in, rec_run_fn run, void *run_ctx, struct rec_state *spare) {
   memset(r, 0, sizeof *r);
   r->id = atomic_fetch_add(&next_id, 1);
+  r->shape_src = -1;
   r->in = in;
   r->n_in = n_in;
   r->run = run;
@@ -1082,6 +1097,7 @@ int rec_begin(recording *r, kiln_tensor *const *in, int n_in, rec_run_fn run, vo
                            .zero_grad = on_zero_grad,
                            .numel = on_numel,
                            .size_read = on_size_read,
+                           .shape_src = on_shape_src,
                            .record = true,
                            .factory = on_factory,
                            .cf = on_cf};

@@ -240,6 +240,8 @@ typedef struct rec_event {
   int out;           /* the value it makes (EV_INPLACE: the written tensor's new value); -1 for a break */
   op_attrs *a;       /* its attributes: the recording's (compile.c: the variant's), or rec_no_attrs */
   bool user;         /* the numbers in a came from user code, not from kiln's formulas */
+  int src;           /* a reshape, expand or fill: the value whose shape it was given (an autograd
+                        formula's input, ag_shape_begin), or -1 */
   const void *data;  /* EV_DATA: the bytes, owned by the recording */
   const char *file;
   int line;
@@ -291,6 +293,7 @@ struct recording {
   struct { int input, dim; } scan_dims[8]; /* inputs' dims a scan steps over: symbolic from the first trace */
   int n_scan_dims;
   int n_breaks;            /* EV_BREAKs so far (REC_MAX_BREAKS, then an escape) */
+  int shape_src;           /* the value the next shape given is of (on_shape_src), or -1 */
   rec_run_fn run;
   void *run_ctx;
   struct rec_state *st;    /* the maps and lists behind the log (record.c) */
