@@ -451,6 +451,21 @@ START_TEST(test_prepared_weight) {
     expect_same_bits(y, ref, "weight an argument");
   }
   kiln_fn_free(fa);
+
+  /* one variant over many sizes: below 64 tiles the conv runs im2col and the entry is dropped, then made again */
+  kiln_options od = {.name = "prep_dyn", .n_in = 1, .n_out = 1, .dynamic = KILN_DYNAMIC_ALL, .backend = KILN_BACKEND_LLVM};
+  kiln_fn *dyn = kiln_compile(prep_body, &c, &od);
+  static const int64_t sizes[][3] = {{3, 19, 15}, {2, 5, 6}, {2, 11, 30}, {4, 19, 15}, {2, 5, 6}, {3, 19, 15}};
+  for (int i = 0; i < 6; i++) {
+    kiln_tensor *xd = kiln_randn(KILN_F32, 4, ((int64_t[]){sizes[i][0], 17, sizes[i][1], sizes[i][2]}), 20 + (uint64_t)i);
+    ck_assert_msg(kiln_call(dyn, &xd, &y) == 0, "%s", kiln_last_error());
+    ck_assert_int_eq(0, prep_body(&c, &xd, &ref));
+    expect_same_bits(y, ref, "sizes changing");
+  }
+  kiln_fn_stats st;
+  ck_assert_int_eq(0, kiln_fn_get_stats(dyn, &st));
+  ck_assert_int_eq(1, st.traces);
+  kiln_fn_free(dyn);
   kiln_scope_end();
   unsetenv("KILN_PREPARE");
 }

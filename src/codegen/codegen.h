@@ -348,18 +348,21 @@ typedef struct cg_prep {
   int n;
   int *of_kernel;           /* kernel -> its entry, or -1 */
   bool unbounded;           /* KILN_PREPARE=all: admitted past the memory bound */
+  int64_t vals[IR_MAX_SYMS]; /* the symbol values admission was decided at (the room follows the sizes) */
+  int nvals;
 } cg_prep;
 
 /* The candidates of p (forward f32 convs reading an argument the graph
  * never writes as their weight), CG_PREP_MAX at most. 0, or -1 out of memory. */
 int prep_init(cg_prep *c, const cg_program *p);
 void prep_free(cg_prep *c);
-/* Whether admission was decided for these wanted sizes (want[i]: entry i's
- * conv_prepared_bytes at this call, 0 where it prepares nothing). */
-bool prep_decided(const cg_prep *c, const size_t *want);
-/* Admits entries in kernel order while their bytes fit room; allocates the
- * admitted, frees the others. */
-void prep_admit(cg_prep *c, const size_t *want, size_t room);
+/* Whether admission was decided at these symbol values for these wanted
+ * sizes (want[i]: entry i's conv_prepared_bytes at this call, 0 where it
+ * prepares nothing). */
+bool prep_decided(const cg_prep *c, const size_t *want, const int64_t *vals, int nvals);
+/* Admits entries in kernel order while their bytes fit room (at these
+ * symbol values); allocates the admitted, frees the others. */
+void prep_admit(cg_prep *c, const size_t *want, const int64_t *vals, int nvals, size_t room);
 size_t prep_bytes(const cg_prep *c);
 /* Whether en holds w's values as they are now; prep_made records that it does. */
 bool prep_fresh(const cg_prep_entry *en, const kiln_tensor *w);

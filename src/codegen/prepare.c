@@ -74,14 +74,17 @@ void prep_free(cg_prep *c) {
   memset(c, 0, sizeof *c);
 }
 
-bool prep_decided(const cg_prep *c, const size_t *want) {
+bool prep_decided(const cg_prep *c, const size_t *want, const int64_t *vals, int nvals) {
+  if (c->nvals != nvals || (nvals && memcmp(c->vals, vals, sizeof *vals * (size_t)nvals))) return false;
   for (int i = 0; i < c->n; i++)
     if (c->e[i].decided != want[i]) return false;
   return true;
 }
 
-void prep_admit(cg_prep *c, const size_t *want, size_t room) {
+void prep_admit(cg_prep *c, const size_t *want, const int64_t *vals, int nvals, size_t room) {
   size_t used = 0;
+  c->nvals = nvals;
+  if (nvals) memcpy(c->vals, vals, sizeof *vals * (size_t)nvals);
   if (c->unbounded) room = SIZE_MAX;
   for (int i = 0; i < c->n; i++) {
     cg_prep_entry *en = &c->e[i];

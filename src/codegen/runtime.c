@@ -1026,9 +1026,9 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
     if (!e->arena_busy && e->prep.n) {
       /* new sizes: admit prepared weights while they and the arena without them
        * take no more than eager's one tensor per intermediate (prepare.c) */
-      if (!prep_decided(&e->prep, want)) {
+      if (!prep_decided(&e->prep, want, vals, ns)) {
         size_t full = plan_cached(e, bytes, off), made = values_bytes(g, vals);
-        prep_admit(&e->prep, want, made > full ? made - full : 0);
+        prep_admit(&e->prep, want, vals, ns, made > full ? made - full : 0);
       }
       for (int i = 0; i < e->prep.n; i++) {
         use_prep[i] = e->prep.e[i].admitted && e->prep.e[i].data;
