@@ -324,6 +324,175 @@ START_TEST(test_save_load) {
 }
 END_TEST
 
+
+/* ---- weights prepared once (src/codegen/prepare.c) ---- */
+
+typedef struct prep_ctx {
+  kiln_tensor *w1, *w2;
+} prep_ctx;
+
+/* Two 3x3 stride-1 convs at odd sizes (the second with unequal padding),
+ * nothing fused after them that could round differently from eager. */
+static int prep_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  prep_ctx *c = ctx;
+  kiln_tensor *y = kiln_relu(kiln_conv2d(in[0], c->w1, NULL, NULL, (int[]){1, 1}, NULL, 1));
+  out[0] = kiln_conv2d(y, c->w2, NULL, NULL, (int[]){0, 2}, NULL, 1);
+  return out[0] ? 0 : -1;
+}
+
+/* The same with the weight an argument: in[1] */
+static int prep_arg_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  out[0] = kiln_conv2d(in[0], in[1], NULL, NULL, (int[]){1, 1}, NULL, 1);
+  return out[0] ? 0 : -1;
+}
+
+/* A compiled update of the weight: w -= 0.25 * d */
+static int prep_update_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  prep_ctx *c = ctx;
+  out[0] = kiln_sub_(c->w1, kiln_mul(in[0], kiln_scalar(KILN_F32, 0.25)));
+  return out[0] ? 0 : -1;
+}
+
+/* Whether conv2d(x, w) of padding (ph, pw) has a weight to prepare (it runs as Winograd). */
+static bool prepares(kiln_tensor *x, kiln_tensor *w, int ph, int pw) {
+  op_attrs a;
+  memset(&a, 0, sizeof a);
+  int ints[7] = {1, 1, ph, pw, 1, 1, 1};
+  for (int i = 0; i < 7; i++) a.ints[i] = ints[i];
+  kiln_tensor *in[2] = {x, w};
+  return conv_prepared_bytes(OP_CONV2D, in, &a) > 0;
+}
+
+/* The compiled result is eager's to the bit (the same kernel on the same U). */
+static void expect_same_bits(kiln_tensor *got, kiln_tensor *want, const char *what) {
+  ck_assert_msg(got && want && same_shape(got, want), "%s: missing or shapes differ", what);
+  int64_t n = kiln_numel(want);
+  float *a = malloc(sizeof(float) * (size_t)n), *b = malloc(sizeof(float) * (size_t)n);
+  ck_assert_int_eq(0, kiln_read(got, a, sizeof(float) * (size_t)n));
+  ck_assert_int_eq(0, kiln_read(want, b, sizeof(float) * (size_t)n));
+  int64_t bad = -1;
+  for (int64_t i = 0; i < n && bad < 0; i++)
+    if (memcmp(&a[i], &b[i], sizeof(float))) bad = i;
+  ck_assert_msg(bad < 0, "%s: element %lld is %g, eager's %g", what, (long long)bad, bad < 0 ? 0 : a[bad], bad < 0 ? 0 : b[bad]);
+  free(a), free(b);
+}
+
+/* A compiled inference graph transforms each Winograd conv's weight once and
+ * keeps it, and transforms it again whenever the weight changes: written in
+ * place eagerly (an optimizer's step), loaded from a file, updated by a
+ * compiled call, or another tensor passed in its place. Every call is
+ * compared with eager, bit for bit. */
+START_TEST(test_prepared_weight) {
+  setenv("KILN_PREPARE", "all", 1); /* past the memory bound, which a graph this small never leaves room under */
+  kiln_scope_begin();
+  prep_ctx c = {kiln_mul(kiln_randn(KILN_F32, 4, ((int64_t[]){16, 17, 3, 3}), 1), kiln_scalar(KILN_F32, 0.1)),
+                kiln_mul(kiln_randn(KILN_F32, 4, ((int64_t[]){18, 16, 3, 3}), 2), kiln_scalar(KILN_F32, 0.1))};
+  kiln_tensor *x = kiln_randn(KILN_F32, 4, ((int64_t[]){1, 17, 19, 15}), 3);
+  kiln_tensor *y1 = kiln_randn(KILN_F32, 4, ((int64_t[]){1, 16, 19, 15}), 4);
+  int expect = prepares(x, c.w1, 1, 1) + prepares(y1, c.w2, 0, 2);
+  kiln_options o = {.name = "prep", .n_in = 1, .n_out = 1, .backend = KILN_BACKEND_LLVM};
+  kiln_fn *fn = kiln_compile(prep_body, &c, &o);
+  kiln_tensor *y = NULL, *ref = NULL;
+  long made = prep_made_count();
+  ck_assert_msg(kiln_call(fn, &x, &y) == 0, "%s", kiln_last_error()); /* the trace */
+  for (int i = 0; i < 3; i++) {
+    ck_assert_msg(kiln_call(fn, &x, &y) == 0, "%s", kiln_last_error());
+    ck_assert_int_eq(0, prep_body(&c, &x, &ref));
+    expect_same_bits(y, ref, "unchanged weights");
+  }
+  ck_assert_int_eq(expect, prep_made_count() - made); /* made once, then kept */
+
+  /* an eager SGD step on w1: its transform is made again, w2's kept */
+  made = prep_made_count();
+  kiln_sub_(c.w1, kiln_mul(kiln_randn(KILN_F32, 4, ((int64_t[]){16, 17, 3, 3}), 5), kiln_scalar(KILN_F32, 0.05)));
+  ck_assert_msg(kiln_call(fn, &x, &y) == 0, "%s", kiln_last_error());
+  ck_assert_int_eq(0, prep_body(&c, &x, &ref));
+  expect_same_bits(y, ref, "after an eager step");
+  ck_assert_int_eq(prepares(x, c.w1, 1, 1), prep_made_count() - made);
+
+  /* loaded from a file (load_state_dict) */
+  char path[] = "/tmp/kiln_prep_XXXXXX";
+  int fd = mkstemp(path);
+  ck_assert_int_ge(fd, 0);
+  close(fd);
+  kiln_tensor *other = kiln_randn(KILN_F32, 4, ((int64_t[]){18, 16, 3, 3}), 6);
+  const char *names[1] = {"w2"};
+  ck_assert_int_eq(0, kiln_save_tensors(path, 1, names, &other));
+  ck_assert_msg(kiln_load_tensors_into(path, 1, names, &c.w2) == 0, "%s", kiln_last_error());
+  unlink(path);
+  ck_assert_msg(kiln_call(fn, &x, &y) == 0, "%s", kiln_last_error());
+  ck_assert_int_eq(0, prep_body(&c, &x, &ref));
+  expect_same_bits(y, ref, "after a load");
+
+  /* updated by a compiled call (its write-back) */
+  kiln_options ou = {.name = "prep_update", .n_in = 1, .n_out = 1, .backend = KILN_BACKEND_LLVM};
+  kiln_fn *upd = kiln_compile(prep_update_body, &c, &ou);
+  for (int i = 0; i < 2; i++) {
+    kiln_tensor *d = kiln_randn(KILN_F32, 4, ((int64_t[]){16, 17, 3, 3}), 7 + (uint64_t)i), *r = NULL;
+    ck_assert_msg(kiln_call(upd, &d, &r) == 0, "%s", kiln_last_error());
+    ck_assert_msg(kiln_call(fn, &x, &y) == 0, "%s", kiln_last_error());
+    ck_assert_int_eq(0, prep_body(&c, &x, &ref));
+    expect_same_bits(y, ref, "after a compiled update");
+  }
+  kiln_fn_free(upd);
+  kiln_fn_free(fn);
+
+  /* the weight an argument: another tensor each call, then the first again after it changed in place */
+  kiln_options oa = {.name = "prep_arg", .n_in = 2, .n_out = 1, .backend = KILN_BACKEND_LLVM};
+  kiln_fn *fa = kiln_compile(prep_arg_body, NULL, &oa);
+  kiln_tensor *wa = kiln_randn(KILN_F32, 4, ((int64_t[]){16, 17, 3, 3}), 9), *wb = kiln_randn(KILN_F32, 4, ((int64_t[]){16, 17, 3, 3}), 10);
+  kiln_tensor *order[4] = {wa, wb, wa, wa};
+  for (int i = 0; i < 4; i++) {
+    if (i == 3) kiln_mul_(wa, kiln_scalar(KILN_F32, -2));
+    kiln_tensor *in[2] = {x, order[i]};
+    ck_assert_msg(kiln_call(fa, in, &y) == 0, "%s", kiln_last_error());
+    ck_assert_int_eq(0, prep_arg_body(NULL, in, &ref));
+    expect_same_bits(y, ref, "weight an argument");
+  }
+  kiln_fn_free(fa);
+
+  /* one variant over many sizes: below 64 tiles the conv runs im2col and the entry is dropped, then made again */
+  kiln_options od = {.name = "prep_dyn", .n_in = 1, .n_out = 1, .dynamic = KILN_DYNAMIC_ALL, .backend = KILN_BACKEND_LLVM};
+  kiln_fn *dyn = kiln_compile(prep_body, &c, &od);
+  static const int64_t sizes[][3] = {{3, 19, 15}, {2, 5, 6}, {2, 11, 30}, {4, 19, 15}, {2, 5, 6}, {3, 19, 15}};
+  for (int i = 0; i < 6; i++) {
+    kiln_tensor *xd = kiln_randn(KILN_F32, 4, ((int64_t[]){sizes[i][0], 17, sizes[i][1], sizes[i][2]}), 20 + (uint64_t)i);
+    ck_assert_msg(kiln_call(dyn, &xd, &y) == 0, "%s", kiln_last_error());
+    ck_assert_int_eq(0, prep_body(&c, &xd, &ref));
+    expect_same_bits(y, ref, "sizes changing");
+  }
+  kiln_fn_stats st;
+  ck_assert_int_eq(0, kiln_fn_get_stats(dyn, &st));
+  ck_assert_int_eq(1, st.traces);
+  kiln_fn_free(dyn);
+  kiln_scope_end();
+  unsetenv("KILN_PREPARE");
+}
+END_TEST
+
+/* Under the memory bound, a prepared weight takes room only where eager's
+ * intermediates leave it beside the arena: none in a graph this small,
+ * whose working memory outweighs its values; the results stay eager's. */
+START_TEST(test_prepared_bound) {
+  kiln_scope_begin();
+  prep_ctx c = {kiln_mul(kiln_randn(KILN_F32, 4, ((int64_t[]){16, 17, 3, 3}), 1), kiln_scalar(KILN_F32, 0.1)),
+                kiln_mul(kiln_randn(KILN_F32, 4, ((int64_t[]){18, 16, 3, 3}), 2), kiln_scalar(KILN_F32, 0.1))};
+  kiln_tensor *x = kiln_randn(KILN_F32, 4, ((int64_t[]){1, 17, 19, 15}), 3), *y = NULL, *ref = NULL;
+  kiln_options o = {.name = "prep_bound", .n_in = 1, .n_out = 1, .backend = KILN_BACKEND_LLVM};
+  kiln_fn *fn = kiln_compile(prep_body, &c, &o);
+  long made = prep_made_count();
+  for (int i = 0; i < 3; i++) {
+    ck_assert_msg(kiln_call(fn, &x, &y) == 0, "%s", kiln_last_error());
+    ck_assert_int_eq(0, prep_body(&c, &x, &ref));
+    expect_same_bits(y, ref, "bounded");
+  }
+  ck_assert_int_eq(0, prep_made_count() - made);
+  kiln_fn_free(fn);
+  kiln_scope_end();
+}
+END_TEST
+
 static Suite *cnn_suite(void) {
   Suite *s = suite_create("cnn");
   TCase *tc = tcase_create("compiled");
@@ -334,6 +503,8 @@ static Suite *cnn_suite(void) {
   tcase_add_test(tc, test_conv_epilogue_plan);
   tcase_add_test(tc, test_broadcast_costly_stored);
   tcase_add_test(tc, test_save_load);
+  tcase_add_test(tc, test_prepared_weight);
+  tcase_add_test(tc, test_prepared_bound);
   suite_add_tcase(s, tc);
   return s;
 }

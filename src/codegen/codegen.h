@@ -326,6 +326,50 @@ char *kernel_key(LLVMValueRef fn, const cg_kernel *k, bool text);
  * first fit by liveness over the kernel order. Returns the arena bytes. */
 size_t plan_arena(const cg_program *p, const size_t *bytes, size_t *offset);
 
+/* ---- prepare.c: weights prepared once, kept across calls ---------------------- */
+
+enum { CG_PREP_MAX = 64 }; /* candidates a variant keeps entries for (ResNet-50 has 53 convs) */
+
+typedef struct cg_prep_entry {
+  int kernel, wbuf;         /* the conv's kernel; its weight's buffer (an argument) */
+  size_t decided;           /* the prepared bytes admission was last decided for (0: none wanted) */
+  bool admitted;            /* this call's sizes keep a prepared weight */
+  void *data;               /* the prepared weight, bytes of it (counted as tensor memory) */
+  size_t bytes;
+  bool valid;               /* data holds the weight with this key: */
+  uint64_t serial;          /*   its storage's serial and version, */
+  unsigned long version;
+  int64_t offset, shape[MAXD], stride[MAXD]; /* its view */
+  int ndim;
+} cg_prep_entry;
+
+typedef struct cg_prep {
+  cg_prep_entry *e;
+  int n;
+  int *of_kernel;           /* kernel -> its entry, or -1 */
+  bool unbounded;           /* KILN_PREPARE=all: admitted past the memory bound */
+  int64_t vals[IR_MAX_SYMS]; /* the symbol values admission was decided at (the room follows the sizes) */
+  int nvals;
+} cg_prep;
+
+/* The candidates of p (forward f32 convs reading an argument the graph
+ * never writes as their weight), CG_PREP_MAX at most. 0, or -1 out of memory. */
+int prep_init(cg_prep *c, const cg_program *p);
+void prep_free(cg_prep *c);
+/* Whether admission was decided at these symbol values for these wanted
+ * sizes (want[i]: entry i's conv_prepared_bytes at this call, 0 where it
+ * prepares nothing). */
+bool prep_decided(const cg_prep *c, const size_t *want, const int64_t *vals, int nvals);
+/* Admits entries in kernel order while their bytes fit room (at these
+ * symbol values); allocates the admitted, frees the others. */
+void prep_admit(cg_prep *c, const size_t *want, const int64_t *vals, int nvals, size_t room);
+size_t prep_bytes(const cg_prep *c);
+/* Whether en holds w's values as they are now; prep_made records that it does. */
+bool prep_fresh(const cg_prep_entry *en, const kiln_tensor *w);
+void prep_made(cg_prep_entry *en, const kiln_tensor *w);
+/* Weights prepared in this process so far (tests: kept ones are not made again). */
+long prep_made_count(void);
+
 /* ---- runtime.c: the LLVM backend ------------------------------------------------ */
 
 extern const backend backend_llvm;

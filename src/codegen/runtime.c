@@ -48,6 +48,7 @@ struct backend_exec {
    * per construct step on its exec (interp_run_with) */
   bool driver;
   region_execs rx;
+  cg_prep prep;           /* weights prepared once (prepare.c); used by the call that holds the arena */
 };
 
 static double now_ms(void) {
@@ -59,6 +60,7 @@ static double now_ms(void) {
 static void exec_free(backend_exec *e) {
   if (!e) return;
   region_execs_free(&e->rx);
+  prep_free(&e->prep);
   /* the caller's dump file is the caller's to close (a compile that fails
    * has not made its own handle yet) */
   if (e->own_dump && e->dump_to) fclose(e->dump_to);
@@ -413,6 +415,7 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
   e->consts = alloc_calloc((size_t)p->n_buf + 1, sizeof *e->consts);
   if (!e->fn || !e->consts) goto oom;
   if (!(e->leaves = ir_leaf_ids(g, &e->n_leaves))) goto oom;
+  if (prep_init(&e->prep, p)) goto oom;
   for (int b = 0; b < p->n_buf; b++) e->temps |= p->buf[b].kind == CG_BUF_TEMP;
   e->last_allreduce = -1;
   for (int k = 0; k < p->n_k; k++)
@@ -746,8 +749,11 @@ static int make_view(tview *v, char *base, kiln_dtype dt, const ir_node *n, cons
 }
 
 /* The bytes of working memory kernel k (an eager kernel that takes some)
- * needs at these symbol values: its op's, on its operands' shapes. 0 or -1. */
-static int scratch_size(const cg_program *p, const cg_kernel *k, const int64_t *vals, int nvals, size_t *bytes) {
+ * needs at these symbol values: its op's, on its operands' shapes; with
+ * prep, also the bytes of its prepared weight (prepare.c; 0: none) and its
+ * working memory when it reads that. 0 or -1. */
+static int scratch_size(const cg_program *p, const cg_kernel *k, const int64_t *vals, int nvals, size_t *bytes,
+                        size_t *prep, size_t *prep_scratch) {
   const ir_graph *g = p->g;
   const ir_node *n = &g->nodes[k->node];
   tview tv[3];
@@ -759,8 +765,26 @@ static int scratch_size(const cg_program *p, const cg_kernel *k, const int64_t *
     if (make_view(&tv[j], NULL, x->dtype, x, &p->views[n->in[j]], vals, nvals)) return -1;
     ins[j] = &tv[j].t;
   }
-  *bytes = conv_scratch_bytes((op_id)n->op, ins, &at);
+  if (bytes) *bytes = conv_scratch_bytes((op_id)n->op, ins, &at);
+  if (prep) {
+    *prep = conv_prepared_bytes((op_id)n->op, ins, &at);
+    *prep_scratch = *prep ? conv_prepared_scratch_bytes((op_id)n->op, ins, &at) : 0;
+  }
   return 0;
+}
+
+/* The bytes of the values g's ops make at these sizes, one tensor each as
+ * eager makes them (views make none): what an eager call holds at its end
+ * while its scope keeps its results. */
+static size_t values_bytes(const ir_graph *g, const int64_t *vals) {
+  size_t total = 0;
+  int64_t shape[MAXD];
+  for (int i = 0; i < g->n_nodes; i++) {
+    const ir_node *n = &g->nodes[i];
+    if (n->op >= OP_COUNT || op_table[n->op].kind == KIND_VIEW || ir_node_shape(n, vals, g->n_syms, shape)) continue;
+    total += (size_t)shape_numel(n->ndim, shape) * kiln_dtype_size(n->dtype);
+  }
+  return total;
 }
 
 static int64_t eval_or(sym_dim d, const int64_t *vals, int n) {
@@ -943,6 +967,9 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
   dist_pending dq_mem, *dq = NULL;
   if (e->last_allreduce >= 0) dq_mem = (dist_pending){.cap = -1}, dq = &dq_mem;
   bool overlap = !report && dq && dist_overlap(); /* a getenv: only where an allreduce can use it */
+  /* prepared weights (prepare.c): each candidate's bytes and working memory at this call, and whether it reads its entry */
+  size_t want[CG_PREP_MAX], want_scratch[CG_PREP_MAX];
+  bool use_prep[CG_PREP_MAX] = {false};
   if (!bufs || !tens || !own || !bytes || !off) goto oom;
   for (int b = 0; b < nb; b++) {
     const cg_buf *bf = &p->buf[b];
@@ -980,7 +1007,7 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
     case CG_BUF_TEMP:
       if (bf->scratch_of >= 0) {
         /* a kernel's working memory: as much as its op takes at this call's sizes */
-        if (scratch_size(p, &p->k[bf->scratch_of], vals, ns, &bytes[b])) goto bad_shape;
+        if (scratch_size(p, &p->k[bf->scratch_of], vals, ns, &bytes[b], NULL, NULL)) goto bad_shape;
         break;
       }
       if (ir_node_shape(n, vals, ns, shape)) goto bad_shape;
@@ -991,9 +1018,23 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
     tens[b] = t;
     if (t) bufs[b] = tensor_data(t);
   }
+  for (int i = 0; i < e->prep.n; i++)
+    if (scratch_size(p, &p->k[e->prep.e[i].kernel], vals, ns, NULL, &want[i], &want_scratch[i])) goto bad_shape;
   /* a graph with no intermediates (a batch-1 matmul) has no arena to plan or lock */
   if (e->temps || (e->dump & KILN_DUMP_KERNELS)) {
     pthread_mutex_lock(&e->mu);
+    if (!e->arena_busy && e->prep.n) {
+      /* new sizes: admit prepared weights while they and the arena without them
+       * take no more than eager's one tensor per intermediate (prepare.c) */
+      if (!prep_decided(&e->prep, want, vals, ns)) {
+        size_t full = plan_cached(e, bytes, off), made = values_bytes(g, vals);
+        prep_admit(&e->prep, want, vals, ns, made > full ? made - full : 0);
+      }
+      for (int i = 0; i < e->prep.n; i++) {
+        use_prep[i] = e->prep.e[i].admitted && e->prep.e[i].data;
+        if (use_prep[i]) bytes[p->k[e->prep.e[i].kernel].scratch_buf] = want_scratch[i];
+      }
+    }
     arena_bytes = plan_cached(e, bytes, off);
     if (!e->arena_busy) {
       e->arena_busy = shared_arena = true;
@@ -1125,6 +1166,26 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
     }
     bool start = ok && overlap && n->op == OP_ALLREDUCE && tensor_contiguous(&ov.t);
     if (start) pw_copy(&ov.t, ins[0]);
+    int pi = e->prep.n ? e->prep.of_kernel[ki] : -1;
+    if (ok && pi >= 0 && use_prep[pi]) {
+      /* the prepared weight, made again when the weight changed since */
+      cg_prep_entry *en = &e->prep.e[pi];
+      const kiln_tensor *w = ir_leaf_tensor(g, &g->nodes[p->buf[en->wbuf].node], in, params);
+      int r = 0;
+      if (!prep_fresh(en, w)) {
+        en->valid = false;
+        r = conv_prepare_weight((op_id)n->op, ins, &at, en->data);
+        if (!r) prep_made(en, w);
+      }
+      if (!r) r = conv_kernel_prepared((op_id)n->op, ins, &at, &ov.t, en->data, bufs[k->scratch_buf], bytes[k->scratch_buf]);
+      alloc_free(many), alloc_free(mv);
+      if (r) {
+        err_set(n->file, n->line, ir_op_name(n->op), "%s: %%%d: the kernel failed: %s", g->name, k->node,
+                err_kernel_failed());
+        goto done;
+      }
+      continue;
+    }
     int r = !ok ? -1
             : start ? dist_start(dq, &ov.t, at.flag, ki == e->last_allreduce)
             : k->kind == CG_K_MATMUL && k->beta != 0 ? gemm_into(ins[0], ins[1], k->alpha, k->beta, &ov.t)

@@ -202,20 +202,23 @@ static const kiln_tensor *dense(const kiln_tensor *t, kiln_tensor **own) {
  * give the geometry. Writes out through a contiguous temporary when out
  * itself is not. scratch: conv_scratch_bytes of working memory, or NULL. */
 static int conv_run(int which, const kiln_tensor *a, const kiln_tensor *b, const kiln_tensor *x, const kiln_tensor *w,
-                    const op_attrs *at, kiln_tensor *out, void *scratch, size_t bytes) {
+                    const op_attrs *at, kiln_tensor *out, const void *prep, void *scratch, size_t bytes) {
   conv_geom q = geom_of(x, w, at);
   wino_geom wg;
   bool wino = winograd_of(which, &q, kiln_dtype_size(out->dtype), &wg);
   if (q.k > INT32_MAX || q.og > INT32_MAX || q.n * q.p > INT32_MAX || q.c * q.h * q.w > INT32_MAX) return -1;
-  kiln_tensor *oa, *ob, *oo = NULL;
-  const kiln_tensor *da = dense(a, &oa), *db = dense(b, &ob);
+  if (prep && (!wino || which != FWD)) return -1;
+  kiln_tensor *oa, *ob = NULL, *oo = NULL;
+  const kiln_tensor *da = dense(a, &oa), *db = prep ? b : dense(b, &ob); /* prep: w is not read */
   kiln_tensor *dst = out;
   if (!tensor_contiguous(out)) dst = oo = tensor_new(out->dtype, out->ndim, out->shape);
   int rc = -1;
   if (da && db && dst) {
     const void *pa = tensor_data(da), *pb = tensor_data(db);
     void *po = tensor_data(dst);
-    if (wino && which == GRAD_WEIGHT)
+    if (prep)
+      rc = wino_conv_prepared_f32(&wg, pa, prep, po, scratch, bytes);
+    else if (wino && which == GRAD_WEIGHT)
       rc = wino_grad_weight_f32(&wg, pb, pa, po, scratch, bytes);
     else if (wino)
       rc = wino_conv_f32(&wg, pa, pb, po, scratch, bytes);
@@ -258,7 +261,50 @@ size_t conv_scratch_bytes(op_id op, kiln_tensor *const *in, const op_attrs *a) {
 int conv_kernel(op_id op, kiln_tensor *const *in, const op_attrs *a, kiln_tensor *out, void *scratch, size_t bytes) {
   const kiln_tensor *x, *w;
   geometry_operands(op, in, &x, &w);
-  return conv_run(op_which(op), in[0], in[1], x, w, a, out, scratch, bytes);
+  return conv_run(op_which(op), in[0], in[1], x, w, a, out, NULL, scratch, bytes);
+}
+
+/* ---- a weight prepared once, for compiled inference ----
+ *
+ * A compiled graph calls the same kernels with the same weights again and
+ * again: where a forward conv runs as Winograd, it may keep the weight's
+ * transform U (16/9 of the weight's size) from one call to the next and
+ * skip that transform, redoing it only when the weight changes (runtime.c
+ * keys it on the weight's storage, serial and version). U is computed by
+ * the same code as in a plain call, so the results are the same bits. */
+
+/* The Winograd geometry of conv2d(in[0], in[1]) where its forward runs as Winograd in f32. */
+static bool prepared_geom(op_id op, kiln_tensor *const *in, const op_attrs *a, wino_geom *wg) {
+  if (op != OP_CONV2D || in[0]->dtype != KILN_F32 || in[1]->dtype != KILN_F32) return false;
+  conv_geom q = geom_of(in[0], in[1], a);
+  return winograd_of(FWD, &q, sizeof(float), wg);
+}
+
+size_t conv_prepared_bytes(op_id op, kiln_tensor *const *in, const op_attrs *a) {
+  wino_geom wg;
+  return prepared_geom(op, in, a, &wg) ? wino_weight_bytes(&wg) : 0;
+}
+
+size_t conv_prepared_scratch_bytes(op_id op, kiln_tensor *const *in, const op_attrs *a) {
+  wino_geom wg;
+  return prepared_geom(op, in, a, &wg) ? wino_prepared_scratch_bytes(&wg) : conv_scratch_bytes(op, in, a);
+}
+
+int conv_prepare_weight(op_id op, kiln_tensor *const *in, const op_attrs *a, void *prep) {
+  wino_geom wg;
+  if (!prepared_geom(op, in, a, &wg)) return -1;
+  kiln_tensor *ow;
+  const kiln_tensor *dw = dense(in[1], &ow);
+  if (!dw) return -1;
+  wino_weight_prepare(&wg, tensor_data(dw), prep);
+  kiln_release(ow);
+  return 0;
+}
+
+int conv_kernel_prepared(op_id op, kiln_tensor *const *in, const op_attrs *a, kiln_tensor *out, const void *prep,
+                         void *scratch, size_t bytes) {
+  if (op != OP_CONV2D || !prep) return -1;
+  return conv_run(FWD, in[0], in[1], in[0], in[1], a, out, prep, scratch, bytes);
 }
 
 int k_conv2d(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out) {

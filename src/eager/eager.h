@@ -663,6 +663,17 @@ size_t conv_scratch_bytes(op_id op, kiln_tensor *const *in, const op_attrs *a);
 /* That kernel on the caller's working memory (bytes of it, conv_scratch_bytes
  * at most; NULL: its own). 0, or -1 when out of memory. */
 int conv_kernel(op_id op, kiln_tensor *const *in, const op_attrs *a, kiln_tensor *out, void *scratch, size_t bytes);
+/* A conv2d's weight prepared once for many calls (compiled inference): the
+ * bytes of it (0 where the conv has nothing to prepare: only a forward that
+ * runs as Winograd does), conv_prepare_weight writing them from in[1] into
+ * prep (64-byte aligned), and the kernel that reads prep instead of
+ * transforming in[1], with conv_prepared_scratch_bytes of working memory.
+ * The kernel's results are conv_kernel's, to the bit. 0, or -1. */
+size_t conv_prepared_bytes(op_id op, kiln_tensor *const *in, const op_attrs *a);
+size_t conv_prepared_scratch_bytes(op_id op, kiln_tensor *const *in, const op_attrs *a);
+int conv_prepare_weight(op_id op, kiln_tensor *const *in, const op_attrs *a, void *prep);
+int conv_kernel_prepared(op_id op, kiln_tensor *const *in, const op_attrs *a, kiln_tensor *out, const void *prep,
+                         void *scratch, size_t bytes);
 int k_pool2d_grad(op_id, kiln_tensor *const *, int, const op_attrs *, kiln_tensor *);
 
 /* ---- winograd.c: 3x3 stride-1 f32 convolutions as Winograd F(2x2, 3x3) -- */
@@ -682,6 +693,16 @@ size_t wino_scratch_bytes(const wino_geom *q);
 /* y (N, O, ho, wo) = conv(x, w), on scratch (bytes of it; NULL or too
  * little: its own). 0, or -1 when out of memory. */
 int wino_conv_f32(const wino_geom *q, const float *x, const float *w, float *y, void *scratch, size_t bytes);
+/* The transformed weight U = G w G^T of the forward (flip false) on its own,
+ * for a caller that keeps it across calls while w is unchanged (compiled
+ * inference): wino_weight_bytes of it (a multiple of 64), written by
+ * wino_weight_prepare; wino_conv_prepared_f32 then skips the transform and
+ * takes wino_prepared_scratch_bytes of working memory (the blocks alone).
+ * Its results are wino_conv_f32's, to the bit. */
+size_t wino_weight_bytes(const wino_geom *q);
+void wino_weight_prepare(const wino_geom *q, const float *w, float *u);
+size_t wino_prepared_scratch_bytes(const wino_geom *q);
+int wino_conv_prepared_f32(const wino_geom *q, const float *x, const float *u, float *y, void *scratch, size_t bytes);
 /* Working memory wino_grad_weight_f32 takes. */
 size_t wino_grad_weight_scratch_bytes(const wino_geom *q);
 /* gw (O, C, 3, 3), the gradient of conv(x, w) (flip false) for the output's

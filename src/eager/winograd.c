@@ -66,10 +66,17 @@ size_t wino_scratch_bytes(const wino_geom *q) {
   return u_bytes(q) + (size_t)slots_for(q, tb) * slot_bytes(q, tb);
 }
 
+size_t wino_prepared_scratch_bytes(const wino_geom *q) {
+  int64_t tb = block_tiles(q);
+  return (size_t)slots_for(q, tb) * slot_bytes(q, tb);
+}
+
+size_t wino_weight_bytes(const wino_geom *q) { return u_bytes(q); }
+
 typedef struct wino_job {
   const wino_geom *q;
-  const float *x, *w;
-  float *y, *u;
+  const float *x, *w, *u; /* u: the transformed weight the GEMMs read */
+  float *y, *uw;          /* uw: where weight_chunk writes it */
   char *slots;
   int64_t tb, blocks, nslots, tw, th;
   int64_t ldu, ldv, ldm; /* floats between U[xi] and U[xi + 1], likewise V and M */
@@ -94,7 +101,7 @@ static void weight_chunk(void *ctx, int64_t o0, int64_t o1) {
         t[2][b] = 0.5f * (g[0][b] - g[1][b] + g[2][b]);
         t[3][b] = g[2][b];
       }
-      float *u = j->u + o * q->c + c;
+      float *u = j->uw + o * q->c + c;
       for (int a = 0; a < 4; a++) {
         u[(a * 4 + 0) * ld] = t[a][0];
         u[(a * 4 + 1) * ld] = 0.5f * (t[a][0] + t[a][1] + t[a][2]);
@@ -244,7 +251,9 @@ static void block_chunk(void *ctx, int64_t s0, int64_t s1) {
   }
 }
 
-int wino_conv_f32(const wino_geom *q, const float *x, const float *w, float *y, void *scratch, size_t bytes) {
+/* wino_conv_f32, or with u (wino_weight_prepare's) the transform of w done already. */
+static int conv_with(const wino_geom *q, const float *x, const float *w, const float *u, float *y, void *scratch,
+                     size_t bytes) {
   int64_t tb = block_tiles(q), tiles = tiles_of(q);
   if (tiles == 0 || q->o == 0) return 0;
   if (q->c == 0) {
@@ -255,21 +264,37 @@ int wino_conv_f32(const wino_geom *q, const float *x, const float *w, float *y, 
                 .tw = (q->wo + 1) / 2, .th = (q->ho + 1) / 2, .ldu = stride16(q->o * q->c),
                 .ldv = stride16(q->c * tb), .ldm = stride16(q->o * tb)};
   void *own = NULL;
+  size_t ub = u ? 0 : u_bytes(q); /* the working memory's part for U */
   /* as many slots as the working memory holds, up to one a thread */
-  int64_t fit = scratch && bytes > u_bytes(q) ? (int64_t)((bytes - u_bytes(q)) / slot_bytes(q, tb)) : 0;
+  int64_t fit = scratch && bytes > ub ? (int64_t)((bytes - ub) / slot_bytes(q, tb)) : 0;
   j.nslots = slots_for(q, tb);
   if (fit < 1) {
-    bytes = u_bytes(q) + (size_t)j.nslots * slot_bytes(q, tb);
+    bytes = ub + (size_t)j.nslots * slot_bytes(q, tb);
     if (!(scratch = own = alloc_aligned(bytes))) return -1;
   } else if (fit < j.nslots) {
     j.nslots = fit;
   }
-  j.u = scratch;
-  j.slots = (char *)scratch + u_bytes(q);
-  pool_parallel_for(q->o, 1 + 4096 / q->c, weight_chunk, &j); /* 4K weights or more a chunk */
+  j.u = u ? u : (const float *)scratch;
+  j.uw = scratch;
+  j.slots = (char *)scratch + ub;
+  if (!u) pool_parallel_for(q->o, 1 + 4096 / q->c, weight_chunk, &j); /* 4K weights or more a chunk */
   pool_parallel_for(j.nslots, 1, block_chunk, &j);
   if (own) alloc_aligned_free(own, bytes);
   return 0;
+}
+
+int wino_conv_f32(const wino_geom *q, const float *x, const float *w, float *y, void *scratch, size_t bytes) {
+  return conv_with(q, x, w, NULL, y, scratch, bytes);
+}
+
+void wino_weight_prepare(const wino_geom *q, const float *w, float *u) {
+  if (q->o == 0 || q->c == 0) return;
+  wino_job j = {.q = q, .w = w, .uw = u, .ldu = stride16(q->o * q->c)};
+  pool_parallel_for(q->o, 1 + 4096 / q->c, weight_chunk, &j);
+}
+
+int wino_conv_prepared_f32(const wino_geom *q, const float *x, const float *u, float *y, void *scratch, size_t bytes) {
+  return conv_with(q, x, NULL, u, y, scratch, bytes);
 }
 
 /* ---- the weight gradient ----
