@@ -350,6 +350,113 @@ AT_TARGET static void FN(attn_bwd_tasks)(const attn_job *j, int64_t b, int64_t e
   }
 }
 
+/* ---- the decode form: a few query rows, k and v read in place ---- */
+
+/* s[0..n) = q . k[c] over rows c < n of k (krs apart), D long: four rows at
+ * a time, each with its own accumulators. */
+AI void FN(dots)(const AT *q, int64_t D, const AT *k, int64_t krs, int64_t n, AT *s) {
+  int64_t dv = D / LN * LN, c = 0;
+  for (; c < n; c += 4) {
+    int nk = n - c < 4 ? (int)(n - c) : 4;
+    const AT *kr[4];
+    for (int i = 0; i < 4; i++) kr[i] = k + (c + (i < nk ? i : 0)) * krs;
+    FN(vec) acc[4] = {0};
+    for (int64_t d = 0; d < dv; d += LN) {
+      FN(vec) qv = *(const FN(vec) *)(q + d);
+      for (int i = 0; i < 4; i++) acc[i] += qv * *(const FN(vec) *)(kr[i] + d);
+    }
+    for (int i = 0; i < nk; i++) {
+      AT t = 0;
+      for (int x = 0; x < LN; x++) t += acc[i][x];
+      for (int64_t d = dv; d < D; d++) t += q[d] * kr[i][d];
+      s[c + i] = t;
+    }
+  }
+}
+
+/* o[0..E) += sum over c < n of p[c] * v[c*vrs ..]: whole vectors four at a
+ * time (axpy_nv), the tail past them by elements. */
+AI void FN(pv_rows)(AT *o, const AT *p, int64_t n, const AT *v, int64_t vrs, int64_t E) {
+  int64_t x = 0;
+  for (; x + 4 * LN <= E; x += 4 * LN) FN(axpy_nv)(o + x, p, 1, n, v + x, vrs, 4);
+  int64_t left = (E - x) / LN;
+  if (left == 3) FN(axpy_nv)(o + x, p, 1, n, v + x, vrs, 3);
+  else if (left == 2) FN(axpy_nv)(o + x, p, 1, n, v + x, vrs, 2);
+  else if (left == 1) FN(axpy_nv)(o + x, p, 1, n, v + x, vrs, 1);
+  for (x += left * LN; x < E; x++) {
+    AT t = o[x];
+    for (int64_t c = 0; c < n; c++) t += p[c] * v[c * vrs + x];
+    o[x] = t;
+  }
+}
+
+/* Asks for rows [0, n) of x (ld apart, len elements each) to be brought
+ * into cache: a KV cache the weights streamed past has left memory, and a
+ * walk down one head's rows (a stride of all heads' width) is a pattern the
+ * hardware prefetchers follow too slowly. */
+AI void FN(prefetch_rows)(const AT *x, int64_t ld, int64_t n, int64_t len) {
+  for (int64_t c = 0; c < n; c++)
+    for (int64_t d = 0; d < len; d += 64 / (int64_t)sizeof(AT)) __builtin_prefetch(x + c * ld + d);
+}
+
+/* Tasks [b, e) of j's decode form, one query row of one batch entry each,
+ * ws the chunk's working memory (attn_dec_ws_elems). Three passes over the
+ * row's key blocks of ATTN_DEC_BLK columns, each skipping the blocks whose
+ * mask drops every entry (past the position of a KV cache): the scores and
+ * their max, their exps and sum, then p @ v. k and v are read in place:
+ * packing them would cost as much as the row's work. */
+AT_TARGET static void FN(attn_dec_rows)(const attn_job *j, int64_t b, int64_t e, AT *ws) {
+  const int64_t D = j->D, E = j->E, T = j->T, S = j->S;
+  AT *qs = ws, *s = qs + D, *acc = s + S;
+  uint8_t *kept = (uint8_t *)(acc + E); /* per block: its mode (attn_tile_mode) */
+  const AT scale = (AT)j->scale;
+  for (int64_t t = b; t < e; t++) {
+    int64_t bh = t / T, r = t % T, off[J_N];
+    attn_offsets(j, bh, off);
+    const AT *q = (const AT *)j->q + off[J_Q] + r * j->qrs;
+    const AT *k = (const AT *)j->k + off[J_K], *v = (const AT *)j->v + off[J_V];
+    for (int64_t d = 0; d < D; d++) qs[d] = q[d] * scale;
+    AT mx = -INFINITY, l = 0;
+    for (int64_t c0 = 0, x = 0; c0 < S; c0 += ATTN_DEC_BLK, x++) {
+      int64_t nc = S - c0 < ATTN_DEC_BLK ? S - c0 : ATTN_DEC_BLK;
+      int mode = kept[x] = (uint8_t)attn_tile_mode(j, off[J_MASK], r, 1, c0, nc);
+      if (mode == TILE_SKIP) continue;
+      /* the next block's keys (it is kept, or its rows are a few lines for nothing) and this block's values */
+      int64_t nn = S - c0 - nc < ATTN_DEC_BLK ? S - c0 - nc : ATTN_DEC_BLK;
+      FN(prefetch_rows)(k + (c0 + nc) * j->krs, j->krs, nn, D);
+      FN(prefetch_rows)(v + c0 * j->vrs, j->vrs, nc, E);
+      AT *sc = s + c0;
+      FN(dots)(qs, D, k + c0 * j->krs, j->krs, nc, sc);
+      if (mode == TILE_MASK) {
+        const bool *mk = (const bool *)j->mask + off[J_MASK] + r * j->mrs + c0 * j->mcs;
+        for (int64_t c = 0; c < nc; c++)
+          if (mk[c * j->mcs] == j->drop) sc[c] = -INFINITY;
+      } else if (mode == TILE_ADD) {
+        const AT *mk = (const AT *)j->mask + off[J_MASK] + r * j->mrs + c0 * j->mcs;
+        for (int64_t c = 0; c < nc; c++) sc[c] += mk[c * j->mcs];
+      }
+      for (int64_t c = 0; c < nc; c++) mx = sc[c] > mx ? sc[c] : mx;
+    }
+    memset(acc, 0, sizeof(AT) * (size_t)E);
+    if (mx != -INFINITY) { /* else the row keeps nothing: 0/0 below, NaN, as the unfused softmax gives */
+      for (int64_t c0 = 0, x = 0; c0 < S; c0 += ATTN_DEC_BLK, x++) {
+        if (kept[x] == TILE_SKIP) continue;
+        int64_t nc = S - c0 < ATTN_DEC_BLK ? S - c0 : ATTN_DEC_BLK;
+        AT *sc = s + c0;
+        for (int64_t c = 0; c < nc; c++) sc[c] = AT_EXP(sc[c] - mx);
+        for (int64_t c = 0; c < nc; c++) l += sc[c];
+      }
+      for (int64_t c0 = 0, x = 0; c0 < S; c0 += ATTN_DEC_BLK, x++) {
+        if (kept[x] == TILE_SKIP) continue;
+        int64_t nc = S - c0 < ATTN_DEC_BLK ? S - c0 : ATTN_DEC_BLK;
+        FN(pv_rows)(acc, s + c0, nc, v + c0 * j->vrs, j->vrs, E);
+      }
+    }
+    AT *o = (AT *)j->out + off[J_OUT] + r * j->ors, inv = 1 / l;
+    for (int64_t x = 0; x < E; x++) o[x * j->ocs] = acc[x] * inv;
+  }
+}
+
 #undef AT_CAT2
 #undef AT_CAT
 #undef FN
