@@ -399,61 +399,93 @@ AI void FN(prefetch_rows)(const AT *x, int64_t ld, int64_t n, int64_t len) {
     for (int64_t d = 0; d < len; d += 64 / (int64_t)sizeof(AT)) __builtin_prefetch(x + c * ld + d);
 }
 
+/* One decode task's row in its group (attn_dec_rows). */
+typedef struct FN(dec_row) {
+  const AT *k, *v;    /* the entry's k and v */
+  AT *out;            /* its output row */
+  int64_t mo, r;      /* the mask's offset for the entry, the query row */
+  AT *qs, *s, *acc;   /* working memory: q scaled (D), scores (S), output (E) */
+  uint8_t *mode;      /* per key block: attn_tile_mode's answer */
+  AT mx, l;           /* the max of the scores, the sum of their exps */
+} FN(dec_row);
+
 /* Tasks [b, e) of j's decode form, one query row of one batch entry each,
- * ws the chunk's working memory (attn_dec_ws_elems). Three passes over the
- * row's key blocks of ATTN_DEC_BLK columns, each skipping the blocks whose
- * mask drops every entry (past the position of a KV cache): the scores and
- * their max, their exps and sum, then p @ v. k and v are read in place:
- * packing them would cost as much as the row's work. */
+ * ws the chunk's working memory (attn_dec_ws_elems), ATTN_DEC_GROUP rows at
+ * a time. Three passes over the key blocks of ATTN_DEC_BLK columns, each
+ * skipping a row's blocks whose mask drops every entry (past the position
+ * of a KV cache): the scores and their max, their exps and sum, then p @ v.
+ * k and v are read in place (packing them would cost as much as the row's
+ * work), and the group's rows walk the blocks together: the heads of a
+ * (S, H*hs) cache are one stretch of memory a block, where one head at a
+ * time would stride through it H times. */
 AT_TARGET static void FN(attn_dec_rows)(const attn_job *j, int64_t b, int64_t e, AT *ws) {
-  const int64_t D = j->D, E = j->E, T = j->T, S = j->S;
-  AT *qs = ws, *s = qs + D, *acc = s + S;
-  uint8_t *kept = (uint8_t *)(acc + E); /* per block: its mode (attn_tile_mode) */
+  const int64_t D = j->D, E = j->E, T = j->T, S = j->S, nblk = (S + ATTN_DEC_BLK - 1) / ATTN_DEC_BLK;
   const AT scale = (AT)j->scale;
-  for (int64_t t = b; t < e; t++) {
-    int64_t bh = t / T, r = t % T, off[J_N];
-    attn_offsets(j, bh, off);
-    const AT *q = (const AT *)j->q + off[J_Q] + r * j->qrs;
-    const AT *k = (const AT *)j->k + off[J_K], *v = (const AT *)j->v + off[J_V];
-    for (int64_t d = 0; d < D; d++) qs[d] = q[d] * scale;
-    AT mx = -INFINITY, l = 0;
-    for (int64_t c0 = 0, x = 0; c0 < S; c0 += ATTN_DEC_BLK, x++) {
-      int64_t nc = S - c0 < ATTN_DEC_BLK ? S - c0 : ATTN_DEC_BLK;
-      int mode = kept[x] = (uint8_t)attn_tile_mode(j, off[J_MASK], r, 1, c0, nc);
-      if (mode == TILE_SKIP) continue;
-      /* the next block's keys (it is kept, or its rows are a few lines for nothing) and this block's values */
-      int64_t nn = S - c0 - nc < ATTN_DEC_BLK ? S - c0 - nc : ATTN_DEC_BLK;
-      FN(prefetch_rows)(k + (c0 + nc) * j->krs, j->krs, nn, D);
-      FN(prefetch_rows)(v + c0 * j->vrs, j->vrs, nc, E);
-      AT *sc = s + c0;
-      FN(dots)(qs, D, k + c0 * j->krs, j->krs, nc, sc);
-      if (mode == TILE_MASK) {
-        const bool *mk = (const bool *)j->mask + off[J_MASK] + r * j->mrs + c0 * j->mcs;
-        for (int64_t c = 0; c < nc; c++)
-          if (mk[c * j->mcs] == j->drop) sc[c] = -INFINITY;
-      } else if (mode == TILE_ADD) {
-        const AT *mk = (const AT *)j->mask + off[J_MASK] + r * j->mrs + c0 * j->mcs;
-        for (int64_t c = 0; c < nc; c++) sc[c] += mk[c * j->mcs];
-      }
-      for (int64_t c = 0; c < nc; c++) mx = sc[c] > mx ? sc[c] : mx;
+  FN(dec_row) rows[ATTN_DEC_GROUP];
+  for (int64_t g0 = b; g0 < e; g0 += ATTN_DEC_GROUP) {
+    int n = e - g0 < ATTN_DEC_GROUP ? (int)(e - g0) : ATTN_DEC_GROUP;
+    for (int i = 0; i < n; i++) {
+      FN(dec_row) *w = &rows[i];
+      int64_t bh = (g0 + i) / T, off[J_N];
+      w->r = (g0 + i) % T;
+      attn_offsets(j, bh, off);
+      w->k = (const AT *)j->k + off[J_K], w->v = (const AT *)j->v + off[J_V];
+      w->out = (AT *)j->out + off[J_OUT] + w->r * j->ors;
+      w->mo = off[J_MASK];
+      w->qs = ws + i * attn_dec_row_elems(j);
+      w->s = w->qs + D, w->acc = w->s + S, w->mode = (uint8_t *)(w->acc + E);
+      const AT *q = (const AT *)j->q + off[J_Q] + w->r * j->qrs;
+      for (int64_t d = 0; d < D; d++) w->qs[d] = q[d] * scale;
+      memset(w->acc, 0, sizeof(AT) * (size_t)E);
+      w->mx = -INFINITY, w->l = 0;
     }
-    memset(acc, 0, sizeof(AT) * (size_t)E);
-    if (mx != -INFINITY) { /* else the row keeps nothing: 0/0 below, NaN, as the unfused softmax gives */
-      for (int64_t c0 = 0, x = 0; c0 < S; c0 += ATTN_DEC_BLK, x++) {
-        if (kept[x] == TILE_SKIP) continue;
-        int64_t nc = S - c0 < ATTN_DEC_BLK ? S - c0 : ATTN_DEC_BLK;
-        AT *sc = s + c0;
-        for (int64_t c = 0; c < nc; c++) sc[c] = AT_EXP(sc[c] - mx);
+    for (int64_t x = 0; x < nblk; x++) {
+      int64_t c0 = x * ATTN_DEC_BLK, nc = S - c0 < ATTN_DEC_BLK ? S - c0 : ATTN_DEC_BLK;
+      for (int i = 0; i < n; i++) {
+        FN(dec_row) *w = &rows[i];
+        int mode = w->mode[x] = (uint8_t)attn_tile_mode(j, w->mo, w->r, 1, c0, nc);
+        if (mode == TILE_SKIP) continue;
+        /* the next block's keys (kept, or a few lines for nothing) and this block's values */
+        int64_t nn = S - c0 - nc < ATTN_DEC_BLK ? S - c0 - nc : ATTN_DEC_BLK;
+        FN(prefetch_rows)(w->k + (c0 + nc) * j->krs, j->krs, nn, D);
+        FN(prefetch_rows)(w->v + c0 * j->vrs, j->vrs, nc, E);
+        AT *sc = w->s + c0;
+        FN(dots)(w->qs, D, w->k + c0 * j->krs, j->krs, nc, sc);
+        if (mode == TILE_MASK) {
+          const bool *mk = (const bool *)j->mask + w->mo + w->r * j->mrs + c0 * j->mcs;
+          for (int64_t c = 0; c < nc; c++)
+            if (mk[c * j->mcs] == j->drop) sc[c] = -INFINITY;
+        } else if (mode == TILE_ADD) {
+          const AT *mk = (const AT *)j->mask + w->mo + w->r * j->mrs + c0 * j->mcs;
+          for (int64_t c = 0; c < nc; c++) sc[c] += mk[c * j->mcs];
+        }
+        for (int64_t c = 0; c < nc; c++) w->mx = sc[c] > w->mx ? sc[c] : w->mx;
+      }
+    }
+    /* a row whose max is -inf keeps nothing: its sum stays 0, and 0/0 below is NaN, as the unfused softmax gives */
+    for (int i = 0; i < n; i++) {
+      FN(dec_row) *w = &rows[i];
+      for (int64_t x = 0; x < nblk && w->mx != -INFINITY; x++) {
+        if (w->mode[x] == TILE_SKIP) continue;
+        int64_t c0 = x * ATTN_DEC_BLK, nc = S - c0 < ATTN_DEC_BLK ? S - c0 : ATTN_DEC_BLK;
+        AT *sc = w->s + c0, l = 0;
+        for (int64_t c = 0; c < nc; c++) sc[c] = AT_EXP(sc[c] - w->mx);
         for (int64_t c = 0; c < nc; c++) l += sc[c];
-      }
-      for (int64_t c0 = 0, x = 0; c0 < S; c0 += ATTN_DEC_BLK, x++) {
-        if (kept[x] == TILE_SKIP) continue;
-        int64_t nc = S - c0 < ATTN_DEC_BLK ? S - c0 : ATTN_DEC_BLK;
-        FN(pv_rows)(acc, s + c0, nc, v + c0 * j->vrs, j->vrs, E);
+        w->l += l;
       }
     }
-    AT *o = (AT *)j->out + off[J_OUT] + r * j->ors, inv = 1 / l;
-    for (int64_t x = 0; x < E; x++) o[x * j->ocs] = acc[x] * inv;
+    for (int64_t x = 0; x < nblk; x++) {
+      int64_t c0 = x * ATTN_DEC_BLK, nc = S - c0 < ATTN_DEC_BLK ? S - c0 : ATTN_DEC_BLK;
+      for (int i = 0; i < n; i++) {
+        FN(dec_row) *w = &rows[i];
+        if (w->mode[x] != TILE_SKIP && w->mx != -INFINITY)
+          FN(pv_rows)(w->acc, w->s + c0, nc, w->v + c0 * j->vrs, j->vrs, E);
+      }
+    }
+    for (int i = 0; i < n; i++) {
+      AT inv = 1 / rows[i].l;
+      for (int64_t x = 0; x < E; x++) rows[i].out[x * j->ocs] = rows[i].acc[x] * inv;
+    }
   }
 }
 
