@@ -12,6 +12,11 @@
  *
  * It fires only when nothing else reads s, y, x, the max, e, the sum or p,
  * only for f32 and f64, and only when q, k and v share their batch dims.
+ * Two looser forms, those of examples/llama.h's decode step: the permute
+ * may be any whose last two dims are k's swapped (k is then a permute the
+ * rewrite makes), and a reshape keeping the last dim may sit after y and
+ * before the final matmul, with a mask that means the same over the
+ * unreshaped scores (match_forward).
  *
  * Under autograd the backward that kiln_backward recorded reads p, e and the
  * sum; it is matched too (match_backward: the dozen primitives that the
