@@ -352,6 +352,33 @@ AT_TARGET static void FN(attn_bwd_tasks)(const attn_job *j, int64_t b, int64_t e
 
 /* ---- the decode form: a few query rows, k and v read in place ---- */
 
+/* The sum of v's lanes, halves added to halves down to 16 bytes: summing
+ * lane by lane is a chain LN adds deep, through the stack. */
+AI AT FN(hsum)(FN(vec) v) {
+  typedef AT v16 __attribute__((vector_size(16)));
+  v16 x, y;
+#if AT_VB == 64
+  typedef AT v32 __attribute__((vector_size(32)));
+  v32 a, b;
+  memcpy(&a, &v, 32);
+  memcpy(&b, (const char *)&v + 32, 32);
+  a += b;
+  memcpy(&x, &a, 16);
+  memcpy(&y, (const char *)&a + 16, 16);
+  x += y;
+#elif AT_VB == 32
+  memcpy(&x, &v, 16);
+  memcpy(&y, (const char *)&v + 16, 16);
+  x += y;
+#else
+  memcpy(&x, &v, 16);
+#endif
+  (void)y;
+  AT r = x[0];
+  for (int i = 1; i < (int)(16 / sizeof(AT)); i++) r += x[i];
+  return r;
+}
+
 /* s[0..n) = q . k[c] over rows c < n of k (krs apart), D long: four rows at
  * a time, each with its own accumulators. */
 AI void FN(dots)(const AT *q, int64_t D, const AT *k, int64_t krs, int64_t n, AT *s) {
@@ -366,8 +393,7 @@ AI void FN(dots)(const AT *q, int64_t D, const AT *k, int64_t krs, int64_t n, AT
       for (int i = 0; i < 4; i++) acc[i] += qv * *(const FN(vec) *)(kr[i] + d);
     }
     for (int i = 0; i < nk; i++) {
-      AT t = 0;
-      for (int x = 0; x < LN; x++) t += acc[i][x];
+      AT t = FN(hsum)(acc[i]);
       for (int64_t d = dv; d < D; d++) t += q[d] * kr[i][d];
       s[c + i] = t;
     }
