@@ -1684,6 +1684,41 @@ def attention_family(w, rng):
                 n = s + d + e
                 w.case("attention", "attention_grad", gins, [ref(grads, dt)], {"scale": scale, "drop": int(drop)},
                        (2e-5, 4 * n * 2.0**-24) if dt == "f32" else (1e-11, 4 * n * 2.0**-53))
+    attention_decode_cases(w, rng)
+
+
+def attention_decode_cases(w, rng):
+    """attention's decode form (fewer than 4 query rows, attention.c): a
+    KV cache's bool mask (1, S), or (T, S) one row per query, that keeps
+    rows 0 .. n-1 for n of none (the row is NaN, as the ops give), one,
+    some and all; a mask that drops whole 16-column blocks between kept
+    ones; head sizes 1, 7, 48 and 33 (no whole vector); k and v strided as
+    a (S, H*hs) cache seen per head."""
+    for dt in FLOATS:
+        for batch, t, s, d, e in (((6,), 1, 256, 48, 48), ((2, 3), 1, 37, 7, 5), ((3,), 2, 40, 33, 17),
+                                  ((2,), 3, 17, 1, 3)):
+            for keep in (0, 1, s // 2 + 3, s, "blocks"):
+                if keep == "blocks":
+                    mask = rng.random((t, s)) < 0.5
+                    mask[:, 16:48] = False
+                    mask[:, 0] = True
+                else:
+                    mask = np.arange(s)[None, :] < np.maximum(keep - (t - 1) + np.arange(t)[:, None], min(keep, 1))
+                    if t == 1:
+                        mask = mask[:1]
+                q = make_input(rng, batch + (t, d), g_normal(rng, dt))
+                # k and v as a KV cache (S, H, hs) seen per head (H, S, hs): rows H*hs apart
+                h = int(np.prod(batch))
+                k = Input(g_normal(rng, dt)((s, h, d)), [("permute", [1, 0, 2])])
+                v = Input(g_normal(rng, dt)((s, h, e)), [("permute", [1, 0, 2])])
+                if len(batch) > 1:  # (2, 3) heads: the same values, contiguous
+                    k, v = Input(k.value().reshape(batch + (s, d))), Input(v.value().reshape(batch + (s, e)))
+                kv, vv = k.value(), v.value()
+                scale = 1 / math.sqrt(d)
+                with np.errstate(invalid="ignore"):
+                    exp = attention_np(q.value(), kv, vv, mask, scale, False)
+                w.case("attention", "attention", [q, k, v, Input(mask)], [ref(exp, dt)], {"scale": scale, "drop": 0},
+                       (2e-5, 2e-6) if dt == "f32" else (1e-11, 1e-12))
 
 
 def main():

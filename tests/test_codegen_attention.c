@@ -576,6 +576,126 @@ START_TEST(test_gpt_forward_fuses) {
 }
 END_TEST
 
+/* ---- decoding through a KV cache, as examples/llama.h's llama_step_body writes it ---- */
+
+enum { DEC_ROWS = 6 }; /* rows of the mask table dec_ctx.table */
+
+typedef struct dec_ctx {
+  kiln_dtype dt;
+  int64_t H, G, hs, S;       /* kv heads, query heads a kv head serves, head size, cache rows */
+  kiln_tensor *kc, *vc;      /* (S, H*hs) caches, read by the body as captured tensors */
+  kiln_tensor *table;        /* (DEC_ROWS, S) bool: the mask row each position selects */
+} dec_ctx;
+
+/* in: q (T, H*G, hs) and at (T,) i64, rows of the table; out: (H, G*T, hs),
+ * attention over every row of the caches with the table's rows as the mask:
+ * the heads as llama_attention lays them out ((S,H,hs) caches permuted, the
+ * (H,G*T,S) scores seen as (H,G,T,S) for the (T,S) mask). */
+static int dec_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  dec_ctx *c = ctx;
+  int64_t T = kiln_size(in[0], 0), H = c->H, G = c->G, hs = c->hs, S = c->S;
+  kiln_tensor *keys = kiln_permute(kiln_reshape(c->kc, 3, ((int64_t[]){S, H, hs})), ((int[]){1, 0, 2}));
+  kiln_tensor *vals = kiln_permute(kiln_reshape(c->vc, 3, ((int64_t[]){S, H, hs})), ((int[]){1, 0, 2}));
+  kiln_tensor *qg = kiln_reshape(kiln_permute(in[0], ((int[]){1, 0, 2})), 3, ((int64_t[]){H, G * T, hs}));
+  kiln_tensor *att = kiln_mul(kiln_matmul(qg, kiln_transpose(keys, 1, 2)), kiln_scalar(c->dt, 1 / sqrt((double)hs)));
+  kiln_tensor *mask = kiln_index_select(c->table, 0, in[1]); /* (T,S) */
+  att = kiln_reshape(att, 4, ((int64_t[]){H, G, T, S}));
+  att = kiln_softmax(kiln_where(mask, att, kiln_scalar(c->dt, -INFINITY)), -1);
+  out[0] = kiln_matmul(kiln_reshape(att, 3, ((int64_t[]){H, G * T, S})), vals);
+  return out[0] ? 0 : -1;
+}
+
+/* The mask table: rows keep none (row 0), the first column, about half, all,
+ * and (row 4) random columns but none in columns 16..47 (whole 16-column
+ * blocks of the kernel's mask test dropped between kept ones), row 5 the last column alone. */
+static kiln_tensor *dec_table(int64_t S) {
+  bool *t = calloc((size_t)(DEC_ROWS * S), 1);
+  uint64_t x = 88172645463325252ull;
+  for (int64_t c = 0; c < S; c++) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    t[1 * S + c] = c == 0;
+    t[2 * S + c] = c <= S / 2;
+    t[3 * S + c] = true;
+    t[4 * S + c] = c == 0 || ((c < 16 || c >= 48) && (x & 1));
+    t[5 * S + c] = c == S - 1;
+  }
+  kiln_tensor *r = kiln_tensor_from(KILN_BOOL, 2, ((int64_t[]){DEC_ROWS, S}), t);
+  free(t);
+  return r;
+}
+
+/* out = dec_body compiled on backend be (fused unless KILN_FUSE_ATTENTION=0), called at each row set in ats. */
+static kiln_fn *dec_compiled(dec_ctx *c, int be, kiln_tensor *q, kiln_tensor *const *ats, int n, kiln_tensor **out) {
+  kiln_options o = {.name = "decode", .n_in = 2, .n_out = 1, .backend = be};
+  kiln_fn *fn = kiln_compile(dec_body, c, &o);
+  for (int i = 0; i < n; i++) {
+    kiln_tensor *in[2] = {q, ats[i]};
+    ck_assert_msg(kiln_call(fn, in, &out[i]) == 0, "%s", kiln_last_error());
+  }
+  return fn;
+}
+
+/* One shape: every row of the table (T 1) or sets of rows (T 2, 3), eager,
+ * the interpreter, LLVM fused and LLVM unfused agree (a row that keeps
+ * nothing is NaN in all four); it fuses exactly when the (T,S) mask means
+ * the same over the (H,G*T,S) scores (T 1 or G 1); 1, 2 and 3 threads give
+ * the fused kernel's bits. */
+static void case_decode(kiln_dtype dt, int64_t H, int64_t G, int64_t hs, int64_t S, int64_t T) {
+  kiln_scope_begin();
+  dec_ctx c = {.dt = dt, .H = H, .G = G, .hs = hs, .S = S};
+  c.kc = randn(dt, 2, ((int64_t[]){S, H * hs}), 21);
+  c.vc = randn(dt, 2, ((int64_t[]){S, H * hs}), 22);
+  c.table = dec_table(S);
+  kiln_tensor *q = randn(dt, 3, ((int64_t[]){T, H * G, hs}), 23), *ats[DEC_ROWS];
+  for (int r = 0; r < DEC_ROWS; r++) {
+    int64_t at[3] = {r, (r + 1) % DEC_ROWS, (r + 3) % DEC_ROWS};
+    ats[r] = kiln_tensor_from(KILN_I64, 1, &T, at);
+  }
+  kiln_tensor *y[DEC_ROWS], *yi[DEC_ROWS], *yu[DEC_ROWS], *yt[DEC_ROWS];
+  kiln_fn *fn = dec_compiled(&c, KILN_BACKEND_LLVM, q, ats, DEC_ROWS, y);
+  kiln_fn *fi = dec_compiled(&c, KILN_BACKEND_INTERP, q, ats, DEC_ROWS, yi);
+  ck_assert_int_eq(0, setenv("KILN_FUSE_ATTENTION", "0", 1));
+  kiln_fn *fu = dec_compiled(&c, KILN_BACKEND_LLVM, q, ats, DEC_ROWS, yu);
+  unsetenv("KILN_FUSE_ATTENTION");
+  ck_assert_msg(has_attention_kernel(fn) == (T == 1 || G == 1), "H %lld G %lld T %lld: fused %d", (long long)H,
+                (long long)G, (long long)T, has_attention_kernel(fn));
+  for (int r = 0; r < DEC_ROWS; r++) {
+    kiln_tensor *ref, *in[2] = {q, ats[r]};
+    ck_assert_int_eq(0, dec_body(&c, in, &ref));
+    int64_t bad;
+    double d = maxdiff_rel(y[r], ref, &bad), di = maxdiff_rel(yi[r], ref, &bad), du = maxdiff_rel(yu[r], ref, &bad);
+    ck_assert_msg(same_shape(y[r], ref) && d <= tol_of(dt) && di <= tol_of(dt) && du <= tol_of(dt),
+                  "%s H %lld G %lld hs %lld S %lld T %lld table row %d: fused %g (at %lld), interpreter %g, unfused %g",
+                  dt == KILN_F32 ? "f32" : "f64", (long long)H, (long long)G, (long long)hs, (long long)S, (long long)T,
+                  r, d, (long long)bad, di, du);
+  }
+  int before = kiln_get_num_threads();
+  for (int th = 1; th <= 3; th++) {
+    kiln_set_num_threads(th);
+    kiln_fn *ft = dec_compiled(&c, KILN_BACKEND_LLVM, q, ats, DEC_ROWS, yt);
+    for (int r = 0; r < DEC_ROWS; r++) ck_assert_msg(same_bits(yt[r], y[r]), "%d threads, table row %d: other bits", th, r);
+    kiln_fn_free(ft);
+  }
+  kiln_set_num_threads(before);
+  kiln_fn_free(fn), kiln_fn_free(fi), kiln_fn_free(fu);
+  kiln_scope_end();
+}
+
+/* Decoding attention (one query row, or two or three) over a KV cache whose
+ * mask row comes from index_select: the pattern fuses through llama.h's
+ * permuted keys and reshaped scores, f32 and f64, odd head sizes. */
+START_TEST(test_decode_fuses) {
+  for (int dti = 0; dti < 2; dti++) {
+    kiln_dtype dt = dti ? KILN_F64 : KILN_F32;
+    case_decode(dt, 6, 1, 48, 256, 1); /* stories15M's layer */
+    case_decode(dt, 2, 3, 7, 70, 1);   /* grouped queries */
+    case_decode(dt, 3, 1, 33, 50, 2);
+    case_decode(dt, 1, 1, 1, 17, 3);
+    case_decode(dt, 2, 2, 5, 40, 2);   /* a (T,S) mask over G*T rows: not the same mask, not fused */
+  }
+}
+END_TEST
+
 START_TEST(test_grad_vs_unfused) {
   static const int64_t ts[] = {1, 7, 33, 130}, ds[] = {8, 24, 64};
   for (int dti = 0; dti < 2; dti++) {
@@ -697,6 +817,7 @@ static Suite *attention_suite(void) {
   tcase_add_test(tc, test_check_mode);
   tcase_add_test(tc, test_symbolic_sizes);
   tcase_add_test(tc, test_gpt_forward_fuses);
+  tcase_add_test(tc, test_decode_fuses);
   tcase_add_test(tc, test_grad_vs_unfused);
   tcase_add_test(tc, test_grad_finite_differences);
   tcase_add_test(tc, test_grad_threads);

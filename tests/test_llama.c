@@ -323,8 +323,13 @@ START_TEST(test_step_body_guard_path) {
   ref r;
   llama e, c;
   load_pair(&r, &e, &c);
-  kiln_options o = {.name = "llama_step", .n_in = 2, .n_out = 1, .capture = KILN_CAPTURE_GUARDS};
+  /* the kernels dumped to a file, to see the attention fused */
+  char dir[] = "/tmp/kiln_llama_stepXXXXXX", path[256];
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  ck_assert_int_eq(0, setenv("KILN_DUMP_DIR", dir, 1));
+  kiln_options o = {.name = "llama_step", .n_in = 2, .n_out = 1, .capture = KILN_CAPTURE_GUARDS, .dump = KILN_DUMP_KERNELS};
   kiln_fn *fn = kiln_compile(llama_step_body, &c, &o);
+  unsetenv("KILN_DUMP_DIR");
   ck_assert_ptr_nonnull(fn);
   for (int64_t p = 0; p < N_TOK; p++) {
     double want[40];
@@ -343,6 +348,18 @@ START_TEST(test_step_body_guard_path) {
   ck_assert_int_eq(1, st.traces);
   ck_assert_int_eq(1, st.variants);
   ck_assert_int_eq(N_TOK - 1, st.guard_hits);
+  /* each layer's attention over the whole cache, its mask row picked by the
+   * position, is one fused kernel (the decode form of attention.c) */
+  snprintf(path, sizeof path, "%s/llama_step.1.kernels.txt", dir);
+  FILE *f = fopen(path, "r");
+  ck_assert_ptr_nonnull(f);
+  char line[512];
+  int fused = 0;
+  while (fgets(line, sizeof line, f)) fused += strstr(line, "_attention ->") != NULL;
+  fclose(f);
+  ck_assert_int_eq(0, unlink(path));
+  ck_assert_int_eq(0, rmdir(dir));
+  ck_assert_int_eq(TINY.n_layers, fused);
   int64_t te[N_TOK], tc[N_TOK];
   ck_assert_int_eq(0, llama_generate(&e, NULL, TOKENS, 3, N_TOK - 3, te));
   ck_assert_int_eq(0, llama_generate(&c, fn, TOKENS, 3, N_TOK - 3, tc));

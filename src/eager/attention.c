@@ -24,6 +24,10 @@
 enum { ATTN_BR = 64 };              /* query rows of a task (a multiple of 4) */
 enum { ATTN_TASK_GRAIN = 1 << 20 }; /* multiply-adds a pool chunk should have at least */
 enum { ATTN_TILE_VECS = 8 };        /* vectors across a key tile (a multiple of 4) */
+enum { ATTN_DEC_T = 4 };            /* fewer query rows than this: the decode form (no packing) */
+enum { ATTN_DEC_BLK = 16 };         /* key columns the decode form's mask test skips at once */
+enum { ATTN_DEC_GRAIN = 1 << 14 };  /* k and v elements a decode chunk should read at least */
+enum { ATTN_DEC_GROUP = 8 };        /* decode rows that walk the key blocks together */
 enum { TILE_SKIP, TILE_PLAIN, TILE_MASK, TILE_ADD };
 
 enum { J_Q, J_K, J_V, J_MASK, J_OUT, J_O, J_DO, J_N }; /* the tensors of a job, in bstride */
@@ -58,6 +62,12 @@ static void attn_offsets(const attn_job *j, int64_t bh, int64_t off[J_N]) {
     bh /= j->bshape[d];
     for (int x = 0; x < J_N; x++) off[x] += i * j->bstride[x][d];
   }
+}
+
+/* Elements of one decode row's working memory (attn_dec_rows): q scaled,
+ * the scores, the output, and a byte a key block. */
+static int64_t attn_dec_row_elems(const attn_job *j) {
+  return j->D + j->S + j->E + (j->S + ATTN_DEC_BLK - 1) / ATTN_DEC_BLK + 1;
 }
 
 /* How the mask treats the tile rows [r0, r0+nr) x cols [c0, c0+nc) of the
@@ -160,6 +170,15 @@ static int64_t attn_ws_elems(const attn_job *j, int64_t lanes) {
   }
 ATTN_CHUNK_FN(attn_chunk, attn_ws_elems, attn_tasks)
 
+/* Elements of a decode chunk's working memory: per row of a group, q's
+ * row, the scores, the output, and a byte a key block (attn_dec_rows). */
+static int64_t attn_dec_ws_elems(const attn_job *j, int64_t lanes) {
+  (void)lanes;
+  return ATTN_DEC_GROUP * attn_dec_row_elems(j);
+}
+
+ATTN_CHUNK_FN(attn_dec_chunk, attn_dec_ws_elems, attn_dec_rows)
+
 static void pack_chunk(void *c, int64_t b, int64_t e) {
   attn_job *j = c;
   if (j->f64) ATTN_CALL(j->vb, attn_pack, f64, j, b, e);
@@ -235,6 +254,12 @@ int k_attention(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln
   vbytes = (size_t)nb * per * (size_t)j.Ep * esz;
   if (nb * j.nrb == 0 || j.E == 0) {
     rc = 0;
+    goto done;
+  }
+  if (j.T < ATTN_DEC_T) { /* a token of generation: a task a query row, k and v read in place */
+    int64_t task = j.S * (j.D + j.E) + 1;
+    pool_parallel_for(nb * j.T, task >= ATTN_DEC_GRAIN ? 1 : ATTN_DEC_GRAIN / task, attn_dec_chunk, &j);
+    rc = j.failed ? -1 : 0;
     goto done;
   }
   /* one block for both, from the storage allocator: it keeps large blocks

@@ -350,6 +350,171 @@ AT_TARGET static void FN(attn_bwd_tasks)(const attn_job *j, int64_t b, int64_t e
   }
 }
 
+/* ---- the decode form: a few query rows, k and v read in place ---- */
+
+/* The sum of v's lanes, halves added to halves down to 16 bytes: summing
+ * lane by lane is a chain LN adds deep, through the stack. */
+AI AT FN(hsum)(FN(vec) v) {
+  typedef AT v16 __attribute__((vector_size(16)));
+  v16 x, y;
+#if AT_VB == 64
+  typedef AT v32 __attribute__((vector_size(32)));
+  v32 a, b;
+  memcpy(&a, &v, 32);
+  memcpy(&b, (const char *)&v + 32, 32);
+  a += b;
+  memcpy(&x, &a, 16);
+  memcpy(&y, (const char *)&a + 16, 16);
+  x += y;
+#elif AT_VB == 32
+  memcpy(&x, &v, 16);
+  memcpy(&y, (const char *)&v + 16, 16);
+  x += y;
+#else
+  memcpy(&x, &v, 16);
+#endif
+  (void)y;
+  AT r = x[0];
+  for (int i = 1; i < (int)(16 / sizeof(AT)); i++) r += x[i];
+  return r;
+}
+
+/* s[0..n) = q . k[c] over rows c < n of k (krs apart), D long: four rows at
+ * a time, each with its own accumulators. */
+AI void FN(dots)(const AT *q, int64_t D, const AT *k, int64_t krs, int64_t n, AT *s) {
+  int64_t dv = D / LN * LN, c = 0;
+  for (; c < n; c += 4) {
+    int nk = n - c < 4 ? (int)(n - c) : 4;
+    const AT *kr[4];
+    for (int i = 0; i < 4; i++) kr[i] = k + (c + (i < nk ? i : 0)) * krs;
+    FN(vec) acc[4] = {0};
+    for (int64_t d = 0; d < dv; d += LN) {
+      FN(vec) qv = *(const FN(vec) *)(q + d);
+      for (int i = 0; i < 4; i++) acc[i] += qv * *(const FN(vec) *)(kr[i] + d);
+    }
+    for (int i = 0; i < nk; i++) {
+      AT t = FN(hsum)(acc[i]);
+      for (int64_t d = dv; d < D; d++) t += q[d] * kr[i][d];
+      s[c + i] = t;
+    }
+  }
+}
+
+/* o[0..E) += sum over c < n of p[c] * v[c*vrs ..]: whole vectors four at a
+ * time (axpy_nv), the tail past them by elements. */
+AI void FN(pv_rows)(AT *o, const AT *p, int64_t n, const AT *v, int64_t vrs, int64_t E) {
+  int64_t x = 0;
+  for (; x + 4 * LN <= E; x += 4 * LN) FN(axpy_nv)(o + x, p, 1, n, v + x, vrs, 4);
+  int64_t left = (E - x) / LN;
+  if (left == 3) FN(axpy_nv)(o + x, p, 1, n, v + x, vrs, 3);
+  else if (left == 2) FN(axpy_nv)(o + x, p, 1, n, v + x, vrs, 2);
+  else if (left == 1) FN(axpy_nv)(o + x, p, 1, n, v + x, vrs, 1);
+  for (x += left * LN; x < E; x++) {
+    AT t = o[x];
+    for (int64_t c = 0; c < n; c++) t += p[c] * v[c * vrs + x];
+    o[x] = t;
+  }
+}
+
+/* Asks for rows [0, n) of x (ld apart, len elements each) to be brought
+ * into cache: a KV cache the weights streamed past has left memory, and a
+ * walk down one head's rows (a stride of all heads' width) is a pattern the
+ * hardware prefetchers follow too slowly. */
+AI void FN(prefetch_rows)(const AT *x, int64_t ld, int64_t n, int64_t len) {
+  for (int64_t c = 0; c < n; c++)
+    for (int64_t d = 0; d < len; d += 64 / (int64_t)sizeof(AT)) __builtin_prefetch(x + c * ld + d);
+}
+
+/* One decode task's row in its group (attn_dec_rows). */
+typedef struct FN(dec_row) {
+  const AT *k, *v;    /* the entry's k and v */
+  AT *out;            /* its output row */
+  int64_t mo, r;      /* the mask's offset for the entry, the query row */
+  AT *qs, *s, *acc;   /* working memory: q scaled (D), scores (S), output (E) */
+  uint8_t *mode;      /* per key block: attn_tile_mode's answer */
+  AT mx, l;           /* the max of the scores, the sum of their exps */
+} FN(dec_row);
+
+/* Tasks [b, e) of j's decode form, one query row of one batch entry each,
+ * ws the chunk's working memory (attn_dec_ws_elems), ATTN_DEC_GROUP rows at
+ * a time. Three passes over the key blocks of ATTN_DEC_BLK columns, each
+ * skipping a row's blocks whose mask drops every entry (past the position
+ * of a KV cache): the scores and their max, their exps and sum, then p @ v.
+ * k and v are read in place (packing them would cost as much as the row's
+ * work), and the group's rows walk the blocks together: the heads of a
+ * (S, H*hs) cache are one stretch of memory a block, where one head at a
+ * time would stride through it H times. */
+AT_TARGET static void FN(attn_dec_rows)(const attn_job *j, int64_t b, int64_t e, AT *ws) {
+  const int64_t D = j->D, E = j->E, T = j->T, S = j->S, nblk = (S + ATTN_DEC_BLK - 1) / ATTN_DEC_BLK;
+  const AT scale = (AT)j->scale;
+  FN(dec_row) rows[ATTN_DEC_GROUP];
+  for (int64_t g0 = b; g0 < e; g0 += ATTN_DEC_GROUP) {
+    int n = e - g0 < ATTN_DEC_GROUP ? (int)(e - g0) : ATTN_DEC_GROUP;
+    for (int i = 0; i < n; i++) {
+      FN(dec_row) *w = &rows[i];
+      int64_t bh = (g0 + i) / T, off[J_N];
+      w->r = (g0 + i) % T;
+      attn_offsets(j, bh, off);
+      w->k = (const AT *)j->k + off[J_K], w->v = (const AT *)j->v + off[J_V];
+      w->out = (AT *)j->out + off[J_OUT] + w->r * j->ors;
+      w->mo = off[J_MASK];
+      w->qs = ws + i * attn_dec_row_elems(j);
+      w->s = w->qs + D, w->acc = w->s + S, w->mode = (uint8_t *)(w->acc + E);
+      const AT *q = (const AT *)j->q + off[J_Q] + w->r * j->qrs;
+      for (int64_t d = 0; d < D; d++) w->qs[d] = q[d] * scale;
+      memset(w->acc, 0, sizeof(AT) * (size_t)E);
+      w->mx = -INFINITY, w->l = 0;
+    }
+    for (int64_t x = 0; x < nblk; x++) {
+      int64_t c0 = x * ATTN_DEC_BLK, nc = S - c0 < ATTN_DEC_BLK ? S - c0 : ATTN_DEC_BLK;
+      for (int i = 0; i < n; i++) {
+        FN(dec_row) *w = &rows[i];
+        int mode = w->mode[x] = (uint8_t)attn_tile_mode(j, w->mo, w->r, 1, c0, nc);
+        if (mode == TILE_SKIP) continue;
+        /* the next block's keys (kept, or a few lines for nothing) and this block's values */
+        int64_t nn = S - c0 - nc < ATTN_DEC_BLK ? S - c0 - nc : ATTN_DEC_BLK;
+        FN(prefetch_rows)(w->k + (c0 + nc) * j->krs, j->krs, nn, D);
+        FN(prefetch_rows)(w->v + c0 * j->vrs, j->vrs, nc, E);
+        AT *sc = w->s + c0;
+        FN(dots)(w->qs, D, w->k + c0 * j->krs, j->krs, nc, sc);
+        if (mode == TILE_MASK) {
+          const bool *mk = (const bool *)j->mask + w->mo + w->r * j->mrs + c0 * j->mcs;
+          for (int64_t c = 0; c < nc; c++)
+            if (mk[c * j->mcs] == j->drop) sc[c] = -INFINITY;
+        } else if (mode == TILE_ADD) {
+          const AT *mk = (const AT *)j->mask + w->mo + w->r * j->mrs + c0 * j->mcs;
+          for (int64_t c = 0; c < nc; c++) sc[c] += mk[c * j->mcs];
+        }
+        for (int64_t c = 0; c < nc; c++) w->mx = sc[c] > w->mx ? sc[c] : w->mx;
+      }
+    }
+    /* a row whose max is -inf keeps nothing: its sum stays 0, and 0/0 below is NaN, as the unfused softmax gives */
+    for (int i = 0; i < n; i++) {
+      FN(dec_row) *w = &rows[i];
+      for (int64_t x = 0; x < nblk && w->mx != -INFINITY; x++) {
+        if (w->mode[x] == TILE_SKIP) continue;
+        int64_t c0 = x * ATTN_DEC_BLK, nc = S - c0 < ATTN_DEC_BLK ? S - c0 : ATTN_DEC_BLK;
+        AT *sc = w->s + c0, l = 0;
+        for (int64_t c = 0; c < nc; c++) sc[c] = AT_EXP(sc[c] - w->mx);
+        for (int64_t c = 0; c < nc; c++) l += sc[c];
+        w->l += l;
+      }
+    }
+    for (int64_t x = 0; x < nblk; x++) {
+      int64_t c0 = x * ATTN_DEC_BLK, nc = S - c0 < ATTN_DEC_BLK ? S - c0 : ATTN_DEC_BLK;
+      for (int i = 0; i < n; i++) {
+        FN(dec_row) *w = &rows[i];
+        if (w->mode[x] != TILE_SKIP && w->mx != -INFINITY)
+          FN(pv_rows)(w->acc, w->s + c0, nc, w->v + c0 * j->vrs, j->vrs, E);
+      }
+    }
+    for (int i = 0; i < n; i++) {
+      AT inv = 1 / rows[i].l;
+      for (int64_t x = 0; x < E; x++) rows[i].out[x * j->ocs] = rows[i].acc[x] * inv;
+    }
+  }
+}
+
 #undef AT_CAT2
 #undef AT_CAT
 #undef FN

@@ -12,6 +12,11 @@
  *
  * It fires only when nothing else reads s, y, x, the max, e, the sum or p,
  * only for f32 and f64, and only when q, k and v share their batch dims.
+ * Two looser forms, those of examples/llama.h's decode step: the permute
+ * may be any whose last two dims are k's swapped (k is then a permute the
+ * rewrite makes), and a reshape keeping the last dim may sit after y and
+ * before the final matmul, with a mask that means the same over the
+ * unreshaped scores (match_forward).
  *
  * Under autograd the backward that kiln_backward recorded reads p, e and the
  * sum; it is matched too (match_backward: the dozen primitives that the
@@ -30,6 +35,9 @@
 
 typedef struct attn_match {
   int q, k, v, mask; /* node ids; mask -1 when there is none */
+  int s;             /* the scores' matmul */
+  bool kperm;        /* k is permute(node k, perm): a node the rewrite makes */
+  int perm[MAXD];
   double scale;
   bool drop;         /* a bool mask's value that drops an entry */
   int scale_node;    /* the scale's constant (-1: none), by_div its divide */
@@ -92,25 +100,42 @@ static bool last_dim_reduce(const ir_node *n, int op) {
 /* Whether node id is read exactly `uses` times (outputs and writes count). */
 static bool used(const int *uses, int id, int n) { return uses[id] == n; }
 
-/* s = matmul(q, permute(k)) with the permute swapping the last two dims. */
+/* s = matmul(q, kt) with kt = permute(x): kt swaps the last two dims of k
+ * = x, or of k = permute(x, perm) otherwise (the permute of (S,H,hs) keys
+ * to (H,hs,S) that llama.h's transpose of its (H,S,hs) keys composes to),
+ * which the rewrite makes. */
 static bool match_scores(const ir_graph *g, int s, attn_match *m) {
   const ir_node *ns = node(g, s);
   if (ns->op != OP_MATMUL || ns->ndim < 2) return false;
   const ir_node *q = node(g, ns->in[0]), *kt = node(g, ns->in[1]);
   int nd = ns->ndim;
   if (kt->op != OP_PERMUTE || q->ndim != nd || kt->ndim != nd) return false;
-  for (int i = 0; i < nd; i++)
-    if (kt->attrs.perm[i] != (i < nd - 2 ? i : i == nd - 2 ? nd - 1 : nd - 2)) return false;
-  const ir_node *k = node(g, kt->in[0]);
+  m->kperm = false;
+  for (int i = 0; i < nd; i++) {
+    m->perm[i] = kt->attrs.perm[i < nd - 2 ? i : i == nd - 2 ? nd - 1 : nd - 2];
+    m->kperm |= m->perm[i] != i;
+  }
   for (int i = 0; i < nd - 2; i++)
-    if (!dims_eq(g, q->shape[i], ns->shape[i]) || !dims_eq(g, k->shape[i], ns->shape[i])) return false;
+    if (!dims_eq(g, q->shape[i], ns->shape[i]) || !dims_eq(g, kt->shape[i], ns->shape[i])) return false;
   m->q = ns->in[0];
   m->k = kt->in[0];
+  m->s = s;
   return true;
+}
+
+/* The input of id when id is a reshape that keeps the last dim (so the
+ * rows, in order, and the softmax over them are the same) and nothing else
+ * reads that input; else id. The caller checks id's own uses. */
+static int through_reshape(const ir_graph *g, const int *uses, int id) {
+  const ir_node *n = node(g, id);
+  if (n->op != OP_RESHAPE || n->n_in != 1 || n->ndim < 2 || !used(uses, n->in[0], 1)) return id;
+  const ir_node *x = node(g, n->in[0]);
+  return x->ndim >= 2 && dims_eq(g, x->shape[x->ndim - 1], n->shape[n->ndim - 1]) ? n->in[0] : id;
 }
 
 /* y = s, s*c, c*s or s/c: the scores and their scale. */
 static bool match_scaled(const ir_graph *g, const int *uses, int y, attn_match *m) {
+  y = through_reshape(g, uses, y); /* llama.h's (H,T,S) scores seen as (KVH,G,T,S) */
   const ir_node *n = node(g, y);
   double c;
   m->scale = 1;
@@ -118,7 +143,7 @@ static bool match_scaled(const ir_graph *g, const int *uses, int y, attn_match *
     int s = n->in[0], other = n->in[1];
     if (n->op == OP_MUL && const_value(node(g, s), &c)) s = n->in[1], other = n->in[0];
     if (const_value(node(g, other), &c) && ir_node_numel_const(node(g, other)) == 1 && same_shape(g, node(g, s), n) &&
-        used(uses, s, 1) && match_scores(g, s, m)) {
+        used(uses, s, 1) && match_scores(g, through_reshape(g, uses, s), m)) {
       m->scale = n->op == OP_MUL ? c : 1 / c;
       m->scale_node = other;
       m->by_div = n->op == OP_DIV;
@@ -126,7 +151,7 @@ static bool match_scaled(const ir_graph *g, const int *uses, int y, attn_match *
     }
   }
   m->scale_node = -1;
-  return match_scores(g, y, m);
+  return match_scores(g, through_reshape(g, uses, y), m);
 }
 
 /* x = y or y masked: the mask (-1 if none) and the scaled scores y. */
@@ -166,7 +191,7 @@ static bool match_masked(const ir_graph *g, const int *uses, int x, attn_match *
 static bool match_forward(const ir_graph *g, const int *uses, int o, attn_match *m) {
   const ir_node *no = node(g, o);
   if (no->op != OP_MATMUL || (no->dtype != KILN_F32 && no->dtype != KILN_F64) || no->ndim < 2) return false;
-  int p = no->in[0], v = no->in[1];
+  int p3 = no->in[0], v = no->in[1], p = used(uses, p3, 1) ? through_reshape(g, uses, p3) : p3;
   const ir_node *np = node(g, p);
   if (np->op != OP_DIV) return false;
   int e = np->in[0], sum = np->in[1];
@@ -187,9 +212,20 @@ static bool match_forward(const ir_graph *g, const int *uses, int o, attn_match 
     if (!dims_eq(g, nv->shape[i], no->shape[i])) return false;
   if (!match_masked(g, uses, x, m)) return false;
   m->v = v;
-  /* every operand of the fused op in the result's dtype, the scores' rank that of q */
-  return node(g, m->q)->dtype == no->dtype && node(g, m->k)->dtype == no->dtype && nv->dtype == no->dtype &&
-         node(g, x)->ndim == r;
+  /* the probabilities @ v are the scores' rows in order (reshapes between keep them so) */
+  const ir_node *ns = node(g, m->s), *nx = node(g, x);
+  if (ns->ndim != r || !same_shape(g, node(g, p3), ns)) return false;
+  if (m->mask >= 0 && !same_shape(g, nx, ns)) {
+    /* a mask broadcast over reshaped scores (rows R' of x, R of s) must mean the
+     * same over s: a row of the mask for every row, or rows that are s's rows */
+    const ir_node *mk = node(g, m->mask);
+    if (mk->ndim > 2) return false;
+    if (mk->ndim == 2 && !(sym_is_const(mk->shape[0]) && mk->shape[0].c == 1) &&
+        !(dims_eq(g, nx->shape[nx->ndim - 2], ns->shape[r - 2]) && dims_eq(g, mk->shape[0], ns->shape[r - 2])))
+      return false;
+  }
+  /* every operand of the fused op in the result's dtype */
+  return node(g, m->q)->dtype == no->dtype && node(g, m->k)->dtype == no->dtype && nv->dtype == no->dtype;
 }
 
 /* The one node that reads id (its only use), or -1. */
@@ -324,7 +360,9 @@ static bool match_backward(const ir_graph *g, const int *uses, int o, attn_match
 
 /* The forward of o, and its backward when there is one. */
 static bool match_attention(const ir_graph *g, const int *uses, int o, attn_match *m) {
-  return match_forward(g, uses, o, m) && match_backward(g, uses, o, m);
+  if (!match_forward(g, uses, o, m) || !match_backward(g, uses, o, m)) return false;
+  /* the backward's dq and dk read k itself: a k the rewrite makes has no such readers */
+  return !m->kperm || (m->grad[0] < 0 && m->grad[1] < 0 && m->grad[2] < 0);
 }
 
 static bool enabled(void) {
@@ -453,6 +491,12 @@ int pass_attention(const ir_graph *g, ir_graph **out) {
       n.attrs.flag = m->mask >= 0 && m->drop;
     }
     if (hit[i]) n.op = OP_ATTENTION;
+    if (hit[i] && found[i].kperm) { /* k = permute(x, perm), made here */
+      const ir_node *kt = node(g, g->nodes[found[i].s].in[1]);
+      ir_node pn = {.op = OP_PERMUTE, .n_in = 1, .in = &to[1], .file = kt->file, .line = kt->line};
+      memcpy(pn.attrs.perm, found[i].perm, sizeof pn.attrs.perm);
+      if ((to[1] = append_inferred(c, &pn)) < 0) goto oom;
+    }
     if (owner[i] >= 0) { /* the match's attention_grad, made at its first gradient, then a slice of it */
       int o = owner[i];
       if (ag[o] < 0) {
