@@ -493,6 +493,59 @@ START_TEST(test_prepared_bound) {
 }
 END_TEST
 
+/* A conv inside a loop whose weight the enclosing loop's step computes: the
+ * region's runs reuse that weight's storage with new data and no new
+ * version, so a weight prepared there would be stale from the second outer
+ * step on. Only top-level variants keep prepared weights; every step and
+ * call is eager's to the bit, KILN_PREPARE=all included. */
+typedef struct nested_ctx {
+  kiln_tensor *x, *w, *dummy, *cur;
+} nested_ctx;
+static int nested_inner(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  nested_ctx *c = ctx;
+  out[0] = kiln_add(in[0], in[1]);
+  out[1] = kiln_conv2d(kiln_relu(kiln_conv2d(kiln_add(c->x, in[1]), c->cur, NULL, NULL, (int[]){1, 1}, NULL, 1)), c->cur,
+                       NULL, NULL, (int[]){1, 1}, NULL, 1);
+  return out[0] && out[1] ? 0 : -1;
+}
+static int nested_outer(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  nested_ctx *c = ctx;
+  c->cur = kiln_mul(c->w, in[1]); /* this step's weight: w * s[t] */
+  kiln_tensor *last, *ys;
+  if (kiln_scan(nested_inner, c, 1, &in[0], 1, &c->dummy, &last, 1, &ys)) return -1;
+  out[0] = last;
+  out[1] = kiln_sum(ys, 0, false);
+  return 0;
+}
+static int nested_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  nested_ctx *c = ctx;
+  kiln_tensor *last;
+  c->w = in[0];
+  return kiln_scan(nested_outer, c, 1, &in[2], 1, &in[1], &last, 1, &out[0]);
+}
+
+START_TEST(test_prepared_not_in_loops) {
+  kiln_scope_begin();
+  setenv("KILN_PREPARE", "all", 1);
+  nested_ctx c = {.x = kiln_randn(KILN_F32, 4, ((int64_t[]){2, 16, 12, 12}), 3),
+                  .dummy = kiln_zeros(KILN_F32, 1, ((int64_t[]){2}))};
+  kiln_tensor *in[3] = {kiln_mul(kiln_randn(KILN_F32, 4, ((int64_t[]){16, 16, 3, 3}), 1), kiln_scalar(KILN_F32, 0.1)),
+                        kiln_tensor_from(KILN_F32, 1, ((int64_t[]){4}), ((float[]){1, 2, 3, 4})),
+                        kiln_zeros(KILN_F32, 0, NULL)};
+  kiln_options o = {.name = "prep_nested", .n_in = 3, .n_out = 1, .backend = KILN_BACKEND_LLVM};
+  kiln_fn *fn = kiln_compile(nested_body, &c, &o);
+  kiln_tensor *ref = NULL, *y = NULL;
+  ck_assert_int_eq(0, nested_body(&c, in, &ref));
+  for (int call = 0; call < 3; call++) {
+    ck_assert_msg(kiln_call(fn, in, &y) == 0, "%s", kiln_last_error());
+    expect_same_bits(y, ref, "nested");
+  }
+  kiln_fn_free(fn);
+  unsetenv("KILN_PREPARE");
+  kiln_scope_end();
+}
+END_TEST
+
 static Suite *cnn_suite(void) {
   Suite *s = suite_create("cnn");
   TCase *tc = tcase_create("compiled");
@@ -505,6 +558,7 @@ static Suite *cnn_suite(void) {
   tcase_add_test(tc, test_save_load);
   tcase_add_test(tc, test_prepared_weight);
   tcase_add_test(tc, test_prepared_bound);
+  tcase_add_test(tc, test_prepared_not_in_loops);
   suite_add_tcase(s, tc);
   return s;
 }

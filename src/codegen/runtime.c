@@ -958,7 +958,7 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
   size_t *off = small ? s_off : alloc_calloc((size_t)nb, sizeof *off);
   char *arena = NULL;
   size_t arena_bytes = 0;
-  bool shared_arena = false;
+  bool shared_arena = false, kernels_ran = false;
   int n_out_done = 0, mismatch = 0;
   kiln_tensor **all = NULL; /* check mode: the interpreter's values */
   /* allreduces run on while later kernels do, except in check mode, which reads each kernel's result at once */
@@ -1023,7 +1023,10 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
   /* a graph with no intermediates (a batch-1 matmul) has no arena to plan or lock */
   if (e->temps || (e->dump & KILN_DUMP_KERNELS)) {
     pthread_mutex_lock(&e->mu);
-    if (!e->arena_busy && e->prep.n) {
+    /* top level only: a region's runs reuse storages without bumping their
+     * versions (interp.c's per-step values, a loop's carry sets), so a weight
+     * made inside a loop could look unchanged with new data */
+    if (!e->arena_busy && e->prep.n && !bound && !into) {
       /* new sizes: admit prepared weights while they and the arena without them
        * take no more than eager's one tensor per intermediate (prepare.c) */
       if (!prep_decided(&e->prep, want, vals, ns)) {
@@ -1092,6 +1095,7 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
     all = alloc_calloc((size_t)g->n_nodes + 1, sizeof *all);
     if (!all || (bound ? interp_values_bound(g, in, vals, all) : interp_values(g, in, params, all))) goto oom;
   }
+  kernels_ran = true;
   for (int ki = 0; ki < p->n_k && !mismatch; ki++) {
     cg_kernel *k = &p->k[ki];
     if (ki > 0 && all && compare_kernel(e, &p->k[ki - 1], bufs, vals, all, report, rn)) {
@@ -1254,6 +1258,10 @@ oom:
   err_set("", 0, "call", "%s: out of memory", g->name);
 done:
   if (dq) dist_end(dq); /* nothing may still write the arena (after an error: its error stands) */
+  /* a kernel may have stored into an argument updated in place before a later one
+   * failed: its data changed, so its version must say so (autograd, prepared weights) */
+  for (int b = 0; rc && kernels_ran && !report && tens && b < nb; b++)
+    if (p->buf[b].updated && tens[b]) atomic_fetch_add(&tens[b]->st->version, 1);
   if (rc)
     for (int i = 0; i < n_out_done; i++) kiln_release(out[i]), out[i] = NULL;
   if (shared_arena) {

@@ -145,15 +145,20 @@ kiln_tensor *kiln_cross_entropy_at(kiln_tensor *logits, kiln_tensor *targets, co
    * computed here in C would freeze the first call's labels) */
   kiln_tensor *classes = kiln_arange_at(KILN_I64, 0, (double)c, 1, file, line);                         /* (C,) */
   kiln_tensor *hot = kiln_eq_at(kiln_unsqueeze_at(targets, 1, file, line), classes, file, line);          /* (N,C) */
-  kiln_tensor *mask = kiln_cast_at(hot, logits->dtype, file, line);
-  /* log_softmax's (x - max) - lse at the target, the same bits, but with the
-   * target's x - max picked before the exponentials are made: compiled, the
-   * logits are then last read where their exponentials are stored, which
-   * can take the logits' memory (codegen's row kernels in place) */
-  kiln_tensor *z = kiln_sub_at(logits, row_max(logits, 1, file, line), file, line);
-  kiln_tensor *zt = kiln_sum_at(kiln_mul_at(z, mask, file, line), 1, false, file, line);
-  kiln_tensor *lse = kiln_log_at(kiln_sum_at(kiln_exp_at(z, file, line), 1, false, file, line), file, line);
-  kiln_tensor *picked = kiln_sub_at(zt, lse, file, line);
+  kiln_tensor *mask = kiln_cast_at(hot, logits->dtype, file, line), *picked;
+  if (!dispatch_hooks() && !(logits->requires_grad && grad_mode())) {
+    /* eager without a gradient: log_softmax in one kernel, one (N,C) temporary */
+    picked = kiln_sum_at(kiln_mul_at(kiln_log_softmax_at(logits, 1, file, line), mask, file, line), 1, false, file, line);
+  } else {
+    /* log_softmax's (x - max) - lse at the target, the same bits, but with the
+     * target's x - max picked before the exponentials are made: compiled, the
+     * logits are then last read where their exponentials are stored, which
+     * can take the logits' memory (codegen's row kernels in place) */
+    kiln_tensor *z = kiln_sub_at(logits, row_max(logits, 1, file, line), file, line);
+    kiln_tensor *zt = kiln_sum_at(kiln_mul_at(z, mask, file, line), 1, false, file, line);
+    kiln_tensor *lse = kiln_log_at(kiln_sum_at(kiln_exp_at(z, file, line), 1, false, file, line), file, line);
+    picked = kiln_sub_at(zt, lse, file, line);
+  }
   kiln_tensor *y = kiln_keep(kiln_neg_at(kiln_mean_at(picked, 0, false, file, line), file, line));
   kiln_scope_end();
   return y;

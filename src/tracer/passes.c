@@ -9,6 +9,7 @@
  * through ir_add, so each node's inputs are already rewritten when it is met
  * and equal nodes merge on the way. A rewrite replaces a node only by one of
  * exactly the same dtype and shape; leaves are copied as they are. */
+#include <math.h>
 #include <string.h>
 
 #include "tracer/tracer.h"
@@ -596,10 +597,11 @@ oom:
 
 static _Thread_local const signed char *acc_form; /* per src node: 0 no, 1 x + rows, 2 transposed */
 
-/* Whether n is all zeros: a constant, or a constant broadcast. */
+/* Whether n is all +0: a constant, or a constant broadcast (x + -0 keeps a
+ * -0 in x, which index_add_to's x + 0 would not). */
 static bool zeros_node(const ir_graph *g, const ir_node *n) {
   if (n->op == OP_EXPAND) n = &g->nodes[n->in[0]];
-  return const_uniform(n, 0.0);
+  return const_uniform(n, 0.0) && !signbit(elem_load(n->dtype, n->data, 0));
 }
 
 /* Which input of add n is the index_add into zeros (1 or 0), or -1. */
