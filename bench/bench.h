@@ -99,6 +99,7 @@ int workloads_case_open(const char *id, bench_case *c);
 int gpt_case_open(const char *id, bench_case *c);
 int resnet_case_open(const char *id, bench_case *c); /* by name: W13 has two rows */
 int lstm_case_open(const char *id, bench_case *c);   /* by name: W10 has five rows */
+int llama_case_open(const char *id, bench_case *c);  /* W11 and W12 (f32) */
 void bench_case_close(bench_case *c);
 
 /* Every workload's id and name, in order, one per line: "W1 W1_gelu". */
@@ -106,6 +107,7 @@ void workloads_list(FILE *f);
 void gpt_list(FILE *f);
 void resnet_list(FILE *f);
 void lstm_list(FILE *f);
+void llama_list(FILE *f);
 
 int bench_serve(void);                      /* serve.c */
 int bench_overhead(void);                   /* overhead.c */

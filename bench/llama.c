@@ -231,6 +231,48 @@ int bench_llama(const char *only) {
   return n_results;
 }
 
+/* W11 and W12 for kiln_bench --serve (bench/side_by_side.py): the same
+ * model, runs and per-token division as bench_llama's rows (f32 only). */
+typedef struct ll_case {
+  ll_ctx c; /* first: the runs get the case as their ll_ctx */
+  llama m;
+} ll_case;
+
+static void ll_case_close(void *ctx) {
+  ll_case *k = ctx;
+  kiln_release(k->c.x);
+  llama_free(&k->m);
+  free(k);
+}
+
+int llama_case_open(const char *id, bench_case *bc) {
+  bool w11 = !strcmp(id, "W11") || !strcmp(id, "W11_llama_generate");
+  bool w12 = !strcmp(id, "W12") || !strcmp(id, "W12_llama_forward");
+  if (!w11 && !w12) return 1;
+  ll_case *k = calloc(1, sizeof *k);
+  llama_config cfg = LLAMA_STORIES15M;
+  if (!k || llama_init(&k->m, &cfg, 1)) return free(k), -1;
+  k->c.m = &k->m;
+  kiln_fn *fn = NULL;
+  if (w11) {
+    kiln_options o = {.name = "W11", .n_in = 2, .n_out = 1, .capture = KILN_CAPTURE_GUARDS};
+    fn = kiln_compile(llama_step_body, &k->m, &o);
+    *bc = (bench_case){.name = "W11_llama_generate", .run = gen_run, .per = GEN_TOKENS};
+  } else {
+    int64_t t[FWD_T];
+    for (int i = 0; i < FWD_T; i++) t[i] = (i * 7919 + 1) % cfg.vocab_size;
+    k->c.x = kiln_tensor_from(KILN_I64, 1, ((int64_t[]){FWD_T}), t);
+    kiln_options o = {.name = "W12", .n_in = 1, .n_out = 1};
+    fn = k->c.x ? kiln_compile(llama_forward_body, &k->m, &o) : NULL;
+    *bc = (bench_case){.name = "W12_llama_forward", .run = fwd_run, .per = 1};
+  }
+  if (!fn) return ll_case_close(k), -1;
+  bc->close = ll_case_close, bc->ctx = k, bc->fn = fn;
+  return 0;
+}
+
+void llama_list(FILE *f) { fprintf(f, "W11 W11_llama_generate\nW12 W12_llama_forward\n"); }
+
 /* The rows of bench_llama as objects of workloads.c's JSON array. */
 void bench_llama_json(FILE *f, int threads) {
   for (int i = 0; i < n_results; i++) {

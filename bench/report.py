@@ -28,6 +28,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_gpt  # noqa: E402  (constants and flop counts only; no PyTorch needed)
+import torch_llama  # noqa: E402  (the same: W11's token count)
 
 BEGIN = "<!-- bench:tables:begin -->"
 END = "<!-- bench:tables:end -->"
@@ -312,7 +313,7 @@ def render(rep, img_rel):
 
     out += ["", f"### Side by side: median ms per call, {T} threads ({tag})", "",
             "Every contender of a row was timed in the same rounds of one run (bench/side_by_side.py), "
-            "each round calling each once, so load on the machine fell on all alike. W9: ms per "
+            "each round calling each once, so load on the machine fell on all alike. W9 and W11: ms per "
             "generated token.", ""]
     rows = []
     for r in side:
@@ -330,7 +331,8 @@ def render(rep, img_rel):
                         "contenders were not measured.")
     notes.append("\"PyTorch fused ops\" is PyTorch's own op for the computation (F.gelu, torch.softmax, "
                  "F.layer_norm, addmm, F.linear, F.scaled_dot_product_attention, nn.LSTM for W10; W8 and W9: the same GPT "
-                 "with F.scaled_dot_product_attention and, in W8, the fused AdamW): the bar a compiler's "
+                 "with F.scaled_dot_product_attention and, in W8, the fused AdamW; W11 and W12: the same "
+                 "Llama with F.rms_norm, F.silu, F.linear and F.scaled_dot_product_attention): the bar a compiler's "
                  "kernel has to reach. The other PyTorch columns and JAX run the op-by-op program.")
     notes.append("torch.compile of the training steps (W5, W8, W10) compiles the loss (forward and, through "
                  "AOTAutograd, backward); the optimizer step runs eagerly from Python. kiln and JAX "
@@ -352,6 +354,13 @@ def render(rep, img_rel):
             notes.append(f"{r['name']} in tokens/s: " + ", ".join(f"{k} {1e3 / v:.0f}" for k, v in vals if num(v)) +
                          f" (a {torch_gpt.PROMPT_LEN}-byte prompt, then {torch_gpt.GEN_TOKENS} bytes, "
                          f"each a forward pass over the last {torch_gpt.BLOCK_SIZE} bytes at most).")
+        if r["name"] == "W11_llama_generate":
+            vals = [(LABEL[m], r.get(m + "_ms")) for m in shown]
+            notes.append(f"{r['name']} in tokens/s: " + ", ".join(f"{k} {1e3 / v:.0f}" for k, v in vals if num(v)) +
+                         f" ({torch_llama.GEN_TOKENS} tokens from BOS through the KV cache; the eager columns "
+                         "attend over the cache rows so far, the compilers compile one step whose position is "
+                         "a tensor input, attending over every row with those past it masked out: one graph "
+                         "for every position).")
     out += [""] + [f"- {n}" for n in notes]
 
     others = [m for m in shown if m != "kiln_compiled"]

@@ -51,6 +51,7 @@ int bench_serve(void) {
       workloads_list(stdout);
       gpt_list(stdout);
       lstm_list(stdout);
+      llama_list(stdout);
       resnet_list(stdout);
       printf("end\n");
     } else if (!strcmp(line, "threads") && arg && atoi(arg) > 0) {
@@ -61,6 +62,7 @@ int bench_serve(void) {
       int rc = workloads_case_open(arg, &c);
       if (rc == 1) rc = gpt_case_open(arg, &c);
       if (rc == 1) rc = lstm_case_open(arg, &c);
+      if (rc == 1) rc = llama_case_open(arg, &c);
       if (rc == 1) rc = resnet_case_open(arg, &c);
       if (rc == 0)
         printf("ok %s %d\n", c.name, c.per);

@@ -8,8 +8,9 @@ The contenders (MODES): kiln eager and kiln compiled (through `kiln_bench
 --serve`, one child process each, which times each call in C), PyTorch eager (op by
 op), PyTorch's fused ops, torch.compile in its default mode and in
 mode="max-autotune-no-cudagraphs", and JAX's jax.jit. They are defined in
-bench/workloads.c, bench/gpt.c, bench/lstm.c and bench/resnet.c (kiln),
-bench/torch_workloads.py, bench/torch_gpt.py, bench/torch_lstm.py and bench/torch_resnet.py (PyTorch),
+bench/workloads.c, bench/gpt.c, bench/lstm.c, bench/llama.c and bench/resnet.c (kiln),
+bench/torch_workloads.py, bench/torch_gpt.py, bench/torch_lstm.py, bench/torch_llama.py and
+bench/torch_resnet.py (PyTorch),
 bench/jax_workloads.py and bench/jax_gpt.py (JAX); a workload one side lacks, or a library that does not import, leaves
 those cells empty with the reason in the JSON's meta.errors.
 
@@ -410,7 +411,8 @@ def main():
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
             "compile_budget_s": args.compile_budget, "errors": {}}
     import torch_gpt
-    per_call = getattr(torch_gpt, "PER", {})
+    import torch_llama
+    per_call = {**torch_gpt.PER, **torch_llama.PER}  # generation rows: ms per token
 
     # the first compile in a process starts the compiler itself (imports,
     # worker processes, headers): paid here, before any workload's count

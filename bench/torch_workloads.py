@@ -1,7 +1,8 @@
 """The workloads of docs/workloads.md in PyTorch, for bench/side_by_side.py.
 
 WORKLOADS lists (id, name, maker); torch_gpt.py adds W8 and W9,
-torch_lstm.py W10 (an LSTM), torch_resnet.py W13 and W14. maker()
+torch_lstm.py W10 (an LSTM), torch_llama.py W11 and W12, torch_resnet.py
+W13 and W14. maker()
 makes the inputs and returns a dict of builders, each returning step, a
 function of no argument that runs one call:
 
@@ -203,8 +204,11 @@ WORKLOADS = [
 
 
 def workloads():
-    """Every workload, W8 and W9 (torch_gpt.py), W10 (torch_lstm.py), W13 and W14 (torch_resnet.py) included."""
+    """Every workload, W8 and W9 (torch_gpt.py), W10 (torch_lstm.py), W11 and W12 (torch_llama.py),
+    W13 and W14 (torch_resnet.py) included."""
     import torch_gpt
+    import torch_llama
     import torch_lstm
     import torch_resnet
-    return WORKLOADS + torch_gpt.workloads(torch) + torch_lstm.WORKLOADS + torch_resnet.workloads(torch)
+    return (WORKLOADS + torch_gpt.workloads(torch) + torch_lstm.WORKLOADS + torch_llama.workloads(torch)
+            + torch_resnet.workloads(torch))
