@@ -96,7 +96,7 @@ static inline double bench_matmuls_ms(const bench_mm *mm, int n_mm, int rounds) 
 /* Open workload id ("W1" or "W1_gelu") into c: 0, -1 on failure (message in
  * kiln_last_error), 1 when the id is not theirs. */
 int workloads_case_open(const char *id, bench_case *c);
-int gpt_case_open(const char *id, bench_case *c);
+int gpt_case_open(const char *id, bench_case *c);    /* W9_gpt_generate_kv by name: W9 has two rows */
 int resnet_case_open(const char *id, bench_case *c); /* by name: W13 has two rows */
 int lstm_case_open(const char *id, bench_case *c);   /* by name: W10 has five rows */
 int llama_case_open(const char *id, bench_case *c);  /* W11 and W12 (f32) */

@@ -263,6 +263,7 @@ typedef struct gcase {
 
 static int gcase_train(void *ctx, kiln_fn *fn) { return train_run(&((gcase *)ctx)->train, fn); }
 static int gcase_gen(void *ctx, kiln_fn *fn) { return gen_run(&((gcase *)ctx)->gen, fn); }
+static int gcase_gen_kv(void *ctx, kiln_fn *fn) { return gen_kv_run(&((gcase *)ctx)->gen, fn); }
 
 static void gcase_close(void *ctx) {
   gcase *c = ctx;
@@ -276,7 +277,8 @@ static void gcase_close(void *ctx) {
 int gpt_case_open(const char *id, bench_case *bc) {
   bool w8 = !strcmp(id, "W8") || !strcmp(id, "W8_gpt_train");
   bool w9 = !strcmp(id, "W9") || !strcmp(id, "W9_gpt_generate");
-  if (!w8 && !w9) return 1;
+  bool kv = !strcmp(id, "W9_gpt_generate_kv"); /* by name: W9 has two rows */
+  if (!w8 && !w9 && !kv) return 1;
   const gpt_config cfg = GPT_BENCH_CONFIG;
   gcase *c = calloc(1, sizeof *c);
   if (!c) return -1;
@@ -298,6 +300,13 @@ int gpt_case_open(const char *id, bench_case *bc) {
     kiln_options o = {.name = "W8", .n_in = 2, .n_out = 1};
     if (c->train.idx && c->train.tgt) fn = kiln_compile(gpt_train_body, &c->g, &o);
     *bc = (bench_case){.name = "W8_gpt_train", .run = gcase_train, .per = 1};
+  } else if (kv) {
+    c->gen.g = &c->g;
+    for (int i = 0; i < GPT_BENCH_PROMPT_LEN; i++) c->gen.text[i] = (uint8_t)(gpt_rand(&rng) % 256);
+    /* as bench_gpt's row: the position an input, guard-only calls */
+    kiln_options o = {.name = "W9_kv", .n_in = 2, .n_out = 1, .capture = KILN_CAPTURE_GUARDS};
+    fn = kiln_compile(gpt_decode_body, &c->g, &o);
+    *bc = (bench_case){.name = "W9_gpt_generate_kv", .run = gcase_gen_kv, .per = GPT_BENCH_GEN_TOKENS};
   } else {
     c->gen.g = &c->g;
     for (int i = 0; i < GPT_BENCH_PROMPT_LEN; i++) c->gen.text[i] = (uint8_t)(gpt_rand(&rng) % 256);
@@ -314,7 +323,7 @@ int gpt_case_open(const char *id, bench_case *bc) {
   return 0;
 }
 
-void gpt_list(FILE *f) { fprintf(f, "W8 W8_gpt_train\nW9 W9_gpt_generate\n"); }
+void gpt_list(FILE *f) { fprintf(f, "W8 W8_gpt_train\nW9 W9_gpt_generate\nW9 W9_gpt_generate_kv\n"); }
 
 /* W8 through the guard-only path and the recording path, alternating step by
  * step on one model, and the recording path's first call: its peak (it

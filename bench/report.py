@@ -331,7 +331,7 @@ def render(rep, img_rel):
                         "contenders were not measured.")
     notes.append("\"PyTorch fused ops\" is PyTorch's own op for the computation (F.gelu, torch.softmax, "
                  "F.layer_norm, addmm, F.linear, F.scaled_dot_product_attention, nn.LSTM for W10; W8 and W9: the same GPT "
-                 "with F.scaled_dot_product_attention and, in W8, the fused AdamW; W11 and W12: the same "
+                 "with F.scaled_dot_product_attention (and addmm in W9_gpt_generate_kv) and, in W8, the fused AdamW; W11 and W12: the same "
                  "Llama with F.rms_norm, F.silu, F.linear and F.scaled_dot_product_attention): the bar a compiler's "
                  "kernel has to reach. The other PyTorch columns and JAX run the op-by-op program.")
     notes.append("torch.compile of the training steps (W5, W8, W10) compiles the loss (forward and, through "
@@ -352,8 +352,11 @@ def render(rep, img_rel):
         if r["name"].startswith("W9"):
             vals = [(LABEL[m], r.get(m + "_ms")) for m in shown]
             notes.append(f"{r['name']} in tokens/s: " + ", ".join(f"{k} {1e3 / v:.0f}" for k, v in vals if num(v)) +
-                         f" (a {torch_gpt.PROMPT_LEN}-byte prompt, then {torch_gpt.GEN_TOKENS} bytes, "
-                         f"each a forward pass over the last {torch_gpt.BLOCK_SIZE} bytes at most).")
+                         f" (a {torch_gpt.PROMPT_LEN}-byte prompt, then {torch_gpt.GEN_TOKENS} bytes, " +
+                         (f"each decoded through the KV caches of {torch_gpt.BLOCK_SIZE} rows; PyTorch eager and "
+                          "fused ops attend over the rows so far, kiln (eager too) and torch.compile run one step "
+                          "whose position is a tensor input, every row attended with those past it masked out)." if r["name"].endswith("_kv") else
+                          f"each a forward pass over the last {torch_gpt.BLOCK_SIZE} bytes at most)."))
         if r["name"] == "W11_llama_generate":
             vals = [(LABEL[m], r.get(m + "_ms")) for m in shown]
             notes.append(f"{r['name']} in tokens/s: " + ", ".join(f"{k} {1e3 / v:.0f}" for k, v in vals if num(v)) +

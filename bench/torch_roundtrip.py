@@ -64,7 +64,7 @@ def main():
     if not os.access(prog, os.X_OK):
         sys.exit(f"{prog} not found: build kiln with its examples first")
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
-    GPT, _ = torch_gpt.models(torch)
+    GPT = torch_gpt.models(torch)[0]
     idx = torch.randint(0, torch_gpt.VOCAB, (B, T), generator=torch.Generator().manual_seed(IDX_SEED))
     ok = True
     with tempfile.TemporaryDirectory() as d:
