@@ -417,6 +417,45 @@ END_TEST
 
 /* ---- cse and dce ---- */
 
+/* ---- accumulate ---- */
+
+/* x + index_add(zeros, 0, idx, src) becomes index_add_to(x, 0, idx, src);
+ * not over -0 zeros (x + -0 keeps a -0 that x + 0 would not), nor where
+ * the index_add has another reader; over a transposed GEMM-like x the
+ * rows go into M's columns (dim 1), read back through a permute. */
+static int rows_into(int zero, int idx, int src) {
+  int z = OPA(OP_EXPAND, zero, .ndim = 2, .shape = {C(5), C(3)});
+  return make(OP_INDEX_ADD, 3, (int[]){z, idx, src}, &(op_attrs){.dim = 0}, __LINE__, false);
+}
+
+START_TEST(test_accumulate_rules)
+{
+  int x = input(KILN_F32, DIMS(C(5), C(3))), idx = input(KILN_I64, DIMS(C(4))), m = input(KILN_F32, DIMS(C(3), C(5)));
+  int src[4];
+  for (int i = 0; i < 4; i++) src[i] = input(KILN_F32, DIMS(C(4), C(3)));
+  int plus = scalar_f32(0), minus = scalar_f32(-0.0f);
+  output(OP2(OP_ADD, x, rows_into(plus, idx, src[0])));  /* 0: taken */
+  output(OP2(OP_ADD, rows_into(minus, idx, src[1]), x)); /* 1: -0 zeros: kept */
+  int shared = rows_into(plus, idx, src[2]);
+  output(OP2(OP_ADD, x, shared)); /* 2: the rows read again: kept */
+  output(shared);
+  int xt = OP1(OP_COPY, OPA(OP_PERMUTE, m, .perm = {1, 0}));
+  output(OP1(OP_NEG, OP2(OP_ADD, xt, rows_into(plus, idx, src[3])))); /* 4: transposed */
+  pass(pass_accumulate);
+  ck_assert_int_eq(OP_INDEX_ADD_TO, out_node(0)->op);
+  ck_assert_int_eq(x, out_node(0)->in[0]);
+  ck_assert_int_eq(OP_ADD, out_node(1)->op);
+  ck_assert_int_eq(OP_ADD, out_node(2)->op);
+  const ir_node *back = &g->nodes[out_node(4)->in[0]];
+  ck_assert_int_eq(OP_PERMUTE, back->op);
+  const ir_node *into = &g->nodes[back->in[0]];
+  ck_assert_int_eq(OP_INDEX_ADD_TO, into->op);
+  ck_assert_int_eq(1, into->attrs.dim);
+  ck_assert_int_eq(m, into->in[0]);
+  ck_assert_int_eq(OP_PERMUTE, g->nodes[into->in[2]].op);
+}
+END_TEST
+
 START_TEST(test_cse_merges)
 {
   int x = input(KILN_F32, DIMS(C(4)));
@@ -833,6 +872,7 @@ static Suite *passes_suite(void) {
   tcase_add_test(tc, test_fold_limits);
   tcase_add_test(tc, test_fold_symbolic_stays);
   tcase_add_test(tc, test_pipeline_fold_then_simplify);
+  tcase_add_test(tc, test_accumulate_rules);
   tcase_add_test(tc, test_cse_merges);
   tcase_add_test(tc, test_dce_keeps_leaves);
   tcase_add_test(tc, test_pipeline_same_numbers);
