@@ -1726,40 +1726,6 @@ out:
   return rc;
 }
 
-/* In place: a pointwise kernel whose input buffer dies in it, with the same
- * dtype, shape and element order as its result, stores into that buffer
- * (a matmul's output under its epilogue, a chain of materialized nodes).
- * Reading and writing the same element in the same iteration, through the
- * same pointer, keeps the loop vectorizable. */
-static void reuse_in_place(cg_program *p, cg_view *views, int n_nodes) {
-  for (int ki = 0; ki < p->n_k; ki++) {
-    cg_kernel *k = &p->k[ki];
-    if (k->kind != CG_K_LOOP || k->n_stage != 1 || k->stage[0].kind != CG_MAP || k->n_outer != k->ndim) continue;
-    int o = k->out_buf;
-    if (o < 0 || p->buf[o].kind != CG_BUF_TEMP || p->buf[o].alias_of >= 0) continue;
-    const cg_access *st = &k->acc[k->stage[0].store];
-    for (int a = 0; a < k->n_acc; a++) {
-      int b = k->acc[a].buf;
-      const cg_buf *bb = &p->buf[b], *ob = &p->buf[o];
-      /* a temp no kernel writes has no memory to lend */
-      if (a == k->stage[0].store || b == o || bb->kind != CG_BUF_TEMP || bb->first < 0 || bb->last != ki ||
-          bb->alias_of >= 0)
-        continue;
-      if (bb->dtype != ob->dtype || bb->ndim != ob->ndim || !same_dims(bb->ndim, bb->shape, ob->shape)) continue;
-      bool same = true;
-      for (int c = 0; c < k->n_acc && same; c++) {
-        if (k->acc[c].buf != b) continue;
-        same = sym_same(k->acc[c].offset, st->offset);
-        for (int d = 0; d < k->ndim && same; d++) same = sym_same(k->acc[c].stride[d], st->stride[d]);
-      }
-      if (!same) continue;
-      p->buf[b].last = p->buf[o].last;
-      alias_buffer(p, views, n_nodes, ki, o, b);
-      break;
-    }
-  }
-}
-
 /* Whether buffers a and b hold as many elements (their shapes may differ: a
  * reshape between them). */
 static bool same_numel(const cg_buf *a, const cg_buf *b) {
@@ -1774,41 +1740,70 @@ static bool same_numel(const cg_buf *a, const cg_buf *b) {
   return na == nb;
 }
 
+/* A buffer that can lend its memory to what stage s of kernel ki stores
+ * (buffer o): a temp some kernel writes (else it has no memory to lend),
+ * that dies in ki, of o's dtype and shape (or, reshaped, element count),
+ * which every stage reads only at the element the store writes and no
+ * stage after s reads. -1: none. */
+static int lender(const cg_program *p, int ki, int s, int o, bool reshaped) {
+  const cg_kernel *k = &p->k[ki];
+  const cg_access *st = &k->acc[k->stage[s].store];
+  const cg_buf *ob = &p->buf[o];
+  for (int a = 0; a < k->n_acc; a++) {
+    int b = k->acc[a].buf;
+    const cg_buf *bb = &p->buf[b];
+    if (a == k->stage[s].store || b == o || bb->kind != CG_BUF_TEMP || bb->first < 0 || bb->last != ki || bb->alias_of >= 0)
+      continue;
+    if (bb->dtype != ob->dtype ||
+        !(reshaped ? same_numel(bb, ob) : bb->ndim == ob->ndim && same_dims(bb->ndim, bb->shape, ob->shape)))
+      continue;
+    bool ok = true;
+    for (int c = 0; c < k->n_acc && ok; c++) {
+      if (k->acc[c].buf != b) continue;
+      ok = same_access(k, &k->acc[c], st) && !stores_to(k, c);
+      for (int t = s + 1; t < k->n_stage && ok; t++) ok = !expr_loads(k, k->stage[t].expr, c);
+    }
+    if (ok) return b;
+  }
+  return -1;
+}
+
+/* In place: a pointwise kernel whose input buffer dies in it, with the same
+ * dtype, shape and element order as its result, stores into that buffer
+ * (a matmul's output under its epilogue, a chain of materialized nodes).
+ * Reading and writing the same element in the same iteration, through the
+ * same pointer, keeps the loop vectorizable. */
+static void reuse_in_place(cg_program *p, cg_view *views, int n_nodes) {
+  for (int ki = 0; ki < p->n_k; ki++) {
+    cg_kernel *k = &p->k[ki];
+    if (k->kind != CG_K_LOOP || k->n_stage != 1 || k->stage[0].kind != CG_MAP || k->n_outer != k->ndim) continue;
+    int o = k->out_buf, b;
+    if (o < 0 || p->buf[o].kind != CG_BUF_TEMP || p->buf[o].alias_of >= 0 || (b = lender(p, ki, 0, o, false)) < 0)
+      continue;
+    p->buf[b].last = p->buf[o].last;
+    alias_buffer(p, views, n_nodes, ki, o, b);
+  }
+}
+
 /* The same in a row kernel: an inner MAP stage stores into a buffer that
- * dies in the kernel when no later stage reads that buffer and every stage
- * reads it only at the element the store writes (same offset and strides).
- * A row's reductions before the store have then read all of its row, and
- * rows do not read one another: a loss's exponentials take the logits'
- * memory (the logits are last read where the exponentials are made). */
+ * dies in the kernel (lender). A row's reductions before the store have
+ * then read all of its row, and rows do not read one another: a loss's
+ * exponentials take the logits' memory (the logits are last read where the
+ * exponentials are made). */
 static void row_in_place(cg_program *p, cg_view *views, int n_nodes) {
   for (int ki = 0; ki < p->n_k; ki++) {
     cg_kernel *k = &p->k[ki];
-    if (k->kind != CG_K_LOOP || k->n_outer == k->ndim || k->split) continue;
+    if (k->kind != CG_K_LOOP || k->n_outer == k->ndim) continue;
     for (int s = 0; s < k->n_stage; s++) {
-      const cg_stage *sg = &k->stage[s];
-      if (sg->kind != CG_MAP || !sg->inner) continue;
-      const cg_access *st = &k->acc[sg->store];
-      int o = st->buf;
-      if (o < 0 || p->buf[o].kind != CG_BUF_TEMP || p->buf[o].alias_of >= 0 || p->buf[o].first != ki) continue;
-      for (int a = 0; a < k->n_acc; a++) {
-        int b = k->acc[a].buf;
-        const cg_buf *bb = &p->buf[b], *ob = &p->buf[o];
-        if (a == sg->store || b == o || bb->kind != CG_BUF_TEMP || bb->first < 0 || bb->last != ki || bb->alias_of >= 0)
-          continue;
-        if (bb->dtype != ob->dtype || !same_numel(bb, ob)) continue;
-        bool ok = true;
-        for (int c = 0; c < k->n_acc && ok; c++) {
-          if (k->acc[c].buf != b) continue;
-          ok = same_access(k, &k->acc[c], st) && !stores_to(k, c);
-          for (int t = s + 1; t < k->n_stage && ok; t++) ok = !expr_loads(k, k->stage[t].expr, c);
-        }
-        if (!ok) continue;
-        p->buf[b].last = p->buf[o].last;
-        alias_buffer(p, views, n_nodes, ki, o, b);
-        for (int x = 0; x < p->n_buf; x++) /* what reuse_in_place stored in o is in b (one level of aliases) */
-          if (p->buf[x].alias_of == o) p->buf[x].alias_of = b;
-        break;
-      }
+      if (k->stage[s].kind != CG_MAP || !k->stage[s].inner) continue;
+      int o = k->acc[k->stage[s].store].buf, b;
+      if (o < 0 || p->buf[o].kind != CG_BUF_TEMP || p->buf[o].alias_of >= 0 || p->buf[o].first != ki ||
+          (b = lender(p, ki, s, o, true)) < 0)
+        continue;
+      p->buf[b].last = p->buf[o].last;
+      alias_buffer(p, views, n_nodes, ki, o, b);
+      for (int x = 0; x < p->n_buf; x++) /* what reuse_in_place stored in o is in b (one level of aliases) */
+        if (p->buf[x].alias_of == o) p->buf[x].alias_of = b;
     }
   }
 }

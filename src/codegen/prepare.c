@@ -110,8 +110,8 @@ size_t prep_bytes(const cg_prep *c) {
   return s;
 }
 
-/* The key of w's values as they are now. */
-static bool same_key(const cg_prep_entry *en, const kiln_tensor *w) {
+/* Whether en was made from w's values as they are now. */
+bool prep_fresh(const cg_prep_entry *en, const kiln_tensor *w) {
   if (!en->valid || en->serial != w->st->serial || en->version != atomic_load(&w->st->version) ||
       en->offset != w->offset || en->ndim != w->ndim)
     return false;
@@ -119,8 +119,6 @@ static bool same_key(const cg_prep_entry *en, const kiln_tensor *w) {
     if (en->shape[d] != w->shape[d] || en->stride[d] != w->stride[d]) return false;
   return true;
 }
-
-bool prep_fresh(const cg_prep_entry *en, const kiln_tensor *w) { return same_key(en, w); }
 
 static _Atomic long made_count;
 
