@@ -676,6 +676,35 @@ START_TEST(test_threads_bitwise) {
 }
 END_TEST
 
+/* A batch-1 matvec of 330 x 200 (x @ W^T: the jammed dot-product kernel)
+ * is split over threads at a finer grain than other kernels (rt/loop.c):
+ * its 2-thread blocks, of whole groups of rows and the last cut short,
+ * give the 1-thread bits, and both eager's sums. */
+START_TEST(test_matvec_threads) {
+  static float out[2][330];
+  kiln_scope_begin();
+  kiln_tensor *in[3] = {kiln_randn(KILN_F32, 2, ((int64_t[]){1, 200}), 3), kiln_randn(KILN_F32, 2, ((int64_t[]){330, 200}), 4),
+                        kiln_randn(KILN_F32, 1, ((int64_t[]){330}), 5)};
+  kiln_tensor *ref = NULL;
+  ck_assert_int_eq(0, matvec_relu_body(NULL, in, &ref));
+  for (int t = 1; t <= 2; t++) {
+    kiln_set_num_threads(t);
+    kiln_options o = {.name = "mv", .n_in = 3, .n_out = 1, .backend = KILN_BACKEND_LLVM};
+    kiln_fn *fn = kiln_compile(matvec_relu_body, NULL, &o);
+    kiln_tensor *y;
+    ck_assert_int_eq(0, kiln_call(fn, in, &y));
+    ck_assert_int_eq(0, kiln_call(fn, in, &y));
+    int64_t bad;
+    ck_assert_msg(maxdiff_rel(y, ref, &bad) < 1e-5, "threads %d: element %lld", t, (long long)bad);
+    ck_assert_int_eq(0, kiln_read(y, out[t - 1], sizeof out[0]));
+    kiln_fn_free(fn);
+  }
+  kiln_set_num_threads(0);
+  ck_assert_msg(!memcmp(out[0], out[1], sizeof out[0]), "the matvec differs between 1 and 2 threads");
+  kiln_scope_end();
+}
+END_TEST
+
 static int full_reduce_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
   (void)ctx;
   out[0] = kiln_sum_all(kiln_mul(in[0], in[0]));
@@ -2730,6 +2759,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, test_large_result_made_late);
   tcase_add_test(tc, test_large_result_before_its_peer);
   tcase_add_test(tc, test_threads_bitwise);
+  tcase_add_test(tc, test_matvec_threads);
   tcase_add_test(tc, test_random_programs);
   tcase_add_test(tc, test_random_programs_quick);
   tcase_add_test(tc, test_random_programs_c);

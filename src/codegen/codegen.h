@@ -311,6 +311,9 @@ int lower_kernel(const cg_program *p, cg_kernel *k, LLVMModuleRef m, char *why, 
 int lower_costly_ops(const cg_kernel *k);
 /* Does k run by the column schedule (reductions over the slow axes, a block of outer elements at a time)? */
 bool lower_is_column(const cg_kernel *k);
+/* Does k run by the jammed dot-product schedule (a matvec, row sums)? The
+ * runtime splits those over threads at a finer grain (RT_STAGED_DOT). */
+bool lower_is_jammed(const cg_kernel *k);
 #define CG_QUICK_ATTR "kiln-quick" /* a function attribute: compile with the quick code generator */
 
 /* ---- kkey.c: kernel keys ------------------------------------------------------- */

@@ -854,6 +854,10 @@ static bool column_ok(const cg_kernel *k) {
 
 bool lower_is_column(const cg_kernel *k) { return column_ok(k); }
 
+bool lower_is_jammed(const cg_kernel *k) {
+  return !k->split && !column_ok(k) && jammable(k) && is_float(k->expr[k->stage[0].expr].dtype);
+}
+
 typedef struct column {
   int t;                      /* the fastest outer dim */
   LLVMValueRef base[64];      /* per access: its offset at the block's first outer element */

@@ -29,6 +29,7 @@ struct backend_exec {
   cg_program *prog;
   cg_jit *jit;            /* the kernels' machine code, linked */
   kern_fn *fn;            /* per kernel (loops only) */
+  unsigned char *staged;  /* per loop kernel: rt_run_loop's staged (0, 1, RT_STAGED_DOT), worked out once */
   kiln_tensor **consts;   /* per buffer (CONST only) */
   pthread_mutex_t mu;     /* guards the arena */
   char *arena;
@@ -68,6 +69,7 @@ static void exec_free(backend_exec *e) {
     for (int i = 0; i < e->prog->n_buf; i++) kiln_release(e->consts[i]);
   alloc_free(e->consts);
   alloc_free(e->fn);
+  alloc_free(e->staged);
   alloc_free(e->plan_bytes), alloc_free(e->plan_off);
   alloc_free(e->leaves);
   jit_free(e->jit);
@@ -413,7 +415,14 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
   cg_program *p = e->prog;
   e->fn = alloc_calloc((size_t)p->n_k + 1, sizeof *e->fn);
   e->consts = alloc_calloc((size_t)p->n_buf + 1, sizeof *e->consts);
-  if (!e->fn || !e->consts) goto oom;
+  e->staged = alloc_calloc((size_t)p->n_k + 1, 1);
+  if (!e->fn || !e->consts || !e->staged) goto oom;
+  for (int k = 0; k < p->n_k; k++) {
+    const cg_kernel *kk = &p->k[k];
+    bool staged = false;
+    for (int s = 0; s < kk->n_stage; s++) staged |= kk->stage[s].kind == CG_REDUCE || kk->stage[s].inner;
+    e->staged[k] = kk->kind != CG_K_LOOP || !staged ? 0 : lower_is_jammed(kk) ? RT_STAGED_DOT : 1;
+  }
   if (!(e->leaves = ir_leaf_ids(g, &e->n_leaves))) goto oom;
   if (prep_init(&e->prep, p)) goto oom;
   for (int b = 0; b < p->n_buf; b++) e->temps |= p->buf[b].kind == CG_BUF_TEMP;
@@ -1110,8 +1119,7 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
       int64_t prm[256];
       for (int i = 0; i < k->n_param && i < 256; i++)
         if (sym_eval(k->param[i], vals, ns, &prm[i])) goto bad_shape;
-      bool staged = false;
-      for (int s = 0; s < k->n_stage; s++) staged |= k->stage[s].kind == CG_REDUCE || k->stage[s].inner;
+      int staged = e->staged[ki];
       int64_t range = 1, inner = 1;
       for (int d = 0; d < k->ndim; d++) {
         int64_t v = eval_or(k->dim[d], vals, ns);

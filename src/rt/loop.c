@@ -29,7 +29,8 @@ void rt_run_loop(rt_kernel_fn fn, const int64_t *p, char **acc, int n_acc, int64
                  int split) {
   /* about 64K elements of work per block; a kernel of fewer than two blocks
    * runs on the calling thread, since waking a worker costs more */
-  int64_t grain = staged ? (inner >= RT_GRAIN ? 1 : RT_GRAIN / (inner ? inner : 1)) : RT_GRAIN;
+  int64_t g = staged == RT_STAGED_DOT ? RT_DOT_GRAIN : RT_GRAIN;
+  int64_t grain = staged ? (inner >= g ? 1 : g / (inner ? inner : 1)) : g;
   int threads = pool_num_threads();
   if (split) {
     /* a full reduction: its fixed blocks in parallel, then the combine */
