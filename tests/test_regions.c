@@ -2104,6 +2104,15 @@ static void live_case(int mode) {
       kiln_scope_end();
     }
     expect_one_trace(fn);
+    /* a liveness the same at every step i >= 1 needs no flag in the reverse scan (modes 0 to 2):
+     * the marks are T != 0 or none; a cond's capture that neither branch reaches, no write */
+    char *text = kiln_fn_graph(fn, 0);
+    ck_assert_ptr_nonnull(text);
+    int consts = count_of(text, "bool[] = const(");
+    if (mode < 3 && consts) fprintf(stderr, "%s\n", text);
+    if (mode < 3) ck_assert_int_eq(0, consts);
+    if (mode == 5) ck_assert_int_eq(3, count_of(text, " when %")); /* h0, c0, w */
+    free(text);
     kiln_fn_free(fn);
     kiln_scope_end();
   }

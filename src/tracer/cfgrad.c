@@ -894,6 +894,29 @@ static int cond_branch_vjp(cond_ctx *cc, int region, kiln_tensor *const *in, kil
 static int then_vjp(void *ctx, kiln_tensor *const *in, kiln_tensor **out) { return cond_branch_vjp(ctx, 0, in, out); }
 static int else_vjp(void *ctx, kiln_tensor *const *in, kiln_tensor **out) { return cond_branch_vjp(ctx, 1, in, out); }
 
+/* The gradient *gr of the cond's input i (an operand, then the captures)
+ * where the branch that ran reaches it: under a recording both branches
+ * ran, so reached by the then branch alone, where pred holds; by the else
+ * branch alone, where it does not (*not_pred, made once); by both, always;
+ * by neither, never: *gr NULL (reached only through a result the loss never
+ * reads, say). Eagerly one ran: its answer is the one. 0 or -1. */
+static int reach_mark(const cond_ctx *cc, int i, kiln_tensor *pred, kiln_tensor **not_pred, kiln_tensor **gr) {
+  const cfg_grad *g = cc->g;
+  bool both = cc->ran[0] && cc->ran[1];
+  bool r0 = cc->ran[0] && cc->reached[0][i], r1 = cc->ran[1] && cc->reached[1][i];
+  if ((r0 && r1) || (!both && (r0 || r1))) return 0;
+  if (!r0 && !r1) {
+    *gr = NULL;
+    return 0;
+  }
+  if (!r0 && !*not_pred) {
+    kiln_tensor *f0 = kiln_scalar_at(KILN_BOOL, 0, g->file, g->line), *t1 = kiln_scalar_at(KILN_BOOL, 1, g->file, g->line);
+    if (!(*not_pred = kiln_where_at(pred, f0, t1, g->file, g->line))) return -1;
+  }
+  ag_set_grad_if(*gr, r0 ? pred : *not_pred, GRAD_IF_TRUE);
+  return 0;
+}
+
 static int cond_backward(void *data, kiln_tensor *const *gout, kiln_tensor **gin, const char *file, int line) {
   (void)file, (void)line;
   const cfg_grad *g = data;
@@ -915,51 +938,21 @@ static int cond_backward(void *data, kiln_tensor *const *gout, kiln_tensor **gin
   }
   kiln_tensor *pred = g->in[0];
   if (kiln_cond_at(pred, then_vjp, else_vjp, &cc, n, in, n_out + cc.n_flag, out, g->file, g->line)) return -1;
-  /* The others' gradient exists where the branch that ran reaches it (eagerly
-   * the other never ran): under a recording both branches ran, so reached by
-   * the then branch alone, where pred holds; by the else branch alone, where
-   * it does not; by both, always; by neither, never. Eagerly one ran: its
-   * answer is the one. An operand the loss reaches through neither branch
-   * (only through a result it never reads) gets none; one reached through
-   * one branch, the same marks as a capture. */
-  kiln_tensor *no = NULL, *not_pred = NULL;
-  bool both = cc.ran[0] && cc.ran[1];
+  /* An operand's and a capture's gradient exists where the branch that ran
+   * reaches it (eagerly the other never ran); a capture read inside a
+   * construct nested in a branch, where its flag says */
+  kiln_tensor *not_pred = NULL;
   for (int j = 0; j < n_ops; j++) {
     gin[1 + j] = out[j];
-    bool r0 = cc.ran[0] && cc.reached[0][j], r1 = cc.ran[1] && cc.reached[1][j];
-    if (!dtype_is_float(g->in[1 + j]->dtype) || (r0 && r1) || (!both && (r0 || r1))) continue;
-    if (!r0 && !r1) {
-      gin[1 + j] = NULL;
-      continue;
-    }
-    if (!r0 && !not_pred) {
-      kiln_tensor *f0 = kiln_scalar_at(KILN_BOOL, 0, g->file, g->line), *t1 = kiln_scalar_at(KILN_BOOL, 1, g->file, g->line);
-      if (!(not_pred = kiln_where_at(pred, f0, t1, g->file, g->line))) return -1;
-    }
-    ag_set_grad_if(gin[1 + j], r0 ? pred : not_pred, GRAD_IF_TRUE);
+    if (dtype_is_float(g->in[1 + j]->dtype) && reach_mark(&cc, j, pred, &not_pred, &gin[1 + j])) return -1;
   }
   for (int c = 0, m = n_ops, f = 0; c < g->n_caps; c++) {
     if (!g->caps[c]->requires_grad || !dtype_is_float(g->caps[c]->dtype)) continue;
-    kiln_tensor *gc = gin[g->n_in + c] = out[m++], *mark = NULL;
-    if (f < cc.n_flag && cc.flag_of[f] == c) {
-      ag_set_grad_if(gc, out[n_out + f++], GRAD_IF_TRUE);
-      continue;
-    }
-    bool r0 = cc.ran[0] && cc.reached[0][n_ops + c], r1 = cc.ran[1] && cc.reached[1][n_ops + c];
-    if ((r0 && r1) || (!both && (r0 || r1))) continue; /* both, or the one that ran: always */
-    if (!r0 && !r1) {
-      mark = no = no ? no : kiln_scalar_at(KILN_BOOL, 0, g->file, g->line);
-    } else if (r0) {
-      mark = pred;
-    } else {
-      if (!not_pred) {
-        kiln_tensor *f0 = kiln_scalar_at(KILN_BOOL, 0, g->file, g->line), *t1 = kiln_scalar_at(KILN_BOOL, 1, g->file, g->line);
-        not_pred = kiln_where_at(pred, f0, t1, g->file, g->line);
-      }
-      mark = not_pred;
-    }
-    if (!mark) return -1;
-    ag_set_grad_if(gc, mark, GRAD_IF_TRUE);
+    gin[g->n_in + c] = out[m++];
+    if (f < cc.n_flag && cc.flag_of[f] == c)
+      ag_set_grad_if(gin[g->n_in + c], out[n_out + f++], GRAD_IF_TRUE);
+    else if (reach_mark(&cc, n_ops + c, pred, &not_pred, &gin[g->n_in + c]))
+      return -1;
   }
   return 0;
 }
