@@ -20,6 +20,9 @@
  *    level) and the replay takes them for the matmul's value, recording
  *    only its autograd node: the reverse step computes no forward matmul.
  *    The rest of a step is recomputed; with KILN_SCAN_SAVE_CARRIES all of it.
+ *    A carry the loss cannot reach (no read result depends on it, step
+ *    after step: scan_deps, plan_live) gets no cotangent, so that what only
+ *    it reaches stays without a gradient, as eagerly.
  *  - cond: the backward is a kiln_cond on the same predicate of the two
  *    branches' VJPs.
  *  - while_loop: forward only, as in JAX: its results get a node whose
