@@ -1996,19 +1996,30 @@ END_TEST
  * which init it reaches depends on T's parity, x and v only T >= 2.
  * mode 4: mode 0's step as an inner scan over x_t (one row) inside an
  * outer scan. mode 5: a cond of two results, (h0 w, c0 v) or (2 c0, 3 c0
- * v), the loss reads the first. Eagerly c0 and v (modes 0, 2, 4) and v
- * (mode 5) get no gradient: nothing the loss reads depends on them; h0 and
- * c0 (mode 5) only where the branch that reads them ran. */
+ * v), the loss reads the first. mode 6: mode 3 with b' an inner scan of
+ * one step (v read only inside it: a flag of the reverse scan, and T >= 2).
+ * Eagerly c0 and v (modes 0, 2, 4) and v (mode 5) get no gradient: nothing
+ * the loss reads depends on them; h0 and c0 (mode 5) only where the branch
+ * that reads them ran. */
 typedef struct lcell {
   kiln_tensor *w, *v, *z; /* z: a term of the loss of its own, so that the loss needs grad where no step ran */
 } lcell;
 static int l_mode;
+static int l_inner_b(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  lcell *c = ctx;
+  return !(out[0] = kiln_add(kiln_mul(in[0], c->v), in[1]));
+}
 static int l_step(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
   lcell *c = ctx;
   if (l_mode == 3) {
     out[0] = kiln_mul(in[1], c->w);
     out[1] = kiln_add(kiln_mul(in[0], c->v), in[2]);
     return !out[0] || !out[1];
+  }
+  if (l_mode == 6) { /* b' as a scan of one step: v read only inside it */
+    kiln_tensor *xs = kiln_unsqueeze(in[2], 0);
+    out[0] = kiln_mul(in[1], c->w);
+    return !out[0] || kiln_scan(l_inner_b, ctx, 1, &in[0], 1, &xs, &out[1], 0, NULL);
   }
   kiln_tensor *h = kiln_tanh(kiln_add(kiln_mul(in[0], c->w), in[2]));
   out[0] = h;
@@ -2039,8 +2050,8 @@ static int l_loss(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
   if (l_mode == 5)
     rc = kiln_cond(in[3], l_then, l_else, ctx, 2, in, 2, r), read = r[0];
   else
-    rc = kiln_scan(l_mode == 4 ? l_outer : l_step, ctx, 2, in, 1, &in[2], carry, l_mode == 3 ? 0 : 1, &ys),
-    read = l_mode == 1 ? carry[1] : l_mode == 2 || l_mode == 3 ? carry[0] : ys;
+    rc = kiln_scan(l_mode == 4 ? l_outer : l_step, ctx, 2, in, 1, &in[2], carry, l_mode == 3 || l_mode == 6 ? 0 : 1, &ys),
+    read = l_mode == 1 ? carry[1] : l_mode == 2 || l_mode == 3 || l_mode == 6 ? carry[0] : ys;
   if (rc) return -1;
   lcell *c = ctx;
   out[0] = kiln_add(kiln_sum_all(kiln_mul(read, read)), kiln_sum_all(kiln_mul(c->z, c->z)));
@@ -2086,13 +2097,14 @@ static void live_case(int mode) {
         kiln_zero_grad(c.z);
       }
       bool ran = T > 0, even = T % 2 == 0;
-      const bool want[6][5] = {
+      const bool want[7][5] = {
           {ran, false, ran, false, ran},         /* ys: not c's path */
           {ran, ran, ran, true, ran},            /* c_T: c0 is c_T where no step ran */
           {ran, false, true, false, ran},        /* h_T */
           {ran, T >= 2, even, !even, T >= 2},    /* a_T: a0 at even T, b0 at odd */
           {ran, false, ran, false, ran},         /* nested: as mode 0 */
           {pred, false, pred, !pred, false},     /* cond: its first result */
+          {ran, T >= 2, even, !even, T >= 2},    /* as mode 3 */
       };
       for (int k = 0; k < 5; k++) {
         ck_assert_msg(had[0][k] == want[mode][k], "mode %d, eager T=%d: kiln_grad(%s) %s", mode, T, names[k],
@@ -2128,6 +2140,8 @@ END_TEST
 START_TEST(test_scan_grad_dead_carry_nested) { live_case(4); }
 END_TEST
 START_TEST(test_cond_grad_unread_result) { live_case(5); }
+END_TEST
+START_TEST(test_scan_grad_carry_parity_nested) { live_case(6); }
 END_TEST
 
 /* while_loop is forward only in a compiled body too: a backward reaching it
@@ -2481,6 +2495,7 @@ int main(void) {
   tcase_add_test(ex, test_scan_grad_carry_parity);
   tcase_add_test(ex, test_scan_grad_dead_carry_nested);
   tcase_add_test(ex, test_cond_grad_unread_result);
+  tcase_add_test(ex, test_scan_grad_carry_parity_nested);
   suite_add_tcase(s, ex);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);
