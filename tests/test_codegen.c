@@ -2523,6 +2523,53 @@ START_TEST(test_index_bounds) {
 }
 END_TEST
 
+/* A kernel that fails after another stored into an argument updated in
+ * place (the update runs as soon as it can, before the gather): the call
+ * fails, the argument's data changed, and so must its version, or what
+ * holds the old data by version would not notice: here an eager node that
+ * saved the weight for its backward, which must refuse, as after any write
+ * in place. The body passes no number, so that the call takes the
+ * guard-only path: a recording would bump the version itself. */
+static int update_then_gather(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  if (kiln_sub_(in[0], kiln_mul(in[1], in[1])) == NULL) return -1;
+  out[0] = kiln_index_select(kiln_exp(in[1]), 0, in[2]);
+  return out[0] ? 0 : -1;
+}
+
+START_TEST(test_failed_call_bumps_updated) {
+  kiln_scope_begin();
+  kiln_tensor *w = kiln_randn(KILN_F32, 2, ((int64_t[]){4, 3}), 1), *x = kiln_randn(KILN_F32, 2, ((int64_t[]){4, 3}), 2);
+  kiln_tensor *ok = kiln_tensor_from(KILN_I64, 1, ((int64_t[]){2}), ((int64_t[]){3, 0}));
+  kiln_tensor *bad = kiln_tensor_from(KILN_I64, 1, ((int64_t[]){2}), ((int64_t[]){1, 4}));
+  kiln_options o = {.name = "upd_gather", .n_in = 3, .n_out = 1, .backend = KILN_BACKEND_LLVM};
+  kiln_fn *fn = kiln_compile(update_then_gather, NULL, &o);
+  kiln_tensor *y = NULL;
+  ck_assert_int_eq(0, kiln_call(fn, ((kiln_tensor *[]){w, x, ok}), &y)); /* traced */
+  ck_assert_int_eq(0, kiln_call(fn, ((kiln_tensor *[]){w, x, ok}), &y)); /* compiled */
+  kiln_fn_stats st;
+  ck_assert_int_eq(0, kiln_fn_get_stats(fn, &st));
+  ck_assert_int_eq(1, st.guard_hits); /* the body did not run: no recording moved the version */
+  kiln_tensor *a = kiln_ones(KILN_F32, 2, ((int64_t[]){4, 3}));
+  kiln_requires_grad(a, true);
+  kiln_tensor *saved = kiln_sum_all(kiln_mul(a, w)); /* saves w for a's gradient */
+  unsigned long v0 = atomic_load(&w->st->version);
+  float before[12], after[12], xs[12];
+  ck_assert_int_eq(0, kiln_read(w, before, sizeof before));
+  ck_assert_int_eq(0, kiln_read(x, xs, sizeof xs));
+  ck_assert_int_eq(-1, kiln_call(fn, ((kiln_tensor *[]){w, x, bad}), &y));
+  ck_assert_msg(strstr(kiln_last_error(), "index 4 at position 1 is out of range"), "%s", kiln_last_error());
+  ck_assert_int_eq(0, kiln_read(w, after, sizeof after));
+  /* the update ran before the failure (else this test proves nothing) */
+  for (int i = 0; i < 12; i++) ck_assert_float_eq_tol(before[i] - xs[i] * xs[i], after[i], 1e-6f);
+  ck_assert_msg(atomic_load(&w->st->version) != v0, "w changed in a failed call, its version did not");
+  ck_assert_int_eq(-1, kiln_backward(saved));
+  ck_assert_msg(strstr(kiln_last_error(), "modified in place"), "%s", kiln_last_error());
+  kiln_fn_free(fn);
+  kiln_scope_end();
+}
+END_TEST
+
 /* Found by fuzzing (tests/fuzz/fuzz_irtext.c): a product over zero rows, or
  * a sum over zero terms, between temporaries of no bytes, whose buffers are
  * NULL (clang's UBSan, in the fuzz build, flagged the GEMM kernel's pointer
@@ -2767,6 +2814,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, test_random_programs_regions);
   tcase_add_test(tc, test_llvm_fatal_error);
   tcase_add_test(tc, test_index_bounds);
+  tcase_add_test(tc, test_failed_call_bumps_updated);
   tcase_add_test(tc, test_long_chain_lowers);
   tcase_add_test(tc, test_jit_features_env);
   tcase_add_test(tc, test_dead_node_buffer);

@@ -1987,6 +1987,163 @@ END_TEST
 START_TEST(test_backward_shared_sizes_ys) { shared_sizes_case(2); }
 END_TEST
 
+/* ---- a carry, a result or a weight no path from the loss reaches (issue 19) ---- */
+
+/* in = h0, c0 (NB,NH), x (T,NB,NH), pred (1, bool); weights w, v (NH).
+ * mode 0: carry (h, c), h' = tanh(h w + x_t), c' = c + h' v, y = h'; the
+ * loss reads ys. mode 1: the same step, the loss reads c_T; mode 2: h_T.
+ * mode 3: carry (a, b), a' = b w, b' = a v + x_t, the loss reads a_T:
+ * which init it reaches depends on T's parity, x and v only T >= 2.
+ * mode 4: mode 0's step as an inner scan over x_t (one row) inside an
+ * outer scan. mode 5: a cond of two results, (h0 w, c0 v) or (2 c0, 3 c0
+ * v), the loss reads the first. mode 6: mode 3 with b' an inner scan of
+ * one step (v read only inside it: a flag of the reverse scan, and T >= 2).
+ * Eagerly c0 and v (modes 0, 2, 4) and v (mode 5) get no gradient: nothing
+ * the loss reads depends on them; h0 and c0 (mode 5) only where the branch
+ * that reads them ran. */
+typedef struct lcell {
+  kiln_tensor *w, *v, *z; /* z: a term of the loss of its own, so that the loss needs grad where no step ran */
+} lcell;
+static int l_mode;
+static int l_inner_b(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  lcell *c = ctx;
+  return !(out[0] = kiln_add(kiln_mul(in[0], c->v), in[1]));
+}
+static int l_step(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  lcell *c = ctx;
+  if (l_mode == 3) {
+    out[0] = kiln_mul(in[1], c->w);
+    out[1] = kiln_add(kiln_mul(in[0], c->v), in[2]);
+    return !out[0] || !out[1];
+  }
+  if (l_mode == 6) { /* b' as a scan of one step: v read only inside it */
+    kiln_tensor *xs = kiln_unsqueeze(in[2], 0);
+    out[0] = kiln_mul(in[1], c->w);
+    return !out[0] || kiln_scan(l_inner_b, ctx, 1, &in[0], 1, &xs, &out[1], 0, NULL);
+  }
+  kiln_tensor *h = kiln_tanh(kiln_add(kiln_mul(in[0], c->w), in[2]));
+  out[0] = h;
+  out[1] = kiln_add(in[1], kiln_mul(h, c->v));
+  out[2] = h;
+  return !out[1] || !h;
+}
+static int l_outer(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  kiln_tensor *xs = kiln_unsqueeze(in[2], 0), *ys;
+  if (kiln_scan(l_step, ctx, 2, in, 1, &xs, out, 1, &ys)) return -1;
+  return !(out[2] = kiln_sum(ys, 0, false));
+}
+static int l_then(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  lcell *c = ctx;
+  out[0] = kiln_mul(in[0], c->w);
+  out[1] = kiln_mul(in[1], c->v);
+  return !out[0] || !out[1];
+}
+static int l_else(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  lcell *c = ctx;
+  out[0] = kiln_mul(in[1], kiln_scalar(KILN_F64, 2));
+  out[1] = kiln_mul(kiln_mul(in[1], c->v), kiln_scalar(KILN_F64, 3));
+  return !out[0] || !out[1];
+}
+static int l_loss(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  kiln_tensor *carry[2], *ys = NULL, *r[2], *read;
+  int rc;
+  if (l_mode == 5)
+    rc = kiln_cond(in[3], l_then, l_else, ctx, 2, in, 2, r), read = r[0];
+  else
+    rc = kiln_scan(l_mode == 4 ? l_outer : l_step, ctx, 2, in, 1, &in[2], carry, l_mode == 3 || l_mode == 6 ? 0 : 1, &ys),
+    read = l_mode == 1 ? carry[1] : l_mode == 2 || l_mode == 3 || l_mode == 6 ? carry[0] : ys;
+  if (rc) return -1;
+  lcell *c = ctx;
+  out[0] = kiln_add(kiln_sum_all(kiln_mul(read, read)), kiln_sum_all(kiln_mul(c->z, c->z)));
+  return !out[0] || kiln_backward(out[0]);
+}
+
+/* Compiled, on the interpreter and on LLVM, a tensor gets a .grad where
+ * eagerly it does (the hand-derived list below), with eager's values, and
+ * stays NULL where eagerly it does, not zeros, at every length from one
+ * trace (mode 5: both predicates). */
+static void live_case(int mode) {
+  static const int lengths[] = {5, 0, 1, 2, 3}; /* not 4: NH */
+  static const char *names[5] = {"w", "v", "h0", "c0", "x"};
+  double w[NH], v[NH], h0[NB * NH], c0[NB * NH], x[5 * NB * NH];
+  dfill(w, NH, 140), dfill(v, NH, 141), dfill(h0, NB * NH, 142), dfill(c0, NB * NH, 143), dfill(x, 5 * NB * NH, 144);
+  l_mode = mode;
+  for (int be = KILN_BACKEND_INTERP; be <= KILN_BACKEND_LLVM; be++) {
+    kiln_scope_begin();
+    lcell c = {f64_of(1, (int64_t[]){NH}, w), f64_of(1, (int64_t[]){NH}, v), f64_of(1, (int64_t[]){NH}, v)};
+    kiln_requires_grad(c.w, true), kiln_requires_grad(c.v, true), kiln_requires_grad(c.z, true);
+    kiln_fn *fn = kiln_compile(l_loss, &c, &(kiln_options){.name = "lloss", .n_in = 4, .n_out = 1, .backend = be});
+    for (int li = 0; li < 5; li++) {
+      int T = lengths[li];
+      bool pred = T % 2;
+      if (mode == 5) T = 1; /* x unread: its length would only make new traces */
+      kiln_scope_begin();
+      kiln_tensor *in[4] = {f64_of(2, (int64_t[]){NB, NH}, h0), f64_of(2, (int64_t[]){NB, NH}, c0),
+                            f64_of(3, (int64_t[]){T, NB, NH}, x), kiln_tensor_from(KILN_BOOL, 1, (int64_t[]){1}, &pred)},
+                  *out[1];
+      for (int k = 0; k < 3; k++) kiln_requires_grad(in[k], true);
+      kiln_tensor *ts[5] = {c.w, c.v, in[0], in[1], in[2]};
+      const int64_t sizes[5] = {NH, NH, NB * NH, NB * NH, (int64_t)T * NB * NH};
+      double g[2][5][5 * NB * NH];
+      bool had[2][5];
+      for (int pass = 0; pass < 2; pass++) {
+        if (pass == 0) ck_assert_msg(l_loss(&c, in, out) == 0, "%s", kiln_last_error());
+        else ck_assert_msg(kiln_call(fn, in, out) == 0, "mode %d, T=%d: %s", mode, T, kiln_last_error());
+        for (int k = 0; k < 5; k++) {
+          kiln_tensor *gr = kiln_grad(ts[k]);
+          if ((had[pass][k] = gr != NULL)) read_d(gr, g[pass][k], sizes[k]);
+          kiln_zero_grad(ts[k]);
+        }
+        kiln_zero_grad(c.z);
+      }
+      bool ran = T > 0, even = T % 2 == 0;
+      const bool want[7][5] = {
+          {ran, false, ran, false, ran},         /* ys: not c's path */
+          {ran, ran, ran, true, ran},            /* c_T: c0 is c_T where no step ran */
+          {ran, false, true, false, ran},        /* h_T */
+          {ran, T >= 2, even, !even, T >= 2},    /* a_T: a0 at even T, b0 at odd */
+          {ran, false, ran, false, ran},         /* nested: as mode 0 */
+          {pred, false, pred, !pred, false},     /* cond: its first result */
+          {ran, T >= 2, even, !even, T >= 2},    /* as mode 3 */
+      };
+      for (int k = 0; k < 5; k++) {
+        ck_assert_msg(had[0][k] == want[mode][k], "mode %d, eager T=%d: kiln_grad(%s) %s", mode, T, names[k],
+                      had[0][k] ? "set" : "NULL");
+        ck_assert_msg(had[1][k] == had[0][k], "mode %d, backend %d, T=%d: kiln_grad(%s) is %s compiled, %s eagerly", mode,
+                      be, T, names[k], had[1][k] ? "set" : "NULL", had[0][k] ? "set" : "NULL");
+        if (had[0][k]) expect_near(g[1][k], g[0][k], sizes[k], 1e-12, names[k], T);
+      }
+      kiln_scope_end();
+    }
+    expect_one_trace(fn);
+    /* a liveness the same at every step i >= 1 needs no flag in the reverse scan (modes 0 to 2):
+     * the marks are T != 0 or none; a cond's capture that neither branch reaches, no write */
+    char *text = kiln_fn_graph(fn, 0);
+    ck_assert_ptr_nonnull(text);
+    int consts = count_of(text, "bool[] = const(");
+    if (mode < 3 && consts) fprintf(stderr, "%s\n", text);
+    if (mode < 3) ck_assert_int_eq(0, consts);
+    if (mode == 5) ck_assert_int_eq(3, count_of(text, " when %")); /* h0, c0, w */
+    free(text);
+    kiln_fn_free(fn);
+    kiln_scope_end();
+  }
+}
+START_TEST(test_scan_grad_dead_carry) { live_case(0); }
+END_TEST
+START_TEST(test_scan_grad_last_carry) { live_case(1); }
+END_TEST
+START_TEST(test_scan_grad_live_carry) { live_case(2); }
+END_TEST
+START_TEST(test_scan_grad_carry_parity) { live_case(3); }
+END_TEST
+START_TEST(test_scan_grad_dead_carry_nested) { live_case(4); }
+END_TEST
+START_TEST(test_cond_grad_unread_result) { live_case(5); }
+END_TEST
+START_TEST(test_scan_grad_carry_parity_nested) { live_case(6); }
+END_TEST
+
 /* while_loop is forward only in a compiled body too: a backward reaching it
  * fails the call, naming the loop's line; the loop itself stays one region */
 static int w_below(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
@@ -2332,6 +2489,13 @@ int main(void) {
   tcase_add_test(ex, test_cond_slice_shared_sizes);
   tcase_add_test(ex, test_backward_shared_sizes);
   tcase_add_test(ex, test_backward_shared_sizes_ys);
+  tcase_add_test(ex, test_scan_grad_dead_carry);
+  tcase_add_test(ex, test_scan_grad_last_carry);
+  tcase_add_test(ex, test_scan_grad_live_carry);
+  tcase_add_test(ex, test_scan_grad_carry_parity);
+  tcase_add_test(ex, test_scan_grad_dead_carry_nested);
+  tcase_add_test(ex, test_cond_grad_unread_result);
+  tcase_add_test(ex, test_scan_grad_carry_parity_nested);
   suite_add_tcase(s, ex);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

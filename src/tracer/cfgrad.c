@@ -20,6 +20,9 @@
  *    level) and the replay takes them for the matmul's value, recording
  *    only its autograd node: the reverse step computes no forward matmul.
  *    The rest of a step is recomputed; with KILN_SCAN_SAVE_CARRIES all of it.
+ *    A carry the loss cannot reach (no read result depends on it, step
+ *    after step: scan_deps, plan_live) gets no cotangent, so that what only
+ *    it reaches stays without a gradient, as eagerly.
  *  - cond: the backward is a kiln_cond on the same predicate of the two
  *    branches' VJPs.
  *  - while_loop: forward only, as in JAX: its results get a node whose
@@ -69,6 +72,15 @@ typedef struct cfg_prog {
   cfg_region top[2]; /* the construct's own regions */
 } cfg_prog;
 
+/* What a value of one step depends on, as far as a gradient can flow: the
+ * region's arguments (a scan's carries, then its xs) and the captures, a
+ * bit each. An over-approximation (a nested construct's results depend on
+ * all it reads), except that a value of an integer or bool dtype depends on
+ * nothing: no gradient flows through it. */
+typedef struct cfg_dep {
+  uint64_t arg, cap;
+} cfg_dep;
+
 struct cfg_grad {
   cf_kind kind;
   int n_carry, n_xs, n_res; /* n_res: the construct's results the user sees */
@@ -79,6 +91,7 @@ struct cfg_grad {
   cfg_prog prog;
   kiln_tensor **saved; /* scan: the stacked carries (n_carry), then the kept values (n_kept) */
   int n_kept, kept_ids[64]; /* scan_save: the instructions whose per-step values are saved, as value ids */
+  cfg_dep dep[128];         /* scan: what each result of a step (carries, then ys) depends on */
   const char *file;
   int line;
 };
@@ -291,6 +304,105 @@ static int cap_read(const cfg_prog *p, const cfg_region *reg, int c) {
 static kiln_tensor *exists_flag(const kiln_tensor *d, bool reached, const char *file, int line) {
   if (reached && d->grad_if) return ag_grad_if_bool(d, file, line);
   return kiln_scalar_at(KILN_BOOL, reached, file, line);
+}
+
+/* ---- which values of a step depend on which arguments ---- */
+
+static cfg_dep dep_or(cfg_dep a, cfg_dep b) { return (cfg_dep){a.arg | b.arg, a.cap | b.cap}; }
+static cfg_dep dep_of(const cfg_dep *sd, int ref) {
+  return ref >= 0 ? sd[ref] : (cfg_dep){0, (uint64_t)1 << (-1 - ref)};
+}
+
+static void deps_range(const cfg_prog *p, const recording *r, int begin, int end, cfg_dep *sd, cfg_dep *acc);
+
+/* The dependencies of a nested construct's results (res, n_results): a
+ * cond's result on what either branch's yields there depends on; a scan's
+ * carry on its init and what the step's carry out depends on, round after
+ * round to a fixpoint, a y on what the step's y depends on then; a
+ * while_loop's (forward only) on all it reads. */
+static void deps_cf(const cfg_prog *p, const recording *r, const cfg_ins *in, cfg_dep *sd, cfg_dep *res) {
+  const cfg_cf *cf = in->cf;
+  cfg_dep all = {0, 0}, x[128];
+  for (int j = 0; j < in->n_in && j < 128; j++) x[j] = dep_of(sd, in->in[j]), all = dep_or(all, x[j]);
+  for (int o = 0; o < cf->n_results; o++) res[o] = (cfg_dep){0, 0};
+  if (cf->kind == CF_COND) {
+    for (int k = 0; k < 2; k++) {
+      const cfg_region *reg = &cf->reg[k];
+      cfg_dep acc = {0, 0};
+      for (int a = 0; a < reg->n_args && 1 + a < in->n_in; a++) sd[reg->args[a]] = x[1 + a];
+      deps_range(p, r, reg->begin, reg->end, sd, &acc);
+      for (int o = 0; o < reg->n_out && o < cf->n_results; o++) res[o] = dep_or(res[o], dep_of(sd, reg->out[o]));
+    }
+    return;
+  }
+  const cfg_region *reg = &cf->reg[0];
+  if (cf->kind == CF_SCAN) {
+    cfg_dep carry[128];
+    int nc = cf->n_carry;
+    for (int k = 0; k < nc; k++) carry[k] = x[k];
+    for (bool more = true; more;) {
+      cfg_dep acc = {0, 0};
+      for (int a = 0; a < reg->n_args && a < in->n_in; a++) sd[reg->args[a]] = a < nc ? carry[a] : x[a];
+      deps_range(p, r, reg->begin, reg->end, sd, &acc);
+      more = false;
+      for (int k = 0; k < nc && k < reg->n_out; k++) {
+        cfg_dep d = dep_or(carry[k], dep_of(sd, reg->out[k]));
+        more |= d.arg != carry[k].arg || d.cap != carry[k].cap;
+        carry[k] = d;
+      }
+    }
+    for (int o = 0; o < cf->n_results && o < reg->n_out; o++) res[o] = o < nc ? carry[o] : dep_of(sd, reg->out[o]);
+    return;
+  }
+  for (cfg_dep was = {~(uint64_t)0, 0}; was.arg != all.arg || was.cap != all.cap;) {
+    was = all;
+    for (int k = 0; k < cf->n_regions; k++) {
+      const cfg_region *rg = &cf->reg[k];
+      for (int a = 0; a < rg->n_args; a++) sd[rg->args[a]] = was;
+      deps_range(p, r, rg->begin, rg->end, sd, &all);
+      for (int o = 0; o < rg->n_out; o++) all = dep_or(all, dep_of(sd, rg->out[o]));
+    }
+  }
+  for (int o = 0; o < cf->n_results; o++) res[o] = all;
+}
+
+/* The dependencies (sd, by slot) of the values instructions [begin, end)
+ * make, their union added to *acc. */
+static void deps_range(const cfg_prog *p, const recording *r, int begin, int end, cfg_dep *sd, cfg_dep *acc) {
+  for (int i = begin; i < end; i++) {
+    const cfg_ins *in = &p->ins[i];
+    cfg_dep d = {0, 0};
+    if (in->kind == EV_CF) {
+      const cfg_cf *cf = in->cf;
+      cfg_dep res[128];
+      deps_cf(p, r, in, sd, res);
+      int j = cf->next;
+      for (; j < p->n_ins && p->ins[j].kind == EV_GET && p->ins[j].cf == cf; j++) {
+        const cfg_ins *gi = &p->ins[j];
+        sd[gi->out] = dtype_is_float(r->val[gi->vid].dtype) && gi->a.k < cf->n_results ? res[gi->a.k] : (cfg_dep){0, 0};
+        *acc = dep_or(*acc, sd[gi->out]);
+      }
+      i = j - 1;
+      continue;
+    }
+    if (in->kind == EV_OP && dtype_is_float(r->val[in->vid].dtype))
+      for (int j = 0; j < in->n_in; j++) d = dep_or(d, dep_of(sd, in->in[j]));
+    if (in->out >= 0) sd[in->out] = d;
+    *acc = dep_or(*acc, d);
+  }
+}
+
+/* g->dep: what each result of a scan's step depends on. 0 or -1 (out of memory). */
+static int scan_deps(cfg_grad *g, const recording *r) {
+  const cfg_region *top = &g->prog.top[0];
+  cfg_dep *sd = alloc_calloc((size_t)g->prog.n_slots + 1, sizeof *sd), acc = {0, 0};
+  if (!sd) return -1;
+  for (int a = 0; a < top->n_args && a < 64; a++) sd[top->args[a]] = (cfg_dep){(uint64_t)1 << a, 0};
+  deps_range(&g->prog, r, top->begin, top->end, sd, &acc);
+  for (int o = 0; o < g->n_res && o < 128; o++)
+    g->dep[o] = o < top->n_out ? dep_of(sd, top->out[o]) : (cfg_dep){~(uint64_t)0, ~(uint64_t)0};
+  alloc_free(sd);
+  return 0;
 }
 
 /* ---- replay ---- */
@@ -512,19 +624,48 @@ typedef struct rev_ctx {
    * reaches gets no gradient, as eagerly, not zeros; and each incoming
    * carry's: one no step reaches has a gradient only where no step ran */
   bool cap_hit[64], x_hit[64], carry_hit[64];
+  /* which carries' cotangents may be non-zero at some step (the others are
+   * passed as none, so that what only they depend on is not reached); and
+   * those whose liveness varies from step to step, a bool carry each
+   * (live'[k]: some live result of the step depends on carry k) */
+  uint64_t live;
+  int n_var, var_of[64];
+  uint64_t var, always; /* the carries with a flag; the live ones at every step */
+  const cfg_dep *y_dep; /* what the ys whose cotangent flowed depend on */
 } rev_ctx;
 
-/* The reverse scan's step: in = dcarry, dcaps, flags, carry_t, xs_t, dy_t, kept_t;
- * out = dcarry', dcaps', flags', dx_t (of the xs that need theirs). */
+/* The step's live' flags from its live ones (in rc->var_of's order): carry
+ * k is live before the step where a y whose cotangent flowed, or a carry
+ * live after it, depends on k. */
+static int live_step(const rev_ctx *rc, kiln_tensor *const *live, kiln_tensor **out) {
+  const cfg_grad *g = rc->g;
+  for (int v = 0; v < rc->n_var; v++) {
+    int k = rc->var_of[v];
+    bool always = rc->y_dep->arg >> k & 1;
+    kiln_tensor *any = NULL;
+    for (int m = 0; m < g->n_carry && !always; m++) {
+      if (!(g->dep[m].arg >> k & 1)) continue;
+      if (rc->always >> m & 1) always = true;
+      for (int u = 0; u < rc->n_var; u++)
+        if (rc->var_of[u] == m) any = any ? kiln_where_at(any, any, live[u], g->file, g->line) : live[u]; /* or */
+    }
+    out[v] = always || !any ? kiln_scalar_at(KILN_BOOL, always, g->file, g->line) : any;
+    if (!out[v]) return -1;
+  }
+  return 0;
+}
+
+/* The reverse scan's step: in = dcarry, dcaps, flags, live, carry_t, xs_t, dy_t, kept_t;
+ * out = dcarry', dcaps', flags', live', dx_t (of the xs that need theirs). */
 static int rev_step(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
   rev_ctx *rc = ctx;
   const cfg_grad *g = rc->g;
-  int nc = g->n_carry, nx = g->n_xs, n_args = nc + nx, nf = rc->n_flag;
+  int nc = g->n_carry, nx = g->n_xs, n_args = nc + nx, nf = rc->n_flag, nv = rc->n_var;
   kiln_tensor *const *dcarry = in, *const *dcaps = in + nc, *const *flags = in + nc + rc->n_capg,
-                     *const *cx = in + nc + rc->n_capg + nf;
+                     *const *live = flags + nf, *const *cx = live + nv;
   kiln_tensor *cot[128] = {0}, *d[192];
   bool need[128], reached[192] = {0};
-  for (int k = 0; k < nc; k++) cot[k] = dcarry[k], need[k] = dtype_is_float(cx[k]->dtype);
+  for (int k = 0; k < nc; k++) cot[k] = rc->live >> k & 1 ? dcarry[k] : NULL, need[k] = dtype_is_float(cx[k]->dtype);
   for (int j = 0; j < nx; j++) need[nc + j] = rc->x_need[j];
   for (int k = 0; k < rc->n_dy; k++) cot[nc + rc->dy_of[k]] = cx[n_args + k];
   if (vjp(g, 0, cx, g->n_kept ? cx + n_args + rc->n_dy : NULL, need, cot, d, reached)) return -1;
@@ -540,8 +681,83 @@ static int rev_step(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
     kiln_tensor *now = exists_flag(d[i], reached[i], g->file, g->line);
     if (!(out[nc + rc->n_capg + f] = kiln_where_at(flags[f], flags[f], now, g->file, g->line))) return -1; /* or */
   }
+  if (live_step(rc, live, out + nc + rc->n_capg + nf)) return -1;
   for (int j = 0, m = 0; j < nx; j++)
-    if (rc->x_need[j]) out[nc + rc->n_capg + nf + m++] = d[nc + j];
+    if (rc->x_need[j]) out[nc + rc->n_capg + nf + nv + m++] = d[nc + j];
+  return 0;
+}
+
+/* Which carries' cotangents are live at each step, from the results the
+ * loss reaches (gout). Counting steps from the last, the live set at step
+ * 0 is the carries whose gout flowed (L0); at step i + 1, those a y whose
+ * cotangent flowed or a carry live at step i depends on: S(i+1) = f(S(i)).
+ * Every step is the same body, so the union of them all is a fixpoint
+ * within n_carry + 1 rounds of U = L0 | f(U) (rc->live), and the sequence
+ * itself repeats: a carry whose liveness for i >= 1 does not change is
+ * decided here; the others are carried as flags (rc->var_of). A capture's
+ * and an xs' first step (cap_first, x_first: -1 none) says from which T on
+ * eagerly a gradient reaches them. */
+typedef struct live_plan {
+  uint64_t l0, all1; /* live at step 0; live at every step i >= 1 */
+  int cap_first[64], x_first[64];
+} live_plan;
+
+static cfg_dep live_reach(const cfg_grad *g, const cfg_dep *y_dep, uint64_t s) {
+  cfg_dep r = *y_dep;
+  for (int k = 0; k < g->n_carry; k++)
+    if (s >> k & 1) r = dep_or(r, g->dep[k]);
+  return r;
+}
+
+static void plan_live(const cfg_grad *g, kiln_tensor *const *gout, rev_ctx *rc, cfg_dep *y_dep, live_plan *pl) {
+  enum { MAX_SEQ = 256 };
+  int nc = g->n_carry, n = 0, back = -1;
+  uint64_t cmask = nc >= 64 ? ~(uint64_t)0 : ((uint64_t)1 << nc) - 1, seq[MAX_SEQ], l0 = 0;
+  *y_dep = (cfg_dep){0, 0};
+  for (int k = 0; k < nc; k++) l0 |= (uint64_t)(gout[k] != NULL) << k;
+  for (int k = nc; k < g->n_res; k++)
+    if (gout[k]) *y_dep = dep_or(*y_dep, g->dep[k]);
+  rc->y_dep = y_dep;
+  uint64_t u = l0;
+  for (int i = 0; i <= nc; i++) u = l0 | (live_reach(g, y_dep, u).arg & cmask);
+  rc->live = u;
+  for (int i = 0; i < 64; i++) pl->cap_first[i] = pl->x_first[i] = -1;
+  for (seq[n++] = l0; n < MAX_SEQ && back < 0; n++) {
+    cfg_dep r = live_reach(g, y_dep, seq[n - 1]);
+    for (int c = 0; c < g->n_caps; c++)
+      if (pl->cap_first[c] < 0 && r.cap >> c & 1) pl->cap_first[c] = n - 1;
+    for (int j = 0; j < g->n_xs; j++)
+      if (pl->x_first[j] < 0 && r.arg >> (nc + j) & 1) pl->x_first[j] = n - 1;
+    seq[n] = r.arg & cmask;
+    for (int j = 0; j < n && back < 0; j++)
+      if (seq[j] == seq[n]) back = j;
+  }
+  n--; /* seq[0..n) distinct; step n is step back again */
+  uint64_t all1 = ~(uint64_t)0, none1 = ~(uint64_t)0;
+  for (int i = 1; back >= 0 && i <= n; i++) {
+    uint64_t s = i < n ? seq[i] : seq[back];
+    all1 &= s, none1 &= ~s;
+  }
+  if (back < 0) all1 = 0, none1 = 0; /* no repeat found: every carry gets a flag */
+  pl->l0 = l0, pl->all1 = all1 & cmask;
+  rc->always = l0 & all1;
+  rc->var = 0;
+  if (u & ~(all1 | none1)) rc->var = u & ~rc->always;
+  rc->n_var = 0;
+  for (int k = 0; k < nc; k++)
+    if (rc->var >> k & 1) rc->var_of[rc->n_var++] = k;
+  if (nc + rc->n_capg + rc->n_flag + rc->n_var > 64) rc->n_var = 0, rc->var = 0; /* kiln_scan's list: no flags */
+}
+
+/* g exists only where m (a 0-d bool) holds, and where it existed before (a
+ * mark of its own), as GRAD_IF_TRUE. -1: out of memory. */
+static int mark_and(kiln_tensor *gr, kiln_tensor *m, const char *file, int line) {
+  if (gr->grad_if && (gr->grad_if_kind & GRAD_IF_TRUE)) {
+    kiln_tensor *was = ag_grad_if_bool(gr, file, line);
+    m = kiln_where_at(was, m, kiln_scalar_at(KILN_BOOL, 0, file, line), file, line);
+  }
+  if (!m) return -1;
+  ag_set_grad_if(gr, m, GRAD_IF_TRUE);
   return 0;
 }
 
@@ -550,6 +766,8 @@ static int scan_backward(void *data, kiln_tensor *const *gout, kiln_tensor **gin
   const cfg_grad *g = data;
   int nc = g->n_carry, nx = g->n_xs, ny = g->n_res - nc;
   rev_ctx rc = {.g = g};
+  live_plan pl;
+  cfg_dep y_dep;
   kiln_tensor *init[128], *xs[192], *cout[128], *dx[64];
   for (int k = 0; k < nc; k++)
     if (!(init[k] = shaped_like(g->in[k], gout[k], g->file, g->line))) return -1; /* typed as the carry the step gives */
@@ -561,7 +779,11 @@ static int scan_backward(void *data, kiln_tensor *const *gout, kiln_tensor **gin
     }
   for (int f = 0; f < rc.n_flag; f++) /* no step has reached it yet */
     if (!(init[nc + rc.n_capg + f] = kiln_scalar_at(KILN_BOOL, 0, g->file, g->line))) return -1;
-  int n_xs = 0;
+  plan_live(g, gout, &rc, &y_dep, &pl);
+  kiln_tensor **live = init + nc + rc.n_capg + rc.n_flag; /* live after the last step: those whose gout flowed */
+  for (int v = 0; v < rc.n_var; v++)
+    if (!(live[v] = kiln_scalar_at(KILN_BOOL, (double)(pl.l0 >> rc.var_of[v] & 1), g->file, g->line))) return -1;
+  int n_xs = 0, n_carry = nc + rc.n_capg + rc.n_flag + rc.n_var;
   kiln_tensor *rev = rev_index(g->in[nc], g->file, g->line);
   if (!rev) return -1;
 #define FLIP(x) kiln_index_select_at((x), 0, rev, g->file, g->line)
@@ -579,23 +801,37 @@ static int scan_backward(void *data, kiln_tensor *const *gout, kiln_tensor **gin
     }
   for (int j = 0; j < g->n_kept; j++)
     if (!(xs[n_xs++] = FLIP(g->saved[nc + j]))) return -1;
-  if (kiln_scan_at(rev_step, &rc, nc + rc.n_capg + rc.n_flag, init, n_xs, xs, cout, rc.n_dx, dx, g->file, g->line))
-    return -1;
+  if (kiln_scan_at(rev_step, &rc, n_carry, init, n_xs, xs, cout, rc.n_dx, dx, g->file, g->line)) return -1;
+  kiln_tensor *T = numel_scalar(g->in[nc], (int[]){0}, 1, 0, KILN_I64, g->file, g->line);
+  if (!T) return -1;
+#define T_CMP(fn, n) fn(T, kiln_scalar_at(KILN_I64, (n), g->file, g->line), g->file, g->line)
   for (int k = 0; k < nc; k++) gin[k] = cout[k];
-  /* an init no step's VJP reached (read through an argmax, say): eagerly it
-   * gets a gradient only from a scan of no step (the last carry is init) */
-  kiln_tensor *no_step = NULL;
+  /* an init's gradient exists where eagerly the loss reaches it: where the
+   * carry is live before the first step (after the last, where T == 0). An
+   * init no step's VJP reached (read through an argmax, say) gets one only
+   * from a scan of no step, where the last carry is init; one live at every
+   * step i >= 1, where T != 0 (and where T == 0, if its gout flowed); the
+   * others where their flag says */
   for (int k = 0; k < nc; k++) {
-    if (rc.carry_hit[k] || !dtype_is_float(g->in[k]->dtype)) continue;
-    if (!gout[k]) {
-      gin[k] = NULL;
-      continue;
+    if (!dtype_is_float(g->in[k]->dtype)) continue;
+    kiln_tensor *m = NULL;
+    if (!rc.carry_hit[k]) {
+      if (!gout[k]) {
+        gin[k] = NULL;
+        continue;
+      }
+      m = T_CMP(kiln_eq_at, 0);
+    } else if (pl.all1 >> k & 1) {
+      if (pl.l0 >> k & 1) continue;
+      m = T_CMP(kiln_ne_at, 0);
+    } else if (rc.var >> k & 1) {
+      for (int v = 0; v < rc.n_var; v++)
+        if (rc.var_of[v] == k) m = cout[nc + rc.n_capg + rc.n_flag + v];
+    } else {
+      continue; /* no flag to carry it (kiln_scan's list is full): as if live */
     }
-    if (!no_step) {
-      kiln_tensor *T = numel_scalar(g->in[nc], (int[]){0}, 1, 0, KILN_I64, g->file, g->line);
-      if (!(no_step = kiln_eq_at(T, kiln_scalar_at(KILN_I64, 0, g->file, g->line), g->file, g->line))) return -1;
-    }
-    ag_set_grad_if(gin[k], no_step, GRAD_IF_TRUE);
+    if (!m) return -1;
+    ag_set_grad_if(gin[k], m, GRAD_IF_TRUE);
   }
   for (int j = 0, m = 0; j < nx; j++) {
     if (!rc.x_need[j]) continue;
@@ -613,6 +849,12 @@ static int scan_backward(void *data, kiln_tensor *const *gout, kiln_tensor **gin
   for (int f = 0; f < rc.n_flag; f++)
     if (rc.cap_hit[rc.flag_of[f]])
       ag_set_grad_if(gin[g->n_in + rc.capg[rc.flag_of[f]]], cout[nc + rc.n_capg + f], GRAD_IF_TRUE);
+  /* one that only a carry dead at the last steps reaches: where T > its first step */
+  for (int i = nc; i < g->n_in + g->n_caps; i++) {
+    int first = i < g->n_in ? pl.x_first[i - nc] : pl.cap_first[i - g->n_in];
+    if (gin[i] && first > 0 && mark_and(gin[i], T_CMP(kiln_gt_at, first), g->file, g->line)) return -1;
+  }
+#undef T_CMP
   return 0;
 }
 
@@ -623,7 +865,7 @@ typedef struct cond_ctx {
   bool has[64];        /* the results whose cotangent flowed (the others are not passed) */
   int n_flag, flag_of[64]; /* the captures whose gradient's existence is a result too */
   bool ran[2];             /* the branches whose VJP ran (both under a recording, one eagerly) */
-  bool reached[2][64];     /* whether it reached each capture */
+  bool reached[2][192];    /* whether it reached each operand, then each capture */
 } cond_ctx;
 
 /* A branch's VJP: in = operands, the cotangents that flowed; out = the
@@ -638,7 +880,7 @@ static int cond_branch_vjp(cond_ctx *cc, int region, kiln_tensor *const *in, kil
   for (int k = 0, m = n_ops; k < g->n_res; k++) cot[k] = cc->has[k] ? in[m++] : NULL;
   if (vjp(g, region, in, NULL, need, cot, d, reached)) return -1;
   cc->ran[region] = true;
-  for (int c = 0; c < g->n_caps; c++) cc->reached[region][c] = reached[n_ops + c];
+  memcpy(cc->reached[region], reached, sizeof(bool) * (size_t)(n_ops + g->n_caps));
   int m = 0;
   for (int j = 0; j < n_ops; j++)
     if (!(out[m++] = shaped_like(in[j], d[j], g->file, g->line))) return -1;
@@ -654,6 +896,29 @@ static int cond_branch_vjp(cond_ctx *cc, int region, kiln_tensor *const *in, kil
 }
 static int then_vjp(void *ctx, kiln_tensor *const *in, kiln_tensor **out) { return cond_branch_vjp(ctx, 0, in, out); }
 static int else_vjp(void *ctx, kiln_tensor *const *in, kiln_tensor **out) { return cond_branch_vjp(ctx, 1, in, out); }
+
+/* The gradient *gr of the cond's input i (an operand, then the captures)
+ * where the branch that ran reaches it: under a recording both branches
+ * ran, so reached by the then branch alone, where pred holds; by the else
+ * branch alone, where it does not (*not_pred, made once); by both, always;
+ * by neither, never: *gr NULL (reached only through a result the loss never
+ * reads, say). Eagerly one ran: its answer is the one. 0 or -1. */
+static int reach_mark(const cond_ctx *cc, int i, kiln_tensor *pred, kiln_tensor **not_pred, kiln_tensor **gr) {
+  const cfg_grad *g = cc->g;
+  bool both = cc->ran[0] && cc->ran[1];
+  bool r0 = cc->ran[0] && cc->reached[0][i], r1 = cc->ran[1] && cc->reached[1][i];
+  if ((r0 && r1) || (!both && (r0 || r1))) return 0;
+  if (!r0 && !r1) {
+    *gr = NULL;
+    return 0;
+  }
+  if (!r0 && !*not_pred) {
+    kiln_tensor *f0 = kiln_scalar_at(KILN_BOOL, 0, g->file, g->line), *t1 = kiln_scalar_at(KILN_BOOL, 1, g->file, g->line);
+    if (!(*not_pred = kiln_where_at(pred, f0, t1, g->file, g->line))) return -1;
+  }
+  ag_set_grad_if(*gr, r0 ? pred : *not_pred, GRAD_IF_TRUE);
+  return 0;
+}
 
 static int cond_backward(void *data, kiln_tensor *const *gout, kiln_tensor **gin, const char *file, int line) {
   (void)file, (void)line;
@@ -676,33 +941,21 @@ static int cond_backward(void *data, kiln_tensor *const *gout, kiln_tensor **gin
   }
   kiln_tensor *pred = g->in[0];
   if (kiln_cond_at(pred, then_vjp, else_vjp, &cc, n, in, n_out + cc.n_flag, out, g->file, g->line)) return -1;
-  for (int j = 0; j < n_ops; j++) gin[1 + j] = out[j];
-  /* The others' gradient exists where the branch that ran reaches it (eagerly
-   * the other never ran): under a recording both branches ran, so reached by
-   * the then branch alone, where pred holds; by the else branch alone, where
-   * it does not; by both, always; by neither, never. Eagerly one ran: its
-   * answer is the one. */
-  kiln_tensor *no = NULL;
-  bool both = cc.ran[0] && cc.ran[1];
+  /* An operand's and a capture's gradient exists where the branch that ran
+   * reaches it (eagerly the other never ran); a capture read inside a
+   * construct nested in a branch, where its flag says */
+  kiln_tensor *not_pred = NULL;
+  for (int j = 0; j < n_ops; j++) {
+    gin[1 + j] = out[j];
+    if (dtype_is_float(g->in[1 + j]->dtype) && reach_mark(&cc, j, pred, &not_pred, &gin[1 + j])) return -1;
+  }
   for (int c = 0, m = n_ops, f = 0; c < g->n_caps; c++) {
     if (!g->caps[c]->requires_grad || !dtype_is_float(g->caps[c]->dtype)) continue;
-    kiln_tensor *gc = gin[g->n_in + c] = out[m++], *mark = NULL;
-    if (f < cc.n_flag && cc.flag_of[f] == c) {
-      ag_set_grad_if(gc, out[n_out + f++], GRAD_IF_TRUE);
-      continue;
-    }
-    bool r0 = cc.ran[0] && cc.reached[0][c], r1 = cc.ran[1] && cc.reached[1][c];
-    if ((r0 && r1) || (!both && (r0 || r1))) continue; /* both, or the one that ran: always */
-    if (!r0 && !r1) {
-      mark = no = no ? no : kiln_scalar_at(KILN_BOOL, 0, g->file, g->line);
-    } else if (r0) {
-      mark = pred;
-    } else {
-      kiln_tensor *f0 = kiln_scalar_at(KILN_BOOL, 0, g->file, g->line), *t1 = kiln_scalar_at(KILN_BOOL, 1, g->file, g->line);
-      mark = kiln_where_at(pred, f0, t1, g->file, g->line); /* not pred */
-    }
-    if (!mark) return -1;
-    ag_set_grad_if(gc, mark, GRAD_IF_TRUE);
+    gin[g->n_in + c] = out[m++];
+    if (f < cc.n_flag && cc.flag_of[f] == c)
+      ag_set_grad_if(gin[g->n_in + c], out[n_out + f++], GRAD_IF_TRUE);
+    else if (reach_mark(&cc, n_ops + c, pred, &not_pred, &gin[g->n_in + c]))
+      return -1;
   }
   return 0;
 }
@@ -760,6 +1013,7 @@ cfg_grad *cfg_new(recording *r, const cf_call *c, int first) {
   bool fits = g->kind == CF_SCAN ? g->n_carry + n_capg + n_flag <= 64 && n_rev_xs + g->n_kept <= 64
                                  : g->n_in - 1 + g->n_res <= 64 && g->n_in - 1 + n_capg + n_flag <= 64;
   if (!fits || g->n_caps > 64) return cfg_free(g), NULL;
+  if (g->kind == CF_SCAN && scan_deps(g, r)) return cfg_free(g), NULL;
   return g;
 }
 
