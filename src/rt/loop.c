@@ -25,6 +25,20 @@ static void kern_chunk(void *ctx, int64_t begin, int64_t end) {
     j->fn(j->p, j->bufs, b, b + j->block < j->range ? b + j->block : j->range);
 }
 
+/* A dot-product kernel's rows in RT_JAM groups: chunk [begin, end) of them. */
+typedef struct rows_job {
+  rt_kernel_fn fn;
+  const int64_t *p;
+  char *const *bufs;
+  int64_t range;
+} rows_job;
+
+static void rows_chunk(void *ctx, int64_t begin, int64_t end) {
+  const rows_job *j = ctx;
+  int64_t hi = end * RT_JAM < j->range ? end * RT_JAM : j->range;
+  j->fn(j->p, j->bufs, begin * RT_JAM, hi);
+}
+
 void rt_run_loop(rt_kernel_fn fn, const int64_t *p, char **acc, int n_acc, int64_t range, int64_t inner, int staged,
                  int split) {
   /* about 64K elements of work per block; a kernel of fewer than two blocks
@@ -46,6 +60,14 @@ void rt_run_loop(rt_kernel_fn fn, const int64_t *p, char **acc, int n_acc, int64
     acc[n_acc] = NULL;
   } else if (range < 2 * grain || threads < 2) {
     fn(p, acc, 0, range);
+  } else if (staged == RT_STAGED_DOT && range * inner <= RT_DOT_STATIC) {
+    /* a matvec whose weight a core's cache holds: one contiguous share of
+     * the rows a thread, the same share every call (pool_parallel_for's
+     * split depends on the sizes alone), so each core keeps its part of
+     * the weight in its own cache from call to call; blocks taken in turn
+     * would move rows between the cores' caches */
+    rows_job job = {fn, p, acc, range};
+    pool_parallel_for((range + RT_JAM - 1) / RT_JAM, (grain + RT_JAM - 1) / RT_JAM, rows_chunk, &job);
   } else {
     /* about 8 blocks per thread, for the balance */
     int64_t block = range / (8 * (int64_t)threads);

@@ -95,6 +95,9 @@ enum { RT_JAM = 4, RT_BLOCKS = 64 };
  * layer of 256x256 already pays for waking a second thread, and each
  * core's cache then holds its half of the rows. */
 enum { RT_GRAIN = 65536, RT_DOT_GRAIN = 16384, RT_STAGED_DOT = 2 };
+/* Products up to which a dot-product kernel's rows are split in one share a
+ * thread (a weight of 2 MiB in f32 at most: what the cores' caches keep). */
+enum { RT_DOT_STATIC = 1 << 19 };
 
 /* Runs loop kernel fn over its outer range on the thread pool: range outer
  * elements (each over inner elements when staged: a reduction or a row),
