@@ -676,32 +676,48 @@ START_TEST(test_threads_bitwise) {
 }
 END_TEST
 
-/* A batch-1 matvec of 330 x 200 (x @ W^T: the jammed dot-product kernel)
- * is split over threads at a finer grain than other kernels (rt/loop.c):
- * its 2-thread blocks, of whole groups of rows and the last cut short,
- * give the 1-thread bits, and both eager's sums. */
+/* Batch-1 matvecs (x @ W^T: the jammed dot-product kernel) split over
+ * threads at a finer grain than other kernels (rt/loop.c): 330 x 200 in
+ * one fixed share of rows a thread, 1030 x 600 (past RT_DOT_STATIC) in
+ * blocks taken in turn; rows not a multiple of RT_JAM in both. At 2
+ * threads each gives the 1-thread bits, and both eager's sums. */
 START_TEST(test_matvec_threads) {
-  static float out[2][330];
-  kiln_scope_begin();
-  kiln_tensor *in[3] = {kiln_randn(KILN_F32, 2, ((int64_t[]){1, 200}), 3), kiln_randn(KILN_F32, 2, ((int64_t[]){330, 200}), 4),
-                        kiln_randn(KILN_F32, 1, ((int64_t[]){330}), 5)};
-  kiln_tensor *ref = NULL;
-  ck_assert_int_eq(0, matvec_relu_body(NULL, in, &ref));
-  for (int t = 1; t <= 2; t++) {
-    kiln_set_num_threads(t);
-    kiln_options o = {.name = "mv", .n_in = 3, .n_out = 1, .backend = KILN_BACKEND_LLVM};
-    kiln_fn *fn = kiln_compile(matvec_relu_body, NULL, &o);
-    kiln_tensor *y;
-    ck_assert_int_eq(0, kiln_call(fn, in, &y));
-    ck_assert_int_eq(0, kiln_call(fn, in, &y));
-    int64_t bad;
-    ck_assert_msg(maxdiff_rel(y, ref, &bad) < 1e-5, "threads %d: element %lld", t, (long long)bad);
-    ck_assert_int_eq(0, kiln_read(y, out[t - 1], sizeof out[0]));
-    kiln_fn_free(fn);
+  static const int64_t sizes[2][2] = {{330, 200}, {1030, 600}};
+  ck_assert_int_lt(sizes[0][0] * sizes[0][1], RT_DOT_STATIC);
+  ck_assert_int_gt(sizes[1][0] * sizes[1][1], RT_DOT_STATIC);
+  for (int c = 0; c < 2; c++) {
+    int64_t rows = sizes[c][0], cols = sizes[c][1];
+    float *out[2] = {malloc(sizeof(float) * (size_t)rows), malloc(sizeof(float) * (size_t)rows)};
+    kiln_scope_begin();
+    kiln_tensor *in[3] = {kiln_randn(KILN_F32, 2, ((int64_t[]){1, cols}), 3),
+                          kiln_randn(KILN_F32, 2, ((int64_t[]){rows, cols}), 4),
+                          kiln_randn(KILN_F32, 1, ((int64_t[]){rows}), 5)};
+    kiln_tensor *ref = NULL;
+    ck_assert_int_eq(0, matvec_relu_body(NULL, in, &ref));
+    for (int t = 1; t <= 2; t++) {
+      kiln_set_num_threads(t);
+      kiln_options o = {.name = "mv", .n_in = 3, .n_out = 1, .backend = KILN_BACKEND_LLVM};
+      kiln_fn *fn = kiln_compile(matvec_relu_body, NULL, &o);
+      kiln_tensor *y;
+      ck_assert_int_eq(0, kiln_call(fn, in, &y));
+      ck_assert_int_eq(0, kiln_call(fn, in, &y));
+      /* the one kernel runs the dot-product schedule the finer grain is for */
+      cg_program *p = plan_of(fn);
+      ck_assert_int_eq(1, p->n_k);
+      ck_assert_msg(lower_is_jammed(&p->k[0]), "%s is not jammed", p->k[0].name);
+      free_plan(p);
+      int64_t bad;
+      ck_assert_msg(maxdiff_rel(y, ref, &bad) < 1e-5, "%lld x %lld, threads %d: element %lld", (long long)rows,
+                    (long long)cols, t, (long long)bad);
+      ck_assert_int_eq(0, kiln_read(y, out[t - 1], sizeof(float) * (size_t)rows));
+      kiln_fn_free(fn);
+    }
+    kiln_set_num_threads(0);
+    ck_assert_msg(!memcmp(out[0], out[1], sizeof(float) * (size_t)rows), "%lld x %lld differs between 1 and 2 threads",
+                  (long long)rows, (long long)cols);
+    kiln_scope_end();
+    free(out[0]), free(out[1]);
   }
-  kiln_set_num_threads(0);
-  ck_assert_msg(!memcmp(out[0], out[1], sizeof out[0]), "the matvec differs between 1 and 2 threads");
-  kiln_scope_end();
 }
 END_TEST
 

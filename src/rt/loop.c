@@ -2,9 +2,13 @@
  * (codegen/runtime.c) and exported models' (rt.c). A kernel's range is
  * handed out in blocks: each thread of the pool takes the next block until
  * none is left, so a thread the OS delays (a shared machine) leaves its
- * blocks to the others instead of holding up the kernel. Results do not
- * depend on who runs a block: a pointwise element, and a whole row of a
- * staged kernel, are computed in one call. */
+ * blocks to the others instead of holding up the kernel. The exception is
+ * a small dot-product kernel (a matvec whose weight the caches hold): one
+ * fixed share of its rows a thread, so that each core keeps its part of
+ * the weight from call to call; a worker preempted inside its share then
+ * holds the kernel up. Results do not depend on who runs a block: a
+ * pointwise element, and a whole row of a staged kernel, are computed in
+ * one call. */
 #include <stdatomic.h>
 
 #include "eager/pool.h"
@@ -60,14 +64,14 @@ void rt_run_loop(rt_kernel_fn fn, const int64_t *p, char **acc, int n_acc, int64
     acc[n_acc] = NULL;
   } else if (range < 2 * grain || threads < 2) {
     fn(p, acc, 0, range);
-  } else if (staged == RT_STAGED_DOT && range * inner <= RT_DOT_STATIC) {
+  } else if (staged == RT_STAGED_DOT && inner <= RT_DOT_STATIC / range) {
     /* a matvec whose weight a core's cache holds: one contiguous share of
      * the rows a thread, the same share every call (pool_parallel_for's
      * split depends on the sizes alone), so each core keeps its part of
      * the weight in its own cache from call to call; blocks taken in turn
      * would move rows between the cores' caches */
     rows_job job = {fn, p, acc, range};
-    pool_parallel_for((range + RT_JAM - 1) / RT_JAM, (grain + RT_JAM - 1) / RT_JAM, rows_chunk, &job);
+    pool_parallel_for((range + RT_JAM - 1) / RT_JAM, grain >= RT_JAM ? grain / RT_JAM : 1, rows_chunk, &job);
   } else {
     /* about 8 blocks per thread, for the balance */
     int64_t block = range / (8 * (int64_t)threads);

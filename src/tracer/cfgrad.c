@@ -646,8 +646,15 @@ static int live_step(const rev_ctx *rc, kiln_tensor *const *live, kiln_tensor **
     for (int m = 0; m < g->n_carry && !always; m++) {
       if (!(g->dep[m].arg >> k & 1)) continue;
       if (rc->always >> m & 1) always = true;
-      for (int u = 0; u < rc->n_var; u++)
-        if (rc->var_of[u] == m) any = any ? kiln_where_at(any, any, live[u], g->file, g->line) : live[u]; /* or */
+      for (int u = 0; u < rc->n_var; u++) {
+        if (rc->var_of[u] != m) continue;
+        if (!any) {
+          any = live[u];
+          continue;
+        }
+        /* or; a failure is the call's error, never a false flag */
+        if (!(any = kiln_where_at(any, any, live[u], g->file, g->line))) return -1;
+      }
     }
     out[v] = always || !any ? kiln_scalar_at(KILN_BOOL, always, g->file, g->line) : any;
     if (!out[v]) return -1;
