@@ -380,5 +380,8 @@ extern const backend backend_llvm;
  * (own_vectors_ok) and the column panels (lower.c), unless
  * KILN_VECTORIZE=llvm leaves every kernel to LLVM's vectorizer. */
 bool runtime_own_vectors(void);
+/* How soon after a run's kernels end the next run counts as back to back
+ * (20 us; INT64_MAX: every run, for tests); returns the old value. */
+int64_t runtime_set_hot_gap(int64_t ns);
 
 #endif

@@ -348,8 +348,9 @@ static int build_plan(const unit *u, const export_request *rq, words *pl, bytes 
     /* the record's codes come after it: reserve its words, then fill them */
     size_t len = 6 + (size_t)k->ndim + 1 + (size_t)k->n_param + 1 + 2 * (size_t)k->n_acc;
     for (size_t i = 0; i < len; i++) put(pl, 0);
-    int64_t head[6] = {RT_K_LOOP, loops++, k->split, staged && lower_is_jammed(k) ? RT_STAGED_DOT : staged, k->n_outer,
-                       k->ndim};
+    /* plain staged: an exported model's calls may come one at a time, and
+     * the finer split of a small matvec pays only back to back (runtime.c) */
+    int64_t head[6] = {RT_K_LOOP, loops++, k->split, staged, k->n_outer, k->ndim};
     int64_t dims[RT_MAXD], prm[256];
     for (int d = 0; d < k->ndim; d++) dims[d] = code(pl, k->dim[d]);
     for (int i = 0; i < k->n_param && i < 256; i++) prm[i] = code(pl, k->param[i]);

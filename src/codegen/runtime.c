@@ -30,6 +30,7 @@ struct backend_exec {
   cg_jit *jit;            /* the kernels' machine code, linked */
   kern_fn *fn;            /* per kernel (loops only) */
   unsigned char *staged;  /* per loop kernel: rt_run_loop's staged (0, 1, RT_STAGED_DOT), worked out once */
+  _Atomic int64_t last_end; /* when a run last finished its kernels (ns, CLOCK_MONOTONIC) */
   kiln_tensor **consts;   /* per buffer (CONST only) */
   pthread_mutex_t mu;     /* guards the arena */
   char *arena;
@@ -51,6 +52,18 @@ struct backend_exec {
   region_execs rx;
   cg_prep prep;           /* weights prepared once (prepare.c); used by the call that holds the arena */
 };
+
+static int64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* Runs this close after the last are back to back: the pool's worker, if
+ * the last run used it, still spins, and a small matvec pays to split. */
+static _Atomic int64_t hot_gap = 20000;
+
+int64_t runtime_set_hot_gap(int64_t ns) { return atomic_exchange(&hot_gap, ns); }
 
 static double now_ms(void) {
   struct timespec ts;
@@ -1105,6 +1118,12 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
     if (!all || (bound ? interp_values_bound(g, in, vals, all) : interp_values(g, in, params, all))) goto oom;
   }
   kernels_ran = true;
+  /* A dot-product kernel splits finely (RT_STAGED_DOT) only where the
+   * worker is awake (a kernel before it split) or in runs that come back
+   * to back: a lone run would wake a sleeping worker, which costs a small
+   * matvec more than the second core gives back. */
+  bool hot = now_ns() - atomic_load_explicit(&e->last_end, memory_order_relaxed) <
+             atomic_load_explicit(&hot_gap, memory_order_relaxed);
   for (int ki = 0; ki < p->n_k && !mismatch; ki++) {
     cg_kernel *k = &p->k[ki];
     if (ki > 0 && all && compare_kernel(e, &p->k[ki - 1], bufs, vals, all, report, rn)) {
@@ -1119,7 +1138,7 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
       int64_t prm[256];
       for (int i = 0; i < k->n_param && i < 256; i++)
         if (sym_eval(k->param[i], vals, ns, &prm[i])) goto bad_shape;
-      int staged = e->staged[ki];
+      int staged = e->staged[ki] == RT_STAGED_DOT && !hot && !pool_workers_awake() ? 1 : e->staged[ki];
       int64_t range = 1, inner = 1;
       for (int d = 0; d < k->ndim; d++) {
         int64_t v = eval_or(k->dim[d], vals, ns);
@@ -1210,6 +1229,7 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
       goto done;
     }
   }
+  atomic_store_explicit(&e->last_end, now_ns(), memory_order_relaxed);
 
   if (dq && dist_wait(dq, NULL, 0)) {
     err_set("", 0, "call", "%s: an allreduce failed: %s", g->name, err_kernel_failed());

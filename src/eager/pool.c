@@ -58,6 +58,7 @@ static pool_fn job_fn;                                      /* written only whil
 static void *job_ctx;
 static _Thread_local __attribute__((tls_model("initial-exec"))) bool in_pool;                         /* this thread is running a pool task */
 static _Atomic unsigned forks;                              /* bumped in a forked child */
+static _Atomic int started, asleep;                         /* workers started; of them, asleep on their condvar */
 
 /* Spin step i of a wait: mostly a pause, with a yield now and then so that an
  * oversubscribed machine runs the thread being waited for instead. */
@@ -99,6 +100,8 @@ static void after_fork_child(void) {
     workers[i] = NULL;
   }
   nworkers = 0;
+  atomic_store(&started, 0);
+  atomic_store(&asleep, 0);
   pthread_mutex_init(&run_mu, NULL);
   pthread_mutex_init(&mu, NULL);
   pthread_cond_init(&done, NULL);
@@ -126,8 +129,10 @@ static void *worker_main(void *arg) {
     }
     if (g == seen) {
       pthread_mutex_lock(&mu);
+      atomic_fetch_add(&asleep, 1);
       while ((g = atomic_load(&s->gen)) == seen && !atomic_load(&stopping))
         pthread_cond_wait(&s->wake, &mu);
+      atomic_fetch_sub(&asleep, 1);
       pthread_mutex_unlock(&mu);
     }
     if (g == seen) return NULL;  /* stopping with no job left */
@@ -157,6 +162,7 @@ static int grow(int want) {
       break;
     }
     workers[++nworkers] = s;
+    atomic_store(&started, nworkers);
   }
   return nworkers < want ? nworkers : want;
 }
@@ -173,6 +179,11 @@ static void chunk(int64_t n, int64_t k, int64_t c, int64_t *b, int64_t *e) {
   int64_t q = n / k, r = n % k;
   *b = c * q + (c < r ? c : r);
   *e = *b + q + (c < r);
+}
+
+bool pool_workers_awake(void) {
+  int s = atomic_load_explicit(&started, memory_order_relaxed);
+  return s > 0 && s >= pool_num_threads() - 1 && atomic_load_explicit(&asleep, memory_order_relaxed) == 0;
 }
 
 void pool_parallel_for(int64_t n, int64_t grain, pool_fn fn, void *ctx) {

@@ -5,6 +5,7 @@
 #ifndef KILN_EAGER_POOL_H
 #define KILN_EAGER_POOL_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 /* One chunk of work: process items [begin, end) using ctx. */
@@ -16,6 +17,11 @@ typedef void (*pool_fn)(void *ctx, int64_t begin, int64_t end);
  * when n <= grain, with one thread, from inside a pool task, or when another
  * thread holds the pool. Returns when every chunk is done; n <= 0 does nothing. */
 void pool_parallel_for(int64_t n, int64_t grain, pool_fn fn, void *ctx);
+
+/* Whether the workers a job would use are all started and none asleep (they
+ * spin for a while after a job): handing them a chunk now costs no wakeup.
+ * A hint, read without locks. */
+bool pool_workers_awake(void);
 
 /* The thread count parallel_for splits into (>= 1). Default: KILN_NUM_THREADS
  * if it is a positive integer, else the number of online CPUs. */
