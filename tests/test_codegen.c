@@ -682,8 +682,15 @@ END_TEST
  * in one fixed share of rows a thread, 1030 x 600 (past RT_DOT_STATIC) in
  * blocks taken in turn; rows not a multiple of RT_JAM in both. At 2
  * threads each gives the 1-thread bits, and both eager's sums. */
+static int64_t saved_gap;
+static void hot_setup(void) { saved_gap = runtime_set_hot_gap(INT64_MAX); }
+/* a checked teardown: it runs after a failed assertion too, also unforked (TSan's build) */
+static void hot_teardown(void) {
+  runtime_set_hot_gap(saved_gap);
+  kiln_set_num_threads(0);
+}
+
 START_TEST(test_matvec_threads) {
-  int64_t gap = runtime_set_hot_gap(INT64_MAX);
   static const int64_t sizes[2][2] = {{330, 200}, {1030, 600}};
   ck_assert_int_lt(sizes[0][0] * sizes[0][1], RT_DOT_STATIC);
   ck_assert_int_gt(sizes[1][0] * sizes[1][1], RT_DOT_STATIC);
@@ -720,7 +727,6 @@ START_TEST(test_matvec_threads) {
     kiln_scope_end();
     free(out[0]), free(out[1]);
   }
-  runtime_set_hot_gap(gap);
 }
 END_TEST
 
@@ -2825,7 +2831,6 @@ static Suite *suite(void) {
   tcase_add_test(tc, test_large_result_made_late);
   tcase_add_test(tc, test_large_result_before_its_peer);
   tcase_add_test(tc, test_threads_bitwise);
-  tcase_add_test(tc, test_matvec_threads);
   tcase_add_test(tc, test_random_programs);
   tcase_add_test(tc, test_random_programs_quick);
   tcase_add_test(tc, test_random_programs_c);
@@ -2875,6 +2880,11 @@ static Suite *suite(void) {
   tcase_add_test(tc, test_op_without_emitter);
 #endif
   suite_add_tcase(s, tc);
+  TCase *hot = tcase_create("hot");
+  tcase_set_timeout(hot, 300);
+  tcase_add_checked_fixture(hot, hot_setup, hot_teardown);
+  tcase_add_test(hot, test_matvec_threads);
+  suite_add_tcase(s, hot);
   return s;
 }
 

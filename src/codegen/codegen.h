@@ -312,7 +312,8 @@ int lower_costly_ops(const cg_kernel *k);
 /* Does k run by the column schedule (reductions over the slow axes, a block of outer elements at a time)? */
 bool lower_is_column(const cg_kernel *k);
 /* Does k run by the jammed dot-product schedule (a matvec, row sums)? The
- * runtime splits those over threads at a finer grain (RT_STAGED_DOT). */
+ * runtime splits a small one in fixed shares, and at a finer grain where
+ * the pool's workers are awake or runs come back to back (rt/plan.h). */
 bool lower_is_jammed(const cg_kernel *k);
 #define CG_QUICK_ATTR "kiln-quick" /* a function attribute: compile with the quick code generator */
 

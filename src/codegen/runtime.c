@@ -31,6 +31,7 @@ struct backend_exec {
   kern_fn *fn;            /* per kernel (loops only) */
   unsigned char *staged;  /* per loop kernel: rt_run_loop's staged (0, 1, RT_STAGED_DOT), worked out once */
   _Atomic int64_t last_end; /* when a run last finished its kernels (ns, CLOCK_MONOTONIC) */
+  bool has_dot;             /* a kernel runs as RT_STAGED_DOT: runs keep last_end */
   kiln_tensor **consts;   /* per buffer (CONST only) */
   pthread_mutex_t mu;     /* guards the arena */
   char *arena;
@@ -435,6 +436,7 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
     bool staged = false;
     for (int s = 0; s < kk->n_stage; s++) staged |= kk->stage[s].kind == CG_REDUCE || kk->stage[s].inner;
     e->staged[k] = kk->kind != CG_K_LOOP || !staged ? 0 : lower_is_jammed(kk) ? RT_STAGED_DOT : 1;
+    e->has_dot |= e->staged[k] == RT_STAGED_DOT;
   }
   if (!(e->leaves = ir_leaf_ids(g, &e->n_leaves))) goto oom;
   if (prep_init(&e->prep, p)) goto oom;
@@ -1122,8 +1124,8 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
    * worker is awake (a kernel before it split) or in runs that come back
    * to back: a lone run would wake a sleeping worker, which costs a small
    * matvec more than the second core gives back. */
-  bool hot = now_ns() - atomic_load_explicit(&e->last_end, memory_order_relaxed) <
-             atomic_load_explicit(&hot_gap, memory_order_relaxed);
+  bool hot = e->has_dot && now_ns() - atomic_load_explicit(&e->last_end, memory_order_relaxed) <
+                              atomic_load_explicit(&hot_gap, memory_order_relaxed);
   for (int ki = 0; ki < p->n_k && !mismatch; ki++) {
     cg_kernel *k = &p->k[ki];
     if (ki > 0 && all && compare_kernel(e, &p->k[ki - 1], bufs, vals, all, report, rn)) {
@@ -1138,7 +1140,7 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
       int64_t prm[256];
       for (int i = 0; i < k->n_param && i < 256; i++)
         if (sym_eval(k->param[i], vals, ns, &prm[i])) goto bad_shape;
-      int staged = e->staged[ki] == RT_STAGED_DOT && !hot && !pool_workers_awake() ? 1 : e->staged[ki];
+      int staged = e->staged[ki] == RT_STAGED_DOT && !hot && !pool_workers_awake() ? RT_STAGED_DOT_COARSE : e->staged[ki];
       int64_t range = 1, inner = 1;
       for (int d = 0; d < k->ndim; d++) {
         int64_t v = eval_or(k->dim[d], vals, ns);
@@ -1229,7 +1231,7 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
       goto done;
     }
   }
-  atomic_store_explicit(&e->last_end, now_ns(), memory_order_relaxed);
+  if (e->has_dot) atomic_store_explicit(&e->last_end, now_ns(), memory_order_relaxed);
 
   if (dq && dist_wait(dq, NULL, 0)) {
     err_set("", 0, "call", "%s: an allreduce failed: %s", g->name, err_kernel_failed());

@@ -41,6 +41,7 @@ typedef struct slot {
   _Atomic uint64_t gen;        /* bumped once per job handed to this worker */
   _Atomic uint64_t ticket;     /* who runs this worker's chunk of job gen */
   int64_t begin, end;          /* this worker's chunk of the current job */
+  int idx;                     /* its index in workers[] */
 } slot;
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
@@ -58,7 +59,8 @@ static pool_fn job_fn;                                      /* written only whil
 static void *job_ctx;
 static _Thread_local __attribute__((tls_model("initial-exec"))) bool in_pool;                         /* this thread is running a pool task */
 static _Atomic unsigned forks;                              /* bumped in a forked child */
-static _Atomic int started, asleep;                         /* workers started; of them, asleep on their condvar */
+static _Atomic int started;                                 /* workers started */
+static _Atomic bool asleep[MAX_THREADS];                    /* worker i asleep on its condvar */
 
 /* Spin step i of a wait: mostly a pause, with a yield now and then so that an
  * oversubscribed machine runs the thread being waited for instead. */
@@ -101,7 +103,7 @@ static void after_fork_child(void) {
   }
   nworkers = 0;
   atomic_store(&started, 0);
-  atomic_store(&asleep, 0);
+  for (int i = 0; i < MAX_THREADS; i++) atomic_store(&asleep[i], false);
   pthread_mutex_init(&run_mu, NULL);
   pthread_mutex_init(&mu, NULL);
   pthread_cond_init(&done, NULL);
@@ -129,10 +131,10 @@ static void *worker_main(void *arg) {
     }
     if (g == seen) {
       pthread_mutex_lock(&mu);
-      atomic_fetch_add(&asleep, 1);
+      atomic_store(&asleep[s->idx], true);
       while ((g = atomic_load(&s->gen)) == seen && !atomic_load(&stopping))
         pthread_cond_wait(&s->wake, &mu);
-      atomic_fetch_sub(&asleep, 1);
+      atomic_store(&asleep[s->idx], false);
       pthread_mutex_unlock(&mu);
     }
     if (g == seen) return NULL;  /* stopping with no job left */
@@ -156,6 +158,7 @@ static int grow(int want) {
     slot *s = calloc(1, sizeof *s);
     if (!s) break;
     pthread_cond_init(&s->wake, NULL);
+    s->idx = nworkers + 1;
     if (pthread_create(&s->thread, NULL, worker_main, s) != 0) {
       pthread_cond_destroy(&s->wake);
       free(s);
@@ -182,8 +185,11 @@ static void chunk(int64_t n, int64_t k, int64_t c, int64_t *b, int64_t *e) {
 }
 
 bool pool_workers_awake(void) {
-  int s = atomic_load_explicit(&started, memory_order_relaxed);
-  return s > 0 && s >= pool_num_threads() - 1 && atomic_load_explicit(&asleep, memory_order_relaxed) == 0;
+  int need = pool_num_threads() - 1; /* the workers a full-width job hands chunks */
+  if (need < 1 || atomic_load_explicit(&started, memory_order_relaxed) < need) return false;
+  for (int i = 1; i <= need; i++)
+    if (atomic_load_explicit(&asleep[i], memory_order_relaxed)) return false;
+  return true;
 }
 
 void pool_parallel_for(int64_t n, int64_t grain, pool_fn fn, void *ctx) {
@@ -283,6 +289,7 @@ void pool_shutdown(void) {
     workers[i] = NULL;
   }
   nworkers = 0;
+  atomic_store(&started, 0);
   closed = true;
   pthread_mutex_unlock(&run_mu);
 }

@@ -18,9 +18,9 @@ typedef void (*pool_fn)(void *ctx, int64_t begin, int64_t end);
  * thread holds the pool. Returns when every chunk is done; n <= 0 does nothing. */
 void pool_parallel_for(int64_t n, int64_t grain, pool_fn fn, void *ctx);
 
-/* Whether the workers a job would use are all started and none asleep (they
- * spin for a while after a job): handing them a chunk now costs no wakeup.
- * A hint, read without locks. */
+/* Whether the workers a full-width job would use (pool_num_threads() - 1)
+ * are all started and none asleep (they spin for a while after a job):
+ * handing them a chunk now costs no wakeup. A hint, read without locks. */
 bool pool_workers_awake(void);
 
 /* The thread count parallel_for splits into (>= 1). Default: KILN_NUM_THREADS

@@ -47,6 +47,7 @@ void rt_run_loop(rt_kernel_fn fn, const int64_t *p, char **acc, int n_acc, int64
                  int split) {
   /* about 64K elements of work per block; a kernel of fewer than two blocks
    * runs on the calling thread, since waking a worker costs more */
+  bool dot = staged == RT_STAGED_DOT || staged == RT_STAGED_DOT_COARSE;
   int64_t g = staged == RT_STAGED_DOT ? RT_DOT_GRAIN : RT_GRAIN;
   int64_t grain = staged ? (inner >= g ? 1 : g / (inner ? inner : 1)) : g;
   int threads = pool_num_threads();
@@ -64,7 +65,7 @@ void rt_run_loop(rt_kernel_fn fn, const int64_t *p, char **acc, int n_acc, int64
     acc[n_acc] = NULL;
   } else if (range < 2 * grain || threads < 2) {
     fn(p, acc, 0, range);
-  } else if (staged == RT_STAGED_DOT && inner <= RT_DOT_STATIC / range) {
+  } else if (dot && inner <= RT_DOT_STATIC / range) {
     /* a matvec whose weight a core's cache holds: one contiguous share of
      * the rows a thread, the same share every call (pool_parallel_for's
      * split depends on the sizes alone), so each core keeps its part of

@@ -54,7 +54,7 @@ enum { RT_C_END, RT_C_CONST /* v */, RT_C_SYM /* id */, RT_C_ADD, RT_C_MUL, RT_C
 enum { RT_BUF_INPUT, RT_BUF_WEIGHT, RT_BUF_TEMP, RT_BUF_OUTPUT };
 
 /* Kernel records.
- *   RT_K_LOOP:   kind, fn (index in the kernel table), split, staged (0, 1, RT_STAGED_DOT), n_outer, ndim, dims[ndim] (codes),
+ *   RT_K_LOOP:   kind, fn (index in the kernel table), split, staged (0 or 1; the JIT also 2, 3), n_outer, ndim, dims[ndim] (codes),
  *                n_param, params[n_param] (codes), n_acc, then per access: buf, shift (elements)
  *   RT_K_MATMUL: kind, dtype, alpha and beta (a double's bits), then three views: a, b, out
  *   RT_K_GATHER: kind, dtype, dim, where (string offset: "index_select (file:line)"), then three
@@ -90,11 +90,14 @@ enum { RT_STATE_WORDS = 4 };
 enum { RT_JAM = 4, RT_BLOCKS = 64 };
 /* Elements of work per block of a loop kernel split over threads: one of
  * fewer than two blocks runs on the calling thread (loop.c). A dot-product
- * kernel (a matvec: `staged` is RT_STAGED_DOT) takes a finer grain: its
- * rows stream a weight from cache at the load ports' speed, so a batch-1
- * layer of 256x256 already pays for waking a second thread, and each
- * core's cache then holds its half of the rows. */
-enum { RT_GRAIN = 65536, RT_DOT_GRAIN = 16384, RT_STAGED_DOT = 2 };
+ * kernel (a matvec) runs as `staged` RT_STAGED_DOT or RT_STAGED_DOT_COARSE:
+ * both split a small one in fixed shares of rows (each core's cache keeps
+ * its part of the weight from call to call); RT_STAGED_DOT also takes a
+ * finer grain, since a batch-1 layer of 256x256 pays for a second thread
+ * that is already awake. The JIT's runtime passes it only then (a worker
+ * awake, or runs back to back), else the coarse one; exported plans hold
+ * 0 or 1, and rt.c runs 2 and 3 as given. */
+enum { RT_GRAIN = 65536, RT_DOT_GRAIN = 16384, RT_STAGED_DOT = 2, RT_STAGED_DOT_COARSE = 3 };
 /* Products up to which a dot-product kernel's rows are split in one share a
  * thread (a weight of 2 MiB in f32 at most: what the cores' caches keep). */
 enum { RT_DOT_STATIC = 1 << 19 };
