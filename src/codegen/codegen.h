@@ -292,14 +292,19 @@ static inline int64_t cg_pointer_shift(const cg_kernel *k, int a) {
   return sym_is_const(o) ? o.c : 0;
 }
 
+/* Does k run stages per outer element (a reduction, or a row-wise MAP)? */
+static inline bool cg_staged(const cg_kernel *k) {
+  for (int s = 0; s < k->n_stage; s++)
+    if (k->stage[s].kind == CG_REDUCE || k->stage[s].inner) return true;
+  return false;
+}
+
 /* A pointwise kernel of two or more dims whose last is a constant: its row
  * length. Its code loops over whole rows of that constant length (lower.c,
  * lower_flat). 0: another kernel. */
 static inline int64_t cg_flat_row(const cg_kernel *k) {
   if (k->kind != CG_K_LOOP || k->ndim < 2 || !sym_is_const(k->dim[k->ndim - 1]) || k->dim[k->ndim - 1].c < 1) return 0;
-  for (int s = 0; s < k->n_stage; s++)
-    if (k->stage[s].kind == CG_REDUCE || k->stage[s].inner) return 0;
-  return k->dim[k->ndim - 1].c;
+  return cg_staged(k) ? 0 : k->dim[k->ndim - 1].c;
 }
 
 /* Adds kernel k (CG_K_LOOP) to module m as function k->name; 0, or -1 with why. */

@@ -343,8 +343,7 @@ static int build_plan(const unit *u, const export_request *rq, words *pl, bytes 
       if (pl->oom) goto oom;
       continue;
     }
-    bool staged = false;
-    for (int s = 0; s < k->n_stage; s++) staged |= k->stage[s].kind == CG_REDUCE || k->stage[s].inner;
+    bool staged = cg_staged(k);
     /* the record's codes come after it: reserve its words, then fill them */
     size_t len = 6 + (size_t)k->ndim + 1 + (size_t)k->n_param + 1 + 2 * (size_t)k->n_acc;
     for (size_t i = 0; i < len; i++) put(pl, 0);

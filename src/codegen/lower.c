@@ -1456,8 +1456,7 @@ static bool vec_reads_ok(const cg_kernel *k, int e, int d, const int *stored, in
 static bool own_vectors_ok(lctx *L) {
   cg_kernel *k = L->k;
   if (!k->own_vectors || k->ndim == 0 || k->split || k->n_stage < 1) return false;
-  bool staged = false;
-  for (int s = 0; s < k->n_stage; s++) staged |= k->stage[s].kind == CG_REDUCE || k->stage[s].inner;
+  bool staged = cg_staged(k);
   bool by_column = staged && column_ok(k);
   if (staged && (k->n_outer >= k->ndim || (!by_column && jammable(k) && is_float(k->expr[k->stage[0].expr].dtype))))
     return false;
@@ -1519,8 +1518,7 @@ int lower_kernel(const cg_program *prog, cg_kernel *k, LLVMModuleRef m, char *wh
     L.ptrs[a] = LLVMBuildLoad2(L.eb, L.ptr, g, "");
   }
   alias_scopes(&L);
-  bool staged = false;
-  for (int s = 0; s < k->n_stage; s++) staged |= k->stage[s].kind == CG_REDUCE || k->stage[s].inner;
+  bool staged = cg_staged(k);
   /* a float sum, mean, max or min over every dim, then one store: split into blocks */
   k->split = k->n_outer == 0 && k->ndim >= 1 && k->n_stage == 2 && k->stage[0].kind == CG_REDUCE &&
              k->stage[1].kind == CG_MAP && !k->stage[1].inner && is_float(k->expr[k->stage[0].expr].dtype);

@@ -66,11 +66,7 @@ static _Atomic int64_t hot_gap = 20000;
 
 int64_t runtime_set_hot_gap(int64_t ns) { return atomic_exchange(&hot_gap, ns); }
 
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
+static double now_ms(void) { return (double)now_ns() / 1e6; }
 
 static void exec_free(backend_exec *e) {
   if (!e) return;
@@ -433,9 +429,7 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
   if (!e->fn || !e->consts || !e->staged) goto oom;
   for (int k = 0; k < p->n_k; k++) {
     const cg_kernel *kk = &p->k[k];
-    bool staged = false;
-    for (int s = 0; s < kk->n_stage; s++) staged |= kk->stage[s].kind == CG_REDUCE || kk->stage[s].inner;
-    e->staged[k] = kk->kind != CG_K_LOOP || !staged ? 0 : lower_is_jammed(kk) ? RT_STAGED_DOT : 1;
+    e->staged[k] = kk->kind != CG_K_LOOP || !cg_staged(kk) ? 0 : lower_is_jammed(kk) ? RT_STAGED_DOT : 1;
     e->has_dot |= e->staged[k] == RT_STAGED_DOT;
   }
   if (!(e->leaves = ir_leaf_ids(g, &e->n_leaves))) goto oom;

@@ -29,16 +29,10 @@ static void kern_chunk(void *ctx, int64_t begin, int64_t end) {
     j->fn(j->p, j->bufs, b, b + j->block < j->range ? b + j->block : j->range);
 }
 
-/* A dot-product kernel's rows in RT_JAM groups: chunk [begin, end) of them. */
-typedef struct rows_job {
-  rt_kernel_fn fn;
-  const int64_t *p;
-  char *const *bufs;
-  int64_t range;
-} rows_job;
-
+/* A dot-product kernel's rows in RT_JAM groups: chunk [begin, end) of them
+ * (a kern_job whose block and next go unused). */
 static void rows_chunk(void *ctx, int64_t begin, int64_t end) {
-  const rows_job *j = ctx;
+  const kern_job *j = ctx;
   int64_t hi = end * RT_JAM < j->range ? end * RT_JAM : j->range;
   j->fn(j->p, j->bufs, begin * RT_JAM, hi);
 }
@@ -71,7 +65,7 @@ void rt_run_loop(rt_kernel_fn fn, const int64_t *p, char **acc, int n_acc, int64
      * split depends on the sizes alone), so each core keeps its part of
      * the weight in its own cache from call to call; blocks taken in turn
      * would move rows between the cores' caches */
-    rows_job job = {fn, p, acc, range};
+    kern_job job = {fn, p, acc, range, 0, 0};
     pool_parallel_for((range + RT_JAM - 1) / RT_JAM, grain >= RT_JAM ? grain / RT_JAM : 1, rows_chunk, &job);
   } else {
     /* about 8 blocks per thread, for the balance */
