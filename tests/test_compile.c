@@ -527,6 +527,43 @@ END_TEST
 
 /* ---- save and load ---- */
 
+/* KILN_CHECK=1 reaches loaded functions too, whose calls are not checked
+ * (their body is not at hand): a call of one must not leave its variant
+ * for the next checked call of another function to compare, after the
+ * loaded one is freed (ASan saw the read of freed memory). */
+START_TEST(test_check_mode_loaded_then_checked) {
+  setenv("KILN_CHECK", "1", 1);
+  mlp m;
+  mlp_init(&m, 16, 32, 8, false);
+  /* fn records every call: its checked calls hit no variant on the guard-only path */
+  kiln_options o = {.name = "mlp", .n_in = 1, .n_out = 1, .capture = KILN_CAPTURE_RECORD};
+  kiln_fn *fn = kiln_compile(mlp_body, &m, &o);
+  kiln_scope_begin();
+  kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){5, 16}), 1), *y = NULL;
+  ck_assert_int_eq(0, kiln_call(fn, &x, &y));
+  char path[] = "/tmp/kiln_test_checkXXXXXX";
+  int fd = mkstemp(path);
+  ck_assert_int_ge(fd, 0);
+  close(fd);
+  ck_assert_msg(kiln_save(fn, path) == 0, "%s", kiln_last_error());
+  kiln_fn *ld = kiln_load(path);
+  unlink(path);
+  ck_assert_msg(ld != NULL, "%s", kiln_last_error());
+  kiln_tensor *in[5] = {x, m.w1, m.b1, m.w2, m.b2}, *y2 = NULL;
+  ck_assert_msg(kiln_call(ld, in, &y2) == 0, "%s", kiln_last_error());
+  ck_assert_double_le(maxdiff(y2, mlp_forward(&m, x)), 1e-5);
+  kiln_fn_free(ld);
+  /* a checked call of fn, which must not take the loaded function's freed variant to compare */
+  ck_assert_msg(kiln_call(fn, &x, &y) == 0, "%s", kiln_last_error());
+  ck_assert_double_le(maxdiff(y, mlp_forward(&m, x)), 1e-5);
+  kiln_scope_end();
+  kiln_fn_free(fn);
+  mlp_free(&m);
+  unsetenv("KILN_CHECK");
+}
+END_TEST
+
+
 START_TEST(test_save_load) {
   mlp m;
   mlp_init(&m, 16, 32, 8, false);
@@ -1239,6 +1276,7 @@ static Suite *suite(void) {
   tcase_add_loop_test(tc, test_inplace_and_alias_guard, 0, 2);
   tcase_add_test(tc, test_write_with_live_view);
   tcase_add_test(tc, test_save_load);
+  tcase_add_test(tc, test_check_mode_loaded_then_checked);
   tcase_add_test(tc, test_load_rejects_bad_text);
   tcase_add_loop_test(tc, test_every_op_replays, 0, (int)(sizeof op_cases / sizeof *op_cases));
   tcase_add_test(tc, test_check_mode);

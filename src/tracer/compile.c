@@ -1465,7 +1465,10 @@ static void snap_free(snapshot *s) {
  * compares outputs, leaves and grads. The compiled results stand when they
  * agree; when they do not, the eager ones do. The leaves are the inputs and
  * the params of the newest variant that served the call or was made by it. */
-/* The variant a checked call ran on the guard-only path (held: users). */
+/* The function call_checked is running on this thread, and the variant
+ * its call ran on the guard-only path (held: users). Only that call hands
+ * its variant over: a loaded function's calls, unchecked, leave none. */
+static _Thread_local const kiln_fn *checking;
 static _Thread_local variant *checked_hit;
 
 static int call_checked(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out, int (*call)(kiln_fn *, kiln_tensor *const *, kiln_tensor **)) {
@@ -1501,7 +1504,10 @@ static int call_checked(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out, 
   }
   uint64_t seed0, off0, seed1, off1;
   gen_state_get(&seed0, &off0);
-  if (call(fn, in, out)) {
+  checking = fn;
+  int call_rc = call(fn, in, out);
+  checking = NULL;
+  if (call_rc) {
     variant *hv = checked_hit;
     checked_hit = NULL;
     if (hv) {
@@ -1630,7 +1636,7 @@ static int guard_call(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out, ch
   if (rc == 0)
     for (int i = 0; i < fn->opts.n_out; i++) out[i] = all[i];
   for (int i = fn->opts.n_out; i < seg->n_out && i < MAX_IN; i++) kiln_release(all[i]);
-  if (rc == 0 && fn->opts.check && seg->be->check) {
+  if (rc == 0 && checking == fn && seg->be->check) {
     /* check mode compares this variant's kernels with the interpreter after the call */
     pthread_mutex_lock(&fn->mu);
     hit->users++;
