@@ -156,6 +156,14 @@ void interp_cache_free(struct interp_cache *c) {
   alloc_free(c);
 }
 
+struct interp_cache *interp_cache_take(struct interp_cache *c) {
+  return c && !atomic_exchange(&c->busy, true) ? c : NULL;
+}
+
+void interp_cache_give(struct interp_cache *c) {
+  if (c) atomic_store(&c->busy, false);
+}
+
 /* Whether t, a slot's tensor, may take a value of this type now: nothing but the slot holds it or its storage. */
 static bool reusable(const kiln_tensor *t, kiln_dtype dt, int ndim, const int64_t *shape) {
   return t && tensor_refs(t) == 1 && atomic_load(&t->st->refcount) == 1 && t->dtype == dt && t->ndim == ndim &&
@@ -280,9 +288,7 @@ static int carry_buffers(kiln_tensor *const *like, int n, kiln_tensor **set0, ki
   return 0;
 }
 
-/* Runs control-flow node id over its inputs' values v; res (ir_cf_n_results
- * of them, allocated here) gets its results. 0 or -1 with the error set. */
-static int run_cf(const ir_graph *g, int id, kiln_tensor *const *v, const int64_t *vals, const region_execs *rx,
+int interp_cf_run(const ir_graph *g, int id, kiln_tensor *const *x, const int64_t *vals, const region_execs *rx,
                   struct interp_cache *cache, kiln_tensor ***res) {
   const ir_node *n = &g->nodes[id];
   int n_res = ir_cf_n_results(n), n_args = ir_cf_n_args(g, id, 0), rc = 0;
@@ -298,7 +304,7 @@ static int run_cf(const ir_graph *g, int id, kiln_tensor *const *v, const int64_
     /* kept between runs: the results go into the tensors of the run before */
     kiln_tensor **slots = cf_slots(cache, id, 0, n_res, 0);
     const ir_graph *br = n->sub[0];
-    for (int j = 0; j < n_args; j++) args[j] = v[n->in[j + 1]];
+    for (int j = 0; j < n_args; j++) args[j] = x[j + 1];
     for (int k = 0; k < n_res && !rc; k++) {
       const ir_node *y = &br->nodes[br->outputs[k]];
       int64_t shape[MAXD];
@@ -306,11 +312,11 @@ static int run_cf(const ir_graph *g, int id, kiln_tensor *const *v, const int64_
           !(r[k] = slot_tensor(slots ? &slots[k] : NULL, y->dtype, y->ndim, shape)))
         rc = cf_oom(n);
     }
-    if (!rc) rc = run_region_into(g, id, pred_value(v[n->in[0]]) ? 0 : 1, vals, rx, args, r);
+    if (!rc) rc = run_region_into(g, id, pred_value(x[0]) ? 0 : 1, vals, rx, args, r);
     if (rc) release_n(r, n_res);
   } else if (n->op == IR_COND) {
-    for (int j = 0; j < n_args; j++) args[j] = v[n->in[j + 1]];
-    rc = run_region(g, id, pred_value(v[n->in[0]]) ? 0 : 1, vals, rx, args, r);
+    for (int j = 0; j < n_args; j++) args[j] = x[j + 1];
+    rc = run_region(g, id, pred_value(x[0]) ? 0 : 1, vals, rx, args, r);
   } else {
     /* a loop: the carry's two sets of buffers are made once, and each step
      * writes the next carry into the set its arguments are not in (and a
@@ -319,11 +325,11 @@ static int run_cf(const ir_graph *g, int id, kiln_tensor *const *v, const int64_
     int nc = n->n_carry, nx = n->op == IR_SCAN ? n->n_xs : 0;
     kiln_tensor *set[2][64] = {{0}}, *init[64], *pred = NULL, **rows = step;
     kiln_tensor **slots = cf_slots(cache, id, nc, n_res, n_args), **pslot = slots ? &slots[2 * nc + n_res] : NULL;
-    int64_t T = n->op == IR_SCAN ? v[n->in[nc]]->shape[0] : -1;
-    for (int j = 0; j < n_args; j++) args[j] = j < nc || j >= nc + nx ? v[n->in[j]] : NULL;
+    int64_t T = n->op == IR_SCAN ? x[nc]->shape[0] : -1;
+    for (int j = 0; j < n_args; j++) args[j] = j < nc || j >= nc + nx ? x[j] : NULL;
     if (dense_captures(n, nc + nx, rx && id < rx->n, args, n_args, own, slots ? slots + 2 * nc + n_res + 1 : NULL))
       rc = cf_oom(n);
-    for (int j = 0; j < nc && j < 64; j++) init[j] = v[n->in[j]];
+    for (int j = 0; j < nc && j < 64; j++) init[j] = x[j];
     if (nc > 64 || carry_buffers(init, nc, set[0], set[1], slots)) rc = cf_oom(n);
     if (!rc && n->op == IR_WHILE) {
       const ir_node *pn = &n->sub[0]->nodes[n->sub[0]->outputs[0]];
@@ -342,15 +348,15 @@ static int run_cf(const ir_graph *g, int id, kiln_tensor *const *v, const int64_
         rc = cf_oom(n);
     }
     for (int j = nc; j < nc + nx && !rc; j++) {
-      kiln_tensor *x = v[n->in[j]];
-      if (!(args[j] = tensor_view(x, x->ndim - 1, x->shape + 1, x->stride + 1, x->offset))) rc = cf_oom(n);
+      kiln_tensor *xj = x[j];
+      if (!(args[j] = tensor_view(xj, xj->ndim - 1, xj->shape + 1, xj->stride + 1, xj->offset))) rc = cf_oom(n);
     }
     int s = 0;
     for (int64_t t = 0; !rc && (n->op == IR_WHILE || t < T); t++) {
       if (n->op == IR_WHILE) {
         if ((rc = run_region_into(g, id, 0, vals, rx, args, &pred)) || !pred_value(pred)) break;
       } else {
-        for (int j = nc; j < nc + nx; j++) args[j]->offset = v[n->in[j]]->offset + t * v[n->in[j]]->stride[0];
+        for (int j = nc; j < nc + nx; j++) args[j]->offset = x[j]->offset + t * x[j]->stride[0];
         for (int k = nc; k < n_res; k++) rows[k]->offset = r[k]->offset + t * r[k]->stride[0];
       }
       memcpy(rows, set[s], sizeof *rows * (size_t)nc);
@@ -407,7 +413,15 @@ static int run(const ir_graph *g, kiln_tensor *const *consts, kiln_tensor *const
   for (int i = 0; i < g->n_nodes; i++) {
     const ir_node *n = &g->nodes[i];
     if (ir_is_cf(n->op)) {
-      if (run_cf(g, i, v, vals, rx, cache, &tup[i])) goto fail;
+      kiln_tensor *xa[16], **x = n->n_in <= 16 ? xa : alloc_malloc(sizeof *x * (size_t)n->n_in);
+      if (!x) {
+        err_set(n->file, n->line, ir_op_name(n->op), "out of memory");
+        goto fail;
+      }
+      for (int j = 0; j < n->n_in; j++) x[j] = v[n->in[j]];
+      int cr = interp_cf_run(g, i, x, vals, rx, cache, &tup[i]);
+      if (x != xa) alloc_free(x);
+      if (cr) goto fail;
       continue;
     }
     if (n->op == IR_GET) {

@@ -615,6 +615,17 @@ typedef struct region_execs {
  * keeps for its next run, so that a step makes no storage; NULL when out of memory. */
 struct interp_cache *interp_cache_new(const ir_graph *g);
 void interp_cache_free(struct interp_cache *c);
+/* c for this run alone, or NULL when another run holds it (or c is NULL);
+ * interp_cache_give hands it back. */
+struct interp_cache *interp_cache_take(struct interp_cache *c);
+void interp_cache_give(struct interp_cache *c);
+/* Runs control-flow node id of g over its operands x[0..n_in) at the
+ * symbol values vals, its regions on rx's execs (NULL: interpreted) and
+ * its loop buffers kept in cache (NULL: none kept); *res (alloc_calloc'ed)
+ * gets its ir_cf_n_results results, references of the caller's, which may
+ * be operands or views of them. 0, or -1 with the error set. */
+int interp_cf_run(const ir_graph *g, int id, kiln_tensor *const *x, const int64_t *vals, const region_execs *rx,
+                  struct interp_cache *cache, kiln_tensor ***res);
 /* Compiles every region of g with be (a region with regions of its own is
  * be's business); 0, or -1 with err naming the region. */
 int region_execs_compile(const ir_graph *g, const backend *be, unsigned dump, FILE *dump_to, region_execs *rx,
