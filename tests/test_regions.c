@@ -783,8 +783,7 @@ START_TEST(test_cond_own_read_into_inner_scan) {
       kiln_scope_end();
     }
     kiln_fn_free(fn);
-    kiln_release(g_w_inner);
-    kiln_scope_end();
+    kiln_scope_end(); /* W with it */
   }
 }
 END_TEST
@@ -2372,6 +2371,177 @@ START_TEST(test_backward_after_escape) {
 }
 END_TEST
 
+
+/* ---- the code around the regions: fused kernels ---- */
+
+/* Both results of the branch are one tensor: r0 = r1 = tanh(a + b), or a * b. */
+static int twice_then(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  out[0] = out[1] = kiln_tanh(kiln_add(in[0], in[1]));
+  return !out[0];
+}
+static int twice_else(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  out[0] = out[1] = kiln_mul(in[0], in[1]);
+  return !out[0];
+}
+/* out = sum(exp(r0) @ b^T, 1) + r1: exp(r0) is stored in place in r0's
+ * buffer while r1 is still to be read (KILN_DUMP=kernels shows it) */
+static int twice_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  kiln_tensor *p = kiln_gt(kiln_sum_all(in[0]), kiln_sum_all(in[1])), *r[2];
+  if (kiln_cond(p, twice_then, twice_else, NULL, 2, in, 2, r)) return 1;
+  kiln_tensor *m = kiln_matmul(kiln_exp(r[0]), kiln_transpose(in[1], 0, 1));
+  out[0] = kiln_add(kiln_sum(m, 1, true), r[1]);
+  return !out[0];
+}
+
+/* A construct's results become the buffers of the gets that read them, not
+ * copies; two gets of one tensor must not share it, or the kernel that
+ * stores in place into one changes the other. */
+START_TEST(test_outer_result_twice) {
+  kiln_scope_begin();
+  for (int be = KILN_BACKEND_INTERP; be <= KILN_BACKEND_LLVM; be++) {
+    kiln_fn *fn = kiln_compile(twice_body, NULL, &(kiln_options){.name = "twice", .n_in = 2, .n_out = 1, .backend = be});
+    for (int k = 0; k < 4; k++) {
+      float a[6], b[6];
+      fill(a, 6, (k % 2 ? 60u : 70u) + (unsigned)k), fill(b, 6, (k % 2 ? 70u : 60u) + (unsigned)k);
+      double sa = 0, sb = 0, r[6], want[6];
+      for (int i = 0; i < 6; i++) sa += a[i], sb += b[i];
+      for (int i = 0; i < 6; i++) r[i] = sa > sb ? tanh((double)a[i] + b[i]) : (double)a[i] * b[i];
+      for (int i = 0; i < 2; i++) {
+        double acc = 0;
+        for (int j = 0; j < 2; j++)
+          for (int q = 0; q < 3; q++) acc += exp(r[i * 3 + q]) * b[j * 3 + q];
+        for (int q = 0; q < 3; q++) want[i * 3 + q] = acc + r[i * 3 + q];
+      }
+      kiln_scope_begin();
+      kiln_tensor *in[2] = {kiln_tensor_from(KILN_F32, 2, (int64_t[]){2, 3}, a),
+                            kiln_tensor_from(KILN_F32, 2, (int64_t[]){2, 3}, b)},
+                  *out[1];
+      ck_assert_msg(kiln_call(fn, in, out) == 0, "%s", kiln_last_error());
+      float got[6];
+      ck_assert_int_eq(0, kiln_read(out[0], got, sizeof got));
+      expect_close(got, want, 6, be == KILN_BACKEND_LLVM ? "compiled" : "interpreted");
+      kiln_scope_end();
+    }
+    expect_one_trace(fn);
+    kiln_fn_free(fn);
+  }
+  kiln_scope_end();
+}
+END_TEST
+
+/* h <- tanh(h @ U + x_t), y_t = 2 h: no input projection to batch out of
+ * the loop (which would hold T x NB x NH more) */
+static int around_cell(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  cell *c = ctx;
+  kiln_tensor *h = kiln_tanh(kiln_add(kiln_matmul(in[0], c->u), in[1]));
+  out[0] = h;
+  out[1] = kiln_mul(h, kiln_scalar(KILN_F32, 2));
+  return !out[0] || !out[1];
+}
+/* the scan, then h + 1 and 3 * ys around it; in = h0 (NB, NH), x (T, NB, NH) */
+static int around_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  kiln_tensor *h, *ys;
+  if (kiln_scan(around_cell, g_cell, 1, &in[0], 1, &in[1], &h, 1, &ys)) return 1;
+  out[0] = kiln_add(h, kiln_scalar(KILN_F32, 1));
+  out[1] = kiln_mul(ys, kiln_scalar(KILN_F32, 3));
+  return !out[0] || !out[1];
+}
+
+static int around_proj_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  kiln_tensor *h, *ys;
+  if (kiln_scan(cell_fn, g_cell, 1, &in[0], 1, &in[1], &h, 1, &ys)) return 1;
+  out[0] = kiln_add(h, kiln_scalar(KILN_F32, 1));
+  out[1] = kiln_mul(ys, kiln_scalar(KILN_F32, 3));
+  return !out[0] || !out[1];
+}
+
+/* A compiled call with a scan takes no more memory than the body run
+ * eagerly (ys, 3 * ys): the stacked ys are the get's buffer itself, not a
+ * copy of them in the arena. Its answer is the body's at T = 1, 0 and 400. */
+START_TEST(test_outer_memory) {
+  enum { TL = 400 };
+  static float x[TL * NB * NH];
+  float h0[NB * NH], w[NI * NH], u[NH * NH], bb[NH];
+  fill(x, TL * NB * NH, 31), fill(h0, NB * NH, 32), fill(w, NI * NH, 33), fill(u, NH * NH, 34), fill(bb, NH, 35);
+  kiln_scope_begin();
+  cell c = cell_of(w, u, bb);
+  g_cell = &c;
+  kiln_options opt = {.name = "around", .n_in = 2, .n_out = 2, .backend = KILN_BACKEND_LLVM};
+  kiln_fn *fn = kiln_compile(around_body, NULL, &opt);
+  static const int Ts[3] = {1, 0, TL};
+  for (int k = 0; k < 3; k++) {
+    int T = Ts[k];
+    kiln_scope_begin();
+    kiln_tensor *in[2] = {kiln_tensor_from(KILN_F32, 2, (int64_t[]){NB, NH}, h0),
+                          kiln_tensor_from(KILN_F32, 3, (int64_t[]){T, NB, NH}, x)},
+                *out[2];
+    ck_assert_msg(kiln_call(fn, in, out) == 0, "%s", kiln_last_error());
+    double h[NB * NH], want0[NB * NH];
+    static double ys[TL * NB * NH], want1[TL * NB * NH];
+    for (int i = 0; i < NB * NH; i++) h[i] = h0[i];
+    for (int t = 0; t < T; t++) {
+      double nh[NB * NH];
+      for (int r = 0; r < NB; r++)
+        for (int j = 0; j < NH; j++) {
+          double acc = x[(t * NB + r) * NH + j];
+          for (int q = 0; q < NH; q++) acc += h[r * NH + q] * u[q * NH + j];
+          nh[r * NH + j] = tanh(acc);
+        }
+      memcpy(h, nh, sizeof nh);
+      for (int i = 0; i < NB * NH; i++) ys[t * NB * NH + i] = 2 * h[i];
+    }
+    for (int i = 0; i < NB * NH; i++) want0[i] = h[i] + 1;
+    for (int i = 0; i < T * NB * NH; i++) want1[i] = 3 * ys[i];
+    float got0[NB * NH];
+    static float got1[TL * NB * NH];
+    ck_assert_int_eq(0, kiln_read(out[0], got0, sizeof got0));
+    ck_assert_int_eq(0, kiln_read(out[1], got1, sizeof(float) * (size_t)(T * NB * NH)));
+    expect_close(got0, want0, NB * NH, "h + 1");
+    expect_close(got1, want1, T * NB * NH, "3 * ys");
+    kiln_scope_end();
+  }
+  expect_one_trace(fn);
+  kiln_fn_free(fn);
+  kiln_scope_end();
+  /* and with the cell whose input projection is batched out of the loop
+   * (its T x NB x NH lie in the arena through the loop: the gets' copies
+   * of ys take that place afterwards, for free) */
+  static float xp[TL * NB * NI];
+  fill(xp, TL * NB * NI, 36);
+  kiln_scope_begin();
+  c = cell_of(w, u, bb);
+  g_cell = &c;
+  size_t peak[2][2];
+  for (int k = 0; k < 4; k++) {
+    kiln_scope_begin();
+    int proj = k / 2, compiled = k % 2;
+    kiln_tensor *in[2] = {kiln_tensor_from(KILN_F32, 2, (int64_t[]){NB, NH}, h0),
+                          proj ? kiln_tensor_from(KILN_F32, 3, (int64_t[]){TL, NB, NI}, xp)
+                               : kiln_tensor_from(KILN_F32, 3, (int64_t[]){TL, NB, NH}, x)},
+                *out[2];
+    kiln_body body = proj ? around_proj_body : around_body;
+    fn = compiled ? kiln_compile(body, NULL, &opt) : NULL;
+    size_t base = kiln_mem_in_use();
+    kiln_mem_reset_peak();
+    ck_assert_msg((compiled ? kiln_call(fn, in, out) : body(NULL, in, out)) == 0, "%s", kiln_last_error());
+    peak[proj][compiled] = kiln_mem_peak() - base;
+    kiln_fn_free(fn);
+    kiln_scope_end();
+  }
+  /* a copy of ys would be 12.8 KB more; the loop's two carry sets and the
+   * arena's few words are the only other difference, under 256 bytes */
+  for (int proj = 0; proj < 2; proj++)
+    ck_assert_msg(peak[proj][1] <= peak[proj][0] + 256, "%s: a compiled call peaks at %zu bytes, the body run eagerly at %zu",
+                  proj ? "the projected cell" : "the plain cell", peak[proj][1], peak[proj][0]);
+  kiln_scope_end();
+}
+END_TEST
+
 #ifdef KILN_TEST_BUILD
 /* the cell without a C number, so that calls take the guard-only path, where check mode compares kernels */
 static int plain_cell(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
@@ -2497,6 +2667,11 @@ int main(void) {
   tcase_add_test(ex, test_cond_grad_unread_result);
   tcase_add_test(ex, test_scan_grad_carry_parity_nested);
   suite_add_tcase(s, ex);
+  TCase *outer = tcase_create("outer");
+  tcase_set_timeout(outer, 120);
+  tcase_add_test(outer, test_outer_result_twice);
+  tcase_add_test(outer, test_outer_memory);
+  suite_add_tcase(s, outer);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);
   int failed = srunner_ntests_failed(sr);

@@ -47,10 +47,26 @@ struct backend_exec {
   int *leaves, n_leaves;  /* g's input and param nodes: a call binds the symbols from those alone */
   bool temps;             /* some buffer lives in the arena: a call plans it (else it takes no lock) */
   /* A graph with control flow: its regions compiled (each its own kernels,
-   * compiled once), and the graph around them run node by node, a region
-   * per construct step on its exec (interp_run_with) */
+   * compiled once, rx), and the graph around them fused as any graph, each
+   * construct one kernel that runs its loop or branch on those (cf_of: a
+   * construct node's index among the graph's, else -1). driver: the graph
+   * around them could not be fused and runs node by node (interp_run_with). */
   bool driver;
   region_execs rx;
+  int *cf_of, n_cf;
+  int *last_get;          /* per construct: the kernel of the last get that reads its results, -1 none */
+  /* per buffer: a get's, whose memory is its construct's result itself where
+   * that is a contiguous tensor of its own (no copy, no arena space); it
+   * lives up to end_of[b], b's last reader or that of a buffer stored in
+   * place in it. adopted lists them. */
+  bool *adopt;
+  int *end_of, *adopted, n_adopted;
+  /* outputs made just before the kernel that first writes them, not at
+   * the call's start: a call peaks lower (the arena's early intermediates
+   * are gone by then) */
+  int *lazy, n_lazy;
+  size_t *adopt_key;      /* the sizes choose_adoption last decided for (under mu), and what it chose */
+  bool *adopt_zero;
   cg_prep prep;           /* weights prepared once (prepare.c); used by the call that holds the arena */
 };
 
@@ -82,6 +98,8 @@ static void exec_free(backend_exec *e) {
   alloc_free(e->staged);
   alloc_free(e->plan_bytes), alloc_free(e->plan_off);
   alloc_free(e->leaves);
+  alloc_free(e->cf_of), alloc_free(e->last_get), alloc_free(e->adopt), alloc_free(e->end_of), alloc_free(e->adopted);
+  alloc_free(e->lazy), alloc_free(e->adopt_key), alloc_free(e->adopt_zero);
   jit_free(e->jit);
   cg_program_free(e->prog);
   if (e->arena) {
@@ -393,19 +411,9 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
   if (getenv("KILN_TEST_FAIL_LLVM")) return snprintf(err, errn, "LLVM failure forced by KILN_TEST_FAIL_LLVM"), NULL;
 #endif
   if (jit_init(err, errn)) return NULL;
-  for (int i = 0; i < g->n_nodes; i++)
-    if (ir_is_cf(g->nodes[i].op)) {
-      backend_exec *d = alloc_calloc(1, sizeof *d);
-      if (!d) return snprintf(err, errn, "out of memory"), NULL;
-      pthread_mutex_init(&d->mu, NULL);
-      d->g = g;
-      d->driver = true;
-      if (region_execs_compile(g, &backend_llvm, dump, dump_to, &d->rx, err, errn)) {
-        exec_free(d);
-        return NULL;
-      }
-      return d;
-    }
+  bool has_cf = false;
+  const ir_graph *g0 = g;
+  for (int i = 0; i < g->n_nodes; i++) has_cf |= ir_is_cf(g->nodes[i].op);
   backend_exec *e = alloc_calloc(1, sizeof *e);
   if (!e) return snprintf(err, errn, "out of memory"), NULL;
   pthread_mutex_init(&e->mu, NULL);
@@ -421,8 +429,46 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
   if (e->own_g && ir_verify(g, err, errn)) goto fail;
 #endif
   e->prog = fuse_graph(g, err, errn);
+  if (!e->prog && has_cf) {
+    /* the constructs run on their compiled regions all the same */
+    e->driver = true;
+    g = e->g = g0;
+    if (region_execs_compile(g, &backend_llvm, dump, dump_to, &e->rx, err, errn)) goto fail;
+    return e;
+  }
   if (!e->prog) goto fail;
   cg_program *p = e->prog;
+  if (has_cf) {
+    double tr = now_ms(); /* the regions' compile times are their own: not this graph's front */
+    if (region_execs_compile(g, &backend_llvm, dump, dump_to, &e->rx, err, errn)) goto fail;
+    t0 += now_ms() - tr;
+    if (!(e->cf_of = alloc_malloc(sizeof *e->cf_of * (size_t)g->n_nodes))) goto oom;
+    for (int i = 0; i < g->n_nodes; i++) e->cf_of[i] = ir_is_cf(g->nodes[i].op) ? e->n_cf++ : -1;
+    e->last_get = alloc_malloc(sizeof *e->last_get * (size_t)e->n_cf);
+    e->adopt = alloc_calloc((size_t)p->n_buf + 1, sizeof *e->adopt);
+    e->end_of = alloc_calloc((size_t)p->n_buf + 1, sizeof *e->end_of);
+    e->adopted = alloc_calloc((size_t)p->n_buf + 1, sizeof *e->adopted);
+    if (!e->last_get || !e->adopt || !e->end_of || !e->adopted) goto oom;
+    for (int c = 0; c < e->n_cf; c++) e->last_get[c] = -1;
+    for (int ki = 0; ki < p->n_k; ki++) {
+      const cg_kernel *k = &p->k[ki];
+      const ir_node *n = &g->nodes[k->node];
+      if (k->kind != CG_K_EAGER || n->op != IR_GET) continue;
+      e->last_get[e->cf_of[n->in[0]]] = ki;
+      const cg_buf *bf = &p->buf[k->out_buf];
+      bool whole = p->views[k->node].buf == k->out_buf && bf->node == k->node;
+      if (whole && bf->alias_of < 0 && bf->scratch_of < 0 && (bf->kind == CG_BUF_TEMP || bf->kind == CG_BUF_OUTPUT) &&
+          !e->adopt[k->out_buf]) {
+        e->adopt[k->out_buf] = true;
+        e->adopted[e->n_adopted++] = k->out_buf;
+        e->end_of[k->out_buf] = bf->kind == CG_BUF_OUTPUT ? p->n_k : bf->last;
+      }
+    }
+    for (int b = 0; b < p->n_buf; b++) {
+      int a = p->buf[b].alias_of;
+      if (a >= 0 && e->adopt[a] && p->buf[b].last > e->end_of[a]) e->end_of[a] = p->buf[b].last;
+    }
+  }
   e->fn = alloc_calloc((size_t)p->n_k + 1, sizeof *e->fn);
   e->consts = alloc_calloc((size_t)p->n_buf + 1, sizeof *e->consts);
   e->staged = alloc_calloc((size_t)p->n_k + 1, 1);
@@ -433,6 +479,9 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
     e->has_dot |= e->staged[k] == RT_STAGED_DOT;
   }
   if (!(e->leaves = ir_leaf_ids(g, &e->n_leaves))) goto oom;
+  if (!(e->lazy = alloc_malloc(sizeof *e->lazy * ((size_t)p->n_buf + 1)))) goto oom;
+  for (int b = 0; b < p->n_buf; b++)
+    if (p->buf[b].kind == CG_BUF_OUTPUT && p->buf[b].first >= 0 && !(e->adopt && e->adopt[b])) e->lazy[e->n_lazy++] = b;
   if (prep_init(&e->prep, p)) goto oom;
   for (int b = 0; b < p->n_buf; b++) e->temps |= p->buf[b].kind == CG_BUF_TEMP;
   e->last_allreduce = -1;
@@ -940,6 +989,134 @@ static int apply_writes(const ir_graph *g, const cg_program *p, char *const *buf
   return rc;
 }
 
+/* Whether each get's buffer in the arena is its construct's result itself
+ * (bytes 0: no copy, no place in the arena) or a copy of it there. A copy
+ * where the arena has room for it anyway (the place of intermediates dead
+ * by then, such as a loop's input projection batched out of it): the
+ * result then dies at its last get instead of living as long as the
+ * buffer. Else the result. Decided once per sizes (under mu). */
+static void choose_adoption(backend_exec *e, size_t *bytes) {
+  const cg_program *p = e->prog;
+  size_t n = (size_t)p->n_buf;
+  if (e->adopt_key && !memcmp(e->adopt_key, bytes, n * sizeof *bytes)) {
+    for (int i = 0; i < e->n_adopted; i++)
+      if (e->adopt_zero[e->adopted[i]]) bytes[e->adopted[i]] = 0;
+    return;
+  }
+  size_t *off = alloc_malloc(n * sizeof *off + 1);
+  if (!e->adopt_key) e->adopt_key = alloc_malloc(n * sizeof *bytes + 1);
+  if (!e->adopt_zero) e->adopt_zero = alloc_calloc(n + 1, sizeof *e->adopt_zero);
+  if (!off || !e->adopt_key || !e->adopt_zero) {
+    /* no room to decide: the results themselves, which take no arena space */
+    alloc_free(off), alloc_free(e->adopt_key), alloc_free(e->adopt_zero);
+    e->adopt_key = NULL, e->adopt_zero = NULL;
+    for (int i = 0; i < e->n_adopted; i++)
+      if (p->buf[e->adopted[i]].kind == CG_BUF_TEMP) bytes[e->adopted[i]] = 0;
+    return;
+  }
+  memcpy(e->adopt_key, bytes, n * sizeof *bytes);
+  size_t best = plan_arena(p, bytes, off);
+  for (int i = 0; i < e->n_adopted; i++) {
+    int b = e->adopted[i];
+    size_t keep = bytes[b];
+    e->adopt_zero[b] = false;
+    if (p->buf[b].kind != CG_BUF_TEMP || !keep) continue;
+    bytes[b] = 0;
+    size_t t = plan_arena(p, bytes, off);
+    if (t < best) best = t, e->adopt_zero[b] = true;
+    else bytes[b] = keep;
+  }
+  alloc_free(off);
+}
+
+/* Kernel ki, a get: its construct's result into its buffer. An adoptable
+ * buffer (e->adopt) becomes the result itself where that is contiguous and
+ * no other buffer took it (else a tensor of its own, copied into); any
+ * other is copied into. The results are let go after their last get.
+ * 0, or -1 with the error. */
+static int run_get(const backend_exec *e, int ki, char **bufs, kiln_tensor **tens, kiln_tensor **own,
+                   const size_t *bytes, const int64_t *vals, kiln_tensor ***res) {
+  const cg_program *p = e->prog;
+  const ir_graph *g = e->g;
+  const cg_kernel *k = &p->k[ki];
+  const ir_node *n = &g->nodes[k->node];
+  int ns = g->n_syms, c = e->cf_of[n->in[0]], b = k->out_buf;
+  kiln_tensor *src = c >= 0 && res[c] ? res[c][n->attrs.k] : NULL;
+  tview ov;
+  if (!src) return err_set(n->file, n->line, "get", "%s: %%%d: read before its construct ran", g->name, k->node), -1;
+  if (make_view(&ov, bufs[b], n->dtype, n, &p->views[k->node], vals, ns))
+    return err_set("", 0, "call", "%s: a size does not evaluate", g->name), -1;
+  if (src->dtype != n->dtype || src->ndim != n->ndim || memcmp(src->shape, ov.t.shape, sizeof(int64_t) * (size_t)n->ndim))
+    return err_set(n->file, n->line, "get", "%s: %%%d: the result's shape differs from the graph's", g->name, k->node), -1;
+  if (e->adopt[b] && !tens[b] && (p->buf[b].kind == CG_BUF_OUTPUT || !bytes[b])) {
+    /* two buffers never share a result: a kernel may store in place into one */
+    bool take = tensor_contiguous(src);
+    for (int i = 0; i < e->n_adopted && take; i++) take = !own[e->adopted[i]] || own[e->adopted[i]]->st != src->st;
+    own[b] = take ? kiln_retain(src) : tensor_new(n->dtype, n->ndim, ov.t.shape);
+    if (!own[b]) return err_set(n->file, n->line, "get", "out of memory"), -1;
+    if (!take) pw_copy(own[b], src);
+    tens[b] = own[b];
+    bufs[b] = tensor_data(own[b]);
+    for (int x = 0; x < p->n_buf; x++)
+      if (p->buf[x].alias_of == b) bufs[x] = bufs[b];
+  } else {
+    pw_copy(&ov.t, src);
+  }
+  if (ki == e->last_get[c]) {
+    for (int i = 0; i < ir_cf_n_results(&g->nodes[n->in[0]]); i++) kiln_release(res[c][i]);
+    alloc_free(res[c]);
+    res[c] = NULL;
+  }
+  return 0;
+}
+
+/* Kernel k, a cond, while or scan: its branch or loop on its compiled
+ * regions over views of its operands' buffers. Its results wait in
+ * res[its index] for the gets that read them: tensors of their own, not
+ * the arena's, which later kernels reuse. 0, or -1 with the error. */
+static int run_construct(const backend_exec *e, const cg_kernel *k, char *const *bufs, const int64_t *vals,
+                         kiln_tensor ***res, struct interp_cache *cache) {
+  const cg_program *p = e->prog;
+  const ir_graph *g = e->g;
+  const ir_node *n = &g->nodes[k->node];
+  int ns = g->n_syms;
+  int n_res = ir_cf_n_results(n), rc = 0;
+  tview *tv = alloc_calloc((size_t)n->n_in + 1, sizeof *tv);
+  kiln_tensor **x = alloc_calloc((size_t)n->n_in + 1, sizeof *x), **r = NULL;
+  if (!tv || !x) {
+    err_set(n->file, n->line, ir_op_name(n->op), "out of memory");
+    rc = -1;
+  }
+  for (int j = 0; j < n->n_in && !rc; j++) {
+    const cg_view *m = &p->views[n->in[j]];
+    const ir_node *a = &g->nodes[n->in[j]];
+    if (make_view(&tv[j], bufs[m->buf], a->dtype, a, m, vals, ns)) {
+      err_set("", 0, "call", "%s: a size does not evaluate", g->name);
+      rc = -1;
+    }
+    x[j] = &tv[j].t;
+  }
+  if (!rc) rc = interp_cf_run(g, k->node, x, vals, &e->rx, cache, &r);
+  /* a result that is an operand, or a view of one, lies in memory a later kernel may take */
+  for (int i = 0; !rc && i < n_res; i++)
+    for (int j = 0; j < n->n_in; j++) {
+      if (r[i]->st != &tv[j].st) continue;
+      kiln_tensor *own = op_run(OP_COPY, &r[i], 1, NULL, n->file, n->line);
+      kiln_release(r[i]);
+      r[i] = own;
+      if (!own) rc = -1;
+      break;
+    }
+  if (rc && r) {
+    for (int i = 0; i < n_res; i++) kiln_release(r[i]);
+    alloc_free(r);
+    r = NULL;
+  }
+  res[e->cf_of[k->node]] = r;
+  alloc_free(tv), alloc_free(x);
+  return rc;
+}
+
 /* bound: a region's symbol values (its parent's), else they bind from the
  * inputs. into: when not NULL, out[i] are written into into[i] (a region's
  * loop passes the carry's other buffers and the stacked ys' rows, so a step
@@ -979,6 +1156,8 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
   bool shared_arena = false, kernels_ran = false;
   int n_out_done = 0, mismatch = 0;
   kiln_tensor **all = NULL; /* check mode: the interpreter's values */
+  kiln_tensor **cfres_s[8], ***cfres = NULL; /* the constructs' results, by construct */
+  struct interp_cache *cache = NULL;
   /* allreduces run on while later kernels do, except in check mode, which reads each kernel's result at once */
   /* the queue (kilobytes: zeroing it was a third of a batch-1 call's own
    * cost) only in a graph with an allreduce; bucket cap read on the first */
@@ -1020,6 +1199,7 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
           break;
         }
       }
+      if ((e->adopt && e->adopt[b]) || bf->first >= 0) break; /* made by its get, or before its first writer */
       if (!(own[b] = t = tensor_new(bf->dtype, bf->ndim, shape))) goto oom;
       break;
     case CG_BUF_TEMP:
@@ -1056,6 +1236,7 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
         if (use_prep[i]) bytes[p->k[e->prep.e[i].kernel].scratch_buf] = want_scratch[i];
       }
     }
+    if (e->n_adopted) choose_adoption(e, bytes);
     arena_bytes = plan_cached(e, bytes, off);
     if (!e->arena_busy) {
       e->arena_busy = shared_arena = true;
@@ -1108,6 +1289,18 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
     }
   }
 
+  if (report && e->n_cf) {
+    /* each construct's first step through its region's kernels first, to name the kernel inside */
+    rc = region_execs_check(g, in, params, bound, &e->rx, report, rn);
+    if (rc) goto done;
+    rc = -1;
+  }
+  if (e->n_cf) {
+    cfres = e->n_cf <= 8 ? cfres_s : alloc_calloc((size_t)e->n_cf, sizeof *cfres);
+    if (!cfres) goto oom;
+    memset(cfres, 0, sizeof *cfres * (size_t)e->n_cf);
+    if (bound) cache = interp_cache_take(e->rx.cache); /* a region's: its loops keep their buffers for the next step */
+  }
   if (report) {
     /* check mode: the interpreter's value of every node, then each kernel against it */
     all = alloc_calloc((size_t)g->n_nodes + 1, sizeof *all);
@@ -1125,6 +1318,24 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
     if (ki > 0 && all && compare_kernel(e, &p->k[ki - 1], bufs, vals, all, report, rn)) {
       mismatch = 1;
       break;
+    }
+    for (int i = 0; i < e->n_lazy; i++) {
+      int b = e->lazy[i];
+      if (p->buf[b].first != ki || tens[b]) continue;
+      int64_t shape[MAXD];
+      if (ir_node_shape(&g->nodes[p->buf[b].node], vals, ns, shape)) goto bad_shape;
+      if (!(own[b] = tens[b] = tensor_new(p->buf[b].dtype, p->buf[b].ndim, shape))) goto oom;
+      bufs[b] = tensor_data(own[b]);
+      for (int x = 0; x < nb; x++)
+        if (p->buf[x].alias_of == b) bufs[x] = bufs[b];
+    }
+    for (int i = 0; i < e->n_adopted; i++) {
+      /* a construct's result a get took: let go after its last reader, as the arena's place would be */
+      int b = e->adopted[i];
+      if (e->end_of[b] != ki - 1 || !own[b] || p->buf[b].kind != CG_BUF_TEMP) continue;
+      kiln_release(own[b]);
+      own[b] = tens[b] = NULL;
+      bufs[b] = NULL;
     }
     if (dq && wait_kernel(dq, p, g, k, bufs, tens, bytes)) {
       err_set("", 0, "call", "%s: an allreduce failed: %s", g->name, err_kernel_failed());
@@ -1160,6 +1371,11 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
     }
     /* matmul and eager ops: run the eager kernel on views of the buffers */
     const ir_node *n = &g->nodes[k->node];
+    if (ir_is_cf(n->op) || n->op == IR_GET) {
+      if (n->op == IR_GET ? run_get(e, ki, bufs, tens, own, bytes, vals, cfres) : run_construct(e, k, bufs, vals, cfres, cache))
+        goto done;
+      continue;
+    }
     tview iv[3], ov;
     kiln_tensor *ins[3];
     int nin = n->n_in < 3 ? n->n_in : 3;
@@ -1301,6 +1517,14 @@ done:
   if (all)
     for (int i = 0; i < g->n_nodes; i++) kiln_release(all[i]);
   alloc_free(all);
+  for (int i = 0; cfres && i < g->n_nodes; i++) {
+    int c = e->cf_of[i];
+    if (c < 0 || !cfres[c]) continue;
+    for (int j = 0; j < ir_cf_n_results(&g->nodes[i]); j++) kiln_release(cfres[c][j]);
+    alloc_free(cfres[c]);
+  }
+  if (cfres != cfres_s) alloc_free(cfres);
+  interp_cache_give(cache);
   if (!small) alloc_free(bufs), alloc_free(tens), alloc_free(own), alloc_free(bytes), alloc_free(off);
   return rc;
 }
