@@ -2604,6 +2604,62 @@ START_TEST(test_check_names_region_kernel) {
 END_TEST
 #endif
 
+#ifdef KILN_TEST_BUILD
+/* the scan, then exp(h * h) around it */
+static int check_outer_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  kiln_tensor *h, *ys;
+  if (kiln_scan(plain_cell, g_cell, 1, &in[0], 1, &in[1], &h, 1, &ys)) return 1;
+  out[0] = kiln_exp(kiln_mul(h, h));
+  out[1] = ys;
+  return !out[0];
+}
+
+/* check mode through the code around a region: it runs as fused kernels of
+ * its own, and one made wrong is named, outside any region; a checked call
+ * returns eager's answer */
+START_TEST(test_check_names_outer_kernel) {
+  float x[5 * NB * NI], h0[NB * NH], w[NI * NH], u[NH * NH], bb[NH];
+  fill(x, 5 * NB * NI, 41), fill(h0, NB * NH, 42), fill(w, NI * NH, 43), fill(u, NH * NH, 44), fill(bb, NH, 45);
+  kiln_scope_begin();
+  cell c = cell_of(w, u, bb);
+  g_cell = &c;
+  kiln_tensor *in[2] = {kiln_tensor_from(KILN_F32, 2, (int64_t[]){NB, NH}, h0),
+                        kiln_tensor_from(KILN_F32, 3, (int64_t[]){5, NB, NI}, x)},
+              *out[2];
+  double h[NB * NH], ys[5 * NB * NH], want[NB * NH];
+  cell_ref(x, h0, w, u, bb, 5, h, ys);
+  for (int i = 0; i < NB * NH; i++) want[i] = exp(h[i] * h[i]);
+  /* the graph's kernels: the input projection, the scan, its two gets, then exp(h * h) */
+  setenv("KILN_TEST_CORRUPT_KERNEL", "k4_pointwise", 1);
+  kiln_fn *fn = kiln_compile(check_outer_body, NULL, &(kiln_options){.name = "checked", .n_in = 2, .n_out = 2,
+                                                                     .backend = KILN_BACKEND_LLVM, .check = 1});
+  ck_assert_msg(kiln_call(fn, in, out) == 0, "%s", kiln_last_error());
+  fflush(stderr);
+  FILE *log = tmpfile();
+  ck_assert_ptr_nonnull(log);
+  int saved = dup(2);
+  dup2(fileno(log), 2);
+  int rc = kiln_call(fn, in, out);
+  fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  unsetenv("KILN_TEST_CORRUPT_KERNEL");
+  char text[4096] = "";
+  rewind(log);
+  text[fread(text, 1, sizeof text - 1, log)] = 0;
+  fclose(log);
+  ck_assert_msg(rc == 0, "%s", kiln_last_error());
+  float got[NB * NH];
+  ck_assert_int_eq(0, kiln_read(out[0], got, sizeof got));
+  expect_close(got, want, NB * NH, "eager's answer");
+  ck_assert_msg(strstr(text, "kernel k4_pointwise differs") && !strstr(text, "in region"), "%s", text);
+  kiln_fn_free(fn);
+  kiln_scope_end();
+}
+END_TEST
+#endif
+
 int main(void) {
   Suite *s = suite_create("regions");
   TCase *tc = tcase_create("regions");
@@ -2671,6 +2727,9 @@ int main(void) {
   tcase_set_timeout(outer, 120);
   tcase_add_test(outer, test_outer_result_twice);
   tcase_add_test(outer, test_outer_memory);
+#ifdef KILN_TEST_BUILD
+  tcase_add_test(outer, test_check_names_outer_kernel);
+#endif
   suite_add_tcase(s, outer);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);
