@@ -2441,6 +2441,117 @@ static int around_cell(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
   out[1] = kiln_mul(h, kiln_scalar(KILN_F32, 2));
   return !out[0] || !out[1];
 }
+/* r0 = r1 (one tensor), then W -= 0.01 * exp(r0)^T @ b in place, out = 2 * r1:
+ * the update moves up to just after r0's get, before r1's, and exp(r0)
+ * stores in place in r0's buffer */
+static kiln_tensor *g_twice_w;
+static int twice_update_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  kiln_tensor *p = kiln_gt(kiln_sum_all(in[0]), kiln_sum_all(in[1])), *r[2];
+  if (kiln_cond(p, twice_then, twice_else, NULL, 2, in, 2, r)) return 1;
+  kiln_tensor *d = kiln_matmul(kiln_transpose(kiln_exp(r[0]), 0, 1), in[1]);
+  if (!kiln_sub_(g_twice_w, kiln_mul(d, kiln_scalar(KILN_F32, 0.01f)))) return 1;
+  out[0] = kiln_mul(r[1], kiln_scalar(KILN_F32, 2));
+  return !out[0];
+}
+
+/* Two results of one tensor stay two: a kernel run between their gets that
+ * stores in place into the first does not change the second. */
+START_TEST(test_outer_result_twice_update) {
+  kiln_scope_begin();
+  for (int be = KILN_BACKEND_INTERP; be <= KILN_BACKEND_LLVM; be++) {
+    float w0[9];
+    fill(w0, 9, 80);
+    double w[9];
+    for (int i = 0; i < 9; i++) w[i] = w0[i];
+    g_twice_w = kiln_keep(kiln_tensor_from(KILN_F32, 2, (int64_t[]){3, 3}, w0));
+    kiln_fn *fn = kiln_compile(twice_update_body, NULL, &(kiln_options){.name = "twice_update", .n_in = 2, .n_out = 1, .backend = be});
+    for (int k = 0; k < 4; k++) {
+      float a[6], b[6];
+      fill(a, 6, (k % 2 ? 81u : 91u) + (unsigned)k), fill(b, 6, (k % 2 ? 91u : 81u) + (unsigned)k);
+      double sa = 0, sb = 0, r[6], want[6], want_w[9];
+      for (int i = 0; i < 6; i++) sa += a[i], sb += b[i];
+      for (int i = 0; i < 6; i++) r[i] = sa > sb ? tanh((double)a[i] + b[i]) : (double)a[i] * b[i];
+      for (int i = 0; i < 6; i++) want[i] = 2 * r[i];
+      for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 3; j++) {
+          double acc = 0;
+          for (int q = 0; q < 2; q++) acc += exp(r[q * 3 + i]) * b[q * 3 + j];
+          w[i * 3 + j] -= (double)(float)0.01f * acc;
+          want_w[i * 3 + j] = w[i * 3 + j];
+        }
+      kiln_scope_begin();
+      kiln_tensor *in[2] = {kiln_tensor_from(KILN_F32, 2, (int64_t[]){2, 3}, a),
+                            kiln_tensor_from(KILN_F32, 2, (int64_t[]){2, 3}, b)},
+                  *out[1];
+      ck_assert_msg(kiln_call(fn, in, out) == 0, "%s", kiln_last_error());
+      float got[6], got_w[9];
+      ck_assert_int_eq(0, kiln_read(out[0], got, sizeof got));
+      ck_assert_int_eq(0, kiln_read(g_twice_w, got_w, sizeof got_w));
+      expect_close(got, want, 6, be == KILN_BACKEND_LLVM ? "compiled 2 * r1" : "interpreted 2 * r1");
+      for (int i = 0; i < 9; i++) /* the update's rounding: f32 sums of 2 products */
+        ck_assert_msg(fabs(got_w[i] - want_w[i]) <= 1e-4 * (1 + fabs(want_w[i])), "W at %d: expected %.9g, got %.9g", i,
+                      want_w[i], (double)got_w[i]);
+      for (int i = 0; i < 9; i++) w[i] = got_w[i]; /* the next call starts from what this one wrote */
+      kiln_scope_end();
+    }
+    kiln_fn_free(fn);
+    kiln_release(g_twice_w);
+  }
+  kiln_scope_end();
+}
+END_TEST
+
+/* The same as text, r1's get after the update (in graph order, so that
+ * fusion keeps it there whatever its passes do) and the output: r0's buffer
+ * is r0 itself (it leaves the arena smaller), exp(r0) is stored there in
+ * place, then r1 is read. in = a, b, W; out = r1. */
+static const char twice_text[] =
+    "graph twice_text(%0: f32[2,64], %1: f32[2,64], %2: f32[64,64]) -> (%12)\n"
+    "  %3: f32[] = sum(%1) {axes=[0,1], keepdim=false}\n"
+    "  %4: f32[] = sum(%0) {axes=[0,1], keepdim=false}\n"
+    "  %5: bool[] = gt(%4, %3)\n"
+    "  %6: tuple = cond(%5, %0, %1)\n"
+    "    region then(%0: f32[2,64], %1: f32[2,64]) -> (%3, %3)\n"
+    "      %2: f32[2,64] = add(%0, %1)\n"
+    "      %3: f32[2,64] = tanh(%2)\n"
+    "    end\n"
+    "    region else(%0: f32[2,64], %1: f32[2,64]) -> (%2, %2)\n"
+    "      %2: f32[2,64] = mul(%0, %1)\n"
+    "    end\n"
+    "  %7: f32[2,64] = get(%6) {k=0}\n"
+    "  %8: f32[2,64] = exp(%7)\n"
+    "  %9: f32[64,2] = permute(%8) {perm=[1,0]}\n"
+    "  %10: f32[64,64] = matmul(%9, %1)\n"
+    "  %11: f32[64,64] = sub(%2, %10)\n"
+    "  %12: f32[2,64] = get(%6) {k=1}\n"
+    "  write %2 = %11\n";
+
+START_TEST(test_outer_result_twice_text) {
+  kiln_fn *fn = kiln_load_string(twice_text);
+  ck_assert_msg(fn != NULL, "%s", kiln_last_error());
+  kiln_scope_begin();
+  for (int k = 0; k < 4; k++) {
+    float a[128], b[128], w0[64 * 64];
+    fill(a, 128, (k % 2 ? 101u : 111u) + (unsigned)k), fill(b, 128, (k % 2 ? 111u : 101u) + (unsigned)k);
+    fill(w0, 64 * 64, 120);
+    double sa = 0, sb = 0, want[128];
+    for (int i = 0; i < 128; i++) sa += a[i], sb += b[i];
+    for (int i = 0; i < 128; i++) want[i] = sa > sb ? tanh((double)a[i] + b[i]) : (double)a[i] * b[i];
+    kiln_tensor *in[3] = {kiln_tensor_from(KILN_F32, 2, (int64_t[]){2, 64}, a),
+                          kiln_tensor_from(KILN_F32, 2, (int64_t[]){2, 64}, b),
+                          kiln_tensor_from(KILN_F32, 2, (int64_t[]){64, 64}, w0)},
+                *out[1];
+    ck_assert_msg(kiln_call(fn, in, out) == 0, "%s", kiln_last_error());
+    float got[128];
+    ck_assert_int_eq(0, kiln_read(out[0], got, sizeof got));
+    expect_close(got, want, 128, "r1");
+  }
+  kiln_scope_end();
+  kiln_fn_free(fn);
+}
+END_TEST
+
 /* the scan, then h + 1 and 3 * ys around it; in = h0 (NB, NH), x (T, NB, NH) */
 static int around_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
   (void)ctx;
@@ -2459,6 +2570,76 @@ static int around_proj_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out
   out[1] = kiln_mul(ys, kiln_scalar(KILN_F32, 3));
   return !out[0] || !out[1];
 }
+
+/* codegen/codegen.h's, which needs LLVM's headers: a chunk's bytes */
+size_t runtime_set_stream_bytes(size_t n);
+
+/* the scan over the cell whose input projection is batched out of the
+ * loop; out = h, ys */
+static int proj_ys_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  return kiln_scan(cell_fn, g_cell, 1, &in[0], 1, &in[1], &out[0], 1, &out[1]);
+}
+
+/* The batched input projection is made a chunk of steps at a time inside
+ * the loop (2 steps a chunk here): the answers at lengths across the
+ * chunks' bounds are the body's, and a call keeps one chunk, not T steps,
+ * so it peaks no higher than the body run eagerly. */
+START_TEST(test_outer_streamed) {
+  enum { TL = 400 };
+  static float x[TL * NB * NI];
+  float h0[NB * NH], w[NI * NH], u[NH * NH], bb[NH];
+  fill(x, TL * NB * NI, 51), fill(h0, NB * NH, 52), fill(w, NI * NH, 53), fill(u, NH * NH, 54), fill(bb, NH, 55);
+  size_t saved = runtime_set_stream_bytes(2 * NB * NH * sizeof(float)); /* a step's projection: NB x NH f32 */
+  kiln_scope_begin();
+  cell c = cell_of(w, u, bb);
+  g_cell = &c;
+  kiln_options opt = {.name = "streamed", .n_in = 2, .n_out = 2, .backend = KILN_BACKEND_LLVM};
+  kiln_fn *fn = kiln_compile(proj_ys_body, NULL, &opt);
+  static const int Ts[] = {1, 0, 2, 3, 4, 5, 8};
+  for (int k = 0; k < (int)(sizeof Ts / sizeof Ts[0]); k++) {
+    int T = Ts[k];
+    kiln_scope_begin();
+    kiln_tensor *in[2] = {kiln_tensor_from(KILN_F32, 2, (int64_t[]){NB, NH}, h0),
+                          kiln_tensor_from(KILN_F32, 3, (int64_t[]){T, NB, NI}, x)},
+                *out[2];
+    ck_assert_msg(kiln_call(fn, in, out) == 0, "%s", kiln_last_error());
+    double h[NB * NH], ys[8 * NB * NH];
+    cell_ref(x, h0, w, u, bb, T, h, ys);
+    float got0[NB * NH], got1[8 * NB * NH];
+    ck_assert_int_eq(0, kiln_read(out[0], got0, sizeof got0));
+    ck_assert_int_eq(0, kiln_read(out[1], got1, sizeof(float) * (size_t)(T * NB * NH)));
+    expect_close(got0, h, NB * NH, "h");
+    expect_close(got1, ys, T * NB * NH, "ys");
+    kiln_scope_end();
+  }
+  expect_one_trace(fn);
+  kiln_fn_free(fn);
+  /* peaks at TL steps, 8 steps a chunk: the body run eagerly, and a new function's first call */
+  runtime_set_stream_bytes(8 * NB * NH * sizeof(float));
+  size_t peak[2];
+  for (int k = 0; k < 2; k++) {
+    kiln_scope_begin();
+    kiln_tensor *in[2] = {kiln_tensor_from(KILN_F32, 2, (int64_t[]){NB, NH}, h0),
+                          kiln_tensor_from(KILN_F32, 3, (int64_t[]){TL, NB, NI}, x)},
+                *out[2];
+    fn = k ? kiln_compile(proj_ys_body, NULL, &opt) : NULL;
+    size_t base = kiln_mem_in_use();
+    kiln_mem_reset_peak();
+    ck_assert_msg((k ? kiln_call(fn, in, out) : proj_ys_body(NULL, in, out)) == 0, "%s", kiln_last_error());
+    peak[k] = kiln_mem_peak() - base;
+    kiln_fn_free(fn);
+    kiln_scope_end();
+  }
+  runtime_set_stream_bytes(saved);
+  /* the outputs (ys: 12.8 KB, h), a chunk of 256 bytes, the carry's two
+   * sets and the arena's few words; the whole projection would be 12.8 KB more */
+  size_t ys_bytes = (size_t)TL * NB * NH * sizeof(float);
+  ck_assert_msg(peak[1] <= peak[0] && peak[1] <= ys_bytes + 1024,
+                "a compiled call peaks at %zu bytes, the body run eagerly at %zu, its ys are %zu", peak[1], peak[0], ys_bytes);
+  kiln_scope_end();
+}
+END_TEST
 
 /* A compiled call with a scan takes no more memory than the body run
  * eagerly (ys, 3 * ys): the stacked ys are the get's buffer itself, not a
@@ -2726,7 +2907,10 @@ int main(void) {
   TCase *outer = tcase_create("outer");
   tcase_set_timeout(outer, 120);
   tcase_add_test(outer, test_outer_result_twice);
+  tcase_add_test(outer, test_outer_result_twice_update);
+  tcase_add_test(outer, test_outer_result_twice_text);
   tcase_add_test(outer, test_outer_memory);
+  tcase_add_test(outer, test_outer_streamed);
 #ifdef KILN_TEST_BUILD
   tcase_add_test(outer, test_check_names_outer_kernel);
 #endif

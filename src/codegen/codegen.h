@@ -389,5 +389,8 @@ bool runtime_own_vectors(void);
 /* How soon after a run's kernels end the next run counts as back to back
  * (20 us; INT64_MAX: every run, for tests); returns the old value. */
 int64_t runtime_set_hot_gap(int64_t ns);
+/* The bytes a chunk of a scan's streamed input projection takes (256 KiB;
+ * small ones for tests, to cross chunk boundaries); returns the old value. */
+size_t runtime_set_stream_bytes(size_t n);
 
 #endif

@@ -57,16 +57,24 @@ struct backend_exec {
   int *last_get;          /* per construct: the kernel of the last get that reads its results, -1 none */
   /* per buffer: a get's, whose memory is its construct's result itself where
    * that is a contiguous tensor of its own (no copy, no arena space); it
-   * lives up to end_of[b], b's last reader or that of a buffer stored in
-   * place in it. adopted lists them. */
+   * lives up to end_of[b], b's last reader (the fuse passes make that of a
+   * buffer stored in place in it b's too). adopted lists them. */
   bool *adopt;
   int *end_of, *adopted, n_adopted;
   /* outputs made just before the kernel that first writes them, not at
    * the call's start: a call peaks lower (the arena's early intermediates
-   * are gone by then) */
+   * are gone by then). In the order of those kernels. */
   int *lazy, n_lazy;
   size_t *adopt_key;      /* the sizes choose_adoption last decided for (under mu), and what it chose */
   bool *adopt_zero;
+  /* A scan's xs operand made by the matmul kernel just before it (a loop's
+   * input projection, batched out of the loop) and read by nothing else:
+   * made a chunk of steps at a time inside the loop (stream_fill), in a
+   * buffer of that many rows, not all T at once. Per kernel: the scan's
+   * operand (stream_j, -1 none) and whether a matmul is so made
+   * (streamed); per buffer: whether it holds a chunk (stream_buf). */
+  int *stream_j;
+  bool *streamed, *stream_buf;
   cg_prep prep;           /* weights prepared once (prepare.c); used by the call that holds the arena */
 };
 
@@ -81,6 +89,19 @@ static int64_t now_ns(void) {
 static _Atomic int64_t hot_gap = 20000;
 
 int64_t runtime_set_hot_gap(int64_t ns) { return atomic_exchange(&hot_gap, ns); }
+
+/* A streamed input projection's chunk: about this many bytes (in L2 while
+ * the loop reads it), whole steps, at least one. */
+static _Atomic size_t stream_bytes = 256 * 1024;
+
+size_t runtime_set_stream_bytes(size_t n) { return atomic_exchange(&stream_bytes, n); }
+
+/* Steps a chunk holds, of T steps of row bytes each. */
+static int64_t stream_rows(size_t row, int64_t T) {
+  int64_t k = row ? (int64_t)(atomic_load(&stream_bytes) / row) : T;
+  if (k > T) k = T;
+  return k < 1 ? 1 : k;
+}
 
 static double now_ms(void) { return (double)now_ns() / 1e6; }
 
@@ -100,6 +121,7 @@ static void exec_free(backend_exec *e) {
   alloc_free(e->leaves);
   alloc_free(e->cf_of), alloc_free(e->last_get), alloc_free(e->adopt), alloc_free(e->end_of), alloc_free(e->adopted);
   alloc_free(e->lazy), alloc_free(e->adopt_key), alloc_free(e->adopt_zero);
+  alloc_free(e->stream_j), alloc_free(e->streamed), alloc_free(e->stream_buf);
   jit_free(e->jit);
   cg_program_free(e->prog);
   if (e->arena) {
@@ -405,6 +427,8 @@ static void compile_free(kern_code *code, int n_code, kern_obj *objs, uint64_t *
   alloc_free(objs);
 }
 
+static int find_streams(backend_exec *e);
+
 static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_to, char *err, size_t errn) {
 #ifdef KILN_TEST_BUILD
   /* fault injection: the fallback to the interpreter must hold */
@@ -464,10 +488,7 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
         e->end_of[k->out_buf] = bf->kind == CG_BUF_OUTPUT ? p->n_k : bf->last;
       }
     }
-    for (int b = 0; b < p->n_buf; b++) {
-      int a = p->buf[b].alias_of;
-      if (a >= 0 && e->adopt[a] && p->buf[b].last > e->end_of[a]) e->end_of[a] = p->buf[b].last;
-    }
+    if (find_streams(e)) goto oom;
   }
   e->fn = alloc_calloc((size_t)p->n_k + 1, sizeof *e->fn);
   e->consts = alloc_calloc((size_t)p->n_buf + 1, sizeof *e->consts);
@@ -480,8 +501,9 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
   }
   if (!(e->leaves = ir_leaf_ids(g, &e->n_leaves))) goto oom;
   if (!(e->lazy = alloc_malloc(sizeof *e->lazy * ((size_t)p->n_buf + 1)))) goto oom;
-  for (int b = 0; b < p->n_buf; b++)
-    if (p->buf[b].kind == CG_BUF_OUTPUT && p->buf[b].first >= 0 && !(e->adopt && e->adopt[b])) e->lazy[e->n_lazy++] = b;
+  for (int ki = 0; ki < p->n_k; ki++)
+    for (int b = 0; b < p->n_buf; b++)
+      if (p->buf[b].kind == CG_BUF_OUTPUT && p->buf[b].first == ki && !(e->adopt && e->adopt[b])) e->lazy[e->n_lazy++] = b;
   if (prep_init(&e->prep, p)) goto oom;
   for (int b = 0; b < p->n_buf; b++) e->temps |= p->buf[b].kind == CG_BUF_TEMP;
   e->last_allreduce = -1;
@@ -989,6 +1011,75 @@ static int apply_writes(const ir_graph *g, const cg_program *p, char *const *buf
   return rc;
 }
 
+/* The scans whose xs operand a matmul just before makes, row t of its
+ * result from row t of its left operand alone (a weight on the right), in
+ * a buffer only the scan reads: e->stream_j, streamed, stream_buf. 0, or
+ * -1 out of memory. */
+static int find_streams(backend_exec *e) {
+  const cg_program *p = e->prog;
+  const ir_graph *g = e->g;
+  e->stream_j = alloc_malloc(sizeof *e->stream_j * ((size_t)p->n_k + 1));
+  e->streamed = alloc_calloc((size_t)p->n_k + 1, sizeof *e->streamed);
+  e->stream_buf = alloc_calloc((size_t)p->n_buf + 1, sizeof *e->stream_buf);
+  if (!e->stream_j || !e->streamed || !e->stream_buf) return -1;
+  for (int ki = 0; ki < p->n_k; ki++) e->stream_j[ki] = -1;
+  for (int si = 1; si < p->n_k; si++) {
+    const cg_kernel *S = &p->k[si], *M = &p->k[si - 1];
+    const ir_node *sn = &g->nodes[S->node];
+    if (S->kind != CG_K_EAGER || sn->op != IR_SCAN || M->kind != CG_K_MATMUL || M->beta != 0 || M->alpha != 1 ||
+        M->result_node != M->node || M->scratch_buf >= 0 || M->out_buf < 0)
+      continue;
+    const ir_node *mn = &g->nodes[M->node];
+    const cg_buf *bf = &p->buf[M->out_buf];
+    /* only the scan reads it (a reader after, an output or a buffer stored in place in it would extend last) */
+    if (bf->kind != CG_BUF_TEMP || bf->alias_of >= 0 || bf->node != M->node || bf->first != si - 1 || bf->last != si ||
+        p->views[M->node].buf != M->out_buf || !sym_same(p->views[M->node].off, sym_const(0)))
+      continue;
+    int j = -1, uses = 0;
+    for (int q = 0; q < sn->n_in; q++)
+      if (sn->in[q] == M->node) uses++, j = q;
+    if (uses != 1 || j < sn->n_carry || j >= sn->n_carry + sn->n_xs) continue;
+    const ir_node *a = &g->nodes[mn->in[0]], *w = &g->nodes[mn->in[1]];
+    if (w->ndim != 2 || a->ndim < 2 || mn->ndim != a->ndim || !sym_same(a->shape[0], mn->shape[0])) continue;
+    e->stream_j[si] = j;
+    e->streamed[si - 1] = true;
+    e->stream_buf[M->out_buf] = true;
+  }
+  return 0;
+}
+
+/* A streamed projection's next n rows, from step t: the matmul kernel mi
+ * on rows [t, t + n) of its left operand, into rows 0 .. n-1 of its buffer. */
+typedef struct stream_ctx {
+  const backend_exec *e;
+  int mi;
+  char *const *bufs;
+  const int64_t *vals;
+} stream_ctx;
+
+static int stream_fill(void *ctx, int64_t t, int64_t n) {
+  const stream_ctx *c = ctx;
+  const cg_program *p = c->e->prog;
+  const ir_graph *g = c->e->g;
+  const cg_kernel *M = &p->k[c->mi];
+  const ir_node *mn = &g->nodes[M->node], *a = &g->nodes[mn->in[0]], *w = &g->nodes[mn->in[1]];
+  int ns = g->n_syms;
+  tview av, wv, ov;
+  op_attrs at;
+  if (make_view(&av, c->bufs[p->views[mn->in[0]].buf], a->dtype, a, &p->views[mn->in[0]], c->vals, ns) ||
+      make_view(&wv, c->bufs[p->views[mn->in[1]].buf], w->dtype, w, &p->views[mn->in[1]], c->vals, ns) ||
+      make_view(&ov, c->bufs[M->out_buf], mn->dtype, mn, &p->views[M->node], c->vals, ns) ||
+      ir_attrs_eval(mn, c->vals, ns, &at))
+    return err_set("", 0, "call", "%s: a size does not evaluate", g->name), -1;
+  av.t.offset += t * av.t.stride[0];
+  av.t.shape[0] = ov.t.shape[0] = n;
+  kiln_tensor *ins[2] = {&av.t, &wv.t};
+  if (op_kernel(OP_MATMUL, ins, 2, &at, &ov.t))
+    return err_set(mn->file, mn->line, "matmul", "%s: %%%d: the kernel failed: %s", g->name, M->node, err_kernel_failed()),
+           -1;
+  return 0;
+}
+
 /* Whether each get's buffer in the arena is its construct's result itself
  * (bytes 0: no copy, no place in the arena) or a copy of it there. A copy
  * where the arena has room for it anyway (the place of intermediates dead
@@ -1074,8 +1165,9 @@ static int run_get(const backend_exec *e, int ki, char **bufs, kiln_tensor **ten
  * regions over views of its operands' buffers. Its results wait in
  * res[its index] for the gets that read them: tensors of their own, not
  * the arena's, which later kernels reuse. 0, or -1 with the error. */
-static int run_construct(const backend_exec *e, const cg_kernel *k, char *const *bufs, const int64_t *vals,
-                         kiln_tensor ***res, struct interp_cache *cache) {
+static int run_construct(const backend_exec *e, int ki, char *const *bufs, const int64_t *vals, kiln_tensor ***res,
+                         struct interp_cache *cache, bool stream) {
+  const cg_kernel *k = &e->prog->k[ki];
   const cg_program *p = e->prog;
   const ir_graph *g = e->g;
   const ir_node *n = &g->nodes[k->node];
@@ -1096,17 +1188,17 @@ static int run_construct(const backend_exec *e, const cg_kernel *k, char *const 
     }
     x[j] = &tv[j].t;
   }
-  if (!rc) rc = interp_cf_run(g, k->node, x, vals, &e->rx, cache, &r);
-  /* a result that is an operand, or a view of one, lies in memory a later kernel may take */
-  for (int i = 0; !rc && i < n_res; i++)
-    for (int j = 0; j < n->n_in; j++) {
-      if (r[i]->st != &tv[j].st) continue;
-      kiln_tensor *own = op_run(OP_COPY, &r[i], 1, NULL, n->file, n->line);
-      kiln_release(r[i]);
-      r[i] = own;
-      if (!own) rc = -1;
-      break;
-    }
+  /* a streamed xs: its buffer holds a chunk of steps, made as the loop reaches them */
+  int sj = stream && e->stream_j ? e->stream_j[ki] : -1;
+  stream_ctx sc = {e, ki - 1, bufs, vals};
+  cf_stream st = {sj, 1, stream_fill, &sc};
+  if (!rc && sj >= 0 && x[sj]->ndim > 0)
+    st.k = stream_rows((size_t)(x[sj]->shape[0] ? kiln_numel(x[sj]) / x[sj]->shape[0] : 0) * kiln_dtype_size(x[sj]->dtype),
+                       x[sj]->shape[0]);
+  /* results of their own: one that is an operand or a view of one lies in
+   * memory a later kernel may take, and two that share a storage would see
+   * a kernel's in-place store into either */
+  if (!rc) rc = interp_cf_run(g, k->node, x, vals, &e->rx, cache, sj >= 0 ? &st : NULL, true, &r);
   if (rc && r) {
     for (int i = 0; i < n_res; i++) kiln_release(r[i]);
     alloc_free(r);
@@ -1211,6 +1303,8 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
       if (ir_node_shape(n, vals, ns, shape)) goto bad_shape;
       /* a buffer merged into another by the in-place reuse takes no space */
       bytes[b] = bf->alias_of >= 0 || bf->first < 0 ? 0 : (size_t)shape_numel(bf->ndim, shape) * kiln_dtype_size(bf->dtype);
+      if (!report && e->stream_buf && e->stream_buf[b] && shape[0] > 0) /* a chunk of the steps */
+        bytes[b] = bytes[b] / (size_t)shape[0] * (size_t)stream_rows(bytes[b] / (size_t)shape[0], shape[0]);
       break;
     }
     tens[b] = t;
@@ -1311,6 +1405,7 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
    * worker is awake (a kernel before it split) or in runs that come back
    * to back: a lone run would wake a sleeping worker, which costs a small
    * matvec more than the second core gives back. */
+  int next_lazy = 0;
   bool hot = e->has_dot && now_ns() - atomic_load_explicit(&e->last_end, memory_order_relaxed) <
                               atomic_load_explicit(&hot_gap, memory_order_relaxed);
   for (int ki = 0; ki < p->n_k && !mismatch; ki++) {
@@ -1319,15 +1414,13 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
       mismatch = 1;
       break;
     }
-    for (int i = 0; i < e->n_lazy; i++) {
-      int b = e->lazy[i];
-      if (p->buf[b].first != ki || tens[b]) continue;
+    for (; next_lazy < e->n_lazy && p->buf[e->lazy[next_lazy]].first == ki; next_lazy++) {
+      int b = e->lazy[next_lazy];
       int64_t shape[MAXD];
+      if (tens[b]) continue; /* the caller's (into) */
       if (ir_node_shape(&g->nodes[p->buf[b].node], vals, ns, shape)) goto bad_shape;
       if (!(own[b] = tens[b] = tensor_new(p->buf[b].dtype, p->buf[b].ndim, shape))) goto oom;
-      bufs[b] = tensor_data(own[b]);
-      for (int x = 0; x < nb; x++)
-        if (p->buf[x].alias_of == b) bufs[x] = bufs[b];
+      bufs[b] = tensor_data(own[b]); /* no buffer is stored in place in an output */
     }
     for (int i = 0; i < e->n_adopted; i++) {
       /* a construct's result a get took: let go after its last reader, as the arena's place would be */
@@ -1337,6 +1430,7 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
       own[b] = tens[b] = NULL;
       bufs[b] = NULL;
     }
+    if (!report && e->streamed && e->streamed[ki]) continue; /* the scan after it makes it, a chunk at a time */
     if (dq && wait_kernel(dq, p, g, k, bufs, tens, bytes)) {
       err_set("", 0, "call", "%s: an allreduce failed: %s", g->name, err_kernel_failed());
       goto done;
@@ -1372,7 +1466,8 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
     /* matmul and eager ops: run the eager kernel on views of the buffers */
     const ir_node *n = &g->nodes[k->node];
     if (ir_is_cf(n->op) || n->op == IR_GET) {
-      if (n->op == IR_GET ? run_get(e, ki, bufs, tens, own, bytes, vals, cfres) : run_construct(e, k, bufs, vals, cfres, cache))
+      if (n->op == IR_GET ? run_get(e, ki, bufs, tens, own, bytes, vals, cfres)
+                          : run_construct(e, ki, bufs, vals, cfres, cache, !report))
         goto done;
       continue;
     }

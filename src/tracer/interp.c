@@ -201,9 +201,10 @@ static kiln_tensor *slot_run(kiln_tensor **slot, op_id op, kiln_tensor *const *i
 
 /* Loop node id's slots in c (NULL: none kept): carry sets 0 and 1 (nc
  * each), the results (n_res: a scan's ys from nc on), the predicate, the
- * arguments made contiguous (n_args). */
+ * arguments made contiguous (n_args), the results' own copies (n_res). A
+ * cond's: nc and n_args 0. */
 static kiln_tensor **cf_slots(struct interp_cache *c, int id, int nc, int n_res, int n_args) {
-  int n = 2 * nc + n_res + 1 + n_args;
+  int n = 2 * nc + n_res + 1 + n_args + n_res;
   if (!c || id >= c->n) return NULL;
   if (c->cf[id] && c->n_cf[id] != n) return NULL; /* never: a node's counts do not change */
   if (!c->cf[id] && (c->cf[id] = alloc_calloc((size_t)n + 1, sizeof **c->cf))) c->n_cf[id] = n;
@@ -289,7 +290,7 @@ static int carry_buffers(kiln_tensor *const *like, int n, kiln_tensor **set0, ki
 }
 
 int interp_cf_run(const ir_graph *g, int id, kiln_tensor *const *x, const int64_t *vals, const region_execs *rx,
-                  struct interp_cache *cache, kiln_tensor ***res) {
+                  struct interp_cache *cache, const cf_stream *st, bool own_results, kiln_tensor ***res) {
   const ir_node *n = &g->nodes[id];
   int n_res = ir_cf_n_results(n), n_args = ir_cf_n_args(g, id, 0), rc = 0;
   kiln_tensor **r = alloc_calloc((size_t)n_res + 1, sizeof *r);
@@ -356,7 +357,9 @@ int interp_cf_run(const ir_graph *g, int id, kiln_tensor *const *x, const int64_
       if (n->op == IR_WHILE) {
         if ((rc = run_region_into(g, id, 0, vals, rx, args, &pred)) || !pred_value(pred)) break;
       } else {
-        for (int j = nc; j < nc + nx; j++) args[j]->offset = x[j]->offset + t * x[j]->stride[0];
+        if (st && t % st->k == 0 && (rc = st->fill(st->ctx, t, T - t < st->k ? T - t : st->k))) break;
+        for (int j = nc; j < nc + nx; j++)
+          args[j]->offset = x[j]->offset + (st && j == st->j ? t % st->k : t) * x[j]->stride[0];
         for (int k = nc; k < n_res; k++) rows[k]->offset = r[k]->offset + t * r[k]->stride[0];
       }
       memcpy(rows, set[s], sizeof *rows * (size_t)nc);
@@ -371,6 +374,24 @@ int interp_cf_run(const ir_graph *g, int id, kiln_tensor *const *x, const int64_
     for (int j = 0; j < nc; j++) kiln_release(set[0][j]), kiln_release(set[1][j]);
     kiln_release(pred);
     if (rc) release_n(r, n_res);
+  }
+  /* results of storage of their own: a copy (kept in the cache's slots
+   * after the loop's) where one shares an operand's or an earlier one's */
+  for (int i = 0; own_results && !rc && i < n_res; i++) {
+    bool shared = false;
+    for (int j = 0; j < n->n_in && !shared; j++) shared = r[i]->st == x[j]->st;
+    for (int q = 0; q < i && !shared; q++) shared = r[i]->st == r[q]->st;
+    if (!shared) continue;
+    int nc = n->op == IR_COND ? 0 : n->n_carry, na = n->op == IR_COND ? 0 : n_args;
+    kiln_tensor **slots = cf_slots(cache, id, nc, n_res, na);
+    kiln_tensor *c = slot_run(slots ? &slots[2 * nc + n_res + 1 + na + i] : NULL, OP_COPY, &r[i], 1, NULL, r[i]->shape,
+                              r[i]->ndim, r[i]->dtype, n->file, n->line);
+    kiln_release(r[i]);
+    r[i] = c;
+    if (!c) {
+      rc = -1;
+      release_n(r, n_res);
+    }
   }
 done:
   if (own) release_n(own, n_args);
@@ -419,7 +440,7 @@ static int run(const ir_graph *g, kiln_tensor *const *consts, kiln_tensor *const
         goto fail;
       }
       for (int j = 0; j < n->n_in; j++) x[j] = v[n->in[j]];
-      int cr = interp_cf_run(g, i, x, vals, rx, cache, &tup[i]);
+      int cr = interp_cf_run(g, i, x, vals, rx, cache, NULL, false, &tup[i]);
       if (x != xa) alloc_free(x);
       if (cr) goto fail;
       continue;

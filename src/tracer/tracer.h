@@ -619,13 +619,25 @@ void interp_cache_free(struct interp_cache *c);
  * interp_cache_give hands it back. */
 struct interp_cache *interp_cache_take(struct interp_cache *c);
 void interp_cache_give(struct interp_cache *c);
+/* A scan's xs operand j made k steps at a time: x[j] holds steps
+ * [t, t + k) of it at rows 0 .. k-1 after fill(ctx, t, n) made n of them
+ * (n < k at the end); the scan calls fill before step t whenever t % k is
+ * 0. The runtime's way to batch a loop's input projection by chunks. */
+typedef struct cf_stream {
+  int j;
+  int64_t k;
+  int (*fill)(void *ctx, int64_t t, int64_t n);
+  void *ctx;
+} cf_stream;
 /* Runs control-flow node id of g over its operands x[0..n_in) at the
  * symbol values vals, its regions on rx's execs (NULL: interpreted) and
  * its loop buffers kept in cache (NULL: none kept); *res (alloc_calloc'ed)
  * gets its ir_cf_n_results results, references of the caller's, which may
- * be operands or views of them. 0, or -1 with the error set. */
+ * be operands or views of them, or share a storage, unless own_results
+ * (then such a result is a copy). st: a streamed xs operand, or NULL.
+ * 0, or -1 with the error set. */
 int interp_cf_run(const ir_graph *g, int id, kiln_tensor *const *x, const int64_t *vals, const region_execs *rx,
-                  struct interp_cache *cache, kiln_tensor ***res);
+                  struct interp_cache *cache, const cf_stream *st, bool own_results, kiln_tensor ***res);
 /* Compiles every region of g with be (a region with regions of its own is
  * be's business); 0, or -1 with err naming the region. */
 int region_execs_compile(const ir_graph *g, const backend *be, unsigned dump, FILE *dump_to, region_execs *rx,
