@@ -122,6 +122,7 @@ typedef struct lstm_result {
   double eager_ms, compiled_ms, compile_ms, trace_ms;
   long long variants, traces; /* of the function after this row (the forward rows share one) */
   double floor_ms;            /* the forward rows: their GEMMs alone (bench_matmuls_ms), 0 else */
+  size_t eager_peak, compiled_peak; /* bytes above the inputs: a call, and a new function's first call (its arena too) */
 } lstm_result;
 
 static lstm_result results[1 + N_FWD];
@@ -151,7 +152,20 @@ static lstm_result measure(const char *name, lstm_case *c, kiln_fn *fn) {
     return r;
   kiln_fn_get_stats(fn, &st);
   r.variants = st.variants, r.traces = st.traces;
-  r.ok = st.fallbacks == 0; /* a variant per T is slow to compile, not wrong: variants are reported, not required */
+  r.ok = st.fallbacks == 0;
+  /* peaks: the body run eagerly, and a function of its own's first call
+   * (which records, compiles and runs compiled code), so that the arena it
+   * keeps counts as the call's */
+  size_t base = kiln_mem_in_use();
+  kiln_mem_reset_peak();
+  if (case_run(c, NULL)) r.ok = false;
+  r.eager_peak = kiln_mem_peak() - base;
+  kiln_fn *own = case_compile(c, "W10_memory");
+  base = kiln_mem_in_use();
+  kiln_mem_reset_peak();
+  if (!own || case_run(c, own)) r.ok = false;
+  r.compiled_peak = kiln_mem_peak() - base;
+  kiln_fn_free(own); /* a variant per T is slow to compile, not wrong: variants are reported, not required */
   return r;
 }
 
@@ -162,6 +176,7 @@ static void print_row(const lstm_result *r) {
   }
   printf("%-18s %10.3f %12.3f %7.2fx %11.1f   variants %lld, traces %lld", r->name, r->eager_ms, r->compiled_ms,
          r->eager_ms / r->compiled_ms, r->compile_ms, r->variants, r->traces);
+  printf("   peak MiB: eager %.2f, compiled %.2f", r->eager_peak / 1048576.0, r->compiled_peak / 1048576.0);
   if (r->floor_ms > 0)
     printf("   GEMMs alone %.3f ms: eager %.2fx, compiled %.2fx of it", r->floor_ms, r->eager_ms / r->floor_ms,
            r->compiled_ms / r->floor_ms);
@@ -230,9 +245,10 @@ void bench_lstm_json(FILE *f, int threads) {
   for (int i = 0; i < n_results; i++) {
     const lstm_result *r = &results[i];
     fprintf(f, "  {\"name\": \"%s\", \"threads\": %d, \"ok\": %s, \"eager_ms\": %.6f, \"compiled_ms\": %.6f, "
-            "\"compile_ms\": %.3f, \"trace_ms\": %.3f, \"variants\": %lld, \"traces\": %lld, \"floor_ms\": %.6f}%s\n",
+            "\"compile_ms\": %.3f, \"trace_ms\": %.3f, \"variants\": %lld, \"traces\": %lld, \"floor_ms\": %.6f, "
+            "\"eager_peak_bytes\": %zu, \"compiled_peak_bytes\": %zu}%s\n",
             r->name, threads, r->ok ? "true" : "false", r->eager_ms, r->compiled_ms, r->compile_ms, r->trace_ms,
-            r->variants, r->traces, r->floor_ms, i + 1 < n_results ? "," : "");
+            r->variants, r->traces, r->floor_ms, r->eager_peak, r->compiled_peak, i + 1 < n_results ? "," : "");
   }
 }
 
