@@ -90,15 +90,18 @@ static _Atomic int64_t hot_gap = 20000;
 
 int64_t runtime_set_hot_gap(int64_t ns) { return atomic_exchange(&hot_gap, ns); }
 
-/* A streamed input projection's chunk: about this many bytes (in L2 while
- * the loop reads it), whole steps, at least one. */
+/* A streamed input projection's chunk: this many bytes (in L2 while the
+ * loop reads it), or an eighth of the whole where that is more (fewer,
+ * larger GEMMs on long loops, still below what the loop's outputs take),
+ * whole steps, at least one. */
 static _Atomic size_t stream_bytes = 256 * 1024;
 
 size_t runtime_set_stream_bytes(size_t n) { return atomic_exchange(&stream_bytes, n); }
 
 /* Steps a chunk holds, of T steps of row bytes each. */
 static int64_t stream_rows(size_t row, int64_t T) {
-  int64_t k = row ? (int64_t)(atomic_load(&stream_bytes) / row) : T;
+  size_t want = atomic_load(&stream_bytes), eighth = row * (size_t)T / 8;
+  int64_t k = row ? (int64_t)((want > eighth ? want : eighth) / row) : T;
   if (k > T) k = T;
   return k < 1 ? 1 : k;
 }
