@@ -2642,6 +2642,144 @@ START_TEST(test_outer_streamed) {
 }
 END_TEST
 
+/* h <- tanh(x_t @ W + h @ U + b), y_t = 2 h over x (T, NB, ni), in double */
+static void rnn_ref(const double *x, int ni, const float *h0, const float *w, const float *u, const float *b, int T,
+                    double *h, double *ys) {
+  for (int i = 0; i < NB * NH; i++) h[i] = h0[i];
+  for (int t = 0; t < T; t++) {
+    double nh[NB * NH];
+    for (int r = 0; r < NB; r++)
+      for (int j = 0; j < NH; j++) {
+        double acc = b[j];
+        for (int q = 0; q < ni; q++) acc += x[(t * NB + r) * ni + q] * w[q * NH + j];
+        for (int q = 0; q < NH; q++) acc += h[r * NH + q] * u[q * NH + j];
+        nh[r * NH + j] = tanh(acc);
+      }
+    memcpy(h, nh, sizeof nh);
+    for (int i = 0; i < NB * NH; i++) ys[t * NB * NH + i] = 2 * h[i];
+  }
+}
+
+/* two layers: the second scan's xs is the first's ys through its input
+ * projection, ys1 @ W2, which the loop makes a chunk at a time from ys1,
+ * a result of the first scan; out = h2, ys2 */
+static cell *g_cell2;
+static int stacked_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  kiln_tensor *h1, *ys1;
+  if (kiln_scan(cell_fn, g_cell, 1, &in[0], 1, &in[1], &h1, 1, &ys1)) return 1;
+  return kiln_scan(cell_fn, g_cell2, 1, &in[0], 1, &ys1, &out[0], 1, &out[1]);
+}
+
+/* A streamed projection whose left operand is another loop's result (a
+ * buffer the get took as its memory) keeps it until the loop has read it. */
+START_TEST(test_outer_streamed_stacked) {
+  float x[8 * NB * NI], h0[NB * NH], w[NI * NH], u[NH * NH], bb[NH], w2[NH * NH], u2[NH * NH], b2[NH];
+  fill(x, 8 * NB * NI, 61), fill(h0, NB * NH, 62), fill(w, NI * NH, 63), fill(u, NH * NH, 64), fill(bb, NH, 65);
+  fill(w2, NH * NH, 66), fill(u2, NH * NH, 67), fill(b2, NH, 68);
+  size_t saved = runtime_set_stream_bytes(2 * NB * NH * sizeof(float)); /* 2 steps a chunk */
+  kiln_scope_begin();
+  cell c = cell_of(w, u, bb);
+  cell c2 = {kiln_tensor_from(KILN_F32, 2, (int64_t[]){NH, NH}, w2), kiln_tensor_from(KILN_F32, 2, (int64_t[]){NH, NH}, u2),
+             kiln_tensor_from(KILN_F32, 1, (int64_t[]){NH}, b2)};
+  g_cell = &c, g_cell2 = &c2;
+  kiln_fn *fn = kiln_compile(stacked_body, NULL,
+                             &(kiln_options){.name = "stacked", .n_in = 2, .n_out = 2, .backend = KILN_BACKEND_LLVM});
+  static const int Ts[] = {1, 0, 2, 3, 5, 8};
+  for (int k = 0; k < (int)(sizeof Ts / sizeof Ts[0]); k++) {
+    int T = Ts[k];
+    kiln_scope_begin();
+    kiln_tensor *in[2] = {kiln_tensor_from(KILN_F32, 2, (int64_t[]){NB, NH}, h0),
+                          kiln_tensor_from(KILN_F32, 3, (int64_t[]){T, NB, NI}, x)},
+                *out[2];
+    ck_assert_msg(kiln_call(fn, in, out) == 0, "%s", kiln_last_error());
+    double xd[8 * NB * NI], h1[NB * NH], ys1[8 * NB * NH], h2[NB * NH], ys2[8 * NB * NH];
+    for (int i = 0; i < T * NB * NI; i++) xd[i] = x[i];
+    rnn_ref(xd, NI, h0, w, u, bb, T, h1, ys1);
+    rnn_ref(ys1, NH, h0, w2, u2, b2, T, h2, ys2);
+    float got0[NB * NH], got1[8 * NB * NH];
+    ck_assert_int_eq(0, kiln_read(out[0], got0, sizeof got0));
+    ck_assert_int_eq(0, kiln_read(out[1], got1, sizeof(float) * (size_t)(T * NB * NH)));
+    expect_close(got0, h2, NB * NH, "h2");
+    expect_close(got1, ys2, T * NB * NH, "ys2");
+    kiln_scope_end();
+  }
+  runtime_set_stream_bytes(saved);
+  expect_one_trace(fn);
+  kiln_fn_free(fn);
+  kiln_scope_end();
+}
+END_TEST
+
+/* Two scans as text: the second's xs is ys1 @ W2, and ys1 is read by that
+ * matmul alone (not also captured by the second loop, as a traced body's
+ * would be). in = x (s0,4,3), h0 (4,8), W (3,8), W2 (8,8); out = h2, ys2. */
+static const char stacked_text[] =
+    "graph stacked(%0: f32[s0,4,3], %1: f32[4,8], %2: f32[3,8], %3: f32[8,8]) -> (%8, %9)\n"
+    "  sym s0 in [0, 4096]\n"
+    "  %4: tuple = scan(%1, %0, %2) {carry=1, xs=1}\n"
+    "    region body(%0: f32[4,8], %1: f32[4,3], %2: f32[3,8]) -> (%5, %5)\n"
+    "      %3: f32[4,8] = matmul(%1, %2)\n"
+    "      %4: f32[4,8] = add(%0, %3)\n"
+    "      %5: f32[4,8] = tanh(%4)\n"
+    "    end\n"
+    "  %5: f32[s0,4,8] = get(%4) {k=1}\n"
+    "  %6: f32[s0,4,8] = matmul(%5, %3)\n"
+    "  %7: tuple = scan(%1, %6) {carry=1, xs=1}\n"
+    "    region body(%0: f32[4,8], %1: f32[4,8]) -> (%3, %3)\n"
+    "      %2: f32[4,8] = add(%0, %1)\n"
+    "      %3: f32[4,8] = tanh(%2)\n"
+    "    end\n"
+    "  %8: f32[4,8] = get(%7) {k=0}\n"
+    "  %9: f32[s0,4,8] = get(%7) {k=1}\n";
+
+/* A streamed projection whose left operand is another loop's result, which
+ * nothing else reads (so its get may take it as its buffer's memory, to be
+ * let go after its last reader), keeps it until the loop has read it. */
+START_TEST(test_outer_streamed_text) {
+  kiln_fn *fn = kiln_load_string(stacked_text);
+  ck_assert_msg(fn != NULL, "%s", kiln_last_error());
+  size_t saved = runtime_set_stream_bytes(2 * 4 * 8 * sizeof(float)); /* 2 steps a chunk */
+  static const int Ts[] = {1, 0, 2, 3, 5, 8, 16};
+  for (int c = 0; c < (int)(sizeof Ts / sizeof Ts[0]); c++) {
+    int T = Ts[c];
+    float x[16 * 12], h0[32], w[24], w2[64];
+    fill(x, T * 12, 71 + (unsigned)c), fill(h0, 32, 72), fill(w, 24, 73), fill(w2, 64, 74);
+    double h[32], ys1[16 * 32], ys2[16 * 32];
+    for (int i = 0; i < 32; i++) h[i] = h0[i];
+    for (int t = 0; t < T; t++)
+      for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 8; j++) {
+          double acc = 0;
+          for (int q = 0; q < 3; q++) acc += (double)x[t * 12 + i * 3 + q] * w[q * 8 + j];
+          ys1[t * 32 + i * 8 + j] = tanh((t ? ys1[(t - 1) * 32 + i * 8 + j] : h[i * 8 + j]) + acc);
+        }
+    for (int t = 0; t < T; t++)
+      for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 8; j++) {
+          double acc = 0;
+          for (int q = 0; q < 8; q++) acc += ys1[t * 32 + i * 8 + q] * w2[q * 8 + j];
+          ys2[t * 32 + i * 8 + j] = tanh((t ? ys2[(t - 1) * 32 + i * 8 + j] : h[i * 8 + j]) + acc);
+        }
+    kiln_scope_begin();
+    kiln_tensor *in[4] = {kiln_tensor_from(KILN_F32, 3, (int64_t[]){T, 4, 3}, x),
+                          kiln_tensor_from(KILN_F32, 2, (int64_t[]){4, 8}, h0),
+                          kiln_tensor_from(KILN_F32, 2, (int64_t[]){3, 8}, w),
+                          kiln_tensor_from(KILN_F32, 2, (int64_t[]){8, 8}, w2)},
+                *out[2];
+    ck_assert_msg(kiln_call(fn, in, out) == 0, "T=%d: %s", T, kiln_last_error());
+    float got0[32], got1[16 * 32];
+    ck_assert_int_eq(0, kiln_read(out[0], got0, sizeof got0));
+    ck_assert_int_eq(0, kiln_read(out[1], got1, sizeof(float) * (size_t)(T * 32)));
+    expect_close(got0, T ? ys2 + (T - 1) * 32 : h, 32, "h2");
+    expect_close(got1, ys2, T * 32, "ys2");
+    kiln_scope_end();
+  }
+  runtime_set_stream_bytes(saved);
+  kiln_fn_free(fn);
+}
+END_TEST
+
 /* A compiled call with a scan takes no more memory than the body run
  * eagerly (ys, 3 * ys): the stacked ys are the get's buffer itself, not a
  * copy of them in the arena. Its answer is the body's at T = 1, 0 and 400. */
@@ -2912,6 +3050,8 @@ int main(void) {
   tcase_add_test(outer, test_outer_result_twice_text);
   tcase_add_test(outer, test_outer_memory);
   tcase_add_test(outer, test_outer_streamed);
+  tcase_add_test(outer, test_outer_streamed_stacked);
+  tcase_add_test(outer, test_outer_streamed_text);
 #ifdef KILN_TEST_BUILD
   tcase_add_test(outer, test_check_names_outer_kernel);
 #endif

@@ -55,6 +55,7 @@ struct backend_exec {
   region_execs rx;
   int *cf_of, n_cf;
   int *last_get;          /* per construct: the kernel of the last get that reads its results, -1 none */
+  int *cf_kernel;         /* per construct: its kernel */
   /* per buffer: a get's, whose memory is its construct's result itself where
    * that is a contiguous tensor of its own (no copy, no arena space); it
    * lives up to end_of[b], b's last reader (the fuse passes make that of a
@@ -91,17 +92,19 @@ static _Atomic int64_t hot_gap = 20000;
 int64_t runtime_set_hot_gap(int64_t ns) { return atomic_exchange(&hot_gap, ns); }
 
 /* A streamed input projection's chunk: this many bytes (in L2 while the
- * loop reads it), or an eighth of the whole where that is more (fewer,
- * larger GEMMs on long loops, still below what the loop's outputs take),
- * whole steps, at least one. */
+ * loop reads it) but no more than a quarter of the whole, or an eighth of
+ * the whole where that is more (fewer, larger GEMMs on long loops); whole
+ * steps, at least one. So a call holds at most a quarter of it. */
 static _Atomic size_t stream_bytes = 256 * 1024;
 
 size_t runtime_set_stream_bytes(size_t n) { return atomic_exchange(&stream_bytes, n); }
 
 /* Steps a chunk holds, of T steps of row bytes each. */
 static int64_t stream_rows(size_t row, int64_t T) {
-  size_t want = atomic_load(&stream_bytes), eighth = row * (size_t)T / 8;
-  int64_t k = row ? (int64_t)((want > eighth ? want : eighth) / row) : T;
+  size_t want = atomic_load(&stream_bytes), whole = row * (size_t)T;
+  if (want > whole / 4) want = whole / 4;
+  if (want < whole / 8) want = whole / 8;
+  int64_t k = row ? (int64_t)(want / row) : T;
   if (k > T) k = T;
   return k < 1 ? 1 : k;
 }
@@ -122,7 +125,7 @@ static void exec_free(backend_exec *e) {
   alloc_free(e->staged);
   alloc_free(e->plan_bytes), alloc_free(e->plan_off);
   alloc_free(e->leaves);
-  alloc_free(e->cf_of), alloc_free(e->last_get), alloc_free(e->adopt), alloc_free(e->end_of), alloc_free(e->adopted);
+  alloc_free(e->cf_of), alloc_free(e->last_get), alloc_free(e->cf_kernel), alloc_free(e->adopt), alloc_free(e->end_of), alloc_free(e->adopted);
   alloc_free(e->lazy), alloc_free(e->adopt_key), alloc_free(e->adopt_zero);
   alloc_free(e->stream_j), alloc_free(e->streamed), alloc_free(e->stream_buf);
   jit_free(e->jit);
@@ -472,14 +475,16 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
     if (!(e->cf_of = alloc_malloc(sizeof *e->cf_of * (size_t)g->n_nodes))) goto oom;
     for (int i = 0; i < g->n_nodes; i++) e->cf_of[i] = ir_is_cf(g->nodes[i].op) ? e->n_cf++ : -1;
     e->last_get = alloc_malloc(sizeof *e->last_get * (size_t)e->n_cf);
+    e->cf_kernel = alloc_malloc(sizeof *e->cf_kernel * (size_t)e->n_cf);
     e->adopt = alloc_calloc((size_t)p->n_buf + 1, sizeof *e->adopt);
     e->end_of = alloc_calloc((size_t)p->n_buf + 1, sizeof *e->end_of);
     e->adopted = alloc_calloc((size_t)p->n_buf + 1, sizeof *e->adopted);
-    if (!e->last_get || !e->adopt || !e->end_of || !e->adopted) goto oom;
-    for (int c = 0; c < e->n_cf; c++) e->last_get[c] = -1;
+    if (!e->last_get || !e->cf_kernel || !e->adopt || !e->end_of || !e->adopted) goto oom;
+    for (int c = 0; c < e->n_cf; c++) e->last_get[c] = e->cf_kernel[c] = -1;
     for (int ki = 0; ki < p->n_k; ki++) {
       const cg_kernel *k = &p->k[ki];
       const ir_node *n = &g->nodes[k->node];
+      if (k->kind == CG_K_EAGER && ir_is_cf(n->op)) e->cf_kernel[e->cf_of[k->node]] = ki;
       if (k->kind != CG_K_EAGER || n->op != IR_GET) continue;
       e->last_get[e->cf_of[n->in[0]]] = ki;
       const cg_buf *bf = &p->buf[k->out_buf];
@@ -504,9 +509,12 @@ static backend_exec *llvm_compile(const ir_graph *g, unsigned dump, FILE *dump_t
   }
   if (!(e->leaves = ir_leaf_ids(g, &e->n_leaves))) goto oom;
   if (!(e->lazy = alloc_malloc(sizeof *e->lazy * ((size_t)p->n_buf + 1)))) goto oom;
-  for (int ki = 0; ki < p->n_k; ki++)
-    for (int b = 0; b < p->n_buf; b++)
-      if (p->buf[b].kind == CG_BUF_OUTPUT && p->buf[b].first == ki && !(e->adopt && e->adopt[b])) e->lazy[e->n_lazy++] = b;
+  for (int b = 0; b < p->n_buf; b++) {
+    if (p->buf[b].kind != CG_BUF_OUTPUT || p->buf[b].first < 0 || (e->adopt && e->adopt[b])) continue;
+    int i = e->n_lazy++; /* in order of their first writers: outputs are few */
+    for (; i > 0 && p->buf[e->lazy[i - 1]].first > p->buf[b].first; i--) e->lazy[i] = e->lazy[i - 1];
+    e->lazy[i] = b;
+  }
   if (prep_init(&e->prep, p)) goto oom;
   for (int b = 0; b < p->n_buf; b++) e->temps |= p->buf[b].kind == CG_BUF_TEMP;
   e->last_allreduce = -1;
@@ -1019,7 +1027,7 @@ static int apply_writes(const ir_graph *g, const cg_program *p, char *const *buf
  * a buffer only the scan reads: e->stream_j, streamed, stream_buf. 0, or
  * -1 out of memory. */
 static int find_streams(backend_exec *e) {
-  const cg_program *p = e->prog;
+  cg_program *p = e->prog;
   const ir_graph *g = e->g;
   e->stream_j = alloc_malloc(sizeof *e->stream_j * ((size_t)p->n_k + 1));
   e->streamed = alloc_calloc((size_t)p->n_k + 1, sizeof *e->streamed);
@@ -1041,9 +1049,20 @@ static int find_streams(backend_exec *e) {
     int j = -1, uses = 0;
     for (int q = 0; q < sn->n_in; q++)
       if (sn->in[q] == M->node) uses++, j = q;
-    if (uses != 1 || j < sn->n_carry || j >= sn->n_carry + sn->n_xs) continue;
+    /* and no other operand is a view of it (it would read all T steps) */
+    for (int q = 0; q < sn->n_in; q++)
+      if (sn->in[q] != M->node && p->views[sn->in[q]].buf == M->out_buf) uses++;
+    if (uses != 1 || j < sn->n_carry || j >= sn->n_carry + sn->n_xs || mn->op != OP_MATMUL) continue;
     const ir_node *a = &g->nodes[mn->in[0]], *w = &g->nodes[mn->in[1]];
     if (w->ndim != 2 || a->ndim < 2 || mn->ndim != a->ndim || !sym_same(a->shape[0], mn->shape[0])) continue;
+    /* the matmul's operands are read inside the scan's kernel now: they live until it */
+    for (int q = 0; q < 2; q++) {
+      int b = p->views[mn->in[q]].buf;
+      for (int hop = 0; b >= 0 && hop < 2; hop++, b = p->buf[b].alias_of) {
+        if (p->buf[b].last >= 0 && p->buf[b].last < si) p->buf[b].last = si;
+        if (e->adopt[b] && e->end_of[b] < si) e->end_of[b] = si;
+      }
+    }
     e->stream_j[si] = j;
     e->streamed[si - 1] = true;
     e->stream_buf[M->out_buf] = true;
@@ -1083,12 +1102,43 @@ static int stream_fill(void *ctx, int64_t t, int64_t n) {
   return 0;
 }
 
+/* A call's peak at these sizes: the arena, plus the most that tensors
+ * outside it hold at once (outputs from their first writer on; a
+ * construct's results from its kernel to their last get, or, where a get
+ * takes one as its buffer's memory, to that buffer's last reader). bytes:
+ * this call's, 0 where a get takes its result; full: the buffers' own. */
+static size_t call_peak(const backend_exec *e, const size_t *bytes, const size_t *full, size_t *off, int64_t *delta) {
+  const cg_program *p = e->prog;
+  const ir_graph *g = e->g;
+  size_t arena = plan_arena(p, bytes, off);
+  memset(delta, 0, sizeof *delta * ((size_t)p->n_k + 2));
+  for (int b = 0; b < p->n_buf; b++)
+    if (p->buf[b].kind == CG_BUF_OUTPUT && p->buf[b].first >= 0 && !e->adopt[b]) delta[p->buf[b].first] += (int64_t)full[b];
+  for (int ki = 0; ki < p->n_k; ki++) {
+    const cg_kernel *k = &p->k[ki];
+    const ir_node *n = &g->nodes[k->node];
+    if (k->kind != CG_K_EAGER || n->op != IR_GET) continue;
+    int b = k->out_buf, c = e->cf_of[n->in[0]];
+    bool taken = e->adopt[b] && (p->buf[b].kind == CG_BUF_OUTPUT || !bytes[b]);
+    int end = !taken ? e->last_get[c] : p->buf[b].kind == CG_BUF_OUTPUT ? p->n_k : e->end_of[b];
+    delta[e->cf_kernel[c]] += (int64_t)full[b];
+    delta[end + 1] -= (int64_t)full[b];
+  }
+  int64_t live = 0, most = 0;
+  for (int ki = 0; ki <= p->n_k; ki++) {
+    live += delta[ki];
+    if (live > most) most = live;
+  }
+  return arena + (size_t)most;
+}
+
 /* Whether each get's buffer in the arena is its construct's result itself
- * (bytes 0: no copy, no place in the arena) or a copy of it there. A copy
- * where the arena has room for it anyway (the place of intermediates dead
- * by then, such as a loop's input projection batched out of it): the
- * result then dies at its last get instead of living as long as the
- * buffer. Else the result. Decided once per sizes (under mu). */
+ * (bytes 0: no copy, no place in the arena) or a copy of it there:
+ * whichever makes the call's peak (call_peak) lower, a copy where equal. A
+ * copy costs nothing where the arena has room for it anyway (the place of
+ * intermediates dead by then), and the result then dies at its last get;
+ * the result itself saves the arena's place but lives as long as the
+ * buffer. Decided once per sizes (under mu), one buffer at a time. */
 static void choose_adoption(backend_exec *e, size_t *bytes) {
   const cg_program *p = e->prog;
   size_t n = (size_t)p->n_buf;
@@ -1098,29 +1148,30 @@ static void choose_adoption(backend_exec *e, size_t *bytes) {
     return;
   }
   size_t *off = alloc_malloc(n * sizeof *off + 1);
+  int64_t *delta = alloc_malloc(sizeof *delta * ((size_t)p->n_k + 2));
   if (!e->adopt_key) e->adopt_key = alloc_malloc(n * sizeof *bytes + 1);
   if (!e->adopt_zero) e->adopt_zero = alloc_calloc(n + 1, sizeof *e->adopt_zero);
-  if (!off || !e->adopt_key || !e->adopt_zero) {
+  if (!off || !delta || !e->adopt_key || !e->adopt_zero) {
     /* no room to decide: the results themselves, which take no arena space */
-    alloc_free(off), alloc_free(e->adopt_key), alloc_free(e->adopt_zero);
+    alloc_free(off), alloc_free(delta), alloc_free(e->adopt_key), alloc_free(e->adopt_zero);
     e->adopt_key = NULL, e->adopt_zero = NULL;
     for (int i = 0; i < e->n_adopted; i++)
       if (p->buf[e->adopted[i]].kind == CG_BUF_TEMP) bytes[e->adopted[i]] = 0;
     return;
   }
   memcpy(e->adopt_key, bytes, n * sizeof *bytes);
-  size_t best = plan_arena(p, bytes, off);
+  size_t best = call_peak(e, bytes, e->adopt_key, off, delta);
   for (int i = 0; i < e->n_adopted; i++) {
     int b = e->adopted[i];
     size_t keep = bytes[b];
     e->adopt_zero[b] = false;
     if (p->buf[b].kind != CG_BUF_TEMP || !keep) continue;
     bytes[b] = 0;
-    size_t t = plan_arena(p, bytes, off);
+    size_t t = call_peak(e, bytes, e->adopt_key, off, delta);
     if (t < best) best = t, e->adopt_zero[b] = true;
     else bytes[b] = keep;
   }
-  alloc_free(off);
+  alloc_free(off), alloc_free(delta);
 }
 
 /* Kernel ki, a get: its construct's result into its buffer. An adoptable
@@ -1168,8 +1219,8 @@ static int run_get(const backend_exec *e, int ki, char **bufs, kiln_tensor **ten
  * regions over views of its operands' buffers. Its results wait in
  * res[its index] for the gets that read them: tensors of their own, not
  * the arena's, which later kernels reuse. 0, or -1 with the error. */
-static int run_construct(const backend_exec *e, int ki, char *const *bufs, const int64_t *vals, kiln_tensor ***res,
-                         struct interp_cache *cache, bool stream) {
+static int run_construct(const backend_exec *e, int ki, char *const *bufs, const size_t *bytes, const int64_t *vals,
+                         kiln_tensor ***res, struct interp_cache *cache, bool stream) {
   const cg_kernel *k = &e->prog->k[ki];
   const cg_program *p = e->prog;
   const ir_graph *g = e->g;
@@ -1195,9 +1246,12 @@ static int run_construct(const backend_exec *e, int ki, char *const *bufs, const
   int sj = stream && e->stream_j ? e->stream_j[ki] : -1;
   stream_ctx sc = {e, ki - 1, bufs, vals};
   cf_stream st = {sj, 1, stream_fill, &sc};
-  if (!rc && sj >= 0 && x[sj]->ndim > 0)
-    st.k = stream_rows((size_t)(x[sj]->shape[0] ? kiln_numel(x[sj]) / x[sj]->shape[0] : 0) * kiln_dtype_size(x[sj]->dtype),
-                       x[sj]->shape[0]);
+  if (!rc && sj >= 0 && x[sj]->shape[0] > 0) {
+    /* the steps the plan gave its buffer room for */
+    size_t row = (size_t)(kiln_numel(x[sj]) / x[sj]->shape[0]) * kiln_dtype_size(x[sj]->dtype);
+    int64_t kc = row ? (int64_t)(bytes[e->prog->views[n->in[sj]].buf] / row) : 1;
+    st.k = kc < 1 ? 1 : kc;
+  }
   /* results of their own: one that is an operand or a view of one lies in
    * memory a later kernel may take, and two that share a storage would see
    * a kernel's in-place store into either */
@@ -1287,6 +1341,7 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
       break;
     case CG_BUF_OUTPUT:
       if (ir_node_shape(n, vals, ns, shape)) goto bad_shape;
+      bytes[b] = (size_t)shape_numel(bf->ndim, shape) * kiln_dtype_size(bf->dtype); /* for choose_adoption */
       {
         int io = into_output(e, b, into);
         if (io >= 0 && shape_numel(bf->ndim, shape) == kiln_numel(into[io])) {
@@ -1433,11 +1488,11 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
       own[b] = tens[b] = NULL;
       bufs[b] = NULL;
     }
-    if (!report && e->streamed && e->streamed[ki]) continue; /* the scan after it makes it, a chunk at a time */
     if (dq && wait_kernel(dq, p, g, k, bufs, tens, bytes)) {
       err_set("", 0, "call", "%s: an allreduce failed: %s", g->name, err_kernel_failed());
       goto done;
     }
+    if (!report && e->streamed && e->streamed[ki]) continue; /* the scan after it makes it, a chunk at a time */
     if (k->kind == CG_K_LOOP) {
       int64_t prm[256];
       for (int i = 0; i < k->n_param && i < 256; i++)
@@ -1470,7 +1525,7 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
     const ir_node *n = &g->nodes[k->node];
     if (ir_is_cf(n->op) || n->op == IR_GET) {
       if (n->op == IR_GET ? run_get(e, ki, bufs, tens, own, bytes, vals, cfres)
-                          : run_construct(e, ki, bufs, vals, cfres, cache, !report))
+                          : run_construct(e, ki, bufs, bytes, vals, cfres, cache, !report))
         goto done;
       continue;
     }
