@@ -2441,9 +2441,9 @@ static int around_cell(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
   out[1] = kiln_mul(h, kiln_scalar(KILN_F32, 2));
   return !out[0] || !out[1];
 }
-/* r0 = r1 (one tensor), then W -= 0.01 * exp(r0)^T @ b in place, out = 2 * r1:
- * the update moves up to just after r0's get, before r1's, and exp(r0)
- * stores in place in r0's buffer */
+/* r0 = r1 (one tensor), then W -= 0.01 * exp(r0)^T @ b in place, out =
+ * 2 * r1, traced: whether a kernel stores in place between the two gets is
+ * fusion's choice (today it does not: the text form below forces it) */
 static kiln_tensor *g_twice_w;
 static int twice_update_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
   (void)ctx;
@@ -2504,8 +2504,10 @@ END_TEST
 
 /* The same as text, r1's get after the update (in graph order, so that
  * fusion keeps it there whatever its passes do) and the output: r0's buffer
- * is r0 itself (it leaves the arena smaller), exp(r0) is stored there in
- * place, then r1 is read. in = a, b, W; out = r1. */
+ * is r0 itself (the lower peak, by choose_adoption's estimate), exp(r0) is
+ * stored there in place, then r1 is read. Sharing one tensor between the
+ * two results makes this fail (checked by breaking interp_cf_run's
+ * own_results). in = a, b, W; out = r1. */
 static const char twice_text[] =
     "graph twice_text(%0: f32[2,64], %1: f32[2,64], %2: f32[64,64]) -> (%12)\n"
     "  %3: f32[] = sum(%1) {axes=[0,1], keepdim=false}\n"
