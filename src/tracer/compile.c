@@ -723,13 +723,13 @@ static bool match_segment(call_state *cs, int c, const seg_info *si, int64_t *ar
   if (si->n_out != seg->n_out || memcmp(si->out, seg->out, sizeof(int) * (size_t)si->n_out))
     return snprintf(why, whyn, "the body keeps other tensors than when variant %d was made", v->no), false;
   /* the same sharing of storage between the leaves */
-  int n_leaves = r->n_in + r->n_params;
-  int *alias = alloc_malloc(sizeof(int) * (size_t)(n_leaves + 1));
+  int n_leaves = r->n_in + r->n_params, small[64];
+  int *alias = n_leaves < 64 ? small : alloc_malloc(sizeof(int) * (size_t)(n_leaves + 1));
   if (!alias) return snprintf(why, whyn, "out of memory"), false;
   alias_pattern(r->in, r->n_in, r->params, r->n_params, alias);
   bool same = true;
   for (int i = 0; i < n_leaves && i < r->n_in + v->n_params && same; i++) same = alias[i] == v->alias[i];
-  alloc_free(alias);
+  if (alias != small) alloc_free(alias);
   if (!same) return snprintf(why, whyn, "leaves share storage unlike in variant %d", v->no), false;
   return guards_hold(seg->g, vals, v->n_syms, why, whyn, v->no) == 1;
 }
@@ -1062,7 +1062,7 @@ static int seg_run(recording *r, void *ctx, bool last) {
   int rc = -1;
   rec_live *live = NULL;
   int n_live = 0;
-  kiln_tensor **outs = NULL;
+  kiln_tensor **outs = NULL, *outs_small[16]; /* a segment's results, in place when few */
   const segment *seg = NULL;
   const build_arg *args = NULL;
   seg_info *si = &cs->seg[cs->n_seg];
@@ -1111,7 +1111,7 @@ static int seg_run(recording *r, void *ctx, bool last) {
     args = cs->b.args;
     bind_new_args(cs, si);
   }
-  outs = alloc_calloc((size_t)seg->n_out + 1, sizeof *outs);
+  outs = seg->n_out < 16 ? memset(outs_small, 0, sizeof outs_small) : alloc_calloc((size_t)seg->n_out + 1, sizeof *outs);
   if (!outs) goto fail;
   if (run_segment(cs, seg, args, outs)) goto done;
   materialize(seg, outs, live, n_live);
@@ -1123,7 +1123,7 @@ fail:
   else err_set("", 0, "call", "%s: out of memory", fn->name);
 done:
   for (int i = 0; outs && seg && i < seg->n_out; i++) kiln_release(outs[i]);
-  alloc_free(outs);
+  if (outs != outs_small) alloc_free(outs);
   alloc_free(live);
   if (!last && !r->escaped) {
     if (rc == 0) {
