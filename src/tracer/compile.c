@@ -740,27 +740,30 @@ static bool match_segment(call_state *cs, int c, const seg_info *si, int64_t *ar
  * tensors in own[]), and its params. 0, or -1 with the error set. */
 typedef struct seg_inputs {
   kiln_tensor **ins, **ps;
+  kiln_tensor *ins_in[16], *ps_in[32]; /* ins and ps in place when few: no allocation a call */
   kiln_tensor *own[64];
   int n_own;
 } seg_inputs;
 
 static void seg_inputs_free(seg_inputs *si) {
   for (int i = 0; i < si->n_own; i++) kiln_release(si->own[i]);
-  alloc_free(si->ins);
-  alloc_free(si->ps);
-  memset(si, 0, sizeof *si);
+  if (si->ins != si->ins_in) alloc_free(si->ins);
+  if (si->ps != si->ps_in) alloc_free(si->ps);
+  si->ins = si->ps = NULL;
+  si->n_own = 0;
 }
 
 static int seg_inputs_make(call_state *cs, const segment *seg, const build_arg *args, const int64_t *argi,
                            const double *argf, seg_inputs *si) {
   recording *r = &cs->rec;
-  int n_in = r->n_in, rc = -1;
-  memset(si, 0, sizeof *si);
-  si->ins = alloc_malloc(sizeof *si->ins * (size_t)(n_in + seg->n_extra + 1));
-  si->ps = alloc_malloc(sizeof *si->ps * (size_t)(seg->n_params + 1));
+  int n_in = r->n_in, rc = -1, n_ins = n_in + seg->n_extra;
+  si->n_own = 0;
+  si->ins = n_ins < 16 ? si->ins_in : alloc_malloc(sizeof *si->ins * (size_t)(n_ins + 1));
+  si->ps = seg->n_params < 32 ? si->ps_in : alloc_malloc(sizeof *si->ps * (size_t)(seg->n_params + 1));
   rec_leaf *leaves = NULL;
   int n_leaves = 0;
-  if (!si->ins || !si->ps || rec_leaves(r, &leaves, &n_leaves)) {
+  /* the leaves only to find the values carried in */
+  if (!si->ins || !si->ps || (seg->n_extra && rec_leaves(r, &leaves, &n_leaves))) {
     err_set("", 0, "call", "%s: out of memory", cs->fn->name);
     goto done;
   }
