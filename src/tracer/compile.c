@@ -405,7 +405,27 @@ static void fill_in_dims(const kiln_fn *fn, variant *v) {
 
 /* The first leaf (of inputs then params) sharing storage with each. */
 static int alias_pattern(kiln_tensor *const *in, int n_in, kiln_tensor *const *params, int n_params, int *alias) {
-  for (int i = 0; i < n_in + n_params; i++) {
+  int n = n_in + n_params;
+  /* many leaves (a model's params): each storage's first leaf by a hash of
+   * storages, not by looking back at every earlier leaf (quadratic) */
+  size_t cap = 64;
+  while (cap < 2 * (size_t)n) cap *= 2;
+  const storage **key = n > 32 ? alloc_calloc(cap, sizeof *key) : NULL;
+  int *first = key ? alloc_malloc(sizeof *first * cap) : NULL;
+  if (first) {
+    for (int i = 0; i < n; i++) {
+      const storage *st = (i < n_in ? in[i] : params[i - n_in])->st;
+      size_t h = hash64((uint64_t)(uintptr_t)st) & (cap - 1);
+      while (key[h] && key[h] != st) h = (h + 1) & (cap - 1);
+      if (!key[h]) key[h] = st, first[h] = i;
+      alias[i] = first[h];
+    }
+    alloc_free(key);
+    alloc_free(first);
+    return 0;
+  }
+  alloc_free(key);
+  for (int i = 0; i < n; i++) {
     alias[i] = i;
     const kiln_tensor *a = i < n_in ? in[i] : params[i - n_in];
     for (int j = 0; j < i; j++)
