@@ -777,7 +777,8 @@ static void rand_shape(int nd, int64_t *sh, unsigned *seed)
 
 START_TEST(test_shape_rule_const)
 {
-  static const op_id ops[] = {OP_ADD, OP_MUL, OP_MATMUL, OP_PERMUTE, OP_SUM, OP_MAX, OP_ARGMAX, OP_MEAN, OP_RELU};
+  static const op_id ops[] = {OP_ADD, OP_MUL,     OP_MATMUL, OP_PERMUTE, OP_SUM,   OP_MAX,
+                              OP_ARGMAX, OP_MEAN, OP_RELU, OP_RESHAPE, OP_EXPAND, OP_SLICE};
   dim_env env = {NULL, NULL};
   unsigned seed = 18;
   int ok = 0, bad = 0;
@@ -813,6 +814,22 @@ START_TEST(test_shape_rule_const)
       if (lcg(&seed) % 2) a.axes[a.naxes++] = d; /* nd0 itself: out of range but for a 0-d input */
     if (lcg(&seed) % 8 == 0 && a.naxes) a.axes[0] = -1;
     a.keepdim = lcg(&seed) % 2;
+    /* reshape and expand: a shape of the input's elements, or one a little off, or with a size 1 stretched */
+    a.ndim = lcg(&seed) % 5;
+    int64_t left = 1;
+    for (int d = 0; d < nd0; d++) left *= in[0]->shape[d];
+    for (int d = 0; d < a.ndim; d++) {
+      int64_t v = d == a.ndim - 1 ? left : (left && left % 2 == 0 && lcg(&seed) % 2 ? 2 : 1);
+      if (op == OP_EXPAND) v = d - (a.ndim - nd0) >= 0 && lcg(&seed) % 3 ? in[0]->shape[d - (a.ndim - nd0)] : lcg(&seed) % 4;
+      if (op == OP_RESHAPE && v && left) left /= v;
+      a.shape[d] = C(lcg(&seed) % 10 == 0 ? v + 1 : v);
+    }
+    /* slice: bounds within the dim mostly, sometimes past it or reversed */
+    a.dim = nd0 ? lcg(&seed) % (nd0 + 1) : 0;
+    int64_t size = a.dim < nd0 ? in[0]->shape[a.dim] : 3;
+    a.start = C(lcg(&seed) % (size + 2) - (lcg(&seed) % 10 == 0));
+    a.end = C(lcg(&seed) % (size + 2));
+    a.step = lcg(&seed) % 4;
     kiln_dtype dt = KILN_BOOL;
     int nd = -1;
     int64_t sh[MAXD];

@@ -556,15 +556,18 @@ int shape_rule(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_
   return shape_rule_as(op, op_table[op].name, in, n, a, dt, ndim, shape, file, line);
 }
 
-/* The rules of the commonest ops (pointwise, matmul, permute, reduce) over
- * int64 dims, for eager and recorded ops, whose dims are constants: 0 with
+/* The rules of the commonest ops (pointwise, matmul, permute, reduce,
+ * reshape, expand, slice) over int64 dims, for eager and recorded ops, whose dims are constants: 0 with
  * the result, or 1 where the symbolic rule must answer (it also words a
  * failure). Each gives what its symbolic rule gives over constants
  * (test_sym's shape_rule_const checks them against it). */
 static int const_rule(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_dtype *dt, int *ndim,
                       int64_t *shape) {
   shape_fn rule = op_table[op].shape;
-  if ((rule != sh_pointwise && rule != sh_matmul && rule != sh_permute && rule != sh_reduce) || n < 1) return 1;
+  if ((rule != sh_pointwise && rule != sh_matmul && rule != sh_permute && rule != sh_reduce && rule != sh_reshape &&
+       rule != sh_expand && rule != sh_slice) ||
+      n < 1)
+    return 1;
   char e[8];
   if (dtype_infer(op, in, tensor_dtype, n, a, dt, e, sizeof e)) return 1;
   const kiln_tensor *x = in[0];
@@ -612,6 +615,38 @@ static int const_rule(op_id op, kiln_tensor *const *in, int n, const op_attrs *a
       }
     }
     *ndim = k;
+    return 0;
+  }
+  if (rule == sh_reshape) {
+    if (a->ndim < 0 || a->ndim > MAXD) return 1;
+    int64_t p = 1, q = 1;
+    for (int i = 0; i < x->ndim; i++)
+      if (__builtin_mul_overflow(p, x->shape[i], &p)) return 1;
+    for (int i = 0; i < a->ndim; i++)
+      if (!sym_is_const(a->shape[i]) || __builtin_mul_overflow(q, a->shape[i].c, &q)) return 1;
+    if (p != q) return 1;
+    for (int i = 0; i < a->ndim; i++) shape[i] = a->shape[i].c;
+    *ndim = a->ndim;
+    return 0;
+  }
+  if (rule == sh_expand) {
+    if (a->ndim < x->ndim || a->ndim > MAXD) return 1;
+    for (int i = 0; i < a->ndim; i++) {
+      if (!sym_is_const(a->shape[i])) return 1;
+      int j = i - (a->ndim - x->ndim);
+      if (j >= 0 && x->shape[j] != a->shape[i].c && x->shape[j] != 1) return 1;
+      shape[i] = a->shape[i].c;
+    }
+    *ndim = a->ndim;
+    return 0;
+  }
+  if (rule == sh_slice) {
+    if (a->dim < 0 || a->dim >= x->ndim || !sym_is_const(a->start) || !sym_is_const(a->end)) return 1;
+    int64_t start = a->start.c, end = a->end.c;
+    if (a->step < 1 || start < 0 || start > end || end > x->shape[a->dim]) return 1;
+    for (int i = 0; i < x->ndim; i++) shape[i] = x->shape[i];
+    shape[a->dim] = end > start ? 1 + (end - start - 1) / a->step : 0;
+    *ndim = x->ndim;
     return 0;
   }
   return 1;
