@@ -630,6 +630,51 @@ START_TEST(test_unknown_variables_warn) {
 }
 END_TEST
 
+/* Two inputs over one storage on the recording path, in a body of many
+ * params (42 leaves: the storage-sharing pattern is hashed then, not
+ * compared pair by pair): the variant made for distinct inputs must not
+ * serve them (a compiled write would not see the other), a second must be
+ * made. */
+typedef struct {
+  kiln_tensor *p[40];
+} many;
+
+static int many_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  many *m = ctx;
+  kiln_tensor *y = kiln_mul(in[0], in[1]);
+  for (int i = 0; i < 40; i++) y = kiln_add(y, m->p[i]);
+  out[0] = y;
+  return y ? 0 : -1;
+}
+
+START_TEST(test_alias_among_many_params) {
+  kiln_scope_begin();
+  many m;
+  int64_t s[1] = {3};
+  for (int i = 0; i < 40; i++) m.p[i] = kiln_full(KILN_F32, 1, s, 0.25 * i);
+  kiln_options o = {.name = "many", .n_in = 2, .capture = KILN_CAPTURE_RECORD};
+  kiln_fn *fn = kiln_compile(many_body, &m, &o);
+  float av[3] = {1, 2, 3}, bv[3] = {10, 20, 30}, psum = 0.25f * 780; /* 0.25 * (0 + ... + 39) */
+  kiln_tensor *a = kiln_tensor_from(KILN_F32, 1, s, av), *b = kiln_tensor_from(KILN_F32, 1, s, bv), *y;
+  for (int i = 0; i < 2; i++) {
+    kiln_tensor *in[2] = {a, b};
+    ck_assert_int_eq(0, kiln_call(fn, in, &y));
+    float gy[3];
+    kiln_read(y, gy, sizeof gy);
+    for (int k = 0; k < 3; k++) ck_assert_float_eq(av[k] * bv[k] + psum, gy[k]);
+  }
+  ck_assert_int_eq(1, stats(fn).traces);
+  kiln_tensor *in[2] = {a, kiln_reshape(a, 1, s)}; /* a view: another tensor, a's storage */
+  ck_assert_int_eq(0, kiln_call(fn, in, &y));
+  float gy[3];
+  kiln_read(y, gy, sizeof gy);
+  for (int k = 0; k < 3; k++) ck_assert_float_eq(av[k] * av[k] + psum, gy[k]);
+  ck_assert_int_eq(2, stats(fn).traces);
+  kiln_fn_free(fn);
+  kiln_scope_end();
+}
+END_TEST
+
 Suite *capture_suite(void);
 Suite *capture_suite(void) {
   Suite *s = suite_create("capture");
@@ -650,6 +695,7 @@ Suite *capture_suite(void) {
   tcase_add_test(tc, test_paths);
   tcase_add_test(tc, test_outside_view_on_reused_recording);
   tcase_add_test(tc, test_unknown_variables_warn);
+  tcase_add_test(tc, test_alias_among_many_params);
   suite_add_tcase(s, tc);
   return s;
 }

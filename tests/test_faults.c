@@ -7,6 +7,7 @@
  * once per scenario) catches any other leak. */
 #include <check.h>
 #include <glob.h>
+#include <pthread.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -475,6 +476,34 @@ START_TEST(test_llvm_failure_falls_back) {
 }
 END_TEST
 
+
+/* Storage headers a thread keeps for its next tensors (alloc_small) still
+ * fail on demand, so the out-of-memory paths behind them stay reachable; and
+ * a thread's kept headers are freed at its exit (the leak check). */
+static void *make_and_drop(void *arg) {
+  (void)arg;
+  for (int i = 0; i < 200; i++) kiln_release(kiln_zeros(KILN_F32, 1, (int64_t[]){4}));
+  return NULL;
+}
+
+START_TEST(test_kept_headers_fail_and_go) {
+  kiln_release(kiln_zeros(KILN_F32, 1, (int64_t[]){4})); /* this thread keeps a header now */
+  alloc_fail_after(1);
+  void *p = alloc_small();
+  ck_assert_int_eq(0, alloc_fail_after(0));
+  ck_assert_ptr_null(p);
+  /* a tensor whose header fails (the second allocation: its handle, then its storage) */
+  alloc_fail_after(2);
+  kiln_tensor *t = kiln_zeros(KILN_F32, 1, (int64_t[]){4});
+  ck_assert_int_eq(0, alloc_fail_after(0));
+  ck_assert_ptr_null(t);
+  ck_assert_msg(strstr(kiln_last_error(), "out of memory"), "%s", kiln_last_error());
+  pthread_t th;
+  ck_assert_int_eq(0, pthread_create(&th, NULL, make_and_drop, NULL));
+  ck_assert_int_eq(0, pthread_join(th, NULL));
+  ck_assert_int_eq(0, LEAK_CHECK());
+}
+END_TEST
 #endif
 
 int main(void) {
@@ -492,6 +521,7 @@ int main(void) {
   tcase_add_test(tc, test_save_load_faults);
   tcase_add_test(tc, test_weights_faults);
   tcase_add_test(tc, test_llvm_failure_falls_back);
+  tcase_add_test(tc, test_kept_headers_fail_and_go);
 #endif
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);

@@ -761,6 +761,98 @@ START_TEST(test_out_of_memory)
 END_TEST
 #endif
 
+/* Eager's shape rule takes int64 shortcuts for pointwise, matmul, permute and
+ * the reductions: over random shapes and attributes (bad ones included) each
+ * must give what the general rule over constant dims gives, error or not. */
+static int lcg(unsigned *seed)
+{
+  *seed = *seed * 1103515245u + 12345u;
+  return (int)(*seed >> 16 & 0x7fff);
+}
+
+static void rand_shape(int nd, int64_t *sh, unsigned *seed)
+{
+  for (int i = 0; i < nd; i++) sh[i] = lcg(seed) % 4 == 0 ? 1 : lcg(seed) % 5; /* 0 sizes too */
+}
+
+START_TEST(test_shape_rule_const)
+{
+  static const op_id ops[] = {OP_ADD, OP_MUL,     OP_MATMUL, OP_PERMUTE, OP_SUM,   OP_MAX,
+                              OP_ARGMAX, OP_MEAN, OP_RELU, OP_RESHAPE, OP_EXPAND, OP_SLICE};
+  dim_env env = {NULL, NULL};
+  unsigned seed = 18;
+  int ok = 0, bad = 0;
+  for (int iter = 0; iter < 20000; iter++) {
+    op_id op = ops[lcg(&seed) % (sizeof ops / sizeof ops[0])];
+    int n = op_table[op].arity;
+    kiln_tensor *in[2] = {0};
+    shape_arg args[2];
+    for (int i = 0; i < n; i++) {
+      int nd = lcg(&seed) % 5;
+      int64_t sh[MAXD];
+      rand_shape(nd, sh, &seed);
+      if (i == 1 && op == OP_MATMUL && nd >= 1 && in[0]->ndim >= 1 && lcg(&seed) % 3) /* mostly matching k */
+        sh[nd == 1 ? 0 : nd - 2] = in[0]->shape[in[0]->ndim - 1];
+      if (i == 1 && op != OP_MATMUL && lcg(&seed) % 2) { /* mostly broadcastable */
+        nd = in[0]->ndim;
+        for (int d = 0; d < nd; d++) sh[d] = lcg(&seed) % 3 ? in[0]->shape[d] : 1;
+      }
+      in[i] = tensor_new_meta(lcg(&seed) % 8 ? KILN_F32 : KILN_I64, nd, sh);
+      args[i].dtype = in[i]->dtype;
+      args[i].ndim = nd;
+      for (int d = 0; d < nd; d++) args[i].shape[d] = C(sh[d]);
+    }
+    op_attrs a = {0};
+    int nd0 = in[0]->ndim;
+    for (int d = 0; d < nd0; d++) a.perm[d] = d;
+    for (int d = nd0 - 1; d > 0; d--) {
+      int j = lcg(&seed) % (d + 1), t = a.perm[d];
+      a.perm[d] = a.perm[j], a.perm[j] = t;
+    }
+    if (nd0 && lcg(&seed) % 6 == 0) a.perm[lcg(&seed) % nd0] = lcg(&seed) % (nd0 + 2) - 1; /* not a permutation */
+    for (int d = 0; d < nd0 + 1; d++)
+      if (lcg(&seed) % 2) a.axes[a.naxes++] = d; /* nd0 itself: out of range but for a 0-d input */
+    if (lcg(&seed) % 8 == 0 && a.naxes) a.axes[0] = -1;
+    a.keepdim = lcg(&seed) % 2;
+    /* reshape and expand: a shape of the input's elements, or one a little off, or with a size 1 stretched */
+    a.ndim = lcg(&seed) % 5;
+    int64_t left = 1;
+    for (int d = 0; d < nd0; d++) left *= in[0]->shape[d];
+    for (int d = 0; d < a.ndim; d++) {
+      int64_t v = d == a.ndim - 1 ? left : (left && left % 2 == 0 && lcg(&seed) % 2 ? 2 : 1);
+      if (op == OP_EXPAND) v = d - (a.ndim - nd0) >= 0 && lcg(&seed) % 3 ? in[0]->shape[d - (a.ndim - nd0)] : lcg(&seed) % 4;
+      if (op == OP_RESHAPE && v && left) left /= v;
+      a.shape[d] = C(lcg(&seed) % 10 == 0 ? v + 1 : v);
+    }
+    /* slice: bounds within the dim mostly, sometimes past it or reversed */
+    a.dim = nd0 ? lcg(&seed) % (nd0 + 1) : 0;
+    int64_t size = a.dim < nd0 ? in[0]->shape[a.dim] : 3;
+    a.start = C(lcg(&seed) % (size + 2) - (lcg(&seed) % 10 == 0));
+    a.end = C(lcg(&seed) % (size + 2));
+    a.step = lcg(&seed) % 4;
+    kiln_dtype dt = KILN_BOOL;
+    int nd = -1;
+    int64_t sh[MAXD];
+    int rc = shape_rule(op, in, n, &a, &dt, &nd, sh, "test_sym.c", 1);
+    shape_arg out = {0};
+    char err[512];
+    int want = shape_infer(&env, op, args, n, &a, &out, err, sizeof err);
+    ck_assert_msg(rc == want, "%s iter %d: rule %d, general rule %d (%s)", op_table[op].name, iter, rc, want,
+                  want ? err : kiln_last_error());
+    if (!rc) {
+      ck_assert_int_eq(out.dtype, dt);
+      ck_assert_int_eq(out.ndim, nd);
+      for (int d = 0; d < nd; d++) ck_assert_msg(out.shape[d].c == sh[d], "%s iter %d dim %d: %lld, general rule %lld",
+                                                 op_table[op].name, iter, d, (long long)sh[d], (long long)out.shape[d].c);
+    }
+    rc ? bad++ : ok++;
+    for (int i = 0; i < n; i++) kiln_release(in[i]);
+  }
+  ck_assert_int_gt(ok, 5000); /* both sides seen often */
+  ck_assert_int_gt(bad, 2000);
+}
+END_TEST
+
 static Suite *sym_suite(void)
 {
   Suite *s = suite_create("sym");
@@ -782,6 +874,7 @@ static Suite *sym_suite(void)
   tcase_add_test(tc, test_decide);
   tcase_add_test(tc, test_random_against_text);
   tcase_add_test(tc, test_garbage);
+  tcase_add_test(tc, test_shape_rule_const);
 #ifdef KILN_TEST_BUILD
   tcase_add_test(tc, test_out_of_memory);
 #endif

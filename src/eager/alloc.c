@@ -157,6 +157,63 @@ static pthread_key_t tcache_key;
 static pthread_once_t tcache_once = PTHREAD_ONCE_INIT;
 static bool tcache_ok;
 
+/* ---- small blocks ----
+ *
+ * Every tensor over new memory has a storage header of its own, and a
+ * recorded op makes one and drops it at the call's end: each thread keeps up
+ * to SMALL_KEEP freed headers for its next ones instead of a malloc and free
+ * a header. The link sits past the storage's fields, which ASan keeps
+ * poisoned while the block is kept, so a use after free is still reported. A
+ * thread's blocks are freed at its exit. */
+enum { SMALL_KEEP = 64 };
+typedef struct small_block {
+  char bytes[ALLOC_SMALL - sizeof(void *)];
+  struct small_block *next;
+} small_block;
+_Static_assert(sizeof(small_block) == ALLOC_SMALL, "a small block is ALLOC_SMALL bytes, its link last");
+static KILN_TLS_HOT small_block *small_list;
+static KILN_TLS_HOT int small_n;
+static bool thread_hooked(void);
+
+#ifdef KILN_ASAN
+static void small_poison(small_block *b, bool on) {
+  if (on) ASAN_POISON_MEMORY_REGION(b->bytes, sizeof b->bytes);
+  else ASAN_UNPOISON_MEMORY_REGION(b->bytes, sizeof b->bytes);
+}
+#else
+static void small_poison(small_block *b, bool on) { (void)b, (void)on; }
+#endif
+
+void *alloc_small(void) {
+  if (should_fail()) return NULL;
+  small_block *b = small_list;
+  if (!b) return malloc(ALLOC_SMALL);
+  small_list = b->next;
+  small_n--;
+  small_poison(b, false);
+  return b;
+}
+
+void alloc_small_free(void *p) {
+  if (!p) return;
+  if (small_n == SMALL_KEEP || !thread_hooked()) return free(p);
+  small_block *b = p;
+  b->next = small_list;
+  small_list = b;
+  small_n++;
+  small_poison(b, true);
+}
+
+static void small_drain(void) {
+  while (small_list) {
+    small_block *b = small_list;
+    small_list = b->next;
+    small_poison(b, false);
+    free(b);
+  }
+  small_n = 0;
+}
+
 static void park_list(handle_pool *p, parked *head, parked *tail, int n) {
   if (!n) return;
   tail->next = NULL;
@@ -179,19 +236,26 @@ static void tcache_flush(void *arg) {
     park_list(c->pool, c->take, t, c->n_take);
     memset(c, 0, sizeof *c);
   }
+  small_drain();
   tcache_on = false;
 }
 
 static void tcache_init(void) { tcache_ok = pthread_key_create(&tcache_key, tcache_flush) == 0; }
 
-/* This thread's cache for pool p, or NULL (the pools go one at a time). */
-static handle_cache *cache_of(handle_pool *p) {
+/* Whether this thread's caches go back at its exit (tcache_flush runs then). */
+static bool thread_hooked(void) {
   if (!tcache_on) {
     pthread_once(&tcache_once, tcache_init);
     /* the key's value only makes the flush run at the thread's exit */
-    if (!tcache_ok || pthread_setspecific(tcache_key, tcache)) return NULL;
+    if (!tcache_ok || pthread_setspecific(tcache_key, tcache)) return false;
     tcache_on = true;
   }
+  return true;
+}
+
+/* This thread's cache for pool p, or NULL (the pools go one at a time). */
+static handle_cache *cache_of(handle_pool *p) {
+  if (!thread_hooked()) return NULL;
   for (int i = 0; i < 2; i++) {
     if (tcache[i].pool == p) return &tcache[i];
     if (!tcache[i].pool) return tcache[i].pool = p, &tcache[i];

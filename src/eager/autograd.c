@@ -61,6 +61,22 @@ typedef struct node_full {
 } node_full;
 #define EXTRA(nd) (&((node_full *)(nd))->x)
 
+/* A zeroed node with its n inputs' arrays (saved inputs, their versions,
+ * the inputs' records) in the same block: one allocation an op, not four,
+ * and ag_node_release frees them with the node. */
+static node_full *node_alloc(int n) {
+  size_t k = (size_t)n + 1;
+  node_full *f = alloc_calloc(1, sizeof *f + k * (sizeof *f->x.inputs + sizeof *f->n.in + sizeof *f->n.version));
+  if (!f) return NULL;
+  char *p = (char *)(f + 1);
+  f->x.inputs = (ag_input *)p;
+  p += k * sizeof *f->x.inputs;
+  f->n.in = (kiln_tensor **)p;
+  p += k * sizeof *f->n.in;
+  f->n.version = (unsigned long *)p;
+  return f;
+}
+
 static void node_free_saved(ag_node *nd) {
   for (int i = 0; nd->in && i < nd->n_in; i++) {
     kiln_release(nd->in[i]);
@@ -99,10 +115,7 @@ void ag_node_release(ag_node *nd) {
     for (int k = 0; k < x->n_out; k++) kiln_release(x->accs[k]);
     alloc_free(x->accs);
     if (x->multi && x->multi->free) x->multi->free(x->multi_data);
-    alloc_free(x->inputs);
-    alloc_free(n->in);
-    alloc_free(n->version);
-    alloc_free(n);
+    alloc_free(n); /* its arrays with it (node_alloc) */
   }
   if (stack != stack_small) alloc_free(stack);
 }
@@ -115,7 +128,7 @@ int ag_record(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_t
   bool any = false;
   for (int i = 0; i < n; i++) any |= in[i]->requires_grad;
   if (!any) return 0;
-  node_full *f = alloc_calloc(1, sizeof *f);
+  node_full *f = node_alloc(n);
   if (!f) return err_set(file, line, op_table[op].name, "out of memory recording for autograd"), -1;
   ag_node *nd = &f->n;
   atomic_init(&nd->refcount, 1);
@@ -127,12 +140,9 @@ int ag_record(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_t
   nd->out_dtype = out->dtype;
   nd->out_ndim = out->ndim;
   memcpy(nd->out_shape, out->shape, sizeof nd->out_shape);
-  nd->in = alloc_calloc((size_t)n, sizeof *nd->in);
-  nd->version = alloc_calloc((size_t)n, sizeof *nd->version);
-  f->x.inputs = alloc_calloc((size_t)n, sizeof *f->x.inputs);
   unsigned sv = op_table[op].saves; /* S_IN<i> is bit i, S_OUT bit 7 */
   if (sv & S_OUT) f->x.saved_out = tensor_view(out, out->ndim, out->shape, out->stride, out->offset);
-  if (!nd->in || !nd->version || !f->x.inputs || ((sv & S_OUT) && !f->x.saved_out)) {
+  if ((sv & S_OUT) && !f->x.saved_out) {
     ag_node_release(nd);
     return err_set(file, line, op_table[op].name, "out of memory recording for autograd"), -1;
   }
@@ -164,20 +174,13 @@ int ag_record(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_t
 
 /* A bare node of n inputs (the multi-output node's and its gets'). */
 static node_full *node_bare(int n, const char *file, int line) {
-  node_full *f = alloc_calloc(1, sizeof *f);
+  node_full *f = node_alloc(n);
   if (!f) return NULL;
   atomic_init(&f->n.refcount, 1);
   f->n.op = OP_COPY; /* never indexes the formulas: multi and get are asked first */
   f->n.n_in = n;
   f->n.file = file;
   f->n.line = line;
-  f->n.in = alloc_calloc((size_t)n + 1, sizeof *f->n.in);
-  f->n.version = alloc_calloc((size_t)n + 1, sizeof *f->n.version);
-  f->x.inputs = alloc_calloc((size_t)n + 1, sizeof *f->x.inputs);
-  if (!f->n.in || !f->n.version || !f->x.inputs) {
-    ag_node_release(&f->n);
-    return NULL;
-  }
   return f;
 }
 

@@ -139,11 +139,13 @@ static kiln_tensor *dispatch_owned(op_id op, kiln_tensor *const *in, int n, cons
   }
   if (ag_record(op, in, n, a, out, file, line)) goto fail;
   if (hooks && hooks->op) hooks->op(hooks->ctx, op, in, n, a, out, file, line);
-  for (int i = 0; i < 3; i++) kiln_release(cast[i]);
+  for (int i = 0; i < 3; i++) /* no call for the casts an op did not need (most) */
+    if (cast[i]) kiln_release(cast[i]);
   return out;
 fail:
   kiln_release(out);
-  for (int i = 0; i < 3; i++) kiln_release(cast[i]);
+  for (int i = 0; i < 3; i++)
+    if (cast[i]) kiln_release(cast[i]);
   return NULL;
 }
 

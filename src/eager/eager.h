@@ -58,6 +58,11 @@ void *alloc_realloc(void *p, size_t n);
 void *alloc_aligned(size_t n); /* n a multiple of 64; free with alloc_aligned_free */
 void alloc_aligned_free(void *p, size_t n);
 void alloc_free(void *p);
+/* A block of ALLOC_SMALL bytes (a storage header), from the thread's freed
+ * ones when it has some; alloc_small_free keeps up to 64 a thread. */
+enum { ALLOC_SMALL = 96 };
+void *alloc_small(void);
+void alloc_small_free(void *p);
 /* Test build: make the n-th allocation from now fail (0 = never). Returns the
  * allocations the previous setting still had to go (0: it fired, or was off). */
 int64_t alloc_fail_after(int64_t n);

@@ -556,23 +556,114 @@ int shape_rule(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_
   return shape_rule_as(op, op_table[op].name, in, n, a, dt, ndim, shape, file, line);
 }
 
+/* The rules of the commonest ops (pointwise, matmul, permute, reduce,
+ * reshape, expand, slice) over int64 dims, for eager and recorded ops, whose dims are constants: 0 with
+ * the result, or 1 where the symbolic rule must answer (it also words a
+ * failure). Each gives what its symbolic rule gives over constants
+ * (test_sym's shape_rule_const checks them against it). */
+static int const_rule(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_dtype *dt, int *ndim,
+                      int64_t *shape) {
+  shape_fn rule = op_table[op].shape;
+  if ((rule != sh_pointwise && rule != sh_matmul && rule != sh_permute && rule != sh_reduce && rule != sh_reshape &&
+       rule != sh_expand && rule != sh_slice) ||
+      n < 1)
+    return 1;
+  char e[8];
+  if (dtype_infer(op, in, tensor_dtype, n, a, dt, e, sizeof e)) return 1;
+  const kiln_tensor *x = in[0];
+  for (int i = 0; i < n; i++)
+    if (in[i]->ndim < 0 || in[i]->ndim > MAXD) return 1;
+  if (rule == sh_pointwise) {
+    if (n > 2) return 1;
+    return shape_broadcast(x->ndim, x->shape, in[n - 1]->ndim, in[n - 1]->shape, ndim, shape) ? 1 : 0;
+  }
+  if (rule == sh_matmul) {
+    const kiln_tensor *y = in[1];
+    if (x->ndim == 0 || y->ndim == 0) return 1;
+    if (x->shape[x->ndim - 1] != (y->ndim == 1 ? y->shape[0] : y->shape[y->ndim - 2])) return 1;
+    int xb = x->ndim > 2 ? x->ndim - 2 : 0, yb = y->ndim > 2 ? y->ndim - 2 : 0, k;
+    if (shape_broadcast(xb, x->shape, yb, y->shape, &k, shape)) return 1;
+    if (x->ndim >= 2) shape[k++] = x->shape[x->ndim - 2];
+    if (y->ndim >= 2) shape[k++] = y->shape[y->ndim - 1];
+    *ndim = k;
+    return 0;
+  }
+  if (rule == sh_permute) {
+    bool seen[MAXD] = {0};
+    for (int i = 0; i < x->ndim; i++) {
+      int p = a->perm[i];
+      if (p < 0 || p >= x->ndim || seen[p]) return 1;
+      seen[p] = true;
+      shape[i] = x->shape[p];
+    }
+    *ndim = x->ndim;
+    return 0;
+  }
+  if (rule == sh_reduce) {
+    if (a->naxes < 0 || a->naxes > x->ndim + (x->ndim == 0)) return 1;
+    for (int j = 0; j < a->naxes; j++)
+      if (a->axes[j] < 0 || (a->axes[j] >= x->ndim && x->ndim > 0) || (j && a->axes[j] <= a->axes[j - 1])) return 1;
+    bool nonempty = op == OP_MAX || op == OP_MIN || op == OP_ARGMAX || op == OP_ARGMIN;
+    int k = 0;
+    for (int i = 0, j = 0; i < x->ndim; i++) {
+      if (j < a->naxes && a->axes[j] == i) {
+        j++;
+        if (nonempty && x->shape[i] < 1) return 1;
+        if (a->keepdim) shape[k++] = 1;
+      } else {
+        shape[k++] = x->shape[i];
+      }
+    }
+    *ndim = k;
+    return 0;
+  }
+  if (rule == sh_reshape) {
+    if (a->ndim < 0 || a->ndim > MAXD) return 1;
+    int64_t p = 1, q = 1;
+    for (int i = 0; i < x->ndim; i++)
+      if (__builtin_mul_overflow(p, x->shape[i], &p)) return 1;
+    for (int i = 0; i < a->ndim; i++)
+      if (!sym_is_const(a->shape[i]) || __builtin_mul_overflow(q, a->shape[i].c, &q)) return 1;
+    if (p != q) return 1;
+    for (int i = 0; i < a->ndim; i++) shape[i] = a->shape[i].c;
+    *ndim = a->ndim;
+    return 0;
+  }
+  if (rule == sh_expand) {
+    if (a->ndim < x->ndim || a->ndim > MAXD) return 1;
+    for (int i = 0; i < a->ndim; i++) {
+      if (!sym_is_const(a->shape[i])) return 1;
+      int j = i - (a->ndim - x->ndim);
+      if (j >= 0 && x->shape[j] != a->shape[i].c && x->shape[j] != 1) return 1;
+      shape[i] = a->shape[i].c;
+    }
+    *ndim = a->ndim;
+    return 0;
+  }
+  if (rule == sh_slice) {
+    if (a->dim < 0 || a->dim >= x->ndim || !sym_is_const(a->start) || !sym_is_const(a->end)) return 1;
+    int64_t start = a->start.c, end = a->end.c;
+    if (a->step < 1 || start < 0 || start > end || end > x->shape[a->dim]) return 1;
+    for (int i = 0; i < x->ndim; i++) shape[i] = x->shape[i];
+    shape[a->dim] = end > start ? 1 + (end - start - 1) / a->step : 0;
+    *ndim = x->ndim;
+    return 0;
+  }
+  return 1;
+}
+
 int shape_rule_as(op_id op, const char *name, kiln_tensor *const *in, int n, const op_attrs *a, kiln_dtype *dt, int *ndim,
                   int64_t *shape, const char *file, int line) {
-  /* a pointwise op over constant dims (every eager op and every recorded
-   * one) needs no symbolic dims: its dtype, then plain broadcasting; a
-   * failure takes the general rule below for its message */
-  if (op_table[op].shape == sh_pointwise && n <= 2 && n >= 1 && in[0]->ndim <= MAXD && in[n - 1]->ndim <= MAXD) {
-    char e[8];
-    if (!dtype_infer(op, in, tensor_dtype, n, a, dt, e, sizeof e) &&
-        !shape_broadcast(in[0]->ndim, in[0]->shape, in[n - 1]->ndim, in[n - 1]->shape, ndim, shape))
-      return 0;
-  }
+  /* the commonest ops over constant dims (every eager op and every recorded
+   * one) need no symbolic dims; a failure takes the general rule below for
+   * its message */
+  if (!const_rule(op, in, n, a, dt, ndim, shape)) return 0;
   shape_arg small[4] = {0}, *args = n <= 4 ? small : alloc_malloc(sizeof *args * (size_t)n), out = {0};
   if (!args) return err_set(file, line, name, "out of memory"), -1;
   for (int i = 0; i < n; i++) {
     args[i].dtype = in[i]->dtype;
     args[i].ndim = in[i]->ndim;
-    for (int d = 0; d < in[i]->ndim; d++) args[i].shape[d] = sym_const(in[i]->shape[d]);
+    for (int d = 0; d < in[i]->ndim && d < MAXD; d++) args[i].shape[d] = sym_const(in[i]->shape[d]);
   }
   char err[512];
   int rc = shape_infer(&eager_env, op, args, n, a, &out, err, sizeof err);

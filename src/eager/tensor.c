@@ -91,15 +91,17 @@ uint64_t tensor_serial_now(void) { return atomic_load(&next_serial); }
 static atomic_ullong storages_made;
 uint64_t storage_count(void) { return atomic_load(&storages_made); }
 
+_Static_assert(sizeof(storage) <= ALLOC_SMALL - sizeof(void *), "a storage header fits a small block before its link");
+
 static storage *storage_new(size_t bytes) {
-  storage *s = alloc_malloc(sizeof *s);
+  storage *s = alloc_small();
   if (!s) return NULL;
   atomic_fetch_add_explicit(&storages_made, 1, memory_order_relaxed);
   /* 64-byte aligned data so vector loads never split cache lines at the start */
   size_t rounded = (bytes + 63) & ~(size_t)63;
   s->data = alloc_aligned(rounded ? rounded : 64);
   if (!s->data) {
-    alloc_free(s);
+    alloc_small_free(s);
     return NULL;
   }
   atomic_init(&s->refcount, 1);
@@ -121,12 +123,12 @@ void storage_release_ref(storage *s) {
     alloc_track(-(int64_t)s->bytes);
     alloc_aligned_free(s->data, (s->bytes + 63) & ~(size_t)63);
   }
-  alloc_free(s);
+  alloc_small_free(s);
 }
 
 /* A storage of bytes whose data a recording has yet to compute: no memory until materialized. */
 static storage *storage_new_meta(size_t bytes) {
-  storage *s = alloc_malloc(sizeof *s);
+  storage *s = alloc_small();
   if (!s) return NULL;
   atomic_init(&s->refcount, 1);
   atomic_init(&s->version, 0);

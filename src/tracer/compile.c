@@ -405,7 +405,27 @@ static void fill_in_dims(const kiln_fn *fn, variant *v) {
 
 /* The first leaf (of inputs then params) sharing storage with each. */
 static int alias_pattern(kiln_tensor *const *in, int n_in, kiln_tensor *const *params, int n_params, int *alias) {
-  for (int i = 0; i < n_in + n_params; i++) {
+  int n = n_in + n_params;
+  /* many leaves (a model's params): each storage's first leaf by a hash of
+   * storages, not by looking back at every earlier leaf (quadratic) */
+  size_t cap = 64;
+  while (cap < 2 * (size_t)n) cap *= 2;
+  const storage **key = n > 32 ? alloc_calloc(cap, sizeof *key) : NULL;
+  int *first = key ? alloc_malloc(sizeof *first * cap) : NULL;
+  if (first) {
+    for (int i = 0; i < n; i++) {
+      const storage *st = (i < n_in ? in[i] : params[i - n_in])->st;
+      size_t h = hash64((uint64_t)(uintptr_t)st) & (cap - 1);
+      while (key[h] && key[h] != st) h = (h + 1) & (cap - 1);
+      if (!key[h]) key[h] = st, first[h] = i;
+      alias[i] = first[h];
+    }
+    alloc_free(key);
+    alloc_free(first);
+    return 0;
+  }
+  alloc_free(key);
+  for (int i = 0; i < n; i++) {
     alias[i] = i;
     const kiln_tensor *a = i < n_in ? in[i] : params[i - n_in];
     for (int j = 0; j < i; j++)
@@ -723,13 +743,13 @@ static bool match_segment(call_state *cs, int c, const seg_info *si, int64_t *ar
   if (si->n_out != seg->n_out || memcmp(si->out, seg->out, sizeof(int) * (size_t)si->n_out))
     return snprintf(why, whyn, "the body keeps other tensors than when variant %d was made", v->no), false;
   /* the same sharing of storage between the leaves */
-  int n_leaves = r->n_in + r->n_params;
-  int *alias = alloc_malloc(sizeof(int) * (size_t)(n_leaves + 1));
+  int n_leaves = r->n_in + r->n_params, small[64];
+  int *alias = n_leaves < 64 ? small : alloc_malloc(sizeof(int) * (size_t)(n_leaves + 1));
   if (!alias) return snprintf(why, whyn, "out of memory"), false;
   alias_pattern(r->in, r->n_in, r->params, r->n_params, alias);
   bool same = true;
   for (int i = 0; i < n_leaves && i < r->n_in + v->n_params && same; i++) same = alias[i] == v->alias[i];
-  alloc_free(alias);
+  if (alias != small) alloc_free(alias);
   if (!same) return snprintf(why, whyn, "leaves share storage unlike in variant %d", v->no), false;
   return guards_hold(seg->g, vals, v->n_syms, why, whyn, v->no) == 1;
 }
@@ -740,27 +760,30 @@ static bool match_segment(call_state *cs, int c, const seg_info *si, int64_t *ar
  * tensors in own[]), and its params. 0, or -1 with the error set. */
 typedef struct seg_inputs {
   kiln_tensor **ins, **ps;
+  kiln_tensor *ins_in[16], *ps_in[32]; /* ins and ps in place when few: no allocation a call */
   kiln_tensor *own[64];
   int n_own;
 } seg_inputs;
 
 static void seg_inputs_free(seg_inputs *si) {
   for (int i = 0; i < si->n_own; i++) kiln_release(si->own[i]);
-  alloc_free(si->ins);
-  alloc_free(si->ps);
-  memset(si, 0, sizeof *si);
+  if (si->ins != si->ins_in) alloc_free(si->ins);
+  if (si->ps != si->ps_in) alloc_free(si->ps);
+  si->ins = si->ps = NULL;
+  si->n_own = 0;
 }
 
 static int seg_inputs_make(call_state *cs, const segment *seg, const build_arg *args, const int64_t *argi,
                            const double *argf, seg_inputs *si) {
   recording *r = &cs->rec;
-  int n_in = r->n_in, rc = -1;
-  memset(si, 0, sizeof *si);
-  si->ins = alloc_malloc(sizeof *si->ins * (size_t)(n_in + seg->n_extra + 1));
-  si->ps = alloc_malloc(sizeof *si->ps * (size_t)(seg->n_params + 1));
+  int n_in = r->n_in, rc = -1, n_ins = n_in + seg->n_extra;
+  si->n_own = 0;
+  si->ins = n_ins < 16 ? si->ins_in : alloc_malloc(sizeof *si->ins * (size_t)(n_ins + 1));
+  si->ps = seg->n_params < 32 ? si->ps_in : alloc_malloc(sizeof *si->ps * (size_t)(seg->n_params + 1));
   rec_leaf *leaves = NULL;
   int n_leaves = 0;
-  if (!si->ins || !si->ps || rec_leaves(r, &leaves, &n_leaves)) {
+  /* the leaves only to find the values carried in */
+  if (!si->ins || !si->ps || (seg->n_extra && rec_leaves(r, &leaves, &n_leaves))) {
     err_set("", 0, "call", "%s: out of memory", cs->fn->name);
     goto done;
   }
@@ -1062,7 +1085,7 @@ static int seg_run(recording *r, void *ctx, bool last) {
   int rc = -1;
   rec_live *live = NULL;
   int n_live = 0;
-  kiln_tensor **outs = NULL;
+  kiln_tensor **outs = NULL, *outs_small[16]; /* a segment's results, in place when few */
   const segment *seg = NULL;
   const build_arg *args = NULL;
   seg_info *si = &cs->seg[cs->n_seg];
@@ -1111,7 +1134,7 @@ static int seg_run(recording *r, void *ctx, bool last) {
     args = cs->b.args;
     bind_new_args(cs, si);
   }
-  outs = alloc_calloc((size_t)seg->n_out + 1, sizeof *outs);
+  outs = seg->n_out < 16 ? memset(outs_small, 0, sizeof outs_small) : alloc_calloc((size_t)seg->n_out + 1, sizeof *outs);
   if (!outs) goto fail;
   if (run_segment(cs, seg, args, outs)) goto done;
   materialize(seg, outs, live, n_live);
@@ -1123,7 +1146,7 @@ fail:
   else err_set("", 0, "call", "%s: out of memory", fn->name);
 done:
   for (int i = 0; outs && seg && i < seg->n_out; i++) kiln_release(outs[i]);
-  alloc_free(outs);
+  if (outs != outs_small) alloc_free(outs);
   alloc_free(live);
   if (!last && !r->escaped) {
     if (rc == 0) {

@@ -934,7 +934,8 @@ void rec_strip_history(recording *r) {
       t->grad_fn = NULL;
     }
     t->requires_grad = false;
-    ag_set_grad_if(t, NULL, 0); /* the writes have their conditions: none is a live value to hand out */
+    /* the writes have their conditions: none is a live value to hand out */
+    if (t->grad_if) ag_set_grad_if(t, NULL, 0);
   }
 }
 
