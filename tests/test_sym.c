@@ -761,8 +761,9 @@ START_TEST(test_out_of_memory)
 END_TEST
 #endif
 
-/* Eager's shape rule takes int64 shortcuts for pointwise, matmul, permute and
- * the reductions: over random shapes and attributes (bad ones included) each
+/* Eager's shape rule takes int64 shortcuts for pointwise, matmul, permute,
+ * the reductions, reshape, expand and slice: over random shapes and
+ * attributes (bad ones included) each
  * must give what the general rule over constant dims gives, error or not. */
 static int lcg(unsigned *seed)
 {

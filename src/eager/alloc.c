@@ -162,8 +162,10 @@ static bool tcache_ok;
  * Every tensor over new memory has a storage header of its own, and a
  * recorded op makes one and drops it at the call's end: each thread keeps up
  * to SMALL_KEEP freed headers for its next ones instead of a malloc and free
- * a header. The link sits past the storage's fields, which ASan keeps
- * poisoned while the block is kept, so a use after free is still reported. A
+ * a header, oldest first. The link sits past the storage's fields, which
+ * ASan keeps poisoned while the block is kept; under ASan a block is handed
+ * out again only once SMALL_KEEP others were freed after it (as ASan's own
+ * quarantine would), so a use after free is reported in that window. A
  * thread's blocks are freed at its exit. */
 enum { SMALL_KEEP = 64 };
 typedef struct small_block {
@@ -171,7 +173,7 @@ typedef struct small_block {
   struct small_block *next;
 } small_block;
 _Static_assert(sizeof(small_block) == ALLOC_SMALL, "a small block is ALLOC_SMALL bytes, its link last");
-static KILN_TLS_HOT small_block *small_list;
+static KILN_TLS_HOT small_block *small_list, *small_tail; /* oldest first */
 static KILN_TLS_HOT int small_n;
 static bool thread_hooked(void);
 
@@ -184,11 +186,17 @@ static void small_poison(small_block *b, bool on) {
 static void small_poison(small_block *b, bool on) { (void)b, (void)on; }
 #endif
 
+#ifdef KILN_ASAN
+enum { SMALL_WAIT = SMALL_KEEP }; /* frees after a block's before it is handed out */
+#else
+enum { SMALL_WAIT = 1 };
+#endif
+
 void *alloc_small(void) {
   if (should_fail()) return NULL;
   small_block *b = small_list;
-  if (!b) return malloc(ALLOC_SMALL);
-  small_list = b->next;
+  if (!b || small_n < SMALL_WAIT) return malloc(ALLOC_SMALL);
+  if (!(small_list = b->next)) small_tail = NULL;
   small_n--;
   small_poison(b, false);
   return b;
@@ -196,10 +204,20 @@ void *alloc_small(void) {
 
 void alloc_small_free(void *p) {
   if (!p) return;
-  if (small_n == SMALL_KEEP || !thread_hooked()) return free(p);
+  if (!thread_hooked()) return free(p);
+  if (small_n == SMALL_KEEP) {
+    if (SMALL_WAIT == 1) return free(p);
+    small_block *old = small_list; /* the oldest goes, this one waits its turn */
+    if (!(small_list = old->next)) small_tail = NULL;
+    small_n--;
+    small_poison(old, false);
+    free(old);
+  }
   small_block *b = p;
-  b->next = small_list;
-  small_list = b;
+  b->next = NULL;
+  if (small_tail) small_tail->next = b;
+  else small_list = b;
+  small_tail = b;
   small_n++;
   small_poison(b, true);
 }
@@ -211,6 +229,7 @@ static void small_drain(void) {
     small_poison(b, false);
     free(b);
   }
+  small_tail = NULL;
   small_n = 0;
 }
 
