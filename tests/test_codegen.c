@@ -26,27 +26,7 @@
 #include "kiln.h"
 
 #include "fuzz/randprog.h" /* the random programs, and maxdiff_rel and same_shape */
-
-/* What the library writes to stderr between the two calls, caught in a
- * file: stderr_catch returns it, stderr_release puts stderr back and reads
- * it into text. */
-static FILE *stderr_catch(int *saved) {
-  fflush(stderr);
-  FILE *log = tmpfile();
-  ck_assert_ptr_nonnull(log);
-  *saved = dup(2);
-  dup2(fileno(log), 2);
-  return log;
-}
-
-static void stderr_release(FILE *log, int saved, char *text, size_t n) {
-  fflush(stderr);
-  dup2(saved, 2);
-  close(saved);
-  rewind(log);
-  text[fread(text, 1, n - 1, log)] = 0;
-  fclose(log);
-}
+#include "stderr_catch.h"
 
 /* ---- the plan ---- */
 

@@ -13,6 +13,7 @@
 
 #include "kiln.h"
 #include "eager/eager.h" /* alloc_fail_after */
+#include "saved_loaded.h"
 
 /* max |a - b| over two tensors of the same shape (read as f64) */
 static double maxdiff(const kiln_tensor *a, const kiln_tensor *b) {
@@ -541,14 +542,7 @@ START_TEST(test_check_mode_loaded_then_checked) {
   kiln_scope_begin();
   kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){5, 16}), 1), *y = NULL;
   ck_assert_int_eq(0, kiln_call(fn, &x, &y));
-  char path[] = "/tmp/kiln_test_checkXXXXXX";
-  int fd = mkstemp(path);
-  ck_assert_int_ge(fd, 0);
-  close(fd);
-  ck_assert_msg(kiln_save(fn, path) == 0, "%s", kiln_last_error());
-  kiln_fn *ld = kiln_load(path);
-  unlink(path);
-  ck_assert_msg(ld != NULL, "%s", kiln_last_error());
+  kiln_fn *ld = saved_and_loaded(fn, "check");
   kiln_tensor *in[5] = {x, m.w1, m.b1, m.w2, m.b2}, *y2 = NULL;
   ck_assert_msg(kiln_call(ld, in, &y2) == 0, "%s", kiln_last_error());
   ck_assert_double_le(maxdiff(y2, mlp_forward(&m, x)), 1e-5);
@@ -572,13 +566,7 @@ START_TEST(test_save_load) {
   kiln_scope_begin();
   kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){5, 16}), 1), *y = NULL;
   ck_assert_int_eq(0, kiln_call(fn, &x, &y));
-  char path[] = "/tmp/kiln_test_saveXXXXXX";
-  int fd = mkstemp(path);
-  ck_assert_int_ge(fd, 0);
-  close(fd);
-  ck_assert_msg(kiln_save(fn, path) == 0, "%s", kiln_last_error());
-  kiln_fn *ld = kiln_load(path);
-  ck_assert_msg(ld != NULL, "%s", kiln_last_error());
+  kiln_fn *ld = saved_and_loaded(fn, "save");
   kiln_tensor *x2 = kiln_randn(KILN_F32, 2, ((int64_t[]){9, 16}), 2), *y2 = NULL;
   kiln_tensor *in[5] = {x2, m.w1, m.b1, m.w2, m.b2};
   ck_assert_msg(kiln_call(ld, in, &y2) == 0, "%s", kiln_last_error());
@@ -589,7 +577,6 @@ START_TEST(test_save_load) {
   ck_assert_msg(has(kiln_last_error(), "does not fit the loaded graph") && has(kiln_last_error(), "test_compile.c:"), "%s",
                 kiln_last_error());
   kiln_scope_end();
-  unlink(path);
   kiln_fn_free(ld);
   kiln_fn_free(fn);
   mlp_free(&m);

@@ -17,6 +17,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "saved_loaded.h"
+#include "stderr_catch.h"
 #include "tracer/tracer.h"
 
 static char *read_golden(const char *name) {
@@ -479,21 +481,6 @@ START_TEST(test_scan_one_trace) {
   kiln_scope_end();
 }
 END_TEST
-
-/* fn saved to a file of its own and loaded back (a process without the C
- * body would do the same); the file is gone after. */
-static kiln_fn *saved_and_loaded(kiln_fn *fn, const char *tag) {
-  char path[64];
-  snprintf(path, sizeof path, "/tmp/kiln_%s_XXXXXX", tag);
-  int fd = mkstemp(path);
-  ck_assert_int_ge(fd, 0);
-  close(fd);
-  ck_assert_msg(kiln_save(fn, path) == 0, "%s", kiln_last_error());
-  kiln_fn *ld = kiln_load(path);
-  unlink(path);
-  ck_assert_msg(ld != NULL, "%s", kiln_last_error());
-  return ld;
-}
 
 /* a captured scan saved (regions, the batched input projection and all)
  * and loaded: the loaded function runs at a length never traced, against C */
@@ -2900,20 +2887,12 @@ START_TEST(test_check_names_region_kernel) {
                                                                .backend = KILN_BACKEND_LLVM, .check = 1});
   /* the first call traces (check mode starts with the second) */
   ck_assert_msg(kiln_call(fn, in, out) == 0, "%s", kiln_last_error());
-  fflush(stderr);
-  FILE *log = tmpfile();
-  ck_assert_ptr_nonnull(log);
-  int saved = dup(2);
-  dup2(fileno(log), 2);
+  int saved;
+  FILE *log = stderr_catch(&saved);
   int rc = kiln_call(fn, in, out);
-  fflush(stderr);
-  dup2(saved, 2);
-  close(saved);
-  unsetenv("KILN_TEST_CORRUPT_KERNEL");
   char text[4096] = "";
-  rewind(log);
-  text[fread(text, 1, sizeof text - 1, log)] = 0;
-  fclose(log);
+  stderr_release(log, saved, text, sizeof text);
+  unsetenv("KILN_TEST_CORRUPT_KERNEL");
   ck_assert_msg(rc == 0, "%s", kiln_last_error());
   float got[NB * NH];
   ck_assert_int_eq(0, kiln_read(out[0], got, sizeof got));
@@ -2957,20 +2936,12 @@ START_TEST(test_check_names_outer_kernel) {
   kiln_fn *fn = kiln_compile(check_outer_body, NULL, &(kiln_options){.name = "checked", .n_in = 2, .n_out = 2,
                                                                      .backend = KILN_BACKEND_LLVM, .check = 1});
   ck_assert_msg(kiln_call(fn, in, out) == 0, "%s", kiln_last_error());
-  fflush(stderr);
-  FILE *log = tmpfile();
-  ck_assert_ptr_nonnull(log);
-  int saved = dup(2);
-  dup2(fileno(log), 2);
+  int saved;
+  FILE *log = stderr_catch(&saved);
   int rc = kiln_call(fn, in, out);
-  fflush(stderr);
-  dup2(saved, 2);
-  close(saved);
-  unsetenv("KILN_TEST_CORRUPT_KERNEL");
   char text[4096] = "";
-  rewind(log);
-  text[fread(text, 1, sizeof text - 1, log)] = 0;
-  fclose(log);
+  stderr_release(log, saved, text, sizeof text);
+  unsetenv("KILN_TEST_CORRUPT_KERNEL");
   ck_assert_msg(rc == 0, "%s", kiln_last_error());
   float got[NB * NH];
   ck_assert_int_eq(0, kiln_read(out[0], got, sizeof got));

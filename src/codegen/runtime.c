@@ -1194,7 +1194,9 @@ static int run_get(const backend_exec *e, int ki, char **bufs, kiln_tensor **ten
   if (src->dtype != n->dtype || src->ndim != n->ndim || memcmp(src->shape, ov.t.shape, sizeof(int64_t) * (size_t)n->ndim))
     return err_set(n->file, n->line, "get", "%s: %%%d: the result's shape differs from the graph's", g->name, k->node), -1;
   if (e->adopt[b] && !tens[b] && (p->buf[b].kind == CG_BUF_OUTPUT || !bytes[b])) {
-    /* two buffers never share a result: a kernel may store in place into one */
+    /* results have storage of their own (interp_cf_run's own_results), but a
+     * graph may get one result twice: one buffer takes it, and a kernel may
+     * store in place into it, so the other copies */
     bool take = tensor_contiguous(src);
     for (int i = 0; i < e->n_adopted && take; i++) take = !own[e->adopted[i]] || own[e->adopted[i]]->st != src->st;
     own[b] = take ? kiln_retain(src) : tensor_new(n->dtype, n->ndim, ov.t.shape);
