@@ -162,75 +162,60 @@ static bool tcache_ok;
  * Every tensor over new memory has a storage header of its own, and a
  * recorded op makes one and drops it at the call's end: each thread keeps up
  * to SMALL_KEEP freed headers for its next ones instead of a malloc and free
- * a header, oldest first. The link sits past the storage's fields, which
- * ASan keeps poisoned while the block is kept; under ASan a block is handed
- * out again only once SMALL_KEEP others were freed after it (as ASan's own
- * quarantine would), so a use after free is reported in that window. A
- * thread's blocks are freed at its exit. */
+ * a header, oldest first. They are listed in a ring of pointers beside them,
+ * not linked through them, so a block is exactly a header and ASan sees an
+ * overflow past one; ASan keeps a kept block poisoned, and under ASan a block
+ * is handed out again only once SMALL_KEEP others were freed after it (as
+ * ASan's own quarantine would), so a use after free is reported in that
+ * window. A thread's blocks and ring are freed at its exit. */
 enum { SMALL_KEEP = 64 };
-typedef struct small_block {
-  char bytes[ALLOC_SMALL - sizeof(void *)];
-  struct small_block *next;
-} small_block;
-_Static_assert(sizeof(small_block) == ALLOC_SMALL, "a small block is ALLOC_SMALL bytes, its link last");
-static KILN_TLS_HOT small_block *small_list, *small_tail; /* oldest first */
-static KILN_TLS_HOT int small_n;
+static KILN_TLS_HOT void **small_ring; /* SMALL_KEEP slots, made at a thread's first free */
+static KILN_TLS_HOT int small_head, small_n; /* the oldest kept block's slot, and how many */
 static bool thread_hooked(void);
 
 #ifdef KILN_ASAN
-static void small_poison(small_block *b, bool on) {
-  if (on) ASAN_POISON_MEMORY_REGION(b->bytes, sizeof b->bytes);
-  else ASAN_UNPOISON_MEMORY_REGION(b->bytes, sizeof b->bytes);
+static void small_poison(void *b, bool on) {
+  if (on) ASAN_POISON_MEMORY_REGION(b, ALLOC_SMALL);
+  else ASAN_UNPOISON_MEMORY_REGION(b, ALLOC_SMALL);
 }
-#else
-static void small_poison(small_block *b, bool on) { (void)b, (void)on; }
-#endif
-
-#ifdef KILN_ASAN
 enum { SMALL_WAIT = SMALL_KEEP }; /* frees after a block's before it is handed out */
 #else
+static void small_poison(void *b, bool on) { (void)b, (void)on; }
 enum { SMALL_WAIT = 1 };
 #endif
 
-void *alloc_small(void) {
-  if (should_fail()) return NULL;
-  small_block *b = small_list;
-  if (!b || small_n < SMALL_WAIT) return malloc(ALLOC_SMALL);
-  if (!(small_list = b->next)) small_tail = NULL;
+/* The oldest kept block, taken out of the ring (small_n > 0). */
+static void *small_take(void) {
+  void *b = small_ring[small_head];
+  small_head = (small_head + 1) % SMALL_KEEP;
   small_n--;
   small_poison(b, false);
   return b;
 }
 
+void *alloc_small(void) {
+  if (should_fail()) return NULL;
+  if (small_n < SMALL_WAIT) return malloc(ALLOC_SMALL);
+  return small_take();
+}
+
 void alloc_small_free(void *p) {
   if (!p) return;
-  if (!thread_hooked()) return free(p);
+  if (!thread_hooked() || (!small_ring && !(small_ring = malloc(sizeof *small_ring * SMALL_KEEP)))) return free(p);
   if (small_n == SMALL_KEEP) {
     if (SMALL_WAIT == 1) return free(p);
-    small_block *old = small_list; /* the oldest goes, this one waits its turn */
-    if (!(small_list = old->next)) small_tail = NULL;
-    small_n--;
-    small_poison(old, false);
-    free(old);
+    free(small_take()); /* the oldest goes, this one waits its turn */
   }
-  small_block *b = p;
-  b->next = NULL;
-  if (small_tail) small_tail->next = b;
-  else small_list = b;
-  small_tail = b;
+  small_ring[(small_head + small_n) % SMALL_KEEP] = p;
   small_n++;
-  small_poison(b, true);
+  small_poison(p, true);
 }
 
 static void small_drain(void) {
-  while (small_list) {
-    small_block *b = small_list;
-    small_list = b->next;
-    small_poison(b, false);
-    free(b);
-  }
-  small_tail = NULL;
-  small_n = 0;
+  while (small_n) free(small_take());
+  free(small_ring);
+  small_ring = NULL;
+  small_head = 0;
 }
 
 static void park_list(handle_pool *p, parked *head, parked *tail, int n) {

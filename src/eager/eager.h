@@ -60,7 +60,7 @@ void alloc_aligned_free(void *p, size_t n);
 void alloc_free(void *p);
 /* A block of ALLOC_SMALL bytes (a storage header), from the thread's freed
  * ones when it has some; alloc_small_free keeps up to 64 a thread. */
-enum { ALLOC_SMALL = 72 };
+enum { ALLOC_SMALL = 64 };
 void *alloc_small(void);
 void alloc_small_free(void *p);
 /* Test build: make the n-th allocation from now fail (0 = never). Returns the

@@ -91,7 +91,7 @@ uint64_t tensor_serial_now(void) { return atomic_load(&next_serial); }
 static atomic_ullong storages_made;
 uint64_t storage_count(void) { return atomic_load(&storages_made); }
 
-_Static_assert(sizeof(storage) <= ALLOC_SMALL - sizeof(void *), "a storage header fits a small block before its link");
+_Static_assert(sizeof(storage) <= ALLOC_SMALL, "a storage header fits a small block");
 
 static storage *storage_new(size_t bytes) {
   storage *s = alloc_small();
