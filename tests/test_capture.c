@@ -359,6 +359,52 @@ START_TEST(test_grad_accumulates) {
 }
 END_TEST
 
+/* ---- the caller's autograd mode ---- */
+
+static int grad_mode_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  kiln_tensor *w = ctx;
+  kiln_tensor *y = kiln_matmul(in[0], w);
+  out[0] = kiln_grad_enabled() ? kiln_tanh(y) : kiln_relu(y);
+  return out[0] ? 0 : -1;
+}
+
+/* A body that reads nothing takes the guard-only path, but what it does
+ * still depends on whether the caller is inside kiln_no_grad_begin: a
+ * training step's backward fails there, as eagerly, and a branch on
+ * kiln_grad_enabled takes its other side. A variant traced with autograd
+ * on must not serve a call with it off (that ran the backward, added to
+ * w.grad and returned 0), nor the other way round. */
+START_TEST(test_grad_mode_of_the_caller) {
+  kiln_tensor *w = kiln_randn(KILN_F32, 2, ((int64_t[]){5, 3}), 4), *we = kiln_randn(KILN_F32, 2, ((int64_t[]){5, 3}), 4);
+  kiln_requires_grad(w, true);
+  kiln_requires_grad(we, true);
+  kiln_options o = {.name = "loss", .n_in = 1};
+  kiln_fn *fn = kiln_compile(grad_body, w, &o);
+  kiln_fn *fm = kiln_compile(grad_mode_body, w, &o);
+  bool off[6] = {false, false, true, false, true, true};
+  for (int i = 0; i < 6; i++) {
+    kiln_scope_begin();
+    if (off[i]) kiln_no_grad_begin();
+    kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){4, 5}), 60 + (uint64_t)i), *y = NULL, *ye = NULL;
+    int rc = kiln_call(fn, &x, &y), rce = grad_body(we, &x, &ye);
+    ck_assert_msg(rc == rce, "call %d (autograd %s): compiled %d, eager %d: %s", i, off[i] ? "off" : "on", rc, rce,
+                  kiln_last_error());
+    if (!rc) ck_assert_double_le(maxdiff(y, ye), 1e-6);
+    ck_assert_msg(maxdiff(kiln_grad(w), kiln_grad(we)) <= 1e-6, "call %d: .grad differs", i);
+    ck_assert_int_eq(0, kiln_call(fm, &x, &y));
+    ck_assert_int_eq(0, grad_mode_body(we, &x, &ye));
+    ck_assert_msg(maxdiff(y, ye) <= 1e-6, "call %d (autograd %s): max diff %g", i, off[i] ? "off" : "on", maxdiff(y, ye));
+    if (off[i]) kiln_no_grad_end();
+    kiln_scope_end();
+  }
+  ck_assert_int_ge(stats(fm).guard_hits, 3); /* still the guard-only path, on both sides */
+  kiln_fn_free(fn);
+  kiln_fn_free(fm);
+  kiln_release(w);
+  kiln_release(we);
+}
+END_TEST
+
 /* ---- a literal equal to a size ---- */
 
 /* A GQA-like forward: (B,T,48) split into 2 kv heads (a literal) of T-sized
@@ -688,6 +734,7 @@ Suite *capture_suite(void) {
   tcase_add_test(tc, test_random_stream);
   tcase_add_test(tc, test_check_mode_draws);
   tcase_add_test(tc, test_grad_accumulates);
+  tcase_add_test(tc, test_grad_mode_of_the_caller);
   tcase_add_test(tc, test_literal_equal_to_size);
   tcase_add_test(tc, test_value_reads);
   tcase_add_test(tc, test_many_breaks);

@@ -84,6 +84,7 @@ typedef struct variant {
   int64_t in_shape[MAX_IN][MAXD];
   /* the guard-only path */
   bool guard_ok;
+  bool grad_on;            /* autograd was on when the body was recorded (kiln_no_grad_begin off) */
   trace_leaf *in_leaf, *param_leaf;
   dim_check (*in_dims)[MAXD];
   int in_node[MAX_IN];     /* the graph's input nodes, so a call reads those alone */
@@ -245,6 +246,7 @@ static void print_guards(FILE *f, const kiln_fn *fn, const variant *v) {
       fprintf(f, "  %s:%d: a number %s %s\n", v->ev[e].file, v->ev[e].line, r->kind == SLOT_EXPR ? "must equal" : "is argument",
               r->kind == SLOT_EXPR ? b : (snprintf(b, sizeof b, "%d", r->arg), b));
     }
+  if (v->guard_ok && !v->loaded) fprintf(f, "  autograd %s, as when traced\n", v->grad_on ? "on" : "off (inside kiln_no_grad_begin)");
   int n_leaves = fn->opts.n_in + v->n_params;
   for (int i = 0; i < n_leaves; i++)
     if (v->alias[i] != i) fprintf(f, "  leaf %d shares storage with leaf %d\n", i, v->alias[i]);
@@ -317,6 +319,13 @@ static int guards_pass(const kiln_fn *fn, const variant *v, kiln_tensor *const *
   if (!inputs_pass(fn, v, in, vals, why, whyn) || !guards_hold(v->seg[0]->g, vals, v->n_syms, why, whyn, v->no)) return 0;
   int n_in = fn->opts.n_in;
   if (!v->loaded) {
+    /* under the caller's kiln_no_grad_begin the body's backward fails and
+     * its in-place writes of what requires grad are allowed: another body */
+    if (grad_mode() != v->grad_on) {
+      if (why) snprintf(why, whyn, "autograd %s when traced, %s now (variant %d)", v->grad_on ? "on" : "off",
+                        v->grad_on ? "off" : "on", v->no);
+      return 0;
+    }
     for (int i = 0; i < n_in + v->n_params; i++) {
       kiln_tensor *t = leaf_at(fn, v, in, i);
       const trace_leaf *l = i < n_in ? &v->in_leaf[i] : &v->param_leaf[i - n_in];
@@ -580,6 +589,7 @@ enum { CALL_INLINE = 8 };
 typedef struct call_state {
   kiln_fn *fn;
   kiln_tensor *const *in;
+  bool grad_on;               /* the caller's autograd mode, which the body ran under */
   int *outs;                  /* the body's outputs' value ids (the last segment) */
   kiln_tensor **out_t;        /* and the tensors */
   recording rec;
@@ -623,6 +633,7 @@ static void call_start(call_state *cs, kiln_fn *fn, kiln_tensor *const *in) {
   memset(cs, 0, offsetof(call_state, seg));
   cs->fn = fn;
   cs->in = in;
+  cs->grad_on = grad_mode();
   cs->why[0] = 0;
 }
 
@@ -1193,6 +1204,7 @@ static variant *make_variant(call_state *cs) {
   variant *v = alloc_calloc(1, sizeof *v);
   if (!v) return NULL;
   v->no = cs->no;
+  v->grad_on = cs->grad_on;
   v->n_ev = r->n_ev;
   v->n_val = r->n_val;
   v->ev = alloc_malloc(sizeof *v->ev * (size_t)(r->n_ev + 1));
