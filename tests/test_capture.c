@@ -590,6 +590,34 @@ START_TEST(test_paths) {
 }
 END_TEST
 
+/* kiln_describe hands C the shape, strides and dtype as text: a body that
+ * branches on it reads sizes, and must record every call. Traced at 4
+ * columns, then 6 (a variant with the columns symbolic); 4 columns again
+ * must not run the second one, which took the other branch. */
+static int describe_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  char b[128];
+  out[0] = strstr(kiln_describe(in[0], b, sizeof b), ",4]") ? kiln_relu(in[0]) : kiln_tanh(in[0]);
+  return out[0] ? 0 : -1;
+}
+
+START_TEST(test_describe_is_a_size_read) {
+  kiln_options o = {.name = "describe", .n_in = 1};
+  kiln_fn *fn = kiln_compile(describe_body, NULL, &o);
+  int64_t cols[] = {4, 6, 4, 9, 4};
+  for (int i = 0; i < 5; i++) {
+    kiln_scope_begin();
+    kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){3, cols[i]}), 70 + (uint64_t)i), *y = NULL, *ref = NULL;
+    ck_assert_int_eq(0, kiln_call(fn, &x, &y));
+    ck_assert_int_eq(0, describe_body(NULL, &x, &ref));
+    ck_assert_msg(maxdiff(y, ref) <= 1e-6, "%lld columns: max diff %g", (long long)cols[i], maxdiff(y, ref));
+    kiln_scope_end();
+  }
+  ck_assert_int_eq(0, stats(fn).guard_hits);
+  kiln_fn_free(fn);
+}
+END_TEST
+
 /* ---- a view made outside dispatch, on a reused recording ---- */
 
 /* The recording finds a view autograd or a construct made outside dispatch
@@ -740,6 +768,7 @@ Suite *capture_suite(void) {
   tcase_add_test(tc, test_many_breaks);
   tcase_add_test(tc, test_fullgraph);
   tcase_add_test(tc, test_paths);
+  tcase_add_test(tc, test_describe_is_a_size_read);
   tcase_add_test(tc, test_outside_view_on_reused_recording);
   tcase_add_test(tc, test_unknown_variables_warn);
   tcase_add_test(tc, test_alias_among_many_params);
