@@ -618,6 +618,45 @@ START_TEST(test_describe_is_a_size_read) {
 }
 END_TEST
 
+/* An input that views part of the caller's tensor, written in place: kiln
+ * cannot trace that write back to a tensor of the call, so the recording
+ * escapes there and the rest of the body runs eagerly. The variant made
+ * from that call holds the (empty) graph before the escape; it read
+ * nothing, yet must never serve a call on the guard-only path, which ran
+ * the empty graph, returned an output it never set (a crash, or garbage)
+ * and skipped the write. Under KILN_CAPTURE_GUARDS too. */
+static int write_view_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  if (!kiln_mul_(in[0], in[1])) return -1;
+  out[0] = kiln_sum(in[0], 0, false);
+  return out[0] ? 0 : -1;
+}
+
+START_TEST(test_escape_never_guard_only) {
+  for (int capture = 0; capture < 2; capture++) {
+    kiln_options o = {.name = "write_view", .n_in = 2, .capture = capture ? KILN_CAPTURE_GUARDS : KILN_CAPTURE_AUTO};
+    kiln_fn *fn = kiln_compile(write_view_body, NULL, &o);
+    kiln_tensor *t = kiln_randn(KILN_F32, 2, ((int64_t[]){5, 8}), 5), *te = kiln_randn(KILN_F32, 2, ((int64_t[]){5, 8}), 5);
+    for (int i = 0; i < 4; i++) {
+      kiln_scope_begin();
+      kiln_tensor *in[2] = {kiln_slice(t, 0, 1, 4, 1), kiln_randn(KILN_F32, 2, ((int64_t[]){3, 8}), 80 + (uint64_t)i)};
+      kiln_tensor *ine[2] = {kiln_slice(te, 0, 1, 4, 1), in[1]}, *y = NULL, *ye = NULL;
+      ck_assert_msg(kiln_call(fn, in, &y) == 0, "call %d: %s", i, kiln_last_error());
+      ck_assert_int_eq(0, write_view_body(NULL, ine, &ye));
+      ck_assert_msg(maxdiff(y, ye) <= 1e-6, "call %d: max diff %g", i, maxdiff(y, ye));
+      ck_assert_msg(maxdiff(t, te) <= 1e-6, "call %d: the written tensor differs by %g", i, maxdiff(t, te));
+      kiln_scope_end();
+    }
+    kiln_fn_stats st = stats(fn);
+    ck_assert_int_eq(0, st.guard_hits);
+    ck_assert_int_eq(4, st.fallbacks);
+    kiln_fn_free(fn);
+    kiln_release(t);
+    kiln_release(te);
+  }
+}
+END_TEST
+
 /* ---- a view made outside dispatch, on a reused recording ---- */
 
 /* The recording finds a view autograd or a construct made outside dispatch
@@ -769,6 +808,7 @@ Suite *capture_suite(void) {
   tcase_add_test(tc, test_fullgraph);
   tcase_add_test(tc, test_paths);
   tcase_add_test(tc, test_describe_is_a_size_read);
+  tcase_add_test(tc, test_escape_never_guard_only);
   tcase_add_test(tc, test_outside_view_on_reused_recording);
   tcase_add_test(tc, test_unknown_variables_warn);
   tcase_add_test(tc, test_alias_among_many_params);

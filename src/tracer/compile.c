@@ -1271,7 +1271,10 @@ static variant *make_variant(call_state *cs) {
   /* the guard-only path: the body showed nothing a later call could change */
   bool plain = !r->read_meta && !r->c_numbers && !r->read_data && v->n_seg == 1 && v->n_args == 0 && !v->seg[0]->frozen;
   for (int i = 0; i < r->n_ev && plain; i++) plain = r->ev[i].kind != EV_RAND;
-  v->guard_ok = fn->opts.capture == KILN_CAPTURE_GUARDS ? v->n_seg == 1 && v->n_args == 0
+  /* never after an escape: the graph is the part before it, and the rest
+   * of the body (its outputs, its writes) ran eagerly */
+  v->guard_ok = r->escaped                                  ? false
+                : fn->opts.capture == KILN_CAPTURE_GUARDS ? v->n_seg == 1 && v->n_args == 0
                 : fn->opts.capture == KILN_CAPTURE_RECORD ? false
                                                           : plain;
   return v;
