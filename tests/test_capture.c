@@ -552,6 +552,46 @@ START_TEST(test_fullgraph) {
 }
 END_TEST
 
+/* ---- slice bounds by Python's rules ---- */
+
+/* Bounds past the end, negative ones, and an end that falls before the
+ * start once both are clamped: eagerly an empty slice, and so compiled (the
+ * graph said the bounds broke 0 <= start <= end and the call failed). Over
+ * sizes from 0 to 11, static and symbolic. */
+static int slices_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  kiln_tensor *x = in[0];
+  int64_t n = kiln_size(x, 0);
+  out[0] = kiln_slice(x, 0, 4, 2, 1);
+  out[1] = kiln_slice(x, 0, 1, -1, 2);
+  out[2] = kiln_slice(x, 0, -3, -1, 3);
+  out[3] = kiln_slice(x, 0, -7, INT64_MAX, 1);
+  out[4] = kiln_mul_scalar(kiln_slice(x, 0, 2, 100, 3), 2);
+  out[5] = kiln_slice(x, 0, n - 2, 3, 1);
+  return 0;
+}
+
+START_TEST(test_slice_bounds_python_rules) {
+  int64_t sizes[] = {3, 4, 6, 8, 2, 5, 1, 7, 9, 10, 2, 3, 0, 4, 11};
+  for (int dyn = 0; dyn < 2; dyn++) {
+    kiln_options o = {.name = "slices", .n_in = 1, .n_out = 6, .dynamic = dyn ? KILN_DYNAMIC_ALL : KILN_DYNAMIC_AUTO};
+    kiln_fn *fn = kiln_compile(slices_body, NULL, &o);
+    for (int i = 0; i < 15; i++) {
+      kiln_scope_begin();
+      kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){sizes[i], 2}), 90 + (uint64_t)i), *y[6], *ye[6];
+      ck_assert_msg(kiln_call(fn, &x, y) == 0, "size %lld: %s", (long long)sizes[i], kiln_last_error());
+      ck_assert_int_eq(0, slices_body(NULL, &x, ye));
+      for (int k = 0; k < 6; k++) {
+        ck_assert_int_eq(kiln_size(y[k], 0), kiln_size(ye[k], 0));
+        ck_assert_msg(maxdiff(y[k], ye[k]) == 0, "size %lld, output %d: max diff %g", (long long)sizes[i], k, maxdiff(y[k], ye[k]));
+      }
+      kiln_scope_end();
+    }
+    kiln_fn_free(fn);
+  }
+}
+END_TEST
+
 /* ---- the two paths ---- */
 
 typedef struct {
@@ -806,6 +846,7 @@ Suite *capture_suite(void) {
   tcase_add_test(tc, test_value_reads);
   tcase_add_test(tc, test_many_breaks);
   tcase_add_test(tc, test_fullgraph);
+  tcase_add_test(tc, test_slice_bounds_python_rules);
   tcase_add_test(tc, test_paths);
   tcase_add_test(tc, test_describe_is_a_size_read);
   tcase_add_test(tc, test_escape_never_guard_only);
