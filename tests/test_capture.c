@@ -405,6 +405,88 @@ START_TEST(test_grad_mode_of_the_caller) {
 }
 END_TEST
 
+/* ---- leaf state the body reads or changes ---- */
+
+/* The body reads .grad of a weight that does not require grad (it kept
+ * the .grad it had when it did): NULL at the first call, where the weight
+ * is in no op, so in no guard; set at a later one. And a body that uses the
+ * weight, traced with its .grad set, called after the caller dropped it
+ * while holding the old .grad itself (so the variant's reference to it
+ * stays alive). Each call must branch as eagerly. */
+static int stale_grad_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  kiln_tensor *p = ctx, *g = kiln_grad(p);
+  out[0] = g ? kiln_add(in[0], g) : kiln_neg(in[0]);
+  return out[0] ? 0 : -1;
+}
+
+static int stale_grad_used_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  kiln_tensor *p = ctx, *g = kiln_grad(p);
+  out[0] = g ? kiln_add(in[0], kiln_mul(g, p)) : kiln_mul(in[0], p);
+  return out[0] ? 0 : -1;
+}
+
+/* p gets a .grad and keeps it with requires_grad off again */
+static void give_grad(kiln_tensor *p) {
+  kiln_requires_grad(p, true);
+  kiln_scope_begin();
+  ck_assert_int_eq(0, kiln_backward(kiln_sum_all(kiln_mul(p, p))));
+  kiln_scope_end();
+  kiln_requires_grad(p, false);
+}
+
+START_TEST(test_grad_read_of_a_weight_without_grad) {
+  for (int used = 0; used < 2; used++) {
+    kiln_body body = used ? stale_grad_used_body : stale_grad_body;
+    kiln_tensor *p = kiln_randn(KILN_F32, 1, ((int64_t[]){3}), 1), *held = NULL;
+    if (used) give_grad(p);
+    kiln_options o = {.name = "stale_grad", .n_in = 1};
+    kiln_fn *fn = kiln_compile(body, p, &o);
+    for (int i = 0; i < 5; i++) {
+      if (!used && i == 2) give_grad(p);
+      if (i == 3) {
+        held = kiln_retain(kiln_grad(p));
+        kiln_zero_grad(p);
+      }
+      kiln_scope_begin();
+      kiln_tensor *x = kiln_randn(KILN_F32, 1, ((int64_t[]){3}), 20 + (uint64_t)i), *y = NULL, *ye = NULL;
+      ck_assert_int_eq(0, kiln_call(fn, &x, &y));
+      ck_assert_int_eq(0, body(p, &x, &ye));
+      ck_assert_msg(maxdiff(y, ye) <= 1e-6, "%s, call %d: max diff %g", used ? "used" : "unused", i, maxdiff(y, ye));
+      kiln_scope_end();
+    }
+    kiln_fn_free(fn);
+    kiln_release(held);
+    kiln_release(p);
+  }
+}
+END_TEST
+
+/* A body that turns a weight's requires_grad on and off leaves the flag
+ * as eagerly after every call: the guard-only path would skip the change. */
+static int flip_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  kiln_tensor *p = ctx;
+  kiln_requires_grad(p, !kiln_get_requires_grad(p));
+  out[0] = kiln_mul(in[0], p);
+  return out[0] ? 0 : -1;
+}
+
+START_TEST(test_requires_grad_changed_by_the_body) {
+  kiln_tensor *p = kiln_randn(KILN_F32, 1, ((int64_t[]){3}), 1), *x = kiln_randn(KILN_F32, 1, ((int64_t[]){3}), 2);
+  kiln_options o = {.name = "flip", .n_in = 1};
+  kiln_fn *fn = kiln_compile(flip_body, p, &o);
+  for (int i = 0; i < 5; i++) {
+    kiln_scope_begin();
+    kiln_tensor *y = NULL;
+    ck_assert_int_eq(0, kiln_call(fn, &x, &y));
+    ck_assert_msg(kiln_get_requires_grad(p) == (i % 2 == 0), "call %d: requires_grad %d", i, kiln_get_requires_grad(p));
+    kiln_scope_end();
+  }
+  kiln_fn_free(fn);
+  kiln_release(x);
+  kiln_release(p);
+}
+END_TEST
+
 /* ---- a literal equal to a size ---- */
 
 /* A GQA-like forward: (B,T,48) split into 2 kv heads (a literal) of T-sized
@@ -842,6 +924,8 @@ Suite *capture_suite(void) {
   tcase_add_test(tc, test_check_mode_draws);
   tcase_add_test(tc, test_grad_accumulates);
   tcase_add_test(tc, test_grad_mode_of_the_caller);
+  tcase_add_test(tc, test_grad_read_of_a_weight_without_grad);
+  tcase_add_test(tc, test_requires_grad_changed_by_the_body);
   tcase_add_test(tc, test_literal_equal_to_size);
   tcase_add_test(tc, test_value_reads);
   tcase_add_test(tc, test_many_breaks);

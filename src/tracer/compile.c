@@ -225,6 +225,7 @@ static void print_guards(FILE *f, const kiln_fn *fn, const variant *v) {
     const trace_leaf *l = n->op == IR_INPUT ? (v->in_leaf ? &v->in_leaf[n->index] : NULL)
                                             : (v->param_leaf ? &v->param_leaf[n->index] : NULL);
     if (l && !v->loaded && l->requires_grad) fprintf(f, " requires_grad, .grad %s", l->grad_present ? "set" : "NULL");
+    else if (l && !v->loaded && l->grad_present) fprintf(f, " .grad set");
     fprintf(f, "\n");
   }
   for (int k = 0; k < v->n_syms; k++) {
@@ -335,7 +336,8 @@ static int guards_pass(const kiln_fn *fn, const variant *v, kiln_tensor *const *
         if (why) snprintf(why, whyn, "%s %d: requires_grad changed (variant %d)", kind, idx, v->no);
         return 0;
       }
-      if (l->requires_grad && (t->grad != NULL) != l->grad_present) {
+      /* every leaf's: a tensor that no longer requires grad may keep its .grad, which the body can read */
+      if ((t->grad != NULL) != l->grad_present) {
         if (why) snprintf(why, whyn, "%s %d: .grad was %s, now %s (variant %d)", kind, idx, l->grad_present ? "set" : "NULL",
                           t->grad ? "set" : "NULL", v->no);
         return 0;
