@@ -1477,17 +1477,29 @@ static int snap_take(kiln_tensor *const *leaves, int n, snapshot *s) {
 }
 
 /* Puts the leaves back as in s; the state they had is returned in s (swap). */
+/* Leaf i takes the data and .grad the snapshot holds, which takes cur (a copy of the leaf's data) and the old .grad. */
+static void snap_swap_one(snapshot *s, int i, kiln_tensor *cur) {
+  kiln_tensor *t = s->leaf[i];
+  pw_copy(t, s->data[i]);
+  kiln_release(s->data[i]);
+  s->data[i] = cur;
+  kiln_tensor *g = t->grad;
+  t->grad = s->grad[i];
+  s->grad[i] = g;
+}
+
 static void snap_swap(snapshot *s) {
+  /* every leaf read before any is written: leaves may share storage (an
+   * input viewing a param), and a write of one would change what another
+   * reads (out of memory: leaf by leaf) */
+  kiln_tensor *small[8], **now = s->n <= 8 ? small : alloc_malloc(sizeof *now * (size_t)s->n);
   for (int i = 0; i < s->n; i++) {
-    kiln_tensor *t = s->leaf[i];
-    kiln_tensor *now = op_run(OP_COPY, &t, 1, NULL, "", 0);
-    pw_copy(t, s->data[i]);
-    kiln_release(s->data[i]);
-    s->data[i] = now;
-    kiln_tensor *g = t->grad;
-    t->grad = s->grad[i];
-    s->grad[i] = g;
+    kiln_tensor *t = s->leaf[i], *cur = op_run(OP_COPY, &t, 1, NULL, "", 0);
+    if (now) now[i] = cur;
+    else snap_swap_one(s, i, cur);
   }
+  for (int i = 0; now && i < s->n; i++) snap_swap_one(s, i, now[i]);
+  if (now != small) alloc_free(now);
 }
 
 static void snap_free(snapshot *s) {
