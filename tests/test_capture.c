@@ -496,6 +496,42 @@ START_TEST(test_grad_read_of_a_weight_without_grad) {
 }
 END_TEST
 
+/* kiln_zero_grad adds no op to the recording: a call that drops a .grad
+ * the variant it matches did not drop must not match it (the .grad was put
+ * back as it was, where eagerly it is NULL). On the recording path, as a
+ * body whose C state decides must be. */
+typedef struct {
+  kiln_tensor *p;
+  int calls;
+} zero_every_other;
+
+static int zero_every_other_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  zero_every_other *z = ctx;
+  out[0] = kiln_mul(in[0], z->p);
+  if (z->calls++ % 2) kiln_zero_grad(z->p);
+  return out[0] ? 0 : -1;
+}
+
+START_TEST(test_zero_grad_in_no_event) {
+  zero_every_other z = {kiln_randn(KILN_F32, 1, ((int64_t[]){3}), 1), 0};
+  kiln_requires_grad(z.p, true);
+  kiln_options o = {.name = "zero_grad", .n_in = 1, .capture = KILN_CAPTURE_RECORD};
+  kiln_fn *fn = kiln_compile(zero_every_other_body, &z, &o);
+  for (int i = 0; i < 4; i++) {
+    kiln_scope_begin();
+    ck_assert_int_eq(0, kiln_backward(kiln_sum_all(kiln_mul(z.p, z.p)))); /* a .grad before each call */
+    kiln_tensor *x = kiln_randn(KILN_F32, 1, ((int64_t[]){3}), 30 + (uint64_t)i), *y = NULL;
+    ck_assert_int_eq(0, kiln_call(fn, &x, &y));
+    ck_assert_msg((kiln_grad(z.p) == NULL) == (i % 2 == 1), "call %d: .grad %s", i, kiln_grad(z.p) ? "set" : "NULL");
+    kiln_zero_grad(z.p);
+    kiln_scope_end();
+  }
+  ck_assert_int_eq(2, stats(fn).variants);
+  kiln_fn_free(fn);
+  kiln_release(z.p);
+}
+END_TEST
+
 /* A body that turns a weight's requires_grad on and off leaves the flag
  * as eagerly after every call: the guard-only path would skip the change. */
 static int flip_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
@@ -962,6 +998,7 @@ Suite *capture_suite(void) {
   tcase_add_test(tc, test_grad_mode_of_the_caller);
   tcase_add_test(tc, test_grad_read_of_a_weight_without_grad);
   tcase_add_test(tc, test_requires_grad_changed_by_the_body);
+  tcase_add_test(tc, test_zero_grad_in_no_event);
   tcase_add_test(tc, test_literal_equal_to_size);
   tcase_add_test(tc, test_value_reads);
   tcase_add_test(tc, test_many_breaks);

@@ -56,6 +56,8 @@ typedef struct segment {
   int n_out, *out;         /* the values it hands out, in output order */
   int n_body;              /* the first n_body outputs are the body's outputs (the last segment) */
   bool frozen;
+  int n_writes;            /* the leaves it writes back, as the call that made it wrote them: a */
+  build_write *writes;     /* kiln_zero_grad is in no event, so a call must match these too */
 } segment;
 
 typedef struct variant {
@@ -370,6 +372,7 @@ static void segment_free(segment *s) {
   alloc_free(s->extra);
   alloc_free(s->params);
   alloc_free(s->out);
+  alloc_free(s->writes);
   alloc_free(s);
 }
 
@@ -736,6 +739,23 @@ static bool match_events(call_state *cs, const variant *v, int from, int to, int
 }
 
 /* Whether segment s of candidate c fits this call's segment. */
+/* Field by field: the structs have padding. */
+static bool same_writes(const build_write *a, int na, const build_write *b, int nb) {
+  if (na != nb) return false;
+  for (int i = 0; i < na; i++)
+    if (a[i].base != b[i].base || a[i].now != b[i].now || a[i].grad_set != b[i].grad_set || a[i].grad != b[i].grad ||
+        a[i].when != b[i].when || a[i].when_bool != b[i].when_bool || a[i].else_none != b[i].else_none)
+      return false;
+  return true;
+}
+
+/* Whether two variants of as many segments write back the same leaves and .grads. */
+static bool same_seg_writes(const variant *a, const variant *b) {
+  for (int k = 0; k < a->n_seg; k++)
+    if (!same_writes(a->seg[k]->writes, a->seg[k]->n_writes, b->seg[k]->writes, b->seg[k]->n_writes)) return false;
+  return true;
+}
+
 static bool match_segment(call_state *cs, int c, const seg_info *si, int64_t *argi, double *argf, char *why, size_t whyn) {
   const variant *v = cs->cand[c];
   const recording *r = &cs->rec;
@@ -755,6 +775,8 @@ static bool match_segment(call_state *cs, int c, const seg_info *si, int64_t *ar
   }
   if (si->n_out != seg->n_out || memcmp(si->out, seg->out, sizeof(int) * (size_t)si->n_out))
     return snprintf(why, whyn, "the body keeps other tensors than when variant %d was made", v->no), false;
+  if (!same_writes(si->writes, si->n_writes, seg->writes, seg->n_writes))
+    return snprintf(why, whyn, "the body writes other leaves or .grads than when variant %d was made", v->no), false;
   /* the same sharing of storage between the leaves */
   int n_leaves = r->n_in + r->n_params, small[64];
   int *alias = n_leaves < 64 ? small : alloc_malloc(sizeof(int) * (size_t)(n_leaves + 1));
@@ -936,6 +958,14 @@ static int compile_new_segment(call_state *cs, const seg_info *si) {
                  .n_extra = bs.n_extra, .extra = bs.extra, .n_params = bs.n_params, .params = bs.params,
                  .n_out = bs.n_out, .out = bs.out, .n_body = si->n_body, .frozen = bs.frozen};
   bs.extra = bs.params = bs.out = NULL;
+  if (si->n_writes) {
+    if (!(s->writes = alloc_malloc(sizeof *s->writes * (size_t)si->n_writes))) {
+      build_seg_free(&bs);
+      return err_set("", 0, "call", "%s: out of memory", fn->name), -1;
+    }
+    memcpy(s->writes, si->writes, sizeof *s->writes * (size_t)si->n_writes);
+    s->n_writes = si->n_writes;
+  }
   ir_graph *traced = bs.g;
   bs.g = NULL;
   build_seg_free(&bs);
@@ -1389,7 +1419,7 @@ static int record_call(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out) {
   variant *old = NULL;
   for (int c = 0; nv && !cs.uncached && c < cs.n_cand && !old; c++) {
     variant *v = cs.cand[c];
-    if (v->n_ev == cs.rec.n_ev && v->n_seg == nv->n_seg && aligned_with(&cs.rec, v) == v->n_ev) old = v;
+    if (v->n_ev == cs.rec.n_ev && v->n_seg == nv->n_seg && aligned_with(&cs.rec, v) == v->n_ev && same_seg_writes(v, nv)) old = v;
   }
   if (old)
     for (int i = 0; i < fn->n_variants; i++)
