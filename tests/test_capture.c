@@ -745,6 +745,44 @@ START_TEST(test_slice_bounds_python_rules) {
 }
 END_TEST
 
+/* ---- outputs that view each other ---- */
+
+/* Eagerly out[1] and out[2] view out[0]: a write into one shows in the
+ * others. On the recording path each got a copy of its own, so they did
+ * not (the guard-only path's runtime already handed out views). Two
+ * slices of a tensor that is no output (out[3], out[4]) still get their
+ * own data. */
+static int output_views_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  kiln_tensor *h = kiln_tanh(in[0]), *g = kiln_exp(in[0]);
+  out[0] = h;
+  out[1] = kiln_reshape(h, 1, ((int64_t[]){-1}));
+  out[2] = kiln_transpose(h, 0, 1);
+  out[3] = kiln_slice(g, 0, 0, 1, 1);
+  out[4] = kiln_slice(g, 0, 1, 3, 1);
+  return 0;
+}
+
+START_TEST(test_outputs_view_each_other) {
+  for (int capture = 0; capture < 2; capture++) {
+    kiln_options o = {.name = "output_views", .n_in = 1, .n_out = 5, .capture = capture ? KILN_CAPTURE_RECORD : KILN_CAPTURE_GUARDS};
+    kiln_fn *fn = kiln_compile(output_views_body, NULL, &o);
+    for (int i = 0; i < 3; i++) {
+      kiln_scope_begin();
+      kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){3, 2}), 40 + (uint64_t)i), *y[5], *ye[5];
+      ck_assert_int_eq(0, kiln_call(fn, &x, y));
+      ck_assert_int_eq(0, output_views_body(NULL, &x, ye));
+      for (int k = 0; k < 5; k++) ck_assert_msg(maxdiff(y[k], ye[k]) <= 1e-6, "call %d output %d", i, k);
+      ck_assert_ptr_nonnull(kiln_fill_(y[0], 7));
+      ck_assert_ptr_nonnull(kiln_fill_(ye[0], 7));
+      for (int k = 1; k < 3; k++) ck_assert_msg(maxdiff(y[k], ye[k]) == 0, "call %d: output %d does not view output 0", i, k);
+      kiln_scope_end();
+    }
+    kiln_fn_free(fn);
+  }
+}
+END_TEST
+
 /* ---- the two paths ---- */
 
 typedef struct {
@@ -1004,6 +1042,7 @@ Suite *capture_suite(void) {
   tcase_add_test(tc, test_many_breaks);
   tcase_add_test(tc, test_fullgraph);
   tcase_add_test(tc, test_slice_bounds_python_rules);
+  tcase_add_test(tc, test_outputs_view_each_other);
   tcase_add_test(tc, test_paths);
   tcase_add_test(tc, test_describe_is_a_size_read);
   tcase_add_test(tc, test_escape_never_guard_only);

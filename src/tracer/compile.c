@@ -908,13 +908,38 @@ static void materialize(const segment *seg, kiln_tensor **outs, const rec_live *
   }
 }
 
+/* Whether t covers all of its storage, in order. */
+static bool covers_storage(const kiln_tensor *t) {
+  return t->offset == 0 && tensor_contiguous(t) &&
+         (size_t)shape_numel(t->ndim, t->shape) * kiln_dtype_size(t->dtype) == t->st->bytes;
+}
+
 /* The body's outputs that still have no data get their own: the segment's
  * value of each (a view of a storage nobody else holds becomes a tensor of
  * its own, contiguous, with the same values). */
 static void give_outputs(call_state *cs, const segment *seg, kiln_tensor **outs) {
-  for (int i = 0; i < seg->n_body; i++) {
+  /* outputs that view another output eagerly (out[1] = a reshape of
+   * out[0]) view it here too: the one that covers their shared storage
+   * gets data first, the others then see its storage through their own
+   * layout, which is eager's */
+  int n = seg->n_body, small[16], *owner = n <= 16 ? small : alloc_malloc(sizeof(int) * (size_t)n);
+  for (int i = 0; owner && i < n; i++) {
+    owner[i] = -1;
+    const kiln_tensor *t = cs->out_t[i];
+    /* the first output that covers the storage is its owner */
+    for (int k = 0; k < n && owner[i] < 0 && t->st->meta; k++)
+      if (cs->out_t[k]->st == t->st && covers_storage(cs->out_t[k]) && outs[k]) owner[i] = k;
+    if (owner[i] == i || (owner[i] >= 0 && cs->out_t[owner[i]] == t)) owner[i] = -1;
+  }
+  storage **meta = owner ? alloc_malloc(sizeof *meta * (size_t)(n + 1)) : NULL;
+  for (int i = 0; meta && i < n; i++) meta[i] = cs->out_t[i]->st;
+  if (!meta && owner) {
+    if (owner != small) alloc_free(owner);
+    owner = NULL;
+  }
+  for (int i = 0; i < n; i++) {
     kiln_tensor *t = cs->out_t[i];
-    if (!t->st->meta || !outs[i]) continue;
+    if (!t->st->meta || !outs[i] || (owner && owner[i] >= 0)) continue;
     kiln_tensor *v = outs[i];
     storage *own = v->st;
     if (atomic_load(&own->refcount) != 1 || tensor_refs(v) != 1 || v->offset || !tensor_contiguous(v)) {
@@ -932,6 +957,31 @@ static void give_outputs(call_state *cs, const segment *seg, kiln_tensor **outs)
     contiguous_strides(t->ndim, t->shape, t->stride);
     storage_release_ref(old);
   }
+  for (int i = 0; owner && i < n; i++) {
+    int k = owner[i];
+    kiln_tensor *t = cs->out_t[i];
+    if (k < 0 || t->st != meta[i] || cs->out_t[k]->st->meta) continue;
+    storage *old = t->st;
+    t->st = cs->out_t[k]->st; /* offset and strides stay: the owner is laid out as eagerly */
+    atomic_fetch_add(&t->st->refcount, 1);
+    storage_release_ref(old);
+  }
+  /* an output the owner could not serve (it got no data) keeps the meta storage: copy it as before */
+  for (int i = 0; owner && i < n; i++) {
+    kiln_tensor *t = cs->out_t[i];
+    if (owner[i] < 0 || !t->st->meta || !outs[i]) continue;
+    kiln_tensor *c = op_run(OP_COPY, &outs[i], 1, NULL, "", 0);
+    if (!c) continue;
+    storage *old = t->st;
+    t->st = c->st;
+    atomic_fetch_add(&t->st->refcount, 1);
+    t->offset = 0;
+    contiguous_strides(t->ndim, t->shape, t->stride);
+    storage_release_ref(old);
+    kiln_release(c);
+  }
+  if (owner != small) alloc_free(owner);
+  alloc_free(meta);
 }
 
 /* Builds, cleans and compiles the call's segment si for the new variant. 0 or -1 (error set). */
