@@ -745,6 +745,44 @@ START_TEST(test_slice_bounds_python_rules) {
 }
 END_TEST
 
+/* ---- a write through a view that covers the whole tensor ---- */
+
+/* kiln_copy_ into rows 0..n of a cache, n the input's rows: at n the
+ * cache's size the slice covers all of it, and the write was taken for a
+ * write of the slice itself, which reached no leaf: the cache kept its old
+ * rows (and the read after it ran eagerly on them). A reshape of the cache
+ * covers it too. */
+static int cover_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  kiln_tensor *cache = ctx;
+  int64_t n = kiln_size(in[0], 0);
+  kiln_no_grad_begin();
+  kiln_copy_(kiln_slice(cache, 0, 0, n, 1), in[0]);
+  kiln_add_(kiln_reshape(cache, 1, ((int64_t[]){12})), kiln_scalar(KILN_F32, 0.5));
+  kiln_no_grad_end();
+  out[0] = kiln_mul_scalar(cache, 2);
+  return out[0] ? 0 : -1;
+}
+
+START_TEST(test_write_through_covering_view) {
+  kiln_tensor *c = kiln_zeros(KILN_F32, 2, ((int64_t[]){4, 3})), *ce = kiln_zeros(KILN_F32, 2, ((int64_t[]){4, 3}));
+  kiln_options o = {.name = "cover", .n_in = 1};
+  kiln_fn *fn = kiln_compile(cover_body, c, &o);
+  int64_t rows[] = {3, 4, 1, 2, 4, 3};
+  for (int i = 0; i < 6; i++) {
+    kiln_scope_begin();
+    kiln_tensor *x = kiln_full(KILN_F32, 2, ((int64_t[]){rows[i], 3}), i + 1), *y = NULL, *ye = NULL;
+    ck_assert_int_eq(0, kiln_call(fn, &x, &y));
+    ck_assert_int_eq(0, cover_body(ce, &x, &ye));
+    ck_assert_msg(maxdiff(c, ce) == 0, "%lld rows: the cache differs by %g", (long long)rows[i], maxdiff(c, ce));
+    ck_assert_msg(maxdiff(y, ye) == 0, "%lld rows: the output differs by %g", (long long)rows[i], maxdiff(y, ye));
+    kiln_scope_end();
+  }
+  kiln_fn_free(fn);
+  kiln_release(c);
+  kiln_release(ce);
+}
+END_TEST
+
 /* ---- outputs that view each other ---- */
 
 /* Eagerly out[1] and out[2] view out[0]: a write into one shows in the
@@ -1042,6 +1080,7 @@ Suite *capture_suite(void) {
   tcase_add_test(tc, test_many_breaks);
   tcase_add_test(tc, test_fullgraph);
   tcase_add_test(tc, test_slice_bounds_python_rules);
+  tcase_add_test(tc, test_write_through_covering_view);
   tcase_add_test(tc, test_outputs_view_each_other);
   tcase_add_test(tc, test_paths);
   tcase_add_test(tc, test_describe_is_a_size_read);
