@@ -783,6 +783,88 @@ START_TEST(test_write_through_covering_view) {
 }
 END_TEST
 
+/* ---- a copy of a tensor the body then writes ---- */
+
+/* before = w * 1 (or x + 0, or w * ones) is eagerly a copy of w's old
+ * values; the passes took x * 1 for x itself, and a leaf is handed out in
+ * its own memory, which the write at the end of the call then changed:
+ * the call returned the new values. On both backends. */
+static int copy_then_write_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  kiln_tensor *w = ctx;
+  kiln_no_grad_begin();
+  out[0] = kiln_mul_scalar(w, 1);
+  out[1] = kiln_add_scalar(in[0], 0);
+  out[2] = kiln_mul(w, kiln_ones(KILN_F32, 1, ((int64_t[]){1})));
+  kiln_add_(w, kiln_scalar(KILN_F32, 1));
+  kiln_add_(in[0], kiln_scalar(KILN_F32, 1));
+  kiln_no_grad_end();
+  return 0;
+}
+
+START_TEST(test_copy_of_a_tensor_written_after) {
+  for (int be = 0; be < 2; be++) {
+    float w0[2] = {10, 20};
+    kiln_tensor *w = kiln_tensor_from(KILN_F32, 1, ((int64_t[]){2}), w0);
+    kiln_options o = {.name = "copy_then_write", .n_in = 1, .n_out = 3, .backend = be ? KILN_BACKEND_INTERP : KILN_BACKEND_LLVM};
+    kiln_fn *fn = kiln_compile(copy_then_write_body, w, &o);
+    for (int i = 0; i < 3; i++) {
+      kiln_scope_begin();
+      kiln_tensor *x = kiln_tensor_from(KILN_F32, 1, ((int64_t[]){2}), w0), *y[3];
+      ck_assert_int_eq(0, kiln_call(fn, &x, y));
+      float got[3][2], gx[2];
+      for (int k = 0; k < 3; k++) kiln_read(y[k], got[k], sizeof got[k]);
+      kiln_read(x, gx, sizeof gx);
+      for (int j = 0; j < 2; j++) {
+        ck_assert_msg(got[0][j] == w0[j] + (float)i && got[2][j] == w0[j] + (float)i, "%s, call %d: w's copy has %g, %g",
+                      be ? "interp" : "llvm", i, got[0][j], got[2][j]);
+        ck_assert_msg(got[1][j] == w0[j] && gx[j] == w0[j] + 1, "%s, call %d: x's copy has %g", be ? "interp" : "llvm", i, got[1][j]);
+      }
+      kiln_scope_end();
+    }
+    kiln_fn_free(fn);
+    kiln_release(w);
+  }
+}
+END_TEST
+
+/* An input that is the weight, as another tensor (a reshape of it): the
+ * variant traced so holds two leaves in one memory, and codegen stored the
+ * input's update in place before the kernel that read the weight's old
+ * values ran (it moved the update ahead, the buffers being distinct to it). */
+static int write_alias_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  kiln_tensor *w = ctx;
+  kiln_no_grad_begin();
+  kiln_tensor *before = kiln_mul_scalar(w, 2);
+  kiln_add_(in[0], kiln_scalar(KILN_F32, 1));
+  kiln_no_grad_end();
+  out[0] = before;
+  return out[0] ? 0 : -1;
+}
+
+START_TEST(test_input_is_the_weight_written) {
+  float w0[6] = {1, 2, 3, 4, 5, 6};
+  kiln_tensor *w = kiln_tensor_from(KILN_F32, 2, ((int64_t[]){2, 3}), w0);
+  kiln_options o = {.name = "write_alias", .n_in = 1};
+  kiln_fn *fn = kiln_compile(write_alias_body, w, &o);
+  for (int i = 0; i < 4; i++) {
+    kiln_scope_begin();
+    kiln_tensor *x = i % 2 ? kiln_reshape(w, 2, ((int64_t[]){2, 3})) : kiln_zeros(KILN_F32, 2, ((int64_t[]){2, 3})), *y = NULL;
+    float wb[6], got[6], wa[6];
+    kiln_read(w, wb, sizeof wb);
+    ck_assert_int_eq(0, kiln_call(fn, &x, &y));
+    kiln_read(y, got, sizeof got);
+    kiln_read(w, wa, sizeof wa);
+    for (int j = 0; j < 6; j++) {
+      ck_assert_msg(got[j] == 2 * wb[j], "call %d: 2 w was %g, not %g", i, got[j], 2 * wb[j]);
+      ck_assert_float_eq(wa[j], wb[j] + (i % 2 ? 1.0f : 0.0f));
+    }
+    kiln_scope_end();
+  }
+  kiln_fn_free(fn);
+  kiln_release(w);
+}
+END_TEST
+
 /* ---- outputs that view each other ---- */
 
 /* Eagerly out[1] and out[2] view out[0]: a write into one shows in the
@@ -1082,6 +1164,8 @@ Suite *capture_suite(void) {
   tcase_add_test(tc, test_slice_bounds_python_rules);
   tcase_add_test(tc, test_write_through_covering_view);
   tcase_add_test(tc, test_outputs_view_each_other);
+  tcase_add_test(tc, test_copy_of_a_tensor_written_after);
+  tcase_add_test(tc, test_input_is_the_weight_written);
   tcase_add_test(tc, test_paths);
   tcase_add_test(tc, test_describe_is_a_size_read);
   tcase_add_test(tc, test_escape_never_guard_only);

@@ -1042,6 +1042,15 @@ static int compile_new_segment(call_state *cs, const seg_info *si) {
   }
 #endif
   s->g = g;
+  {
+    /* the variant serves only calls whose leaves share storage as these do */
+    recording *r = &cs->rec;
+    int nl = r->n_in + r->n_params, small[64], *alias = nl < 64 ? small : alloc_malloc(sizeof(int) * (size_t)(nl + 1));
+    if (!alias) return err_set("", 0, "call", "%s: out of memory", fn->name), -1;
+    alias_pattern(r->in, r->n_in, r->params, r->n_params, alias);
+    for (int i = 0; i < nl && !g->leaves_share; i++) g->leaves_share = alias[i] != i;
+    if (alias != small) alloc_free(alias);
+  }
   if (fn->dump & KILN_DUMP_GRAPH) dump_graph(fn, g, "graph", cs->no);
   s->be = cs->uncached ? &backend_interp : fn->be;
   FILE *bdump = fn->dump & (KILN_DUMP_KERNELS | KILN_DUMP_LLVM | KILN_DUMP_ASM) ? dump_open(fn, "kernels", cs->no) : stderr;
