@@ -322,6 +322,41 @@ START_TEST(test_check_mode_draws) {
 }
 END_TEST
 
+/* An input that views a param the body writes: check mode put the leaves
+ * back one by one, so taking the param's compiled state after the input
+ * was put back saw the start in the part they share, and every such call
+ * was a false alarm ("leaf 1 after the call differs from eager"). */
+static int bump_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  kiln_tensor *p = ctx;
+  kiln_no_grad_begin();
+  kiln_add_(p, kiln_scalar(KILN_F32, 1));
+  kiln_no_grad_end();
+  out[0] = kiln_mul_scalar(in[0], 2);
+  return out[0] ? 0 : -1;
+}
+
+START_TEST(test_check_mode_input_views_param) {
+  float p0[4] = {0, 10, 20, 30};
+  kiln_tensor *p = kiln_tensor_from(KILN_F32, 1, ((int64_t[]){4}), p0);
+  kiln_options o = {.name = "bump", .n_in = 1, .check = 1};
+  kiln_fn *fn = kiln_compile(bump_body, p, &o);
+  for (int i = 0; i < 4; i++) {
+    kiln_scope_begin();
+    kiln_tensor *x = i >= 2 ? kiln_slice(p, 0, 0, 2, 1) : kiln_ones(KILN_F32, 1, ((int64_t[]){2})), *y = NULL;
+    ck_assert_int_eq(0, kiln_call(fn, &x, &y));
+    float got[2], gp[4];
+    kiln_read(y, got, sizeof got);
+    kiln_read(p, gp, sizeof gp);
+    for (int k = 0; k < 4; k++) ck_assert_float_eq(gp[k], p0[k] + (float)(i + 1)); /* one bump a call */
+    for (int k = 0; k < 2; k++) ck_assert_float_eq(got[k], i >= 2 ? 2 * gp[k] : 2);
+    kiln_scope_end();
+  }
+  ck_assert_int_eq(0, stats(fn).check_fails);
+  kiln_fn_free(fn);
+  kiln_release(p);
+}
+END_TEST
+
 /* ---- .grad that accumulates across calls ---- */
 
 static int grad_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
@@ -356,6 +391,170 @@ START_TEST(test_grad_accumulates) {
   kiln_fn_free(fn);
   kiln_release(w);
   kiln_release(we);
+}
+END_TEST
+
+/* ---- the caller's autograd mode ---- */
+
+static int grad_mode_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  kiln_tensor *w = ctx;
+  kiln_tensor *y = kiln_matmul(in[0], w);
+  out[0] = kiln_grad_enabled() ? kiln_tanh(y) : kiln_relu(y);
+  return out[0] ? 0 : -1;
+}
+
+/* A body that reads nothing takes the guard-only path, but what it does
+ * still depends on whether the caller is inside kiln_no_grad_begin: a
+ * training step's backward fails there, as eagerly, and a branch on
+ * kiln_grad_enabled takes its other side. A variant traced with autograd
+ * on must not serve a call with it off (that ran the backward, added to
+ * w.grad and returned 0), nor the other way round. */
+START_TEST(test_grad_mode_of_the_caller) {
+  kiln_tensor *w = kiln_randn(KILN_F32, 2, ((int64_t[]){5, 3}), 4), *we = kiln_randn(KILN_F32, 2, ((int64_t[]){5, 3}), 4);
+  kiln_requires_grad(w, true);
+  kiln_requires_grad(we, true);
+  kiln_options o = {.name = "loss", .n_in = 1};
+  kiln_fn *fn = kiln_compile(grad_body, w, &o);
+  kiln_fn *fm = kiln_compile(grad_mode_body, w, &o);
+  bool off[6] = {false, false, true, false, true, true};
+  for (int i = 0; i < 6; i++) {
+    kiln_scope_begin();
+    if (off[i]) kiln_no_grad_begin();
+    kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){4, 5}), 60 + (uint64_t)i), *y = NULL, *ye = NULL;
+    int rc = kiln_call(fn, &x, &y), rce = grad_body(we, &x, &ye);
+    ck_assert_msg(rc == rce, "call %d (autograd %s): compiled %d, eager %d: %s", i, off[i] ? "off" : "on", rc, rce,
+                  kiln_last_error());
+    if (!rc) ck_assert_double_le(maxdiff(y, ye), 1e-6);
+    ck_assert_msg(maxdiff(kiln_grad(w), kiln_grad(we)) <= 1e-6, "call %d: .grad differs", i);
+    ck_assert_int_eq(0, kiln_call(fm, &x, &y));
+    ck_assert_int_eq(0, grad_mode_body(we, &x, &ye));
+    ck_assert_msg(maxdiff(y, ye) <= 1e-6, "call %d (autograd %s): max diff %g", i, off[i] ? "off" : "on", maxdiff(y, ye));
+    if (off[i]) kiln_no_grad_end();
+    kiln_scope_end();
+  }
+  ck_assert_int_ge(stats(fm).guard_hits, 3); /* still the guard-only path, on both sides */
+  kiln_fn_free(fn);
+  kiln_fn_free(fm);
+  kiln_release(w);
+  kiln_release(we);
+}
+END_TEST
+
+/* ---- leaf state the body reads or changes ---- */
+
+/* The body reads .grad of a weight that does not require grad (it kept
+ * the .grad it had when it did): NULL at the first call, where the weight
+ * is in no op, so in no guard; set at a later one. And a body that uses the
+ * weight, traced with its .grad set, called after the caller dropped it
+ * while holding the old .grad itself (so the variant's reference to it
+ * stays alive). Each call must branch as eagerly. */
+static int stale_grad_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  kiln_tensor *p = ctx, *g = kiln_grad(p);
+  out[0] = g ? kiln_add(in[0], g) : kiln_neg(in[0]);
+  return out[0] ? 0 : -1;
+}
+
+static int stale_grad_used_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  kiln_tensor *p = ctx, *g = kiln_grad(p);
+  out[0] = g ? kiln_add(in[0], kiln_mul(g, p)) : kiln_mul(in[0], p);
+  return out[0] ? 0 : -1;
+}
+
+/* p gets a .grad and keeps it with requires_grad off again */
+static void give_grad(kiln_tensor *p) {
+  kiln_requires_grad(p, true);
+  kiln_scope_begin();
+  ck_assert_int_eq(0, kiln_backward(kiln_sum_all(kiln_mul(p, p))));
+  kiln_scope_end();
+  kiln_requires_grad(p, false);
+}
+
+START_TEST(test_grad_read_of_a_weight_without_grad) {
+  for (int used = 0; used < 2; used++) {
+    kiln_body body = used ? stale_grad_used_body : stale_grad_body;
+    kiln_tensor *p = kiln_randn(KILN_F32, 1, ((int64_t[]){3}), 1), *held = NULL;
+    if (used) give_grad(p);
+    kiln_options o = {.name = "stale_grad", .n_in = 1};
+    kiln_fn *fn = kiln_compile(body, p, &o);
+    for (int i = 0; i < 5; i++) {
+      if (!used && i == 2) give_grad(p);
+      if (i == 3) {
+        held = kiln_retain(kiln_grad(p));
+        kiln_zero_grad(p);
+      }
+      kiln_scope_begin();
+      kiln_tensor *x = kiln_randn(KILN_F32, 1, ((int64_t[]){3}), 20 + (uint64_t)i), *y = NULL, *ye = NULL;
+      ck_assert_int_eq(0, kiln_call(fn, &x, &y));
+      ck_assert_int_eq(0, body(p, &x, &ye));
+      ck_assert_msg(maxdiff(y, ye) <= 1e-6, "%s, call %d: max diff %g", used ? "used" : "unused", i, maxdiff(y, ye));
+      kiln_scope_end();
+    }
+    kiln_fn_free(fn);
+    kiln_release(held);
+    kiln_release(p);
+  }
+}
+END_TEST
+
+/* kiln_zero_grad adds no op to the recording: a call that drops a .grad
+ * the variant it matches did not drop must not match it (the .grad was put
+ * back as it was, where eagerly it is NULL). On the recording path, as a
+ * body whose C state decides must be. */
+typedef struct {
+  kiln_tensor *p;
+  int calls;
+} zero_every_other;
+
+static int zero_every_other_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  zero_every_other *z = ctx;
+  out[0] = kiln_mul(in[0], z->p);
+  if (z->calls++ % 2) kiln_zero_grad(z->p);
+  return out[0] ? 0 : -1;
+}
+
+START_TEST(test_zero_grad_in_no_event) {
+  zero_every_other z = {kiln_randn(KILN_F32, 1, ((int64_t[]){3}), 1), 0};
+  kiln_requires_grad(z.p, true);
+  kiln_options o = {.name = "zero_grad", .n_in = 1, .capture = KILN_CAPTURE_RECORD};
+  kiln_fn *fn = kiln_compile(zero_every_other_body, &z, &o);
+  for (int i = 0; i < 4; i++) {
+    kiln_scope_begin();
+    ck_assert_int_eq(0, kiln_backward(kiln_sum_all(kiln_mul(z.p, z.p)))); /* a .grad before each call */
+    kiln_tensor *x = kiln_randn(KILN_F32, 1, ((int64_t[]){3}), 30 + (uint64_t)i), *y = NULL;
+    ck_assert_int_eq(0, kiln_call(fn, &x, &y));
+    ck_assert_msg((kiln_grad(z.p) == NULL) == (i % 2 == 1), "call %d: .grad %s", i, kiln_grad(z.p) ? "set" : "NULL");
+    kiln_zero_grad(z.p);
+    kiln_scope_end();
+  }
+  ck_assert_int_eq(2, stats(fn).variants);
+  kiln_fn_free(fn);
+  kiln_release(z.p);
+}
+END_TEST
+
+/* A body that turns a weight's requires_grad on and off leaves the flag
+ * as eagerly after every call: the guard-only path would skip the change. */
+static int flip_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  kiln_tensor *p = ctx;
+  kiln_requires_grad(p, !kiln_get_requires_grad(p));
+  out[0] = kiln_mul(in[0], p);
+  return out[0] ? 0 : -1;
+}
+
+START_TEST(test_requires_grad_changed_by_the_body) {
+  kiln_tensor *p = kiln_randn(KILN_F32, 1, ((int64_t[]){3}), 1), *x = kiln_randn(KILN_F32, 1, ((int64_t[]){3}), 2);
+  kiln_options o = {.name = "flip", .n_in = 1};
+  kiln_fn *fn = kiln_compile(flip_body, p, &o);
+  for (int i = 0; i < 5; i++) {
+    kiln_scope_begin();
+    kiln_tensor *y = NULL;
+    ck_assert_int_eq(0, kiln_call(fn, &x, &y));
+    ck_assert_msg(kiln_get_requires_grad(p) == (i % 2 == 0), "call %d: requires_grad %d", i, kiln_get_requires_grad(p));
+    kiln_scope_end();
+  }
+  kiln_fn_free(fn);
+  kiln_release(x);
+  kiln_release(p);
 }
 END_TEST
 
@@ -506,6 +705,204 @@ START_TEST(test_fullgraph) {
 }
 END_TEST
 
+/* ---- slice bounds by Python's rules ---- */
+
+/* Bounds past the end, negative ones, and an end that falls before the
+ * start once both are clamped: eagerly an empty slice, and so compiled (the
+ * graph said the bounds broke 0 <= start <= end and the call failed). Over
+ * sizes from 0 to 11, static and symbolic. */
+static int slices_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  kiln_tensor *x = in[0];
+  int64_t n = kiln_size(x, 0);
+  out[0] = kiln_slice(x, 0, 4, 2, 1);
+  out[1] = kiln_slice(x, 0, 1, -1, 2);
+  out[2] = kiln_slice(x, 0, -3, -1, 3);
+  out[3] = kiln_slice(x, 0, -7, INT64_MAX, 1);
+  out[4] = kiln_mul_scalar(kiln_slice(x, 0, 2, 100, 3), 2);
+  out[5] = kiln_slice(x, 0, n - 2, 3, 1);
+  return 0;
+}
+
+START_TEST(test_slice_bounds_python_rules) {
+  int64_t sizes[] = {3, 4, 6, 8, 2, 5, 1, 7, 9, 10, 2, 3, 0, 4, 11};
+  for (int dyn = 0; dyn < 2; dyn++) {
+    kiln_options o = {.name = "slices", .n_in = 1, .n_out = 6, .dynamic = dyn ? KILN_DYNAMIC_ALL : KILN_DYNAMIC_AUTO};
+    kiln_fn *fn = kiln_compile(slices_body, NULL, &o);
+    for (int i = 0; i < 15; i++) {
+      kiln_scope_begin();
+      kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){sizes[i], 2}), 90 + (uint64_t)i), *y[6], *ye[6];
+      ck_assert_msg(kiln_call(fn, &x, y) == 0, "size %lld: %s", (long long)sizes[i], kiln_last_error());
+      ck_assert_int_eq(0, slices_body(NULL, &x, ye));
+      for (int k = 0; k < 6; k++) {
+        ck_assert_int_eq(kiln_size(y[k], 0), kiln_size(ye[k], 0));
+        ck_assert_msg(maxdiff(y[k], ye[k]) == 0, "size %lld, output %d: max diff %g", (long long)sizes[i], k, maxdiff(y[k], ye[k]));
+      }
+      kiln_scope_end();
+    }
+    kiln_fn_free(fn);
+  }
+}
+END_TEST
+
+/* ---- a write through a view that covers the whole tensor ---- */
+
+/* kiln_copy_ into rows 0..n of a cache, n the input's rows: at n the
+ * cache's size the slice covers all of it, and the write was taken for a
+ * write of the slice itself, which reached no leaf: the cache kept its old
+ * rows (and the read after it ran eagerly on them). A reshape of the cache
+ * covers it too. */
+static int cover_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  kiln_tensor *cache = ctx;
+  int64_t n = kiln_size(in[0], 0);
+  kiln_no_grad_begin();
+  kiln_copy_(kiln_slice(cache, 0, 0, n, 1), in[0]);
+  kiln_add_(kiln_reshape(cache, 1, ((int64_t[]){12})), kiln_scalar(KILN_F32, 0.5));
+  kiln_no_grad_end();
+  out[0] = kiln_mul_scalar(cache, 2);
+  return out[0] ? 0 : -1;
+}
+
+START_TEST(test_write_through_covering_view) {
+  kiln_tensor *c = kiln_zeros(KILN_F32, 2, ((int64_t[]){4, 3})), *ce = kiln_zeros(KILN_F32, 2, ((int64_t[]){4, 3}));
+  kiln_options o = {.name = "cover", .n_in = 1};
+  kiln_fn *fn = kiln_compile(cover_body, c, &o);
+  int64_t rows[] = {3, 4, 1, 2, 4, 3};
+  for (int i = 0; i < 6; i++) {
+    kiln_scope_begin();
+    kiln_tensor *x = kiln_full(KILN_F32, 2, ((int64_t[]){rows[i], 3}), i + 1), *y = NULL, *ye = NULL;
+    ck_assert_int_eq(0, kiln_call(fn, &x, &y));
+    ck_assert_int_eq(0, cover_body(ce, &x, &ye));
+    ck_assert_msg(maxdiff(c, ce) == 0, "%lld rows: the cache differs by %g", (long long)rows[i], maxdiff(c, ce));
+    ck_assert_msg(maxdiff(y, ye) == 0, "%lld rows: the output differs by %g", (long long)rows[i], maxdiff(y, ye));
+    kiln_scope_end();
+  }
+  kiln_fn_free(fn);
+  kiln_release(c);
+  kiln_release(ce);
+}
+END_TEST
+
+/* ---- a copy of a tensor the body then writes ---- */
+
+/* before = w * 1 (or x + 0, or w * ones) is eagerly a copy of w's old
+ * values; the passes took x * 1 for x itself, and a leaf is handed out in
+ * its own memory, which the write at the end of the call then changed:
+ * the call returned the new values. On both backends. */
+static int copy_then_write_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  kiln_tensor *w = ctx;
+  kiln_no_grad_begin();
+  out[0] = kiln_mul_scalar(w, 1);
+  out[1] = kiln_add_scalar(in[0], 0);
+  out[2] = kiln_mul(w, kiln_ones(KILN_F32, 1, ((int64_t[]){1})));
+  kiln_add_(w, kiln_scalar(KILN_F32, 1));
+  kiln_add_(in[0], kiln_scalar(KILN_F32, 1));
+  kiln_no_grad_end();
+  return 0;
+}
+
+START_TEST(test_copy_of_a_tensor_written_after) {
+  for (int be = 0; be < 2; be++) {
+    float w0[2] = {10, 20};
+    kiln_tensor *w = kiln_tensor_from(KILN_F32, 1, ((int64_t[]){2}), w0);
+    kiln_options o = {.name = "copy_then_write", .n_in = 1, .n_out = 3, .backend = be ? KILN_BACKEND_INTERP : KILN_BACKEND_LLVM};
+    kiln_fn *fn = kiln_compile(copy_then_write_body, w, &o);
+    for (int i = 0; i < 3; i++) {
+      kiln_scope_begin();
+      kiln_tensor *x = kiln_tensor_from(KILN_F32, 1, ((int64_t[]){2}), w0), *y[3];
+      ck_assert_int_eq(0, kiln_call(fn, &x, y));
+      float got[3][2], gx[2];
+      for (int k = 0; k < 3; k++) kiln_read(y[k], got[k], sizeof got[k]);
+      kiln_read(x, gx, sizeof gx);
+      for (int j = 0; j < 2; j++) {
+        ck_assert_msg(got[0][j] == w0[j] + (float)i && got[2][j] == w0[j] + (float)i, "%s, call %d: w's copy has %g, %g",
+                      be ? "interp" : "llvm", i, got[0][j], got[2][j]);
+        ck_assert_msg(got[1][j] == w0[j] && gx[j] == w0[j] + 1, "%s, call %d: x's copy has %g", be ? "interp" : "llvm", i, got[1][j]);
+      }
+      kiln_scope_end();
+    }
+    kiln_fn_free(fn);
+    kiln_release(w);
+  }
+}
+END_TEST
+
+/* An input that is the weight, as another tensor (a reshape of it): the
+ * variant traced so holds two leaves in one memory, and codegen stored the
+ * input's update in place before the kernel that read the weight's old
+ * values ran (it moved the update ahead, the buffers being distinct to it). */
+static int write_alias_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  kiln_tensor *w = ctx;
+  kiln_no_grad_begin();
+  kiln_tensor *before = kiln_mul_scalar(w, 2);
+  kiln_add_(in[0], kiln_scalar(KILN_F32, 1));
+  kiln_no_grad_end();
+  out[0] = before;
+  return out[0] ? 0 : -1;
+}
+
+START_TEST(test_input_is_the_weight_written) {
+  float w0[6] = {1, 2, 3, 4, 5, 6};
+  kiln_tensor *w = kiln_tensor_from(KILN_F32, 2, ((int64_t[]){2, 3}), w0);
+  kiln_options o = {.name = "write_alias", .n_in = 1};
+  kiln_fn *fn = kiln_compile(write_alias_body, w, &o);
+  for (int i = 0; i < 4; i++) {
+    kiln_scope_begin();
+    kiln_tensor *x = i % 2 ? kiln_reshape(w, 2, ((int64_t[]){2, 3})) : kiln_zeros(KILN_F32, 2, ((int64_t[]){2, 3})), *y = NULL;
+    float wb[6], got[6], wa[6];
+    kiln_read(w, wb, sizeof wb);
+    ck_assert_int_eq(0, kiln_call(fn, &x, &y));
+    kiln_read(y, got, sizeof got);
+    kiln_read(w, wa, sizeof wa);
+    for (int j = 0; j < 6; j++) {
+      ck_assert_msg(got[j] == 2 * wb[j], "call %d: 2 w was %g, not %g", i, got[j], 2 * wb[j]);
+      ck_assert_float_eq(wa[j], wb[j] + (i % 2 ? 1.0f : 0.0f));
+    }
+    kiln_scope_end();
+  }
+  kiln_fn_free(fn);
+  kiln_release(w);
+}
+END_TEST
+
+/* ---- outputs that view each other ---- */
+
+/* Eagerly out[1] and out[2] view out[0]: a write into one shows in the
+ * others. On the recording path each got a copy of its own, so they did
+ * not (the guard-only path's runtime already handed out views). Two
+ * slices of a tensor that is no output (out[3], out[4]) still get their
+ * own data. */
+static int output_views_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  kiln_tensor *h = kiln_tanh(in[0]), *g = kiln_exp(in[0]);
+  out[0] = h;
+  out[1] = kiln_reshape(h, 1, ((int64_t[]){-1}));
+  out[2] = kiln_transpose(h, 0, 1);
+  out[3] = kiln_slice(g, 0, 0, 1, 1);
+  out[4] = kiln_slice(g, 0, 1, 3, 1);
+  return 0;
+}
+
+START_TEST(test_outputs_view_each_other) {
+  for (int capture = 0; capture < 2; capture++) {
+    kiln_options o = {.name = "output_views", .n_in = 1, .n_out = 5, .capture = capture ? KILN_CAPTURE_RECORD : KILN_CAPTURE_GUARDS};
+    kiln_fn *fn = kiln_compile(output_views_body, NULL, &o);
+    for (int i = 0; i < 3; i++) {
+      kiln_scope_begin();
+      kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){3, 2}), 40 + (uint64_t)i), *y[5], *ye[5];
+      ck_assert_int_eq(0, kiln_call(fn, &x, y));
+      ck_assert_int_eq(0, output_views_body(NULL, &x, ye));
+      for (int k = 0; k < 5; k++) ck_assert_msg(maxdiff(y[k], ye[k]) <= 1e-6, "call %d output %d", i, k);
+      ck_assert_ptr_nonnull(kiln_fill_(y[0], 7));
+      ck_assert_ptr_nonnull(kiln_fill_(ye[0], 7));
+      for (int k = 1; k < 3; k++) ck_assert_msg(maxdiff(y[k], ye[k]) == 0, "call %d: output %d does not view output 0", i, k);
+      kiln_scope_end();
+    }
+    kiln_fn_free(fn);
+  }
+}
+END_TEST
+
 /* ---- the two paths ---- */
 
 typedef struct {
@@ -541,6 +938,73 @@ START_TEST(test_paths) {
   }
   kiln_release(l.w);
   kiln_release(l.b);
+}
+END_TEST
+
+/* kiln_describe hands C the shape, strides and dtype as text: a body that
+ * branches on it reads sizes, and must record every call. Traced at 4
+ * columns, then 6 (a variant with the columns symbolic); 4 columns again
+ * must not run the second one, which took the other branch. */
+static int describe_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  char b[128];
+  out[0] = strstr(kiln_describe(in[0], b, sizeof b), ",4]") ? kiln_relu(in[0]) : kiln_tanh(in[0]);
+  return out[0] ? 0 : -1;
+}
+
+START_TEST(test_describe_is_a_size_read) {
+  kiln_options o = {.name = "describe", .n_in = 1};
+  kiln_fn *fn = kiln_compile(describe_body, NULL, &o);
+  int64_t cols[] = {4, 6, 4, 9, 4};
+  for (int i = 0; i < 5; i++) {
+    kiln_scope_begin();
+    kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){3, cols[i]}), 70 + (uint64_t)i), *y = NULL, *ref = NULL;
+    ck_assert_int_eq(0, kiln_call(fn, &x, &y));
+    ck_assert_int_eq(0, describe_body(NULL, &x, &ref));
+    ck_assert_msg(maxdiff(y, ref) <= 1e-6, "%lld columns: max diff %g", (long long)cols[i], maxdiff(y, ref));
+    kiln_scope_end();
+  }
+  ck_assert_int_eq(0, stats(fn).guard_hits);
+  kiln_fn_free(fn);
+}
+END_TEST
+
+/* An input that views part of the caller's tensor, written in place: kiln
+ * cannot trace that write back to a tensor of the call, so the recording
+ * escapes there and the rest of the body runs eagerly. The variant made
+ * from that call holds the (empty) graph before the escape; it read
+ * nothing, yet must never serve a call on the guard-only path, which ran
+ * the empty graph, returned an output it never set (a crash, or garbage)
+ * and skipped the write. Under KILN_CAPTURE_GUARDS too. */
+static int write_view_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  if (!kiln_mul_(in[0], in[1])) return -1;
+  out[0] = kiln_sum(in[0], 0, false);
+  return out[0] ? 0 : -1;
+}
+
+START_TEST(test_escape_never_guard_only) {
+  for (int capture = 0; capture < 2; capture++) {
+    kiln_options o = {.name = "write_view", .n_in = 2, .capture = capture ? KILN_CAPTURE_GUARDS : KILN_CAPTURE_AUTO};
+    kiln_fn *fn = kiln_compile(write_view_body, NULL, &o);
+    kiln_tensor *t = kiln_randn(KILN_F32, 2, ((int64_t[]){5, 8}), 5), *te = kiln_randn(KILN_F32, 2, ((int64_t[]){5, 8}), 5);
+    for (int i = 0; i < 4; i++) {
+      kiln_scope_begin();
+      kiln_tensor *in[2] = {kiln_slice(t, 0, 1, 4, 1), kiln_randn(KILN_F32, 2, ((int64_t[]){3, 8}), 80 + (uint64_t)i)};
+      kiln_tensor *ine[2] = {kiln_slice(te, 0, 1, 4, 1), in[1]}, *y = NULL, *ye = NULL;
+      ck_assert_msg(kiln_call(fn, in, &y) == 0, "call %d: %s", i, kiln_last_error());
+      ck_assert_int_eq(0, write_view_body(NULL, ine, &ye));
+      ck_assert_msg(maxdiff(y, ye) <= 1e-6, "call %d: max diff %g", i, maxdiff(y, ye));
+      ck_assert_msg(maxdiff(t, te) <= 1e-6, "call %d: the written tensor differs by %g", i, maxdiff(t, te));
+      kiln_scope_end();
+    }
+    kiln_fn_stats st = stats(fn);
+    ck_assert_int_eq(0, st.guard_hits);
+    ck_assert_int_eq(4, st.fallbacks);
+    kiln_fn_free(fn);
+    kiln_release(t);
+    kiln_release(te);
+  }
 }
 END_TEST
 
@@ -687,12 +1151,24 @@ Suite *capture_suite(void) {
   tcase_add_test(tc, test_dropout_step);
   tcase_add_test(tc, test_random_stream);
   tcase_add_test(tc, test_check_mode_draws);
+  tcase_add_test(tc, test_check_mode_input_views_param);
   tcase_add_test(tc, test_grad_accumulates);
+  tcase_add_test(tc, test_grad_mode_of_the_caller);
+  tcase_add_test(tc, test_grad_read_of_a_weight_without_grad);
+  tcase_add_test(tc, test_requires_grad_changed_by_the_body);
+  tcase_add_test(tc, test_zero_grad_in_no_event);
   tcase_add_test(tc, test_literal_equal_to_size);
   tcase_add_test(tc, test_value_reads);
   tcase_add_test(tc, test_many_breaks);
   tcase_add_test(tc, test_fullgraph);
+  tcase_add_test(tc, test_slice_bounds_python_rules);
+  tcase_add_test(tc, test_write_through_covering_view);
+  tcase_add_test(tc, test_outputs_view_each_other);
+  tcase_add_test(tc, test_copy_of_a_tensor_written_after);
+  tcase_add_test(tc, test_input_is_the_weight_written);
   tcase_add_test(tc, test_paths);
+  tcase_add_test(tc, test_describe_is_a_size_read);
+  tcase_add_test(tc, test_escape_never_guard_only);
   tcase_add_test(tc, test_outside_view_on_reused_recording);
   tcase_add_test(tc, test_unknown_variables_warn);
   tcase_add_test(tc, test_alias_among_many_params);

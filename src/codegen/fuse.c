@@ -1892,7 +1892,9 @@ cg_program *fuse_graph(const ir_graph *g, char *err, size_t errn) {
     snprintf(err, errn, "out of memory");
     goto fail;
   }
-  if (hoist_updates(p, f.map) || sink_results(p, f.map)) {
+  /* an argument's memory written in place, or an update moved ahead, is
+   * sound only where no other argument is the same memory */
+  if ((!g->leaves_share && hoist_updates(p, f.map)) || sink_results(p, f.map)) {
     snprintf(err, errn, "out of memory");
     goto fail;
   }
@@ -1923,8 +1925,10 @@ cg_program *fuse_graph(const ir_graph *g, char *err, size_t errn) {
       if (f.map[rd[k]].buf >= 0) p->buf[f.map[rd[k]].buf].last = p->n_k;
   for (int i = 0; i < g->n_outputs; i++)
     if (f.map[g->outputs[i]].buf >= 0) p->buf[f.map[g->outputs[i]].buf].last = p->n_k;
-  scatter_in_place(p, f.map, g->n_nodes);
-  write_in_place(p, f.map, g->n_nodes);
+  if (!g->leaves_share) {
+    scatter_in_place(p, f.map, g->n_nodes);
+    write_in_place(p, f.map, g->n_nodes);
+  }
   reuse_in_place(p, f.map, g->n_nodes);
   row_in_place(p, f.map, g->n_nodes);
   coalesce_dims(p);

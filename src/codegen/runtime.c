@@ -1637,6 +1637,12 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
       kiln_tensor *src = &v.t;
       r = op_run(OP_COPY, &src, 1, NULL, "", 0);
     }
+    if (r && ir_written_storage(g, r, in, params)) {
+      /* the leaf's value when the call began, which the writes below change */
+      kiln_tensor *c = op_run(OP_COPY, &r, 1, NULL, "", 0);
+      kiln_release(r);
+      r = c;
+    }
     if (!r) goto oom;
     out[n_out_done++] = r;
   }

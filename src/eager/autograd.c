@@ -1118,6 +1118,12 @@ void kiln_requires_grad_at(kiln_tensor *t, bool on, const char *file, int line) 
     return;
   }
   if (t->grad_fn) return; /* a computed tensor's flag follows its inputs */
+  if (t->requires_grad != on) {
+    /* a compiled body that changes a flag must run on every call, as
+     * eagerly: the guard-only path would skip the change */
+    const trace_hooks *h = dispatch_hooks();
+    if (h && h->size_read) h->size_read(h->ctx, t, -1);
+  }
   t->requires_grad = on;
 }
 
@@ -1136,9 +1142,12 @@ bool kiln_get_requires_grad(const kiln_tensor *t) { return !gone(t, "get_require
  * way (old + zeros), and nothing is read. */
 kiln_tensor *kiln_grad_at(const kiln_tensor *t, const char *file, int line) {
   if (!t || tensor_check_live(t, "tensor", "grad", file, line)) return NULL;
+  const trace_hooks *h = dispatch_hooks();
+  /* t a leaf of the recording now, so its .grad at the start (NULL or set,
+   * which C can branch on) is a guard, even where t is in no op */
+  if (h && h->zero_grad) h->zero_grad(h->ctx, (kiln_tensor *)t);
   kiln_tensor *g = t->grad;
   if (!g || !g->grad_if || !g->st->meta || !(g->grad_if_kind & GRAD_IF_FROM_NULL)) return g;
-  const trace_hooks *h = dispatch_hooks();
   if (g->grad_if_kind & GRAD_IF_TRUE) {
     hook_read("kiln_grad", g->grad_if, file, line);
     g = t->grad; /* after a break: the segment's write, or NULL */

@@ -406,7 +406,7 @@ typedef struct trace_hooks {
              const char *file, int line);
   void (*inplace)(void *ctx, op_id op, kiln_tensor *dst, kiln_tensor *src, double value, const char *file, int line);
   void (*read)(void *ctx, const char *what, const kiln_tensor *t, const char *file, int line);
-  void (*zero_grad)(void *ctx, kiln_tensor *t); /* before .grad is dropped */
+  void (*zero_grad)(void *ctx, kiln_tensor *t); /* before .grad is dropped or read: t becomes a leaf */
   /* Recording (record set): ops make meta tensors (no kernel runs) and the
    * factories below are asked first; a read of data a recording has not
    * computed yet makes the read hook compute it. */

@@ -686,6 +686,7 @@ char *kiln_describe(const kiln_tensor *t, char *buf, size_t n) {
     snprintf(buf, n, t ? "(released)" : "(null)");
     return buf;
   }
+  meta_read(t, -1); /* the text has the shape, strides and dtype: C can branch on it */
   char s[SHAPE_BUF], st[SHAPE_BUF];
   snprintf(buf, n, "%s%s strides %s%s", kiln_dtype_name(t->dtype), err_shape(s, t->ndim, t->shape),
            err_shape(st, t->ndim, t->stride), t->requires_grad ? " requires_grad" : "");

@@ -616,6 +616,13 @@ static void convert_attrs(build_state *b, int ev, const ir_node *x, op_attrs *o)
       if (sym_is_err(gd)) return;
       *dst[k] = a->raw ? slice_bound(b, size, gd) : (sym_is_const(gd) && gd.c == norm[k].c ? norm[k] : gd);
     }
+    if (a->raw) {
+      /* and an end before the start is the start (an empty slice), as eagerly */
+      shape_env env = {.g = b->g, .vals = b->vals, .nvals = b->n_syms, .record = true};
+      int before = shape_decide(&env, o->end, SYM_LT, o->start);
+      if (before < 0) return bfail(b, "could not decide a slice bound");
+      if (before) o->end = o->start;
+    }
   }
   if (f & AF_VALUE) slot_fixed(b, (rec_slot){true, 0, a->value}), si++;
   if (f & AF_VALUE2) slot_fixed(b, (rec_slot){true, 0, a->value2}), si++;

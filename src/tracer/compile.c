@@ -56,6 +56,8 @@ typedef struct segment {
   int n_out, *out;         /* the values it hands out, in output order */
   int n_body;              /* the first n_body outputs are the body's outputs (the last segment) */
   bool frozen;
+  int n_writes;            /* the leaves it writes back, as the call that made it wrote them: a */
+  build_write *writes;     /* kiln_zero_grad is in no event, so a call must match these too */
 } segment;
 
 typedef struct variant {
@@ -84,6 +86,7 @@ typedef struct variant {
   int64_t in_shape[MAX_IN][MAXD];
   /* the guard-only path */
   bool guard_ok;
+  bool grad_on;            /* autograd was on when the body was recorded (kiln_no_grad_begin off) */
   trace_leaf *in_leaf, *param_leaf;
   dim_check (*in_dims)[MAXD];
   int in_node[MAX_IN];     /* the graph's input nodes, so a call reads those alone */
@@ -224,6 +227,7 @@ static void print_guards(FILE *f, const kiln_fn *fn, const variant *v) {
     const trace_leaf *l = n->op == IR_INPUT ? (v->in_leaf ? &v->in_leaf[n->index] : NULL)
                                             : (v->param_leaf ? &v->param_leaf[n->index] : NULL);
     if (l && !v->loaded && l->requires_grad) fprintf(f, " requires_grad, .grad %s", l->grad_present ? "set" : "NULL");
+    else if (l && !v->loaded && l->grad_present) fprintf(f, " .grad set");
     fprintf(f, "\n");
   }
   for (int k = 0; k < v->n_syms; k++) {
@@ -245,6 +249,7 @@ static void print_guards(FILE *f, const kiln_fn *fn, const variant *v) {
       fprintf(f, "  %s:%d: a number %s %s\n", v->ev[e].file, v->ev[e].line, r->kind == SLOT_EXPR ? "must equal" : "is argument",
               r->kind == SLOT_EXPR ? b : (snprintf(b, sizeof b, "%d", r->arg), b));
     }
+  if (v->guard_ok && !v->loaded) fprintf(f, "  autograd %s, as when traced\n", v->grad_on ? "on" : "off (inside kiln_no_grad_begin)");
   int n_leaves = fn->opts.n_in + v->n_params;
   for (int i = 0; i < n_leaves; i++)
     if (v->alias[i] != i) fprintf(f, "  leaf %d shares storage with leaf %d\n", i, v->alias[i]);
@@ -317,6 +322,13 @@ static int guards_pass(const kiln_fn *fn, const variant *v, kiln_tensor *const *
   if (!inputs_pass(fn, v, in, vals, why, whyn) || !guards_hold(v->seg[0]->g, vals, v->n_syms, why, whyn, v->no)) return 0;
   int n_in = fn->opts.n_in;
   if (!v->loaded) {
+    /* under the caller's kiln_no_grad_begin the body's backward fails and
+     * its in-place writes of what requires grad are allowed: another body */
+    if (grad_mode() != v->grad_on) {
+      if (why) snprintf(why, whyn, "autograd %s when traced, %s now (variant %d)", v->grad_on ? "on" : "off",
+                        v->grad_on ? "off" : "on", v->no);
+      return 0;
+    }
     for (int i = 0; i < n_in + v->n_params; i++) {
       kiln_tensor *t = leaf_at(fn, v, in, i);
       const trace_leaf *l = i < n_in ? &v->in_leaf[i] : &v->param_leaf[i - n_in];
@@ -326,7 +338,8 @@ static int guards_pass(const kiln_fn *fn, const variant *v, kiln_tensor *const *
         if (why) snprintf(why, whyn, "%s %d: requires_grad changed (variant %d)", kind, idx, v->no);
         return 0;
       }
-      if (l->requires_grad && (t->grad != NULL) != l->grad_present) {
+      /* every leaf's: a tensor that no longer requires grad may keep its .grad, which the body can read */
+      if ((t->grad != NULL) != l->grad_present) {
         if (why) snprintf(why, whyn, "%s %d: .grad was %s, now %s (variant %d)", kind, idx, l->grad_present ? "set" : "NULL",
                           t->grad ? "set" : "NULL", v->no);
         return 0;
@@ -359,6 +372,7 @@ static void segment_free(segment *s) {
   alloc_free(s->extra);
   alloc_free(s->params);
   alloc_free(s->out);
+  alloc_free(s->writes);
   alloc_free(s);
 }
 
@@ -580,6 +594,7 @@ enum { CALL_INLINE = 8 };
 typedef struct call_state {
   kiln_fn *fn;
   kiln_tensor *const *in;
+  bool grad_on;               /* the caller's autograd mode, which the body ran under */
   int *outs;                  /* the body's outputs' value ids (the last segment) */
   kiln_tensor **out_t;        /* and the tensors */
   recording rec;
@@ -623,6 +638,7 @@ static void call_start(call_state *cs, kiln_fn *fn, kiln_tensor *const *in) {
   memset(cs, 0, offsetof(call_state, seg));
   cs->fn = fn;
   cs->in = in;
+  cs->grad_on = grad_mode();
   cs->why[0] = 0;
 }
 
@@ -723,6 +739,23 @@ static bool match_events(call_state *cs, const variant *v, int from, int to, int
 }
 
 /* Whether segment s of candidate c fits this call's segment. */
+/* Field by field: the structs have padding. */
+static bool same_writes(const build_write *a, int na, const build_write *b, int nb) {
+  if (na != nb) return false;
+  for (int i = 0; i < na; i++)
+    if (a[i].base != b[i].base || a[i].now != b[i].now || a[i].grad_set != b[i].grad_set || a[i].grad != b[i].grad ||
+        a[i].when != b[i].when || a[i].when_bool != b[i].when_bool || a[i].else_none != b[i].else_none)
+      return false;
+  return true;
+}
+
+/* Whether two variants of as many segments write back the same leaves and .grads. */
+static bool same_seg_writes(const variant *a, const variant *b) {
+  for (int k = 0; k < a->n_seg; k++)
+    if (!same_writes(a->seg[k]->writes, a->seg[k]->n_writes, b->seg[k]->writes, b->seg[k]->n_writes)) return false;
+  return true;
+}
+
 static bool match_segment(call_state *cs, int c, const seg_info *si, int64_t *argi, double *argf, char *why, size_t whyn) {
   const variant *v = cs->cand[c];
   const recording *r = &cs->rec;
@@ -742,6 +775,8 @@ static bool match_segment(call_state *cs, int c, const seg_info *si, int64_t *ar
   }
   if (si->n_out != seg->n_out || memcmp(si->out, seg->out, sizeof(int) * (size_t)si->n_out))
     return snprintf(why, whyn, "the body keeps other tensors than when variant %d was made", v->no), false;
+  if (!same_writes(si->writes, si->n_writes, seg->writes, seg->n_writes))
+    return snprintf(why, whyn, "the body writes other leaves or .grads than when variant %d was made", v->no), false;
   /* the same sharing of storage between the leaves */
   int n_leaves = r->n_in + r->n_params, small[64];
   int *alias = n_leaves < 64 ? small : alloc_malloc(sizeof(int) * (size_t)(n_leaves + 1));
@@ -873,13 +908,38 @@ static void materialize(const segment *seg, kiln_tensor **outs, const rec_live *
   }
 }
 
+/* Whether t covers all of its storage, in order. */
+static bool covers_storage(const kiln_tensor *t) {
+  return t->offset == 0 && tensor_contiguous(t) &&
+         (size_t)shape_numel(t->ndim, t->shape) * kiln_dtype_size(t->dtype) == t->st->bytes;
+}
+
 /* The body's outputs that still have no data get their own: the segment's
  * value of each (a view of a storage nobody else holds becomes a tensor of
  * its own, contiguous, with the same values). */
 static void give_outputs(call_state *cs, const segment *seg, kiln_tensor **outs) {
-  for (int i = 0; i < seg->n_body; i++) {
+  /* outputs that view another output eagerly (out[1] = a reshape of
+   * out[0]) view it here too: the one that covers their shared storage
+   * gets data first, the others then see its storage through their own
+   * layout, which is eager's */
+  int n = seg->n_body, small[16], *owner = n <= 16 ? small : alloc_malloc(sizeof(int) * (size_t)n);
+  for (int i = 0; owner && i < n; i++) {
+    owner[i] = -1;
+    const kiln_tensor *t = cs->out_t[i];
+    /* the first output that covers the storage is its owner */
+    for (int k = 0; k < n && owner[i] < 0 && t->st->meta; k++)
+      if (cs->out_t[k]->st == t->st && covers_storage(cs->out_t[k]) && outs[k]) owner[i] = k;
+    if (owner[i] == i || (owner[i] >= 0 && cs->out_t[owner[i]] == t)) owner[i] = -1;
+  }
+  storage **meta = owner ? alloc_malloc(sizeof *meta * (size_t)(n + 1)) : NULL;
+  for (int i = 0; meta && i < n; i++) meta[i] = cs->out_t[i]->st;
+  if (!meta && owner) {
+    if (owner != small) alloc_free(owner);
+    owner = NULL;
+  }
+  for (int i = 0; i < n; i++) {
     kiln_tensor *t = cs->out_t[i];
-    if (!t->st->meta || !outs[i]) continue;
+    if (!t->st->meta || !outs[i] || (owner && owner[i] >= 0)) continue;
     kiln_tensor *v = outs[i];
     storage *own = v->st;
     if (atomic_load(&own->refcount) != 1 || tensor_refs(v) != 1 || v->offset || !tensor_contiguous(v)) {
@@ -897,6 +957,31 @@ static void give_outputs(call_state *cs, const segment *seg, kiln_tensor **outs)
     contiguous_strides(t->ndim, t->shape, t->stride);
     storage_release_ref(old);
   }
+  for (int i = 0; owner && i < n; i++) {
+    int k = owner[i];
+    kiln_tensor *t = cs->out_t[i];
+    if (k < 0 || t->st != meta[i] || cs->out_t[k]->st->meta) continue;
+    storage *old = t->st;
+    t->st = cs->out_t[k]->st; /* offset and strides stay: the owner is laid out as eagerly */
+    atomic_fetch_add(&t->st->refcount, 1);
+    storage_release_ref(old);
+  }
+  /* an output the owner could not serve (it got no data) keeps the meta storage: copy it as before */
+  for (int i = 0; owner && i < n; i++) {
+    kiln_tensor *t = cs->out_t[i];
+    if (owner[i] < 0 || !t->st->meta || !outs[i]) continue;
+    kiln_tensor *c = op_run(OP_COPY, &outs[i], 1, NULL, "", 0);
+    if (!c) continue;
+    storage *old = t->st;
+    t->st = c->st;
+    atomic_fetch_add(&t->st->refcount, 1);
+    t->offset = 0;
+    contiguous_strides(t->ndim, t->shape, t->stride);
+    storage_release_ref(old);
+    kiln_release(c);
+  }
+  if (owner != small) alloc_free(owner);
+  alloc_free(meta);
 }
 
 /* Builds, cleans and compiles the call's segment si for the new variant. 0 or -1 (error set). */
@@ -923,6 +1008,14 @@ static int compile_new_segment(call_state *cs, const seg_info *si) {
                  .n_extra = bs.n_extra, .extra = bs.extra, .n_params = bs.n_params, .params = bs.params,
                  .n_out = bs.n_out, .out = bs.out, .n_body = si->n_body, .frozen = bs.frozen};
   bs.extra = bs.params = bs.out = NULL;
+  if (si->n_writes) {
+    if (!(s->writes = alloc_malloc(sizeof *s->writes * (size_t)si->n_writes))) {
+      build_seg_free(&bs);
+      return err_set("", 0, "call", "%s: out of memory", fn->name), -1;
+    }
+    memcpy(s->writes, si->writes, sizeof *s->writes * (size_t)si->n_writes);
+    s->n_writes = si->n_writes;
+  }
   ir_graph *traced = bs.g;
   bs.g = NULL;
   build_seg_free(&bs);
@@ -949,6 +1042,15 @@ static int compile_new_segment(call_state *cs, const seg_info *si) {
   }
 #endif
   s->g = g;
+  {
+    /* the variant serves only calls whose leaves share storage as these do */
+    recording *r = &cs->rec;
+    int nl = r->n_in + r->n_params, small[64], *alias = nl < 64 ? small : alloc_malloc(sizeof(int) * (size_t)(nl + 1));
+    if (!alias) return err_set("", 0, "call", "%s: out of memory", fn->name), -1;
+    alias_pattern(r->in, r->n_in, r->params, r->n_params, alias);
+    for (int i = 0; i < nl && !g->leaves_share; i++) g->leaves_share = alias[i] != i;
+    if (alias != small) alloc_free(alias);
+  }
   if (fn->dump & KILN_DUMP_GRAPH) dump_graph(fn, g, "graph", cs->no);
   s->be = cs->uncached ? &backend_interp : fn->be;
   FILE *bdump = fn->dump & (KILN_DUMP_KERNELS | KILN_DUMP_LLVM | KILN_DUMP_ASM) ? dump_open(fn, "kernels", cs->no) : stderr;
@@ -1193,6 +1295,7 @@ static variant *make_variant(call_state *cs) {
   variant *v = alloc_calloc(1, sizeof *v);
   if (!v) return NULL;
   v->no = cs->no;
+  v->grad_on = cs->grad_on;
   v->n_ev = r->n_ev;
   v->n_val = r->n_val;
   v->ev = alloc_malloc(sizeof *v->ev * (size_t)(r->n_ev + 1));
@@ -1259,7 +1362,10 @@ static variant *make_variant(call_state *cs) {
   /* the guard-only path: the body showed nothing a later call could change */
   bool plain = !r->read_meta && !r->c_numbers && !r->read_data && v->n_seg == 1 && v->n_args == 0 && !v->seg[0]->frozen;
   for (int i = 0; i < r->n_ev && plain; i++) plain = r->ev[i].kind != EV_RAND;
-  v->guard_ok = fn->opts.capture == KILN_CAPTURE_GUARDS ? v->n_seg == 1 && v->n_args == 0
+  /* never after an escape: the graph is the part before it, and the rest
+   * of the body (its outputs, its writes) ran eagerly */
+  v->guard_ok = r->escaped                                  ? false
+                : fn->opts.capture == KILN_CAPTURE_GUARDS ? v->n_seg == 1 && v->n_args == 0
                 : fn->opts.capture == KILN_CAPTURE_RECORD ? false
                                                           : plain;
   return v;
@@ -1372,7 +1478,7 @@ static int record_call(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out) {
   variant *old = NULL;
   for (int c = 0; nv && !cs.uncached && c < cs.n_cand && !old; c++) {
     variant *v = cs.cand[c];
-    if (v->n_ev == cs.rec.n_ev && v->n_seg == nv->n_seg && aligned_with(&cs.rec, v) == v->n_ev) old = v;
+    if (v->n_ev == cs.rec.n_ev && v->n_seg == nv->n_seg && aligned_with(&cs.rec, v) == v->n_ev && same_seg_writes(v, nv)) old = v;
   }
   if (old)
     for (int i = 0; i < fn->n_variants; i++)
@@ -1460,17 +1566,29 @@ static int snap_take(kiln_tensor *const *leaves, int n, snapshot *s) {
 }
 
 /* Puts the leaves back as in s; the state they had is returned in s (swap). */
+/* Leaf i takes the data and .grad the snapshot holds, which takes cur (a copy of the leaf's data) and the old .grad. */
+static void snap_swap_one(snapshot *s, int i, kiln_tensor *cur) {
+  kiln_tensor *t = s->leaf[i];
+  pw_copy(t, s->data[i]);
+  kiln_release(s->data[i]);
+  s->data[i] = cur;
+  kiln_tensor *g = t->grad;
+  t->grad = s->grad[i];
+  s->grad[i] = g;
+}
+
 static void snap_swap(snapshot *s) {
+  /* every leaf read before any is written: leaves may share storage (an
+   * input viewing a param), and a write of one would change what another
+   * reads (out of memory: leaf by leaf) */
+  kiln_tensor *small[8], **now = s->n <= 8 ? small : alloc_malloc(sizeof *now * (size_t)s->n);
   for (int i = 0; i < s->n; i++) {
-    kiln_tensor *t = s->leaf[i];
-    kiln_tensor *now = op_run(OP_COPY, &t, 1, NULL, "", 0);
-    pw_copy(t, s->data[i]);
-    kiln_release(s->data[i]);
-    s->data[i] = now;
-    kiln_tensor *g = t->grad;
-    t->grad = s->grad[i];
-    s->grad[i] = g;
+    kiln_tensor *t = s->leaf[i], *cur = op_run(OP_COPY, &t, 1, NULL, "", 0);
+    if (now) now[i] = cur;
+    else snap_swap_one(s, i, cur);
   }
+  for (int i = 0; now && i < s->n; i++) snap_swap_one(s, i, now[i]);
+  if (now != small) alloc_free(now);
 }
 
 static void snap_free(snapshot *s) {

@@ -518,7 +518,16 @@ static int run(const ir_graph *g, kiln_tensor *const *consts, kiln_tensor *const
     rc = 0;
     goto fail;
   }
-  for (int i = 0; i < g->n_outputs; i++) out[i] = kiln_retain(v[g->outputs[i]]);
+  for (int i = 0; i < g->n_outputs; i++) {
+    out[i] = kiln_retain(v[g->outputs[i]]);
+    if (!ir_written_storage(g, out[i], in, params)) continue;
+    kiln_tensor *c = op_run(OP_COPY, &out[i], 1, NULL, "", 0);
+    kiln_release(out[i]);
+    if (!(out[i] = c)) {
+      for (int j = 0; j < i; j++) kiln_release(out[j]), out[j] = NULL;
+      goto fail;
+    }
+  }
   /* writes after every read: in-place updates take effect at the end of the call */
   for (int i = 0; i < g->n_writes; i++) {
     /* a grad write's condition, read before a data write can change it */

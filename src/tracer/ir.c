@@ -137,6 +137,7 @@ ir_graph *ir_new(const char *name) {
 ir_graph *ir_new_like(ir_graph *src) {
   ir_graph *g = ir_new(src->name);
   if (!g) return NULL;
+  g->leaves_share = src->leaves_share;
   sym_ctx_free(g->sym);
   g->sym = src->sym;
   if (src->region) {
@@ -415,6 +416,15 @@ int ir_sym_id(const ir_graph *g, sym_dim d) {
   for (int k = 0; k < g->n_syms; k++)
     if (sym_same(d, sym_var(g->sym, k, g->sym_lo[k], g->sym_hi[k]))) return k;
   return -1;
+}
+
+bool ir_written_storage(const ir_graph *g, const kiln_tensor *t, kiln_tensor *const *in, kiln_tensor *const *params) {
+  for (int i = 0; t && i < g->n_writes; i++) {
+    if (g->writes[i].kind != IR_WRITE_DATA) continue;
+    const kiln_tensor *dst = ir_leaf_tensor(g, &g->nodes[g->writes[i].target], in, params);
+    if (dst && dst->st == t->st) return true;
+  }
+  return false;
 }
 
 kiln_tensor *ir_leaf_tensor(const ir_graph *g, const ir_node *n, kiln_tensor *const *in, kiln_tensor *const *params) {

@@ -455,8 +455,12 @@ static void on_inplace(void *ctx, op_id op, kiln_tensor *dst, kiln_tensor *src, 
   /* a write into a view is a write of the whole base: its value after is
    * the view's new elements scattered into it (build.c) */
   kiln_tensor *base = dst;
-  if (!whole(dst)) {
-    base = view_base(r, dst, ids[0]);
+  /* a view that covers all of its storage (a reshape of a param, its slice
+   * 0..n at n its size) is a view all the same: written as one, its base
+   * takes the new value (as itself, the write reached no leaf and was lost) */
+  kiln_tensor *vb = whole(dst) ? view_base(r, dst, ids[0]) : NULL;
+  if (!whole(dst) || (vb && vb != dst)) {
+    base = vb ? vb : view_base(r, dst, ids[0]);
     if (!base)
       return escape(r, file, line, "%s:%d: an in-place write into a view that is not a chain of slices, reshapes and "
                     "permutes of a whole tensor of this call: the rest of the body ran eagerly", file, line);

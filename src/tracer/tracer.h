@@ -82,6 +82,7 @@ typedef struct ir_graph {
   struct ir_intern *intern; /* (op, dtype, inputs, attrs) -> node id */
   int refs;              /* a region: the nodes that hold it (0: a top-level graph, one owner) */
   bool region;           /* a region: its symbols are its parent's (sym borrowed), its leaves inputs only */
+  bool leaves_share;     /* two of its inputs and params share storage in the calls it serves (not in the text) */
 } ir_graph;
 
 enum { IR_MAX_SYMS = 64, IR_MAX_IN = 1 << 16 };
@@ -100,6 +101,11 @@ int ir_add_sym(ir_graph *g, int64_t lo, int64_t hi, sym_dim *out);
 /* The tensor a leaf node (input, param, grad) stands for in a call (borrowed;
  * NULL for a grad that is not set). */
 kiln_tensor *ir_leaf_tensor(const ir_graph *g, const ir_node *n, kiln_tensor *const *in, kiln_tensor *const *params);
+/* Whether t is memory of an input or param that a data write of g changes:
+ * an output that is (a view of) a leaf holds the leaf's value when the call
+ * began (x * 1 simplified to x), so it is handed out as a copy made before
+ * the writes. */
+bool ir_written_storage(const ir_graph *g, const kiln_tensor *t, kiln_tensor *const *in, kiln_tensor *const *params);
 /* The id of symbol d when d is exactly one declared symbol, else -1. */
 int ir_sym_id(const ir_graph *g, sym_dim d);
 /* A new tensor (owned by the caller) holding an IR_CONST node's data; NULL on OOM. */
