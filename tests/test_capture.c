@@ -532,6 +532,40 @@ START_TEST(test_zero_grad_in_no_event) {
 }
 END_TEST
 
+/* A write into a .grad the call began with (gradient scaling in place):
+ * the .grad is read as a leaf, and the write must reach it as eagerly. */
+static int scale_grad_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  kiln_tensor *w = ctx;
+  kiln_no_grad_begin();
+  kiln_mul_(kiln_grad(w), in[0]);
+  kiln_no_grad_end();
+  out[0] = kiln_relu(in[0]);
+  return out[0] ? 0 : -1;
+}
+
+START_TEST(test_write_into_grad_of_the_call) {
+  for (int cap = 0; cap < 2; cap++) {
+    kiln_tensor *w = kiln_zeros(KILN_F32, 1, ((int64_t[]){3})), *x = kiln_full(KILN_F32, 1, ((int64_t[]){3}), 2);
+    kiln_requires_grad(w, true);
+    ck_assert_int_eq(0, kiln_backward(kiln_sum_all(w))); /* .grad = 1 */
+    kiln_options o = {.name = "scale_grad", .n_in = 1, .capture = cap ? KILN_CAPTURE_RECORD : KILN_CAPTURE_AUTO};
+    kiln_fn *fn = kiln_compile(scale_grad_body, w, &o);
+    for (int i = 0; i < 4; i++) {
+      kiln_scope_begin();
+      kiln_tensor *y = NULL;
+      ck_assert_int_eq(0, kiln_call(fn, &x, &y));
+      float g[3];
+      kiln_read(kiln_grad(w), g, sizeof g);
+      for (int j = 0; j < 3; j++) ck_assert_msg(g[j] == (float)(2 << i), "capture %d, call %d: .grad %g, not %d", cap, i, g[j], 2 << i);
+      kiln_scope_end();
+    }
+    kiln_fn_free(fn);
+    kiln_release(x);
+    kiln_release(w);
+  }
+}
+END_TEST
+
 /* A body that turns a weight's requires_grad on and off leaves the flag
  * as eagerly after every call: the guard-only path would skip the change. */
 static int flip_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
@@ -824,6 +858,52 @@ START_TEST(test_copy_of_a_tensor_written_after) {
     kiln_fn_free(fn);
     kiln_release(w);
   }
+}
+END_TEST
+
+/* Outputs that view each other over a weight the call then writes: on
+ * the guard-only path too they hold the weight's value before the write,
+ * and a write into one shows in the other, as eagerly. */
+static int views_of_written_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  kiln_tensor *w = ctx;
+  kiln_no_grad_begin();
+  kiln_tensor *c = kiln_mul(w, kiln_ones(KILN_F32, 1, ((int64_t[]){1})));
+  out[0] = c;
+  out[1] = kiln_reshape(c, 1, ((int64_t[]){6}));
+  kiln_add_(w, in[0]);
+  kiln_no_grad_end();
+  return out[1] ? 0 : -1;
+}
+
+START_TEST(test_outputs_view_written_weight) {
+  for (int be = 0; be < 2; be++)
+    for (int cap = 0; cap < 2; cap++) {
+      float w0[6] = {1, 2, 3, 4, 5, 6};
+      kiln_tensor *w = kiln_tensor_from(KILN_F32, 2, ((int64_t[]){2, 3}), w0), *x = kiln_ones(KILN_F32, 2, ((int64_t[]){2, 3}));
+      kiln_options o = {.name = "views_of_written", .n_in = 1, .n_out = 2,
+                        .capture = cap ? KILN_CAPTURE_GUARDS : KILN_CAPTURE_RECORD,
+                        .backend = be ? KILN_BACKEND_INTERP : KILN_BACKEND_LLVM};
+      kiln_fn *fn = kiln_compile(views_of_written_body, w, &o);
+      for (int i = 0; i < 3; i++) {
+        kiln_scope_begin();
+        kiln_tensor *y[2];
+        ck_assert_int_eq(0, kiln_call(fn, &x, y));
+        float a[6], b[6];
+        kiln_read(y[1], b, sizeof b);
+        for (int j = 0; j < 6; j++) ck_assert_msg(b[j] == w0[j] + (float)i, "be %d cap %d call %d: %g", be, cap, i, b[j]);
+        kiln_fill_(y[0], 7);
+        kiln_read(y[1], b, sizeof b);
+        kiln_read(w, a, sizeof a);
+        for (int j = 0; j < 6; j++) {
+          ck_assert_msg(b[j] == 7, "be %d cap %d call %d: the reshape of out[0] reads %g after out[0] was filled", be, cap, i, b[j]);
+          ck_assert_float_eq(a[j], w0[j] + (float)i + 1);
+        }
+        kiln_scope_end();
+      }
+      kiln_fn_free(fn);
+      kiln_release(x);
+      kiln_release(w);
+    }
 }
 END_TEST
 
@@ -1165,6 +1245,8 @@ Suite *capture_suite(void) {
   tcase_add_test(tc, test_write_through_covering_view);
   tcase_add_test(tc, test_outputs_view_each_other);
   tcase_add_test(tc, test_copy_of_a_tensor_written_after);
+  tcase_add_test(tc, test_outputs_view_written_weight);
+  tcase_add_test(tc, test_write_into_grad_of_the_call);
   tcase_add_test(tc, test_input_is_the_weight_written);
   tcase_add_test(tc, test_paths);
   tcase_add_test(tc, test_describe_is_a_size_read);

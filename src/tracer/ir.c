@@ -427,6 +427,28 @@ bool ir_written_storage(const ir_graph *g, const kiln_tensor *t, kiln_tensor *co
   return false;
 }
 
+kiln_tensor *ir_before_writes(const ir_graph *g, kiln_tensor *r, kiln_tensor *const *in, kiln_tensor *const *params,
+                              ir_wcopy *c, int *nc) {
+  if (!r || !ir_written_storage(g, r, in, params)) return r;
+  /* one copy of the whole storage for every output over it, each keeping
+   * its layout, so outputs that view each other still do */
+  kiln_tensor *whole = NULL;
+  for (int k = 0; k < *nc && !whole; k++)
+    if (c[k].st == r->st) whole = c[k].whole;
+  if (!whole) {
+    size_t es = kiln_dtype_size(r->dtype);
+    kiln_tensor *all = tensor_view(r, 1, (int64_t[]){(int64_t)(r->st->bytes / es)}, (int64_t[]){1}, 0);
+    whole = all ? op_run(OP_COPY, &all, 1, NULL, "", 0) : NULL;
+    kiln_release(all);
+    if (!whole) return kiln_release(r), NULL;
+    c[*nc].st = r->st;
+    c[(*nc)++].whole = whole;
+  }
+  kiln_tensor *v = tensor_view(whole, r->ndim, r->shape, r->stride, r->offset);
+  kiln_release(r);
+  return v;
+}
+
 kiln_tensor *ir_leaf_tensor(const ir_graph *g, const ir_node *n, kiln_tensor *const *in, kiln_tensor *const *params) {
   if (n->op == IR_INPUT) return in[n->index];
   if (n->op == IR_PARAM) return params[n->index];

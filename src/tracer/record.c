@@ -458,7 +458,12 @@ static void on_inplace(void *ctx, op_id op, kiln_tensor *dst, kiln_tensor *src, 
   /* a view that covers all of its storage (a reshape of a param, its slice
    * 0..n at n its size) is a view all the same: written as one, its base
    * takes the new value (as itself, the write reached no leaf and was lost) */
-  kiln_tensor *vb = whole(dst) ? view_base(r, dst, ids[0]) : NULL;
+  const rec_value *dv = &r->val[ids[0]];
+  const rec_event *de = dv->kind == RV_MADE && dv->event >= 0 ? &r->ev[dv->event] : NULL;
+  bool viewed = de && de->kind == EV_OP && (de->op == OP_SLICE || de->op == OP_RESHAPE || de->op == OP_PERMUTE);
+  /* (only a view op's result can have another base: a whole write of a leaf
+   * or of an op's own result is a write of itself, found without a search) */
+  kiln_tensor *vb = whole(dst) && viewed ? view_base(r, dst, ids[0]) : NULL;
   if (!whole(dst) || (vb && vb != dst)) {
     base = vb ? vb : view_base(r, dst, ids[0]);
     if (!base)
@@ -466,6 +471,11 @@ static void on_inplace(void *ctx, op_id op, kiln_tensor *dst, kiln_tensor *src, 
                     "permutes of a whole tensor of this call: the rest of the body ran eagerly", file, line);
     if ((ids[n++] = rec_value_of(r, base)) < 0) return;
   }
+  if (r->val[base == dst ? ids[0] : ids[n - 1]].kind == RV_GRAD)
+    /* a .grad the call began with is read as a leaf, and only a leaf's data
+     * or its .grad as a whole is written back, not a write into its .grad */
+    return escape(r, file, line, "%s:%d: an in-place write into a .grad the call began with: the rest of the body ran "
+                  "eagerly", file, line);
   int e = new_event(r, EV_INPLACE, (int)op, ids, n, file, line);
   if (e < 0) return;
   /* a fill's value is a number of the event; any other write's is 0 and
