@@ -931,7 +931,7 @@ static void give_outputs(call_state *cs, const segment *seg, kiln_tensor **outs)
       if (cs->out_t[k]->st == t->st && covers_storage(cs->out_t[k]) && outs[k]) owner[i] = k;
     if (owner[i] == i || (owner[i] >= 0 && cs->out_t[owner[i]] == t)) owner[i] = -1;
   }
-  storage **meta = owner ? alloc_malloc(sizeof *meta * (size_t)(n + 1)) : NULL;
+  storage *meta_s[16], **meta = !owner ? NULL : n <= 16 ? meta_s : alloc_malloc(sizeof *meta * (size_t)(n + 1));
   for (int i = 0; meta && i < n; i++) meta[i] = cs->out_t[i]->st;
   if (!meta && owner) {
     if (owner != small) alloc_free(owner);
@@ -981,7 +981,7 @@ static void give_outputs(call_state *cs, const segment *seg, kiln_tensor **outs)
     kiln_release(c);
   }
   if (owner != small) alloc_free(owner);
-  alloc_free(meta);
+  if (meta != meta_s) alloc_free(meta);
 }
 
 /* Builds, cleans and compiles the call's segment si for the new variant. 0 or -1 (error set). */
@@ -1043,12 +1043,24 @@ static int compile_new_segment(call_state *cs, const seg_info *si) {
 #endif
   s->g = g;
   {
-    /* the variant serves only calls whose leaves share storage as these do */
+    /* the variant serves only calls whose leaves share storage as these do:
+     * where one of those it writes shares its memory with another leaf, no
+     * write may be stored early (a read-only input passed twice is fine) */
     recording *r = &cs->rec;
-    int nl = r->n_in + r->n_params, small[64], *alias = nl < 64 ? small : alloc_malloc(sizeof(int) * (size_t)(nl + 1));
+    int nl = r->n_in + r->n_params, small[64], *alias = nl < 32 ? small : alloc_malloc(sizeof(int) * (size_t)(2 * nl + 1));
     if (!alias) return err_set("", 0, "call", "%s: out of memory", fn->name), -1;
+    int *written = alias + nl; /* per group (the first leaf of a storage): whether a leaf of it is written */
     alias_pattern(r->in, r->n_in, r->params, r->n_params, alias);
-    for (int i = 0; i < nl && !g->leaves_share; i++) g->leaves_share = alias[i] != i;
+    for (int i = 0; i < nl; i++) written[i] = 0;
+    bool other = false; /* a write of a leaf not among these (a value carried in): any sharing counts */
+    for (int w = 0; w < g->n_writes; w++) {
+      const ir_node *t = &g->nodes[g->writes[w].target];
+      int leaf = t->op == IR_INPUT && t->index < r->n_in ? t->index : t->op == IR_PARAM && t->index < r->n_params ? r->n_in + t->index : -1;
+      if (g->writes[w].kind != IR_WRITE_DATA) continue;
+      if (leaf < 0) other = true;
+      else written[alias[leaf]] = 1;
+    }
+    for (int i = 0; i < nl && !g->leaves_share; i++) g->leaves_share = alias[i] != i && (other || written[alias[i]]);
     if (alias != small) alloc_free(alias);
   }
   if (fn->dump & KILN_DUMP_GRAPH) dump_graph(fn, g, "graph", cs->no);
