@@ -177,19 +177,23 @@ static bool sensitive(double v, double ref) {
 }
 
 /* The elements of output i (of input i after the writes, when is_input)
- * that are ill-conditioned: where the interpreter's own value (ref) is
- * sensitive (above) to each float input moved by a random part in 2^20.
- * Such a value (the sqrt or rsqrt of a sum that cancels to rounding noise)
- * is decided by the order of a sum, which compiled code may change. The
- * test is relative, not the comparison's tolerance, which near 0 is
- * absolute and would let noise there pass as unmoved. Eight draws.
+ * that are ill-conditioned: where either backend's own value (p for fn,
+ * q for ref_fn) is sensitive (above) to each float input moved by a
+ * random part in 2^20. Such a value (the sqrt or rsqrt of a sum that
+ * cancels to rounding noise) is decided by the order of a sum, which
+ * compiled code may change. The test is relative, not the comparison's
+ * tolerance, which near 0 is absolute and would let noise there pass as
+ * unmoved; and both sides, since a short sequential sum (the
+ * interpreter's) can cancel to exactly 0 for most draws. Eight draws.
  * Calloc'ed. */
-static bool *ill_conditioned(kiln_fn *ref_fn, const ir_graph *g, uint64_t seed, bool is_input, int i, const double *ref,
-                             int64_t n) {
+static bool *ill_conditioned(kiln_fn *fn, kiln_fn *ref_fn, const ir_graph *g, uint64_t seed, bool is_input, int i,
+                             const double *p, const double *q, int64_t n) {
   int n_in = g->n_inputs + g->n_params;
   kiln_tensor **c = calloc((size_t)n_in + 1, sizeof *c), **yc = calloc((size_t)g->n_outputs + 1, sizeof *yc);
   bool *moved = calloc((size_t)n + 1, sizeof *moved);
-  for (int t = 0; t < 8; t++) {
+  for (int t = 0; t < 16; t++) {
+    kiln_fn *f = t % 2 ? fn : ref_fn;
+    const double *ref = t % 2 ? p : q;
     uint64_t s = seed;
     kiln_scope_begin();
     if (make_inputs(g, &s, c)) {
@@ -198,10 +202,10 @@ static bool *ill_conditioned(kiln_fn *ref_fn, const ir_graph *g, uint64_t seed, 
         if (dt != KILN_F32 && dt != KILN_F64) continue;
         int64_t shape[KILN_MAX_DIMS];
         for (int d = 0; d < kiln_ndim(c[j]); d++) shape[d] = kiln_size(c[j], d);
-        kiln_tensor *r = kiln_rand(dt, kiln_ndim(c[j]), shape, seed + 977 * (uint64_t)(t * n_in + j) + 1);
+        kiln_tensor *r = kiln_rand(dt, kiln_ndim(c[j]), shape, seed + 977 * (uint64_t)(t / 2 * n_in + j) + 1);
         kiln_mul_(c[j], kiln_add(kiln_scalar(dt, 1), kiln_mul(kiln_sub(r, kiln_scalar(dt, 0.5)), kiln_scalar(dt, 0x1p-19))));
       }
-      if (kiln_call(ref_fn, c, yc) == 0) {
+      if (kiln_call(f, c, yc) == 0) {
         kiln_tensor *z = is_input ? c[i] : yc[i];
         double *v = values(z);
         for (int64_t k = 0; k < n; k++) moved[k] |= sensitive(v[k], ref[k]);
@@ -246,7 +250,7 @@ static void differential(const char *text, const ir_graph *g, kiln_fn *fn, uint6
       double *p = values(x), *q = values(y);
       int64_t k = first_mismatch(p, q, n, kiln_type(x), NULL);
       if (k >= 0) {
-        bool *moved = ill_conditioned(ref_fn, g, seed, is_input, at, q, n);
+        bool *moved = ill_conditioned(fn, ref_fn, g, seed, is_input, at, p, q, n);
         k = first_mismatch(p, q, n, kiln_type(x), moved);
         free(moved);
       }
