@@ -2636,6 +2636,45 @@ START_TEST(test_dead_node_buffer) {
 }
 END_TEST
 
+/* Found by fuzzing (tests/fuzz/fuzz_irtext.c, clang's UBSan): the eager
+ * kernels the compiled code calls (slice_scatter, index_add here) got a
+ * temporary of no bytes as a storage whose data was NULL, which eager's own
+ * storage never is, and added its offset to it. The graphs: a dead
+ * slice_scatter into an empty temporary (the fuzzer's input), and both ops
+ * reading one, summed over zero rows (zeros). gcc's UBSan, in the test build,
+ * does not check null + 0; the fuzz build's does. */
+START_TEST(test_eager_kernel_empty_temps) {
+  const char *texts[] = {"graph e(%0: f32[0,8], %1: f32[0,4]) -> (%0)\n"
+                         "  %2: f32[0,8] = slice_scatter(%0, %1) {dim=1, start=0, end=8, step=2}  # e.c:1\n",
+                         "graph e(%0: f32[0,8], %1: f32[0,4]) -> (%4)\n"
+                         "  %2: f32[0,8] = neg(%0)  # e.c:1\n"
+                         "  %3: f32[0,8] = slice_scatter(%2, %1) {dim=1, start=0, end=8, step=2}  # e.c:2\n"
+                         "  %4: f32[8] = sum(%3) {axes=[0], keepdim=false}  # e.c:3\n",
+                         "graph e(%0: f32[0,8], %1: f32[0,4], %2: i64[0]) -> (%5)\n"
+                         "  %3: f32[0,8] = neg(%0)  # e.c:1\n"
+                         "  %4: f32[0,8] = index_add(%3, %2, %3) {dim=0}  # e.c:2\n"
+                         "  %5: f32[8] = sum(%4) {axes=[0], keepdim=false}  # e.c:3\n"};
+  for (int i = 0; i < 3; i++) {
+    kiln_scope_begin();
+    kiln_fn *fn = kiln_load_string(texts[i]);
+    ck_assert_msg(fn != NULL, "graph %d: %s", i, kiln_last_error());
+    kiln_tensor *in[3] = {kiln_ones(KILN_F32, 2, ((int64_t[]){0, 8})), kiln_ones(KILN_F32, 2, ((int64_t[]){0, 4})),
+                          kiln_zeros(KILN_I64, 1, ((int64_t[]){0}))};
+    kiln_tensor *y = NULL;
+    for (int rep = 0; rep < 2; rep++) { /* the second call reuses the buffers */
+      ck_assert_msg(kiln_call(fn, in, &y) == 0, "graph %d: %s", i, kiln_last_error());
+      int64_t n = kiln_numel(y);
+      ck_assert_int_eq(i == 0 ? 0 : 8, n);
+      float v[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+      ck_assert_int_eq(0, kiln_read(y, v, sizeof(float) * (size_t)n));
+      for (int k = 0; k < n; k++) ck_assert_float_eq(0.0f, v[k]);
+    }
+    kiln_fn_free(fn);
+    kiln_scope_end();
+  }
+}
+END_TEST
+
 /* ---- GEMM epilogues folded into the GEMM's beta ---- */
 
 static int bias_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
@@ -2823,6 +2862,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, test_jit_features_env);
   tcase_add_test(tc, test_dead_node_buffer);
   tcase_add_test(tc, test_matmul_empty_temps);
+  tcase_add_test(tc, test_eager_kernel_empty_temps);
   tcase_add_test(tc, test_gemm_folds);
   tcase_add_test(tc, test_write_back_in_place);
   tcase_add_test(tc, test_full_reduce_blocks);

@@ -75,6 +75,44 @@ START_TEST(test_stacked_batch_matches_loop) {
 }
 END_TEST
 
+/* Found by fuzz_eager: a batch whose dims broadcast (an expand, stride 0)
+ * over a 2-D b was taken as stacked, because a size-1 batch dim's stride
+ * (any value; 0 here) stood in for the step below it, and the batch was
+ * folded into one GEMM that read batch * m rows of an m-row matrix (heap
+ * overflow). The fuzzer's shapes (3,1,3,2) @ (2,3)^T, and a larger one;
+ * each batch is the 2-D product. A size-1 dim between dims that do stack,
+ * (2,1,5,4) from a contiguous (2,5,4), still stacks: the same numbers. */
+static void check_each_batch(kiln_tensor *a, kiln_tensor *b, int64_t batch, int64_t m) {
+  kiln_tensor *c = kiln_matmul(a, b);
+  ck_assert_ptr_nonnull(c);
+  kiln_tensor *a3 = kiln_reshape(kiln_contiguous(a), 3, ((int64_t[]){batch, m, kiln_size(b, 0)}));
+  kiln_tensor *c3 = kiln_reshape(kiln_contiguous(c), 3, ((int64_t[]){batch, m, kiln_size(b, 1)}));
+  for (int64_t i = 0; i < batch; i++) {
+    kiln_tensor *ai = kiln_squeeze(kiln_slice(a3, 0, i, i + 1, 1), 0);
+    check_product(ai, kiln_contiguous(b), kiln_squeeze(kiln_slice(c3, 0, i, i + 1, 1), 0));
+  }
+}
+
+START_TEST(test_broadcast_batch_is_not_stacked) {
+  kiln_scope_begin();
+  const int64_t ms[] = {3, 17}, ks[] = {2, 24}, ns[] = {3, 9};
+  for (int t = 0; t < 2; t++) {
+    int64_t m = ms[t], k = ks[t], n = ns[t];
+    kiln_tensor *a0 = kiln_randn(KILN_F32, 2, ((int64_t[]){m, k}), 20 + (uint64_t)t);
+    kiln_tensor *a = kiln_expand(a0, 4, ((int64_t[]){3, 1, m, k})); /* strides (0, 0, k, 1) */
+    ck_assert_int_eq(0, kiln_stride(a, 0));
+    ck_assert_int_eq(0, kiln_stride(a, 1));
+    kiln_tensor *b = kiln_transpose(kiln_randn(KILN_F32, 2, ((int64_t[]){n, k}), 30 + (uint64_t)t), 0, 1);
+    check_each_batch(a, b, 3, m);
+    check_each_batch(a, kiln_contiguous(b), 3, m);
+  }
+  kiln_tensor *x = kiln_randn(KILN_F32, 3, ((int64_t[]){2, 5, 4}), 40);
+  kiln_tensor *a = kiln_unsqueeze(x, 1); /* (2,1,5,4) */
+  check_each_batch(a, kiln_randn(KILN_F32, 2, ((int64_t[]){4, 6}), 41), 2, 5);
+  kiln_scope_end();
+}
+END_TEST
+
 /* A one-row product whose matrix is small runs on kiln's own loop (the
  * matrix as rows of dot products when it is a transposed view, else
  * row-scaled adds), a larger one on BLAS: each layout, lengths that leave
@@ -124,6 +162,7 @@ int main(void) {
   tcase_add_test(tc, test_transposed_views_are_not_copied);
   tcase_add_test(tc, test_unreadable_layout_is_copied);
   tcase_add_test(tc, test_stacked_batch_matches_loop);
+  tcase_add_test(tc, test_broadcast_batch_is_not_stacked);
   tcase_add_test(tc, test_row_products);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);

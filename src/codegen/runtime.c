@@ -832,10 +832,15 @@ typedef struct tview {
   storage st;
 } tview;
 
+/* Where a view of an empty buffer (NULL: no bytes, no arena place) points:
+ * eager kernels take a storage's data as never NULL, as eager's own storage
+ * is, and add offsets to it. Nothing is read or written there. */
+static _Alignas(64) char empty_data[64];
+
 static int make_view(tview *v, char *base, kiln_dtype dt, const ir_node *n, const cg_view *m, const int64_t *vals,
                      int nvals) {
   memset(v, 0, sizeof *v);
-  v->st.data = base;
+  v->st.data = base ? base : empty_data;
   v->st.bytes = 0;
   atomic_init(&v->st.refcount, 1 << 30);
   v->t.st = &v->st;

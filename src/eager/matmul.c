@@ -168,9 +168,16 @@ int k_matmul(op_id op, kiln_tensor *const *in, int n, const op_attrs *attrs, kil
   char *pa = tensor_data(&av), *pb = tensor_data(&bv), *pc = tensor_data(out);
   bool b_shared = true; /* b has no batch stride: fold a's batch into M when a stacks */
   for (int i = 0; i < nbb; i++) b_shared &= bv.shape[i] == 1;
+  /* a's batch steps over whole (m, k) blocks laid end to end; a size-1
+   * dim's stride says nothing (an expand's is 0), so it is skipped, not
+   * taken as the step below it */
   bool a_stacks = ta == CblasNoTrans && nba > 0;
-  for (int i = 0; i < nba && a_stacks; i++)
-    a_stacks = av.shape[i] == 1 || av.stride[i] == av.shape[i + 1] * (i + 1 < nba ? av.stride[i + 1] : lda);
+  int64_t step = m * lda;
+  for (int i = nba - 1; i >= 0 && a_stacks; i--) {
+    if (av.shape[i] == 1) continue;
+    a_stacks = av.stride[i] == step;
+    step *= av.shape[i];
+  }
   if (batch > 1 && b_shared && a_stacks && nba == nb) {
     gemm(a->dtype, ta, tb, batch * m, nn, k, pa, lda, pb, ldb, pc, nn);
   } else {
