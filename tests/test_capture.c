@@ -568,6 +568,45 @@ START_TEST(test_write_into_grad_of_the_call) {
 }
 END_TEST
 
+/* A write through a whole view of a .grad the call began with (a reshape
+ * of it): found by no base search, it must escape like a write into the
+ * .grad itself. */
+static int scale_grad_view_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  kiln_tensor *w = ctx;
+  kiln_no_grad_begin();
+  kiln_mul_(kiln_reshape(kiln_grad(w), 2, ((int64_t[]){3, 1})), kiln_scalar(KILN_F32, 3));
+  kiln_no_grad_end();
+  out[0] = kiln_relu(in[0]);
+  return out[0] ? 0 : -1;
+}
+
+START_TEST(test_write_into_view_of_grad) {
+  for (int be = 0; be < 2; be++) {
+    kiln_tensor *w = kiln_zeros(KILN_F32, 1, ((int64_t[]){3})), *x = kiln_ones(KILN_F32, 1, ((int64_t[]){3}));
+    kiln_requires_grad(w, true);
+    kiln_tensor *l = kiln_sum_all(w);
+    ck_assert_int_eq(0, kiln_backward(l)); /* .grad = 1 */
+    kiln_release(l);
+    kiln_options o = {.name = "scale_grad_view", .n_in = 1, .backend = be ? KILN_BACKEND_INTERP : KILN_BACKEND_LLVM};
+    kiln_fn *fn = kiln_compile(scale_grad_view_body, w, &o);
+    float want = 1;
+    for (int i = 0; i < 3; i++) {
+      kiln_scope_begin();
+      kiln_tensor *y = NULL;
+      ck_assert_int_eq(0, kiln_call(fn, &x, &y));
+      want *= 3;
+      float g[3];
+      kiln_read(kiln_grad(w), g, sizeof g);
+      for (int j = 0; j < 3; j++) ck_assert_msg(g[j] == want, "be %d, call %d: .grad %g, not %g", be, i, g[j], want);
+      kiln_scope_end();
+    }
+    kiln_fn_free(fn);
+    kiln_release(x);
+    kiln_release(w);
+  }
+}
+END_TEST
+
 /* A body that turns a weight's requires_grad on and off leaves the flag
  * as eagerly after every call: the guard-only path would skip the change. */
 static int flip_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
@@ -860,6 +899,62 @@ START_TEST(test_copy_of_a_tensor_written_after) {
     kiln_fn_free(fn);
     kiln_release(w);
   }
+}
+END_TEST
+
+/* After a graph break: a param written in place that an input views (the
+ * second segment's params are numbered from 0, not as the call's), and a
+ * view of a param carried over the break while the param is written. A
+ * kernel reading the old values must run before the write is stored. */
+typedef struct brk_write {
+  kiln_tensor *a, *b;
+  int carried;
+} brk_write;
+
+static int brk_write_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  brk_write *m = ctx;
+  kiln_no_grad_begin();
+  /* carried: a view of b made before the break; else b is first reached after
+   * it, the second segment's param 0 and the call's param 1 */
+  kiln_tensor *v = m->carried ? kiln_slice(m->b, 0, 0, 3, 1) : NULL;
+  (void)kiln_item(kiln_sum_all(m->carried ? kiln_add(in[0], in[1]) : m->a)); /* the break */
+  kiln_tensor *before = m->carried ? kiln_mul_scalar(kiln_add(v, kiln_slice(in[1], 0, 0, 3, 1)), 2)
+                                   : kiln_mul_scalar(kiln_slice(in[0], 0, 0, 3, 1), 2);
+  kiln_add_(m->b, kiln_scalar(KILN_F32, 1));
+  kiln_no_grad_end();
+  out[0] = before;
+  return out[0] ? 0 : -1;
+}
+
+START_TEST(test_write_after_break_aliased) {
+  for (int carried = 0; carried < 2; carried++)
+    for (int twin = 0; twin < 2; twin++)
+      for (int cap = 0; cap < 2; cap++) {
+        float w0[6] = {1, 2, 3, 4, 5, 6};
+        brk_write m = {kiln_ones(KILN_F32, 1, ((int64_t[]){2})), kiln_tensor_from(KILN_F32, 1, ((int64_t[]){6}), w0), carried};
+        /* not carried: the input is b under another name; carried: x passed once or twice */
+        kiln_tensor *x = carried ? kiln_zeros(KILN_F32, 1, ((int64_t[]){6})) : kiln_reshape(m.b, 1, ((int64_t[]){6}));
+        kiln_tensor *x2 = twin || !carried ? x : kiln_zeros(KILN_F32, 1, ((int64_t[]){6}));
+        kiln_options o = {.name = "brk_write", .n_in = 2, .capture = cap ? KILN_CAPTURE_RECORD : KILN_CAPTURE_AUTO};
+        kiln_fn *fn = kiln_compile(brk_write_body, &m, &o);
+        for (int i = 0; i < 3; i++) {
+          kiln_scope_begin();
+          kiln_tensor *y = NULL, *ins[2] = {x, x2};
+          float wb[6], got[3];
+          kiln_read(m.b, wb, sizeof wb);
+          ck_assert_int_eq(0, kiln_call(fn, ins, &y));
+          kiln_read(y, got, sizeof got);
+          for (int j = 0; j < 3; j++)
+            ck_assert_msg(got[j] == 2 * wb[j], "carried %d twin %d cap %d call %d: %g, not %g", carried, twin, cap, i, got[j],
+                          2 * wb[j]);
+          kiln_scope_end();
+        }
+        kiln_fn_free(fn);
+        if (x2 != x) kiln_release(x2);
+        kiln_release(x);
+        kiln_release(m.a);
+        kiln_release(m.b);
+      }
 }
 END_TEST
 
@@ -1249,6 +1344,8 @@ Suite *capture_suite(void) {
   tcase_add_test(tc, test_copy_of_a_tensor_written_after);
   tcase_add_test(tc, test_outputs_view_written_weight);
   tcase_add_test(tc, test_write_into_grad_of_the_call);
+  tcase_add_test(tc, test_write_into_view_of_grad);
+  tcase_add_test(tc, test_write_after_break_aliased);
   tcase_add_test(tc, test_input_is_the_weight_written);
   tcase_add_test(tc, test_paths);
   tcase_add_test(tc, test_describe_is_a_size_read);

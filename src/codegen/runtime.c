@@ -1288,8 +1288,7 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
   cg_program *p = e->prog;
   int64_t vals[IR_MAX_SYMS];
   if (ir_bind_or(g, e->leaves, e->n_leaves, in, params, bound, vals)) return -1;
-  int nb = p->n_buf, ns = g->n_syms, rc = -1, n_wc = 0;
-  ir_wcopy *wc = NULL; /* copies of written arguments' memory that outputs view */
+  int nb = p->n_buf, ns = g->n_syms, rc = -1;
   /* per buffer: its data, the tensor behind it (when there is one), ours to
    * release, its bytes and arena offset; on the stack for a small plan,
    * since a batch-1 call is a few microseconds */
@@ -1631,7 +1630,6 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
     if (make_view(&v, bufs[m->buf], n->dtype, n, m, vals, ns)) goto bad_shape;
     kiln_tensor *base = tens[m->buf];
     kiln_tensor *r = NULL;
-    bool own_copy = false;
     if (g->nodes[o].op == IR_INPUT || g->nodes[o].op == IR_PARAM) {
       /* an argument handed back as it came, strided or not */
       r = kiln_retain(g->nodes[o].op == IR_INPUT ? in[g->nodes[o].index] : params[g->nodes[o].index]);
@@ -1643,15 +1641,12 @@ static int exec_run(backend_exec *e, kiln_tensor *const *in, kiln_tensor *const 
     } else {
       kiln_tensor *src = &v.t;
       r = op_run(OP_COPY, &src, 1, NULL, "", 0);
-      own_copy = true;
     }
-    /* an argument's memory: its value when the call began, which the
-     * writes below change (a fresh copy is no argument's) */
-    if (!own_copy && g->n_writes && !(wc || (wc = alloc_malloc(sizeof *wc * (size_t)g->n_outputs)))) r = (kiln_release(r), NULL);
-    else if (!own_copy && g->n_writes) r = ir_before_writes(g, r, in, params, wc, &n_wc);
     if (!r) goto oom;
     out[n_out_done++] = r;
   }
+  /* an argument's memory: its value when the call began, which the writes below change */
+  if (!into && ir_outputs_before_writes(g, out, n_out_done, in, params)) goto oom;
   /* writes after every read */
   int wr = apply_writes(g, p, bufs, vals, in, params);
   if (wr == -2) goto bad_shape;
@@ -1692,8 +1687,6 @@ done:
   }
   if (cfres != cfres_s) alloc_free(cfres);
   interp_cache_give(cache);
-  for (int k = 0; k < n_wc; k++) kiln_release(wc[k].whole);
-  alloc_free(wc);
   if (!small) alloc_free(bufs), alloc_free(tens), alloc_free(own), alloc_free(bytes), alloc_free(off);
   return rc;
 }

@@ -1052,15 +1052,23 @@ static int compile_new_segment(call_state *cs, const seg_info *si) {
     int *written = alias + nl; /* per group (the first leaf of a storage): whether a leaf of it is written */
     alias_pattern(r->in, r->n_in, r->params, r->n_params, alias);
     for (int i = 0; i < nl; i++) written[i] = 0;
-    bool other = false; /* a write of a leaf not among these (a value carried in): any sharing counts */
+    /* a write of a leaf not among these, or any value carried in from an
+     * earlier segment (a view of a param, say, not in the pattern): no write
+     * may be stored early */
+    bool other = false;
+    for (int i = 0; i < s->n_extra && g->n_writes; i++) other |= s->extra[i] >= 0;
     for (int w = 0; w < g->n_writes; w++) {
       const ir_node *t = &g->nodes[g->writes[w].target];
-      int leaf = t->op == IR_INPUT && t->index < r->n_in ? t->index : t->op == IR_PARAM && t->index < r->n_params ? r->n_in + t->index : -1;
+      /* a param node's index counts this segment's params */
+      int leaf = t->op == IR_INPUT && t->index < r->n_in                         ? t->index
+                 : t->op == IR_PARAM && t->index < s->n_params && s->params[t->index] < r->n_params ? r->n_in + s->params[t->index]
+                                                                                        : -1;
       if (g->writes[w].kind != IR_WRITE_DATA) continue;
       if (leaf < 0) other = true;
       else written[alias[leaf]] = 1;
     }
-    for (int i = 0; i < nl && !g->leaves_share; i++) g->leaves_share = alias[i] != i && (other || written[alias[i]]);
+    g->leaves_share = other;
+    for (int i = 0; i < nl && !g->leaves_share; i++) g->leaves_share = alias[i] != i && written[alias[i]];
     if (alias != small) alloc_free(alias);
   }
   if (fn->dump & KILN_DUMP_GRAPH) dump_graph(fn, g, "graph", cs->no);

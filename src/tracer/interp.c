@@ -518,21 +518,10 @@ static int run(const ir_graph *g, kiln_tensor *const *consts, kiln_tensor *const
     rc = 0;
     goto fail;
   }
-  {
-    int n_wc = 0;
-    ir_wcopy *wc = g->n_writes ? alloc_malloc(sizeof *wc * (size_t)g->n_outputs) : NULL;
-    bool oom = g->n_writes && !wc;
-    for (int i = 0; i < g->n_outputs; i++) {
-      out[i] = kiln_retain(v[g->outputs[i]]);
-      if (wc) out[i] = ir_before_writes(g, out[i], in, params, wc, &n_wc);
-      if (!out[i] || oom) oom = true;
-    }
-    for (int k = 0; k < n_wc; k++) kiln_release(wc[k].whole);
-    alloc_free(wc);
-    if (oom) {
-      for (int j = 0; j < g->n_outputs; j++) kiln_release(out[j]), out[j] = NULL;
-      goto fail;
-    }
+  for (int i = 0; i < g->n_outputs; i++) out[i] = kiln_retain(v[g->outputs[i]]);
+  if (ir_outputs_before_writes(g, out, g->n_outputs, in, params)) {
+    for (int j = 0; j < g->n_outputs; j++) kiln_release(out[j]), out[j] = NULL;
+    goto fail;
   }
   /* writes after every read: in-place updates take effect at the end of the call */
   for (int i = 0; i < g->n_writes; i++) {

@@ -427,26 +427,38 @@ bool ir_written_storage(const ir_graph *g, const kiln_tensor *t, kiln_tensor *co
   return false;
 }
 
-kiln_tensor *ir_before_writes(const ir_graph *g, kiln_tensor *r, kiln_tensor *const *in, kiln_tensor *const *params,
-                              ir_wcopy *c, int *nc) {
-  if (!r || !ir_written_storage(g, r, in, params)) return r;
-  /* one copy of the whole storage for every output over it, each keeping
-   * its layout, so outputs that view each other still do */
-  kiln_tensor *whole = NULL;
-  for (int k = 0; k < *nc && !whole; k++)
-    if (c[k].st == r->st) whole = c[k].whole;
-  if (!whole) {
+int ir_outputs_before_writes(const ir_graph *g, kiln_tensor **out, int n, kiln_tensor *const *in, kiln_tensor *const *params) {
+  for (int i = 0; g->n_writes && i < n; i++) {
+    kiln_tensor *r = out[i];
+    if (!r || !ir_written_storage(g, r, in, params)) continue;
+    const storage *st = r->st;
+    int others = 0;
+    for (int j = i + 1; j < n; j++) others += out[j] && out[j]->st == st;
+    if (!others) {
+      /* alone over that memory: a copy of itself */
+      kiln_tensor *c = op_run(OP_COPY, &out[i], 1, NULL, "", 0);
+      if (!c) return -1;
+      kiln_release(r);
+      out[i] = c;
+      continue;
+    }
+    /* outputs that view each other: views of one copy of the whole storage,
+     * each keeping its layout */
     size_t es = kiln_dtype_size(r->dtype);
-    kiln_tensor *all = tensor_view(r, 1, (int64_t[]){(int64_t)(r->st->bytes / es)}, (int64_t[]){1}, 0);
-    whole = all ? op_run(OP_COPY, &all, 1, NULL, "", 0) : NULL;
+    kiln_tensor *all = tensor_view(r, 1, (int64_t[]){(int64_t)(st->bytes / es)}, (int64_t[]){1}, 0);
+    kiln_tensor *whole = all ? op_run(OP_COPY, &all, 1, NULL, "", 0) : NULL;
     kiln_release(all);
-    if (!whole) return kiln_release(r), NULL;
-    c[*nc].st = r->st;
-    c[(*nc)++].whole = whole;
+    if (!whole) return -1;
+    for (int j = i; j < n; j++) {
+      if (!out[j] || out[j]->st != st) continue;
+      kiln_tensor *v = tensor_view(whole, out[j]->ndim, out[j]->shape, out[j]->stride, out[j]->offset);
+      if (!v) return kiln_release(whole), -1;
+      kiln_release(out[j]);
+      out[j] = v;
+    }
+    kiln_release(whole);
   }
-  kiln_tensor *v = tensor_view(whole, r->ndim, r->shape, r->stride, r->offset);
-  kiln_release(r);
-  return v;
+  return 0;
 }
 
 kiln_tensor *ir_leaf_tensor(const ir_graph *g, const ir_node *n, kiln_tensor *const *in, kiln_tensor *const *params) {

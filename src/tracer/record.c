@@ -471,7 +471,14 @@ static void on_inplace(void *ctx, op_id op, kiln_tensor *dst, kiln_tensor *src, 
                     "permutes of a whole tensor of this call: the rest of the body ran eagerly", file, line);
     if ((ids[n++] = rec_value_of(r, base)) < 0) return;
   }
-  if (r->val[base == dst ? ids[0] : ids[n - 1]].kind == RV_GRAD)
+  /* the root of dst's views (a view of a .grad is found by no base search) */
+  int root = ids[0];
+  for (const rec_value *rv = &r->val[root]; rv->kind == RV_MADE && rv->event >= 0; rv = &r->val[root]) {
+    const rec_event *ve = &r->ev[rv->event];
+    if (ve->kind != EV_OP || (ve->op != OP_SLICE && ve->op != OP_RESHAPE && ve->op != OP_PERMUTE)) break;
+    root = r->ids[ve->in];
+  }
+  if (r->val[root].kind == RV_GRAD || r->val[base == dst ? ids[0] : ids[n - 1]].kind == RV_GRAD)
     /* a .grad the call began with is read as a leaf, and only a leaf's data
      * or its .grad as a whole is written back, not a write into its .grad */
     return escape(r, file, line, "%s:%d: an in-place write into a .grad the call began with: the rest of the body ran "

@@ -106,16 +106,12 @@ kiln_tensor *ir_leaf_tensor(const ir_graph *g, const ir_node *n, kiln_tensor *co
  * began (x * 1 simplified to x), so it is handed out as a copy made before
  * the writes. */
 bool ir_written_storage(const ir_graph *g, const kiln_tensor *t, kiln_tensor *const *in, kiln_tensor *const *params);
-/* Output r (owned) as it was before g's writes: r itself where they do not
- * change its memory, else a view of a copy of its whole storage, one copy a
- * storage (listed in c[0..*nc), at most one a call's output; the caller
- * releases their `whole`). NULL on out of memory (r released). */
-typedef struct ir_wcopy {
-  const storage *st;
-  kiln_tensor *whole;
-} ir_wcopy;
-kiln_tensor *ir_before_writes(const ir_graph *g, kiln_tensor *r, kiln_tensor *const *in, kiln_tensor *const *params,
-                              ir_wcopy *c, int *nc);
+/* The outputs out[0..n) (owned) as they were before g's writes: each over
+ * memory the writes change is replaced by a copy of itself, or, where
+ * several outputs are over one storage, by a view of one copy of that
+ * storage, so that they still view each other. -1 on out of memory (out[]
+ * still owned, some replaced). */
+int ir_outputs_before_writes(const ir_graph *g, kiln_tensor **out, int n, kiln_tensor *const *in, kiln_tensor *const *params);
 /* The id of symbol d when d is exactly one declared symbol, else -1. */
 int ir_sym_id(const ir_graph *g, sym_dim d);
 /* A new tensor (owned by the caller) holding an IR_CONST node's data; NULL on OOM. */
