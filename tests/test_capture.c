@@ -958,6 +958,76 @@ START_TEST(test_write_after_break_aliased) {
 }
 END_TEST
 
+/* Writes through views carried over a graph break, and through a
+ * same-shape expand of a param: each call's result and the param after it
+ * must be eager's, run on a copy of the same state. */
+typedef struct view_write {
+  kiln_tensor *p;
+  int mode;
+} view_write;
+
+static int view_write_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  view_write *m = ctx;
+  kiln_tensor *p = m->p;
+  kiln_no_grad_begin();
+  if (m->mode >= 7) {
+    /* a write through an expand of p covering it */
+    kiln_add_(kiln_expand(p, m->mode == 7 ? 1 : 2, m->mode == 7 ? (int64_t[]){6} : (int64_t[]){1, 6}),
+              m->mode == 7 ? in[0] : kiln_reshape(in[0], 2, ((int64_t[]){1, 6})));
+    out[0] = kiln_mul_scalar(p, 3);
+    kiln_no_grad_end();
+    return out[0] ? 0 : -1;
+  }
+  kiln_tensor *t = kiln_mul_scalar(in[0], 1);
+  kiln_tensor *v = m->mode >= 3 ? kiln_reshape(p, 2, ((int64_t[]){2, 3})) : kiln_reshape(t, 2, ((int64_t[]){2, 3}));
+  kiln_tensor *sl = m->mode >= 3 ? kiln_slice(p, 0, 0, 3, 1) : kiln_slice(t, 0, 0, 3, 1);
+  (void)kiln_item(kiln_sum_all(in[0])); /* the break: t, v and sl carried */
+  kiln_tensor *two = kiln_scalar(KILN_F32, 2);
+  switch (m->mode) {
+  case 0: kiln_mul_(v, two); out[0] = kiln_mul_scalar(t, 3); break; /* a whole write through a carried view */
+  case 1: kiln_mul_(sl, two); out[0] = kiln_mul_scalar(t, 3); break;
+  case 2: kiln_mul_(t, two); out[0] = kiln_mul_scalar(v, 3); break; /* the carried base written, its view read */
+  case 3: kiln_mul_(v, two); out[0] = kiln_mul_scalar(p, 3); break; /* the same over a param */
+  case 4: kiln_mul_(sl, two); out[0] = kiln_mul_scalar(p, 3); break;
+  case 5: out[0] = kiln_mul_scalar(v, 3); kiln_mul_(p, two); break;
+  default: out[0] = kiln_mul_scalar(sl, 3); kiln_mul_(kiln_slice(p, 0, 0, 3, 1), two); break;
+  }
+  kiln_no_grad_end();
+  return out[0] ? 0 : -1;
+}
+
+START_TEST(test_writes_through_carried_views) {
+  const float p0[6] = {1, 2, 3, 4, 5, 6}, x0[6] = {10, 20, 30, 40, 50, 60};
+  for (int mode = 0; mode < 9; mode++)
+    for (int be = 0; be < 2; be++)
+      for (int cap = 0; cap < 2; cap++) {
+        view_write me = {kiln_tensor_from(KILN_F32, 1, ((int64_t[]){6}), p0), mode};
+        view_write mc = {kiln_tensor_from(KILN_F32, 1, ((int64_t[]){6}), p0), mode};
+        kiln_tensor *x = kiln_tensor_from(KILN_F32, 1, ((int64_t[]){6}), x0);
+        kiln_options o = {.name = "view_write", .n_in = 1, .backend = be ? KILN_BACKEND_INTERP : KILN_BACKEND_LLVM,
+                          .capture = cap ? KILN_CAPTURE_RECORD : KILN_CAPTURE_AUTO};
+        kiln_fn *fn = kiln_compile(view_write_body, &mc, &o);
+        for (int i = 0; i < 3; i++) {
+          kiln_scope_begin();
+          kiln_tensor *ye = NULL, *yc = NULL;
+          ck_assert_int_eq(0, view_write_body(&me, &x, &ye));
+          ck_assert_int_eq(0, kiln_call(fn, &x, &yc));
+          float a[6], b[6], pa[6], pb[6];
+          kiln_read(ye, a, sizeof a), kiln_read(yc, b, sizeof b);
+          kiln_read(me.p, pa, sizeof pa), kiln_read(mc.p, pb, sizeof pb);
+          for (int j = 0; j < kiln_numel(ye) && j < 6; j++)
+            ck_assert_msg(a[j] == b[j] && pa[j] == pb[j], "mode %d be %d cap %d call %d [%d]: out %g (eager %g), p %g (eager %g)",
+                          mode, be, cap, i, j, b[j], a[j], pb[j], pa[j]);
+          kiln_scope_end();
+        }
+        kiln_fn_free(fn);
+        kiln_release(x);
+        kiln_release(me.p);
+        kiln_release(mc.p);
+      }
+}
+END_TEST
+
 /* Outputs that view each other over a weight the call then writes: on
  * the guard-only path too they hold the weight's value before the write,
  * and a write into one shows in the other, as eagerly. */
@@ -1346,6 +1416,7 @@ Suite *capture_suite(void) {
   tcase_add_test(tc, test_write_into_grad_of_the_call);
   tcase_add_test(tc, test_write_into_view_of_grad);
   tcase_add_test(tc, test_write_after_break_aliased);
+  tcase_add_test(tc, test_writes_through_carried_views);
   tcase_add_test(tc, test_input_is_the_weight_written);
   tcase_add_test(tc, test_paths);
   tcase_add_test(tc, test_describe_is_a_size_read);

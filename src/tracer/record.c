@@ -284,6 +284,10 @@ int rec_value_of(recording *r, kiln_tensor *t) {
   }
   if (t->rec_call == r->id) {
     /* computed at a break: a leaf of this segment, carried in */
+    if (r->val[t->rec_id].version != atomic_load(&t->st->version)) {
+      escape(r, "", 0, "a value carried across a break was written through another tensor after it: the rest of the body ran eagerly");
+      return -1;
+    }
     id = new_value(r, RV_CARRY, t, t->rec_id, -1);
     if (id < 0 || add_leaf(r, t, id)) return -1;
     return id;
@@ -460,10 +464,13 @@ static void on_inplace(void *ctx, op_id op, kiln_tensor *dst, kiln_tensor *src, 
    * takes the new value (as itself, the write reached no leaf and was lost) */
   const rec_value *dv = &r->val[ids[0]];
   const rec_event *de = dv->kind == RV_MADE && dv->event >= 0 ? &r->ev[dv->event] : NULL;
-  bool viewed = de && de->kind == EV_OP && (de->op == OP_SLICE || de->op == OP_RESHAPE || de->op == OP_PERMUTE);
+  bool viewed = de && de->kind == EV_OP && op_table[de->op].kind == KIND_VIEW;
   /* (only a view op's result can have another base: a whole write of a leaf
    * or of an op's own result is a write of itself, found without a search) */
   kiln_tensor *vb = whole(dst) && viewed ? view_base(r, dst, ids[0]) : NULL;
+  if (whole(dst) && viewed && !vb)
+    return escape(r, file, line, "%s:%d: an in-place write into a view that is not a chain of slices, reshapes and "
+                  "permutes of a whole tensor of this call: the rest of the body ran eagerly", file, line);
   if (!whole(dst) || (vb && vb != dst)) {
     base = vb ? vb : view_base(r, dst, ids[0]);
     if (!base)
@@ -475,7 +482,7 @@ static void on_inplace(void *ctx, op_id op, kiln_tensor *dst, kiln_tensor *src, 
   int root = ids[0];
   for (const rec_value *rv = &r->val[root]; rv->kind == RV_MADE && rv->event >= 0; rv = &r->val[root]) {
     const rec_event *ve = &r->ev[rv->event];
-    if (ve->kind != EV_OP || (ve->op != OP_SLICE && ve->op != OP_RESHAPE && ve->op != OP_PERMUTE)) break;
+    if (ve->kind != EV_OP || op_table[ve->op].kind != KIND_VIEW) break;
     root = r->ids[ve->in];
   }
   if (r->val[root].kind == RV_GRAD || r->val[base == dst ? ids[0] : ids[n - 1]].kind == RV_GRAD)
