@@ -1028,6 +1028,40 @@ START_TEST(test_writes_through_carried_views) {
 }
 END_TEST
 
+/* A param first used after the body wrote it through an input that views
+ * it: read after the write, as eagerly. */
+static int write_then_read_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  kiln_no_grad_begin();
+  kiln_mul_(in[0], kiln_scalar(KILN_F32, 2));
+  out[0] = kiln_mul_scalar((kiln_tensor *)ctx, 3);
+  kiln_no_grad_end();
+  return out[0] ? 0 : -1;
+}
+
+START_TEST(test_param_read_after_write_through_input) {
+  for (int be = 0; be < 2; be++) {
+    float p0[6] = {1, 2, 3, 4, 5, 6};
+    kiln_tensor *p = kiln_tensor_from(KILN_F32, 1, ((int64_t[]){6}), p0), *x = kiln_reshape(p, 2, ((int64_t[]){2, 3}));
+    kiln_options o = {.name = "write_then_read", .n_in = 1, .backend = be ? KILN_BACKEND_INTERP : KILN_BACKEND_LLVM};
+    kiln_fn *fn = kiln_compile(write_then_read_body, p, &o);
+    float scale = 1;
+    for (int i = 0; i < 3; i++) {
+      kiln_scope_begin();
+      kiln_tensor *y = NULL;
+      ck_assert_int_eq(0, kiln_call(fn, &x, &y));
+      scale *= 2;
+      float got[6];
+      kiln_read(y, got, sizeof got);
+      for (int j = 0; j < 6; j++) ck_assert_msg(got[j] == 3 * scale * p0[j], "be %d call %d: %g, not %g", be, i, got[j], 3 * scale * p0[j]);
+      kiln_scope_end();
+    }
+    kiln_fn_free(fn);
+    kiln_release(x);
+    kiln_release(p);
+  }
+}
+END_TEST
+
 /* Outputs that view each other over a weight the call then writes: on
  * the guard-only path too they hold the weight's value before the write,
  * and a write into one shows in the other, as eagerly. */
@@ -1417,6 +1451,7 @@ Suite *capture_suite(void) {
   tcase_add_test(tc, test_write_into_view_of_grad);
   tcase_add_test(tc, test_write_after_break_aliased);
   tcase_add_test(tc, test_writes_through_carried_views);
+  tcase_add_test(tc, test_param_read_after_write_through_input);
   tcase_add_test(tc, test_input_is_the_weight_written);
   tcase_add_test(tc, test_paths);
   tcase_add_test(tc, test_describe_is_a_size_read);

@@ -36,6 +36,7 @@ struct rec_state {
   smap leaves;           /* leaf tensor serial -> current value id */
   smap layouts;          /* (storage, layout) of a value -> its id: views made outside dispatch */
   smap carried;          /* value of an earlier segment -> its RV_CARRY value in this one (key: id + 1) */
+  smap written;          /* storage serial of a leaf written in place in this segment -> 1 */
   leaf_state *leaf;
   int n_leaf, cap_leaf;
   kiln_tensor **made;    /* every tensor the recording made in this segment (retained) */
@@ -323,6 +324,12 @@ int rec_value_of(recording *r, kiln_tensor *t) {
     escape(r, "", 0, "a tensor made in the body other than by a kiln op or factory: the rest of the body ran eagerly");
     return -1;
   }
+  if (map_get(&s->written, t->st->serial) >= 0) {
+    /* its leaf would hold the data before the write, which takes effect at the segment's end */
+    escape(r, "", 0, "a tensor sharing memory with one the body wrote in place is first used after the write: the rest "
+                     "of the body ran eagerly");
+    return -1;
+  }
   /* a tensor made before the call: a param, read by reference on every call */
   if (alloc_grow((void **)&r->params, &r->cap_params, r->n_params + 1, sizeof *r->params)) return fail(r, "out of memory while recording"), -1;
   id = new_value(r, RV_PARAM, t, r->n_params, -1);
@@ -513,7 +520,8 @@ static void on_inplace(void *ctx, op_id op, kiln_tensor *dst, kiln_tensor *src, 
   if (base->rec_call == r->id && r->val[base->rec_id].seg == r->seg) {
     base->rec_id = v;
     if (map_put(&s->layouts, layout_key(base), v)) fail(r, "out of memory while recording");
-  } else if (map_put(&s->leaves, base->serial, v) || map_put(&s->layouts, layout_key(base), v)) {
+  } else if (map_put(&s->leaves, base->serial, v) || map_put(&s->layouts, layout_key(base), v) ||
+             map_put(&s->written, base->st->serial, 1)) {
     fail(r, "out of memory while recording");
   }
 }
@@ -991,6 +999,7 @@ void rec_next_segment(recording *r) {
   s->n_laid = 0;
   /* layouts stay: a view autograd made in this segment may be read in a later one */
   map_clear(&s->carried);
+  map_clear(&s->written); /* this segment's writes are in the data now */
   r->seg++;
   r->seg_start = r->n_ev;
   r->n_reads = 0;
@@ -1170,6 +1179,7 @@ struct rec_state *rec_keep(recording *r) {
    * dispatch, next call, this call's value id (test_outside_view_on_reused_recording) */
   map_clear(&s->layouts);
   map_clear(&s->carried);
+  map_clear(&s->written);
   s->saved = NULL;
   memset(&s->hooks, 0, sizeof s->hooks);
   s->park.ev = r->ev, s->park.cap_ev = r->cap_ev;
@@ -1198,6 +1208,7 @@ void rec_spare_free(struct rec_state *s) {
   map_free(&s->leaves);
   map_free(&s->layouts);
   map_free(&s->carried);
+  map_free(&s->written);
   alloc_free(s);
 }
 
