@@ -1580,7 +1580,9 @@ static int snap_take(kiln_tensor *const *leaves, int n, snapshot *s) {
     kiln_tensor *t = leaves[i];
     s->leaf[i] = kiln_retain(t);
     if (!(s->data[i] = op_run(OP_COPY, &t, 1, NULL, "", 0))) return -1;
-    s->grad[i] = kiln_retain(t->grad);
+    /* a copy, not the tensor: the compiled run may write into the .grad in place */
+    kiln_tensor *g = t->grad;
+    if (g && !(s->grad[i] = op_run(OP_COPY, &g, 1, NULL, "", 0))) return -1;
   }
   return 0;
 }
