@@ -985,6 +985,35 @@ static void give_outputs(call_state *cs, const segment *seg, kiln_tensor **outs)
 }
 
 /* Builds, cleans and compiles the call's segment si for the new variant. 0 or -1 (error set). */
+/* Whether segment s (graph g) writes memory that another of its leaves
+ * also is, so that codegen must store no write early (g->leaves_share):
+ * a written input or param sharing storage with another leaf, or any
+ * write in a segment with values carried in from an earlier one (a view
+ * of a param, say, which the sharing pattern does not hold). A read-only
+ * input passed twice is fine. -1 on out of memory. */
+static int writes_share_memory(const recording *r, const segment *s, const ir_graph *g, bool *share) {
+  *share = false;
+  for (int i = 0; i < s->n_extra && g->n_writes; i++) *share |= s->extra[i] >= 0;
+  int nl = r->n_in + r->n_params, small[64], *alias = nl < 32 ? small : alloc_malloc(sizeof(int) * (size_t)(2 * nl + 1));
+  if (!alias) return -1;
+  int *written = alias + nl; /* per group (the first leaf of a storage): whether a leaf of it is written */
+  alias_pattern(r->in, r->n_in, r->params, r->n_params, alias);
+  for (int i = 0; i < nl; i++) written[i] = 0;
+  for (int w = 0; w < g->n_writes; w++) {
+    if (g->writes[w].kind != IR_WRITE_DATA) continue;
+    const ir_node *t = &g->nodes[g->writes[w].target];
+    /* a param node's index counts this segment's params */
+    int leaf = -1;
+    if (t->op == IR_INPUT && t->index < r->n_in) leaf = t->index;
+    else if (t->op == IR_PARAM && t->index < s->n_params && s->params[t->index] < r->n_params) leaf = r->n_in + s->params[t->index];
+    if (leaf < 0) *share = true; /* a leaf not among these */
+    else written[alias[leaf]] = 1;
+  }
+  for (int i = 0; i < nl && !*share; i++) *share = alias[i] != i && written[alias[i]];
+  if (alias != small) alloc_free(alias);
+  return 0;
+}
+
 static int compile_new_segment(call_state *cs, const seg_info *si) {
   kiln_fn *fn = cs->fn;
   double t0 = now_ms();
@@ -1042,35 +1071,7 @@ static int compile_new_segment(call_state *cs, const seg_info *si) {
   }
 #endif
   s->g = g;
-  {
-    /* the variant serves only calls whose leaves share storage as these do:
-     * where one of those it writes shares its memory with another leaf, no
-     * write may be stored early (a read-only input passed twice is fine) */
-    recording *r = &cs->rec;
-    int nl = r->n_in + r->n_params, small[64], *alias = nl < 32 ? small : alloc_malloc(sizeof(int) * (size_t)(2 * nl + 1));
-    if (!alias) return err_set("", 0, "call", "%s: out of memory", fn->name), -1;
-    int *written = alias + nl; /* per group (the first leaf of a storage): whether a leaf of it is written */
-    alias_pattern(r->in, r->n_in, r->params, r->n_params, alias);
-    for (int i = 0; i < nl; i++) written[i] = 0;
-    /* a write of a leaf not among these, or any value carried in from an
-     * earlier segment (a view of a param, say, not in the pattern): no write
-     * may be stored early */
-    bool other = false;
-    for (int i = 0; i < s->n_extra && g->n_writes; i++) other |= s->extra[i] >= 0;
-    for (int w = 0; w < g->n_writes; w++) {
-      const ir_node *t = &g->nodes[g->writes[w].target];
-      /* a param node's index counts this segment's params */
-      int leaf = t->op == IR_INPUT && t->index < r->n_in                         ? t->index
-                 : t->op == IR_PARAM && t->index < s->n_params && s->params[t->index] < r->n_params ? r->n_in + s->params[t->index]
-                                                                                        : -1;
-      if (g->writes[w].kind != IR_WRITE_DATA) continue;
-      if (leaf < 0) other = true;
-      else written[alias[leaf]] = 1;
-    }
-    g->leaves_share = other;
-    for (int i = 0; i < nl && !g->leaves_share; i++) g->leaves_share = alias[i] != i && written[alias[i]];
-    if (alias != small) alloc_free(alias);
-  }
+  if (writes_share_memory(&cs->rec, s, g, &g->leaves_share)) return err_set("", 0, "call", "%s: out of memory", fn->name), -1;
   if (fn->dump & KILN_DUMP_GRAPH) dump_graph(fn, g, "graph", cs->no);
   s->be = cs->uncached ? &backend_interp : fn->be;
   FILE *bdump = fn->dump & (KILN_DUMP_KERNELS | KILN_DUMP_LLVM | KILN_DUMP_ASM) ? dump_open(fn, "kernels", cs->no) : stderr;

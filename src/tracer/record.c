@@ -463,34 +463,30 @@ static void on_inplace(void *ctx, op_id op, kiln_tensor *dst, kiln_tensor *src, 
   int ids[3] = {rec_value_of(r, dst), src ? rec_value_of(r, src) : 0, 0};
   if (ids[0] < 0 || ids[1] < 0) return;
   int n = src ? 2 : 1;
-  /* a write into a view is a write of the whole base: its value after is
-   * the view's new elements scattered into it (build.c) */
-  kiln_tensor *base = dst;
-  /* a view that covers all of its storage (a reshape of a param, its slice
-   * 0..n at n its size) is a view all the same: written as one, its base
-   * takes the new value (as itself, the write reached no leaf and was lost) */
-  const rec_value *dv = &r->val[ids[0]];
-  const rec_event *de = dv->kind == RV_MADE && dv->event >= 0 ? &r->ev[dv->event] : NULL;
-  bool viewed = de && de->kind == EV_OP && op_table[de->op].kind == KIND_VIEW;
-  /* (only a view op's result can have another base: a whole write of a leaf
-   * or of an op's own result is a write of itself, found without a search) */
-  kiln_tensor *vb = whole(dst) && viewed ? view_base(r, dst, ids[0]) : NULL;
-  if (whole(dst) && viewed && !vb)
-    return escape(r, file, line, "%s:%d: an in-place write into a view that is not a chain of slices, reshapes and "
-                  "permutes of a whole tensor of this call: the rest of the body ran eagerly", file, line);
-  if (!whole(dst) || (vb && vb != dst)) {
-    base = vb ? vb : view_base(r, dst, ids[0]);
-    if (!base)
-      return escape(r, file, line, "%s:%d: an in-place write into a view that is not a chain of slices, reshapes and "
-                    "permutes of a whole tensor of this call: the rest of the body ran eagerly", file, line);
-    if ((ids[n++] = rec_value_of(r, base)) < 0) return;
-  }
-  /* the root of dst's views (a view of a .grad is found by no base search) */
+  /* the root of dst's views (view ops' results back to the first value
+   * that is not one: a .grad, say, is found by no base search) */
   int root = ids[0];
   for (const rec_value *rv = &r->val[root]; rv->kind == RV_MADE && rv->event >= 0; rv = &r->val[root]) {
     const rec_event *ve = &r->ev[rv->event];
     if (ve->kind != EV_OP || op_table[ve->op].kind != KIND_VIEW) break;
     root = r->ids[ve->in];
+  }
+  /* a write into a view is a write of the whole base: its value after is
+   * the view's new elements scattered into it (build.c). A view that
+   * covers all of its storage (a reshape of a param, its full slice) is a
+   * view all the same (as itself, the write reached no leaf and was lost);
+   * a whole write of a leaf or of an op's own result is a write of itself,
+   * found without a search. */
+  kiln_tensor *base = dst;
+  if (!whole(dst) || root != ids[0]) {
+    kiln_tensor *vb = view_base(r, dst, ids[0]);
+    if (!vb)
+      return escape(r, file, line, "%s:%d: an in-place write into a view that is not a chain of slices, reshapes and "
+                    "permutes of a whole tensor of this call: the rest of the body ran eagerly", file, line);
+    if (vb != dst) {
+      base = vb;
+      if ((ids[n++] = rec_value_of(r, base)) < 0) return;
+    }
   }
   if (r->val[root].kind == RV_GRAD || r->val[base == dst ? ids[0] : ids[n - 1]].kind == RV_GRAD)
     /* a .grad the call began with is read as a leaf, and only a leaf's data
