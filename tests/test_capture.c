@@ -1421,6 +1421,187 @@ START_TEST(test_alias_among_many_params) {
 }
 END_TEST
 
+/* ---- state a body keeps in its context ---- */
+
+typedef struct {
+  kiln_tensor *m;    /* a running state the body replaces every call */
+  kiln_tensor *last; /* a second result the body hands over through its context */
+} kept;
+
+static int kept_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  kept *k = ctx;
+  kiln_tensor *m = kiln_retain(kiln_add(kiln_tanh(k->m), in[0]));
+  kiln_release(k->m);
+  k->m = m;
+  k->last = kiln_retain(kiln_mul(in[0], in[0]));
+  out[0] = kiln_relu(m);
+  return out[0] ? 0 : -1;
+}
+
+/* The same hand-over alone: no state replaced, so nothing but the store
+ * tells the guard-only path from the body. */
+static int handover_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  kept *k = ctx;
+  k->last = kiln_retain(kiln_mul(in[0], in[0]));
+  out[0] = kiln_relu(in[0]);
+  return out[0] ? 0 : -1;
+}
+
+/* Or an input kept for later (for a backward of its own, a log). */
+static int keep_input_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  kept *k = ctx;
+  k->last = kiln_retain(in[0]);
+  out[0] = kiln_relu(in[0]);
+  return out[0] ? 0 : -1;
+}
+
+/* A body that stores tensors in its context: the stores are C the
+ * guard-only path would skip (the caller found the first call's tensor, or
+ * none), and the state it replaces every call is a new param each call, which
+ * must not make every call trace again. */
+START_TEST(test_state_kept_in_context) {
+  const int backends[] = {KILN_BACKEND_INTERP, KILN_BACKEND_LLVM};
+  const int modes[] = {KILN_CAPTURE_AUTO, KILN_CAPTURE_RECORD};
+  int64_t s[1] = {5};
+  kiln_body bodies[] = {handover_body, keep_input_body, kept_body};
+  for (int b = 0; b < 6; b++)
+    for (int c = 0; c < 2; c++) {
+      kiln_body body = bodies[b / 2];
+      kept ke = {kiln_zeros(KILN_F32, 1, s), NULL}, kc = {kiln_zeros(KILN_F32, 1, s), NULL};
+      kiln_options o = {.name = "kept", .n_in = 1, .backend = backends[b % 2], .capture = modes[c]};
+      kiln_fn *fn = kiln_compile(body, &kc, &o);
+      for (int i = 0; i < 5; i++) {
+        kiln_scope_begin();
+        kiln_tensor *x = kiln_randn(KILN_F32, 1, s, 40 + (uint64_t)i), *y = NULL, *ref = NULL;
+        ck_assert_msg(kiln_call(fn, &x, &y) == 0, "%s", kiln_last_error());
+        ck_assert_int_eq(0, body(&ke, &x, &ref));
+        ck_assert_msg(maxdiff(y, ref) <= 1e-6, "call %d: output differs", i);
+        ck_assert_msg(maxdiff(kc.m, ke.m) <= 1e-6, "call %d: the state in the context differs", i);
+        ck_assert_msg(kc.last, "call %d (body %d, capture %d): the body's store into its context was skipped", i, b, c);
+        ck_assert_msg(maxdiff(kc.last, ke.last) <= 1e-6, "call %d: the tensor handed over differs", i);
+        kiln_release(kc.last), kiln_release(ke.last);
+        kc.last = ke.last = NULL;
+        kiln_scope_end();
+      }
+      kiln_fn_stats st = stats(fn);
+      ck_assert_int_eq(0, st.guard_hits);
+      ck_assert_int_eq(1, st.traces); /* the state is a new tensor each call, of the same graph */
+      ck_assert_int_eq(4, st.hits);
+      if (body == kept_body) {
+        /* the variant let go of the first state, which an export would embed */
+        ck_assert_int_eq(-1, kiln_export(fn, "/tmp/kiln_kept_export", &(kiln_export_options){.name = "kept"}));
+        ck_assert_msg(has(kiln_last_error(), "released"), "%s", kiln_last_error());
+      }
+      kiln_fn_free(fn);
+      kiln_release(kc.m), kiln_release(ke.m);
+    }
+}
+END_TEST
+
+typedef struct {
+  kiln_tensor *w;
+} swapped;
+
+static int swapped_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  const swapped *m = ctx;
+  out[0] = kiln_mul(in[0], m->w);
+  return out[0] ? 0 : -1;
+}
+
+/* With freeze, a weight's values are constants of the graph: on the
+ * recording path a body that reads another weight tensor (two sets it
+ * switches between) must not run the graph that froze the first. */
+START_TEST(test_frozen_param_swapped) {
+  const int backends[] = {KILN_BACKEND_INTERP, KILN_BACKEND_LLVM};
+  int64_t s[1] = {3};
+  for (int b = 0; b < 2; b++) {
+    kiln_tensor *w[2] = {kiln_full(KILN_F32, 1, s, 2), kiln_full(KILN_F32, 1, s, 3)};
+    swapped m = {w[0]};
+    kiln_options o = {.name = "swapped", .n_in = 1, .freeze = 1, .backend = backends[b], .capture = KILN_CAPTURE_RECORD};
+    kiln_fn *fn = kiln_compile(swapped_body, &m, &o);
+    for (int i = 0; i < 4; i++) {
+      kiln_scope_begin();
+      m.w = w[i & 1];
+      kiln_tensor *x = kiln_full(KILN_F32, 1, s, 1), *y = NULL;
+      ck_assert_msg(kiln_call(fn, &x, &y) == 0, "%s", kiln_last_error());
+      float got[3];
+      kiln_read(y, got, sizeof got);
+      ck_assert_msg(got[0] == (i & 1 ? 3.0f : 2.0f), "call %d: %g, the other weight's values", i, (double)got[0]);
+      kiln_scope_end();
+    }
+    ck_assert_int_eq(2, stats(fn).traces);
+    kiln_fn_free(fn);
+    kiln_release(w[0]), kiln_release(w[1]);
+  }
+}
+END_TEST
+
+/* ---- a .grad the body keeps a handle to ---- */
+
+typedef struct {
+  kiln_tensor *w, *g;
+  bool before; /* take the handle before the backward (the .grad the call began with) */
+} grad_handle;
+
+static int grad_handle_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  grad_handle *m = ctx;
+  kiln_tensor *loss = kiln_sum_all(kiln_mul(kiln_mul(in[0], m->w), m->w));
+  if (m->before) kiln_release(m->g), m->g = kiln_retain(kiln_grad(m->w));
+  if (kiln_backward(loss)) return -1;
+  if (!m->before) kiln_release(m->g), m->g = kiln_retain(kiln_grad(m->w));
+  out[0] = loss;
+  return 0;
+}
+
+/* The handle is the .grad itself after the call, as eagerly: a write through
+ * it (scaling, clipping) reaches the .grad. Taken before the backward, it is
+ * the .grad the call began with, which the guard-only path would not hand
+ * over. Hand-derived: loss = sum(x w^2), so each call adds 2 x w to .grad. */
+START_TEST(test_grad_handle_kept) {
+  const int backends[] = {KILN_BACKEND_INTERP, KILN_BACKEND_LLVM};
+  const int modes[] = {KILN_CAPTURE_AUTO, KILN_CAPTURE_RECORD};
+  int64_t s[1] = {3};
+  for (int k = 0; k < 8; k++) {
+    grad_handle m = {kiln_full(KILN_F32, 1, s, 1), NULL, k / 4 == 1};
+    kiln_requires_grad(m.w, true);
+    kiln_options o = {.name = "grad_handle", .n_in = 1, .backend = backends[k % 2], .capture = modes[k / 2 % 2]};
+    kiln_fn *fn = kiln_compile(grad_handle_body, &m, &o);
+    float acc = 0, prev = 0; /* .grad after each call, and before it */
+    for (int i = 0; i < 4; i++) {
+      kiln_scope_begin();
+      kiln_tensor *x = kiln_full(KILN_F32, 1, s, i + 1), *y = NULL;
+      ck_assert_msg(kiln_call(fn, &x, &y) == 0, "%s", kiln_last_error());
+      prev = acc;
+      acc += 2.0f * (float)(i + 1);
+      float g[3], h[3];
+      kiln_read(kiln_grad(m.w), g, sizeof g);
+      ck_assert_float_eq(acc, g[0]);
+      if (m.before && i == 0) {
+        ck_assert_ptr_null(m.g);
+      } else {
+        ck_assert_msg(m.g, "case %d call %d: no handle", k, i);
+        kiln_read(m.g, h, sizeof h);
+        ck_assert_msg(h[0] == (m.before ? prev : acc), "case %d call %d: the handle holds %g, eagerly %g", k, i, (double)h[0],
+                      (double)(m.before ? prev : acc));
+      }
+      kiln_scope_end();
+    }
+    if (!m.before) {
+      ck_assert_ptr_eq(m.g, kiln_grad(m.w));
+      kiln_scope_begin();
+      kiln_mul_(m.g, kiln_scalar(KILN_F32, 0.5));
+      float g[3];
+      kiln_read(kiln_grad(m.w), g, sizeof g);
+      ck_assert_float_eq(acc / 2, g[0]);
+      kiln_scope_end();
+    }
+    ck_assert_int_eq(0, stats(fn).guard_hits);
+    kiln_fn_free(fn);
+    kiln_release(m.g), kiln_release(m.w);
+  }
+}
+END_TEST
+
 Suite *capture_suite(void);
 Suite *capture_suite(void) {
   Suite *s = suite_create("capture");
@@ -1460,6 +1641,9 @@ Suite *capture_suite(void) {
   tcase_add_test(tc, test_outside_view_on_reused_recording);
   tcase_add_test(tc, test_unknown_variables_warn);
   tcase_add_test(tc, test_alias_among_many_params);
+  tcase_add_test(tc, test_state_kept_in_context);
+  tcase_add_test(tc, test_frozen_param_swapped);
+  tcase_add_test(tc, test_grad_handle_kept);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -201,6 +201,21 @@ static void dump_graph(kiln_fn *fn, const ir_graph *g, const char *kind, int no)
   dump_close(f);
 }
 
+/* Whether a segment of v holds a param's data as a constant (opts.freeze). */
+static bool variant_frozen(const variant *v) {
+  for (int s = 0; s < v->n_seg; s++)
+    if (v->seg[s]->frozen) return true;
+  return false;
+}
+
+/* Whether v still holds every param it was made with (a recording-path
+ * variant lets go of those their owner released). */
+static bool variant_params_held(const variant *v) {
+  for (int k = 0; k < v->n_params; k++)
+    if (!v->params[k]) return false;
+  return true;
+}
+
 static kiln_tensor *leaf_at(const kiln_fn *fn, const variant *v, kiln_tensor *const *in, int i) {
   return i < fn->opts.n_in ? in[i] : v->params[i - fn->opts.n_in];
 }
@@ -772,6 +787,9 @@ static bool match_segment(call_state *cs, int c, const seg_info *si, int64_t *ar
     if (a->kind != b->kind || a->index != b->index || a->dtype != b->dtype || a->ndim != b->ndim ||
         (a->kind == RV_PARAM && memcmp(a->shape, b->shape, sizeof(int64_t) * (size_t)a->ndim)))
       return snprintf(why, whyn, "a param or input other than variant %d's", v->no), false;
+    /* a frozen segment holds its params' values: another tensor in their place is another graph */
+    if (a->kind == RV_PARAM && seg->frozen && r->params[a->index] != v->params[b->index])
+      return snprintf(why, whyn, "param %d is another tensor than the one frozen into variant %d", b->index, v->no), false;
   }
   if (si->n_out != seg->n_out || memcmp(si->out, seg->out, sizeof(int) * (size_t)si->n_out))
     return snprintf(why, whyn, "the body keeps other tensors than when variant %d was made", v->no), false;
@@ -984,7 +1002,24 @@ static void give_outputs(call_state *cs, const segment *seg, kiln_tensor **outs)
   if (meta != meta_s) alloc_free(meta);
 }
 
-/* Builds, cleans and compiles the call's segment si for the new variant. 0 or -1 (error set). */
+/* A .grad the body kept a handle to (g = kiln_retain(kiln_grad(w))) is that
+ * handle after the call, as eagerly, not a copy beside it: a later write
+ * through the handle (clipping, scaling) must reach the .grad. The handle got
+ * its data from the same value as the write. */
+static void grads_keep_handles(call_state *cs, const seg_info *si) {
+  recording *r = &cs->rec;
+  for (int i = 0; i < si->n_writes; i++) {
+    const build_write *w = &si->writes[i];
+    if (!w->grad_set || w->grad < 0 || w->when >= 0) continue;
+    kiln_tensor *g = rec_tensor_of(r, w->grad), *leaf = rec_tensor_of(r, w->base);
+    if (!g || !leaf || !leaf->grad || g == leaf->grad || g->st->meta || !covers_storage(g) || g->dtype != leaf->grad->dtype ||
+        g->ndim != leaf->grad->ndim || memcmp(g->shape, leaf->grad->shape, sizeof(int64_t) * (size_t)g->ndim))
+      continue;
+    kiln_release(leaf->grad);
+    leaf->grad = kiln_retain(g);
+  }
+}
+
 /* Whether segment s (graph g) writes memory that another of its leaves
  * also is, so that codegen must store no write early (g->leaves_share):
  * a written input or param sharing storage with another leaf, or any
@@ -1014,6 +1049,7 @@ static int writes_share_memory(const recording *r, const segment *s, const ir_gr
   return 0;
 }
 
+/* Builds, cleans and compiles the call's segment si for the new variant. 0 or -1 (error set). */
 static int compile_new_segment(call_state *cs, const seg_info *si) {
   kiln_fn *fn = cs->fn;
   double t0 = now_ms();
@@ -1261,6 +1297,7 @@ static int seg_run(recording *r, void *ctx, bool last) {
   if (!outs) goto fail;
   if (run_segment(cs, seg, args, outs)) goto done;
   materialize(seg, outs, live, n_live);
+  grads_keep_handles(cs, si);
   if (last) give_outputs(cs, seg, outs);
   rc = 0;
   goto done;
@@ -1308,11 +1345,25 @@ static void call_free(call_state *cs) {
   rec_spare_free(spare);
 }
 
+/* Whether the body kept a reference to an input, a param or a .grad beyond
+ * the call (m->saved = kiln_retain(in[0])): C that a call skipping the body
+ * skips. An output that is the leaf itself holds one reference of its own. */
+static bool leaves_kept(const recording *r, kiln_tensor *const *out, int n_out) {
+  for (int i = 0; i < r->n_in + r->n_params; i++) {
+    kiln_tensor *t = i < r->n_in ? r->in[i] : r->params[i - r->n_in];
+    uint32_t want = i < r->n_in ? (i < 64 ? r->in_refs[i] : UINT32_MAX) : r->param_seen[i - r->n_in].refs;
+    for (int k = 0; k < n_out; k++) want += out[k] == t;
+    if (tensor_refs(t) > want) return true;
+  }
+  return rec_grads_kept(r);
+}
+
 /* The new variant, from this call's log and segments; NULL on out of memory. */
 static variant *make_variant(call_state *cs) {
   kiln_fn *fn = cs->fn;
   recording *r = &cs->rec;
   build_state *b = &cs->b;
+  bool kept = leaves_kept(r, cs->out_t, fn->opts.n_out); /* before the variant holds the params */
   variant *v = alloc_calloc(1, sizeof *v);
   if (!v) return NULL;
   v->no = cs->no;
@@ -1371,7 +1422,7 @@ static variant *make_variant(call_state *cs) {
   for (int i = 0; i < r->n_params; i++) {
     v->params[i] = kiln_retain(r->params[i]);
     /* .grad as the call found it: the call's own writes do not count */
-    v->param_leaf[i] = (trace_leaf){r->params[i]->requires_grad, r->param_had_grad[i]};
+    v->param_leaf[i] = (trace_leaf){r->params[i]->requires_grad, r->param_seen[i].had_grad};
   }
   alias_pattern(r->in, r->n_in, r->params, r->n_params, v->alias);
   for (int i = 0; i < fn->opts.n_in; i++) {
@@ -1382,6 +1433,9 @@ static variant *make_variant(call_state *cs) {
   fill_in_dims(fn, v);
   /* the guard-only path: the body showed nothing a later call could change */
   bool plain = !r->read_meta && !r->c_numbers && !r->read_data && v->n_seg == 1 && v->n_args == 0 && !v->seg[0]->frozen;
+  /* nor a tensor the body made and kept somewhere other than its outputs (a
+   * state in its context): storing it there is C the guard-only path skips */
+  plain = plain && v->seg[0]->n_out == fn->opts.n_out && !kept;
   for (int i = 0; i < r->n_ev && plain; i++) plain = r->ev[i].kind != EV_RAND;
   /* never after an escape: the graph is the part before it, and the rest
    * of the body (its outputs, its writes) ran eagerly */
@@ -1499,7 +1553,10 @@ static int record_call(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out) {
   variant *old = NULL;
   for (int c = 0; nv && !cs.uncached && c < cs.n_cand && !old; c++) {
     variant *v = cs.cand[c];
-    if (v->n_ev == cs.rec.n_ev && v->n_seg == nv->n_seg && aligned_with(&cs.rec, v) == v->n_ev && same_seg_writes(v, nv)) old = v;
+    /* (not one with weights frozen into it: the new one may differ by which weight it read) */
+    if (v->n_ev == cs.rec.n_ev && v->n_seg == nv->n_seg && !variant_frozen(v) && aligned_with(&cs.rec, v) == v->n_ev &&
+        same_seg_writes(v, nv))
+      old = v;
   }
   if (old)
     for (int i = 0; i < fn->n_variants; i++)
@@ -1649,7 +1706,7 @@ static int call_checked(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out, 
     if (twice) continue;
     if (i < fn->opts.n_in) {
       leaves[kept++] = t, n_in++;
-    } else if (tensor_refs(t) > 1) {
+    } else if (t && tensor_refs(t) > 1) {
       /* one only the variant still holds was released by its owner: the call
        * drops that variant, and a reference here would hide the release */
       leaves[kept++] = kiln_retain(t);
@@ -1747,13 +1804,23 @@ static int guard_call(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out, ch
   fn->st.calls++; /* every call comes here first, once */
   bool timed = fn->guard_samples < 16 || (fn->st.calls & 15) == 0;
   if (timed) clock_gettime(CLOCK_MONOTONIC, &g0);
-  /* a variant whose weights their owner released can never run again: dropped */
+  /* a variant whose weights their owner released: on the guard-only path
+   * (or with weights frozen into it) it can never run again, and is dropped;
+   * a recording-path variant reads each call's params from its recording,
+   * so it lets go of the dead tensor and stays (state a body replaces every
+   * call, a running mean or a grown cache, would otherwise be traced anew
+   * every call) */
   for (int i = 0; i < fn->n_variants; i++) {
     variant *v = fn->variants[i];
     int gone = -1;
     for (int k = 0; k < v->n_params && !v->loaded && gone < 0; k++)
-      if (tensor_refs(v->params[k]) <= 1) gone = k;
+      if (v->params[k] && tensor_refs(v->params[k]) <= 1) gone = k;
     if (gone < 0) continue;
+    if (!v->guard_ok && !variant_frozen(v)) {
+      for (int k = gone; k < v->n_params; k++)
+        if (v->params[k] && tensor_refs(v->params[k]) <= 1) kiln_release(v->params[k]), v->params[k] = NULL;
+      continue;
+    }
     dump_note(fn, "variant %d dropped: param %d was released by its owner", v->no, gone);
     memmove(&fn->variants[i], &fn->variants[i + 1], sizeof *fn->variants * (size_t)(fn->n_variants - i - 1));
     fn->n_variants--;
@@ -1948,6 +2015,9 @@ int kiln_export_at(kiln_fn *fn, const char *prefix, const kiln_export_options *o
     err_set(file, line, "export", "%s's variant %d %s", fn->name, o.variant ? o.variant : n,
             v->n_seg != 1 ? "has graph breaks (data reads inside the body): an export is one graph of the call's inputs"
                           : "takes numbers the body passes: an export binds sizes from its inputs' shapes only");
+  } else if (v && !o.params_as_inputs && !variant_params_held(v)) {
+    err_set(file, line, "export", "%s's variant %d reads a param its owner has released since (state the body replaces "
+            "every call): export with params_as_inputs, or call the function once more first", fn->name, o.variant ? o.variant : n);
   } else if (v) {
     char err[600];
     export_request rq = {.name = name, .prefix = prefix, .target = o.target, .cpu = o.cpu,

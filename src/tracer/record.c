@@ -30,6 +30,7 @@ typedef struct leaf_state {
   uint64_t grad0_serial;
   int grad_value;        /* the RV_GRAD value, -1 until read */
   bool held;             /* t retained (a value carried from an earlier segment) */
+  uint32_t grad0_refs;   /* grad0's references just after the recording took its own */
 } leaf_state;
 
 struct rec_state {
@@ -57,9 +58,9 @@ struct rec_state {
     int *ids;
     rec_value *val;
     kiln_tensor **params;
-    bool *had;
+    struct rec_param_seen *seen;
     void *reads;
-    int cap_ev, cap_ids, cap_val, cap_params, cap_had, cap_reads;
+    int cap_ev, cap_ids, cap_val, cap_params, cap_seen, cap_reads;
   } park;
 };
 
@@ -252,7 +253,8 @@ static int add_leaf(recording *r, kiln_tensor *t, int value) {
   if (alloc_grow((void **)&s->leaf, &s->cap_leaf, s->n_leaf + 1, sizeof *s->leaf) || map_put(&s->leaves, t->serial, value))
     return fail(r, "out of memory while recording"), -1;
   bool held = r->val[value].kind == RV_CARRY; /* the body may drop it while the call still runs segments */
-  s->leaf[s->n_leaf++] = (leaf_state){t, value, kiln_retain(t->grad), t->grad ? t->grad->serial : 0, -1, held};
+  s->leaf[s->n_leaf++] = (leaf_state){t, value, kiln_retain(t->grad), t->grad ? t->grad->serial : 0, -1, held,
+                                      t->grad ? tensor_refs(t->grad) : 0};
   if (held) kiln_retain(t);
   return 0;
 }
@@ -334,10 +336,10 @@ int rec_value_of(recording *r, kiln_tensor *t) {
   if (alloc_grow((void **)&r->params, &r->cap_params, r->n_params + 1, sizeof *r->params)) return fail(r, "out of memory while recording"), -1;
   id = new_value(r, RV_PARAM, t, r->n_params, -1);
   if (id < 0) return -1;
-  if (alloc_grow((void **)&r->param_had_grad, &r->cap_had, r->n_params + 1, sizeof *r->param_had_grad))
+  if (alloc_grow((void **)&r->param_seen, &r->cap_seen, r->n_params + 1, sizeof *r->param_seen))
     return fail(r, "out of memory while recording"), -1;
-  r->param_had_grad[r->n_params] = t->grad != NULL;
-  r->params[r->n_params++] = kiln_retain(t);
+  r->params[r->n_params] = kiln_retain(t);
+  r->param_seen[r->n_params++] = (struct rec_param_seen){t->grad != NULL, tensor_refs(t)};
   if (add_leaf(r, t, id)) return -1;
   return id;
 }
@@ -981,6 +983,16 @@ void rec_restore_grads(recording *r) {
   }
 }
 
+bool rec_grads_kept(const recording *r) {
+  const struct rec_state *s = r->st;
+  for (int i = 0; i < s->n_leaf; i++) {
+    const leaf_state *l = &s->leaf[i];
+    /* the leaf's own reference is gone when its .grad was replaced since */
+    if (l->grad0 && tensor_refs(l->grad0) > l->grad0_refs - (l->t->grad != l->grad0)) return true;
+  }
+  return false;
+}
+
 kiln_tensor *rec_grad0(recording *r, int leaf_value) {
   leaf_state *l = leaf_of(r, leaf_value);
   return l ? l->grad0 : NULL;
@@ -1107,7 +1119,7 @@ int rec_begin(recording *r, kiln_tensor *const *in, int n_in, rec_run_fn run, vo
     r->ids = s->park.ids, r->cap_ids = s->park.cap_ids;
     r->val = s->park.val, r->cap_val = s->park.cap_val;
     r->params = s->park.params, r->cap_params = s->park.cap_params;
-    r->param_had_grad = s->park.had, r->cap_had = s->park.cap_had;
+    r->param_seen = s->park.seen, r->cap_seen = s->park.cap_seen;
     r->reads = s->park.reads, r->cap_reads = s->park.cap_reads;
     memset(&s->park, 0, sizeof s->park);
   }
@@ -1119,6 +1131,7 @@ int rec_begin(recording *r, kiln_tensor *const *in, int n_in, rec_run_fn run, vo
   s->serial0 = tensor_serial_now();
   for (int i = 0; i < n_in; i++) {
     if (i < 64 && in[i]->grad) r->in_had_grad |= 1ull << i;
+    if (i < 64) r->in_refs[i] = tensor_refs(in[i]);
     int v = new_value(r, RV_INPUT, in[i], i, -1);
     if (v < 0) return -1;
     /* the same tensor passed twice: the first input stands for both */
@@ -1153,7 +1166,7 @@ struct rec_state *rec_keep(recording *r) {
   for (int i = 0; i < r->n_params; i++) kiln_release(r->params[i]);
   if (!s) {
     alloc_free(r->params);
-    alloc_free(r->param_had_grad);
+    alloc_free(r->param_seen);
     alloc_free(r->reads);
     alloc_free(r->ev);
     alloc_free(r->ids);
@@ -1182,7 +1195,7 @@ struct rec_state *rec_keep(recording *r) {
   s->park.ids = r->ids, s->park.cap_ids = r->cap_ids;
   s->park.val = r->val, s->park.cap_val = r->cap_val;
   s->park.params = r->params, s->park.cap_params = r->cap_params;
-  s->park.had = r->param_had_grad, s->park.cap_had = r->cap_had;
+  s->park.seen = r->param_seen, s->park.cap_seen = r->cap_seen;
   s->park.reads = r->reads, s->park.cap_reads = r->cap_reads;
   memset(r, 0, sizeof *r);
   return s;
@@ -1191,7 +1204,7 @@ struct rec_state *rec_keep(recording *r) {
 void rec_spare_free(struct rec_state *s) {
   if (!s) return;
   alloc_free(s->park.params);
-  alloc_free(s->park.had);
+  alloc_free(s->park.seen);
   alloc_free(s->park.reads);
   alloc_free(s->park.ev);
   alloc_free(s->park.ids);

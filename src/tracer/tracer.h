@@ -284,8 +284,12 @@ struct recording {
   kiln_tensor **params;    /* retained */
   int n_params, cap_params;
   uint64_t in_had_grad;    /* bit i: input i had a .grad when the call began */
-  bool *param_had_grad;    /* per param: it had a .grad when the call first reached it */
-  int cap_had;
+  struct rec_param_seen {
+    bool had_grad;         /* it had a .grad when the call first reached it */
+    uint32_t refs;         /* its references then, the recording's own included */
+  } *param_seen;           /* per param */
+  int cap_seen;
+  uint32_t in_refs[64];    /* input i's references when the call began */
   int seg, seg_start;      /* the current segment and its first event */
   struct { int value, dim; } *reads; /* the sizes the body read (kiln_size), this segment */
   int n_reads, cap_reads;
@@ -351,6 +355,9 @@ typedef struct rec_live {
   int leaf;                /* a written leaf's value (RV_INPUT/RV_PARAM), else -1 */
 } rec_live;
 int rec_live_values(recording *r, kiln_tensor *const *skip, int n_skip, rec_live **out, int *n);
+/* Whether something took a reference to a .grad a leaf had when the call
+ * reached it (the body kept it), after the call's writes. */
+bool rec_grads_kept(const recording *r);
 /* The leaves the segment reached: an input, param or carried value, its value
  * when the segment began and now, its .grad then and now (value ids; -1 for
  * NULL or not reached). */
