@@ -1602,6 +1602,52 @@ START_TEST(test_grad_handle_kept) {
 }
 END_TEST
 
+/* ---- why a call made a new variant ---- */
+
+typedef struct {
+  int extra, kind; /* C state: how many more ops the body runs, and which */
+} reason;
+
+static const int reason_line = __LINE__ + 5; /* the line of the ops the C state chooses */
+static int reason_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  const reason *m = ctx;
+  kiln_tensor *y = kiln_relu(in[0]);
+  for (int i = 0; i < m->extra; i++)
+    y = m->kind ? kiln_tanh(y) : kiln_exp(y);
+  out[0] = y;
+  return out[0] ? 0 : -1;
+}
+
+static void reason_calls(void *arg) {
+  reason *m = arg;
+  kiln_options o = {.name = "reason", .n_in = 1, .dump = KILN_DUMP_RECOMPILES, .capture = KILN_CAPTURE_RECORD};
+  kiln_fn *fn = kiln_compile(reason_body, m, &o);
+  const int extra[] = {0, 1, 1}, kind[] = {0, 0, 1};
+  for (int i = 0; i < 3; i++) {
+    kiln_scope_begin();
+    m->extra = extra[i], m->kind = kind[i];
+    kiln_tensor *x = kiln_full(KILN_F32, 1, ((int64_t[]){3}), 1), *y = NULL;
+    ck_assert_msg(kiln_call(fn, &x, &y) == 0, "%s", kiln_last_error());
+    kiln_scope_end();
+  }
+  ck_assert_int_eq(3, stats(fn).traces);
+  kiln_fn_free(fn);
+}
+
+/* A body that does more, or something else, than a variant's recording: the
+ * recompile says so and where, not that data reads fell elsewhere (there
+ * are none). */
+START_TEST(test_recompile_reason_without_breaks) {
+  reason m = {0, 0};
+  const char *text = catch_fd(2, reason_calls, &m);
+  ck_assert_msg(has(text, "the body did more than when variant 1 was made"), "%s", text);
+  char line[96];
+  snprintf(line, sizeof line, "test_capture.c:%d: the body did something else than when variant 2 was made", reason_line);
+  ck_assert_msg(has(text, line), "want '%s' in: %s", line, text);
+  ck_assert_msg(!has(text, "data reads"), "%s", text);
+}
+END_TEST
+
 Suite *capture_suite(void);
 Suite *capture_suite(void) {
   Suite *s = suite_create("capture");
@@ -1644,6 +1690,7 @@ Suite *capture_suite(void) {
   tcase_add_test(tc, test_state_kept_in_context);
   tcase_add_test(tc, test_frozen_param_swapped);
   tcase_add_test(tc, test_grad_handle_kept);
+  tcase_add_test(tc, test_recompile_reason_without_breaks);
   suite_add_tcase(s, tc);
   return s;
 }

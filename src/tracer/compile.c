@@ -777,8 +777,16 @@ static bool match_segment(call_state *cs, int c, const seg_info *si, int64_t *ar
   int s = (int)(si - cs->seg);
   if (s >= v->n_seg) return snprintf(why, whyn, "the body went on past the end of variant %d", v->no), false;
   const segment *seg = v->seg[s];
-  if (seg->from != si->from || seg->to != si->to)
-    return snprintf(why, whyn, "the body's data reads fell elsewhere than in variant %d", v->no), false;
+  if (seg->from != si->from || seg->to != si->to) {
+    if (seg->from != si->from || !seg->n_body || !si->n_body)
+      return snprintf(why, whyn, "the body's data reads fell elsewhere than in variant %d", v->no), false;
+    /* both end the call: the body did another number of things (a C branch) */
+    for (int i = si->from; i < si->to && i < seg->to; i++)
+      if (!same_structure(r->ids, &r->ev[i], v->ids, &v->ev[i]))
+        return snprintf(why, whyn, "%s:%d: the body did something else than when variant %d was made", r->ev[i].file,
+                        r->ev[i].line, v->no), false;
+    return snprintf(why, whyn, "the body did %s than when variant %d was made", si->to > seg->to ? "more" : "less", v->no), false;
+  }
   int64_t *vals = cs->cand_vals[c];
   if (!match_events(cs, v, si->from, si->to, vals, argi, argf, why, whyn)) return false;
   if (seg->val_from != si->val_from || seg->val_to != si->val_to) return snprintf(why, whyn, "other values than variant %d", v->no), false;
