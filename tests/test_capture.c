@@ -1648,6 +1648,41 @@ START_TEST(test_recompile_reason_without_breaks) {
 }
 END_TEST
 
+/* ---- an output the body marks as requiring grad ---- */
+
+static int new_leaf_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  kiln_tensor *h = kiln_tanh(in[0]); /* no input requires grad: a leaf */
+  kiln_requires_grad(h, true);
+  out[0] = h;
+  return out[0] ? 0 : -1;
+}
+
+/* A tensor the body makes and marks as requiring grad (a parameter it
+ * initializes) requires grad after the call too, as eagerly: training it
+ * outside gives it a .grad. Outputs carry no history, but this flag is none. */
+START_TEST(test_output_leaf_requires_grad) {
+  const int backends[] = {KILN_BACKEND_INTERP, KILN_BACKEND_LLVM};
+  const int modes[] = {KILN_CAPTURE_AUTO, KILN_CAPTURE_RECORD};
+  int64_t s[1] = {4};
+  for (int k = 0; k < 4; k++) {
+    kiln_options o = {.name = "new_leaf", .n_in = 1, .backend = backends[k % 2], .capture = modes[k / 2]};
+    kiln_fn *fn = kiln_compile(new_leaf_body, NULL, &o);
+    for (int i = 0; i < 3; i++) {
+      kiln_scope_begin();
+      kiln_tensor *x = kiln_randn(KILN_F32, 1, s, 50 + (uint64_t)i), *y = NULL;
+      ck_assert_msg(kiln_call(fn, &x, &y) == 0, "%s", kiln_last_error());
+      ck_assert_msg(kiln_get_requires_grad(y), "case %d call %d: the output lost requires_grad", k, i);
+      ck_assert_int_eq(0, kiln_backward(kiln_sum_all(kiln_mul(y, y))));
+      ck_assert_ptr_nonnull(kiln_grad(y));
+      ck_assert(maxdiff(kiln_grad(y), kiln_mul(kiln_tanh(x), kiln_scalar(KILN_F32, 2))) <= 1e-6); /* d(sum y^2)/dy */
+      kiln_scope_end();
+    }
+    kiln_fn_free(fn);
+  }
+}
+END_TEST
+
 Suite *capture_suite(void);
 Suite *capture_suite(void) {
   Suite *s = suite_create("capture");
@@ -1691,6 +1726,7 @@ Suite *capture_suite(void) {
   tcase_add_test(tc, test_frozen_param_swapped);
   tcase_add_test(tc, test_grad_handle_kept);
   tcase_add_test(tc, test_recompile_reason_without_breaks);
+  tcase_add_test(tc, test_output_leaf_requires_grad);
   suite_add_tcase(s, tc);
   return s;
 }

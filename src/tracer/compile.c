@@ -1525,7 +1525,15 @@ static int record_call(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out) {
   /* the body's scope goes first: what it alone held is not live */
   for (int i = 0; i < n_out; i++) kiln_retain(out[i]);
   kiln_scope_end();
+  /* an output the body made a leaf that requires grad (kiln_requires_grad
+   * on a tensor it made) stays one: outputs carry no history, but that flag
+   * is no history (n_out <= 64) */
+  uint64_t leaf_rg = 0;
+  for (int i = 0; i < n_out && ok && !cs.rec.escaped; i++)
+    if (out[i]->requires_grad && !out[i]->grad_fn && out[i]->rec_call == cs.rec.id) leaf_rg |= 1ull << i;
   if (ok && !cs.rec.escaped && seg_run(&cs.rec, &cs, true)) ok = false, rc = rc ? rc : -1;
+  for (int i = 0; i < n_out && ok; i++)
+    if (leaf_rg >> i & 1) out[i]->requires_grad = true;
   rec_end(&cs.rec);
   if (!ok && cs.rec.failed && rc == 0) {
     /* an error that says where it is (a break under fullgraph) stands as it is */
