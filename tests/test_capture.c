@@ -1683,6 +1683,59 @@ START_TEST(test_output_leaf_requires_grad) {
 }
 END_TEST
 
+/* ---- a written leaf returned ---- */
+
+typedef struct {
+  kiln_tensor *w;
+} bumped;
+
+static int bump_input_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  kiln_add_(in[0], kiln_exp(kiln_sub(in[0], in[0]))); /* + 1, with no C number: the guard-only path */
+  out[0] = in[0];
+  return 0;
+}
+
+static int bump_param_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  bumped *m = ctx;
+  kiln_add_(m->w, in[0]);
+  out[0] = m->w;
+  return 0;
+}
+
+/* A body that writes an input (or a weight) in place and returns it hands
+ * back that tensor on every path, as eagerly: a write through the output
+ * reaches it, not a copy. */
+START_TEST(test_written_leaf_returned) {
+  const int backends[] = {KILN_BACKEND_INTERP, KILN_BACKEND_LLVM};
+  const int modes[] = {KILN_CAPTURE_AUTO, KILN_CAPTURE_RECORD};
+  int64_t s[1] = {3};
+  for (int k = 0; k < 4; k++) {
+    kiln_options o = {.name = "bump", .n_in = 1, .backend = backends[k % 2], .capture = modes[k / 2]};
+    bumped m = {kiln_zeros(KILN_F32, 1, s)};
+    kiln_fn *fi = kiln_compile(bump_input_body, NULL, &o), *fp = kiln_compile(bump_param_body, &m, &o);
+    kiln_tensor *x = kiln_zeros(KILN_F32, 1, s);
+    for (int i = 0; i < 3; i++) {
+      kiln_scope_begin();
+      kiln_tensor *y = NULL, *one = kiln_ones(KILN_F32, 1, s);
+      ck_assert_msg(kiln_call(fi, &x, &y) == 0, "%s", kiln_last_error());
+      ck_assert_msg(y == x, "case %d call %d: the input came back as another tensor", k, i);
+      ck_assert_msg(kiln_call(fp, &one, &y) == 0, "%s", kiln_last_error());
+      ck_assert_msg(y == m.w, "case %d call %d: the weight came back as another tensor", k, i);
+      kiln_scope_end();
+    }
+    float got[3];
+    kiln_read(x, got, sizeof got);
+    ck_assert_float_eq(3, got[0]);
+    kiln_read(m.w, got, sizeof got);
+    ck_assert_float_eq(3, got[0]);
+    if (modes[k / 2] == KILN_CAPTURE_AUTO) ck_assert_int_ge(stats(fi).guard_hits, 1);
+    kiln_fn_free(fi), kiln_fn_free(fp);
+    kiln_release(x), kiln_release(m.w);
+  }
+}
+END_TEST
+
 Suite *capture_suite(void);
 Suite *capture_suite(void) {
   Suite *s = suite_create("capture");
@@ -1727,6 +1780,7 @@ Suite *capture_suite(void) {
   tcase_add_test(tc, test_grad_handle_kept);
   tcase_add_test(tc, test_recompile_reason_without_breaks);
   tcase_add_test(tc, test_output_leaf_requires_grad);
+  tcase_add_test(tc, test_written_leaf_returned);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -88,6 +88,7 @@ typedef struct variant {
   bool guard_ok;
   bool grad_on;            /* autograd was on when the body was recorded (kiln_no_grad_begin off) */
   trace_leaf *in_leaf, *param_leaf;
+  int *out_leaf;           /* [n_out]: the leaf (input, then param) the body returned as output i, or -1; NULL: none */
   dim_check (*in_dims)[MAXD];
   int in_node[MAX_IN];     /* the graph's input nodes, so a call reads those alone */
   int n_in_node;           /* -1: more than MAX_IN, every node is scanned */
@@ -408,6 +409,7 @@ static void variant_free(variant *v) {
   alloc_free(v->args);
   sym_ctx_free(v->rsym);
   alloc_free(v->in_leaf);
+  alloc_free(v->out_leaf);
   alloc_free(v->param_leaf);
   alloc_free(v->in_dims);
   alloc_free(v->alias);
@@ -1439,6 +1441,18 @@ static variant *make_variant(call_state *cs) {
     memcpy(v->in_shape[i], r->in[i]->shape, sizeof v->in_shape[i]);
   }
   fill_in_dims(fn, v);
+  /* outputs that are leaves themselves: the guard-only path hands back the
+   * leaf, as the body does, not a copy of its written values */
+  for (int i = 0; i < fn->opts.n_out; i++)
+    for (int k = 0; k < r->n_in + r->n_params; k++) {
+      if (cs->out_t[i] != (k < r->n_in ? r->in[k] : r->params[k - r->n_in])) continue;
+      if (!v->out_leaf) {
+        if (!(v->out_leaf = alloc_malloc(sizeof *v->out_leaf * (size_t)fn->opts.n_out))) goto fail;
+        for (int j = 0; j < fn->opts.n_out; j++) v->out_leaf[j] = -1;
+      }
+      v->out_leaf[i] = k;
+      break;
+    }
   /* the guard-only path: the body showed nothing a later call could change */
   bool plain = !r->read_meta && !r->c_numbers && !r->read_data && v->n_seg == 1 && v->n_args == 0 && !v->seg[0]->frozen;
   /* nor a tensor the body made and kept somewhere other than its outputs (a
@@ -1880,6 +1894,13 @@ static int guard_call(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out, ch
   const segment *seg = hit->seg[0];
   for (int i = 0; i < seg->n_out && i < MAX_IN; i++) all[i] = NULL;
   int rc = seg->be->run(seg->exec, in, hit->params, all);
+  for (int i = 0; rc == 0 && hit->out_leaf && i < fn->opts.n_out; i++) {
+    int k = hit->out_leaf[i];
+    kiln_tensor *t = k < 0 ? NULL : k < fn->opts.n_in ? in[k] : hit->params[k - fn->opts.n_in];
+    if (!t || all[i] == t) continue;
+    kiln_release(all[i]); /* a copy of its values, made because the graph writes it */
+    all[i] = kiln_retain(t);
+  }
   if (rc == 0)
     for (int i = 0; i < fn->opts.n_out; i++) out[i] = all[i];
   for (int i = fn->opts.n_out; i < seg->n_out && i < MAX_IN; i++) kiln_release(all[i]);
