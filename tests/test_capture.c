@@ -1736,6 +1736,46 @@ START_TEST(test_written_leaf_returned) {
 }
 END_TEST
 
+/* ---- positions up to a length that grows ---- */
+
+typedef struct {
+  int64_t len;
+} growing;
+
+static int positions_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  const growing *m = ctx;
+  kiln_tensor *pos = kiln_arange(KILN_F32, 0, (double)m->len, 1);
+  out[0] = kiln_mul(kiln_slice(in[0], 0, 0, m->len, 1), pos);
+  return out[0] ? 0 : -1;
+}
+
+/* A decode loop's positions, kiln_arange up to a length that grows every
+ * call: the same values as eagerly, and one variant for every length after
+ * the second, not a new graph each call. */
+START_TEST(test_arange_length_grows) {
+  const int backends[] = {KILN_BACKEND_INTERP, KILN_BACKEND_LLVM};
+  for (int b = 0; b < 2; b++) {
+    growing m = {1};
+    kiln_options o = {.name = "positions", .n_in = 1, .backend = backends[b]};
+    kiln_fn *fn = kiln_compile(positions_body, &m, &o);
+    kiln_tensor *x = kiln_randn(KILN_F32, 1, ((int64_t[]){16}), 7);
+    for (int64_t len = 1; len <= 10; len++) {
+      kiln_scope_begin();
+      m.len = len;
+      kiln_tensor *y = NULL, *ref = NULL;
+      ck_assert_msg(kiln_call(fn, &x, &y) == 0, "%s", kiln_last_error());
+      ck_assert_int_eq(0, positions_body(&m, &x, &ref));
+      ck_assert_int_eq(len, kiln_numel(y));
+      ck_assert_msg(maxdiff(y, ref) == 0, "length %lld: max diff %g", (long long)len, maxdiff(y, ref));
+      kiln_scope_end();
+    }
+    ck_assert_int_eq(2, stats(fn).traces);
+    kiln_fn_free(fn);
+    kiln_release(x);
+  }
+}
+END_TEST
+
 Suite *capture_suite(void);
 Suite *capture_suite(void) {
   Suite *s = suite_create("capture");
@@ -1781,6 +1821,7 @@ Suite *capture_suite(void) {
   tcase_add_test(tc, test_recompile_reason_without_breaks);
   tcase_add_test(tc, test_output_leaf_requires_grad);
   tcase_add_test(tc, test_written_leaf_returned);
+  tcase_add_test(tc, test_arange_length_grows);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -424,18 +424,25 @@ kiln_tensor *kiln_arange_at(kiln_dtype dt, double start, double stop, double ste
   if (count < 0) count = 0;
   if (count > 1e15) return err_set(file, line, "arange", "range (%g, %g, step %g) is too long", start, stop, step);
   int64_t n = (int64_t)count;
+  if (recording()) {
+    /* start + i * step from ops over n ones: the count is a number of the
+     * graph, so positions up to a length that grows every call (a decode
+     * loop) are one variant, not a constant that differs at every call.
+     * In f64, as below, then cast: the same values */
+    kiln_scope_begin();
+    kiln_tensor *i = kiln_sub_at(kiln_cumsum_at(kiln_full_at(KILN_F64, 1, &n, 1, file, line), 0, file, line),
+                                 kiln_scalar_at(KILN_F64, 1, file, line), file, line);
+    kiln_tensor *v = kiln_add_at(kiln_mul_at(i, kiln_scalar_at(KILN_F64, step, file, line), file, line),
+                                 kiln_scalar_at(KILN_F64, start, file, line), file, line);
+    kiln_tensor *r = kiln_keep(kiln_cast_at(v, dt, file, line));
+    kiln_scope_end();
+    return r; /* kept: owned as an op result would be */
+  }
   kiln_tensor *t = tensor_new(dt, 1, &n);
   if (!t) return err_set(file, line, "arange", "out of memory");
   for (int64_t i = 0; i < n; i++) {
     double v = start + (double)i * step;
     elem_store(dt, t->st->data, i, dtype_is_float(dt) ? v : (double)(int64_t)v);
-  }
-  const trace_hooks *h = recording();
-  if (h) {
-    /* the numbers, as a constant of the recording */
-    kiln_tensor *r = h->factory(h->ctx, FAC_DATA, dt, 1, &n, 0, 0, false, t->st->data, file, line);
-    kiln_release(t);
-    return scope_adopt(r);
   }
   return scope_adopt(t);
 }
