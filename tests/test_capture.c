@@ -1776,6 +1776,51 @@ START_TEST(test_arange_length_grows) {
 }
 END_TEST
 
+typedef struct {
+  int64_t k; /* a diagonal offset from C, beside the one that follows the length */
+  kiln_tensor *w;
+} masked;
+
+static int causal_mask_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  const masked *m = ctx;
+  int64_t t = kiln_size(in[0], 0), s = kiln_size(in[0], 1);
+  kiln_tensor *a = kiln_tril(kiln_mul(in[0], m->w), s - t), *b = kiln_triu(in[0], m->k);
+  kiln_tensor *loss = kiln_sum_all(kiln_mul(a, a));
+  if (kiln_backward(loss)) return -1;
+  out[0] = kiln_add(a, b);
+  return out[0] ? 0 : -1;
+}
+
+/* A decode step's causal mask, kiln_tril with the diagonal at S - T while S
+ * grows, and kiln_triu at an offset from C (huge ones included): eager's
+ * values and gradients, and one variant for every length after the second. */
+START_TEST(test_tril_diagonal_follows_length) {
+  const int backends[] = {KILN_BACKEND_INTERP, KILN_BACKEND_LLVM};
+  const int64_t ks[] = {0, 1, -2, INT64_MAX, INT64_MIN, 3, 0, -1};
+  for (int b = 0; b < 2; b++) {
+    masked me = {0, kiln_full(KILN_F32, 1, ((int64_t[]){1}), 2)}, mc = {0, kiln_full(KILN_F32, 1, ((int64_t[]){1}), 2)};
+    kiln_requires_grad(me.w, true), kiln_requires_grad(mc.w, true);
+    kiln_options o = {.name = "causal", .n_in = 1, .backend = backends[b]};
+    kiln_fn *fn = kiln_compile(causal_mask_body, &mc, &o);
+    for (int i = 0; i < 8; i++) {
+      kiln_scope_begin();
+      me.k = mc.k = ks[i];
+      kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){2, 3 + i}), 60 + (uint64_t)i), *y = NULL, *ref = NULL;
+      ck_assert_msg(kiln_call(fn, &x, &y) == 0, "%s", kiln_last_error());
+      ck_assert_int_eq(0, causal_mask_body(&me, &x, &ref));
+      ck_assert_msg(maxdiff(y, ref) == 0, "call %d: max diff %g", i, maxdiff(y, ref));
+      double g = kiln_item(kiln_sum_all(kiln_grad(me.w)));
+      ck_assert_msg(maxdiff(kiln_grad(mc.w), kiln_grad(me.w)) <= 1e-5 * (1 + fabs(g)), "call %d: .grad differs by %g (of %g)", i,
+                    maxdiff(kiln_grad(mc.w), kiln_grad(me.w)), g);
+      kiln_scope_end();
+    }
+    ck_assert_int_le(stats(fn).traces, 3); /* first, second length, and k lifted */
+    kiln_fn_free(fn);
+    kiln_release(me.w), kiln_release(mc.w);
+  }
+}
+END_TEST
+
 Suite *capture_suite(void);
 Suite *capture_suite(void) {
   Suite *s = suite_create("capture");
@@ -1822,6 +1867,7 @@ Suite *capture_suite(void) {
   tcase_add_test(tc, test_output_leaf_requires_grad);
   tcase_add_test(tc, test_written_leaf_returned);
   tcase_add_test(tc, test_arange_length_grows);
+  tcase_add_test(tc, test_tril_diagonal_follows_length);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -421,13 +421,34 @@ kiln_tensor *kiln_index_copy_at(kiln_tensor *x, int dim, kiln_tensor *idx, kiln_
   return scatter(OP_INDEX_COPY, "index_copy", x, dim, idx, src, file, line);
 }
 
-kiln_tensor *kiln_tril_at(kiln_tensor *x, int64_t k, const char *file, int line) {
-  return op_dispatch(OP_TRIL, &x, 1, &(op_attrs){.k = k}, file, line);
+/* In a recording, tril and triu are column minus row compared with k, k a
+ * number of the graph: a diagonal that follows a length (a decode step's
+ * causal mask, k = S - T) is then one variant, not a constant attribute
+ * that makes a new one for every value. The same elements kept, the rest 0. */
+static kiln_tensor *tri_recorded(op_id op, kiln_tensor *x, int64_t k, const char *file, int line) {
+  int nd = x->ndim;
+  int64_t rows = x->shape[nd - 2], cols = x->shape[nd - 1], lim = rows + cols;
+  k = k > lim ? lim : k < -lim ? -lim : k; /* beyond, all kept or none: exact in a double */
+  kiln_scope_begin();
+  kiln_tensor *i = kiln_reshape_at(kiln_arange_at(KILN_I64, 0, (double)rows, 1, file, line), 2, (int64_t[]){rows, 1}, file, line);
+  kiln_tensor *d = kiln_sub_at(kiln_arange_at(KILN_I64, 0, (double)cols, 1, file, line), i, file, line);
+  kiln_tensor *kk = kiln_scalar_at(KILN_I64, (double)k, file, line);
+  kiln_tensor *keep = op == OP_TRIL ? kiln_le_at(d, kk, file, line) : kiln_ge_at(d, kk, file, line);
+  kiln_tensor *r = kiln_keep(kiln_where_at(keep, x, kiln_zeros_at(x->dtype, 0, NULL, file, line), file, line));
+  kiln_scope_end();
+  return r;
 }
 
-kiln_tensor *kiln_triu_at(kiln_tensor *x, int64_t k, const char *file, int line) {
-  return op_dispatch(OP_TRIU, &x, 1, &(op_attrs){.k = k}, file, line);
+static kiln_tensor *tri(op_id op, kiln_tensor *x, int64_t k, const char *file, int line) {
+  const trace_hooks *h = dispatch_hooks();
+  if (h && h->record && x && !tensor_check_live(x, "input 0", op_table[op].name, file, line) && x->ndim >= 2)
+    return tri_recorded(op, x, k, file, line);
+  return op_dispatch(op, &x, 1, &(op_attrs){.k = k}, file, line);
 }
+
+kiln_tensor *kiln_tril_at(kiln_tensor *x, int64_t k, const char *file, int line) { return tri(OP_TRIL, x, k, file, line); }
+
+kiln_tensor *kiln_triu_at(kiln_tensor *x, int64_t k, const char *file, int line) { return tri(OP_TRIU, x, k, file, line); }
 
 kiln_tensor *kiln_pad_at(kiln_tensor *x, int n, const int64_t *pads, double value, const char *file, int line) {
   if (tensor_bad_arg(x, file, line, "pad", "input 0")) return NULL;
