@@ -73,12 +73,67 @@ START_TEST(test_conv_and_pool_numbers_change) {
 }
 END_TEST
 
+/* ---- fullgraph and a construct that must run step by step ---- */
+
+static int reading_then(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  double s = kiln_item(kiln_sum_all(in[0])); /* data: the cond cannot be a region */
+  out[0] = kiln_add_scalar(in[0], s);
+  return out[0] ? 0 : -1;
+}
+static int negating_else(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  out[0] = kiln_neg(in[0]);
+  return out[0] ? 0 : -1;
+}
+static int cond_line;
+static int reading_cond_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  kiln_tensor *p = kiln_gt(kiln_sum_all(in[0]), kiln_scalar(KILN_F32, 0));
+  cond_line = __LINE__ + 1;
+  return kiln_cond(p, reading_then, negating_else, ctx, 1, in, 1, out);
+}
+
+/* A cond whose branch reads data runs step by step, and reading its
+ * predicate is a break: under fullgraph the call fails with the break's
+ * error at the kiln_cond line. The body then failed too (kiln_cond could
+ * not read the predicate), and that later error replaced the break's:
+ * "kiln_read: the tensor has no data", which says nothing of fullgraph. */
+START_TEST(test_fullgraph_break_at_cond) {
+  for (int b = 0; b < 2; b++) {
+    kiln_fn *fn = kiln_compile(reading_cond_body, NULL,
+                               &(kiln_options){.name = "rcond", .n_in = 1, .fullgraph = 1, .backend = backends[b]});
+    kiln_scope_begin();
+    kiln_tensor *x = kiln_ones(KILN_F32, 1, ((int64_t[]){4})), *y = NULL;
+    ck_assert_int_eq(-1, kiln_call(fn, &x, &y));
+    char where[64];
+    snprintf(where, sizeof where, "test_capture_numbers.c:%d:", cond_line);
+    const char *e = kiln_last_error();
+    ck_assert_msg(strstr(e, where) && strstr(e, "fullgraph") && strstr(e, "kiln_cond") && !strstr(e, "no data"), "%s", e);
+    kiln_scope_end();
+    kiln_fn_free(fn);
+    /* without fullgraph: the body's answer, the read counted as a break */
+    fn = kiln_compile(reading_cond_body, NULL, &(kiln_options){.name = "rcond", .n_in = 1, .backend = backends[b]});
+    for (int i = 0; i < 3; i++) {
+      kiln_scope_begin();
+      kiln_tensor *xi = kiln_randn(KILN_F32, 1, ((int64_t[]){4}), 30 + (uint64_t)i), *yi = NULL, *ref = NULL;
+      ck_assert_msg(kiln_call(fn, &xi, &yi) == 0, "%s", kiln_last_error());
+      ck_assert_int_eq(0, reading_cond_body(NULL, &xi, &ref));
+      ck_assert_double_le(maxdiff(yi, ref), 1e-5);
+      kiln_scope_end();
+    }
+    ck_assert_int_ge(stats(fn).breaks, 3);
+    kiln_fn_free(fn);
+  }
+}
+END_TEST
+
 Suite *capture_numbers_suite(void);
 Suite *capture_numbers_suite(void) {
   Suite *s = suite_create("capture_numbers");
   TCase *tc = tcase_create("core");
   tcase_set_timeout(tc, 300);
   tcase_add_test(tc, test_conv_and_pool_numbers_change);
+  tcase_add_test(tc, test_fullgraph_break_at_cond);
   suite_add_tcase(s, tc);
   return s;
 }

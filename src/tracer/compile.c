@@ -1465,8 +1465,11 @@ static int record_call(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out) {
   kiln_scope_end();
   if (ok && !cs.rec.escaped && seg_run(&cs.rec, &cs, true)) ok = false, rc = rc ? rc : -1;
   rec_end(&cs.rec);
-  if (!ok && cs.rec.failed && rc == 0) {
-    /* an error that says where it is (a break under fullgraph) stands as it is */
+  if (!ok && cs.rec.failed && (rc == 0 || cs.rec.why_is_error)) {
+    /* an error that says where it is (a break under fullgraph) stands as it
+     * is, also when the body failed after it: what failed then (a read of
+     * data the stopped recording never computed, in kiln_cond, say) only
+     * follows from it */
     if (cs.rec.why_is_error) err_restore(cs.rec.why);
     else err_set("", 0, "call", "%s: %s", fn->name, cs.rec.why);
     rc = -1;
