@@ -192,6 +192,45 @@ START_TEST(test_print_in_scan_body) {
 }
 END_TEST
 
+/* ---- slice bounds from C state, far out of range ---- */
+
+typedef struct {
+  int64_t start, end;
+} bounds;
+
+static int far_slice_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  const bounds *bd = ctx;
+  out[0] = kiln_mul_scalar(kiln_slice(in[0], 1, bd->start, bd->end, 1), 2);
+  kiln_tensor *y = kiln_mul_scalar(in[0], 1);
+  kiln_copy_(kiln_slice(y, 0, bd->start, bd->end, 1), kiln_scalar(KILN_F32, 9));
+  out[1] = y;
+  return out[0] && out[1] ? 0 : -1;
+}
+
+/* Bounds that change between calls are passed at run time; one far past
+ * the end (INT64_MAX, "to the end", as the guide says) or before the start
+ * after a call that lifted them made the graph's arithmetic overflow, and
+ * the call failed ("could not decide a slice bound") where eager slices. */
+START_TEST(test_far_slice_bounds_change) {
+  const bounds set[] = {{0, 4}, {1, 5}, {2, INT64_MAX}, {-1, INT64_MAX}, {INT64_MIN + 1, 1}, {-INT64_MAX / 2, -2},
+                        {3, INT64_MAX / 4}, {1, 3}, {INT64_MAX, INT64_MAX}};
+  for (int b = 0; b < 2; b++) {
+    bounds bd = set[0];
+    kiln_fn *fn = kiln_compile(far_slice_body, &bd, &(kiln_options){.name = "far", .n_in = 1, .n_out = 2, .backend = backends[b]});
+    for (int i = 0; i < (int)(sizeof set / sizeof set[0]); i++) {
+      kiln_scope_begin();
+      bd = set[i];
+      kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){6, 5}), 40 + (uint64_t)i), *y[2], *ref[2];
+      ck_assert_msg(kiln_call(fn, &x, y) == 0, "call %d: %s", i, kiln_last_error());
+      ck_assert_int_eq(0, far_slice_body(&bd, &x, ref));
+      for (int k = 0; k < 2; k++) ck_assert_msg(maxdiff(y[k], ref[k]) == 0, "call %d output %d", i, k);
+      kiln_scope_end();
+    }
+    kiln_fn_free(fn);
+  }
+}
+END_TEST
+
 Suite *capture_numbers_suite(void);
 Suite *capture_numbers_suite(void) {
   Suite *s = suite_create("capture_numbers");
@@ -200,6 +239,7 @@ Suite *capture_numbers_suite(void) {
   tcase_add_test(tc, test_conv_and_pool_numbers_change);
   tcase_add_test(tc, test_fullgraph_break_at_cond);
   tcase_add_test(tc, test_print_in_scan_body);
+  tcase_add_test(tc, test_far_slice_bounds_change);
   suite_add_tcase(s, tc);
   return s;
 }
