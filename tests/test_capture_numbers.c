@@ -231,6 +231,52 @@ START_TEST(test_far_slice_bounds_change) {
 }
 END_TEST
 
+/* ---- dropout's p from C state ---- */
+
+typedef struct {
+  double p;
+} dropping;
+
+static int dropout_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  const dropping *d = ctx;
+  out[0] = kiln_dropout(in[0], d->p, true);
+  return out[0] ? 0 : -1;
+}
+
+/* Dropout at p = 0 draws nothing and makes no op: a first call there took
+ * the guard-only path, and later calls at p = 0.5 ran that variant, with
+ * no dropout and the generator not moved on. The draws and the stream after
+ * each call must be eager's from the same seed. */
+START_TEST(test_dropout_p_from_zero) {
+  const double ps[] = {0, 0, 0.5, 0.9, 0, 0.3};
+  enum { N = sizeof ps / sizeof ps[0] };
+  for (int b = 0; b < 2; b++) {
+    dropping d = {ps[0]};
+    kiln_fn *fn = kiln_compile(dropout_body, &d, &(kiln_options){.name = "drop", .n_in = 1, .backend = backends[b]});
+    kiln_scope_begin();
+    kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){8, 5}), 2), *got[N], *want[N], *after[2][N];
+    kiln_manual_seed(17);
+    for (int i = 0; i < N; i++) {
+      d.p = ps[i];
+      ck_assert_msg(kiln_call(fn, &x, &got[i]) == 0, "%s", kiln_last_error());
+      after[0][i] = kiln_rand_like(x);
+    }
+    kiln_manual_seed(17);
+    for (int i = 0; i < N; i++) {
+      d.p = ps[i];
+      ck_assert_int_eq(0, dropout_body(&d, &x, &want[i]));
+      after[1][i] = kiln_rand_like(x);
+    }
+    for (int i = 0; i < N; i++) {
+      ck_assert_msg(maxdiff(got[i], want[i]) == 0, "call %d (p %g)", i, ps[i]);
+      ck_assert_msg(maxdiff(after[0][i], after[1][i]) == 0, "the stream after call %d", i);
+    }
+    kiln_scope_end();
+    kiln_fn_free(fn);
+  }
+}
+END_TEST
+
 Suite *capture_numbers_suite(void);
 Suite *capture_numbers_suite(void) {
   Suite *s = suite_create("capture_numbers");
@@ -240,6 +286,7 @@ Suite *capture_numbers_suite(void) {
   tcase_add_test(tc, test_fullgraph_break_at_cond);
   tcase_add_test(tc, test_print_in_scan_body);
   tcase_add_test(tc, test_far_slice_bounds_change);
+  tcase_add_test(tc, test_dropout_p_from_zero);
   suite_add_tcase(s, tc);
   return s;
 }
