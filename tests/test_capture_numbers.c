@@ -277,6 +277,47 @@ START_TEST(test_dropout_p_from_zero) {
 }
 END_TEST
 
+/* ---- many draws in one call ---- */
+
+static int many_draws_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  kiln_tensor *h = in[0];
+  for (int layer = 0; layer < 40; layer++) /* a dropout per layer, and a noise draw every few */
+    h = kiln_tanh(kiln_dropout(layer % 4 ? h : kiln_add(h, kiln_randn_like(h)), 0.25, true));
+  out[0] = h;
+  return out[0] ? 0 : -1;
+}
+
+/* Each draw passed its seed and offset as two symbols of the variant's 64:
+ * a body of 33 draws or more (a dropout in each of many layers) failed
+ * every call ("more than 64 symbolic sizes") where eager runs. The draws
+ * and the stream after each call must be eager's from the same seed. */
+START_TEST(test_many_draws) {
+  for (int b = 0; b < 2; b++) {
+    kiln_fn *fn = kiln_compile(many_draws_body, NULL, &(kiln_options){.name = "draws", .n_in = 1, .backend = backends[b]});
+    kiln_scope_begin();
+    kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){4, 6}), 8), *got[3], *want[3], *after[2][3];
+    kiln_manual_seed(23);
+    for (int i = 0; i < 3; i++) {
+      ck_assert_msg(kiln_call(fn, &x, &got[i]) == 0, "%s", kiln_last_error());
+      after[0][i] = kiln_rand_like(x);
+    }
+    kiln_manual_seed(23);
+    for (int i = 0; i < 3; i++) {
+      ck_assert_int_eq(0, many_draws_body(NULL, &x, &want[i]));
+      after[1][i] = kiln_rand_like(x);
+    }
+    for (int i = 0; i < 3; i++) {
+      ck_assert_msg(maxdiff(got[i], want[i]) <= 1e-6, "call %d", i);
+      ck_assert_msg(maxdiff(after[0][i], after[1][i]) == 0, "the stream after call %d", i);
+    }
+    kiln_scope_end();
+    ck_assert_int_eq(2, stats(fn).hits);
+    kiln_fn_free(fn);
+  }
+}
+END_TEST
+
 Suite *capture_numbers_suite(void);
 Suite *capture_numbers_suite(void) {
   Suite *s = suite_create("capture_numbers");
@@ -287,6 +328,7 @@ Suite *capture_numbers_suite(void) {
   tcase_add_test(tc, test_print_in_scan_body);
   tcase_add_test(tc, test_far_slice_bounds_change);
   tcase_add_test(tc, test_dropout_p_from_zero);
+  tcase_add_test(tc, test_many_draws);
   suite_add_tcase(s, tc);
   return s;
 }
