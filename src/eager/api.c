@@ -312,6 +312,14 @@ kiln_tensor *kiln_slice_at(kiln_tensor *t, int dim, int64_t start, int64_t end, 
   if (d < 0 || t->ndim == 0) return err_set(file, line, "slice", "dim %d is out of range for shape %s", dim, err_shape(b, t->ndim, t->shape));
   if (step < 1) return err_set(file, line, "slice", "step %" PRId64 " must be at least 1", step);
   int64_t n = t->shape[d], raw_start = start, raw_end = end;
+  /* a recording keeps the bounds as given, and may pass them at run time:
+   * one far out (INT64_MAX for "to the end") is kept as the nearest number
+   * a graph's symbols can hold that means the same for this dim */
+  const int64_t far = INT64_MAX / 4;
+  if (n <= far) {
+    raw_start = raw_start > far ? far : raw_start < -far ? -far : raw_start;
+    raw_end = raw_end > far ? far : raw_end < -far ? -far : raw_end;
+  }
   /* Python's rules: negative bounds count from the end, then clamp */
   if (start < 0) start = start + n < 0 ? 0 : start + n;
   if (end < 0) end = end + n < 0 ? 0 : end + n;

@@ -60,6 +60,7 @@ static kiln_tensor *conv(const char *op, int sd, kiln_tensor *x, kiln_tensor *w,
   }
   op_attrs a = {.nints = 7};
   for (int i = 0; i < 7; i++) a.ints[i] = ints[i];
+  bool by_user = !in_internal();
   internal_begin(); /* the sizes below are the operands' own */
   kiln_scope_begin();
   kiln_tensor *x4 = batched ? x : kiln_unsqueeze_at(x, 0, file, line), *w4 = w;
@@ -67,7 +68,7 @@ static kiln_tensor *conv(const char *op, int sd, kiln_tensor *x, kiln_tensor *w,
     x4 = kiln_unsqueeze_at(x4, 2, file, line);
     w4 = kiln_unsqueeze_at(w, 2, file, line);
   }
-  kiln_tensor *in[2] = {x4, w4}, *y = x4 && w4 ? op_dispatch(OP_CONV2D, in, 2, &a, file, line) : NULL;
+  kiln_tensor *in[2] = {x4, w4}, *y = x4 && w4 ? op_dispatch_user(by_user, OP_CONV2D, in, 2, &a, file, line) : NULL;
   if (sd == 1) y = kiln_squeeze_at(y, 2, file, line);
   if (bias) y = kiln_add_at(y, trailing_ones(bias, sd, file, line), file, line);
   if (!batched) y = kiln_squeeze_at(y, 0, file, line);
@@ -100,10 +101,11 @@ static kiln_tensor *pool(op_id op, const char *name, kiln_tensor *x, const op_at
   if (x->ndim != 3 && x->ndim != 4)
     return err_set(file, line, name, "Expected 3D (unbatched) or 4D (batched) input, but got input of size: %s",
                    err_shape(b0, x->ndim, x->shape));
+  bool by_user = !in_internal();
   internal_begin();
   kiln_scope_begin();
   kiln_tensor *x4 = x->ndim == 4 ? x : kiln_unsqueeze_at(x, 0, file, line);
-  kiln_tensor *y = x4 ? op_dispatch(op, &x4, 1, a, file, line) : NULL;
+  kiln_tensor *y = x4 ? op_dispatch_user(by_user, op, &x4, 1, a, file, line) : NULL; /* its window is the caller's */
   if (x->ndim == 3) y = kiln_squeeze_at(y, 0, file, line);
   kiln_keep(y);
   kiln_scope_end();

@@ -70,6 +70,8 @@ static int read_pred(const char *op, const char *what, const kiln_tensor *p, con
   if (check_pred(op, what, p, file, line)) return -1;
   /* a read at the caller's line: inside a compiled function it is where the graph breaks */
   unsigned char v = 0;
+  /* named as the construct's read (a break's dump and fullgraph's error say so), not as kiln_read */
+  hook_read(op[0] == 'c' ? "kiln_cond (its predicate)" : "kiln_while_loop (its condition)", p, file, line);
   if (kiln_read_at(p, &v, sizeof v, file, line)) return -1;
   return v != 0;
 }

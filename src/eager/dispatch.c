@@ -26,6 +26,22 @@ void user_numbers_end(void) { user_depth -= internal_depth == 0; }
 bool user_numbers(void) { return user_depth > 0 && internal_depth == 0; }
 bool in_internal(void) { return internal_depth > 0; }
 
+/* A composite's op whose attributes are its caller's numbers (conv's stride
+ * and padding, a pool's window), dispatched from inside the composite's
+ * internal part: when user code called the composite, the recording must
+ * see them as the user's numbers, or a body that passes them from C state
+ * would take the guard-only path and keep the first call's values. by_user:
+ * !in_internal() before the composite's internal_begin. */
+kiln_tensor *op_dispatch_user(bool by_user, op_id op, kiln_tensor *const *in, int n, const op_attrs *a, const char *file,
+                              int line) {
+  if (!by_user) return op_dispatch(op, in, n, a, file, line);
+  int depth = internal_depth;
+  internal_depth = 0;
+  kiln_tensor *y = op_dispatch(op, in, n, a, file, line);
+  internal_depth = depth;
+  return y;
+}
+
 kiln_tensor *numel_scalar(const kiln_tensor *x, const int *axes, int naxes, int64_t offset, kiln_dtype dt,
                           const char *file, int line) {
   int64_t n = 1;

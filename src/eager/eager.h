@@ -445,6 +445,8 @@ void user_numbers_begin(void);
 void user_numbers_end(void);
 bool user_numbers(void); /* inside a user-facing op called by user code */
 bool in_internal(void);  /* inside kiln's own formulas (autograd, composites) */
+kiln_tensor *op_dispatch_user(bool by_user, op_id op, kiln_tensor *const *in, int n, const op_attrs *a, const char *file,
+                              int line); /* dispatch.c */
 /* A 0-d tensor of dtype dt holding the product of x's sizes over axes (all
  * when naxes is 0) plus offset: a count that formulas divide by (the mean's
  * gradient, var). The tracer records it as a function of x's symbolic shape,

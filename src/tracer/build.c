@@ -630,14 +630,43 @@ static void convert_attrs(build_state *b, int ev, const ir_node *x, op_attrs *o)
   if (f & AF_INTS)
     for (int i = 0; i < a->nints; i++) slot_fixed(b, (rec_slot){false, a->ints[i], 0}), si++;
   if (f & AF_RNG) {
-    /* where a draw starts moves on every call: arguments from the first */
+    /* where a draw starts moves on every call: arguments from the first.
+     * Two symbols a draw would run out of them past 32 draws (a dropout per
+     * layer), and the call failed: past half of them, a draw from the seed
+     * of the last draw of its kind (uniform or normal: offsets count
+     * numbers or pairs) that took arguments reuses that draw's seed, and
+     * its offset is that draw's plus the numbers drawn since, rules checked
+     * on every call (a miss where a symbolic size moves that count) */
     int64_t v[2] = {a->seed.c, a->offset.c};
-    sym_dim *dst[2] = {&o->seed, &o->offset};
+    int kind = a->flag != 0;
+    sym_dim *dst[2] = {&o->seed, &o->offset}, d[2] = {sym_error(), sym_error()};
+    if (b->rng_base[kind] && b->n_syms + 2 > IR_MAX_SYMS / 2 && v[0] == b->rng_v[kind][0] &&
+        !__builtin_sub_overflow(v[1], b->rng_v[kind][1], &(int64_t){0})) {
+      d[0] = b->rng_sym[kind][0];
+      d[1] = sym_add(b->g->sym, b->rng_sym[kind][1], sym_const(v[1] - b->rng_v[kind][1]));
+    }
+    slot_rule rules[2];
+    bool follow = !sym_is_err(d[0]) && !sym_is_err(d[1]) && dim_value(b, d[0]) == v[0] && dim_value(b, d[1]) == v[1];
+    for (int k = 0; k < 2 && follow; k++) {
+      char text[512], err[128];
+      const char *end;
+      rules[k] = (slot_rule){.kind = SLOT_EXPR, .v = {false, v[k], 0}, .arg = -1};
+      follow = sym_print(d[k], text, sizeof text) < (int)sizeof text && !sym_parse(b->rsym, text, &rules[k].e, &end, err, sizeof err) &&
+               !*end;
+    }
     for (int k = 0; k < 2; k++, si++) {
+      if (follow) {
+        *dst[k] = d[k];
+        add_rule(b, rules[k]);
+        continue;
+      }
       int arg;
       *dst[k] = new_arg_sym_in(b, v[k], false, 0, INT64_MIN, INT64_MAX, &arg);
       add_rule(b, (slot_rule){.kind = SLOT_ARG, .v = {false, v[k], 0}, .arg = arg});
+      b->rng_sym[kind][k] = *dst[k];
+      b->rng_v[kind][k] = v[k];
     }
+    b->rng_base[kind] = true;
   }
 }
 

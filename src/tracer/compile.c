@@ -1549,8 +1549,11 @@ static int record_call(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out) {
   for (int i = 0; i < n_out && ok; i++)
     if (leaf_rg >> i & 1) out[i]->requires_grad = true;
   rec_end(&cs.rec);
-  if (!ok && cs.rec.failed && rc == 0) {
-    /* an error that says where it is (a break under fullgraph) stands as it is */
+  if (!ok && cs.rec.failed && (rc == 0 || cs.rec.why_is_error)) {
+    /* an error that says where it is (a break under fullgraph) stands as it
+     * is, also when the body failed after it: what failed then (a read of
+     * data the stopped recording never computed, in kiln_cond, say) only
+     * follows from it */
     if (cs.rec.why_is_error) err_restore(cs.rec.why);
     else err_set("", 0, "call", "%s: %s", fn->name, cs.rec.why);
     rc = -1;

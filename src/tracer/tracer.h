@@ -511,6 +511,11 @@ typedef struct build_state {
   bool has_cf;
   bool failed;
   char why[512];
+  /* the draws later draws of many follow, a uniform one and a normal one:
+   * their seed and offset symbols and values (build.c) */
+  bool rng_base[2];
+  sym_dim rng_sym[2][2];
+  int64_t rng_v[2][2];
 } build_state;
 
 /* A leaf a segment writes back: its data (now != base), its .grad (grad set:
