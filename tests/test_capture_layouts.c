@@ -71,12 +71,63 @@ START_TEST(test_squeeze_of_symbolic_dim) {
 }
 END_TEST
 
+/* ---- an input written in place that is an expanded view ---- */
+
+/* Eagerly a write into an expanded view (stride 0) is an error. Traced on a
+ * plain input, the guard-only path ran the graph for an expanded one too,
+ * stored its write-back into the repeated elements and returned 0. Slices
+ * and transposes of the caller's tensor are written through as eagerly. */
+static int mul_into_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  if (!kiln_mul_(in[0], in[1])) return -1;
+  out[0] = kiln_sum(in[0], 0, false);
+  return out[0] ? 0 : -1;
+}
+
+static kiln_tensor *layout_input(int kind, uint64_t seed) {
+  switch (kind) {
+  case 0: return kiln_randn(KILN_F32, 2, ((int64_t[]){4, 3}), seed);
+  case 1: return kiln_transpose(kiln_randn(KILN_F32, 2, ((int64_t[]){3, 4}), seed), 0, 1);
+  case 2: return kiln_slice(kiln_randn(KILN_F32, 2, ((int64_t[]){8, 3}), seed), 0, 1, 8, 2); /* offset and step */
+  default: return kiln_expand(kiln_randn(KILN_F32, 2, ((int64_t[]){1, 3}), seed), 2, ((int64_t[]){4, 3}));
+  }
+}
+
+START_TEST(test_write_into_expanded_input) {
+  const int kinds[] = {0, 1, 2, 3, 0, 3};
+  const int capture[3] = {KILN_CAPTURE_AUTO, KILN_CAPTURE_RECORD, KILN_CAPTURE_GUARDS};
+  for (int b = 0; b < 2; b++)
+    for (int c = 0; c < 3; c++) {
+      kiln_options o = {.name = "mul_into", .n_in = 2, .backend = backends[b], .capture = capture[c]};
+      kiln_fn *fn = kiln_compile(mul_into_body, NULL, &o);
+      for (int call = 0; call < 6; call++) {
+        kiln_scope_begin();
+        kiln_tensor *x = layout_input(kinds[call], (uint64_t)call), *xe = layout_input(kinds[call], (uint64_t)call);
+        kiln_tensor *m = kiln_randn(KILN_F32, 2, ((int64_t[]){4, 3}), 100 + (uint64_t)call);
+        kiln_tensor *in[2] = {x, m}, *ine[2] = {xe, m}, *y = NULL, *ye = NULL;
+        int rc = kiln_call(fn, in, &y), rce = mul_into_body(NULL, ine, &ye);
+        ck_assert_msg(rc == rce, "backend %d capture %d call %d (kind %d): compiled returned %d, eager %d", b, c, call, kinds[call], rc,
+                      rce);
+        if (rce) {
+          ck_assert_msg(strstr(kiln_last_error(), "expanded"), "%s", kiln_last_error());
+        } else {
+          ck_assert_msg(maxdiff(y, ye) <= 1e-6, "backend %d capture %d call %d: output differs by %g", b, c, call, maxdiff(y, ye));
+          ck_assert_msg(maxdiff(x, xe) <= 1e-6, "backend %d capture %d call %d: the input differs by %g", b, c, call, maxdiff(x, xe));
+        }
+        kiln_scope_end();
+      }
+      kiln_fn_free(fn);
+    }
+}
+END_TEST
+
 Suite *capture_layouts_suite(void);
 Suite *capture_layouts_suite(void) {
   Suite *s = suite_create("capture_layouts");
   TCase *tc = tcase_create("core");
   tcase_set_timeout(tc, 300);
   tcase_add_test(tc, test_squeeze_of_symbolic_dim);
+  tcase_add_test(tc, test_write_into_expanded_input);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -321,6 +321,21 @@ static int guards_hold(const ir_graph *g, const int64_t *vals, int nvals, char *
 static int guards_pass(const kiln_fn *fn, const variant *v, kiln_tensor *const *in, int64_t *vals, char *why, size_t whyn) {
   if (!inputs_pass(fn, v, in, vals, why, whyn) || !guards_hold(v->seg[0]->g, vals, v->n_syms, why, whyn, v->no)) return 0;
   int n_in = fn->opts.n_in;
+  /* an input the graph writes in place must not repeat elements (an
+   * expanded view, stride 0): eagerly that write is an error, while the
+   * graph's write-back would store into it regardless. Such a call records,
+   * and the recording fails as eager code does */
+  const ir_graph *g0 = v->seg[0]->g;
+  for (int w = 0; w < g0->n_writes; w++) {
+    const ir_node *n = &g0->nodes[g0->writes[w].target];
+    if (g0->writes[w].kind != IR_WRITE_DATA || n->op != IR_INPUT || n->index >= n_in) continue;
+    const kiln_tensor *t = in[n->index];
+    for (int d = 0; d < t->ndim; d++)
+      if (t->shape[d] > 1 && t->stride[d] == 0) {
+        if (why) snprintf(why, whyn, "input %d is written in place but repeats elements (an expanded view) (variant %d)", n->index, v->no);
+        return 0;
+      }
+  }
   if (!v->loaded) {
     /* under the caller's kiln_no_grad_begin the body's backward fails and
      * its in-place writes of what requires grad are allowed: another body */
