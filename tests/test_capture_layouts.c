@@ -121,6 +121,48 @@ START_TEST(test_write_into_expanded_input) {
 }
 END_TEST
 
+/* ---- kiln_contiguous of an input written through ---- */
+
+/* kiln_contiguous hands back its input when that is contiguous, a copy
+ * otherwise: a write into the result reaches the input only in the first
+ * case. Traced on one layout, the guard-only path served the other: a
+ * transposed input was written (or a plain one was not). */
+static int contiguous_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  kiln_tensor *c = kiln_contiguous(in[0]);
+  if (!c || !kiln_add_(c, in[1])) return -1;
+  out[0] = kiln_mul(in[0], in[1]);
+  out[1] = kiln_relu(c);
+  return out[0] && out[1] ? 0 : -1;
+}
+
+START_TEST(test_contiguous_by_layout) {
+  const int kinds[] = {0, 1, 0, 1, 1, 2, 0};
+  for (int first = 0; first < 2; first++)
+    for (int b = 0; b < 2; b++)
+      for (int c = 0; c < 2; c++) {
+        kiln_options o = {.name = "contiguous", .n_in = 2, .n_out = 2, .backend = backends[b], .capture = captures[c]};
+        kiln_fn *fn = kiln_compile(contiguous_body, NULL, &o);
+        for (int call = 0; call < 7; call++) {
+          kiln_scope_begin();
+          int kind = first && kinds[call] < 2 ? 1 - kinds[call] : kinds[call]; /* first: traced transposed */
+          kiln_tensor *x = layout_input(kind, (uint64_t)call), *xe = layout_input(kind, (uint64_t)call);
+          kiln_tensor *m = kiln_randn(KILN_F32, 2, ((int64_t[]){4, 3}), 100 + (uint64_t)call);
+          kiln_tensor *in[2] = {x, m}, *ine[2] = {xe, m}, *y[2] = {NULL, NULL}, *ye[2] = {NULL, NULL};
+          ck_assert_msg(kiln_call(fn, in, y) == 0, "call %d: %s", call, kiln_last_error());
+          ck_assert_int_eq(0, contiguous_body(NULL, ine, ye));
+          for (int k = 0; k < 2; k++)
+            ck_assert_msg(maxdiff(y[k], ye[k]) <= 1e-6, "backend %d capture %d first %d call %d (kind %d): output %d differs by %g", b,
+                          c, first, call, kind, k, maxdiff(y[k], ye[k]));
+          ck_assert_msg(maxdiff(x, xe) <= 1e-6, "backend %d capture %d first %d call %d (kind %d): the input differs by %g", b, c, first,
+                        call, kind, maxdiff(x, xe));
+          kiln_scope_end();
+        }
+        kiln_fn_free(fn);
+      }
+}
+END_TEST
+
 Suite *capture_layouts_suite(void);
 Suite *capture_layouts_suite(void) {
   Suite *s = suite_create("capture_layouts");
@@ -128,6 +170,7 @@ Suite *capture_layouts_suite(void) {
   tcase_set_timeout(tc, 300);
   tcase_add_test(tc, test_squeeze_of_symbolic_dim);
   tcase_add_test(tc, test_write_into_expanded_input);
+  tcase_add_test(tc, test_contiguous_by_layout);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -84,6 +84,12 @@ kiln_tensor *kiln_cast_at(kiln_tensor *t, kiln_dtype dt, const char *file, int l
 
 kiln_tensor *kiln_contiguous_at(kiln_tensor *t, const char *file, int line) {
   if (tensor_bad_arg(t, file, line, "contiguous", "input 0")) return NULL;
+  /* t itself or a copy, by its layout: a write into the result reaches t
+   * only in the first case. A choice on the layout, as kiln_is_contiguous's
+   * would be, which the guard-only path does not check: a recording runs
+   * again at every call (an input transposed at one call, plain at the next) */
+  const trace_hooks *h = dispatch_hooks();
+  if (h && h->size_read) h->size_read(h->ctx, t, -1);
   if (tensor_contiguous(t)) return same(t);
   return op_dispatch(OP_COPY, &t, 1, NULL, file, line);
 }
