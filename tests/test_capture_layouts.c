@@ -163,6 +163,61 @@ START_TEST(test_contiguous_by_layout) {
 }
 END_TEST
 
+/* ---- two inputs over one storage: the same view, then another ---- */
+
+/* Traced with x passed twice, the graph reads both inputs as one value.
+ * Called with x and x transposed (the same storage, so the sharing guard
+ * passed), the guard-only path computed x - x * z where eager computes
+ * x - x^T * z; and a body that writes x with x^T as the source ran, where
+ * eagerly the write is an error (src overlaps dst). */
+static int views_read_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  out[0] = kiln_sub(in[0], kiln_mul(in[1], in[2]));
+  return out[0] ? 0 : -1;
+}
+
+static int views_write_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  if (!kiln_add_(in[0], in[1])) return -1;
+  out[0] = kiln_mul(in[0], in[2]);
+  return out[0] ? 0 : -1;
+}
+
+START_TEST(test_inputs_other_views_of_one_storage) {
+  const int pattern[] = {1, 3, 0, 1, 3, 2, 3}; /* in[1]: 0 another tensor, 1 x, 2 a reshape of x, 3 x transposed */
+  kiln_body bodies[2] = {views_read_body, views_write_body};
+  for (int k = 0; k < 2; k++)
+    for (int b = 0; b < 2; b++)
+      for (int c = 0; c < 2; c++) {
+        kiln_options o = {.name = "views", .n_in = 3, .backend = backends[b], .capture = captures[c]};
+        kiln_fn *fn = kiln_compile(bodies[k], NULL, &o);
+        for (int call = 0; call < 7; call++) {
+          kiln_scope_begin();
+          int64_t s[2] = {4, 4};
+          kiln_tensor *x = kiln_randn(KILN_F32, 2, s, (uint64_t)call), *xe = kiln_randn(KILN_F32, 2, s, (uint64_t)call);
+          kiln_tensor *in[3] = {x, NULL, kiln_randn(KILN_F32, 2, s, 200 + (uint64_t)call)}, *ine[3] = {xe, NULL, in[2]};
+          switch (pattern[call]) {
+          case 0: in[1] = ine[1] = kiln_randn(KILN_F32, 2, s, 100 + (uint64_t)call); break;
+          case 1: in[1] = x, ine[1] = xe; break;
+          case 2: in[1] = kiln_reshape(x, 2, s), ine[1] = kiln_reshape(xe, 2, s); break;
+          default: in[1] = kiln_transpose(x, 0, 1), ine[1] = kiln_transpose(xe, 0, 1); break;
+          }
+          kiln_tensor *y = NULL, *ye = NULL;
+          int rc = kiln_call(fn, in, &y), rce = bodies[k](NULL, ine, &ye);
+          ck_assert_msg(rc == rce, "body %d backend %d capture %d call %d (pattern %d): compiled returned %d, eager %d", k, b, c, call,
+                        pattern[call], rc, rce);
+          if (!rce) {
+            ck_assert_msg(maxdiff(y, ye) <= 1e-5, "body %d backend %d capture %d call %d (pattern %d): output differs by %g", k, b, c,
+                          call, pattern[call], maxdiff(y, ye));
+            ck_assert_msg(maxdiff(x, xe) <= 1e-5, "body %d backend %d capture %d call %d: x differs by %g", k, b, c, call, maxdiff(x, xe));
+          }
+          kiln_scope_end();
+        }
+        kiln_fn_free(fn);
+      }
+}
+END_TEST
+
 Suite *capture_layouts_suite(void);
 Suite *capture_layouts_suite(void) {
   Suite *s = suite_create("capture_layouts");
@@ -171,6 +226,7 @@ Suite *capture_layouts_suite(void) {
   tcase_add_test(tc, test_squeeze_of_symbolic_dim);
   tcase_add_test(tc, test_write_into_expanded_input);
   tcase_add_test(tc, test_contiguous_by_layout);
+  tcase_add_test(tc, test_inputs_other_views_of_one_storage);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -82,6 +82,7 @@ typedef struct variant {
   int n_params;
   kiln_tensor **params;    /* retained: the guard path reads them */
   int *alias;              /* [n_in + n_params]: the first leaf sharing storage with this one */
+  int *view_of;            /* [n_in + n_params]: the first leaf that is the same view as this one (see same_view) */
   int in_ndim[MAX_IN];
   int64_t in_shape[MAX_IN][MAXD];
   /* the guard-only path */
@@ -252,7 +253,9 @@ static void print_guards(FILE *f, const kiln_fn *fn, const variant *v) {
   if (v->guard_ok && !v->loaded) fprintf(f, "  autograd %s, as when traced\n", v->grad_on ? "on" : "off (inside kiln_no_grad_begin)");
   int n_leaves = fn->opts.n_in + v->n_params;
   for (int i = 0; i < n_leaves; i++)
-    if (v->alias[i] != i) fprintf(f, "  leaf %d shares storage with leaf %d\n", i, v->alias[i]);
+    if (v->alias[i] != i)
+      fprintf(f, "  leaf %d shares storage with leaf %d%s\n", i, v->alias[i],
+              v->view_of && v->view_of[i] != i ? ", the same view as an earlier leaf" : "");
   fprintf(f, "  every other pair of inputs and params in distinct storage\n");
 }
 
@@ -317,6 +320,15 @@ static int guards_hold(const ir_graph *g, const int64_t *vals, int nvals, char *
   return 1;
 }
 
+/* Whether a and b read the same elements the same way: the recording takes
+ * one tensor passed twice for one value, so a graph traced so serves only
+ * calls where the two leaves are such views still (not x and x transposed). */
+static bool same_view(const kiln_tensor *a, const kiln_tensor *b) {
+  return a->st == b->st && a->dtype == b->dtype && a->offset == b->offset && a->ndim == b->ndim &&
+         !memcmp(a->shape, b->shape, sizeof(int64_t) * (size_t)a->ndim) &&
+         !memcmp(a->stride, b->stride, sizeof(int64_t) * (size_t)a->ndim);
+}
+
 /* The guard-only path: 1 when the call may run v without the body. */
 static int guards_pass(const kiln_fn *fn, const variant *v, kiln_tensor *const *in, int64_t *vals, char *why, size_t whyn) {
   if (!inputs_pass(fn, v, in, vals, why, whyn) || !guards_hold(v->seg[0]->g, vals, v->n_syms, why, whyn, v->no)) return 0;
@@ -368,9 +380,16 @@ static int guards_pass(const kiln_fn *fn, const variant *v, kiln_tensor *const *
   for (int i = 0; i < n_in; i++) {
     kiln_tensor *a = leaf_at(fn, v, in, i);
     for (int j = i + 1; j < n_leaves; j++) {
-      bool share = a->st == leaf_at(fn, v, in, j)->st, traced = v->alias[j] == v->alias[i];
+      kiln_tensor *b = leaf_at(fn, v, in, j);
+      bool share = a->st == b->st, traced = v->alias[j] == v->alias[i];
       if (share != traced) {
         if (why) snprintf(why, whyn, "leaves %d and %d %s storage, unlike variant %d", i, j, share ? "share" : "do not share", v->no);
+        return 0;
+      }
+      /* over one storage: the same view of it as when traced, or not */
+      if (share && v->view_of && same_view(a, b) != (v->view_of[i] == v->view_of[j])) {
+        if (why) snprintf(why, whyn, "leaves %d and %d are %s view of their storage, unlike variant %d", i, j,
+                          same_view(a, b) ? "the same" : "another", v->no);
         return 0;
       }
     }
@@ -411,6 +430,7 @@ static void variant_free(variant *v) {
   alloc_free(v->param_leaf);
   alloc_free(v->in_dims);
   alloc_free(v->alias);
+  alloc_free(v->view_of);
   alloc_free(v);
 }
 
@@ -1343,12 +1363,13 @@ static variant *make_variant(call_state *cs) {
   v->seg = alloc_malloc(sizeof *v->seg * (size_t)(cs->n_segs + 1));
   v->params = alloc_calloc((size_t)r->n_params + 1, sizeof *v->params);
   v->alias = alloc_malloc(sizeof *v->alias * (size_t)(r->n_in + r->n_params + 1));
+  v->view_of = alloc_malloc(sizeof *v->view_of * (size_t)(r->n_in + r->n_params + 1));
   v->in_dims = alloc_calloc((size_t)fn->opts.n_in + 1, sizeof *v->in_dims);
   v->in_leaf = alloc_calloc((size_t)fn->opts.n_in + 1, sizeof *v->in_leaf);
   v->param_leaf = alloc_calloc((size_t)r->n_params + 1, sizeof *v->param_leaf);
   v->data = alloc_calloc((size_t)r->n_ev + 1, sizeof *v->data);
   if (!v->ev || !v->ids || !v->val || !v->rules || !v->rule_at || !v->args || !v->seg || !v->params || !v->alias ||
-      !v->in_dims || !v->in_leaf || !v->param_leaf || !v->data)
+      !v->view_of || !v->in_dims || !v->in_leaf || !v->param_leaf || !v->data)
     goto fail;
   if (r->n_ev) memcpy(v->ev, r->ev, sizeof *v->ev * (size_t)r->n_ev);
   if (r->n_ids) memcpy(v->ids, r->ids, sizeof *v->ids * (size_t)r->n_ids);
@@ -1389,6 +1410,12 @@ static variant *make_variant(call_state *cs) {
     v->param_leaf[i] = (trace_leaf){r->params[i]->requires_grad, r->param_had_grad[i]};
   }
   alias_pattern(r->in, r->n_in, r->params, r->n_params, v->alias);
+  for (int i = 0; i < r->n_in + r->n_params; i++) {
+    const kiln_tensor *t = i < r->n_in ? r->in[i] : r->params[i - r->n_in];
+    v->view_of[i] = i;
+    for (int j = v->alias[i]; j < i && v->view_of[i] == i; j++)
+      if (v->alias[j] == v->alias[i] && same_view(t, j < r->n_in ? r->in[j] : r->params[j - r->n_in])) v->view_of[i] = v->view_of[j];
+  }
   for (int i = 0; i < fn->opts.n_in; i++) {
     v->in_leaf[i] = (trace_leaf){r->in[i]->requires_grad, (r->in_had_grad >> i & 1) != 0}; /* n_in <= 64 */
     v->in_ndim[i] = r->in[i]->ndim;
