@@ -218,6 +218,56 @@ START_TEST(test_inputs_other_views_of_one_storage) {
 }
 END_TEST
 
+/* ---- casts at the edges of a dtype ---- */
+
+/* Every element of a compiled result equals eager's, NaN for NaN. */
+static void same_elements(kiln_tensor *got, kiln_tensor *want, const char *what) {
+  int64_t n = kiln_numel(want);
+  ck_assert_int_eq(n, kiln_numel(got));
+  double *a = malloc(sizeof(double) * (size_t)(n + 1)), *e = malloc(sizeof(double) * (size_t)(n + 1));
+  kiln_scope_begin();
+  ck_assert_int_eq(0, kiln_read(kiln_cast(got, KILN_F64), a, sizeof(double) * (size_t)n));
+  ck_assert_int_eq(0, kiln_read(kiln_cast(want, KILN_F64), e, sizeof(double) * (size_t)n));
+  kiln_scope_end();
+  for (int64_t i = 0; i < n; i++)
+    ck_assert_msg(a[i] == e[i] || (isnan(a[i]) && isnan(e[i])), "%s: element %lld: compiled %.17g, eager %.17g", what, (long long)i, a[i], e[i]);
+  free(a);
+  free(e);
+}
+
+/* A float cast to i64 or i32 is eagerly truncated toward zero and saturated
+ * at the integer's range, NaN 0. LLVM's fptosi is poison out of range: the
+ * LLVM backend gave INT64_MIN for inf and NaN, and wrapped 3e9 cast to i32. */
+static int float_to_int_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  kiln_tensor *x = kiln_mul(in[0], in[1]);
+  out[0] = kiln_cast(x, KILN_I64);
+  out[1] = kiln_cast(x, KILN_I32);
+  out[2] = kiln_cast(kiln_cast(x, KILN_I64), KILN_I32); /* i64 to i32 wraps */
+  return out[0] && out[1] && out[2] ? 0 : -1;
+}
+
+START_TEST(test_float_to_int_saturates) {
+  const float v[] = {NAN, INFINITY, -INFINITY, 1e30f, -1e30f, 3e9f, -3e9f, 9.3e18f, -9.3e18f, 2.5f, -2.5f, -0.0f, 3.4e38f, 1e10f};
+  const int64_t n = sizeof v / sizeof *v;
+  for (int b = 0; b < 2; b++)
+    for (int c = 0; c < 2; c++) {
+      kiln_options o = {.name = "to_int", .n_in = 2, .n_out = 3, .backend = backends[b], .capture = captures[c]};
+      kiln_fn *fn = kiln_compile(float_to_int_body, NULL, &o);
+      for (int call = 0; call < 2; call++) {
+        kiln_scope_begin();
+        kiln_tensor *in[2] = {kiln_tensor_from(KILN_F32, 1, &n, v), kiln_full(KILN_F32, 1, &n, call ? -1.0 : 1.0)};
+        kiln_tensor *y[3] = {NULL}, *ye[3] = {NULL};
+        ck_assert_msg(kiln_call(fn, in, y) == 0, "%s", kiln_last_error());
+        ck_assert_int_eq(0, float_to_int_body(NULL, in, ye));
+        for (int k = 0; k < 3; k++) same_elements(y[k], ye[k], b ? "llvm" : "interp");
+        kiln_scope_end();
+      }
+      kiln_fn_free(fn);
+    }
+}
+END_TEST
+
 Suite *capture_layouts_suite(void);
 Suite *capture_layouts_suite(void) {
   Suite *s = suite_create("capture_layouts");
@@ -227,6 +277,7 @@ Suite *capture_layouts_suite(void) {
   tcase_add_test(tc, test_write_into_expanded_input);
   tcase_add_test(tc, test_contiguous_by_layout);
   tcase_add_test(tc, test_inputs_other_views_of_one_storage);
+  tcase_add_test(tc, test_float_to_int_saturates);
   suite_add_tcase(s, tc);
   return s;
 }

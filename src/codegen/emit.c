@@ -61,6 +61,22 @@ LLVMValueRef cg_maxnan(LLVMBuilderRef b, kiln_dtype dt, LLVMValueRef x, LLVMValu
   return LLVMBuildSelect(b, LLVMBuildOr(b, c, nan, ""), x, y, "");
 }
 
+/* A call of the intrinsic name, overloaded on the types tys, with the one argument v. */
+static LLVMValueRef call_overloaded(LLVMBuilderRef b, const char *name, LLVMTypeRef *tys, int n_tys, LLVMValueRef v) {
+  unsigned id = LLVMLookupIntrinsicID(name, strlen(name));
+  LLVMModuleRef m = LLVMGetGlobalParent(LLVMGetBasicBlockParent(LLVMGetInsertBlock(b)));
+  LLVMValueRef f = LLVMGetIntrinsicDeclaration(m, id, tys, (size_t)n_tys);
+  return LLVMBuildCall2(b, LLVMIntrinsicGetType(LLVMGetTypeContext(tys[0]), id, tys, (size_t)n_tys), f, &v, 1, "");
+}
+
+/* A float to integer type t as eager's casts do it (pointwise.c, f2i and
+ * f2i32): toward zero, saturated at t's range, NaN to 0. LLVM's fptosi is
+ * poison out of range (x86 gives INT64_MIN for inf, and wraps a float past
+ * i32 taken through i64). */
+static LLVMValueRef fptosi_sat(LLVMBuilderRef b, LLVMValueRef v, LLVMTypeRef t) {
+  return call_overloaded(b, "llvm.fptosi.sat", (LLVMTypeRef[]){t, LLVMTypeOf(v)}, 2, v);
+}
+
 LLVMValueRef cg_convert(LLVMBuilderRef b, LLVMValueRef v, kiln_dtype from, kiln_dtype to) {
   /* to a narrow dtype: the node's value is rounded to it where lower.c emits it */
   if (dtype_wide(from) == dtype_wide(to)) return v;
@@ -72,7 +88,10 @@ LLVMValueRef cg_convert(LLVMBuilderRef b, LLVMValueRef v, kiln_dtype from, kiln_
   }
   if (from == KILN_BOOL) return is_float(to) ? LLVMBuildUIToFP(b, v, t, "") : LLVMBuildZExt(b, v, t, "");
   if (is_float(from) && is_float(to)) return to == KILN_F64 ? LLVMBuildFPExt(b, v, t, "") : LLVMBuildFPTrunc(b, v, t, "");
-  if (is_float(from)) return LLVMBuildFPToSI(b, v, t, "");
+  /* i32, computed as i64: saturated at i32's range, then widened */
+  if (is_float(from) && to == KILN_I32)
+    return LLVMBuildSExt(b, fptosi_sat(b, v, shaped(v, LLVMInt32TypeInContext(ctx_of(v)))), t, "");
+  if (is_float(from)) return fptosi_sat(b, v, t);
   return LLVMBuildSIToFP(b, v, t, "");
 }
 
