@@ -268,6 +268,44 @@ START_TEST(test_float_to_int_saturates) {
 }
 END_TEST
 
+/* f64 to f16 or bf16 rounds once in eager (through f32 rounded to odd):
+ * 1 + 2^-11 + 2^-40 is just above the midpoint of two f16 values and
+ * becomes 1 + 2^-10. The LLVM backend rounded to f32 first (to the exact
+ * midpoint 1 + 2^-11) and then to even, 1; so did an f64 0-d number
+ * promoted into an f16 product. */
+static int f64_to_narrow_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  kiln_tensor *x = kiln_mul(in[0], in[1]);
+  out[0] = kiln_cast(x, KILN_F16);
+  out[1] = kiln_cast(x, KILN_BF16);
+  out[2] = kiln_mul(in[2], in[3]); /* f16 tensor * f64 0-d: f16, the number rounded to f16 once */
+  return out[0] && out[1] && out[2] ? 0 : -1;
+}
+
+START_TEST(test_f64_to_narrow_rounds_once) {
+  const double v[] = {1 + 0x1p-11 + 0x1p-40, 1 + 0x1p-8 + 0x1p-40, 3 + 0x1p-10 + 0x1p-45, 65519.99, 1e-8, 1 + 0x1p-11, NAN, 1e300};
+  const float h[] = {1, 3, 0.5f, 2049, 65504, -7};
+  const int64_t n = sizeof v / sizeof *v, nh = sizeof h / sizeof *h;
+  for (int b = 0; b < 2; b++)
+    for (int c = 0; c < 2; c++) {
+      kiln_options o = {.name = "to_narrow", .n_in = 4, .n_out = 3, .backend = backends[b], .capture = captures[c]};
+      kiln_fn *fn = kiln_compile(f64_to_narrow_body, NULL, &o);
+      for (int call = 0; call < 2; call++) {
+        kiln_scope_begin();
+        double sign = call ? -1.0 : 1.0;
+        kiln_tensor *in[4] = {kiln_tensor_from(KILN_F64, 1, &n, v), kiln_full(KILN_F64, 1, &n, sign),
+                              kiln_cast(kiln_tensor_from(KILN_F32, 1, &nh, h), KILN_F16), kiln_scalar(KILN_F64, sign * v[0])};
+        kiln_tensor *y[3] = {NULL}, *ye[3] = {NULL};
+        ck_assert_msg(kiln_call(fn, in, y) == 0, "%s", kiln_last_error());
+        ck_assert_int_eq(0, f64_to_narrow_body(NULL, in, ye));
+        for (int k = 0; k < 3; k++) same_elements(y[k], ye[k], b ? "llvm" : "interp");
+        kiln_scope_end();
+      }
+      kiln_fn_free(fn);
+    }
+}
+END_TEST
+
 Suite *capture_layouts_suite(void);
 Suite *capture_layouts_suite(void) {
   Suite *s = suite_create("capture_layouts");
@@ -278,6 +316,7 @@ Suite *capture_layouts_suite(void) {
   tcase_add_test(tc, test_contiguous_by_layout);
   tcase_add_test(tc, test_inputs_other_views_of_one_storage);
   tcase_add_test(tc, test_float_to_int_saturates);
+  tcase_add_test(tc, test_f64_to_narrow_rounds_once);
   suite_add_tcase(s, tc);
   return s;
 }
