@@ -306,6 +306,43 @@ START_TEST(test_f64_to_narrow_rounds_once) {
 }
 END_TEST
 
+/* ---- calls that alternate between shared and distinct inputs ---- */
+
+/* x * y with y another tensor, then y = x transposed (the same storage),
+ * then another tensor again: the variant made for the shared storage
+ * replaced the one for distinct inputs (it was taken for one whose numbers
+ * differed, the events being the same), so every change of kind compiled
+ * again. Two variants serve them all, with eager's answers. */
+static int product_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  out[0] = kiln_mul(in[0], in[1]);
+  return out[0] ? 0 : -1;
+}
+
+START_TEST(test_shared_and_distinct_inputs_alternate) {
+  for (int b = 0; b < 2; b++)
+    for (int c = 0; c < 2; c++) {
+      kiln_options o = {.name = "product", .n_in = 2, .backend = backends[b], .capture = captures[c]};
+      kiln_fn *fn = kiln_compile(product_body, NULL, &o);
+      for (int call = 0; call < 8; call++) {
+        kiln_scope_begin();
+        int64_t s[2] = {4, 4};
+        kiln_tensor *x = kiln_randn(KILN_F32, 2, s, (uint64_t)call), *y = NULL, *ye = NULL;
+        kiln_tensor *in[2] = {x, call % 2 ? kiln_transpose(x, 0, 1) : kiln_randn(KILN_F32, 2, s, 50 + (uint64_t)call)};
+        ck_assert_msg(kiln_call(fn, in, &y) == 0, "%s", kiln_last_error());
+        ck_assert_int_eq(0, product_body(NULL, in, &ye));
+        ck_assert_msg(maxdiff(y, ye) == 0, "backend %d capture %d call %d: differs by %g", b, c, call, maxdiff(y, ye));
+        kiln_scope_end();
+      }
+      kiln_fn_stats st;
+      ck_assert_int_eq(0, kiln_fn_get_stats(fn, &st));
+      ck_assert_msg(st.traces == 2 && st.variants == 2, "backend %d capture %d: %lld traces, %lld variants", b, c, (long long)st.traces,
+                    (long long)st.variants);
+      kiln_fn_free(fn);
+    }
+}
+END_TEST
+
 Suite *capture_layouts_suite(void);
 Suite *capture_layouts_suite(void) {
   Suite *s = suite_create("capture_layouts");
@@ -317,6 +354,7 @@ Suite *capture_layouts_suite(void) {
   tcase_add_test(tc, test_inputs_other_views_of_one_storage);
   tcase_add_test(tc, test_float_to_int_saturates);
   tcase_add_test(tc, test_f64_to_narrow_rounds_once);
+  tcase_add_test(tc, test_shared_and_distinct_inputs_alternate);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -773,6 +773,17 @@ static bool match_events(call_state *cs, const variant *v, int from, int to, int
   return true;
 }
 
+/* Whether two variants of as many leaves took them over storage the same
+ * way: one made for x passed twice does not serve calls of x and y, so it
+ * must not replace the variant that does (each call of the other kind then
+ * compiled again). */
+static bool same_sharing(const variant *a, const variant *b, int n_leaves) {
+  if (a->n_params != b->n_params) return false;
+  for (int i = 0; i < n_leaves; i++)
+    if (a->alias[i] != b->alias[i] || (a->view_of && b->view_of && a->view_of[i] != b->view_of[i])) return false;
+  return true;
+}
+
 /* Whether segment s of candidate c fits this call's segment. */
 /* Field by field: the structs have padding. */
 static bool same_writes(const build_write *a, int na, const build_write *b, int nb) {
@@ -1541,7 +1552,9 @@ static int record_call(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out) {
   variant *old = NULL;
   for (int c = 0; nv && !cs.uncached && c < cs.n_cand && !old; c++) {
     variant *v = cs.cand[c];
-    if (v->n_ev == cs.rec.n_ev && v->n_seg == nv->n_seg && aligned_with(&cs.rec, v) == v->n_ev && same_seg_writes(v, nv)) old = v;
+    if (v->n_ev == cs.rec.n_ev && v->n_seg == nv->n_seg && aligned_with(&cs.rec, v) == v->n_ev && same_seg_writes(v, nv) &&
+        same_sharing(v, nv, cs.rec.n_in + nv->n_params))
+      old = v;
   }
   if (old)
     for (int i = 0; i < fn->n_variants; i++)
