@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kiln.h"
 
@@ -343,6 +344,43 @@ START_TEST(test_shared_and_distinct_inputs_alternate) {
 }
 END_TEST
 
+/* ---- saving a variant traced with a tensor passed twice ---- */
+
+/* The recording takes x passed twice for one value, so the variant's graph
+ * is mul(%0, %0). Saved, it loaded as a function of two distinct inputs
+ * that computed x * x for (x, z), where the body computes x * z; an export
+ * did the same. Saving or exporting such a variant is an error now, and a
+ * variant traced with distinct inputs saves and loads as before. */
+START_TEST(test_save_refuses_shared_leaves) {
+  char path[] = "/tmp/kiln_layouts_XXXXXX";
+  int fd = mkstemp(path);
+  ck_assert_int_ge(fd, 0);
+  close(fd);
+  kiln_options o = {.name = "product", .n_in = 2};
+  kiln_fn *fn = kiln_compile(product_body, NULL, &o);
+  kiln_scope_begin();
+  int64_t s[1] = {4};
+  kiln_tensor *x = kiln_randn(KILN_F32, 1, s, 1), *z = kiln_randn(KILN_F32, 1, s, 2), *y = NULL, *ye = NULL;
+  kiln_tensor *twice[2] = {x, x}, *two[2] = {x, z};
+  ck_assert_int_eq(0, kiln_call(fn, twice, &y));
+  ck_assert_int_eq(-1, kiln_save(fn, path));
+  ck_assert_msg(strstr(kiln_last_error(), "passed twice"), "%s", kiln_last_error());
+  ck_assert_int_eq(-1, kiln_export(fn, path, NULL));
+  ck_assert_msg(strstr(kiln_last_error(), "passed twice"), "%s", kiln_last_error());
+  ck_assert_int_eq(0, kiln_call(fn, two, &y)); /* a variant of distinct inputs, the newest */
+  ck_assert_msg(kiln_save(fn, path) == 0, "%s", kiln_last_error());
+  kiln_fn *loaded = kiln_load(path);
+  ck_assert_msg(loaded != NULL, "%s", kiln_last_error());
+  ck_assert_int_eq(0, kiln_call(loaded, two, &y));
+  ck_assert_int_eq(0, product_body(NULL, two, &ye));
+  ck_assert_msg(maxdiff(y, ye) == 0, "the loaded graph differs by %g", maxdiff(y, ye));
+  kiln_scope_end();
+  kiln_fn_free(loaded);
+  kiln_fn_free(fn);
+  unlink(path);
+}
+END_TEST
+
 Suite *capture_layouts_suite(void);
 Suite *capture_layouts_suite(void) {
   Suite *s = suite_create("capture_layouts");
@@ -355,6 +393,7 @@ Suite *capture_layouts_suite(void) {
   tcase_add_test(tc, test_float_to_int_saturates);
   tcase_add_test(tc, test_f64_to_narrow_rounds_once);
   tcase_add_test(tc, test_shared_and_distinct_inputs_alternate);
+  tcase_add_test(tc, test_save_refuses_shared_leaves);
   suite_add_tcase(s, tc);
   return s;
 }

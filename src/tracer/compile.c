@@ -1942,6 +1942,17 @@ char *kiln_fn_graph_at(const kiln_fn *fn, int variant_no, const char *file, int 
 
 /* ---- save and load ---- */
 
+/* The first leaf of v that is the same view as an earlier one, or -1. The
+ * recording takes a tensor passed twice for one value, so v's graph reads
+ * one leaf for both; a saved or exported graph takes distinct tensors, and
+ * would read the first for each. (Other views of one storage, a row of a
+ * weight passed with the weight, are leaves of their own.) */
+static int shared_leaf(const kiln_fn *fn, const variant *v) {
+  for (int i = 0; v->view_of && i < fn->opts.n_in + v->n_params; i++)
+    if (v->view_of[i] != i) return i;
+  return -1;
+}
+
 int kiln_save_variant_at(kiln_fn *fn, const char *path, int variant_no, const char *file, int line) {
   if (!fn_ok(fn)) return err_set(file, line, "save", "%s", fn_dead(fn)), -1;
   if (!path) return err_set(file, line, "save", "path is NULL"), -1;
@@ -1957,6 +1968,12 @@ int kiln_save_variant_at(kiln_fn *fn, const char *path, int variant_no, const ch
     err_set(file, line, "save", "%s's variant %d %s", fn->name, variant_no ? variant_no : n,
             v->n_seg != 1 ? "has graph breaks (data reads inside the body): a saved graph is one graph of the call's inputs"
                           : "takes numbers the body passes: a saved graph is one graph of the call's inputs");
+  } else if (v && shared_leaf(fn, v) >= 0) {
+    int i = shared_leaf(fn, v);
+    err_set(file, line, "save",
+            "%s's variant %d was traced with leaves %d and %d the same view of one storage (a tensor passed twice): a "
+            "saved graph takes distinct tensors; save a variant traced with distinct ones",
+            fn->name, variant_no ? variant_no : n, v->view_of[i], i);
   } else if (v) {
     FILE *f = fopen(path, "w");
     if (!f) err_set(file, line, "save", "cannot open %s: %s", path, strerror(errno));
@@ -2003,6 +2020,12 @@ int kiln_export_at(kiln_fn *fn, const char *prefix, const kiln_export_options *o
     err_set(file, line, "export", "%s's variant %d %s", fn->name, o.variant ? o.variant : n,
             v->n_seg != 1 ? "has graph breaks (data reads inside the body): an export is one graph of the call's inputs"
                           : "takes numbers the body passes: an export binds sizes from its inputs' shapes only");
+  } else if (v && shared_leaf(fn, v) >= 0) {
+    int i = shared_leaf(fn, v);
+    err_set(file, line, "export",
+            "%s's variant %d was traced with leaves %d and %d the same view of one storage (a tensor passed twice): an "
+            "export takes distinct tensors; export a variant traced with distinct ones",
+            fn->name, o.variant ? o.variant : n, v->view_of[i], i);
   } else if (v) {
     char err[600];
     export_request rq = {.name = name, .prefix = prefix, .target = o.target, .cpu = o.cpu,
