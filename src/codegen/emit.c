@@ -61,6 +61,50 @@ LLVMValueRef cg_maxnan(LLVMBuilderRef b, kiln_dtype dt, LLVMValueRef x, LLVMValu
   return LLVMBuildSelect(b, LLVMBuildOr(b, c, nan, ""), x, y, "");
 }
 
+/* The integer constant u in the shape and type of v. */
+static LLVMValueRef uconst_of(LLVMValueRef v, unsigned long long u) {
+  LLVMTypeRef vt = LLVMTypeOf(v), et = LLVMGetTypeKind(vt) == LLVMVectorTypeKind ? LLVMGetElementType(vt) : vt;
+  LLVMValueRef s = LLVMConstInt(et, u, 0);
+  if (LLVMGetTypeKind(vt) != LLVMVectorTypeKind) return s;
+  unsigned n = LLVMGetVectorSize(vt);
+  LLVMValueRef lanes[64];
+  for (unsigned i = 0; i < n && i < 64; i++) lanes[i] = s;
+  return LLVMConstVector(lanes, n);
+}
+
+/* A call of the intrinsic name, overloaded on the types tys, with the one argument v. */
+static LLVMValueRef call_overloaded(LLVMBuilderRef b, const char *name, LLVMTypeRef *tys, int n_tys, LLVMValueRef v) {
+  unsigned id = LLVMLookupIntrinsicID(name, strlen(name));
+  LLVMModuleRef m = LLVMGetGlobalParent(LLVMGetBasicBlockParent(LLVMGetInsertBlock(b)));
+  LLVMValueRef f = LLVMGetIntrinsicDeclaration(m, id, tys, (size_t)n_tys);
+  return LLVMBuildCall2(b, LLVMIntrinsicGetType(LLVMGetTypeContext(tys[0]), id, tys, (size_t)n_tys), f, &v, 1, "");
+}
+
+/* A float to integer type t as eager's casts do it (pointwise.c, f2i and
+ * f2i32): toward zero, saturated at t's range, NaN to 0. LLVM's fptosi is
+ * poison out of range (x86 gives INT64_MIN for inf, and wraps a float past
+ * i32 taken through i64). */
+static LLVMValueRef fptosi_sat(LLVMBuilderRef b, LLVMValueRef v, LLVMTypeRef t) {
+  return call_overloaded(b, "llvm.fptosi.sat", (LLVMTypeRef[]){t, LLVMTypeOf(v)}, 2, v);
+}
+
+/* f64 to f32 rounding to odd, as eager's half_f64_odd: the f32 that f16 or
+ * bf16 then rounds once, as a direct f64 -> f16 conversion would (rounding
+ * to nearest twice rounds 1 + 2^-11 + 2^-40 to 1 where eager gives
+ * 1 + 2^-10). Truncate, then set the last bit where inexact. */
+static LLVMValueRef f64_to_f32_odd(LLVMBuilderRef b, LLVMValueRef d, LLVMTypeRef f32) {
+  LLVMContextRef c = ctx_of(d);
+  LLVMTypeRef i32 = shaped(d, LLVMInt32TypeInContext(c));
+  LLVMValueRef f = LLVMBuildFPTrunc(b, d, f32, ""), back = LLVMBuildFPExt(b, f, LLVMTypeOf(d), "");
+  LLVMValueRef keep = LLVMBuildFCmp(b, LLVMRealUEQ, back, d, ""); /* exact, or NaN */
+  LLVMTypeRef dt = LLVMTypeOf(d);
+  LLVMValueRef away = LLVMBuildFCmp(b, LLVMRealOGT, call_overloaded(b, "llvm.fabs", &dt, 1, back),
+                                    call_overloaded(b, "llvm.fabs", &dt, 1, d), "");
+  LLVMValueRef u = LLVMBuildSub(b, LLVMBuildBitCast(b, f, i32, ""), LLVMBuildZExt(b, away, i32, ""), "");
+  u = LLVMBuildOr(b, u, uconst_of(u, 1), "");
+  return LLVMBuildSelect(b, keep, f, LLVMBuildBitCast(b, u, f32, ""), "");
+}
+
 LLVMValueRef cg_convert(LLVMBuilderRef b, LLVMValueRef v, kiln_dtype from, kiln_dtype to) {
   /* to a narrow dtype: the node's value is rounded to it where lower.c emits it */
   if (dtype_wide(from) == dtype_wide(to)) return v;
@@ -71,8 +115,12 @@ LLVMValueRef cg_convert(LLVMBuilderRef b, LLVMValueRef v, kiln_dtype from, kiln_
     return LLVMBuildZExt(b, nz, t, "");
   }
   if (from == KILN_BOOL) return is_float(to) ? LLVMBuildUIToFP(b, v, t, "") : LLVMBuildZExt(b, v, t, "");
+  if (from == KILN_F64 && (to == KILN_F16 || to == KILN_BF16)) return f64_to_f32_odd(b, v, t);
   if (is_float(from) && is_float(to)) return to == KILN_F64 ? LLVMBuildFPExt(b, v, t, "") : LLVMBuildFPTrunc(b, v, t, "");
-  if (is_float(from)) return LLVMBuildFPToSI(b, v, t, "");
+  /* i32, computed as i64: saturated at i32's range, then widened */
+  if (is_float(from) && to == KILN_I32)
+    return LLVMBuildSExt(b, fptosi_sat(b, v, shaped(v, LLVMInt32TypeInContext(ctx_of(v)))), t, "");
+  if (is_float(from)) return fptosi_sat(b, v, t);
   return LLVMBuildSIToFP(b, v, t, "");
 }
 

@@ -84,6 +84,12 @@ kiln_tensor *kiln_cast_at(kiln_tensor *t, kiln_dtype dt, const char *file, int l
 
 kiln_tensor *kiln_contiguous_at(kiln_tensor *t, const char *file, int line) {
   if (tensor_bad_arg(t, file, line, "contiguous", "input 0")) return NULL;
+  /* t itself or a copy, by its layout: a write into the result reaches t
+   * only in the first case. A choice on the layout, as kiln_is_contiguous's
+   * would be, which the guard-only path does not check: a recording runs
+   * again at every call (an input transposed at one call, plain at the next) */
+  const trace_hooks *h = dispatch_hooks();
+  if (h && h->size_read) h->size_read(h->ctx, t, -1);
   if (tensor_contiguous(t)) return same(t);
   return op_dispatch(OP_COPY, &t, 1, NULL, file, line);
 }
@@ -285,7 +291,15 @@ kiln_tensor *kiln_squeeze_at(kiln_tensor *t, int dim, const char *file, int line
   int d = axis_norm(dim, t->ndim);
   char b[SHAPE_BUF];
   if (d < 0) return err_set(file, line, "squeeze", "dim %d is out of range for shape %s", dim, err_shape(b, t->ndim, t->shape));
-  if (t->ndim == 0 || t->shape[d] != 1) return same(t); /* as torch: squeezing a dim that is not 1 keeps it */
+  if (t->ndim == 0 || t->shape[d] != 1) {
+    /* as torch: squeezing a dim that is not 1 keeps it. That is a choice on
+     * the size, as kiln_size's would be: no op is recorded for it, so a
+     * recording must run again at every call (a symbolic dim that is 1 at a
+     * later call must drop), never the guard-only path */
+    const trace_hooks *h = dispatch_hooks();
+    if (h && h->size_read && t->ndim) h->size_read(h->ctx, t, d);
+    return same(t);
+  }
   op_attrs a = {.ndim = t->ndim - 1};
   for (int i = 0, k = 0; i < t->ndim; i++)
     if (i != d) a.shape[k++] = sym_const(t->shape[i]);

@@ -82,6 +82,7 @@ typedef struct variant {
   int n_params;
   kiln_tensor **params;    /* retained: the guard path reads them */
   int *alias;              /* [n_in + n_params]: the first leaf sharing storage with this one */
+  int *view_of;            /* [n_in + n_params]: the first leaf that is the same view as this one (see same_view) */
   int in_ndim[MAX_IN];
   int64_t in_shape[MAX_IN][MAXD];
   /* the guard-only path */
@@ -268,7 +269,9 @@ static void print_guards(FILE *f, const kiln_fn *fn, const variant *v) {
   if (v->guard_ok && !v->loaded) fprintf(f, "  autograd %s, as when traced\n", v->grad_on ? "on" : "off (inside kiln_no_grad_begin)");
   int n_leaves = fn->opts.n_in + v->n_params;
   for (int i = 0; i < n_leaves; i++)
-    if (v->alias[i] != i) fprintf(f, "  leaf %d shares storage with leaf %d\n", i, v->alias[i]);
+    if (v->alias[i] != i)
+      fprintf(f, "  leaf %d shares storage with leaf %d%s\n", i, v->alias[i],
+              v->view_of && v->view_of[i] != i ? ", the same view as an earlier leaf" : "");
   fprintf(f, "  every other pair of inputs and params in distinct storage\n");
 }
 
@@ -333,10 +336,34 @@ static int guards_hold(const ir_graph *g, const int64_t *vals, int nvals, char *
   return 1;
 }
 
+/* Whether a and b read the same elements the same way: the recording takes
+ * one tensor passed twice for one value, so a graph traced so serves only
+ * calls where the two leaves are such views still (not x and x transposed). */
+static bool same_view(const kiln_tensor *a, const kiln_tensor *b) {
+  return a->st == b->st && a->dtype == b->dtype && a->offset == b->offset && a->ndim == b->ndim &&
+         !memcmp(a->shape, b->shape, sizeof(int64_t) * (size_t)a->ndim) &&
+         !memcmp(a->stride, b->stride, sizeof(int64_t) * (size_t)a->ndim);
+}
+
 /* The guard-only path: 1 when the call may run v without the body. */
 static int guards_pass(const kiln_fn *fn, const variant *v, kiln_tensor *const *in, int64_t *vals, char *why, size_t whyn) {
   if (!inputs_pass(fn, v, in, vals, why, whyn) || !guards_hold(v->seg[0]->g, vals, v->n_syms, why, whyn, v->no)) return 0;
   int n_in = fn->opts.n_in;
+  /* an input the graph writes in place must not repeat elements (an
+   * expanded view, stride 0): eagerly that write is an error, while the
+   * graph's write-back would store into it regardless. Such a call records,
+   * and the recording fails as eager code does */
+  const ir_graph *g0 = v->seg[0]->g;
+  for (int w = 0; w < g0->n_writes; w++) {
+    const ir_node *n = &g0->nodes[g0->writes[w].target];
+    if (g0->writes[w].kind != IR_WRITE_DATA || n->op != IR_INPUT || n->index >= n_in) continue;
+    const kiln_tensor *t = in[n->index];
+    for (int d = 0; d < t->ndim; d++)
+      if (t->shape[d] > 1 && t->stride[d] == 0) {
+        if (why) snprintf(why, whyn, "input %d is written in place but repeats elements (an expanded view) (variant %d)", n->index, v->no);
+        return 0;
+      }
+  }
   if (!v->loaded) {
     /* under the caller's kiln_no_grad_begin the body's backward fails and
      * its in-place writes of what requires grad are allowed: another body */
@@ -369,9 +396,16 @@ static int guards_pass(const kiln_fn *fn, const variant *v, kiln_tensor *const *
   for (int i = 0; i < n_in; i++) {
     kiln_tensor *a = leaf_at(fn, v, in, i);
     for (int j = i + 1; j < n_leaves; j++) {
-      bool share = a->st == leaf_at(fn, v, in, j)->st, traced = v->alias[j] == v->alias[i];
+      kiln_tensor *b = leaf_at(fn, v, in, j);
+      bool share = a->st == b->st, traced = v->alias[j] == v->alias[i];
       if (share != traced) {
         if (why) snprintf(why, whyn, "leaves %d and %d %s storage, unlike variant %d", i, j, share ? "share" : "do not share", v->no);
+        return 0;
+      }
+      /* over one storage: the same view of it as when traced, or not */
+      if (share && v->view_of && same_view(a, b) != (v->view_of[i] == v->view_of[j])) {
+        if (why) snprintf(why, whyn, "leaves %d and %d are %s view of their storage, unlike variant %d", i, j,
+                          same_view(a, b) ? "the same" : "another", v->no);
         return 0;
       }
     }
@@ -413,6 +447,7 @@ static void variant_free(variant *v) {
   alloc_free(v->param_leaf);
   alloc_free(v->in_dims);
   alloc_free(v->alias);
+  alloc_free(v->view_of);
   alloc_free(v);
 }
 
@@ -752,6 +787,17 @@ static bool match_events(call_state *cs, const variant *v, int from, int to, int
       vals[arg->sym] = sl->i;
     }
   }
+  return true;
+}
+
+/* Whether two variants of as many leaves took them over storage the same
+ * way: one made for x passed twice does not serve calls of x and y, so it
+ * must not replace the variant that does (each call of the other kind then
+ * compiled again). */
+static bool same_sharing(const variant *a, const variant *b, int n_leaves) {
+  if (a->n_params != b->n_params) return false;
+  for (int i = 0; i < n_leaves; i++)
+    if (a->alias[i] != b->alias[i] || (a->view_of && b->view_of && a->view_of[i] != b->view_of[i])) return false;
   return true;
 }
 
@@ -1389,12 +1435,13 @@ static variant *make_variant(call_state *cs) {
   v->seg = alloc_malloc(sizeof *v->seg * (size_t)(cs->n_segs + 1));
   v->params = alloc_calloc((size_t)r->n_params + 1, sizeof *v->params);
   v->alias = alloc_malloc(sizeof *v->alias * (size_t)(r->n_in + r->n_params + 1));
+  v->view_of = alloc_malloc(sizeof *v->view_of * (size_t)(r->n_in + r->n_params + 1));
   v->in_dims = alloc_calloc((size_t)fn->opts.n_in + 1, sizeof *v->in_dims);
   v->in_leaf = alloc_calloc((size_t)fn->opts.n_in + 1, sizeof *v->in_leaf);
   v->param_leaf = alloc_calloc((size_t)r->n_params + 1, sizeof *v->param_leaf);
   v->data = alloc_calloc((size_t)r->n_ev + 1, sizeof *v->data);
   if (!v->ev || !v->ids || !v->val || !v->rules || !v->rule_at || !v->args || !v->seg || !v->params || !v->alias ||
-      !v->in_dims || !v->in_leaf || !v->param_leaf || !v->data)
+      !v->view_of || !v->in_dims || !v->in_leaf || !v->param_leaf || !v->data)
     goto fail;
   if (r->n_ev) memcpy(v->ev, r->ev, sizeof *v->ev * (size_t)r->n_ev);
   if (r->n_ids) memcpy(v->ids, r->ids, sizeof *v->ids * (size_t)r->n_ids);
@@ -1435,6 +1482,12 @@ static variant *make_variant(call_state *cs) {
     v->param_leaf[i] = (trace_leaf){r->params[i]->requires_grad, r->param_seen[i].had_grad};
   }
   alias_pattern(r->in, r->n_in, r->params, r->n_params, v->alias);
+  for (int i = 0; i < r->n_in + r->n_params; i++) {
+    const kiln_tensor *t = i < r->n_in ? r->in[i] : r->params[i - r->n_in];
+    v->view_of[i] = i;
+    for (int j = v->alias[i]; j < i && v->view_of[i] == i; j++)
+      if (v->alias[j] == v->alias[i] && same_view(t, j < r->n_in ? r->in[j] : r->params[j - r->n_in])) v->view_of[i] = v->view_of[j];
+  }
   for (int i = 0; i < fn->opts.n_in; i++) {
     v->in_leaf[i] = (trace_leaf){r->in[i]->requires_grad, (r->in_had_grad >> i & 1) != 0}; /* n_in <= 64 */
     v->in_ndim[i] = r->in[i]->ndim;
@@ -1588,7 +1641,7 @@ static int record_call(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out) {
     variant *v = cs.cand[c];
     /* (not one with weights frozen into it: the new one may differ by which weight it read) */
     if (v->n_ev == cs.rec.n_ev && v->n_seg == nv->n_seg && !variant_frozen(v) && aligned_with(&cs.rec, v) == v->n_ev &&
-        same_seg_writes(v, nv))
+        same_seg_writes(v, nv) && same_sharing(v, nv, cs.rec.n_in + nv->n_params))
       old = v;
   }
   if (old)
@@ -1994,6 +2047,17 @@ char *kiln_fn_graph_at(const kiln_fn *fn, int variant_no, const char *file, int 
 
 /* ---- save and load ---- */
 
+/* The first leaf of v that is the same view as an earlier one, or -1. The
+ * recording takes a tensor passed twice for one value, so v's graph reads
+ * one leaf for both; a saved or exported graph takes distinct tensors, and
+ * would read the first for each. (Other views of one storage, a row of a
+ * weight passed with the weight, are leaves of their own.) */
+static int shared_leaf(const kiln_fn *fn, const variant *v) {
+  for (int i = 0; v->view_of && i < fn->opts.n_in + v->n_params; i++)
+    if (v->view_of[i] != i) return i;
+  return -1;
+}
+
 int kiln_save_variant_at(kiln_fn *fn, const char *path, int variant_no, const char *file, int line) {
   if (!fn_ok(fn)) return err_set(file, line, "save", "%s", fn_dead(fn)), -1;
   if (!path) return err_set(file, line, "save", "path is NULL"), -1;
@@ -2009,6 +2073,12 @@ int kiln_save_variant_at(kiln_fn *fn, const char *path, int variant_no, const ch
     err_set(file, line, "save", "%s's variant %d %s", fn->name, variant_no ? variant_no : n,
             v->n_seg != 1 ? "has graph breaks (data reads inside the body): a saved graph is one graph of the call's inputs"
                           : "takes numbers the body passes: a saved graph is one graph of the call's inputs");
+  } else if (v && shared_leaf(fn, v) >= 0) {
+    int i = shared_leaf(fn, v);
+    err_set(file, line, "save",
+            "%s's variant %d was traced with leaves %d and %d the same view of one storage (a tensor passed twice): a "
+            "saved graph takes distinct tensors; save a variant traced with distinct ones",
+            fn->name, variant_no ? variant_no : n, v->view_of[i], i);
   } else if (v) {
     FILE *f = fopen(path, "w");
     if (!f) err_set(file, line, "save", "cannot open %s: %s", path, strerror(errno));
@@ -2058,6 +2128,12 @@ int kiln_export_at(kiln_fn *fn, const char *prefix, const kiln_export_options *o
   } else if (v && !o.params_as_inputs && !variant_params_held(v)) {
     err_set(file, line, "export", "%s's variant %d reads a param its owner has released since (state the body replaces "
             "every call): export with params_as_inputs, or call the function once more first", fn->name, o.variant ? o.variant : n);
+  } else if (v && shared_leaf(fn, v) >= 0) {
+    int i = shared_leaf(fn, v);
+    err_set(file, line, "export",
+            "%s's variant %d was traced with leaves %d and %d the same view of one storage (a tensor passed twice): an "
+            "export takes distinct tensors; export a variant traced with distinct ones",
+            fn->name, o.variant ? o.variant : n, v->view_of[i], i);
   } else if (v) {
     char err[600];
     export_request rq = {.name = name, .prefix = prefix, .target = o.target, .cpu = o.cpu,
