@@ -1455,6 +1455,23 @@ static int keep_input_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out)
   return out[0] ? 0 : -1;
 }
 
+/* Or its own output, or a view of it that reads as the same value. */
+static int keep_output_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  kept *k = ctx;
+  kiln_tensor *y = kiln_exp(in[0]);
+  k->last = kiln_retain(y);
+  out[0] = y;
+  return out[0] ? 0 : -1;
+}
+
+static int keep_view_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  kept *k = ctx;
+  kiln_tensor *y = kiln_exp(in[0]);
+  k->last = kiln_retain(kiln_transpose(y, 0, 0));
+  out[0] = y;
+  return out[0] ? 0 : -1;
+}
+
 /* A body that stores tensors in its context: the stores are C the
  * guard-only path would skip (the caller found the first call's tensor, or
  * none), and the state it replaces every call is a new param each call, which
@@ -1463,8 +1480,8 @@ START_TEST(test_state_kept_in_context) {
   const int backends[] = {KILN_BACKEND_INTERP, KILN_BACKEND_LLVM};
   const int modes[] = {KILN_CAPTURE_AUTO, KILN_CAPTURE_RECORD};
   int64_t s[1] = {5};
-  kiln_body bodies[] = {handover_body, keep_input_body, kept_body};
-  for (int b = 0; b < 6; b++)
+  kiln_body bodies[] = {handover_body, keep_input_body, keep_output_body, keep_view_body, kept_body};
+  for (int b = 0; b < 10; b++)
     for (int c = 0; c < 2; c++) {
       kiln_body body = bodies[b / 2];
       kept ke = {kiln_zeros(KILN_F32, 1, s), NULL}, kc = {kiln_zeros(KILN_F32, 1, s), NULL};
@@ -1821,6 +1838,153 @@ START_TEST(test_tril_diagonal_follows_length) {
 }
 END_TEST
 
+/* ---- an op's number that changes at every call ---- */
+
+typedef struct {
+  double bound;
+} clipped;
+
+static int clip_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  const clipped *m = ctx;
+  out[0] = kiln_clamp(kiln_mul(in[0], in[0]), -m->bound, m->bound);
+  return out[0] ? 0 : -1;
+}
+
+static void clip_calls(void *arg) {
+  (void)arg;
+  const int backends[] = {KILN_BACKEND_INTERP, KILN_BACKEND_LLVM};
+  for (int b = 0; b < 2; b++) {
+    clipped m = {0};
+    kiln_options o = {.name = "clip", .n_in = 1, .backend = backends[b]};
+    kiln_fn *fn = kiln_compile(clip_body, &m, &o);
+    kiln_tensor *x = kiln_randn(KILN_F32, 1, ((int64_t[]){32}), 9);
+    for (int i = 0; i < 12; i++) {
+      kiln_scope_begin();
+      m.bound = 0.25 + 0.125 * i;
+      kiln_tensor *y = NULL, *ref = NULL;
+      ck_assert_msg(kiln_call(fn, &x, &y) == 0, "%s", kiln_last_error());
+      ck_assert_int_eq(0, clip_body(&m, &x, &ref));
+      ck_assert_msg(maxdiff(y, ref) == 0, "call %d: max diff %g", i, maxdiff(y, ref));
+      kiln_scope_end();
+    }
+    kiln_fn_stats st = stats(fn);
+    ck_assert_int_eq(3, st.traces);
+    ck_assert_int_eq(9, st.fallbacks);
+    kiln_fn_free(fn);
+    /* two values in turn: a variant each, then hits */
+    fn = kiln_compile(clip_body, &m, &o);
+    for (int i = 0; i < 8; i++) {
+      kiln_scope_begin();
+      m.bound = i % 2 ? 0.5 : 1.5;
+      kiln_tensor *y = NULL, *ref = NULL;
+      ck_assert_msg(kiln_call(fn, &x, &y) == 0, "%s", kiln_last_error());
+      ck_assert_int_eq(0, clip_body(&m, &x, &ref));
+      ck_assert_msg(maxdiff(y, ref) == 0, "call %d: max diff %g", i, maxdiff(y, ref));
+      kiln_scope_end();
+    }
+    st = stats(fn);
+    ck_assert_int_eq(2, st.traces);
+    ck_assert_int_eq(6, st.hits);
+    kiln_fn_free(fn);
+    kiln_release(x);
+  }
+}
+
+/* A clamp bound that changes at every call is an attribute of the op, not
+ * an argument of the graph: after two changes that compiled a variant each,
+ * the calls run on the interpreter (eager's values) instead of compiling at
+ * every call, and say so once. Two values in turn keep a variant each. */
+START_TEST(test_op_number_changes_every_call) {
+  const char *text = catch_fd(2, clip_calls, NULL);
+  ck_assert_msg(has(text, "test_capture.c") && has(text, "changes from call to call but is part of an op"), "%s", text);
+  ck_assert_msg(!has(text, "the cap"), "%s", text);
+}
+END_TEST
+
+/* ---- one tensor passed twice, then two that view the same elements ---- */
+
+static int twice_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  kiln_tensor *l = kiln_sum_all(kiln_mul(in[0], kiln_exp(in[1])));
+  if (kiln_backward(l)) return -1;
+  out[0] = l;
+  return out[0] ? 0 : -1;
+}
+
+/* a, b: one leaf twice (distinct false), or two leaves that slice all of one storage alike */
+static void twice_leaves(kiln_tensor **a, kiln_tensor **b, bool distinct) {
+  kiln_tensor *base = kiln_full(KILN_F32, 1, ((int64_t[]){3}), 0.5);
+  if (!distinct) {
+    *a = *b = base;
+  } else {
+    *a = kiln_slice(base, 0, 0, 3, 1), *b = kiln_slice(base, 0, 0, 3, 1);
+  }
+  kiln_requires_grad(*a, true), kiln_requires_grad(*b, true);
+}
+
+/* A graph traced with x passed twice gives x one .grad of both terms; two
+ * tensors that view the same elements alike each get their own, eagerly
+ * and compiled, in either order of calls. */
+START_TEST(test_one_tensor_twice_then_two_views) {
+  const int backends[] = {KILN_BACKEND_INTERP, KILN_BACKEND_LLVM};
+  const int modes[] = {KILN_CAPTURE_AUTO, KILN_CAPTURE_RECORD};
+  for (int k = 0; k < 8; k++) {
+    kiln_options o = {.name = "twice", .n_in = 2, .backend = backends[k % 2], .capture = modes[k / 2 % 2]};
+    kiln_fn *fn = kiln_compile(twice_body, NULL, &o);
+    for (int i = 0; i < 4; i++) {
+      kiln_scope_begin();
+      bool distinct = (i + k / 4) % 2 == 1;
+      kiln_tensor *ae, *be, *ac, *bc, *ye = NULL, *yc = NULL;
+      twice_leaves(&ae, &be, distinct), twice_leaves(&ac, &bc, distinct);
+      ck_assert_int_eq(0, twice_body(NULL, (kiln_tensor *[]){ae, be}, &ye));
+      ck_assert_msg(kiln_call(fn, (kiln_tensor *[]){ac, bc}, &yc) == 0, "%s", kiln_last_error());
+      ck_assert(maxdiff(yc, ye) <= 1e-6);
+      ck_assert_msg(maxdiff(kiln_grad(ac), kiln_grad(ae)) <= 1e-6, "case %d call %d: input 0's .grad differs", k, i);
+      ck_assert_msg(kiln_grad(bc) && maxdiff(kiln_grad(bc), kiln_grad(be)) <= 1e-6, "case %d call %d: input 1's .grad differs", k, i);
+      kiln_scope_end();
+    }
+    kiln_fn_free(fn);
+  }
+}
+END_TEST
+
+/* ---- more numbers than a call binds ---- */
+
+typedef struct {
+  kiln_tensor *w[70];
+  double lr;
+} many_numbers;
+
+static int many_numbers_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  const many_numbers *m = ctx;
+  kiln_tensor *acc = in[0];
+  for (int i = 0; i < 70; i++) acc = kiln_add(acc, kiln_mul(m->w[i], kiln_scalar(KILN_F32, m->lr * (i + 1))));
+  out[0] = acc;
+  return out[0] ? 0 : -1;
+}
+
+/* 70 numbers that change at every call, more than the 64 a call binds at
+ * run time: eager's values (the numbers past 64 stay constants of their
+ * variant), where the call wrote past its arguments and failed. */
+START_TEST(test_more_numbers_than_arguments) {
+  many_numbers m;
+  int64_t s[1] = {2};
+  for (int i = 0; i < 70; i++) m.w[i] = kiln_full(KILN_F32, 1, s, 0.01 * i);
+  kiln_fn *fn = kiln_compile(many_numbers_body, &m, &(kiln_options){.name = "many_numbers", .n_in = 1});
+  for (int i = 0; i < 5; i++) {
+    kiln_scope_begin();
+    m.lr = 0.1 * (i + 1);
+    kiln_tensor *x = kiln_ones(KILN_F32, 1, s), *y = NULL, *ref = NULL;
+    ck_assert_msg(kiln_call(fn, &x, &y) == 0, "call %d: %s", i, kiln_last_error());
+    ck_assert_int_eq(0, many_numbers_body(&m, &x, &ref));
+    ck_assert_msg(maxdiff(y, ref) <= 1e-5, "call %d: max diff %g", i, maxdiff(y, ref));
+    kiln_scope_end();
+  }
+  kiln_fn_free(fn);
+  for (int i = 0; i < 70; i++) kiln_release(m.w[i]);
+}
+END_TEST
+
 Suite *capture_suite(void);
 Suite *capture_suite(void) {
   Suite *s = suite_create("capture");
@@ -1868,6 +2032,9 @@ Suite *capture_suite(void) {
   tcase_add_test(tc, test_written_leaf_returned);
   tcase_add_test(tc, test_arange_length_grows);
   tcase_add_test(tc, test_tril_diagonal_follows_length);
+  tcase_add_test(tc, test_op_number_changes_every_call);
+  tcase_add_test(tc, test_one_tensor_twice_then_two_views);
+  tcase_add_test(tc, test_more_numbers_than_arguments);
   suite_add_tcase(s, tc);
   return s;
 }

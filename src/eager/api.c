@@ -329,7 +329,7 @@ kiln_tensor *kiln_slice_at(kiln_tensor *t, int dim, int64_t start, int64_t end, 
   /* a recording keeps the bounds as given, and may pass them at run time:
    * one far out (INT64_MAX for "to the end") is kept as the nearest number
    * a graph's symbols can hold that means the same for this dim */
-  const int64_t far = INT64_MAX / 4;
+  const int64_t far = (int64_t)1 << 40; /* well inside a symbol's range: sums of two stay exact */
   if (n <= far) {
     raw_start = raw_start > far ? far : raw_start < -far ? -far : raw_start;
     raw_end = raw_end > far ? far : raw_end < -far ? -far : raw_end;

@@ -70,8 +70,10 @@ static sym_dim new_arg_sym(build_state *b, int64_t v, bool has_pv, int64_t pv, i
   return new_arg_sym_in(b, v, has_pv, pv, v < 0 ? INT64_MIN / 4 : 0, INT64_MAX / 4, arg);
 }
 static sym_dim new_arg_sym_in(build_state *b, int64_t v, bool has_pv, int64_t pv, int64_t lo, int64_t hi, int *arg) {
-  if (b->n_syms == IR_MAX_SYMS || alloc_grow((void **)&b->args, &b->cap_args, b->n_args + 1, sizeof *b->args)) {
-    bfail(b, "more than %d symbolic sizes", IR_MAX_SYMS);
+  /* a call binds at most IR_MAX_SYMS arguments, sizes and scalars together */
+  if (b->n_syms == IR_MAX_SYMS || b->n_args == IR_MAX_SYMS ||
+      alloc_grow((void **)&b->args, &b->cap_args, b->n_args + 1, sizeof *b->args)) {
+    bfail(b, "more than %d symbolic sizes and numbers passed at run time", IR_MAX_SYMS);
     return sym_error();
   }
   int k = b->n_syms++;
@@ -290,7 +292,9 @@ static sym_dim slot_size(build_state *b, int ev, int si, int64_t v, sym_dim hint
 static int slot_value(build_state *b, int ev, int si, double v, kiln_dtype dt) {
   rec_slot ps;
   slot_rule rule = {.kind = SLOT_CONST, .v = {true, 0, v}, .arg = -1};
-  if (prev_slot(b, ev, si, &ps) && ps.is_float && memcmp(&ps.f, &v, sizeof v)) {
+  /* past the arguments a call can bind, a constant: a call with another
+   * value makes another variant (or runs on the interpreter) */
+  if (b->n_args < IR_MAX_SYMS && prev_slot(b, ev, si, &ps) && ps.is_float && memcmp(&ps.f, &v, sizeof v)) {
     if (alloc_grow((void **)&b->args, &b->cap_args, b->n_args + 1, sizeof *b->args)) {
       bfail(b, "out of memory while building");
       return -1;

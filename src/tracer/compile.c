@@ -83,6 +83,7 @@ typedef struct variant {
   kiln_tensor **params;    /* retained: the guard path reads them */
   int *alias;              /* [n_in + n_params]: the first leaf sharing storage with this one */
   int *view_of;            /* [n_in + n_params]: the first leaf that is the same view as this one (see same_view) */
+  int in_first[MAX_IN];    /* the first input that is the same tensor as input i (one value, one .grad) */
   int in_ndim[MAX_IN];
   int64_t in_shape[MAX_IN][MAXD];
   /* the guard-only path */
@@ -119,6 +120,11 @@ struct kiln_fn {
   bool have_last;
   bool loaded;                      /* from kiln_load: one graph, no body */
   bool warned_cap;
+  /* events whose constant number changed and stayed a constant of the
+   * variant made for it (an op's attribute: a clamp bound, topk's k): a
+   * third change runs on the interpreter instead of compiling again */
+  struct { int ev, n; } futile[8];
+  bool warned_futile;
   struct rec_state *spare;          /* a finished call's recording buffers, for the next call (rec_keep) */
   kiln_fn_stats st;
   double guard_ns_total;
@@ -336,9 +342,10 @@ static int guards_hold(const ir_graph *g, const int64_t *vals, int nvals, char *
   return 1;
 }
 
-/* Whether a and b read the same elements the same way: the recording takes
- * one tensor passed twice for one value, so a graph traced so serves only
- * calls where the two leaves are such views still (not x and x transposed). */
+/* Whether a and b read the same elements the same way: a write of one from
+ * the other is allowed eagerly then (x and its reshape), and an error where
+ * they overlap otherwise (x and x transposed), so a graph traced with one
+ * serves only calls with the same. */
 static bool same_view(const kiln_tensor *a, const kiln_tensor *b) {
   return a->st == b->st && a->dtype == b->dtype && a->offset == b->offset && a->ndim == b->ndim &&
          !memcmp(a->shape, b->shape, sizeof(int64_t) * (size_t)a->ndim) &&
@@ -406,6 +413,11 @@ static int guards_pass(const kiln_fn *fn, const variant *v, kiln_tensor *const *
       if (share && v->view_of && same_view(a, b) != (v->view_of[i] == v->view_of[j])) {
         if (why) snprintf(why, whyn, "leaves %d and %d are %s view of their storage, unlike variant %d", i, j,
                           same_view(a, b) ? "the same" : "another", v->no);
+        return 0;
+      }
+      /* and one tensor as when traced, or two (a tensor passed twice is one value, with one .grad) */
+      if (share && j < n_in && !v->loaded && (a == b) != (v->in_first[j] == v->in_first[i])) {
+        if (why) snprintf(why, whyn, "inputs %d and %d are %s, unlike variant %d", i, j, a == b ? "one tensor" : "two tensors", v->no);
         return 0;
       }
     }
@@ -663,6 +675,8 @@ typedef struct call_state {
   segment **segs;             /* the new variant's segments */
   int n_segs;
   bool uncached;              /* the cache is full: the new segments run on the interpreter */
+  bool storm;                 /* or an op's number changes at every call (uncached too) */
+  bool kept_live;             /* the body keeps a tensor it made other than its outputs (even a view of one) */
   bool matched_all;
   double compile_ms, passes_ms, front_ms, opt_ms, machine_ms;
   int no;
@@ -1209,6 +1223,37 @@ static int aligned_with(const recording *r, const variant *v) {
   return k;
 }
 
+/* The first event of the call whose number differs from a constant of v's
+ * (v's events aligned with the call's), or -1. */
+static int const_changed(const recording *r, const variant *v) {
+  for (int i = 0; i < r->n_ev && i < v->n_ev; i++) {
+    const rec_event *e = &r->ev[i];
+    rec_slot sl[2 * MAXD + 8];
+    int n = rec_has_slots(e) ? rec_slots(e, sl, (int)(sizeof sl / sizeof sl[0])) : 0;
+    for (int k = 0; k < n && k < v->rule_at[i + 1] - v->rule_at[i]; k++) {
+      const slot_rule *rule = &v->rules[v->rule_at[i] + k];
+      if (rule->kind != SLOT_CONST) continue;
+      if (sl[k].is_float ? memcmp(&sl[k].f, &rule->v.f, sizeof sl[k].f) : sl[k].i != rule->v.i) return i;
+    }
+  }
+  return -1;
+}
+
+/* Whether the inputs have the shapes v was traced with: a number that then
+ * changes is no size's. */
+static bool traced_shapes(const kiln_fn *fn, const variant *v, kiln_tensor *const *in) {
+  for (int i = 0; i < fn->opts.n_in && i < MAX_IN; i++)
+    if (in[i]->ndim != v->in_ndim[i] || memcmp(in[i]->shape, v->in_shape[i], sizeof(int64_t) * (size_t)in[i]->ndim)) return false;
+  return true;
+}
+
+/* How many times the constant at event ev changed without becoming an argument (fn->mu held). */
+static int futile_count(const kiln_fn *fn, int ev) {
+  for (int i = 0; ev >= 0 && i < 8; i++)
+    if (fn->futile[i].n && fn->futile[i].ev == ev) return fn->futile[i].n;
+  return 0;
+}
+
 /* Starts the new variant: the build_state, told about the variant the call
  * followed the longest (its numbers tell literals from sizes). */
 static int start_building(call_state *cs) {
@@ -1221,10 +1266,23 @@ static int start_building(call_state *cs) {
     int k = aligned_with(r, cs->cand[c]);
     if (k > best_len) best = cs->cand[c], best_len = k;
   }
+  /* a call that differs from a variant only in a number that changed twice
+   * already and stayed a constant each time (an op's attribute computed
+   * anew every call) would compile at every call: it runs on the interpreter */
+  int changed = best && best != cs->prev_var && best_len == r->n_ev && traced_shapes(fn, best, cs->in) ? const_changed(r, best) : -1;
   pthread_mutex_lock(&fn->mu);
   cs->no = ++fn->dump_seq;
   cs->uncached = fn->n_variants >= fn->opts.max_variants;
+  bool storm = !cs->uncached && futile_count(fn, changed) >= 2;
+  bool warn = storm && !fn->warned_futile;
+  fn->warned_futile |= storm;
+  cs->uncached |= storm;
+  cs->storm = storm;
   pthread_mutex_unlock(&fn->mu);
+  if (warn)
+    fprintf(stderr, "kiln: warning: %s (compiled at %s:%d): the number at %s:%d changes from call to call but is part of "
+            "an op (an attribute, not an argument of the graph): calls that bring a new value run on the interpreter "
+            "instead of compiling each time\n", fn->name, fn->file, fn->line, r->ev[changed].file, r->ev[changed].line);
   if (best)
     cs->prev = (build_prev){.ev = best->ev, .n_ev = best->n_ev, .aligned = best_len, .n_in = r->n_in,
                             .in_ndim = best->in_ndim, .in_shape = (const int64_t(*)[MAXD])best->in_shape};
@@ -1311,6 +1369,7 @@ static int seg_run(recording *r, void *ctx, bool last) {
   if (last) rec_strip_history(r);
   rec_restore_grads(r);
   if (rec_live_values(r, last ? cs->out_t : NULL, last ? fn->opts.n_out : 0, &live, &n_live)) goto fail;
+  if (last) cs->kept_live = n_live > 0;
   si->val_to = r->n_val;
   si->out = alloc_malloc(sizeof(int) * (size_t)(si->n_body + n_live + 1));
   if (!si->out) goto fail;
@@ -1401,15 +1460,24 @@ static void call_free(call_state *cs) {
   rec_spare_free(spare);
 }
 
-/* Whether the body kept a reference to an input, a param or a .grad beyond
- * the call (m->saved = kiln_retain(in[0])): C that a call skipping the body
- * skips. An output that is the leaf itself holds one reference of its own. */
+/* Whether the body kept a reference to an input, an output or a .grad
+ * beyond the call (m->saved = kiln_retain(in[0])): C that a call skipping
+ * the body skips. An output that is the leaf itself holds one reference of
+ * its own. Params are left out: another thread's call reaching the same
+ * weights meanwhile holds references to them too, which would read as kept
+ * (the guide says a body must not keep a weight on the guard-only path). */
 static bool leaves_kept(const recording *r, kiln_tensor *const *out, int n_out) {
-  for (int i = 0; i < r->n_in + r->n_params; i++) {
-    kiln_tensor *t = i < r->n_in ? r->in[i] : r->params[i - r->n_in];
-    uint32_t want = i < r->n_in ? (i < 64 ? r->in_refs[i] : UINT32_MAX) : r->param_seen[i - r->n_in].refs;
-    for (int k = 0; k < n_out; k++) want += out[k] == t;
-    if (tensor_refs(t) > want) return true;
+  for (int i = 0; i < r->n_in && i < 64; i++) {
+    uint32_t want = r->in_refs[i];
+    for (int k = 0; k < n_out; k++) want += out[k] == r->in[i];
+    if (tensor_refs(r->in[i]) > want) return true;
+  }
+  /* an output the body made and also keeps (m->last = kiln_retain(y)) */
+  for (int i = 0; i < n_out; i++) {
+    if (!out[i] || out[i]->rec_call != r->id) continue;
+    uint32_t want = (uint32_t)rec_holds(r, out[i]);
+    for (int k = 0; k < n_out; k++) want += out[k] == out[i];
+    if (tensor_refs(out[i]) > want) return true;
   }
   return rec_grads_kept(r);
 }
@@ -1489,6 +1557,11 @@ static variant *make_variant(call_state *cs) {
       if (v->alias[j] == v->alias[i] && same_view(t, j < r->n_in ? r->in[j] : r->params[j - r->n_in])) v->view_of[i] = v->view_of[j];
   }
   for (int i = 0; i < fn->opts.n_in; i++) {
+    v->in_first[i] = i;
+    for (int j = 0; j < i && v->in_first[i] == i; j++)
+      if (r->in[j] == r->in[i]) v->in_first[i] = j;
+  }
+  for (int i = 0; i < fn->opts.n_in; i++) {
     v->in_leaf[i] = (trace_leaf){r->in[i]->requires_grad, (r->in_had_grad >> i & 1) != 0}; /* n_in <= 64 */
     v->in_ndim[i] = r->in[i]->ndim;
     memcpy(v->in_shape[i], r->in[i]->shape, sizeof v->in_shape[i]);
@@ -1510,7 +1583,7 @@ static variant *make_variant(call_state *cs) {
   bool plain = !r->read_meta && !r->c_numbers && !r->read_data && v->n_seg == 1 && v->n_args == 0 && !v->seg[0]->frozen;
   /* nor a tensor the body made and kept somewhere other than its outputs (a
    * state in its context): storing it there is C the guard-only path skips */
-  plain = plain && v->seg[0]->n_out == fn->opts.n_out && !kept;
+  plain = plain && v->seg[0]->n_out == fn->opts.n_out && !cs->kept_live && !kept;
   for (int i = 0; i < r->n_ev && plain; i++) plain = r->ev[i].kind != EV_RAND;
   /* never after an escape: the graph is the part before it, and the rest
    * of the body (its outputs, its writes) ran eagerly */
@@ -1644,6 +1717,18 @@ static int record_call(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out) {
         same_seg_writes(v, nv) && same_sharing(v, nv, cs.rec.n_in + nv->n_params))
       old = v;
   }
+  if (old && nv->n_args <= old->n_args && traced_shapes(fn, old, in)) {
+    /* the changed number (no size's) is a constant of the new one too: it
+     * serves no call the old one did, so both stay (values that alternate
+     * hit), and the event is counted towards running on the interpreter */
+    int ev = const_changed(&cs.rec, old), k = -1;
+    for (int i = 0; i < 8 && ev >= 0 && k < 0; i++)
+      if (fn->futile[i].n && fn->futile[i].ev == ev) k = i;
+    for (int i = 0; i < 8 && ev >= 0 && k < 0; i++)
+      if (!fn->futile[i].n) k = i;
+    if (k >= 0) fn->futile[k].ev = ev, fn->futile[k].n++;
+    old = NULL;
+  }
   if (old)
     for (int i = 0; i < fn->n_variants; i++)
       if (fn->variants[i] == old) {
@@ -1662,7 +1747,7 @@ static int record_call(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out) {
       fn->variants[fn->n_variants++] = nv;
       cached = true;
     }
-  } else if (cs.building && cs.uncached) {
+  } else if (cs.building && cs.uncached && !cs.storm) {
     warn_cap = !fn->warned_cap;
     fn->warned_cap = true;
   }
@@ -2047,14 +2132,14 @@ char *kiln_fn_graph_at(const kiln_fn *fn, int variant_no, const char *file, int 
 
 /* ---- save and load ---- */
 
-/* The first leaf of v that is the same view as an earlier one, or -1. The
+/* The first input of v that is the same tensor as an earlier one, or -1. The
  * recording takes a tensor passed twice for one value, so v's graph reads
  * one leaf for both; a saved or exported graph takes distinct tensors, and
  * would read the first for each. (Other views of one storage, a row of a
  * weight passed with the weight, are leaves of their own.) */
 static int shared_leaf(const kiln_fn *fn, const variant *v) {
-  for (int i = 0; v->view_of && i < fn->opts.n_in + v->n_params; i++)
-    if (v->view_of[i] != i) return i;
+  for (int i = 0; !v->loaded && i < fn->opts.n_in && i < MAX_IN; i++)
+    if (v->in_first[i] != i) return i;
   return -1;
 }
 
@@ -2076,9 +2161,9 @@ int kiln_save_variant_at(kiln_fn *fn, const char *path, int variant_no, const ch
   } else if (v && shared_leaf(fn, v) >= 0) {
     int i = shared_leaf(fn, v);
     err_set(file, line, "save",
-            "%s's variant %d was traced with leaves %d and %d the same view of one storage (a tensor passed twice): a "
+            "%s's variant %d was traced with one tensor as inputs %d and %d (a tensor passed twice): a "
             "saved graph takes distinct tensors; save a variant traced with distinct ones",
-            fn->name, variant_no ? variant_no : n, v->view_of[i], i);
+            fn->name, variant_no ? variant_no : n, v->in_first[i], i);
   } else if (v) {
     FILE *f = fopen(path, "w");
     if (!f) err_set(file, line, "save", "cannot open %s: %s", path, strerror(errno));
@@ -2127,13 +2212,13 @@ int kiln_export_at(kiln_fn *fn, const char *prefix, const kiln_export_options *o
                           : "takes numbers the body passes: an export binds sizes from its inputs' shapes only");
   } else if (v && !o.params_as_inputs && !variant_params_held(v)) {
     err_set(file, line, "export", "%s's variant %d reads a param its owner has released since (state the body replaces "
-            "every call): export with params_as_inputs, or call the function once more first", fn->name, o.variant ? o.variant : n);
+            "every call), whose values it no longer has: export with params_as_inputs", fn->name, o.variant ? o.variant : n);
   } else if (v && shared_leaf(fn, v) >= 0) {
     int i = shared_leaf(fn, v);
     err_set(file, line, "export",
-            "%s's variant %d was traced with leaves %d and %d the same view of one storage (a tensor passed twice): an "
+            "%s's variant %d was traced with one tensor as inputs %d and %d (a tensor passed twice): an "
             "export takes distinct tensors; export a variant traced with distinct ones",
-            fn->name, o.variant ? o.variant : n, v->view_of[i], i);
+            fn->name, o.variant ? o.variant : n, v->in_first[i], i);
   } else if (v) {
     char err[600];
     export_request rq = {.name = name, .prefix = prefix, .target = o.target, .cpu = o.cpu,

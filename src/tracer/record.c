@@ -339,9 +339,17 @@ int rec_value_of(recording *r, kiln_tensor *t) {
   if (alloc_grow((void **)&r->param_seen, &r->cap_seen, r->n_params + 1, sizeof *r->param_seen))
     return fail(r, "out of memory while recording"), -1;
   r->params[r->n_params] = kiln_retain(t);
-  r->param_seen[r->n_params++] = (struct rec_param_seen){t->grad != NULL, tensor_refs(t)};
+  r->param_seen[r->n_params++] = (struct rec_param_seen){t->grad != NULL};
   if (add_leaf(r, t, id)) return -1;
   return id;
+}
+
+int rec_holds(const recording *r, const kiln_tensor *t) {
+  const struct rec_state *s = r->st;
+  int n = 0;
+  for (int i = 0; i < s->n_made; i++) n += s->made[i] == t;
+  for (int i = 0; i < s->n_leaf; i++) n += s->leaf[i].held && s->leaf[i].t == t;
+  return n;
 }
 
 kiln_tensor *rec_tensor_of(recording *r, int value) {

@@ -286,7 +286,6 @@ struct recording {
   uint64_t in_had_grad;    /* bit i: input i had a .grad when the call began */
   struct rec_param_seen {
     bool had_grad;         /* it had a .grad when the call first reached it */
-    uint32_t refs;         /* its references then, the recording's own included */
   } *param_seen;           /* per param */
   int cap_seen;
   uint32_t in_refs[64];    /* input i's references when the call began */
@@ -358,6 +357,8 @@ int rec_live_values(recording *r, kiln_tensor *const *skip, int n_skip, rec_live
 /* Whether something took a reference to a .grad a leaf had when the call
  * reached it (the body kept it), after the call's writes. */
 bool rec_grads_kept(const recording *r);
+/* How many references the recording itself holds to t (made by it, or carried). */
+int rec_holds(const recording *r, const kiln_tensor *t);
 /* The leaves the segment reached: an input, param or carried value, its value
  * when the segment began and now, its .grad then and now (value ids; -1 for
  * NULL or not reached). */
