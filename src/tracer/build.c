@@ -292,9 +292,10 @@ static sym_dim slot_size(build_state *b, int ev, int si, int64_t v, sym_dim hint
 static int slot_value(build_state *b, int ev, int si, double v, kiln_dtype dt) {
   rec_slot ps;
   slot_rule rule = {.kind = SLOT_CONST, .v = {true, 0, v}, .arg = -1};
-  /* past the arguments a call can bind, a constant: a call with another
-   * value makes another variant (or runs on the interpreter) */
-  if (b->n_args < IR_MAX_SYMS && prev_slot(b, ev, si, &ps) && ps.is_float && memcmp(&ps.f, &v, sizeof v)) {
+  /* past half the arguments a call can bind (the rest for sizes and draws),
+   * a constant: a call with another value makes another variant (or runs
+   * on the interpreter) */
+  if (b->n_args < IR_MAX_SYMS / 2 && prev_slot(b, ev, si, &ps) && ps.is_float && memcmp(&ps.f, &v, sizeof v)) {
     if (alloc_grow((void **)&b->args, &b->cap_args, b->n_args + 1, sizeof *b->args)) {
       bfail(b, "out of memory while building");
       return -1;

@@ -1247,6 +1247,16 @@ static bool traced_shapes(const kiln_fn *fn, const variant *v, kiln_tensor *cons
   return true;
 }
 
+/* Whether event ev's slots that are constants of old are constants of nv
+ * too (nothing there became an argument). */
+static bool still_const(const variant *old, const variant *nv, int ev) {
+  int n = old->rule_at[ev + 1] - old->rule_at[ev];
+  if (n != nv->rule_at[ev + 1] - nv->rule_at[ev]) return false;
+  for (int k = 0; k < n; k++)
+    if (old->rules[old->rule_at[ev] + k].kind == SLOT_CONST && nv->rules[nv->rule_at[ev] + k].kind != SLOT_CONST) return false;
+  return true;
+}
+
 /* How many times the constant at event ev changed without becoming an argument (fn->mu held). */
 static int futile_count(const kiln_fn *fn, int ev) {
   for (int i = 0; ev >= 0 && i < 8; i++)
@@ -1280,9 +1290,9 @@ static int start_building(call_state *cs) {
   cs->storm = storm;
   pthread_mutex_unlock(&fn->mu);
   if (warn)
-    fprintf(stderr, "kiln: warning: %s (compiled at %s:%d): the number at %s:%d changes from call to call but is part of "
-            "an op (an attribute, not an argument of the graph): calls that bring a new value run on the interpreter "
-            "instead of compiling each time\n", fn->name, fn->file, fn->line, r->ev[changed].file, r->ev[changed].line);
+    fprintf(stderr, "kiln: warning: %s (compiled at %s:%d): the number at %s:%d changes from call to call but stays a constant "
+            "of the graph (part of an op, or past the numbers a call passes at run time): calls that bring a new value "
+            "run on the interpreter instead of compiling each time\n", fn->name, fn->file, fn->line, r->ev[changed].file, r->ev[changed].line);
   if (best)
     cs->prev = (build_prev){.ev = best->ev, .n_ev = best->n_ev, .aligned = best_len, .n_in = r->n_in,
                             .in_ndim = best->in_ndim, .in_shape = (const int64_t(*)[MAXD])best->in_shape};
@@ -1472,14 +1482,32 @@ static bool leaves_kept(const recording *r, kiln_tensor *const *out, int n_out) 
     for (int k = 0; k < n_out; k++) want += out[k] == r->in[i];
     if (tensor_refs(r->in[i]) > want) return true;
   }
-  /* an output the body made and also keeps (m->last = kiln_retain(y)) */
+  /* an output the body made and also keeps (m->last = kiln_retain(y)); a
+   * scope's reference (kiln_keep into the caller's scope) is no store */
   for (int i = 0; i < n_out; i++) {
     if (!out[i] || out[i]->rec_call != r->id) continue;
-    uint32_t want = (uint32_t)rec_holds(r, out[i]);
+    uint32_t want = (uint32_t)rec_holds(r, out[i]) + (uint32_t)(atomic_load(&out[i]->refs) >> 32);
     for (int k = 0; k < n_out; k++) want += out[k] == out[i];
     if (tensor_refs(out[i]) > want) return true;
   }
-  return rec_grads_kept(r);
+  /* a view the body made of an input or param and keeps (its data is the leaf's) */
+  return rec_views_kept(r, out, n_out) || rec_grads_kept(r);
+}
+
+/* Whether an output views memory the call writes without being the written
+ * leaf itself (a transpose of an input written in place): the guard-only
+ * path could only hand back a copy, where eagerly a write into the output
+ * reaches the leaf. */
+static bool outputs_view_written(const recording *r, const segment *seg, kiln_tensor *const *out, int n_out) {
+  for (int w = 0; w < seg->n_writes; w++) {
+    const build_write *bw = &seg->writes[w];
+    if (bw->now < 0 || bw->now == bw->base) continue; /* its data unwritten */
+    const rec_value *rv = &r->val[bw->base];
+    kiln_tensor *leaf = rv->kind == RV_INPUT ? r->in[rv->index] : rv->kind == RV_PARAM ? r->params[rv->index] : NULL;
+    for (int i = 0; leaf && i < n_out; i++)
+      if (out[i] && out[i] != leaf && out[i]->st == leaf->st) return true;
+  }
+  return false;
 }
 
 /* The new variant, from this call's log and segments; NULL on out of memory. */
@@ -1583,7 +1611,8 @@ static variant *make_variant(call_state *cs) {
   bool plain = !r->read_meta && !r->c_numbers && !r->read_data && v->n_seg == 1 && v->n_args == 0 && !v->seg[0]->frozen;
   /* nor a tensor the body made and kept somewhere other than its outputs (a
    * state in its context): storing it there is C the guard-only path skips */
-  plain = plain && v->seg[0]->n_out == fn->opts.n_out && !cs->kept_live && !kept;
+  plain = plain && v->seg[0]->n_out == fn->opts.n_out && !cs->kept_live && !kept &&
+          !outputs_view_written(r, v->seg[0], cs->out_t, fn->opts.n_out);
   for (int i = 0; i < r->n_ev && plain; i++) plain = r->ev[i].kind != EV_RAND;
   /* never after an escape: the graph is the part before it, and the rest
    * of the body (its outputs, its writes) ran eagerly */
@@ -1717,14 +1746,15 @@ static int record_call(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out) {
         same_seg_writes(v, nv) && same_sharing(v, nv, cs.rec.n_in + nv->n_params))
       old = v;
   }
-  if (old && nv->n_args <= old->n_args && traced_shapes(fn, old, in)) {
+  int ev = old && traced_shapes(fn, old, in) ? const_changed(&cs.rec, old) : -1;
+  if (ev >= 0 && const_changed(&cs.rec, nv) < 0 && still_const(old, nv, ev)) {
     /* the changed number (no size's) is a constant of the new one too: it
      * serves no call the old one did, so both stay (values that alternate
      * hit), and the event is counted towards running on the interpreter */
-    int ev = const_changed(&cs.rec, old), k = -1;
-    for (int i = 0; i < 8 && ev >= 0 && k < 0; i++)
+    int k = -1;
+    for (int i = 0; i < 8 && k < 0; i++)
       if (fn->futile[i].n && fn->futile[i].ev == ev) k = i;
-    for (int i = 0; i < 8 && ev >= 0 && k < 0; i++)
+    for (int i = 0; i < 8 && k < 0; i++)
       if (!fn->futile[i].n) k = i;
     if (k >= 0) fn->futile[k].ev = ev, fn->futile[k].n++;
     old = NULL;

@@ -344,6 +344,18 @@ int rec_value_of(recording *r, kiln_tensor *t) {
   return id;
 }
 
+bool rec_views_kept(const recording *r, kiln_tensor *const *out, int n_out) {
+  const struct rec_state *s = r->st;
+  for (int i = 0; i < s->n_made; i++) {
+    const kiln_tensor *t = s->made[i];
+    if (t->st->meta || t->rec_call != r->id) continue; /* meta: rec_live_values' */
+    bool is_out = false;
+    for (int k = 0; k < n_out && !is_out; k++) is_out = out[k] == t;
+    if (!is_out && tensor_refs(t) > (uint32_t)rec_holds(r, t) + (uint32_t)(atomic_load(&t->refs) >> 32)) return true;
+  }
+  return false;
+}
+
 int rec_holds(const recording *r, const kiln_tensor *t) {
   const struct rec_state *s = r->st;
   int n = 0;

@@ -359,6 +359,9 @@ int rec_live_values(recording *r, kiln_tensor *const *skip, int n_skip, rec_live
 bool rec_grads_kept(const recording *r);
 /* How many references the recording itself holds to t (made by it, or carried). */
 int rec_holds(const recording *r, const kiln_tensor *t);
+/* Whether the body keeps (beyond the call and any scope) a view it made of
+ * memory with data, an input's or a param's, other than an output. */
+bool rec_views_kept(const recording *r, kiln_tensor *const *out, int n_out);
 /* The leaves the segment reached: an input, param or carried value, its value
  * when the segment began and now, its .grad then and now (value ids; -1 for
  * NULL or not reached). */
