@@ -1475,7 +1475,14 @@ static int keep_view_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) 
 static int keep_input_view_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
   kept *k = ctx;
   k->last = kiln_retain(kiln_transpose(in[0], 0, 0)); /* a view, of no number: the guard-only path otherwise */
-  out[0] = kiln_keep(kiln_relu(in[0])); /* into the caller's scope: no store */
+  out[0] = kiln_relu(in[0]);
+  return out[0] ? 0 : -1;
+}
+
+/* An output moved into the caller's scope: a scope's reference, no store. */
+static int keep_scope_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  out[0] = kiln_keep(kiln_exp(in[0]));
   return out[0] ? 0 : -1;
 }
 
@@ -1519,6 +1526,15 @@ START_TEST(test_state_kept_in_context) {
       kiln_fn_free(fn);
       kiln_release(kc.m), kiln_release(ke.m);
     }
+  kiln_fn *fk = kiln_compile(keep_scope_body, NULL, &(kiln_options){.name = "keep_scope", .n_in = 1});
+  for (int i = 0; i < 3; i++) {
+    kiln_scope_begin();
+    kiln_tensor *x = kiln_randn(KILN_F32, 1, s, 80 + (uint64_t)i), *y = NULL;
+    ck_assert_msg(kiln_call(fk, &x, &y) == 0, "%s", kiln_last_error());
+    kiln_scope_end();
+  }
+  ck_assert_int_eq(2, stats(fk).guard_hits);
+  kiln_fn_free(fk);
 }
 END_TEST
 
