@@ -88,8 +88,7 @@ kiln_tensor *kiln_contiguous_at(kiln_tensor *t, const char *file, int line) {
    * only in the first case. A choice on the layout, as kiln_is_contiguous's
    * would be, which the guard-only path does not check: a recording runs
    * again at every call (an input transposed at one call, plain at the next) */
-  const trace_hooks *h = dispatch_hooks();
-  if (h && h->size_read) h->size_read(h->ctx, t, -1);
+  meta_read(t, -1);
   if (tensor_contiguous(t)) return same(t);
   return op_dispatch(OP_COPY, &t, 1, NULL, file, line);
 }
@@ -296,8 +295,7 @@ kiln_tensor *kiln_squeeze_at(kiln_tensor *t, int dim, const char *file, int line
      * the size, as kiln_size's would be: no op is recorded for it, so a
      * recording must run again at every call (a symbolic dim that is 1 at a
      * later call must drop), never the guard-only path */
-    const trace_hooks *h = dispatch_hooks();
-    if (h && h->size_read && t->ndim) h->size_read(h->ctx, t, d);
+    if (t->ndim) meta_read(t, d);
     return same(t);
   }
   op_attrs a = {.ndim = t->ndim - 1};

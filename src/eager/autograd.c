@@ -1121,8 +1121,7 @@ void kiln_requires_grad_at(kiln_tensor *t, bool on, const char *file, int line) 
   if (t->requires_grad != on) {
     /* a compiled body that changes a flag must run on every call, as
      * eagerly: the guard-only path would skip the change */
-    const trace_hooks *h = dispatch_hooks();
-    if (h && h->size_read) h->size_read(h->ctx, t, -1);
+    meta_read(t, -1);
   }
   t->requires_grad = on;
 }

@@ -176,6 +176,8 @@ void ag_set_grad_if(kiln_tensor *g, kiln_tensor *m, int kind);
 #define REF_SCOPED ((1ull << 32) | 1ull) /* a reference a scope holds */
 /* All references to t, scopes' included; 0 once released. */
 static inline uint32_t tensor_refs(const kiln_tensor *t) { return (uint32_t)atomic_load(&t->refs); }
+/* Of those, the ones scopes hold. */
+static inline uint32_t tensor_scope_refs(const kiln_tensor *t) { return (uint32_t)(atomic_load(&t->refs) >> 32); }
 /* 0 when t is NULL or live; -1 when its last reference is gone, with
  * "<what> was already released" set (op's name, the caller's file:line). The
  * public functions call it before they read a tensor. */
@@ -221,6 +223,8 @@ static inline kiln_tensor tensor_header(const kiln_tensor *t) {
   return v;
 }
 bool tensor_contiguous(const kiln_tensor *t);
+/* Whether t covers all of its storage, in order (offset 0, contiguous, every byte). */
+bool tensor_covers_storage(const kiln_tensor *t);
 void contiguous_strides(int ndim, const int64_t *shape, int64_t *stride);
 /* One element as a double (index in row-major order). */
 double tensor_get(const kiln_tensor *t, int64_t linear);
@@ -435,6 +439,9 @@ enum { FAC_FULL, FAC_DATA, FAC_RAND };
 void dispatch_set_hooks(const trace_hooks *h);
 const trace_hooks *dispatch_hooks(void);
 void hook_read(const char *what, const kiln_tensor *t, const char *file, int line);
+/* A read of t's metadata (dim d's size, or -1 for the rest) that C can
+ * branch on: a recording notes it, so the body records at every call. */
+void meta_read(const kiln_tensor *t, int dim);
 /* Where the numbers an op is given come from (thread-local): user code passes
  * its own (a reshape target, slice bounds), while kiln's formulas (autograd,
  * composite ops) pass sizes of real tensors. The tracer trusts the second kind

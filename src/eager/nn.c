@@ -183,12 +183,9 @@ kiln_tensor *kiln_mse_loss_at(kiln_tensor *a, kiln_tensor *b, const char *file, 
 kiln_tensor *kiln_dropout_at(kiln_tensor *x, double p, bool training, const char *file, int line) {
   if (check_float("dropout", x, 0, file, line)) return NULL;
   if (!(p >= 0 && p <= 1)) return err_set(file, line, "dropout", "p %g is outside [0, 1]", p);
-  if (training && p == 0) {
-    /* no draw and no op, but p is the caller's number: a recording must see
-     * it again on every call (a later p draws), as a size C branched on */
-    const trace_hooks *h = dispatch_hooks();
-    if (h && h->size_read) h->size_read(h->ctx, x, -1);
-  }
+  /* no draw and no op, but p is the caller's number: a recording must see
+   * it again on every call (a later p draws), as a size C branched on */
+  if (training && p == 0) meta_read(x, -1);
   if (!training || p == 0) return scope_adopt(kiln_retain(x));
   kiln_scope_begin();
   kiln_tensor *zero = kiln_scalar_at(x->dtype, 0, file, line), *y;

@@ -52,6 +52,11 @@ void contiguous_strides(int ndim, const int64_t *shape, int64_t *stride) {
   }
 }
 
+bool tensor_covers_storage(const kiln_tensor *t) {
+  return t->offset == 0 && tensor_contiguous(t) &&
+         (size_t)shape_numel(t->ndim, t->shape) * kiln_dtype_size(t->dtype) == t->st->bytes;
+}
+
 bool tensor_contiguous(const kiln_tensor *t) {
   int64_t s = 1;
   for (int i = t->ndim - 1; i >= 0; i--) {
@@ -572,7 +577,7 @@ kiln_tensor *kiln_rand_at(kiln_dtype dt, int ndim, const int64_t *shape, uint64_
 static bool gone(const kiln_tensor *t, const char *op) { return !t || tensor_check_live(t, "tensor", op, "", 0); }
 
 /* The caller looked at metadata it can branch on: a recording must run the body again on every call. */
-static void meta_read(const kiln_tensor *t, int dim) {
+void meta_read(const kiln_tensor *t, int dim) {
   const trace_hooks *h = dispatch_hooks();
   if (h && h->size_read) h->size_read(h->ctx, t, dim);
 }

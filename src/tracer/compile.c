@@ -815,7 +815,6 @@ static bool same_sharing(const variant *a, const variant *b, int n_leaves) {
   return true;
 }
 
-/* Whether segment s of candidate c fits this call's segment. */
 /* Field by field: the structs have padding. */
 static bool same_writes(const build_write *a, int na, const build_write *b, int nb) {
   if (na != nb) return false;
@@ -833,6 +832,7 @@ static bool same_seg_writes(const variant *a, const variant *b) {
   return true;
 }
 
+/* Whether segment s of candidate c fits this call's segment. */
 static bool match_segment(call_state *cs, int c, const seg_info *si, int64_t *argi, double *argf, char *why, size_t whyn) {
   const variant *v = cs->cand[c];
   const recording *r = &cs->rec;
@@ -996,12 +996,6 @@ static void materialize(const segment *seg, kiln_tensor **outs, const rec_live *
   }
 }
 
-/* Whether t covers all of its storage, in order. */
-static bool covers_storage(const kiln_tensor *t) {
-  return t->offset == 0 && tensor_contiguous(t) &&
-         (size_t)shape_numel(t->ndim, t->shape) * kiln_dtype_size(t->dtype) == t->st->bytes;
-}
-
 /* The body's outputs that still have no data get their own: the segment's
  * value of each (a view of a storage nobody else holds becomes a tensor of
  * its own, contiguous, with the same values). */
@@ -1016,7 +1010,7 @@ static void give_outputs(call_state *cs, const segment *seg, kiln_tensor **outs)
     const kiln_tensor *t = cs->out_t[i];
     /* the first output that covers the storage is its owner */
     for (int k = 0; k < n && owner[i] < 0 && t->st->meta; k++)
-      if (cs->out_t[k]->st == t->st && covers_storage(cs->out_t[k]) && outs[k]) owner[i] = k;
+      if (cs->out_t[k]->st == t->st && tensor_covers_storage(cs->out_t[k]) && outs[k]) owner[i] = k;
     if (owner[i] == i || (owner[i] >= 0 && cs->out_t[owner[i]] == t)) owner[i] = -1;
   }
   storage *meta_s[16], **meta = !owner ? NULL : n <= 16 ? meta_s : alloc_malloc(sizeof *meta * (size_t)(n + 1));
@@ -1082,7 +1076,7 @@ static void grads_keep_handles(call_state *cs, const seg_info *si) {
     const build_write *w = &si->writes[i];
     if (!w->grad_set || w->grad < 0 || w->when >= 0) continue;
     kiln_tensor *g = rec_tensor_of(r, w->grad), *leaf = rec_tensor_of(r, w->base);
-    if (!g || !leaf || !leaf->grad || g == leaf->grad || g->st->meta || !covers_storage(g) || g->dtype != leaf->grad->dtype ||
+    if (!g || !leaf || !leaf->grad || g == leaf->grad || g->st->meta || !tensor_covers_storage(g) || g->dtype != leaf->grad->dtype ||
         g->ndim != leaf->grad->ndim || memcmp(g->shape, leaf->grad->shape, sizeof(int64_t) * (size_t)g->ndim))
       continue;
     kiln_release(leaf->grad);
@@ -1486,7 +1480,7 @@ static bool leaves_kept(const recording *r, kiln_tensor *const *out, int n_out) 
    * scope's reference (kiln_keep into the caller's scope) is no store */
   for (int i = 0; i < n_out; i++) {
     if (!out[i] || out[i]->rec_call != r->id) continue;
-    uint32_t want = (uint32_t)rec_holds(r, out[i]) + (uint32_t)(atomic_load(&out[i]->refs) >> 32);
+    uint32_t want = (uint32_t)rec_holds(r, out[i]) + tensor_scope_refs(out[i]);
     for (int k = 0; k < n_out; k++) want += out[k] == out[i];
     if (tensor_refs(out[i]) > want) return true;
   }
@@ -1515,7 +1509,6 @@ static variant *make_variant(call_state *cs) {
   kiln_fn *fn = cs->fn;
   recording *r = &cs->rec;
   build_state *b = &cs->b;
-  bool kept = leaves_kept(r, cs->out_t, fn->opts.n_out); /* before the variant holds the params */
   variant *v = alloc_calloc(1, sizeof *v);
   if (!v) return NULL;
   v->no = cs->no;
@@ -1611,7 +1604,7 @@ static variant *make_variant(call_state *cs) {
   bool plain = !r->read_meta && !r->c_numbers && !r->read_data && v->n_seg == 1 && v->n_args == 0 && !v->seg[0]->frozen;
   /* nor a tensor the body made and kept somewhere other than its outputs (a
    * state in its context): storing it there is C the guard-only path skips */
-  plain = plain && v->seg[0]->n_out == fn->opts.n_out && !cs->kept_live && !kept &&
+  plain = plain && v->seg[0]->n_out == fn->opts.n_out && !cs->kept_live && !leaves_kept(r, cs->out_t, fn->opts.n_out) &&
           !outputs_view_written(r, v->seg[0], cs->out_t, fn->opts.n_out);
   for (int i = 0; i < r->n_ev && plain; i++) plain = r->ev[i].kind != EV_RAND;
   /* never after an escape: the graph is the part before it, and the rest
@@ -1747,7 +1740,7 @@ static int record_call(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out) {
       old = v;
   }
   int ev = old && traced_shapes(fn, old, in) ? const_changed(&cs.rec, old) : -1;
-  if (ev >= 0 && const_changed(&cs.rec, nv) < 0 && still_const(old, nv, ev)) {
+  if (ev >= 0 && still_const(old, nv, ev)) {
     /* the changed number (no size's) is a constant of the new one too: it
      * serves no call the old one did, so both stay (values that alternate
      * hit), and the event is counted towards running on the interpreter */
@@ -1846,7 +1839,6 @@ static int snap_take(kiln_tensor *const *leaves, int n, snapshot *s) {
   return 0;
 }
 
-/* Puts the leaves back as in s; the state they had is returned in s (swap). */
 /* Leaf i takes the data and .grad the snapshot holds, which takes cur (a copy of the leaf's data) and the old .grad. */
 static void snap_swap_one(snapshot *s, int i, kiln_tensor *cur) {
   kiln_tensor *t = s->leaf[i];
@@ -1858,6 +1850,7 @@ static void snap_swap_one(snapshot *s, int i, kiln_tensor *cur) {
   s->grad[i] = g;
 }
 
+/* Puts the leaves back as in s; the state they had is returned in s (swap). */
 static void snap_swap(snapshot *s) {
   /* every leaf read before any is written: leaves may share storage (an
    * input viewing a param), and a write of one would change what another

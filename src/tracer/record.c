@@ -351,7 +351,7 @@ bool rec_views_kept(const recording *r, kiln_tensor *const *out, int n_out) {
     if (t->st->meta || t->rec_call != r->id) continue; /* meta: rec_live_values' */
     bool is_out = false;
     for (int k = 0; k < n_out && !is_out; k++) is_out = out[k] == t;
-    if (!is_out && tensor_refs(t) > (uint32_t)rec_holds(r, t) + (uint32_t)(atomic_load(&t->refs) >> 32)) return true;
+    if (!is_out && tensor_refs(t) > (uint32_t)rec_holds(r, t) + tensor_scope_refs(t)) return true;
   }
   return false;
 }
@@ -445,11 +445,6 @@ done:
   if (ids != small) alloc_free(ids);
 }
 
-/* Whether t covers all of its storage, in order. */
-static bool whole(const kiln_tensor *t) {
-  return t->offset == 0 && tensor_contiguous(t) &&
-         (size_t)shape_numel(t->ndim, t->shape) * kiln_dtype_size(t->dtype) == t->st->bytes;
-}
 
 /* The whole tensor of this call that view t (value v) was made from by view
  * ops that keep every element distinct (slice, reshape, permute), or NULL. */
@@ -457,9 +452,9 @@ static kiln_tensor *view_base(recording *r, const kiln_tensor *t, int v) {
   struct rec_state *s = r->st;
   kiln_tensor *base = NULL;
   for (int i = 0; i < s->n_leaf && !base; i++)
-    if (s->leaf[i].t->st == t->st && whole(s->leaf[i].t)) base = s->leaf[i].t;
+    if (s->leaf[i].t->st == t->st && tensor_covers_storage(s->leaf[i].t)) base = s->leaf[i].t;
   for (int i = 0; i < s->n_made && !base; i++)
-    if (s->made[i]->st == t->st && whole(s->made[i]) && r->val[s->made[i]->rec_id].seg == r->seg &&
+    if (s->made[i]->st == t->st && tensor_covers_storage(s->made[i]) && r->val[s->made[i]->rec_id].seg == r->seg &&
         r->val[s->made[i]->rec_id].version == atomic_load(&t->st->version))
       base = s->made[i];
   if (!base) return NULL;
@@ -500,7 +495,7 @@ static void on_inplace(void *ctx, op_id op, kiln_tensor *dst, kiln_tensor *src, 
    * a whole write of a leaf or of an op's own result is a write of itself,
    * found without a search. */
   kiln_tensor *base = dst;
-  if (!whole(dst) || root != ids[0]) {
+  if (!tensor_covers_storage(dst) || root != ids[0]) {
     kiln_tensor *vb = view_base(r, dst, ids[0]);
     if (!vb)
       return escape(r, file, line, "%s:%d: an in-place write into a view that is not a chain of slices, reshapes and "
@@ -950,7 +945,7 @@ int rec_live_values(recording *r, kiln_tensor *const *skip, int n_skip, rec_live
     storage *st = w->st;
     if (!st->meta) continue;
     st->rec_count++;
-    if (st->rec_value < 0 && whole(w) && r->val[w->rec_id].seg == r->seg &&
+    if (st->rec_value < 0 && tensor_covers_storage(w) && r->val[w->rec_id].seg == r->seg &&
         r->val[w->rec_id].version == atomic_load(&st->version))
       st->rec_value = w->rec_id;
   }
