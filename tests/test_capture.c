@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "kiln.h"
+#include "stderr_catch.h"
 
 static double maxdiff(kiln_tensor *a, kiln_tensor *b) {
   ck_assert_msg(a && b, "%s", kiln_last_error());
@@ -36,19 +37,10 @@ static bool has(const char *s, const char *part) { return s && strstr(s, part) !
 /* What fd 2 (or 1) received while f ran. */
 static char caught[65536];
 static const char *catch_fd(int fd, void (*f)(void *), void *arg) {
-  fflush(fd == 2 ? stderr : stdout);
-  FILE *log = tmpfile();
-  ck_assert_ptr_nonnull(log);
-  int saved = dup(fd);
-  dup2(fileno(log), fd);
+  int saved;
+  FILE *log = fd_catch(fd, &saved);
   f(arg);
-  fflush(fd == 2 ? stderr : stdout);
-  dup2(saved, fd);
-  close(saved);
-  rewind(log);
-  size_t n = fread(caught, 1, sizeof caught - 1, log);
-  caught[n] = 0;
-  fclose(log);
+  fd_release(fd, log, saved, caught, sizeof caught);
   return caught;
 }
 

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "kiln.h"
+#include "stderr_catch.h"
 
 static double maxdiff(kiln_tensor *a, kiln_tensor *b) {
   ck_assert_msg(a && b, "%s", kiln_last_error());
@@ -31,19 +32,10 @@ static kiln_fn_stats stats(kiln_fn *fn) {
 /* What fd 1 received while f ran. */
 static char caught[65536];
 static const char *catch_stdout(void (*f)(void *), void *arg) {
-  fflush(stdout);
-  FILE *log = tmpfile();
-  ck_assert_ptr_nonnull(log);
-  int saved = dup(1);
-  dup2(fileno(log), 1);
+  int saved;
+  FILE *log = fd_catch(1, &saved);
   f(arg);
-  fflush(stdout);
-  dup2(saved, 1);
-  close(saved);
-  rewind(log);
-  size_t n = fread(caught, 1, sizeof caught - 1, log);
-  caught[n] = 0;
-  fclose(log);
+  fd_release(1, log, saved, caught, sizeof caught);
   return caught;
 }
 
