@@ -332,6 +332,55 @@ START_TEST(test_many_draws) {
 }
 END_TEST
 
+/* ---- two numbers that change on alternate calls ---- */
+
+typedef struct {
+  double scale, shift;
+  int64_t at;
+} two_numbers;
+
+static int two_numbers_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  const two_numbers *m = ctx;
+  kiln_tensor *y = kiln_add(kiln_mul(in[0], kiln_scalar(KILN_F32, m->scale)), kiln_scalar(KILN_F32, m->shift));
+  out[0] = kiln_slice(y, 1, m->at, m->at + 2, 1);
+  return out[0] ? 0 : -1;
+}
+
+/* A scale and a shift (or a slice position) that change on alternate calls:
+ * each new variant lifted only the number that changed since the variant
+ * it followed and made the other a constant again, so every call compiled
+ * (40 traces in 40 calls) and ran far slower than eager. A number that is
+ * an argument of the variant followed stays one. */
+START_TEST(test_numbers_change_on_alternate_calls) {
+  enum { N = 24 };
+  for (int b = 0; b < 2; b++) {
+    two_numbers m = {1, 0, 0};
+    kiln_fn *fn = kiln_compile(two_numbers_body, &m, &(kiln_options){.name = "alt", .n_in = 1, .backend = backends[b]});
+    kiln_scope_begin();
+    kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){3, 8}), 5);
+    long long settled = 0;
+    for (int i = 0; i < N; i++) {
+      if (i == N / 2) settled = stats(fn).traces;
+      if (i % 3 == 0) m.scale = 0.5 + i;
+      else if (i % 3 == 1) m.shift = -0.25 * i;
+      else m.at = i % 6;
+      kiln_tensor *got, *want;
+      ck_assert_msg(kiln_call(fn, &x, &got) == 0, "%s", kiln_last_error());
+      ck_assert_int_eq(0, two_numbers_body(&m, &x, &want));
+      ck_assert_msg(maxdiff(got, want) == 0, "call %d (backend %d)", i, b);
+    }
+    kiln_scope_end();
+    kiln_fn_stats st = stats(fn);
+    /* the first call, one per number as it starts to change, and one for
+     * the slice's end (start + 2, a constant while only other numbers changed) */
+    ck_assert_msg(st.traces <= 5, "%lld traces in %d calls", (long long)st.traces, N);
+    ck_assert_int_eq(settled, st.traces);
+    ck_assert_int_eq(N, st.hits + st.traces);
+    kiln_fn_free(fn);
+  }
+}
+END_TEST
+
 Suite *capture_numbers_suite(void);
 Suite *capture_numbers_suite(void) {
   Suite *s = suite_create("capture_numbers");
@@ -343,6 +392,7 @@ Suite *capture_numbers_suite(void) {
   tcase_add_test(tc, test_far_slice_bounds_change);
   tcase_add_test(tc, test_dropout_p_from_zero);
   tcase_add_test(tc, test_many_draws);
+  tcase_add_test(tc, test_numbers_change_on_alternate_calls);
   suite_add_tcase(s, tc);
   return s;
 }

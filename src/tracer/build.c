@@ -186,6 +186,16 @@ static bool prev_slot(const build_state *b, int ev, int si, rec_slot *out) {
   return true;
 }
 
+/* Whether slot si of event ev was an argument of the earlier variant: a
+ * number that changed there stays one, or two numbers that change on
+ * alternate calls would each make the other a constant again, and every
+ * call would compile. */
+static bool prev_arg(const build_state *b, int ev, int si) {
+  const build_prev *p = b->prev;
+  if (!p || !p->rules || ev >= p->n_ev || ev >= b->aligned || si >= p->rule_at[ev + 1] - p->rule_at[ev]) return false;
+  return p->rules[p->rule_at[ev] + si].kind == SLOT_ARG;
+}
+
 /* A candidate expression that takes the value v now and pv at the earlier
  * call: a*x + c over a symbol or, when no one symbol explains it, a product
  * of two, a != 0 (pos + 1 is pos's neighbour, not pos*pos + 1). */
@@ -234,7 +244,9 @@ static sym_dim slot_size(build_state *b, int ev, int si, int64_t v, sym_dim hint
   if (!sym_is_err(src) && dim_value(b, src) == v) {
     d = src;
   } else if (had_prev) {
-    if (ps.i == v) {
+    if (ps.i == v && prev_arg(b, ev, si)) {
+      d = new_arg_sym(b, v, true, ps.i, &arg);
+    } else if (ps.i == v) {
       d = sym_const(v); /* a literal: it stayed put while other things changed */
     } else {
       d = !sym_is_err(hint) && dim_value(b, hint) == v ? hint : sym_error();
@@ -295,7 +307,8 @@ static int slot_value(build_state *b, int ev, int si, double v, kiln_dtype dt) {
   /* past half the arguments a call can bind (the rest for sizes and draws),
    * a constant: a call with another value makes another variant (or runs
    * on the interpreter) */
-  if (b->n_args < IR_MAX_SYMS / 2 && prev_slot(b, ev, si, &ps) && ps.is_float && memcmp(&ps.f, &v, sizeof v)) {
+  if (b->n_args < IR_MAX_SYMS / 2 && prev_slot(b, ev, si, &ps) && ps.is_float &&
+      (memcmp(&ps.f, &v, sizeof v) || prev_arg(b, ev, si))) {
     if (alloc_grow((void **)&b->args, &b->cap_args, b->n_args + 1, sizeof *b->args)) {
       bfail(b, "out of memory while building");
       return -1;

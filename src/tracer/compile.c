@@ -1289,7 +1289,8 @@ static int start_building(call_state *cs) {
             "run on the interpreter instead of compiling each time\n", fn->name, fn->file, fn->line, r->ev[changed].file, r->ev[changed].line);
   if (best)
     cs->prev = (build_prev){.ev = best->ev, .n_ev = best->n_ev, .aligned = best_len, .n_in = r->n_in,
-                            .in_ndim = best->in_ndim, .in_shape = (const int64_t(*)[MAXD])best->in_shape};
+                            .in_ndim = best->in_ndim, .in_shape = (const int64_t(*)[MAXD])best->in_shape,
+                            .rules = best->rules, .rule_at = best->rule_at};
   if (build_begin(&cs->b, r, (const uint8_t(*)[MAXD])cs->dyn, fn->opts.freeze != 0, best ? &cs->prev : NULL))
     return err_set("", 0, "call", "%s: out of memory", fn->name), -1;
   snprintf(cs->b.name, sizeof cs->b.name, "%s", fn->name);

@@ -444,6 +444,8 @@ typedef struct build_prev {
   int n_in;
   const int *in_ndim;
   const int64_t (*in_shape)[MAXD];
+  const slot_rule *rules;  /* its slots' rules, rule_at[ev] the first of event ev's */
+  const int *rule_at;
 } build_prev;
 
 /* What one segment's graph takes and gives, beyond the call's inputs. */
