@@ -727,12 +727,8 @@ static bool same_structure(const int *ids_a, const rec_event *a, const int *ids_
   for (int i = 0; i < a->n_in; i++) /* one to three inputs: no memcmp call */
     if (ids_a[a->in + i] != ids_b[b->in + i]) return false;
   switch (a->kind) {
-  case EV_OP: {
-    unsigned all = op_table[a->op].attrs;
-    unsigned f = all & ~(unsigned)(AF_SHAPE | AF_START | AF_END | AF_VALUE | AF_VALUE2 | AF_K | AF_INTS | AF_RNG);
-    return (a->a == b->a || attrs_equal(f, a->a, b->a)) && a->a->infer == b->a->infer && a->a->raw == b->a->raw &&
-           (!(all & AF_SHAPE) || a->a->ndim == b->a->ndim) && (!(all & AF_INTS) || a->a->nints == b->a->nints);
-  }
+  case EV_OP:
+    return rec_same_attrs(a->op, a->a, b->a);
   case EV_FULL:
   case EV_RAND:
     return a->a->dtype == b->a->dtype && a->a->ndim == b->a->ndim && a->a->flag == b->a->flag;

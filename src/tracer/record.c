@@ -344,6 +344,18 @@ int rec_value_of(recording *r, kiln_tensor *t) {
   return id;
 }
 
+int rec_made_tensors(const recording *r, kiln_tensor **by_value) {
+  const struct rec_state *s = r->st;
+  for (int i = 0; i < r->n_val; i++) by_value[i] = NULL;
+  for (int i = 0; i < s->n_made; i++) {
+    kiln_tensor *t = s->made[i];
+    if (t->rec_call != r->id || t->rec_id < 0 || t->rec_id >= r->n_val) continue;
+    if (by_value[t->rec_id] && by_value[t->rec_id] != t) return -1;
+    by_value[t->rec_id] = t;
+  }
+  return 0;
+}
+
 bool rec_views_kept(const recording *r, kiln_tensor *const *out, int n_out) {
   const struct rec_state *s = r->st;
   for (int i = 0; i < s->n_made; i++) {
@@ -413,7 +425,11 @@ static void compute_now(recording *r, op_id op, kiln_tensor *const *in, int n, c
 
 static void on_op(void *ctx, op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out,
                   const char *file, int line) {
-  recording *r = ctx;
+  rec_op(ctx, op, in, n, a, out, file, line, user_numbers() || !in_internal());
+}
+
+void rec_op(recording *r, op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out, const char *file,
+            int line, bool user) {
   if (r->failed) return;
   int small[16], *ids = n <= 16 ? small : alloc_malloc(sizeof(int) * (size_t)n);
   if (!ids) return fail(r, "out of memory while recording");
@@ -430,7 +446,7 @@ static void on_op(void *ctx, op_id op, kiln_tensor *const *in, int n, const op_a
         *c = *a;
         r->ev[e].a = c;
       }
-      r->ev[e].user = user_numbers() || !in_internal();
+      r->ev[e].user = user;
       if (op_table[op].attrs & AF_SHAPE) r->ev[e].src = r->shape_src;
       if (has_user_numbers(r, &r->ev[e])) r->c_numbers = true;
       int v = new_value(r, RV_MADE, out, -1, e);
@@ -599,8 +615,9 @@ static void on_numel(void *ctx, kiln_tensor *out, const kiln_tensor *x, const in
   }
 }
 
-static void on_size_read(void *ctx, const kiln_tensor *t, int dim) {
-  recording *r = ctx;
+static void on_size_read(void *ctx, const kiln_tensor *t, int dim) { rec_size_read(ctx, t, dim); }
+
+void rec_size_read(recording *r, const kiln_tensor *t, int dim) {
   r->read_meta = true;
   if (r->failed || r->escaped || dim < 0 || r->n_reads == 64) return;
   int v = rec_value_of(r, (kiln_tensor *)t);
@@ -1068,6 +1085,13 @@ static int put_i(rec_slot *out, int k, int max, int64_t v) {
 static int put_f(rec_slot *out, int k, int max, double v) {
   if (k < max) out[k] = (rec_slot){true, 0, v};
   return k + 1;
+}
+
+bool rec_same_attrs(int op, const op_attrs *a, const op_attrs *b) {
+  unsigned all = op_table[op].attrs;
+  unsigned f = all & ~(unsigned)(AF_SHAPE | AF_START | AF_END | AF_VALUE | AF_VALUE2 | AF_K | AF_INTS | AF_RNG);
+  return (a == b || attrs_equal(f, a, b)) && a->infer == b->infer && a->raw == b->raw &&
+         (!(all & AF_SHAPE) || a->ndim == b->ndim) && (!(all & AF_INTS) || a->nints == b->nints);
 }
 
 int rec_slots(const rec_event *e, rec_slot *out, int max) {

@@ -327,6 +327,14 @@ void rec_free(recording *r);
  * freeing a dozen lists each); NULL when it had none. */
 struct rec_state *rec_keep(recording *r);
 void rec_spare_free(struct rec_state *s);
+/* The op hook and the size read hook, for a replay handing over (replay.c):
+ * user says the op's numbers came from user code. */
+void rec_op(recording *r, op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out, const char *file,
+            int line, bool user);
+void rec_size_read(recording *r, const kiln_tensor *t, int dim);
+/* by_value[0..n_val): the tensor the recording made for each value, or
+ * NULL; -1 when two tensors have one value (an in-place write's). */
+int rec_made_tensors(const recording *r, kiln_tensor **by_value);
 /* The value id tensor t has in the recording, adding it as a leaf when new; -1 on failure. */
 int rec_value_of(recording *r, kiln_tensor *t);
 /* cfgrad.c: reverse mode through a construct recorded as one region. From
@@ -397,6 +405,8 @@ typedef struct rec_slot {
   double f;
 } rec_slot;
 int rec_slots(const rec_event *e, rec_slot *out, int max);
+/* Whether attributes a and b of op are the same but for its slots. */
+bool rec_same_attrs(int op, const op_attrs *a, const op_attrs *b);
 /* Whether e may have slots: most ops (add, matmul, relu) carry no numbers. */
 static inline bool rec_has_slots(const rec_event *e) {
   return e->kind != EV_OP ||
