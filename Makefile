@@ -21,7 +21,7 @@ TSAN_BUILD ?= build-tsan
 # The tests that start threads, the only ones worth ThreadSanitizer's slowdown
 # (test_gpt: a compile of many kernels, whose groups LLVM compiles on threads;
 # test_codegen_cnn: conv and pool kernels split over the pool, compiled and eager).
-TSAN_TESTS := test_stress test_threads test_pool test_gpt test_codegen_cnn test_winograd
+TSAN_TESTS := test_stress test_threads test_capture_replay test_pool test_gpt test_codegen_cnn test_winograd
 JOBS       ?= 2
 CMAKE_ARGS ?=
 PREFIX     ?= /usr/local

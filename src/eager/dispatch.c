@@ -97,6 +97,7 @@ static kiln_tensor *dispatch_owned(op_id op, kiln_tensor *const *in, int n, cons
     }
     in = args;
   }
+  if (hooks && hooks->replay && (out = hooks->replay(hooks->ctx, op, in, n, a, file, line))) goto done;
 
   kiln_dtype dt;
   int ndim;
@@ -155,6 +156,7 @@ static kiln_tensor *dispatch_owned(op_id op, kiln_tensor *const *in, int n, cons
   }
   if (ag_record(op, in, n, a, out, file, line)) goto fail;
   if (hooks && hooks->op) hooks->op(hooks->ctx, op, in, n, a, out, file, line);
+done:
   for (int i = 0; i < 3; i++) /* no call for the casts an op did not need (most) */
     if (cast[i]) kiln_release(cast[i]);
   return out;

@@ -433,6 +433,11 @@ typedef struct trace_hooks {
    * once, as regions. 1: recorded, results[0..c->n_results) set (new
    * references); 0: not recorded (run it as eager code); -1: error set. */
   int (*cf)(void *ctx, const struct cf_call *c, kiln_tensor **results);
+  /* A replayed call (tracer/replay.c), asked before an op's rules run: the
+   * op's result (the caller's reference), or NULL, and the op runs as usual
+   * under the hooks installed by then (a replay that parts from its log
+   * hands over to a recording). */
+  kiln_tensor *(*replay)(void *ctx, op_id op, kiln_tensor *const *in, int n, const op_attrs *a, const char *file, int line);
 } trace_hooks;
 enum { FAC_FULL, FAC_DATA, FAC_RAND };
 /* NULL clears. The hooks struct must outlive its use. */

@@ -98,6 +98,9 @@ typedef struct variant {
   int users;               /* calls using it now (fn->mu) */
   bool dead;               /* dropped from the cache: freed when the last user is done */
   int no;                  /* its number in the dumps */
+  /* the script a recorded call that ran it left (replay.c); NULL while a call replays it */
+  rp_script *script;
+  int script_misses;       /* recorded calls in a row it ran whose inputs the script did not fit */
 } variant;
 
 struct kiln_fn {
@@ -126,6 +129,7 @@ struct kiln_fn {
   struct { int ev, n; } futile[8];
   bool warned_futile;
   struct rec_state *spare;          /* a finished call's recording buffers, for the next call (rec_keep) */
+  bool no_replay;                   /* KILN_REPLAY=0: every call on the recording path records */
   kiln_fn_stats st;
   double guard_ns_total;
   int64_t guard_samples;
@@ -460,6 +464,7 @@ static void variant_free(variant *v) {
   alloc_free(v->in_dims);
   alloc_free(v->alias);
   alloc_free(v->view_of);
+  rp_free(v->script);
   alloc_free(v);
 }
 
@@ -551,6 +556,8 @@ kiln_fn *kiln_compile_at(kiln_body body, void *ctx, const kiln_options *opts, co
   if (chk && *chk && strcmp(chk, "0")) fn->opts.check = 1;
   const char *fg = getenv("KILN_FULLGRAPH");
   if (fg && *fg && strcmp(fg, "0")) fn->opts.fullgraph = 1;
+  const char *rp = getenv("KILN_REPLAY");
+  fn->no_replay = rp && !strcmp(rp, "0");
   const char *ss = getenv("KILN_SCAN_SAVE");
   if (ss && !strcmp(ss, "dots")) fn->opts.scan_save = KILN_SCAN_SAVE_DOTS;
   if (ss && !strcmp(ss, "carries")) fn->opts.scan_save = KILN_SCAN_SAVE_CARRIES;
@@ -678,6 +685,7 @@ typedef struct call_state {
   bool storm;                 /* or an op's number changes at every call (uncached too) */
   bool kept_live;             /* the body keeps a tensor it made other than its outputs (even a view of one) */
   bool matched_all;
+  variant *ran;               /* the cached variant whose first segment ran */
   double compile_ms, passes_ms, front_ms, opt_ms, machine_ms;
   int no;
   /* From here on, not cleared at the start of a call (call_start): filled
@@ -1398,6 +1406,7 @@ static int seg_run(recording *r, void *ctx, bool last) {
       if (cs->alive[c] && first) {
         seg = v->seg[cs->n_seg - 1];
         args = v->args;
+        if (cs->n_seg == 1) cs->ran = cs->cand[c];
       }
     }
     if (!seg && start_building(cs)) goto done;
@@ -1616,6 +1625,98 @@ fail:
   return NULL;
 }
 
+/* A script a call took goes back to its variant, unless the variant is
+ * gone, has another by now, or the replay handed it over (its tensors are
+ * the recording's). */
+static void script_give_back(kiln_fn *fn, variant *v, rp_script *s) {
+  if (!s) return;
+  pthread_mutex_lock(&fn->mu);
+  if (!rp_broken(s) && !v->dead && !v->script) v->script = s, s = NULL;
+  pthread_mutex_unlock(&fn->mu);
+  rp_free(s);
+}
+
+/* At the end of a recorded call (fn->mu held): the script taken goes back,
+ * and the variant whose one segment ran gets a script of this call's log
+ * when it has none, or when its script did not fit the inputs of two such
+ * calls in a row (the shapes changed for good). */
+static void script_leave(call_state *cs, variant *ran, variant *taken_from, rp_script *taken) {
+  kiln_fn *fn = cs->fn;
+  recording *r = &cs->rec;
+  if (taken && !rp_broken(taken) && !taken_from->dead && !taken_from->script) taken_from->script = taken, taken = NULL;
+  if (ran && !ran->dead && !fn->no_replay && ran->n_seg == 1 && ran->seg[0]->n_out == fn->opts.n_out &&
+      !ran->seg[0]->n_writes && !r->escaped && (!ran->script || ++ran->script_misses >= 2)) {
+    rp_script *s = rp_make(r, cs->out_t, fn->opts.n_out, ran->rules, ran->rule_at, cs->argi, cs->argf, ran->n_args);
+    if (s) {
+      rp_free(ran->script);
+      ran->script = s;
+      ran->script_misses = 0;
+    }
+  }
+  rp_free(taken);
+}
+
+/* Whether the call's inputs and params share storage as v's did (a row of
+ * a weight passed as the input); else the recording takes over. */
+static bool replay_shares_alike(call_state *cs, rp_call *rp, const variant *v) {
+  int n_in = cs->rec.n_in, np = rp_n_params(rp), n = n_in + np, small[64];
+  kiln_tensor *ps_small[64], **ps = np <= 64 ? ps_small : alloc_malloc(sizeof *ps * (size_t)np);
+  int *alias = n <= 64 ? small : alloc_malloc(sizeof *alias * (size_t)n);
+  bool same = ps && alias && np == v->n_params;
+  for (int i = 0; same && i < np; i++) ps[i] = rp_param(rp, i);
+  if (same) alias_pattern(cs->rec.in, n_in, ps, np, alias);
+  for (int i = 0; same && i < n; i++) same = alias[i] == v->alias[i];
+  if (ps != ps_small) alloc_free(ps);
+  if (alias != small) alloc_free(alias);
+  if (!same) rp_hand_over(rp);
+  return same;
+}
+
+/* A replayed call whose body did its script's steps: the variant's segment
+ * runs with this call's inputs and float numbers, and the script's
+ * arguments otherwise (the same inputs' shapes give the same sizes). */
+static int replay_run(call_state *cs, rp_call *rp, variant *v, kiln_tensor **out, double trace_ms) {
+  kiln_fn *fn = cs->fn;
+  recording *r = &cs->rec;
+  int n_out = fn->opts.n_out, rc = -1, np = rp_n_params(rp);
+  const segment *seg = v->seg[0];
+  kiln_tensor *outs_small[16], **outs = NULL;
+  if (alloc_grow((void **)&r->params, &r->cap_params, np + 1, sizeof *r->params)) goto done;
+  for (int i = 0; i < np; i++) r->params[i] = kiln_retain(rp_param(rp, i));
+  r->n_params = np;
+  if (v->n_args) {
+    memcpy(cs->argi, rp_argi(rp), sizeof *cs->argi * (size_t)v->n_args);
+    memcpy(cs->argf, rp->argf, sizeof *cs->argf * (size_t)v->n_args);
+  }
+  outs = seg->n_out < 16 ? memset(outs_small, 0, sizeof outs_small) : alloc_calloc((size_t)seg->n_out + 1, sizeof *outs);
+  if (!outs) goto done;
+  /* no hook may see the run (give_outputs copies through the dispatcher) */
+  rp_end(rp);
+  rec_end(r);
+  if (run_segment(cs, seg, v->args, outs)) goto done;
+  give_outputs(cs, seg, outs);
+  rc = 0;
+done:
+  if (rc && !kiln_last_error()[0]) err_set("", 0, "call", "%s: out of memory", fn->name);
+  rp_end(rp);
+  rec_end(r);
+  for (int i = 0; outs && i < seg->n_out; i++) kiln_release(outs[i]);
+  if (outs != outs_small) alloc_free(outs);
+  pthread_mutex_lock(&fn->mu);
+  fn->st.trace_ms += trace_ms;
+  if (rc == 0) fn->st.hits++, fn->st.replays++;
+  v->script_misses = 0;
+  if (!v->dead && !v->script) v->script = rp->s, rp->s = NULL;
+  pthread_mutex_unlock(&fn->mu);
+  rp_free(rp->s);
+  call_free(cs);
+  if (rc) {
+    for (int i = 0; i < n_out; i++) kiln_release(out[i]), out[i] = NULL;
+    return -1;
+  }
+  return adopt_outputs(fn, out);
+}
+
 /* A call on the recording path. */
 static int record_call(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out) {
   call_state cs;
@@ -1636,6 +1737,8 @@ static int record_call(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out) {
   }
   char why0[2048];
   why0[0] = 0;
+  rp_script *script = NULL;
+  variant *script_v = NULL;
   if (cs.cand && cs.alive && cs.cand_vals)
     for (int i = fn->n_variants - 1; i >= 0; i--) {
       variant *v = fn->variants[i];
@@ -1647,6 +1750,11 @@ static int record_call(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out) {
       v->users++;
       cs.alive[cs.n_cand] = true;
       cs.cand[cs.n_cand++] = v;
+      if (!script && v->script && !fn->no_replay && rp_fits(v->script, in, fn->opts.n_in)) {
+        script = v->script; /* this call's alone until it gives it back */
+        script_v = v;
+        v->script = NULL;
+      }
     }
   if (!cs.n_cand && fn->n_variants) {
     cs.prev_var = fn->variants[fn->n_variants - 1];
@@ -1657,10 +1765,13 @@ static int record_call(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out) {
   pthread_mutex_unlock(&fn->mu);
   bool lists = cs.outs && cs.cand && cs.alive && cs.cand_vals;
   if (!lists) rec_spare_free(spare);
+  rp_call rp = {0};
   if (!lists || rec_begin(&cs.rec, in, fn->opts.n_in, seg_run, &cs, lists ? spare : NULL)) {
+    script_give_back(fn, script_v, script);
     call_free(&cs);
     return err_set("", 0, "call", "%s: out of memory", fn->name), -1;
   }
+  if (script) rp_begin(&rp, script, &cs.rec, in);
   _Static_assert(sizeof why0 == sizeof cs.why, "why0 is copied whole into cs.why");
   memcpy(cs.why, why0, strlen(why0) + 1);
   cs.rec.scan_save = fn->opts.scan_save;
@@ -1670,13 +1781,14 @@ static int record_call(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out) {
   int rc = fn->body(fn->ctx, in, out);
   /* a body that failed without an error of its own: say so (at the call's line), not an older message */
   if (rc && err_count() == errors) err_set("", 0, "call", "%s: the body returned %d", fn->name, rc);
+  bool replayed = script && rp_finished(&rp, rc, out, n_out);
   bool ok = rc == 0 && !cs.rec.failed;
   for (int i = 0; i < n_out && ok; i++) {
     if (!out[i]) {
       ok = false;
       rc = -1;
       err_set("", 0, "call", "%s: the body returned 0 but left output %d NULL", fn->name, i);
-    } else if ((cs.outs[i] = rec_value_of(&cs.rec, out[i])) < 0) {
+    } else if (!replayed && (cs.outs[i] = rec_value_of(&cs.rec, out[i])) < 0) {
       ok = false;
     }
   }
@@ -1684,6 +1796,10 @@ static int record_call(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out) {
   /* the body's scope goes first: what it alone held is not live */
   for (int i = 0; i < n_out; i++) kiln_retain(out[i]);
   kiln_scope_end();
+  if (replayed && rp_nothing_kept(&rp) && replay_shares_alike(&cs, &rp, script_v))
+    return replay_run(&cs, &rp, script_v, out, t1 - t0);
+  for (int i = 0; i < n_out && replayed && ok; i++) /* the recording took over after the body */
+    if ((cs.outs[i] = rec_value_of(&cs.rec, out[i])) < 0) ok = false;
   /* an output the body made a leaf that requires grad (kiln_requires_grad
    * on a tensor it made) stays one: outputs carry no history, but that flag
    * is no history (n_out <= 64) */
@@ -1693,6 +1809,7 @@ static int record_call(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out) {
   if (ok && !cs.rec.escaped && seg_run(&cs.rec, &cs, true)) ok = false, rc = rc ? rc : -1;
   for (int i = 0; i < n_out && ok; i++)
     if (leaf_rg >> i & 1) out[i]->requires_grad = true;
+  rp_end(&rp);
   rec_end(&cs.rec);
   if (!ok && cs.rec.failed && (rc == 0 || cs.rec.why_is_error)) {
     /* an error that says where it is (a break under fullgraph) stands as it
@@ -1705,6 +1822,7 @@ static int record_call(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out) {
   }
   if (rc) {
     for (int i = 0; i < n_out; i++) kiln_release(out[i]), out[i] = NULL;
+    script_give_back(fn, script_v, script);
     call_free(&cs);
     return -1;
   }
@@ -1772,6 +1890,7 @@ static int record_call(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out) {
     fn->warned_cap = true;
   }
   fn->st.variants = fn->n_variants;
+  script_leave(&cs, cs.building ? (cached ? nv : NULL) : cs.ran, script_v, script);
   pthread_mutex_unlock(&fn->mu);
   if (cs.building) {
     if (cs.why[0]) dump_note(fn, "%s; variant %d made%s", cs.why, cs.no, old ? ", in place of the one the numbers differed from" : "");

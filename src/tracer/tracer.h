@@ -337,6 +337,41 @@ void rec_size_read(recording *r, const kiln_tensor *t, int dim);
 int rec_made_tensors(const recording *r, kiln_tensor **by_value);
 /* The value id tensor t has in the recording, adding it as a leaf when new; -1 on failure. */
 int rec_value_of(recording *r, kiln_tensor *t);
+/* replay.c: a call on the recording path that follows the script an earlier
+ * call left beside the variant it ran (see the file's comment). */
+typedef struct rp_script rp_script;
+typedef struct slot_rule slot_rule;
+typedef struct rp_call {
+  rp_script *s;
+  recording *r;            /* the call's recording, which takes over if the body parts from the script */
+  int at;                  /* the script's events the body did so far */
+  bool on;                 /* replaying still */
+  double argf[IR_MAX_SYMS];/* the variant's float arguments at this call */
+  trace_hooks hooks;
+  const trace_hooks *saved;/* the recording's */
+} rp_call;
+/* The script of a finished call that ran one segment of a variant with
+ * those slot rules and arguments, or NULL when its log holds what a replay
+ * cannot check (the call is recorded as ever). */
+rp_script *rp_make(const recording *r, kiln_tensor *const *out, int n_out, const slot_rule *rules, const int *rule_at,
+                   const int64_t *argi, const double *argf, int n_args);
+void rp_free(rp_script *s);
+bool rp_broken(const rp_script *s); /* a replay handed over: it has no tensors left */
+bool rp_fits(const rp_script *s, kiln_tensor *const *in, int n_in);
+/* Replays s on recording r (begun, not yet run): installs the replay hooks. */
+void rp_begin(rp_call *p, rp_script *s, recording *r, kiln_tensor *const *in);
+/* After the body (rc its return): whether it did the script's events and
+ * returned its outputs; else the recording has taken over. */
+bool rp_finished(rp_call *p, int rc, kiln_tensor *const *out, int n_out);
+/* After the body's scope ended: whether the body kept none of the script's
+ * tensors; else the recording has taken over. */
+bool rp_nothing_kept(rp_call *p);
+void rp_end(rp_call *p);
+void rp_hand_over(rp_call *p); /* the recording takes over now */
+const int64_t *rp_argi(const rp_call *p);
+int rp_n_params(const rp_call *p);
+kiln_tensor *rp_param(const rp_call *p, int i); /* after rp_nothing_kept: the body passed it to an op */
+
 /* cfgrad.c: reverse mode through a construct recorded as one region. From
  * the events of construct c (its EV_CF at first, its bodies logged): the
  * bodies as replayable programs, or NULL when they cannot be (a nested

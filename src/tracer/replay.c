@@ -1,0 +1,489 @@
+/* Replay: a call on the recording path that follows an earlier call's log
+ * instead of recording anew.
+ *
+ * A call that recorded a log of plain ops (no in-place writes, factories,
+ * data reads, breaks, constructs or autograd), and ran one segment of a
+ * cached variant, leaves a script beside that variant: its events, the
+ * meta tensors it made, and which of its numbers the variant passes at run
+ * time. A later call whose inputs have the same dtypes and shapes runs the
+ * body with the replay hooks: each op is checked against the script's next
+ * event (the op, the very tensors it takes, its attributes, each number
+ * equal or a float argument of the variant) before its rules run, and gets
+ * the script's tensor for it, so no shape rule runs, no tensor is made and
+ * nothing is logged. An op's result the call hands out (an output, a view
+ * of an input) is made anew each call. When the body has done every event,
+ * returned the script's outputs and kept none of the script's tensors, the
+ * call runs the variant's segment with this call's inputs and numbers: the
+ * log it would have recorded is the script's, which matched the variant.
+ *
+ * Anything else is a step the script does not have: the replay hands over
+ * to the recording, which gets the hook calls the body made so far (the
+ * events matched, the sizes read), with the same tensors, as if it had
+ * recorded from the start, and the call goes on as a recorded one. */
+#include <string.h>
+
+#include "tracer/tracer.h"
+
+typedef struct rp_event {
+  int op, n_in, in, out; /* in: its first input value in ids[]; out: its value */
+  const op_attrs *a;     /* the script's copy, or rec_no_attrs */
+  const char *file;
+  int line;
+  bool user;             /* its numbers came from user code */
+  bool fresh;            /* its result is made anew each call */
+  int slot_at, n_slots;  /* its numbers in slot[] */
+} rp_event;
+
+/* A number of an event: the script's, which the call must pass again, or
+ * (arg >= 0) a float the variant takes at run time as argument arg. */
+typedef struct rp_slot {
+  rec_slot v;
+  int arg;
+} rp_slot;
+
+typedef struct rp_val {
+  kiln_tensor *t;        /* a made value's tensor (retained), NULL when fresh */
+  uint64_t serial;       /* a param's serial: its pointer is checked with it, not held */
+  kiln_dtype dt;
+  int ndim;
+  int64_t shape[MAXD];
+} rp_val;
+
+struct rp_script {
+  int n_in, n_ev, n_val, n_params, n_out, n_slot;
+  rp_event *ev;
+  int *ids;
+  op_attrs *attrs;
+  rp_slot *slot;
+  rp_val *val;
+  int *kind, *index;     /* per value: its rec_vkind and index (input i, param i, or its event) */
+  kiln_tensor **params;  /* not retained: checked by pointer and serial when an op takes one */
+  bool *param_used;      /* an op of the script takes it (a size read alone does not) */
+  uint64_t origin;       /* the recording that made the script's tensors (their rec_call) */
+  int *out;              /* the body's outputs' values */
+  int *in_first;         /* the first input that is the same tensor as input i */
+  kiln_dtype *in_dt;
+  int *in_ndim;
+  int64_t (*in_shape)[MAXD];
+  int64_t argi[IR_MAX_SYMS];
+  double argf[IR_MAX_SYMS];
+  int n_args;
+  bool broken;           /* a replay handed over: the recording holds its tensors now */
+  /* a replay's scratch, kept between calls */
+  kiln_tensor **cur;     /* per value: the tensor that is it in the call */
+  kiln_tensor **fresh;   /* made in the call, a reference each of ours */
+  int n_fresh;
+  struct rp_read {
+    int at;
+    const kiln_tensor *t;
+    int dim;
+  } *reads;
+  int n_reads, cap_reads;
+};
+
+void rp_free(rp_script *s) {
+  if (!s) return;
+  for (int i = 0; s->val && i < s->n_val; i++) kiln_release(s->val[i].t);
+  alloc_free(s->ev);
+  alloc_free(s->ids);
+  alloc_free(s->attrs);
+  alloc_free(s->slot);
+  alloc_free(s->val);
+  alloc_free(s->kind);
+  alloc_free(s->index);
+  alloc_free(s->params);
+  alloc_free(s->param_used);
+  alloc_free(s->out);
+  alloc_free(s->in_first);
+  alloc_free(s->in_dt);
+  alloc_free(s->in_ndim);
+  alloc_free(s->in_shape);
+  alloc_free(s->cur);
+  alloc_free(s->fresh);
+  alloc_free(s->reads);
+  alloc_free(s);
+}
+
+bool rp_broken(const rp_script *s) { return s->broken; }
+
+/* Whether the call's log is one a replay can check: ops alone, over the
+ * call's inputs, params and values of its own, none with autograd history,
+ * in one segment, outputs made by ops that are not views (an output is made
+ * anew each call: a view would have to be one of another output's). */
+static bool replayable(const recording *r, kiln_tensor *const *made, kiln_tensor *const *out, int n_out) {
+  if (r->escaped || r->seg || r->n_breaks || r->failed || r->n_in > 64) return false;
+  for (int i = 0; i < r->n_ev; i++) {
+    const rec_event *e = &r->ev[i];
+    if (e->kind != EV_OP || e->src >= 0 || (op_table[e->op].attrs & AF_RNG) || e->out < 0) return false;
+  }
+  for (int v = 0; v < r->n_val; v++) {
+    const rec_value *rv = &r->val[v];
+    if (rv->kind != RV_INPUT && rv->kind != RV_PARAM && rv->kind != RV_MADE) return false;
+    if (rv->kind == RV_MADE && (!made[v] || made[v]->requires_grad || made[v]->grad_fn)) return false;
+  }
+  for (int k = 0; k < n_out; k++) {
+    if (!out[k] || out[k]->rec_call != r->id) return false;
+    int v = out[k]->rec_id;
+    if (v < 0 || v >= r->n_val || r->val[v].kind != RV_MADE || made[v] != out[k] ||
+        op_table[r->ev[r->val[v].event].op].kind == KIND_VIEW)
+      return false;
+    for (int j = 0; j < k; j++)
+      if (out[j] == out[k]) return false;
+  }
+  return true;
+}
+
+rp_script *rp_make(const recording *r, kiln_tensor *const *out, int n_out, const slot_rule *rules, const int *rule_at,
+                   const int64_t *argi, const double *argf, int n_args) {
+  if (r->n_ev == 0 || n_args > IR_MAX_SYMS) return NULL;
+  kiln_tensor **made = alloc_malloc(sizeof *made * (size_t)(r->n_val + 1));
+  rp_script *s = alloc_calloc(1, sizeof *s);
+  if (!made || !s || rec_made_tensors(r, made) || !replayable(r, made, out, n_out)) goto fail;
+  s->n_in = r->n_in, s->n_ev = r->n_ev, s->n_val = r->n_val, s->n_params = r->n_params, s->n_out = n_out;
+  int n_attrs = 0;
+  for (int i = 0; i < r->n_ev; i++) {
+    const rec_event *e = &r->ev[i];
+    n_attrs += e->a != &rec_no_attrs;
+    if (rec_has_slots(e)) s->n_slot += rule_at[i + 1] - rule_at[i];
+  }
+  s->ev = alloc_malloc(sizeof *s->ev * (size_t)s->n_ev);
+  s->ids = alloc_malloc(sizeof *s->ids * (size_t)(r->n_ids + 1));
+  s->attrs = alloc_malloc(sizeof *s->attrs * (size_t)(n_attrs + 1));
+  s->slot = alloc_malloc(sizeof *s->slot * (size_t)(s->n_slot + 1));
+  s->val = alloc_calloc((size_t)s->n_val, sizeof *s->val);
+  s->kind = alloc_malloc(sizeof *s->kind * (size_t)s->n_val);
+  s->index = alloc_malloc(sizeof *s->index * (size_t)s->n_val);
+  s->params = alloc_malloc(sizeof *s->params * (size_t)(s->n_params + 1));
+  s->param_used = alloc_calloc((size_t)s->n_params + 1, sizeof *s->param_used);
+  s->out = alloc_malloc(sizeof *s->out * (size_t)(n_out + 1));
+  s->in_first = alloc_malloc(sizeof *s->in_first * (size_t)(s->n_in + 1));
+  s->in_dt = alloc_malloc(sizeof *s->in_dt * (size_t)(s->n_in + 1));
+  s->in_ndim = alloc_malloc(sizeof *s->in_ndim * (size_t)(s->n_in + 1));
+  s->in_shape = alloc_malloc(sizeof *s->in_shape * (size_t)(s->n_in + 1));
+  s->cur = alloc_malloc(sizeof *s->cur * (size_t)s->n_val);
+  s->fresh = alloc_malloc(sizeof *s->fresh * (size_t)s->n_val);
+  if (!s->ev || !s->ids || !s->attrs || !s->slot || !s->val || !s->kind || !s->index || !s->params || !s->out ||
+      !s->in_dt || !s->in_ndim || !s->in_shape || !s->cur || !s->fresh || !s->param_used || !s->in_first)
+    goto fail;
+  s->origin = r->id;
+  memcpy(s->ids, r->ids, sizeof *s->ids * (size_t)r->n_ids);
+  for (int i = 0; i < s->n_params; i++) s->params[i] = r->params[i];
+  for (int i = 0; i < s->n_in; i++) {
+    s->in_first[i] = i;
+    for (int j = 0; j < i && s->in_first[i] == i; j++)
+      if (r->in[j] == r->in[i]) s->in_first[i] = j;
+    s->in_dt[i] = r->in[i]->dtype;
+    s->in_ndim[i] = r->in[i]->ndim;
+    memcpy(s->in_shape[i], r->in[i]->shape, sizeof s->in_shape[i]);
+  }
+  for (int k = 0; k < n_out; k++) s->out[k] = out[k]->rec_id;
+  for (int v = 0; v < s->n_val; v++) {
+    const rec_value *rv = &r->val[v];
+    s->kind[v] = rv->kind;
+    s->index[v] = rv->kind == RV_MADE ? rv->event : rv->index;
+    rp_val *pv = &s->val[v];
+    pv->dt = rv->dtype;
+    pv->ndim = rv->ndim;
+    memcpy(pv->shape, rv->shape, sizeof(int64_t) * (size_t)rv->ndim);
+    if (rv->kind == RV_PARAM) pv->serial = r->params[rv->index]->serial;
+  }
+  for (int i = 0, at = 0, na = 0; i < s->n_ev; i++) {
+    const rec_event *e = &r->ev[i];
+    rp_event *pe = &s->ev[i];
+    *pe = (rp_event){.op = e->op, .n_in = e->n_in, .in = e->in, .out = e->out, .a = &rec_no_attrs, .file = e->file,
+                     .line = e->line, .user = e->user, .slot_at = at};
+    if (e->a != &rec_no_attrs) {
+      s->attrs[na] = *e->a;
+      pe->a = &s->attrs[na++];
+    }
+    /* made anew: an output, or a view of a tensor of the call (an input, or one made anew) */
+    bool out_of_call = false;
+    for (int k = 0; k < n_out; k++) out_of_call |= s->out[k] == e->out;
+    if (op_table[e->op].kind == KIND_VIEW) {
+      int x = r->ids[e->in];
+      out_of_call = s->kind[x] == RV_INPUT || (s->kind[x] == RV_MADE && s->ev[s->index[x]].fresh);
+    }
+    pe->fresh = out_of_call;
+    for (int k = 0; k < e->n_in; k++)
+      if (s->kind[r->ids[e->in + k]] == RV_PARAM) s->param_used[s->index[r->ids[e->in + k]]] = true;
+    if (!pe->fresh) s->val[e->out].t = kiln_retain(made[e->out]);
+    if (!rec_has_slots(e)) continue;
+    rec_slot sl[2 * MAXD + 8];
+    int n = rec_slots(e, sl, (int)(sizeof sl / sizeof sl[0]));
+    if (n != rule_at[i + 1] - rule_at[i] || n > (int)(sizeof sl / sizeof sl[0])) goto fail;
+    for (int k = 0; k < n; k++) {
+      const slot_rule *rule = &rules[rule_at[i] + k];
+      /* a float argument may change; every other number is the script's: a
+       * size the variant binds (the same inputs' shapes give the same), or a
+       * number that decides a shape the script's tensors have */
+      s->slot[at + k] = (rp_slot){sl[k], rule->kind == SLOT_ARG && sl[k].is_float ? rule->arg : -1};
+    }
+    pe->n_slots = n;
+    at += n;
+  }
+  /* a param the body only read a size of is checked by no op */
+  for (int i = 0; i < s->n_params; i++)
+    if (!s->param_used[i]) goto fail;
+  s->n_args = n_args;
+  if (n_args) {
+    memcpy(s->argi, argi, sizeof *argi * (size_t)n_args);
+    memcpy(s->argf, argf, sizeof *argf * (size_t)n_args);
+  }
+  alloc_free(made);
+  return s;
+fail:
+  alloc_free(made);
+  rp_free(s);
+  return NULL;
+}
+
+bool rp_fits(const rp_script *s, kiln_tensor *const *in, int n_in) {
+  if (s->broken || n_in != s->n_in) return false;
+  for (int i = 0; i < n_in; i++) {
+    if (in[i]->dtype != s->in_dt[i] || in[i]->ndim != s->in_ndim[i] ||
+        memcmp(in[i]->shape, s->in_shape[i], sizeof(int64_t) * (size_t)in[i]->ndim))
+      return false;
+    /* one tensor passed twice is one value of the log, two tensors two */
+    int first = i;
+    for (int j = 0; j < i && first == i; j++)
+      if (in[j] == in[i]) first = j;
+    if (first != s->in_first[i]) return false;
+  }
+  return true;
+}
+
+/* ---- a replayed call ---- */
+
+/* The recording takes over: it gets the hook calls of the body so far, with
+ * the tensors the body got, and the script lets go of them. */
+static void hand_over(rp_call *p) {
+  if (!p->on) return;
+  p->on = false;
+  rp_script *s = p->s;
+  recording *r = p->r;
+  dispatch_set_hooks(p->saved);
+  kiln_tensor *small[16];
+  for (int i = 0, k = 0; i <= p->at; i++) {
+    for (; k < s->n_reads && s->reads[k].at == i; k++) rec_size_read(r, s->reads[k].t, s->reads[k].dim);
+    if (i == p->at) break;
+    const rp_event *e = &s->ev[i];
+    kiln_tensor **in = e->n_in <= 16 ? small : alloc_malloc(sizeof *in * (size_t)e->n_in);
+    if (!in) {
+      r->failed = true;
+      snprintf(r->why, sizeof r->why, "out of memory while recording");
+      break;
+    }
+    for (int j = 0; j < e->n_in; j++) in[j] = s->cur[s->ids[e->in + j]];
+    rec_op(r, (op_id)e->op, in, e->n_in, e->a, s->cur[e->out], e->file, e->line, e->user);
+    if (in != small) alloc_free(in);
+  }
+  /* what the body holds and the recording adopted stays; the rest goes */
+  for (int v = 0; v < s->n_val; v++) kiln_release(s->val[v].t), s->val[v].t = NULL;
+  for (int i = 0; i < s->n_fresh; i++) kiln_release(s->fresh[i]);
+  s->n_fresh = 0;
+  s->broken = true;
+}
+
+static kiln_tensor *rp_op(void *ctx, op_id op, kiln_tensor *const *in, int n, const op_attrs *a, const char *file,
+                          int line) {
+  (void)file, (void)line;
+  rp_call *p = ctx;
+  rp_script *s = p->s;
+  if (p->at == s->n_ev) goto part;
+  const rp_event *e = &s->ev[p->at];
+  if (e->op != (int)op || e->n_in != n) goto part;
+  /* the very tensors the script's event took; none that would give the result autograd history */
+  bool grad = grad_mode();
+  for (int k = 0; k < n; k++) {
+    int w = s->ids[e->in + k];
+    if (in[k] != s->cur[w] || (grad && in[k]->requires_grad) || (s->val[w].serial && in[k]->serial != s->val[w].serial))
+      goto part;
+  }
+  if ((user_numbers() || !in_internal()) != e->user) goto part;
+  if (op_table[op].attrs) {
+    static const op_attrs none;
+    if (!a) a = &none;
+    if (!rec_same_attrs(op, a, e->a)) goto part;
+    if (e->n_slots) {
+      rec_event tmp = {.kind = EV_OP, .op = (int)op, .a = (op_attrs *)a};
+      rec_slot sl[2 * MAXD + 8];
+      if (rec_slots(&tmp, sl, (int)(sizeof sl / sizeof sl[0])) != e->n_slots) goto part;
+      for (int k = 0; k < e->n_slots; k++) {
+        const rp_slot *ps = &s->slot[e->slot_at + k];
+        if (ps->arg >= 0 && sl[k].is_float) {
+          p->argf[ps->arg] = sl[k].f;
+          continue;
+        }
+        if (sl[k].is_float != ps->v.is_float || (sl[k].is_float ? memcmp(&sl[k].f, &ps->v.f, sizeof sl[k].f) : sl[k].i != ps->v.i))
+          goto part;
+      }
+    }
+  }
+  kiln_tensor *t;
+  if (!e->fresh) {
+    t = kiln_retain(s->cur[e->out]);
+  } else {
+    const rp_val *pv = &s->val[e->out];
+    if (op_table[op].kind == KIND_VIEW) {
+      /* laid out over this call's input, as the op would */
+      static const op_attrs none;
+      int ndim;
+      int64_t shape[MAXD], stride[MAXD], off;
+      int rc = view_layout(op, in[0], a ? a : &none, &ndim, shape, stride, &off);
+      if (rc < 0) goto part;
+      t = rc == 0 ? tensor_view(in[0], ndim, shape, stride, off) : tensor_new_meta(in[0]->dtype, ndim, shape);
+    } else {
+      t = tensor_new_meta(pv->dt, pv->ndim, pv->shape);
+    }
+    if (!t) goto part; /* the recording says out of memory */
+    t->rec_call = s->origin;
+    t->rec_id = e->out;
+    s->cur[e->out] = t;
+    s->fresh[s->n_fresh++] = kiln_retain(t);
+  }
+  p->at++;
+  return t;
+part:
+  hand_over(p);
+  return NULL;
+}
+
+/* Whether the recording can be handed t later: the script or the call
+ * holds it. A param's size read hands over at once: the body may let go of
+ * a tensor it replaces (a state) before the replay would hand it over. */
+static bool held(const rp_call *p, const kiln_tensor *t) {
+  const rp_script *s = p->s;
+  if (t->rec_call == s->origin && t->rec_id >= 0 && t->rec_id < s->n_val && s->cur[t->rec_id] == t) return true;
+  for (int i = 0; i < s->n_in; i++)
+    if (s->cur[i] == t) return true;
+  return false;
+}
+
+static void rp_size_read(void *ctx, const kiln_tensor *t, int dim) {
+  rp_call *p = ctx;
+  rp_script *s = p->s;
+  if (!held(p, t) || alloc_grow((void **)&s->reads, &s->cap_reads, s->n_reads + 1, sizeof *s->reads)) {
+    hand_over(p);
+    rec_size_read(p->r, t, dim);
+    return;
+  }
+  s->reads[s->n_reads++] = (struct rp_read){p->at, t, dim};
+}
+
+/* Every other hook is a step the script does not have. */
+static void rp_inplace(void *ctx, op_id op, kiln_tensor *dst, kiln_tensor *src, double value, const char *file, int line) {
+  rp_call *p = ctx;
+  hand_over(p);
+  p->saved->inplace(p->saved->ctx, op, dst, src, value, file, line);
+}
+static void rp_read(void *ctx, const char *what, const kiln_tensor *t, const char *file, int line) {
+  rp_call *p = ctx;
+  hand_over(p);
+  p->saved->read(p->saved->ctx, what, t, file, line);
+}
+static void rp_zero_grad(void *ctx, kiln_tensor *t) {
+  rp_call *p = ctx;
+  hand_over(p);
+  p->saved->zero_grad(p->saved->ctx, t);
+}
+static kiln_tensor *rp_factory(void *ctx, int kind, kiln_dtype dt, int ndim, const int64_t *shape, double value,
+                               uint64_t seed, bool flag, const void *data, const char *file, int line) {
+  rp_call *p = ctx;
+  hand_over(p);
+  return p->saved->factory(p->saved->ctx, kind, dt, ndim, shape, value, seed, flag, data, file, line);
+}
+static void rp_numel(void *ctx, kiln_tensor *out, const kiln_tensor *x, const int *axes, int naxes, int64_t offset,
+                     const char *file, int line) {
+  rp_call *p = ctx;
+  hand_over(p);
+  p->saved->numel(p->saved->ctx, out, x, axes, naxes, offset, file, line);
+}
+static void rp_shape_src(void *ctx, uint64_t serial, uint64_t rec_call, int rec_id) {
+  rp_call *p = ctx;
+  hand_over(p);
+  p->saved->shape_src(p->saved->ctx, serial, rec_call, rec_id);
+}
+static int rp_cf(void *ctx, const struct cf_call *c, kiln_tensor **results) {
+  rp_call *p = ctx;
+  hand_over(p);
+  return p->saved->cf(p->saved->ctx, c, results);
+}
+/* An op the replay handed over in rp_op: the recording's hook sees it (dispatch reads the hooks anew). */
+static void rp_after_op(void *ctx, op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out,
+                        const char *file, int line) {
+  rp_call *p = ctx;
+  hand_over(p);
+  p->saved->op(p->saved->ctx, op, in, n, a, out, file, line);
+}
+
+void rp_begin(rp_call *p, rp_script *s, recording *r, kiln_tensor *const *in) {
+  memset(p, 0, sizeof *p);
+  p->s = s;
+  p->r = r;
+  p->on = true;
+  s->n_fresh = 0;
+  s->n_reads = 0;
+  for (int v = 0; v < s->n_val; v++)
+    s->cur[v] = s->kind[v] == RV_INPUT ? in[s->index[v]] : s->kind[v] == RV_PARAM ? s->params[s->index[v]] : s->val[v].t;
+  if (s->n_args) memcpy(p->argf, s->argf, sizeof *p->argf * (size_t)s->n_args);
+  p->hooks = (trace_hooks){.ctx = p,
+                           .op = rp_after_op,
+                           .inplace = rp_inplace,
+                           .read = rp_read,
+                           .zero_grad = rp_zero_grad,
+                           .numel = rp_numel,
+                           .size_read = rp_size_read,
+                           .shape_src = rp_shape_src,
+                           .record = true,
+                           .factory = rp_factory,
+                           .cf = rp_cf,
+                           .replay = rp_op};
+  p->saved = dispatch_hooks();
+  dispatch_set_hooks(&p->hooks);
+}
+
+bool rp_finished(rp_call *p, int rc, kiln_tensor *const *out, int n_out) {
+  if (!p->on) return false;
+  rp_script *s = p->s;
+  bool ok = rc == 0 && p->at == s->n_ev && n_out == s->n_out;
+  for (int k = 0; ok && k < n_out; k++) ok = out[k] && out[k] == s->cur[s->out[k]];
+  if (!ok) hand_over(p);
+  return ok;
+}
+
+bool rp_nothing_kept(rp_call *p) {
+  if (!p->on) return false;
+  rp_script *s = p->s;
+  bool ok = true;
+  /* the script's own tensors: held by it alone, as it made them (a body
+   * that stored one, or marked it requires_grad, did what the script did not) */
+  for (int v = 0; v < s->n_val && ok; v++) {
+    const kiln_tensor *t = s->val[v].t;
+    ok = !t || (tensor_refs(t) == 1 && !t->requires_grad);
+  }
+  /* made anew: ours, and the caller's for each output */
+  for (int i = 0; i < s->n_fresh && ok; i++) {
+    const kiln_tensor *t = s->fresh[i];
+    uint32_t want = 1;
+    for (int k = 0; k < s->n_out; k++) want += s->cur[s->out[k]] == t;
+    ok = tensor_refs(t) == want && !t->requires_grad;
+  }
+  if (!ok) hand_over(p);
+  return ok;
+}
+
+void rp_end(rp_call *p) {
+  if (!p->s) return;
+  if (dispatch_hooks() == &p->hooks) dispatch_set_hooks(p->saved);
+  rp_script *s = p->s;
+  for (int i = 0; i < s->n_fresh; i++) kiln_release(s->fresh[i]);
+  s->n_fresh = 0;
+  s->n_reads = 0;
+  p->on = false;
+}
+
+void rp_hand_over(rp_call *p) { hand_over(p); }
+
+const int64_t *rp_argi(const rp_call *p) { return p->s->argi; }
+int rp_n_params(const rp_call *p) { return p->s->n_params; }
+kiln_tensor *rp_param(const rp_call *p, int i) { return p->s->params[i]; }

@@ -1,0 +1,422 @@
+/* Replayed calls: a call on the recording path whose body follows the log an
+ * earlier call left runs the variant without recording (replay.c). Each
+ * body here does what that log does not at some call (another branch, a
+ * number, a kept tensor, a flag, a data read, more or fewer ops), before,
+ * in the middle of, or after the steps the replay checks; each call is
+ * compared with the same body run eagerly on the same state, on both
+ * backends and both capture modes, and the tests say how many calls were
+ * replayed, so that a replay that never happens fails too. */
+#include <check.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kiln.h"
+
+/* Max |a - b| over the elements; INFINITY for another shape or dtype. */
+static double maxdiff(kiln_tensor *a, kiln_tensor *b) {
+  ck_assert_msg(a && b, "%s", kiln_last_error());
+  if (kiln_ndim(a) != kiln_ndim(b) || kiln_type(a) != kiln_type(b)) return INFINITY;
+  for (int d = 0; d < kiln_ndim(a); d++)
+    if (kiln_size(a, d) != kiln_size(b, d)) return INFINITY;
+  if (!kiln_numel(a)) return 0;
+  kiln_scope_begin();
+  double r = kiln_item(kiln_max_axes(kiln_abs(kiln_sub(kiln_cast(a, KILN_F64), kiln_cast(b, KILN_F64))), NULL, 0, false));
+  kiln_scope_end();
+  return r;
+}
+
+static kiln_fn_stats stats(kiln_fn *fn) {
+  kiln_fn_stats st;
+  ck_assert_int_eq(0, kiln_fn_get_stats(fn, &st));
+  return st;
+}
+
+static const int backends[2] = {KILN_BACKEND_INTERP, KILN_BACKEND_LLVM};
+static const int captures[2] = {KILN_CAPTURE_AUTO, KILN_CAPTURE_RECORD};
+
+/* A model whose body reads a size (so that it records under the automatic
+ * policy too) and does what the test sets before each call. */
+typedef struct {
+  kiln_tensor *w, *w2, *b;
+  int branch;        /* 0: relu, 1: tanh after the first layer (a C branch in the middle) */
+  int layers;        /* how many times the second layer runs */
+  double slope;      /* a float number of an op */
+  int64_t at;        /* an integer number of an op (a slice position) */
+  bool keep;         /* store the hidden value in the model */
+  bool mark;         /* mark the hidden value requires_grad */
+  bool read;         /* read a value of the hidden layer */
+  bool swap;         /* use w2 in place of w */
+  bool wire;         /* the same ops, one of them over another value */
+  bool keep_view;    /* store a view of the output in the model */
+  bool out_mid;      /* return a value made in the middle */
+  kiln_tensor *kept; /* what keep stored */
+  double seen;       /* what read read */
+} model;
+
+static int model_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  model *m = ctx;
+  int64_t batch = kiln_size(in[0], 0);
+  kiln_tensor *h = kiln_matmul(in[0], kiln_transpose(m->swap ? m->w2 : m->w, 0, 1));
+  h = m->branch ? kiln_tanh(h) : kiln_relu(h);
+  if (m->mark) kiln_requires_grad(h, true);
+  if (m->keep) {
+    kiln_release(m->kept);
+    m->kept = kiln_retain(h);
+  }
+  if (m->read) m->seen = kiln_item(kiln_sum_all(h));
+  kiln_tensor *mid = h, *other = kiln_neg(h);
+  for (int i = 0; i < m->layers; i++) h = kiln_add(kiln_matmul(m->wire ? other : h, kiln_transpose(m->w, 0, 1)), m->b);
+  h = kiln_leaky_relu(h, m->slope);
+  kiln_tensor *s = kiln_slice(h, 1, m->at, m->at + 2, 1);
+  out[0] = batch > 1 ? kiln_add(s, s) : s;
+  if (m->out_mid) out[0] = mid;
+  if (m->keep_view && out[0]) {
+    kiln_release(m->kept);
+    m->kept = kiln_retain(kiln_reshape(out[0], 1, ((int64_t[]){-1})));
+  }
+  return out[0] ? 0 : -1;
+}
+
+static void model_init(model *m) {
+  memset(m, 0, sizeof *m);
+  m->w = kiln_randn(KILN_F32, 2, ((int64_t[]){6, 6}), 11);
+  m->w2 = kiln_randn(KILN_F32, 2, ((int64_t[]){6, 6}), 12);
+  m->b = kiln_randn(KILN_F32, 1, ((int64_t[]){6}), 13);
+  m->layers = 1;
+  m->slope = 0.1;
+}
+
+static void model_free(model *m) {
+  kiln_release(m->w);
+  kiln_release(m->w2);
+  kiln_release(m->b);
+  kiln_release(m->kept);
+}
+
+/* One call compiled and one eager on the same state; a kept or read value
+ * compared too. */
+static void body_call(kiln_fn *fn, kiln_body body, model *m, kiln_tensor *x, const char *what, int call) {
+  kiln_scope_begin();
+  kiln_tensor *got = NULL, *want = NULL;
+  ck_assert_msg(kiln_call(fn, &x, &got) == 0, "%s call %d: %s", what, call, kiln_last_error());
+  kiln_tensor *kept = m->kept ? kiln_retain(m->kept) : NULL;
+  double seen = m->seen;
+  ck_assert_int_eq(0, body(m, &x, &want));
+  ck_assert_msg(maxdiff(got, want) <= 1e-5, "%s call %d: compiled differs from eager by %g", what, call, maxdiff(got, want));
+  if (m->keep || m->keep_view) ck_assert_msg(kept && maxdiff(kept, m->kept) <= 1e-5, "%s call %d: the kept tensor", what, call);
+  if (m->read) ck_assert_msg(fabs(seen - m->seen) <= 1e-4, "%s call %d: read %g, eager %g", what, call, seen, m->seen);
+  kiln_release(kept);
+  kiln_scope_end();
+}
+
+static void model_call(kiln_fn *fn, model *m, kiln_tensor *x, const char *what, int call) {
+  body_call(fn, model_body, m, x, what, call);
+}
+
+/* Each change is made at a call after replays began, and undone: every
+ * call equals eager, and the calls that follow the script again replay. */
+START_TEST(test_replay_parts_from_the_log) {
+  for (int b = 0; b < 2; b++)
+    for (int c = 0; c < 2; c++) {
+      model m;
+      model_init(&m);
+      kiln_options o = {.name = "model", .n_in = 1, .backend = backends[b], .capture = captures[c], .max_variants = 32};
+      kiln_fn *fn = kiln_compile(model_body, &m, &o);
+      kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){3, 6}), 14);
+      char what[64];
+      snprintf(what, sizeof what, "backend %d capture %d", b, c);
+      int call = 0;
+      for (int i = 0; i < 3; i++) model_call(fn, &m, x, what, call++);
+      ck_assert_msg(stats(fn).replays == 2, "%s: %lld replays of 3 calls", what, (long long)stats(fn).replays);
+      /* each step: a change, a call, the change undone, a call */
+      for (int step = 0; step < 12; step++) {
+        long long before = stats(fn).replays;
+        switch (step) {
+        case 0: m.branch = 1; break;                /* another op in the middle */
+        case 1: m.layers = 2; break;                /* more ops */
+        case 2: m.layers = 0; break;                /* fewer ops */
+        case 3: m.keep = true; break;               /* a tensor kept past the call */
+        case 4: m.read = true; break;               /* a data read: a break */
+        case 5: m.swap = true; break;               /* another weight */
+        case 6: m.at = 3; break;                    /* an integer number */
+        case 7: m.slope = 0.25 + 0.01 * step; break; /* a float number (an argument once it changed) */
+        case 8: m.mark = true; break;               /* a flag set on a tensor of the script */
+        case 9: m.wire = true; break;               /* the same op over another value */
+        case 10: m.keep_view = true; break;         /* a view of the output kept past the call */
+        case 11: m.out_mid = true; break;           /* another value returned, the same ops done */
+        }
+        model_call(fn, &m, x, what, call++);
+        model_call(fn, &m, x, what, call++);
+        if (step == 8) {
+          /* requires_grad marked: no replay (a flag the script's tensor must not keep) */
+          ck_assert_msg(stats(fn).replays == before, "%s step %d: a replay with a marked tensor", what, step);
+        }
+        m.branch = 0, m.layers = 1, m.keep = false, m.read = false, m.swap = false, m.at = 0, m.mark = false;
+        m.wire = false, m.keep_view = false, m.out_mid = false;
+        kiln_release(m.kept);
+        m.kept = NULL;
+        model_call(fn, &m, x, what, call++);
+        model_call(fn, &m, x, what, call++);
+        /* back on the script's path: the last call replays (the one before
+         * may make a new script) */
+        ck_assert_msg(stats(fn).replays > before, "%s step %d: no replay after the change was undone", what, step);
+      }
+      kiln_release(x);
+      kiln_fn_free(fn);
+      model_free(&m);
+    }
+}
+END_TEST
+
+/* A weight released and another made in its place, of its shape or of
+ * another: the replay checks the very tensor the body passes. */
+static int replaced_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  model *m = ctx;
+  (void)kiln_size(in[0], 0);
+  out[0] = kiln_tanh(kiln_matmul(in[0], kiln_transpose(m->w, 0, 1)));
+  return out[0] ? 0 : -1;
+}
+
+START_TEST(test_replay_weight_replaced) {
+  for (int b = 0; b < 2; b++) {
+    model m;
+    model_init(&m);
+    kiln_options o = {.name = "replaced", .n_in = 1, .backend = backends[b], .capture = KILN_CAPTURE_RECORD};
+    kiln_fn *fn = kiln_compile(replaced_body, &m, &o);
+    kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){3, 6}), 16);
+    for (int i = 0; i < 12; i++) {
+      if (i >= 3) {
+        int64_t rows = i % 2 ? 4 : 6;
+        kiln_release(m.w);
+        m.w = kiln_randn(KILN_F32, 2, ((int64_t[]){rows, 6}), 100 + (uint64_t)i);
+      }
+      body_call(fn, replaced_body, &m, x, "replaced", i);
+    }
+    kiln_release(x);
+    kiln_fn_free(fn);
+    model_free(&m);
+  }
+}
+END_TEST
+
+/* A step that trains at some calls (backward inside the body, as a
+ * compiled training step does) after replays of calls that did not, under
+ * the caller's kiln_no_grad_begin: the weight's gradient is eager's. */
+static int grad_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  model *m = ctx;
+  (void)kiln_size(in[0], 0);
+  out[0] = kiln_sum_all(kiln_tanh(kiln_matmul(in[0], m->w)));
+  if (out[0] && m->keep && kiln_backward(out[0])) return -1;
+  return out[0] ? 0 : -1;
+}
+
+START_TEST(test_replay_then_autograd) {
+  for (int b = 0; b < 2; b++)
+    for (int c = 0; c < 2; c++) {
+      model m;
+      model_init(&m);
+      kiln_requires_grad(m.w, true);
+      kiln_options o = {.name = "grad", .n_in = 1, .backend = backends[b], .capture = captures[c]};
+      kiln_fn *fn = kiln_compile(grad_body, &m, &o);
+      kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){3, 6}), 17);
+      kiln_no_grad_begin();
+      for (int i = 0; i < 3; i++) body_call(fn, grad_body, &m, x, "no grad", i);
+      kiln_no_grad_end();
+      ck_assert_int_eq(2, stats(fn).replays);
+      m.keep = true;
+      for (int i = 0; i < 3; i++) {
+        kiln_tensor *g[2];
+        for (int k = 0; k < 2; k++) {
+          kiln_zero_grad(m.w);
+          kiln_scope_begin();
+          kiln_tensor *loss = NULL;
+          if (k == 0) ck_assert_msg(kiln_call(fn, &x, &loss) == 0, "%s", kiln_last_error());
+          else ck_assert_int_eq(0, grad_body(&m, &x, &loss));
+          kiln_scope_end();
+          g[k] = kiln_retain(kiln_grad(m.w));
+        }
+        ck_assert_msg(g[0] && g[1] && maxdiff(g[0], g[1]) <= 1e-5, "backend %d capture %d call %d: the weight's gradient", b, c, i);
+        kiln_release(g[0]);
+        kiln_release(g[1]);
+      }
+      m.keep = false;
+      kiln_release(x);
+      kiln_fn_free(fn);
+      model_free(&m);
+    }
+}
+END_TEST
+
+/* Outputs a replay cannot make anew (a view of the input, the input itself,
+ * one tensor twice) and a view of an input used inside: still eager's. */
+static int views_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  model *m = ctx;
+  (void)kiln_size(in[0], 0);
+  kiln_tensor *t = kiln_transpose(in[0], 0, 1); /* a view of this call's input */
+  kiln_tensor *h = kiln_relu(kiln_matmul(m->w, t));
+  out[0] = kiln_transpose(h, 0, 1);
+  out[1] = m->layers == 1 ? in[0] : h;
+  out[2] = m->keep ? out[1] : kiln_neg(h);
+  return out[0] ? 0 : -1;
+}
+
+START_TEST(test_replay_views_and_outputs) {
+  for (int b = 0; b < 2; b++)
+    for (int c = 0; c < 2; c++) {
+      model m;
+      model_init(&m);
+      kiln_options o = {.name = "views", .n_in = 1, .n_out = 3, .backend = backends[b], .capture = captures[c]};
+      kiln_fn *fn = kiln_compile(views_body, &m, &o);
+      for (int i = 0; i < 8; i++) {
+        m.layers = i % 4 == 3 ? 1 : 0;
+        m.keep = i % 3 == 2;
+        kiln_scope_begin();
+        /* a new input each call: a view kept from an earlier call's input would read old data */
+        kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){3, 6}), 20 + (uint64_t)i), *got[3], *want[3];
+        ck_assert_msg(kiln_call(fn, &x, got) == 0, "%s", kiln_last_error());
+        ck_assert_int_eq(0, views_body(&m, &x, want));
+        for (int k = 0; k < 3; k++) ck_assert_msg(maxdiff(got[k], want[k]) <= 1e-5, "call %d output %d", i, k);
+        ck_assert_msg((got[1] == x) == (want[1] == x), "call %d: output 1 is the input eagerly", i);
+        ck_assert_msg((got[2] == got[1]) == (want[2] == want[1]), "call %d: outputs 1 and 2 are one tensor eagerly", i);
+        kiln_scope_end();
+      }
+      kiln_fn_free(fn);
+      model_free(&m);
+    }
+}
+END_TEST
+
+/* A view of an input the body passes to an op and reads: each call's own
+ * input's data, never a view of an earlier call's input. */
+static int view_read_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  model *m = ctx;
+  kiln_tensor *t = kiln_transpose(in[0], 0, 1);
+  if (m->read) m->seen = kiln_item(kiln_sum_all(kiln_slice(t, 0, 0, 1, 1)));
+  out[0] = kiln_relu(kiln_matmul(m->w, t));
+  return out[0] ? 0 : -1;
+}
+
+START_TEST(test_replay_view_of_input_read) {
+  for (int b = 0; b < 2; b++) {
+    model m;
+    model_init(&m);
+    kiln_options o = {.name = "vread", .n_in = 1, .backend = backends[b], .capture = KILN_CAPTURE_RECORD};
+    kiln_fn *fn = kiln_compile(view_read_body, &m, &o);
+    for (int i = 0; i < 6; i++) {
+      m.read = i >= 3;
+      kiln_scope_begin();
+      kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){3, 6}), 40 + (uint64_t)i);
+      body_call(fn, view_read_body, &m, x, "vread", i);
+      kiln_scope_end();
+    }
+    ck_assert_int_le(2, stats(fn).replays);
+    kiln_fn_free(fn);
+    model_free(&m);
+  }
+}
+END_TEST
+
+/* A body whose only read is a size, parting from the script after it: the
+ * variant made from the handed-over recording knows the body read a size,
+ * so its calls still run the body (where a C branch shows), rather than
+ * the guard-only path. */
+static int size_read_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  model *m = ctx;
+  int64_t n = kiln_size(in[0], 0);
+  kiln_tensor *h = kiln_relu(kiln_matmul(in[0], kiln_transpose(m->w, 0, 1)));
+  if (m->branch) h = kiln_tanh(h);
+  out[0] = n > 0 ? h : kiln_neg(h);
+  return out[0] ? 0 : -1;
+}
+
+START_TEST(test_replay_hands_over_size_reads) {
+  const int branch[] = {0, 0, 0, 1, 1, 0, 1, 0};
+  for (int b = 0; b < 2; b++) {
+    model m;
+    model_init(&m);
+    kiln_options o = {.name = "sizes", .n_in = 1, .backend = backends[b]};
+    kiln_fn *fn = kiln_compile(size_read_body, &m, &o);
+    kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){3, 6}), 18);
+    for (int i = 0; i < 8; i++) {
+      m.branch = branch[i];
+      body_call(fn, size_read_body, &m, x, "sizes", i);
+    }
+    kiln_fn_stats st = stats(fn);
+    ck_assert_int_eq(0, st.guard_hits);
+    ck_assert_int_le(3, st.replays);
+    kiln_release(x);
+    kiln_fn_free(fn);
+    model_free(&m);
+  }
+}
+END_TEST
+
+/* Threads calling one function at once: one replays, the others record
+ * (the script serves one call at a time); every result is eager's. */
+typedef struct {
+  kiln_fn *fn;
+  model *m;
+  int id;
+  int bad;
+} worker;
+
+static void *work(void *arg) {
+  worker *w = arg;
+  kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){3, 6}), 60 + (uint64_t)w->id);
+  for (int i = 0; i < 40; i++) {
+    kiln_scope_begin();
+    kiln_tensor *got = NULL, *want = NULL;
+    if (kiln_call(w->fn, &x, &got) || model_body(w->m, &x, &want) || maxdiff(got, want) > 1e-5) w->bad++;
+    kiln_scope_end();
+  }
+  kiln_release(x);
+  return NULL;
+}
+
+START_TEST(test_replay_threads) {
+  model m;
+  model_init(&m);
+  kiln_options o = {.name = "threads", .n_in = 1, .capture = KILN_CAPTURE_RECORD};
+  kiln_fn *fn = kiln_compile(model_body, &m, &o);
+  pthread_t th[3];
+  worker w[3];
+  for (int i = 0; i < 3; i++) {
+    w[i] = (worker){fn, &m, i, 0};
+    ck_assert_int_eq(0, pthread_create(&th[i], NULL, work, &w[i]));
+  }
+  for (int i = 0; i < 3; i++) {
+    pthread_join(th[i], NULL);
+    ck_assert_int_eq(0, w[i].bad);
+  }
+  ck_assert_int_le(10, stats(fn).replays);
+  kiln_fn_free(fn);
+  model_free(&m);
+}
+END_TEST
+
+Suite *capture_replay_suite(void);
+Suite *capture_replay_suite(void) {
+  Suite *s = suite_create("capture_replay");
+  TCase *tc = tcase_create("core");
+  tcase_set_timeout(tc, 300);
+  tcase_add_test(tc, test_replay_parts_from_the_log);
+  tcase_add_test(tc, test_replay_weight_replaced);
+  tcase_add_test(tc, test_replay_then_autograd);
+  tcase_add_test(tc, test_replay_views_and_outputs);
+  tcase_add_test(tc, test_replay_view_of_input_read);
+  tcase_add_test(tc, test_replay_hands_over_size_reads);
+  tcase_add_test(tc, test_replay_threads);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) {
+  SRunner *sr = srunner_create(capture_replay_suite());
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
