@@ -1076,9 +1076,24 @@ static void grads_keep_handles(call_state *cs, const seg_info *si) {
     const build_write *w = &si->writes[i];
     if (!w->grad_set || w->grad < 0 || w->when >= 0) continue;
     kiln_tensor *g = rec_tensor_of(r, w->grad), *leaf = rec_tensor_of(r, w->base);
-    if (!g || !leaf || !leaf->grad || g == leaf->grad || g->st->meta || !tensor_covers_storage(g) || g->dtype != leaf->grad->dtype ||
+    if (!g || !leaf || !leaf->grad || g == leaf->grad || !tensor_covers_storage(g) || g->dtype != leaf->grad->dtype ||
         g->ndim != leaf->grad->ndim || memcmp(g->shape, leaf->grad->shape, sizeof(int64_t) * (size_t)g->ndim))
       continue;
+    if (g->st->meta) {
+      /* a handle the body borrowed (gw = kiln_grad(w), not retained) before a
+       * break: only the recording held it, so it got no data, and the next
+       * segment would have dropped it, leaving the body's pointer dangling
+       * and its writes through it (gradient clipping) lost. Eagerly it is
+       * the .grad: it takes the data the segment wrote there */
+      kiln_tensor *now = leaf->grad;
+      if (!tensor_covers_storage(now)) continue;
+      storage *old = g->st;
+      g->st = now->st;
+      atomic_fetch_add(&g->st->refcount, 1);
+      g->offset = now->offset;
+      memcpy(g->stride, now->stride, sizeof(int64_t) * (size_t)g->ndim);
+      storage_release_ref(old);
+    }
     kiln_release(leaf->grad);
     leaf->grad = kiln_retain(g);
   }
