@@ -98,12 +98,74 @@ START_TEST(test_grad_handle_written_after_break) {
 }
 END_TEST
 
+/* ---- check mode: the params a call reads, not the newest variant's ---- */
+
+typedef struct {
+  kiln_tensor *w[2];
+  int pick;
+} halving;
+
+/* a weight picked by a C flag, read and halved in place */
+static int halve_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  halving *m = ctx;
+  kiln_tensor *w = m->w[m->pick];
+  out[0] = kiln_add(in[0], w);
+  kiln_no_grad_begin();
+  kiln_mul_(w, kiln_scalar(KILN_F32, 0.5));
+  kiln_no_grad_end();
+  return out[0] ? 0 : -1;
+}
+
+/* Check mode put back only the inputs and the newest variant's params
+ * before its eager run. A call that read another weight (the other one of
+ * the flag, on the recording path; or the weight, where the variant was
+ * traced with it passed as the input) left the compiled write in it: the
+ * eager run halved it again and, differing, stood, so the caller got a
+ * wrong output, a weight halved twice, and a false report. Hand-derived:
+ * y = x + w, then w / 2. */
+START_TEST(test_check_mode_params_of_the_call) {
+  for (int be = 0; be < 2; be++)
+    for (int as_input = 0; as_input < 2; as_input++) {
+      float w0[2] = {8, 16}, want[2][2] = {{8, 16}, {8, 16}};
+      halving m = {{kiln_tensor_from(KILN_F32, 1, ((int64_t[]){2}), w0), kiln_tensor_from(KILN_F32, 1, ((int64_t[]){2}), w0)}, 0};
+      kiln_options o = {.name = "halve", .n_in = 1, .check = 1, .backend = backends[be],
+                        .capture = as_input ? KILN_CAPTURE_AUTO : KILN_CAPTURE_RECORD};
+      kiln_fn *fn = kiln_compile(halve_body, &m, &o);
+      for (int i = 0; i < 6; i++) {
+        kiln_scope_begin();
+        /* as_input: the same weight, passed as x on the first call and every third */
+        m.pick = as_input ? 0 : i % 2;
+        bool x_is_w = as_input && i % 3 == 0;
+        kiln_tensor *x = x_is_w ? m.w[0] : kiln_ones(KILN_F32, 1, ((int64_t[]){2})), *y = NULL;
+        ck_assert_msg(kiln_call(fn, &x, &y) == 0, "%s", kiln_last_error());
+        float got[2], w[2];
+        kiln_read(y, got, sizeof got);
+        kiln_read(m.w[m.pick], w, sizeof w);
+        float *wp = want[m.pick];
+        for (int j = 0; j < 2; j++) {
+          float yj = (x_is_w ? wp[j] : 1) + wp[j];
+          ck_assert_msg(got[j] == yj, "be %d as_input %d call %d: y %g, not %g", be, as_input, i, (double)got[j], (double)yj);
+          wp[j] /= 2;
+          ck_assert_msg(w[j] == wp[j], "be %d as_input %d call %d: w %g, not %g", be, as_input, i, (double)w[j], (double)wp[j]);
+        }
+        kiln_scope_end();
+      }
+      kiln_fn_stats st;
+      ck_assert_int_eq(0, kiln_fn_get_stats(fn, &st));
+      ck_assert_int_eq(0, st.check_fails);
+      kiln_fn_free(fn);
+      kiln_release(m.w[0]), kiln_release(m.w[1]);
+    }
+}
+END_TEST
+
 Suite *capture_state_suite(void);
 Suite *capture_state_suite(void) {
   Suite *s = suite_create("capture_state");
   TCase *tc = tcase_create("core");
   tcase_set_timeout(tc, 300);
   tcase_add_test(tc, test_grad_handle_written_after_break);
+  tcase_add_test(tc, test_check_mode_params_of_the_call);
   suite_add_tcase(s, tc);
   return s;
 }
