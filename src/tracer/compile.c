@@ -1080,9 +1080,24 @@ static void grads_keep_handles(call_state *cs, const seg_info *si) {
     const build_write *w = &si->writes[i];
     if (!w->grad_set || w->grad < 0 || w->when >= 0) continue;
     kiln_tensor *g = rec_tensor_of(r, w->grad), *leaf = rec_tensor_of(r, w->base);
-    if (!g || !leaf || !leaf->grad || g == leaf->grad || g->st->meta || !tensor_covers_storage(g) || g->dtype != leaf->grad->dtype ||
+    if (!g || !leaf || !leaf->grad || g == leaf->grad || !tensor_covers_storage(g) || g->dtype != leaf->grad->dtype ||
         g->ndim != leaf->grad->ndim || memcmp(g->shape, leaf->grad->shape, sizeof(int64_t) * (size_t)g->ndim))
       continue;
+    if (g->st->meta) {
+      /* a handle the body borrowed (gw = kiln_grad(w), not retained) before a
+       * break: only the recording held it, so it got no data, and the next
+       * segment would have dropped it, leaving the body's pointer dangling
+       * and its writes through it (gradient clipping) lost. Eagerly it is
+       * the .grad: it takes the data the segment wrote there */
+      kiln_tensor *now = leaf->grad;
+      if (!tensor_covers_storage(now)) continue;
+      storage *old = g->st;
+      g->st = now->st;
+      atomic_fetch_add(&g->st->refcount, 1);
+      g->offset = now->offset;
+      memcpy(g->stride, now->stride, sizeof(int64_t) * (size_t)g->ndim);
+      storage_release_ref(old);
+    }
     kiln_release(leaf->grad);
     leaf->grad = kiln_retain(g);
   }
@@ -1343,6 +1358,8 @@ static int leaf_writes(recording *r, build_write **out, int *n) {
   return 0;
 }
 
+static void check_params(const kiln_fn *fn, kiln_tensor *const *ps, int n);
+
 /* The recording's callback: runs the events since the last break (or, last,
  * up to the end of the body) as a segment, and gives the live values their data. */
 static int seg_run(recording *r, void *ctx, bool last) {
@@ -1420,6 +1437,7 @@ static int seg_run(recording *r, void *ctx, bool last) {
   }
   outs = seg->n_out < 16 ? memset(outs_small, 0, sizeof outs_small) : alloc_calloc((size_t)seg->n_out + 1, sizeof *outs);
   if (!outs) goto fail;
+  check_params(fn, r->params, r->n_params);
   if (run_segment(cs, seg, args, outs)) goto done;
   materialize(seg, outs, live, n_live);
   grads_keep_handles(cs, si);
@@ -1935,23 +1953,40 @@ typedef struct snapshot {
   kiln_tensor **leaf;  /* the leaves (borrowed: inputs, and params retained by their variant or owner) */
   kiln_tensor **data;  /* copies of their data */
   kiln_tensor **grad;  /* their .grad tensors (retained) */
-  int n;
+  int n, cap;
+  bool incomplete;     /* a leaf could not be added (out of memory): no eager run to compare with */
 } snapshot;
 
-static int snap_take(kiln_tensor *const *leaves, int n, snapshot *s) {
-  s->n = n;
-  s->leaf = alloc_calloc((size_t)n + 1, sizeof *s->leaf);
-  s->data = alloc_calloc((size_t)n + 1, sizeof *s->data);
-  s->grad = alloc_calloc((size_t)n + 1, sizeof *s->grad);
-  if (!s->leaf || !s->data || !s->grad) return -1;
-  for (int i = 0; i < n; i++) {
-    kiln_tensor *t = leaves[i];
-    s->leaf[i] = kiln_retain(t);
-    if (!(s->data[i] = op_run(OP_COPY, &t, 1, NULL, "", 0))) return -1;
-    /* a copy, not the tensor: the compiled run may write into the .grad in place */
-    kiln_tensor *g = t->grad;
-    if (g && !(s->grad[i] = op_run(OP_COPY, &g, 1, NULL, "", 0))) return -1;
+/* Adds leaf t (once) with copies of its data and .grad. 0 or -1. */
+static int snap_add(snapshot *s, kiln_tensor *t) {
+  for (int i = 0; i < s->n; i++)
+    if (s->leaf[i] == t) return 0;
+  if (s->n == s->cap) {
+    int cap = s->cap ? 2 * s->cap : 8;
+    kiln_tensor **l = alloc_realloc(s->leaf, sizeof *l * (size_t)cap);
+    if (l) s->leaf = l;
+    kiln_tensor **d = l ? alloc_realloc(s->data, sizeof *d * (size_t)cap) : NULL;
+    if (d) s->data = d;
+    kiln_tensor **g = d ? alloc_realloc(s->grad, sizeof *g * (size_t)cap) : NULL;
+    if (!g) return -1;
+    s->grad = g;
+    s->cap = cap;
   }
+  kiln_tensor *g = t->grad, *d = op_run(OP_COPY, &t, 1, NULL, "", 0);
+  /* a copy, not the tensor: the compiled run may write into the .grad in place */
+  kiln_tensor *gc = g && d ? op_run(OP_COPY, &g, 1, NULL, "", 0) : NULL;
+  if (!d || (g && !gc)) {
+    kiln_release(d);
+    return -1;
+  }
+  s->leaf[s->n] = kiln_retain(t), s->data[s->n] = d, s->grad[s->n] = gc;
+  s->n++;
+  return 0;
+}
+
+static int snap_take(kiln_tensor *const *leaves, int n, snapshot *s) {
+  for (int i = 0; i < n; i++)
+    if (snap_add(s, leaves[i])) return -1;
   return 0;
 }
 
@@ -2001,6 +2036,18 @@ static void snap_free(snapshot *s) {
  * its variant over: a loaded function's calls, unchecked, leave none. */
 static _Thread_local const kiln_fn *checking;
 static _Thread_local variant *checked_hit;
+/* Its snapshot, which takes every param a compiled run reads before it runs:
+ * the newest variant's params are not all (a body that picks a weight by a
+ * C flag, a state it replaces, a weight first passed as the input), and a
+ * param written by the compiled run and not put back was written again by
+ * the eager run, which then started from the compiled result */
+static _Thread_local snapshot *check_snap;
+
+static void check_params(const kiln_fn *fn, kiln_tensor *const *ps, int n) {
+  if (checking != fn || !check_snap) return;
+  for (int i = 0; i < n && !check_snap->incomplete; i++)
+    if (ps[i] && snap_add(check_snap, ps[i])) check_snap->incomplete = true;
+}
 
 static int call_checked(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out, int (*call)(kiln_fn *, kiln_tensor *const *, kiln_tensor **)) {
   /* the params are known after the call: a first, unchecked call finds them */
@@ -2036,9 +2083,11 @@ static int call_checked(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out, 
   uint64_t seed0, off0, seed1, off1;
   gen_state_get(&seed0, &off0);
   checking = fn;
+  check_snap = &s;
   int call_rc = call(fn, in, out);
   checking = NULL;
-  if (call_rc) {
+  check_snap = NULL;
+  if (call_rc || s.incomplete) { /* incomplete: out of memory for a param's copy, so the compiled results stand unchecked */
     variant *hv = checked_hit;
     checked_hit = NULL;
     if (hv) {
@@ -2048,7 +2097,7 @@ static int call_checked(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out, 
       if (free_it) variant_free(hv);
     }
     snap_free(&s);
-    return -1;
+    return call_rc ? -1 : 0;
   }
   snap_swap(&s); /* leaves back to the start, compiled state in s */
   /* kernel by kernel against the interpreter, from the same start (the guard-only path's variant) */
@@ -2173,6 +2222,7 @@ static int guard_call(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out, ch
   kiln_tensor *all[MAX_IN];
   const segment *seg = hit->seg[0];
   for (int i = 0; i < seg->n_out && i < MAX_IN; i++) all[i] = NULL;
+  check_params(fn, hit->params, hit->n_params);
   int rc = seg->be->run(seg->exec, in, hit->params, all);
   for (int i = 0; rc == 0 && hit->out_leaf && i < fn->opts.n_out; i++) {
     int k = hit->out_leaf[i];
