@@ -1711,6 +1711,7 @@ static int replay_run(call_state *cs, rp_call *rp, variant *v, kiln_tensor **out
   /* no hook may see the run (give_outputs copies through the dispatcher) */
   rp_end(rp);
   rec_end(r);
+  check_params(fn, r->params, r->n_params);
   if (run_segment(cs, seg, v->args, outs)) goto done;
   give_outputs(cs, seg, outs);
   rc = 0;
