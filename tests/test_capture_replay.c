@@ -171,6 +171,46 @@ START_TEST(test_replay_parts_from_the_log) {
 }
 END_TEST
 
+/* A number the body turns into a tensor (a learning rate, a temperature)
+ * that changes at every call is an argument of the variant from its second
+ * value on: later calls replay with each new value, and a factory of a
+ * fixed value (kiln_ones) replays as it is. */
+static int scale_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  model *m = ctx;
+  int64_t n = kiln_size(in[0], 1);
+  kiln_tensor *h = kiln_matmul(in[0], kiln_transpose(m->w, 0, 1));
+  h = kiln_mul(h, kiln_scalar(KILN_F32, m->slope));
+  out[0] = kiln_add(h, kiln_ones(KILN_F32, 1, ((int64_t[]){n})));
+  if (m->branch) out[0] = kiln_add(out[0], kiln_full(KILN_F32, 0, NULL, m->slope * 2));
+  /* a shape from C state */
+  out[0] = kiln_add(out[0], kiln_sum_all(kiln_ones(KILN_F32, 1, ((int64_t[]){m->at + 1}))));
+  return out[0] ? 0 : -1;
+}
+
+START_TEST(test_replay_number_changes) {
+  for (int b = 0; b < 2; b++)
+    for (int c = 0; c < 2; c++) {
+      model m;
+      model_init(&m);
+      kiln_options o = {.name = "scale", .n_in = 1, .backend = backends[b], .capture = captures[c]};
+      kiln_fn *fn = kiln_compile(scale_body, &m, &o);
+      kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){3, 6}), 15);
+      for (int i = 0; i < 14; i++) {
+        m.slope = 0.05 * (i + 1);
+        m.branch = i == 10; /* one more factory once: a hand-over with the new value logged */
+        m.at = i >= 12 ? 2 : 0;
+        body_call(fn, scale_body, &m, x, "scale", i);
+      }
+      kiln_fn_stats st = stats(fn);
+      ck_assert_msg(st.traces <= 4, "%lld traces", (long long)st.traces);
+      ck_assert_msg(st.replays >= 9, "%lld replays of 14 calls", (long long)st.replays);
+      kiln_release(x);
+      kiln_fn_free(fn);
+      model_free(&m);
+    }
+}
+END_TEST
+
 /* A weight released and another made in its place, of its shape or of
  * another: the replay checks the very tensor the body passes. */
 static int replaced_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
@@ -403,6 +443,7 @@ Suite *capture_replay_suite(void) {
   TCase *tc = tcase_create("core");
   tcase_set_timeout(tc, 300);
   tcase_add_test(tc, test_replay_parts_from_the_log);
+  tcase_add_test(tc, test_replay_number_changes);
   tcase_add_test(tc, test_replay_weight_replaced);
   tcase_add_test(tc, test_replay_then_autograd);
   tcase_add_test(tc, test_replay_views_and_outputs);

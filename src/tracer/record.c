@@ -631,14 +631,23 @@ void rec_size_read(recording *r, const kiln_tensor *t, int dim) {
 
 static kiln_tensor *on_factory(void *ctx, int kind, kiln_dtype dt, int ndim, const int64_t *shape, double value,
                                uint64_t seed, bool flag, const void *data, const char *file, int line) {
-  recording *r = ctx;
   kiln_tensor *t = tensor_new_meta(dt, ndim, shape);
   if (!t) return err_set(file, line, "record", "out of memory");
-  if (r->failed) return t;
+  rec_factory(ctx, t, kind, value, seed, flag, data, file, line, !in_internal());
+  return t;
+}
+
+void rec_factory(recording *r, kiln_tensor *t, int kind, double value, uint64_t seed, bool flag, const void *data,
+                 const char *file, int line, bool user) {
+  if (r->failed) return;
+  kiln_dtype dt = t->dtype;
+  int ndim = t->ndim;
+  const int64_t *shape = t->shape;
   rec_ekind k = kind == FAC_DATA ? EV_DATA : kind == FAC_RAND ? EV_RAND : EV_FULL;
   int e = new_event(r, k, 0, NULL, 0, file, line);
-  if (e < 0) return t;
+  if (e < 0) return;
   rec_event *ev = &r->ev[e];
+  ev->user = user;
   if (k == EV_FULL) ev->src = r->shape_src;
   ev->a->dtype = dt;
   ev->a->ndim = ndim;
@@ -654,7 +663,7 @@ static kiln_tensor *on_factory(void *ctx, int kind, kiln_dtype dt, int ndim, con
     if (!b || alloc_grow((void **)&s->blocks, &s->cap_blocks, s->n_blocks + 1, sizeof *s->blocks)) {
       alloc_free(b);
       fail(r, "out of memory while recording");
-      return t;
+      return;
     }
     if (bytes) memcpy(b, data, bytes);
     s->blocks[s->n_blocks++] = b;
@@ -665,7 +674,6 @@ static kiln_tensor *on_factory(void *ctx, int kind, kiln_dtype dt, int ndim, con
     r->ev[e].out = v;
     adopt(r, t, v);
   }
-  return t;
 }
 
 /* ---- control flow: each body recorded once, as a region ---- */

@@ -25,6 +25,7 @@
 #include "tracer/tracer.h"
 
 typedef struct rp_event {
+  rec_ekind kind;        /* EV_OP, or EV_FULL (a factory's value over a shape) */
   int op, n_in, in, out; /* in: its first input value in ids[]; out: its value */
   const op_attrs *a;     /* the script's copy, or rec_no_attrs */
   const char *file;
@@ -106,15 +107,17 @@ void rp_free(rp_script *s) {
 
 bool rp_broken(const rp_script *s) { return s->broken; }
 
-/* Whether the call's log is one a replay can check: ops alone, over the
- * call's inputs, params and values of its own, none with autograd history,
- * in one segment, outputs made by ops that are not views (an output is made
- * anew each call: a view would have to be one of another output's). */
+/* Whether the call's log is one a replay can check: ops and values over
+ * shapes (kiln_scalar, kiln_zeros) alone, over the call's inputs, params
+ * and values of its own, none with autograd history, in one segment,
+ * outputs made by ops that are not views (an output is made anew each
+ * call: a view would have to be one of another output's). */
 static bool replayable(const recording *r, kiln_tensor *const *made, kiln_tensor *const *out, int n_out) {
   if (r->escaped || r->seg || r->n_breaks || r->failed || r->n_in > 64) return false;
   for (int i = 0; i < r->n_ev; i++) {
     const rec_event *e = &r->ev[i];
-    if (e->kind != EV_OP || e->src >= 0 || (op_table[e->op].attrs & AF_RNG) || e->out < 0) return false;
+    if ((e->kind != EV_OP && e->kind != EV_FULL) || e->src >= 0 || e->out < 0) return false;
+    if (e->kind == EV_OP && (op_table[e->op].attrs & AF_RNG)) return false;
   }
   for (int v = 0; v < r->n_val; v++) {
     const rec_value *rv = &r->val[v];
@@ -124,9 +127,9 @@ static bool replayable(const recording *r, kiln_tensor *const *made, kiln_tensor
   for (int k = 0; k < n_out; k++) {
     if (!out[k] || out[k]->rec_call != r->id) return false;
     int v = out[k]->rec_id;
-    if (v < 0 || v >= r->n_val || r->val[v].kind != RV_MADE || made[v] != out[k] ||
-        op_table[r->ev[r->val[v].event].op].kind == KIND_VIEW)
-      return false;
+    if (v < 0 || v >= r->n_val || r->val[v].kind != RV_MADE || made[v] != out[k]) return false;
+    const rec_event *e = &r->ev[r->val[v].event];
+    if (e->kind == EV_OP && op_table[e->op].kind == KIND_VIEW) return false;
     for (int j = 0; j < k; j++)
       if (out[j] == out[k]) return false;
   }
@@ -190,7 +193,7 @@ rp_script *rp_make(const recording *r, kiln_tensor *const *out, int n_out, const
   for (int i = 0, at = 0, na = 0; i < s->n_ev; i++) {
     const rec_event *e = &r->ev[i];
     rp_event *pe = &s->ev[i];
-    *pe = (rp_event){.op = e->op, .n_in = e->n_in, .in = e->in, .out = e->out, .a = &rec_no_attrs, .file = e->file,
+    *pe = (rp_event){.kind = e->kind, .op = e->op, .n_in = e->n_in, .in = e->in, .out = e->out, .a = &rec_no_attrs, .file = e->file,
                      .line = e->line, .user = e->user, .slot_at = at};
     if (e->a != &rec_no_attrs) {
       s->attrs[na] = *e->a;
@@ -199,7 +202,7 @@ rp_script *rp_make(const recording *r, kiln_tensor *const *out, int n_out, const
     /* made anew: an output, or a view of a tensor of the call (an input, or one made anew) */
     bool out_of_call = false;
     for (int k = 0; k < n_out; k++) out_of_call |= s->out[k] == e->out;
-    if (op_table[e->op].kind == KIND_VIEW) {
+    if (e->kind == EV_OP && op_table[e->op].kind == KIND_VIEW) {
       int x = r->ids[e->in];
       out_of_call = s->kind[x] == RV_INPUT || (s->kind[x] == RV_MADE && s->ev[s->index[x]].fresh);
     }
@@ -213,10 +216,12 @@ rp_script *rp_make(const recording *r, kiln_tensor *const *out, int n_out, const
     if (n != rule_at[i + 1] - rule_at[i] || n > (int)(sizeof sl / sizeof sl[0])) goto fail;
     for (int k = 0; k < n; k++) {
       const slot_rule *rule = &rules[rule_at[i] + k];
-      /* a float argument may change; every other number is the script's: a
-       * size the variant binds (the same inputs' shapes give the same), or a
-       * number that decides a shape the script's tensors have */
-      s->slot[at + k] = (rp_slot){sl[k], rule->kind == SLOT_ARG && sl[k].is_float ? rule->arg : -1};
+      /* a factory's value the variant takes as an argument may change;
+       * every other number is the script's: a size the variant binds (the
+       * same inputs' shapes give the same), or a number that decides a
+       * shape the script's tensors have, or a constant of the variant */
+      bool arg = e->kind == EV_FULL && rule->kind == SLOT_ARG && sl[k].is_float;
+      s->slot[at + k] = (rp_slot){sl[k], arg ? rule->arg : -1};
     }
     pe->n_slots = n;
     at += n;
@@ -267,6 +272,13 @@ static void hand_over(rp_call *p) {
     for (; k < s->n_reads && s->reads[k].at == i; k++) rec_size_read(r, s->reads[k].t, s->reads[k].dim);
     if (i == p->at) break;
     const rp_event *e = &s->ev[i];
+    if (e->kind == EV_FULL) {
+      /* with this call's value */
+      const rp_slot *vs = &s->slot[e->slot_at + e->a->ndim];
+      rec_factory(r, s->cur[e->out], FAC_FULL, vs->arg >= 0 ? p->argf[vs->arg] : vs->v.f, 0, false, NULL, e->file, e->line,
+                  e->user);
+      continue;
+    }
     kiln_tensor **in = e->n_in <= 16 ? small : alloc_malloc(sizeof *in * (size_t)e->n_in);
     if (!in) {
       r->failed = true;
@@ -284,6 +296,22 @@ static void hand_over(rp_call *p) {
   s->broken = true;
 }
 
+static bool same_number(const rec_slot *a, const rec_slot *b) {
+  return a->is_float == b->is_float && (a->is_float ? !memcmp(&a->f, &b->f, sizeof a->f) : a->i == b->i);
+}
+
+/* The tensor event e gives: the script's, or one made anew (made: its dtype and shape). */
+static kiln_tensor *result(rp_call *p, const rp_event *e, kiln_tensor *made) {
+  rp_script *s = p->s;
+  if (!e->fresh) return kiln_retain(s->cur[e->out]);
+  if (!made) return NULL;
+  made->rec_call = s->origin;
+  made->rec_id = e->out;
+  s->cur[e->out] = made;
+  s->fresh[s->n_fresh++] = kiln_retain(made);
+  return made;
+}
+
 static kiln_tensor *rp_op(void *ctx, op_id op, kiln_tensor *const *in, int n, const op_attrs *a, const char *file,
                           int line) {
   (void)file, (void)line;
@@ -291,7 +319,7 @@ static kiln_tensor *rp_op(void *ctx, op_id op, kiln_tensor *const *in, int n, co
   rp_script *s = p->s;
   if (p->at == s->n_ev) goto part;
   const rp_event *e = &s->ev[p->at];
-  if (e->op != (int)op || e->n_in != n) goto part;
+  if (e->kind != EV_OP || e->op != (int)op || e->n_in != n) goto part;
   /* the very tensors the script's event took; none that would give the result autograd history */
   bool grad = grad_mode();
   for (int k = 0; k < n; k++) {
@@ -308,21 +336,12 @@ static kiln_tensor *rp_op(void *ctx, op_id op, kiln_tensor *const *in, int n, co
       rec_event tmp = {.kind = EV_OP, .op = (int)op, .a = (op_attrs *)a};
       rec_slot sl[2 * MAXD + 8];
       if (rec_slots(&tmp, sl, (int)(sizeof sl / sizeof sl[0])) != e->n_slots) goto part;
-      for (int k = 0; k < e->n_slots; k++) {
-        const rp_slot *ps = &s->slot[e->slot_at + k];
-        if (ps->arg >= 0 && sl[k].is_float) {
-          p->argf[ps->arg] = sl[k].f;
-          continue;
-        }
-        if (sl[k].is_float != ps->v.is_float || (sl[k].is_float ? memcmp(&sl[k].f, &ps->v.f, sizeof sl[k].f) : sl[k].i != ps->v.i))
-          goto part;
-      }
+      for (int k = 0; k < e->n_slots; k++)
+        if (!same_number(&sl[k], &s->slot[e->slot_at + k].v)) goto part;
     }
   }
-  kiln_tensor *t;
-  if (!e->fresh) {
-    t = kiln_retain(s->cur[e->out]);
-  } else {
+  kiln_tensor *made = NULL;
+  if (e->fresh) {
     const rp_val *pv = &s->val[e->out];
     if (op_table[op].kind == KIND_VIEW) {
       /* laid out over this call's input, as the op would */
@@ -331,16 +350,13 @@ static kiln_tensor *rp_op(void *ctx, op_id op, kiln_tensor *const *in, int n, co
       int64_t shape[MAXD], stride[MAXD], off;
       int rc = view_layout(op, in[0], a ? a : &none, &ndim, shape, stride, &off);
       if (rc < 0) goto part;
-      t = rc == 0 ? tensor_view(in[0], ndim, shape, stride, off) : tensor_new_meta(in[0]->dtype, ndim, shape);
+      made = rc == 0 ? tensor_view(in[0], ndim, shape, stride, off) : tensor_new_meta(in[0]->dtype, ndim, shape);
     } else {
-      t = tensor_new_meta(pv->dt, pv->ndim, pv->shape);
+      made = tensor_new_meta(pv->dt, pv->ndim, pv->shape);
     }
-    if (!t) goto part; /* the recording says out of memory */
-    t->rec_call = s->origin;
-    t->rec_id = e->out;
-    s->cur[e->out] = t;
-    s->fresh[s->n_fresh++] = kiln_retain(t);
   }
+  kiln_tensor *t = result(p, e, made);
+  if (!t) goto part; /* the recording says out of memory */
   p->at++;
   return t;
 part:
@@ -386,9 +402,26 @@ static void rp_zero_grad(void *ctx, kiln_tensor *t) {
   hand_over(p);
   p->saved->zero_grad(p->saved->ctx, t);
 }
+/* A value over a shape (kiln_scalar, kiln_zeros): its dtype, shape and value
+ * the script's, or the value one the variant takes as an argument. */
 static kiln_tensor *rp_factory(void *ctx, int kind, kiln_dtype dt, int ndim, const int64_t *shape, double value,
                                uint64_t seed, bool flag, const void *data, const char *file, int line) {
   rp_call *p = ctx;
+  rp_script *s = p->s;
+  if (kind != FAC_FULL || flag || p->at == s->n_ev) goto part;
+  const rp_event *e = &s->ev[p->at];
+  if (e->kind != EV_FULL || e->a->dtype != dt || e->a->ndim != ndim || e->n_slots != ndim + 1 || !in_internal() != e->user)
+    goto part;
+  for (int i = 0; i < ndim; i++)
+    if (shape[i] != s->slot[e->slot_at + i].v.i) goto part;
+  const rp_slot *vs = &s->slot[e->slot_at + ndim];
+  if (vs->arg >= 0) p->argf[vs->arg] = value;
+  else if (memcmp(&value, &vs->v.f, sizeof value)) goto part;
+  kiln_tensor *t = result(p, e, e->fresh ? tensor_new_meta(dt, ndim, shape) : NULL);
+  if (!t) goto part;
+  p->at++;
+  return t;
+part:
   hand_over(p);
   return p->saved->factory(p->saved->ctx, kind, dt, ndim, shape, value, seed, flag, data, file, line);
 }
