@@ -1675,17 +1675,26 @@ static void script_leave(call_state *cs, variant *ran, variant *taken_from, rp_s
 }
 
 /* Whether the call's inputs and params share storage as v's did (a row of
- * a weight passed as the input); else the recording takes over. */
+ * a weight passed as the input); else the recording takes over. The params
+ * are the script's own tensors, so among themselves they share as they did:
+ * only the inputs are looked at (no hash of every leaf's storage). */
 static bool replay_shares_alike(call_state *cs, rp_call *rp, const variant *v) {
-  int n_in = cs->rec.n_in, np = rp_n_params(rp), n = n_in + np, small[64];
-  kiln_tensor *ps_small[64], **ps = np <= 64 ? ps_small : alloc_malloc(sizeof *ps * (size_t)np);
-  int *alias = n <= 64 ? small : alloc_malloc(sizeof *alias * (size_t)n);
-  bool same = ps && alias && np == v->n_params;
-  for (int i = 0; same && i < np; i++) ps[i] = rp_param(rp, i);
-  if (same) alias_pattern(cs->rec.in, n_in, ps, np, alias);
-  for (int i = 0; same && i < n; i++) same = alias[i] == v->alias[i];
-  if (ps != ps_small) alloc_free(ps);
-  if (alias != small) alloc_free(alias);
+  int n_in = cs->rec.n_in, np = rp_n_params(rp);
+  kiln_tensor *const *in = cs->rec.in;
+  bool same = np == v->n_params;
+  for (int i = 0; i < n_in && same; i++) {
+    int a = i;
+    for (int k = 0; k < i && a == i; k++)
+      if (in[k]->st == in[i]->st) a = v->alias[k];
+    same = v->alias[i] == a;
+  }
+  for (int j = 0; j < np && same; j++) {
+    const storage *st = rp_param(rp, j)->st;
+    int a = -1;
+    for (int k = 0; k < n_in && a < 0; k++)
+      if (in[k]->st == st) a = v->alias[k];
+    same = a >= 0 ? v->alias[n_in + j] == a : v->alias[n_in + j] >= n_in;
+  }
   if (!same) rp_hand_over(rp);
   return same;
 }
@@ -1784,7 +1793,8 @@ static int record_call(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out) {
   pthread_mutex_unlock(&fn->mu);
   bool lists = cs.outs && cs.cand && cs.alive && cs.cand_vals;
   if (!lists) rec_spare_free(spare);
-  rp_call rp = {0};
+  rp_call rp;
+  rp.s = NULL; /* not cleared whole: its arguments are 512 bytes */
   if (!lists || rec_begin(&cs.rec, in, fn->opts.n_in, seg_run, &cs, lists ? spare : NULL)) {
     script_give_back(fn, script_v, script);
     call_free(&cs);

@@ -450,9 +450,10 @@ static void rp_after_op(void *ctx, op_id op, kiln_tensor *const *in, int n, cons
 }
 
 void rp_begin(rp_call *p, rp_script *s, recording *r, kiln_tensor *const *in) {
-  memset(p, 0, sizeof *p);
+  /* field by field: argf alone is 512 bytes, set below as far as used */
   p->s = s;
   p->r = r;
+  p->at = 0;
   p->on = true;
   s->n_fresh = 0;
   s->n_reads = 0;
