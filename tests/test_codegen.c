@@ -397,6 +397,12 @@ END_TEST
 
 /* ---- random programs (the generator: tests/fuzz/randprog.h) ---- */
 
+/* How many calls each size of a random program gets (the later ones with
+ * other data: a call after one of its shapes replays), and the replays
+ * counted so far. */
+static int program_reps = 1;
+static long long program_replays;
+
 static int run_program(uint64_t seed, int mode, int threads, bool cmode, char *why, size_t whyn) {
   prog pg;
   prog_init(&pg, seed);
@@ -413,12 +419,12 @@ static int run_program(uint64_t seed, int mode, int threads, bool cmode, char *w
   int rc = 0, bad_out = -1;
   int64_t bt[2] = {0, 0};
   kiln_set_num_threads(threads);
-  for (int k = 0; k < 5 && !rc; k++) {
-    int i = (k + pg.rot) % 5;
+  for (int k = 0; k < 5 * program_reps && !rc; k++) {
+    int i = (k / program_reps + pg.rot) % 5;
     int64_t b = sz[i][0], t = sz[i][1];
     bt[0] = b, bt[1] = t;
     kiln_scope_begin();
-    uint64_t sd = seed * 16 + (uint64_t)i;
+    uint64_t sd = seed * 16 + (uint64_t)i + 1000 * (uint64_t)(k % program_reps);
     kiln_tensor *in[N_IN];
     if (pg.nd_x == 2) {
       in[0] = kiln_randn(ft, 2, ((int64_t[]){b, C}), sd);
@@ -485,6 +491,8 @@ static int run_program(uint64_t seed, int mode, int threads, bool cmode, char *w
     free(text);
   }
   (void)bt;
+  kiln_fn_stats st;
+  if (kiln_fn_get_stats(fn, &st) == 0) program_replays += st.replays;
   kiln_fn_free(fn);
   kiln_set_num_threads(0);
   return rc;
@@ -536,6 +544,19 @@ static void run_seeds(int mode, bool cmode, const char *what) {
  * numbers that change between calls, numbers made from sizes, dropout. Every
  * compiled call must give the body's eager answer. */
 START_TEST(test_random_programs_c) { run_seeds(0, true, "in C mode"); }
+END_TEST
+
+/* C mode and mode 1, each size called twice with other data, so that
+ * calls replay the call before (replay.c) and part from it where the C
+ * numbers change: every call must give the body's eager answer. */
+START_TEST(test_random_programs_replayed) {
+  program_reps = 2;
+  program_replays = 0;
+  run_seeds(0, true, "in C mode, each size twice");
+  run_seeds(1, false, "of mode 1, each size twice");
+  ck_assert_msg(program_replays > 0, "no call replayed");
+  program_reps = 1;
+}
 END_TEST
 
 /* Mode 1: programs that use the newer ops as well (clamp, silu, ..., topk,
@@ -2853,6 +2874,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, test_random_programs);
   tcase_add_test(tc, test_random_programs_quick);
   tcase_add_test(tc, test_random_programs_c);
+  tcase_add_test(tc, test_random_programs_replayed);
   tcase_add_test(tc, test_random_programs_more_ops);
   tcase_add_test(tc, test_random_programs_regions);
   tcase_add_test(tc, test_llvm_fatal_error);
