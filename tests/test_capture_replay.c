@@ -394,6 +394,35 @@ START_TEST(test_replay_hands_over_size_reads) {
 }
 END_TEST
 
+/* A body that takes one branch and the other at alternate calls: each
+ * variant's script is taken by a call of the other branch and hands over,
+ * and after some such calls no scripts are made for a while; every call is
+ * eager's and two variants serve them all. */
+START_TEST(test_replay_alternating_branches) {
+  for (int b = 0; b < 2; b++) {
+    model m;
+    model_init(&m);
+    kiln_options o = {.name = "alternate", .n_in = 1, .backend = backends[b], .capture = KILN_CAPTURE_RECORD};
+    kiln_fn *fn = kiln_compile(size_read_body, &m, &o);
+    kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){3, 6}), 19);
+    for (int i = 0; i < 80; i++) {
+      m.branch = i % 2;
+      body_call(fn, size_read_body, &m, x, "alternate", i);
+    }
+    /* a stretch of one branch replays again once scripts are made again */
+    m.branch = 0;
+    for (int i = 0; i < 40; i++) body_call(fn, size_read_body, &m, x, "one branch", i);
+    kiln_fn_stats st = stats(fn);
+    ck_assert_int_eq(2, st.traces);
+    ck_assert_int_eq(118, st.hits);
+    ck_assert_msg(st.replays >= 5, "%lld replays", (long long)st.replays);
+    kiln_release(x);
+    kiln_fn_free(fn);
+    model_free(&m);
+  }
+}
+END_TEST
+
 /* Threads calling one function at once: one replays, the others record
  * (the script serves one call at a time); every result is eager's. */
 typedef struct {
@@ -449,6 +478,7 @@ Suite *capture_replay_suite(void) {
   tcase_add_test(tc, test_replay_views_and_outputs);
   tcase_add_test(tc, test_replay_view_of_input_read);
   tcase_add_test(tc, test_replay_hands_over_size_reads);
+  tcase_add_test(tc, test_replay_alternating_branches);
   tcase_add_test(tc, test_replay_threads);
   suite_add_tcase(s, tc);
   return s;

@@ -101,6 +101,8 @@ typedef struct variant {
   /* the script a recorded call that ran it left (replay.c); NULL while a call replays it */
   rp_script *script;
   int script_misses;       /* recorded calls in a row it ran whose inputs the script did not fit */
+  int script_breaks;       /* replays of it in a row that handed over (the body alternates, say) */
+  int script_rest;         /* recorded calls it runs before it gets a script again */
 } variant;
 
 struct kiln_fn {
@@ -1657,18 +1659,27 @@ static void script_give_back(kiln_fn *fn, variant *v, rp_script *s) {
 /* At the end of a recorded call (fn->mu held): the script taken goes back,
  * and the variant whose one segment ran gets a script of this call's log
  * when it has none, or when its script did not fit the inputs of two such
- * calls in a row (the shapes changed for good). */
+ * calls in a row (the shapes changed for good). A variant whose replays
+ * handed over three times in a row, or whose log a replay cannot check,
+ * gets none for its next 32 recorded calls: making scripts no call
+ * replays would only cost time. */
 static void script_leave(call_state *cs, variant *ran, variant *taken_from, rp_script *taken) {
   kiln_fn *fn = cs->fn;
   recording *r = &cs->rec;
+  if (taken && rp_broken(taken) && !taken_from->dead && ++taken_from->script_breaks >= 3)
+    taken_from->script_breaks = 0, taken_from->script_rest = 32;
   if (taken && !rp_broken(taken) && !taken_from->dead && !taken_from->script) taken_from->script = taken, taken = NULL;
-  if (ran && !ran->dead && !fn->no_replay && ran->n_seg == 1 && ran->seg[0]->n_out == fn->opts.n_out &&
-      !ran->seg[0]->n_writes && !r->escaped && (!ran->script || ++ran->script_misses >= 2)) {
+  if (ran && ran->script_rest > 0) {
+    ran->script_rest--;
+  } else if (ran && !ran->dead && !fn->no_replay && ran->n_seg == 1 && ran->seg[0]->n_out == fn->opts.n_out &&
+             !ran->seg[0]->n_writes && !r->escaped && (!ran->script || ++ran->script_misses >= 2)) {
     rp_script *s = rp_make(r, cs->out_t, fn->opts.n_out, ran->rules, ran->rule_at, cs->argi, cs->argf, ran->n_args);
     if (s) {
       rp_free(ran->script);
       ran->script = s;
       ran->script_misses = 0;
+    } else {
+      ran->script_rest = 32;
     }
   }
   rp_free(taken);
@@ -1733,7 +1744,7 @@ done:
   pthread_mutex_lock(&fn->mu);
   fn->st.trace_ms += trace_ms;
   if (rc == 0) fn->st.hits++, fn->st.replays++;
-  v->script_misses = 0;
+  v->script_misses = v->script_breaks = 0;
   if (!v->dead && !v->script) v->script = rp->s, rp->s = NULL;
   pthread_mutex_unlock(&fn->mu);
   rp_free(rp->s);
