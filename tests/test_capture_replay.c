@@ -242,6 +242,50 @@ START_TEST(test_replay_weight_replaced) {
 }
 END_TEST
 
+/* A weight the body lets go of after using it, in a call that replays (a
+ * cache dropped at the end of a sequence): a recording would have held it
+ * to the end of the call, and so must the replay (it was used after it was
+ * freed). The weight is held by the caller alone: the variant was made with
+ * another. */
+static kiln_tensor *dropped_w;
+static bool drop_w;
+
+static int drop_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  out[0] = kiln_mul(in[0], dropped_w);
+  if (drop_w) {
+    kiln_release(dropped_w);
+    dropped_w = NULL;
+  }
+  return out[0] ? 0 : -1;
+}
+
+START_TEST(test_replay_weight_released_by_the_body) {
+  for (int b = 0; b < 2; b++) {
+    kiln_options o = {.name = "drop", .n_in = 1, .backend = backends[b], .capture = KILN_CAPTURE_RECORD};
+    kiln_fn *fn = kiln_compile(drop_body, NULL, &o);
+    kiln_tensor *x = kiln_randn(KILN_F32, 1, ((int64_t[]){4}), 1), *y, *want;
+    drop_w = false;
+    dropped_w = kiln_randn(KILN_F32, 1, ((int64_t[]){4}), 2);
+    kiln_tensor *w2 = kiln_randn(KILN_F32, 1, ((int64_t[]){4}), 3);
+    kiln_scope_begin();
+    ck_assert_int_eq(0, kiln_call(fn, &x, &y));
+    kiln_release(dropped_w);
+    dropped_w = w2;
+    ck_assert_int_eq(0, kiln_call(fn, &x, &y)); /* another weight: a script with it */
+    ck_assert_int_eq(0, kiln_call(fn, &x, &y)); /* replays */
+    want = kiln_mul(x, dropped_w);
+    drop_w = true;
+    ck_assert_msg(kiln_call(fn, &x, &y) == 0, "%s", kiln_last_error());
+    ck_assert_msg(maxdiff(y, want) == 0, "backend %d", b);
+    ck_assert_int_eq(2, stats(fn).replays);
+    kiln_scope_end();
+    kiln_release(x);
+    kiln_fn_free(fn);
+  }
+}
+END_TEST
+
 /* A step that trains at some calls (backward inside the body, as a
  * compiled training step does) after replays of calls that did not, under
  * the caller's kiln_no_grad_begin: the weight's gradient is eager's. */
@@ -475,6 +519,7 @@ Suite *capture_replay_suite(void) {
   tcase_add_test(tc, test_replay_number_changes);
   tcase_add_test(tc, test_replay_weight_replaced);
   tcase_add_test(tc, test_replay_then_autograd);
+  tcase_add_test(tc, test_replay_weight_released_by_the_body);
   tcase_add_test(tc, test_replay_views_and_outputs);
   tcase_add_test(tc, test_replay_view_of_input_read);
   tcase_add_test(tc, test_replay_hands_over_size_reads);

@@ -1673,7 +1673,7 @@ static void script_leave(call_state *cs, variant *ran, variant *taken_from, rp_s
     ran->script_rest--;
   } else if (ran && !ran->dead && !fn->no_replay && ran->n_seg == 1 && ran->seg[0]->n_out == fn->opts.n_out &&
              !ran->seg[0]->n_writes && !r->escaped && (!ran->script || ++ran->script_misses >= 2)) {
-    rp_script *s = rp_make(r, cs->out_t, fn->opts.n_out, ran->rules, ran->rule_at, cs->argi, cs->argf, ran->n_args);
+    rp_script *s = rp_make(r, cs->out_t, fn->opts.n_out, ran->rules, ran->rule_at, cs->argi, cs->argf, ran->n_args, cs->grad_on);
     if (s) {
       rp_free(ran->script);
       ran->script = s;
@@ -1720,7 +1720,7 @@ static int replay_run(call_state *cs, rp_call *rp, variant *v, kiln_tensor **out
   const segment *seg = v->seg[0];
   kiln_tensor *outs_small[16], **outs = NULL;
   if (alloc_grow((void **)&r->params, &r->cap_params, np + 1, sizeof *r->params)) goto done;
-  for (int i = 0; i < np; i++) r->params[i] = kiln_retain(rp_param(rp, i));
+  for (int i = 0; i < np; i++) r->params[i] = rp_take_param(rp, i);
   r->n_params = np;
   if (v->n_args) {
     memcpy(cs->argi, rp_argi(rp), sizeof *cs->argi * (size_t)v->n_args);
@@ -1930,6 +1930,7 @@ static int record_call(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out) {
     fn->warned_cap = true;
   }
   fn->st.variants = fn->n_variants;
+  /* a script taken is handed over by now: a call that replayed to the end returned through replay_run */
   script_leave(&cs, cs.building ? (cached ? nv : NULL) : cs.ran, script_v, script);
   pthread_mutex_unlock(&fn->mu);
   if (cs.building) {

@@ -60,6 +60,8 @@ struct rp_script {
   int *kind, *index;     /* per value: its rec_vkind and index (input i, param i, or its event) */
   kiln_tensor **params;  /* not retained: checked by pointer and serial when an op takes one */
   bool *param_used;      /* an op of the script takes it (a size read alone does not) */
+  bool *param_held;      /* in a call: an op took it, and the replay holds a reference, as a
+                            recording does (the body may let go of it before the call ends) */
   uint64_t origin;       /* the recording that made the script's tensors (their rec_call) */
   int *out;              /* the body's outputs' values */
   int *in_first;         /* the first input that is the same tensor as input i */
@@ -94,6 +96,7 @@ void rp_free(rp_script *s) {
   alloc_free(s->index);
   alloc_free(s->params);
   alloc_free(s->param_used);
+  alloc_free(s->param_held);
   alloc_free(s->out);
   alloc_free(s->in_first);
   alloc_free(s->in_dt);
@@ -137,8 +140,13 @@ static bool replayable(const recording *r, kiln_tensor *const *made, kiln_tensor
 }
 
 rp_script *rp_make(const recording *r, kiln_tensor *const *out, int n_out, const slot_rule *rules, const int *rule_at,
-                   const int64_t *argi, const double *argf, int n_args) {
+                   const int64_t *argi, const double *argf, int n_args, bool grad_on) {
   if (r->n_ev == 0 || n_args > IR_MAX_SYMS) return NULL;
+  /* under autograd, an op over a leaf that requires grad gives history:
+   * every replay would hand over there (the history of the call's own
+   * tensors is gone by now, stripped from what it handed out) */
+  for (int i = 0; grad_on && i < r->n_in + r->n_params; i++)
+    if ((i < r->n_in ? r->in[i] : r->params[i - r->n_in])->requires_grad) return NULL;
   kiln_tensor **made = alloc_malloc(sizeof *made * (size_t)(r->n_val + 1));
   rp_script *s = alloc_calloc(1, sizeof *s);
   if (!made || !s || rec_made_tensors(r, made) || !replayable(r, made, out, n_out)) goto fail;
@@ -158,6 +166,7 @@ rp_script *rp_make(const recording *r, kiln_tensor *const *out, int n_out, const
   s->index = alloc_malloc(sizeof *s->index * (size_t)s->n_val);
   s->params = alloc_malloc(sizeof *s->params * (size_t)(s->n_params + 1));
   s->param_used = alloc_calloc((size_t)s->n_params + 1, sizeof *s->param_used);
+  s->param_held = alloc_calloc((size_t)s->n_params + 1, sizeof *s->param_held);
   s->out = alloc_malloc(sizeof *s->out * (size_t)(n_out + 1));
   s->in_first = alloc_malloc(sizeof *s->in_first * (size_t)(s->n_in + 1));
   s->in_dt = alloc_malloc(sizeof *s->in_dt * (size_t)(s->n_in + 1));
@@ -166,7 +175,7 @@ rp_script *rp_make(const recording *r, kiln_tensor *const *out, int n_out, const
   s->cur = alloc_malloc(sizeof *s->cur * (size_t)s->n_val);
   s->fresh = alloc_malloc(sizeof *s->fresh * (size_t)s->n_val);
   if (!s->ev || !s->ids || !s->attrs || !s->slot || !s->val || !s->kind || !s->index || !s->params || !s->out ||
-      !s->in_dt || !s->in_ndim || !s->in_shape || !s->cur || !s->fresh || !s->param_used || !s->in_first)
+      !s->in_dt || !s->in_ndim || !s->in_shape || !s->cur || !s->fresh || !s->param_used || !s->param_held || !s->in_first)
     goto fail;
   s->origin = r->id;
   memcpy(s->ids, r->ids, sizeof *s->ids * (size_t)r->n_ids);
@@ -259,6 +268,11 @@ bool rp_fits(const rp_script *s, kiln_tensor *const *in, int n_in) {
 
 /* ---- a replayed call ---- */
 
+static void let_go_of_params(rp_script *s) {
+  for (int i = 0; i < s->n_params; i++)
+    if (s->param_held[i]) kiln_release(s->params[i]), s->param_held[i] = false;
+}
+
 /* The recording takes over: it gets the hook calls of the body so far, with
  * the tensors the body got, and the script lets go of them. */
 static void hand_over(rp_call *p) {
@@ -293,7 +307,15 @@ static void hand_over(rp_call *p) {
   for (int v = 0; v < s->n_val; v++) kiln_release(s->val[v].t), s->val[v].t = NULL;
   for (int i = 0; i < s->n_fresh; i++) kiln_release(s->fresh[i]);
   s->n_fresh = 0;
+  let_go_of_params(s);
   s->broken = true;
+}
+
+/* The same line of the user's code: a hand-over logs the script's, which
+ * the dumps and errors name (two branches may do the same op). */
+static bool same_site(const rp_event *e, const char *file, int line) {
+  if (!file) file = "";
+  return e->line == line && (e->file == file || !strcmp(e->file, file));
 }
 
 static bool same_number(const rec_slot *a, const rec_slot *b) {
@@ -314,12 +336,11 @@ static kiln_tensor *result(rp_call *p, const rp_event *e, kiln_tensor *made) {
 
 static kiln_tensor *rp_op(void *ctx, op_id op, kiln_tensor *const *in, int n, const op_attrs *a, const char *file,
                           int line) {
-  (void)file, (void)line;
   rp_call *p = ctx;
   rp_script *s = p->s;
   if (p->at == s->n_ev) goto part;
   const rp_event *e = &s->ev[p->at];
-  if (e->kind != EV_OP || e->op != (int)op || e->n_in != n) goto part;
+  if (e->kind != EV_OP || e->op != (int)op || e->n_in != n || !same_site(e, file, line)) goto part;
   /* the very tensors the script's event took; none that would give the result autograd history */
   bool grad = grad_mode();
   for (int k = 0; k < n; k++) {
@@ -339,6 +360,10 @@ static kiln_tensor *rp_op(void *ctx, op_id op, kiln_tensor *const *in, int n, co
       for (int k = 0; k < e->n_slots; k++)
         if (!same_number(&sl[k], &s->slot[e->slot_at + k].v)) goto part;
     }
+  }
+  for (int k = 0; k < n; k++) {
+    int w = s->ids[e->in + k];
+    if (s->val[w].serial && !s->param_held[s->index[w]]) s->param_held[s->index[w]] = true, kiln_retain(in[k]);
   }
   kiln_tensor *made = NULL;
   if (e->fresh) {
@@ -410,7 +435,8 @@ static kiln_tensor *rp_factory(void *ctx, int kind, kiln_dtype dt, int ndim, con
   rp_script *s = p->s;
   if (kind != FAC_FULL || flag || p->at == s->n_ev) goto part;
   const rp_event *e = &s->ev[p->at];
-  if (e->kind != EV_FULL || e->a->dtype != dt || e->a->ndim != ndim || e->n_slots != ndim + 1 || !in_internal() != e->user)
+  if (e->kind != EV_FULL || e->a->dtype != dt || e->a->ndim != ndim || e->n_slots != ndim + 1 || !in_internal() != e->user ||
+      !same_site(e, file, line))
     goto part;
   for (int i = 0; i < ndim; i++)
     if (shape[i] != s->slot[e->slot_at + i].v.i) goto part;
@@ -457,6 +483,7 @@ void rp_begin(rp_call *p, rp_script *s, recording *r, kiln_tensor *const *in) {
   p->on = true;
   s->n_fresh = 0;
   s->n_reads = 0;
+  memset(s->param_held, 0, sizeof *s->param_held * (size_t)s->n_params);
   for (int v = 0; v < s->n_val; v++)
     s->cur[v] = s->kind[v] == RV_INPUT ? in[s->index[v]] : s->kind[v] == RV_PARAM ? s->params[s->index[v]] : s->val[v].t;
   if (s->n_args) memcpy(p->argf, s->argf, sizeof *p->argf * (size_t)s->n_args);
@@ -513,6 +540,7 @@ void rp_end(rp_call *p) {
   for (int i = 0; i < s->n_fresh; i++) kiln_release(s->fresh[i]);
   s->n_fresh = 0;
   s->n_reads = 0;
+  let_go_of_params(s);
   p->on = false;
 }
 
@@ -521,3 +549,10 @@ void rp_hand_over(rp_call *p) { hand_over(p); }
 const int64_t *rp_argi(const rp_call *p) { return p->s->argi; }
 int rp_n_params(const rp_call *p) { return p->s->n_params; }
 kiln_tensor *rp_param(const rp_call *p, int i) { return p->s->params[i]; }
+
+kiln_tensor *rp_take_param(rp_call *p, int i) {
+  rp_script *s = p->s;
+  if (!s->param_held[i]) return kiln_retain(s->params[i]);
+  s->param_held[i] = false;
+  return s->params[i];
+}

@@ -357,7 +357,7 @@ typedef struct rp_call {
  * those slot rules and arguments, or NULL when its log holds what a replay
  * cannot check (the call is recorded as ever). */
 rp_script *rp_make(const recording *r, kiln_tensor *const *out, int n_out, const slot_rule *rules, const int *rule_at,
-                   const int64_t *argi, const double *argf, int n_args);
+                   const int64_t *argi, const double *argf, int n_args, bool grad_on);
 void rp_free(rp_script *s);
 bool rp_broken(const rp_script *s); /* a replay handed over: it has no tensors left */
 bool rp_fits(const rp_script *s, kiln_tensor *const *in, int n_in);
@@ -374,6 +374,7 @@ void rp_hand_over(rp_call *p); /* the recording takes over now */
 const int64_t *rp_argi(const rp_call *p);
 int rp_n_params(const rp_call *p);
 kiln_tensor *rp_param(const rp_call *p, int i); /* after rp_nothing_kept: the body passed it to an op */
+kiln_tensor *rp_take_param(rp_call *p, int i);  /* the same, with the reference the replay holds */
 
 /* cfgrad.c: reverse mode through a construct recorded as one region. From
  * the events of construct c (its EV_CF at first, its bodies logged): the
