@@ -286,6 +286,74 @@ START_TEST(test_replay_weight_released_by_the_body) {
 }
 END_TEST
 
+/* A weight swapped for another inside the body after its last use (new
+ * weights loaded elsewhere, taken at a safe point of the step): the old
+ * one's last reference goes while the call still runs. The replay must
+ * hold it as a recording does, for the run and for a hand-over after the
+ * body (here: the hidden value kept in the model at the same call). */
+typedef struct {
+  kiln_tensor *w, *pending, *kept;
+  bool keep;
+} swap_model;
+
+static int swap_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  swap_model *m = ctx;
+  (void)kiln_size(in[0], 0);
+  kiln_tensor *h = kiln_matmul(in[0], m->w);
+  if (m->pending) {
+    kiln_release(m->w);
+    m->w = m->pending;
+    m->pending = NULL;
+  }
+  if (m->keep) {
+    kiln_release(m->kept);
+    m->kept = kiln_retain(h);
+  }
+  out[0] = kiln_relu(h);
+  return out[0] ? 0 : -1;
+}
+
+START_TEST(test_replay_param_released_in_body) {
+  for (int b = 0; b < 2; b++)
+    for (int c = 0; c < 2; c++)
+      for (int keep = 0; keep < 2; keep++) {
+        /* the compiled model and an eager twin with the same weights */
+        swap_model m[2];
+        for (int k = 0; k < 2; k++) m[k] = (swap_model){kiln_randn(KILN_F32, 2, ((int64_t[]){6, 6}), 1), NULL, NULL, false};
+        kiln_options o = {.name = "swap", .n_in = 1, .backend = backends[b], .capture = captures[c]};
+        kiln_fn *fn = kiln_compile(swap_body, &m[0], &o);
+        long long at_swap = -1;
+        for (int i = 0; i < 8; i++) {
+          for (int k = 0; k < 2; k++) {
+            /* a weight replaced between calls: the script's param is the new one, which the variant does not hold */
+            if (i == 1) {
+              kiln_release(m[k].w);
+              m[k].w = kiln_randn(KILN_F32, 2, ((int64_t[]){6, 6}), 2);
+            }
+            if (i == 4) m[k].pending = kiln_randn(KILN_F32, 2, ((int64_t[]){6, 6}), 3);
+            m[k].keep = keep && i == 4;
+          }
+          if (i == 4) at_swap = stats(fn).replays;
+          kiln_scope_begin();
+          kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){4, 6}), 10 + (uint64_t)i), *got = NULL, *want = NULL;
+          ck_assert_msg(kiln_call(fn, &x, &got) == 0, "backend %d capture %d call %d: %s", b, c, i, kiln_last_error());
+          ck_assert_int_eq(0, swap_body(&m[1], &x, &want));
+          ck_assert_msg(maxdiff(got, want) <= 1e-5, "backend %d capture %d call %d: compiled differs from eager", b, c, i);
+          if (keep && i == 4) ck_assert_msg(maxdiff(m[0].kept, m[1].kept) <= 1e-5, "call %d: the kept tensor", i);
+          kiln_scope_end();
+          /* the call with the swap replays up to it: a replay (or, with the keep, a hand-over after the body) */
+          if (i == 4 && !keep) ck_assert_msg(stats(fn).replays == at_swap + 1, "backend %d capture %d: the swap call did not replay", b, c);
+        }
+        ck_assert_int_le(4, stats(fn).replays);
+        kiln_fn_free(fn);
+        for (int k = 0; k < 2; k++) {
+          kiln_release(m[k].w);
+          kiln_release(m[k].kept);
+        }
+      }
+}
+END_TEST
+
 /* A step that trains at some calls (backward inside the body, as a
  * compiled training step does) after replays of calls that did not, under
  * the caller's kiln_no_grad_begin: the weight's gradient is eager's. */
@@ -520,6 +588,7 @@ Suite *capture_replay_suite(void) {
   tcase_add_test(tc, test_replay_weight_replaced);
   tcase_add_test(tc, test_replay_then_autograd);
   tcase_add_test(tc, test_replay_weight_released_by_the_body);
+  tcase_add_test(tc, test_replay_param_released_in_body);
   tcase_add_test(tc, test_replay_views_and_outputs);
   tcase_add_test(tc, test_replay_view_of_input_read);
   tcase_add_test(tc, test_replay_hands_over_size_reads);
