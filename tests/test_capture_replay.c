@@ -211,6 +211,42 @@ START_TEST(test_replay_number_changes) {
 }
 END_TEST
 
+/* A variance (its divisor a count of the input's shape, which a replay
+ * checks as it checks an op) with a correction from C state, and a layer
+ * norm: calls replay, and a new correction or a branch after them hands
+ * over. */
+static int var_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  model *m = ctx;
+  (void)kiln_size(in[0], 0);
+  kiln_tensor *h = kiln_matmul(in[0], kiln_transpose(m->w, 0, 1));
+  kiln_tensor *v = kiln_var(h, 1, (int)m->at, true);
+  h = kiln_add(kiln_layer_norm(h, m->b, NULL, 1e-5), v);
+  out[0] = m->branch ? kiln_tanh(h) : h;
+  return out[0] ? 0 : -1;
+}
+
+START_TEST(test_replay_counts_of_shapes) {
+  for (int b = 0; b < 2; b++)
+    for (int c = 0; c < 2; c++) {
+      model m;
+      model_init(&m);
+      m.at = 1;
+      kiln_options o = {.name = "var", .n_in = 1, .backend = backends[b], .capture = captures[c]};
+      kiln_fn *fn = kiln_compile(var_body, &m, &o);
+      kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){3, 6}), 21);
+      for (int i = 0; i < 12; i++) {
+        m.at = i >= 4 && i < 6 ? 0 : 1;
+        m.branch = i == 8;
+        body_call(fn, var_body, &m, x, "var", i);
+      }
+      ck_assert_msg(stats(fn).replays >= 6, "%lld replays of 12 calls", (long long)stats(fn).replays);
+      kiln_release(x);
+      kiln_fn_free(fn);
+      model_free(&m);
+    }
+}
+END_TEST
+
 /* A weight released and another made in its place, of its shape or of
  * another: the replay checks the very tensor the body passes. */
 static int replaced_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
@@ -585,6 +621,7 @@ Suite *capture_replay_suite(void) {
   tcase_set_timeout(tc, 300);
   tcase_add_test(tc, test_replay_parts_from_the_log);
   tcase_add_test(tc, test_replay_number_changes);
+  tcase_add_test(tc, test_replay_counts_of_shapes);
   tcase_add_test(tc, test_replay_weight_replaced);
   tcase_add_test(tc, test_replay_then_autograd);
   tcase_add_test(tc, test_replay_weight_released_by_the_body);

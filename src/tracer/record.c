@@ -598,12 +598,17 @@ static void on_zero_grad(void *ctx, kiln_tensor *t) {
 
 static void on_numel(void *ctx, kiln_tensor *out, const kiln_tensor *x, const int *axes, int naxes, int64_t offset,
                      const char *file, int line) {
-  recording *r = ctx;
+  rec_numel(ctx, out, x, axes, naxes, offset, file, line, !in_internal());
+}
+
+void rec_numel(recording *r, kiln_tensor *out, const kiln_tensor *x, const int *axes, int naxes, int64_t offset,
+               const char *file, int line, bool user) {
   if (r->failed) return;
   int id = rec_value_of(r, (kiln_tensor *)x);
   if (id < 0) return;
   int e = new_event(r, EV_NUMEL, 0, &id, 1, file, line);
   if (e < 0) return;
+  r->ev[e].user = user;
   r->ev[e].a->naxes = naxes;
   for (int i = 0; i < naxes && i < MAXD; i++) r->ev[e].a->axes[i] = axes[i];
   r->ev[e].a->start = sym_const(offset);

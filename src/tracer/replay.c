@@ -25,7 +25,7 @@
 #include "tracer/tracer.h"
 
 typedef struct rp_event {
-  rec_ekind kind;        /* EV_OP, or EV_FULL (a factory's value over a shape) */
+  rec_ekind kind;        /* EV_OP, EV_FULL (a factory's value over a shape) or EV_NUMEL (a count of a shape) */
   int op, n_in, in, out; /* in: its first input value in ids[]; out: its value */
   const op_attrs *a;     /* the script's copy, or rec_no_attrs */
   const char *file;
@@ -110,8 +110,9 @@ void rp_free(rp_script *s) {
 
 bool rp_broken(const rp_script *s) { return s->broken; }
 
-/* Whether the call's log is one a replay can check: ops and values over
- * shapes (kiln_scalar, kiln_zeros) alone, over the call's inputs, params
+/* Whether the call's log is one a replay can check: ops, values over
+ * shapes (kiln_scalar, kiln_zeros) and counts of shapes (a variance's
+ * divisor) alone, over the call's inputs, params
  * and values of its own, none with autograd history, in one segment,
  * outputs made by ops that are not views (an output is made anew each
  * call: a view would have to be one of another output's). */
@@ -119,7 +120,7 @@ static bool replayable(const recording *r, kiln_tensor *const *made, kiln_tensor
   if (r->escaped || r->seg || r->n_breaks || r->failed || r->n_in > 64) return false;
   for (int i = 0; i < r->n_ev; i++) {
     const rec_event *e = &r->ev[i];
-    if ((e->kind != EV_OP && e->kind != EV_FULL) || e->src >= 0 || e->out < 0) return false;
+    if ((e->kind != EV_OP && e->kind != EV_FULL && e->kind != EV_NUMEL) || e->src >= 0 || e->out < 0) return false;
     if (e->kind == EV_OP && (op_table[e->op].attrs & AF_RNG)) return false;
   }
   for (int v = 0; v < r->n_val; v++) {
@@ -215,7 +216,7 @@ rp_script *rp_make(const recording *r, kiln_tensor *const *out, int n_out, const
       int x = r->ids[e->in];
       out_of_call = s->kind[x] == RV_INPUT || (s->kind[x] == RV_MADE && s->ev[s->index[x]].fresh);
     }
-    pe->fresh = out_of_call;
+    pe->fresh = out_of_call || e->kind == EV_NUMEL; /* numel_scalar makes its tensor each call */
     for (int k = 0; k < e->n_in; k++)
       if (s->kind[r->ids[e->in + k]] == RV_PARAM) s->param_used[s->index[r->ids[e->in + k]]] = true;
     if (!pe->fresh) s->val[e->out].t = kiln_retain(made[e->out]);
@@ -286,6 +287,10 @@ static void hand_over(rp_call *p) {
     for (; k < s->n_reads && s->reads[k].at == i; k++) rec_size_read(r, s->reads[k].t, s->reads[k].dim);
     if (i == p->at) break;
     const rp_event *e = &s->ev[i];
+    if (e->kind == EV_NUMEL) {
+      rec_numel(r, s->cur[e->out], s->cur[s->ids[e->in]], e->a->axes, e->a->naxes, e->a->start.c, e->file, e->line, e->user);
+      continue;
+    }
     if (e->kind == EV_FULL) {
       /* with this call's value */
       const rp_slot *vs = &s->slot[e->slot_at + e->a->ndim];
@@ -451,9 +456,21 @@ part:
   hand_over(p);
   return p->saved->factory(p->saved->ctx, kind, dt, ndim, shape, value, seed, flag, data, file, line);
 }
+/* A count of x's elements (numel_scalar made out, as it does every call). */
 static void rp_numel(void *ctx, kiln_tensor *out, const kiln_tensor *x, const int *axes, int naxes, int64_t offset,
                      const char *file, int line) {
   rp_call *p = ctx;
+  rp_script *s = p->s;
+  if (p->at == s->n_ev) goto part;
+  const rp_event *e = &s->ev[p->at];
+  if (e->kind != EV_NUMEL || x != s->cur[s->ids[e->in]] || e->a->naxes != naxes || e->a->start.c != offset ||
+      e->a->dtype != out->dtype || !in_internal() != e->user || !same_site(e, file, line) ||
+      (naxes && memcmp(e->a->axes, axes, sizeof *axes * (size_t)naxes)))
+    goto part;
+  result(p, e, out); /* the reference handed back is numel_scalar's own */
+  p->at++;
+  return;
+part:
   hand_over(p);
   p->saved->numel(p->saved->ctx, out, x, axes, naxes, offset, file, line);
 }
