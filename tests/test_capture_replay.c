@@ -247,6 +247,37 @@ START_TEST(test_replay_counts_of_shapes) {
 }
 END_TEST
 
+/* Inference over weights that require grad (a model trained elsewhere in
+ * the program), under kiln_no_grad inside the body while autograd is on
+ * outside: no op gives history, so calls replay (a script was refused for
+ * the weights' flag alone, and a GPT forward recorded every call). */
+static int no_grad_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  model *m = ctx;
+  (void)kiln_size(in[0], 0);
+  kiln_no_grad_begin();
+  out[0] = kiln_relu(kiln_add(kiln_matmul(in[0], kiln_transpose(m->w, 0, 1)), m->b));
+  kiln_no_grad_end();
+  return out[0] ? 0 : -1;
+}
+
+START_TEST(test_replay_no_grad_inside) {
+  for (int b = 0; b < 2; b++) {
+    model m;
+    model_init(&m);
+    kiln_requires_grad(m.w, true);
+    kiln_requires_grad(m.b, true);
+    kiln_options o = {.name = "nograd", .n_in = 1, .backend = backends[b]};
+    kiln_fn *fn = kiln_compile(no_grad_body, &m, &o);
+    kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){3, 6}), 22);
+    for (int i = 0; i < 5; i++) body_call(fn, no_grad_body, &m, x, "no grad", i);
+    ck_assert_int_eq(4, stats(fn).replays);
+    kiln_release(x);
+    kiln_fn_free(fn);
+    model_free(&m);
+  }
+}
+END_TEST
+
 /* A weight released and another made in its place, of its shape or of
  * another: the replay checks the very tensor the body passes. */
 static int replaced_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
@@ -624,6 +655,7 @@ Suite *capture_replay_suite(void) {
   tcase_add_test(tc, test_replay_counts_of_shapes);
   tcase_add_test(tc, test_replay_weight_replaced);
   tcase_add_test(tc, test_replay_then_autograd);
+  tcase_add_test(tc, test_replay_no_grad_inside);
   tcase_add_test(tc, test_replay_weight_released_by_the_body);
   tcase_add_test(tc, test_replay_param_released_in_body);
   tcase_add_test(tc, test_replay_views_and_outputs);

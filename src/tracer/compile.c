@@ -103,6 +103,7 @@ typedef struct variant {
   int script_misses;       /* recorded calls in a row it ran whose inputs the script did not fit */
   int script_breaks;       /* replays of it in a row that handed over (the body alternates, say) */
   int script_rest;         /* recorded calls it runs before it gets a script again */
+  int script_fails;        /* recorded calls in a row whose log a replay could not check */
 } variant;
 
 struct kiln_fn {
@@ -1660,9 +1661,9 @@ static void script_give_back(kiln_fn *fn, variant *v, rp_script *s) {
  * and the variant whose one segment ran gets a script of this call's log
  * when it has none, or when its script did not fit the inputs of two such
  * calls in a row (the shapes changed for good). A variant whose replays
- * handed over three times in a row, or whose log a replay cannot check,
- * gets none for its next 32 recorded calls: making scripts no call
- * replays would only cost time. */
+ * handed over three times in a row, or whose log a replay could not check
+ * three times in a row (a training step), gets none for its next 32
+ * recorded calls: making scripts no call replays would only cost time. */
 static void script_leave(call_state *cs, variant *ran, variant *taken_from, rp_script *taken) {
   kiln_fn *fn = cs->fn;
   recording *r = &cs->rec;
@@ -1673,13 +1674,13 @@ static void script_leave(call_state *cs, variant *ran, variant *taken_from, rp_s
     ran->script_rest--;
   } else if (ran && !ran->dead && !fn->no_replay && ran->n_seg == 1 && ran->seg[0]->n_out == fn->opts.n_out &&
              !ran->seg[0]->n_writes && !r->escaped && (!ran->script || ++ran->script_misses >= 2)) {
-    rp_script *s = rp_make(r, cs->out_t, fn->opts.n_out, ran->rules, ran->rule_at, cs->argi, cs->argf, ran->n_args, cs->grad_on);
+    rp_script *s = rp_make(r, cs->out_t, fn->opts.n_out, ran->rules, ran->rule_at, cs->argi, cs->argf, ran->n_args);
     if (s) {
       rp_free(ran->script);
       ran->script = s;
-      ran->script_misses = 0;
-    } else {
-      ran->script_rest = 32;
+      ran->script_misses = ran->script_fails = 0;
+    } else if (++ran->script_fails >= 3) {
+      ran->script_fails = 0, ran->script_rest = 32;
     }
   }
   rp_free(taken);

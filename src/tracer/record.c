@@ -431,6 +431,7 @@ static void on_op(void *ctx, op_id op, kiln_tensor *const *in, int n, const op_a
 void rec_op(recording *r, op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out, const char *file,
             int line, bool user) {
   if (r->failed) return;
+  r->history |= out->grad_fn != NULL;
   int small[16], *ids = n <= 16 ? small : alloc_malloc(sizeof(int) * (size_t)n);
   if (!ids) return fail(r, "out of memory while recording");
   if (values_of(r, in, n, ids) == 0) {

@@ -141,13 +141,9 @@ static bool replayable(const recording *r, kiln_tensor *const *made, kiln_tensor
 }
 
 rp_script *rp_make(const recording *r, kiln_tensor *const *out, int n_out, const slot_rule *rules, const int *rule_at,
-                   const int64_t *argi, const double *argf, int n_args, bool grad_on) {
-  if (r->n_ev == 0 || n_args > IR_MAX_SYMS) return NULL;
-  /* under autograd, an op over a leaf that requires grad gives history:
-   * every replay would hand over there (the history of the call's own
-   * tensors is gone by now, stripped from what it handed out) */
-  for (int i = 0; grad_on && i < r->n_in + r->n_params; i++)
-    if ((i < r->n_in ? r->in[i] : r->params[i - r->n_in])->requires_grad) return NULL;
+                   const int64_t *argi, const double *argf, int n_args) {
+  /* an op that gave autograd history: every replay would hand over there */
+  if (r->n_ev == 0 || n_args > IR_MAX_SYMS || r->history) return NULL;
   kiln_tensor **made = alloc_malloc(sizeof *made * (size_t)(r->n_val + 1));
   rp_script *s = alloc_calloc(1, sizeof *s);
   if (!made || !s || rec_made_tensors(r, made) || !replayable(r, made, out, n_out)) goto fail;

@@ -296,6 +296,7 @@ struct recording {
   bool read_meta;          /* sizes, ranks, dtypes: kiln_size and its kind */
   bool c_numbers;          /* numbers from user code: factories, sizes and values in attributes */
   bool read_data;          /* kiln_item, kiln_read, kiln_print */
+  bool history;            /* an op gave its result autograd history */
   char why[512];           /* the first thing it could not record, or the error that failed it */
   bool failed;             /* an error (out of memory): the call fails */
   bool why_is_error;       /* why is a whole error message (a segment's run failed) */
@@ -359,7 +360,7 @@ typedef struct rp_call {
  * those slot rules and arguments, or NULL when its log holds what a replay
  * cannot check (the call is recorded as ever). */
 rp_script *rp_make(const recording *r, kiln_tensor *const *out, int n_out, const slot_rule *rules, const int *rule_at,
-                   const int64_t *argi, const double *argf, int n_args, bool grad_on);
+                   const int64_t *argi, const double *argf, int n_args);
 void rp_free(rp_script *s);
 bool rp_broken(const rp_script *s); /* a replay handed over: it has no tensors left */
 bool rp_fits(const rp_script *s, kiln_tensor *const *in, int n_in);
