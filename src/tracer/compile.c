@@ -1362,6 +1362,7 @@ static int leaf_writes(recording *r, build_write **out, int *n) {
 }
 
 static void check_params(const kiln_fn *fn, kiln_tensor *const *ps, int n);
+static void check_escaped(const kiln_fn *fn);
 
 /* The recording's callback: runs the events since the last break (or, last,
  * up to the end of the body) as a segment, and gives the live values their data. */
@@ -1851,6 +1852,7 @@ static int record_call(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out) {
   for (int i = 0; i < n_out && ok; i++)
     if (leaf_rg >> i & 1) out[i]->requires_grad = true;
   rp_end(&rp);
+  if (cs.rec.escaped) check_escaped(fn);
   rec_end(&cs.rec);
   if (!ok && cs.rec.failed && (rc == 0 || cs.rec.why_is_error)) {
     /* an error that says where it is (a break under fullgraph) stands as it
@@ -1978,7 +1980,7 @@ typedef struct snapshot {
   kiln_tensor **data;  /* copies of their data */
   kiln_tensor **grad;  /* their .grad tensors (retained) */
   int n, cap;
-  bool incomplete;     /* a leaf could not be added (out of memory): no eager run to compare with */
+  bool incomplete;     /* a leaf could not be added (out of memory), or the call escaped: no eager run to compare with */
 } snapshot;
 
 /* Adds leaf t (once) with copies of its data and .grad. 0 or -1. */
@@ -2073,6 +2075,14 @@ static void check_params(const kiln_fn *fn, kiln_tensor *const *ps, int n) {
     if (ps[i] && snap_add(check_snap, ps[i])) check_snap->incomplete = true;
 }
 
+/* A call whose rest ran eagerly wrote tensors its recording never saw (an
+ * optimizer's moments first used after the escape): the snapshot cannot put
+ * them back, so an eager run would start from the call's results and apply
+ * the rest twice. Its results stand unchecked, as when a copy failed. */
+static void check_escaped(const kiln_fn *fn) {
+  if (checking == fn && check_snap) check_snap->incomplete = true;
+}
+
 static int call_checked(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out, int (*call)(kiln_fn *, kiln_tensor *const *, kiln_tensor **)) {
   /* the params are known after the call: a first, unchecked call finds them */
   pthread_mutex_lock(&fn->mu);
@@ -2111,7 +2121,8 @@ static int call_checked(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out, 
   int call_rc = call(fn, in, out);
   checking = NULL;
   check_snap = NULL;
-  if (call_rc || s.incomplete) { /* incomplete: out of memory for a param's copy, so the compiled results stand unchecked */
+  if (call_rc || s.incomplete) { /* incomplete: out of memory for a param's copy, or a call whose rest ran eagerly
+                                  * (check_escaped), so the compiled results stand unchecked */
     variant *hv = checked_hit;
     checked_hit = NULL;
     if (hv) {
