@@ -383,6 +383,11 @@ static int arg_node(build_state *b, int arg) {
   for (int i = 0; i < s->n_extra; i++)
     if (s->extra[i] == -1 - arg) return s->extra_node[i];
   const build_arg *a = &b->args[arg];
+  if (a->is_data) {
+    sym_dim dims[MAXD];
+    for (int i = 0; i < a->ndim; i++) dims[i] = sym_const(a->shape[i]);
+    return extra_input(b, -1 - arg, a->dtype, a->ndim, dims, 0);
+  }
   return a->is_float ? extra_input(b, -1 - arg, a->dtype, 0, NULL, 0) : extra_input(b, -1 - arg, KILN_I64, 0, NULL, a->sym + 1);
 }
 
@@ -719,6 +724,29 @@ done:
   return id;
 }
 
+/* The bytes of EV_DATA event ev (its last slot): an argument when the
+ * earlier call's differ at the same event, or were one already (a decode
+ * loop's picks fed back, kiln_tensor_from at every call), else a constant.
+ * The argument, or -1. */
+static int data_arg(build_state *b, int ev, const int64_t *shape) {
+  const rec_event *e = &b->r->ev[ev];
+  const op_attrs *a = e->a;
+  rec_slot ps;
+  size_t bytes = (size_t)shape_numel(a->ndim, shape) * kiln_dtype_size(a->dtype);
+  bool lift = b->n_args < IR_MAX_SYMS / 2 && prev_slot(b, ev, a->ndim, &ps) &&
+              (prev_arg(b, ev, a->ndim) || memcmp(b->prev->ev[ev].data, e->data, bytes));
+  if (!lift) {
+    slot_fixed(b, (rec_slot){false, 0, 0});
+    return -1;
+  }
+  if (alloc_grow((void **)&b->args, &b->cap_args, b->n_args + 1, sizeof *b->args)) return bfail(b, "out of memory while building"), -1;
+  build_arg *arg = &b->args[b->n_args];
+  *arg = (build_arg){.is_float = false, .sym = -1, .dtype = a->dtype, .is_data = true, .ndim = a->ndim};
+  memcpy(arg->shape, shape, sizeof(int64_t) * (size_t)a->ndim);
+  if (add_rule(b, (slot_rule){.kind = SLOT_ARG, .arg = b->n_args, .v = {false, 0, 0}})) return -1;
+  return b->n_args++;
+}
+
 /* A tensor made by a factory: sizes from slots; a uniform fill is a scalar (a constant or an argument) expanded. */
 static int ev_factory(build_state *b, int ev) {
   const rec_event *e = &b->r->ev[ev];
@@ -731,6 +759,10 @@ static int ev_factory(build_state *b, int ev) {
     if (e->kind == EV_RAND) slot_fixed(b, (rec_slot){false, a->k, 0});
     int64_t shape[MAXD];
     for (int i = 0; i < a->ndim; i++) shape[i] = a->shape[i].c;
+    if (e->kind == EV_DATA) {
+      int arg = data_arg(b, ev, shape);
+      if (arg >= 0) return arg_node(b, arg);
+    }
     kiln_tensor *t;
     if (e->kind == EV_DATA) {
       t = tensor_new(a->dtype, a->ndim, shape);

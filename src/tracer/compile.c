@@ -697,6 +697,7 @@ typedef struct call_state {
   /* the arguments of the segment running now */
   int64_t argi[IR_MAX_SYMS];
   double argf[IR_MAX_SYMS];
+  const void *argd[IR_MAX_SYMS]; /* data arguments: bytes of the recording's EV_DATA events */
   build_state b;              /* building */
   build_prev prev;
   /* cand, alive, cand_vals and outs in place for a function of few variants
@@ -744,10 +745,11 @@ static bool same_structure(const int *ids_a, const rec_event *a, const int *ids_
   case EV_RAND:
     return a->a->dtype == b->a->dtype && a->a->ndim == b->a->ndim && a->a->flag == b->a->flag;
   case EV_DATA:
+    /* the bytes are its last slot's (match_events) */
     if (a->a->dtype != b->a->dtype || a->a->ndim != b->a->ndim) return false;
     for (int i = 0; i < a->a->ndim; i++)
       if (a->a->shape[i].c != b->a->shape[i].c) return false;
-    return !memcmp(a->data, b->data, ev_bytes(a));
+    return true;
   case EV_NUMEL:
     return a->a->naxes == b->a->naxes && !memcmp(a->a->axes, b->a->axes, sizeof a->a->axes) && a->a->start.c == b->a->start.c &&
            a->a->dtype == b->a->dtype;
@@ -769,7 +771,7 @@ static bool same_structure(const int *ids_a, const rec_event *a, const int *ids_
  * by its slot rule: binds the arguments into argi/argf and the symbols
  * into vals. */
 static bool match_events(call_state *cs, const variant *v, int from, int to, int64_t *vals, int64_t *argi, double *argf,
-                         char *why, size_t whyn) {
+                         const void **argd, char *why, size_t whyn) {
   const recording *r = &cs->rec;
   if (to > v->n_ev) return snprintf(why, whyn, "the body did more than when variant %d was made", v->no), false;
   for (int i = from; i < to; i++) {
@@ -782,6 +784,14 @@ static bool match_events(call_state *cs, const variant *v, int from, int to, int
     for (int k = 0; k < n; k++) {
       const slot_rule *rule = &v->rules[v->rule_at[i] + k];
       const rec_slot *sl = &sa[k];
+      if (a->kind == EV_DATA && k == n - 1) {
+        /* its bytes: the variant's, or passed at run time */
+        if (rule->kind == SLOT_ARG) argd[rule->arg] = a->data;
+        else if (memcmp(a->data, v->ev[i].data, ev_bytes(a)))
+          return snprintf(why, whyn, "%s:%d: a tensor made from C data holds other values than when variant %d was made", a->file,
+                          a->line, v->no), false;
+        continue;
+      }
       if (rule->kind == SLOT_CONST) {
         if (sl->is_float ? !memcmp(&sl->f, &rule->v.f, sizeof sl->f) : sl->i == rule->v.i) continue;
         if (sl->is_float) snprintf(why, whyn, "%s:%d: a number was %g when variant %d was made, now %g", a->file, a->line, rule->v.f, v->no, sl->f);
@@ -840,7 +850,8 @@ static bool same_seg_writes(const variant *a, const variant *b) {
 }
 
 /* Whether segment s of candidate c fits this call's segment. */
-static bool match_segment(call_state *cs, int c, const seg_info *si, int64_t *argi, double *argf, char *why, size_t whyn) {
+static bool match_segment(call_state *cs, int c, const seg_info *si, int64_t *argi, double *argf, const void **argd, char *why,
+                          size_t whyn) {
   const variant *v = cs->cand[c];
   const recording *r = &cs->rec;
   int s = (int)(si - cs->seg);
@@ -857,7 +868,7 @@ static bool match_segment(call_state *cs, int c, const seg_info *si, int64_t *ar
     return snprintf(why, whyn, "the body did %s than when variant %d was made", si->to > seg->to ? "more" : "less", v->no), false;
   }
   int64_t *vals = cs->cand_vals[c];
-  if (!match_events(cs, v, si->from, si->to, vals, argi, argf, why, whyn)) return false;
+  if (!match_events(cs, v, si->from, si->to, vals, argi, argf, argd, why, whyn)) return false;
   if (seg->val_from != si->val_from || seg->val_to != si->val_to) return snprintf(why, whyn, "other values than variant %d", v->no), false;
   for (int i = si->val_from; i < si->val_to; i++) {
     const rec_value *a = &r->val[i], *b = &v->val[i];
@@ -930,13 +941,14 @@ static int seg_inputs_make(call_state *cs, const segment *seg, const build_arg *
       }
     } else {
       const build_arg *a = &args[-1 - x];
-      t = tensor_new(a->is_float ? a->dtype : KILN_I64, 0, NULL);
+      t = a->is_data ? tensor_new(a->dtype, a->ndim, a->shape) : tensor_new(a->is_float ? a->dtype : KILN_I64, 0, NULL);
       if (!t || si->n_own == 64) {
         kiln_release(t);
         err_set("", 0, "call", "%s: out of memory", cs->fn->name);
         goto done;
       }
-      if (a->is_float) pw_fill(t, argf[-1 - x]);
+      if (a->is_data) memcpy(t->st->data, cs->argd[-1 - x], (size_t)shape_numel(a->ndim, a->shape) * kiln_dtype_size(a->dtype));
+      else if (a->is_float) pw_fill(t, argf[-1 - x]);
       else *(int64_t *)t->st->data = argi[-1 - x];
       si->own[si->n_own++] = t;
     }
@@ -1226,7 +1238,8 @@ static void bind_new_args(call_state *cs, const seg_info *si) {
     for (int k = 0; k < n && b->rule_at[i] + k < b->n_rules; k++) {
       const slot_rule *rule = &b->rules[b->rule_at[i] + k];
       if (rule->kind != SLOT_ARG) continue;
-      if (b->args[rule->arg].is_float) cs->argf[rule->arg] = sl[k].f;
+      if (b->args[rule->arg].is_data) cs->argd[rule->arg] = cs->rec.ev[i].data;
+      else if (b->args[rule->arg].is_float) cs->argf[rule->arg] = sl[k].f;
       else cs->argi[rule->arg] = sl[k].i;
     }
   }
@@ -1416,10 +1429,12 @@ static int seg_run(recording *r, void *ctx, bool last) {
     why[0] = 0;
     int64_t argi[IR_MAX_SYMS];
     double argf[IR_MAX_SYMS];
+    const void *argd[IR_MAX_SYMS];
     for (int c = 0; c < cs->n_cand; c++) {
       if (!cs->alive[c]) continue;
       bool first = !seg;
-      cs->alive[c] = match_segment(cs, c, si, first ? cs->argi : argi, first ? cs->argf : argf, why, sizeof why);
+      cs->alive[c] = match_segment(cs, c, si, first ? cs->argi : argi, first ? cs->argf : argf, first ? cs->argd : argd, why,
+                                   sizeof why);
       const variant *v = cs->cand[c];
       if (cs->alive[c] && first && !seg_binds(cs, v->seg[cs->n_seg - 1], v->args, cs->argi, cs->argf, why, sizeof why, v->no))
         cs->alive[c] = false;

@@ -1135,7 +1135,10 @@ int rec_slots(const rec_event *e, rec_slot *out, int max) {
     k = e->kind == EV_FULL ? put_f(out, k, max, a->value) : put_i(out, k, max, a->k);
     break;
   case EV_DATA:
+    /* the sizes, then its bytes, as a slot whose rule says whether they are a
+     * constant (compared whole by matching) or passed at run time */
     for (int i = 0; i < a->ndim; i++) k = put_i(out, k, max, a->shape[i].c);
+    k = put_i(out, k, max, 0);
     break;
   case EV_NUMEL:
   case EV_BREAK:

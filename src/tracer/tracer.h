@@ -479,6 +479,11 @@ typedef struct build_arg {
   bool is_float;
   int sym;
   kiln_dtype dtype;
+  /* a tensor made from C data (kiln_tensor_from) whose values change
+   * between calls: passed at run time, of this dtype and shape */
+  bool is_data;
+  int ndim;
+  int64_t shape[MAXD];
 } build_arg;
 
 /* A symbol of a variant: bound from an input's dim, or from an argument. */
