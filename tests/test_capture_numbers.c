@@ -428,6 +428,63 @@ START_TEST(test_data_changes_every_call) {
 }
 END_TEST
 
+/* ---- what the dumps say ---- */
+
+typedef struct {
+  double slope;
+  kiln_tensor *w;
+} dump_model;
+
+static int slope_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  const dump_model *m = ctx;
+  out[0] = kiln_leaky_relu(in[0], m->slope);
+  return out[0] ? 0 : -1;
+}
+
+static int grad_write_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  const dump_model *m = ctx;
+  /* an in-place write into the .grad the call began with: an escape */
+  kiln_mul_(kiln_grad(m->w), kiln_scalar(KILN_F32, 0.5));
+  out[0] = kiln_sum_all(kiln_mul(in[0], m->w));
+  return 0;
+}
+
+/* A recompile reason printed a number with %g: one that changed in its
+ * seventh digit read "was 0.003, now 0.003". And the breaks dump named an
+ * escape's line twice ("x.c:36: x.c:36: an in-place write ..."). */
+START_TEST(test_dumps_say_it_once) {
+  dump_model m = {0.003, kiln_randn(KILN_F32, 1, ((int64_t[]){4}), 5)};
+  kiln_requires_grad(m.w, true);
+  setenv("KILN_DUMP", "recompiles,breaks", 1);
+  kiln_fn *f1 = kiln_compile(slope_body, &m, &(kiln_options){.name = "slope", .n_in = 1, .capture = KILN_CAPTURE_RECORD});
+  kiln_fn *f2 = kiln_compile(grad_write_body, &m, &(kiln_options){.name = "gw", .n_in = 1});
+  unsetenv("KILN_DUMP");
+  kiln_scope_begin();
+  kiln_tensor *x = kiln_randn(KILN_F32, 1, ((int64_t[]){4}), 6), *y;
+  int saved;
+  FILE *log = fd_catch(2, &saved);
+  ck_assert_int_eq(0, kiln_call(f1, &x, &y));
+  m.slope = 0.0030000001;
+  ck_assert_int_eq(0, kiln_call(f1, &x, &y));
+  ck_assert_int_eq(0, kiln_backward(kiln_sum_all(kiln_mul(x, m.w)))); /* a .grad to begin with */
+  ck_assert_int_eq(0, kiln_call(f2, &x, &y));
+  fd_release(2, log, saved, caught, sizeof caught);
+  kiln_scope_end();
+  ck_assert_msg(strstr(caught, "a number was 0.0030000000000000001 when variant 1 was made, now 0.0030000001000000001"), "%s", caught);
+  const char *at = strstr(caught, "kiln break: gw: ");
+  ck_assert_msg(at, "%s", caught);
+  const char *line = at + strlen("kiln break: gw: ");
+  const char *colon = strchr(line, ':');
+  ck_assert_ptr_nonnull(colon);
+  char loc[600];
+  snprintf(loc, sizeof loc, "%.*s", (int)(strchr(colon + 1, ':') - line + 1), line);
+  ck_assert_msg(!strstr(line + strlen(loc), loc), "the location twice: %s", line);
+  kiln_fn_free(f1);
+  kiln_fn_free(f2);
+  kiln_release(m.w);
+}
+END_TEST
+
 Suite *capture_numbers_suite(void);
 Suite *capture_numbers_suite(void) {
   Suite *s = suite_create("capture_numbers");
@@ -441,6 +498,7 @@ Suite *capture_numbers_suite(void) {
   tcase_add_test(tc, test_many_draws);
   tcase_add_test(tc, test_numbers_change_on_alternate_calls);
   tcase_add_test(tc, test_data_changes_every_call);
+  tcase_add_test(tc, test_dumps_say_it_once);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -794,7 +794,14 @@ static bool match_events(call_state *cs, const variant *v, int from, int to, int
       }
       if (rule->kind == SLOT_CONST) {
         if (sl->is_float ? !memcmp(&sl->f, &rule->v.f, sizeof sl->f) : sl->i == rule->v.i) continue;
-        if (sl->is_float) snprintf(why, whyn, "%s:%d: a number was %g when variant %d was made, now %g", a->file, a->line, rule->v.f, v->no, sl->f);
+        if (sl->is_float) {
+          /* as many digits as tell them apart (0.003 and 0.003 are not one number) */
+          char was[32], now[32];
+          snprintf(was, sizeof was, "%g", rule->v.f);
+          snprintf(now, sizeof now, "%g", sl->f);
+          if (!strcmp(was, now)) snprintf(was, sizeof was, "%.17g", rule->v.f), snprintf(now, sizeof now, "%.17g", sl->f);
+          snprintf(why, whyn, "%s:%d: a number was %s when variant %d was made, now %s", a->file, a->line, was, v->no, now);
+        }
         else snprintf(why, whyn, "%s:%d: a number was %lld when variant %d was made, now %lld", a->file, a->line, (long long)rule->v.i, v->no, (long long)sl->i);
         return false;
       }
@@ -1384,9 +1391,13 @@ static int seg_run(recording *r, void *ctx, bool last) {
   kiln_fn *fn = cs->fn;
   if (!last) {
     const rec_event *br = &r->ev[r->n_ev - 1];
-    if (br->kind == EV_ESCAPE)
-      dump_line(fn, KILN_DUMP_BREAKS, "breaks", "%s:%d: %s", br->file, br->line, r->why);
-    else
+    if (br->kind == EV_ESCAPE) {
+      /* most escapes say where they are already */
+      char at[300];
+      snprintf(at, sizeof at, "%s:%d:", br->file, br->line);
+      if (!*br->file || !strncmp(r->why, at, strlen(at))) dump_line(fn, KILN_DUMP_BREAKS, "breaks", "%s", r->why);
+      else dump_line(fn, KILN_DUMP_BREAKS, "breaks", "%s %s", at, r->why);
+    } else
       dump_line(fn, KILN_DUMP_BREAKS, "breaks", "%s:%d: %s reads data inside the body: the ops before it run as a segment",
                 br->file, br->line, r->reader ? r->reader : "a call");
     if (fn->opts.fullgraph) {
