@@ -690,7 +690,6 @@ typedef struct kiln_fn_stats {
   int64_t traces;        /* calls that compiled something new */
   int64_t fallbacks;     /* calls that ran ops eagerly (the variant cap reached: the interpreter ran them) */
   int64_t guard_hits;    /* hits on the guard-only path (the body did not run) */
-  int64_t replays;       /* hits whose body followed an earlier call's log step by step (no recording) */
   int64_t breaks;        /* graph breaks: data reads inside the body that ran a segment */
   int64_t variants;      /* graphs cached now */
   int64_t check_fails;   /* check mode: calls whose compiled result differed from eager */
@@ -701,6 +700,7 @@ typedef struct kiln_fn_stats {
   double llvm_opt_ms;    /*   LLVM's optimization */
   double llvm_codegen_ms; /*  machine code */
   double guard_ns;       /* mean time to check guards on a hit (the first 16, then one call in 16) */
+  int64_t replays;       /* hits whose body followed an earlier call's log step by step (no recording) */
 } kiln_fn_stats;
 
 KILN_API kiln_fn *kiln_compile_at(kiln_body body, void *ctx, const kiln_options *opts, const char *file, int line);

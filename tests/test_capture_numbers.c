@@ -485,6 +485,41 @@ START_TEST(test_dumps_say_it_once) {
 }
 END_TEST
 
+/* ---- more C data than a call passes at run time ---- */
+
+static double many_data_values[40];
+
+static int many_data_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  (void)ctx;
+  kiln_tensor *h = in[0];
+  for (int i = 0; i < 40; i++) h = kiln_add(h, kiln_tensor_from(KILN_F64, 1, ((int64_t[]){1}), &many_data_values[i]));
+  out[0] = h;
+  return out[0] ? 0 : -1;
+}
+
+/* Past the arguments a call passes, C data stays a constant of the
+ * variant; two sets of values alternating then made a new variant in place
+ * of the last at every call (the data's bytes were not a constant that
+ * changed, to the check that keeps both). */
+START_TEST(test_data_past_the_arguments_alternates) {
+  enum { N = 12 };
+  kiln_fn *fn = kiln_compile(many_data_body, NULL, &(kiln_options){.name = "manydata", .n_in = 1});
+  kiln_scope_begin();
+  kiln_tensor *x = kiln_randn(KILN_F64, 1, ((int64_t[]){3}), 7);
+  for (int i = 0; i < N; i++) {
+    for (int k = 0; k < 40; k++) many_data_values[k] = (i % 2 ? 0.5 : -0.25) * (k + 1);
+    kiln_tensor *got, *want;
+    ck_assert_msg(kiln_call(fn, &x, &got) == 0, "%s", kiln_last_error());
+    ck_assert_int_eq(0, many_data_body(NULL, &x, &want));
+    ck_assert_msg(maxdiff(got, want) == 0, "call %d", i);
+  }
+  kiln_scope_end();
+  kiln_fn_stats st = stats(fn);
+  ck_assert_msg(st.traces <= 4, "%lld traces in %d calls", (long long)st.traces, N);
+  kiln_fn_free(fn);
+}
+END_TEST
+
 Suite *capture_numbers_suite(void);
 Suite *capture_numbers_suite(void) {
   Suite *s = suite_create("capture_numbers");
@@ -499,6 +534,7 @@ Suite *capture_numbers_suite(void) {
   tcase_add_test(tc, test_numbers_change_on_alternate_calls);
   tcase_add_test(tc, test_data_changes_every_call);
   tcase_add_test(tc, test_dumps_say_it_once);
+  tcase_add_test(tc, test_data_past_the_arguments_alternates);
   suite_add_tcase(s, tc);
   return s;
 }

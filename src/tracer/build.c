@@ -299,26 +299,27 @@ static sym_dim slot_size(build_state *b, int ev, int si, int64_t v, sym_dim hint
   return d;
 }
 
+/* A new argument a of the variant for the current slot (observed v): its
+ * index, or -1 (out of memory). */
+static int new_slot_arg(build_state *b, build_arg a, rec_slot v) {
+  if (alloc_grow((void **)&b->args, &b->cap_args, b->n_args + 1, sizeof *b->args)) return bfail(b, "out of memory while building"), -1;
+  b->args[b->n_args] = a;
+  if (add_rule(b, (slot_rule){.kind = SLOT_ARG, .v = v, .arg = b->n_args})) return -1;
+  return b->n_args++;
+}
+
 /* A value slot (a fill value): a constant, or a scalar argument when it changed since the earlier call.
  * Returns the argument, or -1 for a constant. */
 static int slot_value(build_state *b, int ev, int si, double v, kiln_dtype dt) {
   rec_slot ps;
-  slot_rule rule = {.kind = SLOT_CONST, .v = {true, 0, v}, .arg = -1};
   /* past half the arguments a call can bind (the rest for sizes and draws),
    * a constant: a call with another value makes another variant (or runs
    * on the interpreter) */
   if (b->n_args < IR_MAX_SYMS / 2 && prev_slot(b, ev, si, &ps) && ps.is_float &&
-      (memcmp(&ps.f, &v, sizeof v) || prev_arg(b, ev, si))) {
-    if (alloc_grow((void **)&b->args, &b->cap_args, b->n_args + 1, sizeof *b->args)) {
-      bfail(b, "out of memory while building");
-      return -1;
-    }
-    b->args[b->n_args] = (build_arg){.is_float = true, .sym = -1, .dtype = dt};
-    rule.kind = SLOT_ARG;
-    rule.arg = b->n_args++;
-  }
-  add_rule(b, rule);
-  return rule.arg;
+      (memcmp(&ps.f, &v, sizeof v) || prev_arg(b, ev, si)))
+    return new_slot_arg(b, (build_arg){.is_float = true, .sym = -1, .dtype = dt}, (rec_slot){true, 0, v});
+  add_rule(b, (slot_rule){.kind = SLOT_CONST, .v = {true, 0, v}, .arg = -1});
+  return -1;
 }
 
 /* A slot kept as it is (a number the graph can only hold as a constant). */
@@ -732,19 +733,15 @@ static int data_arg(build_state *b, int ev, const int64_t *shape) {
   const rec_event *e = &b->r->ev[ev];
   const op_attrs *a = e->a;
   rec_slot ps;
-  size_t bytes = (size_t)shape_numel(a->ndim, shape) * kiln_dtype_size(a->dtype);
   bool lift = b->n_args < IR_MAX_SYMS / 2 && prev_slot(b, ev, a->ndim, &ps) &&
-              (prev_arg(b, ev, a->ndim) || memcmp(b->prev->ev[ev].data, e->data, bytes));
+              (prev_arg(b, ev, a->ndim) || memcmp(b->prev->ev[ev].data, e->data, rec_ev_bytes(e)));
   if (!lift) {
     slot_fixed(b, (rec_slot){false, 0, 0});
     return -1;
   }
-  if (alloc_grow((void **)&b->args, &b->cap_args, b->n_args + 1, sizeof *b->args)) return bfail(b, "out of memory while building"), -1;
-  build_arg *arg = &b->args[b->n_args];
-  *arg = (build_arg){.is_float = false, .sym = -1, .dtype = a->dtype, .is_data = true, .ndim = a->ndim};
-  memcpy(arg->shape, shape, sizeof(int64_t) * (size_t)a->ndim);
-  if (add_rule(b, (slot_rule){.kind = SLOT_ARG, .arg = b->n_args, .v = {false, 0, 0}})) return -1;
-  return b->n_args++;
+  build_arg arg = {.is_float = false, .sym = -1, .dtype = a->dtype, .is_data = true, .ndim = a->ndim};
+  memcpy(arg.shape, shape, sizeof(int64_t) * (size_t)a->ndim);
+  return new_slot_arg(b, arg, (rec_slot){false, 0, 0});
 }
 
 /* A tensor made by a factory: sizes from slots; a uniform fill is a scalar (a constant or an argument) expanded. */
@@ -759,10 +756,8 @@ static int ev_factory(build_state *b, int ev) {
     if (e->kind == EV_RAND) slot_fixed(b, (rec_slot){false, a->k, 0});
     int64_t shape[MAXD];
     for (int i = 0; i < a->ndim; i++) shape[i] = a->shape[i].c;
-    if (e->kind == EV_DATA) {
-      int arg = data_arg(b, ev, shape);
-      if (arg >= 0) return arg_node(b, arg);
-    }
+    int arg = e->kind == EV_DATA ? data_arg(b, ev, shape) : -1;
+    if (arg >= 0) return arg_node(b, arg);
     kiln_tensor *t;
     if (e->kind == EV_DATA) {
       t = tensor_new(a->dtype, a->ndim, shape);

@@ -171,9 +171,7 @@ static int parse_region(builder *b, int i, cfg_region *reg, int n_keep) {
     cfg_ins *in = ins_new(b, e);
     if (!in) return -1;
     if (e->kind == EV_DATA) {
-      int64_t shape[MAXD];
-      for (int d = 0; d < e->a->ndim; d++) shape[d] = e->a->shape[d].c;
-      size_t bytes = (size_t)shape_numel(e->a->ndim, shape) * kiln_dtype_size(e->a->dtype);
+      size_t bytes = rec_ev_bytes(e);
       if (!(in->data = alloc_malloc(bytes + 1))) return -1;
       if (bytes) memcpy(in->data, e->data, bytes);
     }

@@ -727,12 +727,6 @@ static void add_why(char *list, size_t n, const char *why) {
   if (k < n) snprintf(list + k, n - k, "%s", why);
 }
 
-static size_t ev_bytes(const rec_event *e) {
-  int64_t n = 1;
-  for (int i = 0; i < e->a->ndim; i++) n *= e->a->shape[i].c;
-  return (size_t)n * kiln_dtype_size(e->a->dtype);
-}
-
 /* Whether events a (of the call) and b (of a script) are the same but for their numbers. */
 static bool same_structure(const int *ids_a, const rec_event *a, const int *ids_b, const rec_event *b) {
   if (a->kind != b->kind || a->op != b->op || a->n_in != b->n_in || a->out != b->out) return false;
@@ -787,7 +781,7 @@ static bool match_events(call_state *cs, const variant *v, int from, int to, int
       if (a->kind == EV_DATA && k == n - 1) {
         /* its bytes: the variant's, or passed at run time */
         if (rule->kind == SLOT_ARG) argd[rule->arg] = a->data;
-        else if (memcmp(a->data, v->ev[i].data, ev_bytes(a)))
+        else if (memcmp(a->data, v->ev[i].data, rec_ev_bytes(a)))
           return snprintf(why, whyn, "%s:%d: a tensor made from C data holds other values than when variant %d was made", a->file,
                           a->line, v->no), false;
         continue;
@@ -954,7 +948,7 @@ static int seg_inputs_make(call_state *cs, const segment *seg, const build_arg *
         err_set("", 0, "call", "%s: out of memory", cs->fn->name);
         goto done;
       }
-      if (a->is_data) memcpy(t->st->data, cs->argd[-1 - x], (size_t)shape_numel(a->ndim, a->shape) * kiln_dtype_size(a->dtype));
+      if (a->is_data) memcpy(t->st->data, cs->argd[-1 - x], t->st->bytes);
       else if (a->is_float) pw_fill(t, argf[-1 - x]);
       else *(int64_t *)t->st->data = argi[-1 - x];
       si->own[si->n_own++] = t;
@@ -1269,6 +1263,11 @@ static int const_changed(const recording *r, const variant *v) {
     for (int k = 0; k < n && k < v->rule_at[i + 1] - v->rule_at[i]; k++) {
       const slot_rule *rule = &v->rules[v->rule_at[i] + k];
       if (rule->kind != SLOT_CONST) continue;
+      /* C data's bytes, a constant of v (past the arguments a call passes) */
+      if (e->kind == EV_DATA && k == n - 1) {
+        if (memcmp(e->data, v->ev[i].data, rec_ev_bytes(e))) return i;
+        continue;
+      }
       if (sl[k].is_float ? memcmp(&sl[k].f, &rule->v.f, sizeof sl[k].f) : sl[k].i != rule->v.i) return i;
     }
   }
@@ -1591,7 +1590,7 @@ static variant *make_variant(call_state *cs) {
   memcpy(v->val, r->val, sizeof *v->val * (size_t)r->n_val);
   for (int i = 0; i < r->n_ev; i++) {
     if (v->ev[i].kind != EV_DATA) continue;
-    size_t n = ev_bytes(&v->ev[i]);
+    size_t n = rec_ev_bytes(&v->ev[i]);
     if (!(v->data[v->n_data] = alloc_malloc(n ? n : 1))) goto fail;
     memcpy(v->data[v->n_data], r->ev[i].data, n);
     v->ev[i].data = v->data[v->n_data++];
@@ -2007,6 +2006,7 @@ typedef struct snapshot {
   kiln_tensor **grad;  /* their .grad tensors (retained) */
   int n, cap;
   bool incomplete;     /* a leaf could not be added (out of memory), or the call escaped: no eager run to compare with */
+  bool ran;            /* compiled code of the call ran already (a segment before a break) */
 } snapshot;
 
 /* Adds leaf t (once) with copies of its data and .grad. 0 or -1. */
@@ -2097,8 +2097,17 @@ static _Thread_local snapshot *check_snap;
 
 static void check_params(const kiln_fn *fn, kiln_tensor *const *ps, int n) {
   if (checking != fn || !check_snap) return;
-  for (int i = 0; i < n && !check_snap->incomplete; i++)
-    if (ps[i] && snap_add(check_snap, ps[i])) check_snap->incomplete = true;
+  snapshot *s = check_snap;
+  for (int i = 0; i < n && !s->incomplete; i++) {
+    if (!ps[i]) continue;
+    /* a param new to the snapshot that shares memory with one in it (a view
+     * of a weight an earlier segment wrote) holds that segment's write by
+     * now: putting both back would leave the memory half written */
+    bool known = false, shares = false;
+    for (int k = 0; k < s->n && !known; k++) known = s->leaf[k] == ps[i], shares |= s->leaf[k]->st == ps[i]->st;
+    if (!known && ((s->ran && shares) || snap_add(s, ps[i]))) s->incomplete = true;
+  }
+  s->ran = true; /* compiled code runs next */
 }
 
 /* A call whose rest ran eagerly wrote tensors its recording never saw (an
@@ -2407,7 +2416,7 @@ int kiln_save_variant_at(kiln_fn *fn, const char *path, int variant_no, const ch
   if (v && (v->n_seg != 1 || v->n_args)) {
     err_set(file, line, "save", "%s's variant %d %s", fn->name, variant_no ? variant_no : n,
             v->n_seg != 1 ? "has graph breaks (data reads inside the body): a saved graph is one graph of the call's inputs"
-                          : "takes numbers the body passes: a saved graph is one graph of the call's inputs");
+                          : "takes numbers or C data the body passes: a saved graph is one graph of the call's inputs");
   } else if (v && shared_leaf(fn, v) >= 0) {
     int i = shared_leaf(fn, v);
     err_set(file, line, "save",
@@ -2459,7 +2468,7 @@ int kiln_export_at(kiln_fn *fn, const char *prefix, const kiln_export_options *o
   if (v && (v->n_seg != 1 || v->n_args)) {
     err_set(file, line, "export", "%s's variant %d %s", fn->name, o.variant ? o.variant : n,
             v->n_seg != 1 ? "has graph breaks (data reads inside the body): an export is one graph of the call's inputs"
-                          : "takes numbers the body passes: an export binds sizes from its inputs' shapes only");
+                          : "takes numbers or C data the body passes: an export binds sizes from its inputs' shapes only");
   } else if (v && !o.params_as_inputs && !variant_params_held(v)) {
     err_set(file, line, "export", "%s's variant %d reads a param its owner has released since (state the body replaces "
             "every call), whose values it no longer has: export with params_as_inputs", fn->name, o.variant ? o.variant : n);

@@ -663,7 +663,7 @@ void rec_factory(recording *r, kiln_tensor *t, int kind, double value, uint64_t 
   ev->a->flag = flag;
   if (ev->user) r->c_numbers = true;
   if (k == EV_DATA) {
-    size_t bytes = (size_t)shape_numel(ndim, shape) * kiln_dtype_size(dt);
+    size_t bytes = rec_ev_bytes(ev);
     struct rec_state *s = r->st;
     char *b = alloc_malloc(bytes ? bytes : 1);
     if (!b || alloc_grow((void **)&s->blocks, &s->cap_blocks, s->n_blocks + 1, sizeof *s->blocks)) {

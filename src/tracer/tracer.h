@@ -449,6 +449,12 @@ typedef struct rec_slot {
 int rec_slots(const rec_event *e, rec_slot *out, int max);
 /* Whether attributes a and b of op are the same but for its slots. */
 bool rec_same_attrs(int op, const op_attrs *a, const op_attrs *b);
+/* The bytes an EV_DATA event holds (numel of its shape times its dtype's size). */
+static inline size_t rec_ev_bytes(const rec_event *e) {
+  int64_t n = 1;
+  for (int i = 0; i < e->a->ndim; i++) n *= e->a->shape[i].c;
+  return (size_t)n * kiln_dtype_size(e->a->dtype);
+}
 /* Whether e may have slots: most ops (add, matmul, relu) carry no numbers. */
 static inline bool rec_has_slots(const rec_event *e) {
   return e->kind != EV_OP ||
