@@ -1,16 +1,17 @@
 /* Replay: a call on the recording path that follows an earlier call's log
  * instead of recording anew.
  *
- * A call that recorded a log of plain ops (no in-place writes, factories,
- * data reads, breaks, constructs or autograd), and ran one segment of a
- * cached variant, leaves a script beside that variant: its events, the
+ * A call that recorded a log of ops, values over shapes (kiln_scalar) and
+ * counts of shapes (numel_scalar) alone (no in-place writes, C data, draws,
+ * data reads, breaks, constructs or autograd history), and ran one segment
+ * of a cached variant, leaves a script beside that variant: its events, the
  * meta tensors it made, and which of its numbers the variant passes at run
  * time. A later call whose inputs have the same dtypes and shapes runs the
  * body with the replay hooks: each op is checked against the script's next
- * event (the op, the very tensors it takes, its attributes, each number
- * equal or a float argument of the variant) before its rules run, and gets
- * the script's tensor for it, so no shape rule runs, no tensor is made and
- * nothing is logged. An op's result the call hands out (an output, a view
+ * event (the op, the very tensors it takes, its line, its attributes, each
+ * number equal, or a factory's value the variant takes as an argument)
+ * before its rules run, and gets the script's tensor for it, so no shape
+ * rule runs, no tensor is made and nothing is logged. An op's result the call hands out (an output, a view
  * of an input) is made anew each call. When the body has done every event,
  * returned the script's outputs and kept none of the script's tensors, the
  * call runs the variant's segment with this call's inputs and numbers: the
