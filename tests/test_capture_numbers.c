@@ -482,6 +482,20 @@ START_TEST(test_dumps_say_it_once) {
   kiln_fn_free(f1);
   kiln_fn_free(f2);
   kiln_release(m.w);
+  /* the guards of a variant that takes C data at run time say so, not "a number" */
+  from_data d = {kiln_randn(KILN_F32, 2, ((int64_t[]){10, 4}), 3), {1, 2, 3}, {0.5, 0.25}};
+  setenv("KILN_DUMP", "guards", 1);
+  kiln_fn *f3 = kiln_compile(from_data_body, &d, &(kiln_options){.name = "data", .n_in = 1});
+  unsetenv("KILN_DUMP");
+  kiln_scope_begin();
+  kiln_tensor *x4 = kiln_randn(KILN_F32, 1, ((int64_t[]){4}), 4);
+  log = fd_catch(2, &saved);
+  for (int i = 0; i < 2; i++, d.tokens[0]++) ck_assert_int_eq(0, kiln_call(f3, &x4, &y));
+  fd_release(2, log, saved, caught, sizeof caught);
+  kiln_scope_end();
+  ck_assert_msg(strstr(caught, "a tensor made from C data is argument"), "%s", caught);
+  kiln_fn_free(f3);
+  kiln_release(d.table);
 }
 END_TEST
 

@@ -276,7 +276,8 @@ static void print_guards(FILE *f, const kiln_fn *fn, const variant *v) {
       if (r->kind == SLOT_CONST) continue;
       char b[256] = "";
       if (r->kind == SLOT_EXPR && sym_print(r->e, b, sizeof b) < 0) snprintf(b, sizeof b, "?");
-      fprintf(f, "  %s:%d: a number %s %s\n", v->ev[e].file, v->ev[e].line, r->kind == SLOT_EXPR ? "must equal" : "is argument",
+      const char *what = r->kind == SLOT_ARG && v->args[r->arg].is_data ? "a tensor made from C data" : "a number";
+      fprintf(f, "  %s:%d: %s %s %s\n", v->ev[e].file, v->ev[e].line, what, r->kind == SLOT_EXPR ? "must equal" : "is argument",
               r->kind == SLOT_EXPR ? b : (snprintf(b, sizeof b, "%d", r->arg), b));
     }
   if (v->guard_ok && !v->loaded) fprintf(f, "  autograd %s, as when traced\n", v->grad_on ? "on" : "off (inside kiln_no_grad_begin)");
