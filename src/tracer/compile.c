@@ -1747,7 +1747,10 @@ static int replay_run(call_state *cs, rp_call *rp, variant *v, kiln_tensor **out
   int n_out = fn->opts.n_out, rc = -1, np = rp_n_params(rp);
   const segment *seg = v->seg[0];
   kiln_tensor *outs_small[16], **outs = NULL;
-  if (alloc_grow((void **)&r->params, &r->cap_params, np + 1, sizeof *r->params)) goto done;
+  if (alloc_grow((void **)&r->params, &r->cap_params, np + 1, sizeof *r->params)) {
+    err_set("", 0, "call", "%s: out of memory", fn->name);
+    goto done;
+  }
   for (int i = 0; i < np; i++) r->params[i] = rp_take_param(rp, i);
   r->n_params = np;
   if (v->n_args) {
@@ -1755,7 +1758,10 @@ static int replay_run(call_state *cs, rp_call *rp, variant *v, kiln_tensor **out
     memcpy(cs->argf, rp->argf, sizeof *cs->argf * (size_t)v->n_args);
   }
   outs = seg->n_out < 16 ? memset(outs_small, 0, sizeof outs_small) : alloc_calloc((size_t)seg->n_out + 1, sizeof *outs);
-  if (!outs) goto done;
+  if (!outs) {
+    err_set("", 0, "call", "%s: out of memory", fn->name);
+    goto done;
+  }
   /* no hook may see the run (give_outputs copies through the dispatcher) */
   rp_end(rp);
   rec_end(r);
@@ -1764,7 +1770,6 @@ static int replay_run(call_state *cs, rp_call *rp, variant *v, kiln_tensor **out
   give_outputs(cs, seg, outs);
   rc = 0;
 done:
-  if (rc && !kiln_last_error()[0]) err_set("", 0, "call", "%s: out of memory", fn->name);
   rp_end(rp);
   rec_end(r);
   for (int i = 0; outs && i < seg->n_out; i++) kiln_release(outs[i]);
