@@ -462,7 +462,6 @@ done:
   if (ids != small) alloc_free(ids);
 }
 
-
 /* The whole tensor of this call that view t (value v) was made from by view
  * ops that keep every element distinct (slice, reshape, permute), or NULL. */
 static kiln_tensor *view_base(recording *r, const kiln_tensor *t, int v) {

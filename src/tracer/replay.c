@@ -60,7 +60,6 @@ struct rp_script {
   rp_val *val;
   int *kind, *index;     /* per value: its rec_vkind and index (input i, param i, or its event) */
   kiln_tensor **params;  /* not retained: checked by pointer and serial when an op takes one */
-  bool *param_used;      /* an op of the script takes it (a size read alone does not) */
   bool *param_held;      /* in a call: an op took it, and the replay holds a reference, as a
                             recording does (the body may let go of it before the call ends) */
   uint64_t origin;       /* the recording that made the script's tensors (their rec_call) */
@@ -96,7 +95,6 @@ void rp_free(rp_script *s) {
   alloc_free(s->kind);
   alloc_free(s->index);
   alloc_free(s->params);
-  alloc_free(s->param_used);
   alloc_free(s->param_held);
   alloc_free(s->out);
   alloc_free(s->in_first);
@@ -146,8 +144,9 @@ rp_script *rp_make(const recording *r, kiln_tensor *const *out, int n_out, const
   /* an op that gave autograd history: every replay would hand over there */
   if (r->n_ev == 0 || n_args > IR_MAX_SYMS || r->history) return NULL;
   kiln_tensor **made = alloc_malloc(sizeof *made * (size_t)(r->n_val + 1));
+  bool *used = alloc_calloc((size_t)r->n_params + 1, sizeof *used); /* param i is an op's input */
   rp_script *s = alloc_calloc(1, sizeof *s);
-  if (!made || !s || rec_made_tensors(r, made) || !replayable(r, made, out, n_out)) goto fail;
+  if (!made || !used || !s || rec_made_tensors(r, made) || !replayable(r, made, out, n_out)) goto fail;
   s->n_in = r->n_in, s->n_ev = r->n_ev, s->n_val = r->n_val, s->n_params = r->n_params, s->n_out = n_out;
   int n_attrs = 0;
   for (int i = 0; i < r->n_ev; i++) {
@@ -163,7 +162,6 @@ rp_script *rp_make(const recording *r, kiln_tensor *const *out, int n_out, const
   s->kind = alloc_malloc(sizeof *s->kind * (size_t)s->n_val);
   s->index = alloc_malloc(sizeof *s->index * (size_t)s->n_val);
   s->params = alloc_malloc(sizeof *s->params * (size_t)(s->n_params + 1));
-  s->param_used = alloc_calloc((size_t)s->n_params + 1, sizeof *s->param_used);
   s->param_held = alloc_calloc((size_t)s->n_params + 1, sizeof *s->param_held);
   s->out = alloc_malloc(sizeof *s->out * (size_t)(n_out + 1));
   s->in_first = alloc_malloc(sizeof *s->in_first * (size_t)(s->n_in + 1));
@@ -173,7 +171,7 @@ rp_script *rp_make(const recording *r, kiln_tensor *const *out, int n_out, const
   s->cur = alloc_malloc(sizeof *s->cur * (size_t)s->n_val);
   s->fresh = alloc_malloc(sizeof *s->fresh * (size_t)s->n_val);
   if (!s->ev || !s->ids || !s->attrs || !s->slot || !s->val || !s->kind || !s->index || !s->params || !s->out ||
-      !s->in_dt || !s->in_ndim || !s->in_shape || !s->cur || !s->fresh || !s->param_used || !s->param_held || !s->in_first)
+      !s->in_dt || !s->in_ndim || !s->in_shape || !s->cur || !s->fresh || !s->param_held || !s->in_first)
     goto fail;
   s->origin = r->id;
   memcpy(s->ids, r->ids, sizeof *s->ids * (size_t)r->n_ids);
@@ -215,7 +213,7 @@ rp_script *rp_make(const recording *r, kiln_tensor *const *out, int n_out, const
     }
     pe->fresh = out_of_call || e->kind == EV_NUMEL; /* numel_scalar makes its tensor each call */
     for (int k = 0; k < e->n_in; k++)
-      if (s->kind[r->ids[e->in + k]] == RV_PARAM) s->param_used[s->index[r->ids[e->in + k]]] = true;
+      if (s->kind[r->ids[e->in + k]] == RV_PARAM) used[s->index[r->ids[e->in + k]]] = true;
     if (!pe->fresh) s->val[e->out].t = kiln_retain(made[e->out]);
     if (!rec_has_slots(e)) continue;
     rec_slot sl[2 * MAXD + 8];
@@ -235,16 +233,18 @@ rp_script *rp_make(const recording *r, kiln_tensor *const *out, int n_out, const
   }
   /* a param the body only read a size of is checked by no op */
   for (int i = 0; i < s->n_params; i++)
-    if (!s->param_used[i]) goto fail;
+    if (!used[i]) goto fail;
   s->n_args = n_args;
   if (n_args) {
     memcpy(s->argi, argi, sizeof *argi * (size_t)n_args);
     memcpy(s->argf, argf, sizeof *argf * (size_t)n_args);
   }
   alloc_free(made);
+  alloc_free(used);
   return s;
 fail:
   alloc_free(made);
+  alloc_free(used);
   rp_free(s);
   return NULL;
 }
