@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "kiln.h"
+#include "capture_helpers.h"
 #include "stderr_catch.h"
 
 static double maxdiff(kiln_tensor *a, kiln_tensor *b) {
@@ -24,12 +25,6 @@ static double maxdiff(kiln_tensor *a, kiln_tensor *b) {
   double r = kiln_item(d);
   kiln_scope_end();
   return r;
-}
-
-static kiln_fn_stats stats(kiln_fn *fn) {
-  kiln_fn_stats st;
-  ck_assert_int_eq(0, kiln_fn_get_stats(fn, &st));
-  return st;
 }
 
 static bool has(const char *s, const char *part) { return s && strstr(s, part) != NULL; }
@@ -1483,15 +1478,13 @@ static int keep_scope_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out)
  * none), and the state it replaces every call is a new param each call, which
  * must not make every call trace again. */
 START_TEST(test_state_kept_in_context) {
-  const int backends[] = {KILN_BACKEND_INTERP, KILN_BACKEND_LLVM};
-  const int modes[] = {KILN_CAPTURE_AUTO, KILN_CAPTURE_RECORD};
   int64_t s[1] = {5};
   kiln_body bodies[] = {handover_body, keep_input_body, keep_output_body, keep_view_body, keep_input_view_body, kept_body};
   for (int b = 0; b < 12; b++)
     for (int c = 0; c < 2; c++) {
       kiln_body body = bodies[b / 2];
       kept ke = {kiln_zeros(KILN_F32, 1, s), NULL}, kc = {kiln_zeros(KILN_F32, 1, s), NULL};
-      kiln_options o = {.name = "kept", .n_in = 1, .backend = backends[b % 2], .capture = modes[c]};
+      kiln_options o = {.name = "kept", .n_in = 1, .backend = backends[b % 2], .capture = captures[c]};
       kiln_fn *fn = kiln_compile(body, &kc, &o);
       for (int i = 0; i < 5; i++) {
         kiln_scope_begin();
@@ -1544,7 +1537,6 @@ static int swapped_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
  * recording path a body that reads another weight tensor (two sets it
  * switches between) must not run the graph that froze the first. */
 START_TEST(test_frozen_param_swapped) {
-  const int backends[] = {KILN_BACKEND_INTERP, KILN_BACKEND_LLVM};
   int64_t s[1] = {3};
   for (int b = 0; b < 2; b++) {
     kiln_tensor *w[2] = {kiln_full(KILN_F32, 1, s, 2), kiln_full(KILN_F32, 1, s, 3)};
@@ -1590,13 +1582,11 @@ static int grad_handle_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out
  * the .grad the call began with, which the guard-only path would not hand
  * over. Hand-derived: loss = sum(x w^2), so each call adds 2 x w to .grad. */
 START_TEST(test_grad_handle_kept) {
-  const int backends[] = {KILN_BACKEND_INTERP, KILN_BACKEND_LLVM};
-  const int modes[] = {KILN_CAPTURE_AUTO, KILN_CAPTURE_RECORD};
   int64_t s[1] = {3};
   for (int k = 0; k < 8; k++) {
     grad_handle m = {kiln_full(KILN_F32, 1, s, 1), NULL, k / 4 == 1};
     kiln_requires_grad(m.w, true);
-    kiln_options o = {.name = "grad_handle", .n_in = 1, .backend = backends[k % 2], .capture = modes[k / 2 % 2]};
+    kiln_options o = {.name = "grad_handle", .n_in = 1, .backend = backends[k % 2], .capture = captures[k / 2 % 2]};
     kiln_fn *fn = kiln_compile(grad_handle_body, &m, &o);
     float acc = 0, prev = 0; /* .grad after each call, and before it */
     for (int i = 0; i < 4; i++) {
@@ -1694,11 +1684,9 @@ static int new_leaf_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
  * initializes) requires grad after the call too, as eagerly: training it
  * outside gives it a .grad. Outputs carry no history, but this flag is none. */
 START_TEST(test_output_leaf_requires_grad) {
-  const int backends[] = {KILN_BACKEND_INTERP, KILN_BACKEND_LLVM};
-  const int modes[] = {KILN_CAPTURE_AUTO, KILN_CAPTURE_RECORD};
   int64_t s[1] = {4};
   for (int k = 0; k < 4; k++) {
-    kiln_options o = {.name = "new_leaf", .n_in = 1, .backend = backends[k % 2], .capture = modes[k / 2]};
+    kiln_options o = {.name = "new_leaf", .n_in = 1, .backend = backends[k % 2], .capture = captures[k / 2]};
     kiln_fn *fn = kiln_compile(new_leaf_body, NULL, &o);
     for (int i = 0; i < 3; i++) {
       kiln_scope_begin();
@@ -1746,11 +1734,9 @@ static int bump_param_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out)
  * back that tensor on every path, as eagerly: a write through the output
  * reaches it, not a copy. */
 START_TEST(test_written_leaf_returned) {
-  const int backends[] = {KILN_BACKEND_INTERP, KILN_BACKEND_LLVM};
-  const int modes[] = {KILN_CAPTURE_AUTO, KILN_CAPTURE_RECORD};
   int64_t s[1] = {3};
   for (int k = 0; k < 4; k++) {
-    kiln_options o = {.name = "bump", .n_in = 1, .backend = backends[k % 2], .capture = modes[k / 2]};
+    kiln_options o = {.name = "bump", .n_in = 1, .backend = backends[k % 2], .capture = captures[k / 2]};
     bumped m = {kiln_zeros(KILN_F32, 1, s)};
     kiln_fn *fi = kiln_compile(bump_input_body, NULL, &o), *fp = kiln_compile(bump_param_body, &m, &o);
     kiln_tensor *x = kiln_zeros(KILN_F32, 1, s);
@@ -1781,7 +1767,7 @@ START_TEST(test_written_leaf_returned) {
       kiln_scope_end();
     }
     kiln_fn_free(fv);
-    if (modes[k / 2] == KILN_CAPTURE_AUTO) ck_assert_int_ge(stats(fi).guard_hits, 1);
+    if (captures[k / 2] == KILN_CAPTURE_AUTO) ck_assert_int_ge(stats(fi).guard_hits, 1);
     kiln_fn_free(fi), kiln_fn_free(fp);
     kiln_release(x), kiln_release(m.w);
   }
@@ -1805,7 +1791,6 @@ static int positions_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) 
  * call: the same values as eagerly, and one variant for every length after
  * the second, not a new graph each call. */
 START_TEST(test_arange_length_grows) {
-  const int backends[] = {KILN_BACKEND_INTERP, KILN_BACKEND_LLVM};
   for (int b = 0; b < 2; b++) {
     growing m = {1};
     kiln_options o = {.name = "positions", .n_in = 1, .backend = backends[b]};
@@ -1847,7 +1832,6 @@ static int causal_mask_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out
  * grows, and kiln_triu at an offset from C (huge ones included): eager's
  * values and gradients, and one variant for every length after the second. */
 START_TEST(test_tril_diagonal_follows_length) {
-  const int backends[] = {KILN_BACKEND_INTERP, KILN_BACKEND_LLVM};
   const int64_t ks[] = {0, 1, -2, INT64_MAX, INT64_MIN, 3, 0, -1};
   for (int b = 0; b < 2; b++) {
     masked me = {0, kiln_full(KILN_F32, 1, ((int64_t[]){1}), 2)}, mc = {0, kiln_full(KILN_F32, 1, ((int64_t[]){1}), 2)};
@@ -1887,7 +1871,6 @@ static int clip_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
 
 static void clip_calls(void *arg) {
   (void)arg;
-  const int backends[] = {KILN_BACKEND_INTERP, KILN_BACKEND_LLVM};
   for (int b = 0; b < 2; b++) {
     clipped m = {0};
     kiln_options o = {.name = "clip", .n_in = 1, .backend = backends[b]};
@@ -1961,10 +1944,8 @@ static void twice_leaves(kiln_tensor **a, kiln_tensor **b, bool distinct) {
  * tensors that view the same elements alike each get their own, eagerly
  * and compiled, in either order of calls. */
 START_TEST(test_one_tensor_twice_then_two_views) {
-  const int backends[] = {KILN_BACKEND_INTERP, KILN_BACKEND_LLVM};
-  const int modes[] = {KILN_CAPTURE_AUTO, KILN_CAPTURE_RECORD};
   for (int k = 0; k < 8; k++) {
-    kiln_options o = {.name = "twice", .n_in = 2, .backend = backends[k % 2], .capture = modes[k / 2 % 2]};
+    kiln_options o = {.name = "twice", .n_in = 2, .backend = backends[k % 2], .capture = captures[k / 2 % 2]};
     kiln_fn *fn = kiln_compile(twice_body, NULL, &o);
     for (int i = 0; i < 4; i++) {
       kiln_scope_begin();

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "kiln.h"
+#include "capture_helpers.h"
 
 /* Max |a - b| over the elements, NaN where both are NaN counting as equal;
  * INFINITY for another shape. */
@@ -35,8 +36,6 @@ static double maxdiff(kiln_tensor *a, kiln_tensor *b) {
   return r;
 }
 
-static const int backends[2] = {KILN_BACKEND_INTERP, KILN_BACKEND_LLVM};
-static const int captures[2] = {KILN_CAPTURE_AUTO, KILN_CAPTURE_RECORD};
 
 /* ---- squeeze of a symbolic dim ---- */
 

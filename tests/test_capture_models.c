@@ -30,6 +30,7 @@
 #include "../examples/llama.h"
 #include "../examples/lstm.h"
 #include "kiln.h"
+#include "capture_helpers.h"
 
 /* max |a - b|; inf for another shape, 0 for two NULLs */
 static double mdiff(kiln_tensor *a, kiln_tensor *b) {
@@ -45,12 +46,6 @@ static double mdiff(kiln_tensor *a, kiln_tensor *b) {
   kiln_no_grad_end();
   kiln_scope_end();
   return r != r ? INFINITY : r;
-}
-
-static kiln_fn_stats stats(kiln_fn *fn) {
-  kiln_fn_stats st;
-  ck_assert_int_eq(0, kiln_fn_get_stats(fn, &st));
-  return st;
 }
 
 /* idx and targets (B,T) of pseudo-random symbols below V, in the open scope */

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "kiln.h"
+#include "capture_helpers.h"
 #include "stderr_catch.h"
 
 static double maxdiff(kiln_tensor *a, kiln_tensor *b) {
@@ -23,12 +24,6 @@ static double maxdiff(kiln_tensor *a, kiln_tensor *b) {
   return r;
 }
 
-static kiln_fn_stats stats(kiln_fn *fn) {
-  kiln_fn_stats st;
-  ck_assert_int_eq(0, kiln_fn_get_stats(fn, &st));
-  return st;
-}
-
 /* What fd 1 received while f ran. */
 static char caught[65536];
 static const char *catch_stdout(void (*f)(void *), void *arg) {
@@ -39,7 +34,6 @@ static const char *catch_stdout(void (*f)(void *), void *arg) {
   return caught;
 }
 
-static const int backends[2] = {KILN_BACKEND_INTERP, KILN_BACKEND_LLVM};
 
 /* ---- a convolution's and a pool's numbers from C state ---- */
 

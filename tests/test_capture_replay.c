@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "kiln.h"
+#include "capture_helpers.h"
 
 /* Max |a - b| over the elements; INFINITY for another shape or dtype. */
 static double maxdiff(kiln_tensor *a, kiln_tensor *b) {
@@ -28,14 +29,6 @@ static double maxdiff(kiln_tensor *a, kiln_tensor *b) {
   return r;
 }
 
-static kiln_fn_stats stats(kiln_fn *fn) {
-  kiln_fn_stats st;
-  ck_assert_int_eq(0, kiln_fn_get_stats(fn, &st));
-  return st;
-}
-
-static const int backends[2] = {KILN_BACKEND_INTERP, KILN_BACKEND_LLVM};
-static const int captures[2] = {KILN_CAPTURE_AUTO, KILN_CAPTURE_RECORD};
 
 /* A model whose body reads a size (so that it records under the automatic
  * policy too) and does what the test sets before each call. */

@@ -10,9 +10,8 @@
 #include <string.h>
 
 #include "kiln.h"
+#include "capture_helpers.h"
 
-static const int backends[2] = {KILN_BACKEND_INTERP, KILN_BACKEND_LLVM};
-static const int captures[2] = {KILN_CAPTURE_AUTO, KILN_CAPTURE_RECORD};
 
 /* ---- a .grad handle borrowed before a break and written after it ---- */
 
