@@ -67,6 +67,26 @@ static bool too_many_elements(int ndim, const int64_t *shape) {
   return false;
 }
 
+kiln_tensor *view_result(op_id op, kiln_tensor *x, const op_attrs *a, bool record, bool *no_layout) {
+  /* the layout is the shape rule of a view (and gives its strides too) */
+  int ndim;
+  int64_t shape[MAXD], stride[MAXD], off;
+  int r = view_layout(op, x, a, &ndim, shape, stride, &off);
+  *no_layout = r < 0;
+  if (r < 0) return NULL;
+  if (r == 0) return tensor_view(x, ndim, shape, stride, off);
+  if (record) return tensor_new_meta(x->dtype, ndim, shape);
+  /* a reshape of a layout that cannot be viewed: copy, then view the copy */
+  kiln_tensor *c = tensor_new(x->dtype, x->ndim, x->shape), *out = NULL;
+  if (c) {
+    pw_copy(c, x);
+    contiguous_strides(ndim, shape, stride);
+    out = tensor_view(c, ndim, shape, stride, 0);
+    kiln_release(c);
+  }
+  return out;
+}
+
 /* Like op_dispatch, but the result belongs to the caller, not to a scope. */
 static kiln_tensor *dispatch_owned(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, const char *file,
                                    int line) {
@@ -113,29 +133,9 @@ static kiln_tensor *dispatch_owned(op_id op, kiln_tensor *const *in, int n, cons
     }
   if (!record && op_table[op].check && op_table[op].check(op, in, n, a, file, line)) goto fail;
   if (op_table[op].kind == KIND_VIEW) {
-    /* the layout is the shape rule of a view (and gives its strides too) */
-    int64_t stride[MAXD], off;
-    int r = view_layout(op, in[0], a, &ndim, shape, stride, &off);
-    if (r < 0) {
-      err_set(file, line, name, "no view layout");
-      goto fail;
-    }
-    if (r == 0) {
-      out = tensor_view(in[0], ndim, shape, stride, off);
-    } else if (record) {
-      out = tensor_new_meta(in[0]->dtype, ndim, shape);
-    } else {
-      /* a reshape of a layout that cannot be viewed: copy, then view the copy */
-      kiln_tensor *c = tensor_new(in[0]->dtype, in[0]->ndim, in[0]->shape);
-      if (c) {
-        pw_copy(c, in[0]);
-        contiguous_strides(ndim, shape, stride);
-        out = tensor_view(c, ndim, shape, stride, 0);
-        kiln_release(c);
-      }
-    }
-    if (!out) {
-      err_set(file, line, name, "out of memory");
+    bool no_layout = false;
+    if (!(out = view_result(op, in[0], a, record, &no_layout))) {
+      err_set(file, line, name, no_layout ? "no view layout" : "out of memory");
       goto fail;
     }
   } else {

@@ -440,6 +440,11 @@ typedef struct trace_hooks {
   kiln_tensor *(*replay)(void *ctx, op_id op, kiln_tensor *const *in, int n, const op_attrs *a, const char *file, int line);
 } trace_hooks;
 enum { FAC_FULL, FAC_DATA, FAC_RAND };
+/* The result of view op over x: a view of x's storage or, where the layout
+ * cannot be viewed (a reshape of a strided tensor), a view of a copy of x's
+ * elements, or in a recording a meta tensor. NULL: no layout (*no_layout)
+ * or out of memory. */
+kiln_tensor *view_result(op_id op, kiln_tensor *x, const op_attrs *a, bool record, bool *no_layout);
 /* NULL clears. The hooks struct must outlive its use. */
 void dispatch_set_hooks(const trace_hooks *h);
 const trace_hooks *dispatch_hooks(void);

@@ -371,13 +371,10 @@ static kiln_tensor *rp_op(void *ctx, op_id op, kiln_tensor *const *in, int n, co
   if (e->fresh) {
     const rp_val *pv = &s->val[e->out];
     if (op_table[op].kind == KIND_VIEW) {
-      /* laid out over this call's input, as the op would */
+      /* laid out over this call's input, as the op would (no layout: made is NULL, and the recording says why) */
       static const op_attrs none;
-      int ndim;
-      int64_t shape[MAXD], stride[MAXD], off;
-      int rc = view_layout(op, in[0], a ? a : &none, &ndim, shape, stride, &off);
-      if (rc < 0) goto part;
-      made = rc == 0 ? tensor_view(in[0], ndim, shape, stride, off) : tensor_new_meta(in[0]->dtype, ndim, shape);
+      bool no_layout;
+      made = view_result(op, in[0], a ? a : &none, true, &no_layout);
     } else {
       made = tensor_new_meta(pv->dt, pv->ndim, pv->shape);
     }
