@@ -1350,15 +1350,18 @@ static void compile_with_bad_env(void *arg) {
   for (int i = 0; i < 2; i++) kiln_fn_free(kiln_compile(plain_layer, NULL, &o));
 }
 
-/* Unknown KILN_DUMP names and KILN_BACKEND values are said once, with the words that exist. */
+/* Unknown KILN_DUMP names and KILN_BACKEND and KILN_REPLAY values are said once, with the words that exist. */
 START_TEST(test_unknown_variables_warn) {
   setenv("KILN_DUMP", "graph,kernals", 1);
   setenv("KILN_BACKEND", "llvn", 1);
+  setenv("KILN_REPLAY", "off", 1);
   const char *text = catch_fd(2, compile_with_bad_env, NULL);
   unsetenv("KILN_DUMP");
   unsetenv("KILN_BACKEND");
+  unsetenv("KILN_REPLAY");
   ck_assert_msg(has(text, "'kernals'") && has(text, "known: trace, graph") && has(text, "'llvn'") && has(text, "known: llvm, interp"),
                 "%s", text);
+  ck_assert_msg(has(text, "KILN_REPLAY: unknown value 'off' (known: 0, 1)"), "%s", text);
   ck_assert_msg(!has(strstr(text, "'kernals'") + 1, "'kernals'"), "said twice: %s", text);
 }
 END_TEST

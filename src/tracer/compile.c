@@ -155,7 +155,7 @@ static const struct {
                   {"asm", KILN_DUMP_ASM}, {"breaks", KILN_DUMP_BREAKS}, {"all", KILN_DUMP_ALL}};
 
 /* A variable's unknown words are said once per process, with the words it takes. */
-static atomic_int warned_dump, warned_backend, warned_capture;
+static atomic_int warned_dump, warned_backend, warned_capture, warned_replay;
 
 static unsigned parse_dump(const char *s) {
   unsigned bits = 0;
@@ -562,6 +562,8 @@ kiln_fn *kiln_compile_at(kiln_body body, void *ctx, const kiln_options *opts, co
   if (fg && *fg && strcmp(fg, "0")) fn->opts.fullgraph = 1;
   const char *rp = getenv("KILN_REPLAY");
   fn->no_replay = rp && !strcmp(rp, "0");
+  if (rp && *rp && strcmp(rp, "0") && strcmp(rp, "1") && !atomic_exchange(&warned_replay, 1))
+    fprintf(stderr, "kiln: warning: KILN_REPLAY: unknown value '%.32s' (known: 0, 1)\n", rp);
   const char *ss = getenv("KILN_SCAN_SAVE");
   if (ss && !strcmp(ss, "dots")) fn->opts.scan_save = KILN_SCAN_SAVE_DOTS;
   if (ss && !strcmp(ss, "carries")) fn->opts.scan_save = KILN_SCAN_SAVE_CARRIES;
