@@ -72,7 +72,10 @@ static kiln_tensor *inplace(op_id op, const char *name, kiln_tensor *dst, kiln_t
   }
   const trace_hooks *h = dispatch_hooks();
   if (h && h->inplace) h->inplace(h->ctx, op, dst, src, 0, file, line);
-  /* a recording writes nothing: the write is one of its events */
+  /* a recording writes nothing: the write is one of its events. The hooks
+   * are read again: a replay may have handed over to a recording, which
+   * may have escaped at this write (then it is done here, eagerly) */
+  h = dispatch_hooks();
   if (!(h && h->record)) {
     if (op == OP_COPY) pw_copy(dst, src);
     else pw_binary(op, dst, dst, src);
@@ -91,6 +94,7 @@ kiln_tensor *kiln_fill__at(kiln_tensor *dst, double v, const char *file, int lin
   if (check_dst("fill_", dst, file, line)) return NULL;
   const trace_hooks *h = dispatch_hooks();
   if (h && h->inplace) h->inplace(h->ctx, OP_COUNT, dst, NULL, v, file, line);
+  h = dispatch_hooks(); /* as in inplace() */
   if (!(h && h->record)) pw_fill(dst, v);
   atomic_fetch_add(&dst->st->version, 1);
   return dst;

@@ -488,7 +488,11 @@ static kiln_tensor *view_base(recording *r, const kiln_tensor *t, int v) {
 
 static void on_inplace(void *ctx, op_id op, kiln_tensor *dst, kiln_tensor *src, double value, const char *file,
                        int line) {
-  recording *r = ctx;
+  rec_inplace(ctx, op, dst, src, value, file, line, !in_internal());
+}
+
+void rec_inplace(recording *r, op_id op, kiln_tensor *dst, kiln_tensor *src, double value, const char *file, int line,
+                 bool user) {
   if (r->failed) return;
   /* a region's body is functional: the construct runs step by step instead
    * (the write is recorded as any, among the events that then go dead) */
@@ -528,6 +532,7 @@ static void on_inplace(void *ctx, op_id op, kiln_tensor *dst, kiln_tensor *src, 
                   "eagerly", file, line);
   int e = new_event(r, EV_INPLACE, (int)op, ids, n, file, line);
   if (e < 0) return;
+  r->ev[e].user = user;
   /* a fill's value is a number of the event; any other write's is 0 and
    * shares its attributes (a step's optimizer makes hundreds of writes) */
   if (memcmp(&value, &(double){0}, sizeof value)) {

@@ -335,6 +335,9 @@ void rec_op(recording *r, op_id op, kiln_tensor *const *in, int n, const op_attr
 void rec_size_read(recording *r, const kiln_tensor *t, int dim);
 void rec_numel(recording *r, kiln_tensor *out, const kiln_tensor *x, const int *axes, int naxes, int64_t offset,
                const char *file, int line, bool user);
+/* The in-place hook, called before dst's version is bumped (as inplace() does). */
+void rec_inplace(recording *r, op_id op, kiln_tensor *dst, kiln_tensor *src, double value, const char *file, int line,
+                 bool user);
 /* The factory hook, for a tensor t (dtype and shape) made already. */
 void rec_factory(recording *r, kiln_tensor *t, int kind, double value, uint64_t seed, bool flag, const void *data,
                  const char *file, int line, bool user);
