@@ -595,6 +595,181 @@ START_TEST(test_replay_alternating_branches) {
 }
 END_TEST
 
+/* A body that writes state in place as it goes (a cache row at a position
+ * the call passes, a counter, a moving average with a decay from C, a fill
+ * of a tensor it made with a number from C): calls replay the writes, and
+ * each change hands over after some of them were replayed, where the
+ * recording must see the writes as they came (a view made before a write
+ * and read after it runs the rest eagerly, as in a recorded call). A twin
+ * state run eagerly is compared after every call, written tensors too. */
+typedef struct {
+  kiln_tensor *w, *cache, *ema, *count;
+  double decay, fill;
+  int how;          /* 0: the script's steps; 1: read a view made before the writes; 2: one more op
+                       after them; 3: no average; 4: write the input too */
+} stateful;
+
+static int stateful_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  stateful *m = ctx;
+  int64_t n = kiln_size(in[0], 1);
+  kiln_tensor *h = kiln_tanh(kiln_matmul(in[0], kiln_transpose(m->w, 0, 1))); /* (1,6) */
+  kiln_tensor *before = kiln_reshape(m->cache, 1, ((int64_t[]){-1}));
+  if (!kiln_index_copy_(m->cache, 0, in[1], h) || !kiln_add_(m->count, kiln_scalar(KILN_F32, 1))) return -1;
+  if (m->how != 3 && (!kiln_mul_(m->ema, kiln_scalar(KILN_F32, m->decay)) ||
+                      !kiln_add_(m->ema, kiln_mul(h, kiln_scalar(KILN_F32, 1 - m->decay)))))
+    return -1;
+  kiln_tensor *t = kiln_zeros(KILN_F32, 2, ((int64_t[]){1, n}));
+  if (!kiln_fill_(t, m->fill) || !kiln_add_(t, h)) return -1;
+  if (m->how == 4 && !kiln_mul_(in[0], kiln_scalar(KILN_F32, 0.5))) return -1;
+  kiln_tensor *c = m->how == 1 ? before : kiln_reshape(m->cache, 1, ((int64_t[]){-1}));
+  out[0] = kiln_add(kiln_matmul(t, kiln_transpose(m->w, 0, 1)), kiln_mul(kiln_sum_all(c), m->ema));
+  if (m->how == 2) out[0] = kiln_relu(out[0]);
+  return out[0] ? 0 : -1;
+}
+
+static void stateful_init(stateful *m) {
+  m->w = kiln_randn(KILN_F32, 2, ((int64_t[]){6, 6}), 31);
+  m->cache = kiln_randn(KILN_F32, 2, ((int64_t[]){8, 6}), 32);
+  m->ema = kiln_randn(KILN_F32, 2, ((int64_t[]){1, 6}), 33);
+  m->count = kiln_zeros(KILN_F32, 0, NULL);
+}
+
+static void stateful_free(stateful *m) {
+  kiln_release(m->w);
+  kiln_release(m->cache);
+  kiln_release(m->ema);
+  kiln_release(m->count);
+}
+
+START_TEST(test_replay_writes_in_place) {
+  for (int b = 0; b < 2; b++)
+    for (int c = 0; c < 2; c++) {
+      stateful m, e; /* compiled, eager */
+      stateful_init(&m);
+      stateful_init(&e);
+      kiln_options o = {.name = "stateful", .n_in = 2, .backend = backends[b], .capture = captures[c]};
+      kiln_fn *fn = kiln_compile(stateful_body, &m, &o);
+      for (int i = 0; i < 26; i++) {
+        int how = i == 10 ? 1 : i == 13 ? 2 : i == 16 ? 3 : i == 19 ? 4 : 0;
+        m.how = e.how = how;
+        m.decay = e.decay = 0.9 + 0.002 * i;
+        m.fill = e.fill = 0.1 * i;
+        kiln_scope_begin();
+        float xs[6];
+        for (int k = 0; k < 6; k++) xs[k] = (float)sin(i + 0.7 * k);
+        int64_t pos = i % 8;
+        kiln_tensor *xa = kiln_tensor_from(KILN_F32, 2, ((int64_t[]){1, 6}), xs);
+        kiln_tensor *xb = kiln_tensor_from(KILN_F32, 2, ((int64_t[]){1, 6}), xs);
+        kiln_tensor *p = kiln_tensor_from(KILN_I64, 1, ((int64_t[]){1}), &pos);
+        kiln_tensor *ina[2] = {xa, p}, *inb[2] = {xb, p}, *got = NULL, *want = NULL;
+        ck_assert_msg(kiln_call(fn, ina, &got) == 0, "call %d: %s", i, kiln_last_error());
+        ck_assert_int_eq(0, stateful_body(&e, inb, &want));
+        ck_assert_msg(maxdiff(got, want) <= 1e-4, "backend %d capture %d call %d (how %d): output differs by %g", b, c, i,
+                      how, maxdiff(got, want));
+        ck_assert_msg(maxdiff(m.cache, e.cache) <= 1e-6, "call %d: the cache", i);
+        ck_assert_msg(maxdiff(m.ema, e.ema) <= 1e-6, "call %d: the average", i);
+        ck_assert_msg(maxdiff(m.count, e.count) == 0, "call %d: the counter", i);
+        ck_assert_msg(maxdiff(xa, xb) == 0, "call %d: the input", i);
+        kiln_scope_end();
+      }
+      kiln_fn_stats st = stats(fn);
+      ck_assert_msg(st.replays >= 10, "backend %d capture %d: %lld replays of 26 calls", b, c, (long long)st.replays);
+      kiln_fn_free(fn);
+      stateful_free(&m);
+      stateful_free(&e);
+    }
+}
+END_TEST
+
+/* Hand-overs at or after replayed writes, where the recording escapes (the
+ * rest of the body runs eagerly): the writes are all done, once each. Each
+ * body runs the script's steps for a few calls, then does what the recorded
+ * call would escape at: 0, a write through a view made before a replayed
+ * write; 1, a write into an input that is a slice of a bigger tensor; 2,
+ * inputs that share one storage, written and read; 3, a write through a
+ * view of an input written before (each call's input is a new tensor); 4,
+ * an input that is a view of the param, written, then the param read. */
+typedef struct {
+  kiln_tensor *p;
+  int kind;
+  bool odd; /* the call that parts from the script */
+} parting;
+
+static int parting_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  parting *m = ctx;
+  (void)kiln_size(in[0], 1);
+  kiln_tensor *one = kiln_scalar(KILN_F32, 1), *two = kiln_scalar(KILN_F32, 2);
+  switch (m->kind) {
+  case 0: {
+    kiln_tensor *v = kiln_reshape(m->p, 1, ((int64_t[]){-1}));
+    if (!kiln_add_(m->p, one) || (m->odd && !kiln_add_(v, one))) return -1;
+    out[0] = kiln_mul(m->p, in[0]);
+    break;
+  }
+  case 1:
+  case 2:
+    if (!kiln_add_(in[0], in[1])) return -1;
+    out[0] = kiln_mul(in[1], two);
+    if (m->kind == 2 && !kiln_add_(in[0], one)) return -1;
+    if (m->kind == 1 && m->odd) out[0] = kiln_relu(out[0]);
+    break;
+  case 4:
+    if (!kiln_add_(in[0], one)) return -1;
+    out[0] = kiln_mul(m->p, two);
+    break;
+  default: {
+    if (!kiln_add_(in[0], one)) return -1;
+    kiln_tensor *u = kiln_reshape(in[0], 1, ((int64_t[]){-1}));
+    if (m->odd && !kiln_fill_(u, 0.0)) return -1;
+    out[0] = kiln_mul(u, two);
+  }
+  }
+  return out[0] ? 0 : -1;
+}
+
+/* Inputs for call i: kind 1's odd call passes a row of a (2,6) tensor,
+ * kind 2's passes two tensors over one storage, kind 4's a view of the param. */
+static void parting_inputs(int kind, bool odd, int i, kiln_tensor **in, kiln_tensor **keep, kiln_tensor *p) {
+  float a[12], b[6];
+  for (int k = 0; k < 12; k++) a[k] = (float)cos(i + 0.3 * k);
+  for (int k = 0; k < 6; k++) b[k] = (float)sin(i - 0.5 * k);
+  keep[0] = kiln_tensor_from(KILN_F32, 2, ((int64_t[]){odd && kind == 1 ? 2 : 1, 6}), a);
+  in[0] = odd && kind == 1 ? kiln_slice(keep[0], 0, 0, 1, 1) : odd && kind == 4 ? kiln_reshape(p, 2, ((int64_t[]){1, 6})) : keep[0];
+  in[1] = odd && kind == 2 ? kiln_reshape(keep[0], 2, ((int64_t[]){1, 6})) : kiln_tensor_from(KILN_F32, 2, ((int64_t[]){1, 6}), b);
+}
+
+START_TEST(test_replay_hand_over_at_writes) {
+  for (int kind = 0; kind < 5; kind++)
+    for (int b = 0; b < 2; b++)
+      for (int c = 0; c < 2; c++) {
+        parting m = {kiln_randn(KILN_F32, 2, ((int64_t[]){1, 6}), 41), kind, false};
+        parting e = {kiln_randn(KILN_F32, 2, ((int64_t[]){1, 6}), 41), kind, false};
+        kiln_options o = {.name = "parting", .n_in = 2, .backend = backends[b], .capture = captures[c]};
+        kiln_fn *fn = kiln_compile(parting_body, &m, &o);
+        for (int i = 0; i < 8; i++) {
+          m.odd = e.odd = i == 5;
+          kiln_scope_begin();
+          kiln_tensor *ina[2], *inb[2], *ka, *kb, *got = NULL, *want = NULL;
+          parting_inputs(kind, m.odd, i, ina, &ka, m.p);
+          parting_inputs(kind, m.odd, i, inb, &kb, e.p);
+          ck_assert_msg(kiln_call(fn, ina, &got) == 0, "kind %d call %d: %s", kind, i, kiln_last_error());
+          ck_assert_int_eq(0, parting_body(&e, inb, &want));
+          ck_assert_msg(maxdiff(got, want) <= 1e-5, "kind %d backend %d capture %d call %d: output differs by %g", kind, b, c,
+                        i, maxdiff(got, want));
+          ck_assert_msg(maxdiff(m.p, e.p) <= 1e-6, "kind %d backend %d capture %d call %d: the param differs by %g", kind, b,
+                        c, i, maxdiff(m.p, e.p));
+          ck_assert_msg(maxdiff(ka, kb) <= 1e-6 && maxdiff(ina[1], inb[1]) <= 1e-6,
+                        "kind %d backend %d capture %d call %d: an input differs", kind, b, c, i);
+          kiln_scope_end();
+        }
+        ck_assert_msg(stats(fn).replays >= 3, "kind %d: %lld replays", kind, (long long)stats(fn).replays);
+        kiln_fn_free(fn);
+        kiln_release(m.p);
+        kiln_release(e.p);
+      }
+}
+END_TEST
+
 /* Threads calling one function at once: one replays, the others record
  * (the script serves one call at a time); every result is eager's. */
 typedef struct {
@@ -655,6 +830,8 @@ Suite *capture_replay_suite(void) {
   tcase_add_test(tc, test_replay_view_of_input_read);
   tcase_add_test(tc, test_replay_hands_over_size_reads);
   tcase_add_test(tc, test_replay_alternating_branches);
+  tcase_add_test(tc, test_replay_writes_in_place);
+  tcase_add_test(tc, test_replay_hand_over_at_writes);
   tcase_add_test(tc, test_replay_threads);
   suite_add_tcase(s, tc);
   return s;

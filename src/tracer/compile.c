@@ -1686,6 +1686,13 @@ static void script_give_back(kiln_fn *fn, variant *v, rp_script *s) {
   rp_free(s);
 }
 
+/* Whether a segment writes a .grad (a replay writes data alone). */
+static bool writes_grads(const segment *seg) {
+  for (int w = 0; w < seg->n_writes; w++)
+    if (seg->writes[w].grad_set) return true;
+  return false;
+}
+
 /* At the end of a recorded call (fn->mu held): the script taken goes back,
  * and the variant whose one segment ran gets a script of this call's log
  * when it has none, or when its script did not fit the inputs of two such
@@ -1702,7 +1709,7 @@ static void script_leave(call_state *cs, variant *ran, variant *taken_from, rp_s
   if (ran && ran->script_rest > 0) {
     ran->script_rest--;
   } else if (ran && !ran->dead && !fn->no_replay && ran->n_seg == 1 && ran->seg[0]->n_out == fn->opts.n_out &&
-             !ran->seg[0]->n_writes && !r->escaped && (!ran->script || ++ran->script_misses >= 2)) {
+             !writes_grads(ran->seg[0]) && !r->escaped && (!ran->script || ++ran->script_misses >= 2)) {
     rp_script *s = rp_make(r, cs->out_t, fn->opts.n_out, ran->rules, ran->rule_at, cs->argi, cs->argf, ran->n_args);
     if (s) {
       rp_free(ran->script);

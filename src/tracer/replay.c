@@ -1,9 +1,10 @@
 /* Replay: a call on the recording path that follows an earlier call's log
  * instead of recording anew.
  *
- * A call that recorded a log of ops, values over shapes (kiln_scalar) and
- * counts of shapes (numel_scalar) alone (no in-place writes, C data, draws,
- * data reads, breaks, constructs or autograd history), and ran one segment
+ * A call that recorded a log of ops, values over shapes (kiln_scalar),
+ * counts of shapes (numel_scalar) and whole in-place writes alone (no C
+ * data, draws, data reads, breaks, constructs, autograd history or writes
+ * into views), and ran one segment
  * of a cached variant, leaves a script beside that variant: its events, the
  * meta tensors it made, and which of its numbers the variant passes at run
  * time. A later call whose inputs have the same dtypes and shapes runs the
@@ -26,7 +27,8 @@
 #include "tracer/tracer.h"
 
 typedef struct rp_event {
-  rec_ekind kind;        /* EV_OP, EV_FULL (a factory's value over a shape) or EV_NUMEL (a count of a shape) */
+  rec_ekind kind;        /* EV_OP, EV_FULL (a factory's value over a shape), EV_NUMEL (a count of a shape) or
+                            EV_INPLACE (a whole write: its value is the written tensor's, in[0]) */
   int op, n_in, in, out; /* in: its first input value in ids[]; out: its value */
   const op_attrs *a;     /* the script's copy, or rec_no_attrs */
   const char *file;
@@ -65,6 +67,8 @@ struct rp_script {
   uint64_t origin;       /* the recording that made the script's tensors (their rec_call) */
   int *out;              /* the body's outputs' values */
   int *in_first;         /* the first input that is the same tensor as input i */
+  int *in_st;            /* the first input that shares input i's storage */
+  int *param_st;         /* the first input that shares param i's storage, or -1 */
   kiln_dtype *in_dt;
   int *in_ndim;
   int64_t (*in_shape)[MAXD];
@@ -98,6 +102,8 @@ void rp_free(rp_script *s) {
   alloc_free(s->param_held);
   alloc_free(s->out);
   alloc_free(s->in_first);
+  alloc_free(s->in_st);
+  alloc_free(s->param_st);
   alloc_free(s->in_dt);
   alloc_free(s->in_ndim);
   alloc_free(s->in_shape);
@@ -119,12 +125,17 @@ static bool replayable(const recording *r, kiln_tensor *const *made, kiln_tensor
   if (r->escaped || r->seg || r->n_breaks || r->failed || r->n_in > 64) return false;
   for (int i = 0; i < r->n_ev; i++) {
     const rec_event *e = &r->ev[i];
-    if ((e->kind != EV_OP && e->kind != EV_FULL && e->kind != EV_NUMEL) || e->src >= 0 || e->out < 0) return false;
+    if ((e->kind != EV_OP && e->kind != EV_FULL && e->kind != EV_NUMEL && e->kind != EV_INPLACE) || e->src >= 0 ||
+        e->out < 0)
+      return false;
     if (e->kind == EV_OP && (op_table[e->op].attrs & AF_RNG)) return false;
+    /* a write into a view is a write of its base, found by a search the replay does not make */
+    if (e->kind == EV_INPLACE && (e->a->flag || e->n_in != (e->op == OP_COUNT ? 1 : 2))) return false;
   }
   for (int v = 0; v < r->n_val; v++) {
     const rec_value *rv = &r->val[v];
     if (rv->kind != RV_INPUT && rv->kind != RV_PARAM && rv->kind != RV_MADE) return false;
+    if (rv->kind == RV_MADE && r->ev[rv->event].kind == EV_INPLACE) continue; /* the written tensor's */
     if (rv->kind == RV_MADE && (!made[v] || made[v]->requires_grad || made[v]->grad_fn)) return false;
   }
   for (int k = 0; k < n_out; k++) {
@@ -132,11 +143,21 @@ static bool replayable(const recording *r, kiln_tensor *const *made, kiln_tensor
     int v = out[k]->rec_id;
     if (v < 0 || v >= r->n_val || r->val[v].kind != RV_MADE || made[v] != out[k]) return false;
     const rec_event *e = &r->ev[r->val[v].event];
-    if (e->kind == EV_OP && op_table[e->op].kind == KIND_VIEW) return false;
+    if ((e->kind == EV_OP && op_table[e->op].kind == KIND_VIEW) || e->kind == EV_INPLACE) return false;
     for (int j = 0; j < k; j++)
       if (out[j] == out[k]) return false;
   }
   return true;
+}
+
+/* The first of in[0..n) that shares t's storage, or -1. A recording reads a
+ * tensor sharing storage with one written before as an escape: inputs and
+ * params share as the script's call's did, or the replay hands over before
+ * any event touches them. */
+static int first_sharing(kiln_tensor *const *in, int n, const kiln_tensor *t) {
+  for (int i = 0; i < n; i++)
+    if (in[i]->st == t->st) return i;
+  return -1;
 }
 
 rp_script *rp_make(const recording *r, kiln_tensor *const *out, int n_out, const slot_rule *rules, const int *rule_at,
@@ -146,7 +167,17 @@ rp_script *rp_make(const recording *r, kiln_tensor *const *out, int n_out, const
   kiln_tensor **made = alloc_malloc(sizeof *made * (size_t)(r->n_val + 1));
   bool *used = alloc_calloc((size_t)r->n_params + 1, sizeof *used); /* param i is an op's input */
   rp_script *s = alloc_calloc(1, sizeof *s);
-  if (!made || !used || !s || rec_made_tensors(r, made) || !replayable(r, made, out, n_out)) goto fail;
+  if (!made || !used || !s || rec_made_tensors(r, made)) goto fail;
+  /* a tensor written in place is known by its last value: it is its first value's, and
+   * the values of writes have none of their own (the call's tensor is the written one) */
+  for (int i = r->n_ev - 1; i >= 0; i--) {
+    const rec_event *e = &r->ev[i];
+    if (e->kind != EV_INPLACE || e->out < 0) continue;
+    int dst = r->ids[e->in];
+    if (r->val[dst].kind == RV_MADE && !made[dst]) made[dst] = made[e->out];
+    made[e->out] = NULL;
+  }
+  if (!replayable(r, made, out, n_out)) goto fail;
   s->n_in = r->n_in, s->n_ev = r->n_ev, s->n_val = r->n_val, s->n_params = r->n_params, s->n_out = n_out;
   int n_attrs = 0;
   for (int i = 0; i < r->n_ev; i++) {
@@ -165,19 +196,23 @@ rp_script *rp_make(const recording *r, kiln_tensor *const *out, int n_out, const
   s->param_held = alloc_calloc((size_t)s->n_params + 1, sizeof *s->param_held);
   s->out = alloc_malloc(sizeof *s->out * (size_t)(n_out + 1));
   s->in_first = alloc_malloc(sizeof *s->in_first * (size_t)(s->n_in + 1));
+  s->in_st = alloc_malloc(sizeof *s->in_st * (size_t)(s->n_in + 1));
+  s->param_st = alloc_malloc(sizeof *s->param_st * (size_t)(s->n_params + 1));
   s->in_dt = alloc_malloc(sizeof *s->in_dt * (size_t)(s->n_in + 1));
   s->in_ndim = alloc_malloc(sizeof *s->in_ndim * (size_t)(s->n_in + 1));
   s->in_shape = alloc_malloc(sizeof *s->in_shape * (size_t)(s->n_in + 1));
   s->cur = alloc_malloc(sizeof *s->cur * (size_t)s->n_val);
   s->fresh = alloc_malloc(sizeof *s->fresh * (size_t)s->n_val);
   if (!s->ev || !s->ids || !s->attrs || !s->slot || !s->val || !s->kind || !s->index || !s->params || !s->out ||
-      !s->in_dt || !s->in_ndim || !s->in_shape || !s->cur || !s->fresh || !s->param_held || !s->in_first)
+      !s->in_dt || !s->in_ndim || !s->in_shape || !s->cur || !s->fresh || !s->param_held || !s->in_first || !s->in_st ||
+      !s->param_st)
     goto fail;
   s->origin = r->id;
   memcpy(s->ids, r->ids, sizeof *s->ids * (size_t)r->n_ids);
-  for (int i = 0; i < s->n_params; i++) s->params[i] = r->params[i];
+  for (int i = 0; i < s->n_params; i++) s->params[i] = r->params[i], s->param_st[i] = first_sharing(r->in, s->n_in, r->params[i]);
   for (int i = 0; i < s->n_in; i++) {
     s->in_first[i] = i;
+    s->in_st[i] = first_sharing(r->in, i + 1, r->in[i]);
     for (int j = 0; j < i && s->in_first[i] == i; j++)
       if (r->in[j] == r->in[i]) s->in_first[i] = j;
     s->in_dt[i] = r->in[i]->dtype;
@@ -209,23 +244,27 @@ rp_script *rp_make(const recording *r, kiln_tensor *const *out, int n_out, const
     for (int k = 0; k < n_out; k++) out_of_call |= s->out[k] == e->out;
     if (e->kind == EV_OP && op_table[e->op].kind == KIND_VIEW) {
       int x = r->ids[e->in];
+      /* a written tensor is the one its first value is (an input written in place is the input) */
+      while (s->kind[x] == RV_MADE && r->ev[s->index[x]].kind == EV_INPLACE) x = r->ids[r->ev[s->index[x]].in];
       out_of_call = s->kind[x] == RV_INPUT || (s->kind[x] == RV_MADE && s->ev[s->index[x]].fresh);
     }
     pe->fresh = out_of_call || e->kind == EV_NUMEL; /* numel_scalar makes its tensor each call */
+    /* a write into a tensor made anew each call (an output): that tensor is made at its own event */
+    if (e->kind == EV_INPLACE && s->kind[r->ids[e->in]] == RV_MADE && s->ev[s->index[r->ids[e->in]]].fresh) goto fail;
     for (int k = 0; k < e->n_in; k++)
       if (s->kind[r->ids[e->in + k]] == RV_PARAM) used[s->index[r->ids[e->in + k]]] = true;
-    if (!pe->fresh) s->val[e->out].t = kiln_retain(made[e->out]);
+    if (!pe->fresh && e->kind != EV_INPLACE) s->val[e->out].t = kiln_retain(made[e->out]);
     if (!rec_has_slots(e)) continue;
     rec_slot sl[2 * MAXD + 8];
     int n = rec_slots(e, sl, (int)(sizeof sl / sizeof sl[0]));
     if (n != rule_at[i + 1] - rule_at[i] || n > (int)(sizeof sl / sizeof sl[0])) goto fail;
     for (int k = 0; k < n; k++) {
       const slot_rule *rule = &rules[rule_at[i] + k];
-      /* a factory's value the variant takes as an argument may change;
+      /* a factory's or a fill's value the variant takes as an argument may change;
        * every other number is the script's: a size the variant binds (the
        * same inputs' shapes give the same), or a number that decides a
        * shape the script's tensors have, or a constant of the variant */
-      bool arg = e->kind == EV_FULL && rule->kind == SLOT_ARG && sl[k].is_float;
+      bool arg = (e->kind == EV_FULL || e->kind == EV_INPLACE) && rule->kind == SLOT_ARG && sl[k].is_float;
       s->slot[at + k] = (rp_slot){sl[k], arg ? rule->arg : -1};
     }
     pe->n_slots = n;
@@ -279,13 +318,32 @@ static void hand_over(rp_call *p) {
   rp_script *s = p->s;
   recording *r = p->r;
   dispatch_set_hooks(p->saved);
+  /* the recording sees each write as it came, before its version bump: the
+   * versions go back to the call's start and are bumped again write by write */
+  for (int i = 0; i < p->at; i++)
+    if (s->ev[i].kind == EV_INPLACE) atomic_fetch_sub(&s->cur[s->ids[s->ev[i].in]]->st->version, 1);
   kiln_tensor *small[16];
   for (int i = 0, k = 0; i <= p->at; i++) {
+    if (r->escaped) {
+      /* never expected (the checks above hand over before a step a recording
+       * would escape at), but the steps after it would be logged, not done */
+      r->failed = true;
+      snprintf(r->why, sizeof r->why, "a replayed call escaped while it handed over to the recording");
+      break;
+    }
     for (; k < s->n_reads && s->reads[k].at == i; k++) rec_size_read(r, s->reads[k].t, s->reads[k].dim);
     if (i == p->at) break;
     const rp_event *e = &s->ev[i];
     if (e->kind == EV_NUMEL) {
       rec_numel(r, s->cur[e->out], s->cur[s->ids[e->in]], e->a->axes, e->a->naxes, e->a->start.c, e->file, e->line, e->user);
+      continue;
+    }
+    if (e->kind == EV_INPLACE) {
+      kiln_tensor *dst = s->cur[s->ids[e->in]], *src = e->n_in > 1 ? s->cur[s->ids[e->in + 1]] : NULL;
+      const rp_slot *vs = &s->slot[e->slot_at];
+      rec_inplace(r, (op_id)e->op, dst, src, e->n_slots ? (vs->arg >= 0 ? p->argf[vs->arg] : vs->v.f) : 0, e->file, e->line,
+                  e->user);
+      atomic_fetch_add(&dst->st->version, 1);
       continue;
     }
     if (e->kind == EV_FULL) {
@@ -336,20 +394,41 @@ static kiln_tensor *result(rp_call *p, const rp_event *e, kiln_tensor *made) {
   return made;
 }
 
+/* Whether event e took the very tensors in[0..n) at this line; none that
+ * would give a result autograd history. */
+static bool took_same(const rp_call *p, const rp_event *e, kiln_tensor *const *in, int n, const char *file, int line) {
+  const rp_script *s = p->s;
+  if (e->n_in != n || !same_site(e, file, line)) return false;
+  bool grad = grad_mode();
+  for (int k = 0; k < n; k++) {
+    int w = s->ids[e->in + k];
+    if (in[k] != s->cur[w] || (grad && in[k]->requires_grad) || (s->val[w].serial && in[k]->serial != s->val[w].serial))
+      return false;
+  }
+  return true;
+}
+
+/* The params event e took are held for the call, as a recording holds
+ * them; false when one first taken shares storage with the inputs unlike
+ * in the script's call (held, it is alive to look at). */
+static bool take_params(rp_call *p, const rp_event *e, kiln_tensor *const *in, int n) {
+  rp_script *s = p->s;
+  for (int k = 0; k < n; k++) {
+    int w = s->ids[e->in + k];
+    if (!s->val[w].serial || s->param_held[s->index[w]]) continue;
+    s->param_held[s->index[w]] = true, kiln_retain(in[k]);
+    if (first_sharing(p->in, s->n_in, in[k]) != s->param_st[s->index[w]]) return false;
+  }
+  return true;
+}
+
 static kiln_tensor *rp_op(void *ctx, op_id op, kiln_tensor *const *in, int n, const op_attrs *a, const char *file,
                           int line) {
   rp_call *p = ctx;
   rp_script *s = p->s;
   if (p->at == s->n_ev) goto part;
   const rp_event *e = &s->ev[p->at];
-  if (e->kind != EV_OP || e->op != (int)op || e->n_in != n || !same_site(e, file, line)) goto part;
-  /* the very tensors the script's event took; none that would give the result autograd history */
-  bool grad = grad_mode();
-  for (int k = 0; k < n; k++) {
-    int w = s->ids[e->in + k];
-    if (in[k] != s->cur[w] || (grad && in[k]->requires_grad) || (s->val[w].serial && in[k]->serial != s->val[w].serial))
-      goto part;
-  }
+  if (e->kind != EV_OP || e->op != (int)op || !took_same(p, e, in, n, file, line)) goto part;
   if ((user_numbers() || !in_internal()) != e->user) goto part;
   if (op_table[op].attrs) {
     static const op_attrs none;
@@ -363,10 +442,7 @@ static kiln_tensor *rp_op(void *ctx, op_id op, kiln_tensor *const *in, int n, co
         if (!same_number(&sl[k], &s->slot[e->slot_at + k].v)) goto part;
     }
   }
-  for (int k = 0; k < n; k++) {
-    int w = s->ids[e->in + k];
-    if (s->val[w].serial && !s->param_held[s->index[w]]) s->param_held[s->index[w]] = true, kiln_retain(in[k]);
-  }
+  if (!take_params(p, e, in, n)) goto part;
   kiln_tensor *made = NULL;
   if (e->fresh) {
     const rp_val *pv = &s->val[e->out];
@@ -410,12 +486,36 @@ static void rp_size_read(void *ctx, const kiln_tensor *t, int dim) {
   s->reads[s->n_reads++] = (struct rp_read){p->at, t, dim};
 }
 
-/* Every other hook is a step the script does not have. */
+/* A whole in-place write: the same op into the same tensor from the same
+ * one, a fill with the same value (or one the variant takes as an
+ * argument). The written tensor is the write's value from here on; as the
+ * recording, it writes nothing (inplace() bumps dst's version after). */
 static void rp_inplace(void *ctx, op_id op, kiln_tensor *dst, kiln_tensor *src, double value, const char *file, int line) {
   rp_call *p = ctx;
+  rp_script *s = p->s;
+  kiln_tensor *in[2] = {dst, src};
+  int n = src ? 2 : 1;
+  if (p->at == s->n_ev) goto part;
+  const rp_event *e = &s->ev[p->at];
+  /* (a dst that does not cover its storage, an input that is a slice, is a write into a view) */
+  if (e->kind != EV_INPLACE || e->op != (int)op || !in_internal() != e->user || !took_same(p, e, in, n, file, line) ||
+      !tensor_covers_storage(dst))
+    goto part;
+  if (e->n_slots) {
+    const rp_slot *vs = &s->slot[e->slot_at];
+    if (vs->arg >= 0) p->argf[vs->arg] = value;
+    else if (memcmp(&value, &vs->v.f, sizeof value)) goto part;
+  }
+  if (!take_params(p, e, in, n)) goto part;
+  s->cur[e->out] = dst;
+  p->at++;
+  return;
+part:
   hand_over(p);
   p->saved->inplace(p->saved->ctx, op, dst, src, value, file, line);
 }
+
+/* Every other hook is a step the script does not have. */
 static void rp_read(void *ctx, const char *what, const kiln_tensor *t, const char *file, int line) {
   rp_call *p = ctx;
   hand_over(p);
@@ -490,6 +590,7 @@ void rp_begin(rp_call *p, rp_script *s, recording *r, kiln_tensor *const *in) {
   /* field by field: argf alone is 512 bytes, set below as far as used */
   p->s = s;
   p->r = r;
+  p->in = in;
   p->at = 0;
   p->on = true;
   s->n_fresh = 0;
@@ -512,6 +613,11 @@ void rp_begin(rp_call *p, rp_script *s, recording *r, kiln_tensor *const *in) {
                            .replay = rp_op};
   p->saved = dispatch_hooks();
   dispatch_set_hooks(&p->hooks);
+  for (int i = 0; i < s->n_in; i++)
+    if (first_sharing(in, i + 1, in[i]) != s->in_st[i]) {
+      hand_over(p);
+      break;
+    }
 }
 
 bool rp_finished(rp_call *p, int rc, kiln_tensor *const *out, int n_out) {

@@ -355,6 +355,7 @@ typedef struct rp_call {
   recording *r;            /* the call's recording, which takes over if the body parts from the script */
   int at;                  /* the script's events the body did so far */
   bool on;                 /* replaying still */
+  kiln_tensor *const *in;  /* the call's inputs */
   double argf[IR_MAX_SYMS];/* the variant's float arguments at this call */
   trace_hooks hooks;
   const trace_hooks *saved;/* the recording's */
