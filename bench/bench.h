@@ -116,6 +116,7 @@ int bench_overhead_count(const char *what, long calls); /* overhead.c: --count, 
 void bench_toggle_collect(void);            /* overhead.c: callgrind's collection on or off */
 int bench_gpt_count(const char *path, long steps, void (*toggle)(void)); /* gpt.c: W8 steps on one path, for --count */
 int bench_gpt_paths(void);                  /* gpt.c: W8 on both capture paths, for --overhead */
+int bench_decode_paths(void);               /* gpt.c: W9_kv decode on both capture paths, for --overhead */
 int bench_gpt_first_call(void);             /* gpt.c: GPT-2 small first call against later ones, --first-call */
 int bench_gpt(const char *only);            /* gpt.c: rows it printed */
 void bench_gpt_json(FILE *f, int threads);  /* gpt.c: those rows as JSON objects */

@@ -151,5 +151,5 @@ int bench_overhead(void) {
   kiln_fn_free(fr);
   kiln_fn_free(fg);
   w6_free(&m, x);
-  return bench_gpt_paths() ? 1 : 0;
+  return bench_gpt_paths() || bench_decode_paths() ? 1 : 0;
 }
