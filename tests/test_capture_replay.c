@@ -770,6 +770,164 @@ START_TEST(test_replay_hand_over_at_writes) {
 }
 END_TEST
 
+/* Training steps: a forward with autograd history, a backward, a momentum
+ * step in place and the .grads dropped at the end replay (the backward's
+ * ops are checked as any). Calls that part from the script in the middle
+ * of or after the backward hand over: .grads left set for the next call to
+ * accumulate into, a value read after the backward, a weight frozen for two
+ * calls, .grads dropped first and left set (torch's order). A twin run
+ * eagerly is compared after every call: the loss, every weight, buffer and
+ * .grad. */
+typedef struct {
+  kiln_tensor *p[3], *mom[3];
+  double lr, seen;
+  bool keep_grads, read, zero_first;
+} trainer;
+
+static int train_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  trainer *m = ctx;
+  (void)kiln_size(in[0], 0);
+  if (m->zero_first)
+    for (int i = 0; i < 3; i++) kiln_zero_grad(m->p[i]);
+  kiln_scope_begin();
+  kiln_tensor *h = kiln_tanh(kiln_add(kiln_matmul(in[0], kiln_transpose(m->p[0], 0, 1)), m->p[1]));
+  kiln_tensor *d = kiln_sub(kiln_matmul(h, kiln_transpose(m->p[2], 0, 1)), in[1]);
+  kiln_tensor *loss = kiln_mean_all(kiln_mul(d, d));
+  int rc = loss && kiln_backward(loss) == 0 ? 0 : -1;
+  if (!rc) kiln_keep(loss);
+  kiln_scope_end();
+  if (rc) return -1;
+  if (m->read) m->seen = kiln_item(loss);
+  kiln_no_grad_begin();
+  for (int i = 0; i < 3 && !rc; i++) {
+    kiln_tensor *g = kiln_grad(m->p[i]);
+    if (!g) continue; /* frozen */
+    if (!kiln_mul_(m->mom[i], kiln_scalar(KILN_F32, 0.9)) || !kiln_add_(m->mom[i], g) ||
+        !kiln_sub_(m->p[i], kiln_mul(m->mom[i], kiln_scalar(KILN_F32, m->lr))))
+      rc = -1;
+  }
+  kiln_no_grad_end();
+  if (!m->keep_grads)
+    for (int i = 0; i < 3; i++) kiln_zero_grad(m->p[i]);
+  out[0] = loss;
+  return rc;
+}
+
+static void trainer_init(trainer *m) {
+  memset(m, 0, sizeof *m);
+  const int64_t shapes[3][2] = {{8, 6}, {8, 1}, {3, 8}};
+  for (int i = 0; i < 3; i++) {
+    int nd = i == 1 ? 1 : 2;
+    m->p[i] = kiln_mul(kiln_randn(KILN_F32, nd, shapes[i], 70 + (uint64_t)i), kiln_scalar(KILN_F32, 0.5));
+    kiln_keep(m->p[i]);
+    kiln_requires_grad(m->p[i], true);
+    m->mom[i] = kiln_keep(kiln_zeros(KILN_F32, nd, shapes[i]));
+  }
+}
+
+static void trainer_free(trainer *m) {
+  for (int i = 0; i < 3; i++) kiln_release(m->p[i]), kiln_release(m->mom[i]);
+}
+
+START_TEST(test_replay_training_steps) {
+  for (int b = 0; b < 2; b++)
+    for (int c = 0; c < 2; c++) {
+      trainer m, e;
+      kiln_scope_begin();
+      trainer_init(&m);
+      trainer_init(&e);
+      kiln_scope_end();
+      kiln_options o = {.name = "train", .n_in = 2, .backend = backends[b], .capture = captures[c]};
+      kiln_fn *fn = kiln_compile(train_body, &m, &o);
+      for (int i = 0; i < 40; i++) {
+        /* each change a few calls apart: replays resume in between */
+        m.lr = e.lr = 0.05 + 0.002 * i;
+        m.keep_grads = e.keep_grads = i == 6 || i == 26;
+        m.read = e.read = i == 12;
+        m.zero_first = e.zero_first = i == 26 || i == 27;
+        kiln_requires_grad(m.p[2], i < 18 || i > 19);
+        kiln_requires_grad(e.p[2], i < 18 || i > 19);
+        kiln_scope_begin();
+        kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){4, 6}), 90 + (uint64_t)i);
+        kiln_tensor *t = kiln_randn(KILN_F32, 2, ((int64_t[]){4, 3}), 120 + (uint64_t)i);
+        kiln_tensor *in[2] = {x, t}, *got = NULL, *want = NULL;
+        ck_assert_msg(kiln_call(fn, in, &got) == 0, "call %d: %s", i, kiln_last_error());
+        double seen = m.seen;
+        ck_assert_int_eq(0, train_body(&e, in, &want));
+        ck_assert_msg(maxdiff(got, want) <= 1e-5, "backend %d capture %d call %d: loss differs by %g", b, c, i,
+                      maxdiff(got, want));
+        if (m.read) ck_assert_msg(fabs(seen - e.seen) <= 1e-5, "call %d: the loss read", i);
+        for (int k = 0; k < 3; k++) {
+          ck_assert_msg(maxdiff(m.p[k], e.p[k]) <= 1e-5, "backend %d capture %d call %d: weight %d differs by %g", b, c, i,
+                        k, maxdiff(m.p[k], e.p[k]));
+          ck_assert_msg(maxdiff(m.mom[k], e.mom[k]) <= 1e-5, "call %d: buffer %d", i, k);
+          kiln_tensor *gm = kiln_grad(m.p[k]), *ge = kiln_grad(e.p[k]);
+          ck_assert_msg(!gm == !ge, "backend %d capture %d call %d: .grad %d is %s, eagerly %s", b, c, i, k,
+                        gm ? "set" : "NULL", ge ? "set" : "NULL");
+          if (gm) ck_assert_msg(maxdiff(gm, ge) <= 1e-5, "call %d: .grad %d differs by %g", i, k, maxdiff(gm, ge));
+        }
+        kiln_scope_end();
+      }
+      kiln_fn_stats st = stats(fn);
+      ck_assert_msg(st.replays >= 20, "backend %d capture %d: %lld replays of 40 steps", b, c, (long long)st.replays);
+      kiln_fn_free(fn);
+      trainer_free(&m);
+      trainer_free(&e);
+    }
+}
+END_TEST
+
+/* A body that keeps a param's .grad when there is one: the first call
+ * finds none; later the caller sets one, then replaces it. Each call must
+ * keep the .grad of its own time (eagerly the body runs every call), so
+ * the hand-over in the second call must count the .grad's references as a
+ * recording from the start would (a reference the replay held made the
+ * kept one look like the param's own, and a variant skipped the body). */
+typedef struct {
+  kiln_tensor *p, *keep;
+} keeper;
+
+static int keeper_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  keeper *m = ctx;
+  kiln_tensor *y = kiln_mul(in[0], m->p);
+  kiln_tensor *g = kiln_grad(m->p);
+  if (g) {
+    kiln_release(m->keep);
+    m->keep = kiln_retain(g);
+    y = kiln_neg(y);
+  }
+  out[0] = y;
+  return out[0] ? 0 : -1;
+}
+
+START_TEST(test_replay_grad_kept_by_the_body) {
+  for (int b = 0; b < 2; b++) {
+    keeper m = {kiln_randn(KILN_F32, 1, ((int64_t[]){3}), 81), NULL};
+    kiln_requires_grad(m.p, true);
+    kiln_options o = {.name = "keeper", .n_in = 1, .backend = backends[b]};
+    kiln_fn *fn = kiln_compile(keeper_body, &m, &o);
+    for (int i = 0; i < 8; i++) {
+      kiln_scope_begin();
+      if (i >= 1) {
+        /* a new .grad before each call from the second on */
+        kiln_zero_grad(m.p);
+        ck_assert_int_eq(0, kiln_backward(kiln_sum_all(kiln_mul(m.p, kiln_scalar(KILN_F32, (double)i)))));
+      }
+      kiln_tensor *x = kiln_randn(KILN_F32, 1, ((int64_t[]){3}), 82 + (uint64_t)i), *y = NULL;
+      ck_assert_msg(kiln_call(fn, &x, &y) == 0, "call %d: %s", i, kiln_last_error());
+      kiln_tensor *want = kiln_mul(x, m.p);
+      if (i >= 1) want = kiln_neg(want);
+      ck_assert_msg(maxdiff(y, want) <= 1e-6, "backend %d call %d: output differs", b, i);
+      if (i >= 1) ck_assert_msg(m.keep == kiln_grad(m.p), "backend %d call %d: the body kept an older .grad", b, i);
+      kiln_scope_end();
+    }
+    kiln_fn_free(fn);
+    kiln_release(m.keep);
+    kiln_release(m.p);
+  }
+}
+END_TEST
+
 /* Threads calling one function at once: one replays, the others record
  * (the script serves one call at a time); every result is eager's. */
 typedef struct {
@@ -832,6 +990,8 @@ Suite *capture_replay_suite(void) {
   tcase_add_test(tc, test_replay_alternating_branches);
   tcase_add_test(tc, test_replay_writes_in_place);
   tcase_add_test(tc, test_replay_hand_over_at_writes);
+  tcase_add_test(tc, test_replay_training_steps);
+  tcase_add_test(tc, test_replay_grad_kept_by_the_body);
   tcase_add_test(tc, test_replay_threads);
   suite_add_tcase(s, tc);
   return s;

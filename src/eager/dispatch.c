@@ -117,7 +117,11 @@ static kiln_tensor *dispatch_owned(op_id op, kiln_tensor *const *in, int n, cons
     }
     in = args;
   }
-  if (hooks && hooks->replay && (out = hooks->replay(hooks->ctx, op, in, n, a, file, line))) goto done;
+  if (hooks && hooks->replay && (out = hooks->replay(hooks->ctx, op, in, n, a, file, line))) {
+    /* a replayed op's result gets history as a recorded one's would */
+    if (ag_record(op, in, n, a, out, file, line)) goto fail;
+    goto done;
+  }
 
   kiln_dtype dt;
   int ndim;

@@ -259,6 +259,11 @@ static int add_leaf(recording *r, kiln_tensor *t, int value) {
   return 0;
 }
 
+void rec_set_grad0_refs(recording *r, const kiln_tensor *t, uint32_t refs) {
+  for (int i = 0; i < r->st->n_leaf; i++)
+    if (r->st->leaf[i].t == t && r->st->leaf[i].grad0) r->st->leaf[i].grad0_refs = refs;
+}
+
 static leaf_state *leaf_of(recording *r, int value) {
   for (int i = 0; i < r->st->n_leaf; i++)
     if (r->st->leaf[i].value == value) return &r->st->leaf[i];
@@ -431,7 +436,6 @@ static void on_op(void *ctx, op_id op, kiln_tensor *const *in, int n, const op_a
 void rec_op(recording *r, op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out, const char *file,
             int line, bool user) {
   if (r->failed) return;
-  r->history |= out->grad_fn != NULL;
   int small[16], *ids = n <= 16 ? small : alloc_malloc(sizeof(int) * (size_t)n);
   if (!ids) return fail(r, "out of memory while recording");
   if (values_of(r, in, n, ids) == 0) {
@@ -592,8 +596,16 @@ static void on_shape_src(void *ctx, uint64_t serial, uint64_t call, int id) {
   recording *r = ctx;
   r->shape_src = -1;
   if (!serial || r->failed) return;
-  if (call == r->id && id >= 0 && id < r->n_val && r->val[id].seg == r->seg) r->shape_src = id;
-  else r->shape_src = map_get(&r->st->leaves, serial);
+  bool ours = id >= 0 && id < r->n_val && r->val[id].seg == r->seg;
+  if (call == r->id && ours) {
+    r->shape_src = id;
+  } else if (r->alias_id && call == r->alias_id && ours) {
+    /* a replay's tag, where it names the tensor it was given for */
+    const kiln_tensor *t = rec_tensor_of(r, id);
+    r->shape_src = t && t->serial == serial ? id : map_get(&r->st->leaves, serial);
+  } else {
+    r->shape_src = map_get(&r->st->leaves, serial);
+  }
 }
 
 static void on_zero_grad(void *ctx, kiln_tensor *t) {
@@ -1166,6 +1178,7 @@ static _Thread_local struct { int ev, ids, val, made; } last_size;
 int rec_begin(recording *r, kiln_tensor *const *in, int n_in, rec_run_fn run, void *run_ctx, struct rec_state *spare) {
   memset(r, 0, sizeof *r);
   r->id = atomic_fetch_add(&next_id, 1);
+  r->alias_id = 0;
   r->shape_src = -1;
   r->in = in;
   r->n_in = n_in;

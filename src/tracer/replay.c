@@ -35,6 +35,7 @@ typedef struct rp_event {
   int line;
   bool user;             /* its numbers came from user code */
   bool fresh;            /* its result is made anew each call */
+  int src;               /* a shape given by an autograd formula: the value it is of (the recording's e->src), or -1 */
   int slot_at, n_slots;  /* its numbers in slot[] */
 } rp_event;
 
@@ -80,12 +81,22 @@ struct rp_script {
   kiln_tensor **cur;     /* per value: the tensor that is it in the call */
   kiln_tensor **fresh;   /* made in the call, a reference each of ours */
   int n_fresh;
-  struct rp_read {
+  /* the hook calls that are no events, in order, for a hand-over: size
+   * reads, shape sources (an autograd formula's input) and .grad
+   * registrations (kiln_zero_grad, kiln_grad) before event `at` */
+  struct rp_note {
+    enum { NOTE_SIZE, NOTE_SHAPE_SRC, NOTE_GRAD } kind;
     int at;
     const kiln_tensor *t;
     int dim;
+    uint64_t serial, call; /* NOTE_SHAPE_SRC as the formula gave it (dim: its id) */
   } *reads;
   int n_reads, cap_reads;
+  int *leafish;          /* the values that are inputs, params or writes, where a shape source's serial is looked up */
+  int n_leafish;
+  kiln_tensor **grad0;   /* per param taken: its .grad then (retained), which a hand-over shows the recording */
+  uint32_t *grad0_refs;  /* and that .grad's references then, with the one a recording would take */
+  kiln_tensor **stash;   /* a hand-over's scratch: the .grads meanwhile */
 };
 
 void rp_free(rp_script *s) {
@@ -110,6 +121,10 @@ void rp_free(rp_script *s) {
   alloc_free(s->cur);
   alloc_free(s->fresh);
   alloc_free(s->reads);
+  alloc_free(s->leafish);
+  alloc_free(s->grad0);
+  alloc_free(s->grad0_refs);
+  alloc_free(s->stash);
   alloc_free(s);
 }
 
@@ -125,8 +140,7 @@ static bool replayable(const recording *r, kiln_tensor *const *made, kiln_tensor
   if (r->escaped || r->seg || r->n_breaks || r->failed || r->n_in > 64) return false;
   for (int i = 0; i < r->n_ev; i++) {
     const rec_event *e = &r->ev[i];
-    if ((e->kind != EV_OP && e->kind != EV_FULL && e->kind != EV_NUMEL && e->kind != EV_INPLACE) || e->src >= 0 ||
-        e->out < 0)
+    if ((e->kind != EV_OP && e->kind != EV_FULL && e->kind != EV_NUMEL && e->kind != EV_INPLACE) || e->out < 0)
       return false;
     if (e->kind == EV_OP && (op_table[e->op].attrs & AF_RNG)) return false;
     /* a write into a view is a write of its base, found by a search the replay does not make */
@@ -162,8 +176,7 @@ static int first_sharing(kiln_tensor *const *in, int n, const kiln_tensor *t) {
 
 rp_script *rp_make(const recording *r, kiln_tensor *const *out, int n_out, const slot_rule *rules, const int *rule_at,
                    const int64_t *argi, const double *argf, int n_args) {
-  /* an op that gave autograd history: every replay would hand over there */
-  if (r->n_ev == 0 || n_args > IR_MAX_SYMS || r->history) return NULL;
+  if (r->n_ev == 0 || n_args > IR_MAX_SYMS) return NULL;
   kiln_tensor **made = alloc_malloc(sizeof *made * (size_t)(r->n_val + 1));
   bool *used = alloc_calloc((size_t)r->n_params + 1, sizeof *used); /* param i is an op's input */
   rp_script *s = alloc_calloc(1, sizeof *s);
@@ -202,10 +215,14 @@ rp_script *rp_make(const recording *r, kiln_tensor *const *out, int n_out, const
   s->in_ndim = alloc_malloc(sizeof *s->in_ndim * (size_t)(s->n_in + 1));
   s->in_shape = alloc_malloc(sizeof *s->in_shape * (size_t)(s->n_in + 1));
   s->cur = alloc_malloc(sizeof *s->cur * (size_t)s->n_val);
+  s->leafish = alloc_malloc(sizeof *s->leafish * (size_t)(s->n_val + 1));
+  s->grad0 = alloc_calloc((size_t)s->n_params + 1, sizeof *s->grad0);
+  s->grad0_refs = alloc_malloc(sizeof *s->grad0_refs * (size_t)(s->n_params + 1));
+  s->stash = alloc_malloc(sizeof *s->stash * (size_t)(s->n_params + 1));
   s->fresh = alloc_malloc(sizeof *s->fresh * (size_t)s->n_val);
   if (!s->ev || !s->ids || !s->attrs || !s->slot || !s->val || !s->kind || !s->index || !s->params || !s->out ||
       !s->in_dt || !s->in_ndim || !s->in_shape || !s->cur || !s->fresh || !s->param_held || !s->in_first || !s->in_st ||
-      !s->param_st)
+      !s->param_st || !s->leafish || !s->grad0 || !s->stash || !s->grad0_refs)
     goto fail;
   s->origin = r->id;
   memcpy(s->ids, r->ids, sizeof *s->ids * (size_t)r->n_ids);
@@ -225,6 +242,7 @@ rp_script *rp_make(const recording *r, kiln_tensor *const *out, int n_out, const
     s->kind[v] = rv->kind;
     s->index[v] = rv->kind == RV_MADE ? rv->event : rv->index;
     rp_val *pv = &s->val[v];
+    if (rv->kind != RV_MADE || r->ev[rv->event].kind == EV_INPLACE) s->leafish[s->n_leafish++] = v;
     pv->dt = rv->dtype;
     pv->ndim = rv->ndim;
     memcpy(pv->shape, rv->shape, sizeof(int64_t) * (size_t)rv->ndim);
@@ -234,7 +252,7 @@ rp_script *rp_make(const recording *r, kiln_tensor *const *out, int n_out, const
     const rec_event *e = &r->ev[i];
     rp_event *pe = &s->ev[i];
     *pe = (rp_event){.kind = e->kind, .op = e->op, .n_in = e->n_in, .in = e->in, .out = e->out, .a = &rec_no_attrs, .file = e->file,
-                     .line = e->line, .user = e->user, .slot_at = at};
+                     .line = e->line, .user = e->user, .slot_at = at, .src = e->src};
     if (e->a != &rec_no_attrs) {
       s->attrs[na] = *e->a;
       pe->a = &s->attrs[na++];
@@ -306,8 +324,17 @@ bool rp_fits(const rp_script *s, kiln_tensor *const *in, int n_in) {
 /* ---- a replayed call ---- */
 
 static void let_go_of_params(rp_script *s) {
-  for (int i = 0; i < s->n_params; i++)
+  for (int i = 0; i < s->n_params; i++) {
     if (s->param_held[i]) kiln_release(s->params[i]), s->param_held[i] = false;
+    kiln_release(s->grad0[i]), s->grad0[i] = NULL;
+  }
+}
+
+/* The tensor of value id in the script, when that is what a tag (call, id)
+ * and serial name; else NULL. */
+static kiln_tensor *tagged(const rp_script *s, uint64_t serial, uint64_t call, int id) {
+  if (call != s->origin || id < 0 || id >= s->n_val || !s->cur[id] || s->cur[id]->serial != serial) return NULL;
+  return s->cur[id];
 }
 
 /* The recording takes over: it gets the hook calls of the body so far, with
@@ -318,10 +345,28 @@ static void hand_over(rp_call *p) {
   rp_script *s = p->s;
   recording *r = p->r;
   dispatch_set_hooks(p->saved);
+  /* the nodes autograd made in the replay name the script's tensors by its tags */
+  r->alias_id = s->origin;
   /* the recording sees each write as it came, before its version bump: the
    * versions go back to the call's start and are bumped again write by write */
   for (int i = 0; i < p->at; i++)
     if (s->ev[i].kind == EV_INPLACE) atomic_fetch_sub(&s->cur[s->ids[s->ev[i].in]]->st->version, 1);
+  /* and each param's .grad is the one it had when an event first took it
+   * (a backward or a zero_grad since changed it), the leaf's .grad at the
+   * call's start as the recording takes it; the .grads go back after */
+  for (int j = 0; j < s->n_params; j++) {
+    s->stash[j] = NULL;
+    if (!s->param_held[j]) continue;
+    if (s->params[j]->grad == s->grad0[j]) {
+      /* unchanged: the param's own reference is the one the recording counts */
+      kiln_release(s->grad0[j]), s->grad0[j] = NULL;
+      continue;
+    }
+    s->stash[j] = s->params[j]->grad;
+    s->params[j]->grad = s->grad0[j]; /* our reference, as the param's was */
+    s->grad0[j] = NULL;
+    if (!s->stash[j]) s->stash[j] = s->params[j]; /* (a dropped .grad: marked by the param itself) */
+  }
   kiln_tensor *small[16];
   for (int i = 0, k = 0; i <= p->at; i++) {
     if (r->escaped) {
@@ -331,7 +376,18 @@ static void hand_over(rp_call *p) {
       snprintf(r->why, sizeof r->why, "a replayed call escaped while it handed over to the recording");
       break;
     }
-    for (; k < s->n_reads && s->reads[k].at == i; k++) rec_size_read(r, s->reads[k].t, s->reads[k].dim);
+    for (; k < s->n_reads && s->reads[k].at == i; k++) {
+      const struct rp_note *nt = &s->reads[k];
+      if (nt->kind == NOTE_SIZE) {
+        rec_size_read(r, nt->t, nt->dim);
+      } else if (nt->kind == NOTE_GRAD) {
+        p->saved->zero_grad(p->saved->ctx, (kiln_tensor *)nt->t);
+      } else {
+        /* a tensor of the script is the recording's now, by its tag */
+        const kiln_tensor *t = tagged(s, nt->serial, nt->call, nt->dim);
+        p->saved->shape_src(p->saved->ctx, nt->serial, t ? t->rec_call : nt->call, t ? t->rec_id : nt->dim);
+      }
+    }
     if (i == p->at) break;
     const rp_event *e = &s->ev[i];
     if (e->kind == EV_NUMEL) {
@@ -362,6 +418,13 @@ static void hand_over(rp_call *p) {
     for (int j = 0; j < e->n_in; j++) in[j] = s->cur[s->ids[e->in + j]];
     rec_op(r, (op_id)e->op, in, e->n_in, e->a, s->cur[e->out], e->file, e->line, e->user);
     if (in != small) alloc_free(in);
+  }
+  for (int j = 0; j < s->n_params; j++)
+    if (s->param_held[j]) rec_set_grad0_refs(r, s->params[j], s->grad0_refs[j]);
+  for (int j = 0; j < s->n_params; j++) {
+    if (!s->stash[j]) continue;
+    kiln_release(s->params[j]->grad);
+    s->params[j]->grad = s->stash[j] == s->params[j] ? NULL : s->stash[j];
   }
   /* what the body holds and the recording adopted stays; the rest goes */
   for (int v = 0; v < s->n_val; v++) kiln_release(s->val[v].t), s->val[v].t = NULL;
@@ -394,15 +457,33 @@ static kiln_tensor *result(rp_call *p, const rp_event *e, kiln_tensor *made) {
   return made;
 }
 
-/* Whether event e took the very tensors in[0..n) at this line; none that
- * would give a result autograd history. */
-static bool took_same(const rp_call *p, const rp_event *e, kiln_tensor *const *in, int n, const char *file, int line) {
+static bool same_layout(const kiln_tensor *a, const kiln_tensor *b) {
+  return a->st == b->st && a->dtype == b->dtype && a->ndim == b->ndim && a->offset == b->offset &&
+         !memcmp(a->shape, b->shape, sizeof(int64_t) * (size_t)a->ndim) &&
+         !memcmp(a->stride, b->stride, sizeof(int64_t) * (size_t)a->ndim);
+}
+
+/* Whether event e took the very tensors in[0..n) at this line, or (alias)
+ * a tensor autograd made of one to save it: a tensor of its own over the
+ * same storage and layout, made in this call, which the recording finds
+ * by its layout. (A result may get autograd history: the dispatcher
+ * records it on the script's tensor, and the call drops it at its end,
+ * rp_nothing_kept.) */
+static bool took_same(const rp_call *p, const rp_event *e, kiln_tensor *const *in, int n, const char *file, int line,
+                      bool alias) {
   const rp_script *s = p->s;
   if (e->n_in != n || !same_site(e, file, line)) return false;
-  bool grad = grad_mode();
   for (int k = 0; k < n; k++) {
     int w = s->ids[e->in + k];
-    if (in[k] != s->cur[w] || (grad && in[k]->requires_grad) || (s->val[w].serial && in[k]->serial != s->val[w].serial))
+    const kiln_tensor *c = s->cur[w];
+    if (in[k] == c) {
+      if (s->val[w].serial && in[k]->serial != s->val[w].serial) return false;
+      continue;
+    }
+    /* (a param an event took is alive to look at; one none took yet may be gone) */
+    bool alive = c && (s->kind[w] != RV_PARAM || s->param_held[s->index[w]]);
+    /* (autograd's aliases carry no tag; a view an event made here carries the script's) */
+    if (!alias || !alive || in[k]->serial < p->serial0 || in[k]->rec_call == s->origin || !same_layout(in[k], c))
       return false;
   }
   return true;
@@ -417,6 +498,8 @@ static bool take_params(rp_call *p, const rp_event *e, kiln_tensor *const *in, i
     int w = s->ids[e->in + k];
     if (!s->val[w].serial || s->param_held[s->index[w]]) continue;
     s->param_held[s->index[w]] = true, kiln_retain(in[k]);
+    s->grad0_refs[s->index[w]] = in[k]->grad ? tensor_refs(in[k]->grad) + 1 : 0;
+    s->grad0[s->index[w]] = kiln_retain(in[k]->grad);
     if (first_sharing(p->in, s->n_in, in[k]) != s->param_st[s->index[w]]) return false;
   }
   return true;
@@ -428,7 +511,9 @@ static kiln_tensor *rp_op(void *ctx, op_id op, kiln_tensor *const *in, int n, co
   rp_script *s = p->s;
   if (p->at == s->n_ev) goto part;
   const rp_event *e = &s->ev[p->at];
-  if (e->kind != EV_OP || e->op != (int)op || !took_same(p, e, in, n, file, line)) goto part;
+  if (e->kind != EV_OP || e->op != (int)op || !took_same(p, e, in, n, file, line, true)) goto part;
+  /* a shape an autograd formula gave is of the same value (the recording's e->src) */
+  if ((op_table[op].attrs & AF_SHAPE) && e->src != p->src) goto part;
   if ((user_numbers() || !in_internal()) != e->user) goto part;
   if (op_table[op].attrs) {
     static const op_attrs none;
@@ -464,15 +549,23 @@ part:
   return NULL;
 }
 
+/* Whether t is a param an event took (the replay holds it). */
+static bool taken(const rp_script *s, const kiln_tensor *t) {
+  for (int j = 0; j < s->n_params; j++)
+    if (s->param_held[j] && s->params[j] == t) return true;
+  return false;
+}
+
 /* Whether the recording can be handed t later: the script or the call
- * holds it. A param's size read hands over at once: the body may let go of
- * a tensor it replaces (a state) before the replay would hand it over. */
+ * holds it (a param an event took). A size read of a param no event took
+ * hands over at once: the body may let go of a tensor it replaces (a
+ * state) before the replay would hand it over. */
 static bool held(const rp_call *p, const kiln_tensor *t) {
   const rp_script *s = p->s;
   if (t->rec_call == s->origin && t->rec_id >= 0 && t->rec_id < s->n_val && s->cur[t->rec_id] == t) return true;
   for (int i = 0; i < s->n_in; i++)
     if (s->cur[i] == t) return true;
-  return false;
+  return taken(s, t);
 }
 
 static void rp_size_read(void *ctx, const kiln_tensor *t, int dim) {
@@ -483,7 +576,7 @@ static void rp_size_read(void *ctx, const kiln_tensor *t, int dim) {
     rec_size_read(p->r, t, dim);
     return;
   }
-  s->reads[s->n_reads++] = (struct rp_read){p->at, t, dim};
+  s->reads[s->n_reads++] = (struct rp_note){.kind = NOTE_SIZE, .at = p->at, .t = t, .dim = dim};
 }
 
 /* A whole in-place write: the same op into the same tensor from the same
@@ -498,7 +591,7 @@ static void rp_inplace(void *ctx, op_id op, kiln_tensor *dst, kiln_tensor *src, 
   if (p->at == s->n_ev) goto part;
   const rp_event *e = &s->ev[p->at];
   /* (a dst that does not cover its storage, an input that is a slice, is a write into a view) */
-  if (e->kind != EV_INPLACE || e->op != (int)op || !in_internal() != e->user || !took_same(p, e, in, n, file, line) ||
+  if (e->kind != EV_INPLACE || e->op != (int)op || !in_internal() != e->user || !took_same(p, e, in, n, file, line, false) ||
       !tensor_covers_storage(dst))
     goto part;
   if (e->n_slots) {
@@ -521,10 +614,18 @@ static void rp_read(void *ctx, const char *what, const kiln_tensor *t, const cha
   hand_over(p);
   p->saved->read(p->saved->ctx, what, t, file, line);
 }
+/* A .grad's registration (kiln_zero_grad, kiln_grad): noted, for a param
+ * an event took (its .grad then is known); the .grad itself changes as
+ * eagerly, and the end of the call checks what is left in it. */
 static void rp_zero_grad(void *ctx, kiln_tensor *t) {
   rp_call *p = ctx;
-  hand_over(p);
-  p->saved->zero_grad(p->saved->ctx, t);
+  rp_script *s = p->s;
+  if (!taken(s, t) || alloc_grow((void **)&s->reads, &s->cap_reads, s->n_reads + 1, sizeof *s->reads)) {
+    hand_over(p);
+    p->saved->zero_grad(p->saved->ctx, t);
+    return;
+  }
+  s->reads[s->n_reads++] = (struct rp_note){.kind = NOTE_GRAD, .at = p->at, .t = t};
 }
 /* A value over a shape (kiln_scalar, kiln_zeros): its dtype, shape and value
  * the script's, or the value one the variant takes as an argument. */
@@ -535,7 +636,7 @@ static kiln_tensor *rp_factory(void *ctx, int kind, kiln_dtype dt, int ndim, con
   if (kind != FAC_FULL || flag || p->at == s->n_ev) goto part;
   const rp_event *e = &s->ev[p->at];
   if (e->kind != EV_FULL || e->a->dtype != dt || e->a->ndim != ndim || e->n_slots != ndim + 1 || !in_internal() != e->user ||
-      !same_site(e, file, line))
+      !same_site(e, file, line) || e->src != p->src)
     goto part;
   for (int i = 0; i < ndim; i++)
     if (shape[i] != s->slot[e->slot_at + i].v.i) goto part;
@@ -568,10 +669,31 @@ part:
   hand_over(p);
   p->saved->numel(p->saved->ctx, out, x, axes, naxes, offset, file, line);
 }
+/* The tensor whose shape the next shape given is (an autograd formula's
+ * input): the value the recording would take it for (on_shape_src), a
+ * tensor of the script by its tag, a leaf by its serial at its latest
+ * value; -2 for a tag that names no tensor of this call (no event matches). */
 static void rp_shape_src(void *ctx, uint64_t serial, uint64_t rec_call, int rec_id) {
   rp_call *p = ctx;
-  hand_over(p);
-  p->saved->shape_src(p->saved->ctx, serial, rec_call, rec_id);
+  rp_script *s = p->s;
+  if (alloc_grow((void **)&s->reads, &s->cap_reads, s->n_reads + 1, sizeof *s->reads)) {
+    hand_over(p);
+    p->saved->shape_src(p->saved->ctx, serial, rec_call, rec_id);
+    return;
+  }
+  s->reads[s->n_reads++] =
+      (struct rp_note){.kind = NOTE_SHAPE_SRC, .at = p->at, .dim = rec_id, .serial = serial, .call = rec_call};
+  p->src = -1;
+  if (!serial) return;
+  if (rec_call == s->origin) {
+    p->src = tagged(s, serial, rec_call, rec_id) ? rec_id : -2;
+    return;
+  }
+  for (int i = s->n_leafish - 1; i >= 0 && p->src == -1; i--) {
+    int v = s->leafish[i];
+    const kiln_tensor *t = s->cur[v];
+    if (t && (s->kind[v] != RV_PARAM || s->param_held[s->index[v]]) && t->serial == serial) p->src = v;
+  }
 }
 static int rp_cf(void *ctx, const struct cf_call *c, kiln_tensor **results) {
   rp_call *p = ctx;
@@ -592,6 +714,8 @@ void rp_begin(rp_call *p, rp_script *s, recording *r, kiln_tensor *const *in) {
   p->r = r;
   p->in = in;
   p->at = 0;
+  p->src = -1;
+  p->serial0 = tensor_serial_now();
   p->on = true;
   s->n_fresh = 0;
   s->n_reads = 0;
@@ -629,9 +753,20 @@ bool rp_finished(rp_call *p, int rc, kiln_tensor *const *out, int n_out) {
   return ok;
 }
 
+/* The history ops gave a tensor of the call goes (as a recording's end
+ * strips its own): none is handed out or kept with it. */
+static void strip(kiln_tensor *t) {
+  if (!t || !t->grad_fn) return;
+  ag_node_release(t->grad_fn);
+  t->grad_fn = NULL;
+  t->requires_grad = false;
+}
+
 bool rp_nothing_kept(rp_call *p) {
   if (!p->on) return false;
   rp_script *s = p->s;
+  for (int v = 0; v < s->n_val; v++) strip(s->val[v].t);
+  for (int i = 0; i < s->n_fresh; i++) strip(s->fresh[i]);
   bool ok = true;
   /* the script's own tensors: held by it alone, as it made them (a body
    * that stored one, or marked it requires_grad, did what the script did not) */

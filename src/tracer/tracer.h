@@ -273,6 +273,8 @@ typedef int (*rec_run_fn)(recording *r, void *ctx, bool last);
 
 struct recording {
   uint64_t id;             /* unique for the process: tags the tensors it makes */
+  uint64_t alias_id;       /* a replay's that handed over to it: its tags name this recording's values
+                              (the same log so far, numbered alike), as autograd's saved tags do; or 0 */
   kiln_tensor *const *in;
   int n_in;
   rec_event *ev;           /* the log */
@@ -296,7 +298,6 @@ struct recording {
   bool read_meta;          /* sizes, ranks, dtypes: kiln_size and its kind */
   bool c_numbers;          /* numbers from user code: factories, sizes and values in attributes */
   bool read_data;          /* kiln_item, kiln_read, kiln_print */
-  bool history;            /* an op gave its result autograd history */
   char why[512];           /* the first thing it could not record, or the error that failed it */
   bool failed;             /* an error (out of memory): the call fails */
   bool why_is_error;       /* why is a whole error message (a segment's run failed) */
@@ -335,6 +336,10 @@ void rec_op(recording *r, op_id op, kiln_tensor *const *in, int n, const op_attr
 void rec_size_read(recording *r, const kiln_tensor *t, int dim);
 void rec_numel(recording *r, kiln_tensor *out, const kiln_tensor *x, const int *axes, int naxes, int64_t offset,
                const char *file, int line, bool user);
+/* For a hand-over: leaf t's .grad had refs references (the recording's own
+ * counted) when the body first reached t, which is when a recording takes
+ * its .grad; the body may have taken more since. */
+void rec_set_grad0_refs(recording *r, const kiln_tensor *t, uint32_t refs);
 /* The in-place hook, called before dst's version is bumped (as inplace() does). */
 void rec_inplace(recording *r, op_id op, kiln_tensor *dst, kiln_tensor *src, double value, const char *file, int line,
                  bool user);
@@ -356,6 +361,8 @@ typedef struct rp_call {
   int at;                  /* the script's events the body did so far */
   bool on;                 /* replaying still */
   kiln_tensor *const *in;  /* the call's inputs */
+  int src;                 /* the value the last shape source named (-1 none, -2 none of this call) */
+  uint64_t serial0;        /* tensors made in the call have serials from here */
   double argf[IR_MAX_SYMS];/* the variant's float arguments at this call */
   trace_hooks hooks;
   const trace_hooks *saved;/* the recording's */
