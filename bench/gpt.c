@@ -373,6 +373,7 @@ int bench_gpt_paths(void) {
     kiln_fn_get_stats(fr, &sr);
     printf("  recording path     %8.2f ms/step (%+.1f%%), of which running the body as a recording %.2f ms\n", mr,
            100 * (mr / mg - 1), sr.calls ? sr.trace_ms / (double)sr.calls : 0);
+    printf("  replayed calls     %8lld of %lld on the recording path\n", (long long)sr.replays, (long long)sr.calls);
     printf("  first call's peak  %8.1f MiB on the recording path, a later call's %.1f MiB (%.2fx)\n",
            (double)first / (1 << 20), (double)steady / (1 << 20), steady ? (double)first / (double)steady : 0);
   } else {
