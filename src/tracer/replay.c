@@ -3,11 +3,12 @@
  *
  * A call that recorded a log of ops, values over shapes (kiln_scalar),
  * counts of shapes (numel_scalar) and whole in-place writes alone (no C
- * data, draws, data reads, breaks, constructs, autograd history or writes
- * into views), and ran one segment
- * of a cached variant, leaves a script beside that variant: its events, the
- * meta tensors it made, and which of its numbers the variant passes at run
- * time. A later call whose inputs have the same dtypes and shapes runs the
+ * data, draws, data reads, breaks, constructs or writes into views), and
+ * ran one segment of a cached variant that writes no .grad, leaves a
+ * script beside that variant: its events, the meta tensors it made, and
+ * which of its numbers the variant passes at run time. Ops may give
+ * autograd history, and a backward runs over the script's tensors as its
+ * ops are checked; the history goes at the call's end. A later call whose inputs have the same dtypes and shapes runs the
  * body with the replay hooks: each op is checked against the script's next
  * event (the op, the very tensors it takes, its line, its attributes, each
  * number equal, or a factory's value the variant takes as an argument)
@@ -90,8 +91,8 @@ struct rp_script {
     const kiln_tensor *t;
     int dim;
     uint64_t serial, call; /* NOTE_SHAPE_SRC as the formula gave it (dim: its id) */
-  } *reads;
-  int n_reads, cap_reads;
+  } *notes;
+  int n_notes, cap_notes;
   int *leafish;          /* the values that are inputs, params or writes, where a shape source's serial is looked up */
   int n_leafish;
   kiln_tensor **grad0;   /* per param taken: its .grad then (retained), which a hand-over shows the recording */
@@ -120,7 +121,7 @@ void rp_free(rp_script *s) {
   alloc_free(s->in_shape);
   alloc_free(s->cur);
   alloc_free(s->fresh);
-  alloc_free(s->reads);
+  alloc_free(s->notes);
   alloc_free(s->leafish);
   alloc_free(s->grad0);
   alloc_free(s->grad0_refs);
@@ -376,16 +377,14 @@ static void hand_over(rp_call *p) {
       snprintf(r->why, sizeof r->why, "a replayed call escaped while it handed over to the recording");
       break;
     }
-    for (; k < s->n_reads && s->reads[k].at == i; k++) {
-      const struct rp_note *nt = &s->reads[k];
+    for (; k < s->n_notes && s->notes[k].at == i; k++) {
+      const struct rp_note *nt = &s->notes[k];
       if (nt->kind == NOTE_SIZE) {
         rec_size_read(r, nt->t, nt->dim);
       } else if (nt->kind == NOTE_GRAD) {
         p->saved->zero_grad(p->saved->ctx, (kiln_tensor *)nt->t);
       } else {
-        /* a tensor of the script is the recording's now, by its tag */
-        const kiln_tensor *t = tagged(s, nt->serial, nt->call, nt->dim);
-        p->saved->shape_src(p->saved->ctx, nt->serial, t ? t->rec_call : nt->call, t ? t->rec_id : nt->dim);
+        p->saved->shape_src(p->saved->ctx, nt->serial, nt->call, nt->dim); /* the script's tags are the recording's (alias_id) */
       }
     }
     if (i == p->at) break;
@@ -571,12 +570,12 @@ static bool held(const rp_call *p, const kiln_tensor *t) {
 static void rp_size_read(void *ctx, const kiln_tensor *t, int dim) {
   rp_call *p = ctx;
   rp_script *s = p->s;
-  if (!held(p, t) || alloc_grow((void **)&s->reads, &s->cap_reads, s->n_reads + 1, sizeof *s->reads)) {
+  if (!held(p, t) || alloc_grow((void **)&s->notes, &s->cap_notes, s->n_notes + 1, sizeof *s->notes)) {
     hand_over(p);
     rec_size_read(p->r, t, dim);
     return;
   }
-  s->reads[s->n_reads++] = (struct rp_note){.kind = NOTE_SIZE, .at = p->at, .t = t, .dim = dim};
+  s->notes[s->n_notes++] = (struct rp_note){.kind = NOTE_SIZE, .at = p->at, .t = t, .dim = dim};
 }
 
 /* A whole in-place write: the same op into the same tensor from the same
@@ -620,12 +619,12 @@ static void rp_read(void *ctx, const char *what, const kiln_tensor *t, const cha
 static void rp_zero_grad(void *ctx, kiln_tensor *t) {
   rp_call *p = ctx;
   rp_script *s = p->s;
-  if (!taken(s, t) || alloc_grow((void **)&s->reads, &s->cap_reads, s->n_reads + 1, sizeof *s->reads)) {
+  if (!taken(s, t) || alloc_grow((void **)&s->notes, &s->cap_notes, s->n_notes + 1, sizeof *s->notes)) {
     hand_over(p);
     p->saved->zero_grad(p->saved->ctx, t);
     return;
   }
-  s->reads[s->n_reads++] = (struct rp_note){.kind = NOTE_GRAD, .at = p->at, .t = t};
+  s->notes[s->n_notes++] = (struct rp_note){.kind = NOTE_GRAD, .at = p->at, .t = t};
 }
 /* A value over a shape (kiln_scalar, kiln_zeros): its dtype, shape and value
  * the script's, or the value one the variant takes as an argument. */
@@ -676,12 +675,12 @@ part:
 static void rp_shape_src(void *ctx, uint64_t serial, uint64_t rec_call, int rec_id) {
   rp_call *p = ctx;
   rp_script *s = p->s;
-  if (alloc_grow((void **)&s->reads, &s->cap_reads, s->n_reads + 1, sizeof *s->reads)) {
+  if (alloc_grow((void **)&s->notes, &s->cap_notes, s->n_notes + 1, sizeof *s->notes)) {
     hand_over(p);
     p->saved->shape_src(p->saved->ctx, serial, rec_call, rec_id);
     return;
   }
-  s->reads[s->n_reads++] =
+  s->notes[s->n_notes++] =
       (struct rp_note){.kind = NOTE_SHAPE_SRC, .at = p->at, .dim = rec_id, .serial = serial, .call = rec_call};
   p->src = -1;
   if (!serial) return;
@@ -718,7 +717,7 @@ void rp_begin(rp_call *p, rp_script *s, recording *r, kiln_tensor *const *in) {
   p->serial0 = tensor_serial_now();
   p->on = true;
   s->n_fresh = 0;
-  s->n_reads = 0;
+  s->n_notes = 0;
   memset(s->param_held, 0, sizeof *s->param_held * (size_t)s->n_params);
   for (int v = 0; v < s->n_val; v++)
     s->cur[v] = s->kind[v] == RV_INPUT ? in[s->index[v]] : s->kind[v] == RV_PARAM ? s->params[s->index[v]] : s->val[v].t;
@@ -791,7 +790,7 @@ void rp_end(rp_call *p) {
   rp_script *s = p->s;
   for (int i = 0; i < s->n_fresh; i++) kiln_release(s->fresh[i]);
   s->n_fresh = 0;
-  s->n_reads = 0;
+  s->n_notes = 0;
   let_go_of_params(s);
   p->on = false;
 }
