@@ -189,7 +189,7 @@ int main(int argc, char **argv) {
     if (s < EARLY_STEPS && d > worst_early) worst_early = d;
     if (s % PRINT_EVERY == 0 || s == steps - 1)
       printf("%4d   %10.5f  %13.5f  %8.1e%s\n", s, le[s], lc[s], d,
-             s == 0 ? "   (B's first call traces: it runs eagerly)" : "");
+             s == 0 ? "   (B's first call records the body and compiles it)" : "");
   }
   compiled_peak += kept;
   kiln_fn_stats st;

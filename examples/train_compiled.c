@@ -251,7 +251,7 @@ int main(void) {
     if (d > worst) worst = d;
     if (step % PRINT_EVERY == 0 || step == STEPS - 1)
       printf("%4d   %10.5f  %13.5f  %8.1e%s\n", step, r.eager_loss, r.compiled_loss, d,
-             step == 0 ? "   (B's first call traces: it runs eagerly)" : "");
+             step == 0 ? "   (B's first call records the body and compiles it)" : "");
   }
   compiled_peak += kept;
 
