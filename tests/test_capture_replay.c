@@ -16,20 +16,6 @@
 #include "kiln.h"
 #include "capture_helpers.h"
 
-/* Max |a - b| over the elements; INFINITY for another shape or dtype. */
-static double maxdiff(kiln_tensor *a, kiln_tensor *b) {
-  ck_assert_msg(a && b, "%s", kiln_last_error());
-  if (kiln_ndim(a) != kiln_ndim(b) || kiln_type(a) != kiln_type(b)) return INFINITY;
-  for (int d = 0; d < kiln_ndim(a); d++)
-    if (kiln_size(a, d) != kiln_size(b, d)) return INFINITY;
-  if (!kiln_numel(a)) return 0;
-  kiln_scope_begin();
-  double r = kiln_item(kiln_max_axes(kiln_abs(kiln_sub(kiln_cast(a, KILN_F64), kiln_cast(b, KILN_F64))), NULL, 0, false));
-  kiln_scope_end();
-  return r;
-}
-
-
 /* A model whose body reads a size (so that it records under the automatic
  * policy too) and does what the test sets before each call. */
 typedef struct {
@@ -98,8 +84,8 @@ static void body_call(kiln_fn *fn, kiln_body body, model *m, kiln_tensor *x, con
   kiln_tensor *kept = m->kept ? kiln_retain(m->kept) : NULL;
   double seen = m->seen;
   ck_assert_int_eq(0, body(m, &x, &want));
-  ck_assert_msg(maxdiff(got, want) <= 1e-5, "%s call %d: compiled differs from eager by %g", what, call, maxdiff(got, want));
-  if (m->keep || m->keep_view) ck_assert_msg(kept && maxdiff(kept, m->kept) <= 1e-5, "%s call %d: the kept tensor", what, call);
+  ck_assert_msg(max_diff(got, want) <= 1e-5, "%s call %d: compiled differs from eager by %g", what, call, max_diff(got, want));
+  if (m->keep || m->keep_view) ck_assert_msg(kept && max_diff(kept, m->kept) <= 1e-5, "%s call %d: the kept tensor", what, call);
   if (m->read) ck_assert_msg(fabs(seen - m->seen) <= 1e-4, "%s call %d: read %g, eager %g", what, call, seen, m->seen);
   kiln_release(kept);
   kiln_scope_end();
@@ -337,7 +323,7 @@ START_TEST(test_replay_weight_released_by_the_body) {
     want = kiln_mul(x, dropped_w);
     drop_w = true;
     ck_assert_msg(kiln_call(fn, &x, &y) == 0, "%s", kiln_last_error());
-    ck_assert_msg(maxdiff(y, want) == 0, "backend %d", b);
+    ck_assert_msg(max_diff(y, want) == 0, "backend %d", b);
     ck_assert_int_eq(2, stats(fn).replays);
     kiln_scope_end();
     kiln_release(x);
@@ -398,8 +384,8 @@ START_TEST(test_replay_param_released_in_body) {
           kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){4, 6}), 10 + (uint64_t)i), *got = NULL, *want = NULL;
           ck_assert_msg(kiln_call(fn, &x, &got) == 0, "backend %d capture %d call %d: %s", b, c, i, kiln_last_error());
           ck_assert_int_eq(0, swap_body(&m[1], &x, &want));
-          ck_assert_msg(maxdiff(got, want) <= 1e-5, "backend %d capture %d call %d: compiled differs from eager", b, c, i);
-          if (keep && i == 4) ck_assert_msg(maxdiff(m[0].kept, m[1].kept) <= 1e-5, "call %d: the kept tensor", i);
+          ck_assert_msg(max_diff(got, want) <= 1e-5, "backend %d capture %d call %d: compiled differs from eager", b, c, i);
+          if (keep && i == 4) ck_assert_msg(max_diff(m[0].kept, m[1].kept) <= 1e-5, "call %d: the kept tensor", i);
           kiln_scope_end();
           /* the call with the swap replays up to it: a replay (or, with the keep, a hand-over after the body) */
           if (i == 4 && !keep) ck_assert_msg(stats(fn).replays == at_swap + 1, "backend %d capture %d: the swap call did not replay", b, c);
@@ -450,7 +436,7 @@ START_TEST(test_replay_then_autograd) {
           kiln_scope_end();
           g[k] = kiln_retain(kiln_grad(m.w));
         }
-        ck_assert_msg(g[0] && g[1] && maxdiff(g[0], g[1]) <= 1e-5, "backend %d capture %d call %d: the weight's gradient", b, c, i);
+        ck_assert_msg(g[0] && g[1] && max_diff(g[0], g[1]) <= 1e-5, "backend %d capture %d call %d: the weight's gradient", b, c, i);
         kiln_release(g[0]);
         kiln_release(g[1]);
       }
@@ -490,7 +476,7 @@ START_TEST(test_replay_views_and_outputs) {
         kiln_tensor *x = kiln_randn(KILN_F32, 2, ((int64_t[]){3, 6}), 20 + (uint64_t)i), *got[3], *want[3];
         ck_assert_msg(kiln_call(fn, &x, got) == 0, "%s", kiln_last_error());
         ck_assert_int_eq(0, views_body(&m, &x, want));
-        for (int k = 0; k < 3; k++) ck_assert_msg(maxdiff(got[k], want[k]) <= 1e-5, "call %d output %d", i, k);
+        for (int k = 0; k < 3; k++) ck_assert_msg(max_diff(got[k], want[k]) <= 1e-5, "call %d output %d", i, k);
         ck_assert_msg((got[1] == x) == (want[1] == x), "call %d: output 1 is the input eagerly", i);
         ck_assert_msg((got[2] == got[1]) == (want[2] == want[1]), "call %d: outputs 1 and 2 are one tensor eagerly", i);
         kiln_scope_end();
@@ -664,12 +650,12 @@ START_TEST(test_replay_writes_in_place) {
         kiln_tensor *ina[2] = {xa, p}, *inb[2] = {xb, p}, *got = NULL, *want = NULL;
         ck_assert_msg(kiln_call(fn, ina, &got) == 0, "call %d: %s", i, kiln_last_error());
         ck_assert_int_eq(0, stateful_body(&e, inb, &want));
-        ck_assert_msg(maxdiff(got, want) <= 1e-4, "backend %d capture %d call %d (how %d): output differs by %g", b, c, i,
-                      how, maxdiff(got, want));
-        ck_assert_msg(maxdiff(m.cache, e.cache) <= 1e-6, "call %d: the cache", i);
-        ck_assert_msg(maxdiff(m.ema, e.ema) <= 1e-6, "call %d: the average", i);
-        ck_assert_msg(maxdiff(m.count, e.count) == 0, "call %d: the counter", i);
-        ck_assert_msg(maxdiff(xa, xb) == 0, "call %d: the input", i);
+        ck_assert_msg(max_diff(got, want) <= 1e-4, "backend %d capture %d call %d (how %d): output differs by %g", b, c, i,
+                      how, max_diff(got, want));
+        ck_assert_msg(max_diff(m.cache, e.cache) <= 1e-6, "call %d: the cache", i);
+        ck_assert_msg(max_diff(m.ema, e.ema) <= 1e-6, "call %d: the average", i);
+        ck_assert_msg(max_diff(m.count, e.count) == 0, "call %d: the counter", i);
+        ck_assert_msg(max_diff(xa, xb) == 0, "call %d: the input", i);
         kiln_scope_end();
       }
       kiln_fn_stats st = stats(fn);
@@ -754,11 +740,11 @@ START_TEST(test_replay_hand_over_at_writes) {
           parting_inputs(kind, m.odd, i, inb, &kb, e.p);
           ck_assert_msg(kiln_call(fn, ina, &got) == 0, "kind %d call %d: %s", kind, i, kiln_last_error());
           ck_assert_int_eq(0, parting_body(&e, inb, &want));
-          ck_assert_msg(maxdiff(got, want) <= 1e-5, "kind %d backend %d capture %d call %d: output differs by %g", kind, b, c,
-                        i, maxdiff(got, want));
-          ck_assert_msg(maxdiff(m.p, e.p) <= 1e-6, "kind %d backend %d capture %d call %d: the param differs by %g", kind, b,
-                        c, i, maxdiff(m.p, e.p));
-          ck_assert_msg(maxdiff(ka, kb) <= 1e-6 && maxdiff(ina[1], inb[1]) <= 1e-6,
+          ck_assert_msg(max_diff(got, want) <= 1e-5, "kind %d backend %d capture %d call %d: output differs by %g", kind, b, c,
+                        i, max_diff(got, want));
+          ck_assert_msg(max_diff(m.p, e.p) <= 1e-6, "kind %d backend %d capture %d call %d: the param differs by %g", kind, b,
+                        c, i, max_diff(m.p, e.p));
+          ck_assert_msg(max_diff(ka, kb) <= 1e-6 && max_diff(ina[1], inb[1]) <= 1e-6,
                         "kind %d backend %d capture %d call %d: an input differs", kind, b, c, i);
           kiln_scope_end();
         }
@@ -854,17 +840,17 @@ START_TEST(test_replay_training_steps) {
         ck_assert_msg(kiln_call(fn, in, &got) == 0, "call %d: %s", i, kiln_last_error());
         double seen = m.seen;
         ck_assert_int_eq(0, train_body(&e, in, &want));
-        ck_assert_msg(maxdiff(got, want) <= 1e-5, "backend %d capture %d call %d: loss differs by %g", b, c, i,
-                      maxdiff(got, want));
+        ck_assert_msg(max_diff(got, want) <= 1e-5, "backend %d capture %d call %d: loss differs by %g", b, c, i,
+                      max_diff(got, want));
         if (m.read) ck_assert_msg(fabs(seen - e.seen) <= 1e-5, "call %d: the loss read", i);
         for (int k = 0; k < 3; k++) {
-          ck_assert_msg(maxdiff(m.p[k], e.p[k]) <= 1e-5, "backend %d capture %d call %d: weight %d differs by %g", b, c, i,
-                        k, maxdiff(m.p[k], e.p[k]));
-          ck_assert_msg(maxdiff(m.mom[k], e.mom[k]) <= 1e-5, "call %d: buffer %d", i, k);
+          ck_assert_msg(max_diff(m.p[k], e.p[k]) <= 1e-5, "backend %d capture %d call %d: weight %d differs by %g", b, c, i,
+                        k, max_diff(m.p[k], e.p[k]));
+          ck_assert_msg(max_diff(m.mom[k], e.mom[k]) <= 1e-5, "call %d: buffer %d", i, k);
           kiln_tensor *gm = kiln_grad(m.p[k]), *ge = kiln_grad(e.p[k]);
           ck_assert_msg(!gm == !ge, "backend %d capture %d call %d: .grad %d is %s, eagerly %s", b, c, i, k,
                         gm ? "set" : "NULL", ge ? "set" : "NULL");
-          if (gm) ck_assert_msg(maxdiff(gm, ge) <= 1e-5, "call %d: .grad %d differs by %g", i, k, maxdiff(gm, ge));
+          if (gm) ck_assert_msg(max_diff(gm, ge) <= 1e-5, "call %d: .grad %d differs by %g", i, k, max_diff(gm, ge));
         }
         kiln_scope_end();
       }
@@ -917,7 +903,7 @@ START_TEST(test_replay_grad_kept_by_the_body) {
       ck_assert_msg(kiln_call(fn, &x, &y) == 0, "call %d: %s", i, kiln_last_error());
       kiln_tensor *want = kiln_mul(x, m.p);
       if (i >= 1) want = kiln_neg(want);
-      ck_assert_msg(maxdiff(y, want) <= 1e-6, "backend %d call %d: output differs", b, i);
+      ck_assert_msg(max_diff(y, want) <= 1e-6, "backend %d call %d: output differs", b, i);
       if (i >= 1) ck_assert_msg(m.keep == kiln_grad(m.p), "backend %d call %d: the body kept an older .grad", b, i);
       kiln_scope_end();
     }
@@ -943,7 +929,7 @@ static void *work(void *arg) {
   for (int i = 0; i < 40; i++) {
     kiln_scope_begin();
     kiln_tensor *got = NULL, *want = NULL;
-    if (kiln_call(w->fn, &x, &got) || model_body(w->m, &x, &want) || maxdiff(got, want) > 1e-5) w->bad++;
+    if (kiln_call(w->fn, &x, &got) || model_body(w->m, &x, &want) || max_diff(got, want) > 1e-5) w->bad++;
     kiln_scope_end();
   }
   kiln_release(x);

@@ -15,19 +15,6 @@
 #include "kiln.h"
 #include "capture_helpers.h"
 
-/* Max |a - b| over the elements; INFINITY for another shape or dtype. */
-static double maxdiff(kiln_tensor *a, kiln_tensor *b) {
-  ck_assert_msg(a && b, "%s", kiln_last_error());
-  if (kiln_ndim(a) != kiln_ndim(b) || kiln_type(a) != kiln_type(b)) return INFINITY;
-  for (int d = 0; d < kiln_ndim(a); d++)
-    if (kiln_size(a, d) != kiln_size(b, d)) return INFINITY;
-  if (!kiln_numel(a)) return 0;
-  kiln_scope_begin();
-  double r = kiln_item(kiln_max_axes(kiln_abs(kiln_sub(kiln_cast(a, KILN_F64), kiln_cast(b, KILN_F64))), NULL, 0, false));
-  kiln_scope_end();
-  return r;
-}
-
 static kiln_tensor *sc(double v) { return kiln_scalar(KILN_F32, v); }
 
 #define N_STATE 6
@@ -201,16 +188,16 @@ START_TEST(test_replay_stateful_bodies) {
           inputs_at(kind, i, inb);
           ck_assert_msg(kiln_call(fn, ina, &got) == 0, "kind %d call %d: %s", kind, i, kiln_last_error());
           ck_assert_int_eq(0, body(&e, inb, &want));
-          ck_assert_msg(maxdiff(got, want) <= 1e-4, "kind %d backend %d capture %d call %d: output differs by %g", kind, b, c, i,
-                        maxdiff(got, want));
+          ck_assert_msg(max_diff(got, want) <= 1e-4, "kind %d backend %d capture %d call %d: output differs by %g", kind, b, c, i,
+                        max_diff(got, want));
           for (int k = 0; k < N_STATE; k++)
             if (m.t[k])
-              ck_assert_msg(maxdiff(m.t[k], e.t[k]) <= 1e-5, "kind %d backend %d capture %d call %d: state %d differs by %g",
-                            kind, b, c, i, k, maxdiff(m.t[k], e.t[k]));
+              ck_assert_msg(max_diff(m.t[k], e.t[k]) <= 1e-5, "kind %d backend %d capture %d call %d: state %d differs by %g",
+                            kind, b, c, i, k, max_diff(m.t[k], e.t[k]));
           for (int k = 0; k < 3; k++)
-            ck_assert_msg(maxdiff(ina[k], inb[k]) == 0, "kind %d call %d: input %d", kind, i, k);
+            ck_assert_msg(max_diff(ina[k], inb[k]) == 0, "kind %d call %d: input %d", kind, i, k);
           if (kind == 4 && m.keep)
-            ck_assert_msg(m.kept && maxdiff(m.kept, e.kept) <= 1e-6, "kind %d call %d: the kept tensor", kind, i);
+            ck_assert_msg(m.kept && max_diff(m.kept, e.kept) <= 1e-6, "kind %d call %d: the kept tensor", kind, i);
           kiln_scope_end();
         }
         ck_assert_msg(stats(fn).replays >= min_replays[kind], "kind %d backend %d capture %d: %lld replays of 14 calls", kind, b,
