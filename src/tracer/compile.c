@@ -1722,31 +1722,6 @@ static void script_leave(call_state *cs, variant *ran, variant *taken_from, rp_s
   rp_free(taken);
 }
 
-/* Whether the call's inputs and params share storage as v's did (a row of
- * a weight passed as the input); else the recording takes over. The params
- * are the script's own tensors, so among themselves they share as they did:
- * only the inputs are looked at (no hash of every leaf's storage). */
-static bool replay_shares_alike(call_state *cs, rp_call *rp, const variant *v) {
-  int n_in = cs->rec.n_in, np = rp_n_params(rp);
-  kiln_tensor *const *in = cs->rec.in;
-  bool same = np == v->n_params;
-  for (int i = 0; i < n_in && same; i++) {
-    int a = i;
-    for (int k = 0; k < i && a == i; k++)
-      if (in[k]->st == in[i]->st) a = v->alias[k];
-    same = v->alias[i] == a;
-  }
-  for (int j = 0; j < np && same; j++) {
-    const storage *st = rp_param(rp, j)->st;
-    int a = -1;
-    for (int k = 0; k < n_in && a < 0; k++)
-      if (in[k]->st == st) a = v->alias[k];
-    same = a >= 0 ? v->alias[n_in + j] == a : v->alias[n_in + j] >= n_in;
-  }
-  if (!same) rp_hand_over(rp);
-  return same;
-}
-
 /* A replayed call whose body did its script's steps: the variant's segment
  * runs with this call's inputs and float numbers, and the script's
  * arguments otherwise (the same inputs' shapes give the same sizes). */
@@ -1878,7 +1853,9 @@ static int record_call(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out) {
   /* the body's scope goes first: what it alone held is not live */
   for (int i = 0; i < n_out; i++) kiln_retain(out[i]);
   kiln_scope_end();
-  if (replayed && rp_nothing_kept(&rp) && replay_shares_alike(&cs, &rp, script_v))
+  /* (inputs and params shared storage as the variant's did: the replay checked
+   * that before any step touched them, rp_begin and take_params) */
+  if (replayed && rp_nothing_kept(&rp))
     return replay_run(&cs, &rp, script_v, out, t1 - t0);
   for (int i = 0; i < n_out && replayed && ok; i++) /* the recording took over after the body */
     if ((cs.outs[i] = rec_value_of(&cs.rec, out[i])) < 0) ok = false;

@@ -657,9 +657,10 @@ static void rp_numel(void *ctx, kiln_tensor *out, const kiln_tensor *x, const in
   rp_script *s = p->s;
   if (p->at == s->n_ev) goto part;
   const rp_event *e = &s->ev[p->at];
-  if (e->kind != EV_NUMEL || x != s->cur[s->ids[e->in]] || e->a->naxes != naxes || e->a->start.c != offset ||
-      e->a->dtype != out->dtype || !in_internal() != e->user || !same_site(e, file, line) ||
-      (naxes && memcmp(e->a->axes, axes, sizeof *axes * (size_t)naxes)))
+  kiln_tensor *xs = (kiln_tensor *)x; /* (a param is held as an op's) */
+  if (e->kind != EV_NUMEL || !took_same(p, e, &xs, 1, file, line, false) || e->a->naxes != naxes ||
+      e->a->start.c != offset || e->a->dtype != out->dtype || !in_internal() != e->user ||
+      (naxes && memcmp(e->a->axes, axes, sizeof *axes * (size_t)naxes)) || !take_params(p, e, &xs, 1))
     goto part;
   result(p, e, out); /* the reference handed back is numel_scalar's own */
   p->at++;
@@ -799,7 +800,6 @@ void rp_hand_over(rp_call *p) { hand_over(p); }
 
 const int64_t *rp_argi(const rp_call *p) { return p->s->argi; }
 int rp_n_params(const rp_call *p) { return p->s->n_params; }
-kiln_tensor *rp_param(const rp_call *p, int i) { return p->s->params[i]; }
 
 kiln_tensor *rp_take_param(rp_call *p, int i) {
   rp_script *s = p->s;

@@ -387,7 +387,6 @@ void rp_end(rp_call *p);
 void rp_hand_over(rp_call *p); /* the recording takes over now */
 const int64_t *rp_argi(const rp_call *p);
 int rp_n_params(const rp_call *p);
-kiln_tensor *rp_param(const rp_call *p, int i); /* after rp_nothing_kept: the body passed it to an op */
 kiln_tensor *rp_take_param(rp_call *p, int i);  /* the same, with the reference the replay holds */
 
 /* cfgrad.c: reverse mode through a construct recorded as one region. From
