@@ -597,15 +597,10 @@ static void on_shape_src(void *ctx, uint64_t serial, uint64_t call, int id) {
   r->shape_src = -1;
   if (!serial || r->failed) return;
   bool ours = id >= 0 && id < r->n_val && r->val[id].seg == r->seg;
-  if (call == r->id && ours) {
-    r->shape_src = id;
-  } else if (r->alias_id && call == r->alias_id && ours) {
-    /* a replay's tag, where it names the tensor it was given for */
-    const kiln_tensor *t = rec_tensor_of(r, id);
-    r->shape_src = t && t->serial == serial ? id : map_get(&r->st->leaves, serial);
-  } else {
-    r->shape_src = map_get(&r->st->leaves, serial);
-  }
+  /* (a replay's tag that handed over to us, where it names the tensor it was given for) */
+  const kiln_tensor *t = ours && call != r->id && r->alias_id && call == r->alias_id ? rec_tensor_of(r, id) : NULL;
+  if (ours && (call == r->id || (t && t->serial == serial))) r->shape_src = id;
+  else r->shape_src = map_get(&r->st->leaves, serial);
 }
 
 static void on_zero_grad(void *ctx, kiln_tensor *t) {
@@ -1178,7 +1173,6 @@ static _Thread_local struct { int ev, ids, val, made; } last_size;
 int rec_begin(recording *r, kiln_tensor *const *in, int n_in, rec_run_fn run, void *run_ctx, struct rec_state *spare) {
   memset(r, 0, sizeof *r);
   r->id = atomic_fetch_add(&next_id, 1);
-  r->alias_id = 0;
   r->shape_src = -1;
   r->in = in;
   r->n_in = n_in;
