@@ -518,11 +518,149 @@ START_TEST(test_bad_targets_compiled) {
   for (int i = 0; i < 2; i++) {
     kiln_clear_error();
     ck_assert_int_eq(-1, kiln_call(fn, &x, &y));
-    ck_assert_msg(has(kiln_last_error(), "index 9 at position 0 is out of range [0, 4)") && has(kiln_last_error(), "test_compile.c:"),
+    ck_assert_msg(has(kiln_last_error(), "kiln_cross_entropy: target 9 of row 0 is out of range [0, 4)") &&
+                      has(kiln_last_error(), "test_compile.c:"),
                   "%s", kiln_last_error());
   }
   kiln_scope_end();
   kiln_fn_free(fn);
+}
+END_TEST
+
+/* An index the body checks (cross entropy's targets, an embedding's
+ * indices, one_hot's) is checked on every call's data by the compiled
+ * code, on every capture path: the guard-only path runs no body, so a check
+ * made only while recording passed a bad target of a later call as a loss
+ * of the wrong row. */
+static int index_kind_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  switch (*(const int *)ctx) {
+  case 0: out[0] = kiln_cross_entropy(in[0], in[1]); break;
+  case 1: out[0] = kiln_embedding(kiln_transpose(in[0], 0, 1), in[1]); break;
+  default: out[0] = kiln_one_hot(in[1], 4); break;
+  }
+  return out[0] ? 0 : -1;
+}
+
+START_TEST(test_index_checks_every_call) {
+  int kind = _i % 3;
+  kiln_options o = {.name = "idx", .n_in = 2, .n_out = 1, .backend = 1 + _i / 3 % 2};
+  o.capture = _i / 6 == 0 ? KILN_CAPTURE_AUTO : _i / 6 == 1 ? KILN_CAPTURE_RECORD : KILN_CAPTURE_GUARDS;
+  kiln_fn *fn = kiln_compile(index_kind_body, &kind, &o);
+  int64_t t[5][2] = {{1, 2}, {3, 0}, {2, 2}, {1, 7}, {0, 3}};
+  for (int i = 0; i < 5; i++) {
+    kiln_scope_begin();
+    kiln_tensor *in[2] = {kiln_randn(KILN_F32, 2, ((int64_t[]){2, 4}), 5 + (uint64_t)i),
+                          kiln_tensor_from(KILN_I64, 1, ((int64_t[]){2}), t[i])};
+    kiln_tensor *y = NULL, *want = NULL;
+    kiln_clear_error();
+    int rc = kiln_call(fn, in, &y);
+    if (i == 3) {
+      /* target 7 of 4 classes: an error at the body's line, as eager's */
+      ck_assert_int_eq(-1, rc);
+      const char *want_msg[3] = {"kiln_cross_entropy: target 7 of row 1 is out of range [0, 4)",
+                                 "kiln_index_select: index 7 at position 1 is out of range [0, 4)",
+                                 "kiln_one_hot: index 7 at position 1 is out of range [0, 4)"};
+      ck_assert_msg(has(kiln_last_error(), want_msg[kind]) && has(kiln_last_error(), "test_compile.c:"), "kind %d: %s", kind,
+                    kiln_last_error());
+      ck_assert_int_eq(-1, index_kind_body(&kind, in, &want));
+    } else {
+      ck_assert_msg(rc == 0, "kind %d call %d: %s", kind, i, kiln_last_error());
+      ck_assert_int_eq(0, index_kind_body(&kind, in, &want));
+      ck_assert_double_le(maxdiff(y, want), 1e-5);
+    }
+    kiln_scope_end();
+  }
+  kiln_fn_free(fn);
+}
+END_TEST
+
+/* Indices the body wrote in place before using them: a recording writes
+ * nothing, so their data are the old values there, and a check of them
+ * while recording failed a call that eager runs (the position starts at
+ * -1 and the body steps it first). */
+typedef struct written_pos {
+  kiln_tensor *pos, *cache, *table;
+} written_pos;
+
+static int written_pos_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  written_pos *m = ctx;
+  if (!kiln_add_(m->pos, kiln_scalar(KILN_I64, 1))) return -1;
+  if (!kiln_index_copy_(m->cache, 0, m->pos, kiln_reshape(in[0], 2, ((int64_t[]){1, 3})))) return -1;
+  out[0] = kiln_add(kiln_sum(m->cache, 0, false), kiln_sum(kiln_embedding(m->table, m->pos), 0, false));
+  return out[0] ? 0 : -1;
+}
+
+static void written_pos_init(written_pos *m) {
+  int64_t p0 = -1;
+  m->pos = kiln_tensor_from(KILN_I64, 1, ((int64_t[]){1}), &p0);
+  m->cache = kiln_zeros(KILN_F32, 2, ((int64_t[]){4, 3}));
+  m->table = kiln_randn(KILN_F32, 2, ((int64_t[]){4, 3}), 3);
+}
+
+static void written_pos_free(written_pos *m) { kiln_release(m->pos), kiln_release(m->cache), kiln_release(m->table); }
+
+START_TEST(test_index_written_in_body) {
+  written_pos m, e;
+  written_pos_init(&m), written_pos_init(&e);
+  kiln_options o = {.name = "pos", .n_in = 1, .n_out = 1, .backend = 1 + _i % 2};
+  o.capture = _i / 2 == 0 ? KILN_CAPTURE_AUTO : _i / 2 == 1 ? KILN_CAPTURE_RECORD : KILN_CAPTURE_GUARDS;
+  kiln_fn *fn = kiln_compile(written_pos_body, &m, &o);
+  for (int i = 0; i < 5; i++) {
+    kiln_scope_begin();
+    kiln_tensor *x = kiln_randn(KILN_F32, 1, ((int64_t[]){3}), 20 + (uint64_t)i), *y = NULL, *want = NULL;
+    kiln_clear_error();
+    int rc = kiln_call(fn, &x, &y), rc_e = written_pos_body(&e, &x, &want);
+    if (i < 4) {
+      ck_assert_msg(rc == 0 && rc_e == 0, "call %d: %s", i, kiln_last_error());
+      ck_assert_double_le(maxdiff(y, want), 1e-5);
+    } else {
+      /* position 4 of 4 rows, both fail; the cache is as eager left it */
+      ck_assert_int_eq(-1, rc);
+      ck_assert_int_eq(-1, rc_e);
+    }
+    ck_assert_double_eq(0, maxdiff(m.cache, e.cache));
+    kiln_scope_end();
+  }
+  kiln_fn_free(fn);
+  written_pos_free(&m), written_pos_free(&e);
+}
+END_TEST
+
+/* A call that fails on its data makes no write the body makes after the
+ * failing op: the LLVM backend moved a counter's update, which nothing else
+ * reads, ahead of the index_copy_ that failed. */
+typedef struct counted_cache {
+  kiln_tensor *cache, *step;
+  int pos;
+} counted_cache;
+
+static int counted_cache_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  counted_cache *m = ctx;
+  kiln_tensor *idx = kiln_full(KILN_I64, 1, ((int64_t[]){1}), (double)m->pos);
+  if (!kiln_index_copy_(m->cache, 0, idx, kiln_reshape(kiln_mul(in[0], kiln_scalar(KILN_F32, 2)), 2, ((int64_t[]){1, 3}))))
+    return -1;
+  out[0] = kiln_sum(m->cache, 0, false);
+  if (!kiln_add_(m->step, kiln_scalar(KILN_I64, 1))) return -1;
+  m->pos++;
+  return out[0] ? 0 : -1;
+}
+
+START_TEST(test_failed_call_writes_nothing_after) {
+  counted_cache m = {kiln_zeros(KILN_F32, 2, ((int64_t[]){4, 3})), kiln_zeros(KILN_I64, 0, NULL), 0};
+  kiln_options o = {.name = "cc", .n_in = 1, .n_out = 1, .backend = 1 + _i % 2,
+                    .capture = _i / 2 ? KILN_CAPTURE_RECORD : KILN_CAPTURE_AUTO};
+  kiln_fn *fn = kiln_compile(counted_cache_body, &m, &o);
+  for (int i = 0; i < 5; i++) {
+    kiln_scope_begin();
+    kiln_tensor *x = kiln_ones(KILN_F32, 1, ((int64_t[]){3})), *y = NULL;
+    int rc = kiln_call(fn, &x, &y);
+    ck_assert_int_eq(i < 4 ? 0 : -1, rc);
+    /* eager stops at the 5th call's index_copy_, before the counter */
+    ck_assert_double_eq(i < 4 ? i + 1 : 4, kiln_item(m.step));
+    kiln_scope_end();
+  }
+  kiln_fn_free(fn);
+  kiln_release(m.cache), kiln_release(m.step);
 }
 END_TEST
 
@@ -1255,6 +1393,9 @@ static Suite *suite(void) {
   tcase_add_test(tc, test_cap_falls_back);
   tcase_add_test(tc, test_value_dependent_breaks);
   tcase_add_test(tc, test_bad_targets_compiled);
+  tcase_add_loop_test(tc, test_index_checks_every_call, 0, 18);
+  tcase_add_loop_test(tc, test_index_written_in_body, 0, 6);
+  tcase_add_loop_test(tc, test_failed_call_writes_nothing_after, 0, 4);
   tcase_add_test(tc, test_training_step_matches_eager);
   tcase_add_test(tc, test_grad_accumulates);
   tcase_add_test(tc, test_training_dynamic_batch);

@@ -1428,6 +1428,27 @@ static bool in_list(const int *l, int n, int b) {
   return false;
 }
 
+/* Whether graph g holds a node whose run can fail on the call's data (an
+ * index out of range), in its regions too. */
+static bool graph_checks(const ir_graph *g) {
+  for (int i = 0; i < g->n_nodes; i++) {
+    const ir_node *n = &g->nodes[i];
+    if ((n->op < OP_COUNT && op_table[n->op].check) || (n->sub[0] && graph_checks(n->sub[0])) ||
+        (n->sub[1] && graph_checks(n->sub[1])))
+      return true;
+  }
+  return false;
+}
+
+/* Whether kernel ki can fail on the call's data. */
+static bool kernel_may_fail(const cg_program *p, int ki) {
+  const cg_kernel *k = &p->k[ki];
+  if (k->kind != CG_K_EAGER) return false;
+  const ir_node *n = &p->g->nodes[k->node];
+  if (n->op < OP_COUNT) return op_table[n->op].check != NULL;
+  return (n->sub[0] && graph_checks(n->sub[0])) || (n->sub[1] && graph_checks(n->sub[1]));
+}
+
 /* An update (an optimizer's, of a weight and its moments) runs as soon as
  * what it reads is ready and nothing still needs the old value of the
  * argument it is written back to, instead of after the whole backward: the
@@ -1439,6 +1460,9 @@ static bool in_list(const int *l, int n, int b) {
  * the backward's compute overlaps the reduction. The order of every other
  * kernel is kept, and a hoisted kernel never passes one it conflicts with,
  * so each kernel computes what it did: results do not change by a bit.
+ * Nor does it pass one that can fail on the call's data (an index out of
+ * range): a call that fails there has then made no write the body had not
+ * made when eager failed at the same op.
  * 0, or -1 when out of memory (the order is then unchanged). */
 static int hoist_updates(cg_program *p, const cg_view *views) {
   const ir_graph *g = p->g;
@@ -1522,15 +1546,18 @@ static int hoist_updates(cg_program *p, const cg_view *views) {
     }
     hoist[ki] = ok;
   }
-  /* each hoisted kernel waits for the last kernel kept in place that it conflicts with */
+  /* each hoisted kernel waits for the last kernel kept in place that it
+   * conflicts with, or that can fail */
   for (int b = 0; b < nb; b++) last_w[b] = last_r[b] = -1;
+  int last_fail = -1;
   for (int ki = 0; ki < n; ki++) {
     if (!hoist[ki]) {
       for (int i = 0; i < nr[ki]; i++) last_r[r[ki][i]] = ki;
       for (int i = 0; i < nw[ki]; i++) last_w[w[ki][i]] = ki;
+      if (kernel_may_fail(p, ki)) last_fail = ki;
       continue;
     }
-    int m = -1;
+    int m = last_fail;
 #define AT_LEAST(x) (m = (x) > m ? (x) : m)
     for (int i = 0; i < nr[ki]; i++) AT_LEAST(last_w[r[ki][i]]);
     for (int i = 0; i < nw[ki]; i++) AT_LEAST(last_w[w[ki][i]]), AT_LEAST(last_r[w[ki][i]]);

@@ -13,6 +13,7 @@ static KILN_TLS_HOT const trace_hooks *hooks;
 
 void dispatch_set_hooks(const trace_hooks *h) { hooks = h; }
 const trace_hooks *dispatch_hooks(void) { return hooks; }
+bool dispatch_recording(void) { return hooks && hooks->record; }
 
 void hook_read(const char *what, const kiln_tensor *t, const char *file, int line) {
   if (hooks && hooks->read) hooks->read(hooks->ctx, what, t, file, line);

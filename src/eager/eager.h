@@ -448,6 +448,10 @@ kiln_tensor *view_result(op_id op, kiln_tensor *x, const op_attrs *a, bool recor
 /* NULL clears. The hooks struct must outlive its use. */
 void dispatch_set_hooks(const trace_hooks *h);
 const trace_hooks *dispatch_hooks(void);
+/* A recording is on: ops make values without data, and a tensor the body
+ * wrote in place still holds its old data. A check of index data is then
+ * an op of the graph (run on every call's data), not a loop here. */
+bool dispatch_recording(void);
 void hook_read(const char *what, const kiln_tensor *t, const char *file, int line);
 /* A read of t's metadata (dim d's size, or -1 for the rest) that C can
  * branch on: a recording notes it, so the body records at every call. */

@@ -705,16 +705,19 @@ int chk_gather(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, const
   return 0;
 }
 
+/* index_check: cross entropy's targets (flag) or one_hot's indices, in
+ * [0, k), named as eager names them */
 int chk_index_range(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, const char *file, int line) {
-  (void)n;
+  (void)op, (void)n;
   const kiln_tensor *idx = in[0];
-  if (idx->dtype != KILN_I64) return err_set(file, line, op_table[op].name, "indices must be i64, got %s", kiln_dtype_name(idx->dtype)), -1;
+  const char *name = a->flag ? "cross_entropy" : "one_hot";
+  if (idx->dtype != KILN_I64) return err_set(file, line, name, "indices must be i64, got %s", kiln_dtype_name(idx->dtype)), -1;
   for (int64_t i = 0, k = shape_numel(idx->ndim, idx->shape); i < k; i++) {
     int64_t v = (int64_t)tensor_get(idx, i);
-    if (v < 0 || v >= a->k)
-      return err_set(file, line, op_table[op].name, "index %" PRId64 " at position %" PRId64 " is out of range [0, %" PRId64 ")", v, i,
-                     a->k),
-             -1;
+    if (v >= 0 && v < a->k) continue;
+    if (a->flag)
+      return err_set(file, line, name, "target %" PRId64 " of row %" PRId64 " is out of range [0, %" PRId64 ")", v, i, a->k), -1;
+    return err_set(file, line, name, "index %" PRId64 " at position %" PRId64 " is out of range [0, %" PRId64 ")", v, i, a->k), -1;
   }
   return 0;
 }
