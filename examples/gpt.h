@@ -111,6 +111,7 @@ typedef struct gpt {
   kiln_tensor *mask;   /* (block_size,block_size) bool: col <= row */
   kiln_tensor **kc, **vc; /* per layer (block_size,C) key and value caches of generation (gpt_cache_init), or NULL */
   int64_t pos;            /* the cache row the next decoded byte writes (gpt_decode_step) */
+  bool keep_grads;        /* gpt_adamw_step leaves the .grads set (PyTorch's order drops them before a step) */
 } gpt;
 
 static inline int gpt_n_params(const gpt_config *c) { return GPT_FIRST_LAYER + GPT_PER_LAYER * c->n_layer + 2; }
@@ -375,8 +376,8 @@ static inline kiln_tensor *gpt_decode_logits(const gpt *g, kiln_tensor *idx, kil
   return logits;
 }
 
-/* One AdamW update from the .grad of every parameter (then dropped), as in
- * the header comment. In-place ops under no-grad: a compiled step records them
+/* One AdamW update from the .grad of every parameter (then dropped, unless
+ * g->keep_grads), as in the header comment. In-place ops under no-grad: a compiled step records them
  * as writes to the parameters and moments. 0 or -1. */
 static inline int gpt_adamw_step(gpt *g) {
   const gpt_adamw *o = &g->cfg.opt;
@@ -406,7 +407,7 @@ static inline int gpt_adamw_step(gpt *g) {
     bad |= !kiln_sub_(p, kiln_mul(kiln_div(m, denom), step_size));
   }
   kiln_no_grad_end();
-  for (int i = 0; i < g->n_params; i++) kiln_zero_grad(g->p[i]);
+  for (int i = 0; i < g->n_params && !g->keep_grads; i++) kiln_zero_grad(g->p[i]);
   return bad ? -1 : 0;
 }
 

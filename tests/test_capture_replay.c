@@ -863,6 +863,78 @@ START_TEST(test_replay_training_steps) {
 }
 END_TEST
 
+/* Steps in torch's order (the .grads dropped first, left set) replay, and
+ * a replayed step whose compiled run fails on its data (a target out of
+ * range, which a replay does not read) leaves each .grad as a tensor with
+ * data (the one the call found, as a recorded call leaves it), never the
+ * script's tensor that has none; the steps after it match eager's again. */
+typedef struct {
+  kiln_tensor *w, *b;
+} classifier;
+
+static int classifier_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  classifier *m = ctx;
+  kiln_zero_grad(m->w), kiln_zero_grad(m->b);
+  kiln_scope_begin();
+  kiln_tensor *loss = kiln_cross_entropy(kiln_add(kiln_matmul(in[0], m->w), m->b), in[1]);
+  int rc = loss && kiln_backward(loss) == 0 ? 0 : -1;
+  if (!rc) kiln_keep(loss);
+  kiln_scope_end();
+  if (rc) return -1;
+  kiln_no_grad_begin();
+  if (!kiln_sub_(m->w, kiln_mul(kiln_grad(m->w), kiln_scalar(KILN_F32, 0.1))) ||
+      !kiln_sub_(m->b, kiln_mul(kiln_grad(m->b), kiln_scalar(KILN_F32, 0.1))))
+    rc = -1;
+  kiln_no_grad_end();
+  out[0] = loss;
+  return rc;
+}
+
+START_TEST(test_replay_torch_order_failed_run) {
+  for (int b = 0; b < 2; b++)
+    for (int c = 0; c < 2; c++) {
+      classifier m, e;
+      kiln_scope_begin();
+      classifier *both[2] = {&m, &e};
+      for (int k = 0; k < 2; k++) {
+        both[k]->w = kiln_keep(kiln_randn(KILN_F32, 2, ((int64_t[]){5, 4}), 3));
+        both[k]->b = kiln_keep(kiln_zeros(KILN_F32, 1, ((int64_t[]){4})));
+        kiln_requires_grad(both[k]->w, true), kiln_requires_grad(both[k]->b, true);
+      }
+      kiln_scope_end();
+      kiln_options o = {.name = "clf", .n_in = 2, .backend = backends[b], .capture = captures[c]};
+      kiln_fn *fn = kiln_compile(classifier_body, &m, &o);
+      for (int i = 0; i < 12; i++) {
+        kiln_scope_begin();
+        int64_t t[3] = {i % 4, (i + 1) % 4, i == 7 ? 9 : 2};
+        kiln_tensor *in[2] = {kiln_randn(KILN_F32, 2, ((int64_t[]){3, 5}), 40 + (uint64_t)i),
+                              kiln_tensor_from(KILN_I64, 1, ((int64_t[]){3}), t)},
+                    *got = NULL, *want = NULL;
+        int rc = kiln_call(fn, in, &got), rc_e = classifier_body(&e, in, &want);
+        ck_assert_int_eq(i == 7 ? -1 : 0, rc);
+        ck_assert_int_eq(rc, rc_e);
+        if (i == 7) {
+          /* each .grad NULL or with data */
+          kiln_tensor *g[2] = {kiln_grad(m.w), kiln_grad(m.b)};
+          float buf[20];
+          for (int k = 0; k < 2; k++)
+            ck_assert_msg(!g[k] || kiln_read(g[k], buf, sizeof(float) * (size_t)kiln_numel(g[k])) == 0, "backend %d capture %d: %s", b, c,
+                          kiln_last_error());
+        } else {
+          ck_assert_double_le(max_diff(got, want), 1e-5);
+          ck_assert_double_le(max_diff(m.w, e.w), 1e-5);
+          ck_assert_double_le(max_diff(kiln_grad(m.w), kiln_grad(e.w)), 1e-5);
+          ck_assert_double_le(max_diff(kiln_grad(m.b), kiln_grad(e.b)), 1e-5);
+        }
+        kiln_scope_end();
+      }
+      ck_assert_msg(stats(fn).replays >= 6, "backend %d capture %d: %lld replays", b, c, (long long)stats(fn).replays);
+      kiln_fn_free(fn);
+      for (int k = 0; k < 2; k++) kiln_release(both[k]->w), kiln_release(both[k]->b);
+    }
+}
+END_TEST
+
 /* A body that keeps a param's .grad when there is one: the first call
  * finds none; later the caller sets one, then replaces it. Each call must
  * keep the .grad of its own time (eagerly the body runs every call), so
@@ -978,6 +1050,7 @@ Suite *capture_replay_suite(void) {
   tcase_add_test(tc, test_replay_hand_over_at_writes);
   tcase_add_test(tc, test_replay_training_steps);
   tcase_add_test(tc, test_replay_grad_kept_by_the_body);
+  tcase_add_test(tc, test_replay_torch_order_failed_run);
   tcase_add_test(tc, test_replay_threads);
   suite_add_tcase(s, tc);
   return s;

@@ -305,6 +305,24 @@ static void caller_backward(int i, plan *pl, caller *c) {
   c->pre_backward = (i / 5) % 3 == 1;
   pl->zero_first = i % 4 == 0;
 }
+/* torch's order: the .grads dropped first and left set at the end (also
+ * dropped at the end on some calls: the same ops), the caller's own
+ * backward before some calls and a drop before others */
+static void torch_order(int i, plan *pl, caller *c) {
+  base(i, pl, c);
+  pl->zero_first = true;
+  pl->zero_end = i % 6 == 5;
+  c->pre_backward = i % 9 == 4;
+  c->pre_zero = i % 11 == 7;
+}
+/* no backward in the body, a .grad from the caller's before every call,
+ * dropped at the end by some calls: one log, two ends of the .grads */
+static void eval_drops(int i, plan *pl, caller *c) {
+  base(i, pl, c);
+  pl->eval = true;
+  c->pre_backward = true;
+  pl->zero_end = (i / 4) % 2 == 0;
+}
 static void clipping(int i, plan *pl, caller *c) {
   base(i, pl, c);
   pl->clip = (i / 5) % 2 == 1;
@@ -347,6 +365,8 @@ static void mixed(int i, plan *pl, caller *c) {
 SCHED(base, 24, 18)
 SCHED(accumulate, 30, 0)
 SCHED(zero_where, 30, 3)
+SCHED(torch_order, 30, 16)
+SCHED(eval_drops, 24, 8)
 SCHED(freezing, 40, 12)
 SCHED(evals, 36, 12)
 SCHED(two_losses, 30, 10)
@@ -436,6 +456,8 @@ Suite *capture_replay_train_suite(void) {
   tcase_add_test(tc, test_train_base);
   tcase_add_test(tc, test_train_accumulate);
   tcase_add_test(tc, test_train_zero_where);
+  tcase_add_test(tc, test_train_torch_order);
+  tcase_add_test(tc, test_train_eval_drops);
   tcase_add_test(tc, test_train_freezing);
   tcase_add_test(tc, test_train_evals);
   tcase_add_test(tc, test_train_two_losses);

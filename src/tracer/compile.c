@@ -1686,13 +1686,6 @@ static void script_give_back(kiln_fn *fn, variant *v, rp_script *s) {
   rp_free(s);
 }
 
-/* Whether a segment writes a .grad (a replay writes data alone). */
-static bool writes_grads(const segment *seg) {
-  for (int w = 0; w < seg->n_writes; w++)
-    if (seg->writes[w].grad_set) return true;
-  return false;
-}
-
 /* At the end of a recorded call (fn->mu held): the script taken goes back,
  * and the variant whose one segment ran gets a script of this call's log
  * when it has none, or when its script did not fit the inputs of two such
@@ -1709,8 +1702,9 @@ static void script_leave(call_state *cs, variant *ran, variant *taken_from, rp_s
   if (ran && ran->script_rest > 0) {
     ran->script_rest--;
   } else if (ran && !ran->dead && !fn->no_replay && ran->n_seg == 1 && ran->seg[0]->n_out == fn->opts.n_out &&
-             !writes_grads(ran->seg[0]) && !r->escaped && (!ran->script || ++ran->script_misses >= 2)) {
-    rp_script *s = rp_make(r, cs->out_t, fn->opts.n_out, ran->rules, ran->rule_at, cs->argi, cs->argf, ran->n_args);
+             !r->escaped && (!ran->script || ++ran->script_misses >= 2)) {
+    rp_script *s = rp_make(r, cs->out_t, fn->opts.n_out, ran->rules, ran->rule_at, cs->argi, cs->argf, ran->n_args,
+                           ran->seg[0]->writes, ran->seg[0]->n_writes);
     if (s) {
       rp_free(ran->script);
       ran->script = s;
@@ -1731,6 +1725,7 @@ static int replay_run(call_state *cs, rp_call *rp, variant *v, kiln_tensor **out
   int n_out = fn->opts.n_out, rc = -1, np = rp_n_params(rp);
   const segment *seg = v->seg[0];
   kiln_tensor *outs_small[16], **outs = NULL;
+  rp_restore_grads(rp);
   if (alloc_grow((void **)&r->params, &r->cap_params, np + 1, sizeof *r->params)) {
     err_set("", 0, "call", "%s: out of memory", fn->name);
     goto done;

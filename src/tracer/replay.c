@@ -4,11 +4,13 @@
  * A call that recorded a log of ops, values over shapes (kiln_scalar),
  * counts of shapes (numel_scalar) and whole in-place writes alone (no C
  * data, draws, data reads, breaks, constructs or writes into views), and
- * ran one segment of a cached variant that writes no .grad, leaves a
- * script beside that variant: its events, the meta tensors it made, and
- * which of its numbers the variant passes at run time. Ops may give
- * autograd history, and a backward runs over the script's tensors as its
- * ops are checked; the history goes at the call's end. A later call whose inputs have the same dtypes and shapes runs the
+ * ran one segment of a cached variant that sets params' .grads only
+ * unconditionally, leaves a script beside that variant: its events, the
+ * meta tensors it made, and which of its numbers the variant passes at run
+ * time. Ops may give autograd history, and a backward runs over the
+ * script's tensors as its ops are checked; the history goes at the call's
+ * end, and a .grad the backward left set to a tensor of the script's is
+ * the one the variant sets. A later call whose inputs have the same dtypes and shapes runs the
  * body with the replay hooks: each op is checked against the script's next
  * event (the op, the very tensors it takes, its line, its attributes, each
  * number equal, or a factory's value the variant takes as an argument)
@@ -95,6 +97,10 @@ struct rp_script {
   int n_notes, cap_notes;
   int *leafish;          /* the values that are inputs, params or writes, where a shape source's serial is looked up */
   int n_leafish;
+  uint64_t *param_serial;/* per param: its serial in the script's call */
+  int *grad_end;         /* per param: the value its .grad is at the end (the variant sets it: a
+                            tensor of the script's, or -1 NULL), or -2 (the variant leaves it) */
+  int *grad_refs;        /* per value: how many of those .grads are it */
   kiln_tensor **grad0;   /* per param taken: its .grad then (retained), which a hand-over shows the recording */
   uint32_t *grad0_refs;  /* and that .grad's references then, with the one a recording would take */
   kiln_tensor **stash;   /* a hand-over's scratch: the .grads meanwhile */
@@ -111,6 +117,9 @@ void rp_free(rp_script *s) {
   alloc_free(s->kind);
   alloc_free(s->index);
   alloc_free(s->params);
+  alloc_free(s->param_serial);
+  alloc_free(s->grad_end);
+  alloc_free(s->grad_refs);
   alloc_free(s->param_held);
   alloc_free(s->out);
   alloc_free(s->in_first);
@@ -176,7 +185,7 @@ static int first_sharing(kiln_tensor *const *in, int n, const kiln_tensor *t) {
 }
 
 rp_script *rp_make(const recording *r, kiln_tensor *const *out, int n_out, const slot_rule *rules, const int *rule_at,
-                   const int64_t *argi, const double *argf, int n_args) {
+                   const int64_t *argi, const double *argf, int n_args, const build_write *writes, int n_writes) {
   if (r->n_ev == 0 || n_args > IR_MAX_SYMS) return NULL;
   kiln_tensor **made = alloc_malloc(sizeof *made * (size_t)(r->n_val + 1));
   bool *used = alloc_calloc((size_t)r->n_params + 1, sizeof *used); /* param i is an op's input */
@@ -207,6 +216,9 @@ rp_script *rp_make(const recording *r, kiln_tensor *const *out, int n_out, const
   s->kind = alloc_malloc(sizeof *s->kind * (size_t)s->n_val);
   s->index = alloc_malloc(sizeof *s->index * (size_t)s->n_val);
   s->params = alloc_malloc(sizeof *s->params * (size_t)(s->n_params + 1));
+  s->param_serial = alloc_malloc(sizeof *s->param_serial * (size_t)(s->n_params + 1));
+  s->grad_end = alloc_malloc(sizeof *s->grad_end * (size_t)(s->n_params + 1));
+  s->grad_refs = alloc_calloc((size_t)s->n_val + 1, sizeof *s->grad_refs);
   s->param_held = alloc_calloc((size_t)s->n_params + 1, sizeof *s->param_held);
   s->out = alloc_malloc(sizeof *s->out * (size_t)(n_out + 1));
   s->in_first = alloc_malloc(sizeof *s->in_first * (size_t)(s->n_in + 1));
@@ -223,11 +235,30 @@ rp_script *rp_make(const recording *r, kiln_tensor *const *out, int n_out, const
   s->fresh = alloc_malloc(sizeof *s->fresh * (size_t)s->n_val);
   if (!s->ev || !s->ids || !s->attrs || !s->slot || !s->val || !s->kind || !s->index || !s->params || !s->out ||
       !s->in_dt || !s->in_ndim || !s->in_shape || !s->cur || !s->fresh || !s->param_held || !s->in_first || !s->in_st ||
-      !s->param_st || !s->leafish || !s->grad0 || !s->stash || !s->grad0_refs)
+      !s->param_st || !s->leafish || !s->grad0 || !s->stash || !s->grad0_refs || !s->param_serial || !s->grad_end || !s->grad_refs)
     goto fail;
   s->origin = r->id;
   memcpy(s->ids, r->ids, sizeof *s->ids * (size_t)r->n_ids);
-  for (int i = 0; i < s->n_params; i++) s->params[i] = r->params[i], s->param_st[i] = first_sharing(r->in, s->n_in, r->params[i]);
+  for (int i = 0; i < s->n_params; i++) {
+    s->params[i] = r->params[i], s->param_st[i] = first_sharing(r->in, s->n_in, r->params[i]);
+    s->param_serial[i] = r->params[i]->serial, s->grad_end[i] = -2;
+  }
+  /* the .grads the variant sets: a param's, whatever the call (one that
+   * hangs on a construct's path, or an input's, is not replayed). Their
+   * tensors are made anew each call: the recording's became the .grads,
+   * with this call's data (grads_keep_handles), which a later recording
+   * must not take for a value it is to compute */
+  for (int i = 0; i < n_writes; i++) {
+    const build_write *w = &writes[i];
+    if (!w->grad_set) continue;
+    if (w->when >= 0 || r->val[w->base].kind != RV_PARAM) goto fail;
+    s->grad_end[r->val[w->base].index] = w->grad;
+    if (w->grad < 0) continue;
+    const rec_value *gv = &r->val[w->grad];
+    const rec_event *ge = gv->kind == RV_MADE ? &r->ev[gv->event] : NULL;
+    if (!ge || !(ge->kind == EV_FULL || (ge->kind == EV_OP && op_table[ge->op].kind != KIND_VIEW))) goto fail;
+    s->grad_refs[w->grad]++;
+  }
   for (int i = 0; i < s->n_in; i++) {
     s->in_first[i] = i;
     s->in_st[i] = first_sharing(r->in, i + 1, r->in[i]);
@@ -267,7 +298,8 @@ rp_script *rp_make(const recording *r, kiln_tensor *const *out, int n_out, const
       while (s->kind[x] == RV_MADE && r->ev[s->index[x]].kind == EV_INPLACE) x = r->ids[r->ev[s->index[x]].in];
       out_of_call = s->kind[x] == RV_INPUT || (s->kind[x] == RV_MADE && s->ev[s->index[x]].fresh);
     }
-    pe->fresh = out_of_call || e->kind == EV_NUMEL; /* numel_scalar makes its tensor each call */
+    /* (numel_scalar makes its tensor each call) */
+    pe->fresh = out_of_call || e->kind == EV_NUMEL || (e->kind != EV_INPLACE && s->grad_refs[e->out]);
     /* a write into a tensor made anew each call (an output): that tensor is made at its own event */
     if (e->kind == EV_INPLACE && s->kind[r->ids[e->in]] == RV_MADE && s->ev[s->index[r->ids[e->in]]].fresh) goto fail;
     for (int k = 0; k < e->n_in; k++)
@@ -488,18 +520,23 @@ static bool took_same(const rp_call *p, const rp_event *e, kiln_tensor *const *i
   return true;
 }
 
-/* The params event e took are held for the call, as a recording holds
- * them; false when one first taken shares storage with the inputs unlike
- * in the script's call (held, it is alive to look at). */
+/* Param j, tensor t, is held for the call from here, as a recording holds
+ * it, with its .grad now; false when it shares storage with the inputs
+ * unlike in the script's call (held, it is alive to look at). */
+static bool take_param(rp_call *p, int j, kiln_tensor *t) {
+  rp_script *s = p->s;
+  s->param_held[j] = true, kiln_retain(t);
+  s->grad0_refs[j] = t->grad ? tensor_refs(t->grad) + 1 : 0;
+  s->grad0[j] = kiln_retain(t->grad);
+  return first_sharing(p->in, s->n_in, t) == s->param_st[j];
+}
+
+/* The params event e took (checked by took_same) are held for the call. */
 static bool take_params(rp_call *p, const rp_event *e, kiln_tensor *const *in, int n) {
   rp_script *s = p->s;
   for (int k = 0; k < n; k++) {
     int w = s->ids[e->in + k];
-    if (!s->val[w].serial || s->param_held[s->index[w]]) continue;
-    s->param_held[s->index[w]] = true, kiln_retain(in[k]);
-    s->grad0_refs[s->index[w]] = in[k]->grad ? tensor_refs(in[k]->grad) + 1 : 0;
-    s->grad0[s->index[w]] = kiln_retain(in[k]->grad);
-    if (first_sharing(p->in, s->n_in, in[k]) != s->param_st[s->index[w]]) return false;
+    if (s->val[w].serial && !s->param_held[s->index[w]] && !take_param(p, s->index[w], in[k])) return false;
   }
   return true;
 }
@@ -614,12 +651,20 @@ static void rp_read(void *ctx, const char *what, const kiln_tensor *t, const cha
   p->saved->read(p->saved->ctx, what, t, file, line);
 }
 /* A .grad's registration (kiln_zero_grad, kiln_grad): noted, for a param
- * an event took (its .grad then is known); the .grad itself changes as
- * eagerly, and the end of the call checks what is left in it. */
+ * of the script's, which is held from here if no event took it yet (a
+ * step that zeroes its .grads first, torch's order); the .grad itself
+ * changes as eagerly, and the end of the call checks what is left in it. */
 static void rp_zero_grad(void *ctx, kiln_tensor *t) {
   rp_call *p = ctx;
   rp_script *s = p->s;
-  if (!taken(s, t) || alloc_grow((void **)&s->notes, &s->cap_notes, s->n_notes + 1, sizeof *s->notes)) {
+  bool ok = taken(s, t);
+  for (int j = 0; j < s->n_params && !ok; j++)
+    if (s->params[j] == t && !s->param_held[j]) {
+      /* (compared by pointer before anything is read: the script's may be gone, t has the serial) */
+      ok = t->serial == s->param_serial[j] && take_param(p, j, t);
+      break;
+    }
+  if (!ok || alloc_grow((void **)&s->notes, &s->cap_notes, s->n_notes + 1, sizeof *s->notes)) {
     hand_over(p);
     p->saved->zero_grad(p->saved->ctx, t);
     return;
@@ -768,16 +813,21 @@ bool rp_nothing_kept(rp_call *p) {
   for (int v = 0; v < s->n_val; v++) strip(s->val[v].t);
   for (int i = 0; i < s->n_fresh; i++) strip(s->fresh[i]);
   bool ok = true;
+  /* each .grad the variant sets is where the script's call left it: the
+   * tensor of its value (whose reference the run replaces), or NULL */
+  for (int j = 0; j < s->n_params && ok; j++)
+    if (s->grad_end[j] != -2)
+      ok = s->param_held[j] && s->params[j]->grad == (s->grad_end[j] >= 0 ? s->cur[s->grad_end[j]] : NULL);
   /* the script's own tensors: held by it alone, as it made them (a body
    * that stored one, or marked it requires_grad, did what the script did not) */
   for (int v = 0; v < s->n_val && ok; v++) {
     const kiln_tensor *t = s->val[v].t;
-    ok = !t || (tensor_refs(t) == 1 && !t->requires_grad);
+    ok = !t || (tensor_refs(t) == 1 + (uint32_t)s->grad_refs[v] && !t->requires_grad);
   }
   /* made anew: ours, and the caller's for each output */
   for (int i = 0; i < s->n_fresh && ok; i++) {
     const kiln_tensor *t = s->fresh[i];
-    uint32_t want = 1;
+    uint32_t want = 1 + (uint32_t)s->grad_refs[t->rec_id];
     for (int k = 0; k < s->n_out; k++) want += s->cur[s->out[k]] == t;
     ok = tensor_refs(t) == want && !t->requires_grad;
   }
@@ -797,6 +847,15 @@ void rp_end(rp_call *p) {
 }
 
 void rp_hand_over(rp_call *p) { hand_over(p); }
+
+void rp_restore_grads(rp_call *p) {
+  rp_script *s = p->s;
+  for (int j = 0; j < s->n_params; j++) {
+    if (s->grad_end[j] == -2 || !s->param_held[j] || s->params[j]->grad == s->grad0[j]) continue;
+    kiln_release(s->params[j]->grad);
+    s->params[j]->grad = kiln_retain(s->grad0[j]);
+  }
+}
 
 const int64_t *rp_argi(const rp_call *p) { return p->s->argi; }
 int rp_n_params(const rp_call *p) { return p->s->n_params; }

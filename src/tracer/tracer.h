@@ -368,10 +368,11 @@ typedef struct rp_call {
   const trace_hooks *saved;/* the recording's */
 } rp_call;
 /* The script of a finished call that ran one segment of a variant with
- * those slot rules and arguments, or NULL when its log holds what a replay
- * cannot check (the call is recorded as ever). */
+ * those slot rules, arguments and leaf writes, or NULL when its log holds
+ * what a replay cannot check (the call is recorded as ever). */
+struct build_write;
 rp_script *rp_make(const recording *r, kiln_tensor *const *out, int n_out, const slot_rule *rules, const int *rule_at,
-                   const int64_t *argi, const double *argf, int n_args);
+                   const int64_t *argi, const double *argf, int n_args, const struct build_write *writes, int n_writes);
 void rp_free(rp_script *s);
 bool rp_broken(const rp_script *s); /* a replay handed over: it has no tensors left */
 bool rp_fits(const rp_script *s, kiln_tensor *const *in, int n_in);
@@ -385,6 +386,9 @@ bool rp_finished(rp_call *p, int rc, kiln_tensor *const *out, int n_out);
 bool rp_nothing_kept(rp_call *p);
 void rp_end(rp_call *p);
 void rp_hand_over(rp_call *p); /* the recording takes over now */
+/* The .grads the variant sets back to the call's start (its run sets them,
+ * or, should it fail, leaves them so, as a recorded call's does). */
+void rp_restore_grads(rp_call *p);
 const int64_t *rp_argi(const rp_call *p);
 int rp_n_params(const rp_call *p);
 kiln_tensor *rp_take_param(rp_call *p, int i);  /* the same, with the reference the replay holds */
