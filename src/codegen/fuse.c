@@ -1356,6 +1356,25 @@ static int in_place_target(const cg_program *p, const cg_view *views, int i) {
   return ok ? b : -1;
 }
 
+/* Whether node n's run can fail on the call's data (an index out of
+ * range): an op with a check of its inputs (an allreduce's checks the
+ * process group, as eagerly before the call), or a construct whose regions
+ * hold one. */
+static bool node_checks(const ir_node *n);
+static bool graph_checks(const ir_graph *g) {
+  for (int i = 0; i < g->n_nodes; i++)
+    if (node_checks(&g->nodes[i])) return true;
+  return false;
+}
+static bool node_checks(const ir_node *n) {
+  if (n->op < OP_COUNT) return op_table[n->op].check && n->op != OP_ALLREDUCE;
+  return (n->sub[0] && graph_checks(n->sub[0])) || (n->sub[1] && graph_checks(n->sub[1]));
+}
+
+static bool kernel_may_fail(const cg_program *p, int ki) {
+  return p->k[ki].kind == CG_K_EAGER && node_checks(&p->g->nodes[p->k[ki].node]);
+}
+
 /* Write-backs in place: the new value of a param or input (an optimizer's
  * update of a weight or a moment) is stored straight into the argument's
  * memory instead of a temp that lives until the call's end and is then
@@ -1363,10 +1382,12 @@ static int in_place_target(const cg_program *p, const cg_view *views, int i) {
  * contiguous, of the argument's dtype and shape, nothing after that kernel
  * reads or writes the argument (no later kernel, output or other write sees
  * its old value), and that kernel reads the argument, if at all, only at
- * the element it stores (a pointwise loop: the same offset and strides).
- * Without it a training step's arena holds a copy of every weight and
- * moment. The argument's buffer is marked `updated`, so that check mode,
- * which runs the kernels before the real call, updates a copy. */
+ * the element it stores (a pointwise loop: the same offset and strides),
+ * and no kernel after it can fail on the call's data: a call that fails
+ * there writes no argument (the body's write may come after the op that
+ * failed). Without it a training step's arena holds a copy of every weight
+ * and moment. The argument's buffer is marked `updated`, so that check
+ * mode, which runs the kernels before the real call, updates a copy. */
 static void write_in_place(cg_program *p, cg_view *views, int n_nodes) {
   const ir_graph *g = p->g;
   for (int i = 0; i < g->n_writes; i++) {
@@ -1379,7 +1400,8 @@ static void write_in_place(cg_program *p, cg_view *views, int n_nodes) {
     for (int kj = 0; kj < p->n_k && ok; kj++) ok = kj == ki || !kernel_writes(p, kj, o);
     for (int kj = ki + 1; kj < p->n_k && ok; kj++) {
       int ko = p->k[kj].out_buf;
-      ok = !kernel_reads(p, kj, b) && !kernel_writes(p, kj, b) && (ko < 0 || p->buf[ko].alias_of != b);
+      ok = !kernel_reads(p, kj, b) && !kernel_writes(p, kj, b) && (ko < 0 || p->buf[ko].alias_of != b) &&
+           !kernel_may_fail(p, kj);
     }
     if (!ok) continue;
     if (kernel_reads(p, ki, b)) {
@@ -1428,27 +1450,6 @@ static bool in_list(const int *l, int n, int b) {
   return false;
 }
 
-/* Whether graph g holds a node whose run can fail on the call's data (an
- * index out of range), in its regions too. */
-static bool graph_checks(const ir_graph *g) {
-  for (int i = 0; i < g->n_nodes; i++) {
-    const ir_node *n = &g->nodes[i];
-    if ((n->op < OP_COUNT && op_table[n->op].check) || (n->sub[0] && graph_checks(n->sub[0])) ||
-        (n->sub[1] && graph_checks(n->sub[1])))
-      return true;
-  }
-  return false;
-}
-
-/* Whether kernel ki can fail on the call's data. */
-static bool kernel_may_fail(const cg_program *p, int ki) {
-  const cg_kernel *k = &p->k[ki];
-  if (k->kind != CG_K_EAGER) return false;
-  const ir_node *n = &p->g->nodes[k->node];
-  if (n->op < OP_COUNT) return op_table[n->op].check != NULL;
-  return (n->sub[0] && graph_checks(n->sub[0])) || (n->sub[1] && graph_checks(n->sub[1]));
-}
-
 /* An update (an optimizer's, of a weight and its moments) runs as soon as
  * what it reads is ready and nothing still needs the old value of the
  * argument it is written back to, instead of after the whole backward: the
@@ -1461,8 +1462,7 @@ static bool kernel_may_fail(const cg_program *p, int ki) {
  * kernel is kept, and a hoisted kernel never passes one it conflicts with,
  * so each kernel computes what it did: results do not change by a bit.
  * Nor does it pass one that can fail on the call's data (an index out of
- * range): a call that fails there has then made no write the body had not
- * made when eager failed at the same op.
+ * range), after which it could not be stored in place (write_in_place).
  * 0, or -1 when out of memory (the order is then unchanged). */
 static int hoist_updates(cg_program *p, const cg_view *views) {
   const ir_graph *g = p->g;

@@ -554,7 +554,7 @@ kiln_tensor *kiln_one_hot_at(kiln_tensor *idx, int64_t n, const char *file, int 
   }
   kiln_tensor *y = NULL;
   bool rec = dispatch_recording();
-  for (int64_t i = 0, m = rec ? 0 : count; i < m; i++) {
+  for (int64_t i = 0, m = rec || idx->st->meta ? 0 : count; i < m; i++) {
     double v = tensor_get(idx, i);
     if (v < 0 || v >= (double)n) {
       err_set(file, line, "one_hot", "index %.0f at position %" PRId64 " is out of range [0, %" PRId64 ")", v, i, n);

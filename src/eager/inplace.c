@@ -124,7 +124,7 @@ kiln_tensor *kiln_index_copy__at(kiln_tensor *dst, int dim, kiln_tensor *idx, ki
   int64_t shape[MAXD];
   if (shape_rule_as(OP_INDEX_COPY, name, in, 3, &a, &dt, &nd, shape, file, line)) return NULL;
   /* a recording's index_copy checks them when it runs (on every call's data) */
-  for (int64_t i = 0; !dispatch_recording() && i < idx->shape[0]; i++) {
+  for (int64_t i = 0; !dispatch_recording() && !idx->st->meta && i < idx->shape[0]; i++) {
     double k = tensor_get(idx, i);
     if (k < 0 || k >= (double)dst->shape[d])
       return err_set(file, line, name, "index %.0f at position %" PRId64 " is out of range [0, %" PRId64 ")", k, i, dst->shape[d]);

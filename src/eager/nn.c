@@ -104,7 +104,8 @@ kiln_tensor *kiln_embedding_at(kiln_tensor *table, kiln_tensor *idx, const char 
   if (idx->dtype != KILN_I64) return err_set(file, line, "embedding", "indices must be i64, got %s", kiln_dtype_name(idx->dtype));
   if (idx->ndim >= MAXD) return err_set(file, line, "embedding", "indices have too many dims (%d)", idx->ndim);
   /* a recording's index_select checks them when it runs (on every call's data) */
-  for (int64_t i = 0, n = dispatch_recording() ? 0 : shape_numel(idx->ndim, idx->shape), v = table->shape[0]; i < n; i++) {
+  for (int64_t i = 0, n = dispatch_recording() || idx->st->meta ? 0 : shape_numel(idx->ndim, idx->shape), v = table->shape[0];
+       i < n; i++) {
     double k = tensor_get(idx, i); /* compared as a double: near 2^63 the cast itself would overflow */
     if (k < 0 || k >= (double)v)
       return err_set(file, line, "embedding", "index %.0f is out of range for a table of %" PRId64 " rows", k, v);
@@ -132,7 +133,7 @@ kiln_tensor *kiln_cross_entropy_at(kiln_tensor *logits, kiln_tensor *targets, co
   int64_t n = logits->shape[0], c = logits->shape[1];
   if (n == 0) return err_set(file, line, "cross_entropy", "no rows (N = 0)");
   bool rec = dispatch_recording();
-  for (int64_t i = 0; !rec && i < n; i++) {
+  for (int64_t i = 0; !rec && !targets->st->meta && i < n; i++) {
     int64_t t = (int64_t)tensor_get(targets, i);
     if (t < 0 || t >= c)
       return err_set(file, line, "cross_entropy", "target %" PRId64 " of row %" PRId64 " is out of range [0, %" PRId64 ")", t,
