@@ -935,6 +935,64 @@ START_TEST(test_replay_torch_order_failed_run) {
 }
 END_TEST
 
+/* In torch's order the .grad a replayed step leaves is the tensor the body
+ * saw there, as eagerly: a handle it borrowed (kiln_grad, no reference) is
+ * the .grad after the call, with this step's values, and a .grad it
+ * returns is the same tensor as the param's .grad (a write through one is
+ * seen through the other). */
+typedef struct {
+  classifier c;
+  kiln_tensor *seen_w; /* borrowed */
+} grad_watcher;
+
+static int grad_watcher_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  grad_watcher *m = ctx;
+  if (classifier_body(&m->c, in, out)) return -1;
+  m->seen_w = kiln_grad(m->c.w);
+  out[1] = kiln_grad(m->c.b);
+  return 0;
+}
+
+START_TEST(test_replay_torch_order_grad_handles) {
+  for (int b = 0; b < 2; b++)
+    for (int c = 0; c < 2; c++) {
+      grad_watcher m = {0}, e = {0};
+      kiln_scope_begin();
+      grad_watcher *both[2] = {&m, &e};
+      for (int k = 0; k < 2; k++) {
+        both[k]->c.w = kiln_keep(kiln_randn(KILN_F32, 2, ((int64_t[]){5, 4}), 3));
+        both[k]->c.b = kiln_keep(kiln_zeros(KILN_F32, 1, ((int64_t[]){4})));
+        kiln_requires_grad(both[k]->c.w, true), kiln_requires_grad(both[k]->c.b, true);
+      }
+      kiln_scope_end();
+      kiln_options o = {.name = "watch", .n_in = 2, .n_out = 2, .backend = backends[b], .capture = captures[c]};
+      kiln_fn *fn = kiln_compile(grad_watcher_body, &m, &o);
+      for (int i = 0; i < 8; i++) {
+        kiln_scope_begin();
+        int64_t t[3] = {i % 4, (i + 1) % 4, 2};
+        kiln_tensor *in[2] = {kiln_randn(KILN_F32, 2, ((int64_t[]){3, 5}), 40 + (uint64_t)i),
+                              kiln_tensor_from(KILN_I64, 1, ((int64_t[]){3}), t)},
+                    *got[2] = {0}, *want[2] = {0};
+        ck_assert_msg(kiln_call(fn, in, got) == 0, "%s", kiln_last_error());
+        ck_assert_int_eq(0, grad_watcher_body(&e, in, want));
+        ck_assert_msg(m.seen_w == kiln_grad(m.c.w), "backend %d capture %d call %d: the handle the body saw is not the .grad", b, c,
+                      i);
+        ck_assert_double_le(max_diff(m.seen_w, kiln_grad(e.c.w)), 1e-5);
+        ck_assert_msg(got[1] == kiln_grad(m.c.b), "backend %d capture %d call %d: the .grad returned is not the .grad", b, c, i);
+        ck_assert_double_le(max_diff(got[1], want[1]), 1e-5);
+        /* a write through the returned one reaches the .grad, as eagerly */
+        ck_assert_ptr_nonnull(kiln_mul_(got[1], kiln_scalar(KILN_F32, 2)));
+        ck_assert_ptr_nonnull(kiln_mul_(want[1], kiln_scalar(KILN_F32, 2)));
+        ck_assert_double_le(max_diff(kiln_grad(m.c.b), kiln_grad(e.c.b)), 1e-5);
+        kiln_scope_end();
+      }
+      ck_assert_msg(stats(fn).replays >= 4, "backend %d capture %d: %lld replays", b, c, (long long)stats(fn).replays);
+      kiln_fn_free(fn);
+      for (int k = 0; k < 2; k++) kiln_release(both[k]->c.w), kiln_release(both[k]->c.b);
+    }
+}
+END_TEST
+
 /* A body that keeps a param's .grad when there is one: the first call
  * finds none; later the caller sets one, then replaces it. Each call must
  * keep the .grad of its own time (eagerly the body runs every call), so
@@ -1051,6 +1109,7 @@ Suite *capture_replay_suite(void) {
   tcase_add_test(tc, test_replay_training_steps);
   tcase_add_test(tc, test_replay_grad_kept_by_the_body);
   tcase_add_test(tc, test_replay_torch_order_failed_run);
+  tcase_add_test(tc, test_replay_torch_order_grad_handles);
   tcase_add_test(tc, test_replay_threads);
   suite_add_tcase(s, tc);
   return s;

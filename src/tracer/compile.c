@@ -1092,33 +1092,36 @@ static void give_outputs(call_state *cs, const segment *seg, kiln_tensor **outs)
 /* A .grad the body kept a handle to (g = kiln_retain(kiln_grad(w))) is that
  * handle after the call, as eagerly, not a copy beside it: a later write
  * through the handle (clipping, scaling) must reach the .grad. The handle got
- * its data from the same value as the write. */
+ * its data from the same value as the write: leaf's .grad, which the run
+ * just set, or an output's (the body returned the .grad). */
+static void keep_grad_handle(kiln_tensor *leaf, kiln_tensor *g) {
+  if (!g || !leaf || !leaf->grad || g == leaf->grad || !tensor_covers_storage(g) || g->dtype != leaf->grad->dtype ||
+      g->ndim != leaf->grad->ndim || memcmp(g->shape, leaf->grad->shape, sizeof(int64_t) * (size_t)g->ndim))
+    return;
+  if (g->st->meta) {
+    /* a handle the body borrowed (gw = kiln_grad(w), not retained): only
+     * the recording held it, so it got no data, and the next segment would
+     * have dropped it, leaving the body's pointer dangling and its writes
+     * through it (gradient clipping) lost. Eagerly it is the .grad: it
+     * takes the data the segment wrote there */
+    kiln_tensor *now = leaf->grad;
+    if (!tensor_covers_storage(now)) return;
+    storage *old = g->st;
+    g->st = now->st;
+    atomic_fetch_add(&g->st->refcount, 1);
+    g->offset = now->offset;
+    memcpy(g->stride, now->stride, sizeof(int64_t) * (size_t)g->ndim);
+    storage_release_ref(old);
+  }
+  kiln_release(leaf->grad);
+  leaf->grad = kiln_retain(g);
+}
+
 static void grads_keep_handles(call_state *cs, const seg_info *si) {
   recording *r = &cs->rec;
   for (int i = 0; i < si->n_writes; i++) {
     const build_write *w = &si->writes[i];
-    if (!w->grad_set || w->grad < 0 || w->when >= 0) continue;
-    kiln_tensor *g = rec_tensor_of(r, w->grad), *leaf = rec_tensor_of(r, w->base);
-    if (!g || !leaf || !leaf->grad || g == leaf->grad || !tensor_covers_storage(g) || g->dtype != leaf->grad->dtype ||
-        g->ndim != leaf->grad->ndim || memcmp(g->shape, leaf->grad->shape, sizeof(int64_t) * (size_t)g->ndim))
-      continue;
-    if (g->st->meta) {
-      /* a handle the body borrowed (gw = kiln_grad(w), not retained) before a
-       * break: only the recording held it, so it got no data, and the next
-       * segment would have dropped it, leaving the body's pointer dangling
-       * and its writes through it (gradient clipping) lost. Eagerly it is
-       * the .grad: it takes the data the segment wrote there */
-      kiln_tensor *now = leaf->grad;
-      if (!tensor_covers_storage(now)) continue;
-      storage *old = g->st;
-      g->st = now->st;
-      atomic_fetch_add(&g->st->refcount, 1);
-      g->offset = now->offset;
-      memcpy(g->stride, now->stride, sizeof(int64_t) * (size_t)g->ndim);
-      storage_release_ref(old);
-    }
-    kiln_release(leaf->grad);
-    leaf->grad = kiln_retain(g);
+    if (w->grad_set && w->grad >= 0 && w->when < 0) keep_grad_handle(rec_tensor_of(r, w->base), rec_tensor_of(r, w->grad));
   }
 }
 
@@ -1691,7 +1694,7 @@ static void script_give_back(kiln_fn *fn, variant *v, rp_script *s) {
  * when it has none, or when its script did not fit the inputs of two such
  * calls in a row (the shapes changed for good). A variant whose replays
  * handed over three times in a row, or whose log a replay could not check
- * three times in a row (a training step), gets none for its next 32
+ * three times in a row (a step that clips its .grads in place), gets none for its next 32
  * recorded calls: making scripts no call replays would only cost time. */
 static void script_leave(call_state *cs, variant *ran, variant *taken_from, rp_script *taken) {
   kiln_fn *fn = cs->fn;
@@ -1749,6 +1752,12 @@ static int replay_run(call_state *cs, rp_call *rp, variant *v, kiln_tensor **out
   give_outputs(cs, seg, outs);
   rc = 0;
 done:
+  /* each .grad the run set is the tensor the body saw there, as in a recorded call */
+  for (int i = 0; rp->s && i < np; i++) {
+    kiln_tensor *g = rp_grad_seen(rp, i);
+    if (g && rc == 0) keep_grad_handle(r->params[i], g);
+    kiln_release(g);
+  }
   rp_end(rp);
   rec_end(r);
   for (int i = 0; outs && i < seg->n_out; i++) kiln_release(outs[i]);

@@ -187,6 +187,17 @@ static int first_sharing(kiln_tensor *const *in, int n, const kiln_tensor *t) {
 rp_script *rp_make(const recording *r, kiln_tensor *const *out, int n_out, const slot_rule *rules, const int *rule_at,
                    const int64_t *argi, const double *argf, int n_args, const build_write *writes, int n_writes) {
   if (r->n_ev == 0 || n_args > IR_MAX_SYMS) return NULL;
+  /* the .grads the variant sets: a param's, whatever the call (one that
+   * hangs on a construct's path, or an input's, is not replayed), to a
+   * tensor an op or a factory made (its own: made anew each call, below) */
+  for (int i = 0; i < n_writes; i++) {
+    const build_write *w = &writes[i];
+    if (!w->grad_set) continue;
+    if (w->when >= 0 || r->val[w->base].kind != RV_PARAM) return NULL;
+    const rec_value *gv = w->grad >= 0 ? &r->val[w->grad] : NULL;
+    const rec_event *ge = gv && gv->kind == RV_MADE ? &r->ev[gv->event] : NULL;
+    if (gv && (!ge || !(ge->kind == EV_FULL || (ge->kind == EV_OP && op_table[ge->op].kind != KIND_VIEW)))) return NULL;
+  }
   kiln_tensor **made = alloc_malloc(sizeof *made * (size_t)(r->n_val + 1));
   bool *used = alloc_calloc((size_t)r->n_params + 1, sizeof *used); /* param i is an op's input */
   rp_script *s = alloc_calloc(1, sizeof *s);
@@ -243,21 +254,15 @@ rp_script *rp_make(const recording *r, kiln_tensor *const *out, int n_out, const
     s->params[i] = r->params[i], s->param_st[i] = first_sharing(r->in, s->n_in, r->params[i]);
     s->param_serial[i] = r->params[i]->serial, s->grad_end[i] = -2;
   }
-  /* the .grads the variant sets: a param's, whatever the call (one that
-   * hangs on a construct's path, or an input's, is not replayed). Their
-   * tensors are made anew each call: the recording's became the .grads,
-   * with this call's data (grads_keep_handles), which a later recording
-   * must not take for a value it is to compute */
+  /* the .grads the variant sets (checked above). Their tensors are made
+   * anew each call: the recording's became the .grads, with this call's
+   * data (grads_keep_handles), which a later recording must not take for a
+   * value it is to compute */
   for (int i = 0; i < n_writes; i++) {
     const build_write *w = &writes[i];
     if (!w->grad_set) continue;
-    if (w->when >= 0 || r->val[w->base].kind != RV_PARAM) goto fail;
     s->grad_end[r->val[w->base].index] = w->grad;
-    if (w->grad < 0) continue;
-    const rec_value *gv = &r->val[w->grad];
-    const rec_event *ge = gv->kind == RV_MADE ? &r->ev[gv->event] : NULL;
-    if (!ge || !(ge->kind == EV_FULL || (ge->kind == EV_OP && op_table[ge->op].kind != KIND_VIEW))) goto fail;
-    s->grad_refs[w->grad]++;
+    if (w->grad >= 0) s->grad_refs[w->grad]++;
   }
   for (int i = 0; i < s->n_in; i++) {
     s->in_first[i] = i;
@@ -851,10 +856,17 @@ void rp_hand_over(rp_call *p) { hand_over(p); }
 void rp_restore_grads(rp_call *p) {
   rp_script *s = p->s;
   for (int j = 0; j < s->n_params; j++) {
+    s->stash[j] = NULL;
     if (s->grad_end[j] == -2 || !s->param_held[j] || s->params[j]->grad == s->grad0[j]) continue;
-    kiln_release(s->params[j]->grad);
+    s->stash[j] = s->params[j]->grad; /* the param's reference, ours now */
     s->params[j]->grad = kiln_retain(s->grad0[j]);
   }
+}
+
+kiln_tensor *rp_grad_seen(rp_call *p, int j) {
+  kiln_tensor *t = p->s->stash[j];
+  p->s->stash[j] = NULL;
+  return t;
 }
 
 const int64_t *rp_argi(const rp_call *p) { return p->s->argi; }

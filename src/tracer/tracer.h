@@ -387,8 +387,11 @@ bool rp_nothing_kept(rp_call *p);
 void rp_end(rp_call *p);
 void rp_hand_over(rp_call *p); /* the recording takes over now */
 /* The .grads the variant sets back to the call's start (its run sets them,
- * or, should it fail, leaves them so, as a recorded call's does). */
+ * or, should it fail, leaves them so, as a recorded call's does); the
+ * tensor each was at the body's end is kept for rp_grad_seen. */
 void rp_restore_grads(rp_call *p);
+/* That tensor of param i (a reference of the caller's now), or NULL. */
+kiln_tensor *rp_grad_seen(rp_call *p, int i);
 const int64_t *rp_argi(const rp_call *p);
 int rp_n_params(const rp_call *p);
 kiln_tensor *rp_take_param(rp_call *p, int i);  /* the same, with the reference the replay holds */
