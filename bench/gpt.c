@@ -470,8 +470,10 @@ int bench_decode_paths(void) {
 /* W8 steps on one capture path ("guard" or "record"), toggle called around
  * all but the first two (for kiln_bench --count under callgrind). */
 int bench_gpt_count(const char *path, long steps, void (*toggle)(void)) {
-  bool guard = strcmp(path, "guard") == 0;
-  if (!guard && strcmp(path, "record") != 0) return fprintf(stderr, "--count: w8-guard or w8-record\n"), 2;
+  /* torch-guard, torch-record: the step in PyTorch's order */
+  bool torch = strncmp(path, "torch-", 6) == 0, guard = strcmp(path + (torch ? 6 : 0), "guard") == 0;
+  if (!guard && strcmp(path + (torch ? 6 : 0), "record") != 0)
+    return fprintf(stderr, "--count: w8-guard, w8-record, w8-torch-guard or w8-torch-record\n"), 2;
   const gpt_config cfg = GPT_BENCH_CONFIG;
   gpt g;
   if (gpt_init(&g, &cfg, 1) != 0) return fprintf(stderr, "gpt: %s\n", kiln_last_error()), 1;
@@ -483,7 +485,7 @@ int bench_gpt_count(const char *path, long steps, void (*toggle)(void)) {
                  kiln_tensor_from(KILN_I64, 2, ((int64_t[]){B, T}), x + B * T)};
   free(x);
   kiln_options o = {.name = "W8", .n_in = 2, .n_out = 1, .capture = guard ? KILN_CAPTURE_GUARDS : KILN_CAPTURE_RECORD};
-  kiln_fn *fn = kiln_compile(gpt_train_body, &g, &o);
+  kiln_fn *fn = kiln_compile(torch ? gpt_train_torch_body : gpt_train_body, &g, &o);
   int rc = 0;
   for (long i = 0; i < steps + 2 && !rc; i++) {
     if (i == 2) toggle();
@@ -493,8 +495,8 @@ int bench_gpt_count(const char *path, long steps, void (*toggle)(void)) {
   if (rc) fprintf(stderr, "W8: %s\n", kiln_last_error());
   kiln_fn_stats st;
   kiln_fn_get_stats(fn, &st);
-  printf("W8 %s: %ld steps counted, %lld hits, %lld traces, %.3f ms a step recording\n", path, steps, (long long)st.hits,
-         (long long)st.traces, st.calls ? st.trace_ms / (double)st.calls : 0);
+  printf("W8 %s: %ld steps counted, %lld hits, %lld traces, %lld replays, %.3f ms a step recording\n", path, steps,
+         (long long)st.hits, (long long)st.traces, (long long)st.replays, st.calls ? st.trace_ms / (double)st.calls : 0);
   kiln_fn_free(fn);
   kiln_release(c.idx);
   kiln_release(c.tgt);

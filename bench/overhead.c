@@ -11,7 +11,8 @@
  *
  *   valgrind --tool=callgrind --collect-atstart=no kiln_bench --count record 2000
  *
- * counts `calls` calls of W6 eager, guard or record (w8-guard, w8-record:
+ * counts `calls` calls of W6 eager, guard or record (w8-guard, w8-record, and
+ * w8-torch-guard, w8-torch-record in PyTorch's order:
  * steps of W8), collected only from after the first calls, which compile,
  * when valgrind's header was there at build time. Divide by the calls.
  */
@@ -70,7 +71,7 @@ int bench_overhead_count(const char *what, long calls) {
   if (strncmp(what, "w8-", 3) == 0) return bench_gpt_count(what + 3, calls, bench_toggle_collect);
   bool eager = strcmp(what, "eager") == 0, guard = strcmp(what, "guard") == 0;
   if (!eager && !guard && strcmp(what, "record") != 0)
-    return fprintf(stderr, "--count: eager, guard, record, w8-guard or w8-record, not %s\n", what), 2;
+    return fprintf(stderr, "--count: eager, guard, record, w8-guard, w8-record, w8-torch-guard or w8-torch-record, not %s\n", what), 2;
   w6 m;
   kiln_tensor *x;
   w6_init(&m, &x);
