@@ -1023,8 +1023,14 @@ done:
   return rc;
 }
 
+/* The engine's runs on this thread: a compiled call asks whether its body
+ * ran one (a backward walks on into its inputs' autograd history). */
+static _Thread_local unsigned long engine_runs;
+unsigned long ag_engine_runs(void) { return engine_runs; }
+
 /* Runs the engine with grad mode off, inside a scope of its own. */
 static int backward_entry(kiln_tensor *root, kiln_tensor *seed_in, const bw_req *rq, const char *file, int line) {
+  engine_runs++;
   kiln_scope_begin();
   kiln_no_grad_begin();
   int rc = -1;

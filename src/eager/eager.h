@@ -671,6 +671,9 @@ int ag_forward_only(kiln_tensor *const *out, int n_out, const char *file, int li
  * history is a leaf here: the walk stops at it; NULL for one out does not
  * reach, and a gradient keeps its grad_if. */
 int ag_grad_of_stop(kiln_tensor *out, kiln_tensor *const *wrt, int n, kiln_tensor **grads, const char *file, int line);
+/* How many times autograd's engine (kiln_backward, kiln_backward_with,
+ * kiln_grad_of) ran on this thread. */
+unsigned long ag_engine_runs(void);
 /* Grad mode on whatever kiln_no_grad_begin said; the old depth, for grad_mode_restore. */
 int grad_mode_force_on(void);
 void grad_mode_restore(int depth);

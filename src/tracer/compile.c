@@ -89,6 +89,7 @@ typedef struct variant {
   /* the guard-only path */
   bool guard_ok;
   bool grad_on;            /* autograd was on when the body was recorded (kiln_no_grad_begin off) */
+  bool backward;           /* the body ran a backward (or kiln_grad_of) when recorded */
   trace_leaf *in_leaf, *param_leaf;
   int *out_leaf;           /* [n_out]: the leaf (input, then param) the body returned as output i, or -1; NULL: none */
   dim_check (*in_dims)[MAXD];
@@ -281,6 +282,7 @@ static void print_guards(FILE *f, const kiln_fn *fn, const variant *v) {
               r->kind == SLOT_EXPR ? b : (snprintf(b, sizeof b, "%d", r->arg), b));
     }
   if (v->guard_ok && !v->loaded) fprintf(f, "  autograd %s, as when traced\n", v->grad_on ? "on" : "off (inside kiln_no_grad_begin)");
+  if (v->guard_ok && !v->loaded && v->backward) fprintf(f, "  every input a leaf (no autograd history): the body runs a backward\n");
   int n_leaves = fn->opts.n_in + v->n_params;
   for (int i = 0; i < n_leaves; i++)
     if (v->alias[i] != i)
@@ -394,6 +396,14 @@ static int guards_pass(const kiln_fn *fn, const variant *v, kiln_tensor *const *
       int idx = i < n_in ? i : i - n_in;
       if (t->requires_grad != l->requires_grad) {
         if (why) snprintf(why, whyn, "%s %d: requires_grad changed (variant %d)", kind, idx, v->no);
+        return 0;
+      }
+      /* traced as a leaf (a variant whose leaves had history records every
+       * call): the body's backward must walk on into this one's history,
+       * and its .grad is not set, as eagerly */
+      if (v->backward && t->grad_fn) {
+        if (why) snprintf(why, whyn, "%s %d has autograd history, the body runs a backward, and it was a leaf when traced (variant %d)",
+                          kind, idx, v->no);
         return 0;
       }
       /* every leaf's: a tensor that no longer requires grad may keep its .grad, which the body can read */
@@ -672,6 +682,7 @@ typedef struct call_state {
   kiln_fn *fn;
   kiln_tensor *const *in;
   bool grad_on;               /* the caller's autograd mode, which the body ran under */
+  bool backward;              /* the body ran autograd's engine (ag_engine_runs) */
   int *outs;                  /* the body's outputs' value ids (the last segment) */
   kiln_tensor **out_t;        /* and the tensors */
   recording rec;
@@ -1572,6 +1583,7 @@ static variant *make_variant(call_state *cs) {
   if (!v) return NULL;
   v->no = cs->no;
   v->grad_on = cs->grad_on;
+  v->backward = cs->backward;
   v->n_ev = r->n_ev;
   v->n_val = r->n_val;
   v->ev = alloc_malloc(sizeof *v->ev * (size_t)(r->n_ev + 1));
@@ -1666,9 +1678,15 @@ static variant *make_variant(call_state *cs) {
   plain = plain && v->seg[0]->n_out == fn->opts.n_out && !cs->kept_live && !leaves_kept(r, cs->out_t, fn->opts.n_out) &&
           !outputs_view_written(r, v->seg[0], cs->out_t, fn->opts.n_out);
   for (int i = 0; i < r->n_ev && plain; i++) plain = r->ev[i].kind != EV_RAND;
+  /* a backward walks on into a leaf's autograd history (the ops that made
+   * an input outside the call), which the recording took in as it was:
+   * another call's input has other history, which no guard can compare */
+  bool history = false;
+  for (int i = 0; i < r->n_in + r->n_params && v->backward; i++)
+    history |= (i < r->n_in ? r->in[i] : r->params[i - r->n_in])->grad_fn != NULL;
   /* never after an escape: the graph is the part before it, and the rest
    * of the body (its outputs, its writes) ran eagerly */
-  v->guard_ok = r->escaped                                  ? false
+  v->guard_ok = r->escaped || history                       ? false
                 : fn->opts.capture == KILN_CAPTURE_GUARDS ? v->n_seg == 1 && v->n_args == 0
                 : fn->opts.capture == KILN_CAPTURE_RECORD ? false
                                                           : plain;
@@ -1838,8 +1856,9 @@ static int record_call(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out) {
   cs.rec.scan_save = fn->opts.scan_save;
   kiln_scope_begin();
   for (int i = 0; i < n_out; i++) out[i] = NULL;
-  unsigned long errors = err_count();
+  unsigned long errors = err_count(), runs = ag_engine_runs();
   int rc = fn->body(fn->ctx, in, out);
+  cs.backward = ag_engine_runs() != runs;
   /* a body that failed without an error of its own: say so (at the call's line), not an older message */
   if (rc && err_count() == errors) err_set("", 0, "call", "%s: the body returned %d", fn->name, rc);
   bool replayed = script && rp_finished(&rp, rc, out, n_out);
