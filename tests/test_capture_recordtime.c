@@ -1,9 +1,10 @@
 /* Sound compiled calls where eager code decides something from the state of
- * the call (a tensor's autograd history, kiln's own global state) that the
- * first recording saw once: a call that skips the body (the guard-only path)
- * must still give the body's eager answer. Each case compares compiled calls
- * with the same body run eagerly on a twin of the state, on both backends and
- * every capture mode. */
+ * the call that the first recording saw once (a tensor's autograd history),
+ * or where the body sets kiln's own state (a seed, the thread count, the
+ * autograd mode): a call that skips the body (the guard-only path) must
+ * still give the body's eager answer and leave eager's state. Each case
+ * compares compiled calls with the same body run eagerly on a twin of the
+ * state, on both backends and every capture mode. */
 #include <check.h>
 #include <math.h>
 #include <stdio.h>
@@ -120,6 +121,67 @@ START_TEST(test_weight_history_freed) {
 }
 END_TEST
 
+/* ---- a body that sets kiln's own state ---- */
+
+/* kiln_manual_seed, kiln_set_num_threads and a no-grad scope left open (or
+ * a caller's closed) change kiln's state for what follows the call. Such a
+ * body reads nothing and draws nothing, so the guard-only path served later
+ * calls without running it: the next draw after the call, the thread count
+ * and the autograd mode were not eager's. */
+static int sets_state_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  switch (*(const int *)ctx) {
+  case 0: kiln_manual_seed(5); break;
+  case 1: kiln_set_num_threads(1); break;
+  case 2: kiln_no_grad_begin(); break;
+  default: kiln_no_grad_end(); break;
+  }
+  out[0] = kiln_mul(in[0], in[0]);
+  return out[0] ? 0 : -1;
+}
+
+/* Runs f (the compiled call or the body) from the same state: the generator
+ * at (7 + call, a draw in), 2 threads, and for kind 3 inside a no-grad scope;
+ * the state after comes back in *draw, *threads and *grad, and the scopes
+ * are closed again. */
+static int state_after(kiln_fn *fn, int kind, int call, kiln_tensor *x, kiln_tensor **y, kiln_tensor **draw, int *threads,
+                       bool *grad) {
+  kiln_manual_seed(7 + (uint64_t)call);
+  kiln_rand_like(x);
+  kiln_set_num_threads(2);
+  if (kind == 3) kiln_no_grad_begin();
+  int rc = fn ? kiln_call(fn, &x, y) : sets_state_body(&kind, &x, y);
+  *draw = kiln_rand_like(x);
+  *threads = kiln_get_num_threads();
+  *grad = kiln_grad_enabled();
+  if (!*grad) kiln_no_grad_end();
+  return rc;
+}
+
+START_TEST(test_body_sets_kiln_state) {
+  for (int kind = 0; kind < 4; kind++)
+    for (int b = 0; b < 2; b++)
+      for (int c = 0; c < 3; c++) {
+        kiln_options o = {.name = "sets_state", .n_in = 1, .backend = backends[b], .capture = all_captures[c]};
+        kiln_fn *fn = kiln_compile(sets_state_body, &kind, &o);
+        for (int call = 0; call < 3; call++) {
+          kiln_scope_begin();
+          kiln_tensor *x = kiln_randn(KILN_F32, 1, ((int64_t[]){8}), 1 + (uint64_t)call), *y = NULL, *ye = NULL, *draw, *draw_e;
+          int threads, threads_e;
+          bool grad, grad_e;
+          ck_assert_msg(state_after(fn, kind, call, x, &y, &draw, &threads, &grad) == 0, "%s", kiln_last_error());
+          ck_assert_int_eq(0, state_after(NULL, kind, call, x, &ye, &draw_e, &threads_e, &grad_e));
+          ck_assert_double_le(max_diff(y, ye), 0);
+          ck_assert_msg(max_diff(draw, draw_e) == 0, "kind %d backend %d capture %d call %d: the draw after the call", kind, b, c, call);
+          ck_assert_msg(threads == threads_e && grad == grad_e, "kind %d backend %d capture %d call %d: threads %d (eagerly %d), autograd %d (%d)",
+                        kind, b, c, call, threads, threads_e, grad, grad_e);
+          kiln_scope_end();
+        }
+        kiln_fn_free(fn);
+      }
+  kiln_set_num_threads(0);
+}
+END_TEST
+
 Suite *capture_recordtime_suite(void);
 Suite *capture_recordtime_suite(void) {
   Suite *s = suite_create("capture_recordtime");
@@ -127,6 +189,7 @@ Suite *capture_recordtime_suite(void) {
   tcase_set_timeout(tc, 300);
   tcase_add_test(tc, test_input_history_after_leaf);
   tcase_add_test(tc, test_weight_history_freed);
+  tcase_add_test(tc, test_body_sets_kiln_state);
   suite_add_tcase(s, tc);
   return s;
 }

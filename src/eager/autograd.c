@@ -12,6 +12,7 @@
 static KILN_TLS_HOT int no_grad_depth;
 
 bool grad_mode(void) { return no_grad_depth == 0; }
+int grad_depth(void) { return no_grad_depth; }
 void kiln_no_grad_begin(void) { no_grad_depth++; }
 void kiln_no_grad_end(void) {
   if (no_grad_depth > 0) no_grad_depth--;

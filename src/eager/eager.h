@@ -671,6 +671,12 @@ int ag_forward_only(kiln_tensor *const *out, int n_out, const char *file, int li
  * history is a leaf here: the walk stops at it; NULL for one out does not
  * reach, and a gradient keeps its grad_if. */
 int ag_grad_of_stop(kiln_tensor *out, kiln_tensor *const *wrt, int n, kiln_tensor **grads, const char *file, int line);
+/* The depth of kiln_no_grad_begin scopes open on this thread. */
+int grad_depth(void);
+/* Calls on this thread that set kiln's own state (kiln_manual_seed,
+ * kiln_set_num_threads): settings_note counts one. */
+unsigned long settings_count(void);
+void settings_note(void);
 /* How many times autograd's engine (kiln_backward, kiln_backward_with,
  * kiln_grad_of) ran on this thread. */
 unsigned long ag_engine_runs(void);

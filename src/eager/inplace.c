@@ -136,5 +136,8 @@ kiln_tensor *kiln_index_copy__at(kiln_tensor *dst, int dim, kiln_tensor *idx, ki
   return y;
 }
 
-void kiln_set_num_threads(int n) { pool_set_num_threads(n); }
+void kiln_set_num_threads(int n) {
+  settings_note();
+  pool_set_num_threads(n);
+}
 int kiln_get_num_threads(void) { return pool_num_threads(); }

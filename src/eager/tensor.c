@@ -509,7 +509,14 @@ static kiln_tensor *random_tensor(const char *op, bool normal, kiln_dtype dt, in
 
 static atomic_ullong gen_seed = 0x5eed5eed5eedull, gen_offset;
 
+/* Calls on this thread that set kiln's own state (the generator's seed, the
+ * thread count): a compiled call asks whether its body made one. */
+static _Thread_local unsigned long settings;
+unsigned long settings_count(void) { return settings; }
+void settings_note(void) { settings++; }
+
 void kiln_manual_seed(uint64_t seed) {
+  settings_note();
   atomic_store(&gen_seed, seed);
   atomic_store(&gen_offset, 0);
 }

@@ -683,6 +683,7 @@ typedef struct call_state {
   kiln_tensor *const *in;
   bool grad_on;               /* the caller's autograd mode, which the body ran under */
   bool backward;              /* the body ran autograd's engine (ag_engine_runs) */
+  bool sets_state;            /* the body set kiln's own state (a seed, the thread count, a no-grad scope left open) */
   int *outs;                  /* the body's outputs' value ids (the last segment) */
   kiln_tensor **out_t;        /* and the tensors */
   recording rec;
@@ -1686,7 +1687,10 @@ static variant *make_variant(call_state *cs) {
     history |= (i < r->n_in ? r->in[i] : r->params[i - r->n_in])->grad_fn != NULL;
   /* never after an escape: the graph is the part before it, and the rest
    * of the body (its outputs, its writes) ran eagerly */
-  v->guard_ok = r->escaped || history                       ? false
+  /* nor a body that sets kiln's state (kiln_manual_seed, the thread count,
+   * a kiln_no_grad_begin it leaves open): a call that skips the body would
+   * not set it, though it is no C of the body's own */
+  v->guard_ok = r->escaped || history || cs->sets_state     ? false
                 : fn->opts.capture == KILN_CAPTURE_GUARDS ? v->n_seg == 1 && v->n_args == 0
                 : fn->opts.capture == KILN_CAPTURE_RECORD ? false
                                                           : plain;
@@ -1856,9 +1860,11 @@ static int record_call(kiln_fn *fn, kiln_tensor *const *in, kiln_tensor **out) {
   cs.rec.scan_save = fn->opts.scan_save;
   kiln_scope_begin();
   for (int i = 0; i < n_out; i++) out[i] = NULL;
-  unsigned long errors = err_count(), runs = ag_engine_runs();
+  unsigned long errors = err_count(), runs = ag_engine_runs(), sets = settings_count();
+  int depth = grad_depth();
   int rc = fn->body(fn->ctx, in, out);
   cs.backward = ag_engine_runs() != runs;
+  cs.sets_state = settings_count() != sets || grad_depth() != depth;
   /* a body that failed without an error of its own: say so (at the call's line), not an older message */
   if (rc && err_count() == errors) err_set("", 0, "call", "%s: the body returned %d", fn->name, rc);
   bool replayed = script && rp_finished(&rp, rc, out, n_out);
