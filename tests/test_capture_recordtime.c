@@ -1,5 +1,6 @@
 /* Sound compiled calls where eager code decides something from the state of
- * the call that the first recording saw once (a tensor's autograd history),
+ * the call that the first recording saw once (a tensor's autograd history,
+ * an input's layout),
  * or where the body sets kiln's own state (a seed, the thread count, the
  * autograd mode): a call that skips the body (the guard-only path) must
  * still give the body's eager answer and leave eager's state. Each case
@@ -182,6 +183,60 @@ START_TEST(test_body_sets_kiln_state) {
 }
 END_TEST
 
+/* ---- a view or a copy, by the input's layout ---- */
+
+/* A reshape of an input (other than an unsqueeze or squeeze) and
+ * kiln_contiguous view a contiguous input and copy another one, so a write
+ * into the result, or the result handed out, reaches the input only in the
+ * first case. KILN_CAPTURE_GUARDS took the guard-only path for these bodies,
+ * whose sizes depend on the inputs' shapes alone, and served a call of the
+ * other layout with the traced choice: a strided input written where eager
+ * writes a copy, or a contiguous one left alone. */
+static int layout_body(void *ctx, kiln_tensor *const *in, kiln_tensor **out) {
+  int kind = *(const int *)ctx;
+  kiln_tensor *v = kind == 1 ? kiln_reshape(in[0], 1, ((int64_t[]){-1})) : kiln_contiguous(in[0]);
+  if (kind < 2 && !kiln_add_(v, kiln_scalar(KILN_F32, 1))) return -1;
+  out[0] = kind < 2 ? kiln_mul(in[0], kiln_scalar(KILN_F32, 2)) : v;
+  return out[0] ? 0 : -1;
+}
+
+/* A (4,4) input over a base of its own: 0 every other column of a (4,8)
+ * one (strided), 1 the whole base (contiguous), 2 the base transposed. */
+static kiln_tensor *layout_of(int layout, uint64_t seed, kiln_tensor **base) {
+  *base = kiln_randn(KILN_F32, 2, ((int64_t[]){4, layout ? 4 : 8}), seed);
+  return layout == 0 ? kiln_slice(*base, 1, 0, 8, 2) : layout == 1 ? *base : kiln_transpose(*base, 0, 1);
+}
+
+START_TEST(test_view_or_copy_by_layout) {
+  const int layouts[8] = {1, 0, 1, 1, 2, 0, 0, 1};
+  for (int kind = 0; kind < 3; kind++)
+    for (int b = 0; b < 2; b++)
+      for (int c = 0; c < 3; c++) {
+        kiln_options o = {.name = "layout", .n_in = 1, .backend = backends[b], .capture = all_captures[c]};
+        kiln_fn *fn = kiln_compile(layout_body, &kind, &o);
+        for (int call = 0; call < 8; call++) {
+          kiln_scope_begin();
+          kiln_tensor *base, *base_e, *y = NULL, *ye = NULL;
+          kiln_tensor *x = layout_of(layouts[call], 10 + (uint64_t)call, &base), *xe = layout_of(layouts[call], 10 + (uint64_t)call, &base_e);
+          ck_assert_msg(kiln_call(fn, &x, &y) == 0, "%s", kiln_last_error());
+          ck_assert_int_eq(0, layout_body(&kind, &xe, &ye));
+          ck_assert_msg(max_diff(y, ye) == 0 && max_diff(base, base_e) == 0, "kind %d backend %d capture %d call %d (layout %d): %s differs",
+                        kind, b, c, call, layouts[call], max_diff(y, ye) ? "the output" : "the input");
+          /* the output reaches the input as eagerly, or does not */
+          kiln_no_grad_begin();
+          kiln_fill_(y, 7), kiln_fill_(ye, 7);
+          kiln_no_grad_end();
+          ck_assert_msg(max_diff(base, base_e) == 0, "kind %d backend %d capture %d call %d (layout %d): a write into the output", kind, b, c,
+                        call, layouts[call]);
+          kiln_scope_end();
+        }
+        /* calls of the traced layout still skip the body */
+        if (all_captures[c] == KILN_CAPTURE_GUARDS) ck_assert_msg(stats(fn).guard_hits >= 3, "kind %d backend %d: %d guard hits", kind, b, (int)stats(fn).guard_hits);
+        kiln_fn_free(fn);
+      }
+}
+END_TEST
+
 Suite *capture_recordtime_suite(void);
 Suite *capture_recordtime_suite(void) {
   Suite *s = suite_create("capture_recordtime");
@@ -190,6 +245,7 @@ Suite *capture_recordtime_suite(void) {
   tcase_add_test(tc, test_input_history_after_leaf);
   tcase_add_test(tc, test_weight_history_freed);
   tcase_add_test(tc, test_body_sets_kiln_state);
+  tcase_add_test(tc, test_view_or_copy_by_layout);
   suite_add_tcase(s, tc);
   return s;
 }

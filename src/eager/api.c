@@ -88,7 +88,7 @@ kiln_tensor *kiln_contiguous_at(kiln_tensor *t, const char *file, int line) {
    * only in the first case. A choice on the layout, as kiln_is_contiguous's
    * would be, which the guard-only path does not check: a recording runs
    * again at every call (an input transposed at one call, plain at the next) */
-  meta_read(t, -1);
+  meta_read(t, META_LAYOUT);
   if (tensor_contiguous(t)) return same(t);
   return op_dispatch(OP_COPY, &t, 1, NULL, file, line);
 }

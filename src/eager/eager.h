@@ -454,7 +454,10 @@ const trace_hooks *dispatch_hooks(void);
 bool dispatch_recording(void);
 void hook_read(const char *what, const kiln_tensor *t, const char *file, int line);
 /* A read of t's metadata (dim d's size, or -1 for the rest) that C can
- * branch on: a recording notes it, so the body records at every call. */
+ * branch on: a recording notes it, so the body records at every call.
+ * META_LAYOUT: a choice kiln itself made by t's layout (kiln_contiguous's
+ * view or copy), which the guard-only path checks too. */
+enum { META_LAYOUT = -2 };
 void meta_read(const kiln_tensor *t, int dim);
 /* Where the numbers an op is given come from (thread-local): user code passes
  * its own (a reshape target, slice bounds), while kiln's formulas (autograd,

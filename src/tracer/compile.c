@@ -86,6 +86,9 @@ typedef struct variant {
   int in_first[MAX_IN];    /* the first input that is the same tensor as input i (one value, one .grad) */
   int in_ndim[MAX_IN];
   int64_t in_shape[MAX_IN][MAXD];
+  uint64_t layout_in;      /* inputs whose layout chose a view or a copy (rec layout_in): */
+  int64_t in_stride[MAX_IN][MAXD]; /* their strides when traced, */
+  uint64_t in_contig;      /* and whether they were contiguous */
   /* the guard-only path */
   bool guard_ok;
   bool grad_on;            /* autograd was on when the body was recorded (kiln_no_grad_begin off) */
@@ -283,6 +286,9 @@ static void print_guards(FILE *f, const kiln_fn *fn, const variant *v) {
     }
   if (v->guard_ok && !v->loaded) fprintf(f, "  autograd %s, as when traced\n", v->grad_on ? "on" : "off (inside kiln_no_grad_begin)");
   if (v->guard_ok && !v->loaded && v->backward) fprintf(f, "  every input a leaf (no autograd history): the body runs a backward\n");
+  for (uint64_t m = v->guard_ok ? v->layout_in : 0; m; m &= m - 1)
+    fprintf(f, "  input %d %s, as when traced (a reshape or kiln_contiguous of it chose by its layout)\n", __builtin_ctzll(m),
+            v->in_contig >> __builtin_ctzll(m) & 1 ? "contiguous" : "laid out (sizes and strides)");
   int n_leaves = fn->opts.n_in + v->n_params;
   for (int i = 0; i < n_leaves; i++)
     if (v->alias[i] != i)
@@ -380,6 +386,20 @@ static int guards_pass(const kiln_fn *fn, const variant *v, kiln_tensor *const *
         if (why) snprintf(why, whyn, "input %d is written in place but repeats elements (an expanded view) (variant %d)", n->index, v->no);
         return 0;
       }
+  }
+  /* an input whose layout chose a view or a copy when traced (a reshape, a
+   * kiln_contiguous): the same choice now. A contiguous input views
+   * always; another one, at the same sizes and strides, chooses the same */
+  for (uint64_t m = v->layout_in; m; m &= m - 1) {
+    int i = __builtin_ctzll(m);
+    const kiln_tensor *t = in[i];
+    bool contig = tensor_contiguous(t), was = v->in_contig >> i & 1;
+    if (contig == was && (was || (t->ndim == v->in_ndim[i] && !memcmp(t->shape, v->in_shape[i], sizeof(int64_t) * (size_t)t->ndim) &&
+                                  !memcmp(t->stride, v->in_stride[i], sizeof(int64_t) * (size_t)t->ndim))))
+      continue;
+    if (why) snprintf(why, whyn, "input %d: a reshape or kiln_contiguous chose a view or a copy by its layout, which %s (variant %d)", i,
+                      contig == was ? "has other strides now" : was ? "was contiguous" : "is contiguous now", v->no);
+    return 0;
   }
   if (!v->loaded) {
     /* under the caller's kiln_no_grad_begin the body's backward fails and
@@ -1585,6 +1605,7 @@ static variant *make_variant(call_state *cs) {
   v->no = cs->no;
   v->grad_on = cs->grad_on;
   v->backward = cs->backward;
+  v->layout_in = r->layout_in;
   v->n_ev = r->n_ev;
   v->n_val = r->n_val;
   v->ev = alloc_malloc(sizeof *v->ev * (size_t)(r->n_ev + 1));
@@ -1658,6 +1679,8 @@ static variant *make_variant(call_state *cs) {
     v->in_leaf[i] = (trace_leaf){r->in[i]->requires_grad, (r->in_had_grad >> i & 1) != 0}; /* n_in <= 64 */
     v->in_ndim[i] = r->in[i]->ndim;
     memcpy(v->in_shape[i], r->in[i]->shape, sizeof v->in_shape[i]);
+    memcpy(v->in_stride[i], r->in[i]->stride, sizeof v->in_stride[i]);
+    if (tensor_contiguous(r->in[i])) v->in_contig |= 1ull << i;
   }
   fill_in_dims(fn, v);
   /* outputs that are leaves themselves: the guard-only path hands back the

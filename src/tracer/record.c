@@ -433,9 +433,27 @@ static void on_op(void *ctx, op_id op, kiln_tensor *const *in, int n, const op_a
   rec_op(ctx, op, in, n, a, out, file, line, user_numbers() || !in_internal());
 }
 
+static void layout_read(recording *r, const kiln_tensor *t);
+
+/* Whether reshaping x to a's shape views x whatever its layout: the sizes
+ * other than 1 stay as they are (an unsqueeze, a squeeze), or there are no
+ * elements. */
+static bool reshape_views_any(const kiln_tensor *x, const op_attrs *a) {
+  int i = 0, j = 0;
+  for (int d = 0; d < x->ndim; d++)
+    if (x->shape[d] == 0) return true;
+  for (;; i++, j++) {
+    while (i < x->ndim && x->shape[i] == 1) i++;
+    while (j < a->ndim && a->shape[j].c == 1) j++;
+    if (i == x->ndim || j == a->ndim) return i == x->ndim && j == a->ndim;
+    if (x->shape[i] != a->shape[j].c) return false;
+  }
+}
+
 void rec_op(recording *r, op_id op, kiln_tensor *const *in, int n, const op_attrs *a, kiln_tensor *out, const char *file,
             int line, bool user) {
   if (r->failed) return;
+  if (op == OP_RESHAPE && a && !reshape_views_any(in[0], a)) layout_read(r, in[0]);
   int small[16], *ids = n <= 16 ? small : alloc_malloc(sizeof(int) * (size_t)n);
   if (!ids) return fail(r, "out of memory while recording");
   if (values_of(r, in, n, ids) == 0) {
@@ -634,8 +652,25 @@ void rec_numel(recording *r, kiln_tensor *out, const kiln_tensor *x, const int *
 
 static void on_size_read(void *ctx, const kiln_tensor *t, int dim) { rec_size_read(ctx, t, dim); }
 
+/* A view or a copy of t, chosen by its layout: when t is an input, or a view
+ * of one, that input's layout is part of the variant (the guard-only path
+ * checks it), since the write into the result, or the result handed out,
+ * reaches the input only where it is a view. Looks only: a tensor that is
+ * no value yet is none of the inputs. */
+static void layout_read(recording *r, const kiln_tensor *t) {
+  int v = t->rec_call == r->id && t->rec_id >= 0 && t->rec_id < r->n_val ? t->rec_id : map_get(&r->st->leaves, t->serial);
+  while (v >= 0 && r->val[v].kind == RV_MADE && r->val[v].event >= 0) {
+    const rec_event *e = &r->ev[r->val[v].event];
+    if (e->kind == EV_INPLACE) v = e->a->flag ? r->ids[e->in + e->n_in - 1] : r->ids[e->in]; /* the tensor written */
+    else if (e->kind == EV_OP && op_table[e->op].kind == KIND_VIEW) v = r->ids[e->in];
+    else return;
+  }
+  if (v >= 0 && r->val[v].kind == RV_INPUT && r->val[v].index < 64) r->layout_in |= 1ull << r->val[v].index;
+}
+
 void rec_size_read(recording *r, const kiln_tensor *t, int dim) {
   r->read_meta = true;
+  if (dim == META_LAYOUT && !r->failed) layout_read(r, t);
   if (r->failed || r->escaped || dim < 0 || r->n_reads == 64) return;
   int v = rec_value_of(r, (kiln_tensor *)t);
   if (v < 0) return;

@@ -298,6 +298,7 @@ struct recording {
   bool read_meta;          /* sizes, ranks, dtypes: kiln_size and its kind */
   bool c_numbers;          /* numbers from user code: factories, sizes and values in attributes */
   bool read_data;          /* kiln_item, kiln_read, kiln_print */
+  uint64_t layout_in;      /* inputs (< 64) whose layout chose a view or a copy (a reshape, kiln_contiguous) */
   char why[512];           /* the first thing it could not record, or the error that failed it */
   bool failed;             /* an error (out of memory): the call fails */
   bool why_is_error;       /* why is a whole error message (a segment's run failed) */
