@@ -100,7 +100,7 @@ struct rp_script {
   uint64_t *param_serial;/* per param: its serial in the script's call */
   int *grad_end;         /* per param: the value its .grad is at the end (the variant sets it: a
                             tensor of the script's, or -1 NULL), or -2 (the variant leaves it) */
-  int *grad_refs;        /* per value: how many of those .grads are it */
+  int *grad_refs;        /* per value: how many of those .grads are it (such a value is made anew each call) */
   kiln_tensor **grad0;   /* per param taken: its .grad then (retained), which a hand-over shows the recording */
   uint32_t *grad0_refs;  /* and that .grad's references then, with the one a recording would take */
   kiln_tensor **stash;   /* a hand-over's scratch: the .grads meanwhile */
@@ -827,9 +827,9 @@ bool rp_nothing_kept(rp_call *p) {
    * that stored one, or marked it requires_grad, did what the script did not) */
   for (int v = 0; v < s->n_val && ok; v++) {
     const kiln_tensor *t = s->val[v].t;
-    ok = !t || (tensor_refs(t) == 1 + (uint32_t)s->grad_refs[v] && !t->requires_grad);
+    ok = !t || (tensor_refs(t) == 1 && !t->requires_grad);
   }
-  /* made anew: ours, and the caller's for each output */
+  /* made anew: ours, each .grad's that is it (a .grad value is made anew), and the caller's for each output */
   for (int i = 0; i < s->n_fresh && ok; i++) {
     const kiln_tensor *t = s->fresh[i];
     uint32_t want = 1 + (uint32_t)s->grad_refs[t->rec_id];
