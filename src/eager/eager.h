@@ -225,6 +225,9 @@ static inline kiln_tensor tensor_header(const kiln_tensor *t) {
 bool tensor_contiguous(const kiln_tensor *t);
 /* Whether t covers all of its storage, in order (offset 0, contiguous, every byte). */
 bool tensor_covers_storage(const kiln_tensor *t);
+/* Whether a and b read the same elements of one storage the same way
+ * (dtype, offset, sizes and strides). */
+bool tensor_same_view(const kiln_tensor *a, const kiln_tensor *b);
 void contiguous_strides(int ndim, const int64_t *shape, int64_t *stride);
 /* One element as a double (index in row-major order). */
 double tensor_get(const kiln_tensor *t, int64_t linear);

@@ -57,6 +57,12 @@ bool tensor_covers_storage(const kiln_tensor *t) {
          (size_t)shape_numel(t->ndim, t->shape) * kiln_dtype_size(t->dtype) == t->st->bytes;
 }
 
+bool tensor_same_view(const kiln_tensor *a, const kiln_tensor *b) {
+  return a->st == b->st && a->dtype == b->dtype && a->offset == b->offset && a->ndim == b->ndim &&
+         !memcmp(a->shape, b->shape, sizeof(int64_t) * (size_t)a->ndim) &&
+         !memcmp(a->stride, b->stride, sizeof(int64_t) * (size_t)a->ndim);
+}
+
 bool tensor_contiguous(const kiln_tensor *t) {
   int64_t s = 1;
   for (int i = t->ndim - 1; i >= 0; i--) {

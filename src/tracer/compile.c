@@ -82,7 +82,7 @@ typedef struct variant {
   int n_params;
   kiln_tensor **params;    /* retained: the guard path reads them */
   int *alias;              /* [n_in + n_params]: the first leaf sharing storage with this one */
-  int *view_of;            /* [n_in + n_params]: the first leaf that is the same view as this one (see same_view) */
+  int *view_of;            /* [n_in + n_params]: the first leaf that is the same view as this one (tensor_same_view) */
   int in_first[MAX_IN];    /* the first input that is the same tensor as input i (one value, one .grad) */
   int in_ndim[MAX_IN];
   int64_t in_shape[MAX_IN][MAXD];
@@ -358,16 +358,6 @@ static int guards_hold(const ir_graph *g, const int64_t *vals, int nvals, char *
   return 1;
 }
 
-/* Whether a and b read the same elements the same way: a write of one from
- * the other is allowed eagerly then (x and its reshape), and an error where
- * they overlap otherwise (x and x transposed), so a graph traced with one
- * serves only calls with the same. */
-static bool same_view(const kiln_tensor *a, const kiln_tensor *b) {
-  return a->st == b->st && a->dtype == b->dtype && a->offset == b->offset && a->ndim == b->ndim &&
-         !memcmp(a->shape, b->shape, sizeof(int64_t) * (size_t)a->ndim) &&
-         !memcmp(a->stride, b->stride, sizeof(int64_t) * (size_t)a->ndim);
-}
-
 /* The guard-only path: 1 when the call may run v without the body. */
 static int guards_pass(const kiln_fn *fn, const variant *v, kiln_tensor *const *in, int64_t *vals, char *why, size_t whyn) {
   if (!inputs_pass(fn, v, in, vals, why, whyn) || !guards_hold(v->seg[0]->g, vals, v->n_syms, why, whyn, v->no)) return 0;
@@ -447,10 +437,12 @@ static int guards_pass(const kiln_fn *fn, const variant *v, kiln_tensor *const *
         if (why) snprintf(why, whyn, "leaves %d and %d %s storage, unlike variant %d", i, j, share ? "share" : "do not share", v->no);
         return 0;
       }
-      /* over one storage: the same view of it as when traced, or not */
-      if (share && v->view_of && same_view(a, b) != (v->view_of[i] == v->view_of[j])) {
+      /* over one storage: the same view of it as when traced, or not (a write
+       * of one from the other is allowed eagerly for x and its reshape, an
+       * error where they overlap otherwise, x and x transposed) */
+      if (share && v->view_of && tensor_same_view(a, b) != (v->view_of[i] == v->view_of[j])) {
         if (why) snprintf(why, whyn, "leaves %d and %d are %s view of their storage, unlike variant %d", i, j,
-                          same_view(a, b) ? "the same" : "another", v->no);
+                          tensor_same_view(a, b) ? "the same" : "another", v->no);
         return 0;
       }
       /* and one tensor as when traced, or two (a tensor passed twice is one value, with one .grad) */
@@ -1668,7 +1660,7 @@ static variant *make_variant(call_state *cs) {
     const kiln_tensor *t = i < r->n_in ? r->in[i] : r->params[i - r->n_in];
     v->view_of[i] = i;
     for (int j = v->alias[i]; j < i && v->view_of[i] == i; j++)
-      if (v->alias[j] == v->alias[i] && same_view(t, j < r->n_in ? r->in[j] : r->params[j - r->n_in])) v->view_of[i] = v->view_of[j];
+      if (v->alias[j] == v->alias[i] && tensor_same_view(t, j < r->n_in ? r->in[j] : r->params[j - r->n_in])) v->view_of[i] = v->view_of[j];
   }
   for (int i = 0; i < fn->opts.n_in; i++) {
     v->in_first[i] = i;

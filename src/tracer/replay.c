@@ -493,12 +493,6 @@ static kiln_tensor *result(rp_call *p, const rp_event *e, kiln_tensor *made) {
   return made;
 }
 
-static bool same_layout(const kiln_tensor *a, const kiln_tensor *b) {
-  return a->st == b->st && a->dtype == b->dtype && a->ndim == b->ndim && a->offset == b->offset &&
-         !memcmp(a->shape, b->shape, sizeof(int64_t) * (size_t)a->ndim) &&
-         !memcmp(a->stride, b->stride, sizeof(int64_t) * (size_t)a->ndim);
-}
-
 /* Whether event e took the very tensors in[0..n) at this line, or (alias)
  * a tensor autograd made of one to save it: a tensor of its own over the
  * same storage and layout, made in this call, which the recording finds
@@ -519,7 +513,7 @@ static bool took_same(const rp_call *p, const rp_event *e, kiln_tensor *const *i
     /* (a param an event took is alive to look at; one none took yet may be gone) */
     bool alive = c && (s->kind[w] != RV_PARAM || s->param_held[s->index[w]]);
     /* (autograd's aliases carry no tag; a view an event made here carries the script's) */
-    if (!alias || !alive || in[k]->serial < p->serial0 || in[k]->rec_call == s->origin || !same_layout(in[k], c))
+    if (!alias || !alive || in[k]->serial < p->serial0 || in[k]->rec_call == s->origin || !tensor_same_view(in[k], c))
       return false;
   }
   return true;
