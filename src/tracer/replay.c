@@ -103,7 +103,7 @@ struct rp_script {
   int *grad_refs;        /* per value: how many of those .grads are it (such a value is made anew each call) */
   kiln_tensor **grad0;   /* per param taken: its .grad then (retained), which a hand-over shows the recording */
   uint32_t *grad0_refs;  /* and that .grad's references then, with the one a recording would take */
-  kiln_tensor **stash;   /* a hand-over's scratch: the .grads meanwhile */
+  kiln_tensor **stash;   /* a hand-over's scratch: the .grads meanwhile; for rp_grad_seen, the .grads the body left */
 };
 
 void rp_free(rp_script *s) {
@@ -656,11 +656,11 @@ static void rp_read(void *ctx, const char *what, const kiln_tensor *t, const cha
 static void rp_zero_grad(void *ctx, kiln_tensor *t) {
   rp_call *p = ctx;
   rp_script *s = p->s;
-  bool ok = taken(s, t);
-  for (int j = 0; j < s->n_params && !ok; j++)
-    if (s->params[j] == t && !s->param_held[j]) {
-      /* (compared by pointer before anything is read: the script's may be gone, t has the serial) */
-      ok = t->serial == s->param_serial[j] && take_param(p, j, t);
+  bool ok = false;
+  for (int j = 0; j < s->n_params; j++)
+    if (s->params[j] == t) {
+      /* (compared by pointer before anything is read: one not held may be gone, t has the serial) */
+      ok = s->param_held[j] || (t->serial == s->param_serial[j] && take_param(p, j, t));
       break;
     }
   if (!ok || alloc_grow((void **)&s->notes, &s->cap_notes, s->n_notes + 1, sizeof *s->notes)) {
@@ -844,8 +844,6 @@ void rp_end(rp_call *p) {
   let_go_of_params(s);
   p->on = false;
 }
-
-void rp_hand_over(rp_call *p) { hand_over(p); }
 
 void rp_restore_grads(rp_call *p) {
   rp_script *s = p->s;

@@ -386,7 +386,6 @@ bool rp_finished(rp_call *p, int rc, kiln_tensor *const *out, int n_out);
  * tensors; else the recording has taken over. */
 bool rp_nothing_kept(rp_call *p);
 void rp_end(rp_call *p);
-void rp_hand_over(rp_call *p); /* the recording takes over now */
 /* The .grads the variant sets back to the call's start (its run sets them,
  * or, should it fail, leaves them so, as a recorded call's does); the
  * tensor each was at the body's end is kept for rp_grad_seen. */
