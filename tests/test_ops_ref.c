@@ -510,7 +510,7 @@ static const struct {
     {"slice_scatter", "the gradient of slice (test_autograd, finite differences)"},
     {"index_add_to", "a tied embedding's gradient, eager's index_add and add to the bit (test_codegen, "
                      "test_tied_rows_added_in_place)"},
-    {"index_check", "cross entropy's targets in compiled code (test_compile, test_bad_targets_compiled)"},
+    {"index_check", "cross entropy's targets and one_hot's indices (test_compile: test_bad_targets_compiled, test_index_checks_every_call)"},
     {"rand", "the default generator's numbers against kiln_rand's stream, eager and compiled (test_capture)"},
     {"allreduce", "a collective: hand-derived sums over 1, 2 and 3 processes under mpirun, eager, gradient, "
                   "interpreter and compiled (test_dist)"},

@@ -552,20 +552,10 @@ kiln_tensor *kiln_one_hot_at(kiln_tensor *idx, int64_t n, const char *file, int 
     }
     n = (int64_t)kiln_item_at(kiln_max_axes_at(idx, NULL, 0, false, file, line), file, line) + 1;
   }
-  kiln_tensor *y = NULL;
-  bool rec = dispatch_recording();
-  for (int64_t i = 0, m = rec || idx->st->meta ? 0 : count; i < m; i++) {
-    double v = tensor_get(idx, i);
-    if (v < 0 || v >= (double)n) {
-      err_set(file, line, "one_hot", "index %.0f at position %" PRId64 " is out of range [0, %" PRId64 ")", v, i, n);
-      goto done;
-    }
-  }
-  /* a recording's indices: compiled code checks them on every call's data */
-  kiln_tensor *t = rec ? op_dispatch(OP_INDEX_CHECK, &idx, 1, &(op_attrs){.k = n}, file, line) : idx;
+  /* the indices checked by an op: eagerly now, and in a compiled graph on every call's data */
+  kiln_tensor *t = op_dispatch(OP_INDEX_CHECK, &idx, 1, &(op_attrs){.k = n}, file, line);
   kiln_tensor *classes = kiln_arange_at(KILN_I64, 0, (double)n, 1, file, line);
-  y = kiln_keep(kiln_cast_at(kiln_eq_at(kiln_unsqueeze_at(t, -1, file, line), classes, file, line), KILN_I64, file, line));
-done:
+  kiln_tensor *y = kiln_keep(kiln_cast_at(kiln_eq_at(kiln_unsqueeze_at(t, -1, file, line), classes, file, line), KILN_I64, file, line));
   kiln_scope_end();
   return y;
 }

@@ -132,16 +132,9 @@ kiln_tensor *kiln_cross_entropy_at(kiln_tensor *logits, kiln_tensor *targets, co
                    err_shape(b1, targets->ndim, targets->shape));
   int64_t n = logits->shape[0], c = logits->shape[1];
   if (n == 0) return err_set(file, line, "cross_entropy", "no rows (N = 0)");
-  bool rec = dispatch_recording();
-  for (int64_t i = 0; !rec && !targets->st->meta && i < n; i++) {
-    int64_t t = (int64_t)tensor_get(targets, i);
-    if (t < 0 || t >= c)
-      return err_set(file, line, "cross_entropy", "target %" PRId64 " of row %" PRId64 " is out of range [0, %" PRId64 ")", t,
-                     i, c);
-  }
   kiln_scope_begin();
-  /* a recording's targets: the compiled graph checks them on every call's data */
-  if (rec) targets = op_dispatch(OP_INDEX_CHECK, &targets, 1, &(op_attrs){.k = c, .flag = true}, file, line);
+  /* the targets checked by an op: eagerly now, and in a compiled graph on every call's data */
+  targets = op_dispatch(OP_INDEX_CHECK, &targets, 1, &(op_attrs){.k = c, .flag = true}, file, line);
   /* row i's log-probability at its target, picked by a one-hot mask made with
    * ops, so that a traced loss reads the targets of every call (indices
    * computed here in C would freeze the first call's labels) */

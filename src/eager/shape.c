@@ -706,18 +706,19 @@ int chk_gather(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, const
 }
 
 /* index_check: cross entropy's targets (flag) or one_hot's indices, in
- * [0, k), named as eager names them */
+ * [0, k), eagerly and in compiled code alike */
 int chk_index_range(op_id op, kiln_tensor *const *in, int n, const op_attrs *a, const char *file, int line) {
   (void)op, (void)n;
   const kiln_tensor *idx = in[0];
   const char *name = a->flag ? "cross_entropy" : "one_hot";
   if (idx->dtype != KILN_I64) return err_set(file, line, name, "indices must be i64, got %s", kiln_dtype_name(idx->dtype)), -1;
   for (int64_t i = 0, k = shape_numel(idx->ndim, idx->shape); i < k; i++) {
-    int64_t v = (int64_t)tensor_get(idx, i);
-    if (v >= 0 && v < a->k) continue;
-    if (a->flag)
-      return err_set(file, line, name, "target %" PRId64 " of row %" PRId64 " is out of range [0, %" PRId64 ")", v, i, a->k), -1;
-    return err_set(file, line, name, "index %" PRId64 " at position %" PRId64 " is out of range [0, %" PRId64 ")", v, i, a->k), -1;
+    double v = tensor_get(idx, i); /* compared as a double: near 2^63 the cast itself would overflow */
+    if (v >= 0 && v < (double)a->k) continue;
+    return err_set(file, line, name, a->flag ? "target %.0f of row %" PRId64 " is out of range [0, %" PRId64 ")"
+                                             : "index %.0f at position %" PRId64 " is out of range [0, %" PRId64 ")",
+                   v, i, a->k),
+           -1;
   }
   return 0;
 }
